@@ -1,0 +1,1 @@
+"""sp-plan's planner: cluster graphs, layouts, schedules, the link-load cost engine and search."""

@@ -1,0 +1,43 @@
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from sp_plan.runtime.spawn import WorldError, run_world
+
+
+def _sum(rank, world):
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t)
+    return t.item()
+
+
+def test_world_returns_results_in_rank_order():
+    assert run_world(_sum, 4, timeout=30) == [6.0] * 4
+
+
+def _raise_on_2(rank, world):
+    if rank == 2:
+        raise ValueError("boom")
+    dist.barrier()
+
+
+def test_failing_rank_is_reported_fast():
+    t0 = time.monotonic()
+    with pytest.raises(WorldError, match="rank 2: ValueError: boom"):
+        run_world(_raise_on_2, 4, timeout=20)
+    assert time.monotonic() - t0 < 15
+
+
+def _hang(rank, world):
+    if rank == 0:
+        time.sleep(60)
+    dist.barrier()
+
+
+def test_hung_peer_ends_in_timeout():
+    t0 = time.monotonic()
+    with pytest.raises(WorldError):
+        run_world(_hang, 2, timeout=3)
+    assert time.monotonic() - t0 < 15
