@@ -217,3 +217,60 @@ class Layout:
         t = sp_tokens(self.token_layout, self.degree("ulysses"), self.degree("ring"), seq_len)
         # sequence rank index = u + U * r  -> order ring-major with ulysses inner
         return t.reshape(-1)
+
+
+# ---------------------------------------------------------------- causal work per ring round
+
+def _ranges(token_layout: str, ring: int, seq_len: int, r: int) -> list[tuple[int, int]]:
+    """Rank r's tokens as contiguous [start, stop) ranges (contiguous and zigzag layouts)."""
+    if token_layout == "contiguous":
+        c = seq_len // ring
+        return [(r * c, (r + 1) * c)]
+    c = seq_len // (2 * ring)
+    return [(r * c, (r + 1) * c), ((2 * ring - 1 - r) * c, (2 * ring - r) * c)]
+
+
+def _clamp_sum(t: int, n: int) -> int:
+    """sum_{x=1..t} min(max(x, 0), n)."""
+    if t <= 0:
+        return 0
+    if t <= n:
+        return t * (t + 1) // 2
+    return n * (n + 1) // 2 + (t - n) * n
+
+
+def _causal_pairs(q: tuple[int, int], k: tuple[int, int]) -> int:
+    """Pairs (i in q, j in k) with j <= i, for token ranges q and k (closed form)."""
+    (a, a1), (b, b1) = q, k
+    n = b1 - b
+    return _clamp_sum(a1 - b, n) - _clamp_sum(a - b, n)
+
+
+@lru_cache(maxsize=1024)
+def causal_work(token_layout: str, ring: int, seq_len: int) -> np.ndarray:
+    """(ring, ring) fraction of a full block that rank r computes on rank j's K, V under a causal mask.
+
+    Striped Attention Sec. 3: contiguous rings leave rank r idle on later ranks' blocks and busy
+    on earlier ones; striped and zigzag give every rank about half a block every round.
+    """
+    check_token_layout(token_layout)
+    c = seq_len // ring
+    w = np.zeros((ring, ring))
+    for r in range(ring):
+        for j in range(ring):
+            if token_layout == "striped":  # token t on rank t mod P: Striped Attention eq. for round work
+                pairs = c * (c + 1) // 2 if j <= r else c * (c - 1) // 2
+            else:
+                pairs = sum(_causal_pairs(qr, kr) for qr in _ranges(token_layout, ring, seq_len, r)
+                            for kr in _ranges(token_layout, ring, seq_len, j))
+            w[r, j] = pairs / (c * c)
+    w.flags.writeable = False
+    return w
+
+
+def round_work(token_layout: str, ring: int, seq_len: int, causal: bool) -> list[float]:
+    """Busiest rank's block fraction in each ring round i (rank r holds the K, V of rank r - i)."""
+    if not causal:
+        return [1.0] * ring
+    w = causal_work(token_layout, ring, seq_len)
+    return [max(w[r, (r - i) % ring] for r in range(ring)) for i in range(ring)]

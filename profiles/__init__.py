@@ -1,1 +1,140 @@
-"""sp-plan profiles."""
+"""Cluster and model presets (data files) and the loader that turns a preset spec into a Cluster."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from sp_plan.planner.cluster import NET, Cluster, Device, Link, NodeType, Switch
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.model import ModelSpec
+from sp_plan.planner.yamlio import load_yaml_model, read_data, yaml_load
+
+HERE = Path(__file__).parent
+CLUSTERS = HERE / "clusters"
+MODELS = HERE / "models"
+
+
+def cluster_presets() -> list[str]:
+    return sorted(p.stem for p in CLUSTERS.glob("*.yaml"))
+
+
+def model_presets() -> list[str]:
+    return sorted(p.stem for p in MODELS.glob("*.yaml"))
+
+
+def preset_spec(name: str) -> dict:
+    path = CLUSTERS / f"{name}.yaml"
+    if not path.exists():
+        raise PlanError("cluster", f"unknown preset {name!r}", f"use one of {cluster_presets()} or a cluster YAML file")
+    return yaml_load(path.read_text())
+
+
+def build_node_type(spec: dict, devices_per_node: int | None = None) -> NodeType:
+    """Expand a preset's node description (devices, intra-node fabric, PCIe tree, NICs) into a NodeType."""
+    n = devices_per_node or spec["devices_per_node"]
+    dev = spec["device"]
+    prefix = "cpu" if dev.get("kind") == "cpu" else "gpu"
+    devices = [Device(name=f"{prefix}{i}", **dev) for i in range(n)]
+    switches: list[Switch] = []
+    links: list[Link] = []
+    intra = spec.get("intra", {"kind": "pcie"})
+    pcie = spec.get("pcie")
+    gpu = lambda i: devices[i].name  # noqa: E731
+
+    if intra["kind"] == "nvswitch":
+        switches.append(Switch(name="nvswitch", kind="nvswitch"))
+        links += [Link(src=gpu(i), dst="nvswitch", kind="nvswitch", capacity=intra["capacity"], latency=intra["latency"]) for i in range(n)]
+    elif intra["kind"] in ("hccs", "nvlink"):  # full mesh of direct links
+        links += [Link(src=gpu(i), dst=gpu(j), kind=intra["kind"], capacity=intra["capacity"], latency=intra["latency"])
+                  for i in range(n) for j in range(i + 1, n)]
+    elif intra["kind"] == "shm":
+        switches.append(Switch(name="host", kind="cpu"))
+        links += [Link(src=gpu(i), dst="host", kind="shm", capacity=intra["capacity"], latency=intra["latency"]) for i in range(n)]
+    elif intra["kind"] != "pcie":
+        raise PlanError("intra.kind", f"unknown intra-node fabric {intra['kind']!r}", "use nvswitch, nvlink, hccs, shm or pcie")
+
+    switch_of: dict[int, str] = {}
+    if pcie:
+        groups = [g for g in pcie["switches"] if all(i < n for i in g)] or [list(range(n))]
+        sockets = pcie.get("sockets", [list(range(len(groups)))])
+        for j, _ in enumerate(sockets):
+            switches.append(Switch(name=f"cpu{j}", kind="host_bridge"))
+        for a in range(len(sockets) - 1):
+            links.append(Link(src=f"cpu{a}", dst=f"cpu{a + 1}", kind="smp", capacity=pcie["smp_capacity"], latency=pcie["latency"]))
+        if pcie.get("tree"):  # PXB: the switches hang off one more bridge below the host bridge
+            switches.append(Switch(name="pcie_root", kind="pcie_switch"))
+            links.append(Link(src="pcie_root", dst="cpu0", kind="pcie", capacity=pcie["capacity"], latency=pcie["latency"]))
+        for k, members in enumerate(groups):
+            sw = f"pcie{k}"
+            switches.append(Switch(name=sw, kind="pcie_switch"))
+            up = "pcie_root" if pcie.get("tree") else f"cpu{next(j for j, s in enumerate(sockets) if k in s)}"
+            links.append(Link(src=sw, dst=up, kind="pcie", capacity=pcie["capacity"], latency=pcie["latency"]))
+            for i in members:
+                switch_of[i] = sw
+                links.append(Link(src=gpu(i), dst=sw, kind="pcie", capacity=pcie["capacity"], latency=pcie["latency"]))
+
+    nics = spec.get("nics")
+    if nics:
+        net_kind = {"ib": "ib", "roce": "roce", "ethernet": "ethernet"}[nics["network"]]
+        attach = nics["attach"]
+        if attach == "per_gpu":
+            homes = [(f"nic{i}", switch_of.get(i, gpu(i))) for i in range(n)]
+        elif attach == "per_switch":
+            sws = sorted(set(switch_of.values()), key=lambda s: int(s[4:]))
+            homes = [(f"nic{k}", s) for k, s in enumerate(sws)]
+        else:  # host: on the first host bridge (or the shared-memory host)
+            host = "cpu0" if pcie else "host"
+            homes = [(f"nic{k}", host) for k in range(nics.get("count", 1))]
+        for i, d in enumerate(devices):  # the NIC each device uses: its own, or the nearest shared one
+            d.nic = homes[i][0] if attach == "per_gpu" else (
+                next((nm for nm, h in homes if h == switch_of.get(i)), homes[0][0]))
+        for name, home in homes:
+            switches.append(Switch(name=name, kind="nic", rate=nics["rate"], network=nics["network"]))
+            cap = pcie["capacity"] if pcie else nics["rate"] * 4
+            links.append(Link(src=name, dst=home, kind="pcie" if pcie else "shm", capacity=cap, latency=nics["latency"] / 5))
+            links.append(Link(src=name, dst=NET, kind=net_kind, capacity=nics["rate"], latency=nics["latency"]))
+    return NodeType(devices=devices, switches=switches, links=links)
+
+
+def preset_cluster(name: str, nodes: int = 1, devices_per_node: int | None = None) -> Cluster:
+    """A preset cluster of ``nodes`` alike nodes."""
+    if nodes < 1:
+        raise PlanError("nodes", f"must be at least 1, got {nodes}", "pass --nodes 1 or more")
+    spec = preset_spec(name)
+    node = build_node_type(spec, devices_per_node)
+    network = spec.get("nics", {}).get("network", "none") if nodes > 1 else "none"
+    return Cluster(name=f"{name}" + (f"x{nodes}" if nodes > 1 else ""), node_types={name: node}, nodes=[name] * nodes,
+                   network=network, source=spec.get("source", ""))
+
+
+def load_cluster(name_or_file: str, nodes: int | None = None) -> Cluster:
+    """A preset by name (with ``nodes``), or a cluster YAML/JSON file (``nodes`` must then be None or match)."""
+    if nodes is not None and nodes < 1:
+        raise PlanError("nodes", f"must be at least 1, got {nodes}", "pass --nodes 1 or more")
+    p = Path(name_or_file)
+    if p.suffix in (".yaml", ".yml", ".json") or p.exists():
+        data = read_data(p, "cluster")
+        if "devices_per_node" in data and "node_types" not in data:  # a preset-style spec file
+            return _spec_cluster(data, nodes or 1)
+        c = load_yaml_model(Cluster, p, "cluster")
+        if nodes is not None and nodes != c.num_nodes:
+            raise PlanError("nodes", f"{p} describes {c.num_nodes} node(s), not {nodes}", "drop --nodes for a cluster file")
+        return c
+    return preset_cluster(name_or_file, nodes or 1)
+
+
+def _spec_cluster(spec: dict, nodes: int) -> Cluster:
+    node = build_node_type(spec)
+    name = spec.get("name", "custom")
+    network = spec.get("nics", {}).get("network", "none") if nodes > 1 else "none"
+    return Cluster(name=name, node_types={name: node}, nodes=[name] * nodes, network=network, source=spec.get("source", ""))
+
+
+def load_model(name_or_file: str) -> ModelSpec:
+    """A model preset by name, or a model YAML/JSON file."""
+    p = Path(name_or_file)
+    if p.suffix in (".yaml", ".yml", ".json") or p.exists():
+        return load_yaml_model(ModelSpec, p, "model")
+    path = MODELS / f"{name_or_file}.yaml"
+    if not path.exists():
+        raise PlanError("model", f"unknown preset {name_or_file!r}", f"use one of {model_presets()} or a model YAML file")
+    return load_yaml_model(ModelSpec, path, "model")

@@ -1,0 +1,220 @@
+"""Cluster: devices, switches and NICs joined by directed links, as a pydantic model and a networkx graph.
+
+A cluster is a list of nodes, each of a *node type* (a template: its devices, switches, NICs and
+the links among them, names local to the node), plus a network fabric that every NIC reaches
+through the special endpoint ``net``. Nodes of one type are alike, which is what lets the cost
+engine price a phase on one node's links instead of routing every flow of the cluster.
+
+Global names: device ``gpu3`` of node 2 is ``n2.gpu3``; the fabric is ``net``. World rank =
+node index * devices per node + the device's index in its node type (torchrun's numbering).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+import networkx as nx
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .errors import PlanError
+from .yamlio import dump_data, load_yaml_model
+
+SCHEMA_VERSION = 1
+LINK_KINDS = ("nvlink", "nvswitch", "pcie", "hccs", "shm", "smp", "ib", "roce", "ethernet")
+NET = "net"
+
+
+class Device(BaseModel):
+    """A compute device (GPU, NPU) or a CPU rank slot; peak FLOP/s per dtype and memory in bytes."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    kind: Literal["gpu", "npu", "cpu"] = "gpu"
+    model: str = ""
+    memory_bytes: float = Field(gt=0)
+    peak_flops: dict[str, float] = Field(description="dense FLOP/s per dtype, e.g. {bf16: 9.89e14}")
+    matmul_efficiency: float = Field(default=0.7, gt=0, le=1, description="achieved / peak for large GEMMs")
+    attn_efficiency: float = Field(default=0.6, gt=0, le=1, description="achieved / peak of attention on large blocks")
+    attn_half_block: float = Field(default=256, ge=0, description="block length (tokens) at which attention runs at half of attn_efficiency")
+    nic: str | None = Field(default=None, description="the NIC this device sends through (NCCL's closest NIC)")
+    pcie_bus: str = ""
+    numa: int | None = None
+
+
+class Switch(BaseModel):
+    """A switch, bridge or NIC inside a node."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    kind: Literal["nvswitch", "pcie_switch", "host_bridge", "cpu", "nic", "network_switch"]
+    rate: float | None = Field(default=None, description="NIC line rate, bytes/s")
+    network: Literal["ib", "roce", "ethernet", "shm", None] = None
+
+
+class Link(BaseModel):
+    """A link between two endpoints of a node (or a NIC and ``net``): capacity per direction in bytes/s."""
+
+    model_config = ConfigDict(extra="forbid")
+    src: str
+    dst: str
+    kind: Literal["nvlink", "nvswitch", "pcie", "hccs", "shm", "smp", "ib", "roce", "ethernet"]
+    capacity: float = Field(gt=0, description="bytes/s in each direction it carries")
+    latency: float = Field(default=2e-6, ge=0, description="seconds")
+    bidirectional: bool = True
+
+
+class NodeType(BaseModel):
+    """The template of one kind of node: its devices (in rank order), switches and links."""
+
+    model_config = ConfigDict(extra="forbid")
+    devices: list[Device]
+    switches: list[Switch] = []
+    links: list[Link] = []
+
+    @model_validator(mode="after")
+    def _check(self):
+        names = [d.name for d in self.devices] + [s.name for s in self.switches]
+        if not self.devices:
+            raise PlanError("node_types.devices", "a node type has no devices", "list at least one device")
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise PlanError("node_types", f"duplicate endpoint names {sorted(dup)}", "give every device and switch a unique name")
+        known = set(names) | {NET}
+        for i, l in enumerate(self.links):
+            for end in (l.src, l.dst):
+                if end not in known:
+                    raise PlanError(f"links[{i}]", f"endpoint {end!r} is not a device or switch of this node",
+                                    f"declare {end!r} under devices or switches, or fix the link")
+        g = self.local_graph()
+        devs = [d.name for d in self.devices]
+        for a in devs:
+            for b in devs:
+                if a != b and not nx.has_path(g, a, b):
+                    raise PlanError("links", f"no path from {a} to {b} inside the node (missing link)",
+                                    f"add the link(s) that connect {a} and {b}")
+        return self
+
+    def local_graph(self) -> nx.DiGraph:
+        """The node's own directed graph, with ``net`` standing for the fabric."""
+        g = nx.DiGraph()
+        for d in self.devices:
+            g.add_node(d.name, role="device", kind=d.kind)
+        for s in self.switches:
+            g.add_node(s.name, role="switch", kind=s.kind)
+        for l in self.links:
+            attrs = dict(kind=l.kind, capacity=l.capacity, latency=l.latency, weight=1.0 / l.capacity + l.latency * 1e-3)
+            g.add_edge(l.src, l.dst, **attrs)
+            if l.bidirectional:
+                g.add_edge(l.dst, l.src, **attrs)
+        return g
+
+    @property
+    def has_network(self) -> bool:
+        return any(NET in (l.src, l.dst) for l in self.links)
+
+
+class Cluster(BaseModel):
+    """A whole cluster: nodes (each of a node type) on one network fabric."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = SCHEMA_VERSION
+    name: str = "cluster"
+    node_types: dict[str, NodeType]
+    nodes: list[str] = Field(description="the node type of each node, in node-rank order")
+    network: Literal["ib", "roce", "ethernet", "none"] = "none"
+    source: str = ""
+    warnings: list[str] = []
+    calibration: dict = Field(default_factory=dict, description="fitted parameters from `sp-plan profile`")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if not self.nodes:
+            raise PlanError("nodes", "the cluster has zero nodes", "give at least one node (--nodes N with N >= 1)")
+        for i, t in enumerate(self.nodes):
+            if t not in self.node_types:
+                raise PlanError(f"nodes[{i}]", f"unknown node type {t!r}", f"use one of {sorted(self.node_types)}")
+        if len(self.nodes) > 1:
+            for t in set(self.nodes):
+                if not self.node_types[t].has_network:
+                    raise PlanError(f"node_types.{t}.links", "a multi-node cluster but this node type has no link to 'net'",
+                                    "add a NIC with a link to 'net'")
+        return self
+
+    # ---- sizes
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    def node_type(self, node: int = 0) -> NodeType:
+        return self.node_types[self.nodes[node]]
+
+    @property
+    def devices_per_node(self) -> int:
+        return len(self.node_type(0).devices)
+
+    @property
+    def world_size(self) -> int:
+        return sum(len(self.node_types[t].devices) for t in self.nodes)
+
+    @property
+    def homogeneous(self) -> bool:
+        return len(set(self.nodes)) == 1
+
+    def device(self, rank: int) -> Device:
+        """The device that world rank ``rank`` runs on."""
+        for t in self.nodes:
+            devs = self.node_types[t].devices
+            if rank < len(devs):
+                return devs[rank]
+            rank -= len(devs)
+        raise PlanError("rank", "outside the cluster", "use a rank below the world size")
+
+    def node_of(self, rank: int) -> int:
+        if self.homogeneous:
+            return rank // self.devices_per_node
+        for i, t in enumerate(self.nodes):
+            n = len(self.node_types[t].devices)
+            if rank < n:
+                return i
+            rank -= n
+        raise PlanError("rank", "outside the cluster", "use a rank below the world size")
+
+    # ---- identity
+    def fingerprint(self) -> str:
+        """Stable hash of the topology (node types, node list, network); names and notes excluded."""
+        data = self.model_dump(include={"node_types", "nodes", "network"})
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    # ---- graph
+    def graph(self) -> nx.DiGraph:
+        """The whole cluster as a networkx DiGraph (every node expanded; ``net`` is the fabric)."""
+        g = nx.DiGraph()
+        if self.num_nodes > 1:
+            g.add_node(NET, role="switch", kind="network_switch")
+        for k, t in enumerate(self.nodes):
+            local = self.node_types[t].local_graph()
+            name = lambda x: x if x == NET else f"n{k}.{x}"  # noqa: E731
+            for x, attrs in local.nodes(data=True):
+                if x != NET:
+                    g.add_node(name(x), node=k, **attrs)
+            for a, b, attrs in local.edges(data=True):
+                if self.num_nodes == 1 and NET in (a, b):
+                    continue
+                g.add_edge(name(a), name(b), **attrs)
+        return g
+
+    # ---- io
+    def save(self, path: str | Path) -> None:
+        dump_data(self.model_dump(mode="json"), path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Cluster":
+        return load_yaml_model(cls, path, "cluster")
+
+    @cached_property
+    def _cache(self) -> dict:
+        return {}

@@ -1,0 +1,176 @@
+"""The link-load engine: the cost of a communication phase from flows routed on the cluster graph.
+
+Design rule (design.md): a phase costs, per step, its most loaded directed link (bytes over
+capacity) plus the path latency. Every group of the phase's dimension runs at once, so the flows
+of all concurrent groups load the links together.
+
+Cost by symmetry: nodes of a cluster are alike, so only flows that start or end on node 0 are
+routed, and only node 0's links (and its NICs' links to the fabric, which is taken to be
+non-blocking) are loaded. The result depends on the pattern and the *shape* of the groups (their
+size and rank strides, the world size), never on a candidate, and is cached by that shape. A
+phase's time is linear in its bytes, so the cache holds seconds per byte and latency per step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import networkx as nx
+
+from .cluster import NET, Cluster
+
+PATTERNS = ("shift", "shift_back", "shift_bi", "all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """The groups of one (possibly merged) mesh dimension: (size, stride) per part, and the world size."""
+
+    parts: tuple[tuple[int, int], ...]
+    world: int
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for s, _ in self.parts:
+            n *= s
+        return n
+
+    def offsets(self) -> list[int]:
+        """Rank offsets of a group's members from its base, the first part fastest."""
+        offs = [0]
+        for size, stride in self.parts:
+            offs = [o + i * stride for i in range(size) for o in offs]
+        return offs
+
+    def group_of(self, rank: int) -> tuple[int, ...]:
+        """Members (in group order) of the group containing ``rank``."""
+        base = rank
+        for size, stride in self.parts:
+            base -= ((rank // stride) % size) * stride
+        return tuple(base + o for o in self.offsets())
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Cost of one step of a pattern: seconds per byte of the phase's per-rank volume, latency, steps."""
+
+    steps: int
+    sec_per_byte: float  # for the whole phase volume per rank, per step, at its most loaded link
+    latency: float  # per step
+    bottleneck: str  # the most loaded link, for explanations
+
+    def time(self, nbytes: float) -> float:
+        return self.steps * (nbytes * self.sec_per_byte + self.latency) if self.steps else 0.0
+
+
+def pattern_flows(pattern: str, n: int) -> tuple[int, list[tuple[int, int, float]]]:
+    """(steps, flows (src index, dst index, fraction of the per-rank volume) of one step) for a group of n.
+
+    Ring all-gather / reduce-scatter: n-1 steps of 1/n to the next rank; all-reduce: 2(n-1) such
+    steps (nccl-tests' bus-bandwidth model); all-to-all: 1/n to every other rank at once;
+    shift: the whole volume to the next rank; shift_bi: the whole volume each way.
+    """
+    if n <= 1:
+        return 0, []
+    nxt = [(i, (i + 1) % n, 1.0) for i in range(n)]
+    prv = [(i, (i - 1) % n, 1.0) for i in range(n)]
+    if pattern == "shift":
+        return 1, nxt
+    if pattern == "shift_back":
+        return 1, prv
+    if pattern == "shift_bi":
+        return 1, nxt + prv
+    if pattern in ("all_gather", "reduce_scatter"):
+        return n - 1, [(i, j, 1.0 / n) for i, j, _ in nxt]
+    if pattern == "all_reduce":
+        return 2 * (n - 1), [(i, j, 1.0 / n) for i, j, _ in nxt]
+    if pattern == "all_to_all":
+        return 1, [(i, j, 1.0 / n) for i in range(n) for j in range(n) if i != j]
+    raise ValueError(f"unknown pattern {pattern!r}")
+
+
+class LinkEngine:
+    """Prices communication phases on one cluster; one instance per cluster, cached by group shape."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self.gpn = cluster.devices_per_node
+        node = cluster.node_type(0)
+        self.local = node.local_graph()
+        self.names = [d.name for d in node.devices]
+        self.nics = {d.name: d.nic for d in node.devices}
+        self.multi_node = cluster.num_nodes > 1
+        self._route = lru_cache(maxsize=None)(self._route_uncached)
+        self._cost = lru_cache(maxsize=None)(self._cost_uncached)
+
+    # ---- routing (node-0 part of a path)
+    def _path(self, a: str, b: str) -> list[str]:
+        return nx.shortest_path(self.local, a, b, weight="weight")
+
+    def _route_uncached(self, a: int, b: int, remote: int) -> tuple[tuple[tuple[str, str], ...], float]:
+        """Node-0 edges and latency of a flow from local device a to local device b.
+
+        remote = 0: both on node 0; 1: a on node 0, b elsewhere (a -> its NIC -> net);
+        2: a elsewhere, b on node 0 (net -> b's NIC -> b).
+        """
+        da, db = self.names[a], self.names[b]
+        if remote == 0:
+            p = self._path(da, db)
+        elif remote == 1:
+            nic = self.nics.get(da)
+            p = (self._path(da, nic) + [NET]) if nic else self._path(da, NET)
+        else:
+            nic = self.nics.get(db)
+            p = ([NET] + self._path(nic, db)) if nic else self._path(NET, db)
+        edges = tuple(zip(p[:-1], p[1:]))
+        lat = sum(self.local.edges[e]["latency"] for e in edges)
+        if remote:  # the far side of the path mirrors ours: count its latency too
+            lat *= 2
+        return edges, lat
+
+    def route(self, src: int, dst: int):
+        """Edges on node 0 used by a flow between world ranks src and dst (empty if it avoids node 0)."""
+        ns, nd = src // self.gpn, dst // self.gpn
+        if ns == 0 and nd == 0:
+            return self._route(src, dst, 0)
+        if ns == 0:
+            return self._route(src, dst % self.gpn, 1)
+        if nd == 0:
+            return self._route(src % self.gpn, dst, 2)
+        return (), 0.0
+
+    # ---- pattern cost
+    def _cost_uncached(self, pattern: str, shape: GroupShape) -> StepCost:
+        n = shape.size
+        steps, flows = pattern_flows(pattern, n)
+        if not steps:
+            return StepCost(0, 0.0, 0.0, "")
+        load: dict[tuple[str, str], float] = {}
+        lat = 0.0
+        seen = set()
+        for r in range(min(self.gpn, shape.world)):
+            g = shape.group_of(r)
+            if g in seen:
+                continue
+            seen.add(g)
+            for i, j, frac in flows:
+                src, dst = g[i], g[j]
+                if src // self.gpn and dst // self.gpn:
+                    continue
+                edges, l = self.route(src, dst)
+                lat = max(lat, l)
+                for e in edges:
+                    load[e] = load.get(e, 0.0) + frac
+        if not load:  # every flow stays on one device
+            return StepCost(0, 0.0, 0.0, "")
+        worst = max(load, key=lambda e: load[e] / self.local.edges[e]["capacity"])
+        spb = load[worst] / self.local.edges[worst]["capacity"]
+        return StepCost(steps, spb, lat, f"{worst[0]}->{worst[1]} ({self.local.edges[worst]['kind']})")
+
+    def cost(self, pattern: str, shape: GroupShape) -> StepCost:
+        return self._cost(pattern, shape)
+
+    def time(self, pattern: str, shape: GroupShape, nbytes: float) -> float:
+        """Seconds for a phase that moves ``nbytes`` per rank (see ``pattern_flows``) on every group of ``shape``."""
+        return self._cost(pattern, shape).time(nbytes)

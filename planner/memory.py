@@ -1,0 +1,74 @@
+"""Memory per rank: weights, gradients and Adam states by ZeRO stage; activations; algorithm buffers.
+
+Mixed-precision Adam (Megatron / ZeRO paper): 2 B bf16 weights + 4 B fp32 gradients + 12 B fp32
+master weights, momentum and variance = 18 B/param. ZeRO over the dp x sp group of N ranks
+(USP Table 2): stage 1 shards the 12 B of optimizer states, stage 2 also the gradients, stage 3
+everything. Activations per layer follow Korthikanti et al. (2022) Sec. 4 with flash attention
+(no N^2 scores) and no dropout masks, on this rank's tokens.
+"""
+from __future__ import annotations
+
+from .schedules import Shape
+
+WEIGHT_B, GRAD_B, ADAM_B = 2, 4, 12
+
+
+def weight_bytes(params: float, zero_stage: int, shard: int, training: bool) -> dict[str, float]:
+    """Bytes per rank of weights, gradients and optimizer states (USP Table 2 memory columns)."""
+    if not training:
+        return {"weights": WEIGHT_B * params}
+    w, g, o = WEIGHT_B * params, GRAD_B * params, ADAM_B * params
+    if zero_stage >= 1:
+        o /= shard
+    if zero_stage >= 2:
+        g /= shard
+    if zero_stage >= 3:
+        w /= shard
+    return {"weights": w, "gradients": g, "optimizer": o}
+
+
+def layer_activation_bytes_per_token(c: Shape) -> float:
+    """Saved activations of one block per token (Korthikanti et al. Sec. 4, flash attention, no dropout)."""
+    m = c.model
+    e = c.e
+    per = m.hidden  # input of the first norm
+    per += m.q_dim + 2 * m.kv_dim  # Q, K, V
+    per += m.q_dim  # attention output (input of the O projection)
+    per += m.hidden  # input of the second norm
+    per += (3 if m.gated_mlp else 2) * m.ffn_hidden  # MLP: gate and up outputs and activation, or fc1 and GeLU
+    return per * e + 4.0 * m.heads  # + fp32 log-sum-exp per head
+
+
+def activation_bytes(c: Shape, checkpointing: str, training: bool) -> dict[str, float]:
+    """Activations held at the peak: all layers' saved tensors (or layer inputs when checkpointed)."""
+    tokens = c.b * c.n_local
+    layer = layer_activation_bytes_per_token(c) * tokens
+    m = c.model
+    if not training:
+        kv_cache = 2 * m.layers * tokens * m.kv_dim * c.e
+        return {"activations": layer, "kv_cache": kv_cache}
+    if checkpointing == "full":
+        saved = m.layers * tokens * m.hidden * c.e + layer  # layer inputs + one block recomputed
+    else:
+        saved = m.layers * layer
+    logits = tokens * m.vocab * (c.e + 4)  # bf16 logits and their fp32 softmax
+    return {"activations": saved, "logits": logits}
+
+
+def attention_buffer_bytes(c: Shape, training: bool) -> float:
+    """Transient buffers of the attention algorithm for one layer.
+
+    Ring: double buffers for K, V (and in backward for dK, dV in fp32), fp32 out/LSE accumulators.
+    Ulysses: the head-sharded copies of q, k, v and the output after the all-to-all.
+    """
+    m = c.model
+    kv_block = c.b * c.n_ring * c.kv_local * m.head_dim * c.e
+    q_ring = c.b * c.n_ring * c.heads_local * m.head_dim
+    buf = 0.0
+    if c.ring > 1:
+        buf += 2 * 2 * kv_block + q_ring * 4 + c.b * c.n_ring * c.heads_local * 4
+        if training:
+            buf += 2 * 2 * kv_block * 2 + q_ring * 4  # dK, dV fp32 double buffers and dQ accumulator
+    if c.ulysses > 1:
+        buf += (2 * q_ring + 2 * c.b * c.n_ring * c.kv_local * m.head_dim) * c.e
+    return buf

@@ -1,0 +1,137 @@
+"""Plan: the layout a user runs (algorithm, degrees, mesh order, token layout) and its predictions.
+
+A Plan can be written by hand with only algorithm, degrees, order and token layout; the search
+fills in the cluster fingerprint, model, workload, every group's ranks and the predictions.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .errors import PlanError
+from .layout import DIMENSIONS, Layout, check_degrees, world_size
+from .model import ModelSpec, Workload
+from .yamlio import dump_data, load_yaml_model
+
+PLAN_SCHEMA_VERSION = 1
+ALGORITHMS = ("ring", "ulysses", "usp", "wallfacer", "tokenring", "tokenring_ring", "metp")
+#: algorithms the runtime and the engine implement today
+IMPLEMENTED = ("ring", "ulysses", "usp")
+CHECKPOINTING = ("none", "full")
+
+
+class PhaseCost(BaseModel):
+    """One line of a prediction's breakdown."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    kind: Literal["compute", "communication"]
+    group: str | None = None
+    bytes_per_rank: float = 0.0
+    seconds: float
+    exposed_seconds: float
+
+
+class Prediction(BaseModel):
+    """What the engine predicts for a plan: time, throughput, memory and the per-phase breakdown."""
+
+    model_config = ConfigDict(extra="forbid")
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    peak_memory_bytes: float
+    memory_capacity_bytes: float = 0.0
+    memory: dict[str, float] = {}
+    breakdown: list[PhaseCost] = []
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_capacity_bytes <= 0 or self.peak_memory_bytes <= self.memory_capacity_bytes
+
+
+class Plan(BaseModel):
+    """A sequence-parallel layout; see the README for the file format."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = PLAN_SCHEMA_VERSION
+    algorithm: Literal["ring", "ulysses", "usp", "wallfacer", "tokenring", "tokenring_ring", "metp"]
+    degrees: dict[str, int]
+    order: list[str] = Field(default_factory=list, description="mesh dimensions, innermost (fastest rank) first")
+    token_layout: Literal["contiguous", "zigzag", "striped"] = "contiguous"
+    zero_stage: int = Field(default=0, ge=0, le=3)
+    checkpointing: Literal["none", "full"] = "none"
+    placement: Literal["collective_intra", "p2p_intra"] | None = None
+    cluster: str | None = Field(default=None, description="name of the cluster the plan was made for")
+    cluster_fingerprint: str | None = None
+    model: ModelSpec | None = None
+    workload: Workload | None = None
+    groups: dict[str, list[list[int]]] = {}
+    predicted: Prediction | None = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        for n in DIMENSIONS:
+            self.degrees.setdefault(n, 1)
+        if not self.order:
+            self.order = [n for n in ("tp", "ulysses", "ring", "dp", "pp") if self.degrees.get(n, 1) > 1] or ["dp"]
+        check_degrees(self.degrees, self.order)
+        a, u, r = self.algorithm, self.degrees["ulysses"], self.degrees["ring"]
+        if a == "ring" and u != 1:
+            raise PlanError("degrees.ulysses", f"algorithm ring needs ulysses 1, got {u}", "use algorithm usp for ulysses x ring")
+        if a == "ulysses" and r != 1:
+            raise PlanError("degrees.ring", f"algorithm ulysses needs ring 1, got {r}", "use algorithm usp for ulysses x ring")
+        if a == "ulysses" and self.token_layout != "contiguous":
+            raise PlanError("token_layout", "ulysses attends the whole sequence after its all-to-all",
+                            "use token_layout contiguous with algorithm ulysses")
+        return self
+
+    # ---- derived
+    @property
+    def world_size(self) -> int:
+        return world_size(self.degrees)
+
+    @property
+    def sp(self) -> int:
+        return self.degrees["ulysses"] * self.degrees["ring"]
+
+    def layout(self) -> Layout:
+        """The shared rank/token arithmetic for this plan."""
+        return Layout({k: v for k, v in self.degrees.items()}, tuple(self.order), self.token_layout)
+
+    def with_groups(self) -> "Plan":
+        """A copy with every group's rank lists filled in from the layout."""
+        return self.model_copy(update={"groups": self.layout().all_groups()})
+
+    def summary(self) -> str:
+        """Short human label, e.g. 'usp u4 x r2 zigzag dp2 [ulysses<ring<dp] z1'."""
+        d = self.degrees
+        parts = [self.algorithm]
+        for n in ("tp", "ulysses", "ring", "team", "dp", "pp"):
+            if d.get(n, 1) > 1:
+                parts.append(f"{n}{d[n]}")
+        if self.algorithm != "ulysses":
+            parts.append(self.token_layout)
+        parts.append("<".join(o for o in self.order if d.get(o, 1) > 1) or "-")
+        parts.append(f"zero{self.zero_stage}")
+        if self.checkpointing != "none":
+            parts.append(f"ckpt:{self.checkpointing}")
+        return " ".join(parts)
+
+    def check_world(self, world: int) -> None:
+        """A world that does not match the plan is a clear error."""
+        if world != self.world_size:
+            raise PlanError("world_size", f"the plan needs {self.world_size} ranks "
+                            f"({' x '.join(f'{k}={v}' for k, v in self.degrees.items() if v > 1) or '1'}), the world has {world}",
+                            f"launch {self.world_size} ranks or make a plan for {world}")
+
+    # ---- io
+    def save(self, path: str | Path) -> None:
+        """Write the plan as YAML (or JSON for a .json path), atomically."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        dump_data(data, path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        return load_yaml_model(cls, path, "plan")

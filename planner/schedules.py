@@ -1,0 +1,169 @@
+"""Schedules: each algorithm as a short list of steps of per-rank compute and communication phases.
+
+A Step runs its phases ``repeat`` times; an overlapped step (double buffering) costs the max of
+its phases, a plain one their sum. Volumes are per rank and in bytes; FLOPs per rank.
+Notation (papers'): B sequences per data-parallel rank, N tokens, H hidden, heads a, KV heads kv,
+head dim d, ulysses degree U, ring degree R, element size e.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import groupby
+
+from .layout import round_work
+from .model import ModelSpec, Workload
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Per-rank compute: FLOPs and, for attention, the block length that sets its efficiency."""
+
+    name: str
+    flops: float
+    kind: str = "matmul"  # "matmul" or "attention"
+    block: float = 0.0
+
+
+@dataclass(frozen=True)
+class Comm:
+    """A communication phase: ``pattern`` over every group of ``dim``, ``nbytes`` per rank."""
+
+    name: str
+    pattern: str
+    dim: tuple[str, ...]
+    nbytes: float
+
+
+@dataclass(frozen=True)
+class Step:
+    phases: tuple
+    repeat: int = 1
+    overlap: bool = False
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Sizes of one candidate that the schedules need."""
+
+    model: ModelSpec
+    work: Workload
+    dp: int
+    ulysses: int
+    ring: int
+    token_layout: str
+
+    @property
+    def b(self) -> int:
+        return max(self.work.batch // self.dp, 1)
+
+    @property
+    def e(self) -> int:
+        return self.model.dtype_bytes
+
+    @property
+    def sp(self) -> int:
+        return self.ulysses * self.ring
+
+    @property
+    def n_local(self) -> float:
+        """Tokens per rank per sequence."""
+        return self.work.seq_len / self.sp
+
+    @property
+    def n_ring(self) -> float:
+        """Tokens per ring rank after the Ulysses all-to-all (one ring block)."""
+        return self.work.seq_len / self.ring
+
+    @property
+    def heads_local(self) -> float:
+        return self.model.heads / self.ulysses
+
+    @property
+    def kv_exchanged(self) -> int:
+        """KV heads sent through the Ulysses all-to-all: replicated up to U when kv < U (priced)."""
+        return max(self.model.kv_heads, self.ulysses) if self.ulysses > 1 else self.model.kv_heads
+
+    @property
+    def kv_local(self) -> float:
+        return self.kv_exchanged / self.ulysses
+
+
+def attention_flops(sq: float, sk: float, heads: float, d: int, b: int) -> float:
+    """FLOPs of a full (unmasked) attention block forward: QK^T and PV, 2 FLOPs per MAC."""
+    return 4.0 * b * sq * sk * heads * d
+
+
+def ulysses_a2a(c: Shape, backward: bool) -> tuple[list[Comm], list[Comm]]:
+    """USP Table 2 SP-Ulysses: 4 all-to-alls before/after attention forward, 4 in backward."""
+    if c.ulysses == 1:
+        return [], []
+    qo = c.b * c.n_local * c.model.q_dim * c.e
+    kv = c.b * c.n_local * c.kv_exchanged * c.model.head_dim * c.e
+    dim = ("ulysses",)
+    if not backward:
+        return ([Comm("ulysses a2a q,k,v", "all_to_all", dim, qo + 2 * kv)],
+                [Comm("ulysses a2a out", "all_to_all", dim, qo)])
+    return ([Comm("ulysses a2a dout", "all_to_all", dim, qo)],
+            [Comm("ulysses a2a dq,dk,dv", "all_to_all", dim, qo + 2 * kv)])
+
+
+def ring_steps(c: Shape, backward: bool) -> list[Step]:
+    """Ring attention: R rounds of [block | send K,V to the next rank], double-buffered (WallFacer eq. 2).
+
+    Backward (zhuzilin/ring-flash-attention): K, V and their gradient accumulators dK, dV travel
+    together; after the last round dK, dV take one more hop home.
+    """
+    R = c.ring
+    blk = attention_flops(c.n_ring, c.n_ring, c.heads_local, c.model.head_dim, c.b)
+    mult = 2.5 if backward else 1.0  # FlashAttention backward: 5 block matmuls vs 2
+    kv_block = c.b * c.n_ring * c.kv_local * c.model.head_dim * c.e
+    send = (4 if backward else 2) * kv_block
+    fracs = round_work(c.token_layout, R, c.work.seq_len, c.work.causal)
+    tag = "bwd" if backward else "fwd"
+    rounds = [(f, i < R - 1) for i, f in enumerate(fracs)]
+    steps = []
+    for (f, comm), grp in groupby(rounds):
+        k = len(list(grp))
+        comp = Compute(f"attention {tag}", mult * blk * f, "attention", c.n_ring)
+        if comm:
+            steps.append(Step((comp, Comm(f"ring p2p {tag}", "shift", ("ring",), send)), k, overlap=True))
+        else:
+            steps.append(Step((comp,), k))
+    if backward and R > 1:
+        steps.append(Step((Comm("ring p2p dk,dv home", "shift", ("ring",), 2 * kv_block),)))
+    return steps
+
+
+def attention_steps(c: Shape, backward: bool) -> list[Step]:
+    """Attention of one layer for ring, ulysses and usp: all-to-alls around ring rounds (USP Sec. 3)."""
+    pre, post = ulysses_a2a(c, backward)
+    return [Step((p,)) for p in pre] + ring_steps(c, backward) + [Step((p,)) for p in post]
+
+
+def linear_steps(c: Shape, backward: bool) -> list[Step]:
+    """QKV/O projections and MLP of one layer on this rank's tokens: 2 FLOPs per weight per token."""
+    f = 2.0 * c.b * c.n_local * c.model.layer_params()
+    return [Step((Compute("linear " + ("bwd" if backward else "fwd"), 2 * f if backward else f),))]
+
+
+def layer_schedule(c: Shape, backward: bool) -> list[Step]:
+    """One Transformer block, forward or backward."""
+    return linear_steps(c, backward) + attention_steps(c, backward)
+
+
+def head_steps(c: Shape, training: bool) -> list[Step]:
+    """Output projection (logits) on this rank's tokens, forward and, in training, backward."""
+    f = 2.0 * c.b * c.n_local * c.model.hidden * c.model.vocab
+    return [Step((Compute("lm head", 3 * f if training else f),))] if f else []
+
+
+def grad_sync(c: Shape, zero_stage: int, params: float) -> list[Comm]:
+    """Gradient/parameter collectives over dp x sp per step (USP Table 2 rows DP, ZeRO-1/2/3)."""
+    dim = ("ulysses", "ring", "dp")
+    g = params * c.e
+    if zero_stage == 0:
+        return [Comm("grad all-reduce", "all_reduce", dim, g)]
+    if zero_stage in (1, 2):
+        return [Comm("grad reduce-scatter", "reduce_scatter", dim, g), Comm("param all-gather", "all_gather", dim, g)]
+    return [Comm("param all-gather fwd", "all_gather", dim, g), Comm("param all-gather bwd", "all_gather", dim, g),
+            Comm("grad reduce-scatter", "reduce_scatter", dim, g)]
