@@ -1,0 +1,165 @@
+"""The `sp-plan` command: presets, plan, show."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.model import Workload, parse_seq_len
+from sp_plan.planner.plan import Plan
+from sp_plan.planner.search import largest_extra_cost
+from sp_plan.planner.search import plan as make_plan
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Plan sequence-parallel layouts (Ring, Ulysses, USP, ...) for long-context Transformers on your cluster.")
+_WIDTH = None if sys.stdout.isatty() else 160  # pipes and CI logs: wide enough for one-line rows
+out = Console(width=_WIDTH)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def fail(e: PlanError) -> None:
+    err.print(f"[bold red]error[/]: {e}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def gib(x: float) -> str:
+    return f"{x / 2**30:.1f} GiB"
+
+
+def secs(x: float) -> str:
+    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
+
+
+@app.command()
+def presets() -> None:
+    """List the cluster and model presets."""
+    from sp_plan.profiles import cluster_presets, model_presets, preset_cluster, load_model
+
+    t = Table(title="cluster presets (per node)")
+    for c in ("name", "devices", "device", "memory", "intra-node", "network"):
+        t.add_column(c)
+    for name in cluster_presets():
+        c = preset_cluster(name, 1)
+        node = c.node_type(0)
+        d = node.devices[0]
+        kinds = sorted({l.kind for l in node.links if "net" not in (l.src, l.dst)})
+        nets = sorted({l.kind for l in node.links if "net" in (l.src, l.dst)})
+        t.add_row(name, str(len(node.devices)), d.model, gib(d.memory_bytes), ",".join(kinds), ",".join(nets))
+    out.print(t)
+    m = Table(title="model presets")
+    for c in ("name", "params", "layers", "hidden", "heads", "kv heads", "ffn", "vocab"):
+        m.add_column(c)
+    for name in model_presets():
+        s = load_model(name)
+        m.add_row(name, f"{s.params() / 1e9:.2f} B", str(s.layers), str(s.hidden), str(s.heads), str(s.kv_heads),
+                  str(s.ffn_hidden), str(s.vocab))
+    out.print(m)
+
+
+def _ranking(plans: list[Plan]) -> Table:
+    t = Table(title="ranked layouts (fastest first)")
+    for c in ("#", "layout", "step", "tokens/s", "MFU", "peak mem", "vs #1: largest extra cost"):
+        t.add_column(c, justify="right" if c in ("#", "step", "tokens/s", "MFU", "peak mem") else "left")
+    win = plans[0]
+    for i, p in enumerate(plans):
+        pr = p.predicted
+        why = "-"
+        if i:
+            name, extra = largest_extra_cost(p, win)
+            why = f"{name} +{secs(extra)}" if extra > 0 else f"{secs(pr.step_time_s - win.predicted.step_time_s)} slower"
+        t.add_row(str(i + 1), p.summary(), secs(pr.step_time_s), f"{pr.tokens_per_s:,.0f}", f"{pr.mfu:.1%}",
+                  gib(pr.peak_memory_bytes), why)
+    return t
+
+
+def _breakdown(p: Plan) -> Table:
+    t = Table(title=f"breakdown of {p.summary()}")
+    for c in ("phase", "kind", "group", "bytes/rank", "seconds", "exposed"):
+        t.add_column(c, justify="right" if c in ("bytes/rank", "seconds", "exposed") else "left")
+    for b in p.predicted.breakdown:
+        t.add_row(b.name, b.kind, b.group or "", gib(b.bytes_per_rank) if b.bytes_per_rank else "", secs(b.seconds),
+                  secs(b.exposed_seconds))
+    return t
+
+
+@app.command("plan")
+def plan_cmd(
+    cluster: str = typer.Option(..., "--cluster", help="preset name (see `sp-plan presets`) or cluster YAML file"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a preset (default 1)"),
+    model: str = typer.Option(..., "--model", help="model preset name or model YAML file"),
+    seq_len: str = typer.Option(..., "--seq-len", help="tokens per sequence: 131072, 128k or 1m"),
+    batch: int = typer.Option(1, "--batch", help="global batch (sequences per step)"),
+    causal: bool = typer.Option(True, "--causal/--no-causal", help="causal (decoder) or full attention"),
+    inference: bool = typer.Option(False, "--inference", help="forward only (prefill), no gradients or optimizer"),
+    top: int = typer.Option(5, "--top", help="how many ranked layouts to print"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the best plan here (.yaml or .json)"),
+) -> None:
+    """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
+    from sp_plan.profiles import load_cluster, load_model
+
+    try:
+        if batch < 1:
+            raise PlanError("--batch", f"must be at least 1, got {batch}", "pass --batch 1 or more")
+        if top < 1:
+            raise PlanError("--top", f"must be at least 1, got {top}", "pass --top 1 or more")
+        c = load_cluster(cluster, nodes)
+        m = load_model(model)
+        w = Workload(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference)
+        with Progress(TextColumn("searching layouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as prog:
+            task = prog.add_task("search", total=None)
+            plans = make_plan(c, m, w, top_k=top, progress=lambda i, n: prog.update(task, completed=i, total=n))
+    except PlanError as e:
+        fail(e)
+    out.print(f"[bold]{c.name}[/] ({c.num_nodes} node(s), {c.world_size} x {c.device(0).model}, fingerprint {c.fingerprint()}), "
+              f"[bold]{m.name}[/], {w.seq_len:,} tokens x {w.batch}, {'causal' if w.causal else 'full'}, "
+              f"{'training' if w.training else 'inference'}", highlight=False)
+    out.print(_ranking(plans))
+    out.print(_breakdown(plans[0]))
+    if output:
+        plans[0].save(output)
+        out.print(f"wrote {output}")
+
+
+@app.command()
+def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan plan -o`")) -> None:
+    """Print a plan file: layout, groups and predictions."""
+    try:
+        p = Plan.load(path)
+    except PlanError as e:
+        fail(e)
+    out.print(f"[bold]{p.summary()}[/]  (world {p.world_size}, cluster {p.cluster or '-'} {p.cluster_fingerprint or ''})")
+    t = Table(title="groups")
+    t.add_column("dimension")
+    t.add_column("degree", justify="right")
+    t.add_column("rank lists")
+    groups = p.groups or p.layout().all_groups()
+    for name, gs in groups.items():
+        if len(gs[0]) > 1:
+            shown = " ".join(str(g) for g in gs[:4]) + (" ..." if len(gs) > 4 else "")
+            t.add_row(name, str(len(gs[0])), shown)
+    out.print(t)
+    if p.predicted:
+        pr = p.predicted
+        out.print(f"step {secs(pr.step_time_s)}, {pr.tokens_per_s:,.0f} tokens/s, MFU {pr.mfu:.1%}, "
+                  f"peak memory {gib(pr.peak_memory_bytes)} of {gib(pr.memory_capacity_bytes)}")
+        out.print(_breakdown(p))
+
+
+def main() -> None:
+    """Console entry point: bad input exits 2 with one line, never a traceback."""
+    try:
+        app()
+    except PlanError as e:  # pragma: no cover - commands catch their own
+        err.print(f"error: {e}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

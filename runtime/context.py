@@ -1,0 +1,115 @@
+"""`init(plan)`: the process groups, token sharding and attention of a plan, for the calling rank.
+
+    import torch.distributed as dist
+    from sp_plan.runtime import init
+    dist.init_process_group("nccl")          # or gloo; torchrun sets the environment
+    ctx = init("plan.yaml")
+    x_local = ctx.shard(x, dim=1)            # this rank's tokens in the plan's token layout
+    out = ctx.attention(q, k, v, causal=True)
+    x_full = ctx.gather(out, dim=1)
+
+Groups are built once, from the shared layout module, and passed explicitly (no global state).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.layout import Layout, mesh_dims
+from sp_plan.planner.plan import Plan
+
+
+@dataclass
+class Context:
+    """The calling rank's view of a plan: DeviceMesh, groups by name, rank lists, shard/gather, attention."""
+
+    plan: Plan
+    layout: Layout
+    rank: int
+    mesh: DeviceMesh
+    _groups: dict = field(default_factory=dict)
+
+    def group(self, name: str):
+        """The process group of dimension ``name`` (or "sp" = ulysses x ring) holding this rank; None if degree 1."""
+        if name not in self._groups:
+            raise PlanError("group", f"unknown group {name!r}", f"use one of {sorted(self._groups)}")
+        return self._groups[name]
+
+    def ranks(self, name: str) -> list[int]:
+        """Global ranks of this rank's group of ``name``, in the dimension's order (layout module)."""
+        if name not in self._groups:
+            raise PlanError("group", f"unknown group {name!r}", f"use one of {sorted(self._groups)}")
+        return self.layout.group_of("sp" if name == "sp" else name, self.rank)
+
+    def shard(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """This rank's tokens of a full-sequence tensor, in the plan's token layout (layout.tokens)."""
+        idx = torch.as_tensor(self.layout.tokens(self.rank, x.size(dim)), device=x.device)
+        return x.index_select(dim, idx)
+
+    def gather(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """Inverse of ``shard``: all-gather the local shards over the sequence group and undo the permutation."""
+        members = self.ranks("sp")
+        if len(members) == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in members]
+        dist.all_gather(parts, x.contiguous(), group=self.group("sp"))
+        by_group_rank = sorted(members)  # all_gather fills in group-rank order (sorted global ranks)
+        ordered = torch.cat([parts[by_group_rank.index(m)] for m in members], dim=dim)
+        perm = torch.as_tensor(self.layout.sequence_permutation(ordered.size(dim)), device=x.device)
+        out = torch.empty_like(ordered)
+        out.index_copy_(dim, perm, ordered)
+        return out
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | None = None,
+                  scale: float | None = None) -> torch.Tensor:
+        """The plan's attention on local (batch, local seq, heads, head dim) tensors in the token layout."""
+        from .attention import attention
+
+        if causal is None:
+            causal = self.plan.workload.causal if self.plan.workload else True
+        groups = {n: self._groups.get(n) for n in ("ring", "ulysses")}
+        ranks = {n: self.ranks(n) for n in ("ring", "ulysses")}
+        return attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,
+                         token_layout=self.plan.token_layout, scale=scale)
+
+
+def _as_plan(plan_or_path: Plan | str | Path) -> Plan:
+    return plan_or_path if isinstance(plan_or_path, Plan) else Plan.load(plan_or_path)
+
+
+def init(plan_or_path: Plan | str | Path, device_type: str | None = None) -> Context:
+    """Build the plan's DeviceMesh and groups inside an initialized torch.distributed world (all ranks call it)."""
+    plan = _as_plan(plan_or_path)
+    if not dist.is_available() or not dist.is_initialized():
+        raise PlanError("torch.distributed", "the default process group is not initialized",
+                        "call torch.distributed.init_process_group first (torchrun sets the environment)")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    plan.check_world(world)
+    layout = plan.layout()
+    if device_type is None:
+        device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    dims = mesh_dims(plan.degrees, plan.order)  # innermost first
+    shape = [s for _, s in reversed(dims)]
+    names = tuple(n for n, _ in reversed(dims))
+    mesh = DeviceMesh(device_type, torch.arange(world).reshape(shape), mesh_dim_names=names)
+    groups: dict = {n: mesh.get_group(n) for n in names}
+    sp_groups = layout.groups("sp")
+    if len(sp_groups[0]) == 1:
+        groups["sp"] = None
+    elif plan.degrees["ulysses"] == 1:
+        groups["sp"] = groups["ring"]
+    elif plan.degrees["ring"] == 1:
+        groups["sp"] = groups["ulysses"]
+    else:  # every rank creates every sp group, in the same order
+        for g in sp_groups:
+            pg = dist.new_group(sorted(g))
+            if rank in g:
+                groups["sp"] = pg
+    for n in ("tp", "ulysses", "ring", "team", "dp", "pp"):
+        groups.setdefault(n, None)
+    return Context(plan=plan, layout=layout, rank=rank, mesh=mesh, _groups=groups)

@@ -1,0 +1,59 @@
+"""init(plan) on an 8-rank gloo world: groups equal the plan's lists; gather(shard(x)) == x."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from sp_plan.planner import Plan, PlanError
+from sp_plan.runtime import init
+from sp_plan.runtime.spawn import WorldError, run_world
+
+PLANS = [
+    Plan(algorithm="usp", degrees={"ulysses": 2, "ring": 2, "dp": 2}, order=["ulysses", "ring", "dp"], token_layout="zigzag"),
+    Plan(algorithm="usp", degrees={"ulysses": 2, "ring": 2, "dp": 2}, order=["ring", "dp", "ulysses"], token_layout="striped"),
+    Plan(algorithm="usp", degrees={"ulysses": 2, "ring": 4}, order=["ring", "ulysses"], token_layout="contiguous"),
+    Plan(algorithm="ring", degrees={"ring": 4, "dp": 2}, order=["dp", "ring"], token_layout="zigzag"),
+    Plan(algorithm="ring", degrees={"ring": 8}, order=["ring"], token_layout="striped"),
+    Plan(algorithm="ulysses", degrees={"ulysses": 4, "dp": 2}, order=["dp", "ulysses"]),
+]
+
+
+def _check(rank, world, plans):
+    out = []
+    x = torch.randn(2, 64, 3, generator=torch.Generator().manual_seed(0))
+    for p in plans:
+        ctx = init(p)
+        layout = p.layout()
+        for name, groups in layout.all_groups().items():
+            mine = layout.group_of(name, rank)
+            assert mine in groups
+            assert ctx.ranks(name) == mine
+            g = ctx.group(name)
+            got = dist.get_process_group_ranks(g) if g is not None else [rank]
+            assert sorted(got) == sorted(mine), (name, got, mine)
+        # mesh dims equal the plan's groups too
+        for name in ctx.mesh.mesh_dim_names:
+            assert sorted(dist.get_process_group_ranks(ctx.mesh.get_group(name))) == sorted(layout.group_of(name, rank))
+        local = ctx.shard(x, dim=1)
+        assert local.shape[1] == 64 // p.sp
+        assert torch.equal(ctx.gather(local, dim=1), x)
+        out.append(p.summary())
+    return out
+
+
+def test_init_groups_and_shard_gather_roundtrip():
+    res = run_world(_check, 8, PLANS, timeout=60)
+    assert res[0] == [p.summary() for p in PLANS]
+
+
+def _wrong_world(rank, world):
+    init(Plan(algorithm="ring", degrees={"ring": 4}, order=["ring"]))
+
+
+def test_world_mismatch_is_a_clear_error():
+    with pytest.raises(WorldError, match="world_size: the plan needs 4 ranks.*the world has 2"):
+        run_world(_wrong_world, 2, timeout=30)
+
+
+def test_init_without_distributed_is_a_clear_error():
+    with pytest.raises(PlanError, match="not initialized"):
+        init(PLANS[0])
