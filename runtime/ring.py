@@ -1,0 +1,214 @@
+"""Ring attention over a process group (Liu et al. 2023, Ring Attention with Blockwise Transformers).
+
+Forward. Ring rank p holds its query block and starts with its own K,V block. In round i it
+attends to the K,V block of ring rank (p - i) mod P while the block for round i + 1 is already in
+flight from its predecessor (double buffering: one batched isend/irecv to the ring neighbours per
+round), and folds the block's (out, lse) into its accumulators with the online-softmax merge.
+
+Backward (zhuzilin/ring-flash-attention scheme). The K,V blocks go round again in the same order.
+In round i rank p runs the FlashAttention-2 block backward against the K,V block of rank
+(p - i) mod P, using the *global* out and lse saved by the forward, so the block's probabilities
+are the final ones and the block gradients add up exactly. dq stays local. dk and dv of that
+block are added to an accumulator that travels one hop behind the block: rank p receives it from
+its predecessor (which added the contributions of ranks (p - i) .. (p - 1)), adds its own, and
+sends it on. After P rounds every accumulator has visited every rank and arrives back at the
+owner of its block, which ends with the exact dk, dv of its tokens. Fully masked (causal) blocks
+are skipped, but their accumulators still travel so the schedule is the same on every rank.
+
+Causal masks. Each round's mask is derived from the global token indices of the query and the
+K,V owner (``planner.layout.ring_tokens``: contiguous, zigzag, striped) and reduced to row/column
+ranges plus a diagonal offset or explicit mask (``kernels.causal_block_mask``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+import torch.distributed as dist
+
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.layout import check_token_layout, ring_tokens
+
+from .kernels import BlockMask, block_attention, block_attention_backward, causal_block_mask, full_block, lse_dtype, merge
+
+_TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Ring:
+    """This rank's place in a ring: global ranks in ring order, its position, and its neighbours."""
+
+    ranks: tuple[int, ...]
+    position: int
+    group: dist.ProcessGroup | None
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def next(self) -> int:
+        return self.ranks[(self.position + 1) % self.size]
+
+    @property
+    def prev(self) -> int:
+        return self.ranks[(self.position - 1) % self.size]
+
+    def shift(self, send: list[torch.Tensor], recv: list[torch.Tensor], tag: int) -> list:
+        """Send tensors to the next rank and receive as many from the previous one (batched p2p)."""
+        ops = [dist.P2POp(dist.isend, t, self.next, self.group, tag + j) for j, t in enumerate(send)]
+        ops += [dist.P2POp(dist.irecv, t, self.prev, self.group, tag + j) for j, t in enumerate(recv)]
+        return dist.batch_isend_irecv(ops)
+
+
+def make_ring(group: dist.ProcessGroup | None = None, ranks=None) -> Ring:
+    """The ring of ``group`` in the order ``ranks`` (global ranks; default: the group's, sorted)."""
+    members = sorted(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
+    order = tuple(int(r) for r in ranks) if ranks is not None else tuple(members)
+    if sorted(order) != members:
+        raise PlanError("ranks", f"ring order {list(order)} is not a permutation of the group's ranks {members}",
+                        "pass the group's global ranks in ring order")
+    me = dist.get_rank()
+    if me not in order:
+        raise PlanError("group", f"rank {me} is not in the ring {list(order)}", "call ring attention on members only")
+    return Ring(order, order.index(me), group)
+
+
+@lru_cache(maxsize=1024)
+def round_masks(token_layout: str, ring: int, seq_len: int, position: int, causal: bool) -> tuple[BlockMask | None, ...]:
+    """Mask of each round i (K,V of ring rank (position - i) mod ring); None = fully masked, skip.
+
+    Derived from the global token indices of ``ring_tokens``: query t sees key t' iff t >= t'.
+    """
+    check_token_layout(token_layout)
+    tokens = ring_tokens(token_layout, ring, seq_len)
+    n = tokens.shape[1]
+    if not causal:
+        return tuple(full_block(n, n) for _ in range(ring))
+    return tuple(causal_block_mask(tokens[position], tokens[(position - i) % ring]) for i in range(ring))
+
+
+def _rows_cols(bm: BlockMask) -> tuple[slice, slice]:
+    return slice(bm.row_start, bm.row_stop), slice(bm.col_start, bm.col_stop)
+
+
+def ring_forward(q, k, v, ring: Ring, masks, scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ring attention forward, zhuzilin/ring-flash-attention scheme: K,V go round, (out, lse) merge."""
+    n = q.shape[1]
+    out = lse = None
+    cur_k, cur_v, spare = k, v, None
+    for i in range(ring.size):
+        last = i + 1 == ring.size
+        if not last:
+            nxt = spare if spare is not None else (torch.empty_like(k), torch.empty_like(v))
+            reqs = ring.shift([cur_k, cur_v], list(nxt), _TAG_K)
+        bm = masks[i]
+        if bm is not None:
+            rows, cols = _rows_cols(bm)
+            b_out, b_lse = block_attention(q[:, rows], cur_k[:, cols], cur_v[:, cols], scale=scale,
+                                           causal_offset=bm.causal_offset, mask=bm.mask)
+            if out is None and bm.full_rows(n):
+                out, lse = merge(None, None, b_out, b_lse)
+            else:
+                if out is None:
+                    out = q.new_zeros(*q.shape[:3], v.shape[-1], dtype=lse_dtype(q.dtype))
+                    lse = torch.full((q.shape[0], q.shape[2], n), float("-inf"), dtype=out.dtype, device=q.device)
+                merge(out[:, rows], lse[..., rows], b_out, b_lse)
+        if not last:
+            for r in reqs:
+                r.wait()
+            spare = (cur_k, cur_v) if i > 0 else None  # the caller's k, v are never written into
+            cur_k, cur_v = nxt
+    return out.to(q.dtype), lse
+
+
+def ring_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale):
+    """Ring attention backward, zhuzilin/ring-flash-attention scheme: dk, dv travel home behind K, V."""
+    acc = lse_dtype(q.dtype)
+    dq = None
+    cur_k, cur_v, kv_spare = k, v, None
+    dkv_reqs, recv, dkv_spare = None, None, None
+    for i in range(ring.size):
+        last = i + 1 == ring.size
+        if not last:
+            nxt = kv_spare if kv_spare is not None else (torch.empty_like(k), torch.empty_like(v))
+            kv_reqs = ring.shift([cur_k, cur_v], list(nxt), _TAG_K)
+        bm = masks[i]
+        grads = None
+        if bm is not None:
+            rows, cols = _rows_cols(bm)
+            grads = block_attention_backward(dout[:, rows], q[:, rows], cur_k[:, cols], cur_v[:, cols],
+                                             out[:, rows], lse[..., rows], scale=scale,
+                                             causal_offset=bm.causal_offset, mask=bm.mask)
+            if dq is None and bm.full_rows(q.shape[1]):
+                dq = grads[0].to(acc)
+            else:
+                if dq is None:
+                    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+                dq[:, rows] += grads[0]
+        # the dk, dv accumulator of the block held this round
+        if i == 0:
+            if grads is not None and bm.col_start == 0 and bm.col_stop == k.shape[1]:
+                dk, dv = grads[1].to(acc).contiguous(), grads[2].to(acc).contiguous()
+                grads = None
+            else:
+                dk, dv = torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device)
+        else:
+            for r in dkv_reqs:
+                r.wait()
+            dkv_spare = sent
+            dk, dv = recv
+        if grads is not None:
+            dk[:, cols] += grads[1]
+            dv[:, cols] += grads[2]
+        if ring.size > 1:
+            recv = dkv_spare if dkv_spare is not None else (torch.empty(dk.shape, dtype=acc, device=dk.device),
+                                                            torch.empty(dv.shape, dtype=acc, device=dv.device))
+            sent = (dk, dv)
+            dkv_reqs = ring.shift([dk, dv], list(recv), _TAG_DK)
+        if not last:
+            for r in kv_reqs:
+                r.wait()
+            kv_spare = (cur_k, cur_v) if i > 0 else None
+            cur_k, cur_v = nxt
+    if ring.size > 1:
+        for r in dkv_reqs:
+            r.wait()
+        dk, dv = recv
+    if dq is None:
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class _RingAttention(torch.autograd.Function):
+    """Autograd wrapper: ring forward, and the ring backward with circulating dk, dv."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, group, causal, token_layout, scale, ranks):
+        ring = make_ring(group, ranks)
+        k, v = k.contiguous(), v.contiguous()  # sent as they are
+        masks = round_masks(token_layout, ring.size, q.shape[1] * ring.size, ring.position, bool(causal))
+        out, lse = ring_forward(q, k, v, ring, masks, scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.ring, ctx.masks, ctx.scale = ring, masks, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ring_backward(dout, q, k, v, out, lse, ctx.ring, ctx.masks, ctx.scale)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None = None, *,
+                   causal: bool = False, token_layout: str = "contiguous", scale: float | None = None,
+                   ranks=None) -> torch.Tensor:
+    """Ring attention (zhuzilin/ring-flash-attention scheme) on (batch, local seq, heads, dim) blocks.
+
+    Ring rank p holds the tokens ``ring_tokens(token_layout, P, S)[p]`` of a sequence of
+    S = P * local seq tokens; ``ranks`` lists the group's global ranks in ring order (default:
+    sorted). K/V may have fewer heads than Q (GQA); only the K/V heads circulate.
+    """
+    return _RingAttention.apply(q, k, v, group, causal, token_layout, scale,
+                                None if ranks is None else tuple(int(r) for r in ranks))
