@@ -10,7 +10,7 @@ from .layout import chunks_needed, strides
 from .memory import activation_bytes, attention_buffer_bytes, weight_bytes
 from .model import ModelSpec, Workload
 from .plan import IMPLEMENTED, PhaseCost, Plan, Prediction
-from .schedules import Comm, Compute, Shape, Step, grad_sync, head_steps, layer_schedule
+from .schedules import Comm, Compute, Shape, Step, attention_steps, grad_sync, head_steps, layer_schedule
 
 #: fraction of device memory a plan may use (the rest: CUDA context, allocator fragmentation)
 MEMORY_HEADROOM = 0.9
@@ -117,6 +117,16 @@ class Estimator:
             raise PlanError("seq_len", f"{self.work.seq_len} is not divisible by {need} "
                             f"({plan.token_layout}, ring {d['ring']} x ulysses {d['ulysses']})",
                             f"use a multiple of {need}")
+
+    def attention_time(self, plan: Plan, backward: bool = False) -> tuple[float, list[PhaseCost]]:
+        """One layer's attention alone (USP Tables 3-4 measure this), forward or forward + backward."""
+        self.check(plan)
+        c = self.shape(plan)
+        tally = _Tally()
+        t = self.run_steps(plan, attention_steps(c, backward=False), 1, tally)
+        if backward:
+            t += self.run_steps(plan, attention_steps(c, backward=True), 1, tally)
+        return t, tally.phases()
 
     def memory(self, plan: Plan, c: Shape) -> dict[str, float]:
         mem = weight_bytes(self.model.params(), plan.zero_stage, c.sp * c.dp, self.work.training)
