@@ -46,6 +46,7 @@ class Estimator:
             raise PlanError("model.dtype", f"{self.device.model or self.device.name} has no peak FLOP/s for {dt}",
                             f"use one of {sorted(self.device.peak_flops)}")
         self.peak = self.device.peak_flops[dt]
+        self.fingerprint = cluster.fingerprint()
 
     # ---- phase costs
     def group_shape(self, plan: Plan, dims: tuple[str, ...]) -> GroupShape:
@@ -100,6 +101,10 @@ class Estimator:
         if plan.algorithm not in IMPLEMENTED:
             raise PlanError("algorithm", f"{plan.algorithm!r} is not priced yet", f"use one of {list(IMPLEMENTED)}")
         d = plan.degrees
+        if plan.cluster_fingerprint and plan.cluster_fingerprint != self.fingerprint:
+            raise PlanError("cluster_fingerprint", f"the plan was made for cluster {plan.cluster or '?'} "
+                            f"({plan.cluster_fingerprint}), not {self.cluster.name} ({self.fingerprint})",
+                            "plan again for this cluster, or drop cluster_fingerprint from the plan to price it here")
         if plan.world_size != self.cluster.world_size:
             raise PlanError("degrees", f"the plan uses {plan.world_size} ranks but the cluster has {self.cluster.world_size}",
                             "make degrees multiply to the cluster's device count")

@@ -90,6 +90,12 @@ def plan(cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int = 5,
     if cluster.world_size < 1:
         raise PlanError("cluster", "has no devices", "give a cluster with at least one device")
     res = grid_search(cluster, model, workload, progress)
+    if not res.evaluated:
+        W = cluster.world_size
+        need = min(chunks_needed("contiguous", W // d) for d in divisors(W) if workload.batch % d == 0)
+        raise PlanError("seq_len", f"no layout of {W} ranks can split {workload.seq_len} tokens "
+                        f"(the fewest chunks any layout needs is {need})",
+                        f"use a sequence length divisible by {2 * W} (or by {need} for a contiguous ring)")
     if not res.ranked:
         raise PlanError("workload", f"no layout of {cluster.world_size} ranks fits in memory "
                         f"({res.rejected} layouts tried, {cluster.device(0).memory_bytes / 2**30:.0f} GiB per device)",

@@ -1,0 +1,95 @@
+"""The CLI, run the way a user runs it: a fresh process, exit codes, one-line errors."""
+import subprocess
+import sys
+
+import pytest
+
+from sp_plan.planner import Plan
+
+SP = [sys.executable, "-m", "sp_plan.cli.app"]
+
+
+def run(*args, cwd=None):
+    return subprocess.run(SP + list(args), capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def test_plan_writes_a_plan_that_loads_back_equal_and_is_deterministic(tmp_path):
+    args = ["plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "128k"]
+    r1 = run(*args, "-o", str(tmp_path / "a.yaml"))
+    assert r1.returncode == 0, r1.stderr
+    assert "ranked layouts" in r1.stdout and "breakdown" in r1.stdout
+    r2 = run(*args, "-o", str(tmp_path / "b.json"))
+    assert r2.returncode == 0, r2.stderr
+    a, b = Plan.load(tmp_path / "a.yaml"), Plan.load(tmp_path / "b.json")
+    assert a == b
+    assert a.world_size == 16 and a.cluster_fingerprint and a.groups["sp"]
+    # Plan.load reads back what save wrote, equal
+    a.save(tmp_path / "c.yaml")
+    assert Plan.load(tmp_path / "c.yaml") == a
+    show = run("show", str(tmp_path / "a.yaml"))
+    assert show.returncode == 0 and "groups" in show.stdout
+
+
+def test_presets_lists_clusters_and_models():
+    r = run("presets")
+    assert r.returncode == 0
+    for name in ("dgx-h100", "a100-16-eth100", "ascend-910b-8", "llama3-70b", "llama-30b"):
+        assert name in r.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["plan", "--cluster", "dgx-h999", "--model", "llama3-8b", "--seq-len", "128k"], "cluster: unknown preset 'dgx-h999'"),
+    (["plan", "--cluster", "dgx-h100", "--model", "llama9", "--seq-len", "128k"], "model: unknown preset 'llama9'"),
+    (["plan", "--cluster", "dgx-h100", "--nodes", "0", "--model", "llama3-8b", "--seq-len", "128k"], "nodes: must be at least 1"),
+    (["plan", "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "12x"], "seq_len: cannot read '12x'"),
+    (["plan", "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "1001"], "seq_len: no layout of 8 ranks can split 1001 tokens"),
+])
+def test_bad_input_exits_2_with_one_line(args, needle):
+    r = run(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr
+    assert len([l for l in r.stderr.splitlines() if l.strip()]) == 1
+
+
+def test_heads_not_divisible_and_seq_not_divisible_name_the_field(tmp_path):
+    m = tmp_path / "m.yaml"
+    m.write_text("name: odd\nlayers: 2\nhidden: 96\nheads: 3\nvocab: 0\n")
+    # 3 heads: no ulysses degree > 1 divides them on 8 GPUs; ring still works, so the plan is ring
+    r = run("plan", "--cluster", "dgx-h100", "--model", str(m), "--seq-len", "4k", "-o", str(tmp_path / "p.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert Plan.load(tmp_path / "p.yaml").degrees["ulysses"] in (1, 3)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nlayers: 2\nhidden: 100\nheads: 3\n")
+    r = run("plan", "--cluster", "dgx-h100", "--model", str(bad), "--seq-len", "4k")
+    assert r.returncode == 2 and "model.head_dim: hidden 100 is not divisible by heads 3" in r.stderr
+
+
+def test_malformed_yaml_and_wrong_plan_file(tmp_path):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("node_types: {a: [1, 2\n")
+    r = run("plan", "--cluster", str(bad), "--model", "llama3-8b", "--seq-len", "8k")
+    assert r.returncode == 2 and "is not valid YAML" in r.stderr and "Traceback" not in r.stderr
+    p = tmp_path / "p.yaml"
+    p.write_text("algorithm: ring\ndegrees: {ring: 4, ulysses: 2}\norder: [ring, ulysses]\n")
+    r = run("show", str(p))
+    assert r.returncode == 2 and "degrees.ulysses: algorithm ring needs ulysses 1" in r.stderr
+
+
+def test_inference_and_no_causal_flags():
+    r = run("plan", "--cluster", "l20-8-pcie", "--model", "llama2-7b", "--seq-len", "32k", "--inference", "--no-causal", "--top", "3")
+    assert r.returncode == 0, r.stderr
+    assert "inference" in r.stdout and "full" in r.stdout
+
+
+def test_estimate_refuses_a_plan_for_another_cluster(tmp_path):
+    from sp_plan.planner import PlanError, Workload, estimate, plan
+    from sp_plan.profiles import load_cluster, load_model
+
+    m, w = load_model("llama2-7b"), Workload(seq_len="16k")
+    p = plan(load_cluster("dgx-h100"), m, w, top_k=1)[0]
+    with pytest.raises(PlanError, match="cluster_fingerprint: the plan was made for cluster dgx-h100"):
+        estimate(p, load_cluster("dgx-a100"), m, w)
+    # without the fingerprint it is a what-if on the other cluster
+    q = p.model_copy(update={"cluster_fingerprint": None})
+    assert estimate(q, load_cluster("dgx-a100"), m, w).step_time_s > p.predicted.step_time_s

@@ -1,0 +1,63 @@
+"""Cluster model: presets, YAML round trip, fingerprint, graph, and clear errors for broken files."""
+import pytest
+
+from sp_plan.planner import Cluster, PlanError
+from sp_plan.profiles import cluster_presets, load_cluster, preset_cluster
+
+
+@pytest.mark.parametrize("name", cluster_presets())
+def test_every_preset_builds_and_round_trips(name, tmp_path):
+    c = preset_cluster(name, 2)
+    g = c.graph()
+    assert c.world_size == 2 * c.devices_per_node
+    devices = [n for n, a in g.nodes(data=True) if a.get("role") == "device"]
+    assert len(devices) == c.world_size
+    assert all(g.edges[e]["capacity"] > 0 for e in g.edges)
+    c.save(tmp_path / "c.yaml")
+    back = Cluster.load(tmp_path / "c.yaml")
+    assert back == c and back.fingerprint() == c.fingerprint()
+    assert c.source  # every preset cites its published specs
+
+
+def test_fingerprint_names_topology_not_labels():
+    a, b = preset_cluster("dgx-h100", 2), preset_cluster("dgx-h100", 2)
+    b.name = "renamed"
+    assert a.fingerprint() == b.fingerprint()
+    assert a.fingerprint() != preset_cluster("dgx-h100", 3).fingerprint()
+    assert a.fingerprint() != preset_cluster("dgx-a100", 2).fingerprint()
+
+
+def test_directed_links_carry_capacity_per_direction():
+    g = preset_cluster("a100-16-eth100", 2).graph()
+    assert g.edges["n0.nic0", "net"]["capacity"] == 12.5e9
+    assert g.edges["net", "n1.nic0"]["kind"] == "ethernet"
+    assert g.edges["n0.gpu3", "n0.nvswitch"]["capacity"] == 300e9
+
+
+def test_missing_link_is_named(tmp_path):
+    c = preset_cluster("a10-4-pcie")
+    data = c.model_dump(mode="json")
+    nt = data["node_types"]["a10-4-pcie"]
+    nt["links"] = [l for l in nt["links"] if not (l["src"] == "gpu3")]
+    import yaml
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(PlanError, match="links: no path from gpu0 to gpu3 inside the node"):
+        Cluster.load(tmp_path / "c.yaml")
+
+
+def test_link_to_unknown_endpoint_and_zero_nodes(tmp_path):
+    c = preset_cluster("a10-4-pcie")
+    data = c.model_dump(mode="json")
+    data["node_types"]["a10-4-pcie"]["links"][0]["dst"] = "gpu9"
+    with pytest.raises(PlanError, match=r"links\[0\]: endpoint 'gpu9'"):
+        Cluster.model_validate(data)
+    with pytest.raises(PlanError, match="nodes: must be at least 1"):
+        load_cluster("dgx-h100", 0)
+
+
+def test_preset_spec_file_and_cluster_file_both_load(tmp_path):
+    c = preset_cluster("dgx-a100", 2)
+    c.save(tmp_path / "mine.yaml")
+    assert load_cluster(str(tmp_path / "mine.yaml")) == c
+    with pytest.raises(PlanError, match="describes 2 node"):
+        load_cluster(str(tmp_path / "mine.yaml"), 3)
