@@ -400,11 +400,11 @@ def merge(out: torch.Tensor | None, lse: torch.Tensor | None, block_out: torch.T
     lse' = log(e^lse + e^block_lse); out' = e^(lse - lse') out + e^(block_lse - lse') block_out.
     ``out`` (batch, seq, heads, dim) and ``lse`` (batch, heads, seq) are accumulators in float32
     (float64 for float64 input), updated in place (views are fine) and returned; with ``out``
-    None the accumulators are started from the block. Rows with lse -inf hold no keys yet.
+    None they start as copies of the block. Rows with lse -inf hold no keys yet.
     """
     acc = lse_dtype(block_out.dtype)
     if out is None:
-        return block_out.to(acc), block_lse.to(acc)
+        return block_out.to(acc, copy=True), block_lse.to(acc, copy=True)
     new_lse = torch.logaddexp(lse, block_lse)
     ref = _finite(new_lse)
     w_old = torch.exp(lse - ref).transpose(1, 2).unsqueeze(-1)
