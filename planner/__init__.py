@@ -8,7 +8,8 @@ from .estimate import Estimator, estimate
 from .layout import Layout
 from .model import ModelSpec, Workload, parse_seq_len
 from .plan import Plan, Prediction
-from .search import grid_search, plan
+from .candidate import Candidate
+from .search import Space, grid_search, plan
 
 __all__ = ["Cluster", "Device", "Link", "NodeType", "Switch", "PlanError", "Estimator", "estimate", "Layout",
-           "ModelSpec", "Workload", "parse_seq_len", "Plan", "Prediction", "grid_search", "plan"]
+           "ModelSpec", "Workload", "parse_seq_len", "Plan", "Prediction", "Candidate", "Space", "grid_search", "plan"]

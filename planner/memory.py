@@ -39,20 +39,33 @@ def layer_activation_bytes_per_token(c: Shape) -> float:
     return per * e + 4.0 * m.heads  # + fp32 log-sum-exp per head
 
 
+def in_flight_micro_batches(c: Shape) -> int:
+    """1F1B: the first stage holds the activations of min(pp, m) micro-batches (Megatron)."""
+    return min(c.pp, c.micro_batches) if c.pp > 1 else 1
+
+
 def activation_bytes(c: Shape, checkpointing: str, training: bool) -> dict[str, float]:
-    """Activations held at the peak: all layers' saved tensors (or layer inputs when checkpointed)."""
+    """Activations held at the peak on the most loaded stage; TP-sp divides them by tp.
+
+    none: every layer's saved tensors; full: each layer's input plus one layer recomputed;
+    attention_boundary (DistFlashAttn / WallFacer): each layer's input, attention output and LSE
+    are kept, so recomputation never reruns attention.
+    """
     tokens = c.b * c.n_local
-    layer = layer_activation_bytes_per_token(c) * tokens
     m = c.model
+    layer = layer_activation_bytes_per_token(c) * tokens / c.tp
+    Lp = c.layers_per_stage
     if not training:
-        kv_cache = 2 * m.layers * tokens * m.kv_dim * c.e
+        kv_cache = 2 * m.layers / c.pp * tokens * c.kv_tp * m.head_dim * c.e
         return {"activations": layer, "kv_cache": kv_cache}
     if checkpointing == "full":
-        saved = m.layers * tokens * m.hidden * c.e + layer  # layer inputs + one block recomputed
+        saved = Lp * tokens * m.hidden * c.e / c.tp + layer
+    elif checkpointing == "attention_boundary":
+        saved = Lp * tokens * ((m.hidden + m.q_dim) * c.e + 4.0 * m.heads) / c.tp + layer
     else:
-        saved = m.layers * layer
-    logits = tokens * m.vocab * (c.e + 4)  # bf16 logits and their fp32 softmax
-    return {"activations": saved, "logits": logits}
+        saved = Lp * layer
+    logits = tokens * m.vocab / c.tp * (c.e + 4)  # bf16 logits and their fp32 softmax
+    return {"activations": saved * in_flight_micro_batches(c), "logits": logits}
 
 
 def attention_buffer_bytes(c: Shape, training: bool) -> float:

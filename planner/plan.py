@@ -19,7 +19,7 @@ PLAN_SCHEMA_VERSION = 1
 ALGORITHMS = ("ring", "ulysses", "usp", "wallfacer", "tokenring", "tokenring_ring", "metp")
 #: algorithms the runtime and the engine implement today
 IMPLEMENTED = ("ring", "ulysses", "usp")
-CHECKPOINTING = ("none", "full")
+CHECKPOINTING = ("none", "full", "attention_boundary")
 
 
 class PhaseCost(BaseModel):
@@ -27,7 +27,7 @@ class PhaseCost(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str
-    kind: Literal["compute", "communication"]
+    kind: Literal["compute", "communication", "bubble"]
     group: str | None = None
     bytes_per_rank: float = 0.0
     seconds: float
@@ -61,7 +61,8 @@ class Plan(BaseModel):
     order: list[str] = Field(default_factory=list, description="mesh dimensions, innermost (fastest rank) first")
     token_layout: Literal["contiguous", "zigzag", "striped"] = "contiguous"
     zero_stage: int = Field(default=0, ge=0, le=3)
-    checkpointing: Literal["none", "full"] = "none"
+    checkpointing: Literal["none", "full", "attention_boundary"] = "none"
+    micro_batch_size: int = Field(default=1, ge=1, description="sequences per micro-batch (per data-parallel rank)")
     placement: Literal["collective_intra", "p2p_intra"] | None = None
     cluster: str | None = Field(default=None, description="name of the cluster the plan was made for")
     cluster_fingerprint: str | None = None
@@ -117,6 +118,8 @@ class Plan(BaseModel):
         parts.append(f"zero{self.zero_stage}")
         if self.checkpointing != "none":
             parts.append(f"ckpt:{self.checkpointing}")
+        if self.micro_batch_size != 1:
+            parts.append(f"mbs{self.micro_batch_size}")
         return " ".join(parts)
 
     def check_world(self, world: int) -> None:

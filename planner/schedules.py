@@ -43,7 +43,7 @@ class Step:
 
 @dataclass(frozen=True)
 class Shape:
-    """Sizes of one candidate that the schedules need."""
+    """Sizes of one candidate that the schedules need (per micro-batch of ``mbs`` sequences)."""
 
     model: ModelSpec
     work: Workload
@@ -51,10 +51,18 @@ class Shape:
     ulysses: int
     ring: int
     token_layout: str
+    tp: int = 1
+    pp: int = 1
+    mbs: int = 1
 
     @property
     def b(self) -> int:
-        return max(self.work.batch // self.dp, 1)
+        """Sequences in one micro-batch."""
+        return self.mbs
+
+    @property
+    def micro_batches(self) -> int:
+        return max(self.work.batch // (self.dp * self.mbs), 1)
 
     @property
     def e(self) -> int:
@@ -65,8 +73,12 @@ class Shape:
         return self.ulysses * self.ring
 
     @property
+    def layers_per_stage(self) -> int:
+        return self.model.layers // self.pp
+
+    @property
     def n_local(self) -> float:
-        """Tokens per rank per sequence."""
+        """Tokens per sequence-parallel rank per sequence (TP-sp splits them further outside attention)."""
         return self.work.seq_len / self.sp
 
     @property
@@ -76,16 +88,26 @@ class Shape:
 
     @property
     def heads_local(self) -> float:
-        return self.model.heads / self.ulysses
+        return self.model.heads / (self.tp * self.ulysses)
+
+    @property
+    def kv_tp(self) -> int:
+        """KV heads per tensor-parallel rank; replicated when fewer than tp (Megatron)."""
+        return max(self.model.kv_heads // self.tp, 1)
 
     @property
     def kv_exchanged(self) -> int:
-        """KV heads sent through the Ulysses all-to-all: replicated up to U when kv < U (priced)."""
-        return max(self.model.kv_heads, self.ulysses) if self.ulysses > 1 else self.model.kv_heads
+        """KV heads sent through the Ulysses all-to-all: replicated up to U when fewer (priced)."""
+        return max(self.kv_tp, self.ulysses) if self.ulysses > 1 else self.kv_tp
 
     @property
     def kv_local(self) -> float:
         return self.kv_exchanged / self.ulysses
+
+    @property
+    def hidden_bytes(self) -> float:
+        """One micro-batch's hidden states on this sequence rank: b (N/sp) H e (TP-sp gathers this)."""
+        return self.b * self.n_local * self.model.hidden * self.e
 
 
 def attention_flops(sq: float, sk: float, heads: float, d: int, b: int) -> float:
@@ -97,7 +119,7 @@ def ulysses_a2a(c: Shape, backward: bool) -> tuple[list[Comm], list[Comm]]:
     """USP Table 2 SP-Ulysses: 4 all-to-alls before/after attention forward, 4 in backward."""
     if c.ulysses == 1:
         return [], []
-    qo = c.b * c.n_local * c.model.q_dim * c.e
+    qo = c.b * c.n_local * c.model.q_dim / c.tp * c.e
     kv = c.b * c.n_local * c.kv_exchanged * c.model.head_dim * c.e
     dim = ("ulysses",)
     if not backward:
@@ -141,20 +163,45 @@ def attention_steps(c: Shape, backward: bool) -> list[Step]:
 
 
 def linear_steps(c: Shape, backward: bool) -> list[Step]:
-    """QKV/O projections and MLP of one layer on this rank's tokens: 2 FLOPs per weight per token."""
-    f = 2.0 * c.b * c.n_local * c.model.layer_params()
-    return [Step((Compute("linear " + ("bwd" if backward else "fwd"), 2 * f if backward else f),))]
+    """QKV/O projections and MLP of one layer on this rank's tokens (2 FLOPs per weight per token), and
+    Megatron TP-sp around them: all-gather before attention and MLP, reduce-scatter after (USP Table 2:
+    4 all-gathers + 4 reduce-scatters of bs L d per layer, forward and backward together)."""
+    f = 2.0 * c.b * c.n_local * c.model.layer_params() / c.tp
+    tag = "bwd" if backward else "fwd"
+    steps = [Step((Compute("linear " + tag, 2 * f if backward else f),))]
+    if c.tp > 1:
+        dim = ("tp",)
+        steps += [Step((Comm(f"tp all-gather {tag}", "all_gather", dim, c.hidden_bytes),), 2),
+                  Step((Comm(f"tp reduce-scatter {tag}", "reduce_scatter", dim, c.hidden_bytes),), 2)]
+    return steps
 
 
-def layer_schedule(c: Shape, backward: bool) -> list[Step]:
-    """One Transformer block, forward or backward."""
-    return linear_steps(c, backward) + attention_steps(c, backward)
+def layer_schedule(c: Shape, backward: bool, attention: bool = True) -> list[Step]:
+    """One Transformer block, forward or backward (``attention=False``: its linear part only)."""
+    return linear_steps(c, backward) + (attention_steps(c, backward) if attention else [])
 
 
 def head_steps(c: Shape, training: bool) -> list[Step]:
     """Output projection (logits) on this rank's tokens, forward and, in training, backward."""
-    f = 2.0 * c.b * c.n_local * c.model.hidden * c.model.vocab
+    f = 2.0 * c.b * c.n_local * c.model.hidden * c.model.vocab / c.tp
     return [Step((Compute("lm head", 3 * f if training else f),))] if f else []
+
+
+def pipeline_p2p(c: Shape, training: bool) -> list[Step]:
+    """1F1B stage boundary: activations forward and their gradients back, per micro-batch."""
+    if c.pp == 1:
+        return []
+    nbytes = c.hidden_bytes / c.tp
+    steps = [Step((Comm("pp send activations", "shift", ("pp",), nbytes),))]
+    if training:
+        steps.append(Step((Comm("pp send gradients", "shift_back", ("pp",), nbytes),)))
+    return steps
+
+
+def shard_params(model: ModelSpec, tp: int, pp: int) -> float:
+    """Weights on the most loaded rank (Megatron): its 1/pp of the blocks plus the embedding, over tp."""
+    emb = model.vocab * model.hidden
+    return (model.layers * model.layer_params() / pp + emb * (2 if pp == 1 else 1)) / tp
 
 
 def grad_sync(c: Shape, zero_stage: int, params: float) -> list[Comm]:

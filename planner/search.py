@@ -1,109 +1,178 @@
-"""Enumerate every valid layout for a world size and rank them by predicted step time (grid search)."""
+"""The search space of layouts, and the grid search that ranks every valid one by predicted step time.
+
+Space: degrees dp x pp x tp x ulysses x ring = world (tp x ulysses divides the query heads, pp the
+layers, dp x micro-batch the batch, the sequence the layout's chunks), the algorithm they imply
+(ring, ulysses or usp), the token layout (contiguous, zigzag, striped when causal), the mesh order
+of the dimensions of degree > 1, and the memory policy (ZeRO stage, checkpointing, micro-batch
+size). Memory does not depend on the mesh order or the token layout, so the policies that fit are
+found once per degrees; per-layer costs are cached by group shape (estimate.py).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import permutations
 from typing import Callable, Iterator
 
+from .candidate import Candidate
 from .cluster import Cluster
 from .errors import PlanError
 from .estimate import Estimator
-from .layout import chunks_needed
+from .layout import TOKEN_LAYOUTS, chunks_needed
 from .model import ModelSpec, Workload
 from .plan import Plan
+
+CHECKPOINTING = ("none", "attention_boundary", "full")
 
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def algorithm_for(ulysses: int, ring: int) -> str:
+    return "usp" if ulysses > 1 and ring > 1 else ("ulysses" if ulysses > 1 else "ring")
+
+
+@dataclass(frozen=True)
+class Degrees:
+    dp: int
+    pp: int
+    tp: int
+    ulysses: int
+    ring: int
+
+    def dims(self) -> list[str]:
+        return [n for n in ("tp", "ulysses", "ring", "dp", "pp") if getattr(self, n) > 1] or ["dp"]
+
+
 @dataclass
-class Layouts:
-    """The search space of the spine: (algorithm, dp, ulysses, ring, token layout, mesh order)."""
+class Space:
+    """Every valid layout of ``world`` ranks for a model and workload (see the module docstring)."""
 
     world: int
     model: ModelSpec
     work: Workload
+    tp_max: int | None = None  # e.g. devices per node; None: no limit
+    micro_batch_sizes: tuple[int, ...] | None = None
 
-    def __iter__(self) -> Iterator[Plan]:
+    def degrees(self) -> Iterator[Degrees]:
         m, w = self.model, self.work
         for dp in divisors(self.world):
             if w.batch % dp:
                 continue
-            sp = self.world // dp
-            for u in divisors(sp):
-                if m.heads % u:
+            for pp in divisors(self.world // dp):
+                if m.layers % pp:
                     continue
-                r = sp // u
-                algo = "usp" if u > 1 and r > 1 else ("ulysses" if u > 1 else "ring")
-                layouts = ("contiguous", "zigzag", "striped") if (w.causal and r > 1) else ("contiguous",)
-                dims = [n for n, v in (("ulysses", u), ("ring", r), ("dp", dp)) if v > 1] or ["dp"]
-                for tl in layouts:
-                    if w.seq_len % chunks_needed(tl, r, u):
+                rest = self.world // (dp * pp)
+                for tp in divisors(rest):
+                    if m.heads % tp or (self.tp_max and tp > self.tp_max):
                         continue
-                    for order in permutations(dims):
-                        yield Plan(algorithm=algo, degrees={"dp": dp, "ulysses": u, "ring": r}, order=list(order),
-                                   token_layout=tl)
+                    for u in divisors(rest // tp):
+                        if m.heads % (tp * u):
+                            continue
+                        r = rest // (tp * u)
+                        if w.seq_len % (chunks_needed("contiguous", r, u) * tp):
+                            continue
+                        yield Degrees(dp, pp, tp, u, r)
 
+    def layouts(self, d: Degrees) -> list[str]:
+        if not (self.work.causal and d.ring > 1):
+            return ["contiguous"]
+        return [t for t in TOKEN_LAYOUTS if self.work.seq_len % (chunks_needed(t, d.ring, d.ulysses) * d.tp) == 0]
 
-def memory_variants(training: bool) -> list[tuple[int, str]]:
-    """(ZeRO stage, checkpointing) choices, cheapest first: the search keeps the fastest that fits."""
-    if not training:
-        return [(0, "none")]
-    return [(z, c) for c in ("none", "full") for z in (0, 1, 2, 3)]
+    def orders(self, d: Degrees) -> list[tuple[str, ...]]:
+        return list(permutations(d.dims()))
+
+    def policies(self, d: Degrees) -> list[tuple[int, str, int]]:
+        """(ZeRO stage, checkpointing, micro-batch size) choices for these degrees."""
+        if not self.work.training:
+            return [(0, "none", mbs) for mbs in self._mbs(d)]
+        return [(z, ck, mbs) for mbs in self._mbs(d) for ck in CHECKPOINTING for z in (0, 1, 2, 3)]
+
+    def _mbs(self, d: Degrees) -> list[int]:
+        per_dp = self.work.batch // d.dp
+        opts = [b for b in divisors(per_dp) if not self.micro_batch_sizes or b in self.micro_batch_sizes]
+        return opts or [1]
+
+    def candidates(self, d: Degrees) -> Iterator[Candidate]:
+        """Layouts of these degrees without a memory policy (ZeRO 0, no checkpointing, micro-batch 1)."""
+        algo = algorithm_for(d.ulysses, d.ring)
+        for tl in self.layouts(d):
+            for order in self.orders(d):
+                yield Candidate(algo, d.dp, d.pp, d.tp, d.ulysses, d.ring, order, tl)
+
+    def __iter__(self) -> Iterator[Candidate]:
+        for d in self.degrees():
+            for c in self.candidates(d):
+                for z, ck, mbs in self.policies(d):
+                    yield c.with_memory(z, ck, mbs)
+
+    def size(self) -> int:
+        return sum(len(self.layouts(d)) * len(self.orders(d)) * len(self.policies(d)) for d in self.degrees())
 
 
 @dataclass
 class SearchResult:
-    ranked: list[Plan]  # fitting plans, fastest first
-    evaluated: int
-    rejected: int  # layouts with no memory variant that fits
+    ranked: list[tuple[float, Candidate]]  # fitting layouts, fastest first (each with its best memory policy)
+    evaluated: int  # candidates priced (degrees x order x layout x fitting policy)
+    space: int  # candidates in the space
+    rejected: int  # degrees with no memory policy that fits
+    estimator: Estimator
 
 
-def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload,
+def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: Space | None = None,
                 progress: Callable[[int, int], None] | None = None) -> SearchResult:
-    """Evaluate every valid layout (with its fastest fitting ZeRO stage and checkpointing) and rank them."""
+    """Price every valid layout; for each (degrees, order, token layout) keep its fastest fitting policy."""
     est = Estimator(cluster, model, workload)
-    space = list(Layouts(cluster.world_size, model, workload))
-    ranked, rejected, evaluated = [], 0, 0
-    for i, base in enumerate(space):
-        best = None
-        for zero, ckpt in memory_variants(workload.training):
-            cand = base.model_copy(update={"zero_stage": zero, "checkpointing": ckpt})
-            pred = est(cand)
-            evaluated += 1
-            if pred.fits and (best is None or pred.step_time_s < best.predicted.step_time_s * (1 - 1e-12)):
-                best = cand.model_copy(update={"predicted": pred})
-        if best is None:
+    space = space or Space(cluster.world_size, model, workload)
+    all_degrees = list(space.degrees())
+    ranked, evaluated, rejected, total = [], 0, 0, 0
+    for i, d in enumerate(all_degrees):
+        bases = list(space.candidates(d))
+        pols = space.policies(d)
+        total += len(bases) * len(pols)
+        fitting = [p for p in pols if est.fits(bases[0].with_memory(*p))] if bases else []
+        if not fitting:
             rejected += 1
-        else:
-            ranked.append(best)
+        for base in bases if fitting else ():
+            best_t, best = float("inf"), None
+            for pol in fitting:
+                cand = base.with_memory(*pol)
+                t = est.evaluate(cand).step_time_s
+                evaluated += 1
+                if t < best_t * (1 - 1e-12):
+                    best_t, best = t, cand
+            ranked.append((best_t, best))
         if progress:
-            progress(i + 1, len(space))
-    ranked.sort(key=lambda p: (round(p.predicted.step_time_s, 15), p.summary()))
-    return SearchResult(ranked, evaluated, rejected)
+            progress(i + 1, len(all_degrees))
+    ranked.sort(key=lambda tc: (round(tc[0], 12), tc[1].to_plan().summary()))
+    return SearchResult(ranked, evaluated, total, rejected, est)
+
+
+def finish(result: SearchResult, cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int) -> list[Plan]:
+    """Full Plans (groups, predictions with breakdown, cluster fingerprint) for the ``top_k`` best."""
+    est = result.estimator
+    return [c.to_plan(cluster=cluster.name, cluster_fingerprint=est.fingerprint, model=model, workload=workload,
+                      predicted=est.predict(c)).with_groups()
+            for _, c in result.ranked[:top_k]]
+
+
+def no_plan_error(cluster: Cluster, workload: Workload, result: SearchResult) -> PlanError:
+    W = cluster.world_size
+    if not result.space:
+        return PlanError("seq_len", f"no layout of {W} ranks can split {workload.seq_len} tokens over its sequence "
+                         f"and tensor ranks", f"use a sequence length divisible by {2 * W}")
+    return PlanError("workload", f"no layout of {W} ranks fits in memory ({result.rejected} degree choices tried, "
+                     f"{cluster.device(0).memory_bytes / 2**30:.0f} GiB per device)",
+                     "use more nodes, a shorter --seq-len or a smaller --batch")
 
 
 def plan(cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int = 5,
-         progress: Callable[[int, int], None] | None = None) -> list[Plan]:
+         progress: Callable[[int, int], None] | None = None, space: Space | None = None) -> list[Plan]:
     """The ``top_k`` best plans for this cluster, model and workload, fastest first (deterministic)."""
-    if cluster.world_size < 1:
-        raise PlanError("cluster", "has no devices", "give a cluster with at least one device")
-    res = grid_search(cluster, model, workload, progress)
-    if not res.evaluated:
-        W = cluster.world_size
-        need = min(chunks_needed("contiguous", W // d) for d in divisors(W) if workload.batch % d == 0)
-        raise PlanError("seq_len", f"no layout of {W} ranks can split {workload.seq_len} tokens "
-                        f"(the fewest chunks any layout needs is {need})",
-                        f"use a sequence length divisible by {2 * W} (or by {need} for a contiguous ring)")
+    res = grid_search(cluster, model, workload, space, progress)
     if not res.ranked:
-        raise PlanError("workload", f"no layout of {cluster.world_size} ranks fits in memory "
-                        f"({res.rejected} layouts tried, {cluster.device(0).memory_bytes / 2**30:.0f} GiB per device)",
-                        "use more nodes, a shorter --seq-len or a smaller --batch")
-    fp = cluster.fingerprint()
-    return [p.model_copy(update={"cluster": cluster.name, "cluster_fingerprint": fp, "model": model,
-                                 "workload": workload, "groups": p.layout().all_groups()})
-            for p in res.ranked[:top_k]]
+        raise no_plan_error(cluster, workload, res)
+    return finish(res, cluster, model, workload, top_k)
 
 
 def largest_extra_cost(p: Plan, winner: Plan) -> tuple[str, float]:
@@ -113,3 +182,12 @@ def largest_extra_cost(p: Plan, winner: Plan) -> tuple[str, float]:
     diffs = {n: q.get(n, 0.0) - w.get(n, 0.0) for n in set(w) | set(q)}
     name = max(sorted(diffs), key=lambda n: diffs[n])
     return name, diffs[name]
+
+
+def summarize(p: Plan) -> dict[str, float]:
+    """Exposed seconds by category: compute, communication per dimension, pipeline bubble."""
+    out: dict[str, float] = {}
+    for ph in p.predicted.breakdown:
+        key = "compute" if ph.kind == "compute" else ("pipeline bubble" if ph.kind == "bubble" else f"comm {ph.group}")
+        out[key] = out.get(key, 0.0) + ph.exposed_seconds
+    return out

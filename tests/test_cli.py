@@ -1,12 +1,14 @@
 """The CLI, run the way a user runs it: a fresh process, exit codes, one-line errors."""
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from sp_plan.planner import Plan
 
 SP = [sys.executable, "-m", "sp_plan.cli.app"]
+ONE_LAYER = str(Path(__file__).parent / "fixtures" / "models" / "one-layer.yaml")
 
 
 def run(*args, cwd=None):
@@ -42,7 +44,7 @@ def test_presets_lists_clusters_and_models():
     (["plan", "--cluster", "dgx-h100", "--model", "llama9", "--seq-len", "128k"], "model: unknown preset 'llama9'"),
     (["plan", "--cluster", "dgx-h100", "--nodes", "0", "--model", "llama3-8b", "--seq-len", "128k"], "nodes: must be at least 1"),
     (["plan", "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "12x"], "seq_len: cannot read '12x'"),
-    (["plan", "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "1001"], "seq_len: no layout of 8 ranks can split 1001 tokens"),
+    (["plan", "--cluster", "dgx-h100", "--model", ONE_LAYER, "--seq-len", "1001"], "seq_len: no layout of 8 ranks can split 1001 tokens"),
 ])
 def test_bad_input_exits_2_with_one_line(args, needle):
     r = run(*args)

@@ -42,7 +42,7 @@ def test_usp_table2_sp_ulysses_eight_all_to_alls_of_bLd():
     """USP Table 2, SP-Ulysses: 8 all-to-alls (4 forward, 4 backward) moving 8 O(bs L d) per layer."""
     m = ModelSpec(layers=1, hidden=1024, heads=16, vocab=0)
     b, L, U = 2, 8192, 8
-    c = Shape(m, Workload(seq_len=L, batch=b), dp=1, ulysses=U, ring=1, token_layout="contiguous")
+    c = Shape(m, Workload(seq_len=L, batch=b), dp=1, ulysses=U, ring=1, token_layout="contiguous", mbs=b)
     fwd = comms(attention_steps(c, backward=False))
     bwd = comms(attention_steps(c, backward=True))
     assert all(p.pattern == "all_to_all" and p.dim == ("ulysses",) for p, _ in fwd + bwd)

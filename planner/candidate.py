@@ -1,0 +1,53 @@
+"""Candidate: a light, hashable layout for the search hot path (a Plan is built only for the winners)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .plan import Plan
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Algorithm, degrees, mesh order (innermost first), token layout and memory policy of one layout."""
+
+    algorithm: str
+    dp: int = 1
+    pp: int = 1
+    tp: int = 1
+    ulysses: int = 1
+    ring: int = 1
+    order: tuple[str, ...] = ("dp",)
+    token_layout: str = "contiguous"
+    zero_stage: int = 0
+    checkpointing: str = "none"
+    micro_batch_size: int = 1
+    team: int = 1
+    placement: str | None = None
+
+    @property
+    def degrees(self) -> dict[str, int]:
+        return {"dp": self.dp, "pp": self.pp, "tp": self.tp, "ulysses": self.ulysses, "ring": self.ring, "team": self.team}
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.pp * self.tp * self.ulysses * self.ring
+
+    @property
+    def sp(self) -> int:
+        return self.ulysses * self.ring
+
+    def with_memory(self, zero_stage: int, checkpointing: str, micro_batch_size: int) -> "Candidate":
+        return replace(self, zero_stage=zero_stage, checkpointing=checkpointing, micro_batch_size=micro_batch_size)
+
+    @classmethod
+    def from_plan(cls, p: Plan) -> "Candidate":
+        d = p.degrees
+        return cls(algorithm=p.algorithm, dp=d["dp"], pp=d["pp"], tp=d["tp"], ulysses=d["ulysses"], ring=d["ring"],
+                   order=tuple(p.order), token_layout=p.token_layout, zero_stage=p.zero_stage,
+                   checkpointing=p.checkpointing, micro_batch_size=p.micro_batch_size, team=d.get("team", 1),
+                   placement=p.placement)
+
+    def to_plan(self, **extra) -> Plan:
+        return Plan(algorithm=self.algorithm, degrees=self.degrees, order=list(self.order),
+                    token_layout=self.token_layout, zero_stage=self.zero_stage, checkpointing=self.checkpointing,
+                    micro_batch_size=self.micro_batch_size, placement=self.placement, **extra)
