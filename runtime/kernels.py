@@ -145,8 +145,8 @@ def _has_flash_attn() -> bool:
 
 def select_backend(q: torch.Tensor, masked: bool = False) -> str:
     """Which kernel runs a block of this device/dtype (and with an explicit mask or not)."""
-    if q.is_cuda:
-        if _has_flash_attn() and q.dtype in (torch.float16, torch.bfloat16) and not masked:
+    if q.is_cuda and q.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        if _has_flash_attn() and q.dtype != torch.float32 and not masked:
             return "flash_attn"
         return "cuda_efficient"
     if q.dtype in (torch.float32, torch.bfloat16, torch.float16):

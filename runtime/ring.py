@@ -108,8 +108,8 @@ def ring_forward(q, k, v, ring: Ring, masks, scale) -> tuple[torch.Tensor, torch
             rows, cols = _rows_cols(bm)
             b_out, b_lse = block_attention(q[:, rows], cur_k[:, cols], cur_v[:, cols], scale=scale,
                                            causal_offset=bm.causal_offset, mask=bm.mask)
-            if out is None and bm.full_rows(n):
-                out, lse = merge(None, None, b_out, b_lse)
+            if out is None and bm.full_rows(n):  # the first block starts the accumulators
+                out, lse = b_out.to(lse_dtype(q.dtype)), b_lse.to(lse_dtype(q.dtype))
             else:
                 if out is None:
                     out = q.new_zeros(*q.shape[:3], v.shape[-1], dtype=lse_dtype(q.dtype))
