@@ -26,8 +26,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: s
     """Sequence-parallel attention of (batch, local seq, heads, dim) shards by algorithm name.
 
     ``groups`` maps "ring" and "ulysses" to process groups (missing or None = degree 1);
-    ``ranks`` may give the ring's global ranks in ring order under "ring". With every degree 1
-    this is plain local attention.
+    ``ranks`` may give the ring's global ranks in ring order under "ring", and the ulysses
+    group's ranks under "ulysses" (checked: the all-to-all follows the group's rank order, which
+    must be the ulysses coordinate). With every degree 1 this is plain local attention.
     """
     if algorithm not in ALGORITHMS:
         raise PlanError("algorithm", f"unknown algorithm {algorithm!r}", f"use one of {list(ALGORITHMS)}")
@@ -36,6 +37,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: s
     ring_g, uly_g = groups.get("ring"), groups.get("ulysses")
     ring_n = _size(ring_g) if algorithm in ("ring", "usp") else 1
     uly_n = _size(uly_g) if algorithm in ("ulysses", "usp") else 1
+    if uly_n > 1 and ranks.get("ulysses") is not None:
+        members = dist.get_process_group_ranks(uly_g)
+        if list(ranks["ulysses"]) != members:
+            raise PlanError("ranks.ulysses", f"order {list(ranks['ulysses'])} differs from the group's rank order "
+                            f"{members}", "list the ulysses group's ranks by ulysses coordinate, as the layout does")
     if ring_n == 1 and uly_n == 1:
         return local_attention(q, k, v, causal=causal, scale=scale)
     if algorithm == "ring":

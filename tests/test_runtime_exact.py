@@ -129,7 +129,7 @@ def _run_cases(rank: int, world: int, todo: list[Case]):
         if case.algorithm == "usp":
             lay = case.layout
             pg = {d: groups[tuple(lay.group_of(d, rank))] if lay.degree(d) > 1 else None for d in ("ulysses", "ring")}
-            ranks = None
+            ranks = {d: lay.group_of(d, rank) for d in ("ulysses", "ring")}  # as runtime.context passes them
         else:
             pg = {case.algorithm: dist.group.WORLD}
             ranks = {"ring": list(case.ring_order)} if case.ring_order else None
