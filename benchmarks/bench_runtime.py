@@ -3,7 +3,7 @@
     python benchmarks/bench_runtime.py [--world 4] [--seq 4096] [--heads 8] [--head-dim 64]
 
 Prints, per variant, the step time of forward and of forward+backward (slowest rank, median over
-steps) with that rank's split into compute (block kernels and merges), exposed communication (time blocked
+steps; variants interleaved step by step) with that rank's split into compute (block kernels and merges), exposed communication (time blocked
 in p2p waits and all-to-alls, which on an oversubscribed CPU also absorbs waiting for a peer that
 is still computing) and the rest (packing copies, autograd, Python); the world-1 overhead of
 ``attention`` against plain ``F.scaled_dot_product_attention``; and, if ``yunchang`` is
@@ -149,32 +149,32 @@ def _step(fn, backward_of=None):
 
 
 def _bench_child(rank, world, args, vs):
+    """All variants, interleaved step by step, so that drifting machine load hits them alike."""
     torch.manual_seed(0)
     instrument()
     made = _make_all_groups(world, vs)
     dtype = DTYPES[args.dtype]
-    res = {}
+    runs = []
     for v in vs:
         lay = Layout(v["degrees"], v["order"], v["layout"])
         pg, ranks = _groups(lay, rank, made)
+        q, k, vv, do = _inputs(args, rank, lay, dtype, True)
         for causal in args.causal:
-            for mode in ("fwd", "fwd+bwd"):
-                q, k, vv, do = _inputs(args, rank, lay, dtype, mode != "fwd")
-
-                def run():
-                    return attention(q, k, vv, algorithm=v["algorithm"], groups=pg, ranks=ranks, causal=causal,
-                                     token_layout=v["layout"])
-                times = []
-                for i in range(args.warmup + args.steps):
-                    if mode == "fwd":
-                        with torch.no_grad():
-                            r = _step(run)
-                    else:
-                        r = _step(run, do)
-                        q.grad = k.grad = vv.grad = None
-                    if i >= args.warmup:
-                        times.append(r)
-                res[(v["name"], causal, mode)] = times
+            def run(q=q, k=k, vv=vv, pg=pg, ranks=ranks, v=v, causal=causal):
+                return attention(q, k, vv, algorithm=v["algorithm"], groups=pg, ranks=ranks, causal=causal,
+                                 token_layout=v["layout"])
+            runs.append(((v["name"], causal), run, (q, k, vv), do))
+    res = {(key, mode): [] for key, *_ in runs for mode in ("fwd", "fwd+bwd")}
+    for i in range(args.warmup + args.steps):
+        for key, run, leaves, do in runs:
+            with torch.no_grad():
+                fwd = _step(run)
+            both = _step(run, do)
+            for x in leaves:
+                x.grad = None
+            if i >= args.warmup:
+                res[(key, "fwd")].append(fwd)
+                res[(key, "fwd+bwd")].append(both)
     if args.yunchang and world == 4:
         res["yunchang"] = _bench_yunchang(rank, world, args, made, dtype)
     return res
@@ -295,7 +295,7 @@ def main(argv=None):
     for v in vs:
         for causal in args.causal:
             for mode in ("fwd", "fwd+bwd"):
-                t, comp, comm = _summary([r[(v["name"], causal, mode)] for r in res])
+                t, comp, comm = _summary([r[((v["name"], causal), mode)] for r in res])
                 print(f"{v['name']:34s} {'causal' if causal else 'full':6s} {mode:8s} {1e3 * t:8.1f} "
                       f"{1e3 * comp:8.1f} {1e3 * comm:8.1f} {1e3 * (t - comp - comm):8.1f}")
     if "yunchang" in res[0]:
