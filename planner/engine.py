@@ -13,7 +13,7 @@ phase's time is linear in its bytes, so the cache holds seconds per byte and lat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import networkx as nx
 
@@ -36,19 +36,30 @@ class GroupShape:
             n *= s
         return n
 
-    def offsets(self) -> list[int]:
+    @cached_property
+    def offsets(self) -> tuple[int, ...]:
         """Rank offsets of a group's members from its base, the first part fastest."""
         offs = [0]
         for size, stride in self.parts:
             offs = [o + i * stride for i in range(size) for o in offs]
-        return offs
+        return tuple(offs)
+
+    def locate(self, rank: int) -> tuple[int, int]:
+        """(base rank, index in its group) of ``rank``: members are base + offsets[i]."""
+        base, idx, mult = rank, 0, 1
+        for size, stride in self.parts:
+            c = (rank // stride) % size
+            base -= c * stride
+            idx += c * mult
+            mult *= size
+        return base, idx
 
     def group_of(self, rank: int) -> tuple[int, ...]:
         """Members (in group order) of the group containing ``rank``."""
         base = rank
         for size, stride in self.parts:
             base -= ((rank // stride) % size) * stride
-        return tuple(base + o for o in self.offsets())
+        return tuple(base + o for o in self.offsets)
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,29 @@ def pattern_flows(pattern: str, n: int) -> tuple[int, list[tuple[int, int, float
     if pattern == "all_to_all":
         return 1, [(i, j, 1.0 / n) for i in range(n) for j in range(n) if i != j]
     raise ValueError(f"unknown pattern {pattern!r}")
+
+
+def pattern_steps(pattern: str, n: int) -> int:
+    """Sequential steps of a pattern on a group of n (see ``pattern_flows``)."""
+    if n <= 1:
+        return 0
+    return {"all_gather": n - 1, "reduce_scatter": n - 1, "all_reduce": 2 * (n - 1)}.get(pattern, 1)
+
+
+def flows_touching(pattern: str, n: int, idx: list[int]) -> list[tuple[int, int, float]]:
+    """The flows of one step of ``pattern_flows`` that start or end at a group index in ``idx``."""
+    mine = set(idx)
+    if pattern == "all_to_all":
+        out = [(i, j, 1.0 / n) for i in idx for j in range(n) if j != i]
+        out += [(j, i, 1.0 / n) for i in idx for j in range(n) if j not in mine]
+        return out
+    frac = 1.0 if pattern.startswith("shift") else 1.0 / n
+    pairs = set()
+    if pattern in ("shift", "shift_bi", "all_gather", "reduce_scatter", "all_reduce"):
+        pairs |= {(i, (i + 1) % n) for i in idx} | {((i - 1) % n, i) for i in idx}
+    if pattern in ("shift_back", "shift_bi"):
+        pairs |= {(i, (i - 1) % n) for i in idx} | {((i + 1) % n, i) for i in idx}
+    return [(i, j, frac) for i, j in sorted(pairs) if i != j]
 
 
 class LinkEngine:
@@ -142,23 +176,24 @@ class LinkEngine:
 
     # ---- pattern cost
     def _cost_uncached(self, pattern: str, shape: GroupShape) -> StepCost:
+        """Ring collectives are n-1 (or 2(n-1)) steps of a 1/n shift: they reuse the shift's link loads."""
         n = shape.size
-        steps, flows = pattern_flows(pattern, n)
+        steps = pattern_steps(pattern, n)
         if not steps:
             return StepCost(0, 0.0, 0.0, "")
+        if pattern in ("all_gather", "reduce_scatter", "all_reduce"):
+            base = self._cost("shift", shape)
+            return StepCost(steps, base.sec_per_byte / n, base.latency, base.bottleneck) if base.steps else base
         load: dict[tuple[str, str], float] = {}
         lat = 0.0
-        seen = set()
+        groups: dict[int, list[int]] = {}  # base rank -> indices of its members on node 0
         for r in range(min(self.gpn, shape.world)):
-            g = shape.group_of(r)
-            if g in seen:
-                continue
-            seen.add(g)
-            for i, j, frac in flows:
-                src, dst = g[i], g[j]
-                if src // self.gpn and dst // self.gpn:
-                    continue
-                edges, l = self.route(src, dst)
+            base, i = shape.locate(r)
+            groups.setdefault(base, []).append(i)
+        offs = shape.offsets
+        for base, local in groups.items():
+            for i, j, frac in flows_touching(pattern, n, local):
+                edges, l = self.route(base + offs[i], base + offs[j])
                 lat = max(lat, l)
                 for e in edges:
                     load[e] = load.get(e, 0.0) + frac
@@ -168,8 +203,24 @@ class LinkEngine:
         spb = load[worst] / self.local.edges[worst]["capacity"]
         return StepCost(steps, spb, lat, f"{worst[0]}->{worst[1]} ({self.local.edges[worst]['kind']})")
 
+    def canonical(self, shape: GroupShape) -> GroupShape:
+        """An equivalent shape for costing: parts whose stride is a multiple of the node size put each
+        member on its own node, so only their sizes and order matter and their strides are compacted.
+        Left as is when another part spans nodes by itself."""
+        g = self.gpn
+        if not any(st % g == 0 for _, st in shape.parts) or any(st % g and st * size > g for size, st in shape.parts):
+            return shape
+        parts, remote = [], g
+        for size, st in shape.parts:
+            if st % g == 0:
+                parts.append((size, remote))
+                remote *= size
+            else:
+                parts.append((size, st))
+        return GroupShape(tuple(parts), remote)
+
     def cost(self, pattern: str, shape: GroupShape) -> StepCost:
-        return self._cost(pattern, shape)
+        return self._cost(pattern, self.canonical(shape))
 
     def time(self, pattern: str, shape: GroupShape, nbytes: float) -> float:
         """Seconds for a phase that moves ``nbytes`` per rank (see ``pattern_flows``) on every group of ``shape``."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .candidate import Candidate
 from .cluster import Cluster
 from .engine import GroupShape, LinkEngine
@@ -28,11 +30,11 @@ MEMORY_HEADROOM = 0.9
 
 @dataclass(frozen=True)
 class Priced:
-    """Cost of a list of steps run once: total seconds, compute seconds, and breakdown rows."""
+    """Cost of a list of steps run once, per mesh order: total seconds, compute seconds, breakdown rows."""
 
-    seconds: float
+    seconds: np.ndarray
     compute: float
-    rows: tuple  # (name, kind, group, bytes, seconds, exposed)
+    rows: tuple  # (name, kind, group, bytes, seconds[orders], exposed[orders])
 
 
 @dataclass
@@ -46,8 +48,56 @@ class Evaluation:
         return sum(self.memory.values())
 
 
-def _scaled(priced: Priced, k: float) -> list:
-    return [(n, kind, g, b * k, s * k, x * k) for n, kind, g, b, s, x in priced.rows]
+class Orders:
+    """One set of degrees under several mesh orders: communication costs as arrays over the orders.
+
+    A phase over dimensions D depends on an order only through the strides of D, so each distinct
+    stride combination is costed once and mapped back to the orders that share it."""
+
+    def __init__(self, engine: LinkEngine, degrees: dict[str, int], orders: list[tuple[str, ...]]):
+        self.engine, self.degrees, self.orders = engine, degrees, orders
+        self.world = 1
+        for n, v in degrees.items():
+            if n != "team":
+                self.world *= v
+        self.strides: list[dict[str, int]] = []
+        for order in orders:
+            stride, st = 1, {}
+            for n in order:
+                st[n] = stride
+                stride *= degrees.get(n, 1)
+            self.strides.append(st)
+        self._coeff: dict = {}
+
+    def shape(self, k: int, dims: tuple[str, ...]) -> GroupShape:
+        """Shape of the groups of ``dims`` (merged, first fastest) under order number ``k``."""
+        st = self.strides[k]
+        return GroupShape(tuple((self.degrees[n], st[n]) for n in dims if self.degrees.get(n, 1) > 1 and n in st),
+                          self.world)
+
+    def time(self, p: Comm) -> np.ndarray:
+        """Seconds of phase ``p`` under each order (engine costs are linear in bytes)."""
+        key = (p.pattern, p.dim)
+        co = self._coeff.get(key)
+        if co is None:
+            by_shape: dict = {}
+            idx = []
+            for k in range(len(self.orders)):
+                sh = self.shape(k, p.dim)
+                if sh not in by_shape:
+                    by_shape[sh] = len(by_shape)
+                idx.append(by_shape[sh])
+            costs = [self.engine.cost(p.pattern, sh) for sh in by_shape]
+            pick = np.array(idx)
+            co = self._coeff[key] = (np.array([c.steps for c in costs], float)[pick],
+                                     np.array([c.sec_per_byte for c in costs])[pick],
+                                     np.array([c.latency for c in costs])[pick])
+        steps, spb, lat = co
+        return steps * (p.nbytes * spb + lat)
+
+
+def _scaled(priced: Priced, k: float, i: int = 0) -> list:
+    return [(n, kind, g, b * k, float(s[i]) * k, float(x[i]) * k) for n, kind, g, b, s, x in priced.rows]
 
 
 class Estimator:
@@ -64,25 +114,9 @@ class Estimator:
         self.peak = self.device.peak_flops[dt]
         self.capacity = self.device.memory_bytes * MEMORY_HEADROOM
         self.fingerprint = cluster.fingerprint()
-        self._steps: dict = {}
-        self._shapes: dict = {}
         self._memory: dict = {}
 
     # ---- phase costs
-    def group_shape(self, cand: Candidate, dims: tuple[str, ...]) -> GroupShape:
-        """Shape of the groups of ``dims`` (merged) under the candidate's mesh order."""
-        key = (cand.dp, cand.pp, cand.tp, cand.ulysses, cand.ring, cand.order, dims)
-        gs = self._shapes.get(key)
-        if gs is None:
-            deg = cand.degrees
-            stride, st = 1, {}
-            for n in cand.order:
-                st[n] = stride
-                stride *= deg.get(n, 1)
-            parts = tuple((deg[n], st[n]) for n in dims if deg.get(n, 1) > 1 and n in st)
-            gs = self._shapes[key] = GroupShape(parts, cand.world)
-        return gs
-
     def compute_time(self, p: Compute) -> float:
         """FLOPs over peak x efficiency; attention's efficiency falls for short blocks (a saturating curve)."""
         if p.kind == "attention":
@@ -91,44 +125,45 @@ class Estimator:
             eff = self.device.matmul_efficiency
         return p.flops / (self.peak * eff)
 
-    def price(self, cand: Candidate, steps: list[Step]) -> Priced:
-        """Cost of ``steps`` once: overlapped steps cost their max phase; exposed time is split over comms."""
-        total = compute = 0.0
-        rows = {}
+    def price(self, steps: list[Step], orders: Orders, rows: bool = False) -> Priced:
+        """Cost of ``steps`` once under every order: an overlapped step costs its max phase (double
+        buffering), a plain one the sum; exposed communication is what outlasts the compute."""
+        n = len(orders.orders)
+        total = np.zeros(n)
+        compute = 0.0
+        acc: dict = {}
         for st in steps:
-            costs = []
+            busy = 0.0
+            comms = []
             for p in st.phases:
                 if isinstance(p, Compute):
-                    costs.append((p, self.compute_time(p), "compute", None, 0.0))
+                    busy += self.compute_time(p)
                 else:
-                    s = self.engine.time(p.pattern, self.group_shape(cand, p.dim), p.nbytes)
-                    costs.append((p, s, "communication", "x".join(p.dim), p.nbytes))
-            busy = sum(c[1] for c in costs if c[2] == "compute")
-            t = max(c[1] for c in costs) if st.overlap else sum(c[1] for c in costs)
-            comm_sum = sum(c[1] for c in costs if c[2] != "compute") or 1.0
-            for p, s, kind, group, nbytes in costs:
-                exp = s if (not st.overlap or kind == "compute") else max(t - busy, 0.0) * s / comm_sum
-                r = rows.setdefault(p.name, [kind, group, 0.0, 0.0, 0.0])
-                r[2] += nbytes * st.repeat
-                r[3] += s * st.repeat
-                r[4] += exp * st.repeat
+                    comms.append(orders.time(p))
+            comm_sum = sum(comms) if comms else np.zeros(n)
+            if st.overlap:
+                t = np.maximum(busy, np.max(comms, axis=0)) if comms else np.full(n, busy)
+            else:
+                t = busy + comm_sum
             total += t * st.repeat
             compute += busy * st.repeat
-        return Priced(total, compute, tuple((n, *r) for n, r in rows.items()))
-
-    def _cached(self, tag: str, cand: Candidate, c: Shape, build) -> Priced:
-        key = (tag, c, self.group_shape(cand, ("tp",)), self.group_shape(cand, ("ulysses",)),
-               self.group_shape(cand, ("ring",)), self.group_shape(cand, ("pp",)))
-        got = self._steps.get(key)
-        if got is None:
-            got = self._steps[key] = self.price(cand, build())
-        return got
+            if rows:
+                hidden = np.maximum(t - busy, 0.0) / np.where(comm_sum > 0, comm_sum, 1.0)
+                for p in st.phases:
+                    if isinstance(p, Compute):
+                        sec = np.full(n, self.compute_time(p))
+                        kind, group, nbytes, x = "compute", None, 0.0, sec
+                    else:
+                        sec = orders.time(p)
+                        kind, group, nbytes = "communication", "x".join(p.dim), p.nbytes
+                        x = hidden * sec if st.overlap else sec
+                    r = acc.setdefault(p.name, [kind, group, 0.0, np.zeros(n), np.zeros(n)])
+                    r[2] += nbytes * st.repeat
+                    r[3] = r[3] + sec * st.repeat
+                    r[4] = r[4] + x * st.repeat
+        return Priced(total, compute, tuple((k, *r) for k, r in acc.items()))
 
     # ---- validity
-    def shape(self, cand: Candidate) -> Shape:
-        return Shape(self.model, self.work, cand.dp, cand.ulysses, cand.ring, cand.token_layout, cand.tp, cand.pp,
-                     cand.micro_batch_size)
-
     def check(self, cand: Candidate, plan: Plan | None = None) -> None:
         """Constraints of a layout for this model, workload and cluster (PlanError naming the field)."""
         m, w = self.model, self.work
@@ -164,58 +199,117 @@ class Estimator:
                cand.micro_batch_size)
         mem = self._memory.get(key)
         if mem is None:
-            c = self.shape(cand)
+            c = Shape(self.model, self.work, cand.dp, cand.ulysses, cand.ring, "contiguous", cand.tp, cand.pp,
+                      cand.micro_batch_size)
             mem = weight_bytes(shard_params(self.model, cand.tp, cand.pp), cand.zero_stage, cand.dp * cand.sp,
                                self.work.training)
             mem.update(activation_bytes(c, cand.checkpointing, self.work.training))
             mem["attention buffers"] = attention_buffer_bytes(c, self.work.training)
+            mem["total"] = sum(mem.values())
             self._memory[key] = mem
-        return mem
+        return {k: v for k, v in mem.items() if k != "total"}
 
     def fits(self, cand: Candidate) -> bool:
-        return sum(self.memory(cand).values()) <= self.capacity
+        key = (cand.dp, cand.pp, cand.tp, cand.ulysses, cand.ring, cand.zero_stage, cand.checkpointing,
+               cand.micro_batch_size)
+        if key not in self._memory:
+            self.memory(cand)
+        return self._memory[key]["total"] <= self.capacity
+
+    def fitting(self, probe: Candidate, policies: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
+        """The policies (ZeRO stage, checkpointing, micro-batch) under which ``probe``'s degrees fit."""
+        return [p for p in policies if self.fits(probe.with_memory(*p))]
 
     # ---- the whole step
-    def evaluate(self, cand: Candidate, detail: bool = False) -> Evaluation:
-        """Step time (and with ``detail`` the breakdown rows) of a valid candidate."""
-        c = self.shape(cand)
+    def shape(self, cand: Candidate) -> Shape:
+        return Shape(self.model, self.work, cand.dp, cand.ulysses, cand.ring, cand.token_layout, cand.tp, cand.pp,
+                     cand.micro_batch_size)
+
+    def evaluate_orders(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
+                        detail: bool = False) -> tuple[np.ndarray, list | None]:
+        """Step times, shape (orders, policies), of ``base``'s degrees and token layout under each mesh
+        order and memory policy (ZeRO stage, checkpointing, micro-batch size); with ``detail`` the
+        breakdown rows of the first order and policy."""
         train = self.work.training
-        Lp, m, pp = c.layers_per_stage, c.micro_batches, cand.pp
-        fwd = self._cached("fwd", cand, c, lambda: layer_schedule(c, backward=False))
-        parts = [(fwd, Lp)]
-        bwd_compute = 0.0
-        if train:
-            if cand.checkpointing == "full":
-                parts.append((self._cached("recompute", cand, c, lambda: layer_schedule(c, backward=False)), Lp))
-            elif cand.checkpointing == "attention_boundary":
-                parts.append((self._cached("recompute-linear", cand, c,
-                                           lambda: layer_schedule(c, backward=False, attention=False)), Lp))
-            bwd = self._cached("bwd", cand, c, lambda: layer_schedule(c, backward=True))
-            parts.append((bwd, Lp))
-            bwd_compute = bwd.compute * Lp * m
-        parts.append((self._cached("head", cand, c, lambda: head_steps(c, train)), 1))
-        if pp > 1:
-            parts.append((self._cached("pp", cand, c, lambda: pipeline_p2p(c, train)), 1))
-        stage = sum(p.seconds * k for p, k in parts)
-        t = (m + pp - 1) * stage
+        out = np.empty((len(orders.orders), len(policies)))
         rows = None
-        if detail:
-            rows = []
-            prefix = {id(parts[1][0]): "recompute "} if train and cand.checkpointing != "none" else {}
-            for p, k in parts:
-                pre = prefix.get(id(p), "")
-                rows += [(pre + n, *rest) for n, *rest in _scaled(p, k * m)]
+        priced: dict = {}
+
+        def get(tag, c, build):
+            key = (tag, c.mbs)
+            if key not in priced:
+                priced[key] = self.price(build(), orders, rows=detail)
+            return priced[key]
+
+        for j, (zero, ckpt, mbs) in enumerate(policies):
+            c = Shape(self.model, self.work, base.dp, base.ulysses, base.ring, base.token_layout, base.tp, base.pp, mbs)
+            Lp, m, pp = c.layers_per_stage, c.micro_batches, base.pp
+            parts = [(get("fwd", c, lambda: layer_schedule(c, backward=False)), Lp, "")]
+            bwd_compute = 0.0
+            if train:
+                if ckpt == "full":
+                    parts.append((parts[0][0], Lp, "recompute "))
+                elif ckpt == "attention_boundary":
+                    parts.append((get("fwd-linear", c, lambda: layer_schedule(c, backward=False, attention=False)), Lp,
+                                  "recompute "))
+                bwd = get("bwd", c, lambda: layer_schedule(c, backward=True))
+                parts.append((bwd, Lp, ""))
+                bwd_compute = bwd.compute * Lp * m
+            parts.append((get("head", c, lambda: head_steps(c, train)), 1, ""))
             if pp > 1:
-                rows.append(("pipeline bubble", "bubble", "pp", 0.0, (pp - 1) * stage, (pp - 1) * stage))
-        if train:
-            params = shard_params(self.model, cand.tp, cand.pp)
-            for p in grad_sync(c, cand.zero_stage, params):
-                s = self.engine.time(p.pattern, self.group_shape(cand, p.dim), p.nbytes)
-                exposed = max(s / Lp, s - bwd_compute)  # bucketed sync overlaps backward; the last bucket cannot
-                t += exposed
-                if detail:
-                    rows.append((p.name, "communication", "x".join(p.dim), p.nbytes, s, exposed))
-        return Evaluation(t, self.memory(cand), rows)
+                parts.append((get("pp", c, lambda: pipeline_p2p(c, train)), 1, ""))
+            stage = sum(p.seconds * k for p, k, _ in parts)
+            t = (m + pp - 1) * stage
+            sync_rows = []
+            if train:  # bucketed sync overlaps the backward pass; its last bucket cannot
+                syncs = [(p, orders.time(p)) for p in grad_sync(c, zero, shard_params(self.model, base.tp, base.pp))]
+                total = sum(s for _, s in syncs)
+                exposed = np.maximum(total / Lp, total - bwd_compute)
+                t = t + exposed
+                share = exposed / np.where(total > 0, total, 1.0)
+                sync_rows = [(p.name, "communication", "x".join(p.dim), p.nbytes, float(s[0]), float(s[0] * share[0]))
+                             for p, s in syncs]
+            out[:, j] = t
+            if detail and j == 0:
+                rows = []
+                for p, k, pre in parts:
+                    rows += [(pre + n, *rest) for n, *rest in _scaled(p, k * m)]
+                if pp > 1:
+                    bubble = (pp - 1) * float(stage[0])
+                    rows.append(("pipeline bubble", "bubble", "pp", 0.0, bubble, bubble))
+                rows += sync_rows
+        return out, rows
+
+    def compute_bound(self, base: Candidate, policies: list[tuple[int, str, int]]) -> float:
+        """A lower bound on the step time of ``base``'s degrees and token layout under any mesh order and
+        these policies: the pipeline of compute phases alone (communication only adds time)."""
+        train = self.work.training
+        best = float("inf")
+        busy = lambda steps: sum(self.compute_time(p) * st.repeat for st in steps  # noqa: E731
+                                 for p in st.phases if isinstance(p, Compute))
+        seen: dict = {}
+        for zero, ckpt, mbs in policies:
+            c = Shape(self.model, self.work, base.dp, base.ulysses, base.ring, base.token_layout, base.tp, base.pp, mbs)
+            key = (ckpt, mbs)
+            if key not in seen:
+                layer = busy(layer_schedule(c, backward=False))
+                if train:
+                    layer += busy(layer_schedule(c, backward=True))
+                    if ckpt == "full":
+                        layer += busy(layer_schedule(c, backward=False))
+                    elif ckpt == "attention_boundary":
+                        layer += busy(layer_schedule(c, backward=False, attention=False))
+                stage = c.layers_per_stage * layer + busy(head_steps(c, train))
+                seen[key] = (c.micro_batches + base.pp - 1) * stage
+            best = min(best, seen[key])
+        return best
+
+    def evaluate(self, cand: Candidate, detail: bool = False) -> Evaluation:
+        """Step time (and with ``detail`` the breakdown rows) of one valid candidate."""
+        orders = Orders(self.engine, cand.degrees, [cand.order])
+        t, rows = self.evaluate_orders(cand, orders, [(cand.zero_stage, cand.checkpointing, cand.micro_batch_size)],
+                                       detail)
+        return Evaluation(float(t[0, 0]), self.memory(cand), rows)
 
     def attention_time(self, plan: Plan, backward: bool = False) -> tuple[float, list[PhaseCost]]:
         """One layer's attention alone (USP Tables 3-4 measure this), forward or forward + backward."""
@@ -223,8 +317,8 @@ class Estimator:
         self.check(cand, plan)
         c = self.shape(cand)
         steps = attention_steps(c, backward=False) + (attention_steps(c, backward=True) if backward else [])
-        priced = self.price(cand, steps)
-        return priced.seconds, _phases(list(priced.rows))
+        priced = self.price(steps, Orders(self.engine, cand.degrees, [cand.order]), rows=True)
+        return float(priced.seconds[0]), _phases(_scaled(priced, 1.0))
 
     def model_flops(self) -> float:
         """Model FLOPs of one step (for MFU): 2 per weight per token, attention 4 N^2 a d (x0.5 causal); x3 to train."""

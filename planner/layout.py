@@ -221,29 +221,17 @@ class Layout:
 
 # ---------------------------------------------------------------- causal work per ring round
 
-def _ranges(token_layout: str, ring: int, seq_len: int, r: int) -> list[tuple[int, int]]:
-    """Rank r's tokens as contiguous [start, stop) ranges (contiguous and zigzag layouts)."""
-    if token_layout == "contiguous":
-        c = seq_len // ring
-        return [(r * c, (r + 1) * c)]
-    c = seq_len // (2 * ring)
-    return [(r * c, (r + 1) * c), ((2 * ring - 1 - r) * c, (2 * ring - r) * c)]
+def _clamp_sum(t, n):
+    """sum_{x=1..t} min(max(x, 0), n), elementwise over numpy arrays."""
+    t = np.asarray(t, dtype=np.int64)
+    tri = t * (t + 1) // 2
+    return np.where(t <= 0, 0, np.where(t <= n, tri, n * (n + 1) // 2 + (t - n) * n))
 
 
-def _clamp_sum(t: int, n: int) -> int:
-    """sum_{x=1..t} min(max(x, 0), n)."""
-    if t <= 0:
-        return 0
-    if t <= n:
-        return t * (t + 1) // 2
-    return n * (n + 1) // 2 + (t - n) * n
-
-
-def _causal_pairs(q: tuple[int, int], k: tuple[int, int]) -> int:
-    """Pairs (i in q, j in k) with j <= i, for token ranges q and k (closed form)."""
-    (a, a1), (b, b1) = q, k
-    n = b1 - b
-    return _clamp_sum(a1 - b, n) - _clamp_sum(a - b, n)
+def _causal_pairs(q0, q1, k0, k1):
+    """Pairs (i in [q0, q1), j in [k0, k1)) with j <= i, for token ranges (closed form, elementwise)."""
+    n = k1 - k0
+    return _clamp_sum(q1 - k0, n) - _clamp_sum(q0 - k0, n)
 
 
 @lru_cache(maxsize=1024)
@@ -255,22 +243,50 @@ def causal_work(token_layout: str, ring: int, seq_len: int) -> np.ndarray:
     """
     check_token_layout(token_layout)
     c = seq_len // ring
-    w = np.zeros((ring, ring))
-    for r in range(ring):
-        for j in range(ring):
-            if token_layout == "striped":  # token t on rank t mod P: Striped Attention eq. for round work
-                pairs = c * (c + 1) // 2 if j <= r else c * (c - 1) // 2
-            else:
-                pairs = sum(_causal_pairs(qr, kr) for qr in _ranges(token_layout, ring, seq_len, r)
-                            for kr in _ranges(token_layout, ring, seq_len, j))
-            w[r, j] = pairs / (c * c)
+    r = np.arange(ring)[:, None]
+    j = np.arange(ring)[None, :]
+    if token_layout == "striped":  # token t on rank t mod P: c(c+1)/2 interactions if j <= r, else c(c-1)/2
+        pairs = np.where(j <= r, c * (c + 1) // 2, c * (c - 1) // 2)
+    elif token_layout == "contiguous":
+        pairs = _causal_pairs(r * c, (r + 1) * c, j * c, (j + 1) * c)
+    else:  # zigzag: chunks r and 2P-1-r of size c/2
+        h = c // 2
+        qs = [(r * h, (r + 1) * h), ((2 * ring - 1 - r) * h, (2 * ring - r) * h)]
+        ks = [(j * h, (j + 1) * h), ((2 * ring - 1 - j) * h, (2 * ring - j) * h)]
+        pairs = sum(_causal_pairs(q0, q1, k0, k1) for q0, q1 in qs for k0, k1 in ks)
+    w = np.broadcast_to(pairs, (ring, ring)) / float(c * c)
+    w = np.array(w)
     w.flags.writeable = False
     return w
+
+
+@lru_cache(maxsize=4096)
+def _round_work(token_layout: str, ring: int, seq_len: int) -> tuple[float, ...]:
+    """Per-round maximum of ``causal_work``; closed forms for large rings (tests check they agree)."""
+    c = seq_len // ring
+    if ring > 64:
+        diag = (c + 1) / (2 * c) if token_layout != "zigzag" else causal_work(token_layout, 2, 2 * c)[0, 0]
+        later = {"contiguous": 1.0, "striped": (c + 1) / (2 * c), "zigzag": 0.5}[token_layout]
+        return (float(diag),) + (later,) * (ring - 1)
+    w = causal_work(token_layout, ring, seq_len)
+    r = np.arange(ring)
+    return tuple(float(w[r, (r - i) % ring].max()) for i in range(ring))
+
+
+@lru_cache(maxsize=4096)
+def round_work_runs(token_layout: str, ring: int, seq_len: int, causal: bool) -> tuple[tuple[float, int], ...]:
+    """``round_work`` run-length encoded: ((fraction, rounds), ...) in round order."""
+    runs: list[list] = []
+    for f in round_work(token_layout, ring, seq_len, causal):
+        if runs and runs[-1][0] == f:
+            runs[-1][1] += 1
+        else:
+            runs.append([f, 1])
+    return tuple((f, k) for f, k in runs)
 
 
 def round_work(token_layout: str, ring: int, seq_len: int, causal: bool) -> list[float]:
     """Busiest rank's block fraction in each ring round i (rank r holds the K, V of rank r - i)."""
     if not causal:
         return [1.0] * ring
-    w = causal_work(token_layout, ring, seq_len)
-    return [max(w[r, (r - i) % ring] for r in range(ring)) for i in range(ring)]
+    return list(_round_work(token_layout, ring, seq_len))

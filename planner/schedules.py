@@ -8,9 +8,9 @@ head dim d, ulysses degree U, ring degree R, element size e.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import groupby
+from functools import cached_property
 
-from .layout import round_work
+from .layout import round_work_runs
 from .model import ModelSpec, Workload
 
 
@@ -60,51 +60,51 @@ class Shape:
         """Sequences in one micro-batch."""
         return self.mbs
 
-    @property
+    @cached_property
     def micro_batches(self) -> int:
         return max(self.work.batch // (self.dp * self.mbs), 1)
 
-    @property
+    @cached_property
     def e(self) -> int:
         return self.model.dtype_bytes
 
-    @property
+    @cached_property
     def sp(self) -> int:
         return self.ulysses * self.ring
 
-    @property
+    @cached_property
     def layers_per_stage(self) -> int:
         return self.model.layers // self.pp
 
-    @property
+    @cached_property
     def n_local(self) -> float:
         """Tokens per sequence-parallel rank per sequence (TP-sp splits them further outside attention)."""
         return self.work.seq_len / self.sp
 
-    @property
+    @cached_property
     def n_ring(self) -> float:
         """Tokens per ring rank after the Ulysses all-to-all (one ring block)."""
         return self.work.seq_len / self.ring
 
-    @property
+    @cached_property
     def heads_local(self) -> float:
         return self.model.heads / (self.tp * self.ulysses)
 
-    @property
+    @cached_property
     def kv_tp(self) -> int:
         """KV heads per tensor-parallel rank; replicated when fewer than tp (Megatron)."""
         return max(self.model.kv_heads // self.tp, 1)
 
-    @property
+    @cached_property
     def kv_exchanged(self) -> int:
         """KV heads sent through the Ulysses all-to-all: replicated up to U when fewer (priced)."""
         return max(self.kv_tp, self.ulysses) if self.ulysses > 1 else self.kv_tp
 
-    @property
+    @cached_property
     def kv_local(self) -> float:
         return self.kv_exchanged / self.ulysses
 
-    @property
+    @cached_property
     def hidden_bytes(self) -> float:
         """One micro-batch's hidden states on this sequence rank: b (N/sp) H e (TP-sp gathers this)."""
         return self.b * self.n_local * self.model.hidden * self.e
@@ -140,17 +140,17 @@ def ring_steps(c: Shape, backward: bool) -> list[Step]:
     mult = 2.5 if backward else 1.0  # FlashAttention backward: 5 block matmuls vs 2
     kv_block = c.b * c.n_ring * c.kv_local * c.model.head_dim * c.e
     send = (4 if backward else 2) * kv_block
-    fracs = round_work(c.token_layout, R, c.work.seq_len, c.work.causal)
+    runs = list(round_work_runs(c.token_layout, R, c.work.seq_len, c.work.causal))
     tag = "bwd" if backward else "fwd"
-    rounds = [(f, i < R - 1) for i, f in enumerate(fracs)]
+    f_last, k_last = runs[-1]
+    runs[-1:] = ([(f_last, k_last - 1)] if k_last > 1 else []) + [(f_last, 0)]  # the last round sends nothing
     steps = []
-    for (f, comm), grp in groupby(rounds):
-        k = len(list(grp))
+    for f, k in runs:
         comp = Compute(f"attention {tag}", mult * blk * f, "attention", c.n_ring)
-        if comm:
+        if k:
             steps.append(Step((comp, Comm(f"ring p2p {tag}", "shift", ("ring",), send)), k, overlap=True))
         else:
-            steps.append(Step((comp,), k))
+            steps.append(Step((comp,), 1))
     if backward and R > 1:
         steps.append(Step((Comm("ring p2p dk,dv home", "shift", ("ring",), 2 * kv_block),)))
     return steps

@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 from .candidate import Candidate
 from .cluster import Cluster
 from .errors import PlanError
-from .estimate import Estimator
+from .estimate import Estimator, Orders
 from .layout import TOKEN_LAYOUTS, chunks_needed
 from .model import ModelSpec, Workload
 from .plan import Plan
@@ -119,33 +119,85 @@ class SearchResult:
     estimator: Estimator
 
 
+ZERO_COST = {0: 0, 1: 0, 2: 0, 3: 1}  # schedules.grad_sync: ZeRO-1/2 move what an all-reduce moves, ZeRO-3 1.5x
+CKPT_COST = {c: i for i, c in enumerate(CHECKPOINTING)}
+
+
+def pareto_policies(policies: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
+    """Drop a fitting policy when another with the same micro-batch is no slower in both ZeRO traffic and
+    recomputation (equal cost: the lower ZeRO stage); the survivors are priced."""
+    keep = []
+    for p in policies:
+        z, ck, mbs = p
+        dominated = any(q != p and q[2] == mbs and ZERO_COST[q[0]] <= ZERO_COST[z] and CKPT_COST[q[1]] <= CKPT_COST[ck]
+                        and (ZERO_COST[q[0]], CKPT_COST[q[1]], q[0]) < (ZERO_COST[z], CKPT_COST[ck], z)
+                        for q in policies)
+        if not dominated:
+            keep.append(p)
+    return keep
+
+
 def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: Space | None = None,
-                progress: Callable[[int, int], None] | None = None) -> SearchResult:
-    """Price every valid layout; for each (degrees, order, token layout) keep its fastest fitting policy."""
+                progress: Callable[[int, int], None] | None = None, keep: int | None = 5) -> SearchResult:
+    """Rank the valid layouts; for each (degrees, order, token layout) its fastest fitting policy.
+
+    Memory fits are found once per degrees and dominated policies dropped; all mesh orders of a
+    degrees choice are priced together as arrays (estimate.Orders). With ``keep`` = K, a (degrees,
+    layout) group whose compute-only lower bound exceeds the K-th best time found so far cannot
+    enter the top K and is skipped (groups are visited by increasing bound); ``keep=None`` prices all.
+    """
     est = Estimator(cluster, model, workload)
     space = space or Space(cluster.world_size, model, workload)
     all_degrees = list(space.degrees())
-    ranked, evaluated, rejected, total = [], 0, 0, 0
-    for i, d in enumerate(all_degrees):
-        bases = list(space.candidates(d))
-        pols = space.policies(d)
-        total += len(bases) * len(pols)
-        fitting = [p for p in pols if est.fits(bases[0].with_memory(*p))] if bases else []
+    groups, rejected, total = [], 0, 0
+    for d in all_degrees:
+        orders, layouts, pols = space.orders(d), space.layouts(d), space.policies(d)
+        total += len(orders) * len(layouts) * len(pols)
+        algo = algorithm_for(d.ulysses, d.ring)
+        probe = Candidate(algo, d.dp, d.pp, d.tp, d.ulysses, d.ring, orders[0], layouts[0])
+        fitting = pareto_policies(est.fitting(probe, pols))
         if not fitting:
             rejected += 1
-        for base in bases if fitting else ():
-            best_t, best = float("inf"), None
-            for pol in fitting:
-                cand = base.with_memory(*pol)
-                t = est.evaluate(cand).step_time_s
-                evaluated += 1
-                if t < best_t * (1 - 1e-12):
-                    best_t, best = t, cand
-            ranked.append((best_t, best))
+            continue
+        for tl in layouts:
+            base = Candidate(algo, d.dp, d.pp, d.tp, d.ulysses, d.ring, orders[0], tl)
+            bound = est.compute_bound(base, fitting) if keep else 0.0
+            groups.append((bound, _sort_key(base), base, orders, fitting))
+    groups.sort(key=lambda g: g[:2])
+    ranked, evaluated, kth = [], 0, float("inf")
+    batches: dict = {}
+    for i, (bound, _, base, orders, fitting) in enumerate(groups):
+        if keep and bound > kth:
+            if progress:
+                progress(len(groups), len(groups))
+            break
+        key = (base.dp, base.pp, base.tp, base.ulysses, base.ring)
+        batch = batches.get(key)
+        if batch is None:
+            batch = batches[key] = Orders(est.engine, base.degrees, orders)
+        times, _ = est.evaluate_orders(base, batch, fitting)
+        evaluated += times.size
+        best = times.argmin(axis=1)
+        for k, order in enumerate(orders):
+            z, ck, mbs = fitting[best[k]]
+            ranked.append((float(times[k, best[k]]), Candidate(base.algorithm, base.dp, base.pp, base.tp, base.ulysses,
+                                                               base.ring, order, base.token_layout, z, ck, mbs)))
+        if keep and len(ranked) >= keep:
+            kth = sorted(t for t, _ in ranked)[keep - 1] if len(ranked) < 4 * keep else _kth(ranked, keep)
         if progress:
-            progress(i + 1, len(all_degrees))
-    ranked.sort(key=lambda tc: (round(tc[0], 12), tc[1].to_plan().summary()))
+            progress(i + 1, len(groups))
+    ranked.sort(key=lambda tc: (round(tc[0], 12), _sort_key(tc[1])))
     return SearchResult(ranked, evaluated, total, rejected, est)
+
+
+def _kth(ranked: list, k: int) -> float:
+    import heapq
+    return heapq.nsmallest(k, (t for t, _ in ranked))[-1]
+
+
+def _sort_key(c: Candidate) -> tuple:
+    return (c.algorithm, c.dp, c.pp, c.tp, c.ulysses, c.ring, c.order, c.token_layout, c.zero_stage,
+            c.checkpointing, c.micro_batch_size)
 
 
 def finish(result: SearchResult, cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int) -> list[Plan]:
@@ -169,7 +221,7 @@ def no_plan_error(cluster: Cluster, workload: Workload, result: SearchResult) ->
 def plan(cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int = 5,
          progress: Callable[[int, int], None] | None = None, space: Space | None = None) -> list[Plan]:
     """The ``top_k`` best plans for this cluster, model and workload, fastest first (deterministic)."""
-    res = grid_search(cluster, model, workload, space, progress)
+    res = grid_search(cluster, model, workload, space, progress, keep=top_k)
     if not res.ranked:
         raise no_plan_error(cluster, workload, res)
     return finish(res, cluster, model, workload, top_k)
