@@ -20,9 +20,12 @@ from .errors import PlanError
 from .layout import chunks_needed
 from .memory import activation_bytes, attention_buffer_bytes, weight_bytes
 from .model import ModelSpec, Workload
-from .plan import IMPLEMENTED, PhaseCost, Plan, Prediction
+from .algorithms import ALGORITHMS, load_all
+from .plan import PhaseCost, Plan, Prediction
 from .schedules import (Comm, Compute, Shape, Step, attention_steps, grad_sync, head_steps, layer_schedule,
                         pipeline_p2p, shard_params)
+
+load_all()
 
 #: fraction of device memory a plan may use (the rest: CUDA context, allocator fragmentation)
 MEMORY_HEADROOM = 0.9
@@ -54,8 +57,9 @@ class Orders:
     A phase over dimensions D depends on an order only through the strides of D, so each distinct
     stride combination is costed once and mapped back to the orders that share it."""
 
-    def __init__(self, engine: LinkEngine, degrees: dict[str, int], orders: list[tuple[str, ...]]):
-        self.engine, self.degrees, self.orders = engine, degrees, orders
+    def __init__(self, engine: LinkEngine, degrees: dict[str, int], orders: list[tuple[str, ...]],
+                 placement: str | None = None):
+        self.engine, self.degrees, self.orders, self.placement = engine, degrees, orders, placement
         self.world = 1
         for n, v in degrees.items():
             if n != "team":
@@ -72,8 +76,26 @@ class Orders:
     def shape(self, k: int, dims: tuple[str, ...]) -> GroupShape:
         """Shape of the groups of ``dims`` (merged, first fastest) under order number ``k``."""
         st = self.strides[k]
-        return GroupShape(tuple((self.degrees[n], st[n]) for n in dims if self.degrees.get(n, 1) > 1 and n in st),
-                          self.world)
+        parts = []
+        for n in dims:
+            if n in ("team", "sub_ring"):
+                parts += self._ring_split(n, st)
+            elif self.degrees.get(n, 1) > 1 and n in st:
+                parts.append((self.degrees[n], st[n]))
+        return GroupShape(tuple(parts), self.world)
+
+    def _ring_split(self, name: str, st: dict[str, int]) -> list[tuple[int, int]]:
+        """WallFacer's team (C ranks) and sub-ring (P/C ranks) inside the ring dimension (eq. 8 placements):
+        collective_intra puts a team's members next to each other, p2p_intra a sub-ring's."""
+        C, P = self.degrees.get("team", 1), self.degrees.get("ring", 1)
+        if "ring" not in st or P == 1:
+            return []
+        s = st["ring"]
+        team_inner = self.placement != "p2p_intra"
+        team = (C, s if team_inner else s * (P // C))
+        sub = (P // C, s * C if team_inner else s)
+        part = team if name == "team" else sub
+        return [part] if part[0] > 1 else []
 
     def time(self, p: Comm) -> np.ndarray:
         """Seconds of phase ``p`` under each order (engine costs are linear in bytes)."""
@@ -171,8 +193,11 @@ class Estimator:
             raise PlanError("cluster_fingerprint", f"the plan was made for cluster {plan.cluster or '?'} "
                             f"({plan.cluster_fingerprint}), not {self.cluster.name} ({self.fingerprint})",
                             "plan again for this cluster, or drop cluster_fingerprint from the plan to price it here")
-        if cand.algorithm not in IMPLEMENTED:
-            raise PlanError("algorithm", f"{cand.algorithm!r} is not priced yet", f"use one of {list(IMPLEMENTED)}")
+        if cand.algorithm not in ALGORITHMS:
+            raise PlanError("algorithm", f"{cand.algorithm!r} is not priced yet", f"use one of {list(ALGORITHMS)}")
+        alg = ALGORITHMS[cand.algorithm]
+        if alg.check:
+            alg.check(cand, m, w)
         if cand.world != self.cluster.world_size:
             raise PlanError("degrees", f"the plan uses {cand.world} ranks but the cluster has {self.cluster.world_size}",
                             "make degrees multiply to the cluster's device count")
@@ -185,8 +210,8 @@ class Estimator:
         if m.layers % cand.pp:
             raise PlanError("degrees.pp", f"pp {cand.pp} does not divide the {m.layers} layers",
                             "choose a pipeline degree that divides the layers")
-        if cand.team != 1:
-            raise PlanError("degrees.team", "team > 1 (WallFacer) is not priced yet", "set team to 1")
+        if cand.team != 1 and cand.algorithm != "wallfacer":
+            raise PlanError("degrees.team", f"team > 1 belongs to WallFacer, not {cand.algorithm}", "set team to 1")
         need = chunks_needed(cand.token_layout, cand.ring, cand.ulysses) * cand.tp
         if w.seq_len % need:
             raise PlanError("seq_len", f"{w.seq_len} is not divisible by {need} ({cand.token_layout}, ring {cand.ring} x "
@@ -196,11 +221,10 @@ class Estimator:
     def memory(self, cand: Candidate) -> dict[str, float]:
         """Per-rank bytes at the peak; depends on degrees and memory policy, not on the mesh order."""
         key = (cand.dp, cand.pp, cand.tp, cand.ulysses, cand.ring, cand.zero_stage, cand.checkpointing,
-               cand.micro_batch_size)
+               cand.micro_batch_size, cand.algorithm, cand.team)
         mem = self._memory.get(key)
         if mem is None:
-            c = Shape(self.model, self.work, cand.dp, cand.ulysses, cand.ring, "contiguous", cand.tp, cand.pp,
-                      cand.micro_batch_size)
+            c = self.shape(cand)
             mem = weight_bytes(shard_params(self.model, cand.tp, cand.pp), cand.zero_stage, cand.dp * cand.sp,
                                self.work.training)
             mem.update(activation_bytes(c, cand.checkpointing, self.work.training))
@@ -211,7 +235,7 @@ class Estimator:
 
     def fits(self, cand: Candidate) -> bool:
         key = (cand.dp, cand.pp, cand.tp, cand.ulysses, cand.ring, cand.zero_stage, cand.checkpointing,
-               cand.micro_batch_size)
+               cand.micro_batch_size, cand.algorithm, cand.team)
         if key not in self._memory:
             self.memory(cand)
         return self._memory[key]["total"] <= self.capacity
@@ -221,9 +245,9 @@ class Estimator:
         return [p for p in policies if self.fits(probe.with_memory(*p))]
 
     # ---- the whole step
-    def shape(self, cand: Candidate) -> Shape:
+    def shape(self, cand: Candidate, mbs: int | None = None) -> Shape:
         return Shape(self.model, self.work, cand.dp, cand.ulysses, cand.ring, cand.token_layout, cand.tp, cand.pp,
-                     cand.micro_batch_size)
+                     mbs or cand.micro_batch_size, cand.algorithm, cand.team, cand.placement)
 
     def evaluate_orders(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
                         detail: bool = False) -> tuple[np.ndarray, list | None]:
@@ -242,7 +266,7 @@ class Estimator:
             return priced[key]
 
         for j, (zero, ckpt, mbs) in enumerate(policies):
-            c = Shape(self.model, self.work, base.dp, base.ulysses, base.ring, base.token_layout, base.tp, base.pp, mbs)
+            c = self.shape(base, mbs)
             Lp, m, pp = c.layers_per_stage, c.micro_batches, base.pp
             parts = [(get("fwd", c, lambda: layer_schedule(c, backward=False)), Lp, "")]
             bwd_compute = 0.0
@@ -289,7 +313,7 @@ class Estimator:
                                  for p in st.phases if isinstance(p, Compute))
         seen: dict = {}
         for zero, ckpt, mbs in policies:
-            c = Shape(self.model, self.work, base.dp, base.ulysses, base.ring, base.token_layout, base.tp, base.pp, mbs)
+            c = self.shape(base, mbs)
             key = (ckpt, mbs)
             if key not in seen:
                 layer = busy(layer_schedule(c, backward=False))
@@ -306,7 +330,7 @@ class Estimator:
 
     def evaluate(self, cand: Candidate, detail: bool = False) -> Evaluation:
         """Step time (and with ``detail`` the breakdown rows) of one valid candidate."""
-        orders = Orders(self.engine, cand.degrees, [cand.order])
+        orders = Orders(self.engine, cand.degrees, [cand.order], cand.placement)
         t, rows = self.evaluate_orders(cand, orders, [(cand.zero_stage, cand.checkpointing, cand.micro_batch_size)],
                                        detail)
         return Evaluation(float(t[0, 0]), self.memory(cand), rows)
@@ -317,7 +341,7 @@ class Estimator:
         self.check(cand, plan)
         c = self.shape(cand)
         steps = attention_steps(c, backward=False) + (attention_steps(c, backward=True) if backward else [])
-        priced = self.price(steps, Orders(self.engine, cand.degrees, [cand.order]), rows=True)
+        priced = self.price(steps, Orders(self.engine, cand.degrees, [cand.order], cand.placement), rows=True)
         return float(priced.seconds[0]), _phases(_scaled(priced, 1.0))
 
     def model_flops(self) -> float:

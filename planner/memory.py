@@ -69,7 +69,14 @@ def activation_bytes(c: Shape, checkpointing: str, training: bool) -> dict[str, 
 
 
 def attention_buffer_bytes(c: Shape, training: bool) -> float:
-    """Transient buffers of the attention algorithm for one layer.
+    """Transient buffers of the layer's attention algorithm (planner/algorithms.py)."""
+    from .algorithms import ALGORITHMS
+
+    return ALGORITHMS[c.algorithm].buffers(c, training)
+
+
+def usp_buffer_bytes(c: Shape, training: bool) -> float:
+    """Transient buffers of ring / ulysses / usp attention for one layer.
 
     Ring: double buffers for K, V (and in backward for dK, dV in fp32), fp32 out/LSE accumulators.
     Ulysses: the head-sharded copies of q, k, v and the output after the all-to-all.

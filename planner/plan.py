@@ -17,8 +17,6 @@ from .yamlio import dump_data, load_yaml_model
 
 PLAN_SCHEMA_VERSION = 1
 ALGORITHMS = ("ring", "ulysses", "usp", "wallfacer", "tokenring", "tokenring_ring", "metp")
-#: algorithms the runtime and the engine implement today
-IMPLEMENTED = ("ring", "ulysses", "usp")
 CHECKPOINTING = ("none", "full", "attention_boundary")
 
 
@@ -83,6 +81,8 @@ class Plan(BaseModel):
             raise PlanError("degrees.ulysses", f"algorithm ring needs ulysses 1, got {u}", "use algorithm usp for ulysses x ring")
         if a == "ulysses" and r != 1:
             raise PlanError("degrees.ring", f"algorithm ulysses needs ring 1, got {r}", "use algorithm usp for ulysses x ring")
+        if self.degrees.get("team", 1) > 1 and a != "wallfacer":
+            raise PlanError("degrees.team", f"team {self.degrees['team']} is WallFacer's; {a} has no teams", "set team to 1")
         if a == "ulysses" and self.token_layout != "contiguous":
             raise PlanError("token_layout", "ulysses attends the whole sequence after its all-to-all",
                             "use token_layout contiguous with algorithm ulysses")

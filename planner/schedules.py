@@ -54,6 +54,9 @@ class Shape:
     tp: int = 1
     pp: int = 1
     mbs: int = 1
+    algorithm: str = "usp"
+    team: int = 1
+    placement: str | None = None
 
     @property
     def b(self) -> int:
@@ -157,6 +160,13 @@ def ring_steps(c: Shape, backward: bool) -> list[Step]:
 
 
 def attention_steps(c: Shape, backward: bool) -> list[Step]:
+    """Attention of one layer: the registered algorithm's schedule (planner/algorithms.py)."""
+    from .algorithms import ALGORITHMS
+
+    return ALGORITHMS[c.algorithm].steps(c, backward)
+
+
+def usp_steps(c: Shape, backward: bool) -> list[Step]:
     """Attention of one layer for ring, ulysses and usp: all-to-alls around ring rounds (USP Sec. 3)."""
     pre, post = ulysses_a2a(c, backward)
     return [Step((p,)) for p in pre] + ring_steps(c, backward) + [Step((p,)) for p in post]

@@ -9,10 +9,11 @@ found once per degrees; per-layer costs are cached by group shape (estimate.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import permutations
 from typing import Callable, Iterator
 
+from .algorithms import variants
 from .candidate import Candidate
 from .cluster import Cluster
 from .errors import PlanError
@@ -95,10 +96,11 @@ class Space:
 
     def candidates(self, d: Degrees) -> Iterator[Candidate]:
         """Layouts of these degrees without a memory policy (ZeRO 0, no checkpointing, micro-batch 1)."""
-        algo = algorithm_for(d.ulysses, d.ring)
-        for tl in self.layouts(d):
-            for order in self.orders(d):
-                yield Candidate(algo, d.dp, d.pp, d.tp, d.ulysses, d.ring, order, tl)
+        for v in variants(d, self.model, self.work):
+            for tl in (v.layouts if v.layouts is not None else self.layouts(d)):
+                for order in self.orders(d):
+                    yield Candidate(v.algorithm, d.dp, d.pp, d.tp, d.ulysses, d.ring, order, tl, team=v.team,
+                                    placement=v.placement)
 
     def __iter__(self) -> Iterator[Candidate]:
         for d in self.degrees():
@@ -107,7 +109,7 @@ class Space:
                     yield c.with_memory(z, ck, mbs)
 
     def size(self) -> int:
-        return sum(len(self.layouts(d)) * len(self.orders(d)) * len(self.policies(d)) for d in self.degrees())
+        return sum(1 for _ in self)
 
 
 @dataclass
@@ -151,18 +153,20 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     all_degrees = list(space.degrees())
     groups, rejected, total = [], 0, 0
     for d in all_degrees:
-        orders, layouts, pols = space.orders(d), space.layouts(d), space.policies(d)
-        total += len(orders) * len(layouts) * len(pols)
-        algo = algorithm_for(d.ulysses, d.ring)
-        probe = Candidate(algo, d.dp, d.pp, d.tp, d.ulysses, d.ring, orders[0], layouts[0])
-        fitting = pareto_policies(est.fitting(probe, pols))
-        if not fitting:
-            rejected += 1
-            continue
-        for tl in layouts:
-            base = Candidate(algo, d.dp, d.pp, d.tp, d.ulysses, d.ring, orders[0], tl)
-            bound = est.compute_bound(base, fitting) if keep else 0.0
-            groups.append((bound, _sort_key(base), base, orders, fitting))
+        orders, pols = space.orders(d), space.policies(d)
+        for v in variants(d, model, workload):
+            layouts = list(v.layouts) if v.layouts is not None else space.layouts(d)
+            total += len(orders) * len(layouts) * len(pols)
+            probe = Candidate(v.algorithm, d.dp, d.pp, d.tp, d.ulysses, d.ring, orders[0], layouts[0],
+                              team=v.team, placement=v.placement)
+            fitting = pareto_policies(est.fitting(probe, pols))
+            if not fitting:
+                rejected += 1
+                continue
+            for tl in layouts:
+                base = replace(probe, token_layout=tl)
+                bound = est.compute_bound(base, fitting) if keep else 0.0
+                groups.append((bound, _sort_key(base), base, orders, fitting))
     groups.sort(key=lambda g: g[:2])
     ranked, evaluated, kth = [], 0, float("inf")
     batches: dict = {}
@@ -171,17 +175,17 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
             if progress:
                 progress(len(groups), len(groups))
             break
-        key = (base.dp, base.pp, base.tp, base.ulysses, base.ring)
+        key = (base.dp, base.pp, base.tp, base.ulysses, base.ring, base.team, base.placement)
         batch = batches.get(key)
         if batch is None:
-            batch = batches[key] = Orders(est.engine, base.degrees, orders)
+            batch = batches[key] = Orders(est.engine, base.degrees, orders, base.placement)
         times, _ = est.evaluate_orders(base, batch, fitting)
         evaluated += times.size
         best = times.argmin(axis=1)
         for k, order in enumerate(orders):
             z, ck, mbs = fitting[best[k]]
-            ranked.append((float(times[k, best[k]]), Candidate(base.algorithm, base.dp, base.pp, base.tp, base.ulysses,
-                                                               base.ring, order, base.token_layout, z, ck, mbs)))
+            ranked.append((float(times[k, best[k]]), replace(base, order=order, zero_stage=z, checkpointing=ck,
+                                                             micro_batch_size=mbs)))
         if keep and len(ranked) >= keep:
             kth = sorted(t for t, _ in ranked)[keep - 1] if len(ranked) < 4 * keep else _kth(ranked, keep)
         if progress:
@@ -196,8 +200,8 @@ def _kth(ranked: list, k: int) -> float:
 
 
 def _sort_key(c: Candidate) -> tuple:
-    return (c.algorithm, c.dp, c.pp, c.tp, c.ulysses, c.ring, c.order, c.token_layout, c.zero_stage,
-            c.checkpointing, c.micro_batch_size)
+    return (c.algorithm, c.dp, c.pp, c.tp, c.ulysses, c.ring, c.team, c.placement or "", c.order, c.token_layout,
+            c.zero_stage, c.checkpointing, c.micro_batch_size)
 
 
 def finish(result: SearchResult, cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int) -> list[Plan]:

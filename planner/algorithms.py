@@ -1,0 +1,81 @@
+"""Registry of the attention algorithms the planner prices.
+
+Each algorithm gives the attention phases of one layer (a schedule), its transient buffers, the
+variants it adds to the search for a choice of degrees (team sizes, placements, token layouts),
+and its own constraints. Ring, Ulysses and USP share one schedule (USP with degree 1 sides);
+WallFacer, TokenRing and METP register themselves from their modules.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .errors import PlanError
+from .memory import usp_buffer_bytes
+from .schedules import Shape, Step, usp_steps
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What an algorithm adds to one choice of degrees: its name, team size, placement, token layouts."""
+
+    algorithm: str
+    team: int = 1
+    placement: str | None = None
+    layouts: tuple[str, ...] | None = None  # None: the space's default layouts for the degrees
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    steps: Callable[[Shape, bool], list[Step]]
+    buffers: Callable[[Shape, bool], float]
+    variants: Callable[..., list[Variant]] = field(default=lambda d, model, work: [])
+    check: Callable[..., None] | None = None  # (candidate, model, workload) -> raises PlanError
+
+
+ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def register(alg: Algorithm) -> Algorithm:
+    ALGORITHMS[alg.name] = alg
+    return alg
+
+
+def _usp_variants(d, model, work) -> list[Variant]:
+    name = "usp" if d.ulysses > 1 and d.ring > 1 else ("ulysses" if d.ulysses > 1 else "ring")
+    return [Variant(name)]
+
+
+def _check_usp(cand, model, work) -> None:
+    if cand.algorithm == "ring" and cand.ulysses != 1:
+        raise PlanError("degrees.ulysses", f"algorithm ring needs ulysses 1, got {cand.ulysses}",
+                        "use algorithm usp for ulysses x ring")
+    if cand.algorithm == "ulysses" and cand.ring != 1:
+        raise PlanError("degrees.ring", f"algorithm ulysses needs ring 1, got {cand.ring}",
+                        "use algorithm usp for ulysses x ring")
+
+
+for _name in ("ring", "ulysses", "usp"):
+    register(Algorithm(_name, usp_steps, usp_buffer_bytes,
+                       variants=_usp_variants if _name == "usp" else (lambda d, model, work: []), check=_check_usp))
+
+
+def variants(d, model, work) -> list[Variant]:
+    """Every algorithm variant for degrees ``d``, built-ins first, in a stable order."""
+    out = []
+    for alg in ALGORITHMS.values():
+        out += alg.variants(d, model, work)
+    return out
+
+
+def load_all() -> None:
+    """Import the modules that register further algorithms (each is optional until it exists)."""
+    import importlib
+
+    for mod in ("wallfacer", "tokenring", "metp"):
+        try:
+            importlib.import_module(f"sp_plan.planner.{mod}")
+        except ModuleNotFoundError as e:
+            if e.name != f"sp_plan.planner.{mod}":
+                raise
