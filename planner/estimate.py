@@ -210,8 +210,9 @@ class Estimator:
         if m.layers % cand.pp:
             raise PlanError("degrees.pp", f"pp {cand.pp} does not divide the {m.layers} layers",
                             "choose a pipeline degree that divides the layers")
-        if cand.team != 1 and cand.algorithm != "wallfacer":
-            raise PlanError("degrees.team", f"team > 1 belongs to WallFacer, not {cand.algorithm}", "set team to 1")
+        if cand.team != 1 and cand.algorithm not in ("wallfacer", "tokenring_ring"):
+            raise PlanError("degrees.team", f"team > 1 belongs to WallFacer (and tokenring_ring), not {cand.algorithm}",
+                            "set team to 1")
         need = chunks_needed(cand.token_layout, cand.ring, cand.ulysses) * cand.tp
         if w.seq_len % need:
             raise PlanError("seq_len", f"{w.seq_len} is not divisible by {need} ({cand.token_layout}, ring {cand.ring} x "

@@ -12,7 +12,16 @@ from .ring import ring_attention
 from .ulysses import ulysses_attention
 from .usp import usp_attention
 
-ALGORITHMS = ("ring", "ulysses", "usp")
+ALGORITHMS = ["ring", "ulysses", "usp"]
+#: further variants by algorithm name: fn(q, k, v, *, groups, ranks, causal, token_layout, scale) -> out
+VARIANTS: dict = {}
+
+
+def register(name: str, fn) -> None:
+    """Add an attention variant (WallFacer, TokenRing, ...) under its plan algorithm name."""
+    VARIANTS[name] = fn
+    if name not in ALGORITHMS:
+        ALGORITHMS.append(name)
 
 
 def _size(group) -> int:
@@ -30,10 +39,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: s
     group's ranks under "ulysses" (checked: the all-to-all follows the group's rank order, which
     must be the ulysses coordinate). With every degree 1 this is plain local attention.
     """
+    _load_variants()
     if algorithm not in ALGORITHMS:
         raise PlanError("algorithm", f"unknown algorithm {algorithm!r}", f"use one of {list(ALGORITHMS)}")
     check_token_layout(token_layout)
     groups, ranks = groups or {}, ranks or {}
+    if algorithm in VARIANTS:
+        return VARIANTS[algorithm](q, k, v, groups=groups, ranks=ranks, causal=causal, token_layout=token_layout,
+                                   scale=scale)
     ring_g, uly_g = groups.get("ring"), groups.get("ulysses")
     ring_n = _size(ring_g) if algorithm in ("ring", "usp") else 1
     uly_n = _size(uly_g) if algorithm in ("ulysses", "usp") else 1
@@ -51,3 +64,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: s
         return ulysses_attention(q, k, v, uly_g, causal=causal, scale=scale)
     return usp_attention(q, k, v, uly_g, ring_g, causal=causal,
                          token_layout=token_layout, scale=scale, ring_ranks=ranks.get("ring"))
+
+
+def _load_variants() -> None:
+    """Import the modules that register further variants (WallFacer, TokenRing, METP)."""
+    import importlib
+
+    for mod in ("wallfacer", "tokenring", "metp"):
+        try:
+            importlib.import_module(f"sp_plan.runtime.{mod}")
+        except ModuleNotFoundError as e:
+            if e.name != f"sp_plan.runtime.{mod}":
+                raise
