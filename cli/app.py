@@ -13,8 +13,7 @@ from rich.table import Table
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.model import Workload, parse_seq_len
 from sp_plan.planner.plan import Plan
-from sp_plan.planner.search import largest_extra_cost
-from sp_plan.planner.search import plan as make_plan
+from sp_plan.planner.search import largest_extra_cost, summarize
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan sequence-parallel layouts (Ring, Ulysses, USP, ...) for long-context Transformers on your cluster.")
@@ -78,6 +77,14 @@ def _ranking(plans: list[Plan]) -> Table:
     return t
 
 
+def _explain(p: Plan) -> str:
+    """The winner's step in a line: compute, exposed communication per dimension, pipeline bubble."""
+    parts = summarize(p)
+    total = p.predicted.step_time_s
+    items = sorted(parts.items(), key=lambda kv: -kv[1])
+    return "winner's step: " + ", ".join(f"{k} {secs(v)} ({v / total:.0%})" for k, v in items if v > 0)
+
+
 def _breakdown(p: Plan) -> Table:
     t = Table(title=f"breakdown of {p.summary()}")
     for c in ("phase", "kind", "group", "bytes/rank", "seconds", "exposed"):
@@ -99,8 +106,13 @@ def plan_cmd(
     inference: bool = typer.Option(False, "--inference", help="forward only (prefill), no gradients or optimizer"),
     top: int = typer.Option(5, "--top", help="how many ranked layouts to print"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the best plan here (.yaml or .json)"),
+    search: str = typer.Option("grid", "--search", help="grid (every layout) or bayes (optuna TPE over the degrees)"),
+    trials: int = typer.Option(200, "--trials", help="optuna trials for --search bayes"),
+    seed: int = typer.Option(0, "--seed", help="sampler seed for --search bayes"),
+    storage: Optional[str] = typer.Option(None, "--storage", help="optuna storage to resume a study, e.g. sqlite:///study.db"),
 ) -> None:
     """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
+    from sp_plan.planner.search import finish, grid_search, no_plan_error
     from sp_plan.profiles import load_cluster, load_model
 
     try:
@@ -111,16 +123,32 @@ def plan_cmd(
         c = load_cluster(cluster, nodes)
         m = load_model(model)
         w = Workload(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference)
-        with Progress(TextColumn("searching layouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        if search not in ("grid", "bayes"):
+            raise PlanError("--search", f"unknown search {search!r}", "use grid or bayes")
+        with Progress(TextColumn(f"{search} search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as prog:
             task = prog.add_task("search", total=None)
-            plans = make_plan(c, m, w, top_k=top, progress=lambda i, n: prog.update(task, completed=i, total=n))
+            tick = lambda i, n: prog.update(task, completed=i, total=n)  # noqa: E731
+            if search == "grid":
+                res = grid_search(c, m, w, progress=tick, keep=top)
+            else:
+                from sp_plan.planner.bayes import bayes_search
+
+                res = bayes_search(c, m, w, trials=trials, seed=seed, storage=storage,
+                                   study_name=f"{c.fingerprint()}-{m.name}-{w.seq_len}-{w.batch}", progress=tick)
+            if not res.ranked:
+                raise no_plan_error(c, w, res)
+            plans = finish(res, c, m, w, top)
     except PlanError as e:
         fail(e)
     out.print(f"[bold]{c.name}[/] ({c.num_nodes} node(s), {c.world_size} x {c.device(0).model}, fingerprint {c.fingerprint()}), "
               f"[bold]{m.name}[/], {w.seq_len:,} tokens x {w.batch}, {'causal' if w.causal else 'full'}, "
               f"{'training' if w.training else 'inference'}", highlight=False)
+    how = (f"grid: {res.space:,} candidates, {res.evaluated:,} priced" if search == "grid" else
+           f"bayes: {res.trials} trials (best first reached at trial {res.best_trial + 1}), {res.evaluated:,} priced")
+    out.print(how, highlight=False)
     out.print(_ranking(plans))
+    out.print(_explain(plans[0]))
     out.print(_breakdown(plans[0]))
     if output:
         plans[0].save(output)
@@ -150,6 +178,8 @@ def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan 
         out.print(f"step {secs(pr.step_time_s)}, {pr.tokens_per_s:,.0f} tokens/s, MFU {pr.mfu:.1%}, "
                   f"peak memory {gib(pr.peak_memory_bytes)} of {gib(pr.memory_capacity_bytes)}")
         out.print(_breakdown(p))
+
+
 
 
 def main() -> None:

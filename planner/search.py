@@ -9,6 +9,7 @@ found once per degrees; per-layer costs are cached by group shape (estimate.py).
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, replace
 from itertools import permutations
 from typing import Callable, Iterator
@@ -139,6 +140,40 @@ def pareto_policies(policies: list[tuple[int, str, int]]) -> list[tuple[int, str
     return keep
 
 
+def degree_groups(est: Estimator, space: Space, d: Degrees) -> tuple[list[tuple[Candidate, list, list]], int, int]:
+    """(base candidate, mesh orders, fitting policies) for every algorithm variant and token layout of the
+    degrees ``d``, the number of candidates they stand for, and how many variants fit no policy."""
+    out, total, rejected = [], 0, 0
+    orders, pols = space.orders(d), space.policies(d)
+    for v in variants(d, space.model, space.work):
+        layouts = list(v.layouts) if v.layouts is not None else space.layouts(d)
+        total += len(orders) * len(layouts) * len(pols)
+        probe = Candidate(v.algorithm, d.dp, d.pp, d.tp, d.ulysses, d.ring, orders[0], layouts[0],
+                          team=v.team, placement=v.placement)
+        fitting = pareto_policies(est.fitting(probe, pols))
+        if not fitting:
+            rejected += 1
+            continue
+        out += [(replace(probe, token_layout=tl), orders, fitting) for tl in layouts]
+    return out, total, rejected
+
+
+def price_group(est: Estimator, base: Candidate, orders: list, fitting: list, batches: dict) -> list[tuple[float, Candidate]]:
+    """Every mesh order of ``base`` with its fastest fitting policy, priced together (estimate.Orders)."""
+    key = (base.dp, base.pp, base.tp, base.ulysses, base.ring, base.team, base.placement)
+    batch = batches.get(key)
+    if batch is None:
+        batch = batches[key] = Orders(est.engine, base.degrees, orders, base.placement)
+    times, _ = est.evaluate_orders(base, batch, fitting)
+    best = times.argmin(axis=1)
+    out = []
+    for k, order in enumerate(orders):
+        z, ck, mbs = fitting[best[k]]
+        out.append((float(times[k, best[k]]), replace(base, order=order, zero_stage=z, checkpointing=ck,
+                                                      micro_batch_size=mbs)))
+    return out
+
+
 def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: Space | None = None,
                 progress: Callable[[int, int], None] | None = None, keep: int | None = 5) -> SearchResult:
     """Rank the valid layouts; for each (degrees, order, token layout) its fastest fitting policy.
@@ -150,53 +185,29 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     """
     est = Estimator(cluster, model, workload)
     space = space or Space(cluster.world_size, model, workload)
-    all_degrees = list(space.degrees())
     groups, rejected, total = [], 0, 0
-    for d in all_degrees:
-        orders, pols = space.orders(d), space.policies(d)
-        for v in variants(d, model, workload):
-            layouts = list(v.layouts) if v.layouts is not None else space.layouts(d)
-            total += len(orders) * len(layouts) * len(pols)
-            probe = Candidate(v.algorithm, d.dp, d.pp, d.tp, d.ulysses, d.ring, orders[0], layouts[0],
-                              team=v.team, placement=v.placement)
-            fitting = pareto_policies(est.fitting(probe, pols))
-            if not fitting:
-                rejected += 1
-                continue
-            for tl in layouts:
-                base = replace(probe, token_layout=tl)
-                bound = est.compute_bound(base, fitting) if keep else 0.0
-                groups.append((bound, _sort_key(base), base, orders, fitting))
+    for d in space.degrees():
+        found, n, r = degree_groups(est, space, d)
+        total, rejected = total + n, rejected + r
+        for base, orders, fitting in found:
+            bound = est.compute_bound(base, fitting) if keep else 0.0
+            groups.append((bound, _sort_key(base), base, orders, fitting))
     groups.sort(key=lambda g: g[:2])
-    ranked, evaluated, kth = [], 0, float("inf")
-    batches: dict = {}
+    ranked, evaluated, kth, batches = [], 0, float("inf"), {}
     for i, (bound, _, base, orders, fitting) in enumerate(groups):
         if keep and bound > kth:
-            if progress:
-                progress(len(groups), len(groups))
             break
-        key = (base.dp, base.pp, base.tp, base.ulysses, base.ring, base.team, base.placement)
-        batch = batches.get(key)
-        if batch is None:
-            batch = batches[key] = Orders(est.engine, base.degrees, orders, base.placement)
-        times, _ = est.evaluate_orders(base, batch, fitting)
-        evaluated += times.size
-        best = times.argmin(axis=1)
-        for k, order in enumerate(orders):
-            z, ck, mbs = fitting[best[k]]
-            ranked.append((float(times[k, best[k]]), replace(base, order=order, zero_stage=z, checkpointing=ck,
-                                                             micro_batch_size=mbs)))
+        priced = price_group(est, base, orders, fitting, batches)
+        evaluated += len(orders) * len(fitting)
+        ranked += priced
         if keep and len(ranked) >= keep:
-            kth = sorted(t for t, _ in ranked)[keep - 1] if len(ranked) < 4 * keep else _kth(ranked, keep)
+            kth = heapq.nsmallest(keep, (t for t, _ in ranked))[-1]
         if progress:
             progress(i + 1, len(groups))
+    if progress:
+        progress(len(groups), len(groups))
     ranked.sort(key=lambda tc: (round(tc[0], 12), _sort_key(tc[1])))
     return SearchResult(ranked, evaluated, total, rejected, est)
-
-
-def _kth(ranked: list, k: int) -> float:
-    import heapq
-    return heapq.nsmallest(k, (t for t, _ in ranked))[-1]
 
 
 def _sort_key(c: Candidate) -> tuple:

@@ -95,3 +95,16 @@ def test_estimate_refuses_a_plan_for_another_cluster(tmp_path):
     # without the fingerprint it is a what-if on the other cluster
     q = p.model_copy(update={"cluster_fingerprint": None})
     assert estimate(q, load_cluster("dgx-a100"), m, w).step_time_s > p.predicted.step_time_s
+
+
+def test_bayes_search_from_the_cli(tmp_path):
+    r = run("plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "64k",
+            "--search", "bayes", "--trials", "40", "--seed", "1", "-o", str(tmp_path / "b.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert "bayes: 40 trials" in r.stdout and "winner's step:" in r.stdout
+    g = run("plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "64k",
+            "-o", str(tmp_path / "g.yaml"))
+    pb, pg = Plan.load(tmp_path / "b.yaml"), Plan.load(tmp_path / "g.yaml")
+    assert pb.predicted.step_time_s == pytest.approx(pg.predicted.step_time_s, rel=0.01)
+    bad = run("plan", "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "64k", "--search", "anneal")
+    assert bad.returncode == 2 and "--search: unknown search 'anneal'" in bad.stderr
