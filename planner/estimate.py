@@ -242,8 +242,17 @@ class Estimator:
         return self._memory[key]["total"] <= self.capacity
 
     def fitting(self, probe: Candidate, policies: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
-        """The policies (ZeRO stage, checkpointing, micro-batch) under which ``probe``'s degrees fit."""
-        return [p for p in policies if self.fits(probe.with_memory(*p))]
+        """The policies (ZeRO stage, checkpointing, micro-batch) under which ``probe``'s degrees fit.
+
+        Peak memory separates into weights (by ZeRO stage), activations (by checkpointing and
+        micro-batch) and buffers (by micro-batch), so each part is computed once per value."""
+        train = self.work.training
+        params = shard_params(self.model, probe.tp, probe.pp)
+        weights = {z: sum(weight_bytes(params, z, probe.dp * probe.sp, train).values()) for z in {p[0] for p in policies}}
+        shapes = {mbs: self.shape(probe, mbs) for mbs in {p[2] for p in policies}}
+        acts = {(ck, mbs): sum(activation_bytes(shapes[mbs], ck, train).values()) for _, ck, mbs in policies}
+        bufs = {mbs: attention_buffer_bytes(c, train) for mbs, c in shapes.items()}
+        return [p for p in policies if weights[p[0]] + acts[p[1], p[2]] + bufs[p[2]] <= self.capacity]
 
     # ---- the whole step
     def shape(self, cand: Candidate, mbs: int | None = None) -> Shape:

@@ -8,7 +8,6 @@ head dim d, ulysses degree U, ring degree R, element size e.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 from .layout import round_work_runs
 from .model import ModelSpec, Workload
@@ -58,59 +57,24 @@ class Shape:
     team: int = 1
     placement: str | None = None
 
-    @property
-    def b(self) -> int:
-        """Sequences in one micro-batch."""
-        return self.mbs
-
-    @cached_property
-    def micro_batches(self) -> int:
-        return max(self.work.batch // (self.dp * self.mbs), 1)
-
-    @cached_property
-    def e(self) -> int:
-        return self.model.dtype_bytes
-
-    @cached_property
-    def sp(self) -> int:
-        return self.ulysses * self.ring
-
-    @cached_property
-    def layers_per_stage(self) -> int:
-        return self.model.layers // self.pp
-
-    @cached_property
-    def n_local(self) -> float:
-        """Tokens per sequence-parallel rank per sequence (TP-sp splits them further outside attention)."""
-        return self.work.seq_len / self.sp
-
-    @cached_property
-    def n_ring(self) -> float:
-        """Tokens per ring rank after the Ulysses all-to-all (one ring block)."""
-        return self.work.seq_len / self.ring
-
-    @cached_property
-    def heads_local(self) -> float:
-        return self.model.heads / (self.tp * self.ulysses)
-
-    @cached_property
-    def kv_tp(self) -> int:
-        """KV heads per tensor-parallel rank; replicated when fewer than tp (Megatron)."""
-        return max(self.model.kv_heads // self.tp, 1)
-
-    @cached_property
-    def kv_exchanged(self) -> int:
-        """KV heads sent through the Ulysses all-to-all: replicated up to U when fewer (priced)."""
-        return max(self.kv_tp, self.ulysses) if self.ulysses > 1 else self.kv_tp
-
-    @cached_property
-    def kv_local(self) -> float:
-        return self.kv_exchanged / self.ulysses
-
-    @cached_property
-    def hidden_bytes(self) -> float:
-        """One micro-batch's hidden states on this sequence rank: b (N/sp) H e (TP-sp gathers this)."""
-        return self.b * self.n_local * self.model.hidden * self.e
+    def __post_init__(self):
+        """Derived sizes, computed once (plain attributes: the search reads them in its hot loop)."""
+        m, w = self.model, self.work
+        d = self.__dict__
+        d["b"] = self.mbs  # sequences in one micro-batch
+        d["micro_batches"] = max(w.batch // (self.dp * self.mbs), 1)
+        d["e"] = m.dtype_bytes
+        d["sp"] = self.ulysses * self.ring
+        d["layers_per_stage"] = m.layers // self.pp
+        d["n_local"] = w.seq_len / d["sp"]  # tokens per sequence rank per sequence
+        d["n_ring"] = w.seq_len / self.ring  # tokens per ring rank after the Ulysses all-to-all (one ring block)
+        d["heads_local"] = m.heads / (self.tp * self.ulysses)
+        d["kv_tp"] = max(m.kv_heads // self.tp, 1)  # KV heads per TP rank; replicated when fewer than tp (Megatron)
+        # KV heads sent through the Ulysses all-to-all: replicated up to U when fewer (priced)
+        d["kv_exchanged"] = max(d["kv_tp"], self.ulysses) if self.ulysses > 1 else d["kv_tp"]
+        d["kv_local"] = d["kv_exchanged"] / self.ulysses
+        # one micro-batch's hidden states on this sequence rank: b (N/sp) H e (what TP-sp gathers)
+        d["hidden_bytes"] = self.mbs * d["n_local"] * m.hidden * d["e"]
 
 
 def attention_flops(sq: float, sk: float, heads: float, d: int, b: int) -> float:
