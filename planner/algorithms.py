@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .errors import PlanError
 from .memory import usp_buffer_bytes
 from .schedules import Shape, Step, usp_steps
 
@@ -42,23 +41,18 @@ def register(alg: Algorithm) -> Algorithm:
     return alg
 
 
+def algorithm_for(ulysses: int, ring: int) -> str:
+    """The name of the USP family member for these degrees (structural rules live in Plan's validator)."""
+    return "usp" if ulysses > 1 and ring > 1 else ("ulysses" if ulysses > 1 else "ring")
+
+
 def _usp_variants(d, model, work) -> list[Variant]:
-    name = "usp" if d.ulysses > 1 and d.ring > 1 else ("ulysses" if d.ulysses > 1 else "ring")
-    return [Variant(name)]
-
-
-def _check_usp(cand, model, work) -> None:
-    if cand.algorithm == "ring" and cand.ulysses != 1:
-        raise PlanError("degrees.ulysses", f"algorithm ring needs ulysses 1, got {cand.ulysses}",
-                        "use algorithm usp for ulysses x ring")
-    if cand.algorithm == "ulysses" and cand.ring != 1:
-        raise PlanError("degrees.ring", f"algorithm ulysses needs ring 1, got {cand.ring}",
-                        "use algorithm usp for ulysses x ring")
+    return [Variant(algorithm_for(d.ulysses, d.ring))]
 
 
 for _name in ("ring", "ulysses", "usp"):
     register(Algorithm(_name, usp_steps, usp_buffer_bytes,
-                       variants=_usp_variants if _name == "usp" else (lambda d, model, work: []), check=_check_usp))
+                       variants=_usp_variants if _name == "usp" else (lambda d, model, work: [])))
 
 
 def variants(d, model, work) -> list[Variant]:

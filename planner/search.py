@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from itertools import permutations
 from typing import Callable, Iterator
 
-from .algorithms import variants
+from .algorithms import algorithm_for, variants  # noqa: F401 (algorithm_for re-exported)
 from .candidate import Candidate
 from .cluster import Cluster
 from .errors import PlanError
@@ -28,10 +28,6 @@ CHECKPOINTING = ("none", "attention_boundary", "full")
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def algorithm_for(ulysses: int, ring: int) -> str:
-    return "usp" if ulysses > 1 and ring > 1 else ("ulysses" if ulysses > 1 else "ring")
 
 
 @dataclass(frozen=True)
