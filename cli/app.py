@@ -180,6 +180,8 @@ def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan 
         out.print(_breakdown(p))
 
 
+from sp_plan.cli.discover import register as _register_discover
+_register_discover(app)
 
 
 def main() -> None:

@@ -1,0 +1,221 @@
+"""`sp-plan discover` and `sp-plan profile links`: find the cluster's topology, measure its links.
+
+Both work under torchrun (every rank joins; rank 0 prints and writes); `discover` also works alone
+(this host only). `register(app)` adds them to the main app; ``profile_app`` is the `sp-plan profile`
+group, open for more subcommands (a later `sp-plan profile run`).
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.tree import Tree
+
+from sp_plan.planner.cluster import NET, Cluster
+from sp_plan.planner.errors import PlanError
+
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+profile_app = typer.Typer(no_args_is_help=True, help="Measure this cluster under torchrun and calibrate the cluster file.")
+
+DEFAULT_SIZES = {"cpu": "16K,128K,1M,4M", "cuda": "1M,8M,64M,256M"}
+
+
+def _fail(e: PlanError, rank: int = 0) -> None:
+    if rank == 0:
+        err.print(f"[bold red]error[/]: {e}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``16K,1M,64m,1G`` or plain byte counts -> bytes (binary units)."""
+    sizes = []
+    for tok in [t.strip() for t in text.split(",") if t.strip()]:
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKmMgG]?)[bB]?", tok)
+        if not m:
+            raise PlanError("--sizes", f"cannot read size {tok!r}", "give sizes like 64K,1M,16M (bytes, binary units)")
+        n = int(float(m.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[m.group(2).lower()])
+        if n < 8:
+            raise PlanError("--sizes", f"size {tok!r} is below 8 bytes", "use sizes of at least 8 bytes")
+        sizes.append(n)
+    if not sizes:
+        raise PlanError("--sizes", "no sizes given", "give sizes like 64K,1M,16M")
+    return sorted(set(sizes))
+
+
+def rate(x: float) -> str:
+    return f"{x / 1e9:.3g} GB/s" if x >= 1e9 else f"{x / 1e6:.3g} MB/s"
+
+
+def _node_tree(cluster: Cluster, k: int, host) -> Tree:
+    t = cluster.nodes[k]
+    nt = cluster.node_types[t]
+    name = host.hostname if host else f"node {k}"
+    node = Tree(f"[bold]node {k}[/] {name}  [dim]type {t}[/]")
+    devs = Counter((d.model, d.kind, round(d.memory_bytes / 2**30, 1)) for d in nt.devices)
+    for (model, kind, gib), n in devs.items():
+        node.add(f"{n} x {model} ({kind}, {gib} GiB)")
+    kinds: dict[tuple, int] = Counter((l.kind, l.capacity) for l in nt.links if NET not in (l.src, l.dst))
+    intra = node.add("intra-node links (per direction)")
+    for (kind, cap), n in sorted(kinds.items()):
+        intra.add(f"{kind}: {n} x {rate(cap)}")
+    nics = node.add("NICs")
+    real = {}
+    if host is not None:
+        m = re.search(r"NICs of node 0: (.*)$", cluster.source)
+        real = dict(x.split("=", 1) for x in m.group(1).split(", ")) if m and k == 0 else {}
+    users = Counter(d.nic for d in nt.devices)
+    for s in nt.switches:
+        if s.kind == "nic":
+            label = f" = {real[s.name]}" if s.name in real else ""
+            nics.add(escape(f"{s.name}{label}: {s.network} {rate(s.rate or 0)} ({s.rate * 8 / 1e9:g} Gb/s), "
+                     f"used by {users.get(s.name, 0)} device(s)"))
+    if host is not None:
+        src = node.add("sources")
+        for key, val in host.sources.items():
+            src.add(escape(f"{key}: {val}"))
+    return node
+
+
+def print_cluster(cluster: Cluster, hosts: list | None = None) -> None:
+    """A tree of what discovery found: nodes, devices, links, NICs, sources, then the warnings."""
+    hosts = hosts or []
+    root = Tree(f"[bold]{cluster.name}[/]: {cluster.num_nodes} node(s), {cluster.world_size} device(s), "
+                f"network {cluster.network}, fingerprint {cluster.fingerprint()}")
+    for k in range(cluster.num_nodes):
+        host = hosts[k] if k < len(hosts) else None
+        if k and cluster.nodes[k] == cluster.nodes[0] and host is not None and host.sources == hosts[0].sources:
+            root.add(f"[bold]node {k}[/] {host.hostname}  [dim]same as node 0[/]")
+            continue
+        root.add(_node_tree(cluster, k, host))
+    if cluster.warnings:
+        w = root.add(f"[yellow]warnings ({len(cluster.warnings)})[/]")
+        for msg in cluster.warnings:
+            w.add(f"[yellow]{escape(msg)}[/]", highlight=False)
+    out.print(root)
+
+
+def _describe_local(sysfs_root: str, topo_file: Optional[Path], no_nvml: bool):
+    from sp_plan.planner.discover import describe_host  # noqa: PLC0415
+
+    topo = None
+    if topo_file is not None:
+        if not topo_file.exists():
+            raise PlanError("--topo-file", f"{topo_file} does not exist", "pass a file holding `nvidia-smi topo -m` output")
+        topo = topo_file.read_text(errors="replace")
+    return lambda r=None: describe_host(sysfs_root, nvml=False if no_nvml else None, topo_text=topo,
+                                        node_rank=r.node_rank if r is not None else 0)
+
+
+def discover_cmd(
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the Cluster here (.yaml or .json)"),
+    topo_file: Optional[Path] = typer.Option(None, "--topo-file", help="a saved `nvidia-smi topo -m` output to use instead of running it"),
+    no_nvml: bool = typer.Option(False, "--no-nvml", help="do not use NVML (nvidia-ml-py)"),
+    sysfs_root: str = typer.Option("/", "--sysfs-root", hidden=True, help="root of /sys (tests)"),
+    name: Optional[str] = typer.Option(None, "--name", help="name of the cluster"),
+    timeout: float = typer.Option(120.0, "--timeout", help="seconds any rank waits for the others"),
+) -> None:
+    """Find this cluster's devices, links and NICs (alone: this host; under torchrun: every node)."""
+    from sp_plan.planner.discover import build_cluster  # noqa: PLC0415
+
+    rank, owned, probe = 0, False, None
+    try:
+        describe = _describe_local(sysfs_root, topo_file, no_nvml)
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun: import torch only then
+            from sp_plan.runtime import probe  # noqa: PLC0415
+        if probe is not None and probe.under_torchrun():
+            owned = probe.init_world(timeout)
+            rank = probe.dist.get_rank()
+            hosts = probe.gather_hosts(describe)
+        else:
+            hosts = [describe()]
+        cluster = build_cluster(hosts, name)
+    except PlanError as e:
+        if probe is not None:
+            probe.finish(owned)
+        _fail(e, rank)
+    if rank == 0:
+        print_cluster(cluster, hosts)
+        if output:
+            cluster.save(output)
+            out.print(f"wrote {output}")
+    if owned:
+        probe.dist.barrier()
+        probe.finish(owned)
+
+
+@profile_app.command("links")
+def links_cmd(
+    cluster_file: Optional[Path] = typer.Option(None, "--cluster", help="cluster file from `sp-plan discover` (default: discover now)"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the calibrated Cluster here (default: --cluster, else cluster.yaml)"),
+    sizes: Optional[str] = typer.Option(None, "--sizes", help="message sizes, e.g. 64K,1M,16M (default: 16K..4M on CPU, 1M..256M on GPU)"),
+    timeout: float = typer.Option(60.0, "--timeout", help="seconds any one measurement may wait"),
+) -> None:
+    """Time send/recv, all-gather, reduce-scatter and all-to-all within and across nodes; fit and store the links."""
+    from sp_plan.runtime import probe  # noqa: PLC0415
+
+    rank, owned = 0, False
+    try:
+        if not probe.under_torchrun() or int(os.environ.get("WORLD_SIZE", "1")) < 2:
+            raise PlanError("profile links", "needs a torchrun world of at least 2 ranks",
+                            "run `torchrun --nproc-per-node N $(which sp-plan) profile links`")
+        size_list = parse_sizes(sizes or DEFAULT_SIZES["cuda" if probe.use_cuda() else "cpu"])
+        owned = probe.init_world(max(timeout, 60.0))
+        rank = probe.dist.get_rank()
+        hosts = probe.gather_hosts()
+        from sp_plan.planner.discover import build_cluster  # noqa: PLC0415
+        cluster = Cluster.load(cluster_file) if cluster_file else build_cluster(hosts)
+        probe.check_world(cluster, hosts)
+    except PlanError as e:
+        probe.finish(owned)
+        _fail(e, rank)
+    dest = output or cluster_file or Path("cluster.yaml")
+    if rank == 0:
+        with Progress(TextColumn("measuring links"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                      TimeElapsedColumn(), console=err, transient=True) as prog:
+            task = prog.add_task("", total=None)
+            new, samples = probe.profile_links(cluster, hosts, size_list, timeout,
+                                               lambda i, n, lab: prog.update(task, completed=i, total=n, description=lab))
+    else:
+        new, samples = probe.profile_links(cluster, hosts, size_list, timeout)
+    if rank == 0:
+        print_links(new)
+        new.save(dest)
+        out.print(f"wrote {dest} (fingerprint {new.fingerprint()})")
+    probe.dist.barrier()
+    probe.finish(owned)
+
+
+def print_links(cluster: Cluster) -> None:
+    """The fitted latency and bandwidth per link class and op, what was written back, and any failure."""
+    cal = cluster.calibration.get("links", {})
+    t = Table(title=f"link fits ({cal.get('backend', '?')} on {cal.get('device', '?')}, {cal.get('world_size', '?')} ranks, "
+                    f"{cal.get('nodes', '?')} node(s))")
+    for c in ("class", "op", "ranks", "alpha", "bus bandwidth", "peak busbw", "points"):
+        t.add_column(c, justify="left" if c in ("class", "op") else "right")
+    for cls, c in cal.get("classes", {}).items():
+        for op, f in c["ops"].items():
+            t.add_row(cls, op, str(f["group_size"]), f"{f['alpha_s'] * 1e6:.1f} us", rate(f["busbw"]), rate(f["peak_busbw"]),
+                      str(f["points"]))
+    out.print(t)
+    for kind, a in cal.get("applied", {}).items():
+        out.print(f"calibrated {kind} links: x{a['scale']:.3g} -> {rate(a['bottleneck_capacity'])}, latency "
+                  f"{a['latency'] * 1e6:.1f} us (from {a['class']}, ranks {a['pair']})", highlight=False)
+    for f in cal.get("failed", []):
+        err.print(f"[yellow]failed[/]: {escape(str(f['link_class']))} {f['op']} {f['nbytes']} B: {escape(str(f['error']))}",
+                  highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `discover` and the `profile` group to the main `sp-plan` app."""
+    app.command("discover")(discover_cmd)
+    app.add_typer(profile_app, name="profile")
