@@ -46,6 +46,9 @@ def atomic_write(path: str | Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would otherwise survive the rename
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
