@@ -1,0 +1,159 @@
+"""TokenRing (seeds/001) and TokenRing x Ring across nodes in the planner: schedule, buffers, variants, checks.
+
+Schedule of one layer's attention (runtime/tokenring.py has the algorithm). A ring of P ranks is
+cut into N = P / C teams of C consecutive ranks (``degrees["team"]`` = C for ``tokenring_ring``;
+plain ``tokenring`` is C = P). Each of the N rounds runs C TokenRing steps on the ``team`` group
+(the ``ring`` group for plain TokenRing); in step i every rank computes one block (the busiest
+rank's causal fraction) while
+- the Q block goes one way (step 0 .. C - 2), and
+- the previous step's block out + LSE go the other way to their owner (steps 2 .. C - 1, and
+  step 0 of the next round), the last one in a final hop after the compute ends.
+Across teams the K, V blocks travel the ``sub_ring`` (Ring attention, one hop per round),
+overlapped with the round's C steps (its volume spread over them).
+
+Both directions at once: the engine prices each phase of a step on its own and takes the max,
+so a "shift" of Q and a "shift_back" of out in one step would never meet on a link. Where Q
+and out run side by side they are priced as one "shift_bi" phase of the larger volume, which
+loads every link each way at the same time: on a full mesh (HCCS) the two go over different
+links and cost one block, on an NVSwitch port or a PCIe uplink both leave the device on the
+same link direction and cost two. Steps with only Q (shift_back) or only out (shift) keep
+their one-way pattern.
+
+Backward: (Q, dO, O, LSE) travel as Q did, dQ partials (fp32) as out did; dK, dV stay with their
+K, V (local inside a team); across teams dK, dV follow K, V one round behind, the last hop home
+after the compute. Volumes per rank in bytes, e = the model's element size, accumulators fp32.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from .algorithms import Algorithm, Variant, register
+from .errors import PlanError
+from .layout import causal_work
+from .schedules import Comm, Compute, Shape, Step, attention_flops
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@lru_cache(maxsize=4096)
+def step_work(token_layout: str, ring: int, team: int, seq_len: int, causal: bool) -> tuple[float, ...]:
+    """Busiest rank's block fraction in each of the ring / team x team steps (round j, inner step i).
+
+    Rank p = nC + a holds Q_(nC + (a + i) mod C) and the K, V of ((n - j) mod N) C + a.
+    """
+    N = ring // team
+    if not causal:
+        return (1.0,) * ring
+    w = causal_work(token_layout, ring, seq_len)
+    p = np.arange(ring)
+    node, a = p // team, p % team
+    out = []
+    for j in range(N):
+        kv = ((node - j) % N) * team + a
+        for i in range(team):
+            out.append(float(w[node * team + (a + i) % team, kv].max()))
+    return tuple(out)
+
+
+def _volumes(c: Shape, backward: bool) -> tuple[float, float, float, float]:
+    """(Q side, partial side, K, V across teams, dK, dV across teams) bytes per rank per step."""
+    m, e = c.model, c.e
+    n, h, d, b = c.n_ring, c.heads_local, m.head_dim, c.b
+    acc = max(e, 4)
+    blk = b * n * h * d
+    lse = b * h * n * 4
+    kv = b * n * c.kv_local * d
+    if backward:
+        return 3 * blk * e + lse, blk * acc, 2 * kv * e, 2 * kv * acc
+    return blk * e, blk * e + lse, 2 * kv * e, 0.0
+
+
+def _compress(steps: list[Step]) -> list[Step]:
+    out: list[Step] = []
+    for st in steps:
+        if out and out[-1].phases == st.phases and out[-1].overlap == st.overlap:
+            out[-1] = Step(st.phases, out[-1].repeat + st.repeat, st.overlap)
+        else:
+            out.append(st)
+    return out
+
+
+def tokenring_steps(c: Shape, backward: bool) -> list[Step]:
+    """TokenRing (seeds/001 Alg. 1) and TokenRing x Ring (Sec. 3.3.3): Q one way, out + LSE the other, per step."""
+    P = c.ring
+    C = c.team if c.algorithm == "tokenring_ring" else P
+    N = P // C
+    inner = ("team",) if N > 1 else ("ring",)
+    tag = "bwd" if backward else "fwd"
+    mult = 2.5 if backward else 1.0  # FlashAttention backward: 5 block matmuls vs 2
+    blk = attention_flops(c.n_ring, c.n_ring, c.heads_local, c.model.head_dim, c.b)
+    qv, pv, kv, dkv = _volumes(c, backward)
+    work = step_work(c.token_layout, P, C, c.work.seq_len, c.work.causal)
+    steps = []
+    for j in range(N):
+        outer = (kv if j < N - 1 else 0.0) + (dkv if j >= 2 else 0.0)
+        for i in range(C):
+            phases: list = [Compute(f"attention {tag}", mult * blk * work[j * C + i], "attention", c.n_ring)]
+            sends_q = i < C - 1
+            sends_part = C > 1 and (i >= 2 or (i == 0 and j >= 1))
+            if sends_q and sends_part:
+                phases.append(Comm(f"tokenring q <-> out,lse {tag}", "shift_bi", inner, max(qv, pv)))
+            elif sends_q:
+                phases.append(Comm(f"tokenring q {tag}", "shift_back", inner, qv))
+            elif sends_part:
+                phases.append(Comm(f"tokenring out,lse {tag}", "shift", inner, pv))
+            if outer:
+                phases.append(Comm(f"ring k,v across teams {tag}", "shift", ("sub_ring",), outer / C))
+            steps.append(Step(tuple(phases), 1, overlap=len(phases) > 1))
+    if C > 1:
+        steps.append(Step((Comm(f"tokenring out,lse {tag}", "shift", inner, pv),)))
+    if backward and N > 1:
+        steps.append(Step((Comm(f"ring k,v across teams {tag}", "shift", ("sub_ring",), dkv),)))
+    return _compress(steps)
+
+
+def tokenring_buffers(c: Shape, training: bool) -> float:
+    """Transient bytes: Q and partial double buffers, fp32 out/LSE accumulators; training adds the (Q, dO,
+    O, LSE) and dQ buffers and dQ, dK, dV accumulators; the hybrid adds Ring's K, V (and dK, dV) buffers."""
+    qv, pv, kv, _ = _volumes(c, False)
+    bq, bp, _, dkv = _volumes(c, True)
+    m = c.model
+    acc = c.b * c.n_ring * c.heads_local * (m.head_dim + 1) * 4
+    buf = 2 * qv + 2 * pv + acc
+    if training:
+        buf += 2 * bq + 2 * bp + bp + dkv
+    if c.algorithm == "tokenring_ring" and c.ring // max(c.team, 1) > 1:
+        buf += 2 * kv + (2 * dkv if training else 0.0)
+    return buf
+
+
+def _variants(d, model, work) -> list[Variant]:
+    if d.ring < 2 or d.ulysses != 1:
+        return []
+    return [Variant("tokenring")]
+
+
+def _hybrid_variants(d, model, work) -> list[Variant]:
+    if d.ring < 4 or d.ulysses != 1:
+        return []
+    return [Variant("tokenring_ring", team=t) for t in _divisors(d.ring) if 1 < t < d.ring]
+
+
+def _check(cand, model, work) -> None:
+    if cand.ulysses != 1:
+        raise PlanError("degrees.ulysses", f"{cand.algorithm} runs on the ring alone, got ulysses {cand.ulysses}",
+                        "set ulysses to 1 (or use usp for ulysses x ring)")
+    if cand.algorithm == "tokenring_ring":
+        C, P = cand.team, cand.ring
+        if C < 2 or P % C or C >= P:
+            raise PlanError("degrees.team", f"team {C} must divide the ring {P} and lie between 2 and {P // 2}",
+                            "set team to the ranks per node of the ring (a proper divisor of ring), "
+                            "or use algorithm tokenring")
+
+
+register(Algorithm("tokenring", tokenring_steps, tokenring_buffers, variants=_variants, check=_check))
+register(Algorithm("tokenring_ring", tokenring_steps, tokenring_buffers, variants=_hybrid_variants, check=_check))
