@@ -10,6 +10,9 @@ Token layouts split a sequence of ``seq_len`` tokens over the ``ring`` ranks of 
 - striped: token t on rank t mod P (Striped Attention, Sec. 3).
 With Ulysses inside (USP), each ring rank's token list is split contiguously over the ulysses
 ranks, so the Ulysses all-to-all hands every ring rank exactly its ring-level tokens in order.
+
+WallFacer (Liu et al. 2024, Sec. 3.3) splits a ring of P into P/C teams of C and C x P/C^2
+sub-rings of P/C^2 (``team_position`` and below); the token layout stays the ring's.
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ from .errors import PlanError
 
 DIMENSIONS = ("tp", "ulysses", "ring", "team", "dp", "pp")
 TOKEN_LAYOUTS = ("contiguous", "zigzag", "striped")
+#: WallFacer eq. 8: teams inside a node (collective_intra) or sub-rings inside a node (p2p_intra)
+PLACEMENTS = ("collective_intra", "p2p_intra")
 #: dimensions that split the sequence; their product is the sequence-parallel degree.
 SEQUENCE_DIMS = ("ulysses", "ring")
 
@@ -163,11 +168,13 @@ class Layout:
     degrees: dict[str, int]
     order: tuple[str, ...]
     token_layout: str = "contiguous"
+    placement: str | None = None  # WallFacer eq. 8 (None: collective_intra)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
         check_degrees(self.degrees, list(self.order))
         check_token_layout(self.token_layout)
+        check_team(self.degree("ring"), self.degree("team"), self.placement, wallfacer=self.placement is not None)
 
     @property
     def world_size(self) -> int:
@@ -185,8 +192,19 @@ class Layout:
         if key == ("sp",):
             key = SEQUENCE_DIMS
         if key not in self._cache:
-            self._cache[key] = group_ranks(key, self.degrees, list(self.order))
+            if key in (("team",), ("sub_ring",)):
+                self._cache[key] = self._team_groups(key[0])
+            else:
+                self._cache[key] = group_ranks(key, self.degrees, list(self.order))
         return self._cache[key]
+
+    def _team_groups(self, name: str) -> list[list[int]]:
+        """WallFacer teams (by member index) or sub-rings (in ring order) of every ring group (Sec. 3.3)."""
+        P, C = self.degree("ring"), self.degree("team")
+        if name == "sub_ring":
+            check_team(P, C, self.placement, wallfacer=True)
+        parts = team_positions(P, C, self.placement) if name == "team" else sub_ring_positions(P, C, self.placement)
+        return sorted([ring[p] for p in part] for ring in self.groups("ring") for part in parts)
 
     def group_of(self, names: str | tuple[str, ...], rank: int) -> list[int]:
         """The group of ``names`` that contains ``rank``."""
@@ -199,6 +217,8 @@ class Layout:
         """Groups of every dimension of degree > 1, plus the merged sequence group ``sp``."""
         out = {n: self.groups(n) for n, s in mesh_dims(self.degrees, list(self.order))}
         out["sp"] = self.groups("sp")
+        if self.degree("team") > 1 and self.placement is not None:  # a WallFacer layout: teams and sub-rings
+            out["team"], out["sub_ring"] = self.groups("team"), self.groups("sub_ring")
         return out
 
     def tokens(self, rank: int, seq_len: int) -> np.ndarray:
@@ -290,3 +310,151 @@ def round_work(token_layout: str, ring: int, seq_len: int, causal: bool) -> list
     if not causal:
         return [1.0] * ring
     return list(_round_work(token_layout, ring, seq_len))
+
+
+# ---------------------------------------------------------------- WallFacer teams and sub-rings
+#
+# A ring of P positions holds P/C teams of C (t, member a). Teams t = g*P/C^2 + i form team group g;
+# member a of the teams of group g is sub-ring (g, a), whose i-th member is the i-th team's.
+# collective_intra: position p = t*C + a (a team's members adjacent; sub-rings at stride C);
+# p2p_intra: p = a*P/C + t (sub-rings adjacent; a team's members P/C apart), as Orders._ring_split.
+
+def check_team(ring: int, team: int, placement: str | None = None, wallfacer: bool = True) -> None:
+    """Teams of C divide the ring; WallFacer's (Sec. 3.2.1) need P/C^2 an integer and a placement of eq. 8."""
+    if placement is not None and placement not in PLACEMENTS:
+        raise PlanError("placement", f"unknown placement {placement!r}", f"use one of {list(PLACEMENTS)}")
+    if team > 1 and ring % team:
+        raise PlanError("degrees.team", f"team {team} does not divide the ring {ring}", "choose a team dividing ring")
+    if wallfacer and team > 1 and ring % (team * team):
+        raise PlanError("degrees.team", f"team {team} needs a ring divisible by C^2 = {team * team}, not {ring}",
+                        "choose C with C^2 dividing the ring degree (C = 1 is Ring attention)")
+
+
+def _team_inner(placement: str | None) -> bool:
+    return placement != "p2p_intra"
+
+
+def team_group_size(ring: int, team: int) -> int:
+    """Teams per team group = ranks per sub-ring = rounds: P/C^2 (WallFacer Sec. 3.2.1)."""
+    return ring // (team * team)
+
+
+def team_position(ring: int, team: int, placement: str | None, t: int, a: int) -> int:
+    """Ring position of member ``a`` of team ``t`` under a placement of WallFacer eq. 8."""
+    return t * team + a if _team_inner(placement) else a * (ring // team) + t
+
+
+def team_coords(ring: int, team: int, placement: str | None, position: int) -> tuple[int, int]:
+    """(team t, member a) of a ring position: inverse of ``team_position``."""
+    if _team_inner(placement):
+        return divmod(position, team)
+    a, t = divmod(position, ring // team)
+    return t, a
+
+
+@lru_cache(maxsize=256)
+def team_positions(ring: int, team: int, placement: str | None = None) -> tuple[tuple[int, ...], ...]:
+    """Ring positions of every team, members in order a = 0..C-1 (the all-gather order)."""
+    return tuple(tuple(team_position(ring, team, placement, t, a) for a in range(team)) for t in range(ring // team))
+
+
+def sub_ring_coords(ring: int, team: int, placement: str | None, position: int) -> tuple[int, int, int]:
+    """(team group g, member a, index i in the sub-ring) of a ring position (WallFacer Fig. 5)."""
+    t, a = team_coords(ring, team, placement, position)
+    g, i = divmod(t, team_group_size(ring, team))
+    return g, a, i
+
+
+@lru_cache(maxsize=256)
+def sub_ring_positions(ring: int, team: int, placement: str | None = None) -> tuple[tuple[int, ...], ...]:
+    """Ring positions of every sub-ring (g, a), in ring order: member a of teams g*P/C^2 + i (Algorithm 3)."""
+    tgs = team_group_size(ring, team)
+    return tuple(tuple(team_position(ring, team, placement, g * tgs + i, a) for i in range(tgs))
+                 for g in range(team) for a in range(team))
+
+
+def init_send(ring: int, team: int, placement: str | None, position: int) -> int:
+    """WallFacer Algorithm 2 (get_init_send): where this rank sends its team's K, V to seed a sub-ring."""
+    r_t, r_a = team_coords(ring, team, placement, position)
+    target_team = r_a * team_group_size(ring, team) + r_t // team
+    return team_position(ring, team, placement, target_team, r_t % team)
+
+
+def init_recv(ring: int, team: int, placement: str | None, position: int) -> int:
+    """Inverse of Algorithm 2: the position whose team K, V this rank holds first (team i*C + a, member g)."""
+    g, a, i = sub_ring_coords(ring, team, placement, position)
+    return team_position(ring, team, placement, i * team + a, g)
+
+
+def p2p_neighbours(ring: int, team: int, placement: str | None, position: int) -> tuple[int, int]:
+    """WallFacer Algorithm 3 (get_P2P_config): (next, last) ring positions in this rank's sub-ring."""
+    r_t, r_a = team_coords(ring, team, placement, position)
+    tgs = team_group_size(ring, team)
+    base = tgs * (r_t // tgs)
+    nxt, last = (r_t + 1) % tgs + base, (r_t - 1) % tgs + base
+    return team_position(ring, team, placement, nxt, r_a), team_position(ring, team, placement, last, r_a)
+
+
+@lru_cache(maxsize=256)
+def wallfacer_pairs(ring: int, team: int, placement: str | None, backward: bool = False) -> np.ndarray:
+    """(P, P/C^2, 2): (query team, K/V team) each ring position attends in each sub-ring round.
+
+    Forward (Algorithm 1): Q of the own team stays, round r brings the K, V seeded (Algorithm 2) at
+    sub-ring index i - r, i.e. team C((i - r) mod P/C^2) + a. Backward (Sec. 3.2.1): the K, V seeded
+    here stay, round r brings the Q of the sub-ring's (i - r)-th member, team g P/C^2 + (i - r).
+    """
+    tgs = team_group_size(ring, team)
+    out = np.empty((ring, tgs, 2), dtype=np.int64)
+    for p in range(ring):
+        g, a, i = sub_ring_coords(ring, team, placement, p)
+        for r in range(tgs):
+            j = (i - r) % tgs
+            out[p, r] = (g * tgs + j, team * i + a) if backward else (g * tgs + i, team * j + a)
+    out.flags.writeable = False
+    return out
+
+
+@lru_cache(maxsize=256)
+def team_tokens(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int) -> np.ndarray:
+    """(P/C, C N/P) global tokens of each team after the all-gather: its members' ring tokens in order a."""
+    rt = ring_tokens(token_layout, ring, seq_len)
+    out = np.stack([np.concatenate([rt[p] for p in members]) for members in team_positions(ring, team, placement)])
+    out.flags.writeable = False
+    return out
+
+
+def busiest_team_block(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int) -> float:
+    """Closed form of the largest causal fraction of a team block, for rings too large for the exact sums.
+
+    With c = N/P tokens per rank: zigzag (and striped with interleaved teams, p2p_intra) 1/2 + 1/(2cC),
+    a team's own block; striped with contiguous teams (c + 1)/(2c) (Striped Attention Sec. 3);
+    contiguous a whole earlier block for contiguous teams, else C(C+1)/2 of the C^2 member blocks.
+    """
+    c = seq_len // ring
+    inner = _team_inner(placement) or team == 1
+    if token_layout == "zigzag" or (token_layout == "striped" and not inner):
+        return 0.5 + 1 / (2 * c * team)
+    if token_layout == "striped":
+        return (c + 1) / (2 * c)
+    return 1.0 if inner else (team + 1) / (2 * team)
+
+
+@lru_cache(maxsize=1024)
+def _wallfacer_round_work(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int,
+                          backward: bool) -> tuple[float, ...]:
+    tgs = team_group_size(ring, team)
+    if ring > 1024:
+        return (busiest_team_block(token_layout, ring, team, placement, seq_len),) * tgs
+    cw = causal_work(token_layout, ring, seq_len)
+    pos = np.array(team_positions(ring, team, placement))
+    w = cw[pos[:, :, None, None], pos[None, None, :, :]].mean(axis=(1, 3))  # team-level (P/C, P/C)
+    pairs = wallfacer_pairs(ring, team, placement, backward)
+    return tuple(float(x) for x in w[pairs[..., 0], pairs[..., 1]].max(axis=0))
+
+
+def wallfacer_round_work(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int,
+                         causal: bool, backward: bool = False) -> list[float]:
+    """Busiest rank's fraction of a full (C N/P)^2 team block in each of the P/C^2 sub-ring rounds."""
+    if not causal:
+        return [1.0] * team_group_size(ring, team)
+    return list(_wallfacer_round_work(token_layout, ring, team, placement, seq_len, backward))

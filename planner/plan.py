@@ -99,7 +99,7 @@ class Plan(BaseModel):
 
     def layout(self) -> Layout:
         """The shared rank/token arithmetic for this plan."""
-        return Layout({k: v for k, v in self.degrees.items()}, tuple(self.order), self.token_layout)
+        return Layout({k: v for k, v in self.degrees.items()}, tuple(self.order), self.token_layout, self.placement)
 
     def with_groups(self) -> "Plan":
         """A copy with every group's rank lists filled in from the layout."""

@@ -72,8 +72,9 @@ class Context:
 
         if causal is None:
             causal = self.plan.workload.causal if self.plan.workload else True
-        groups = {n: self._groups.get(n) for n in ("ring", "ulysses")}
-        ranks = {n: self.ranks(n) for n in ("ring", "ulysses")}
+        names = ("ring", "ulysses") + (("team", "sub_ring") if self.plan.algorithm == "wallfacer" else ())
+        groups = {n: self._groups.get(n) for n in names}
+        ranks = {n: self.ranks(n) for n in names}
         return attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,
                          token_layout=self.plan.token_layout, scale=scale)
 
@@ -110,6 +111,18 @@ def init(plan_or_path: Plan | str | Path, device_type: str | None = None) -> Con
             pg = dist.new_group(sorted(g))
             if rank in g:
                 groups["sp"] = pg
-    for n in ("tp", "ulysses", "ring", "team", "dp", "pp"):
+    if plan.algorithm == "wallfacer":  # WallFacer's teams and sub-rings inside the ring (layout module)
+        for n in ("team", "sub_ring"):
+            all_n = layout.groups(n)
+            if len(all_n[0]) == 1:
+                groups[n] = None
+            elif sorted(all_n[0]) in [sorted(g) for g in layout.groups("ring")]:
+                groups[n] = groups.get("ring")  # a sub-ring of C = 1 is the ring
+            else:  # every rank creates every group, in the same order
+                for g in all_n:
+                    pg = dist.new_group(sorted(g))
+                    if rank in g:
+                        groups[n] = pg
+    for n in ("tp", "ulysses", "ring", "team", "sub_ring", "dp", "pp"):
         groups.setdefault(n, None)
     return Context(plan=plan, layout=layout, rank=rank, mesh=mesh, _groups=groups)
