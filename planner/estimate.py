@@ -17,7 +17,7 @@ from .candidate import Candidate
 from .cluster import Cluster
 from .engine import GroupShape, LinkEngine
 from .errors import PlanError
-from .layout import chunks_needed
+from .layout import chunks_needed, sub_ring_positions, team_positions
 from .memory import activation_bytes, attention_buffer_bytes, weight_bytes
 from .model import ModelSpec, Workload
 from .algorithms import ALGORITHMS, load_all
@@ -78,24 +78,30 @@ class Orders:
         st = self.strides[k]
         parts = []
         for n in dims:
-            if n in ("team", "sub_ring"):
+            if n in ("team", "sub_ring", "team_ring"):
                 parts += self._ring_split(n, st)
             elif self.degrees.get(n, 1) > 1 and n in st:
                 parts.append((self.degrees[n], st[n]))
         return GroupShape(tuple(parts), self.world)
 
     def _ring_split(self, name: str, st: dict[str, int]) -> list[tuple[int, int]]:
-        """WallFacer's team (C ranks) and sub-ring (P/C ranks) inside the ring dimension (eq. 8 placements):
-        collective_intra puts a team's members next to each other, p2p_intra a sub-ring's."""
+        """Groups inside the ring dimension, from the layout module's positions (WallFacer eq. 8 placements):
+        ``team`` (C ranks), WallFacer's ``sub_ring`` (P/C^2 ranks, Algorithm 3), and ``team_ring`` (the P/C
+        first members of the teams: TokenRing x Ring's ring across teams)."""
         C, P = self.degrees.get("team", 1), self.degrees.get("ring", 1)
         if "ring" not in st or P == 1:
             return []
-        s = st["ring"]
-        team_inner = self.placement != "p2p_intra"
-        team = (C, s if team_inner else s * (P // C))
-        sub = (P // C, s * C if team_inner else s)
-        part = team if name == "team" else sub
-        return [part] if part[0] > 1 else []
+        if name == "team":
+            pos = team_positions(P, C, self.placement)[0]
+        elif name == "sub_ring":
+            pos = sub_ring_positions(P, C, self.placement)[0]
+        else:
+            pos = tuple(t[0] for t in team_positions(P, C, self.placement))
+        if len(pos) == 1:
+            return []
+        step = pos[1] - pos[0]
+        assert all(b - a == step for a, b in zip(pos, pos[1:])), pos  # evenly spaced in the ring
+        return [(len(pos), step * st["ring"])]
 
     def time(self, p: Comm) -> np.ndarray:
         """Seconds of phase ``p`` under each order (engine costs are linear in bytes)."""

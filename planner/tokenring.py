@@ -8,7 +8,7 @@ rank's causal fraction) while
 - the Q block goes one way (step 0 .. C - 2), and
 - the previous step's block out + LSE go the other way to their owner (steps 2 .. C - 1, and
   step 0 of the next round), the last one in a final hop after the compute ends.
-Across teams the K, V blocks travel the ``sub_ring`` (Ring attention, one hop per round),
+Across teams the K, V blocks travel the ``team_ring`` (Ring attention, one hop per round),
 overlapped with the round's C steps (its volume spread over them).
 
 Both directions at once: the engine prices each phase of a step on its own and takes the max,
@@ -107,12 +107,12 @@ def tokenring_steps(c: Shape, backward: bool) -> list[Step]:
             elif sends_part:
                 phases.append(Comm(f"tokenring out,lse {tag}", "shift", inner, pv))
             if outer:
-                phases.append(Comm(f"ring k,v across teams {tag}", "shift", ("sub_ring",), outer / C))
+                phases.append(Comm(f"ring k,v across teams {tag}", "shift", ("team_ring",), outer / C))
             steps.append(Step(tuple(phases), 1, overlap=len(phases) > 1))
     if C > 1:
         steps.append(Step((Comm(f"tokenring out,lse {tag}", "shift", inner, pv),)))
     if backward and N > 1:
-        steps.append(Step((Comm(f"ring k,v across teams {tag}", "shift", ("sub_ring",), dkv),)))
+        steps.append(Step((Comm(f"ring k,v across teams {tag}", "shift", ("team_ring",), dkv),)))
     return _compress(steps)
 
 

@@ -134,12 +134,15 @@ def test_layout_groups_follow_the_placement_convention_of_the_estimator(placemen
     assert plan.with_groups().groups["sub_ring"] == lay.groups("sub_ring")
 
 
-@pytest.mark.xfail(strict=False, reason="estimate.Orders._ring_split sizes ('sub_ring',) P/C (TokenRing's "
-                                        "cross-team ring); WallFacer's sub-ring has P/C^2 ranks")
 def test_estimator_sub_ring_has_P_over_C_squared_ranks():
     eng = LinkEngine(load_cluster("dgx-h100", 4))
-    sub = Orders(eng, {"ring": 16, "team": 2}, [("ring",)], "collective_intra").shape(0, ("sub_ring",))
-    assert sub.size == 16 // 4
+    for placement in PLACEMENTS:
+        lay = Layout({"ring": 16, "team": 2}, ("ring",), placement=placement)
+        o = Orders(eng, {"ring": 16, "team": 2}, [("ring",)], placement)
+        for name in ("sub_ring", "team"):
+            sh = o.shape(0, (name,))
+            assert sh.size == (16 // 4 if name == "sub_ring" else 2)
+            assert [list(sh.group_of(g[0])) for g in lay.groups(name)] == lay.groups(name)
 
 
 def test_layout_rejects_bad_teams():
