@@ -114,6 +114,8 @@ class Plan(BaseModel):
                 parts.append(f"{n}{d[n]}")
         if self.algorithm != "ulysses":
             parts.append(self.token_layout)
+        if self.placement:
+            parts.append(self.placement)
         parts.append("<".join(o for o in self.order if d.get(o, 1) > 1) or "-")
         parts.append(f"zero{self.zero_stage}")
         if self.checkpointing != "none":
