@@ -61,8 +61,8 @@ def presets() -> None:
     out.print(m)
 
 
-def _ranking(plans: list[Plan]) -> Table:
-    t = Table(title="ranked layouts (fastest first)")
+def _ranking(plans: list[Plan], title: str = "ranked layouts (fastest first)") -> Table:
+    t = Table(title=title)
     for c in ("#", "layout", "step", "tokens/s", "MFU", "peak mem", "vs #1: largest extra cost"):
         t.add_column(c, justify="right" if c in ("#", "step", "tokens/s", "MFU", "peak mem") else "left")
     win = plans[0]
@@ -112,7 +112,7 @@ def plan_cmd(
     storage: Optional[str] = typer.Option(None, "--storage", help="optuna storage to resume a study, e.g. sqlite:///study.db"),
 ) -> None:
     """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
-    from sp_plan.planner.search import finish, grid_search, no_plan_error
+    from sp_plan.planner.search import finish, finish_each, grid_search, no_plan_error
     from sp_plan.profiles import load_cluster, load_model
 
     try:
@@ -139,6 +139,7 @@ def plan_cmd(
             if not res.ranked:
                 raise no_plan_error(c, w, res)
             plans = finish(res, c, m, w, top)
+            families = finish_each(res, c, m, w)
     except PlanError as e:
         fail(e)
     out.print(f"[bold]{c.name}[/] ({c.num_nodes} node(s), {c.world_size} x {c.device(0).model}, fingerprint {c.fingerprint()}), "
@@ -148,6 +149,8 @@ def plan_cmd(
            f"bayes: {res.trials} trials (best first reached at trial {res.best_trial + 1}), {res.evaluated:,} priced")
     out.print(how, highlight=False)
     out.print(_ranking(plans))
+    out.print(_ranking([plans[0]] + [f for f in families if f.summary() != plans[0].summary()],
+                       title="best layout of each algorithm variant (team C, placement)"))
     out.print(_explain(plans[0]))
     out.print(_breakdown(plans[0]))
     if output:

@@ -190,12 +190,15 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
             groups.append((bound, _sort_key(base), base, orders, fitting))
     groups.sort(key=lambda g: g[:2])
     ranked, evaluated, kth, batches = [], 0, float("inf"), {}
+    best_of: dict[tuple, float] = {}  # best time per algorithm variant, so each variant's best is exact too
     for i, (bound, _, base, orders, fitting) in enumerate(groups):
-        if keep and bound > kth:
-            break
+        vkey = variant_key(base)
+        if keep and bound > kth and bound > best_of.get(vkey, float("inf")):
+            continue
         priced = price_group(est, base, orders, fitting, batches)
         evaluated += len(orders) * len(fitting)
         ranked += priced
+        best_of[vkey] = min(best_of.get(vkey, float("inf")), min(t for t, _ in priced))
         if keep and len(ranked) >= keep:
             kth = heapq.nsmallest(keep, (t for t, _ in ranked))[-1]
         if progress:
@@ -204,6 +207,21 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
         progress(len(groups), len(groups))
     ranked.sort(key=lambda tc: (round(tc[0], 12), _sort_key(tc[1])))
     return SearchResult(ranked, evaluated, total, rejected, est)
+
+
+def variant_key(c: Candidate) -> tuple:
+    """Which algorithm variant a layout is: algorithm, WallFacer/TokenRing team size, placement."""
+    return (c.algorithm, c.team, c.placement)
+
+
+def best_per_variant(ranked: list[tuple[float, Candidate]]) -> list[tuple[float, Candidate]]:
+    """The fastest layout of every algorithm variant, fastest first (from a ranked list)."""
+    seen, out = set(), []
+    for t, c in ranked:
+        if variant_key(c) not in seen:
+            seen.add(variant_key(c))
+            out.append((t, c))
+    return out
 
 
 def _sort_key(c: Candidate) -> tuple:
@@ -217,6 +235,14 @@ def finish(result: SearchResult, cluster: Cluster, model: ModelSpec, workload: W
     return [c.to_plan(cluster=cluster.name, cluster_fingerprint=est.fingerprint, model=model, workload=workload,
                       predicted=est.predict(c)).with_groups()
             for _, c in result.ranked[:top_k]]
+
+
+def finish_each(result: SearchResult, cluster: Cluster, model: ModelSpec, workload: Workload) -> list[Plan]:
+    """Full Plans for the fastest layout of every algorithm variant (exact under grid pruning too)."""
+    est = result.estimator
+    return [c.to_plan(cluster=cluster.name, cluster_fingerprint=est.fingerprint, model=model, workload=workload,
+                      predicted=est.predict(c))
+            for _, c in best_per_variant(result.ranked)]
 
 
 def no_plan_error(cluster: Cluster, workload: Workload, result: SearchResult) -> PlanError:
