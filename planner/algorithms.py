@@ -31,6 +31,8 @@ class Algorithm:
     buffers: Callable[[Shape, bool], float]
     variants: Callable[..., list[Variant]] = field(default=lambda d, model, work: [])
     check: Callable[..., None] | None = None  # (candidate, model, workload) -> raises PlanError
+    tp_sp: bool = True  # the block's linear layers use Megatron TP-sp collectives over tp (METP: its own)
+    activations: Callable[..., dict] | None = None  # (shape, checkpointing, training) -> bytes by kind
 
 
 ALGORITHMS: dict[str, Algorithm] = {}
@@ -64,12 +66,5 @@ def variants(d, model, work) -> list[Variant]:
 
 
 def load_all() -> None:
-    """Import the modules that register further algorithms (each is optional until it exists)."""
-    import importlib
-
-    for mod in ("wallfacer", "tokenring", "metp"):
-        try:
-            importlib.import_module(f"sp_plan.planner.{mod}")
-        except ModuleNotFoundError as e:
-            if e.name != f"sp_plan.planner.{mod}":
-                raise
+    """Import the modules that register WallFacer, TokenRing and METP (they import this module)."""
+    from . import metp, tokenring, wallfacer  # noqa: F401

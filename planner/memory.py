@@ -51,6 +51,11 @@ def activation_bytes(c: Shape, checkpointing: str, training: bool) -> dict[str, 
     attention_boundary (DistFlashAttn / WallFacer): each layer's input, attention output and LSE
     are kept, so recomputation never reruns attention.
     """
+    from .algorithms import ALGORITHMS
+
+    hook = ALGORITHMS[c.algorithm].activations
+    if hook is not None:
+        return hook(c, checkpointing, training)
     tokens = c.b * c.n_local
     m = c.model
     layer = layer_activation_bytes_per_token(c) * tokens / c.tp

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 
 from .algorithms import Algorithm, Variant, register
+from .memory import layer_activation_bytes_per_token
 from .errors import PlanError
 from .layout import round_work_runs
 from .schedules import Comm, Compute, Shape, Step, attention_flops
@@ -135,7 +136,7 @@ def metp_steps(c: Shape, backward: bool) -> list[Step]:
             steps.append(Step(tuple(phases), 1, overlap=len(phases) > 1))
     if backward and p > 1:
         steps.append(Step((Comm("metp reduce dw_qkv,dw_proj", "shift", dim, bcast),)))
-    # FFN, Algorithms 1-2 (linear FLOPs themselves are in schedules.linear_steps)
+    # FFN, Algorithms 1-2 (linear FLOPs are in schedules.linear_steps, which adds no TP-sp collectives for METP)
     if p > 1 and not backward:
         steps.append(Step((Comm("metp ffn w_in,w_out p2p fwd", "shift_back", dim, z["w_ffn"] * e),), p - 1))
     elif p > 1:  # step j: recompute X_i B; the next slice pair arrives, the previous step's gradients move on
@@ -179,6 +180,19 @@ def metp_buffers(c: Shape, training: bool) -> float:
     return buf
 
 
+def metp_activations(c: Shape, checkpointing: str, training: bool) -> dict[str, float]:
+    """Saved per layer (Tables 1-2): the FFN keeps X (b s h / p), the MHA X and its output (2 b s h / p) and
+    the LSE; both recompute the rest in backward, so checkpointing adds nothing. One layer's transient
+    activations (Korthikanti per token, over p) and the logits come on top."""
+    m, p, e = c.model, c.tp, c.e
+    tokens = c.b * c.work.seq_len / p
+    transient = layer_activation_bytes_per_token(c) * tokens
+    if not training:
+        return {"activations": transient, "kv_cache": 2 * m.layers / c.pp * tokens * m.kv_dim / p * e}
+    saved = c.layers_per_stage * tokens * (3 * m.hidden * e + 4.0 * m.heads / p)
+    return {"activations": saved + transient, "logits": tokens * m.vocab / p * (e + 4)}
+
+
 def _variants(d, model, work) -> list[Variant]:
     if d.tp < 2 or d.ulysses != 1 or d.ring != 1:
         return []
@@ -196,4 +210,5 @@ def _check(cand, model, work) -> None:
                         "choose a tp degree that divides the KV heads (METP gives each rank whole head groups)")
 
 
-register(Algorithm("metp", metp_steps, metp_buffers, variants=_variants, check=_check))
+register(Algorithm("metp", metp_steps, metp_buffers, variants=_variants, check=_check, tp_sp=False,
+                   activations=metp_activations))

@@ -143,7 +143,9 @@ def linear_steps(c: Shape, backward: bool) -> list[Step]:
     f = 2.0 * c.b * c.n_local * c.model.layer_params() / c.tp
     tag = "bwd" if backward else "fwd"
     steps = [Step((Compute("linear " + tag, 2 * f if backward else f),))]
-    if c.tp > 1:
+    from .algorithms import ALGORITHMS
+
+    if c.tp > 1 and ALGORITHMS[c.algorithm].tp_sp:
         dim = ("tp",)
         steps += [Step((Comm(f"tp all-gather {tag}", "all_gather", dim, c.hidden_bytes),), 2),
                   Step((Comm(f"tp reduce-scatter {tag}", "reduce_scatter", dim, c.hidden_bytes),), 2)]

@@ -67,12 +67,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: s
 
 
 def _load_variants() -> None:
-    """Import the modules that register further variants (WallFacer, TokenRing, METP)."""
-    import importlib
-
-    for mod in ("wallfacer", "tokenring", "metp"):
-        try:
-            importlib.import_module(f"sp_plan.runtime.{mod}")
-        except ModuleNotFoundError as e:
-            if e.name != f"sp_plan.runtime.{mod}":
-                raise
+    """Import the modules that register WallFacer, TokenRing and METP (they import this module)."""
+    from . import metp, tokenring, wallfacer  # noqa: F401

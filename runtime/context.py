@@ -75,6 +75,8 @@ class Context:
         names = ("ring", "ulysses") + (("team", "sub_ring") if self.plan.algorithm == "wallfacer" else ())
         groups = {n: self._groups.get(n) for n in names}
         ranks = {n: self.ranks(n) for n in names}
+        if self.plan.algorithm == "tokenring_ring":  # the inner TokenRing: the plan's team, not the hostnames
+            ranks["team"] = self.layout.group_of("team", self.rank)
         return attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,
                          token_layout=self.plan.token_layout, scale=scale)
 
