@@ -37,20 +37,9 @@ from sp_plan.planner.layout import check_token_layout
 
 from .attention import register
 from .kernels import block_attention_backward, lse_dtype
-from .ring import Ring, make_ring, ring_attention, ring_forward, round_masks
+from .ring import Ring, make_ring, p2p, ring_attention, ring_forward, round_masks, wait_all
 
 _TAG_W, _TAG_DW, _TAG_KV, _TAG_DKV = 200, 210, 220, 230
-
-
-def _p2p(group, sends: list, recvs: list) -> list:
-    ops = [dist.P2POp(dist.isend, t, dst, group, tag) for t, dst, tag in sends]
-    ops += [dist.P2POp(dist.irecv, t, src, group, tag) for t, src, tag in recvs]
-    return dist.batch_isend_irecv(ops) if ops else []
-
-
-def _wait(reqs) -> None:
-    for r in reqs:
-        r.wait()
 
 
 def _prev(ring: Ring) -> int:
@@ -79,10 +68,10 @@ class _METPFunction(torch.autograd.Function):
             reqs = []
             if j < p - 1:  # double buffering: the next pair is in flight while this one computes
                 nxt = bufs[j % 2] = bufs[j % 2] or (torch.empty_like(b), torch.empty_like(c))
-                reqs = _p2p(ring.group, [(cur[0], _prev(ring), _TAG_W), (cur[1], _prev(ring), _TAG_W + 1)],
+                reqs = p2p(ring.group, [(cur[0], _prev(ring), _TAG_W), (cur[1], _prev(ring), _TAG_W + 1)],
                             [(nxt[0], _next(ring), _TAG_W), (nxt[1], _next(ring), _TAG_W + 1)])
             out += f(A @ cur[0]) @ cur[1]  # T_ij = A_i B, D_ij = f(T_ij), O_i += D_ij C
-            _wait(reqs)
+            wait_all(reqs)
             if j < p - 1:
                 cur = nxt
         ctx.save_for_backward(a, b, c)
@@ -103,7 +92,7 @@ class _METPFunction(torch.autograd.Function):
             reqs = []
             if j < p - 1:
                 nxt = bufs[j % 2] = bufs[j % 2] or (torch.empty_like(b), torch.empty_like(c))
-                reqs = _p2p(ring.group, [(cur[0], _prev(ring), _TAG_W), (cur[1], _prev(ring), _TAG_W + 1)],
+                reqs = p2p(ring.group, [(cur[0], _prev(ring), _TAG_W), (cur[1], _prev(ring), _TAG_W + 1)],
                             [(nxt[0], _next(ring), _TAG_W), (nxt[1], _next(ring), _TAG_W + 1)])
             with torch.enable_grad():  # recompute T_ij, D_ij = f(T_ij) (the forward evicted them)
                 T = (A @ cur[0]).detach().requires_grad_()
@@ -116,19 +105,19 @@ class _METPFunction(torch.autograd.Function):
             if j == 0:
                 own = (dB, dC)  # the owner's term stays here; the accumulator starts at step 1
             else:  # Algorithm 2 lines 12-13: the accumulator follows its slice, one step behind
-                _wait(dw_reqs)
+                wait_all(dw_reqs)
                 if dw_in is not None:
                     dB += dw_in[0]
                     dC += dw_in[1]
                 dw_in = (torch.empty_like(b), torch.empty_like(c))
-                dw_reqs = _p2p(ring.group, [(dB, _prev(ring), _TAG_DW), (dC, _prev(ring), _TAG_DW + 1)],
+                dw_reqs = p2p(ring.group, [(dB, _prev(ring), _TAG_DW), (dC, _prev(ring), _TAG_DW + 1)],
                                [(dw_in[0], _next(ring), _TAG_DW), (dw_in[1], _next(ring), _TAG_DW + 1)])
-            _wait(reqs)
+            wait_all(reqs)
             if j < p - 1:
                 cur = nxt
         dB, dC = own
         if p > 1:  # the last holder sent this rank's own slices' gradients home
-            _wait(dw_reqs)
+            wait_all(dw_reqs)
             dB = dB + dw_in[0]
             dC = dC + dw_in[1]
         return dA.view_as(a), dB, dC, None, None
@@ -213,17 +202,17 @@ def metp_attention_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale):
             dk_r[:, cols] += gk
             dv_r[:, cols] += gv
         if r >= 1:  # rank (position - r)'s accumulator: add the one received, pass it on
-            _wait(dkv_reqs)
+            wait_all(dkv_reqs)
             if dkv_in is not None:
                 dk_r += dkv_in[0]
                 dv_r += dkv_in[1]
             dkv_in = (torch.empty_like(dk_own), torch.empty_like(dv_own))
             dkv_reqs = ring.shift([dk_r, dv_r], list(dkv_in), _TAG_DKV)
-        _wait(reqs)
+        wait_all(reqs)
         if r < p - 1:
             cur_k, cur_v = nxt
     if p > 1:
-        _wait(dkv_reqs)
+        wait_all(dkv_reqs)
         dk_own += dkv_in[0]
         dv_own += dkv_in[1]
     return dq.to(q.dtype), dk_own.to(k.dtype), dv_own.to(v.dtype)
@@ -252,7 +241,7 @@ class _METPMHAFunction(torch.autograd.Function):
         pools = [[torch.empty_like(w_qkv), torch.empty_like(w_proj)] for _ in range(2)]
         cur, works = _broadcast([w_qkv, w_proj], ring.position == 0, ring.ranks[0], ring.group, pools[0])
         for j in range(p):
-            _wait(works)
+            wait_all(works)
             wq, wp = cur
             if j < p - 1:  # the next group's slices arrive while this group computes
                 cur, works = _broadcast([w_qkv, w_proj], ring.position == j + 1, ring.ranks[j + 1], ring.group,
@@ -284,7 +273,7 @@ class _METPMHAFunction(torch.autograd.Function):
         pools = [[torch.empty_like(w_qkv), torch.empty_like(w_proj)] for _ in range(2)]
         cur, works = _broadcast([w_qkv, w_proj], ring.position == 0, ring.ranks[0], ring.group, pools[0])
         for j in range(p):
-            _wait(works)
+            wait_all(works)
             wq, wp = cur
             if j < p - 1:
                 cur, works = _broadcast([w_qkv, w_proj], ring.position == j + 1, ring.ranks[j + 1], ring.group,
@@ -306,7 +295,7 @@ class _METPMHAFunction(torch.autograd.Function):
                        for t in (d_wq, d_wp)]
             grads.append((d_wq, d_wp, works_r))
         for _, _, w in grads:
-            _wait(w)
+            wait_all(w)
         d_wq, d_wp, _ = grads[ring.position]
         return dx.view_as(x), d_wq, d_wp, None, None, None, None, None
 

@@ -35,6 +35,18 @@ from .kernels import BlockMask, block_attention, block_attention_backward, causa
 _TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 0, 1, 2, 3
 
 
+def p2p(group, sends: list, recvs: list) -> list:
+    """Post isends (tensor, global dst, tag) and irecvs (tensor, global src, tag) as one batch; the requests."""
+    ops = [dist.P2POp(dist.isend, t, dst, group, tag) for t, dst, tag in sends]
+    ops += [dist.P2POp(dist.irecv, t, src, group, tag) for t, src, tag in recvs]
+    return dist.batch_isend_irecv(ops) if ops else []
+
+
+def wait_all(reqs) -> None:
+    for r in reqs:
+        r.wait()
+
+
 @dataclass(frozen=True)
 class Ring:
     """This rank's place in a ring: global ranks in ring order, its position, and its neighbours."""
@@ -57,9 +69,8 @@ class Ring:
 
     def shift(self, send: list[torch.Tensor], recv: list[torch.Tensor], tag: int) -> list:
         """Send tensors to the next rank and receive as many from the previous one (batched p2p)."""
-        ops = [dist.P2POp(dist.isend, t, self.next, self.group, tag + j) for j, t in enumerate(send)]
-        ops += [dist.P2POp(dist.irecv, t, self.prev, self.group, tag + j) for j, t in enumerate(recv)]
-        return dist.batch_isend_irecv(ops)
+        return p2p(self.group, [(t, self.next, tag + j) for j, t in enumerate(send)],
+                   [(t, self.prev, tag + j) for j, t in enumerate(recv)])
 
 
 def make_ring(group: dist.ProcessGroup | None = None, ranks=None) -> Ring:

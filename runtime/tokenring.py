@@ -63,7 +63,7 @@ from sp_plan.planner.layout import check_token_layout, ring_tokens
 from .attention import register
 from .kernels import BlockMask, block_attention, block_attention_backward, causal_block_mask, full_block, local_attention
 from .kernels import lse_dtype, merge
-from .ring import Ring, make_ring
+from .ring import Ring, make_ring, p2p, wait_all
 
 _TAG_Q, _TAG_PART, _TAG_KV, _TAG_DKV = 100, 110, 120, 130
 
@@ -162,18 +162,6 @@ class Teams:
         return self.rank((p // C) * C + (p % C + 1) % C)
 
 
-def _p2p(group, sends: list, recvs: list) -> list:
-    """Post isends (tensor, global dst, tag) and irecvs (tensor, global src, tag) as one batch."""
-    ops = [dist.P2POp(dist.isend, t, dst, group, tag) for t, dst, tag in sends]
-    ops += [dist.P2POp(dist.irecv, t, src, group, tag) for t, src, tag in recvs]
-    return dist.batch_isend_irecv(ops) if ops else []
-
-
-def _wait(reqs) -> None:
-    for r in reqs:
-        r.wait()
-
-
 def _row_slice(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     """Rows [lo, hi) of a (batch, seq, ...) tensor, contiguous for sending."""
     return x[:, lo:hi].contiguous()
@@ -222,10 +210,10 @@ def tokenring_forward(q, k, v, teams: Teams, steps, scale) -> tuple[torch.Tensor
             src, (r0, r1) = expect
             got = (_empty_rows(out, r1 - r0, q.dtype), _empty_lse(lse, r1 - r0), (r0, r1))
             recvs += [(got[0], teams.rank(src), _TAG_PART), (got[1], teams.rank(src), _TAG_PART + 1)]
-        reqs = _p2p(g, sends, recvs)
+        reqs = p2p(g, sends, recvs)
         if s.i == 0 and s.j < N - 1:  # outer Ring: the K, V block for round j + 1
             kv_next = (torch.empty_like(k), torch.empty_like(v))
-            kv_reqs = _p2p(g, [(cur_k, teams.rank(ring.position + C), _TAG_KV),
+            kv_reqs = p2p(g, [(cur_k, teams.rank(ring.position + C), _TAG_KV),
                                (cur_v, teams.rank(ring.position + C), _TAG_KV + 1)],
                            [(kv_next[0], teams.rank(ring.position - C), _TAG_KV),
                             (kv_next[1], teams.rank(ring.position - C), _TAG_KV + 1)])
@@ -240,7 +228,7 @@ def tokenring_forward(q, k, v, teams: Teams, steps, scale) -> tuple[torch.Tensor
                 merge(out[:, r0:r1], lse[..., r0:r1], b_out, b_lse)
             else:
                 pending = (s.owner, b_out.contiguous(), b_lse.to(acc).contiguous())
-        _wait(reqs)
+        wait_all(reqs)
         if got is not None:
             r0, r1 = got[2]
             merge(out[:, r0:r1], lse[..., r0:r1], got[0], got[1])
@@ -250,7 +238,7 @@ def tokenring_forward(q, k, v, teams: Teams, steps, scale) -> tuple[torch.Tensor
         elif s.i == C - 1:
             cur_q, lo = q, 0
         if s.i == C - 1 and s.j < N - 1:
-            _wait(kv_reqs)
+            wait_all(kv_reqs)
             cur_k, cur_v = kv_next
     # the final hop: the last step's partial goes to its owner
     sends, recvs, got = [], [], None
@@ -261,7 +249,7 @@ def tokenring_forward(q, k, v, teams: Teams, steps, scale) -> tuple[torch.Tensor
         src, (r0, r1) = expect
         got = (_empty_rows(out, r1 - r0, q.dtype), _empty_lse(lse, r1 - r0), (r0, r1))
         recvs += [(got[0], teams.rank(src), _TAG_PART), (got[1], teams.rank(src), _TAG_PART + 1)]
-    _wait(_p2p(g, sends, recvs))
+    wait_all(p2p(g, sends, recvs))
     if got is not None:
         r0, r1 = got[2]
         merge(out[:, r0:r1], lse[..., r0:r1], got[0], got[1])
@@ -308,10 +296,10 @@ def tokenring_backward(dout, q, k, v, out, lse, teams: Teams, steps, scale):
             src, (r0, r1) = expect
             got = (_empty_rows(q, r1 - r0, acc), (r0, r1))
             recvs.append((got[0], teams.rank(src), _TAG_PART))
-        reqs = _p2p(g, sends, recvs)
+        reqs = p2p(g, sends, recvs)
         if s.i == 0 and s.j < N - 1:
             kv_next = (torch.empty_like(k), torch.empty_like(v))
-            kv_reqs = _p2p(g, [(cur_k, teams.rank(ring.position + C), _TAG_KV),
+            kv_reqs = p2p(g, [(cur_k, teams.rank(ring.position + C), _TAG_KV),
                                (cur_v, teams.rank(ring.position + C), _TAG_KV + 1)],
                            [(kv_next[0], teams.rank(ring.position - C), _TAG_KV),
                             (kv_next[1], teams.rank(ring.position - C), _TAG_KV + 1)])
@@ -330,7 +318,7 @@ def tokenring_backward(dout, q, k, v, out, lse, teams: Teams, steps, scale):
                 dq[:, bm.row_start:bm.row_stop] += gq
             else:
                 pending = (s.owner, gq.to(acc).contiguous())
-        _wait(reqs)
+        wait_all(reqs)
         if got is not None:
             r0, r1 = got[1]
             dq[:, r0:r1] += got[0]
@@ -340,17 +328,17 @@ def tokenring_backward(dout, q, k, v, out, lse, teams: Teams, steps, scale):
         elif s.i == C - 1:
             cur, lo = own, 0
         if s.i == C - 1 and s.j >= 1:  # the held block's dK, dV move on, one round behind K, V
-            _wait(dkv_reqs)
+            wait_all(dkv_reqs)
             if dkv_in is not None:
                 dk_r += dkv_in[0]
                 dv_r += dkv_in[1]
             dkv_in = (torch.empty_like(dk_own), torch.empty_like(dv_own))
-            dkv_reqs = _p2p(g, [(dk_r, teams.rank(ring.position + C), _TAG_DKV),
+            dkv_reqs = p2p(g, [(dk_r, teams.rank(ring.position + C), _TAG_DKV),
                                 (dv_r, teams.rank(ring.position + C), _TAG_DKV + 1)],
                             [(dkv_in[0], teams.rank(ring.position - C), _TAG_DKV),
                              (dkv_in[1], teams.rank(ring.position - C), _TAG_DKV + 1)])
         if s.i == C - 1 and s.j < N - 1:
-            _wait(kv_reqs)
+            wait_all(kv_reqs)
             cur_k, cur_v = kv_next
     sends, recvs, got = [], [], None
     if pending is not None:
@@ -359,11 +347,11 @@ def tokenring_backward(dout, q, k, v, out, lse, teams: Teams, steps, scale):
         src, (r0, r1) = expect
         got = (_empty_rows(q, r1 - r0, acc), (r0, r1))
         recvs.append((got[0], teams.rank(src), _TAG_PART))
-    _wait(_p2p(g, sends, recvs))
+    wait_all(p2p(g, sends, recvs))
     if got is not None:
         dq[:, got[1][0]:got[1][1]] += got[0]
     if N > 1:  # the last round's holder sent this rank's own block home
-        _wait(dkv_reqs)
+        wait_all(dkv_reqs)
         dk_own += dkv_in[0]
         dv_own += dkv_in[1]
     return dq.to(q.dtype), dk_own.to(k.dtype), dv_own.to(v.dtype)

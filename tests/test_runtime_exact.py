@@ -24,6 +24,7 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import TOKEN_LAYOUTS, Layout, ring_tokens, sp_tokens
 from sp_plan.runtime.attention import attention
 from sp_plan.runtime.ring import ring_attention
+from exact import assemble
 from sp_plan.runtime.spawn import WorldError, run_world
 from sp_plan.runtime.ulysses import ulysses_attention
 
@@ -148,15 +149,8 @@ def world_results(world: int) -> dict[str, tuple]:
     out = {}
     for i, case in enumerate(todo):
         q, k, v, dout = _inputs(case)
-        full = [torch.zeros_like(x) for x in (q, q, k, v)]
-        seen = np.zeros(SEQ, dtype=int)
-        for rank in range(world):
-            tok, *vals = per_rank[rank][i]
-            seen[tok] += 1
-            for dst, val in zip(full, vals):
-                dst[:, torch.as_tensor(tok)] = val.to(torch.float64)
-        assert (seen == 1).all(), f"{case.id}: ranks do not hold every token exactly once"
-        out[case.id] = full
+        pieces = [(per_rank[rank][i][0], per_rank[rank][i][1:]) for rank in range(world)]
+        out[case.id] = assemble([q, q, k, v], pieces, SEQ, case.id)
     return out
 
 

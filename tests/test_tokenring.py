@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from exact import assemble
 from sp_plan.planner.algorithms import ALGORITHMS, load_all
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import TOKEN_LAYOUTS, ring_tokens
@@ -102,14 +103,8 @@ def world_results(world: int) -> dict[str, list]:
     out = {}
     for i, case in enumerate(todo):
         q, k, v, _ = _inputs(case)
-        full = [torch.zeros_like(x) for x in (q, q, k, v)]
-        seen = np.zeros(SEQ, dtype=int)
-        for rank in range(world):
-            tok, *vals = per_rank[rank][i]
-            seen[tok] += 1
-            for dst, val in zip(full, vals):
-                dst[:, torch.as_tensor(tok)] = val.to(torch.float64)
-        assert (seen == 1).all()
+        pieces = [(per_rank[rank][i][0], per_rank[rank][i][1:]) for rank in range(world)]
+        full = assemble([q, q, k, v], pieces, SEQ, case.id)
         out[case.id] = full
     return out
 

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from exact import assemble
 from sp_plan.planner import Candidate, Estimator, Plan, PlanError, Workload
 from sp_plan.planner.algorithms import ALGORITHMS, variants
 from sp_plan.planner.engine import LinkEngine
@@ -439,17 +440,9 @@ def world_results(world: int) -> dict[str, list]:
         fulls = []
         for replica in range(case.dp):
             q, k, v, _ = _inputs(case, replica)
-            full = [torch.zeros_like(x) for x in (q, q, k, v)]
-            seen = np.zeros(SEQ, dtype=int)
-            for rank in range(world):
-                rep, tok, *vals = per_rank[rank][i]
-                if rep != replica:
-                    continue
-                seen[tok] += 1
-                for dst, val in zip(full, vals):
-                    dst[:, torch.as_tensor(tok)] = val.to(torch.float64)
-            assert (seen == 1).all(), f"{case.id}: ranks do not hold every token exactly once"
-            fulls.append(full)
+            pieces = [(per_rank[rank][i][1], per_rank[rank][i][2:]) for rank in range(world)
+                      if per_rank[rank][i][0] == replica]
+            fulls.append(assemble([q, q, k, v], pieces, SEQ, case.id))
         out[case.id] = fulls
     return out
 
