@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from itertools import permutations
 from typing import Callable, Iterator
 
-from .algorithms import algorithm_for, variants  # noqa: F401 (algorithm_for re-exported)
+from .algorithms import variants
 from .candidate import Candidate
 from .cluster import Cluster
 from .errors import PlanError

@@ -104,6 +104,7 @@ def test_bayes_search_from_the_cli(tmp_path):
     assert "bayes: 40 trials" in r.stdout and "winner's step:" in r.stdout
     g = run("plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "64k",
             "-o", str(tmp_path / "g.yaml"))
+    assert g.returncode == 0, g.stderr
     pb, pg = Plan.load(tmp_path / "b.yaml"), Plan.load(tmp_path / "g.yaml")
     assert pb.predicted.step_time_s == pytest.approx(pg.predicted.step_time_s, rel=0.01)
     bad = run("plan", "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "64k", "--search", "anneal")

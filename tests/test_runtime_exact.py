@@ -24,14 +24,12 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import TOKEN_LAYOUTS, Layout, ring_tokens, sp_tokens
 from sp_plan.runtime.attention import attention
 from sp_plan.runtime.ring import ring_attention
-from exact import assemble
+from exact import DTYPES, TOLERANCE, assemble, sdpa_reference
 from sp_plan.runtime.spawn import WorldError, run_world
 from sp_plan.runtime.ulysses import ulysses_attention
 
 BATCH, SEQ, HEADS, HEAD_DIM = 2, 64, 8, 8
 KV_HEADS = (8, 2, 1)
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
-TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 WORLDS = (1, 2, 4, 8)
 
 
@@ -158,10 +156,7 @@ def world_results(world: int) -> dict[str, tuple]:
 def reference(case: Case):
     """F.scaled_dot_product_attention on the full sequence in float64, with its gradients."""
     q, k, v, dout = _inputs(case)
-    qt, kt, vt = (x.transpose(1, 2).clone().requires_grad_() for x in (q, k, v))
-    out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=case.causal, enable_gqa=True)
-    out.backward(dout.transpose(1, 2))
-    return [x.transpose(1, 2) for x in (out.detach(), qt.grad, kt.grad, vt.grad)]
+    return sdpa_reference(q, k, v, dout, case.causal)
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.id)
@@ -257,8 +252,5 @@ def test_ulysses_gqa_kv_heads_that_split_neither_way():
     dout = torch.randn(1, 16, 12, 4, generator=g, dtype=torch.float64)
     res = run_world(_ulysses_uneven_kv, 4, q, k, v, dout, timeout=30)
     got = [torch.cat([r[i] for r in res], dim=1) for i in range(4)]
-    qt, kt, vt = (x.transpose(1, 2).clone().requires_grad_() for x in (q, k, v))
-    ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)
-    ref.backward(dout.transpose(1, 2))
-    for a, b in zip(got, (ref.detach(), qt.grad, kt.grad, vt.grad)):
-        assert (a - b.transpose(1, 2)).abs().max().item() < 1e-10
+    for a, b in zip(got, sdpa_reference(q, k, v, dout, causal=True)):
+        assert (a - b).abs().max().item() < 1e-10

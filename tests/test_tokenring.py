@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from exact import assemble
+from exact import DTYPES, TOLERANCE, assemble, sdpa_reference
 from sp_plan.planner.algorithms import ALGORITHMS, load_all
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import TOKEN_LAYOUTS, ring_tokens
@@ -27,8 +26,6 @@ from sp_plan.runtime.spawn import run_world
 
 BATCH, SEQ, HEADS, HEAD_DIM = 2, 64, 8, 8
 KV_HEADS = (8, 2, 1)
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
-TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 
 
 @dataclass(frozen=True)
@@ -112,10 +109,7 @@ def world_results(world: int) -> dict[str, list]:
 @lru_cache(maxsize=None)
 def reference(case: Case):
     q, k, v, dout = _inputs(case)
-    qt, kt, vt = (x.transpose(1, 2).clone().requires_grad_() for x in (q, k, v))
-    out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=case.causal, enable_gqa=True)
-    out.backward(dout.transpose(1, 2))
-    return [x.transpose(1, 2) for x in (out.detach(), qt.grad, kt.grad, vt.grad)]
+    return sdpa_reference(q, k, v, dout, case.causal)
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.id)
@@ -329,10 +323,7 @@ def test_plans_run_through_init_and_context_attention():
     res = run_world(_through_context, 8, plans, timeout=120)
     g = torch.Generator().manual_seed(4)
     q, k, v, dout = (torch.randn(2, 32, h, 8, generator=g, dtype=torch.float64) for h in (4, 2, 2, 4))
-    qt, kt, vt = (x.transpose(1, 2).clone().requires_grad_() for x in (q, k, v))
-    ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)
-    ref.backward(dout.transpose(1, 2))
-    refs = [x.transpose(1, 2) for x in (ref.detach(), qt.grad, kt.grad, vt.grad)]
+    refs = sdpa_reference(q, k, v, dout, causal=True)
     for rank_res in res:
         for per_plan in rank_res:
             for got, r in zip(per_plan, refs):

@@ -6,7 +6,8 @@ import pytest
 
 from sp_plan.planner import Estimator, Workload
 from sp_plan.planner.candidate import Candidate
-from sp_plan.planner.search import CHECKPOINTING, algorithm_for
+from sp_plan.planner.algorithms import algorithm_for
+from sp_plan.planner.search import CHECKPOINTING
 from sp_plan.profiles import load_cluster, load_model
 
 K = 1024

@@ -15,16 +15,15 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from exact import assemble
+from exact import DTYPES, TOLERANCE, assemble, sdpa_reference
 from sp_plan.planner import Candidate, Estimator, Plan, PlanError, Workload
 from sp_plan.planner.algorithms import ALGORITHMS, variants
 from sp_plan.planner.engine import LinkEngine
 from sp_plan.planner.estimate import Orders
-from sp_plan.planner.layout import (PLACEMENTS, TOKEN_LAYOUTS, Layout, busiest_team_block, causal_work, init_recv,
-                                    init_send, p2p_neighbours, ring_tokens, sub_ring_coords, sub_ring_positions,
-                                    team_coords, team_positions, team_tokens, wallfacer_pairs, wallfacer_round_work)
+from sp_plan.planner.layout import (PLACEMENTS, TOKEN_LAYOUTS, Layout, busiest_team_block, init_recv, init_send,
+                                    p2p_neighbours, sub_ring_positions, team_coords, team_positions, team_tokens,
+                                    wallfacer_pairs, wallfacer_round_work)
 from sp_plan.planner.memory import activation_bytes, layer_activation_bytes_per_token
 from sp_plan.planner.schedules import Comm, Compute, Shape, attention_flops, attention_steps
 from sp_plan.planner.search import Degrees, grid_search
@@ -334,8 +333,6 @@ def test_search_ranks_wallfacer_beside_ring():
 
 BATCH, SEQ, HEADS, HEAD_DIM = 2, 64, 8, 8
 KV_HEADS = (8, 2, 1)
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
-TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 
 
 @dataclass(frozen=True)
@@ -450,10 +447,7 @@ def world_results(world: int) -> dict[str, list]:
 @lru_cache(maxsize=None)
 def reference(case: Case, replica: int):
     q, k, v, dout = _inputs(case, replica)
-    qt, kt, vt = (x.transpose(1, 2).clone().requires_grad_() for x in (q, k, v))
-    out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=case.causal, enable_gqa=True)
-    out.backward(dout.transpose(1, 2))
-    return [x.transpose(1, 2) for x in (out.detach(), qt.grad, kt.grad, vt.grad)]
+    return sdpa_reference(q, k, v, dout, case.causal)
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.id)
