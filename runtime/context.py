@@ -48,7 +48,7 @@ class Context:
 
     def shard(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """This rank's tokens of a full-sequence tensor, in the plan's token layout (layout.tokens)."""
-        idx = torch.as_tensor(self.layout.tokens(self.rank, x.size(dim)), device=x.device)
+        idx = torch.tensor(self.layout.tokens(self.rank, x.size(dim)), device=x.device)
         return x.index_select(dim, idx)
 
     def gather(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
@@ -60,7 +60,7 @@ class Context:
         dist.all_gather(parts, x.contiguous(), group=self.group("sp"))
         by_group_rank = sorted(members)  # all_gather fills in group-rank order (sorted global ranks)
         ordered = torch.cat([parts[by_group_rank.index(m)] for m in members], dim=dim)
-        perm = torch.as_tensor(self.layout.sequence_permutation(ordered.size(dim)), device=x.device)
+        perm = torch.tensor(self.layout.sequence_permutation(ordered.size(dim)), device=x.device)
         out = torch.empty_like(ordered)
         out.index_copy_(dim, perm, ordered)
         return out
