@@ -181,6 +181,15 @@ def _empty_lse(like: torch.Tensor, n: int) -> torch.Tensor:
 
 # ---------------------------------------------------------------- forward
 
+def _outer_kv_shift(g, teams, cur_k: torch.Tensor, cur_v: torch.Tensor):
+    """Outer Ring of TokenRing x Ring: send this K, V block one team on, receive the previous team's."""
+    p, C = teams.ring.position, teams.team
+    kv_next = (torch.empty_like(cur_k), torch.empty_like(cur_v))
+    reqs = p2p(g, [(cur_k, teams.rank(p + C), _TAG_KV), (cur_v, teams.rank(p + C), _TAG_KV + 1)],
+               [(kv_next[0], teams.rank(p - C), _TAG_KV), (kv_next[1], teams.rank(p - C), _TAG_KV + 1)])
+    return kv_next, reqs
+
+
 def tokenring_forward(q, k, v, teams: Teams, steps, scale) -> tuple[torch.Tensor, torch.Tensor]:
     """TokenRing forward (Algorithm 1; hybrid: Sec. 3.3.3): Q one way, (block_out, block_lse) to their owners."""
     ring, C, N = teams.ring, teams.team, teams.nodes
@@ -212,11 +221,7 @@ def tokenring_forward(q, k, v, teams: Teams, steps, scale) -> tuple[torch.Tensor
             recvs += [(got[0], teams.rank(src), _TAG_PART), (got[1], teams.rank(src), _TAG_PART + 1)]
         reqs = p2p(g, sends, recvs)
         if s.i == 0 and s.j < N - 1:  # outer Ring: the K, V block for round j + 1
-            kv_next = (torch.empty_like(k), torch.empty_like(v))
-            kv_reqs = p2p(g, [(cur_k, teams.rank(ring.position + C), _TAG_KV),
-                               (cur_v, teams.rank(ring.position + C), _TAG_KV + 1)],
-                           [(kv_next[0], teams.rank(ring.position - C), _TAG_KV),
-                            (kv_next[1], teams.rank(ring.position - C), _TAG_KV + 1)])
+            kv_next, kv_reqs = _outer_kv_shift(g, teams, cur_k, cur_v)
         pending = None
         bm = s.mask
         if bm is not None:
@@ -297,12 +302,8 @@ def tokenring_backward(dout, q, k, v, out, lse, teams: Teams, steps, scale):
             got = (_empty_rows(q, r1 - r0, acc), (r0, r1))
             recvs.append((got[0], teams.rank(src), _TAG_PART))
         reqs = p2p(g, sends, recvs)
-        if s.i == 0 and s.j < N - 1:
-            kv_next = (torch.empty_like(k), torch.empty_like(v))
-            kv_reqs = p2p(g, [(cur_k, teams.rank(ring.position + C), _TAG_KV),
-                               (cur_v, teams.rank(ring.position + C), _TAG_KV + 1)],
-                           [(kv_next[0], teams.rank(ring.position - C), _TAG_KV),
-                            (kv_next[1], teams.rank(ring.position - C), _TAG_KV + 1)])
+        if s.i == 0 and s.j < N - 1:  # outer Ring: the K, V block for round j + 1
+            kv_next, kv_reqs = _outer_kv_shift(g, teams, cur_k, cur_v)
         pending = None
         bm = s.mask
         if bm is not None:
