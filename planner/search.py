@@ -91,23 +91,6 @@ class Space:
         opts = [b for b in divisors(per_dp) if not self.micro_batch_sizes or b in self.micro_batch_sizes]
         return opts or [1]
 
-    def candidates(self, d: Degrees) -> Iterator[Candidate]:
-        """Layouts of these degrees without a memory policy (ZeRO 0, no checkpointing, micro-batch 1)."""
-        for v in variants(d, self.model, self.work):
-            for tl in (v.layouts if v.layouts is not None else self.layouts(d)):
-                for order in self.orders(d):
-                    yield Candidate(v.algorithm, d.dp, d.pp, d.tp, d.ulysses, d.ring, order, tl, team=v.team,
-                                    placement=v.placement)
-
-    def __iter__(self) -> Iterator[Candidate]:
-        for d in self.degrees():
-            for c in self.candidates(d):
-                for z, ck, mbs in self.policies(d):
-                    yield c.with_memory(z, ck, mbs)
-
-    def size(self) -> int:
-        return sum(1 for _ in self)
-
 
 @dataclass
 class SearchResult:
