@@ -77,12 +77,12 @@ def _ranking(plans: list[Plan], title: str = "ranked layouts (fastest first)") -
     return t
 
 
-def _explain(p: Plan) -> str:
-    """The winner's step in a line: compute, exposed communication per dimension, pipeline bubble."""
+def _explain(p: Plan, label: str = "winner's step") -> str:
+    """A step in a line: compute, exposed communication per dimension, pipeline bubble."""
     parts = summarize(p)
     total = p.predicted.step_time_s
     items = sorted(parts.items(), key=lambda kv: -kv[1])
-    return "winner's step: " + ", ".join(f"{k} {secs(v)} ({v / total:.0%})" for k, v in items if v > 0)
+    return f"{label}: " + ", ".join(f"{k} {secs(v)} ({v / total:.0%})" for k, v in items if v > 0)
 
 
 def _breakdown(p: Plan) -> Table:
@@ -156,6 +156,47 @@ def plan_cmd(
     if output:
         plans[0].save(output)
         out.print(f"wrote {output}")
+
+
+@app.command()
+def estimate(
+    path: Path = typer.Argument(..., help="a plan file (written by `sp-plan plan -o` or by hand)"),
+    cluster: str = typer.Option(..., "--cluster", help="preset name or cluster YAML file to price the plan on"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a preset"),
+    model: Optional[str] = typer.Option(None, "--model", help="model preset or file (default: the plan's)"),
+    seq_len: Optional[str] = typer.Option(None, "--seq-len", help="tokens per sequence (default: the plan's)"),
+    batch: Optional[int] = typer.Option(None, "--batch", help="global batch (default: the plan's, else 1)"),
+    causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help="default: the plan's, else causal"),
+    inference: bool = typer.Option(False, "--inference", help="forward only"),
+) -> None:
+    """Price one plan on a cluster: step time, MFU, memory and the per-phase breakdown."""
+    from sp_plan.planner.estimate import estimate as price
+    from sp_plan.profiles import load_cluster, load_model
+
+    try:
+        p = Plan.load(path)
+        c = load_cluster(cluster, nodes)
+        if model is None and p.model is None:
+            raise PlanError("--model", f"{path} names no model", "pass --model NAME|FILE")
+        m = load_model(model) if model else p.model
+        base = p.workload
+        if seq_len is None and base is None:
+            raise PlanError("--seq-len", f"{path} names no workload", "pass --seq-len N")
+        w = Workload(seq_len=parse_seq_len(seq_len) if seq_len else base.seq_len,
+                     batch=batch or (base.batch if base else 1),
+                     causal=causal if causal is not None else (base.causal if base else True),
+                     training=not inference and (base.training if base else True))
+        pred = price(p, c, m, w)
+    except PlanError as e:
+        fail(e)
+    p = p.model_copy(update={"predicted": pred})
+    out.print(f"[bold]{p.summary()}[/] on {c.name} ({c.world_size} ranks), {m.name}, {w.seq_len:,} tokens x {w.batch}",
+              highlight=False)
+    out.print(f"step {secs(pred.step_time_s)}, {pred.tokens_per_s:,.0f} tokens/s, MFU {pred.mfu:.1%}, peak memory "
+              f"{gib(pred.peak_memory_bytes)} of {gib(pred.memory_capacity_bytes)}"
+              + ("" if pred.fits else "  [bold red]does not fit[/]"))
+    out.print(_explain(p, "step"))
+    out.print(_breakdown(p))
 
 
 @app.command()

@@ -109,3 +109,16 @@ def test_bayes_search_from_the_cli(tmp_path):
     assert pb.predicted.step_time_s == pytest.approx(pg.predicted.step_time_s, rel=0.01)
     bad = run("plan", "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "64k", "--search", "anneal")
     assert bad.returncode == 2 and "--search: unknown search 'anneal'" in bad.stderr
+
+
+def test_estimate_prices_a_hand_written_plan_and_refuses_another_world(tmp_path):
+    p = tmp_path / "mine.yaml"
+    Plan(algorithm="usp", degrees={"ulysses": 4, "ring": 2}, order=["ulysses", "ring"], token_layout="zigzag",
+         zero_stage=3).save(p)
+    r = run("estimate", str(p), "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "64k")
+    assert r.returncode == 0, r.stderr
+    assert "usp ulysses4 ring2 zigzag" in r.stdout and "MFU" in r.stdout and "breakdown" in r.stdout
+    r = run("estimate", str(p), "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "64k")
+    assert r.returncode == 2 and "degrees: the plan uses 8 ranks but the cluster has 16" in r.stderr
+    r = run("estimate", str(p), "--cluster", "dgx-h100")
+    assert r.returncode == 2 and "--model" in r.stderr
