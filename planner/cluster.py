@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -23,7 +22,6 @@ from .errors import PlanError
 from .yamlio import dump_data, load_yaml_model
 
 SCHEMA_VERSION = 1
-LINK_KINDS = ("nvlink", "nvswitch", "pcie", "hccs", "shm", "smp", "ib", "roce", "ethernet")
 NET = "net"
 
 
@@ -214,7 +212,3 @@ class Cluster(BaseModel):
     @classmethod
     def load(cls, path: str | Path) -> "Cluster":
         return load_yaml_model(cls, path, "cluster")
-
-    @cached_property
-    def _cache(self) -> dict:
-        return {}

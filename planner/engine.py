@@ -19,8 +19,6 @@ import networkx as nx
 
 from .cluster import NET, Cluster
 
-PATTERNS = ("shift", "shift_back", "shift_bi", "all_gather", "reduce_scatter", "all_reduce", "all_to_all")
-
 
 @dataclass(frozen=True)
 class GroupShape:
@@ -75,41 +73,20 @@ class StepCost:
         return self.steps * (nbytes * self.sec_per_byte + self.latency) if self.steps else 0.0
 
 
-def pattern_flows(pattern: str, n: int) -> tuple[int, list[tuple[int, int, float]]]:
-    """(steps, flows (src index, dst index, fraction of the per-rank volume) of one step) for a group of n.
-
-    Ring all-gather / reduce-scatter: n-1 steps of 1/n to the next rank; all-reduce: 2(n-1) such
-    steps (nccl-tests' bus-bandwidth model); all-to-all: 1/n to every other rank at once;
-    shift: the whole volume to the next rank; shift_bi: the whole volume each way.
-    """
-    if n <= 1:
-        return 0, []
-    nxt = [(i, (i + 1) % n, 1.0) for i in range(n)]
-    prv = [(i, (i - 1) % n, 1.0) for i in range(n)]
-    if pattern == "shift":
-        return 1, nxt
-    if pattern == "shift_back":
-        return 1, prv
-    if pattern == "shift_bi":
-        return 1, nxt + prv
-    if pattern in ("all_gather", "reduce_scatter"):
-        return n - 1, [(i, j, 1.0 / n) for i, j, _ in nxt]
-    if pattern == "all_reduce":
-        return 2 * (n - 1), [(i, j, 1.0 / n) for i, j, _ in nxt]
-    if pattern == "all_to_all":
-        return 1, [(i, j, 1.0 / n) for i in range(n) for j in range(n) if i != j]
-    raise ValueError(f"unknown pattern {pattern!r}")
-
-
 def pattern_steps(pattern: str, n: int) -> int:
-    """Sequential steps of a pattern on a group of n (see ``pattern_flows``)."""
+    """Sequential steps of a pattern on a group of n.
+
+    Ring all-gather / reduce-scatter: n-1 steps of 1/n to the next rank; all-reduce: 2(n-1) such steps
+    (nccl-tests' bus-bandwidth model); all-to-all: 1/n to every other rank at once; shift: the whole
+    volume to the next rank; shift_back: to the previous; shift_bi: the whole volume each way."""
     if n <= 1:
         return 0
     return {"all_gather": n - 1, "reduce_scatter": n - 1, "all_reduce": 2 * (n - 1)}.get(pattern, 1)
 
 
 def flows_touching(pattern: str, n: int, idx: list[int]) -> list[tuple[int, int, float]]:
-    """The flows of one step of ``pattern_flows`` that start or end at a group index in ``idx``."""
+    """The flows (src index, dst index, fraction of the per-rank volume) of one step of ``pattern`` (see
+    ``pattern_steps``) that start or end at a group index in ``idx``."""
     mine = set(idx)
     if pattern == "all_to_all":
         out = [(i, j, 1.0 / n) for i in idx for j in range(n) if j != i]
@@ -223,5 +200,5 @@ class LinkEngine:
         return self._cost(pattern, self.canonical(shape))
 
     def time(self, pattern: str, shape: GroupShape, nbytes: float) -> float:
-        """Seconds for a phase that moves ``nbytes`` per rank (see ``pattern_flows``) on every group of ``shape``."""
+        """Seconds for a phase that moves ``nbytes`` per rank (see ``pattern_steps``) on every group of ``shape``."""
         return self._cost(pattern, shape).time(nbytes)

@@ -21,7 +21,7 @@ from .layout import chunks_needed, sub_ring_positions, team_positions
 from .memory import activation_bytes, attention_buffer_bytes, weight_bytes
 from .model import ModelSpec, Workload
 from .algorithms import ALGORITHMS, load_all
-from .plan import PhaseCost, Plan, Prediction
+from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction
 from .schedules import (Comm, Compute, Shape, Step, attention_steps, grad_sync, head_steps, layer_schedule,
                         pipeline_p2p, shard_params)
 
@@ -216,7 +216,7 @@ class Estimator:
         if m.layers % cand.pp:
             raise PlanError("degrees.pp", f"pp {cand.pp} does not divide the {m.layers} layers",
                             "choose a pipeline degree that divides the layers")
-        if cand.team != 1 and cand.algorithm not in ("wallfacer", "tokenring_ring"):
+        if cand.team != 1 and cand.algorithm not in TEAM_ALGORITHMS:
             raise PlanError("degrees.team", f"team > 1 belongs to WallFacer (and tokenring_ring), not {cand.algorithm}",
                             "set team to 1")
         need = chunks_needed(cand.token_layout, cand.ring, cand.ulysses) * cand.tp

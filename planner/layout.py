@@ -77,17 +77,6 @@ def coords(rank: int, degrees: dict[str, int], order: list[str]) -> dict[str, in
     return out
 
 
-@lru_cache(maxsize=4096)
-def _groups(size: int, stride: int, world: int) -> tuple[tuple[int, ...], ...]:
-    bases = [r for r in range(world) if (r // stride) % size == 0]
-    return tuple(tuple(b + i * stride for i in range(size)) for b in bases)
-
-
-def dim_groups(size: int, stride: int, world: int) -> tuple[tuple[int, ...], ...]:
-    """All groups of one mesh dimension of ``size`` ranks spaced ``stride`` apart in ``world``."""
-    return _groups(size, stride, world)
-
-
 def group_ranks(names: str | tuple[str, ...], degrees: dict[str, int], order: list[str]) -> list[list[int]]:
     """Every group of one dimension, or of several merged (e.g. ("ulysses", "ring") = sequence group).
 

@@ -17,6 +17,8 @@ from .yamlio import dump_data, load_yaml_model
 
 PLAN_SCHEMA_VERSION = 1
 ALGORITHMS = ("ring", "ulysses", "usp", "wallfacer", "tokenring", "tokenring_ring", "metp")
+#: algorithms that cut the ring into teams (degrees["team"])
+TEAM_ALGORITHMS = ("wallfacer", "tokenring_ring")
 CHECKPOINTING = ("none", "full", "attention_boundary")
 
 
@@ -81,7 +83,7 @@ class Plan(BaseModel):
             raise PlanError("degrees.ulysses", f"algorithm ring needs ulysses 1, got {u}", "use algorithm usp for ulysses x ring")
         if a == "ulysses" and r != 1:
             raise PlanError("degrees.ring", f"algorithm ulysses needs ring 1, got {r}", "use algorithm usp for ulysses x ring")
-        if self.degrees.get("team", 1) > 1 and a not in ("wallfacer", "tokenring_ring"):
+        if self.degrees.get("team", 1) > 1 and a not in TEAM_ALGORITHMS:
             raise PlanError("degrees.team", f"team {self.degrees['team']} is WallFacer's; {a} has no teams", "set team to 1")
         if a == "ulysses" and self.token_layout != "contiguous":
             raise PlanError("token_layout", "ulysses attends the whole sequence after its all-to-all",

@@ -6,7 +6,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .topo import LEVEL_RANK
 
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
@@ -202,13 +201,6 @@ def read_cpu(root: str | Path = "/") -> SysCpu:
     nodes = root / "sys" / "devices" / "system" / "node"
     numa = len([p for p in nodes.glob("node[0-9]*")]) if nodes.is_dir() else 1
     return SysCpu(cores=max(1, cores), memory_bytes=mem or 4e9, numa_nodes=max(1, numa), notes=notes)
-
-
-def nearest(level_a: str | None, level_b: str | None) -> bool:
-    """True if PCIe level a is strictly nearer than b (None is farthest)."""
-    ra = LEVEL_RANK.get(level_a or "", 99)
-    rb = LEVEL_RANK.get(level_b or "", 99)
-    return ra < rb
 
 
 def _natural(name: str):

@@ -25,9 +25,6 @@ class TopoMatrix:
     cpu_affinity: dict[str, str] = field(default_factory=dict)
     numa: dict[str, int | None] = field(default_factory=dict)
 
-    def gpu_index(self, label: str) -> int:
-        return int(label[3:])
-
     def nvlinks(self, a: str, b: str) -> int:
         """Bonded NVLinks between two labels (0 if the cell is not NV#)."""
         m = _NV.match(self.cells.get((a, b), ""))
