@@ -187,6 +187,18 @@ class Cluster(BaseModel):
         text = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    def topology_fingerprint(self) -> str:
+        """Stable hash of what a profile is keyed by: device kinds, models and counts, the link graph (ends and
+        kinds), NIC rates and the network; not link capacities or latencies, which `profile links` calibrates."""
+        types = {}
+        for name, nt in self.node_types.items():
+            types[name] = {"devices": [[d.kind, d.model, d.memory_bytes] for d in nt.devices],
+                           "switches": [[s.name, s.kind, s.rate, s.network] for s in nt.switches],
+                           "links": sorted([l.src, l.dst, l.kind, l.bidirectional] for l in nt.links)}
+        text = json.dumps({"types": types, "nodes": self.nodes, "network": self.network}, sort_keys=True,
+                          separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
     # ---- graph
     def graph(self) -> nx.DiGraph:
         """The whole cluster as a networkx DiGraph (every node expanded; ``net`` is the fabric)."""

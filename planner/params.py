@@ -1,0 +1,79 @@
+"""The physical parameters the cost engine reads: one set, from a preset, from `sp-plan tune`, or imported.
+
+Defaults are neutral: ``Params()`` leaves every prediction exactly as the uncalibrated engine makes
+it (the device's datasheet efficiencies, link capacities as given, perfect overlap, no overheads).
+A profile (planner/profile.py) carries a fitted ``Params``; the engine never forks its cost code
+for calibration, it reads these fields (design.md, "Profile once per cluster").
+"""
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: pattern classes of the engine's communication patterns (engine.pattern_steps)
+PATTERN_CLASS = {"shift": "p2p", "shift_back": "p2p", "shift_bi": "p2p_bidir", "all_gather": "all_gather",
+                 "reduce_scatter": "reduce_scatter", "all_reduce": "all_reduce", "all_to_all": "all_to_all"}
+#: link classes: a phase whose most loaded link is inside a node, or one into the network fabric
+LINK_CLASSES = ("intra", "inter")
+
+
+class Curve(BaseModel):
+    """Efficiency (achieved / peak FLOP/s) against a size in tokens; log-linear between points, flat outside."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    points: tuple[tuple[float, float], ...] = Field(description="(size in tokens, efficiency), sizes increasing")
+
+    @field_validator("points")
+    @classmethod
+    def _sorted(cls, pts):
+        if not pts:
+            raise ValueError("a curve needs at least one point")
+        for x, y in pts:
+            if not (x > 0 and math.isfinite(x) and y > 0 and math.isfinite(y)):
+                raise ValueError(f"point ({x}, {y}): sizes and efficiencies must be positive and finite")
+        return tuple(sorted((float(x), float(y)) for x, y in pts))
+
+    def at(self, x: float) -> float:
+        """Efficiency at size ``x`` (log-linear interpolation in the size, clamped to the end points)."""
+        pts = self.points
+        if x <= pts[0][0]:
+            return pts[0][1]
+        if x >= pts[-1][0]:
+            return pts[-1][1]
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+            if x <= x1:
+                f = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+                return y0 + f * (y1 - y0)
+        return pts[-1][1]  # pragma: no cover
+
+
+class CommFit(BaseModel):
+    """A collective kind on a link class: fixed seconds per step and achieved / modelled bandwidth."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    alpha_s: float = Field(default=0.0, ge=0)
+    efficiency: float = Field(default=1.0, gt=0)
+
+
+class Params(BaseModel):
+    """Everything calibration may change in the cost model (neutral defaults: the uncalibrated engine)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    attention_fwd: Curve | None = Field(default=None, description="attention block forward efficiency by block length "
+                                        "(None: the device's attn_efficiency / attn_half_block curve)")
+    attention_bwd: Curve | None = Field(default=None, description="attention block backward efficiency by block length")
+    matmul: Curve | None = Field(default=None, description="GEMM efficiency by rows (tokens) of the GEMM "
+                                 "(None: the device's matmul_efficiency)")
+    comm: dict[str, CommFit] = Field(default_factory=dict, description='key "PATTERN_CLASS/LINK_CLASS", e.g. "all_to_all/intra"')
+    overlap: float = Field(default=1.0, ge=0, le=1, description="fraction of min(compute, comm) a double-buffered step hides")
+    round_overhead_s: float = Field(default=0.0, ge=0, description="fixed seconds per attention block call (launch, merge, sync)")
+    memory_overhead_bytes: float = Field(default=0.0, description="framework bytes per rank beyond the modelled parts")
+    activation_factor: float = Field(default=1.0, gt=0, description="measured / modelled activation bytes")
+
+    def comm_fit(self, pattern: str, link_class: str) -> CommFit | None:
+        """The fit for an engine pattern on a link class, or None (uncalibrated)."""
+        return self.comm.get(f"{PATTERN_CLASS.get(pattern, pattern)}/{link_class}")
+
+    def is_default(self) -> bool:
+        return self == Params()

@@ -1,0 +1,74 @@
+"""Profile: what `sp-plan tune` learned about one cluster and software stack (the file and store document).
+
+A profile describes the cluster, not one workload: fitted ``Params`` (planner/params.py) plus the
+measurements they came from and how well the model predicted them before and after. It is keyed by
+the cluster's topology fingerprint (``Cluster.topology_fingerprint``: device kinds and counts, link
+graph, NIC rates; not the calibrated capacities) and the software stack.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .params import Params
+from .yamlio import dump_data, load_yaml_model
+
+PROFILE_SCHEMA_VERSION = 1
+#: stack fields that must agree for a profile to apply (software_stack() in runtime/stack.py fills them)
+STACK_KEYS = ("torch", "cuda", "cudnn", "nccl", "attention_backend")
+
+
+class MeasuredCandidate(BaseModel):
+    """One candidate tune ran: its plan, what the model said before and after calibration, what ran."""
+
+    model_config = ConfigDict(extra="forbid")
+    summary: str
+    plan: dict = Field(description="the Plan document (algorithm, degrees, order, ...)")
+    model: str = ""
+    seq_len: int = 0
+    batch: int = 1
+    status: Literal["ok", "oom", "error", "timeout", "dead_rank"] = "ok"
+    reason: str = ""
+    rank: int | None = None
+    predicted_before_s: float | None = None
+    predicted_after_s: float | None = None
+    measured_s: float | None = None
+    predicted_memory_before: float | None = None
+    predicted_memory_after: float | None = None
+    measured_memory: float | None = None
+    detail: dict = {}
+
+
+class Profile(BaseModel):
+    """A calibrated parameter set for one cluster and software stack, with its evidence."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = PROFILE_SCHEMA_VERSION
+    id: str | None = None
+    cluster: str = ""
+    cluster_fingerprint: str
+    stack: dict[str, str] = {}
+    created_at: str = ""
+    params: Params = Params()
+    fitted: list[str] = Field(default_factory=list, description="which parameters were fitted, in words")
+    workloads: list[dict] = Field(default_factory=list, description="model and workload each tune ran")
+    candidates: list[MeasuredCandidate] = []
+    loo_error_before: float | None = None
+    loo_error_after: float | None = None
+    measurements: dict = Field(default_factory=dict, description="raw link and kernel samples")
+
+    def save(self, path: str | Path) -> None:
+        dump_data(self.model_dump(mode="json", exclude_none=True), path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Profile":
+        return load_yaml_model(cls, path, "profile")
+
+    def line(self) -> str:
+        """One line for `plan`: id, when tuned, candidates measured, leave-one-out error."""
+        ok = sum(1 for c in self.candidates if c.status == "ok")
+        loo = f"{self.loo_error_after:.1%}" if self.loo_error_after is not None else "n/a"
+        return (f"profile {self.id or '(file)'} tuned {self.created_at or '?'}, {ok} candidate(s) measured, "
+                f"leave-one-out error {loo}")
