@@ -7,6 +7,7 @@ graph, NIC rates; not the calibrated capacities) and the software stack.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -20,12 +21,31 @@ PROFILE_SCHEMA_VERSION = 1
 STACK_KEYS = ("torch", "cuda", "cudnn", "nccl", "attention_backend")
 
 
+@dataclass
+class KernelSample:
+    """One timed local kernel (tune's kernel step): attention block forward/backward or a GEMM.
+
+    flops: attention forward 4 b s^2 h d (halved when causal), backward 2.5x that; GEMM 2 m n k.
+    Efficiency = flops / (seconds x the device's peak FLOP/s for the model's dtype)."""
+
+    kind: Literal["attention_fwd", "attention_bwd", "matmul"]
+    size: int  # attention: block length (query block = key block); matmul: rows (tokens)
+    heads: int
+    head_dim: int
+    causal: bool
+    flops: float
+    seconds: float
+    dtype: str = "float32"
+    batch: int = 1
+    backend: str = ""
+
+
 class MeasuredCandidate(BaseModel):
     """One candidate tune ran: its plan, what the model said before and after calibration, what ran."""
 
     model_config = ConfigDict(extra="forbid")
     summary: str
-    plan: dict = Field(description="the Plan document (algorithm, degrees, order, ...)")
+    plan: dict = Field(description="the whole Plan document (with model and workload) that ran")
     model: str = ""
     seq_len: int = 0
     batch: int = 1
