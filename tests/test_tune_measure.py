@@ -123,12 +123,12 @@ def _candidates(rank, world, plans, limit):
     return out
 
 
-def _check_ok(res, plan):
+def _check_ok(res, plan, target=4, fallbacks=0):
     assert res.status == "ok", res.reason
     assert res.summary == plan.summary() and res.plan["model"]["name"] == "tiny" and res.plan["workload"]
     assert res.measured_s > 0 and res.measured_memory > 0
     d = res.detail
-    assert d["layers_measured"] == [1, 2] and d["layers_target"] == 4
+    assert d["layers_measured"] == [1, 2] and d["layers_target"] == target
     m1, m2 = d["measured"]["1"], d["measured"]["2"]
     assert m2["peak_bytes"] > m1["peak_bytes"] > 0  # a block adds weights, gradients, AdamW state
     for q in ("fwd_bwd_s", "optimizer_s", "peak_bytes"):
@@ -136,10 +136,12 @@ def _check_ok(res, plan):
         if not f["clamped"]:
             assert f["fixed"] + f["per_layer"] == pytest.approx(m1[q])
             assert f["fixed"] + 2 * f["per_layer"] == pytest.approx(m2[q])
-        assert f["value"] == pytest.approx(f["fixed"] + 4 * f["per_layer"])
-    assert res.measured_s == pytest.approx(d["fit"]["fwd_bwd_s"]["value"] + d["fit"]["optimizer_s"]["value"])
-    assert res.measured_memory == pytest.approx(d["fit"]["peak_bytes"]["value"]) and res.measured_memory > m2["peak_bytes"]
-    assert "PeakMemory" in d["memory_method"] and d["fallbacks"] == []
+        assert f["value"] == pytest.approx(f["fixed"] + target * f["per_layer"])
+    if plan.degrees["pp"] == 1:
+        assert res.measured_s == pytest.approx(d["fit"]["fwd_bwd_s"]["value"] + d["fit"]["optimizer_s"]["value"])
+        assert res.measured_memory == pytest.approx(d["fit"]["peak_bytes"]["value"])
+    assert res.measured_memory > m2["peak_bytes"] or target == 2
+    assert "PeakMemory" in d["memory_method"] and len(d["fallbacks"]) == fallbacks
 
 
 def test_run_candidate_two_ranks():
@@ -147,22 +149,38 @@ def test_run_candidate_two_ranks():
              Plan(algorithm="ulysses", degrees={"ulysses": 2}),
              Plan(algorithm="ring", degrees={"ring": 2}, zero_stage=3),
              Plan(algorithm="ring", degrees={"ring": 2}, checkpointing="full"),
-             Plan(algorithm="ulysses", degrees={"ulysses": 2}, checkpointing="attention_boundary", zero_stage=1)]
+             Plan(algorithm="ulysses", degrees={"ulysses": 2}, checkpointing="attention_boundary", zero_stage=1),
+             Plan(algorithm="metp", degrees={"tp": 2}, token_layout="zigzag")]
     results = run_world(_candidates, 2, plans, 1e5, timeout=120)
     assert results[0] == results[1]  # every rank returns the same result
     for res, plan in zip(results[0], plans):
         _check_ok(res, plan)
     assert "FSDP2" in results[0][2].detail["zero"] and "reshard_after_forward=True" in results[0][2].detail["zero"]
     assert "ZeroRedundancyOptimizer" in results[0][4].detail["zero"]
+    assert "METPAttention" in results[0][5].detail["metp"]
     oom = results[0][-1]
     assert oom.status == "oom" and "exceeds the device memory" in oom.reason
 
 
-def test_run_candidate_usp_four_ranks():
-    plan = Plan(algorithm="usp", degrees={"ulysses": 2, "ring": 2}, token_layout="zigzag")
-    res = run_world(lambda r, w: run_candidate(plan, MODEL, WORK, iters=1), 4, timeout=120)
+def _four(rank, world, plans):
+    return [run_candidate(p, MODEL, WORK, iters=1) for p in plans]
+
+
+def test_run_candidate_four_ranks_usp_pp_tp():
+    plans = [Plan(algorithm="usp", degrees={"ulysses": 2, "ring": 2}, token_layout="zigzag"),
+             Plan(algorithm="ring", degrees={"ring": 2, "pp": 2}),
+             Plan(algorithm="ring", degrees={"ring": 2, "tp": 2}, zero_stage=3)]
+    res = run_world(_four, 4, plans, timeout=120)
     assert all(r == res[0] for r in res)
-    _check_ok(res[0], plan)
+    usp, pp, tp = res[0]
+    _check_ok(usp, plans[0])
+    _check_ok(pp, plans[1], target=2, fallbacks=1)  # pipeline composed, said in the fallbacks
+    d = pp.detail
+    m = d["micro_batches"]
+    assert pp.measured_s == pytest.approx((m + 2 - 1) * d["fit"]["fwd_bwd_s"]["value"] + d["fit"]["optimizer_s"]["value"])
+    assert "COMPOSED 1F1B" in d["pipeline"]
+    _check_ok(tp, plans[2])
+    assert "tensor.parallel" in tp.detail["tp"] and "FSDP2" in tp.detail["zero"]
 
 
 # ---------------------------------------------------------------- faults are results

@@ -24,6 +24,7 @@ from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import MeasuredCandidate
 from sp_plan.runtime import init
 
+from .metp_stack import build_metp, metp_tokens
 from .memory import CPU_METHOD, CUDA_METHOD, PeakMemory
 from .parallel import parallelize, replica_mesh
 from .stack import build_stack, random_batch, token_loss
@@ -31,10 +32,6 @@ from .timing import sync
 
 FAULTS = ("raise", "oom", "hang")
 QUANTITIES = ("fwd_bwd_s", "optimizer_s", "peak_bytes", "static_bytes")
-
-
-class Unsupported(RuntimeError):
-    """A plan this measurement cannot run (said in the result's reason)."""
 
 
 def parse_fault(fault: str | None) -> tuple[str | None, int]:
@@ -82,8 +79,14 @@ def _gather(obj) -> list:
 def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, device, dtype, fault, notes):
     """This rank's median fwd_bwd/optimizer seconds and memory for a stack of ``n_layers`` blocks."""
     d, rank = plan.degrees, dist.get_rank()
-    stack = build_stack(model, n_layers, plan.checkpointing, seed=n_layers, device=device, dtype=dtype)
-    par = parallelize(stack, plan, mesh)
+    if plan.algorithm == "metp":
+        par = build_metp(model, n_layers, plan, ctx, work.causal, seed=n_layers, device=device, dtype=dtype)
+        idx = metp_tokens(plan, ctx.ranks("tp"), rank, work.seq_len).to(device)
+        shard = lambda t: t.index_select(1, idx)  # noqa: E731
+    else:
+        par = parallelize(build_stack(model, n_layers, plan.checkpointing, seed=n_layers, device=device,
+                                      dtype=dtype), plan, mesh)
+        shard = lambda t: ctx.shard(t, dim=1)  # noqa: E731
     notes.update(par.notes)
     attend = lambda q, k, v: ctx.attention(q, k, v, causal=work.causal)  # noqa: E731
     m = max(work.batch // (d["dp"] * plan.micro_batch_size), 1)
@@ -93,7 +96,7 @@ def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, dev
     for j in range(m_run):
         x, y = random_batch(model, plan.micro_batch_size, work.seq_len, 1000 + 100 * dp_coord + j, device=device,
                             dtype=dtype)
-        data.append((ctx.shard(x, dim=1), ctx.shard(y, dim=1)))
+        data.append((shard(x), shard(y)))
 
     def step(first: bool):
         t0 = time.perf_counter()
@@ -157,9 +160,6 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
     """
     device = _device(device)
     plan.check_world(dist.get_world_size())
-    if plan.algorithm == "metp":
-        raise Unsupported("metp replaces the whole block (runtime/metp.py modules, own token sharding); "
-                          "tune's stack does not build it yet")
     ctx = init(plan, device_type=device.type)
     mesh = replica_mesh(plan, device.type)
     d = plan.degrees
@@ -176,6 +176,8 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
     fb, opt, peak, static = (fit[q][0] for q in QUANTITIES)
     m, p = per_rank[counts[0]]["micro_batches"], d["pp"]
     fallbacks = [v for v in notes.values() if "FALLBACK" in v]
+    if p > 1:
+        fallbacks.append(f"pp{p}: step composed from one stage (1F1B), not run as a pipeline")
     detail = {
         "device": str(device), "dtype": str(dtype).removeprefix("torch."), "world": dist.get_world_size(),
         "layers_measured": counts, "layers_target": target, "micro_batches": m,
