@@ -120,6 +120,8 @@ def test_stack_forward_equals_single_process():
 def _candidates(rank, world, plans, limit):
     out = [run_candidate(p, MODEL, WORK, iters=2) for p in plans]
     out.append(run_candidate(plans[0], MODEL, WORK, iters=1, memory_limit_bytes=limit))
+    two = Workload(seq_len=WORK.seq_len, batch=2)  # two micro-batches, gradients accumulated
+    out += [run_candidate(p, MODEL, two, iters=1) for p in (plans[0], plans[2])]
     return out
 
 
@@ -158,7 +160,9 @@ def test_run_candidate_two_ranks():
     assert "FSDP2" in results[0][2].detail["zero"] and "reshard_after_forward=True" in results[0][2].detail["zero"]
     assert "ZeroRedundancyOptimizer" in results[0][4].detail["zero"]
     assert "METPAttention" in results[0][5].detail["metp"]
-    oom = results[0][-1]
+    for acc in results[0][-2:]:
+        assert acc.status == "ok" and acc.detail["micro_batches_run"] == 2 and acc.measured_s > 0, acc.reason
+    oom = results[0][-3]
     assert oom.status == "oom" and "exceeds the device memory" in oom.reason
 
 

@@ -26,7 +26,7 @@ from sp_plan.runtime import init
 
 from .metp_stack import build_metp, metp_tokens
 from .memory import CPU_METHOD, CUDA_METHOD, PeakMemory
-from .parallel import parallelize, replica_mesh
+from .parallel import accumulate, parallelize, replica_mesh
 from .stack import build_stack, random_batch, token_loss
 from .timing import sync
 
@@ -103,7 +103,8 @@ def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, dev
         for j, (x, y) in enumerate(data):
             if first and j == 0:
                 inject(fault, rank)
-            token_loss(par.module(x, attend), y, model).backward()
+            with accumulate(par.module, j == len(data) - 1):
+                token_loss(par.module(x, attend), y, model).backward()
         par.sync_grads()
         sync(device)
         t1 = time.perf_counter()

@@ -10,6 +10,7 @@ says so.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -55,6 +56,19 @@ class Parallel:
     optimizer: torch.optim.Optimizer
     sync_grads: Callable[[], None]
     notes: dict = field(default_factory=dict)
+
+
+@contextmanager
+def accumulate(module: nn.Module, sync: bool):
+    """Gradient accumulation over micro-batches: DDP's no_sync / FSDP2's requires_gradient_sync unless ``sync``."""
+    if hasattr(module, "set_requires_gradient_sync"):  # FSDP2
+        module.set_requires_gradient_sync(sync)
+        yield
+    elif not sync and hasattr(module, "no_sync"):  # DDP
+        with module.no_sync():
+            yield
+    else:
+        yield
 
 
 def _manual_sync(params: list[nn.Parameter], group) -> Callable[[], None]:
