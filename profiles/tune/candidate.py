@@ -5,9 +5,10 @@ blocks, L = model.layers / pp (one pipeline stage). Each measured quantity q (fo
 seconds, optimizer seconds, peak bytes, bytes live before the step) is linear in the number of
 blocks: q(l) = fixed + l * per_layer, with per_layer = (q(L2) - q(L1)) / (L2 - L1) (clamped at 0
 against noise) and fixed = q(L1) - L1 * per_layer (embedding, head, loss, their optimizer state).
-The result is q(L). Step time: pp = 1: fwd_bwd(L) (all micro-batches of the step, run with
-gradient accumulation) + optimizer(L); pp > 1 (1F1B composed from one stage's micro-batch, the
-inter-stage sends not measured): (m + p - 1) x fwd_bwd_micro(L) + optimizer(L). Peak memory: peak(L),
+The result is q(L). fwd_bwd is per micro-batch (m = batch / (dp x micro_batch_size) of them per
+step). Step time: pp = 1: m x fwd_bwd(L) + optimizer(L) (all m micro-batches run, gradients
+accumulated); pp > 1 (1F1B composed from one stage's micro-batch, the inter-stage sends not
+measured): (m + p - 1) x fwd_bwd(L) + optimizer(L). Peak memory: peak(L),
 plus (min(p, m) - 1) x activations(L) for pp > 1 (1F1B keeps up to p micro-batches in flight on
 stage 0), activations = peak - live before the step. Every value is the max over ranks.
 """
@@ -77,7 +78,7 @@ def _gather(obj) -> list:
 
 
 def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, device, dtype, fault, notes):
-    """This rank's median fwd_bwd/optimizer seconds and memory for a stack of ``n_layers`` blocks."""
+    """This rank's median seconds (fwd_bwd per micro-batch, optimizer per step) and memory for ``n_layers`` blocks."""
     d, rank = plan.degrees, dist.get_rank()
     if plan.algorithm == "metp":
         par = build_metp(model, n_layers, plan, ctx, work.causal, seed=n_layers, device=device, dtype=dtype)
@@ -185,7 +186,7 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
         "micro_batches_run": per_rank[counts[0]]["micro_batches_run"], "warmup": warmup, "iters": iters,
         "measured": {str(n): worst[n] for n in counts},
         "fit": {q: {"value": v, "fixed": f, "per_layer": s, "clamped": c} for q, (v, f, s, c) in fit.items()},
-        "per_rank_step_s": [sum(r[n][q] for q in ("fwd_bwd_s", "optimizer_s")) for r in everyone for n in counts[-1:]],
+        "per_rank_fwd_bwd_s": [r[counts[-1]]["fwd_bwd_s"] for r in everyone],
         "memory_method": CUDA_METHOD if device.type == "cuda" else CPU_METHOD,
         "checkpointing": plan.checkpointing, **notes, "fallbacks": fallbacks,
     }
@@ -197,7 +198,7 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
                               f"step = (m + p - 1) x fwd_bwd + optimizer = ({m} + {p} - 1) x {fb:.4g} + {opt:.4g} s; "
                               f"memory = peak + (min(p, m) - 1) x activations; inter-stage sends not measured")
     else:
-        step, memory = fb + opt, peak
+        step, memory = m * fb + opt, peak
     return {"measured_s": step, "measured_memory": memory, "detail": detail}
 
 

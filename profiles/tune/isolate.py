@@ -31,10 +31,16 @@ from sp_plan.planner.profile import MeasuredCandidate
 
 
 def free_port(addr: str) -> int:
-    """A TCP port free on ``addr`` now (the child's TCPStore binds it a moment later)."""
-    with socket.socket() as s:
-        s.bind((addr if addr not in ("localhost",) else "127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on ``addr`` now (the child's TCPStore binds it a moment later); any interface if
+    ``addr`` is not this host's."""
+    for host in (addr, ""):
+        try:
+            with socket.socket() as s:
+                s.bind((host, 0))
+                return s.getsockname()[1]
+        except OSError:
+            continue
+    raise OSError("no free TCP port")
 
 
 def forget_parent_world() -> None:

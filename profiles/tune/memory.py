@@ -40,7 +40,7 @@ class PeakMemory(TorchDispatchMode):
         self.live = 0
         self.peak = 0
         self._seen: dict[int, int] = {}  # id of a live storage -> bytes
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a finalizer may run while this thread holds it
 
     def _add(self, t: torch.Tensor) -> None:
         if t.device.type == "meta":
