@@ -1,4 +1,5 @@
 """tune's measurement side: kernel samples, the layer stack's sharding, run_candidate and its isolation."""
+import json
 import math
 
 import pytest
@@ -9,7 +10,7 @@ from sp_plan.planner import ModelSpec, Plan, Workload
 from sp_plan.profiles.tune import PeakMemory, kernel_shapes, measure_kernels, run_candidate, run_candidate_isolated
 from sp_plan.profiles.tune.candidate import extrapolate, layer_counts
 from sp_plan.profiles.tune.isolate import combine
-from sp_plan.profiles.tune.kernels import attention_flops
+from sp_plan.profiles.tune.kernels import attention_flops, token_rows
 from sp_plan.profiles.tune.parallel import parallelize, replica_mesh
 from sp_plan.profiles.tune.stack import build_stack, random_batch
 from sp_plan.runtime import init
@@ -55,6 +56,7 @@ def test_kernel_shapes_follow_the_schedules():
         assert kernel_shapes([plan], MODEL, w) == (blocks, heads), plan.summary()
     both = kernel_shapes([c[0] for c in cases[:2]], MODEL, w)
     assert both == ([128, 256, 512], [2, 4])
+    assert token_rows([c[0] for c in cases], w) == [128, 256]
 
 
 # ---------------------------------------------------------------- memory and extrapolation
@@ -122,6 +124,7 @@ def _candidates(rank, world, plans, limit):
     out.append(run_candidate(plans[0], MODEL, WORK, iters=1, memory_limit_bytes=limit))
     two = Workload(seq_len=WORK.seq_len, batch=2)  # two micro-batches, gradients accumulated
     out += [run_candidate(p, MODEL, two, iters=1) for p in (plans[0], plans[2])]
+    out.append(run_candidate(Plan(algorithm="ring", degrees={"ring": 4}), MODEL, WORK))  # wrong world: every rank fails
     return out
 
 
@@ -145,6 +148,7 @@ def _check_ok(res, plan, target=4, fallbacks=0):
         assert res.measured_memory == pytest.approx(d["fit"]["peak_bytes"]["value"])
     assert res.measured_memory > m2["peak_bytes"] or target == 2
     assert "PeakMemory" in d["memory_method"] and len(d["fallbacks"]) == fallbacks
+    json.dumps(res.model_dump(mode="json"))  # storable as is
 
 
 def test_run_candidate_two_ranks():
@@ -161,10 +165,12 @@ def test_run_candidate_two_ranks():
     assert "FSDP2" in results[0][2].detail["zero"] and "reshard_after_forward=True" in results[0][2].detail["zero"]
     assert "ZeroRedundancyOptimizer" in results[0][4].detail["zero"]
     assert "METPAttention" in results[0][5].detail["metp"]
-    for acc, plan in zip(results[0][-2:], (plans[0], plans[2])):
+    wrong = results[0][-1]
+    assert (wrong.status, wrong.rank) == ("error", 0) and "needs 4 ranks" in wrong.reason
+    for acc, plan in zip(results[0][-3:-1], (plans[0], plans[2])):
         assert acc.detail["micro_batches"] == acc.detail["micro_batches_run"] == 2
         _check_ok(acc, plan)
-    oom = results[0][-3]
+    oom = results[0][-4]
     assert oom.status == "oom" and "exceeds the device memory" in oom.reason
 
 

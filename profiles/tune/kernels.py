@@ -105,3 +105,12 @@ def kernel_shapes(plans: list[Plan], model: ModelSpec, work: Workload) -> tuple[
                         if p.token_layout == "zigzag":
                             blocks.add(max(1, int(round(ph.block / 2))))
     return sorted(blocks), sorted(heads)
+
+
+def token_rows(plans: list[Plan], work: Workload) -> list[int]:
+    """GEMM rows the candidates' linear layers run on: tokens per rank per micro-batch (mbs x seq / sp; METP: / tp)."""
+    rows = set()
+    for p in plans:
+        split = p.degrees["tp"] if p.algorithm == "metp" else p.sp
+        rows.add(max(1, p.micro_batch_size * work.seq_len // split))
+    return sorted(rows)
