@@ -263,9 +263,9 @@ class Store:
                          f"see the stored ids with `sp-plan profile list{'' if self.url == default_store_url() else ' --store ' + self.shown}`")
 
     def has_profile(self, id: str) -> bool:
-        """Whether a profile with this id (or unique id prefix) is stored."""
+        """Whether a profile with exactly this id is stored."""
         with self._tx() as conn:
-            return self._resolve_id(conn, id) is not None
+            return conn.execute(sa.select(profiles_t.c.id).where(profiles_t.c.id == id)).first() is not None
 
     def get_profile(self, id: str) -> Profile:
         """The stored profile with this id (or a unique prefix of at least 4 characters)."""
