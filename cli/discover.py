@@ -167,13 +167,13 @@ def links_cmd(
 
     rank, owned, db = 0, False, None
     try:
-        if os.environ.get("RANK", "0") == "0":  # rank 0 writes: a bad --store fails before any measuring
-            from sp_plan.profiles.store import Store  # noqa: PLC0415
-            db = Store(store)
         if not probe.under_torchrun() or int(os.environ.get("WORLD_SIZE", "1")) < 2:
             raise PlanError("profile links", "needs a torchrun world of at least 2 ranks",
                             "run `torchrun --nproc-per-node N $(which sp-plan) profile links`")
         size_list = parse_sizes(sizes or DEFAULT_SIZES["cuda" if probe.use_cuda() else "cpu"])
+        if os.environ.get("RANK", "0") == "0":  # rank 0 writes: a bad --store fails before any measuring
+            from sp_plan.profiles.store import Store  # noqa: PLC0415
+            db = Store(store)
         owned = probe.init_world(max(timeout, 60.0))
         rank = probe.dist.get_rank()
         hosts = probe.gather_hosts()

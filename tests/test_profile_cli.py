@@ -104,3 +104,30 @@ def test_subprocess(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert [l for l in r.stderr.splitlines() if l.strip()] == [
         f"error: profile: no profile 'nope' in store {store}; see the stored ids with `sp-plan profile list --store {store}`"]
+
+
+def test_profile_links_stores_its_fit(tmp_path, monkeypatch):
+    """`profile links` (probe faked: no torchrun world here) writes the cluster file and saves the fit in the store."""
+    from types import SimpleNamespace
+
+    from sp_plan.runtime import probe
+
+    cluster = load_cluster("dgx-h100", 1)
+    cluster.save(tmp_path / "c.yaml")
+    links = {"backend": "gloo", "device": "cpu", "world_size": 2, "nodes": 1, "applied": {}, "failed": [],
+             "classes": {"intra:nvswitch": {"ops": {"all_gather": {"group_size": 2, "alpha_s": 1e-5, "busbw": 1e9,
+                                                                   "peak_busbw": 1.2e9, "points": 4}}}}}
+    calibrated = cluster.model_copy(update={"calibration": {"links": links}})
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for name, fn in {"under_torchrun": lambda: True, "use_cuda": lambda: False, "init_world": lambda t: False,
+                     "gather_hosts": lambda: [], "check_world": lambda c, h: None, "finish": lambda owned: None,
+                     "profile_links": lambda c, h, s, t, cb=None: (calibrated, [])}.items():
+        monkeypatch.setattr(probe, name, fn)
+    monkeypatch.setattr(probe, "dist", SimpleNamespace(get_rank=lambda: 0, barrier=lambda: None))
+    store = f"sqlite:///{tmp_path}/store.db"
+    r = cli("profile", "links", "--cluster", tmp_path / "c.yaml", "-o", tmp_path / "cal.yaml", "--store", store)
+    assert r.exit_code == 0, r.output
+    assert "stored the link fit" in r.stdout and (tmp_path / "cal.yaml").exists()
+    assert Store(store).link_fit(cluster.topology_fingerprint()) == links
+    one_error_line(cli("profile", "links", "--cluster", tmp_path / "c.yaml", "--store", "nosuch://x"), "--store")
