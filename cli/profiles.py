@@ -84,10 +84,11 @@ def show_cmd(
         _fail(e)
     out.print(f"[bold]{escape(p.line())}[/]", highlight=False)
     out.print(f"cluster {escape(p.cluster or '-')}, fingerprint {p.cluster_fingerprint}, stack {escape(_stack(p.stack))}, "
-              f"leave-one-out error {_pct(p.loo_error_before)} before -> {_pct(p.loo_error_after)} after", highlight=False)
+              f"leave-one-out error {_pct(p.loo_error_before)} before -> {_pct(p.loo_error_after)} after", highlight=False,
+              soft_wrap=True)
     if p.workloads:
         out.print("workloads: " + escape("; ".join(", ".join(f"{k}={v}" for k, v in w.items()) for w in p.workloads)),
-                  highlight=False)
+                  highlight=False, soft_wrap=True)
     t = Table(title="parameters fitted")
     t.add_column("parameter")
     t.add_column("value")

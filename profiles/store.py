@@ -26,8 +26,8 @@ from sp_plan.planner.profile import STACK_KEYS, Profile
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 ENV_VAR = "SP_PLAN_STORE"
-STORE_FIX = ("pass --store URL (e.g. sqlite:////path/store.db or postgresql+psycopg://user@host/db) "
-             f"or set {ENV_VAR}; check the server is up and the directory exists and is writable")
+STORE_FIX = ("check that the database server is up and reachable (or the SQLite file's directory exists and is "
+             f"writable), or pass another --store URL / set {ENV_VAR}")
 
 _meta = sa.MetaData()
 profiles_t = sa.Table(
@@ -117,7 +117,14 @@ class Store:
             self._migrate()
         except PlanError:
             raise
-        except (sa_exc.SQLAlchemyError, ImportError, OSError, ValueError) as e:
+        except (sa_exc.ArgumentError, ValueError) as e:
+            raise PlanError("--store", f"cannot open store {self.shown} ({_first_line(e)})",
+                            "give a SQLAlchemy URL such as sqlite:////path/store.db or "
+                            "postgresql+psycopg://user@host/db") from None
+        except ImportError as e:
+            raise PlanError("--store", f"cannot open store {self.shown} (no database driver: {_first_line(e)})",
+                            "install it, for PostgreSQL: pip install 'sp-plan[postgres]'") from None
+        except (sa_exc.SQLAlchemyError, OSError) as e:
             raise PlanError("--store", f"cannot open store {self.shown} ({_first_line(e)})", STORE_FIX) from None
 
     # ---- opening
