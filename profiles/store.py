@@ -23,6 +23,7 @@ from sqlalchemy.dialects import postgresql as sa_pg, sqlite as sa_sqlite
 
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.profile import STACK_KEYS, Profile
+from sp_plan.planner.yamlio import model_from_data
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 ENV_VAR = "SP_PLAN_STORE"
@@ -265,6 +266,9 @@ class Store:
                 return ids[0]
         return None
 
+    def _profile(self, doc: dict) -> Profile:
+        return model_from_data(Profile, doc, "profile", f"store {self.shown}")
+
     def _unknown(self, id: str) -> PlanError:
         return PlanError("profile", f"no profile {id!r} in store {self.shown}",
                          f"see the stored ids with `sp-plan profile list{'' if self.url == default_store_url() else ' --store ' + self.shown}`")
@@ -281,7 +285,7 @@ class Store:
             doc = real and conn.execute(sa.select(profiles_t.c.document).where(profiles_t.c.id == real)).scalar()
         if doc is None:
             raise self._unknown(id)
-        return Profile.model_validate(doc)
+        return self._profile(doc)
 
     def list_profiles(self, fingerprint: str | None = None) -> list[Profile]:
         """Stored profiles, newest first, optionally only those of one topology fingerprint."""
@@ -290,7 +294,7 @@ class Store:
             q = q.where(profiles_t.c.fingerprint == fingerprint)
         with self._tx() as conn:
             docs = conn.execute(q).scalars().all()
-        return [Profile.model_validate(d) for d in docs]
+        return [self._profile(d) for d in docs]
 
     def latest_profile(self, fingerprint: str) -> Profile | None:
         """The newest profile of this topology fingerprint, or None."""
@@ -298,7 +302,7 @@ class Store:
              .order_by(profiles_t.c.created_at.desc(), profiles_t.c.stored_at.desc()).limit(1))
         with self._tx() as conn:
             doc = conn.execute(q).scalar()
-        return None if doc is None else Profile.model_validate(doc)
+        return None if doc is None else self._profile(doc)
 
     def delete_profile(self, id: str) -> None:
         """Remove a stored profile (PlanError if there is none with this id)."""

@@ -69,6 +69,8 @@ def test_profile_round_trip(url):
     st.save_profile(p)
     assert st.get_profile(pid).loo_error_after == 0.01 and len(st.list_profiles()) == 3
     st.delete_profile(pid)
+    with pytest.raises(PlanError):
+        st.get_profile(pid[:2])  # too short to be an id prefix
     assert st.latest_profile("f" * 16).id == old.id
     with pytest.raises(PlanError) as e:
         st.get_profile(pid)
@@ -107,11 +109,13 @@ def test_link_fits_and_runs(url):
 
 
 def test_newer_schema_refused(url):
-    Store(url).close()
+    st = Store(url)
+    assert st.healthy()
     eng = sa.create_engine(url)
     with eng.begin() as c:
         c.execute(sa.text("UPDATE alembic_version SET version_num = '9999_future'"))
     eng.dispose()
+    assert not st.healthy()
     with pytest.raises(PlanError) as e:
         Store(url)
     assert e.value.field == "--store" and "newer" in e.value.problem and "upgrade sp-plan" in e.value.fix
@@ -158,17 +162,20 @@ WRITER = """
 """
 
 
-def test_two_processes_write_at_once(tmp_path):
-    url = f"sqlite:///{tmp_path}/store.db"  # fresh file: both also race to create the schema
+def test_two_processes_write_at_once(url, tmp_path):
+    """Both start on an empty database, so they also race to create the schema."""
     n = 40
     procs = [_python(WRITER, url, tag, str(n)) for tag in ("a", "b")]
     outs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    assert all(len(o[0].split()) == 1 for o in outs)
     rids = {int(o[0]) for o in outs}
     assert len(rids) == 1  # both joined the same unfinished run
     st = Store(url)
     assert len(st.list_profiles("fpa")) == n and len(st.list_profiles("fpb")) == n
     assert len(st.steps(rids.pop())) == 2 * n
+    if not url.startswith("sqlite"):
+        return
     with sqlite3.connect(tmp_path / "store.db") as c:
         assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -282,3 +289,16 @@ def test_resolve_default_store_absent(cluster, monkeypatch, tmp_path):
     prof = make_profile(cluster.topology_fingerprint())
     Store().save_profile(prof)
     assert resolve_profile(None, cluster)[0] == prof
+
+
+def test_stored_document_that_does_not_validate(tmp_path):
+    url = f"sqlite:///{tmp_path}/s.db"
+    st = Store(url)
+    pid = st.save_profile(make_profile())
+    eng = sa.create_engine(url)
+    with eng.begin() as c:
+        c.execute(sa.text("UPDATE profiles SET document = :d"), {"d": '{"cluster_fingerprint": "x", "bogus": 1}'})
+    eng.dispose()
+    with pytest.raises(PlanError) as e:
+        st.get_profile(pid)
+    assert e.value.field == "profile.bogus" and "store" in e.value.problem
