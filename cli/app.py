@@ -225,7 +225,9 @@ def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan 
 
 
 from sp_plan.cli.discover import register as _register_discover
+from sp_plan.cli.tune import register as _register_tune
 _register_discover(app)
+_register_tune(app)
 
 
 def main() -> None:

@@ -51,6 +51,17 @@ class Prediction(BaseModel):
         return self.memory_capacity_bytes <= 0 or self.peak_memory_bytes <= self.memory_capacity_bytes
 
 
+class Measured(BaseModel):
+    """What `sp-plan tune` measured for a plan on the real cluster (beside the predictions)."""
+
+    model_config = ConfigDict(extra="forbid")
+    step_time_s: float
+    peak_memory_bytes: float
+    profile: str | None = Field(default=None, description="id of the profile whose tune measured it")
+    measured_at: str = ""
+    how: str = Field(default="", description="layers run and scaled, memory method, fallbacks")
+
+
 class Plan(BaseModel):
     """A sequence-parallel layout; see the README for the file format."""
 
@@ -70,6 +81,7 @@ class Plan(BaseModel):
     workload: Workload | None = None
     groups: dict[str, list[list[int]]] = {}
     predicted: Prediction | None = None
+    measured: Measured | None = None
 
     @model_validator(mode="after")
     def _check(self):
