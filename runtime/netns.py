@@ -68,9 +68,9 @@ def shaped_pair(rate_mbit: float):
             _sh("ip", "netns", "del", n)  # takes its end of the veth pair with it
 
 
-def launch(args: list[str], world: int, per_node: int, cwd, pair: Pair | None = None, timeout: float = 600,
-           module: str = "sp_plan.cli.app", env: dict | None = None) -> list[tuple[int, str]]:
-    """Run ``python -m module args`` on ``world`` ranks (``per_node`` per host, in ``pair``'s namespaces when
+def launch(argv: list[str], world: int, per_node: int, cwd, pair: Pair | None = None, timeout: float = 600,
+           env: dict | None = None) -> list[tuple[int, str]]:
+    """Run ``python *argv`` (e.g. ``["-m", "sp_plan.cli.app", "discover"]``) on ``world`` ranks (``per_node`` per host, in ``pair``'s namespaces when
     given, else on this host) with torchrun's variables; (exit code, output) of each rank."""
     port = str(29500 + int(uuid.uuid4().hex[:3], 16) % 2000)
     procs = []
@@ -79,7 +79,7 @@ def launch(args: list[str], world: int, per_node: int, cwd, pair: Pair | None = 
         e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_node),
                  LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(node), MASTER_PORT=port, OMP_NUM_THREADS="1",
                  MASTER_ADDR=ADDR[0] if pair else "127.0.0.1", **(env or {}))
-        cmd = [sys.executable, "-m", module, *args]
+        cmd = [sys.executable, *argv]
         if pair:
             e["GLOO_SOCKET_IFNAME"] = pair.devices[node]
             cmd = ["ip", "netns", "exec", pair.namespaces[node], *cmd]

@@ -33,7 +33,7 @@ def shaped_pair():
 
 def _run_world(pair, args: list[str], cwd, timeout: float = 150) -> list[str]:
     """Four ranks, two per namespace, with torchrun's variables; returns each rank's output."""
-    res = netns.launch(args, 4, 2, cwd, pair, timeout)
+    res = netns.launch(["-m", "sp_plan.cli.app", *args], 4, 2, cwd, pair, timeout)
     for rank, (code, o) in enumerate(res):
         assert code == 0, f"rank {rank} exited {code}:\n{o}"
     return [o for _, o in res]
