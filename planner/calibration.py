@@ -47,8 +47,9 @@ def resolve_params(cluster: Cluster, profile=None, store=None) -> tuple[Params, 
     else:
         prof, line = _resolve_without_store(profile, cluster)
     if prof is None:
-        return Params(), (line if line.startswith("not using") else f"not using a profile: {line}"), None
-    return prof.params, (line if line.startswith("using") else f"using {prof.line()}"), prof
+        why = line.removeprefix("profile: ")
+        return Params(), (why if why.startswith("not using") else f"not using a profile: {why}"), None
+    return prof.params, (line if line.startswith("using") else f"using {line}"), prof
 
 
 def _resolve_without_store(spec, cluster: Cluster) -> tuple[Profile | None, str]:
