@@ -82,6 +82,8 @@ class Plan(BaseModel):
     groups: dict[str, list[list[int]]] = {}
     predicted: Prediction | None = None
     measured: Measured | None = None
+    profile: str | None = Field(default=None, description="the calibration profile that priced the prediction: "
+                                "its id, or \"file\" for one without an id; absent: uncalibrated")
 
     @model_validator(mode="after")
     def _check(self):
