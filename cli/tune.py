@@ -152,6 +152,9 @@ def tune_cmd(
         before = "n/a" if p.loo_error_before is None else f"{p.loo_error_before:.1%}"
         after = "n/a" if p.loo_error_after is None else f"{p.loo_error_after:.1%}"
         out.print(f"leave-one-out step-time error: {before} uncalibrated -> {after} calibrated", highlight=False)
+        if p.loo_memory_error_after is not None:
+            out.print(f"leave-one-out peak-memory error: {p.loo_memory_error_before:.1%} uncalibrated -> "
+                      f"{p.loo_memory_error_after:.1%} calibrated", highlight=False)
         out.print("fitted: " + ("; ".join(p.fitted) or "nothing (no candidate ran)"), highlight=False)
         out.print(f"stopped: {report.stop_reason}", highlight=False)
         out.print(f"stored profile [bold]{p.id}[/] in {st.url}", highlight=False)

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from sp_plan.planner.calibration import comm_fits, fit, kernel_curves
+from sp_plan.planner.calibration import fit, measured_params
 from sp_plan.planner.candidate import Candidate
 from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.errors import PlanError
@@ -138,14 +138,13 @@ def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opt
 
 def base_params(cluster: Cluster, model: ModelSpec, kernels: list[dict], links: dict | None) -> tuple[Params, list[str]]:
     """Kernel curves and collective fits: the parameters measured directly, before any candidate runs."""
-    peak = cluster.device(0).peak_flops[model.dtype]
     samples = [KernelSample(**{k: v for k, v in s.items() if k != "rank"}) for s in kernels]
-    curves = kernel_curves(samples, peak) if samples else {}
-    comm = comm_fits(cluster, links) if links else {}
-    said = [f"{k} curve from {sum(1 for s in samples if s.kind == k)} kernel timings" for k in curves]
-    if comm:
-        said.append("collective efficiency and latency for " + ", ".join(sorted(comm)))
-    return Params(**curves, comm=comm), said
+    params = measured_params(cluster, model.dtype, samples, links)
+    said = [f"{k} curve from {sum(1 for s in samples if s.kind == k)} kernel timings"
+            for k in ("attention_fwd", "attention_bwd", "matmul") if getattr(params, k) is not None]
+    if params.comm:
+        said.append("collective efficiency and latency for " + ", ".join(sorted(params.comm)))
+    return params, said
 
 
 def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: TuneOptions | None = None,
@@ -290,6 +289,8 @@ def _profile(cluster, model, work, stack, base, said, result, measured, links, k
                    workloads=[{"model": model.name, **work.model_dump(mode="json")}], candidates=cands,
                    loo_error_before=result.loo_error_before if result else None,
                    loo_error_after=result.loo_error_after if result else None,
+                   loo_memory_error_before=result.memory_error_before if result else None,
+                   loo_memory_error_after=result.memory_error_after if result else None,
                    measurements={"links": links or {}, "kernels": kernels,
                                  "cluster_capacity_fingerprint": cluster.fingerprint()})
 
