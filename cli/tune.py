@@ -123,7 +123,7 @@ def tune_cmd(
     try:
         if rank == 0:
             out.print(f"[bold]tune[/] {c.name} ({c.world_size} ranks, topology {c.topology_fingerprint()}), {m.name}, "
-                      f"{w.seq_len:,} tokens x {w.batch}, {'training' if w.training else 'inference'}; store {st.url}",
+                      f"{w.seq_len:,} tokens x {w.batch}, {'training' if w.training else 'inference'}; store {st.shown}",
                       highlight=False)
             with Progress(TextColumn("{task.fields[step]:>10}"), BarColumn(), MofNCompleteColumn(),
                           TextColumn("{task.description}"), TimeElapsedColumn(), console=err) as prog:
@@ -157,7 +157,7 @@ def tune_cmd(
                       f"{p.loo_memory_error_after:.1%} calibrated", highlight=False)
         out.print("fitted: " + ("; ".join(p.fitted) or "nothing (no candidate ran)"), highlight=False)
         out.print(f"stopped: {report.stop_reason}", highlight=False)
-        out.print(f"stored profile [bold]{p.id}[/] in {st.url}", highlight=False)
+        out.print(f"stored profile [bold]{p.id}[/] in {st.shown}", highlight=False)
         if output and report.best is not None:
             report.best.save(output)
             out.print(f"wrote {output}: {report.best.summary()} measured {_secs(report.best.measured.step_time_s)}, "

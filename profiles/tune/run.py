@@ -10,8 +10,6 @@ result; the tune goes on (design.md, "Profile once per cluster").
 from __future__ import annotations
 
 import datetime
-import hashlib
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -29,6 +27,8 @@ from sp_plan.planner.params import Params
 from sp_plan.planner.plan import Measured, Plan
 from sp_plan.planner.profile import KernelSample, MeasuredCandidate, Profile
 from sp_plan.planner.search import grid_search
+
+from sp_plan.profiles.store import run_key
 
 from .choose import diversify, next_candidate, sigma_from
 from .software import software_stack
@@ -64,13 +64,6 @@ class TuneReport:
     reused: list[str]
     stop_reason: str
     run_id: int | None = None
-
-
-def run_key(fingerprint: str, stack: dict, model: ModelSpec, work: Workload) -> str:
-    """A tune's identity: the same cluster, stack, model and workload resume the same run."""
-    text = json.dumps({"fp": fingerprint, "stack": stack, "model": model.model_dump(mode="json"),
-                       "work": work.model_dump(mode="json")}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def _bcast(obj, rank: int):
@@ -161,7 +154,7 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
     dev = _device()
     stack = software_stack(dev.type)
     fp = cluster.topology_fingerprint()
-    key = run_key(fp, stack, model, work)
+    key = run_key(fp, stack, model, work, {"layers": opts.layers, "iters": opts.iters})
 
     # ---- resume: what the store already holds for this run (rank 0 reads, all learn)
     state = None
