@@ -38,6 +38,7 @@ class KernelSample:
     dtype: str = "float32"
     batch: int = 1
     backend: str = ""
+    gemm: tuple[int, int, int] | None = None  # matmul: (m, n, k) = (rows, output features, input features)
 
 
 class MeasuredCandidate(BaseModel):
