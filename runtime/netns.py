@@ -68,10 +68,11 @@ def shaped_pair(rate_mbit: float):
             _sh("ip", "netns", "del", n)  # takes its end of the veth pair with it
 
 
-def launch(argv: list[str], world: int, per_node: int, cwd, pair: Pair | None = None, timeout: float = 600,
-           env: dict | None = None) -> list[tuple[int, str]]:
-    """Run ``python *argv`` (e.g. ``["-m", "sp_plan.cli.app", "discover"]``) on ``world`` ranks (``per_node`` per host, in ``pair``'s namespaces when
-    given, else on this host) with torchrun's variables; (exit code, output) of each rank."""
+def start(argv: list[str], world: int, per_node: int, cwd, pair: Pair | None = None,
+          env: dict | None = None) -> list[subprocess.Popen]:
+    """Start ``python *argv`` (e.g. ``["-m", "sp_plan.cli.app", "discover"]``) on ``world`` ranks (``per_node`` per
+    host, in ``pair``'s namespaces when given, else on this host) with torchrun's variables; each rank in its own
+    process session (``os.killpg`` ends it with its children)."""
     port = str(29500 + int(uuid.uuid4().hex[:3], 16) % 2000)
     procs = []
     for rank in range(world):
@@ -83,7 +84,15 @@ def launch(argv: list[str], world: int, per_node: int, cwd, pair: Pair | None = 
         if pair:
             e["GLOO_SOCKET_IFNAME"] = pair.devices[node]
             cmd = ["ip", "netns", "exec", pair.namespaces[node], *cmd]
-        procs.append(subprocess.Popen(cmd, env=e, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(subprocess.Popen(cmd, env=e, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True))
+    return procs
+
+
+def launch(argv: list[str], world: int, per_node: int, cwd, pair: Pair | None = None, timeout: float = 600,
+           env: dict | None = None) -> list[tuple[int, str]]:
+    """``start`` the ranks and wait for them: (exit code, output) of each rank."""
+    procs = start(argv, world, per_node, cwd, pair, env)
     outs = []
     try:
         for p in procs:
@@ -91,6 +100,6 @@ def launch(argv: list[str], world: int, per_node: int, cwd, pair: Pair | None = 
     finally:
         for p in procs:
             if p.poll() is None:
-                p.kill()
+                os.killpg(p.pid, 9)
                 p.wait()
     return [(p.returncode, o) for p, o in zip(procs, outs)]

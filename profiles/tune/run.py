@@ -51,7 +51,8 @@ class TuneOptions:
     link_sizes: list[int] | None = None
     link_timeout: float = 60.0
     kernel_repeats: int = 3
-    faults: dict[str, str] = field(default_factory=dict)  # test hook: candidate summary -> fault to inject
+    #: test hook: candidate summary, or "#i" for the i-th candidate measured, -> fault ("raise", "oom", "hang", "@rank")
+    faults: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -238,7 +239,7 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
         tick("candidates", len(measured), opts.budget, f"{name} ({choice.why})")
         if rank == 0:
             store.record_step(run_id, f"candidate:{name}", "running", {"summary": name})
-        mc = run_candidate(plan, model, work, cluster, opts)
+        mc = run_candidate(plan, model, work, cluster, opts, opts.faults.get(name) or opts.faults.get(f"#{len(measured)}"))
         if rank == 0:
             store.record_step(run_id, f"candidate:{name}", "ok" if mc.status == "ok" else "failed",
                               mc.model_dump(mode="json"))
@@ -255,12 +256,12 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
     return TuneReport(profile, best_plan, resumed, reused, stop, run_id)
 
 
-def run_candidate(plan: Plan, model: ModelSpec, work: Workload, cluster: Cluster, opts: TuneOptions) -> MeasuredCandidate:
+def run_candidate(plan: Plan, model: ModelSpec, work: Workload, cluster: Cluster, opts: TuneOptions,
+                  fault: str | None = None) -> MeasuredCandidate:
     """One candidate on the running world, in a child world of its own (a hang or crash stays there)."""
-    from .candidate import run_candidate_isolated
+    from .isolate import run_candidate_isolated
 
     dev = _device()
-    fault = opts.faults.get(plan.summary())
     return run_candidate_isolated(plan, model, work, timeout_s=opts.candidate_timeout, layers=opts.layers,
                                   warmup=opts.warmup, iters=opts.iters, device=dev.type, dtype=_dtype(model, dev),
                                   memory_limit_bytes=cluster.device(0).memory_bytes, fault=fault)
