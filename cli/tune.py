@@ -96,12 +96,13 @@ def tune_cmd(
         m = load_model(model)
         w = Workload(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference)
         from sp_plan.cli.discover import parse_sizes
-        from sp_plan.profiles.tune.run import TuneOptions, tune
+        from sp_plan.profiles.tune.run import TuneOptions, check_world, tune
 
         opts = TuneOptions(budget=budget, max_minutes=max_minutes, candidate_timeout=candidate_timeout, pool=pool,
                            layers=layers, iters=iters, link_sizes=parse_sizes(link_sizes) if link_sizes else None)
         owned = _world()
         rank = probe.dist.get_rank()
+        check_world(c, probe.dist.get_world_size())
         problem = None
         if rank == 0:
             try:

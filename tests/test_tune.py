@@ -61,6 +61,8 @@ def test_tune_then_plan_uses_the_profile(tmp_path):
 def _tune_rank(rank, world, url, faults, budget, timeout):
     from sp_plan.profiles.tune.run import TuneOptions, tune
 
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      GROUP_RANK="0")  # what torchrun would set: the link step reads it
     cluster, model = load_cluster("cpu-local"), load_model("tiny-llama")
     work = Workload(seq_len=512, batch=1)
     opts = TuneOptions(budget=budget, candidate_timeout=timeout, iters=2, link_sizes=[16384], faults=faults)
@@ -75,7 +77,8 @@ def test_failing_candidates_are_recorded_and_the_tune_goes_on(tmp_path):
     cands, pid = out[0]
     assert all(o == out[0] for o in out), "every rank returns the same profile"
     statuses = [(s, r) for _, s, _, r in cands]
-    assert statuses[:3] == [("error", 1), ("oom", 2), ("timeout", 3)], cands
+    assert statuses[:2] == [("error", 1), ("oom", 2)], cands
+    assert statuses[2][0] == "timeout" and statuses[2][1] is not None, cands  # every rank waits on the hung one
     assert "injected" in cands[0][2] and cands[3][1] == "ok"
     prof = Store(url).get_profile(pid)
     assert [c.status for c in prof.candidates] == ["error", "oom", "timeout", "ok"]
@@ -115,7 +118,7 @@ def test_world_that_does_not_match_the_cluster_exits_2(tmp_path):
     res = netns.launch([*TUNE, "--budget", "1", "--store", f"sqlite:///{tmp_path / 's.db'}"], 2, 2, tmp_path,
                        timeout=120)
     assert all(code == 2 for code, _ in res), res
-    lines = [l for l in res[0][1].splitlines() if l.strip() and "torch" not in l]
+    lines = [l for l in res[0][1].splitlines() if l.strip()]
     assert len(lines) == 1 and "--cluster" in lines[0] and "4 devices" in lines[0] and "Traceback" not in res[0][1]
 
 

@@ -141,15 +141,20 @@ def base_params(cluster: Cluster, model: ModelSpec, kernels: list[dict], links: 
     return params, said
 
 
+def check_world(cluster: Cluster, world: int) -> None:
+    """The cluster file must describe the running world."""
+    if world != cluster.world_size:
+        raise PlanError("--cluster", f"the cluster file has {cluster.world_size} devices but the world has {world} ranks",
+                        f"launch {cluster.world_size} ranks (torchrun --nnodes/--nproc-per-node) or discover this world "
+                        "again with `sp-plan discover`")
+
+
 def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: TuneOptions | None = None,
          progress: Progress | None = None) -> TuneReport:
     """Profile this cluster on the running world (collective; ``store`` is used on rank 0 only)."""
     opts = opts or TuneOptions()
     rank, world = dist.get_rank(), dist.get_world_size()
-    if world != cluster.world_size:
-        raise PlanError("--cluster", f"the cluster file has {cluster.world_size} devices but the world has {world} ranks",
-                        f"launch {cluster.world_size} ranks (torchrun --nnodes/--nproc-per-node) or discover this world "
-                        "again with `sp-plan discover`")
+    check_world(cluster, world)
     tick = progress or (lambda *a: None)
     started = time.monotonic()
     dev = _device()
