@@ -78,6 +78,8 @@ class Profile(BaseModel):
     candidates: list[MeasuredCandidate] = []
     loo_error_before: float | None = None
     loo_error_after: float | None = None
+    loo_memory_error_before: float | None = None
+    loo_memory_error_after: float | None = None
     measurements: dict = Field(default_factory=dict, description="raw link and kernel samples")
 
     def save(self, path: str | Path) -> None:

@@ -15,12 +15,14 @@ from .model import ModelSpec, Workload
 
 @dataclass(frozen=True)
 class Compute:
-    """Per-rank compute: FLOPs and, for attention, the block length that sets its efficiency."""
+    """Per-rank compute: FLOPs and, for attention, the block length that sets its efficiency; for a GEMM the
+    rows (tokens) it runs on, which a calibrated matmul curve reads (0: unknown, the curve's largest size)."""
 
     name: str
     flops: float
     kind: str = "matmul"  # "matmul" or "attention"
     block: float = 0.0
+    rows: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,7 @@ def linear_steps(c: Shape, backward: bool) -> list[Step]:
     4 all-gathers + 4 reduce-scatters of bs L d per layer, forward and backward together)."""
     f = 2.0 * c.b * c.n_local * c.model.layer_params() / c.tp
     tag = "bwd" if backward else "fwd"
-    steps = [Step((Compute("linear " + tag, 2 * f if backward else f),))]
+    steps = [Step((Compute("linear " + tag, 2 * f if backward else f, rows=c.b * c.n_local),))]
     from .algorithms import ALGORITHMS
 
     if c.tp > 1 and ALGORITHMS[c.algorithm].tp_sp:
@@ -160,7 +162,7 @@ def layer_schedule(c: Shape, backward: bool, attention: bool = True) -> list[Ste
 def head_steps(c: Shape, training: bool) -> list[Step]:
     """Output projection (logits) on this rank's tokens, forward and, in training, backward."""
     f = 2.0 * c.b * c.n_local * c.model.hidden * c.model.vocab / c.tp
-    return [Step((Compute("lm head", 3 * f if training else f),))] if f else []
+    return [Step((Compute("lm head", 3 * f if training else f, rows=c.b * c.n_local),))] if f else []
 
 
 def pipeline_p2p(c: Shape, training: bool) -> list[Step]:

@@ -1,0 +1,141 @@
+"""`sp-plan tune` end to end on 4 CPU ranks: the command as a user runs it, faults, a SIGKILL and resume, bad input.
+
+Every world here is a real one: torchrun's variables on 4 processes (runtime/netns.py ``start``), or
+the shared gloo helper (runtime/spawn.py) for the in-process fault test.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sp_plan.planner.model import Workload
+from sp_plan.planner.plan import Plan
+from sp_plan.profiles import load_cluster, load_model
+from sp_plan.profiles.store import Store
+from sp_plan.runtime import netns
+from sp_plan.runtime.spawn import run_world
+
+TUNE = ["-m", "sp_plan.cli.app", "tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512",
+        "--link-sizes", "16K,64K", "--iters", "2", "--candidate-timeout", "120"]
+
+
+def _cli(*args, cwd=None, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sp_plan.cli.app", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout)
+
+
+def _ok(res) -> str:
+    for rank, (code, out) in enumerate(res):
+        assert code == 0, f"rank {rank} exited {code}:\n{out[-4000:]}"
+    return res[0][1]
+
+
+def test_tune_then_plan_uses_the_profile(tmp_path):
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    out = _ok(netns.launch([*TUNE, "--budget", "2", "--store", store, "-o", "plan.yaml"], 4, 4, tmp_path, timeout=400))
+    assert "measured candidates" in out and "leave-one-out step-time error" in out and "stored profile" in out
+    (prof,) = Store(store).list_profiles()
+    assert len(prof.candidates) == 2 and all(c.status == "ok" for c in prof.candidates)
+    for c in prof.candidates:  # the table's columns: predicted before and after, measured; time and memory
+        assert c.measured_s > 0 and c.measured_memory > 0 and c.predicted_before_s > 0 and c.predicted_after_s > 0
+    assert prof.params.attention_fwd is not None and prof.params.matmul is not None and prof.params.comm
+    assert prof.id in out and prof.loo_error_after is not None
+    best = Plan.load(tmp_path / "plan.yaml")
+    assert best.measured.step_time_s == min(c.measured_s for c in prof.candidates)
+    assert best.measured.profile == prof.id == best.profile and best.predicted.step_time_s > 0
+
+    # a fresh `sp-plan plan` on the same cluster says it uses the profile; --no-profile does not
+    args = ["plan", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512", "--store", store]
+    used = _cli(*args)
+    assert used.returncode == 0, used.stderr
+    assert f"using profile {prof.id}" in used.stdout
+    plain = _cli(*args, "--no-profile")
+    assert plain.returncode == 0 and f"using profile" not in plain.stdout and "--no-profile" in plain.stdout
+
+
+def _tune_rank(rank, world, url, faults, budget, timeout):
+    from sp_plan.profiles.tune.run import TuneOptions, tune
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      GROUP_RANK="0")  # what torchrun would set: the link step reads it
+    cluster, model = load_cluster("cpu-local"), load_model("tiny-llama")
+    work = Workload(seq_len=512, batch=1)
+    opts = TuneOptions(budget=budget, candidate_timeout=timeout, iters=2, link_sizes=[16384], faults=faults)
+    rep = tune(cluster, model, work, Store(url) if rank == 0 else None, opts)
+    return [(c.summary, c.status, c.reason, c.rank) for c in rep.profile.candidates], rep.profile.id
+
+
+def test_failing_candidates_are_recorded_and_the_tune_goes_on(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    faults = {"#0": "raise@1", "#1": "oom@2", "#2": "hang@3"}
+    out = run_world(_tune_rank, 4, url, faults, 4, 15.0, timeout=400)
+    cands, pid = out[0]
+    assert all(o == out[0] for o in out), "every rank returns the same profile"
+    statuses = [(s, r) for _, s, _, r in cands]
+    assert statuses[:2] == [("error", 1), ("oom", 2)], cands
+    assert statuses[2][0] == "timeout" and statuses[2][1] is not None, cands  # every rank waits on the hung one
+    assert "injected" in cands[0][2] and cands[3][1] == "ok"
+    prof = Store(url).get_profile(pid)
+    assert [c.status for c in prof.candidates] == ["error", "oom", "timeout", "ok"]
+
+
+def _steps(url: str) -> dict:
+    st = Store(url)
+    runs = st.runs()
+    return st.steps(runs[0]["id"]) if runs else {}
+
+
+def test_a_killed_tune_resumes_and_loses_at_most_the_candidate_in_flight(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    procs = netns.start([*TUNE, "--budget", "3", "--store", url], 4, 4, tmp_path)
+    done: dict = {}
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not done:
+            time.sleep(0.5)
+            done = {k: v for k, v in _steps(url).items() if k.startswith("candidate:") and v[0] == "ok"}
+            assert all(p.poll() is None for p in procs), "the tune ended before it could be killed"
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert done, "no candidate was measured in time"
+    out = _ok(netns.launch([*TUNE, "--budget", "3", "--store", url], 4, 4, tmp_path, timeout=400))
+    assert "resumed run" in out and "candidate(s)" in out.split("resumed run")[1].splitlines()[0]
+    (prof,) = Store(url).list_profiles()
+    assert len(prof.candidates) == 3
+    kept = {c.summary: c for c in prof.candidates}
+    for name, (_, payload) in done.items():  # measured before the kill: kept, not measured again
+        assert kept[payload["summary"]].measured_s == payload["measured_s"]
+
+
+def test_world_that_does_not_match_the_cluster_exits_2(tmp_path):
+    res = netns.launch([*TUNE, "--budget", "1", "--store", f"sqlite:///{tmp_path / 's.db'}"], 2, 2, tmp_path,
+                       timeout=120)
+    assert all(code == 2 for code, _ in res), res
+    lines = [l for l in res[0][1].splitlines() if l.strip()]
+    assert len(lines) == 1 and "--cluster" in lines[0] and "4 devices" in lines[0] and "Traceback" not in res[0][1]
+
+
+@pytest.mark.parametrize("url", ["nosuch://x", "postgresql+psycopg://u:p@127.0.0.1:1/db"])
+def test_bad_store_exits_2(tmp_path, url):
+    p = _cli("tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512", "--store", url, cwd=tmp_path)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "--store" in p.stderr and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_bad_budget_exits_2(tmp_path):
+    p = _cli("tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512", "--budget", "0", cwd=tmp_path)
+    assert p.returncode == 2 and "--budget" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_corrupted_profile_file_exits_2(tmp_path):
+    bad = tmp_path / "profile.yaml"
+    bad.write_text("cluster_fingerprint: [unclosed\n  params: 3")
+    p = _cli("plan", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512", "--profile", str(bad))
+    assert p.returncode == 2 and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
