@@ -109,11 +109,11 @@ def tune_cmd(
 
                 st = Store(store)
             except PlanError as e:
-                problem = str(e)
+                problem = (e.field, e.problem, e.fix)
         box = [problem]
         probe.dist.broadcast_object_list(box, src=0)
         if box[0]:
-            raise PlanError("--store", box[0].split(": ", 1)[-1], "pass a reachable SQLAlchemy URL with --store")
+            raise PlanError(*box[0])
         check_world(c, probe.dist.get_world_size())
     except PlanError as e:
         if rank == 0:
