@@ -114,6 +114,7 @@ class LinkEngine:
         self.multi_node = cluster.num_nodes > 1
         self._route = lru_cache(maxsize=None)(self._route_uncached)
         self._cost = lru_cache(maxsize=None)(self._cost_uncached)
+        self.evaluations = 0  # patterns x group shapes routed (each once: the cache above)
 
     # ---- routing (node-0 part of a path)
     def _path(self, a: str, b: str) -> list[str]:
@@ -154,6 +155,7 @@ class LinkEngine:
     # ---- pattern cost
     def _cost_uncached(self, pattern: str, shape: GroupShape) -> StepCost:
         """Ring collectives are n-1 (or 2(n-1)) steps of a 1/n shift: they reuse the shift's link loads."""
+        self.evaluations += 1
         n = shape.size
         steps = pattern_steps(pattern, n)
         if not steps:

@@ -41,6 +41,32 @@ class Priced:
 
 
 @dataclass
+class SearchStats:
+    """Work of one Estimator: schedules built and looked up, layer prices computed (per schedule shape and
+    mesh-order batch); the link engine counts its own evaluations (``LinkEngine.evaluations``)."""
+
+    schedules_built: int = 0
+    schedule_lookups: int = 0
+    prices_computed: int = 0
+
+
+def schedule_key(part: str, c: Shape) -> tuple:
+    """What a schedule part depends on: not dp (nor pp, except for the stage sends), so all data-parallel
+    and pipeline degrees share one schedule per (ring, team, placement, token layout, tp, ulysses, mbs)."""
+    return (part, c.algorithm, c.ulysses, c.ring, c.team, c.placement, c.token_layout, c.tp, c.mbs,
+            c.pp if part == "pp" else 1)
+
+
+SCHEDULE_PARTS = {
+    "fwd": lambda c, train: layer_schedule(c, backward=False),
+    "fwd-linear": lambda c, train: layer_schedule(c, backward=False, attention=False),
+    "bwd": lambda c, train: layer_schedule(c, backward=True),
+    "head": head_steps,
+    "pp": pipeline_p2p,
+}
+
+
+@dataclass
 class Evaluation:
     step_time_s: float
     memory: dict[str, float]
@@ -143,6 +169,39 @@ class Estimator:
         self.capacity = self.device.memory_bytes * MEMORY_HEADROOM
         self.fingerprint = cluster.fingerprint()
         self._memory: dict = {}
+        self.stats = SearchStats()
+        self._schedules: dict = {}  # schedule_key -> steps (params-independent)
+        self._prices: dict = {}  # (Orders, schedule_key, rows) -> Priced
+        self._busy: dict = {}  # schedule_key -> compute seconds of its steps
+
+    # ---- schedules and their prices, once per shape
+    def schedule(self, part: str, c: Shape) -> list[Step]:
+        """Steps of one schedule part (``SCHEDULE_PARTS``) of shape ``c``, built once per ``schedule_key``."""
+        key = schedule_key(part, c)
+        self.stats.schedule_lookups += 1
+        steps = self._schedules.get(key)
+        if steps is None:
+            steps = self._schedules[key] = SCHEDULE_PARTS[part](c, self.work.training)
+            self.stats.schedules_built += 1
+        return steps
+
+    def price_part(self, part: str, c: Shape, orders: Orders, rows: bool = False) -> Priced:
+        """``price`` of a schedule part under a batch of mesh orders, once per (orders, schedule shape)."""
+        key = (orders, schedule_key(part, c), rows)
+        priced = self._prices.get(key)
+        if priced is None:
+            priced = self._prices[key] = self.price(self.schedule(part, c), orders, rows=rows)
+            self.stats.prices_computed += 1
+        return priced
+
+    def busy(self, part: str, c: Shape) -> float:
+        """Compute seconds of a schedule part (no communication): the lower bound's building block."""
+        key = schedule_key(part, c)
+        t = self._busy.get(key)
+        if t is None:
+            t = self._busy[key] = sum(self.compute_time(p) * st.repeat for st in self.schedule(part, c)
+                                      for p in st.phases if isinstance(p, Compute))
+        return t
 
     # ---- phase costs
     def compute_time(self, p: Compute) -> float:
@@ -273,31 +332,26 @@ class Estimator:
         train = self.work.training
         out = np.empty((len(orders.orders), len(policies)))
         rows = None
-        priced: dict = {}
 
-        def get(tag, c, build):
-            key = (tag, c.mbs)
-            if key not in priced:
-                priced[key] = self.price(build(), orders, rows=detail)
-            return priced[key]
+        def get(part, c):
+            return self.price_part(part, c, orders, rows=detail)
 
         for j, (zero, ckpt, mbs) in enumerate(policies):
             c = self.shape(base, mbs)
             Lp, m, pp = c.layers_per_stage, c.micro_batches, base.pp
-            parts = [(get("fwd", c, lambda: layer_schedule(c, backward=False)), Lp, "")]
+            parts = [(get("fwd", c), Lp, "")]
             bwd_compute = 0.0
             if train:
                 if ckpt == "full":
                     parts.append((parts[0][0], Lp, "recompute "))
                 elif ckpt == "attention_boundary":
-                    parts.append((get("fwd-linear", c, lambda: layer_schedule(c, backward=False, attention=False)), Lp,
-                                  "recompute "))
-                bwd = get("bwd", c, lambda: layer_schedule(c, backward=True))
+                    parts.append((get("fwd-linear", c), Lp, "recompute "))
+                bwd = get("bwd", c)
                 parts.append((bwd, Lp, ""))
                 bwd_compute = bwd.compute * Lp * m
-            parts.append((get("head", c, lambda: head_steps(c, train)), 1, ""))
+            parts.append((get("head", c), 1, ""))
             if pp > 1:
-                parts.append((get("pp", c, lambda: pipeline_p2p(c, train)), 1, ""))
+                parts.append((get("pp", c), 1, ""))
             stage = sum(p.seconds * k for p, k, _ in parts)
             t = (m + pp - 1) * stage
             sync_rows = []
@@ -325,21 +379,20 @@ class Estimator:
         these policies: the pipeline of compute phases alone (communication only adds time)."""
         train = self.work.training
         best = float("inf")
-        busy = lambda steps: sum(self.compute_time(p) * st.repeat for st in steps  # noqa: E731
-                                 for p in st.phases if isinstance(p, Compute))
+        busy = self.busy
         seen: dict = {}
         for zero, ckpt, mbs in policies:
             c = self.shape(base, mbs)
             key = (ckpt, mbs)
             if key not in seen:
-                layer = busy(layer_schedule(c, backward=False))
+                layer = busy("fwd", c)
                 if train:
-                    layer += busy(layer_schedule(c, backward=True))
+                    layer += busy("bwd", c)
                     if ckpt == "full":
-                        layer += busy(layer_schedule(c, backward=False))
+                        layer += busy("fwd", c)
                     elif ckpt == "attention_boundary":
-                        layer += busy(layer_schedule(c, backward=False, attention=False))
-                stage = c.layers_per_stage * layer + busy(head_steps(c, train))
+                        layer += busy("fwd-linear", c)
+                stage = c.layers_per_stage * layer + busy("head", c)
                 seen[key] = (c.micro_batches + base.pp - 1) * stage
             best = min(best, seen[key])
         return best

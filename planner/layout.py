@@ -301,6 +301,30 @@ def round_work(token_layout: str, ring: int, seq_len: int, causal: bool) -> list
     return list(_round_work(token_layout, ring, seq_len))
 
 
+def _diagonal_pairs(token_layout: str, c: int) -> int:
+    """Causal pairs of a rank's own block of c tokens: c(c+1)/2, or zigzag's two halves h(h+1) + h^2."""
+    if token_layout == "zigzag":
+        h = c // 2
+        return h * (h + 1) + h * h
+    return c * (c + 1) // 2
+
+
+@lru_cache(maxsize=4096)
+def tokenring_step_work(token_layout: str, ring: int, seq_len: int, causal: bool) -> tuple[float, float]:
+    """Busiest rank's block fraction in TokenRing's first step and in every later one (seeds/001 Sec. 3.3).
+
+    Step 0 computes every rank's own (diagonal) block; in any later step some rank holds a Q block after
+    its K, V block: a whole block (contiguous), c(c+1)/2 of c^2 (striped, Striped Attention Sec. 3) or
+    exactly half (zigzag's equal halves); the same for every team size of TokenRing x Ring.
+    """
+    if not causal:
+        return 1.0, 1.0
+    c = seq_len // ring
+    diag = _diagonal_pairs(token_layout, c) / float(c * c)
+    later = {"contiguous": 1.0, "striped": diag, "zigzag": 0.5}[token_layout]
+    return diag, later
+
+
 # ---------------------------------------------------------------- WallFacer teams and sub-rings
 #
 # A ring of P positions holds P/C teams of C (t, member a). Teams t = g*P/C^2 + i form team group g;
@@ -393,12 +417,17 @@ def wallfacer_pairs(ring: int, team: int, placement: str | None, backward: bool 
     here stay, round r brings the Q of the sub-ring's (i - r)-th member, team g P/C^2 + (i - r).
     """
     tgs = team_group_size(ring, team)
+    p = np.arange(ring)
+    if _team_inner(placement):  # team_coords, vectorized
+        t, a = p // team, p % team
+    else:
+        a, t = p // (ring // team), p % (ring // team)
+    g, i = (t // tgs)[:, None], (t % tgs)[:, None]
+    j = (i - np.arange(tgs)[None, :]) % tgs
+    a = a[:, None]
     out = np.empty((ring, tgs, 2), dtype=np.int64)
-    for p in range(ring):
-        g, a, i = sub_ring_coords(ring, team, placement, p)
-        for r in range(tgs):
-            j = (i - r) % tgs
-            out[p, r] = (g * tgs + j, team * i + a) if backward else (g * tgs + i, team * j + a)
+    out[..., 0] = g * tgs + j if backward else g * tgs + i
+    out[..., 1] = team * i + a if backward else team * j + a
     out.flags.writeable = False
     return out
 
