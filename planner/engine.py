@@ -86,11 +86,16 @@ def pattern_steps(pattern: str, n: int) -> int:
 
 def flows_touching(pattern: str, n: int, idx: list[int]) -> list[tuple[int, int, float]]:
     """The flows (src index, dst index, fraction of the per-rank volume) of one step of ``pattern`` (see
-    ``pattern_steps``) that start or end at a group index in ``idx``."""
+    ``pattern_steps``) that start or end at a group index in ``idx`` (the indices of the group's members on
+    node 0). An all-to-all's flows to or from the members off node 0 share one node-0 route per local member
+    (``LinkEngine.route``), so they come as one flow of their summed fraction."""
     mine = set(idx)
     if pattern == "all_to_all":
-        out = [(i, j, 1.0 / n) for i in idx for j in range(n) if j != i]
-        out += [(j, i, 1.0 / n) for i in idx for j in range(n) if j not in mine]
+        out = [(i, j, 1.0 / n) for i in idx for j in idx if j != i]
+        far = next((j for j in range(n) if j not in mine), None)  # off node 0: every such flow takes one route
+        if far is not None:
+            rest = (n - len(mine)) / n
+            out += [(i, far, rest) for i in idx] + [(far, i, rest) for i in idx]
         return out
     frac = 1.0 if pattern.startswith("shift") else 1.0 / n
     pairs = set()

@@ -230,17 +230,27 @@ class Layout:
 
 # ---------------------------------------------------------------- causal work per ring round
 
-def _clamp_sum(t, n):
-    """sum_{x=1..t} min(max(x, 0), n), elementwise over numpy arrays."""
-    t = np.asarray(t, dtype=np.int64)
-    tri = t * (t + 1) // 2
-    return np.where(t <= 0, 0, np.where(t <= n, tri, n * (n + 1) // 2 + (t - n) * n))
+def _diagonal_pairs(token_layout: str, c: int) -> int:
+    """Causal pairs of a rank's own block of c tokens: c(c+1)/2, or zigzag's two halves h(h+1) + h^2."""
+    if token_layout == "zigzag":
+        h = c // 2
+        return h * (h + 1) + h * h
+    return c * (c + 1) // 2
 
 
-def _causal_pairs(q0, q1, k0, k1):
-    """Pairs (i in [q0, q1), j in [k0, k1)) with j <= i, for token ranges (closed form, elementwise)."""
-    n = k1 - k0
-    return _clamp_sum(q1 - k0, n) - _clamp_sum(q0 - k0, n)
+def block_pairs(token_layout: str, c: int) -> tuple[int, int, int]:
+    """Causal pairs of a c-token block against an earlier rank's block, its own, and a later rank's.
+
+    Contiguous: c^2, c(c+1)/2, 0. Striped (Striped Attention Sec. 3, token t on rank t mod P): c(c+1)/2 if
+    the K, V rank is not after the Q rank, else c(c-1)/2. Zigzag (chunks r and 2P-1-r of c/2): exactly
+    half, c^2/2, off the diagonal on either side, h(h+1) + h^2 on it.
+    """
+    diag = _diagonal_pairs(token_layout, c)
+    if token_layout == "striped":
+        return diag, diag, c * (c - 1) // 2
+    if token_layout == "zigzag":
+        return c * c // 2, diag, c * c // 2
+    return c * c, diag, 0
 
 
 @lru_cache(maxsize=1024)
@@ -248,23 +258,14 @@ def causal_work(token_layout: str, ring: int, seq_len: int) -> np.ndarray:
     """(ring, ring) fraction of a full block that rank r computes on rank j's K, V under a causal mask.
 
     Striped Attention Sec. 3: contiguous rings leave rank r idle on later ranks' blocks and busy
-    on earlier ones; striped and zigzag give every rank about half a block every round.
+    on earlier ones; striped and zigzag give every rank about half a block every round (``block_pairs``).
     """
     check_token_layout(token_layout)
     c = seq_len // ring
+    earlier, own, later = (x / float(c * c) for x in block_pairs(token_layout, c))
     r = np.arange(ring)[:, None]
     j = np.arange(ring)[None, :]
-    if token_layout == "striped":  # token t on rank t mod P: c(c+1)/2 interactions if j <= r, else c(c-1)/2
-        pairs = np.where(j <= r, c * (c + 1) // 2, c * (c - 1) // 2)
-    elif token_layout == "contiguous":
-        pairs = _causal_pairs(r * c, (r + 1) * c, j * c, (j + 1) * c)
-    else:  # zigzag: chunks r and 2P-1-r of size c/2
-        h = c // 2
-        qs = [(r * h, (r + 1) * h), ((2 * ring - 1 - r) * h, (2 * ring - r) * h)]
-        ks = [(j * h, (j + 1) * h), ((2 * ring - 1 - j) * h, (2 * ring - j) * h)]
-        pairs = sum(_causal_pairs(q0, q1, k0, k1) for q0, q1 in qs for k0, k1 in ks)
-    w = np.broadcast_to(pairs, (ring, ring)) / float(c * c)
-    w = np.array(w)
+    w = np.where(j < r, earlier, np.where(j == r, own, later))
     w.flags.writeable = False
     return w
 
@@ -299,14 +300,6 @@ def round_work(token_layout: str, ring: int, seq_len: int, causal: bool) -> list
     if not causal:
         return [1.0] * ring
     return list(_round_work(token_layout, ring, seq_len))
-
-
-def _diagonal_pairs(token_layout: str, c: int) -> int:
-    """Causal pairs of a rank's own block of c tokens: c(c+1)/2, or zigzag's two halves h(h+1) + h^2."""
-    if token_layout == "zigzag":
-        h = c // 2
-        return h * (h + 1) + h * h
-    return c * (c + 1) // 2
 
 
 @lru_cache(maxsize=4096)
@@ -457,17 +450,42 @@ def busiest_team_block(token_layout: str, ring: int, team: int, placement: str |
     return 1.0 if inner else (team + 1) / (2 * team)
 
 
+@lru_cache(maxsize=256)
+def team_work(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int) -> np.ndarray:
+    """(P/C, P/C) causal fraction of a (C N/P)^2 team block: the mean of ``causal_work`` over the members'
+    blocks (``team_positions``: members adjacent under collective_intra, P/C apart under p2p_intra)."""
+    cw = causal_work(token_layout, ring, seq_len)
+    T = ring // team
+    if _team_inner(placement):  # position t C + a
+        w = cw.reshape(T, team, T, team).mean(axis=(1, 3))
+    else:  # position a P/C + t
+        w = cw.reshape(team, T, team, T).mean(axis=(0, 2))
+    w.flags.writeable = False
+    return w
+
+
 @lru_cache(maxsize=1024)
 def _wallfacer_round_work(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int,
                           backward: bool) -> tuple[float, ...]:
     tgs = team_group_size(ring, team)
     if ring > 1024:
         return (busiest_team_block(token_layout, ring, team, placement, seq_len),) * tgs
-    cw = causal_work(token_layout, ring, seq_len)
-    pos = np.array(team_positions(ring, team, placement))
-    w = cw[pos[:, :, None, None], pos[None, None, :, :]].mean(axis=(1, 3))  # team-level (P/C, P/C)
+    w = team_work(token_layout, ring, team, placement, seq_len)
     pairs = wallfacer_pairs(ring, team, placement, backward)
     return tuple(float(x) for x in w[pairs[..., 0], pairs[..., 1]].max(axis=0))
+
+
+@lru_cache(maxsize=4096)
+def wallfacer_round_runs(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int,
+                         causal: bool, backward: bool = False) -> tuple[tuple[float, int], ...]:
+    """``wallfacer_round_work`` run-length encoded: ((fraction, rounds), ...) in round order."""
+    runs: list[list] = []
+    for f in wallfacer_round_work(token_layout, ring, team, placement, seq_len, causal, backward):
+        if runs and runs[-1][0] == f:
+            runs[-1][1] += 1
+        else:
+            runs.append([f, 1])
+    return tuple((f, k) for f, k in runs)
 
 
 def wallfacer_round_work(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int,

@@ -174,6 +174,7 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     groups.sort(key=lambda g: g[:2])
     ranked, evaluated, kth, batches = [], 0, float("inf"), {}
     best_of: dict[tuple, float] = {}  # best time per algorithm variant, so each variant's best is exact too
+    top: list[float] = []  # the K smallest times so far, negated (a max-heap): top[0] is minus the K-th best
     for i, (bound, _, base, orders, fitting) in enumerate(groups):
         vkey = variant_key(base)
         if keep and bound > kth and bound > best_of.get(vkey, float("inf")):
@@ -182,8 +183,14 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
         evaluated += len(orders) * len(fitting)
         ranked += priced
         best_of[vkey] = min(best_of.get(vkey, float("inf")), min(t for t, _ in priced))
-        if keep and len(ranked) >= keep:
-            kth = heapq.nsmallest(keep, (t for t, _ in ranked))[-1]
+        if keep:
+            for t, _ in priced:
+                if len(top) < keep:
+                    heapq.heappush(top, -t)
+                elif t < -top[0]:
+                    heapq.heapreplace(top, -t)
+            if len(top) == keep:
+                kth = -top[0]
         if progress:
             progress(i + 1, len(groups))
     if progress:

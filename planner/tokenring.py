@@ -55,21 +55,11 @@ def segments(n: int, cuts: tuple[int, ...]) -> list[tuple[int, int]]:
     return [(lo, hi - lo) for lo, hi in zip(bounds, bounds[1:])]
 
 
-def merge_steps(steps: list[Step]) -> list[Step]:
-    """Equal steps summed into one (a step's cost is additive over its repeats), in first-seen order."""
-    out: dict[tuple, Step] = {}
-    for st in steps:
-        key = (st.phases, st.overlap)
-        old = out.get(key)
-        out[key] = st if old is None else Step(st.phases, old.repeat + st.repeat, st.overlap)
-    return list(out.values())
-
-
 def tokenring_steps(c: Shape, backward: bool) -> list[Step]:
     """TokenRing (seeds/001 Alg. 1) and TokenRing x Ring (Sec. 3.3.3): Q one way, out + LSE the other, per step.
 
     Round j of N and step i of C fall into a few classes (j = 0, 1, 2..N-2, N-1; i = 0, 1, 2..C-2, C-1) with
-    the same phases, so the schedule has O(1) steps for any ring (``segments``)."""
+    the same phases, so the schedule has O(1) steps for any ring (``segments``); equal steps are summed."""
     P = c.ring
     C = c.team if c.algorithm == "tokenring_ring" else P
     N = P // C
@@ -79,28 +69,29 @@ def tokenring_steps(c: Shape, backward: bool) -> list[Step]:
     blk = attention_flops(c.n_ring, c.n_ring, c.heads_local, c.model.head_dim, c.b)
     qv, pv, kv, dkv = _volumes(c, backward)
     first, later = tokenring_step_work(c.token_layout, P, c.work.seq_len, c.work.causal)
-    steps = []
+    classes: dict[tuple, int] = {}  # (work, Q sent, partial sent, K, V across teams) -> steps of that kind
     for j, nj in segments(N, (1, 2, N - 1)):
         outer = (kv if j < N - 1 else 0.0) + (dkv if j >= 2 else 0.0)
         for i, ni in segments(C, (1, 2, C - 1)):
-            work = first if i == j == 0 else later
-            phases: list = [Compute(f"attention {tag}", mult * blk * work, "attention", c.n_ring)]
-            sends_q = i < C - 1
-            sends_part = C > 1 and (i >= 2 or (i == 0 and j >= 1))
-            if sends_q and sends_part:
-                phases.append(Comm(f"tokenring q <-> out,lse {tag}", "shift_bi", inner, max(qv, pv)))
-            elif sends_q:
-                phases.append(Comm(f"tokenring q {tag}", "shift_back", inner, qv))
-            elif sends_part:
-                phases.append(Comm(f"tokenring out,lse {tag}", "shift", inner, pv))
-            if outer:
-                phases.append(Comm(f"ring k,v across teams {tag}", "shift", ("team_ring",), outer / C))
-            steps.append(Step(tuple(phases), nj * ni, overlap=len(phases) > 1))
+            key = (first if i == j == 0 else later, i < C - 1, C > 1 and (i >= 2 or (i == 0 and j >= 1)), outer)
+            classes[key] = classes.get(key, 0) + nj * ni
+    steps = []
+    for (work, sends_q, sends_part, outer), n in classes.items():
+        phases: list = [Compute(f"attention {tag}", mult * blk * work, "attention", c.n_ring)]
+        if sends_q and sends_part:
+            phases.append(Comm(f"tokenring q <-> out,lse {tag}", "shift_bi", inner, max(qv, pv)))
+        elif sends_q:
+            phases.append(Comm(f"tokenring q {tag}", "shift_back", inner, qv))
+        elif sends_part:
+            phases.append(Comm(f"tokenring out,lse {tag}", "shift", inner, pv))
+        if outer:
+            phases.append(Comm(f"ring k,v across teams {tag}", "shift", ("team_ring",), outer / C))
+        steps.append(Step(tuple(phases), n, overlap=len(phases) > 1))
     if C > 1:
         steps.append(Step((Comm(f"tokenring out,lse {tag}", "shift", inner, pv),)))
     if backward and N > 1:
         steps.append(Step((Comm(f"ring k,v across teams {tag}", "shift", ("team_ring",), dkv),)))
-    return merge_steps(steps)
+    return steps
 
 
 def tokenring_buffers(c: Shape, training: bool) -> float:
