@@ -22,8 +22,8 @@ from .memory import activation_bytes, attention_buffer_bytes, weight_bytes
 from .model import ModelSpec, Workload
 from .algorithms import ALGORITHMS, load_all
 from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction
-from .schedules import (Comm, Compute, Shape, Step, attention_steps, grad_sync, head_steps, layer_schedule,
-                        pipeline_p2p, shard_params)
+from .schedules import (Comm, Compute, Shape, Step, attention_steps, balanced_attention, grad_sync, head_steps,
+                        layer_schedule, pipeline_p2p, shard_params)
 
 load_all()
 
@@ -61,6 +61,7 @@ SCHEDULE_PARTS = {
     "fwd": lambda c, train: layer_schedule(c, backward=False),
     "fwd-linear": lambda c, train: layer_schedule(c, backward=False, attention=False),
     "bwd": lambda c, train: layer_schedule(c, backward=True),
+    "bwd-linear": lambda c, train: layer_schedule(c, backward=True, attention=False),
     "head": head_steps,
     "pp": pipeline_p2p,
 }
@@ -173,6 +174,7 @@ class Estimator:
         self._schedules: dict = {}  # schedule_key -> steps (params-independent)
         self._prices: dict = {}  # (Orders, schedule_key, rows) -> Priced
         self._busy: dict = {}  # schedule_key -> compute seconds of its steps
+        self._shapes: dict = {}  # candidate sizes -> Shape
 
     # ---- schedules and their prices, once per shape
     def schedule(self, part: str, c: Shape) -> list[Step]:
@@ -321,8 +323,13 @@ class Estimator:
 
     # ---- the whole step
     def shape(self, cand: Candidate, mbs: int | None = None) -> Shape:
-        return Shape(self.model, self.work, cand.dp, cand.ulysses, cand.ring, cand.token_layout, cand.tp, cand.pp,
-                     mbs or cand.micro_batch_size, cand.algorithm, cand.team, cand.placement)
+        """The schedules' sizes of ``cand`` (with micro-batch ``mbs``), made once per distinct value."""
+        key = (cand.dp, cand.ulysses, cand.ring, cand.token_layout, cand.tp, cand.pp, mbs or cand.micro_batch_size,
+               cand.algorithm, cand.team, cand.placement)
+        c = self._shapes.get(key)
+        if c is None:
+            c = self._shapes[key] = Shape(self.model, self.work, *key)
+        return c
 
     def evaluate_orders(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
                         detail: bool = False) -> tuple[np.ndarray, list | None]:
@@ -395,6 +402,21 @@ class Estimator:
                 stage = c.layers_per_stage * layer + busy("head", c)
                 seen[key] = (c.micro_batches + base.pp - 1) * stage
             best = min(best, seen[key])
+        return best
+
+    def degrees_bound(self, probe: Candidate, micro_batch_sizes: list[int]) -> float:
+        """A lower bound on the step time of every algorithm variant, token layout, mesh order and memory
+        policy of ``probe``'s degrees: linear and head compute, and attention at its even share
+        (``balanced_attention``), pipelined without recomputation and without communication."""
+        train = self.work.training
+        best = float("inf")
+        for mbs in micro_batch_sizes:
+            c = self.shape(probe, mbs)
+            layer = self.busy("fwd-linear", c) + self.compute_time(balanced_attention(c, False))
+            if train:
+                layer += self.busy("bwd-linear", c) + self.compute_time(balanced_attention(c, True))
+            stage = c.layers_per_stage * layer + self.busy("head", c)
+            best = min(best, (c.micro_batches + probe.pp - 1) * stage)
         return best
 
     def evaluate(self, cand: Candidate, detail: bool = False) -> Evaluation:

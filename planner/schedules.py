@@ -123,6 +123,19 @@ def ring_steps(c: Shape, backward: bool) -> list[Step]:
     return steps
 
 
+def balanced_attention(c: Shape, backward: bool) -> Compute:
+    """A floor under any algorithm's attention compute on one rank: the layer's attention FLOPs (causal:
+    N(N+1)/2 of N^2 pairs) shared evenly over the tp x ulysses x ring ranks, as one block of the whole
+    sequence. Every schedule's busiest rank computes at least its even share (each round's busiest rank is
+    at least the average; WallFacer eq. 2-4, TokenRing and METP move the same pairs), and no algorithm runs
+    a block longer than N, so with efficiency non-decreasing in the block this costs no more than any of them."""
+    N = c.work.seq_len
+    frac = (N + 1) / (2 * N) if c.work.causal else 1.0
+    mult = 2.5 if backward else 1.0  # FlashAttention backward: 5 block matmuls vs 2
+    flops = mult * attention_flops(N, N, c.model.heads / c.tp, c.model.head_dim, c.b) * frac / (c.ulysses * c.ring)
+    return Compute(f"attention {'bwd' if backward else 'fwd'} (balanced)", flops, "attention", N)
+
+
 def attention_steps(c: Shape, backward: bool) -> list[Step]:
     """Attention of one layer: the registered algorithm's schedule (planner/algorithms.py)."""
     from .algorithms import ALGORITHMS
