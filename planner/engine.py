@@ -34,6 +34,14 @@ class GroupShape:
             n *= s
         return n
 
+    def offset(self, idx: int) -> int:
+        """Rank offset of the member with group index ``idx`` from its base (``offsets[idx]``)."""
+        off = 0
+        for size, stride in self.parts:
+            idx, c = divmod(idx, size)
+            off += c * stride
+        return off
+
     @cached_property
     def offsets(self) -> tuple[int, ...]:
         """Rank offsets of a group's members from its base, the first part fastest."""
@@ -174,10 +182,10 @@ class LinkEngine:
         for r in range(min(self.gpn, shape.world)):
             base, i = shape.locate(r)
             groups.setdefault(base, []).append(i)
-        offs = shape.offsets
+        off = shape.offset
         for base, local in groups.items():
             for i, j, frac in flows_touching(pattern, n, local):
-                edges, l = self.route(base + offs[i], base + offs[j])
+                edges, l = self.route(base + off(i), base + off(j))
                 lat = max(lat, l)
                 for e in edges:
                     load[e] = load.get(e, 0.0) + frac

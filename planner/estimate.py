@@ -17,7 +17,7 @@ from .candidate import Candidate
 from .cluster import Cluster
 from .engine import GroupShape, LinkEngine
 from .errors import PlanError
-from .layout import chunks_needed, sub_ring_positions, team_positions
+from .layout import chunks_needed, ring_split
 from .memory import activation_bytes, attention_buffer_bytes, weight_bytes
 from .model import ModelSpec, Workload
 from .algorithms import ALGORITHMS, load_all
@@ -118,17 +118,8 @@ class Orders:
         C, P = self.degrees.get("team", 1), self.degrees.get("ring", 1)
         if "ring" not in st or P == 1:
             return []
-        if name == "team":
-            pos = team_positions(P, C, self.placement)[0]
-        elif name == "sub_ring":
-            pos = sub_ring_positions(P, C, self.placement)[0]
-        else:
-            pos = tuple(t[0] for t in team_positions(P, C, self.placement))
-        if len(pos) == 1:
-            return []
-        step = pos[1] - pos[0]
-        assert all(b - a == step for a, b in zip(pos, pos[1:])), pos  # evenly spaced in the ring
-        return [(len(pos), step * st["ring"])]
+        size, step = ring_split(P, C, self.placement, name)
+        return [(size, step * st["ring"])] if size > 1 else []
 
     def time(self, p: Comm) -> np.ndarray:
         """Seconds of phase ``p`` under each order (engine costs are linear in bytes)."""

@@ -358,7 +358,7 @@ def team_coords(ring: int, team: int, placement: str | None, position: int) -> t
     return t, a
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=4096)
 def team_positions(ring: int, team: int, placement: str | None = None) -> tuple[tuple[int, ...], ...]:
     """Ring positions of every team, members in order a = 0..C-1 (the all-gather order)."""
     return tuple(tuple(team_position(ring, team, placement, t, a) for a in range(team)) for t in range(ring // team))
@@ -371,12 +371,30 @@ def sub_ring_coords(ring: int, team: int, placement: str | None, position: int) 
     return g, a, i
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=4096)
 def sub_ring_positions(ring: int, team: int, placement: str | None = None) -> tuple[tuple[int, ...], ...]:
     """Ring positions of every sub-ring (g, a), in ring order: member a of teams g*P/C^2 + i (Algorithm 3)."""
     tgs = team_group_size(ring, team)
     return tuple(tuple(team_position(ring, team, placement, g * tgs + i, a) for i in range(tgs))
                  for g in range(team) for a in range(team))
+
+
+@lru_cache(maxsize=None)
+def ring_split(ring: int, team: int, placement: str | None, name: str) -> tuple[int, int]:
+    """(size, step in ring positions) of the groups ``name`` inside a ring: ``team`` (C ranks), WallFacer's
+    ``sub_ring`` (P/C^2 ranks, Algorithm 3) or ``team_ring`` (the first members of the P/C teams, TokenRing x
+    Ring's ring across teams); every such group is evenly spaced under both placements of eq. 8."""
+    if name == "team":
+        pos = team_positions(ring, team, placement)[0]
+    elif name == "sub_ring":
+        pos = sub_ring_positions(ring, team, placement)[0]
+    else:
+        pos = tuple(t[0] for t in team_positions(ring, team, placement))
+    if len(pos) == 1:
+        return 1, 0
+    step = pos[1] - pos[0]
+    assert all(b - a == step for a, b in zip(pos, pos[1:])), pos
+    return len(pos), step
 
 
 def init_send(ring: int, team: int, placement: str | None, position: int) -> int:
