@@ -50,17 +50,22 @@ class SearchStats:
     prices_computed: int = 0
 
 
+#: schedule parts whose phases run on tp and pp only: the same for every algorithm and token layout
+RING_FREE_PARTS = ("fwd-linear", "bwd-linear", "head", "pp")
+
+
 def schedule_key(part: str, c: Shape) -> tuple:
-    """What a schedule part depends on: not dp (nor pp, except for the stage sends), so all data-parallel
-    and pipeline degrees share one schedule per (ring, team, placement, token layout, tp, ulysses, mbs)."""
-    return (part, c.algorithm, c.ulysses, c.ring, c.team, c.placement, c.token_layout, c.tp, c.mbs,
-            c.pp if part == "pp" else 1)
+    """What a schedule part depends on: never dp, pp only for the stage sends; the attention parts on the
+    (algorithm, ring, team, placement, token layout) shape and the volumes (tp, ulysses, mbs), the others
+    on the volumes alone (and, for the linear parts, whether the algorithm runs Megatron TP-sp)."""
+    if part in RING_FREE_PARTS:
+        tp_sp = ALGORITHMS[c.algorithm].tp_sp if part != "head" and part != "pp" else True
+        return (part, tp_sp, c.ulysses, c.ring, c.tp, c.mbs, c.pp if part == "pp" else 1)
+    return (part, c.algorithm, c.ulysses, c.ring, c.team, c.placement, c.token_layout, c.tp, c.mbs)
 
 
-SCHEDULE_PARTS = {
-    "fwd": lambda c, train: layer_schedule(c, backward=False),
+SCHEDULE_PARTS = {  # "fwd" and "bwd" (layer_schedule) are their linear part + attention_steps
     "fwd-linear": lambda c, train: layer_schedule(c, backward=False, attention=False),
-    "bwd": lambda c, train: layer_schedule(c, backward=True),
     "bwd-linear": lambda c, train: layer_schedule(c, backward=True, attention=False),
     "head": head_steps,
     "pp": pipeline_p2p,
@@ -99,6 +104,8 @@ class Orders:
                 stride *= degrees.get(n, 1)
             self.strides.append(st)
         self._coeff: dict = {}
+        # what phases off the ring's teams see: every variant (team, placement) of these degrees shares it
+        self.mesh_key = (tuple(sorted((n, v) for n, v in degrees.items() if n != "team")), tuple(orders))
 
     def shape(self, k: int, dims: tuple[str, ...]) -> GroupShape:
         """Shape of the groups of ``dims`` (merged, first fastest) under order number ``k``."""
@@ -174,13 +181,18 @@ class Estimator:
         self.stats.schedule_lookups += 1
         steps = self._schedules.get(key)
         if steps is None:
-            steps = self._schedules[key] = SCHEDULE_PARTS[part](c, self.work.training)
+            if part in ("fwd", "bwd"):  # layer_schedule: the linear part, then the attention
+                steps = self.schedule(part + "-linear", c) + attention_steps(c, backward=part == "bwd")
+            else:
+                steps = SCHEDULE_PARTS[part](c, self.work.training)
+            self._schedules[key] = steps
             self.stats.schedules_built += 1
         return steps
 
     def price_part(self, part: str, c: Shape, orders: Orders, rows: bool = False) -> Priced:
         """``price`` of a schedule part under a batch of mesh orders, once per (orders, schedule shape)."""
-        key = (orders, schedule_key(part, c), rows)
+        skey = schedule_key(part, c)
+        key = (orders.mesh_key if part in RING_FREE_PARTS else orders, skey, rows)
         priced = self._prices.get(key)
         if priced is None:
             priced = self._prices[key] = self.price(self.schedule(part, c), orders, rows=rows)

@@ -385,16 +385,14 @@ def ring_split(ring: int, team: int, placement: str | None, name: str) -> tuple[
     ``sub_ring`` (P/C^2 ranks, Algorithm 3) or ``team_ring`` (the first members of the P/C teams, TokenRing x
     Ring's ring across teams); every such group is evenly spaced under both placements of eq. 8."""
     if name == "team":
-        pos = team_positions(ring, team, placement)[0]
+        size, first, second = team, (0, 0), (0, 1)  # members a = 0, 1 of team 0
     elif name == "sub_ring":
-        pos = sub_ring_positions(ring, team, placement)[0]
+        size, first, second = team_group_size(ring, team), (0, 0), (1, 0)  # member 0 of teams 0, 1 (sub-ring 0)
     else:
-        pos = tuple(t[0] for t in team_positions(ring, team, placement))
-    if len(pos) == 1:
+        size, first, second = ring // team, (0, 0), (1, 0)  # the first members of teams 0, 1
+    if size <= 1:
         return 1, 0
-    step = pos[1] - pos[0]
-    assert all(b - a == step for a, b in zip(pos, pos[1:])), pos
-    return len(pos), step
+    return size, team_position(ring, team, placement, *second) - team_position(ring, team, placement, *first)
 
 
 def init_send(ring: int, team: int, placement: str | None, position: int) -> int:
