@@ -150,10 +150,11 @@ def price_group(est: Estimator, base: Candidate, orders: list, fitting: list, ba
     times, _ = est.evaluate_orders(base, batch, fitting)
     best = times.argmin(axis=1)
     out = []
+    b = base
     for k, order in enumerate(orders):
         z, ck, mbs = fitting[best[k]]
-        out.append((float(times[k, best[k]]), replace(base, order=order, zero_stage=z, checkpointing=ck,
-                                                      micro_batch_size=mbs)))
+        out.append((float(times[k, best[k]]), Candidate(b.algorithm, b.dp, b.pp, b.tp, b.ulysses, b.ring, order,
+                                                        b.token_layout, z, ck, mbs, b.team, b.placement)))
     return out
 
 

@@ -25,6 +25,8 @@ after the compute. Volumes per rank in bytes, e = the model's element size, accu
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from .algorithms import Algorithm, Variant, register
 from .errors import PlanError
 from .layout import tokenring_step_work
@@ -55,6 +57,20 @@ def segments(n: int, cuts: tuple[int, ...]) -> list[tuple[int, int]]:
     return [(lo, hi - lo) for lo, hi in zip(bounds, bounds[1:])]
 
 
+@lru_cache(maxsize=4096)
+def step_classes(ring: int, team: int) -> tuple[tuple[bool, bool, bool, bool, bool, int], ...]:
+    """TokenRing's N x C steps (seeds/001 Alg. 1, Sec. 3.3.3) grouped by what they do: (the first step, Q
+    sent, partial sent, K, V across teams, dK, dV across teams, how many such steps), from a few
+    representatives of the rounds j (0, 1, 2..N-2, N-1) and steps i (0, 1, 2..C-2, C-1)."""
+    C, N = team, ring // team
+    classes: dict[tuple, int] = {}
+    for j, nj in segments(N, (1, 2, N - 1)):
+        for i, ni in segments(C, (1, 2, C - 1)):
+            key = (i == j == 0, i < C - 1, C > 1 and (i >= 2 or (i == 0 and j >= 1)), j < N - 1, j >= 2)
+            classes[key] = classes.get(key, 0) + nj * ni
+    return tuple((*k, n) for k, n in classes.items())
+
+
 def tokenring_steps(c: Shape, backward: bool) -> list[Step]:
     """TokenRing (seeds/001 Alg. 1) and TokenRing x Ring (Sec. 3.3.3): Q one way, out + LSE the other, per step.
 
@@ -68,16 +84,11 @@ def tokenring_steps(c: Shape, backward: bool) -> list[Step]:
     mult = 2.5 if backward else 1.0  # FlashAttention backward: 5 block matmuls vs 2
     blk = attention_flops(c.n_ring, c.n_ring, c.heads_local, c.model.head_dim, c.b)
     qv, pv, kv, dkv = _volumes(c, backward)
-    first, later = tokenring_step_work(c.token_layout, P, c.work.seq_len, c.work.causal)
-    classes: dict[tuple, int] = {}  # (work, Q sent, partial sent, K, V across teams) -> steps of that kind
-    for j, nj in segments(N, (1, 2, N - 1)):
-        outer = (kv if j < N - 1 else 0.0) + (dkv if j >= 2 else 0.0)
-        for i, ni in segments(C, (1, 2, C - 1)):
-            key = (first if i == j == 0 else later, i < C - 1, C > 1 and (i >= 2 or (i == 0 and j >= 1)), outer)
-            classes[key] = classes.get(key, 0) + nj * ni
+    work = tokenring_step_work(c.token_layout, P, c.work.seq_len, c.work.causal)
     steps = []
-    for (work, sends_q, sends_part, outer), n in classes.items():
-        phases: list = [Compute(f"attention {tag}", mult * blk * work, "attention", c.n_ring)]
+    for first, sends_q, sends_part, kv_across, dkv_across, n in step_classes(P, C):
+        outer = kv * kv_across + dkv * dkv_across
+        phases: list = [Compute(f"attention {tag}", mult * blk * work[0 if first else 1], "attention", c.n_ring)]
         if sends_q and sends_part:
             phases.append(Comm(f"tokenring q <-> out,lse {tag}", "shift_bi", inner, max(qv, pv)))
         elif sends_q:
