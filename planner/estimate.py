@@ -409,17 +409,23 @@ class Estimator:
 
     def degrees_bound(self, probe: Candidate, micro_batch_sizes: list[int]) -> float:
         """A lower bound on the step time of every algorithm variant, token layout, mesh order and memory
-        policy of ``probe``'s degrees: linear and head compute, and attention at its even share
-        (``balanced_attention``), pipelined without recomputation and without communication."""
+        policy of ``probe``'s degrees (the least of ``micro_batch_bounds``)."""
+        return min(self.micro_batch_bounds(probe, micro_batch_sizes).values())
+
+    def micro_batch_bounds(self, probe: Candidate, micro_batch_sizes: list[int]) -> dict[int, float]:
+        """Per micro-batch size, a lower bound on the step time of every algorithm variant, token layout,
+        mesh order, ZeRO stage and checkpointing of ``probe``'s degrees: linear and head compute, and
+        attention at its even share (``balanced_attention``), pipelined without recomputation and without
+        communication."""
         train = self.work.training
-        best = float("inf")
+        best = {}
         for mbs in micro_batch_sizes:
             c = self.shape(probe, mbs)
             layer = self.busy("fwd-linear", c) + self.compute_time(balanced_attention(c, False))
             if train:
                 layer += self.busy("bwd-linear", c) + self.compute_time(balanced_attention(c, True))
             stage = c.layers_per_stage * layer + self.busy("head", c)
-            best = min(best, (c.micro_batches + probe.pp - 1) * stage)
+            best[mbs] = (c.micro_batches + probe.pp - 1) * stage
         return best
 
     def evaluate(self, cand: Candidate, detail: bool = False) -> Evaluation:

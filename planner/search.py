@@ -119,15 +119,17 @@ def pareto_policies(policies: list[tuple[int, str, int]]) -> list[tuple[int, str
     return keep
 
 
-def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tuple], bool] | None = None
+def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tuple, int], bool] | None = None
                   ) -> tuple[list[tuple[Candidate, list, list]], int, int]:
-    """(base candidate, mesh orders, fitting policies) for every algorithm variant (those whose key
-    ``wanted`` accepts) and token layout of the degrees ``d``, the number of candidates they stand for,
-    and how many variants fit no policy."""
+    """(base candidate, mesh orders, fitting policies) for every algorithm variant and token layout of the
+    degrees ``d`` (with ``wanted``: only the (variant key, micro-batch size) pairs it accepts), the number
+    of candidates they stand for, and how many variants fit no policy."""
     out, total, rejected = [], 0, 0
-    orders, pols = space.orders(d), space.policies(d)
+    orders, all_pols = space.orders(d), space.policies(d)
     for v in variants(d, space.model, space.work):
-        if wanted is not None and not wanted((v.algorithm, v.team, v.placement)):
+        vkey = (v.algorithm, v.team, v.placement)
+        pols = all_pols if wanted is None else [p for p in all_pols if wanted(vkey, p[2])]
+        if not pols:
             continue
         layouts = list(v.layouts) if v.layouts is not None else space.layouts(d)
         total += len(orders) * len(layouts) * len(pols)
@@ -172,8 +174,9 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     Memory fits are found once per degrees and dominated policies dropped; all mesh orders of a
     degrees choice are priced together as arrays (estimate.Orders). With ``keep`` = K the search is
     best-first over lower bounds: every degrees choice enters a queue with a bound valid for all its
-    variants, layouts, orders and policies (``Estimator.degrees_bound``: compute only, attention at its
-    even share); popped, it is expanded into its (variant, layout) groups, which are queued again with
+    variants, layouts, orders and policies (``Estimator.micro_batch_bounds``: compute only, attention at
+    its even share); popped, it is expanded into its (variant, layout) groups (without the micro-batch
+    sizes whose own bound is already out of reach), which are queued again with
     their tighter compute-only bound (``Estimator.compute_bound``) when popped; a popped tight group is
     priced. An item whose bound exceeds both the
     K-th best time found so far and the best time of each algorithm variant it covers cannot enter the
@@ -188,8 +191,8 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
         total += degree_size(space, d)
         vkeys = [(v.algorithm, v.team, v.placement) for v in variants(d, model, workload)]
         probe = Candidate(algorithm_for(d.ulysses, d.ring), d.dp, d.pp, d.tp, d.ulysses, d.ring)
-        bound = est.degrees_bound(probe, space._mbs(d)) if keep else 0.0
-        queue.append((bound, 0, len(queue), (d, vkeys)))
+        by_mbs = est.micro_batch_bounds(probe, space._mbs(d)) if keep else {}
+        queue.append((min(by_mbs.values(), default=0.0), 0, len(queue), (d, vkeys, by_mbs)))
     heapq.heapify(queue)
     ranked, evaluated, kth, batches, pushed, done = [], 0, float("inf"), {}, len(queue), 0
     best_of: dict[tuple, float] = {}  # best time per algorithm variant, so each variant's best is exact too
@@ -204,10 +207,10 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
         if progress:
             progress(done, pushed)
         if kind == 0:  # degrees: expand into the groups of its variants still worth pricing
-            d, vkeys = payload
+            d, vkeys, by_mbs = payload
             if beyond(bound, vkeys):
                 continue
-            found, _, r = degree_groups(est, space, d, lambda v: not beyond(bound, [v]))
+            found, _, r = degree_groups(est, space, d, lambda v, mbs: not beyond(by_mbs.get(mbs, bound), [v]))
             rejected += r
             for base, orders, fitting in found:
                 heapq.heappush(queue, (bound, 1 if keep else 2, pushed, (base, orders, fitting)))
