@@ -128,6 +128,7 @@ class LinkEngine:
         self._route = lru_cache(maxsize=None)(self._route_uncached)
         self._cost = lru_cache(maxsize=None)(self._cost_uncached)
         self.evaluations = 0  # patterns x group shapes routed (each once: the cache above)
+        self._by_shape: dict = {}  # (pattern, shape before canonical) -> StepCost
 
     # ---- routing (node-0 part of a path)
     def _path(self, a: str, b: str) -> list[str]:
@@ -212,7 +213,12 @@ class LinkEngine:
         return GroupShape(tuple(parts), remote)
 
     def cost(self, pattern: str, shape: GroupShape) -> StepCost:
-        return self._cost(pattern, self.canonical(shape))
+        """Cost of one step of ``pattern`` on the groups of ``shape``, once per (pattern, shape)."""
+        key = (pattern, shape)
+        c = self._by_shape.get(key)
+        if c is None:
+            c = self._by_shape[key] = self._cost(pattern, self.canonical(shape))
+        return c
 
     def time(self, pattern: str, shape: GroupShape, nbytes: float) -> float:
         """Seconds for a phase that moves ``nbytes`` per rank (see ``pattern_steps``) on every group of ``shape``."""
