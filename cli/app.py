@@ -31,6 +31,18 @@ def gib(x: float) -> str:
     return f"{x / 2**30:.1f} GiB"
 
 
+def _profile_options(profile: Optional[str], no_profile: bool) -> object:
+    """The profile spec for calibration.resolve_params: False (--no-profile), an id or file, or None (the store's)."""
+    if no_profile and profile:
+        raise PlanError("--profile", "both --profile and --no-profile given", "pass one of them")
+    return False if no_profile else profile
+
+
+PROFILE_HELP = "calibration profile: a stored profile id or a profile file (default: the cluster's newest stored profile)"
+NO_PROFILE_HELP = "price with the uncalibrated model (no profile)"
+STORE_HELP = "profile store URL, e.g. sqlite:////path/store.db (default: SP_PLAN_STORE or the user data directory)"
+
+
 def secs(x: float) -> str:
     return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
 
@@ -110,9 +122,13 @@ def plan_cmd(
     trials: int = typer.Option(200, "--trials", help="optuna trials for --search bayes"),
     seed: int = typer.Option(0, "--seed", help="sampler seed for --search bayes"),
     storage: Optional[str] = typer.Option(None, "--storage", help="optuna storage to resume a study, e.g. sqlite:///study.db"),
+    profile: Optional[str] = typer.Option(None, "--profile", help=PROFILE_HELP),
+    no_profile: bool = typer.Option(False, "--no-profile", help=NO_PROFILE_HELP),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
 ) -> None:
     """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
-    from sp_plan.planner.search import finish, finish_each, grid_search, no_plan_error
+    from sp_plan.planner.calibration import resolve_params
+    from sp_plan.planner.search import finish, finish_each, grid_search, no_plan_error, profile_tag
     from sp_plan.profiles import load_cluster, load_model
 
     try:
@@ -125,17 +141,20 @@ def plan_cmd(
         w = Workload(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference)
         if search not in ("grid", "bayes"):
             raise PlanError("--search", f"unknown search {search!r}", "use grid or bayes")
+        params, line, prof = resolve_params(c, _profile_options(profile, no_profile), store)
         with Progress(TextColumn(f"{search} search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as prog:
             task = prog.add_task("search", total=None)
             tick = lambda i, n: prog.update(task, completed=i, total=n)  # noqa: E731
             if search == "grid":
-                res = grid_search(c, m, w, progress=tick, keep=top)
+                res = grid_search(c, m, w, progress=tick, keep=top, params=params)
             else:
                 from sp_plan.planner.bayes import bayes_search
 
                 res = bayes_search(c, m, w, trials=trials, seed=seed, storage=storage,
-                                   study_name=f"{c.fingerprint()}-{m.name}-{w.seq_len}-{w.batch}", progress=tick)
+                                   study_name=f"{c.fingerprint()}-{m.name}-{w.seq_len}-{w.batch}", progress=tick,
+                                   params=params)
+            res.profile, res.profile_line = profile_tag(prof), line
             if not res.ranked:
                 raise no_plan_error(c, w, res)
             plans = finish(res, c, m, w, top)
@@ -145,6 +164,7 @@ def plan_cmd(
     out.print(f"[bold]{c.name}[/] ({c.num_nodes} node(s), {c.world_size} x {c.device(0).model}, fingerprint {c.fingerprint()}), "
               f"[bold]{m.name}[/], {w.seq_len:,} tokens x {w.batch}, {'causal' if w.causal else 'full'}, "
               f"{'training' if w.training else 'inference'}", highlight=False)
+    out.print(line, highlight=False)
     how = (f"grid: {res.space:,} candidates, {res.evaluated:,} priced" if search == "grid" else
            f"bayes: {res.trials} trials (best first reached at trial {res.best_trial + 1}), {res.evaluated:,} priced")
     out.print(how, highlight=False)
@@ -168,9 +188,14 @@ def estimate(
     batch: Optional[int] = typer.Option(None, "--batch", help="global batch (default: the plan's, else 1)"),
     causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help="default: the plan's, else causal"),
     inference: bool = typer.Option(False, "--inference", help="forward only"),
+    profile: Optional[str] = typer.Option(None, "--profile", help=PROFILE_HELP),
+    no_profile: bool = typer.Option(False, "--no-profile", help=NO_PROFILE_HELP),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
 ) -> None:
     """Price one plan on a cluster: step time, MFU, memory and the per-phase breakdown."""
-    from sp_plan.planner.estimate import estimate as price
+    from sp_plan.planner.calibration import resolve_params
+    from sp_plan.planner.estimate import Estimator
+    from sp_plan.planner.search import profile_tag
     from sp_plan.profiles import load_cluster, load_model
 
     try:
@@ -186,12 +211,14 @@ def estimate(
                      batch=batch or (base.batch if base else 1),
                      causal=causal if causal is not None else (base.causal if base else True),
                      training=not inference and (base.training if base else True))
-        pred = price(p, c, m, w)
+        params, line, prof = resolve_params(c, _profile_options(profile, no_profile), store)
+        pred = Estimator(c, m, w, params=params)(p)
     except PlanError as e:
         fail(e)
-    p = p.model_copy(update={"predicted": pred})
+    p = p.model_copy(update={"predicted": pred, "profile": profile_tag(prof)})
     out.print(f"[bold]{p.summary()}[/] on {c.name} ({c.world_size} ranks), {m.name}, {w.seq_len:,} tokens x {w.batch}",
               highlight=False)
+    out.print(line, highlight=False)
     out.print(f"step {secs(pred.step_time_s)}, {pred.tokens_per_s:,.0f} tokens/s, MFU {pred.mfu:.1%}, peak memory "
               f"{gib(pred.peak_memory_bytes)} of {gib(pred.memory_capacity_bytes)}"
               + ("" if pred.fits else "  [bold red]does not fit[/]"))
@@ -225,7 +252,9 @@ def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan 
 
 
 from sp_plan.cli.discover import register as _register_discover
+from sp_plan.cli.tune import register as _register_tune
 _register_discover(app)
+_register_tune(app)
 
 
 def main() -> None:

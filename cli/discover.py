@@ -25,7 +25,7 @@ from sp_plan.planner.errors import PlanError
 
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
-profile_app = typer.Typer(no_args_is_help=True, help="Measure this cluster under torchrun and calibrate the cluster file.")
+profile_app = typer.Typer(no_args_is_help=True, help="Measure this cluster under torchrun and calibrate the cluster file; list, show, export, import and delete stored profiles.")
 
 DEFAULT_SIZES = {"cpu": "16K,128K,1M,4M", "cuda": "1M,8M,64M,256M"}
 
@@ -159,16 +159,21 @@ def links_cmd(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the calibrated Cluster here (default: --cluster, else cluster.yaml)"),
     sizes: Optional[str] = typer.Option(None, "--sizes", help="message sizes, e.g. 64K,1M,16M (default: 16K..4M on CPU, 1M..256M on GPU)"),
     timeout: float = typer.Option(60.0, "--timeout", help="seconds any one measurement may wait"),
+    store: Optional[str] = typer.Option(None, "--store", help="also save the link fit in this store (SQLAlchemy URL; "
+                                        "default $SP_PLAN_STORE, else the user data dir)"),
 ) -> None:
     """Time send/recv, all-gather, reduce-scatter and all-to-all within and across nodes; fit and store the links."""
     from sp_plan.runtime import probe  # noqa: PLC0415
 
-    rank, owned = 0, False
+    rank, owned, db = 0, False, None
     try:
         if not probe.under_torchrun() or int(os.environ.get("WORLD_SIZE", "1")) < 2:
             raise PlanError("profile links", "needs a torchrun world of at least 2 ranks",
                             "run `torchrun --nproc-per-node N $(which sp-plan) profile links`")
         size_list = parse_sizes(sizes or DEFAULT_SIZES["cuda" if probe.use_cuda() else "cpu"])
+        if os.environ.get("RANK", "0") == "0":  # rank 0 writes: a bad --store fails before any measuring
+            from sp_plan.profiles.store import Store  # noqa: PLC0415
+            db = Store(store)
         owned = probe.init_world(max(timeout, 60.0))
         rank = probe.dist.get_rank()
         hosts = probe.gather_hosts()
@@ -191,6 +196,13 @@ def links_cmd(
         print_links(new)
         new.save(dest)
         out.print(f"wrote {dest} (fingerprint {new.fingerprint()})")
+        if db is not None:
+            try:
+                db.save_link_fit(new.topology_fingerprint(), new.calibration.get("links", {}))
+                out.print(f"stored the link fit in {db.shown} (topology fingerprint {new.topology_fingerprint()})",
+                          highlight=False)
+            except PlanError as e:
+                err.print(f"[bold red]error[/]: {e}", highlight=False, soft_wrap=True)
     probe.dist.barrier()
     probe.finish(owned)
 
@@ -217,5 +229,7 @@ def print_links(cluster: Cluster) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add `discover` and the `profile` group to the main `sp-plan` app."""
+    from sp_plan.cli import profiles  # noqa: F401, PLC0415 - adds list/show/export/import/delete to profile_app
+
     app.command("discover")(discover_cmd)
     app.add_typer(profile_app, name="profile")

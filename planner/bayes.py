@@ -21,6 +21,7 @@ from .cluster import Cluster
 from .errors import PlanError
 from .estimate import Estimator
 from .model import ModelSpec, Workload
+from .params import Params
 from .search import Degrees, SearchResult, Space, _sort_key, degree_groups, divisors, price_group
 
 PENALTY = 1e12  # score of an invalid trial (seconds); far above any real step time
@@ -45,11 +46,12 @@ def _choices(space: Space) -> dict[str, list[int]]:
 def bayes_search(cluster: Cluster, model: ModelSpec, workload: Workload, trials: int = 100, seed: int = 0,
                  storage: str | None = None, study_name: str | None = None, space: Space | None = None,
                  sampler: optuna.samplers.BaseSampler | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> BayesResult:
-    """Run ``trials`` optuna trials; return every priced layout ranked, and where the best was found."""
+                 progress: Callable[[int, int], None] | None = None, params: Params | None = None) -> BayesResult:
+    """Run ``trials`` optuna trials; return every priced layout ranked, and where the best was found
+    (``params``: calibrated physical parameters, planner/params.py; None: the uncalibrated engine)."""
     if trials < 1:
         raise PlanError("trials", f"must be at least 1, got {trials}", "pass --trials 1 or more")
-    est = Estimator(cluster, model, workload)
+    est = Estimator(cluster, model, workload, params=params)
     space = space or Space(cluster.world_size, model, workload)
     choices = _choices(space)
     valid = {(d.dp, d.pp, d.tp, d.ulysses): d for d in space.degrees()}

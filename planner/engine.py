@@ -76,9 +76,16 @@ class StepCost:
     sec_per_byte: float  # for the whole phase volume per rank, per step, at its most loaded link
     latency: float  # per step
     bottleneck: str  # the most loaded link, for explanations
+    link_class: str = "intra"  # "inter" when the most loaded link touches the network fabric (params.LINK_CLASSES)
 
-    def time(self, nbytes: float) -> float:
-        return self.steps * (nbytes * self.sec_per_byte + self.latency) if self.steps else 0.0
+    def time(self, nbytes: float, fit=None) -> float:
+        """Seconds for ``nbytes`` per rank; with a CommFit (params.CommFit): bandwidth over its efficiency,
+        plus its alpha per step (steps x (bytes x s/B / efficiency + latency + alpha))."""
+        if not self.steps:
+            return 0.0
+        if fit is None:
+            return self.steps * (nbytes * self.sec_per_byte + self.latency)
+        return self.steps * (nbytes * self.sec_per_byte / fit.efficiency + self.latency + fit.alpha_s)
 
 
 def pattern_steps(pattern: str, n: int) -> int:
@@ -176,7 +183,8 @@ class LinkEngine:
             return StepCost(0, 0.0, 0.0, "")
         if pattern in ("all_gather", "reduce_scatter", "all_reduce"):
             base = self._cost("shift", shape)
-            return StepCost(steps, base.sec_per_byte / n, base.latency, base.bottleneck) if base.steps else base
+            return (StepCost(steps, base.sec_per_byte / n, base.latency, base.bottleneck, base.link_class)
+                    if base.steps else base)
         load: dict[tuple[str, str], float] = {}
         lat = 0.0
         groups: dict[int, list[int]] = {}  # base rank -> indices of its members on node 0
@@ -194,7 +202,8 @@ class LinkEngine:
             return StepCost(0, 0.0, 0.0, "")
         worst = max(load, key=lambda e: load[e] / self.local.edges[e]["capacity"])
         spb = load[worst] / self.local.edges[worst]["capacity"]
-        return StepCost(steps, spb, lat, f"{worst[0]}->{worst[1]} ({self.local.edges[worst]['kind']})")
+        return StepCost(steps, spb, lat, f"{worst[0]}->{worst[1]} ({self.local.edges[worst]['kind']})",
+                        "inter" if NET in worst else "intra")
 
     def canonical(self, shape: GroupShape) -> GroupShape:
         """An equivalent shape for costing: parts whose stride is a multiple of the node size put each
@@ -220,6 +229,8 @@ class LinkEngine:
             c = self._by_shape[key] = self._cost(pattern, self.canonical(shape))
         return c
 
-    def time(self, pattern: str, shape: GroupShape, nbytes: float) -> float:
-        """Seconds for a phase that moves ``nbytes`` per rank (see ``pattern_steps``) on every group of ``shape``."""
-        return self._cost(pattern, shape).time(nbytes)
+    def time(self, pattern: str, shape: GroupShape, nbytes: float, params=None) -> float:
+        """Seconds for a phase that moves ``nbytes`` per rank (see ``pattern_steps``) on every group of ``shape``;
+        with ``params`` (planner/params.py) its CommFit for the pattern and the bottleneck's link class."""
+        c = self._cost(pattern, shape)
+        return c.time(nbytes, params.comm_fit(pattern, c.link_class) if params is not None else None)

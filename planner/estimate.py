@@ -20,9 +20,10 @@ from .errors import PlanError
 from .layout import chunks_needed, ring_split
 from .memory import activation_bytes, attention_buffer_bytes, weight_bytes
 from .model import ModelSpec, Workload
+from .params import Params
 from .algorithms import ALGORITHMS, load_all
 from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction
-from .schedules import (Comm, Compute, Shape, Step, attention_steps, balanced_attention, grad_sync, head_steps,
+from .schedules import (Comm, Compute, Shape, Step, attention_blocks, attention_steps, balanced_attention, grad_sync, head_steps,
                         layer_schedule, pipeline_p2p, shard_params)
 
 load_all()
@@ -87,11 +88,13 @@ class Orders:
     """One set of degrees under several mesh orders: communication costs as arrays over the orders.
 
     A phase over dimensions D depends on an order only through the strides of D, so each distinct
-    stride combination is costed once and mapped back to the orders that share it."""
+    stride combination is costed once and mapped back to the orders that share it. ``params`` (the
+    Estimator's) applies its CommFit per pattern and the bottleneck's link class (intra / inter)."""
 
     def __init__(self, engine: LinkEngine, degrees: dict[str, int], orders: list[tuple[str, ...]],
-                 placement: str | None = None):
+                 placement: str | None = None, params: Params | None = None):
         self.engine, self.degrees, self.orders, self.placement = engine, degrees, orders, placement
+        self.params = params
         self.world = 1
         for n, v in degrees.items():
             if n != "team":
@@ -141,10 +144,13 @@ class Orders:
                     by_shape[sh] = len(by_shape)
                 idx.append(by_shape[sh])
             costs = [self.engine.cost(p.pattern, sh) for sh in by_shape]
+            fits = [self.params.comm_fit(p.pattern, c.link_class) if self.params is not None else None for c in costs]
+            # a CommFit: bandwidth / efficiency, alpha added per step (StepCost.time); none: the link model as is
+            spb = [c.sec_per_byte if f is None else c.sec_per_byte / f.efficiency for c, f in zip(costs, fits)]
+            lat = [c.latency if f is None else c.latency + f.alpha_s for c, f in zip(costs, fits)]
             pick = np.array(idx)
-            co = self._coeff[key] = (np.array([c.steps for c in costs], float)[pick],
-                                     np.array([c.sec_per_byte for c in costs])[pick],
-                                     np.array([c.latency for c in costs])[pick])
+            co = self._coeff[key] = (np.array([c.steps for c in costs], float)[pick], np.array(spb)[pick],
+                                     np.array(lat)[pick])
         steps, spb, lat = co
         return steps * (p.nbytes * spb + lat)
 
@@ -156,9 +162,11 @@ def _scaled(priced: Priced, k: float, i: int = 0) -> list:
 class Estimator:
     """Prices layouts for one (cluster, model, workload); reuse it across candidates (costs are cached)."""
 
-    def __init__(self, cluster: Cluster, model: ModelSpec, workload: Workload, engine: LinkEngine | None = None):
+    def __init__(self, cluster: Cluster, model: ModelSpec, workload: Workload, engine: LinkEngine | None = None,
+                 params: Params | None = None):
         self.cluster, self.model, self.work = cluster, model, workload
-        self.engine = engine or LinkEngine(cluster)
+        self.engine = engine or LinkEngine(cluster)  # link costs do not depend on params: shareable
+        self.params = params if params is not None else Params()
         self.device = cluster.device(0)
         dt = model.dtype
         if dt not in self.device.peak_flops:
@@ -209,10 +217,27 @@ class Estimator:
         return t
 
     # ---- phase costs
+    def orders(self, degrees: dict[str, int], orders: list[tuple[str, ...]], placement: str | None = None) -> Orders:
+        """An Orders batch priced with this Estimator's engine and params."""
+        return Orders(self.engine, degrees, orders, placement, self.params)
+
     def compute_time(self, p: Compute) -> float:
-        """FLOPs over peak x efficiency; attention's efficiency falls for short blocks (a saturating curve)."""
+        """FLOPs over peak x efficiency (design.md "How a plan is predicted").
+
+        Attention: the measured curve params.attention_fwd / attention_bwd at the block length when set,
+        else the device's saturating curve; plus params.round_overhead_s per call (kernel launch + LSE merge
+        + stream sync per ring round). GEMMs: params.matmul at the GEMM's rows when set."""
+        pr = self.params
         if p.kind == "attention":
-            eff = self.device.attn_efficiency * p.block / (p.block + self.device.attn_half_block)
+            curve = pr.attention_bwd if p.name.endswith("bwd") else pr.attention_fwd
+            if curve is not None:
+                eff = curve.at(p.block)
+            else:
+                eff = self.device.attn_efficiency * p.block / (p.block + self.device.attn_half_block)
+            t = p.flops / (self.peak * eff)
+            return t + pr.round_overhead_s if pr.round_overhead_s else t
+        if pr.matmul is not None:
+            eff = pr.matmul.at(p.rows) if p.rows > 0 else pr.matmul.points[-1][1]
         else:
             eff = self.device.matmul_efficiency
         return p.flops / (self.peak * eff)
@@ -233,7 +258,11 @@ class Estimator:
                 else:
                     comms.append(orders.time(p))
             comm_sum = sum(comms) if comms else np.zeros(n)
-            if st.overlap:
+            if st.overlap and comms and self.params.overlap != 1.0:
+                # partial overlap: max(c, m) + (1 - overlap) min(c, m) (params.overlap, fitted by calibration)
+                m_ = np.max(comms, axis=0)
+                t = np.maximum(busy, m_) + (1.0 - self.params.overlap) * np.minimum(busy, m_)
+            elif st.overlap:
                 t = np.maximum(busy, np.max(comms, axis=0)) if comms else np.full(n, busy)
             else:
                 t = busy + comm_sum
@@ -298,11 +327,19 @@ class Estimator:
             c = self.shape(cand)
             mem = weight_bytes(shard_params(self.model, cand.tp, cand.pp), cand.zero_stage, cand.dp * cand.sp,
                                self.work.training)
-            mem.update(activation_bytes(c, cand.checkpointing, self.work.training))
+            mem.update(self._activations(c, cand.checkpointing))
             mem["attention buffers"] = attention_buffer_bytes(c, self.work.training)
+            if self.params.memory_overhead_bytes:
+                mem["framework overhead"] = self.params.memory_overhead_bytes
             mem["total"] = sum(mem.values())
             self._memory[key] = mem
         return {k: v for k, v in mem.items() if k != "total"}
+
+    def _activations(self, c: Shape, checkpointing: str) -> dict[str, float]:
+        """Activation bytes by kind (memory.activation_bytes) x params.activation_factor (measured / modelled)."""
+        act = activation_bytes(c, checkpointing, self.work.training)
+        k = self.params.activation_factor
+        return act if k == 1.0 else {n: v * k for n, v in act.items()}
 
     def fits(self, cand: Candidate) -> bool:
         key = (cand.dp, cand.pp, cand.tp, cand.ulysses, cand.ring, cand.zero_stage, cand.checkpointing,
@@ -320,8 +357,11 @@ class Estimator:
         params = shard_params(self.model, probe.tp, probe.pp)
         weights = {z: sum(weight_bytes(params, z, probe.dp * probe.sp, train).values()) for z in {p[0] for p in policies}}
         shapes = {mbs: self.shape(probe, mbs) for mbs in {p[2] for p in policies}}
-        acts = {(ck, mbs): sum(activation_bytes(shapes[mbs], ck, train).values()) for _, ck, mbs in policies}
+        acts = {(ck, mbs): sum(self._activations(shapes[mbs], ck).values()) for _, ck, mbs in policies}
         bufs = {mbs: attention_buffer_bytes(c, train) for mbs, c in shapes.items()}
+        over = self.params.memory_overhead_bytes  # same parts and order of sums as memory(): same fit decisions
+        if over:
+            return [p for p in policies if weights[p[0]] + acts[p[1], p[2]] + bufs[p[2]] + over <= self.capacity]
         return [p for p in policies if weights[p[0]] + acts[p[1], p[2]] + bufs[p[2]] <= self.capacity]
 
     # ---- the whole step
@@ -421,16 +461,20 @@ class Estimator:
         best = {}
         for mbs in micro_batch_sizes:
             c = self.shape(probe, mbs)
-            layer = self.busy("fwd-linear", c) + self.compute_time(balanced_attention(c, False))
+            layer = self.busy("fwd-linear", c) + self.balanced_time(c, False)
             if train:
-                layer += self.busy("bwd-linear", c) + self.compute_time(balanced_attention(c, True))
+                layer += self.busy("bwd-linear", c) + self.balanced_time(c, True)
             stage = c.layers_per_stage * layer + self.busy("head", c)
             best[mbs] = (c.micro_batches + probe.pp - 1) * stage
         return best
 
+    def balanced_time(self, c: Shape, backward: bool) -> float:
+        """Seconds of ``balanced_attention`` at its most efficient block (no assumption on the efficiency curve)."""
+        return min(self.compute_time(balanced_attention(c, backward, b)) for b in attention_blocks(c))
+
     def evaluate(self, cand: Candidate, detail: bool = False) -> Evaluation:
         """Step time (and with ``detail`` the breakdown rows) of one valid candidate."""
-        orders = Orders(self.engine, cand.degrees, [cand.order], cand.placement)
+        orders = self.orders(cand.degrees, [cand.order], cand.placement)
         t, rows = self.evaluate_orders(cand, orders, [(cand.zero_stage, cand.checkpointing, cand.micro_batch_size)],
                                        detail)
         return Evaluation(float(t[0, 0]), self.memory(cand), rows)
@@ -441,7 +485,7 @@ class Estimator:
         self.check(cand, plan)
         c = self.shape(cand)
         steps = attention_steps(c, backward=False) + (attention_steps(c, backward=True) if backward else [])
-        priced = self.price(steps, Orders(self.engine, cand.degrees, [cand.order], cand.placement), rows=True)
+        priced = self.price(steps, self.orders(cand.degrees, [cand.order], cand.placement), rows=True)
         return float(priced.seconds[0]), _phases(_scaled(priced, 1.0))
 
     def model_flops(self) -> float:
@@ -478,6 +522,12 @@ def _phases(rows: list) -> list[PhaseCost]:
             for n, (k, g, b, s, x) in merged.items()]
 
 
-def estimate(plan: Plan, cluster: Cluster, model: ModelSpec, workload: Workload) -> Prediction:
-    """Predict step_time_s, tokens_per_s, mfu, peak_memory_bytes and the per-phase breakdown of ``plan``."""
-    return Estimator(cluster, model, workload)(plan)
+def estimate(plan: Plan, cluster: Cluster, model: ModelSpec, workload: Workload, profile=None) -> Prediction:
+    """Predict step_time_s, tokens_per_s, mfu, peak_memory_bytes and the per-phase breakdown of ``plan``.
+
+    ``profile``: a Profile, a profile id or file (str), None (the cluster's profile in the store, if any)
+    or False (none); see calibration.resolve_params."""
+    from .calibration import resolve_params
+
+    params, _, _ = resolve_params(cluster, profile)
+    return Estimator(cluster, model, workload, params=params)(plan)

@@ -124,7 +124,8 @@ def metp_steps(c: Shape, backward: bool) -> list[Step]:
         steps.append(Step((Comm(f"metp broadcast w_qkv,w_proj {tag}", "shift", dim, bcast),)))
     for j in range(p):
         if backward:
-            steps.append(Step((Compute("metp qkv recompute", 2 * c.b * s_p * m.hidden * (m.q_dim + 2 * m.kv_dim) / p),)))
+            steps.append(Step((Compute("metp qkv recompute", 2 * c.b * s_p * m.hidden * (m.q_dim + 2 * m.kv_dim) / p,
+                                       rows=c.b * s_p),)))
         for r in range(p):
             phases: list = [Compute(f"attention {tag}", blk * runs[r], "attention", s_p)]
             if r < p - 1:
@@ -140,7 +141,7 @@ def metp_steps(c: Shape, backward: bool) -> list[Step]:
     if p > 1 and not backward:
         steps.append(Step((Comm("metp ffn w_in,w_out p2p fwd", "shift_back", dim, z["w_ffn"] * e),), p - 1))
     elif p > 1:  # step j: recompute X_i B; the next slice pair arrives, the previous step's gradients move on
-        recompute = Compute("metp ffn recompute", 2 * c.b * s_p * m.hidden * z["ffn_in"] / p)
+        recompute = Compute("metp ffn recompute", 2 * c.b * s_p * m.hidden * z["ffn_in"] / p, rows=c.b * s_p)
         for j in range(p):
             phases = [recompute]
             if j < p - 1:

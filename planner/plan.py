@@ -51,6 +51,17 @@ class Prediction(BaseModel):
         return self.memory_capacity_bytes <= 0 or self.peak_memory_bytes <= self.memory_capacity_bytes
 
 
+class Measured(BaseModel):
+    """What `sp-plan tune` measured for a plan on the real cluster (beside the predictions)."""
+
+    model_config = ConfigDict(extra="forbid")
+    step_time_s: float
+    peak_memory_bytes: float
+    profile: str | None = Field(default=None, description="id of the profile whose tune measured it")
+    measured_at: str = ""
+    how: str = Field(default="", description="layers run and scaled, memory method, fallbacks")
+
+
 class Plan(BaseModel):
     """A sequence-parallel layout; see the README for the file format."""
 
@@ -70,6 +81,9 @@ class Plan(BaseModel):
     workload: Workload | None = None
     groups: dict[str, list[list[int]]] = {}
     predicted: Prediction | None = None
+    measured: Measured | None = None
+    profile: str | None = Field(default=None, description="the calibration profile that priced the prediction: "
+                                "its id, or \"file\" for one without an id; absent: uncalibrated")
 
     @model_validator(mode="after")
     def _check(self):

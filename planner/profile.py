@@ -38,6 +38,7 @@ class KernelSample:
     dtype: str = "float32"
     batch: int = 1
     backend: str = ""
+    gemm: tuple[int, int, int] | None = None  # matmul: (m, n, k) = (rows, output features, input features)
 
 
 class MeasuredCandidate(BaseModel):
@@ -77,6 +78,8 @@ class Profile(BaseModel):
     candidates: list[MeasuredCandidate] = []
     loo_error_before: float | None = None
     loo_error_after: float | None = None
+    loo_memory_error_before: float | None = None
+    loo_memory_error_after: float | None = None
     measurements: dict = Field(default_factory=dict, description="raw link and kernel samples")
 
     def save(self, path: str | Path) -> None:

@@ -15,12 +15,14 @@ from .model import ModelSpec, Workload
 
 @dataclass(frozen=True)
 class Compute:
-    """Per-rank compute: FLOPs and, for attention, the block length that sets its efficiency."""
+    """Per-rank compute: FLOPs and, for attention, the block length that sets its efficiency; for a GEMM the
+    rows (tokens) it runs on, which a calibrated matmul curve reads (0: unknown, the curve's largest size)."""
 
     name: str
     flops: float
     kind: str = "matmul"  # "matmul" or "attention"
     block: float = 0.0
+    rows: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -123,17 +125,25 @@ def ring_steps(c: Shape, backward: bool) -> list[Step]:
     return steps
 
 
-def balanced_attention(c: Shape, backward: bool) -> Compute:
+def attention_blocks(c: Shape) -> list[float]:
+    """Every block length a registered attention schedule runs at for these degrees: the ring block N/R
+    times a team size C dividing R (Ring, USP, TokenRing: C = 1; WallFacer's team block C N/R), and
+    METP's N/tp."""
+    R, N = c.ring, c.work.seq_len
+    return sorted({N / R * C for C in range(1, R + 1) if R % C == 0} | {N / c.tp})
+
+
+def balanced_attention(c: Shape, backward: bool, block: float) -> Compute:
     """A floor under any algorithm's attention compute on one rank: the layer's attention FLOPs (causal:
-    N(N+1)/2 of N^2 pairs) shared evenly over the tp x ulysses x ring ranks, as one block of the whole
-    sequence. Every schedule's busiest rank computes at least its even share (each round's busiest rank is
-    at least the average; WallFacer eq. 2-4, TokenRing and METP move the same pairs), and no algorithm runs
-    a block longer than N, so with efficiency non-decreasing in the block this costs no more than any of them."""
+    N(N+1)/2 of N^2 pairs) shared evenly over the tp x ulysses x ring ranks, as one call at ``block``.
+    Every schedule's busiest rank computes at least its even share (each round's busiest rank is at least
+    the average; WallFacer eqs. 2-4, TokenRing and METP move the same pairs); priced at the most
+    efficient of ``attention_blocks`` it costs no more than any of them."""
     N = c.work.seq_len
     frac = (N + 1) / (2 * N) if c.work.causal else 1.0
     mult = 2.5 if backward else 1.0  # FlashAttention backward: 5 block matmuls vs 2
     flops = mult * attention_flops(N, N, c.model.heads / c.tp, c.model.head_dim, c.b) * frac / (c.ulysses * c.ring)
-    return Compute(f"attention {'bwd' if backward else 'fwd'} (balanced)", flops, "attention", N)
+    return Compute(f"attention {'bwd' if backward else 'fwd'}", flops, "attention", block)
 
 
 def attention_steps(c: Shape, backward: bool) -> list[Step]:
@@ -155,7 +165,7 @@ def linear_steps(c: Shape, backward: bool) -> list[Step]:
     4 all-gathers + 4 reduce-scatters of bs L d per layer, forward and backward together)."""
     f = 2.0 * c.b * c.n_local * c.model.layer_params() / c.tp
     tag = "bwd" if backward else "fwd"
-    steps = [Step((Compute("linear " + tag, 2 * f if backward else f),))]
+    steps = [Step((Compute("linear " + tag, 2 * f if backward else f, rows=c.b * c.n_local),))]
     from .algorithms import ALGORITHMS
 
     if c.tp > 1 and ALGORITHMS[c.algorithm].tp_sp:
@@ -173,7 +183,7 @@ def layer_schedule(c: Shape, backward: bool, attention: bool = True) -> list[Ste
 def head_steps(c: Shape, training: bool) -> list[Step]:
     """Output projection (logits) on this rank's tokens, forward and, in training, backward."""
     f = 2.0 * c.b * c.n_local * c.model.hidden * c.model.vocab / c.tp
-    return [Step((Compute("lm head", 3 * f if training else f),))] if f else []
+    return [Step((Compute("lm head", 3 * f if training else f, rows=c.b * c.n_local),))] if f else []
 
 
 def pipeline_p2p(c: Shape, training: bool) -> list[Step]:

@@ -21,6 +21,7 @@ from .errors import PlanError
 from .estimate import Estimator, Orders
 from .layout import TOKEN_LAYOUTS, chunks_needed
 from .model import ModelSpec, Workload
+from .params import Params
 from .plan import Plan
 
 CHECKPOINTING = ("none", "attention_boundary", "full")
@@ -99,6 +100,8 @@ class SearchResult:
     space: int  # candidates in the space
     rejected: int  # variants of the expanded degrees with no memory policy that fits
     estimator: Estimator
+    profile: str | None = None  # the profile whose params priced it (its id, or "file"); None: uncalibrated
+    profile_line: str = ""  # calibration.resolve_params' line, for the user
 
 
 ZERO_COST = {0: 0, 1: 0, 2: 0, 3: 1}  # schedules.grad_sync: ZeRO-1/2 move what an all-reduce moves, ZeRO-3 1.5x
@@ -148,7 +151,7 @@ def price_group(est: Estimator, base: Candidate, orders: list, fitting: list, ba
     key = (base.dp, base.pp, base.tp, base.ulysses, base.ring, base.team, base.placement)
     batch = batches.get(key)
     if batch is None:
-        batch = batches[key] = Orders(est.engine, base.degrees, orders, base.placement)
+        batch = batches[key] = est.orders(base.degrees, orders, base.placement)
     times, _ = est.evaluate_orders(base, batch, fitting)
     best = times.argmin(axis=1)
     out = []
@@ -168,7 +171,8 @@ def degree_size(space: Space, d: Degrees) -> int:
 
 
 def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: Space | None = None,
-                progress: Callable[[int, int], None] | None = None, keep: int | None = 5) -> SearchResult:
+                progress: Callable[[int, int], None] | None = None, keep: int | None = 5,
+                params: Params | None = None) -> SearchResult:
     """Rank the valid layouts; for each (degrees, order, token layout) its fastest fitting policy.
 
     Memory fits are found once per degrees and dominated policies dropped; all mesh orders of a
@@ -182,8 +186,9 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     K-th best time found so far and the best time of each algorithm variant it covers cannot enter the
     top K nor change a variant's best, so it is dropped unexpanded (memory, schedules and prices are
     never built for it). ``keep=None`` prices all.
+    ``params``: calibrated physical parameters (planner/params.py); None: the uncalibrated engine.
     """
-    est = Estimator(cluster, model, workload)
+    est = Estimator(cluster, model, workload, params=params)
     space = space or Space(cluster.world_size, model, workload)
     queue: list = []  # (bound, kind, sequence number, payload); kind 0: degrees, 1: group, 2: tight group
     total = rejected = 0
@@ -269,7 +274,7 @@ def finish(result: SearchResult, cluster: Cluster, model: ModelSpec, workload: W
     """Full Plans (groups, predictions with breakdown, cluster fingerprint) for the ``top_k`` best."""
     est = result.estimator
     return [c.to_plan(cluster=cluster.name, cluster_fingerprint=est.fingerprint, model=model, workload=workload,
-                      predicted=est.predict(c)).with_groups()
+                      predicted=est.predict(c), profile=result.profile).with_groups()
             for _, c in result.ranked[:top_k]]
 
 
@@ -277,7 +282,7 @@ def finish_each(result: SearchResult, cluster: Cluster, model: ModelSpec, worklo
     """Full Plans for the fastest layout of every algorithm variant (exact under grid pruning too)."""
     est = result.estimator
     return [c.to_plan(cluster=cluster.name, cluster_fingerprint=est.fingerprint, model=model, workload=workload,
-                      predicted=est.predict(c))
+                      predicted=est.predict(c), profile=result.profile)
             for _, c in best_per_variant(result.ranked)]
 
 
@@ -292,12 +297,24 @@ def no_plan_error(cluster: Cluster, workload: Workload, result: SearchResult) ->
 
 
 def plan(cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int = 5,
-         progress: Callable[[int, int], None] | None = None, space: Space | None = None) -> list[Plan]:
-    """The ``top_k`` best plans for this cluster, model and workload, fastest first (deterministic)."""
-    res = grid_search(cluster, model, workload, space, progress, keep=top_k)
+         progress: Callable[[int, int], None] | None = None, space: Space | None = None, profile=None) -> list[Plan]:
+    """The ``top_k`` best plans for this cluster, model and workload, fastest first (deterministic).
+
+    ``profile``: a Profile, a profile id or file (str), None (the cluster's profile in the store, if any)
+    or False (none); each Plan records the profile used (``Plan.profile``)."""
+    from .calibration import resolve_params
+
+    params, line, prof = resolve_params(cluster, profile)
+    res = grid_search(cluster, model, workload, space, progress, keep=top_k, params=params)
+    res.profile, res.profile_line = profile_tag(prof), line
     if not res.ranked:
         raise no_plan_error(cluster, workload, res)
     return finish(res, cluster, model, workload, top_k)
+
+
+def profile_tag(prof) -> str | None:
+    """What a Plan records of the profile that priced it: its id, "file" for one without, None for none."""
+    return None if prof is None else (prof.id or "file")
 
 
 def largest_extra_cost(p: Plan, winner: Plan) -> tuple[str, float]:

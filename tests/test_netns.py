@@ -6,103 +6,47 @@ and `tc` (iproute2) and network namespaces; skipped, with the reason, where any 
 """
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import uuid
-
 import pytest
 
 from sp_plan.planner.cluster import Cluster
+from sp_plan.runtime import netns
 
 RATE_MBIT = 200  # tbf rate each way; 25e6 bytes/s
 RATE = RATE_MBIT * 1e6 / 8
 SIZES = "16K,64K,256K,1M"
-ADDR = ("10.77.0.1", "10.77.0.2")
-
-
-def _sh(*cmd: str) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-
-
-def _unavailable() -> str | None:
-    """Why two shaped namespaces cannot be made here, or None."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "network namespaces need root"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"`{tool}` not found (install iproute2)"
-    name = f"spprobe{uuid.uuid4().hex[:6]}"
-    p = _sh("ip", "netns", "add", name)
-    if p.returncode != 0:
-        return f"`ip netns add` failed: {p.stderr.strip() or p.returncode}"
-    _sh("ip", "netns", "del", name)
-    return None
 
 
 @pytest.fixture
 def shaped_pair():
     """Namespaces A and B, a veth between them, tbf at RATE_MBIT on both ends; removed afterwards."""
-    why = _unavailable()
+    why = netns.unavailable()
     if why:
         print(f"skipping the two-namespace test: {why}")
         pytest.skip(why)
-    tag = uuid.uuid4().hex[:6]
-    ns, dev = (f"spA{tag}", f"spB{tag}"), (f"va{tag}", f"vb{tag}")
-    steps = [("ip", "netns", "add", ns[0]), ("ip", "netns", "add", ns[1]),
-             ("ip", "link", "add", dev[0], "type", "veth", "peer", "name", dev[1])]
-    for n, d, a in zip(ns, dev, ADDR):
-        steps += [("ip", "link", "set", d, "netns", n), ("ip", "-n", n, "addr", "add", f"{a}/24", "dev", d),
-                  ("ip", "-n", n, "link", "set", d, "up"), ("ip", "-n", n, "link", "set", "lo", "up"),
-                  ("ip", "netns", "exec", n, "tc", "qdisc", "add", "dev", d, "root", "tbf", "rate", f"{RATE_MBIT}mbit",
-                   "burst", "32kb", "latency", "50ms")]
     try:
-        for s in steps:
-            p = _sh(*s)
-            if p.returncode != 0:
-                why = f"`{' '.join(s)}` failed: {p.stderr.strip()}"
-                print(f"skipping the two-namespace test: {why}")
-                pytest.skip(why)
-        yield ns, dev
-    finally:
-        for n in ns:
-            _sh("ip", "netns", "del", n)  # takes its end of the veth pair with it
+        with netns.shaped_pair(RATE_MBIT) as pair:
+            yield pair
+    except RuntimeError as e:
+        print(f"skipping the two-namespace test: {e}")
+        pytest.skip(str(e))
 
 
-def _run_world(ns, dev, args: list[str], cwd, timeout: float = 150) -> list[str]:
+def _run_world(pair, args: list[str], cwd, timeout: float = 150) -> list[str]:
     """Four ranks, two per namespace, with torchrun's variables; returns each rank's output."""
-    port = str(29500 + int(uuid.uuid4().hex[:3], 16) % 2000)
-    procs = []
-    for rank in range(4):
-        node = rank // 2
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="4", LOCAL_RANK=str(rank % 2), LOCAL_WORLD_SIZE="2",
-                   GROUP_RANK=str(node), MASTER_ADDR=ADDR[0], MASTER_PORT=port, GLOO_SOCKET_IFNAME=dev[node],
-                   OMP_NUM_THREADS="1")
-        cmd = ["ip", "netns", "exec", ns[node], sys.executable, "-m", "sp_plan.cli.app", *args]
-        procs.append(subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for rank, (p, o) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{o}"
-    return outs
+    res = netns.launch(["-m", "sp_plan.cli.app", *args], 4, 2, cwd, pair, timeout)
+    for rank, (code, o) in enumerate(res):
+        assert code == 0, f"rank {rank} exited {code}:\n{o}"
+    return [o for _, o in res]
 
 
 def test_two_nodes_in_namespaces(shaped_pair, tmp_path):
-    ns, dev = shaped_pair
-    outs = _run_world(ns, dev, ["discover", "-o", "c.yaml"], tmp_path)
+    dev = shaped_pair.devices
+    outs = _run_world(shaped_pair, ["discover", "-o", "c.yaml"], tmp_path)
     c = Cluster.load(tmp_path / "c.yaml")
     assert c.num_nodes == 2 and c.world_size == 4 and c.network == "ethernet", outs[0]
     assert f"nic0={dev[0]}" in c.source and "2 node(s)" in outs[0]
 
-    outs = _run_world(ns, dev, ["profile", "links", "--cluster", "c.yaml", "-o", "cal.yaml", "--sizes", SIZES], tmp_path)
+    outs = _run_world(shaped_pair, ["profile", "links", "--cluster", "c.yaml", "-o", "cal.yaml", "--sizes", SIZES], tmp_path)
     cal = Cluster.load(tmp_path / "cal.yaml")
     fits = cal.calibration["links"]["classes"]
     inter, intra = fits["inter:ethernet"]["ops"]["p2p"]["busbw"], fits["intra:shm"]["ops"]["p2p"]["busbw"]

@@ -1,0 +1,194 @@
+"""Does `sp-plan tune` make predictions true? Ground truth against the model, uncalibrated and calibrated.
+
+    python benchmarks/bench_tune.py [--worlds local4,local8,netns2x2] [--budget 5] [--repeats 2] [--json out.json]
+
+For each world (4 and 8 gloo ranks on this host; two hosts simulated by network namespaces joined
+by a veth shaped to 800 Mbit/s with `tc tbf`, two ranks each; runtime/netns.py):
+1. `sp-plan discover -o cluster.yaml` under the world, as a user starts;
+2. ground truth: every distinct layout of the model's ranking that fits (each algorithm, degrees,
+   placement and token layout with its best mesh order and memory policy) measured end to end with
+   the bundled runtime (`profiles/tune/candidate.py`, median of ``--repeats`` runs of the median of
+   its timed steps), for two small workloads: tiny-llama at 2k tokens (A) and tiny-gpt at 1k (B);
+3. `sp-plan tune` on workload A with a fresh store (``--budget`` candidates at most);
+4. against the ground truth, uncalibrated (the cluster file as discovered) and calibrated (the stored
+   profile): Spearman of predicted vs measured step time, median absolute step-time and peak-memory
+   error, the regret of the predicted best (its measured time over the measured best, minus 1), how
+   many candidates tune measured, and the transfer error: the profile tuned on A predicting B.
+Targets (issue 10): calibrated median step-time error <= 15 %, Spearman >= 0.8, regret <= 5 % with <= 5
+measured candidates, transfer error <= 25 %.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+WORKLOADS = {"A": ("tiny-llama", "2k"), "B": ("tiny-gpt", "1k")}
+WORLDS = {"local4": (4, 4, None), "local8": (8, 8, None), "netns2x2": (4, 2, 800)}
+HERE = Path(__file__).resolve()
+
+
+def worker_truth(args) -> None:
+    """(Inside the world) measure every distinct layout that fits; rank 0 writes them as JSON."""
+    from sp_plan.planner.params import Params
+    from sp_plan.profiles import load_cluster, load_model
+    from sp_plan.planner.model import Workload
+    from sp_plan.profiles.tune.choose import diversify
+    from sp_plan.profiles.tune.run import TuneOptions, ranked_plans, run_candidate
+    from sp_plan.runtime import probe
+
+    owned = probe.init_world(300)
+    rank = probe.dist.get_rank()
+    cluster = load_cluster(args.cluster)
+    model = load_model(args.model)
+    work = Workload(seq_len=args.seq_len, batch=1, causal=True, training=True)
+    pool = diversify(ranked_plans(cluster, model, work, Params(), keep=None), 1000)
+    opts = TuneOptions(candidate_timeout=args.timeout, layers=2, iters=3)
+    rows = []
+    for i, plan in enumerate(pool):
+        runs = [run_candidate(plan, model, work, cluster, opts) for _ in range(args.repeats)]
+        ok = [r for r in runs if r.status == "ok"]
+        best = runs[0] if not ok else ok[0].model_copy(update={
+            "measured_s": statistics.median(r.measured_s for r in ok),
+            "measured_memory": statistics.median(r.measured_memory for r in ok)})
+        rows.append(best.model_dump(mode="json"))
+        if rank == 0:
+            print(f"[{i + 1}/{len(pool)}] {plan.summary()}: {best.status} "
+                  f"{best.measured_s if best.measured_s is not None else '-'}", flush=True)
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(rows))
+    probe.dist.barrier()
+    probe.finish(owned)
+
+
+def _run(argv, world, per_node, cwd, pair, timeout=3600) -> str:
+    from sp_plan.runtime import netns
+
+    res = netns.launch(argv, world, per_node, cwd, pair, timeout)
+    for r, (code, out) in enumerate(res):
+        if code != 0:
+            raise RuntimeError(f"rank {r} of `{' '.join(argv)}` exited {code}:\n{out[-3000:]}")
+    return res[0][1]
+
+
+def spearman(a, b) -> float:
+    import pandas as pd
+
+    return float(pd.Series(a).corr(pd.Series(b), method="spearman")) if len(a) > 2 else float("nan")
+
+
+def score(cluster, truth: list[dict], params) -> dict:
+    """Spearman, median |error| of step time and memory, regret of the predicted best, under ``params``."""
+    from sp_plan.planner.plan import Plan
+    from sp_plan.profiles.tune.run import predict
+
+    ok = [t for t in truth if t["status"] == "ok"]
+    pred = [predict(cluster, Plan.model_validate(t["plan"]), params) for t in ok]
+    ps, pm = [p[0] for p in pred], [p[1] for p in pred]
+    ms, mm = [t["measured_s"] for t in ok], [t["measured_memory"] for t in ok]
+    pick = min(range(len(ok)), key=lambda i: ps[i])
+    return {"n": len(ok), "failed": len(truth) - len(ok), "spearman": spearman(ps, ms),
+            "step_err": statistics.median(abs(p - m) / m for p, m in zip(ps, ms)),
+            "mem_err": statistics.median(abs(p - m) / m for p, m in zip(pm, mm)),
+            "regret": ms[pick] / min(ms) - 1}
+
+
+def bench_world(name: str, args, tmp: Path) -> dict:
+    from sp_plan.planner.cluster import Cluster
+    from sp_plan.planner.params import Params
+    from sp_plan.profiles.store import Store
+    from sp_plan.runtime import netns
+
+    world, per_node, rate = WORLDS[name]
+    cwd = tmp / name
+    cwd.mkdir()
+    pair_cm = netns.shaped_pair(rate) if rate else None
+    pair = pair_cm.__enter__() if pair_cm else None
+    try:
+        t0 = time.monotonic()
+        _run(["-m", "sp_plan.cli.app", "discover", "-o", "cluster.yaml"], world, per_node, cwd, pair)
+        cluster = Cluster.load(cwd / "cluster.yaml")
+        truths = {}
+        for w, (model, seq) in WORKLOADS.items():
+            out = cwd / f"truth-{w}.json"
+            _run([str(HERE), "--worker", "truth", "--cluster", "cluster.yaml", "--model", model, "--seq-len", seq,
+                  "--out", str(out), "--repeats", str(args.repeats), "--timeout", str(args.timeout)],
+                 world, per_node, cwd, pair)
+            truths[w] = json.loads(out.read_text())
+        t_truth = time.monotonic() - t0
+        store = f"sqlite:///{cwd / 'store.db'}"
+        model, seq = WORKLOADS["A"]
+        t1 = time.monotonic()
+        log = _run(["-m", "sp_plan.cli.app", "tune", "--cluster", "cluster.yaml", "--model", model, "--seq-len", seq,
+                    "--budget", str(args.budget), "--store", store, "--candidate-timeout", str(args.timeout)],
+                   world, per_node, cwd, pair)
+        t_tune = time.monotonic() - t1
+        (cwd / "tune.log").write_text(log)
+        profile = Store(store).list_profiles()[0]
+    finally:
+        if pair_cm:
+            pair_cm.__exit__(None, None, None)
+    res = {"world": name, "ranks": world, "truth_s": t_truth, "tune_s": t_tune,
+           "tuned": len(profile.candidates), "profile": profile.id}
+    for w, truth in truths.items():
+        res[w] = {"uncalibrated": score(cluster, truth, Params()), "calibrated": score(cluster, truth, profile.params)}
+    return res
+
+
+def report(results: list[dict]) -> None:
+    print(f"\n{'world':<9} {'wl':<3} {'model':<13} {'n':>3} {'Spearman':>17} {'step err':>15} {'mem err':>15} "
+          f"{'regret':>15} {'tuned':>5}")
+    for r in results:
+        for w in WORKLOADS:
+            u, c = r[w]["uncalibrated"], r[w]["calibrated"]
+            tag = "A (tuned)" if w == "A" else "B (transfer)"
+            print(f"{r['world']:<9} {w:<3} {WORKLOADS[w][0]:<13} {u['n']:>3} {u['spearman']:>7.2f} -> {c['spearman']:>5.2f}"
+                  f" {u['step_err']:>6.1%} -> {c['step_err']:>5.1%} {u['mem_err']:>6.1%} -> {c['mem_err']:>5.1%}"
+                  f" {u['regret']:>6.1%} -> {c['regret']:>5.1%} {r['tuned'] if w == 'A' else '':>5}  {tag}")
+        print(f"{'':<9} ground truth {r['truth_s']:.0f} s, tune {r['tune_s']:.0f} s, profile {r['profile']}")
+    print("columns: uncalibrated -> calibrated; transfer error = B's calibrated step err (profile tuned on A)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worlds", default="local4,local8,netns2x2")
+    ap.add_argument("--budget", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--worker", default=None)
+    ap.add_argument("--cluster")
+    ap.add_argument("--model")
+    ap.add_argument("--seq-len")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.worker == "truth":
+        return worker_truth(args)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=HERE.parent).stdout.strip() or "unknown"
+    print(f"bench_tune at commit {commit}, {os.cpu_count()} CPU cores")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="sp_plan_bench_tune_") as d:
+        for name in args.worlds.split(","):
+            if WORLDS[name][2]:
+                from sp_plan.runtime import netns
+
+                why = netns.unavailable()
+                if why:
+                    print(f"{name}: skipped ({why})")
+                    continue
+            results.append(bench_world(name, args, Path(d)))
+            report(results[-1:])
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    report(results)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""`sp-plan profile list|show|export|import|delete`: the profiles in the store (profiles/store.py).
+
+Registered on the `sp-plan profile` group of cli/discover.py; every command takes ``--store URL``
+(default ``$SP_PLAN_STORE``, else SQLite in the user data directory).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from sp_plan.cli.discover import _fail, err, out, profile_app
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.profile import Profile
+
+STORE_HELP = "store URL (SQLAlchemy: sqlite:///FILE, postgresql+psycopg://...; default $SP_PLAN_STORE, else the user data dir)"
+
+
+def _store(url: Optional[str]):
+    from sp_plan.profiles.store import Store  # noqa: PLC0415
+
+    return Store(url)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _secs(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
+
+
+def _stack(stack: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in stack.items()) or "-"
+
+
+@profile_app.command("list")
+def list_cmd(
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    cluster: Optional[str] = typer.Option(None, "--cluster", help="only profiles of this cluster (preset name or cluster file)"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a --cluster preset"),
+) -> None:
+    """List the stored profiles, newest first."""
+    try:
+        fp = None
+        if cluster is not None:
+            from sp_plan.profiles import load_cluster  # noqa: PLC0415
+
+            fp = load_cluster(cluster, nodes).topology_fingerprint()
+        elif nodes is not None:
+            raise PlanError("--nodes", "only filters together with --cluster", "add --cluster NAME|FILE or drop --nodes")
+        st = _store(store)
+        profiles = st.list_profiles(fp)
+    except PlanError as e:
+        _fail(e)
+    t = Table(title=f"profiles in {st.shown}" + (f" for fingerprint {fp}" if fp else ""))
+    for c in ("id", "cluster", "fingerprint", "created", "candidates measured", "LOO error after", "stack"):
+        t.add_column(c, justify="right" if c in ("candidates measured", "LOO error after") else "left")
+    for p in profiles:
+        ok = sum(1 for c in p.candidates if c.status == "ok")
+        t.add_row(p.id or "", escape(p.cluster), p.cluster_fingerprint, p.created_at, f"{ok}/{len(p.candidates)}",
+                  _pct(p.loo_error_after), escape(_stack(p.stack)))
+    if profiles:
+        out.print(t)
+    else:
+        out.print("no profiles stored" + (" for this cluster" if fp else "") + "; make one with `sp-plan tune` or "
+                  "`sp-plan profile import FILE`", highlight=False)
+
+
+@profile_app.command("show")
+def show_cmd(
+    id: str = typer.Argument(..., help="profile id (see `sp-plan profile list`)"),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+) -> None:
+    """Print one profile: what was fitted, and each candidate predicted before / after and measured."""
+    try:
+        p = _store(store).get_profile(id)
+    except PlanError as e:
+        _fail(e)
+    out.print(f"[bold]{escape(p.line())}[/]", highlight=False)
+    out.print(f"cluster {escape(p.cluster or '-')}, fingerprint {p.cluster_fingerprint}, stack {escape(_stack(p.stack))}, "
+              f"leave-one-out error {_pct(p.loo_error_before)} before -> {_pct(p.loo_error_after)} after", highlight=False,
+              soft_wrap=True)
+    if p.workloads:
+        out.print("workloads: " + escape("; ".join(", ".join(f"{k}={v}" for k, v in w.items()) for w in p.workloads)),
+                  highlight=False, soft_wrap=True)
+    t = Table(title="parameters fitted")
+    t.add_column("parameter")
+    t.add_column("value")
+    for name, value in p.params.model_dump(mode="json", exclude_defaults=True).items():
+        t.add_row(name, escape(str(value)))
+    out.print(t)
+    for line in p.fitted:
+        out.print(f"  {escape(line)}", highlight=False)
+    c = Table(title="candidates (step time)")
+    for col in ("#", "layout", "status", "predicted before", "predicted after", "measured", "error after"):
+        c.add_column(col, justify="left" if col in ("layout", "status") else "right")
+    for i, m in enumerate(p.candidates):
+        e = "-"
+        if m.measured_s and m.predicted_after_s is not None:
+            e = f"{(m.predicted_after_s - m.measured_s) / m.measured_s:+.1%}"
+        c.add_row(str(i + 1), escape(m.summary), m.status + (f" ({escape(m.reason)})" if m.reason else ""),
+                  _secs(m.predicted_before_s), _secs(m.predicted_after_s), _secs(m.measured_s), e)
+    out.print(c)
+
+
+@profile_app.command("export")
+def export_cmd(
+    id: str = typer.Argument(..., help="profile id"),
+    output: Path = typer.Option(..., "-o", "--output", help="write the profile here (.yaml or .json)"),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+) -> None:
+    """Write a stored profile to a file (to share it, or to pass as `--profile FILE`)."""
+    try:
+        p = _store(store).get_profile(id)
+        try:
+            p.save(output)
+        except OSError as e:
+            raise PlanError("--output", f"cannot write {output} ({e.strerror or e})", "pass a writable path") from None
+    except PlanError as e:
+        _fail(e)
+    out.print(f"wrote {output} (profile {p.id})", highlight=False)
+
+
+@profile_app.command("import")
+def import_cmd(
+    path: Path = typer.Argument(..., help="a profile file (from `sp-plan profile export` or `sp-plan tune -o`)"),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+) -> None:
+    """Store a profile file; prints its id (kept from the file unless another profile holds it)."""
+    try:
+        p = Profile.load(path)
+        st = _store(store)
+        if p.id and st.has_profile(p.id) and st.get_profile(p.id) != p:
+            p.id = None  # that id holds a different profile: keep both
+        pid = st.save_profile(p)
+    except PlanError as e:
+        _fail(e)
+    err.print(f"imported {path} as profile {pid} ({escape(p.cluster or '-')}, fingerprint {p.cluster_fingerprint}) "
+              f"into {st.shown}", highlight=False)
+    out.print(pid, highlight=False)
+
+
+@profile_app.command("delete")
+def delete_cmd(
+    id: str = typer.Argument(..., help="profile id"),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+) -> None:
+    """Remove a profile from the store."""
+    try:
+        st = _store(store)
+        st.delete_profile(id)
+    except PlanError as e:
+        _fail(e)
+    out.print(f"deleted profile {id} from {st.shown}", highlight=False)

@@ -1,0 +1,172 @@
+"""`sp-plan tune`: profile the running cluster once (under torchrun), store the profile, write the best measured plan."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sp_plan.planner.errors import PlanError
+
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def _secs(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
+
+
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x / 2**30:.2f} GiB"
+
+
+def _err(pred: float | None, meas: float | None) -> str:
+    return "-" if not pred or not meas else f"{(pred - meas) / meas:+.0%}"
+
+
+def candidates_table(profile) -> Table:
+    """Every measured candidate: predicted before and after calibration, measured; time and peak memory."""
+    t = Table(title="measured candidates (predicted before -> after calibration, measured)")
+    for c in ("#", "layout", "status", "step before", "step after", "measured", "err after", "mem before",
+              "mem after", "mem measured", "note"):
+        t.add_column(c, justify="left" if c in ("layout", "status", "note") else "right")
+    for i, c in enumerate(profile.candidates):
+        note = c.reason if c.status != "ok" else "; ".join(str(v) for k, v in c.detail.items() if k == "fallbacks" and v)
+        if c.status != "ok" and c.rank is not None:
+            note = f"rank {c.rank}: {note}"
+        t.add_row(str(i + 1), c.summary, c.status, _secs(c.predicted_before_s), _secs(c.predicted_after_s),
+                  _secs(c.measured_s), _err(c.predicted_after_s, c.measured_s), _gib(c.predicted_memory_before),
+                  _gib(c.predicted_memory_after), _gib(c.measured_memory), escape(note[:80]))
+    return t
+
+
+def _world() -> bool:
+    """Join torchrun's world, or make a world of one on this host when not under torchrun."""
+    from sp_plan.runtime import probe
+    from sp_plan.runtime.spawn import free_port
+
+    if not probe.under_torchrun():
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    return probe.init_world(120.0)
+
+
+def tune_cmd(
+    cluster: str = typer.Option(..., "--cluster", help="cluster file from `sp-plan discover` (or a preset name)"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a preset"),
+    model: str = typer.Option(..., "--model", help="model preset name or model YAML file"),
+    seq_len: str = typer.Option(..., "--seq-len", help="tokens per sequence: 131072, 128k or 1m"),
+    batch: int = typer.Option(1, "--batch", help="global batch (sequences per step)"),
+    causal: bool = typer.Option(True, "--causal/--no-causal", help="causal (decoder) or full attention"),
+    inference: bool = typer.Option(False, "--inference", help="forward only"),
+    budget: int = typer.Option(5, "--budget", help="candidates to measure at most"),
+    max_minutes: float = typer.Option(30.0, "--max-minutes", help="stop choosing candidates after this long"),
+    candidate_timeout: float = typer.Option(600.0, "--candidate-timeout", help="seconds one candidate may run"),
+    store: Optional[str] = typer.Option(None, "--store", help="SQLAlchemy URL of the profile store (default: "
+                                        "$SP_PLAN_STORE, else SQLite in the user data directory)"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the best measured plan here"),
+    layers: int = typer.Option(2, "--layers", help="layers each candidate runs (the model's others are scaled)"),
+    iters: int = typer.Option(3, "--iters", help="timed steps per candidate (median)"),
+    pool: int = typer.Option(12, "--pool", help="distinct layouts the choice draws from"),
+    link_sizes: Optional[str] = typer.Option(None, "--link-sizes", help="message sizes for the link step, e.g. 64K,1M"),
+) -> None:
+    """Measure links, kernels and the best candidates on this cluster; calibrate; store the profile."""
+    from sp_plan.runtime import probe
+
+    from sp_plan.planner.model import Workload, parse_seq_len
+    from sp_plan.profiles import load_cluster, load_model
+
+    rank, owned, st = 0, False, None
+    try:
+        for flag, v in (("--budget", budget), ("--iters", iters), ("--layers", layers), ("--pool", pool), ("--batch", batch)):
+            if v < 1:
+                raise PlanError(flag, f"must be at least 1, got {v}", f"pass {flag} 1 or more")
+        if max_minutes <= 0 or candidate_timeout <= 0:
+            raise PlanError("--max-minutes" if max_minutes <= 0 else "--candidate-timeout", "must be positive",
+                            "pass a positive number")
+        c = load_cluster(cluster, nodes)
+        m = load_model(model)
+        w = Workload(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference)
+        from sp_plan.cli.discover import parse_sizes
+        from sp_plan.profiles.tune.run import TuneOptions, tune
+
+        opts = TuneOptions(budget=budget, max_minutes=max_minutes, candidate_timeout=candidate_timeout, pool=pool,
+                           layers=layers, iters=iters, link_sizes=parse_sizes(link_sizes) if link_sizes else None)
+        owned = _world()
+        rank = probe.dist.get_rank()
+        problem = None
+        if rank == 0:
+            try:
+                from sp_plan.profiles.store import Store
+
+                st = Store(store)
+            except PlanError as e:
+                problem = str(e)
+        box = [problem]
+        probe.dist.broadcast_object_list(box, src=0)
+        if box[0]:
+            raise PlanError("--store", box[0].split(": ", 1)[-1], "pass a reachable SQLAlchemy URL with --store")
+    except PlanError as e:
+        if rank == 0:
+            err.print(f"[bold red]error[/]: {e}", highlight=False, soft_wrap=True)
+        probe.finish(owned)
+        raise typer.Exit(2)
+
+    try:
+        if rank == 0:
+            out.print(f"[bold]tune[/] {c.name} ({c.world_size} ranks, topology {c.topology_fingerprint()}), {m.name}, "
+                      f"{w.seq_len:,} tokens x {w.batch}, {'training' if w.training else 'inference'}; store {st.shown}",
+                      highlight=False)
+            with Progress(TextColumn("{task.fields[step]:>10}"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("{task.description}"), TimeElapsedColumn(), console=err) as prog:
+                tasks = {s: prog.add_task("", total=None, step=s) for s in ("links", "kernels", "candidates")}
+                tick = lambda step, i, n, label: prog.update(tasks[step], completed=i, total=n,  # noqa: E731
+                                                             description=escape(label[:90]))
+                report = tune(c, m, w, st, opts, tick)
+        else:
+            report = tune(c, m, w, None, opts)
+    except PlanError as e:
+        if rank == 0:
+            err.print(f"[bold red]error[/]: {e}", highlight=False, soft_wrap=True)
+        probe.finish(owned)
+        raise typer.Exit(2)
+    except Exception as e:  # noqa: BLE001 - a dead rank or broken world: what was measured is in the store
+        if rank == 0:
+            err.print(f"[bold red]error[/]: the tune stopped: {type(e).__name__}: {str(e).splitlines()[0][:200]}; "
+                      "everything measured so far is stored: run the same command again to resume", highlight=False)
+        raise typer.Exit(1)
+    if rank == 0:
+        p = report.profile
+        if report.resumed:
+            out.print(f"resumed run {report.run_id}: reused {', '.join(report.reused) or 'nothing'}")
+        out.print(f"software stack: " + ", ".join(f"{k} {v}" for k, v in p.stack.items() if v), highlight=False)
+        out.print(candidates_table(p))
+        before = "n/a" if p.loo_error_before is None else f"{p.loo_error_before:.1%}"
+        after = "n/a" if p.loo_error_after is None else f"{p.loo_error_after:.1%}"
+        out.print(f"leave-one-out step-time error: {before} uncalibrated -> {after} calibrated", highlight=False)
+        if p.loo_memory_error_after is not None:
+            out.print(f"leave-one-out peak-memory error: {p.loo_memory_error_before:.1%} uncalibrated -> "
+                      f"{p.loo_memory_error_after:.1%} calibrated", highlight=False)
+        out.print("fitted: " + ("; ".join(p.fitted) or "nothing (no candidate ran)"), highlight=False)
+        out.print(f"stopped: {report.stop_reason}", highlight=False)
+        out.print(f"stored profile [bold]{p.id}[/] in {st.shown}", highlight=False)
+        if output and report.best is not None:
+            report.best.save(output)
+            out.print(f"wrote {output}: {report.best.summary()} measured {_secs(report.best.measured.step_time_s)}, "
+                      f"predicted {_secs(report.best.predicted.step_time_s)}", highlight=False)
+        elif output:
+            err.print("[yellow]no candidate ran successfully; no plan written[/]")
+    probe.dist.barrier()
+    probe.finish(owned)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune")(tune_cmd)

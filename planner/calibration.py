@@ -1,0 +1,393 @@
+"""Calibration: fit the engine's physical parameters (planner/params.py) to measurements of one cluster.
+
+design.md, "Profile once per cluster": kernel samples give the attention and GEMM efficiency curves,
+link fits (planner/discover/calibrate.py) give each collective's efficiency and fixed cost per link
+class, and the candidates tune ran give what the schedules cannot see: how much of a double-buffered
+round really overlaps, a fixed cost per attention block call, the framework's memory overhead and how
+far the activation formulas are off. Pure numpy/scipy; the engine itself prices every trial.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import least_squares, lsq_linear
+
+from .candidate import Candidate
+from .cluster import NET, Cluster
+from .discover.calibrate import bus_factor
+from .engine import GroupShape, LinkEngine, StepCost, pattern_steps
+from .errors import PlanError
+from .estimate import Estimator
+from .params import PATTERN_CLASS, CommFit, Curve, Params
+from .plan import Plan
+from .profile import KernelSample, MeasuredCandidate, Profile
+
+#: link-measurement op (runtime/probe.py) -> engine pattern (engine.pattern_steps)
+OP_PATTERN = {"p2p": "shift", "p2p_bidir": "shift_bi", "all_gather": "all_gather",
+              "reduce_scatter": "reduce_scatter", "all_to_all": "all_to_all"}
+GIB = 2.0 ** 30
+
+
+# ---- profile resolution
+def resolve_params(cluster: Cluster, profile=None, store=None) -> tuple[Params, str, Profile | None]:
+    """(Params to price with, one line for the user, the Profile applied or None) for ``profile``:
+    a Profile, an id or file (str), None (the cluster's newest stored profile) or False (none).
+
+    Delegates to sp_plan.profiles.store.resolve_profile; ``store`` is a Store or a URL. Without the
+    store module, None means no profile and a str must be a profile file."""
+    try:
+        from sp_plan.profiles import store as store_mod
+    except ImportError:
+        store_mod = None
+    if store_mod is not None:
+        if isinstance(store, str):
+            store = store_mod.Store(store)
+        prof, line = store_mod.resolve_profile(profile, cluster, store=store)
+    else:
+        prof, line = _resolve_without_store(profile, cluster)
+    if prof is None:
+        why = line.removeprefix("profile: ")
+        return Params(), (why if why.startswith("not using") else f"not using a profile: {why}"), None
+    return prof.params, (line if line.startswith("using") else f"using {line}"), prof
+
+
+def _resolve_without_store(spec, cluster: Cluster) -> tuple[Profile | None, str]:
+    """resolve_profile's rules for a Profile, a file and False when the store module is absent."""
+    from pathlib import Path
+
+    if spec is False:
+        return None, "not using a profile: --no-profile"
+    if spec is None:
+        return None, "not using a profile: no profile store in this installation"
+    if isinstance(spec, str):
+        if not Path(spec).exists():
+            raise PlanError("--profile", f"no profile file {spec!r} (and no profile store to look up an id)",
+                            "pass a profile file written by `sp-plan tune` or Profile.save")
+        spec = Profile.load(spec)
+    if not isinstance(spec, Profile):
+        raise PlanError("--profile", f"cannot use {type(spec).__name__} as a profile", "pass a file, an id, or nothing")
+    fp = cluster.topology_fingerprint()
+    if spec.cluster_fingerprint != fp:
+        return None, (f"not using a profile: profile {spec.id or '(file)'} is for cluster fingerprint "
+                      f"{spec.cluster_fingerprint}, this cluster is {fp}")
+    return spec, f"using {spec.line()}"
+
+
+# ---- kernel curves
+def kernel_curves(samples: list[KernelSample], peak_flops: float) -> dict[str, Curve]:
+    """Efficiency curves per kernel kind: flops / (seconds x peak), median over repeats at one size
+    (heads pooled: efficiency is per FLOP), sorted by size. Keys are Params fields (attention_fwd, ...)."""
+    if not peak_flops > 0:
+        raise PlanError("peak_flops", f"must be positive, got {peak_flops}", "pass the device's peak FLOP/s for the dtype")
+    by: dict[str, dict[int, list[float]]] = {}
+    for s in samples:
+        if s.seconds > 0 and s.flops > 0:
+            by.setdefault(s.kind, {}).setdefault(int(s.size), []).append(s.flops / (s.seconds * peak_flops))
+    return {kind: Curve(points=tuple((float(n), float(np.median(v))) for n, v in sorted(sizes.items())))
+            for kind, sizes in by.items()}
+
+
+# ---- link fits
+def _lone_pair(engine: LinkEngine, pattern: str, a: int, b: int) -> StepCost:
+    """One pair alone (what probe p2p times): its routes loaded once per direction used."""
+    flows = [(a, b)] + ([(b, a)] if pattern == "shift_bi" else [])
+    load: dict = {}
+    lat = 0.0
+    for s, d in flows:
+        edges, l = engine.route(s, d)
+        lat = max(lat, l)
+        for e in edges:
+            load[e] = load.get(e, 0.0) + 1.0
+    if not load:
+        return StepCost(0, 0.0, 0.0, "")
+    worst = max(load, key=lambda e: load[e] / engine.local.edges[e]["capacity"])
+    return StepCost(1, load[worst] / engine.local.edges[worst]["capacity"], lat, f"{worst[0]}->{worst[1]}",
+                    "inter" if NET in worst else "intra")
+
+
+def modelled_cost(cluster: Cluster, engine: LinkEngine, link_class: str, op: str, group_size: int,
+                  pair: tuple[int, int] | None = None) -> StepCost:
+    """The engine's cost of a link measurement placed as runtime/probe.plan_probes places it: p2p on the
+    class's pair alone; collectives on every node's ranks at once (intra) or on every rail at once (inter)."""
+    pattern = OP_PATTERN[op]
+    gpn, inter = cluster.devices_per_node, link_class.startswith("inter")
+    if op in ("p2p", "p2p_bidir"):
+        a, b = pair if pair else ((0, gpn) if inter else (0, 1))
+        return _lone_pair(engine, pattern, a, b)
+    stride = gpn if inter else 1
+    return engine.cost(pattern, GroupShape(((group_size, stride),), cluster.world_size))
+
+
+def comm_fits(cluster: Cluster, links: dict) -> dict[str, CommFit]:
+    """CommFit per "PATTERN_CLASS/LINK_CLASS" from ``calibration['links']`` (discover/calibrate.py).
+
+    efficiency = measured busbw / the engine's busbw for the same op and placement, with busbw =
+    bytes x bus_factor / time (nccl-tests); alpha per step = measured alpha / steps - the engine's path
+    latency (the engine already charges that), at least 0."""
+    classes = links.get("classes", links)
+    engine = LinkEngine(cluster)
+    out: dict[str, CommFit] = {}
+    for cls in sorted(classes, key=lambda c: (not c.startswith("intra"), c)):
+        entry = classes[cls]
+        lc = "inter" if cls.startswith("inter") else "intra"
+        if lc == "inter" and cluster.num_nodes < 2:
+            continue
+        pair = tuple(entry["pair"]) if len(entry.get("pair") or ()) == 2 else None
+        for op, f in entry.get("ops", {}).items():
+            if op not in OP_PATTERN or not f.get("busbw"):
+                continue
+            n = int(f.get("group_size", 2))
+            if n < 2 or (lc == "inter" and op not in ("p2p", "p2p_bidir") and n > cluster.num_nodes) or \
+                    (lc == "intra" and n > cluster.devices_per_node):
+                continue
+            cost = modelled_cost(cluster, engine, cls, op, n, pair)
+            if not cost.steps or cost.sec_per_byte <= 0:
+                continue
+            model_busbw = bus_factor(op, n) / (cost.steps * cost.sec_per_byte)
+            key = f"{PATTERN_CLASS[OP_PATTERN[op]]}/{lc}"
+            if key in out:  # one fit per pattern class and link class: the first (sorted) class wins
+                continue
+            alpha = max(0.0, float(f.get("alpha_s", 0.0)) / pattern_steps(OP_PATTERN[op], n) - cost.latency)
+            out[key] = CommFit(alpha_s=alpha, efficiency=float(f["busbw"]) / model_busbw)
+    return out
+
+
+# ---- fitting to measured candidates
+@dataclass
+class _Case:
+    """One ok candidate, rebuilt: plan, model, workload, candidate; measured time and memory."""
+
+    index: int
+    plan: Plan
+    cand: Candidate
+    key: str
+    time: float | None
+    memory: float | None
+
+
+class _Pricer:
+    """Re-estimates the candidates under trial Params (one LinkEngine; Estimators per params and workload)."""
+
+    def __init__(self, cluster: Cluster, cases: list[_Case]):
+        self.cluster, self.cases = cluster, cases
+        self.engine = LinkEngine(cluster)
+        self.work = {c.key: (c.plan.model, c.plan.workload) for c in cases}
+        self._time: dict = {}
+
+    def estimator(self, key: str, params: Params) -> Estimator:
+        m, w = self.work[key]
+        return Estimator(self.cluster, m, w, engine=self.engine, params=params)
+
+    def times(self, params: Params, cases: list[_Case]) -> np.ndarray:
+        """Predicted step time of each case (cached by params and case)."""
+        out = []
+        ests: dict = {}
+        tag = params.model_dump_json()
+        for c in cases:
+            k = (tag, c.index)
+            if k not in self._time:
+                est = ests.get(c.key) or ests.setdefault(c.key, self.estimator(c.key, params))
+                self._time[k] = est.evaluate(c.cand).step_time_s
+            out.append(self._time[k])
+        return np.array(out)
+
+    def memory_parts(self, params: Params, cases: list[_Case]) -> tuple[np.ndarray, np.ndarray]:
+        """(rest, activations) per case with the activation factor 1 and no overhead: memory is
+        rest + factor x activations + overhead (Estimator.memory)."""
+        neutral = params.model_copy(update={"activation_factor": 1.0, "memory_overhead_bytes": 0.0})
+        twice = neutral.model_copy(update={"activation_factor": 2.0})
+        a = np.array([sum(self.estimator(c.key, neutral).memory(c.cand).values()) for c in cases])
+        b = np.array([sum(self.estimator(c.key, twice).memory(c.cand).values()) for c in cases])
+        return 2 * a - b, b - a
+
+    def memories(self, params: Params, cases: list[_Case]) -> np.ndarray:
+        return np.array([sum(self.estimator(c.key, params).memory(c.cand).values()) for c in cases])
+
+
+@dataclass
+class FitResult:
+    """What fit() found: the params, what was fitted (in words), errors before and after, per-candidate predictions."""
+
+    params: Params
+    fitted: list[str]
+    loo_error_before: float | None  # median |pred - meas| / meas of step time, base params
+    loo_error_after: float | None  # the same, each candidate predicted by a fit without it
+    memory_error_before: float | None = None
+    memory_error_after: float | None = None  # leave-one-out, peak memory
+    predicted_before: list[tuple[float | None, float | None]] = field(default_factory=list)  # (s, bytes) per candidate
+    predicted_after: list[tuple[float | None, float | None]] = field(default_factory=list)  # with the full fit
+    notes: list[str] = field(default_factory=list)  # what was not fitted, and why
+    candidates: list[MeasuredCandidate] = field(default_factory=list)  # copies with predicted_* filled in
+
+
+def _cases(candidates: list[MeasuredCandidate]) -> list[_Case]:
+    out = []
+    for i, mc in enumerate(candidates):
+        if mc.status != "ok":
+            continue
+        try:
+            plan = Plan.model_validate(mc.plan)
+        except (PlanError, ValueError) as e:
+            raise PlanError(f"candidates[{i}].plan", f"not a valid plan document: {e}", "store the whole Plan that ran")
+        if plan.model is None or plan.workload is None:
+            raise PlanError(f"candidates[{i}].plan", "the plan document has no model or workload",
+                            "store the Plan with its model and workload (search.finish fills them)")
+        key = plan.model.model_dump_json() + plan.workload.model_dump_json()
+        ok_t = mc.measured_s is not None and mc.measured_s > 0
+        ok_m = mc.measured_memory is not None and mc.measured_memory > 0
+        out.append(_Case(i, plan, Candidate.from_plan(plan), key, mc.measured_s if ok_t else None,
+                         mc.measured_memory if ok_m else None))
+    return out
+
+
+def _check_cases(pricer: _Pricer, cases: list[_Case]) -> None:
+    for c in cases:
+        pricer.estimator(c.key, Params()).check(c.cand)
+
+
+TIME_REG = 0.05  # weight of the pull toward neutral (overlap 1, no overhead) when data are fewer than parameters
+
+
+def _fit_time(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Params, list[str], list[str]]:
+    """Fit overlap in [0, 1] and round_overhead_s >= 0 to measured step times (relative errors,
+    scipy least_squares from the best of a small grid); only parameters the cases move are fitted."""
+    cases = [c for c in cases if c.time is not None]
+    if not cases:
+        return base, [], ["overlap and round overhead not fitted: no candidate with a measured step time"]
+    meas = np.array([c.time for c in cases])
+
+    def with_(x):
+        return base.model_copy(update={"overlap": float(min(max(x[0], 0.0), 1.0)),
+                                       "round_overhead_s": float(max(x[1], 0.0)) * 1e-3})
+
+    def pred(x):
+        return pricer.times(with_(x), cases)
+
+    free = []
+    if np.max(np.abs(pred([0.0, base.round_overhead_s * 1e3]) - pred([1.0, base.round_overhead_s * 1e3])) / meas) > 1e-9:
+        free.append(0)
+    if np.max(np.abs(pred([base.overlap, 1.0]) - pred([base.overlap, 0.0])) / meas) > 1e-9:
+        free.append(1)
+    notes = [] if 0 in free else ["overlap not fitted: no measured candidate has a double-buffered round with communication"]
+    if not free:
+        return base, [], notes + ["round overhead not fitted: no measured candidate runs attention"]
+    x0 = np.array([base.overlap, base.round_overhead_s * 1e3])
+    neutral = np.array([1.0, 0.0])
+    reg = len(cases) < len(free)
+
+    def resid(z):
+        x = x0.copy()
+        x[free] = z
+        r = pred(x) / meas - 1.0
+        return np.concatenate([r, TIME_REG * (z - neutral[free])]) if reg else r
+
+    grid_axes = [np.array([0.0, 0.25, 0.5, 0.75, 1.0]), np.array([0.0, 0.1, 0.5, 2.0, 10.0])]
+    starts = np.array(np.meshgrid(*[grid_axes[i] for i in free])).reshape(len(free), -1).T
+    z0 = min(starts, key=lambda z: float(np.sum(resid(z) ** 2)))
+    lo, hi = np.array([0.0, 0.0])[free], np.array([1.0, np.inf])[free]
+    sol = least_squares(resid, z0, bounds=(lo, hi), x_scale=np.array([0.1, 1.0])[free], diff_step=1e-6,
+                        xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=400)
+    x = x0.copy()
+    x[free] = sol.x
+    out = with_(x)
+    n = f"from {len(cases)} candidate{'s' if len(cases) != 1 else ''}" + (", regularized toward neutral" if reg else "")
+    words = []
+    if 0 in free:
+        words.append(f"overlap {out.overlap:.2f} ({n})")
+    if 1 in free:
+        words.append(f"round overhead {out.round_overhead_s * 1e3:.2f} ms per attention call ({n})")
+    return out, words, notes
+
+
+def _fit_memory(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Params, list[str], list[str]]:
+    """Fit memory = rest + activation_factor x activations + overhead to measured peaks (relative errors,
+    linear least squares); the factor only with two or more candidates whose activations differ by > 5%."""
+    cases = [c for c in cases if c.memory is not None]
+    if not cases:
+        return base, [], ["memory not fitted: no candidate with a measured peak memory"]
+    meas = np.array([c.memory for c in cases])
+    rest, act = pricer.memory_parts(base, cases)
+    both = len(cases) >= 2 and act.max() > 1.05 * act.min() > 0
+    n = f"from {len(cases)} candidate{'s' if len(cases) != 1 else ''}"
+    if both:  # rows: (act/meas) k + (GiB/meas) o = 1 - rest/meas
+        a = np.stack([act / meas, GIB / meas], axis=1)
+        sol = lsq_linear(a, 1.0 - rest / meas, bounds=([0.05, -np.inf], [20.0, np.inf]))
+        k, over = float(sol.x[0]), float(sol.x[1]) * GIB
+        return (base.model_copy(update={"activation_factor": k, "memory_overhead_bytes": over}),
+                [f"activation factor {k:.3f} ({n})", f"memory overhead {over / GIB:.2f} GiB ({n})"], [])
+    k = base.activation_factor
+    over = float(np.sum((meas - rest - k * act) / meas ** 2) / np.sum(1.0 / meas ** 2))  # relative least squares
+    return (base.model_copy(update={"memory_overhead_bytes": over}), [f"memory overhead {over / GIB:.2f} GiB ({n})"],
+            ["activation factor not fitted: needs 2 measured candidates whose activations differ"])
+
+
+def _fit_all(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Params, list[str], list[str]]:
+    p, w1, n1 = _fit_time(pricer, base, cases)
+    p, w2, n2 = _fit_memory(pricer, p, cases)
+    return p, w1 + w2, n1 + n2
+
+
+def _median_err(pred: list[float], meas: list[float]) -> float | None:
+    errs = [abs(p - m) / m for p, m in zip(pred, meas)]
+    return float(np.median(errs)) if errs else None
+
+
+def fit(cluster: Cluster, base: Params, candidates: list[MeasuredCandidate]) -> FitResult:
+    """Fit overlap, round overhead, memory overhead and activation factor to the ok candidates (kernel
+    curves and comm fits already in ``base``), with leave-one-out errors before and after."""
+    cases = _cases(candidates)
+    pricer = _Pricer(cluster, cases)
+    _check_cases(pricer, cases)
+    params, fitted, notes = _fit_all(pricer, base, cases)
+    before_t = pricer.times(base, cases) if cases else np.array([])
+    before_m = pricer.memories(base, cases) if cases else np.array([])
+    after_t = pricer.times(params, cases) if cases else np.array([])
+    after_m = pricer.memories(params, cases) if cases else np.array([])
+    loo_t, loo_m = {}, {}
+    for c in cases:  # leave one out: fit without c, predict c
+        p, _, _ = _fit_all(pricer, base, [o for o in cases if o is not c])
+        if c.time is not None:
+            loo_t[c.index] = float(pricer.times(p, [c])[0])
+        if c.memory is not None:
+            loo_m[c.index] = float(pricer.memories(p, [c])[0])
+    timed = [c for c in cases if c.time is not None]
+    sized = [c for c in cases if c.memory is not None]
+    pos = {c.index: j for j, c in enumerate(cases)}
+    res = FitResult(
+        params=params, fitted=fitted, notes=notes,
+        loo_error_before=_median_err([before_t[pos[c.index]] for c in timed], [c.time for c in timed]),
+        loo_error_after=_median_err([loo_t[c.index] for c in timed], [c.time for c in timed]),
+        memory_error_before=_median_err([before_m[pos[c.index]] for c in sized], [c.memory for c in sized]),
+        memory_error_after=_median_err([loo_m[c.index] for c in sized], [c.memory for c in sized]))
+    for i, mc in enumerate(candidates):
+        j = pos.get(i)
+        if j is None:
+            res.predicted_before.append((None, None))
+            res.predicted_after.append((None, None))
+            res.candidates.append(mc)
+            continue
+        b = (float(before_t[j]), float(before_m[j]))
+        a = (float(after_t[j]), float(after_m[j]))
+        res.predicted_before.append(b)
+        res.predicted_after.append(a)
+        res.candidates.append(mc.model_copy(update={"predicted_before_s": b[0], "predicted_memory_before": b[1],
+                                                    "predicted_after_s": a[0], "predicted_memory_after": a[1]}))
+    return res
+
+
+def measured_params(cluster: Cluster, dtype: str, kernels: list[KernelSample] | None = None,
+                    links: dict | None = None, base: Params | None = None) -> Params:
+    """``base`` (default neutral) with the kernel curves and the comm fits of these measurements: fit()'s input."""
+    base = base or Params()
+    upd: dict = {}
+    if kernels:
+        peak = cluster.device(0).peak_flops.get(dtype)
+        if peak is None:
+            raise PlanError("dtype", f"the device has no peak FLOP/s for {dtype}",
+                            f"use one of {sorted(cluster.device(0).peak_flops)}")
+        upd.update(kernel_curves(kernels, peak))
+    if links:
+        upd["comm"] = {**base.comm, **comm_fits(cluster, links)}
+    return base.model_copy(update=upd) if upd else base
+

@@ -1,0 +1,7 @@
+"""Alembic environment: the Store hands over its open connection (config.attributes['connection'])."""
+from alembic import context
+
+connection = context.config.attributes["connection"]
+context.configure(connection=connection, target_metadata=None, render_as_batch=connection.dialect.name == "sqlite")
+with context.begin_transaction():
+    context.run_migrations()

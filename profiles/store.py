@@ -1,0 +1,461 @@
+"""The profile store: profiles, link fits and tune checkpoints in one SQLAlchemy database.
+
+SQLite in the user data directory by default, any SQLAlchemy URL (PostgreSQL included) through
+``--store URL`` or ``SP_PLAN_STORE``. The schema is kept by alembic (profiles/migrations/), upgraded
+on open; a database written by a newer sp-plan is refused. Every write is one transaction: SQLite
+runs in WAL mode with a busy timeout and takes its write lock at BEGIN, PostgreSQL serializes the
+few read-then-write steps with advisory locks, so a killed process loses at most its write in flight
+and concurrent writers corrupt nothing. No module state: pass the ``Store`` where it is needed.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql as sa_pg, sqlite as sa_sqlite
+
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.profile import STACK_KEYS, Profile
+from sp_plan.planner.yamlio import model_from_data
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+ENV_VAR = "SP_PLAN_STORE"
+STORE_FIX = ("check that the database server is up and reachable (or the SQLite file's directory exists and is "
+             f"writable), or pass another --store URL / set {ENV_VAR}")
+
+_meta = sa.MetaData()
+profiles_t = sa.Table(
+    "profiles", _meta,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("cluster", sa.String(200), nullable=False),
+    sa.Column("fingerprint", sa.String(64), nullable=False),
+    sa.Column("stack", sa.JSON, nullable=False),
+    sa.Column("created_at", sa.String(40), nullable=False),
+    sa.Column("stored_at", sa.String(40), nullable=False),
+    sa.Column("schema_version", sa.Integer, nullable=False),
+    sa.Column("candidates_ok", sa.Integer, nullable=False),
+    sa.Column("candidates_total", sa.Integer, nullable=False),
+    sa.Column("loo_error_before", sa.Float),
+    sa.Column("loo_error_after", sa.Float),
+    sa.Column("document", sa.JSON, nullable=False),
+)
+link_fits_t = sa.Table(
+    "link_fits", _meta,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("fingerprint", sa.String(64), nullable=False),
+    sa.Column("links", sa.JSON, nullable=False),
+    sa.Column("created_at", sa.String(40), nullable=False),
+)
+runs_t = sa.Table(
+    "tune_runs", _meta,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("key", sa.String(128), nullable=False),
+    sa.Column("status", sa.String(20), nullable=False),
+    sa.Column("meta", sa.JSON, nullable=False),
+    sa.Column("created_at", sa.String(40), nullable=False),
+    sa.Column("updated_at", sa.String(40), nullable=False),
+)
+steps_t = sa.Table(
+    "tune_steps", _meta,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("tune_runs.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("name", sa.String(1000), nullable=False),
+    sa.Column("status", sa.String(20), nullable=False),
+    sa.Column("payload", sa.JSON, nullable=False),
+    sa.Column("updated_at", sa.String(40), nullable=False),
+    sa.UniqueConstraint("run_id", "name", name="uq_tune_steps_run_name"),
+)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def default_store_url() -> str:
+    """The default store: ``store.db`` (SQLite) in the user data directory."""
+    import platformdirs  # noqa: PLC0415
+
+    return f"sqlite:///{platformdirs.user_data_path('sp-plan') / 'store.db'}"
+
+
+def store_url(url: str | None = None) -> str:
+    """The URL a ``Store(url)`` opens: ``url``, else ``$SP_PLAN_STORE``, else ``default_store_url()``."""
+    return url or os.environ.get(ENV_VAR) or default_store_url()
+
+
+def redact(url: str) -> str:
+    """The URL with any password hidden, for messages."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except sa_exc.ArgumentError:
+        return url
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(getattr(e, "orig", None) or e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _lock_key(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big", signed=True)
+
+
+class Store:
+    """Profiles, link fits and tune checkpoints in one database (see the module docstring)."""
+
+    def __init__(self, url: str | None = None):
+        self.url = store_url(url)
+        self.shown = redact(self.url)
+        try:
+            self.engine = self._engine(self.url, default=url is None and not os.environ.get(ENV_VAR))
+            self._migrate()
+        except PlanError:
+            raise
+        except (sa_exc.ArgumentError, ValueError) as e:
+            raise PlanError("--store", f"cannot open store {self.shown} ({_first_line(e)})",
+                            "give a SQLAlchemy URL such as sqlite:////path/store.db or "
+                            "postgresql+psycopg://user@host/db") from None
+        except ImportError as e:
+            raise PlanError("--store", f"cannot open store {self.shown} (no database driver: {_first_line(e)})",
+                            "install it, for PostgreSQL: pip install 'sp-plan[postgres]'") from None
+        except (sa_exc.SQLAlchemyError, OSError) as e:
+            raise PlanError("--store", f"cannot open store {self.shown} ({_first_line(e)})", STORE_FIX) from None
+
+    # ---- opening
+    @staticmethod
+    def _engine(url: str, default: bool) -> sa.Engine:
+        u = sa.engine.make_url(url)
+        if u.get_backend_name() != "sqlite":
+            args = {"connect_timeout": 10} if u.get_driver_name() in ("psycopg", "psycopg2") else {}
+            return sa.create_engine(u, pool_pre_ping=True, connect_args=args)
+        path = u.database or ""
+        if path and path != ":memory:" and not path.startswith("file:"):
+            if default:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            elif not Path(path).parent.is_dir():
+                raise PlanError("--store", f"cannot open store {url}: directory {Path(path).parent} does not exist",
+                                "create the directory or pass another --store URL")
+        engine = sa.create_engine(u, connect_args={"timeout": 30})
+
+        @sa.event.listens_for(engine, "connect")
+        def _connect(dbapi_conn, _record):  # pysqlite: let SQLAlchemy's BEGIN below govern transactions
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA busy_timeout = 30000")
+            if path and path != ":memory:":
+                cur.execute("PRAGMA journal_mode = WAL")
+            cur.execute("PRAGMA synchronous = FULL")
+            cur.execute("PRAGMA foreign_keys = ON")
+            cur.close()
+
+        @sa.event.listens_for(engine, "begin")
+        def _begin(conn):  # take the write lock up front: no deadlocked lock upgrades between writers
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+
+    def _script(self):
+        from alembic.script import ScriptDirectory  # noqa: PLC0415
+        from alembic.config import Config  # noqa: PLC0415
+
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS))
+        return cfg, ScriptDirectory.from_config(cfg)
+
+    def _check_revision(self, current: str | None, script) -> None:
+        if current is None:
+            return
+        known = {r.revision for r in script.walk_revisions()}
+        if current not in known:
+            raise PlanError("--store", f"store {self.shown} has schema revision {current!r}, newer than this sp-plan "
+                            f"knows (up to {script.get_current_head()!r})",
+                            "upgrade sp-plan (pip install -U sp-plan) or pass another --store URL")
+
+    def _migrate(self) -> None:
+        """Bring the schema to alembic head (refusing a newer one); concurrent openers take turns."""
+        from alembic import command  # noqa: PLC0415
+        from alembic.runtime.migration import MigrationContext  # noqa: PLC0415
+
+        cfg, script = self._script()
+        head = script.get_current_head()
+        with self.engine.connect() as conn:
+            current = MigrationContext.configure(conn).get_current_revision()
+            conn.rollback()
+        self._check_revision(current, script)
+        if current == head:
+            return
+        with self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key("sp-plan store migrate")})
+            current = MigrationContext.configure(conn).get_current_revision()
+            self._check_revision(current, script)
+            if current != head:
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+
+    def revision(self) -> str | None:
+        """The alembic revision the database is at."""
+        from alembic.runtime.migration import MigrationContext  # noqa: PLC0415
+
+        with self._conn() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sa.Connection]:
+        """One transaction; database errors become PlanError('--store')."""
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except sa_exc.SQLAlchemyError as e:
+            raise PlanError("--store", f"store {self.shown} failed ({_first_line(e)})", STORE_FIX) from None
+
+    _conn = _tx
+
+    def healthy(self) -> bool:
+        """True when the database answers and its schema is the one this sp-plan writes."""
+        try:
+            _, script = self._script()
+            return self.revision() == script.get_current_head()
+        except Exception:  # noqa: BLE001 - a health check answers, it does not raise
+            return False
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self.engine.dispose()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({self.shown!r})"
+
+    # ---- profiles
+    def save_profile(self, profile: Profile) -> str:
+        """Store (or replace, same id) a profile; assigns ``id`` and ``created_at`` when missing; returns the id."""
+        if not profile.id:
+            profile.id = uuid.uuid4().hex[:12]
+        if not profile.created_at:
+            profile.created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        row = {"id": profile.id, "cluster": profile.cluster, "fingerprint": profile.cluster_fingerprint,
+               "stack": dict(profile.stack), "created_at": profile.created_at, "stored_at": _now(),
+               "schema_version": profile.schema_version,
+               "candidates_ok": sum(1 for c in profile.candidates if c.status == "ok"),
+               "candidates_total": len(profile.candidates), "loo_error_before": profile.loo_error_before,
+               "loo_error_after": profile.loo_error_after, "document": profile.model_dump(mode="json")}
+        with self._tx() as conn:
+            conn.execute(profiles_t.delete().where(profiles_t.c.id == profile.id))
+            conn.execute(profiles_t.insert().values(**row))
+        return profile.id
+
+    def _resolve_id(self, conn: sa.Connection, id: str) -> str | None:
+        if conn.execute(sa.select(profiles_t.c.id).where(profiles_t.c.id == id)).first():
+            return id
+        if len(id) >= 4:  # a unique prefix, like git
+            ids = conn.execute(sa.select(profiles_t.c.id).where(profiles_t.c.id.startswith(id, autoescape=True))).scalars().all()
+            if len(ids) == 1:
+                return ids[0]
+        return None
+
+    def _profile(self, doc: dict) -> Profile:
+        return model_from_data(Profile, doc, "profile", f"store {self.shown}")
+
+    def _unknown(self, id: str) -> PlanError:
+        return PlanError("profile", f"no profile {id!r} in store {self.shown}",
+                         f"see the stored ids with `sp-plan profile list{'' if self.url == default_store_url() else ' --store ' + self.shown}`")
+
+    def has_profile(self, id: str) -> bool:
+        """Whether a profile with exactly this id is stored."""
+        with self._tx() as conn:
+            return conn.execute(sa.select(profiles_t.c.id).where(profiles_t.c.id == id)).first() is not None
+
+    def get_profile(self, id: str) -> Profile:
+        """The stored profile with this id (or a unique prefix of at least 4 characters)."""
+        with self._tx() as conn:
+            real = self._resolve_id(conn, id)
+            doc = real and conn.execute(sa.select(profiles_t.c.document).where(profiles_t.c.id == real)).scalar()
+        if doc is None:
+            raise self._unknown(id)
+        return self._profile(doc)
+
+    def list_profiles(self, fingerprint: str | None = None) -> list[Profile]:
+        """Stored profiles, newest first, optionally only those of one topology fingerprint."""
+        q = sa.select(profiles_t.c.document).order_by(profiles_t.c.created_at.desc(), profiles_t.c.stored_at.desc())
+        if fingerprint is not None:
+            q = q.where(profiles_t.c.fingerprint == fingerprint)
+        with self._tx() as conn:
+            docs = conn.execute(q).scalars().all()
+        return [self._profile(d) for d in docs]
+
+    def latest_profile(self, fingerprint: str) -> Profile | None:
+        """The newest profile of this topology fingerprint, or None."""
+        q = (sa.select(profiles_t.c.document).where(profiles_t.c.fingerprint == fingerprint)
+             .order_by(profiles_t.c.created_at.desc(), profiles_t.c.stored_at.desc()).limit(1))
+        with self._tx() as conn:
+            doc = conn.execute(q).scalar()
+        return None if doc is None else self._profile(doc)
+
+    def delete_profile(self, id: str) -> None:
+        """Remove a stored profile (PlanError if there is none with this id)."""
+        with self._tx() as conn:
+            real = self._resolve_id(conn, id)
+            if real is not None:
+                conn.execute(profiles_t.delete().where(profiles_t.c.id == real))
+        if real is None:
+            raise self._unknown(id)
+
+    # ---- link fits
+    def save_link_fit(self, fingerprint: str, links: dict) -> None:
+        """Store a `profile links` fit (the cluster's ``calibration['links']``) for a topology fingerprint."""
+        with self._tx() as conn:
+            conn.execute(link_fits_t.insert().values(fingerprint=fingerprint, links=links, created_at=_now()))
+
+    def link_fit(self, fingerprint: str) -> dict | None:
+        """The newest stored link fit of this topology fingerprint, or None."""
+        q = (sa.select(link_fits_t.c.links).where(link_fits_t.c.fingerprint == fingerprint)
+             .order_by(link_fits_t.c.created_at.desc(), link_fits_t.c.id.desc()).limit(1))
+        with self._tx() as conn:
+            return conn.execute(q).scalar()
+
+    # ---- tune runs and their checkpoints
+    def start_run(self, key: str, meta: dict) -> tuple[int, bool]:
+        """(run id, resumed?): the unfinished run with this key if there is one, else a new run."""
+        now = _now()
+        with self._tx() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key("run:" + key)})
+            rid = conn.execute(sa.select(runs_t.c.id).where(runs_t.c.key == key, runs_t.c.status == "running")
+                               .order_by(runs_t.c.id.desc()).limit(1)).scalar()
+            if rid is not None:
+                conn.execute(runs_t.update().where(runs_t.c.id == rid).values(updated_at=now))
+                return rid, True
+            rid = conn.execute(runs_t.insert().values(key=key, status="running", meta=meta, created_at=now,
+                                                      updated_at=now)).inserted_primary_key[0]
+            return int(rid), False
+
+    def finish_run(self, run_id: int, status: str = "done") -> None:
+        """Mark a run finished (``done``, ``failed``, ...): a later start_run with its key starts afresh."""
+        if status == "running":
+            raise PlanError("status", "a finished run cannot be 'running'", "pass done, failed or stopped")
+        with self._tx() as conn:
+            n = conn.execute(runs_t.update().where(runs_t.c.id == run_id).values(status=status, updated_at=_now())).rowcount
+        if not n:
+            raise PlanError("run", f"no tune run {run_id} in store {self.shown}", "pass a run id from start_run")
+
+    def run(self, run_id: int) -> dict | None:
+        """One run's row: id, key, status, meta, created_at, updated_at (None if unknown)."""
+        with self._tx() as conn:
+            row = conn.execute(sa.select(runs_t).where(runs_t.c.id == run_id)).mappings().first()
+        return None if row is None else dict(row)
+
+    def runs(self, key: str | None = None) -> list[dict]:
+        """Tune runs, newest first, optionally only those of one key."""
+        q = sa.select(runs_t).order_by(runs_t.c.id.desc())
+        if key is not None:
+            q = q.where(runs_t.c.key == key)
+        with self._tx() as conn:
+            return [dict(r) for r in conn.execute(q).mappings()]
+
+    def record_step(self, run_id: int, name: str, status: str, payload: dict) -> None:
+        """Insert or replace one checkpoint of a run (its own transaction)."""
+        row = {"run_id": run_id, "name": name, "status": status, "payload": payload, "updated_at": _now()}
+        with self._tx() as conn:
+            dialect = conn.dialect.name
+            if dialect in ("sqlite", "postgresql"):
+                ins = (sa_sqlite.insert if dialect == "sqlite" else sa_pg.insert)(steps_t)
+                conn.execute(ins.values(**row).on_conflict_do_update(
+                    index_elements=["run_id", "name"],
+                    set_={"status": status, "payload": ins.excluded.payload, "updated_at": row["updated_at"]}))
+            elif not conn.execute(steps_t.update().where(steps_t.c.run_id == run_id, steps_t.c.name == name)
+                                  .values(status=status, payload=payload, updated_at=row["updated_at"])).rowcount:
+                conn.execute(steps_t.insert().values(**row))
+            conn.execute(runs_t.update().where(runs_t.c.id == run_id).values(updated_at=row["updated_at"]))
+
+    def steps(self, run_id: int) -> dict[str, tuple[str, dict]]:
+        """A run's checkpoints: step name -> (status, payload), in the order they were first recorded."""
+        q = sa.select(steps_t.c.name, steps_t.c.status, steps_t.c.payload).where(steps_t.c.run_id == run_id).order_by(steps_t.c.id)
+        with self._tx() as conn:
+            return {name: (status, payload) for name, status, payload in conn.execute(q)}
+
+
+def run_key(fingerprint: str, stack: dict, model: Any, workload: Any, options: dict) -> str:
+    """A tune's key: sha256 of fingerprint, stack, model, workload and options (pydantic models dumped)."""
+    import json  # noqa: PLC0415
+
+    dump = lambda x: x.model_dump(mode="json") if hasattr(x, "model_dump") else x  # noqa: E731
+    text = json.dumps([fingerprint, stack, dump(model), dump(workload), options], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def stack_mismatch(profile_stack: dict, cluster_stack: dict | None) -> str | None:
+    """The first STACK_KEYS entry recorded by both and different, as 'key: profile A, this cluster B'; else None."""
+    if not cluster_stack:
+        return None
+    for k in STACK_KEYS:
+        if k in profile_stack and k in cluster_stack and str(profile_stack[k]) != str(cluster_stack[k]):
+            return f"{k}: profile {profile_stack[k]}, this cluster {cluster_stack[k]}"
+    return None
+
+
+def _check(profile: Profile, cluster) -> tuple[Profile | None, str]:
+    fp = cluster.topology_fingerprint()
+    name = profile.id or "(file)"
+    if profile.cluster_fingerprint != fp:
+        return None, (f"profile {name} is for cluster fingerprint {profile.cluster_fingerprint}, this cluster is {fp}; "
+                      "not applied")
+    diff = stack_mismatch(profile.stack, cluster.calibration.get("stack"))
+    if diff:
+        return None, f"profile {name} not applied: software stack mismatch ({diff}); run `sp-plan tune` on this stack"
+    return profile, profile.line()
+
+
+def _load_file(path: str) -> Profile:
+    try:
+        return Profile.load(path)
+    except PlanError as e:
+        raise PlanError("--profile", f"{e.field}: {e.problem}", e.fix) from None
+
+
+def resolve_profile(spec: Profile | str | bool | None, cluster, store: Store | None = None) -> tuple[Profile | None, str]:
+    """The profile to apply to ``cluster`` (or None) and one line saying what happened.
+
+    spec None: the newest stored profile of the cluster's topology fingerprint; False: none; a
+    Profile; a str: a profile file if that path exists, else a profile id in ``store``. A profile
+    of another fingerprint or software stack is not applied (the line says why); a bad file or an
+    unknown id raises PlanError('--profile')."""
+    if spec is False:
+        return None, "profile: none (--no-profile)"
+    if isinstance(spec, Profile):
+        return _check(spec, cluster)
+    if isinstance(spec, str):
+        if Path(spec).exists() or Path(spec).suffix in (".yaml", ".yml", ".json"):
+            return _check(_load_file(spec), cluster)
+        store = store or Store()
+        try:
+            return _check(store.get_profile(spec), cluster)
+        except PlanError as e:
+            if e.field != "profile":
+                raise
+            raise PlanError("--profile", f"no profile file or stored profile id {spec!r} (store {store.shown})",
+                            "pass a profile file or an id from `sp-plan profile list`") from None
+    if spec is not None:
+        raise PlanError("--profile", f"cannot use {type(spec).__name__} as a profile", "pass a file, an id, or nothing")
+    fp = cluster.topology_fingerprint()
+    if store is None:
+        url = store_url()
+        if url == default_store_url() and not Path(sa.engine.make_url(url).database or "").exists():
+            return None, f"profile: none stored for cluster fingerprint {fp}; make one with `sp-plan tune`"
+        store = Store(url)
+    p = store.latest_profile(fp)
+    if p is None:
+        return None, f"profile: none stored for cluster fingerprint {fp} in {store.shown}; make one with `sp-plan tune`"
+    return _check(p, cluster)

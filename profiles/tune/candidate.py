@@ -1,0 +1,250 @@
+"""Run one candidate plan end to end on every rank: a real layer stack, forward + backward + AdamW.
+
+Few layers, the rest scaled. The stack is built with L1 = 1 and L2 = min(max(layers, 2), L)
+blocks, L = model.layers / pp (one pipeline stage). Each measured quantity q (forward+backward
+seconds, optimizer seconds, peak bytes, bytes live before the step) is linear in the number of
+blocks: q(l) = fixed + l * per_layer, with per_layer = (q(L2) - q(L1)) / (L2 - L1) (clamped at 0
+against noise) and fixed = q(L1) - L1 * per_layer (embedding, head, loss, their optimizer state).
+The result is q(L). Step time: pp = 1: fwd_bwd(L) (all micro-batches of the step, run with
+gradient accumulation) + optimizer(L); pp > 1 (1F1B composed from one stage's micro-batch, the
+inter-stage sends not measured): (m + p - 1) x fwd_bwd_micro(L) + optimizer(L). Peak memory: peak(L),
+plus (min(p, m) - 1) x activations(L) for pp > 1 (1F1B keeps up to p micro-batches in flight on
+stage 0), activations = peak - live before the step. Every value is the max over ranks.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from sp_plan.planner.model import ModelSpec, Workload
+from sp_plan.planner.plan import Plan
+from sp_plan.planner.profile import MeasuredCandidate
+from sp_plan.runtime import init
+
+from .memory import CPU_METHOD, CUDA_METHOD, PeakMemory
+from .parallel import parallelize, replica_mesh
+from .stack import build_stack, random_batch, token_loss
+from .timing import sync
+
+FAULTS = ("raise", "oom", "hang")
+QUANTITIES = ("fwd_bwd_s", "optimizer_s", "peak_bytes", "static_bytes")
+
+
+class Unsupported(RuntimeError):
+    """A plan this measurement cannot run (said in the result's reason)."""
+
+
+def parse_fault(fault: str | None) -> tuple[str | None, int]:
+    """Test hook: "raise", "oom" or "hang", optionally "@rank" (default rank 0)."""
+    if not fault:
+        return None, -1
+    kind, _, rank = fault.partition("@")
+    if kind not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; use one of {FAULTS}, optionally with @rank")
+    return kind, int(rank or 0)
+
+
+def inject(fault: str | None, rank: int) -> None:
+    """Test hook: raise, run out of memory or hang on the fault's rank."""
+    kind, at = parse_fault(fault)
+    if kind is None or rank != at:
+        return
+    if kind == "raise":
+        raise RuntimeError(f"injected fault on rank {rank}")
+    if kind == "oom":
+        raise torch.OutOfMemoryError(f"injected out-of-memory on rank {rank}")
+    while True:  # "hang"
+        time.sleep(3600)
+
+
+def layer_counts(target: int, layers: int) -> list[int]:
+    """The block counts measured: [1, L2] with L2 = min(max(layers, 2), target), or [1] when target is 1."""
+    l2 = min(max(layers, 2), target)
+    return [1] if l2 <= 1 else [1, l2]
+
+
+def _device(device: str | torch.device) -> torch.device:
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def _gather(obj) -> list:
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, device, dtype, fault, notes):
+    """This rank's median fwd_bwd/optimizer seconds and memory for a stack of ``n_layers`` blocks."""
+    d, rank = plan.degrees, dist.get_rank()
+    stack = build_stack(model, n_layers, plan.checkpointing, seed=n_layers, device=device, dtype=dtype)
+    par = parallelize(stack, plan, mesh)
+    notes.update(par.notes)
+    attend = lambda q, k, v: ctx.attention(q, k, v, causal=work.causal)  # noqa: E731
+    m = max(work.batch // (d["dp"] * plan.micro_batch_size), 1)
+    m_run = m if d["pp"] == 1 else 1
+    dp_coord = plan.layout().coords(rank).get("dp", 0)
+    data = []
+    for j in range(m_run):
+        x, y = random_batch(model, plan.micro_batch_size, work.seq_len, 1000 + 100 * dp_coord + j, device=device,
+                            dtype=dtype)
+        data.append((ctx.shard(x, dim=1), ctx.shard(y, dim=1)))
+
+    def step(first: bool):
+        t0 = time.perf_counter()
+        for j, (x, y) in enumerate(data):
+            if first and j == 0:
+                inject(fault, rank)
+            token_loss(par.module(x, attend), y, model).backward()
+        par.sync_grads()
+        sync(device)
+        t1 = time.perf_counter()
+        par.optimizer.step()
+        par.optimizer.zero_grad(set_to_none=True)
+        sync(device)
+        return t1 - t0, time.perf_counter() - t1
+
+    for i in range(warmup):
+        step(i == 0)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        static = torch.cuda.memory_allocated(device)
+    fb, opt = [], []
+    for i in range(iters):
+        dist.barrier()
+        a, b = step(warmup == 0 and i == 0)
+        fb.append(a)
+        opt.append(b)
+    if cuda:
+        peak = torch.cuda.max_memory_allocated(device)
+    else:  # one more step under the storage tracker (it slows ops down, so it is not timed)
+        tracker = PeakMemory()
+        tracker.track(par.module, par.optimizer, getattr(par.optimizer, "optim", None),
+                      *[t for pair in data for t in pair])
+        static = tracker.live
+        tracker.reset_peak()
+        with tracker:
+            step(False)
+        peak = tracker.peak
+    return {"fwd_bwd_s": statistics.median(fb) / m_run, "optimizer_s": statistics.median(opt),
+            "peak_bytes": float(peak), "static_bytes": float(static), "micro_batches_run": m_run, "micro_batches": m}
+
+
+def extrapolate(values: dict[int, float], target: int) -> tuple[float, float, float, bool]:
+    """(value at target, fixed, per_layer, clamped) of a quantity measured at one or two block counts."""
+    ls = sorted(values)
+    if len(ls) == 1:
+        return values[ls[0]], values[ls[0]], 0.0, False
+    l1, l2 = ls[0], ls[-1]
+    per = (values[l2] - values[l1]) / (l2 - l1)
+    clamped = per < 0
+    per = max(per, 0.0)
+    fixed = values[l1] - l1 * per
+    return fixed + target * per, fixed, per, clamped
+
+
+def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, warmup: int = 1, iters: int = 3,
+            device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, fault: str | None = None) -> dict:
+    """The collective part of ``run_candidate``: measure every block count, max over ranks, extrapolate.
+
+    Raises on any failure (then peers may be blocked in a collective: see run_candidate_isolated).
+    """
+    device = _device(device)
+    plan.check_world(dist.get_world_size())
+    if plan.algorithm == "metp":
+        raise Unsupported("metp replaces the whole block (runtime/metp.py modules, own token sharding); "
+                          "tune's stack does not build it yet")
+    ctx = init(plan, device_type=device.type)
+    mesh = replica_mesh(plan, device.type)
+    d = plan.degrees
+    target = max(model.layers // d["pp"], 1)
+    counts = layer_counts(target, layers)
+    notes: dict = {}
+    per_rank: dict[int, dict] = {}
+    for n in counts:
+        per_rank[n] = _measure_stack(plan, model, work, ctx, mesh, n, warmup=warmup, iters=iters, device=device,
+                                     dtype=dtype, fault=fault, notes=notes)
+    everyone = _gather({n: {q: per_rank[n][q] for q in QUANTITIES} for n in counts})
+    worst = {n: {q: max(r[n][q] for r in everyone) for q in QUANTITIES} for n in counts}
+    fit = {q: extrapolate({n: worst[n][q] for n in counts}, target) for q in QUANTITIES}
+    fb, opt, peak, static = (fit[q][0] for q in QUANTITIES)
+    m, p = per_rank[counts[0]]["micro_batches"], d["pp"]
+    fallbacks = [v for v in notes.values() if "FALLBACK" in v]
+    detail = {
+        "device": str(device), "dtype": str(dtype).removeprefix("torch."), "world": dist.get_world_size(),
+        "layers_measured": counts, "layers_target": target, "micro_batches": m,
+        "micro_batches_run": per_rank[counts[0]]["micro_batches_run"], "warmup": warmup, "iters": iters,
+        "measured": {str(n): worst[n] for n in counts},
+        "fit": {q: {"value": v, "fixed": f, "per_layer": s, "clamped": c} for q, (v, f, s, c) in fit.items()},
+        "per_rank_step_s": [sum(r[n][q] for q in ("fwd_bwd_s", "optimizer_s")) for r in everyone for n in counts[-1:]],
+        "memory_method": CUDA_METHOD if device.type == "cuda" else CPU_METHOD,
+        "checkpointing": plan.checkpointing, **notes, "fallbacks": fallbacks,
+    }
+    if p > 1:
+        step = (m + p - 1) * fb + opt
+        act = max(peak - static, 0.0)
+        memory = peak + (min(p, m) - 1) * act
+        detail["pipeline"] = (f"COMPOSED 1F1B: every rank ran one stage of {target} layers on one micro-batch; "
+                              f"step = (m + p - 1) x fwd_bwd + optimizer = ({m} + {p} - 1) x {fb:.4g} + {opt:.4g} s; "
+                              f"memory = peak + (min(p, m) - 1) x activations; inter-stage sends not measured")
+    else:
+        step, memory = fb + opt, peak
+    return {"measured_s": step, "measured_memory": memory, "detail": detail}
+
+
+def _candidate(plan: Plan, model: ModelSpec, work: Workload, **fields) -> MeasuredCandidate:
+    full = plan.model_copy(update={"model": model, "workload": work})
+    return MeasuredCandidate(summary=plan.summary(), plan=full.model_dump(mode="json"), model=model.name,
+                             seq_len=work.seq_len, batch=work.batch, **fields)
+
+
+def classify(exc: BaseException) -> str:
+    """'oom' for out-of-memory errors, 'error' for the rest."""
+    return "oom" if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower() else "error"
+
+
+def over_limit(result: dict, memory_limit_bytes: float | None) -> str | None:
+    """The OOM reason when the (extrapolated) peak exceeds the device memory, else None."""
+    if memory_limit_bytes is None or result["measured_memory"] <= memory_limit_bytes:
+        return None
+    return (f"peak memory {result['measured_memory']:.4g} B (extrapolated to the full stage) exceeds the device "
+            f"memory {memory_limit_bytes:.4g} B")
+
+
+def run_candidate(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, warmup: int = 1, iters: int = 3,
+                  device: str = "cpu", dtype=torch.float32, memory_limit_bytes: float | None = None,
+                  fault: str | None = None) -> MeasuredCandidate:
+    """Measure ``plan`` on every rank of the initialized world (module docstring); the same result on every rank.
+
+    ``fault`` is a test hook ("raise", "oom" or "hang", optionally "@rank"). A failure on one rank
+    that leaves its peers blocked in a collective only resolves at the process group's timeout;
+    ``run_candidate_isolated`` runs this in a fresh child world instead.
+    """
+    rank = dist.get_rank()
+    try:
+        res = measure(plan, model, work, layers=layers, warmup=warmup, iters=iters, device=device, dtype=dtype,
+                      fault=fault)
+        local = ("ok", res)
+    except Exception as e:  # noqa: BLE001 - a fault is a result
+        local = (classify(e), f"{type(e).__name__}: {e}")
+    outcomes = _gather((rank, *local))
+    return agree(plan, model, work, outcomes, memory_limit_bytes)
+
+
+def agree(plan, model, work, outcomes: list[tuple], memory_limit_bytes: float | None = None) -> MeasuredCandidate:
+    """One MeasuredCandidate from every rank's (rank, status, payload): first failure wins, else the result."""
+    failed = [o for o in outcomes if o[1] != "ok"]
+    if failed:
+        order = {"timeout": 0, "oom": 1, "error": 2}
+        r, status, reason = min(failed, key=lambda o: (order.get(o[1], 3), o[0]))[:3]
+        return _candidate(plan, model, work, status=status, reason=reason, rank=r)
+    res = outcomes[0][2]
+    why = over_limit(res, memory_limit_bytes)
+    return _candidate(plan, model, work, status="oom" if why else "ok", reason=why or "",
+                      measured_s=res["measured_s"], measured_memory=res["measured_memory"], detail=res["detail"])

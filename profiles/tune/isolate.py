@@ -1,0 +1,226 @@
+"""Run a candidate in a child world, so that a hang or a dead collective cannot poison the caller's.
+
+Every rank starts one child process (os.fork on CPU, multiprocessing spawn with CUDA); the children join a fresh
+process group on their own TCPStore (rank 0's child hosts it on MASTER_ADDR at a port rank 0
+picks and broadcasts over the parent world) and run the candidate. Each parent waits up to
+``timeout_s`` for its child's report, kills it after that, and the parents agree through the
+parent world: a timeout anywhere -> "timeout" (the ranks whose child never reported); else the
+earliest failure ("error"/"oom", with its rank and reason; a peer's "connection closed" comes
+after the failure that caused it); else the children's common result. The children's collectives
+time out after ``collective_timeout_s`` (default timeout_s / 2), so peers blocked on a hung rank
+report an error while the hung rank itself times out. A child killed by SIGKILL (the OS OOM
+killer, most often) is "oom"; by another signal "error".
+"""
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import pickle
+import select
+import signal
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+
+from sp_plan.planner.model import ModelSpec, Workload
+from sp_plan.planner.plan import Plan
+from sp_plan.planner.profile import MeasuredCandidate
+
+
+def free_port(addr: str) -> int:
+    """A TCP port free on ``addr`` now (the child's TCPStore binds it a moment later)."""
+    with socket.socket() as s:
+        s.bind((addr if addr not in ("localhost",) else "127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def forget_parent_world() -> None:
+    """In a forked child: start from an empty c10d world, keeping the inherited process groups alive.
+
+    Releasing them would run their destructors, which join worker threads that do not exist after a
+    fork (a hang), so the old world object stays referenced and new group names start past the old.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    old = c10d._world
+    fresh = c10d._World()
+    fresh.inherited = old  # never released: see above
+    c10d._world = fresh
+    fresh.group_count = old.group_count + 1_000_000
+
+
+def _child(plan, model, work, rank, world, addr, port, coll_timeout, cuda_index, forked, kw, conn):
+    """The child rank: join the fresh world, measure, report (status, payload, time), exit at once."""
+    from .candidate import classify, measure
+
+    try:
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        if forked:
+            forget_parent_world()
+        if cuda_index is not None:
+            torch.cuda.set_device(cuda_index)
+        backend = "cpu:gloo,cuda:nccl" if cuda_index is not None else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=coll_timeout))
+        conn.send(("ok", measure(plan, model, work, **kw), time.time()))
+    except BaseException as e:  # noqa: BLE001 - report anything to the parent
+        try:
+            conn.send((classify(e), f"{type(e).__name__}: {e}", time.time()))
+        except Exception:  # noqa: BLE001
+            pass
+    finally:
+        conn.close()
+        os._exit(0)  # no destroy: peers may be gone; closing our sockets tells them at once
+
+
+class _PipeWriter:
+    """The child's end of an os.pipe with Connection's send/close."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def send(self, obj) -> None:
+        data = pickle.dumps(obj)
+        while data:
+            data = data[os.write(self.fd, data):]
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class Forked:
+    """A child made with os.fork (allowed inside daemonic processes, unlike multiprocessing's), with
+    the poll/recv/is_alive/kill/join/exitcode that ``_wait`` uses of a multiprocessing Process + Pipe."""
+
+    def __init__(self, target, args):
+        r, w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # child: never returns (target ends with os._exit)
+            os.close(r)
+            try:
+                target(*args, _PipeWriter(w))
+            finally:
+                os._exit(1)
+        os.close(w)
+        self.fd, self.exitcode = r, None
+
+    def poll(self, timeout: float) -> bool:
+        return bool(select.select([self.fd], [], [], timeout)[0])
+
+    def recv(self):
+        chunks = []
+        while chunk := os.read(self.fd, 1 << 16):
+            chunks.append(chunk)
+        if not chunks:
+            raise EOFError
+        return pickle.loads(b"".join(chunks))
+
+    def _reap(self, flags: int) -> None:
+        if self.exitcode is None:
+            pid, status = os.waitpid(self.pid, flags)
+            if pid:
+                self.exitcode = os.waitstatus_to_exitcode(status)
+
+    def is_alive(self) -> bool:
+        self._reap(os.WNOHANG)
+        return self.exitcode is None
+
+    def kill(self) -> None:
+        if self.is_alive():
+            os.kill(self.pid, signal.SIGKILL)
+
+    def join(self, timeout: float | None = None) -> None:
+        end = time.monotonic() + (timeout or 0)
+        while self.is_alive() and time.monotonic() < end:
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _wait(proc, conn, rank: int, timeout_s: float) -> tuple[str, object, float]:
+    """The child's report, or why there is none (timeout, death by a signal)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if conn.poll(0.05):
+            try:
+                return conn.recv()
+            except EOFError:
+                break
+        if not proc.is_alive() and not conn.poll(0):
+            break
+    else:
+        return "timeout", f"rank {rank}: no result within {timeout_s:.0f} s (child killed)", time.time()
+    proc.join(5)
+    code = proc.exitcode
+    if code is not None and code < 0:
+        sig = signal.Signals(-code).name
+        if -code == signal.SIGKILL:
+            return "oom", f"rank {rank}: child killed by {sig} (most likely the OS out-of-memory killer)", time.time()
+        return "error", f"rank {rank}: child killed by {sig}", time.time()
+    return "error", f"rank {rank}: child exited (code {code}) without a result", time.time()
+
+
+def combine(outcomes: list[tuple]) -> tuple[str, int | None, object]:
+    """(status, rank, payload or reason) from every parent's (rank, status, payload, time) (module docstring)."""
+    late = [o for o in outcomes if o[1] == "timeout"]
+    if late:
+        ranks = [o[0] for o in late]
+        others = [f"rank {o[0]}: {o[2]}" for o in outcomes if o[1] not in ("ok", "timeout")]
+        why = f"rank(s) {ranks} did not finish within the timeout" + ("; " + "; ".join(others) if others else "")
+        return "timeout", ranks[0], why
+    failed = [o for o in outcomes if o[1] != "ok"]
+    if failed:
+        r, status, reason, _ = min(failed, key=lambda o: (o[3], o[0]))
+        return status, r, reason
+    return "ok", None, outcomes[0][2]
+
+
+def run_candidate_isolated(plan: Plan, model: ModelSpec, work: Workload, *, timeout_s: float,
+                           collective_timeout_s: float | None = None, start_method: str | None = None,
+                           **kw) -> MeasuredCandidate:
+    """``run_candidate`` in a fresh child world with a deadline (module docstring); collective over the parent world.
+
+    ``kw`` are run_candidate's keywords (layers, warmup, iters, device, dtype, memory_limit_bytes,
+    fault). The same MeasuredCandidate comes back on every rank; the parent world stays usable.
+    """
+    from .candidate import _candidate, agree
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    limit = kw.pop("memory_limit_bytes", None)
+    device = torch.device(kw.get("device", "cpu"))
+    cuda_index = (device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else None
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    box = [free_port(addr) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    method = start_method or ("spawn" if cuda_index is not None else "fork")
+    coll = collective_timeout_s or max(timeout_s / 2, 1.0)
+    args = (plan, model, work, rank, world, addr, box[0], coll, cuda_index, method == "fork", kw)
+    if method == "fork":
+        proc = recv = Forked(_child, args)
+    else:  # CUDA cannot be forked: a fresh interpreter (not allowed inside a daemonic process)
+        ctx = mp.get_context(method)
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_child, args=(*args, send))
+        proc.start()
+        send.close()
+    try:
+        status, payload, t = _wait(proc, recv, rank, timeout_s)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5)
+        recv.close()
+    outcomes: list = [None] * world
+    dist.all_gather_object(outcomes, (rank, status, payload, t))
+    status, bad, payload = combine(outcomes)
+    isolation = {"isolation": f"child world ({method}), timeout {timeout_s:.0f} s, collectives {coll:.0f} s"}
+    if status != "ok":
+        return _candidate(plan, model, work, status=status, reason=str(payload), rank=bad, detail=isolation)
+    res = agree(plan, model, work, [(r, "ok", payload) for r in range(world)], limit)
+    res.detail.update(isolation)
+    return res

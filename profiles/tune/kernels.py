@@ -1,0 +1,107 @@
+"""Tune's kernel step: time the runtime's block attention (forward, backward) and the model's GEMMs.
+
+The attention kernels are ``runtime.kernels.block_attention`` / ``block_attention_backward``, the
+ones every distributed variant calls, on one (query block = key block) of each length with the
+model's head dim and its KV heads per head count. GEMMs are the block's linear layers, rows =
+tokens. FLOPs follow ``KernelSample``: attention forward 4 b s^2 h d (half when causal), backward
+2.5x, GEMM 2 m n k.
+"""
+from __future__ import annotations
+
+import torch
+
+from sp_plan.planner.model import ModelSpec, Workload
+from sp_plan.planner.plan import Plan
+from sp_plan.planner.profile import KernelSample
+from sp_plan.runtime.kernels import block_attention, block_attention_backward, select_backend
+
+from .timing import time_call
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
+                torch.float64: "float64"}
+
+
+def attention_flops(size: int, heads: int, head_dim: int, causal: bool, batch: int = 1,
+                    backward: bool = False) -> float:
+    """KernelSample's attention FLOPs: 4 b s^2 h d, halved when causal, x2.5 for the backward."""
+    f = 4.0 * batch * size * size * heads * head_dim * (0.5 if causal else 1.0)
+    return 2.5 * f if backward else f
+
+
+def kv_heads_for(model: ModelSpec, heads: int) -> int:
+    """KV heads that go with ``heads`` query heads under the model's GQA ratio (at least 1)."""
+    kv = max(1, heads * model.kv_heads // model.heads)
+    return kv if heads % kv == 0 else heads
+
+
+def gemm_shapes(model: ModelSpec, rows: int) -> dict[str, tuple[int, int, int]]:
+    """(m, n, k) of the block's linear layers for ``rows`` tokens: QKV, O, MLP up (gate+up), MLP down."""
+    up = model.ffn_hidden * (2 if model.gated_mlp else 1)
+    return {"qkv": (rows, model.q_dim + 2 * model.kv_dim, model.hidden), "o": (rows, model.hidden, model.q_dim),
+            "mlp_up": (rows, up, model.hidden), "mlp_down": (rows, model.hidden, model.ffn_hidden)}
+
+
+def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], device: torch.device,
+                    dtype: torch.dtype, causal: bool, repeats: int = 5,
+                    gemm_rows: list[int] | None = None) -> list[KernelSample]:
+    """Attention block fwd/bwd over ``blocks`` x ``heads`` and the model's GEMMs over ``gemm_rows`` (default: blocks)."""
+    device = torch.device(device)
+    d, name = model.head_dim, _DTYPE_NAMES.get(dtype, str(dtype))
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    rnd = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
+    offset = 0 if causal else None
+    out: list[KernelSample] = []
+    for h in sorted(set(heads)):
+        kv = kv_heads_for(model, h)
+        for n in sorted(set(blocks)):
+            q, k, v = rnd(1, n, h, d), rnd(1, n, kv, d), rnd(1, n, kv, d)
+            backend = select_backend(q)
+            o, lse = block_attention(q, k, v, causal_offset=offset)
+            dout = rnd(1, n, h, d)
+            t_f = time_call(lambda: block_attention(q, k, v, causal_offset=offset), device, repeats)
+            t_b = time_call(lambda: block_attention_backward(dout, q, k, v, o, lse, causal_offset=offset),
+                            device, repeats)
+            for kind, t, bwd in (("attention_fwd", t_f, False), ("attention_bwd", t_b, True)):
+                out.append(KernelSample(kind=kind, size=n, heads=h, head_dim=d, causal=causal,
+                                        flops=attention_flops(n, h, d, causal, backward=bwd), seconds=t,
+                                        dtype=name, batch=1, backend=backend))
+    for rows in sorted(set(gemm_rows if gemm_rows is not None else blocks)):
+        for m, n, k in gemm_shapes(model, rows).values():
+            a, w = rnd(m, k), rnd(k, n)
+            t = time_call(lambda: torch.matmul(a, w), device, repeats)
+            out.append(KernelSample(kind="matmul", size=m, heads=0, head_dim=0, causal=False, flops=2.0 * m * n * k,
+                                    seconds=t, dtype=name, batch=1, backend="torch.matmul",
+                                    gemm=(m, n, k)))
+    return out
+
+
+def _shape(plan: Plan, model: ModelSpec, work: Workload):
+    from sp_plan.planner.schedules import Shape
+
+    d = plan.degrees
+    return Shape(model, work, d["dp"], d["ulysses"], d["ring"], plan.token_layout, d["tp"], d["pp"],
+                 plan.micro_batch_size, plan.algorithm, d.get("team", 1), plan.placement)
+
+
+def kernel_shapes(plans: list[Plan], model: ModelSpec, work: Workload) -> tuple[list[int], list[int]]:
+    """Block lengths and head counts the candidates' attention runs on (read off the planner's schedules).
+
+    Ring/Ulysses/USP/TokenRing: one ring block seq/ring on heads/(tp ulysses) heads; zigzag also its
+    halves seq/(2 ring) (the runtime computes the two chunks separately); WallFacer: team blocks
+    C seq/ring; METP: seq/tp on heads/tp heads. Block lengths are rounded to whole tokens.
+    """
+    from sp_plan.planner.schedules import attention_steps
+
+    blocks, heads = set(), set()
+    for p in plans:
+        c = _shape(p, model, work)
+        h = model.heads / p.degrees["tp"] if p.algorithm == "metp" else c.heads_local
+        heads.add(max(1, int(round(h))))
+        for backward in (False, True):
+            for step in attention_steps(c, backward):
+                for ph in step.phases:
+                    if getattr(ph, "kind", "") == "attention" and ph.block:
+                        blocks.add(int(round(ph.block)))
+                        if p.token_layout == "zigzag":
+                            blocks.add(max(1, int(round(ph.block / 2))))
+    return sorted(blocks), sorted(heads)

@@ -1,0 +1,119 @@
+"""TP, ZeRO and gradient synchronization of a Stack for a plan, with every fallback said out loud.
+
+Mesh: one DeviceMesh ("pp", "dp_sp", "tp") over the world, "dp_sp" = the ranks that hold the same
+weights (dp x ulysses x ring: same tp and pp coordinates). TP: torch's tensor-parallel API
+(ColwiseParallel on Q, K, V and the MLP's up/gate, RowwiseParallel on O and down) on "tp".
+ZeRO over "dp_sp": stage 2/3 FSDP2 ``fully_shard`` per block and at the root (reshard_after_forward
+False/True); stage 1 DDP with ``ZeroRedundancyOptimizer`` (AdamW state sharded); stage 0 DDP.
+Where one of these does not apply (TP with DDP), gradients are all-reduced by hand and ``notes``
+says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.plan import Plan
+
+REPLICA_DIMS = ("dp", "ulysses", "ring")
+
+
+def replica_mesh(plan: Plan, device_type: str) -> DeviceMesh:
+    """DeviceMesh (pp, dp_sp, tp) of the world: [p][i][j] = rank at pp p, tp j, i-th of its dp x sp group."""
+    layout, d = plan.layout(), plan.degrees
+    dp_sp = d["dp"] * d["ulysses"] * d["ring"]
+    grid = torch.empty(d["pp"], dp_sp, d["tp"], dtype=torch.long)
+    for r in range(plan.world_size):
+        c = layout.coords(r)
+        i = layout.group_of(REPLICA_DIMS, r).index(r)
+        grid[c.get("pp", 0), i, c.get("tp", 0)] = r
+    return DeviceMesh(device_type, grid, mesh_dim_names=("pp", "dp_sp", "tp"))
+
+
+def tp_plan(gated: bool) -> dict:
+    """Megatron's split of a block: column-parallel into attention and MLP, row-parallel out of them."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    p = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+         "attn.o": RowwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
+    if gated:
+        p["mlp.gate"] = ColwiseParallel()
+    return p
+
+
+@dataclass
+class Parallel:
+    """The wrapped model, its optimizer, a post-backward gradient hook, and what was done (``notes``)."""
+
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    sync_grads: Callable[[], None]
+    notes: dict = field(default_factory=dict)
+
+
+def _manual_sync(params: list[nn.Parameter], group) -> Callable[[], None]:
+    """All-reduce (average) the local gradients of ``params`` over ``group``."""
+    n = dist.get_world_size(group)
+
+    def sync():
+        for p in params:
+            if p.grad is not None:
+                g = p.grad._local_tensor if hasattr(p.grad, "_local_tensor") else p.grad
+                dist.all_reduce(g, group=group)
+                g.div_(n)
+    return sync
+
+
+def parallelize(stack: nn.Module, plan: Plan, mesh: DeviceMesh, *, lr: float = 1e-4) -> Parallel:
+    """Apply TP, ZeRO and gradient sync to ``stack`` as the plan says (module docstring)."""
+    m = stack.model
+    tp, stage = plan.degrees["tp"], plan.zero_stage
+    notes: dict = {}
+    if tp > 1:
+        if m.heads % tp or m.kv_heads % tp or m.ffn_hidden % tp:
+            raise PlanError("degrees.tp", f"tp {tp} must divide heads {m.heads}, kv heads {m.kv_heads} and "
+                            f"ffn {m.ffn_hidden}", "pick a tp degree that divides them")
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        for blk in stack.blocks:
+            parallelize_module(blk, mesh["tp"], tp_plan(m.gated_mlp))
+        notes["tp"] = "torch.distributed.tensor.parallel (Colwise Q,K,V,up,gate; Rowwise O,down); embedding, head replicated"
+    replicas = mesh["dp_sp"].size()
+    group = mesh["dp_sp"].get_group()
+    nothing = lambda: None  # noqa: E731
+    if replicas == 1:
+        notes["zero"] = f"zero{stage}: no data-parallel replicas, nothing to shard or sync"
+        return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr), nothing, notes)
+    if stage >= 2:
+        from torch.distributed.fsdp import fully_shard
+
+        reshard = stage == 3
+        for blk in stack.blocks:
+            fully_shard(blk, mesh=mesh["dp_sp"], reshard_after_forward=reshard)
+        fully_shard(stack, mesh=mesh["dp_sp"], reshard_after_forward=reshard)
+        notes["zero"] = f"zero{stage}: FSDP2 fully_shard over dp x sp (reshard_after_forward={reshard})"
+        return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr), nothing, notes)
+    if tp > 1:
+        notes["zero"] = (f"zero{stage}: FALLBACK gradients all-reduced by hand over dp x sp (DDP does not take "
+                         "TP's DTensor parameters); optimizer state not sharded")
+        return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr),
+                        _manual_sync(list(stack.parameters()), group), notes)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(stack, process_group=group)
+    if stage == 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, process_group=group,
+                                      lr=lr)
+        notes["zero"] = "zero1: DDP over dp x sp + ZeroRedundancyOptimizer(AdamW)"
+    else:
+        opt = torch.optim.AdamW(ddp.parameters(), lr=lr)
+        notes["zero"] = "zero0: DDP over dp x sp"
+    return Parallel(ddp, opt, nothing, notes)

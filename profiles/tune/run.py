@@ -1,0 +1,304 @@
+"""`sp-plan tune`: measure links, kernels and the best candidates on the running world, calibrate, store.
+
+Collective: every rank of the torchrun world calls ``tune``; rank 0 alone reads and writes the store
+and makes the choices, which it broadcasts, so all ranks run the same candidate. Each step is a
+checkpoint in the store (``Store.record_step``): links, kernels, and every candidate before (as
+"running") and after it runs, so a tune killed at any moment resumes and loses at most the
+candidate in flight. A candidate that fails (out of memory, an exception, a timeout) is a recorded
+result; the tune goes on (design.md, "Profile once per cluster").
+"""
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from sp_plan.planner.calibration import fit, measured_params
+from sp_plan.planner.candidate import Candidate
+from sp_plan.planner.cluster import Cluster
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.estimate import Estimator
+from sp_plan.planner.model import ModelSpec, Workload
+from sp_plan.planner.params import Params
+from sp_plan.planner.plan import Measured, Plan
+from sp_plan.planner.profile import KernelSample, MeasuredCandidate, Profile
+from sp_plan.planner.search import grid_search
+
+from sp_plan.profiles.store import run_key
+
+from .choose import diversify, next_candidate, sigma_from
+from .software import software_stack
+
+#: progress(step, done, total, label): step is "links", "kernels" or "candidates"
+Progress = Callable[[str, int, int, str], None]
+
+
+@dataclass
+class TuneOptions:
+    """What `sp-plan tune` may spend and how it measures (CLI flags)."""
+
+    budget: int = 5  # candidates measured at most (failed ones count)
+    max_minutes: float = 30.0
+    candidate_timeout: float = 600.0
+    pool: int = 12  # distinct layouts the choice draws from
+    layers: int = 2  # layers run per candidate (the rest scaled)
+    warmup: int = 1
+    iters: int = 3
+    link_sizes: list[int] | None = None
+    link_timeout: float = 60.0
+    kernel_repeats: int = 3
+    faults: dict[str, str] = field(default_factory=dict)  # test hook: candidate summary -> fault to inject
+
+
+@dataclass
+class TuneReport:
+    """What rank 0 prints: the profile (with every measured candidate), the best measured plan, the story."""
+
+    profile: Profile
+    best: Plan | None
+    resumed: bool
+    reused: list[str]
+    stop_reason: str
+    run_id: int | None = None
+
+
+def _bcast(obj, rank: int):
+    box = [obj if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _gather(obj) -> list:
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def ranked_plans(cluster: Cluster, model: ModelSpec, work: Workload, params: Params, keep: int = 200) -> list[Plan]:
+    """The model's ranking as Plans (fastest first, each with its best memory policy), under ``params``."""
+    res = grid_search(cluster, model, work, keep=keep, params=params)
+    return [c.to_plan(cluster=cluster.name, cluster_fingerprint=cluster.fingerprint(), model=model, workload=work)
+            for _, c in res.ranked]
+
+
+def predict(cluster: Cluster, plan: Plan, params: Params) -> tuple[float, float]:
+    """(step seconds, peak bytes) the model predicts for ``plan`` under ``params``."""
+    est = Estimator(cluster, plan.model, plan.workload, params=params)
+    p = est.predict(Candidate.from_plan(plan))
+    return p.step_time_s, p.peak_memory_bytes
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _dtype(model: ModelSpec, dev: torch.device) -> torch.dtype:
+    """CPU ranks run float32 (the CPU flash kernel's best); GPUs the model's dtype."""
+    if dev.type == "cpu":
+        return torch.float32
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[model.dtype]
+
+
+def measure_links_step(cluster: Cluster, opts: TuneOptions) -> dict:
+    """`profile links` on this world: the fitted ``calibration['links']`` dict (collective)."""
+    from sp_plan.cli.discover import DEFAULT_SIZES, parse_sizes
+    from sp_plan.runtime import probe
+
+    hosts = probe.gather_hosts()
+    probe.check_world(cluster, hosts)
+    sizes = opts.link_sizes or parse_sizes(DEFAULT_SIZES["cuda" if probe.use_cuda() else "cpu"])
+    new, _ = probe.profile_links(cluster, hosts, sizes, opts.link_timeout)
+    return new.calibration["links"]
+
+
+def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opts: TuneOptions) -> list[dict]:
+    """Every rank times its own device's kernels for the pool's block shapes; all ranks' samples (collective)."""
+    from .kernels import kernel_shapes, measure_kernels
+
+    dev = _device()
+    blocks, heads = kernel_shapes(pool, model, work)
+    mine = measure_kernels(model, blocks, heads, dev, _dtype(model, dev), work.causal, repeats=opts.kernel_repeats)
+    return [dict(s, rank=r) for r, samples in enumerate(_gather([asdict(s) for s in mine])) for s in samples]
+
+
+def base_params(cluster: Cluster, model: ModelSpec, kernels: list[dict], links: dict | None) -> tuple[Params, list[str]]:
+    """Kernel curves and collective fits: the parameters measured directly, before any candidate runs."""
+    samples = [KernelSample(**{k: v for k, v in s.items() if k != "rank"}) for s in kernels]
+    params = measured_params(cluster, model.dtype, samples, links)
+    said = [f"{k} curve from {sum(1 for s in samples if s.kind == k)} kernel timings"
+            for k in ("attention_fwd", "attention_bwd", "matmul") if getattr(params, k) is not None]
+    if params.comm:
+        said.append("collective efficiency and latency for " + ", ".join(sorted(params.comm)))
+    return params, said
+
+
+def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: TuneOptions | None = None,
+         progress: Progress | None = None) -> TuneReport:
+    """Profile this cluster on the running world (collective; ``store`` is used on rank 0 only)."""
+    opts = opts or TuneOptions()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != cluster.world_size:
+        raise PlanError("--cluster", f"the cluster file has {cluster.world_size} devices but the world has {world} ranks",
+                        f"launch {cluster.world_size} ranks (torchrun --nnodes/--nproc-per-node) or discover this world "
+                        "again with `sp-plan discover`")
+    tick = progress or (lambda *a: None)
+    started = time.monotonic()
+    dev = _device()
+    stack = software_stack(dev.type)
+    fp = cluster.topology_fingerprint()
+    key = run_key(fp, stack, model, work, {"layers": opts.layers, "iters": opts.iters})
+
+    # ---- resume: what the store already holds for this run (rank 0 reads, all learn)
+    state = None
+    if rank == 0:
+        run_id, resumed = store.start_run(key, {"cluster": cluster.name, "fingerprint": fp, "stack": stack,
+                                                "model": model.name, "workload": work.model_dump(mode="json")})
+        state = (run_id, resumed, store.steps(run_id), store.link_fit(fp))
+    run_id, resumed, steps, links = _bcast(state, rank)
+    reused: list[str] = []
+
+    # ---- links: the stored fit for this cluster, else measure as `profile links` does
+    if links is None and steps.get("links", ("", None))[0] == "ok":
+        links = steps["links"][1]
+    if links is not None:
+        reused.append("links")
+        tick("links", 1, 1, "links: stored fit reused")
+    elif world > 1:
+        tick("links", 0, 1, "measuring links")
+        links = measure_links_step(cluster, opts)
+        if rank == 0:
+            store.save_link_fit(fp, links)
+            store.record_step(run_id, "links", "ok", links)
+        tick("links", 1, 1, "links measured")
+
+    # ---- kernels: the block shapes the model's best candidates run
+    pool = diversify(ranked_plans(cluster, model, work, Params()), opts.pool)
+    if not pool:
+        raise PlanError("workload", f"no layout of {world} ranks fits {model.name} at {work.seq_len} tokens",
+                        "tune a shorter --seq-len or a smaller model")
+    if steps.get("kernels", ("", None))[0] == "ok":
+        kernels = steps["kernels"][1]["samples"]
+        reused.append("kernels")
+        tick("kernels", 1, 1, "kernels: stored timings reused")
+    else:
+        tick("kernels", 0, 1, "timing attention blocks and GEMMs")
+        kernels = measure_kernels_step(pool, model, work, opts)
+        if rank == 0:
+            store.record_step(run_id, "kernels", "ok", {"samples": kernels})
+        tick("kernels", 1, 1, f"{len(kernels)} kernel timings")
+    base, said = base_params(cluster, model, kernels, links)
+
+    # ---- candidates: the pool under the measured kernels and links, chosen one at a time
+    pool = diversify(ranked_plans(cluster, model, work, base), opts.pool)
+    by_name = {p.summary(): p for p in pool}
+    measured: dict[str, MeasuredCandidate] = {}
+    for name, (status, payload) in steps.items():
+        if name.startswith("candidate:") and status in ("ok", "failed"):
+            mc = MeasuredCandidate.model_validate(payload)
+            measured[mc.summary] = mc
+            if mc.summary not in by_name:  # measured under an earlier ranking: keep it in the pool
+                by_name[mc.summary] = Plan.model_validate(mc.plan)
+                pool.append(by_name[mc.summary])
+    if measured:
+        reused.append(f"{len(measured)} candidate(s)")
+    params, result = base, None
+    stop = ""
+    limit = opts.max_minutes * 60.0
+    while True:
+        ok = [m for m in measured.values() if m.status == "ok"]
+        if ok:
+            result = fit(cluster, base, ok)
+            params = result.params
+        if len(measured) >= opts.budget:
+            stop = f"budget of {opts.budget} candidate(s) reached"
+            break
+        if time.monotonic() - started > limit:
+            stop = f"--max-minutes {opts.max_minutes:g} reached"
+            break
+        choice = None
+        if rank == 0:
+            preds = [predict(cluster, p, params)[0] for p in pool]
+            best = min((m.measured_s for m in ok), default=None)
+            sigma = sigma_from(result.loo_error_after if result else None)
+            choice = next_candidate(preds, [p.summary() in measured for p in pool], best, sigma)
+        choice = _bcast(choice, rank)
+        if choice.index is None:
+            stop = choice.why
+            break
+        plan = pool[choice.index]
+        name = plan.summary()
+        tick("candidates", len(measured), opts.budget, f"{name} ({choice.why})")
+        if rank == 0:
+            store.record_step(run_id, f"candidate:{name}", "running", {"summary": name})
+        mc = run_candidate(plan, model, work, cluster, opts)
+        if rank == 0:
+            store.record_step(run_id, f"candidate:{name}", "ok" if mc.status == "ok" else "failed",
+                              mc.model_dump(mode="json"))
+        measured[name] = mc
+        tick("candidates", len(measured), opts.budget, f"{name}: {mc.status}")
+
+    profile = _profile(cluster, model, work, stack, base, said, result, list(measured.values()), links, kernels)
+    best_plan = None
+    if rank == 0:
+        profile.id = store.save_profile(profile)
+        store.finish_run(run_id, "done")
+        best_plan = best_measured(cluster, profile, params)
+    profile, best_plan = _bcast((profile, best_plan), rank)
+    return TuneReport(profile, best_plan, resumed, reused, stop, run_id)
+
+
+def run_candidate(plan: Plan, model: ModelSpec, work: Workload, cluster: Cluster, opts: TuneOptions) -> MeasuredCandidate:
+    """One candidate on the running world, in a child world of its own (a hang or crash stays there)."""
+    from .candidate import run_candidate_isolated
+
+    dev = _device()
+    fault = opts.faults.get(plan.summary())
+    return run_candidate_isolated(plan, model, work, timeout_s=opts.candidate_timeout, layers=opts.layers,
+                                  warmup=opts.warmup, iters=opts.iters, device=dev.type, dtype=_dtype(model, dev),
+                                  memory_limit_bytes=cluster.device(0).memory_bytes, fault=fault)
+
+
+def _profile(cluster, model, work, stack, base, said, result, measured, links, kernels) -> Profile:
+    """The Profile document: fitted parameters, what was fitted, every candidate before/after/measured."""
+    params = result.params if result else base
+    fitted = list(said) + (list(result.fitted) if result else [])
+    cands = []
+    for mc in measured:
+        plan = Plan.model_validate(mc.plan)
+        b_s, b_m = predict(cluster, plan, Params())
+        a_s, a_m = predict(cluster, plan, params)
+        cands.append(mc.model_copy(update={"predicted_before_s": b_s, "predicted_memory_before": b_m,
+                                           "predicted_after_s": a_s, "predicted_memory_after": a_m}))
+    return Profile(cluster=cluster.name, cluster_fingerprint=cluster.topology_fingerprint(), stack=stack,
+                   created_at=_now(), params=params, fitted=fitted,
+                   workloads=[{"model": model.name, **work.model_dump(mode="json")}], candidates=cands,
+                   loo_error_before=result.loo_error_before if result else None,
+                   loo_error_after=result.loo_error_after if result else None,
+                   loo_memory_error_before=result.memory_error_before if result else None,
+                   loo_memory_error_after=result.memory_error_after if result else None,
+                   measurements={"links": links or {}, "kernels": kernels,
+                                 "cluster_capacity_fingerprint": cluster.fingerprint()})
+
+
+def best_measured(cluster: Cluster, profile: Profile, params: Params) -> Plan | None:
+    """The fastest measured candidate as a plan file: predictions under the profile, measured figures beside."""
+    ok = [c for c in profile.candidates if c.status == "ok" and c.measured_s]
+    if not ok:
+        return None
+    c = min(ok, key=lambda m: m.measured_s)
+    plan = Plan.model_validate(c.plan)
+    est = Estimator(cluster, plan.model, plan.workload, params=params)
+    how = "; ".join(f"{k}: {v}" for k, v in c.detail.items() if isinstance(v, (str, int, float)))
+    return plan.model_copy(update={
+        "cluster": cluster.name, "cluster_fingerprint": cluster.fingerprint(), "profile": profile.id,
+        "predicted": est.predict(Candidate.from_plan(plan)),
+        "measured": Measured(step_time_s=c.measured_s, peak_memory_bytes=c.measured_memory or 0.0, profile=profile.id,
+                             measured_at=profile.created_at, how=how)}).with_groups()

@@ -1,0 +1,307 @@
+"""Calibration: the engine reads Params, and fit() recovers physical parameters from measurements."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sp_plan.planner import Candidate, Estimator, ModelSpec, PlanError, Workload, estimate, plan
+from sp_plan.planner.calibration import comm_fits, fit, kernel_curves, measured_params, resolve_params
+from sp_plan.planner.engine import GroupShape, LinkEngine
+from sp_plan.planner.params import CommFit, Curve, Params
+from sp_plan.planner.profile import KernelSample, MeasuredCandidate, Profile
+from sp_plan.planner.schedules import Comm, Compute, Step
+from sp_plan.planner.search import grid_search
+from sp_plan.profiles import load_cluster, load_model
+
+FIX = Path(__file__).parent / "fixtures" / "calibration"
+GIB = 2.0 ** 30
+TRUTH = Params(overlap=0.6, round_overhead_s=2e-3, activation_factor=1.3, memory_overhead_bytes=GIB)
+
+
+# ---- Params() is the uncalibrated engine, bit for bit
+def test_neutral_params_give_bit_identical_predictions_to_the_uncalibrated_engine():
+    """Every candidate of three small grids (time, memory, full predictions) equals the snapshot taken
+    from the engine before it read Params (tests/fixtures/calibration/snapshot.py, run on main)."""
+    sys.path.insert(0, str(FIX))
+    try:
+        from snapshot import snapshot
+    finally:
+        sys.path.remove(str(FIX))
+    golden = json.loads((FIX / "params_identity.json").read_text())
+    now = json.loads(json.dumps(snapshot()))
+    assert now.keys() == golden.keys()
+    for case in golden:
+        assert len(now[case]) == len(golden[case]) > 10, case
+        for a, b in zip(now[case], golden[case]):
+            assert a == b, (case, a[0])
+
+
+# ---- kernel curves
+def test_kernel_curves_reproduce_the_efficiencies_median_over_repeats_and_heads():
+    peak = 1e12
+    eff = {"attention_fwd": {512: 0.3, 2048: 0.55, 8192: 0.62},
+           "attention_bwd": {512: 0.2, 2048: 0.4, 8192: 1.4},  # > 1 kept (CPU presets have placeholder peaks)
+           "matmul": {1024: 0.5, 16384: 0.75}}
+    samples = []
+    for kind, pts in eff.items():
+        for size, e in pts.items():
+            for heads, noise in ((8, 1.0), (16, 1.02), (32, 0.5)):  # median over heads and repeats: the middle one
+                flops = 4.0 * size * size * heads * 64 if kind != "matmul" else 2.0 * size * 4096 * 4096
+                samples.append(KernelSample(kind, size, heads, 64, False, flops, flops / (peak * e * noise)))
+    samples.append(KernelSample("matmul", 1024, 1, 1, False, 1.0, 0.0))  # a failed timing is ignored
+    curves = kernel_curves(samples[::-1], peak)
+    assert set(curves) == set(eff)
+    for kind, pts in eff.items():
+        assert [x for x, _ in curves[kind].points] == sorted(pts)
+        for size, e in pts.items():
+            assert curves[kind].at(size) == pytest.approx(e, rel=1e-12)
+    assert curves["attention_bwd"].at(8192) > 1
+    with pytest.raises(PlanError):
+        kernel_curves(samples, 0.0)
+
+
+# ---- the engine with Params, by hand
+def _tiny():
+    cl = load_cluster("cpu-local", 1)  # 4 CPU ranks on a host switch: shm 5 GB/s each way, 20 us per hop
+    m = ModelSpec(name="t", layers=2, hidden=256, heads=4, ffn_hidden=512, vocab=1000, dtype="fp32")
+    return cl, m, Workload(seq_len=4096, batch=1)
+
+
+def test_one_ring_step_matches_a_hand_computation():
+    cl, m, w = _tiny()
+    F, block, nbytes, k = 3e9, 1024.0, 8e6, 3
+    steps = [Step((Compute("attention fwd", F, "attention", block), Comm("ring p2p fwd", "shift", ("ring",), nbytes)),
+                  k, overlap=True)]
+    degrees = {"dp": 1, "pp": 1, "tp": 1, "ulysses": 1, "ring": 4, "team": 1}
+    peak = 5e10  # cpu-local fp32
+    # uncalibrated: saturating curve 0.5 x b / (b + 64); link: the rank's shm hop, 2 hops of 20 us
+    c0 = F / (peak * 0.5 * block / (block + 64))
+    m0 = nbytes / 5e9 + 2 * 20e-6
+    est0 = Estimator(cl, m, w)
+    assert est0.price(steps, est0.orders(degrees, [("ring",)])).seconds[0] == pytest.approx(k * max(c0, m0), rel=1e-12)
+    p = Params(attention_fwd=Curve(points=((512, 0.2), (2048, 0.4))), overlap=0.25, round_overhead_s=1e-3,
+               comm={"p2p/intra": CommFit(alpha_s=5e-5, efficiency=0.5)})
+    c1 = F / (peak * 0.3) + 1e-3  # log-linear: 1024 is halfway between 512 and 2048
+    m1 = nbytes / 5e9 / 0.5 + 2 * 20e-6 + 5e-5
+    est1 = Estimator(cl, m, w, params=p)
+    got = est1.price(steps, est1.orders(degrees, [("ring",)])).seconds[0]
+    assert got == pytest.approx(k * (max(c1, m1) + 0.75 * min(c1, m1)), rel=1e-12)
+    # a backward block reads the backward curve (unset here: the device curve)
+    bwd = Compute("attention bwd", F, "attention", block)
+    assert est1.compute_time(bwd) == pytest.approx(c0 + 1e-3, rel=1e-12)
+    # GEMMs read the matmul curve at their rows
+    gemm = Compute("linear fwd", 1e9, rows=2048)
+    assert Estimator(cl, m, w, params=Params(matmul=Curve(points=((1024, 0.2), (4096, 0.6))))).compute_time(gemm) \
+        == pytest.approx(1e9 / (peak * 0.4), rel=1e-12)
+
+
+def test_params_move_predictions_the_expected_way():
+    cl, m, w = load_cluster("dgx-h100", 1), load_model("gpt-3b"), Workload(seq_len=32768, batch=2)
+    ring = Candidate("ring", ring=8, order=("ring",), token_layout="zigzag")
+    uly = Candidate("ulysses", ulysses=8, order=("ulysses",))
+    base = Estimator(cl, m, w)
+
+    def t(params, cand):
+        return Estimator(cl, m, w, params=params).evaluate(cand).step_time_s
+
+    for cand in (ring, uly):
+        assert t(Params(round_overhead_s=1e-3), cand) > base.evaluate(cand).step_time_s
+        assert t(Params(attention_fwd=Curve(points=((1, 0.1),)), attention_bwd=Curve(points=((1, 0.1),))), cand) \
+            > base.evaluate(cand).step_time_s
+    assert t(Params(overlap=0.0), ring) > base.evaluate(ring).step_time_s
+    assert t(Params(overlap=0.0), uly) == base.evaluate(uly).step_time_s  # no double-buffered round
+    slow_a2a = Params(comm={"all_to_all/intra": CommFit(efficiency=0.5)})
+    rows = {r.name: r.seconds for r in Estimator(cl, m, w, params=slow_a2a).predict(uly).breakdown}
+    rows0 = {r.name: r.seconds for r in base.predict(uly).breakdown}
+    lat = LinkEngine(cl).cost("all_to_all", GroupShape(((8, 1),), 8)).latency
+    n_calls = m.layers * 2  # one forward all-to-all of q,k,v per layer and micro-batch (batch 2, dp 1)
+    assert rows["ulysses a2a q,k,v"] - n_calls * lat == pytest.approx(2 * (rows0["ulysses a2a q,k,v"] - n_calls * lat))
+    # inter-node fits do not touch an intra-node phase
+    assert t(Params(comm={"all_to_all/inter": CommFit(efficiency=0.1)}), uly) == base.evaluate(uly).step_time_s
+
+
+def test_memory_params_scale_activations_add_an_overhead_row_and_agree_with_fitting():
+    cl, m, w = load_cluster("dgx-h100", 1), load_model("gpt-3b"), Workload(seq_len=32768, batch=2)
+    cand = Candidate("ring", ring=8, order=("ring",), token_layout="zigzag", checkpointing="full")
+    m0 = Estimator(cl, m, w).memory(cand)
+    est = Estimator(cl, m, w, params=Params(activation_factor=1.5, memory_overhead_bytes=3 * GIB))
+    m1 = est.memory(cand)
+    assert m1["framework overhead"] == 3 * GIB and "framework overhead" not in m0
+    assert m1["activations"] == pytest.approx(1.5 * m0["activations"]) and m1["weights"] == m0["weights"]
+    assert sum(m1.values()) > sum(m0.values())
+    pols = [(z, ck, 1) for z in (0, 1, 2, 3) for ck in ("none", "attention_boundary", "full")]
+    for params in (Params(), Params(activation_factor=1.5, memory_overhead_bytes=3 * GIB),
+                   Params(memory_overhead_bytes=40 * GIB)):
+        e = Estimator(cl, m, w, params=params)
+        fit_ = e.fitting(cand, pols)
+        direct = [p for p in pols if e.fits(cand.with_memory(*p))]
+        assert fit_ == direct
+    assert len(Estimator(cl, m, w, params=Params(memory_overhead_bytes=40 * GIB)).fitting(cand, pols)) < \
+        len(Estimator(cl, m, w).fitting(cand, pols))
+
+
+# ---- fitting
+def _measured(cl, m, w, params, cands, time_noise=None):
+    """"Measurements": the engine's predictions under known params (the synthetic truth)."""
+    est = Estimator(cl, m, w, params=params)
+    out = []
+    for i, c in enumerate(cands):
+        ev = est.evaluate(c)
+        p = c.to_plan(model=m, workload=w)
+        t = ev.step_time_s * (time_noise[i] if time_noise else 1.0)
+        out.append(MeasuredCandidate(summary=p.summary(), plan=p.model_dump(mode="json"), measured_s=t,
+                                     measured_memory=ev.peak_memory_bytes))
+    return out
+
+
+CANDS = [Candidate("ring", ring=8, order=("ring",), token_layout="zigzag"),
+         Candidate("ulysses", ulysses=8, order=("ulysses",)),
+         Candidate("usp", ulysses=2, ring=4, order=("ulysses", "ring"), token_layout="zigzag", checkpointing="full"),
+         Candidate("ring", dp=2, ring=4, order=("ring", "dp"), token_layout="zigzag", zero_stage=1,
+                   checkpointing="attention_boundary")]
+
+
+def test_calibration_recovers_known_parameters_from_synthetic_measurements():
+    cl, m, w = load_cluster("dgx-h100", 1), load_model("gpt-3b"), Workload(seq_len=32768, batch=2)
+    meas = _measured(cl, m, w, TRUTH, CANDS)
+    meas.append(MeasuredCandidate(summary="oom", plan=meas[0].plan, status="oom", reason="CUDA out of memory"))
+    r = fit(cl, Params(), meas)
+    p = r.params
+    assert p.overlap == pytest.approx(0.6, rel=0.02)
+    assert p.round_overhead_s == pytest.approx(2e-3, rel=0.02)
+    assert p.activation_factor == pytest.approx(1.3, rel=0.02)
+    assert p.memory_overhead_bytes == pytest.approx(GIB, rel=0.02)
+    assert len(r.fitted) == 4 and r.fitted[0].startswith("overlap 0.60 (from 4 candidates")
+    assert r.loo_error_before > 0.2 and r.loo_error_after < 0.01
+    assert r.memory_error_before > 0.01 and r.memory_error_after < 0.01
+    assert r.predicted_after[-1] == (None, None) and r.candidates[-1].status == "oom"
+    for mc, (t, mem) in zip(r.candidates[:4], r.predicted_after[:4]):
+        assert t == pytest.approx(mc.measured_s, rel=1e-3) and mem == pytest.approx(mc.measured_memory, rel=1e-3)
+        assert mc.predicted_after_s == t and mc.predicted_before_s < mc.measured_s
+
+
+def test_leave_one_out_error_is_honest_under_noise():
+    """With noisy measurements the fit is not exact: the LOO error stays above zero but below the uncalibrated
+    one. (Overlap moves these steps by only ~6% between 0 and 1, so the noise here is 1%.)"""
+    cl, m, w = load_cluster("dgx-h100", 1), load_model("gpt-3b"), Workload(seq_len=32768, batch=2)
+    meas = _measured(cl, m, w, TRUTH, CANDS, time_noise=[1.01, 0.99, 1.005, 0.995])
+    r = fit(cl, Params(), meas)
+    assert 0.002 < r.loo_error_after < r.loo_error_before / 10
+    assert 0.3 < r.params.overlap < 0.9
+    assert r.params.round_overhead_s == pytest.approx(2e-3, rel=0.1)
+
+
+def test_one_candidate_fits_only_what_it_identifies():
+    cl, m, w = load_cluster("dgx-h100", 1), load_model("gpt-3b"), Workload(seq_len=32768, batch=2)
+    meas = _measured(cl, m, w, Params(memory_overhead_bytes=2 * GIB, round_overhead_s=1e-3), CANDS[1:2])
+    r = fit(cl, Params(), meas)
+    # ulysses has no double-buffered round: overlap stays; one memory point: overhead only
+    assert r.params.overlap == 1.0 and r.params.activation_factor == 1.0
+    assert r.params.round_overhead_s == pytest.approx(1e-3, rel=0.02)
+    assert r.params.memory_overhead_bytes == pytest.approx(2 * GIB, rel=1e-6)
+    assert any("overlap not fitted" in n for n in r.notes) and any("activation factor not fitted" in n for n in r.notes)
+    # one candidate, two free parameters: the fit is pulled toward neutral instead of running off
+    meas = _measured(cl, m, w, TRUTH, CANDS[:1])
+    r = fit(cl, Params(), meas)
+    assert "regularized" in r.fitted[0]
+    assert r.predicted_after[0][0] == pytest.approx(meas[0].measured_s, rel=0.05)
+
+
+def test_fit_refuses_a_plan_without_its_model():
+    cl = load_cluster("dgx-h100", 1)
+    bad = MeasuredCandidate(summary="x", plan=Candidate("ring", ring=8, order=("ring",)).to_plan().model_dump(mode="json"),
+                            measured_s=1.0)
+    with pytest.raises(PlanError) as e:
+        fit(cl, Params(), [bad])
+    assert e.value.field == "candidates[0].plan"
+
+
+# ---- link fits
+def test_comm_fits_recover_known_efficiencies_from_link_samples():
+    """cpu-local x2: shm 5 GB/s per rank each way (20 us per hop), one 1.25 GB/s NIC per node shared by 4 ranks."""
+    cl = load_cluster("cpu-local", 2)
+    links = {"classes": {
+        "intra:shm": {"pair": [0, 1], "ops": {
+            "p2p": {"group_size": 2, "alpha_s": 1e-4, "busbw": 4e9},  # model 5e9 -> 0.8; latency 2 hops = 40 us
+            "all_to_all": {"group_size": 4, "alpha_s": 2e-4, "busbw": 2.5e9}}},  # model 5e9 -> 0.5
+        "inter:ethernet": {"pair": [0, 4], "ops": {
+            "p2p": {"group_size": 2, "alpha_s": 3e-4, "busbw": 1e9},  # model 1.25e9 -> 0.8; latency 2 x 80 us
+            # 4 rails share the node's NIC: model busbw 1.25e9 / 4
+            "all_gather": {"group_size": 2, "alpha_s": 3e-4, "busbw": 0.25e9}}}}}
+    f = comm_fits(cl, links)
+    assert set(f) == {"p2p/intra", "all_to_all/intra", "p2p/inter", "all_gather/inter"}
+    assert f["p2p/intra"].efficiency == pytest.approx(0.8) and f["p2p/intra"].alpha_s == pytest.approx(6e-5)
+    assert f["all_to_all/intra"].efficiency == pytest.approx(0.5)
+    assert f["p2p/inter"].efficiency == pytest.approx(0.8) and f["p2p/inter"].alpha_s == pytest.approx(1.4e-4)
+    assert f["all_gather/inter"].efficiency == pytest.approx(0.8)
+    # the engine with these fits reproduces the measured alpha-beta line of a collective
+    eng = LinkEngine(cl)
+    cost = eng.cost("all_to_all", GroupShape(((4, 1),), 8))
+    nbytes = 64e6
+    assert cost.link_class == "intra"
+    assert cost.time(nbytes, f["all_to_all/intra"]) == pytest.approx(2e-4 + nbytes * 0.75 / 2.5e9)
+    rail = eng.cost("all_gather", GroupShape(((2, 4),), 8))
+    assert rail.link_class == "inter"
+    assert rail.time(nbytes, f["all_gather/inter"]) == pytest.approx(3e-4 + nbytes * 0.5 / 0.25e9)
+    # measured_params puts them into Params (merged with a base's)
+    p = measured_params(cl, "fp32", links=links)
+    assert p.comm_fit("shift", "inter") == f["p2p/inter"] and p.comm_fit("shift_back", "intra") == f["p2p/intra"]
+
+
+# ---- profiles on plan / estimate
+def test_plan_with_a_profile_differs_from_no_profile_and_records_it(tmp_path):
+    cl, m = load_cluster("cpu-local", 1), ModelSpec(name="t", layers=2, hidden=256, heads=4, ffn_hidden=512,
+                                                     vocab=1000, dtype="fp32")
+    w = Workload(seq_len=4096, batch=2)
+    prof = Profile(id="3f2a9c", cluster_fingerprint=cl.topology_fingerprint(), created_at="2026-11-23",
+                   params=Params(round_overhead_s=5e-3, overlap=0.5, memory_overhead_bytes=GIB))
+    off = plan(cl, m, w, top_k=2, profile=False)
+    on = plan(cl, m, w, top_k=2, profile=prof)
+    assert on[0].profile == "3f2a9c" and off[0].profile is None
+    assert on[0].predicted.step_time_s > off[0].predicted.step_time_s
+    assert on[0].predicted.memory["framework overhead"] == GIB
+    path = tmp_path / "p.yaml"
+    prof.model_copy(update={"id": None}).save(path)
+    params, line, used = resolve_params(cl, str(path))
+    assert params == prof.params and used is not None and line.startswith("using")
+    pl = off[0]
+    calibrated = estimate(pl, cl, m, w, profile=prof)
+    assert calibrated == Estimator(cl, m, w, params=prof.params)(pl)
+    assert calibrated.step_time_s > estimate(pl, cl, m, w, profile=False).step_time_s
+    assert estimate(pl, cl, m, w, profile=False) == pl.predicted
+    res = grid_search(cl, m, w, params=prof.params)
+    assert res.ranked[0][0] == pytest.approx(on[0].predicted.step_time_s)
+    # a profile of another cluster is not applied, and says so
+    other = prof.model_copy(update={"cluster_fingerprint": "0" * 16})
+    params, line, used = resolve_params(cl, other)
+    assert params == Params() and used is None and line.startswith("not using")
+
+
+def test_cli_plan_and_estimate_apply_a_profile_file_and_say_so(tmp_path):
+    cl = load_cluster("cpu-local", 1)
+    prof = Profile(id="abc123", cluster_fingerprint=cl.topology_fingerprint(), created_at="2026-11-23",
+                   params=Params(round_overhead_s=5e-3))
+    pf = tmp_path / "profile.yaml"
+    prof.save(pf)
+    one = str(Path(__file__).parent.parent / "tests" / "fixtures" / "models" / "one-layer.yaml")
+    sp = [sys.executable, "-m", "sp_plan.cli.app"]
+    args = ["plan", "--cluster", "cpu-local", "--model", one, "--seq-len", "8k", "--top", "2"]
+    r = subprocess.run(sp + args + ["--profile", str(pf), "-o", str(tmp_path / "a.yaml")], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "using profile abc123 tuned 2026-11-23" in r.stdout
+    from sp_plan.planner import Plan
+
+    assert Plan.load(tmp_path / "a.yaml").profile == "abc123"
+    r = subprocess.run(sp + ["estimate", str(tmp_path / "a.yaml"), "--cluster", "cpu-local", "--no-profile"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "not using a profile" in r.stdout
+    r = subprocess.run(sp + args + ["--profile", str(tmp_path / "missing.yaml")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "--profile" in r.stderr
+    r = subprocess.run(sp + args + ["--profile", str(pf), "--no-profile"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2

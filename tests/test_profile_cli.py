@@ -1,0 +1,133 @@
+"""`sp-plan profile list|show|export|import|delete` through typer's CliRunner and a real subprocess."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sp_plan.cli.app import app
+from sp_plan.planner.profile import Profile
+from sp_plan.profiles import load_cluster
+from sp_plan.profiles.store import Store
+
+FIXTURE = Path(__file__).parent / "fixtures" / "profile-dgx-h100.yaml"
+runner = CliRunner()
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.delenv("SP_PLAN_STORE", raising=False)
+    return f"sqlite:///{tmp_path}/store.db"
+
+
+def cli(*args):
+    r = runner.invoke(app, [str(a) for a in args])
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    return r
+
+
+def one_error_line(r, needle: str) -> None:
+    assert r.exit_code == 2, r.output
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+    assert "Traceback" not in r.output
+
+
+def test_import_list_show_export_delete(store, tmp_path):
+    r = cli("profile", "import", FIXTURE, "--store", store)
+    assert r.exit_code == 0, r.output
+    pid = r.stdout.strip()
+    assert len(pid) == 12 and f"as profile {pid}" in r.stderr
+    r = cli("profile", "list", "--store", store)
+    assert r.exit_code == 0 and pid in r.stdout and "dgx-h100x2" in r.stdout and "2/3" in r.stdout and "3.1%" in r.stdout
+    fp = load_cluster("dgx-h100", 2).topology_fingerprint()
+    assert pid in cli("profile", "list", "--store", store, "--cluster", "dgx-h100", "--nodes", "2").stdout
+    one = cli("profile", "list", "--store", store, "--cluster", "dgx-h100", "--nodes", "1")
+    assert one.exit_code == 0 and pid not in one.stdout and "no profiles stored for this cluster" in one.stdout
+    r = cli("profile", "show", pid, "--store", store)
+    assert r.exit_code == 0, r.output
+    for text in (Store(store).get_profile(pid).line(), "ulysses8 x ring2", "2.360 s", "-2.1%", "oom (CUDA out of memory",
+                 "overlap", "all_to_all/inter", f"fingerprint {fp}"):
+        assert text in r.stdout, text
+    out = tmp_path / "exported.yaml"
+    r = cli("profile", "export", pid, "-o", out, "--store", store)
+    assert r.exit_code == 0 and out.exists()
+    exported = Profile.load(out)
+    assert exported.id == pid and exported.model_copy(update={"id": None}) == Profile.load(FIXTURE)
+    # importing the same document again keeps its id; a different document under that id gets a new one
+    assert cli("profile", "import", out, "--store", store).stdout.strip() == pid
+    changed = exported.model_copy(update={"loo_error_after": 0.5})
+    changed.save(tmp_path / "changed.yaml")
+    new = cli("profile", "import", tmp_path / "changed.yaml", "--store", store).stdout.strip()
+    assert new != pid and len(Store(store).list_profiles()) == 2
+    r = cli("profile", "delete", pid, "--store", store)
+    assert r.exit_code == 0 and f"deleted profile {pid}" in r.stdout
+    assert pid not in cli("profile", "list", "--store", store).stdout
+    one_error_line(cli("profile", "show", pid, "--store", store), f"profile: no profile '{pid}'")
+
+
+def test_env_var_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("SP_PLAN_STORE", f"sqlite:///{tmp_path}/env.db")
+    pid = cli("profile", "import", FIXTURE).stdout.strip()
+    assert Store(f"sqlite:///{tmp_path}/env.db").get_profile(pid).cluster == "dgx-h100x2"
+
+
+def test_bad_inputs_exit_2_one_line(store, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cluster_fingerprint: [oops\n")
+    one_error_line(cli("profile", "import", bad, "--store", store), "is not valid YAML")
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("cluster_fingerprint: abc\nsurprise: 1\n")
+    one_error_line(cli("profile", "import", wrong, "--store", store), "profile.surprise")
+    one_error_line(cli("profile", "import", tmp_path / "none.yaml", "--store", store), "does not exist")
+    one_error_line(cli("profile", "show", "deadbeef", "--store", store), "no profile 'deadbeef'")
+    one_error_line(cli("profile", "delete", "deadbeef", "--store", store), "no profile 'deadbeef'")
+    one_error_line(cli("profile", "export", "deadbeef", "-o", tmp_path / "x.yaml", "--store", store), "no profile")
+    for url in ("nosuch://x", f"sqlite:///{tmp_path}/missing/store.db", "postgresql+psycopg://sp@127.0.0.1:1/db"):
+        one_error_line(cli("profile", "list", "--store", url), "--store: cannot open store")
+    one_error_line(cli("profile", "list", "--store", store, "--nodes", "2"), "--nodes")
+
+
+def test_subprocess(tmp_path):
+    store = f"sqlite:///{tmp_path}/store.db"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "sp_plan.cli.app", *map(str, a)],  # noqa: E731
+                                    capture_output=True, text=True, timeout=300)
+    r = run("profile", "import", FIXTURE, "--store", store)
+    assert r.returncode == 0, r.stderr
+    pid = r.stdout.strip()
+    r = run("profile", "list", "--store", store)
+    assert r.returncode == 0 and pid in r.stdout, r.stderr
+    r = run("profile", "show", "nope", "--store", store)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert [l for l in r.stderr.splitlines() if l.strip()] == [
+        f"error: profile: no profile 'nope' in store {store}; see the stored ids with `sp-plan profile list --store {store}`"]
+
+
+def test_profile_links_stores_its_fit(tmp_path, monkeypatch):
+    """`profile links` (probe faked: no torchrun world here) writes the cluster file and saves the fit in the store."""
+    from types import SimpleNamespace
+
+    from sp_plan.runtime import probe
+
+    cluster = load_cluster("dgx-h100", 1)
+    cluster.save(tmp_path / "c.yaml")
+    links = {"backend": "gloo", "device": "cpu", "world_size": 2, "nodes": 1, "applied": {}, "failed": [],
+             "classes": {"intra:nvswitch": {"ops": {"all_gather": {"group_size": 2, "alpha_s": 1e-5, "busbw": 1e9,
+                                                                   "peak_busbw": 1.2e9, "points": 4}}}}}
+    calibrated = cluster.model_copy(update={"calibration": {"links": links}})
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for name, fn in {"under_torchrun": lambda: True, "use_cuda": lambda: False, "init_world": lambda t: False,
+                     "gather_hosts": lambda: [], "check_world": lambda c, h: None, "finish": lambda owned: None,
+                     "profile_links": lambda c, h, s, t, cb=None: (calibrated, [])}.items():
+        monkeypatch.setattr(probe, name, fn)
+    monkeypatch.setattr(probe, "dist", SimpleNamespace(get_rank=lambda: 0, barrier=lambda: None))
+    store = f"sqlite:///{tmp_path}/store.db"
+    r = cli("profile", "links", "--cluster", tmp_path / "c.yaml", "-o", tmp_path / "cal.yaml", "--store", store)
+    assert r.exit_code == 0, r.output
+    assert "stored the link fit" in r.stdout and (tmp_path / "cal.yaml").exists()
+    assert Store(store).link_fit(cluster.topology_fingerprint()) == links
+    one_error_line(cli("profile", "links", "--cluster", tmp_path / "c.yaml", "--store", "nosuch://x"), "--store")

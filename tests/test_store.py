@@ -1,0 +1,304 @@
+"""The profile store (profiles/store.py) on SQLite and on a real PostgreSQL server, and resolve_profile."""
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from pgserver import postgres_url  # noqa: F401 - fixture
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.params import CommFit, Curve, Params
+from sp_plan.planner.profile import MeasuredCandidate, Profile
+from sp_plan.profiles import load_cluster
+from sp_plan.profiles.store import MIGRATIONS, Store, default_store_url, resolve_profile, run_key, store_url
+
+FIXTURE = Path(__file__).parent / "fixtures" / "profile-dgx-h100.yaml"
+
+
+def make_profile(fp: str = "f" * 16, **kw) -> Profile:
+    base = dict(cluster="test", cluster_fingerprint=fp, stack={"torch": "2.13.0", "nccl": "2.27.3"},
+                params=Params(matmul=Curve(points=((1024, 0.5), (65536, 0.8))), overlap=0.9,
+                              comm={"all_to_all/intra": CommFit(alpha_s=1e-5, efficiency=0.8)}),
+                fitted=["matmul from 6 GEMMs"], workloads=[{"model": "llama3-8b", "seq_len": 65536}],
+                candidates=[MeasuredCandidate(summary="ulysses8", plan={"degrees": {"ulysses": 8}}, predicted_before_s=1.0,
+                                              predicted_after_s=1.2, measured_s=1.25),
+                            MeasuredCandidate(summary="ring8", plan={}, status="oom", reason="OOM on rank 2")],
+                loo_error_before=0.2, loo_error_after=0.04, measurements={"links": {"a": [1, 2, 3]}})
+    base.update(kw)
+    return Profile(**base)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request, tmp_path):
+    """A fresh store URL on each backend (PostgreSQL: a new database on the throwaway server)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/store.db"
+    base = request.getfixturevalue("postgres_url")
+    name = f"t{os.getpid()}_{time.monotonic_ns()}"
+    eng = sa.create_engine(base.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(sa.text(f"CREATE DATABASE {name}"))
+    eng.dispose()
+    return base.rsplit("/", 1)[0] + "/" + name
+
+
+def test_profile_round_trip(url):
+    st = Store(url)
+    assert st.healthy() and st.revision() == "0001"
+    p = make_profile()
+    pid = st.save_profile(p)
+    assert pid and p.id == pid and p.created_at
+    back = st.get_profile(pid)
+    assert back == p and back.params.comm["all_to_all/intra"].efficiency == 0.8
+    assert st.get_profile(pid[:6]) == p  # unique prefix
+    old = make_profile(created_at="2020-01-01T00:00:00+00:00")
+    other = make_profile(fp="0" * 16)
+    st.save_profile(old), st.save_profile(other)
+    assert [x.id for x in st.list_profiles("f" * 16)] == [pid, old.id]
+    assert len(st.list_profiles()) == 3
+    assert st.latest_profile("f" * 16).id == pid and st.latest_profile("nope") is None
+    p.loo_error_after = 0.01  # same id: replaced, not duplicated
+    st.save_profile(p)
+    assert st.get_profile(pid).loo_error_after == 0.01 and len(st.list_profiles()) == 3
+    st.delete_profile(pid)
+    with pytest.raises(PlanError):
+        st.get_profile(pid[:2])  # too short to be an id prefix
+    assert st.latest_profile("f" * 16).id == old.id
+    with pytest.raises(PlanError) as e:
+        st.get_profile(pid)
+    assert e.value.field == "profile" and "sp-plan profile list" in e.value.fix
+    with pytest.raises(PlanError):
+        st.delete_profile(pid)
+    st.close()
+    assert Store(url).get_profile(other.id) == other  # reopening: already at head
+
+
+def test_link_fits_and_runs(url):
+    st = Store(url)
+    assert st.link_fit("abc") is None
+    st.save_link_fit("abc", {"classes": {"intra": 1}})
+    st.save_link_fit("abc", {"classes": {"intra": 2}})
+    st.save_link_fit("xyz", {"classes": {}})
+    assert st.link_fit("abc") == {"classes": {"intra": 2}}
+    key = run_key("abc", {"torch": "2.13"}, {"name": "llama3-8b"}, {"seq_len": 65536}, {"budget": 10})
+    assert key == run_key("abc", {"torch": "2.13"}, {"name": "llama3-8b"}, {"seq_len": 65536}, {"budget": 10})
+    assert key != run_key("abc", {"torch": "2.13"}, {"name": "llama3-8b"}, {"seq_len": 65536}, {"budget": 11})
+    rid, resumed = st.start_run(key, {"model": "llama3-8b"})
+    assert not resumed
+    st.record_step(rid, "links", "running", {})
+    st.record_step(rid, "links", "ok", {"fit": [1.5, 2]})
+    st.record_step(rid, "candidate:ulysses8", "failed", {"reason": "OOM"})
+    assert Store(url).start_run(key, {}) == (rid, True)  # another process would see the same run
+    assert st.steps(rid) == {"links": ("ok", {"fit": [1.5, 2]}), "candidate:ulysses8": ("failed", {"reason": "OOM"})}
+    assert st.run(rid)["meta"] == {"model": "llama3-8b"} and st.run(rid)["status"] == "running"
+    st.finish_run(rid)
+    assert st.run(rid)["status"] == "done"
+    rid2, resumed2 = st.start_run(key, {})
+    assert rid2 != rid and not resumed2 and st.steps(rid2) == {}
+    assert [r["id"] for r in st.runs(key)] == [rid2, rid]
+    with pytest.raises(PlanError):
+        st.finish_run(10**6)
+
+
+def test_newer_schema_refused(url):
+    st = Store(url)
+    assert st.healthy()
+    eng = sa.create_engine(url)
+    with eng.begin() as c:
+        c.execute(sa.text("UPDATE alembic_version SET version_num = '9999_future'"))
+    eng.dispose()
+    assert not st.healthy()
+    with pytest.raises(PlanError) as e:
+        Store(url)
+    assert e.value.field == "--store" and "newer" in e.value.problem and "upgrade sp-plan" in e.value.fix
+
+
+@pytest.mark.parametrize("bad", ["nosuch://x", "not a url", "postgresql+psycopg://sp@127.0.0.1:1/db",
+                                 "sqlite:///{tmp}/missing/dir/store.db", "sqlite:///{tmp}/afile/store.db"])
+def test_bad_store_url(bad, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(PlanError) as e:
+        Store(bad.format(tmp=tmp_path))
+    assert e.value.field == "--store" and e.value.fix
+
+
+def test_url_resolution(monkeypatch, tmp_path):
+    import platformdirs
+
+    assert default_store_url() == f"sqlite:///{platformdirs.user_data_path('sp-plan') / 'store.db'}"
+    monkeypatch.delenv("SP_PLAN_STORE", raising=False)
+    assert store_url() == default_store_url()
+    monkeypatch.setenv("SP_PLAN_STORE", f"sqlite:///{tmp_path}/env.db")
+    assert Store().url == f"sqlite:///{tmp_path}/env.db" and (tmp_path / "env.db").exists()
+    assert store_url("sqlite:///x.db") == "sqlite:///x.db"
+    assert (MIGRATIONS / "env.py").exists() and list((MIGRATIONS / "versions").glob("0001_*.py"))
+
+
+def _python(code: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+WRITER = """
+    import sys
+    from sp_plan.planner.profile import Profile
+    from sp_plan.profiles.store import Store
+    url, tag, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    st = Store(url)
+    rid, _ = st.start_run("shared-key", {})
+    for i in range(n):
+        st.save_profile(Profile(cluster=tag, cluster_fingerprint="fp" + tag, measurements={"i": i, "pad": "x" * 2000}))
+        st.record_step(rid, f"{tag}:{i}", "ok", {"i": i})
+        st.save_link_fit("fp", {"by": tag, "i": i})
+    print(rid)
+"""
+
+
+def test_two_processes_write_at_once(url, tmp_path):
+    """Both start on an empty database, so they also race to create the schema."""
+    n = 40
+    procs = [_python(WRITER, url, tag, str(n)) for tag in ("a", "b")]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    assert all(len(o[0].split()) == 1 for o in outs)
+    rids = {int(o[0]) for o in outs}
+    assert len(rids) == 1  # both joined the same unfinished run
+    st = Store(url)
+    assert len(st.list_profiles("fpa")) == n and len(st.list_profiles("fpb")) == n
+    assert len(st.steps(rids.pop())) == 2 * n
+    if not url.startswith("sqlite"):
+        return
+    with sqlite3.connect(tmp_path / "store.db") as c:
+        assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+KILLED = """
+    import sys
+    from sp_plan.planner.profile import Profile
+    from sp_plan.profiles.store import Store
+    st = Store(sys.argv[1])
+    rid, _ = st.start_run("k", {})
+    i = 0
+    while True:
+        st.save_profile(Profile(cluster="k", cluster_fingerprint="fpk", measurements={"i": i, "pad": "y" * 50000}))
+        st.record_step(rid, f"s{i}", "ok", {"i": i})
+        i += 1
+        if i == 5:
+            print("ready", flush=True)
+"""
+
+
+def test_killed_writer_leaves_readable_store(tmp_path):
+    url = f"sqlite:///{tmp_path}/store.db"
+    p = _python(KILLED, url)
+    assert p.stdout.readline().strip() == "ready", p.stderr.read()
+    time.sleep(0.3)
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=30)
+    st = Store(url)
+    profiles = st.list_profiles("fpk")
+    assert len(profiles) >= 5 and all(len(x.measurements["pad"]) == 50000 for x in profiles)
+    rid, resumed = st.start_run("k", {})
+    assert resumed and len(st.steps(rid)) >= 5
+    st.save_profile(make_profile())  # and it still takes writes
+    with sqlite3.connect(tmp_path / "store.db") as c:
+        assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+# ---- resolve_profile
+
+@pytest.fixture
+def cluster():
+    return load_cluster("dgx-h100", 2)
+
+
+def test_resolve_latest_matching(cluster, tmp_path):
+    st = Store(f"sqlite:///{tmp_path}/s.db")
+    p, line = resolve_profile(None, cluster, st)
+    assert p is None and "none stored" in line and "sp-plan tune" in line
+    old = make_profile(cluster.topology_fingerprint(), created_at="2021-01-01T00:00:00+00:00")
+    new = make_profile(cluster.topology_fingerprint())
+    st.save_profile(old), st.save_profile(new), st.save_profile(make_profile("1" * 16))
+    p, line = resolve_profile(None, cluster, st)
+    assert p == new and line == new.line() and new.id in line and "leave-one-out error 4.0%" in line
+
+
+def test_resolve_refuses_other_fingerprint(cluster, tmp_path):
+    st = Store(f"sqlite:///{tmp_path}/s.db")
+    other = make_profile("1" * 16)
+    st.save_profile(other)
+    for spec in (other.id, other):
+        p, line = resolve_profile(spec, cluster, st)
+        assert p is None
+        assert f"profile {other.id} is for cluster fingerprint {'1' * 16}, this cluster is {cluster.topology_fingerprint()}" in line
+    assert resolve_profile(None, cluster, st)[0] is None
+
+
+def test_resolve_stack(cluster):
+    prof = make_profile(cluster.topology_fingerprint(), id="abc123")
+    assert resolve_profile(prof, cluster)[0] == prof  # a preset records no stack: not checked
+    same = cluster.model_copy(update={"calibration": {"stack": {"torch": "2.13.0", "cuda": "12.8"}}})
+    assert resolve_profile(prof, same)[0] == prof  # cuda only on one side: not compared
+    diff = cluster.model_copy(update={"calibration": {"stack": {"torch": "2.12.0", "nccl": "2.27.3"}}})
+    p, line = resolve_profile(prof, diff)
+    assert p is None and "stack" in line and "torch" in line and "2.12.0" in line and "abc123" in line
+
+
+def test_resolve_file_id_and_none(cluster, tmp_path):
+    st = Store(f"sqlite:///{tmp_path}/s.db")
+    prof = make_profile(cluster.topology_fingerprint())
+    path = tmp_path / "p.yaml"
+    prof.save(path)
+    p, line = resolve_profile(str(path), cluster, st)
+    assert p == prof and line == prof.line()
+    pid = st.save_profile(prof)
+    assert resolve_profile(pid, cluster, st) == (prof, prof.line())
+    assert resolve_profile(False, cluster, st) == (None, "profile: none (--no-profile)")
+    with pytest.raises(PlanError) as e:
+        resolve_profile("nosuchid", cluster, st)
+    assert e.value.field == "--profile"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cluster_fingerprint: [unclosed\n")
+    with pytest.raises(PlanError) as e:
+        resolve_profile(str(bad), cluster, st)
+    assert e.value.field == "--profile" and "not valid YAML" in e.value.problem
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("cluster_fingerprint: abc\nparams: {overlap: 7}\n")
+    with pytest.raises(PlanError) as e:
+        resolve_profile(str(wrong), cluster, st)
+    assert e.value.field == "--profile" and "overlap" in e.value.problem
+
+
+def test_resolve_default_store_absent(cluster, monkeypatch, tmp_path):
+    monkeypatch.delenv("SP_PLAN_STORE", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    p, line = resolve_profile(None, cluster)
+    assert p is None and "sp-plan tune" in line
+    assert not (tmp_path / "xdg" / "sp-plan").exists()  # looking up does not create the default store
+    monkeypatch.setenv("SP_PLAN_STORE", f"sqlite:///{tmp_path}/env.db")
+    prof = make_profile(cluster.topology_fingerprint())
+    Store().save_profile(prof)
+    assert resolve_profile(None, cluster)[0] == prof
+
+
+def test_stored_document_that_does_not_validate(tmp_path):
+    url = f"sqlite:///{tmp_path}/s.db"
+    st = Store(url)
+    pid = st.save_profile(make_profile())
+    eng = sa.create_engine(url)
+    with eng.begin() as c:
+        c.execute(sa.text("UPDATE profiles SET document = :d"), {"d": '{"cluster_fingerprint": "x", "bogus": 1}'})
+    eng.dispose()
+    with pytest.raises(PlanError) as e:
+        st.get_profile(pid)
+    assert e.value.field == "profile.bogus" and "store" in e.value.problem

@@ -1,0 +1,46 @@
+"""Tune's choice of what to measure: diversified pool, chance to beat the best measured, stopping rule."""
+import math
+
+from sp_plan.planner.plan import Plan
+from sp_plan.profiles.tune.choose import (PRIOR_SIGMA, chance_to_beat, diversify, next_candidate, sigma_from)
+
+
+def _plan(alg, u, r, order=None, layout="contiguous"):
+    return Plan(algorithm=alg, degrees={"ulysses": u, "ring": r}, order=order or [], token_layout=layout)
+
+
+def test_diversify_drops_mesh_orders_of_one_layout():
+    plans = [_plan("usp", 2, 2, ["ulysses", "ring"]), _plan("usp", 2, 2, ["ring", "ulysses"]),
+             _plan("ring", 1, 4), _plan("ring", 1, 4, layout="zigzag"), _plan("ulysses", 4, 1)]
+    got = diversify(plans, 10)
+    assert [p.summary() for p in got] == [plans[0].summary(), plans[2].summary(), plans[3].summary(),
+                                          plans[4].summary()]
+    assert len(diversify(plans, 2)) == 2
+
+
+def test_chance_to_beat_is_a_lognormal_tail():
+    assert math.isclose(chance_to_beat(0.99, 1.0, 0.3, margin=0.01), 0.5, abs_tol=1e-12)
+    assert chance_to_beat(0.5, 1.0, 0.1) > 0.99
+    assert chance_to_beat(2.0, 1.0, 0.1) < 1e-6
+    # more uncertainty: a predicted loser has a better chance
+    assert chance_to_beat(1.5, 1.0, 0.5) > chance_to_beat(1.5, 1.0, 0.2)
+
+
+def test_sigma_from_loo_error():
+    assert sigma_from(None) == PRIOR_SIGMA
+    assert sigma_from(0.0) > 0
+    assert math.isclose(sigma_from(0.2), math.log(1.2) / 0.674)
+
+
+def test_next_candidate_first_the_models_best_then_the_likeliest_winner_then_stop():
+    preds = [3.0, 1.0, 2.0, 1.05]
+    c = next_candidate(preds, [False] * 4, None, 0.3)
+    assert c.index == 1
+    # measured index 1 at 1.2 s: index 3 (pred 1.05) is the likeliest to beat it
+    c = next_candidate(preds, [False, True, False, False], 1.2, 0.3)
+    assert c.index == 3 and 0 < c.chance < 1
+    # a confident model with nothing close: stop
+    c = next_candidate(preds, [False, True, False, True], 1.0, 0.05)
+    assert c.index is None and "chance" in c.why
+    c = next_candidate(preds, [True] * 4, 1.0, 0.3)
+    assert c.index is None

@@ -1,0 +1,189 @@
+"""tune's measurement side: kernel samples, the layer stack's sharding, run_candidate and its isolation."""
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from sp_plan.planner import ModelSpec, Plan, Workload
+from sp_plan.profiles.tune import PeakMemory, kernel_shapes, measure_kernels, run_candidate, run_candidate_isolated
+from sp_plan.profiles.tune.candidate import extrapolate, layer_counts
+from sp_plan.profiles.tune.isolate import combine
+from sp_plan.profiles.tune.kernels import attention_flops
+from sp_plan.profiles.tune.parallel import parallelize, replica_mesh
+from sp_plan.profiles.tune.stack import build_stack, random_batch
+from sp_plan.runtime import init
+from sp_plan.runtime.kernels import local_attention
+from sp_plan.runtime.spawn import run_world
+
+MODEL = ModelSpec(name="tiny", layers=4, hidden=64, heads=4, kv_heads=2, vocab=128, dtype="fp32", gated_mlp=True)
+WORK = Workload(seq_len=256)
+
+
+# ---------------------------------------------------------------- kernels
+
+def test_attention_flops_formula():
+    assert attention_flops(128, 4, 16, causal=False) == 4 * 128 * 128 * 4 * 16
+    assert attention_flops(128, 4, 16, causal=True) == 2 * 128 * 128 * 4 * 16
+    assert attention_flops(128, 4, 16, causal=True, backward=True) == 2.5 * 2 * 128 * 128 * 4 * 16
+
+
+def test_measure_kernels_samples():
+    s = measure_kernels(MODEL, [64, 128], [2, 4], torch.device("cpu"), torch.float32, causal=True, repeats=2,
+                        gemm_rows=[128])
+    att = [x for x in s if x.kind.startswith("attention")]
+    mm = [x for x in s if x.kind == "matmul"]
+    assert len(att) == 2 * 2 * 2 and len(mm) == 4
+    assert all(x.seconds > 0 and x.flops > 0 for x in s)
+    for x in att:
+        assert x.head_dim == 16 and x.backend == "cpu_flash"
+        assert x.flops == attention_flops(x.size, x.heads, 16, True, backward=x.kind == "attention_bwd")
+    up = 2 * MODEL.ffn_hidden  # SwiGLU: gate and up
+    assert sorted(x.gemm for x in mm) == sorted([(128, 64 + 2 * 32, 64), (128, 64, 64), (128, up, 64), (128, 64, 256)])
+    assert all(x.flops == 2 * math.prod(x.gemm) for x in mm)
+
+
+def test_kernel_shapes_follow_the_schedules():
+    w = Workload(seq_len=512)
+    cases = [(Plan(algorithm="ring", degrees={"ring": 2}, token_layout="zigzag"), [128, 256], [4]),
+             (Plan(algorithm="ulysses", degrees={"ulysses": 2}), [512], [2]),
+             (Plan(algorithm="usp", degrees={"ulysses": 2, "ring": 2, "tp": 2}), [256], [1]),
+             (Plan(algorithm="wallfacer", degrees={"ring": 4, "team": 2}), [256], [4]),
+             (Plan(algorithm="tokenring", degrees={"ring": 4}), [128], [4]),
+             (Plan(algorithm="metp", degrees={"tp": 2}), [256], [2])]
+    for plan, blocks, heads in cases:
+        assert kernel_shapes([plan], MODEL, w) == (blocks, heads), plan.summary()
+    both = kernel_shapes([c[0] for c in cases[:2]], MODEL, w)
+    assert both == ([128, 256, 512], [2, 4])
+
+
+# ---------------------------------------------------------------- memory and extrapolation
+
+def test_peak_memory_sees_a_known_tensor():
+    base = torch.zeros(1000)
+    tracker = PeakMemory()
+    tracker.track(base)
+    assert tracker.live == 4000
+    with tracker:
+        a = torch.empty(1 << 18)  # 1 MiB
+        v = a.view(-1)  # a view is not a new allocation
+        del a, v
+        b = torch.ones(10)
+    assert tracker.peak >= 4000 + (1 << 20)
+    assert tracker.peak < 4000 + (1 << 20) + 1000
+    assert tracker.live == 4000 + 40
+    del b
+
+
+def test_extrapolation_is_linear_in_layers():
+    assert layer_counts(16, 2) == [1, 2] and layer_counts(1, 2) == [1] and layer_counts(3, 5) == [1, 3]
+    v, fixed, per, clamped = extrapolate({1: 3.0, 2: 5.0}, 10)
+    assert (v, fixed, per, clamped) == (21.0, 1.0, 2.0, False)
+    assert extrapolate({1: 3.0, 2: 2.9}, 10)[2:] == (0.0, True)
+
+
+def test_combine_outcomes():
+    ok = [(0, "ok", {"x": 1}, 5.0), (1, "ok", {"x": 1}, 5.0)]
+    assert combine(ok) == ("ok", None, {"x": 1})
+    err = [(0, "error", "peer closed", 2.0), (1, "oom", "injected", 1.0)]
+    assert combine(err) == ("oom", 1, "injected")
+    hang = [(0, "error", "timed out waiting", 2.0), (1, "timeout", "no result", 3.0)]
+    assert combine(hang)[:2] == ("timeout", 1)
+
+
+# ---------------------------------------------------------------- the stack is really sharded
+
+def _forward_vs_single(rank, world, plans):
+    errs = []
+    x, _ = random_batch(MODEL, 1, WORK.seq_len, seed=7)
+    for plan in plans:
+        ref = build_stack(MODEL, 2, seed=3)(x, lambda q, k, v: local_attention(q, k, v, causal=True))
+        ctx = init(plan)
+        stack = build_stack(MODEL, 2, seed=3)
+        if plan.degrees["tp"] > 1:
+            stack = parallelize(stack, plan, replica_mesh(plan, "cpu")).module
+        out = stack(ctx.shard(x, dim=1), lambda q, k, v: ctx.attention(q, k, v, causal=True))
+        errs.append((out - ctx.shard(ref, dim=1)).abs().max().item())
+    return errs
+
+
+def test_stack_forward_equals_single_process():
+    plans = [Plan(algorithm="ring", degrees={"ring": 2}, token_layout="zigzag"),
+             Plan(algorithm="ulysses", degrees={"ulysses": 2}),
+             Plan(algorithm="ring", degrees={"tp": 2})]
+    for errs in run_world(_forward_vs_single, 2, plans, timeout=60):
+        assert max(errs) < 1e-5, errs
+
+
+# ---------------------------------------------------------------- run_candidate
+
+def _candidates(rank, world, plans, limit):
+    out = [run_candidate(p, MODEL, WORK, iters=2) for p in plans]
+    out.append(run_candidate(plans[0], MODEL, WORK, iters=1, memory_limit_bytes=limit))
+    return out
+
+
+def _check_ok(res, plan):
+    assert res.status == "ok", res.reason
+    assert res.summary == plan.summary() and res.plan["model"]["name"] == "tiny" and res.plan["workload"]
+    assert res.measured_s > 0 and res.measured_memory > 0
+    d = res.detail
+    assert d["layers_measured"] == [1, 2] and d["layers_target"] == 4
+    m1, m2 = d["measured"]["1"], d["measured"]["2"]
+    assert m2["peak_bytes"] > m1["peak_bytes"] > 0  # a block adds weights, gradients, AdamW state
+    for q in ("fwd_bwd_s", "optimizer_s", "peak_bytes"):
+        f = d["fit"][q]
+        if not f["clamped"]:
+            assert f["fixed"] + f["per_layer"] == pytest.approx(m1[q])
+            assert f["fixed"] + 2 * f["per_layer"] == pytest.approx(m2[q])
+        assert f["value"] == pytest.approx(f["fixed"] + 4 * f["per_layer"])
+    assert res.measured_s == pytest.approx(d["fit"]["fwd_bwd_s"]["value"] + d["fit"]["optimizer_s"]["value"])
+    assert res.measured_memory == pytest.approx(d["fit"]["peak_bytes"]["value"]) and res.measured_memory > m2["peak_bytes"]
+    assert "PeakMemory" in d["memory_method"] and d["fallbacks"] == []
+
+
+def test_run_candidate_two_ranks():
+    plans = [Plan(algorithm="ring", degrees={"ring": 2}, token_layout="zigzag"),
+             Plan(algorithm="ulysses", degrees={"ulysses": 2}),
+             Plan(algorithm="ring", degrees={"ring": 2}, zero_stage=3),
+             Plan(algorithm="ring", degrees={"ring": 2}, checkpointing="full"),
+             Plan(algorithm="ulysses", degrees={"ulysses": 2}, checkpointing="attention_boundary", zero_stage=1)]
+    results = run_world(_candidates, 2, plans, 1e5, timeout=120)
+    assert results[0] == results[1]  # every rank returns the same result
+    for res, plan in zip(results[0], plans):
+        _check_ok(res, plan)
+    assert "FSDP2" in results[0][2].detail["zero"] and "reshard_after_forward=True" in results[0][2].detail["zero"]
+    assert "ZeroRedundancyOptimizer" in results[0][4].detail["zero"]
+    oom = results[0][-1]
+    assert oom.status == "oom" and "exceeds the device memory" in oom.reason
+
+
+def test_run_candidate_usp_four_ranks():
+    plan = Plan(algorithm="usp", degrees={"ulysses": 2, "ring": 2}, token_layout="zigzag")
+    res = run_world(lambda r, w: run_candidate(plan, MODEL, WORK, iters=1), 4, timeout=120)
+    assert all(r == res[0] for r in res)
+    _check_ok(res[0], plan)
+
+
+# ---------------------------------------------------------------- faults are results
+
+def _isolated(rank, world, faults):
+    out = []
+    for fault in faults:
+        res = run_candidate_isolated(Plan(algorithm="ring", degrees={"ring": 2}), MODEL, WORK, timeout_s=8,
+                                     fault=fault, iters=1)
+        x = torch.ones(1)
+        dist.all_reduce(x)  # the parent world still works
+        out.append((res.status, res.rank, res.reason, res.measured_s, x.item()))
+    return out
+
+
+def test_isolated_faults_are_results_and_the_world_survives():
+    res = run_world(_isolated, 2, [None, "raise@1", "oom", "hang@1"], timeout=60)
+    assert res[0] == res[1]
+    ok, raised, oom, hang = res[0]
+    assert ok[0] == "ok" and ok[3] > 0 and ok[4] == 2.0
+    assert raised[:2] == ("error", 1) and "injected fault on rank 1" in raised[2]
+    assert oom[:2] == ("oom", 0) and "out-of-memory" in oom[2]
+    assert hang[:2] == ("timeout", 1) and "did not finish" in hang[2]
+    assert all(r[4] == 2.0 for r in res[0])
