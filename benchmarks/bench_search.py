@@ -59,8 +59,8 @@ def run_grid(model_name: str, gpus: int, batch: int, each: bool) -> float:
         algs: dict[str, list] = {}
         for tv, c in per:  # fastest first: an algorithm's first entry is its best variant
             algs.setdefault(c.algorithm, []).append((tv, c))
-        line = "; ".join(f"{a} {v[0][0]:.2f} s ({len(v)} variant{'s' if len(v) > 1 else ''}, best {variant_name(v[0][1])})"
-                         for a, v in algs.items())
+        line = "; ".join(f"{a} {v[0][0]:.2f} s ({len(v)} variant{'s' if len(v) > 1 else ''}, "
+                         f"best {variant_name(v[0][1])})" for a, v in algs.items())
         print(f"{'':>11} best of each algorithm: {line}", flush=True)
     return t
 

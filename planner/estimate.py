@@ -23,8 +23,8 @@ from .model import ModelSpec, Workload
 from .params import Params
 from .algorithms import ALGORITHMS, load_all
 from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction
-from .schedules import (Comm, Compute, Shape, Step, attention_blocks, attention_steps, balanced_attention, grad_sync, head_steps,
-                        layer_schedule, pipeline_p2p, shard_params)
+from .schedules import (Comm, Compute, Shape, Step, attention_blocks, attention_steps, balanced_attention, grad_sync,
+                        head_steps, layer_schedule, pipeline_p2p, shard_params)
 
 load_all()
 

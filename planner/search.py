@@ -146,7 +146,8 @@ def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tu
     return out, total, rejected
 
 
-def price_group(est: Estimator, base: Candidate, orders: list, fitting: list, batches: dict) -> list[tuple[float, Candidate]]:
+def price_group(est: Estimator, base: Candidate, orders: list, fitting: list,
+                batches: dict) -> list[tuple[float, Candidate]]:
     """Every mesh order of ``base`` with its fastest fitting policy, priced together (estimate.Orders)."""
     key = (base.dp, base.pp, base.tp, base.ulysses, base.ring, base.team, base.placement)
     batch = batches.get(key)

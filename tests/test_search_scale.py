@@ -36,8 +36,9 @@ from sp_plan.planner import Workload  # noqa: E402
 from sp_plan.planner.algorithms import ALGORITHMS  # noqa: E402
 from sp_plan.planner.candidate import Candidate  # noqa: E402
 from sp_plan.planner.estimate import Estimator  # noqa: E402
-from sp_plan.planner.layout import (PLACEMENTS, causal_work, ring_split, sub_ring_positions, team_group_size,  # noqa: E402
-                                    team_positions, team_work, tokenring_step_work, wallfacer_pairs, sub_ring_coords)
+from sp_plan.planner.layout import (PLACEMENTS, causal_work, ring_split, sub_ring_coords,  # noqa: E402
+                                    sub_ring_positions, team_group_size, team_positions, team_work,
+                                    tokenring_step_work, wallfacer_pairs)
 from sp_plan.planner.search import Space, best_per_variant, degree_groups, grid_search  # noqa: E402
 from sp_plan.planner.tokenring import step_classes  # noqa: E402
 from sp_plan.profiles import load_cluster, load_model  # noqa: E402
@@ -195,3 +196,21 @@ def test_team_work_and_ring_split_match_the_positions():
                     size, step = ring_split(P, C, pl, name)
                     assert size == len(members)
                     assert size == 1 or list(members) == [members[0] + k * step for k in range(size)]
+
+
+def test_pruning_stays_exact_under_calibrated_params():
+    """A measured, non-monotone efficiency curve, a per-call overhead, partial overlap and fitted links: the
+    bounds stay below every candidate, so the pruned grid still equals exhaustive pricing."""
+    from sp_plan.planner.params import CommFit, Curve, Params
+
+    bumpy = Curve(points=((512, 0.2), (4096, 0.7), (16384, 0.45), (65536, 0.6), (262144, 0.3)))
+    params = Params(attention_fwd=bumpy, attention_bwd=bumpy, matmul=Curve(points=((1024, 0.5), (65536, 0.8))),
+                    overlap=0.7, round_overhead_s=2e-4, comm={"p2p/inter": CommFit(alpha_s=1e-5, efficiency=0.8),
+                                                             "all_to_all/intra": CommFit(efficiency=0.6)})
+    for case in (PRUNING_CASES[0], PRUNING_CASES[1], PRUNING_CASES[-2]):
+        cluster, model, work = case_inputs(case)
+        full = grid_search(cluster, model, work, keep=None, params=params)
+        pruned = grid_search(cluster, model, work, keep=5, params=params)
+        assert pruned.evaluated < full.evaluated
+        assert [(round(t, 12), c) for t, c in pruned.ranked[:5]] == [(round(t, 12), c) for t, c in full.ranked[:5]]
+        assert best_per_variant(pruned.ranked) == best_per_variant(full.ranked)
