@@ -102,7 +102,6 @@ def tune_cmd(
                            layers=layers, iters=iters, link_sizes=parse_sizes(link_sizes) if link_sizes else None)
         owned = _world()
         rank = probe.dist.get_rank()
-        check_world(c, probe.dist.get_world_size())
         problem = None
         if rank == 0:
             try:
@@ -110,11 +109,12 @@ def tune_cmd(
 
                 st = Store(store)
             except PlanError as e:
-                problem = str(e)
+                problem = (e.field, e.problem, e.fix)
         box = [problem]
         probe.dist.broadcast_object_list(box, src=0)
         if box[0]:
-            raise PlanError("--store", box[0].split(": ", 1)[-1], "pass a reachable SQLAlchemy URL with --store")
+            raise PlanError(*box[0])
+        check_world(c, probe.dist.get_world_size())
     except PlanError as e:
         if rank == 0:
             err.print(f"[bold red]error[/]: {e}", highlight=False, soft_wrap=True)

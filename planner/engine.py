@@ -34,6 +34,14 @@ class GroupShape:
             n *= s
         return n
 
+    def offset(self, idx: int) -> int:
+        """Rank offset of the member with group index ``idx`` from its base (``offsets[idx]``)."""
+        off = 0
+        for size, stride in self.parts:
+            idx, c = divmod(idx, size)
+            off += c * stride
+        return off
+
     @cached_property
     def offsets(self) -> tuple[int, ...]:
         """Rank offsets of a group's members from its base, the first part fastest."""
@@ -93,11 +101,16 @@ def pattern_steps(pattern: str, n: int) -> int:
 
 def flows_touching(pattern: str, n: int, idx: list[int]) -> list[tuple[int, int, float]]:
     """The flows (src index, dst index, fraction of the per-rank volume) of one step of ``pattern`` (see
-    ``pattern_steps``) that start or end at a group index in ``idx``."""
+    ``pattern_steps``) that start or end at a group index in ``idx`` (the indices of the group's members on
+    node 0). An all-to-all's flows to or from the members off node 0 share one node-0 route per local member
+    (``LinkEngine.route``), so they come as one flow of their summed fraction."""
     mine = set(idx)
     if pattern == "all_to_all":
-        out = [(i, j, 1.0 / n) for i in idx for j in range(n) if j != i]
-        out += [(j, i, 1.0 / n) for i in idx for j in range(n) if j not in mine]
+        out = [(i, j, 1.0 / n) for i in idx for j in idx if j != i]
+        far = next((j for j in range(n) if j not in mine), None)  # off node 0: every such flow takes one route
+        if far is not None:
+            rest = (n - len(mine)) / n
+            out += [(i, far, rest) for i in idx] + [(far, i, rest) for i in idx]
         return out
     frac = 1.0 if pattern.startswith("shift") else 1.0 / n
     pairs = set()
@@ -121,6 +134,8 @@ class LinkEngine:
         self.multi_node = cluster.num_nodes > 1
         self._route = lru_cache(maxsize=None)(self._route_uncached)
         self._cost = lru_cache(maxsize=None)(self._cost_uncached)
+        self.evaluations = 0  # patterns x group shapes routed (each once: the cache above)
+        self._by_shape: dict = {}  # (pattern, shape before canonical) -> StepCost
 
     # ---- routing (node-0 part of a path)
     def _path(self, a: str, b: str) -> list[str]:
@@ -161,6 +176,7 @@ class LinkEngine:
     # ---- pattern cost
     def _cost_uncached(self, pattern: str, shape: GroupShape) -> StepCost:
         """Ring collectives are n-1 (or 2(n-1)) steps of a 1/n shift: they reuse the shift's link loads."""
+        self.evaluations += 1
         n = shape.size
         steps = pattern_steps(pattern, n)
         if not steps:
@@ -175,10 +191,10 @@ class LinkEngine:
         for r in range(min(self.gpn, shape.world)):
             base, i = shape.locate(r)
             groups.setdefault(base, []).append(i)
-        offs = shape.offsets
+        off = shape.offset
         for base, local in groups.items():
             for i, j, frac in flows_touching(pattern, n, local):
-                edges, l = self.route(base + offs[i], base + offs[j])
+                edges, l = self.route(base + off(i), base + off(j))
                 lat = max(lat, l)
                 for e in edges:
                     load[e] = load.get(e, 0.0) + frac
@@ -206,7 +222,12 @@ class LinkEngine:
         return GroupShape(tuple(parts), remote)
 
     def cost(self, pattern: str, shape: GroupShape) -> StepCost:
-        return self._cost(pattern, self.canonical(shape))
+        """Cost of one step of ``pattern`` on the groups of ``shape``, once per (pattern, shape)."""
+        key = (pattern, shape)
+        c = self._by_shape.get(key)
+        if c is None:
+            c = self._by_shape[key] = self._cost(pattern, self.canonical(shape))
+        return c
 
     def time(self, pattern: str, shape: GroupShape, nbytes: float, params=None) -> float:
         """Seconds for a phase that moves ``nbytes`` per rank (see ``pattern_steps``) on every group of ``shape``;

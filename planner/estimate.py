@@ -17,14 +17,14 @@ from .candidate import Candidate
 from .cluster import Cluster
 from .engine import GroupShape, LinkEngine
 from .errors import PlanError
-from .layout import chunks_needed, sub_ring_positions, team_positions
+from .layout import chunks_needed, ring_split
 from .memory import activation_bytes, attention_buffer_bytes, weight_bytes
 from .model import ModelSpec, Workload
 from .params import Params
 from .algorithms import ALGORITHMS, load_all
 from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction
-from .schedules import (Comm, Compute, Shape, Step, attention_steps, grad_sync, head_steps, layer_schedule,
-                        pipeline_p2p, shard_params)
+from .schedules import (Comm, Compute, Shape, Step, attention_blocks, attention_steps, balanced_attention, grad_sync,
+                        head_steps, layer_schedule, pipeline_p2p, shard_params)
 
 load_all()
 
@@ -39,6 +39,38 @@ class Priced:
     seconds: np.ndarray
     compute: float
     rows: tuple  # (name, kind, group, bytes, seconds[orders], exposed[orders])
+
+
+@dataclass
+class SearchStats:
+    """Work of one Estimator: schedules built and looked up, layer prices computed (per schedule shape and
+    mesh-order batch); the link engine counts its own evaluations (``LinkEngine.evaluations``)."""
+
+    schedules_built: int = 0
+    schedule_lookups: int = 0
+    prices_computed: int = 0
+
+
+#: schedule parts whose phases run on tp and pp only: the same for every algorithm and token layout
+RING_FREE_PARTS = ("fwd-linear", "bwd-linear", "head", "pp")
+
+
+def schedule_key(part: str, c: Shape) -> tuple:
+    """What a schedule part depends on: never dp, pp only for the stage sends; the attention parts on the
+    (algorithm, ring, team, placement, token layout) shape and the volumes (tp, ulysses, mbs), the others
+    on the volumes alone (and, for the linear parts, whether the algorithm runs Megatron TP-sp)."""
+    if part in RING_FREE_PARTS:
+        tp_sp = ALGORITHMS[c.algorithm].tp_sp if part != "head" and part != "pp" else True
+        return (part, tp_sp, c.ulysses, c.ring, c.tp, c.mbs, c.pp if part == "pp" else 1)
+    return (part, c.algorithm, c.ulysses, c.ring, c.team, c.placement, c.token_layout, c.tp, c.mbs)
+
+
+SCHEDULE_PARTS = {  # "fwd" and "bwd" (layer_schedule) are their linear part + attention_steps
+    "fwd-linear": lambda c, train: layer_schedule(c, backward=False, attention=False),
+    "bwd-linear": lambda c, train: layer_schedule(c, backward=True, attention=False),
+    "head": head_steps,
+    "pp": pipeline_p2p,
+}
 
 
 @dataclass
@@ -75,6 +107,8 @@ class Orders:
                 stride *= degrees.get(n, 1)
             self.strides.append(st)
         self._coeff: dict = {}
+        # what phases off the ring's teams see: every variant (team, placement) of these degrees shares it
+        self.mesh_key = (tuple(sorted((n, v) for n, v in degrees.items() if n != "team")), tuple(orders))
 
     def shape(self, k: int, dims: tuple[str, ...]) -> GroupShape:
         """Shape of the groups of ``dims`` (merged, first fastest) under order number ``k``."""
@@ -94,17 +128,8 @@ class Orders:
         C, P = self.degrees.get("team", 1), self.degrees.get("ring", 1)
         if "ring" not in st or P == 1:
             return []
-        if name == "team":
-            pos = team_positions(P, C, self.placement)[0]
-        elif name == "sub_ring":
-            pos = sub_ring_positions(P, C, self.placement)[0]
-        else:
-            pos = tuple(t[0] for t in team_positions(P, C, self.placement))
-        if len(pos) == 1:
-            return []
-        step = pos[1] - pos[0]
-        assert all(b - a == step for a, b in zip(pos, pos[1:])), pos  # evenly spaced in the ring
-        return [(len(pos), step * st["ring"])]
+        size, step = ring_split(P, C, self.placement, name)
+        return [(size, step * st["ring"])] if size > 1 else []
 
     def time(self, p: Comm) -> np.ndarray:
         """Seconds of phase ``p`` under each order (engine costs are linear in bytes)."""
@@ -151,6 +176,45 @@ class Estimator:
         self.capacity = self.device.memory_bytes * MEMORY_HEADROOM
         self.fingerprint = cluster.fingerprint()
         self._memory: dict = {}
+        self.stats = SearchStats()
+        self._schedules: dict = {}  # schedule_key -> steps (params-independent)
+        self._prices: dict = {}  # (Orders, schedule_key, rows) -> Priced
+        self._busy: dict = {}  # schedule_key -> compute seconds of its steps
+        self._shapes: dict = {}  # candidate sizes -> Shape
+
+    # ---- schedules and their prices, once per shape
+    def schedule(self, part: str, c: Shape) -> list[Step]:
+        """Steps of one schedule part (``SCHEDULE_PARTS``) of shape ``c``, built once per ``schedule_key``."""
+        key = schedule_key(part, c)
+        self.stats.schedule_lookups += 1
+        steps = self._schedules.get(key)
+        if steps is None:
+            if part in ("fwd", "bwd"):  # layer_schedule: the linear part, then the attention
+                steps = self.schedule(part + "-linear", c) + attention_steps(c, backward=part == "bwd")
+            else:
+                steps = SCHEDULE_PARTS[part](c, self.work.training)
+            self._schedules[key] = steps
+            self.stats.schedules_built += 1
+        return steps
+
+    def price_part(self, part: str, c: Shape, orders: Orders, rows: bool = False) -> Priced:
+        """``price`` of a schedule part under a batch of mesh orders, once per (orders, schedule shape)."""
+        skey = schedule_key(part, c)
+        key = (orders.mesh_key if part in RING_FREE_PARTS else orders, skey, rows)
+        priced = self._prices.get(key)
+        if priced is None:
+            priced = self._prices[key] = self.price(self.schedule(part, c), orders, rows=rows)
+            self.stats.prices_computed += 1
+        return priced
+
+    def busy(self, part: str, c: Shape) -> float:
+        """Compute seconds of a schedule part (no communication): the lower bound's building block."""
+        key = schedule_key(part, c)
+        t = self._busy.get(key)
+        if t is None:
+            t = self._busy[key] = sum(self.compute_time(p) * st.repeat for st in self.schedule(part, c)
+                                      for p in st.phases if isinstance(p, Compute))
+        return t
 
     # ---- phase costs
     def orders(self, degrees: dict[str, int], orders: list[tuple[str, ...]], placement: str | None = None) -> Orders:
@@ -302,8 +366,13 @@ class Estimator:
 
     # ---- the whole step
     def shape(self, cand: Candidate, mbs: int | None = None) -> Shape:
-        return Shape(self.model, self.work, cand.dp, cand.ulysses, cand.ring, cand.token_layout, cand.tp, cand.pp,
-                     mbs or cand.micro_batch_size, cand.algorithm, cand.team, cand.placement)
+        """The schedules' sizes of ``cand`` (with micro-batch ``mbs``), made once per distinct value."""
+        key = (cand.dp, cand.ulysses, cand.ring, cand.token_layout, cand.tp, cand.pp, mbs or cand.micro_batch_size,
+               cand.algorithm, cand.team, cand.placement)
+        c = self._shapes.get(key)
+        if c is None:
+            c = self._shapes[key] = Shape(self.model, self.work, *key)
+        return c
 
     def evaluate_orders(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
                         detail: bool = False) -> tuple[np.ndarray, list | None]:
@@ -313,31 +382,26 @@ class Estimator:
         train = self.work.training
         out = np.empty((len(orders.orders), len(policies)))
         rows = None
-        priced: dict = {}
 
-        def get(tag, c, build):
-            key = (tag, c.mbs)
-            if key not in priced:
-                priced[key] = self.price(build(), orders, rows=detail)
-            return priced[key]
+        def get(part, c):
+            return self.price_part(part, c, orders, rows=detail)
 
         for j, (zero, ckpt, mbs) in enumerate(policies):
             c = self.shape(base, mbs)
             Lp, m, pp = c.layers_per_stage, c.micro_batches, base.pp
-            parts = [(get("fwd", c, lambda: layer_schedule(c, backward=False)), Lp, "")]
+            parts = [(get("fwd", c), Lp, "")]
             bwd_compute = 0.0
             if train:
                 if ckpt == "full":
                     parts.append((parts[0][0], Lp, "recompute "))
                 elif ckpt == "attention_boundary":
-                    parts.append((get("fwd-linear", c, lambda: layer_schedule(c, backward=False, attention=False)), Lp,
-                                  "recompute "))
-                bwd = get("bwd", c, lambda: layer_schedule(c, backward=True))
+                    parts.append((get("fwd-linear", c), Lp, "recompute "))
+                bwd = get("bwd", c)
                 parts.append((bwd, Lp, ""))
                 bwd_compute = bwd.compute * Lp * m
-            parts.append((get("head", c, lambda: head_steps(c, train)), 1, ""))
+            parts.append((get("head", c), 1, ""))
             if pp > 1:
-                parts.append((get("pp", c, lambda: pipeline_p2p(c, train)), 1, ""))
+                parts.append((get("pp", c), 1, ""))
             stage = sum(p.seconds * k for p, k, _ in parts)
             t = (m + pp - 1) * stage
             sync_rows = []
@@ -365,24 +429,48 @@ class Estimator:
         these policies: the pipeline of compute phases alone (communication only adds time)."""
         train = self.work.training
         best = float("inf")
-        busy = lambda steps: sum(self.compute_time(p) * st.repeat for st in steps  # noqa: E731
-                                 for p in st.phases if isinstance(p, Compute))
+        busy = self.busy
         seen: dict = {}
         for zero, ckpt, mbs in policies:
             c = self.shape(base, mbs)
             key = (ckpt, mbs)
             if key not in seen:
-                layer = busy(layer_schedule(c, backward=False))
+                layer = busy("fwd", c)
                 if train:
-                    layer += busy(layer_schedule(c, backward=True))
+                    layer += busy("bwd", c)
                     if ckpt == "full":
-                        layer += busy(layer_schedule(c, backward=False))
+                        layer += busy("fwd", c)
                     elif ckpt == "attention_boundary":
-                        layer += busy(layer_schedule(c, backward=False, attention=False))
-                stage = c.layers_per_stage * layer + busy(head_steps(c, train))
+                        layer += busy("fwd-linear", c)
+                stage = c.layers_per_stage * layer + busy("head", c)
                 seen[key] = (c.micro_batches + base.pp - 1) * stage
             best = min(best, seen[key])
         return best
+
+    def degrees_bound(self, probe: Candidate, micro_batch_sizes: list[int]) -> float:
+        """A lower bound on the step time of every algorithm variant, token layout, mesh order and memory
+        policy of ``probe``'s degrees (the least of ``micro_batch_bounds``)."""
+        return min(self.micro_batch_bounds(probe, micro_batch_sizes).values())
+
+    def micro_batch_bounds(self, probe: Candidate, micro_batch_sizes: list[int]) -> dict[int, float]:
+        """Per micro-batch size, a lower bound on the step time of every algorithm variant, token layout,
+        mesh order, ZeRO stage and checkpointing of ``probe``'s degrees: linear and head compute, and
+        attention at its even share (``balanced_attention``), pipelined without recomputation and without
+        communication."""
+        train = self.work.training
+        best = {}
+        for mbs in micro_batch_sizes:
+            c = self.shape(probe, mbs)
+            layer = self.busy("fwd-linear", c) + self.balanced_time(c, False)
+            if train:
+                layer += self.busy("bwd-linear", c) + self.balanced_time(c, True)
+            stage = c.layers_per_stage * layer + self.busy("head", c)
+            best[mbs] = (c.micro_batches + probe.pp - 1) * stage
+        return best
+
+    def balanced_time(self, c: Shape, backward: bool) -> float:
+        """Seconds of ``balanced_attention`` at its most efficient block (no assumption on the efficiency curve)."""
+        return min(self.compute_time(balanced_attention(c, backward, b)) for b in attention_blocks(c))
 
     def evaluate(self, cand: Candidate, detail: bool = False) -> Evaluation:
         """Step time (and with ``detail`` the breakdown rows) of one valid candidate."""

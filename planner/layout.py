@@ -230,17 +230,27 @@ class Layout:
 
 # ---------------------------------------------------------------- causal work per ring round
 
-def _clamp_sum(t, n):
-    """sum_{x=1..t} min(max(x, 0), n), elementwise over numpy arrays."""
-    t = np.asarray(t, dtype=np.int64)
-    tri = t * (t + 1) // 2
-    return np.where(t <= 0, 0, np.where(t <= n, tri, n * (n + 1) // 2 + (t - n) * n))
+def _diagonal_pairs(token_layout: str, c: int) -> int:
+    """Causal pairs of a rank's own block of c tokens: c(c+1)/2, or zigzag's two halves h(h+1) + h^2."""
+    if token_layout == "zigzag":
+        h = c // 2
+        return h * (h + 1) + h * h
+    return c * (c + 1) // 2
 
 
-def _causal_pairs(q0, q1, k0, k1):
-    """Pairs (i in [q0, q1), j in [k0, k1)) with j <= i, for token ranges (closed form, elementwise)."""
-    n = k1 - k0
-    return _clamp_sum(q1 - k0, n) - _clamp_sum(q0 - k0, n)
+def block_pairs(token_layout: str, c: int) -> tuple[int, int, int]:
+    """Causal pairs of a c-token block against an earlier rank's block, its own, and a later rank's.
+
+    Contiguous: c^2, c(c+1)/2, 0. Striped (Striped Attention Sec. 3, token t on rank t mod P): c(c+1)/2 if
+    the K, V rank is not after the Q rank, else c(c-1)/2. Zigzag (chunks r and 2P-1-r of c/2): exactly
+    half, c^2/2, off the diagonal on either side, h(h+1) + h^2 on it.
+    """
+    diag = _diagonal_pairs(token_layout, c)
+    if token_layout == "striped":
+        return diag, diag, c * (c - 1) // 2
+    if token_layout == "zigzag":
+        return c * c // 2, diag, c * c // 2
+    return c * c, diag, 0
 
 
 @lru_cache(maxsize=1024)
@@ -248,23 +258,14 @@ def causal_work(token_layout: str, ring: int, seq_len: int) -> np.ndarray:
     """(ring, ring) fraction of a full block that rank r computes on rank j's K, V under a causal mask.
 
     Striped Attention Sec. 3: contiguous rings leave rank r idle on later ranks' blocks and busy
-    on earlier ones; striped and zigzag give every rank about half a block every round.
+    on earlier ones; striped and zigzag give every rank about half a block every round (``block_pairs``).
     """
     check_token_layout(token_layout)
     c = seq_len // ring
+    earlier, own, later = (x / float(c * c) for x in block_pairs(token_layout, c))
     r = np.arange(ring)[:, None]
     j = np.arange(ring)[None, :]
-    if token_layout == "striped":  # token t on rank t mod P: c(c+1)/2 interactions if j <= r, else c(c-1)/2
-        pairs = np.where(j <= r, c * (c + 1) // 2, c * (c - 1) // 2)
-    elif token_layout == "contiguous":
-        pairs = _causal_pairs(r * c, (r + 1) * c, j * c, (j + 1) * c)
-    else:  # zigzag: chunks r and 2P-1-r of size c/2
-        h = c // 2
-        qs = [(r * h, (r + 1) * h), ((2 * ring - 1 - r) * h, (2 * ring - r) * h)]
-        ks = [(j * h, (j + 1) * h), ((2 * ring - 1 - j) * h, (2 * ring - j) * h)]
-        pairs = sum(_causal_pairs(q0, q1, k0, k1) for q0, q1 in qs for k0, k1 in ks)
-    w = np.broadcast_to(pairs, (ring, ring)) / float(c * c)
-    w = np.array(w)
+    w = np.where(j < r, earlier, np.where(j == r, own, later))
     w.flags.writeable = False
     return w
 
@@ -299,6 +300,22 @@ def round_work(token_layout: str, ring: int, seq_len: int, causal: bool) -> list
     if not causal:
         return [1.0] * ring
     return list(_round_work(token_layout, ring, seq_len))
+
+
+@lru_cache(maxsize=4096)
+def tokenring_step_work(token_layout: str, ring: int, seq_len: int, causal: bool) -> tuple[float, float]:
+    """Busiest rank's block fraction in TokenRing's first step and in every later one (seeds/001 Sec. 3.3).
+
+    Step 0 computes every rank's own (diagonal) block; in any later step some rank holds a Q block after
+    its K, V block: a whole block (contiguous), c(c+1)/2 of c^2 (striped, Striped Attention Sec. 3) or
+    exactly half (zigzag's equal halves); the same for every team size of TokenRing x Ring.
+    """
+    if not causal:
+        return 1.0, 1.0
+    c = seq_len // ring
+    diag = _diagonal_pairs(token_layout, c) / float(c * c)
+    later = {"contiguous": 1.0, "striped": diag, "zigzag": 0.5}[token_layout]
+    return diag, later
 
 
 # ---------------------------------------------------------------- WallFacer teams and sub-rings
@@ -341,7 +358,7 @@ def team_coords(ring: int, team: int, placement: str | None, position: int) -> t
     return t, a
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=4096)
 def team_positions(ring: int, team: int, placement: str | None = None) -> tuple[tuple[int, ...], ...]:
     """Ring positions of every team, members in order a = 0..C-1 (the all-gather order)."""
     return tuple(tuple(team_position(ring, team, placement, t, a) for a in range(team)) for t in range(ring // team))
@@ -354,12 +371,28 @@ def sub_ring_coords(ring: int, team: int, placement: str | None, position: int) 
     return g, a, i
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=4096)
 def sub_ring_positions(ring: int, team: int, placement: str | None = None) -> tuple[tuple[int, ...], ...]:
     """Ring positions of every sub-ring (g, a), in ring order: member a of teams g*P/C^2 + i (Algorithm 3)."""
     tgs = team_group_size(ring, team)
     return tuple(tuple(team_position(ring, team, placement, g * tgs + i, a) for i in range(tgs))
                  for g in range(team) for a in range(team))
+
+
+@lru_cache(maxsize=None)
+def ring_split(ring: int, team: int, placement: str | None, name: str) -> tuple[int, int]:
+    """(size, step in ring positions) of the groups ``name`` inside a ring: ``team`` (C ranks), WallFacer's
+    ``sub_ring`` (P/C^2 ranks, Algorithm 3) or ``team_ring`` (the first members of the P/C teams, TokenRing x
+    Ring's ring across teams); every such group is evenly spaced under both placements of eq. 8."""
+    if name == "team":
+        size, first, second = team, (0, 0), (0, 1)  # members a = 0, 1 of team 0
+    elif name == "sub_ring":
+        size, first, second = team_group_size(ring, team), (0, 0), (1, 0)  # member 0 of teams 0, 1 (sub-ring 0)
+    else:
+        size, first, second = ring // team, (0, 0), (1, 0)  # the first members of teams 0, 1
+    if size <= 1:
+        return 1, 0
+    return size, team_position(ring, team, placement, *second) - team_position(ring, team, placement, *first)
 
 
 def init_send(ring: int, team: int, placement: str | None, position: int) -> int:
@@ -393,12 +426,17 @@ def wallfacer_pairs(ring: int, team: int, placement: str | None, backward: bool 
     here stay, round r brings the Q of the sub-ring's (i - r)-th member, team g P/C^2 + (i - r).
     """
     tgs = team_group_size(ring, team)
+    p = np.arange(ring)
+    if _team_inner(placement):  # team_coords, vectorized
+        t, a = p // team, p % team
+    else:
+        a, t = p // (ring // team), p % (ring // team)
+    g, i = (t // tgs)[:, None], (t % tgs)[:, None]
+    j = (i - np.arange(tgs)[None, :]) % tgs
+    a = a[:, None]
     out = np.empty((ring, tgs, 2), dtype=np.int64)
-    for p in range(ring):
-        g, a, i = sub_ring_coords(ring, team, placement, p)
-        for r in range(tgs):
-            j = (i - r) % tgs
-            out[p, r] = (g * tgs + j, team * i + a) if backward else (g * tgs + i, team * j + a)
+    out[..., 0] = g * tgs + j if backward else g * tgs + i
+    out[..., 1] = team * i + a if backward else team * j + a
     out.flags.writeable = False
     return out
 
@@ -428,17 +466,42 @@ def busiest_team_block(token_layout: str, ring: int, team: int, placement: str |
     return 1.0 if inner else (team + 1) / (2 * team)
 
 
+@lru_cache(maxsize=256)
+def team_work(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int) -> np.ndarray:
+    """(P/C, P/C) causal fraction of a (C N/P)^2 team block: the mean of ``causal_work`` over the members'
+    blocks (``team_positions``: members adjacent under collective_intra, P/C apart under p2p_intra)."""
+    cw = causal_work(token_layout, ring, seq_len)
+    T = ring // team
+    if _team_inner(placement):  # position t C + a
+        w = cw.reshape(T, team, T, team).mean(axis=(1, 3))
+    else:  # position a P/C + t
+        w = cw.reshape(team, T, team, T).mean(axis=(0, 2))
+    w.flags.writeable = False
+    return w
+
+
 @lru_cache(maxsize=1024)
 def _wallfacer_round_work(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int,
                           backward: bool) -> tuple[float, ...]:
     tgs = team_group_size(ring, team)
     if ring > 1024:
         return (busiest_team_block(token_layout, ring, team, placement, seq_len),) * tgs
-    cw = causal_work(token_layout, ring, seq_len)
-    pos = np.array(team_positions(ring, team, placement))
-    w = cw[pos[:, :, None, None], pos[None, None, :, :]].mean(axis=(1, 3))  # team-level (P/C, P/C)
+    w = team_work(token_layout, ring, team, placement, seq_len)
     pairs = wallfacer_pairs(ring, team, placement, backward)
     return tuple(float(x) for x in w[pairs[..., 0], pairs[..., 1]].max(axis=0))
+
+
+@lru_cache(maxsize=4096)
+def wallfacer_round_runs(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int,
+                         causal: bool, backward: bool = False) -> tuple[tuple[float, int], ...]:
+    """``wallfacer_round_work`` run-length encoded: ((fraction, rounds), ...) in round order."""
+    runs: list[list] = []
+    for f in wallfacer_round_work(token_layout, ring, team, placement, seq_len, causal, backward):
+        if runs and runs[-1][0] == f:
+            runs[-1][1] += 1
+        else:
+            runs.append([f, 1])
+    return tuple((f, k) for f, k in runs)
 
 
 def wallfacer_round_work(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int,

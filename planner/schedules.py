@@ -125,6 +125,27 @@ def ring_steps(c: Shape, backward: bool) -> list[Step]:
     return steps
 
 
+def attention_blocks(c: Shape) -> list[float]:
+    """Every block length a registered attention schedule runs at for these degrees: the ring block N/R
+    times a team size C dividing R (Ring, USP, TokenRing: C = 1; WallFacer's team block C N/R), and
+    METP's N/tp."""
+    R, N = c.ring, c.work.seq_len
+    return sorted({N / R * C for C in range(1, R + 1) if R % C == 0} | {N / c.tp})
+
+
+def balanced_attention(c: Shape, backward: bool, block: float) -> Compute:
+    """A floor under any algorithm's attention compute on one rank: the layer's attention FLOPs (causal:
+    N(N+1)/2 of N^2 pairs) shared evenly over the tp x ulysses x ring ranks, as one call at ``block``.
+    Every schedule's busiest rank computes at least its even share (each round's busiest rank is at least
+    the average; WallFacer eqs. 2-4, TokenRing and METP move the same pairs); priced at the most
+    efficient of ``attention_blocks`` it costs no more than any of them."""
+    N = c.work.seq_len
+    frac = (N + 1) / (2 * N) if c.work.causal else 1.0
+    mult = 2.5 if backward else 1.0  # FlashAttention backward: 5 block matmuls vs 2
+    flops = mult * attention_flops(N, N, c.model.heads / c.tp, c.model.head_dim, c.b) * frac / (c.ulysses * c.ring)
+    return Compute(f"attention {'bwd' if backward else 'fwd'}", flops, "attention", block)
+
+
 def attention_steps(c: Shape, backward: bool) -> list[Step]:
     """Attention of one layer: the registered algorithm's schedule (planner/algorithms.py)."""
     from .algorithms import ALGORITHMS

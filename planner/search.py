@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from itertools import permutations
 from typing import Callable, Iterator
 
-from .algorithms import variants
+from .algorithms import algorithm_for, variants
 from .candidate import Candidate
 from .cluster import Cluster
 from .errors import PlanError
@@ -98,7 +98,7 @@ class SearchResult:
     ranked: list[tuple[float, Candidate]]  # fitting layouts, fastest first (each with its best memory policy)
     evaluated: int  # candidates priced (degrees x order x layout x fitting policy)
     space: int  # candidates in the space
-    rejected: int  # degrees with no memory policy that fits
+    rejected: int  # variants of the expanded degrees with no memory policy that fits
     estimator: Estimator
     profile: str | None = None  # the profile whose params priced it (its id, or "file"); None: uncalibrated
     profile_line: str = ""  # calibration.resolve_params' line, for the user
@@ -122,12 +122,18 @@ def pareto_policies(policies: list[tuple[int, str, int]]) -> list[tuple[int, str
     return keep
 
 
-def degree_groups(est: Estimator, space: Space, d: Degrees) -> tuple[list[tuple[Candidate, list, list]], int, int]:
+def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tuple, int], bool] | None = None
+                  ) -> tuple[list[tuple[Candidate, list, list]], int, int]:
     """(base candidate, mesh orders, fitting policies) for every algorithm variant and token layout of the
-    degrees ``d``, the number of candidates they stand for, and how many variants fit no policy."""
+    degrees ``d`` (with ``wanted``: only the (variant key, micro-batch size) pairs it accepts), the number
+    of candidates they stand for, and how many variants fit no policy."""
     out, total, rejected = [], 0, 0
-    orders, pols = space.orders(d), space.policies(d)
+    orders, all_pols = space.orders(d), space.policies(d)
     for v in variants(d, space.model, space.work):
+        vkey = (v.algorithm, v.team, v.placement)
+        pols = all_pols if wanted is None else [p for p in all_pols if wanted(vkey, p[2])]
+        if not pols:
+            continue
         layouts = list(v.layouts) if v.layouts is not None else space.layouts(d)
         total += len(orders) * len(layouts) * len(pols)
         probe = Candidate(v.algorithm, d.dp, d.pp, d.tp, d.ulysses, d.ring, orders[0], layouts[0],
@@ -140,7 +146,8 @@ def degree_groups(est: Estimator, space: Space, d: Degrees) -> tuple[list[tuple[
     return out, total, rejected
 
 
-def price_group(est: Estimator, base: Candidate, orders: list, fitting: list, batches: dict) -> list[tuple[float, Candidate]]:
+def price_group(est: Estimator, base: Candidate, orders: list, fitting: list,
+                batches: dict) -> list[tuple[float, Candidate]]:
     """Every mesh order of ``base`` with its fastest fitting policy, priced together (estimate.Orders)."""
     key = (base.dp, base.pp, base.tp, base.ulysses, base.ring, base.team, base.placement)
     batch = batches.get(key)
@@ -149,11 +156,19 @@ def price_group(est: Estimator, base: Candidate, orders: list, fitting: list, ba
     times, _ = est.evaluate_orders(base, batch, fitting)
     best = times.argmin(axis=1)
     out = []
+    b = base
     for k, order in enumerate(orders):
         z, ck, mbs = fitting[best[k]]
-        out.append((float(times[k, best[k]]), replace(base, order=order, zero_stage=z, checkpointing=ck,
-                                                      micro_batch_size=mbs)))
+        out.append((float(times[k, best[k]]), Candidate(b.algorithm, b.dp, b.pp, b.tp, b.ulysses, b.ring, order,
+                                                        b.token_layout, z, ck, mbs, b.team, b.placement)))
     return out
+
+
+def degree_size(space: Space, d: Degrees) -> int:
+    """Candidates of the degrees ``d`` in the space: variants x token layouts x mesh orders x policies."""
+    n = len(space.orders(d)) * len(space.policies(d))
+    return sum(n * len(v.layouts if v.layouts is not None else space.layouts(d))
+               for v in variants(d, space.model, space.work))
 
 
 def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: Space | None = None,
@@ -162,37 +177,76 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     """Rank the valid layouts; for each (degrees, order, token layout) its fastest fitting policy.
 
     Memory fits are found once per degrees and dominated policies dropped; all mesh orders of a
-    degrees choice are priced together as arrays (estimate.Orders). With ``keep`` = K, a (degrees,
-    layout) group whose compute-only lower bound exceeds the K-th best time found so far cannot
-    enter the top K and is skipped (groups are visited by increasing bound); ``keep=None`` prices all.
+    degrees choice are priced together as arrays (estimate.Orders). With ``keep`` = K the search is
+    best-first over lower bounds: every degrees choice enters a queue with a bound valid for all its
+    variants, layouts, orders and policies (``Estimator.micro_batch_bounds``: compute only, attention at
+    its even share); popped, it is expanded into its (variant, layout) groups (without the micro-batch
+    sizes whose own bound is already out of reach), which are queued again with
+    their tighter compute-only bound (``Estimator.compute_bound``) when popped; a popped tight group is
+    priced. An item whose bound exceeds both the
+    K-th best time found so far and the best time of each algorithm variant it covers cannot enter the
+    top K nor change a variant's best, so it is dropped unexpanded (memory, schedules and prices are
+    never built for it). ``keep=None`` prices all.
     ``params``: calibrated physical parameters (planner/params.py); None: the uncalibrated engine.
     """
     est = Estimator(cluster, model, workload, params=params)
     space = space or Space(cluster.world_size, model, workload)
-    groups, rejected, total = [], 0, 0
+    queue: list = []  # (bound, kind, sequence number, payload); kind 0: degrees, 1: group, 2: tight group
+    total = rejected = 0
     for d in space.degrees():
-        found, n, r = degree_groups(est, space, d)
-        total, rejected = total + n, rejected + r
-        for base, orders, fitting in found:
-            bound = est.compute_bound(base, fitting) if keep else 0.0
-            groups.append((bound, _sort_key(base), base, orders, fitting))
-    groups.sort(key=lambda g: g[:2])
-    ranked, evaluated, kth, batches = [], 0, float("inf"), {}
+        total += degree_size(space, d)
+        vkeys = [(v.algorithm, v.team, v.placement) for v in variants(d, model, workload)]
+        probe = Candidate(algorithm_for(d.ulysses, d.ring), d.dp, d.pp, d.tp, d.ulysses, d.ring)
+        by_mbs = est.micro_batch_bounds(probe, space._mbs(d)) if keep else {}
+        queue.append((min(by_mbs.values(), default=0.0), 0, len(queue), (d, vkeys, by_mbs)))
+    heapq.heapify(queue)
+    ranked, evaluated, kth, batches, pushed, done = [], 0, float("inf"), {}, len(queue), 0
     best_of: dict[tuple, float] = {}  # best time per algorithm variant, so each variant's best is exact too
-    for i, (bound, _, base, orders, fitting) in enumerate(groups):
+    top: list[float] = []  # the K smallest times so far, negated (a max-heap): top[0] is minus the K-th best
+
+    def beyond(bound: float, vkeys: list) -> bool:
+        return bool(keep) and bound > kth and all(bound > best_of.get(v, float("inf")) for v in vkeys)
+
+    while queue:
+        bound, kind, _, payload = heapq.heappop(queue)
+        done += 1
+        if progress:
+            progress(done, pushed)
+        if kind == 0:  # degrees: expand into the groups of its variants still worth pricing
+            d, vkeys, by_mbs = payload
+            if beyond(bound, vkeys):
+                continue
+            found, _, r = degree_groups(est, space, d, lambda v, mbs: not beyond(by_mbs.get(mbs, bound), [v]))
+            rejected += r
+            for base, orders, fitting in found:
+                heapq.heappush(queue, (bound, 1 if keep else 2, pushed, (base, orders, fitting)))
+                pushed += 1
+            continue
+        if kind == 1:  # a group under its degrees' bound: tighten it (compute-only bound) and queue it again
+            base, orders, fitting = payload
+            if beyond(bound, [variant_key(base)]):
+                continue
+            heapq.heappush(queue, (max(bound, est.compute_bound(base, fitting)), 2, pushed, payload))
+            pushed += 1
+            continue
+        base, orders, fitting = payload
         vkey = variant_key(base)
-        if keep and bound > kth and bound > best_of.get(vkey, float("inf")):
+        if beyond(bound, [vkey]):
             continue
         priced = price_group(est, base, orders, fitting, batches)
         evaluated += len(orders) * len(fitting)
         ranked += priced
         best_of[vkey] = min(best_of.get(vkey, float("inf")), min(t for t, _ in priced))
-        if keep and len(ranked) >= keep:
-            kth = heapq.nsmallest(keep, (t for t, _ in ranked))[-1]
-        if progress:
-            progress(i + 1, len(groups))
+        if keep:
+            for t, _ in priced:
+                if len(top) < keep:
+                    heapq.heappush(top, -t)
+                elif t < -top[0]:
+                    heapq.heapreplace(top, -t)
+            if len(top) == keep:
+                kth = -top[0]
     if progress:
-        progress(len(groups), len(groups))
+        progress(pushed, pushed)
     ranked.sort(key=lambda tc: (round(tc[0], 12), _sort_key(tc[1])))
     return SearchResult(ranked, evaluated, total, rejected, est)
 

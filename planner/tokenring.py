@@ -27,36 +27,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import numpy as np
-
 from .algorithms import Algorithm, Variant, register
 from .errors import PlanError
-from .layout import causal_work
+from .layout import tokenring_step_work
 from .schedules import Comm, Compute, Shape, Step, attention_flops
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
-
-
-@lru_cache(maxsize=4096)
-def step_work(token_layout: str, ring: int, team: int, seq_len: int, causal: bool) -> tuple[float, ...]:
-    """Busiest rank's block fraction in each of the ring / team x team steps (round j, inner step i).
-
-    Rank p = nC + a holds Q_(nC + (a + i) mod C) and the K, V of ((n - j) mod N) C + a.
-    """
-    N = ring // team
-    if not causal:
-        return (1.0,) * ring
-    w = causal_work(token_layout, ring, seq_len)
-    p = np.arange(ring)
-    node, a = p // team, p % team
-    out = []
-    for j in range(N):
-        kv = ((node - j) % N) * team + a
-        for i in range(team):
-            out.append(float(w[node * team + (a + i) % team, kv].max()))
-    return tuple(out)
 
 
 def _volumes(c: Shape, backward: bool) -> tuple[float, float, float, float]:
@@ -72,18 +50,32 @@ def _volumes(c: Shape, backward: bool) -> tuple[float, float, float, float]:
     return blk * e, blk * e + lse, 2 * kv * e, 0.0
 
 
-def _compress(steps: list[Step]) -> list[Step]:
-    out: list[Step] = []
-    for st in steps:
-        if out and out[-1].phases == st.phases and out[-1].overlap == st.overlap:
-            out[-1] = Step(st.phases, out[-1].repeat + st.repeat, st.overlap)
-        else:
-            out.append(st)
-    return out
+def segments(n: int, cuts: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(first index, count) of the runs of 0..n-1 between ``cuts``: the classes of rounds or steps whose
+    phases are alike, so a schedule of n items is built from a few representatives."""
+    bounds = sorted({0, n} | {x for x in cuts if 0 < x < n})
+    return [(lo, hi - lo) for lo, hi in zip(bounds, bounds[1:])]
+
+
+@lru_cache(maxsize=4096)
+def step_classes(ring: int, team: int) -> tuple[tuple[bool, bool, bool, bool, bool, int], ...]:
+    """TokenRing's N x C steps (seeds/001 Alg. 1, Sec. 3.3.3) grouped by what they do: (the first step, Q
+    sent, partial sent, K, V across teams, dK, dV across teams, how many such steps), from a few
+    representatives of the rounds j (0, 1, 2..N-2, N-1) and steps i (0, 1, 2..C-2, C-1)."""
+    C, N = team, ring // team
+    classes: dict[tuple, int] = {}
+    for j, nj in segments(N, (1, 2, N - 1)):
+        for i, ni in segments(C, (1, 2, C - 1)):
+            key = (i == j == 0, i < C - 1, C > 1 and (i >= 2 or (i == 0 and j >= 1)), j < N - 1, j >= 2)
+            classes[key] = classes.get(key, 0) + nj * ni
+    return tuple((*k, n) for k, n in classes.items())
 
 
 def tokenring_steps(c: Shape, backward: bool) -> list[Step]:
-    """TokenRing (seeds/001 Alg. 1) and TokenRing x Ring (Sec. 3.3.3): Q one way, out + LSE the other, per step."""
+    """TokenRing (seeds/001 Alg. 1) and TokenRing x Ring (Sec. 3.3.3): Q one way, out + LSE the other, per step.
+
+    Round j of N and step i of C fall into a few classes (j = 0, 1, 2..N-2, N-1; i = 0, 1, 2..C-2, C-1) with
+    the same phases, so the schedule has O(1) steps for any ring (``segments``); equal steps are summed."""
     P = c.ring
     C = c.team if c.algorithm == "tokenring_ring" else P
     N = P // C
@@ -92,28 +84,25 @@ def tokenring_steps(c: Shape, backward: bool) -> list[Step]:
     mult = 2.5 if backward else 1.0  # FlashAttention backward: 5 block matmuls vs 2
     blk = attention_flops(c.n_ring, c.n_ring, c.heads_local, c.model.head_dim, c.b)
     qv, pv, kv, dkv = _volumes(c, backward)
-    work = step_work(c.token_layout, P, C, c.work.seq_len, c.work.causal)
+    work = tokenring_step_work(c.token_layout, P, c.work.seq_len, c.work.causal)
     steps = []
-    for j in range(N):
-        outer = (kv if j < N - 1 else 0.0) + (dkv if j >= 2 else 0.0)
-        for i in range(C):
-            phases: list = [Compute(f"attention {tag}", mult * blk * work[j * C + i], "attention", c.n_ring)]
-            sends_q = i < C - 1
-            sends_part = C > 1 and (i >= 2 or (i == 0 and j >= 1))
-            if sends_q and sends_part:
-                phases.append(Comm(f"tokenring q <-> out,lse {tag}", "shift_bi", inner, max(qv, pv)))
-            elif sends_q:
-                phases.append(Comm(f"tokenring q {tag}", "shift_back", inner, qv))
-            elif sends_part:
-                phases.append(Comm(f"tokenring out,lse {tag}", "shift", inner, pv))
-            if outer:
-                phases.append(Comm(f"ring k,v across teams {tag}", "shift", ("team_ring",), outer / C))
-            steps.append(Step(tuple(phases), 1, overlap=len(phases) > 1))
+    for first, sends_q, sends_part, kv_across, dkv_across, n in step_classes(P, C):
+        outer = kv * kv_across + dkv * dkv_across
+        phases: list = [Compute(f"attention {tag}", mult * blk * work[0 if first else 1], "attention", c.n_ring)]
+        if sends_q and sends_part:
+            phases.append(Comm(f"tokenring q <-> out,lse {tag}", "shift_bi", inner, max(qv, pv)))
+        elif sends_q:
+            phases.append(Comm(f"tokenring q {tag}", "shift_back", inner, qv))
+        elif sends_part:
+            phases.append(Comm(f"tokenring out,lse {tag}", "shift", inner, pv))
+        if outer:
+            phases.append(Comm(f"ring k,v across teams {tag}", "shift", ("team_ring",), outer / C))
+        steps.append(Step(tuple(phases), n, overlap=len(phases) > 1))
     if C > 1:
         steps.append(Step((Comm(f"tokenring out,lse {tag}", "shift", inner, pv),)))
     if backward and N > 1:
         steps.append(Step((Comm(f"ring k,v across teams {tag}", "shift", ("team_ring",), dkv),)))
-    return _compress(steps)
+    return steps
 
 
 def tokenring_buffers(c: Shape, training: bool) -> float:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .algorithms import Algorithm, Variant, register
 from .errors import PlanError
-from .layout import PLACEMENTS, check_team, team_group_size, wallfacer_round_work
+from .layout import PLACEMENTS, check_team, team_group_size, wallfacer_round_runs
 from .schedules import Comm, Compute, Shape, Step, attention_flops
 
 TEAM, SUB_RING, RING = ("team",), ("sub_ring",), ("ring",)
@@ -35,14 +35,8 @@ def sizes(c: Shape) -> dict[str, float]:
 
 def _rounds(c: Shape, backward: bool) -> list[tuple[float, int]]:
     """Per-round block fraction (the busiest rank's, from the layout) run-length encoded over P/C^2 rounds."""
-    runs: list[list] = []
-    for f in wallfacer_round_work(c.token_layout, c.ring, c.team, c.placement, c.work.seq_len, c.work.causal,
-                                  backward):
-        if runs and runs[-1][0] == f:
-            runs[-1][1] += 1
-        else:
-            runs.append([f, 1])
-    return [(f, k) for f, k in runs]
+    return list(wallfacer_round_runs(c.token_layout, c.ring, c.team, c.placement, c.work.seq_len, c.work.causal,
+                                     backward))
 
 
 def wallfacer_steps(c: Shape, backward: bool) -> list[Step]:
