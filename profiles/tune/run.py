@@ -122,11 +122,12 @@ def measure_links_step(cluster: Cluster, opts: TuneOptions) -> dict:
 
 def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opts: TuneOptions) -> list[dict]:
     """Every rank times its own device's kernels for the pool's block shapes; all ranks' samples (collective)."""
-    from .kernels import kernel_shapes, measure_kernels
+    from .kernels import kernel_shapes, measure_kernels, token_rows
 
     dev = _device()
     blocks, heads = kernel_shapes(pool, model, work)
-    mine = measure_kernels(model, blocks, heads, dev, _dtype(model, dev), work.causal, repeats=opts.kernel_repeats)
+    mine = measure_kernels(model, blocks, heads, dev, _dtype(model, dev), work.causal, repeats=opts.kernel_repeats,
+                           gemm_rows=token_rows(pool, work))
     return [dict(s, rank=r) for r, samples in enumerate(_gather([asdict(s) for s in mine])) for s in samples]
 
 
