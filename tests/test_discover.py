@@ -351,6 +351,10 @@ def test_nothing_at_all_is_a_cpu_host(tmp_path):
     assert [d.kind for d in nt.devices] == ["cpu"] * 4 and nt.devices[0].memory_bytes == 16000000 * 1024 / 4
     assert {l.kind for l in nt.links if NET not in (l.src, l.dst)} == {"shm"}
     assert any("placeholder" in w for w in c.warnings) and c.network == "none"
+    cpu = [w for w in c.warnings if "CPU rank slots" in w]
+    assert cpu and "`sp-plan tune`" in cpu[0]  # names the command that measures them, which exists
+    from sp_plan.cli.app import app
+    assert "tune" in {cmd.name for cmd in app.registered_commands}
 
 
 # ---------------------------------------------------------------- several nodes
