@@ -57,6 +57,13 @@ def test_tune_then_plan_uses_the_profile(tmp_path):
     plain = _cli(*args, "--no-profile")
     assert plain.returncode == 0 and f"using profile" not in plain.stdout and "--no-profile" in plain.stdout
 
+    # the exported profile, carried to a laptop with its own (empty) store, plans there as on the cluster
+    exp = _cli("profile", "export", prof.id, "-o", str(tmp_path / "p.yaml"), "--store", store)
+    assert exp.returncode == 0, exp.stderr
+    laptop = _cli("plan", *args[1:-1], f"sqlite:///{tmp_path / 'laptop.db'}", "--profile", str(tmp_path / "p.yaml"))
+    assert laptop.returncode == 0, laptop.stderr
+    assert laptop.stdout.splitlines()[2:] == used.stdout.splitlines()[2:] and prof.id in laptop.stdout
+
 
 def _tune_rank(rank, world, url, faults, budget, timeout):
     from sp_plan.profiles.tune.run import TuneOptions, tune
