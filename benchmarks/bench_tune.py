@@ -8,7 +8,7 @@ by a veth shaped to 800 Mbit/s with `tc tbf`, two ranks each; runtime/netns.py):
 2. ground truth: every distinct layout of the model's ranking that fits (each algorithm, degrees,
    placement and token layout with its best mesh order and memory policy) measured end to end with
    the bundled runtime (`profiles/tune/candidate.py`, median of ``--repeats`` runs of the median of
-   its timed steps), for two small workloads: tiny-llama at 2k tokens (A) and tiny-gpt at 1k (B);
+   its timed steps), for two small workloads: tiny-llama at 1k tokens (A) and tiny-gpt at 512 (B);
 3. `sp-plan tune` on workload A with a fresh store (``--budget`` candidates at most);
 4. against the ground truth, uncalibrated (the cluster file as discovered) and calibrated (the stored
    profile): Spearman of predicted vs measured step time, median absolute step-time and peak-memory
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-WORKLOADS = {"A": ("tiny-llama", "2k"), "B": ("tiny-gpt", "1k")}
+WORKLOADS = {"A": ("tiny-llama", "1k"), "B": ("tiny-gpt", "512")}
 WORLDS = {"local4": (4, 4, None), "local8": (8, 8, None), "netns2x2": (4, 2, 800)}
 HERE = Path(__file__).resolve()
 
@@ -159,7 +159,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", default="local4,local8,netns2x2")
     ap.add_argument("--budget", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--json", default=None)
     ap.add_argument("--worker", default=None)
