@@ -30,7 +30,7 @@ from sp_plan.planner.search import grid_search
 
 from sp_plan.profiles.store import run_key
 
-from .choose import diversify, next_candidate, sigma_from
+from .choose import Choice, diversify, next_candidate, sigma_from
 from .software import software_stack
 
 #: progress(step, done, total, label): step is "links", "kernels" or "candidates"
@@ -187,7 +187,7 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
         tick("links", 1, 1, "links measured")
 
     # ---- kernels: the block shapes the model's best candidates run
-    pool = diversify(ranked_plans(cluster, model, work, Params()), opts.pool)
+    pool = _bcast(diversify(ranked_plans(cluster, model, work, Params()), opts.pool) if rank == 0 else None, rank)
     if not pool:
         raise PlanError("workload", f"no layout of {world} ranks fits {model.name} at {work.seq_len} tokens",
                         "tune a shorter --seq-len or a smaller model")
@@ -204,7 +204,7 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
     base, said = base_params(cluster, model, kernels, links)
 
     # ---- candidates: the pool under the measured kernels and links, chosen one at a time
-    pool = diversify(ranked_plans(cluster, model, work, base), opts.pool)
+    pool = _bcast(diversify(ranked_plans(cluster, model, work, base), opts.pool) if rank == 0 else None, rank)
     by_name = {p.summary(): p for p in pool}
     measured: dict[str, MeasuredCandidate] = {}
     for name, (status, payload) in steps.items():
@@ -217,25 +217,23 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
     if measured:
         reused.append(f"{len(measured)} candidate(s)")
     params, result = base, None
-    stop = ""
     limit = opts.max_minutes * 60.0
-    while True:
-        ok = [m for m in measured.values() if m.status == "ok"]
-        if ok:
-            result = fit(cluster, base, ok)
-            params = result.params
-        if len(measured) >= opts.budget:
-            stop = f"budget of {opts.budget} candidate(s) reached"
-            break
-        if time.monotonic() - started > limit:
-            stop = f"--max-minutes {opts.max_minutes:g} reached"
-            break
+    while True:  # rank 0 refits, checks the limits and chooses; every rank runs the chosen candidate
         choice = None
         if rank == 0:
-            preds = [predict(cluster, p, params)[0] for p in pool]
-            best = min((m.measured_s for m in ok), default=None)
-            sigma = sigma_from(result.loo_error_after if result else None)
-            choice = next_candidate(preds, [p.summary() in measured for p in pool], best, sigma)
+            ok = [m for m in measured.values() if m.status == "ok"]
+            if ok:
+                result = fit(cluster, base, ok)
+                params = result.params
+            if len(measured) >= opts.budget:
+                choice = Choice(None, 0.0, f"budget of {opts.budget} candidate(s) reached")
+            elif time.monotonic() - started > limit:
+                choice = Choice(None, 0.0, f"--max-minutes {opts.max_minutes:g} reached")
+            else:
+                preds = [predict(cluster, p, params)[0] for p in pool]
+                best = min((m.measured_s for m in ok), default=None)
+                sigma = sigma_from(result.loo_error_after if result else None)
+                choice = next_candidate(preds, [p.summary() in measured for p in pool], best, sigma)
         choice = _bcast(choice, rank)
         if choice.index is None:
             stop = choice.why
@@ -252,9 +250,9 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
         measured[name] = mc
         tick("candidates", len(measured), opts.budget, f"{name}: {mc.status}")
 
-    profile = _profile(cluster, model, work, stack, base, said, result, list(measured.values()), links, kernels)
-    best_plan = None
+    profile = best_plan = None
     if rank == 0:
+        profile = _profile(cluster, model, work, stack, base, said, result, list(measured.values()), links, kernels)
         profile.id = store.save_profile(profile)
         store.finish_run(run_id, "done")
         best_plan = best_measured(cluster, profile, params)
