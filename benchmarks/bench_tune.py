@@ -7,8 +7,8 @@ by a veth shaped to 800 Mbit/s with `tc tbf`, two ranks each; runtime/netns.py):
 1. `sp-plan discover -o cluster.yaml` under the world, as a user starts;
 2. ground truth: every distinct layout of the model's ranking that fits (each algorithm, degrees,
    placement and token layout with its best mesh order and memory policy) measured end to end with
-   the bundled runtime (`profiles/tune/candidate.py`, median of ``--repeats`` runs of the median of
-   its timed steps), for two small workloads: tiny-llama at 1k tokens (A) and tiny-gpt at 512 (B);
+   the bundled runtime (`profiles/tune/candidate.py`: stacks of 1 and ``--layers`` blocks, the median of
+   ``--iters`` timed steps each, scaled to the model's layers; median of ``--repeats`` such runs), for two small workloads: tiny-llama at 1k tokens (A) and tiny-gpt at 512 (B);
 3. `sp-plan tune` on workload A with a fresh store (``--budget`` candidates at most);
 4. against the ground truth, uncalibrated (the cluster file as discovered) and calibrated (the stored
    profile): Spearman of predicted vs measured step time, median absolute step-time and peak-memory
@@ -49,7 +49,7 @@ def worker_truth(args) -> None:
     model = load_model(args.model)
     work = Workload(seq_len=args.seq_len, batch=1, causal=True, training=True)
     pool = diversify(ranked_plans(cluster, model, work, Params(), keep=None), 1000)
-    opts = TuneOptions(candidate_timeout=args.timeout, layers=2, iters=3)
+    opts = TuneOptions(candidate_timeout=args.timeout, layers=args.layers, iters=args.iters, warmup=2)
     rows = []
     for i, plan in enumerate(pool):
         runs = [run_candidate(plan, model, work, cluster, opts) for _ in range(args.repeats)]
@@ -118,7 +118,8 @@ def bench_world(name: str, args, tmp: Path) -> dict:
         for w, (model, seq) in WORKLOADS.items():
             out = cwd / f"truth-{w}.json"
             _run([str(HERE), "--worker", "truth", "--cluster", "cluster.yaml", "--model", model, "--seq-len", seq,
-                  "--out", str(out), "--repeats", str(args.repeats), "--timeout", str(args.timeout)],
+                  "--out", str(out), "--repeats", str(args.repeats), "--timeout", str(args.timeout),
+                  "--layers", str(args.layers), "--iters", str(args.iters)],
                  world, per_node, cwd, pair)
             truths[w] = json.loads(out.read_text())
         t_truth = time.monotonic() - t0
@@ -126,7 +127,8 @@ def bench_world(name: str, args, tmp: Path) -> dict:
         model, seq = WORKLOADS["A"]
         t1 = time.monotonic()
         log = _run(["-m", "sp_plan.cli.app", "tune", "--cluster", "cluster.yaml", "--model", model, "--seq-len", seq,
-                    "--budget", str(args.budget), "--store", store, "--candidate-timeout", str(args.timeout)],
+                    "--budget", str(args.budget), "--store", store, "--candidate-timeout", str(args.timeout),
+                    "--layers", str(args.layers), "--iters", str(args.iters)],
                    world, per_node, cwd, pair)
         t_tune = time.monotonic() - t1
         (cwd / "tune.log").write_text(log)
@@ -161,6 +163,8 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--layers", type=int, default=4, help="layers each candidate runs (1 and this many, then scaled)")
+    ap.add_argument("--iters", type=int, default=5, help="timed steps per layer count (median)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--worker", default=None)
     ap.add_argument("--cluster")

@@ -30,6 +30,7 @@ def test_sigma_from_loo_error():
     assert sigma_from(None) == PRIOR_SIGMA
     assert sigma_from(0.0) > 0
     assert math.isclose(sigma_from(0.2), math.log(1.2) / 0.674)
+    assert sigma_from(0.01, measured=2) == PRIOR_SIGMA  # two points make no leave-one-out error
 
 
 def test_next_candidate_first_the_models_best_then_the_likeliest_winner_then_stop():
@@ -39,8 +40,10 @@ def test_next_candidate_first_the_models_best_then_the_likeliest_winner_then_sto
     # measured index 1 at 1.2 s: index 3 (pred 1.05) is the likeliest to beat it
     c = next_candidate(preds, [False, True, False, False], 1.2, 0.3)
     assert c.index == 3 and 0 < c.chance < 1
-    # a confident model with nothing close: stop
-    c = next_candidate(preds, [False, True, False, True], 1.0, 0.05)
+    # a confident model with nothing close: stop, once enough candidates were measured to trust it
+    c = next_candidate(preds, [True, True, False, True], 1.0, 0.05)
     assert c.index is None and "chance" in c.why
+    c = next_candidate(preds, [False, True, False, True], 1.0, 0.05)
+    assert c.index is not None
     c = next_candidate(preds, [True] * 4, 1.0, 0.3)
     assert c.index is None

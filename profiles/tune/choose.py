@@ -16,6 +16,9 @@ from dataclasses import dataclass
 PRIOR_SIGMA = 0.5
 #: never trust the model more than this, however small its leave-one-out error
 MIN_SIGMA = 0.05
+#: a leave-one-out error needs this many measured candidates to mean anything; below it tune neither
+#: trusts it nor stops early
+MIN_MEASURED = 3
 
 
 def diversity_key(plan) -> tuple:
@@ -45,9 +48,10 @@ def chance_to_beat(predicted_s: float, best_measured_s: float, sigma: float, mar
     return 0.5 * math.erfc(-z / math.sqrt(2))
 
 
-def sigma_from(loo_error: float | None) -> float:
-    """The log-space uncertainty of a prediction from the model's median relative leave-one-out error."""
-    if loo_error is None:
+def sigma_from(loo_error: float | None, measured: int = MIN_MEASURED) -> float:
+    """The log-space uncertainty of a prediction from the model's median relative leave-one-out error over
+    ``measured`` candidates (the prior below MIN_MEASURED)."""
+    if loo_error is None or measured < MIN_MEASURED:
         return PRIOR_SIGMA
     # median |ln(pred/meas)| of a normal is 0.674 sigma
     return max(MIN_SIGMA, math.log1p(abs(loo_error)) / 0.674)
@@ -61,8 +65,9 @@ class Choice:
 
 
 def next_candidate(predicted: list[float], done: list[bool], best_measured_s: float | None, sigma: float,
-                   min_chance: float = 0.05, margin: float = 0.01) -> Choice:
-    """The unmeasured candidate most likely to beat the best measured one (the model's best first)."""
+                   min_chance: float = 0.05, margin: float = 0.01, min_measured: int = MIN_MEASURED) -> Choice:
+    """The unmeasured candidate most likely to beat the best measured one (the model's best first); no early
+    stop before ``min_measured`` candidates were measured."""
     todo = [i for i, d in enumerate(done) if not d]
     if not todo:
         return Choice(None, 0.0, "every candidate in the pool was measured")
@@ -71,7 +76,7 @@ def next_candidate(predicted: list[float], done: list[bool], best_measured_s: fl
         return Choice(i, 1.0, "the model's best")
     chances = {i: chance_to_beat(predicted[i], best_measured_s, sigma, margin) for i in todo}
     i = max(todo, key=lambda j: (chances[j], -predicted[j], -j))
-    if chances[i] < min_chance:
+    if chances[i] < min_chance and sum(done) >= min_measured:
         return Choice(None, chances[i], f"no unmeasured candidate has a {min_chance:.0%} chance to beat the best "
                                         f"measured by {margin:.0%} (best chance {chances[i]:.1%})")
     return Choice(i, chances[i], f"{chances[i]:.0%} chance to beat the best measured by {margin:.0%}")

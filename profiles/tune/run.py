@@ -232,7 +232,7 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
             else:
                 preds = [predict(cluster, p, params)[0] for p in pool]
                 best = min((m.measured_s for m in ok), default=None)
-                sigma = sigma_from(result.loo_error_after if result else None)
+                sigma = sigma_from(result.loo_error_after if result else None, len(ok))
                 choice = next_candidate(preds, [p.summary() in measured for p in pool], best, sigma)
         choice = _bcast(choice, rank)
         if choice.index is None:
