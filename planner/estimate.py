@@ -216,6 +216,16 @@ class Estimator:
                                       for p in st.phases if isinstance(p, Compute))
         return t
 
+    def attention_busy(self, part: str, c: Shape) -> float:
+        """Compute seconds of the attention steps of ``part`` ("fwd" or "bwd"): the schedule past its linear part."""
+        key = ("attention",) + schedule_key(part, c)
+        t = self._busy.get(key)
+        if t is None:
+            steps = self.schedule(part, c)[len(self.schedule(part + "-linear", c)):]
+            t = self._busy[key] = sum(self.compute_time(p) * st.repeat for st in steps
+                                      for p in st.phases if isinstance(p, Compute))
+        return t
+
     # ---- phase costs
     def orders(self, degrees: dict[str, int], orders: list[tuple[str, ...]], placement: str | None = None) -> Orders:
         """An Orders batch priced with this Estimator's engine and params."""
@@ -375,7 +385,7 @@ class Estimator:
         return c
 
     def evaluate_orders(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
-                        detail: bool = False) -> tuple[np.ndarray, list | None]:
+                        detail: bool = False, bound: bool = False) -> tuple[np.ndarray, list | None]:
         """Step times, shape (orders, policies), of ``base``'s degrees and token layout under each mesh
         order and memory policy (ZeRO stage, checkpointing, micro-batch size); with ``detail`` the
         breakdown rows of the first order and policy."""
@@ -384,6 +394,9 @@ class Estimator:
         rows = None
 
         def get(part, c):
+            if bound and part in ("fwd", "bwd"):  # the linear part priced, the attention's compute alone
+                lin, att = self.price_part(part + "-linear", c, orders), self.attention_busy(part, c)
+                return Priced(lin.seconds + att, lin.compute + att, ())
             return self.price_part(part, c, orders, rows=detail)
 
         for j, (zero, ckpt, mbs) in enumerate(policies):
@@ -446,6 +459,13 @@ class Estimator:
                 seen[key] = (c.micro_batches + base.pp - 1) * stage
             best = min(best, seen[key])
         return best
+
+    def comm_bounds(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]]) -> list[float]:
+        """Per policy, a lower bound on the step time of ``base`` under any of ``orders``: the step priced
+        exactly but for the attention, which counts its compute alone (an attention step costs at least its
+        compute); a hair below, so that rounding never lifts it above the exact price."""
+        times, _ = self.evaluate_orders(base, orders, policies, bound=True)
+        return [float(t) * (1 - 1e-9) for t in times.min(axis=0)]
 
     def degrees_bound(self, probe: Candidate, micro_batch_sizes: list[int]) -> float:
         """A lower bound on the step time of every algorithm variant, token layout, mesh order and memory
