@@ -385,47 +385,56 @@ class Estimator:
         return c
 
     def evaluate_orders(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
-                        detail: bool = False, bound: bool = False) -> tuple[np.ndarray, list | None]:
+                        detail: bool = False, bound: str | None = None) -> tuple[np.ndarray, list | None]:
         """Step times, shape (orders, policies), of ``base``'s degrees and token layout under each mesh
         order and memory policy (ZeRO stage, checkpointing, micro-batch size); with ``detail`` the
-        breakdown rows of the first order and policy."""
+        breakdown rows of the first order and policy; with ``bound`` a lower bound instead, the attention
+        counted as its own compute ("busy") or as ``balanced_time`` ("balanced", any variant)."""
         train = self.work.training
         out = np.empty((len(orders.orders), len(policies)))
         rows = None
 
         def get(part, c):
             if bound and part in ("fwd", "bwd"):  # the linear part priced, the attention's compute alone
-                lin, att = self.price_part(part + "-linear", c, orders), self.attention_busy(part, c)
+                att = self.attention_busy(part, c) if bound == "busy" else self.balanced_time(c, part == "bwd")
+                lin = self.price_part(part + "-linear", c, orders)
                 return Priced(lin.seconds + att, lin.compute + att, ())
             return self.price_part(part, c, orders, rows=detail)
 
+        stages: dict = {}  # (checkpointing, micro-batch) -> parts, stage, pipeline seconds, backward compute
+        syncs_of: dict = {}  # ZeRO stage -> gradient sync phases with their seconds, and their total
         for j, (zero, ckpt, mbs) in enumerate(policies):
             c = self.shape(base, mbs)
             Lp, m, pp = c.layers_per_stage, c.micro_batches, base.pp
-            parts = [(get("fwd", c), Lp, "")]
-            bwd_compute = 0.0
-            if train:
-                if ckpt == "full":
-                    parts.append((parts[0][0], Lp, "recompute "))
-                elif ckpt == "attention_boundary":
-                    parts.append((get("fwd-linear", c), Lp, "recompute "))
-                bwd = get("bwd", c)
-                parts.append((bwd, Lp, ""))
-                bwd_compute = bwd.compute * Lp * m
-            parts.append((get("head", c), 1, ""))
-            if pp > 1:
-                parts.append((get("pp", c), 1, ""))
-            stage = sum(p.seconds * k for p, k, _ in parts)
-            t = (m + pp - 1) * stage
+            if (ckpt, mbs) not in stages:
+                parts = [(get("fwd", c), Lp, "")]
+                bwd_compute = 0.0
+                if train:
+                    if ckpt == "full":
+                        parts.append((parts[0][0], Lp, "recompute "))
+                    elif ckpt == "attention_boundary":
+                        parts.append((get("fwd-linear", c), Lp, "recompute "))
+                    bwd = get("bwd", c)
+                    parts.append((bwd, Lp, ""))
+                    bwd_compute = bwd.compute * Lp * m
+                parts.append((get("head", c), 1, ""))
+                if pp > 1:
+                    parts.append((get("pp", c), 1, ""))
+                stage = sum(p.seconds * k for p, k, _ in parts)
+                stages[ckpt, mbs] = (parts, stage, (m + pp - 1) * stage, bwd_compute)
+            parts, stage, t, bwd_compute = stages[ckpt, mbs]
             sync_rows = []
             if train:  # bucketed sync overlaps the backward pass; its last bucket cannot
-                syncs = [(p, orders.time(p)) for p in grad_sync(c, zero, shard_params(self.model, base.tp, base.pp))]
-                total = sum(s for _, s in syncs)
+                if zero not in syncs_of:  # grad_sync's volumes depend on the ZeRO stage alone here
+                    syncs = [(p, orders.time(p)) for p in grad_sync(c, zero, shard_params(self.model, base.tp, base.pp))]
+                    syncs_of[zero] = (syncs, sum(s for _, s in syncs))
+                syncs, total = syncs_of[zero]
                 exposed = np.maximum(total / Lp, total - bwd_compute)
                 t = t + exposed
-                share = exposed / np.where(total > 0, total, 1.0)
-                sync_rows = [(p.name, "communication", "x".join(p.dim), p.nbytes, float(s[0]), float(s[0] * share[0]))
-                             for p, s in syncs]
+                if detail and j == 0:
+                    share = exposed / np.where(total > 0, total, 1.0)
+                    sync_rows = [(p.name, "communication", "x".join(p.dim), p.nbytes, float(s[0]),
+                                  float(s[0] * share[0])) for p, s in syncs]
             out[:, j] = t
             if detail and j == 0:
                 rows = []
@@ -460,11 +469,13 @@ class Estimator:
             best = min(best, seen[key])
         return best
 
-    def comm_bounds(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]]) -> list[float]:
+    def comm_bounds(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
+                    attention: str = "busy") -> list[float]:
         """Per policy, a lower bound on the step time of ``base`` under any of ``orders``: the step priced
         exactly but for the attention, which counts its compute alone (an attention step costs at least its
-        compute); a hair below, so that rounding never lifts it above the exact price."""
-        times, _ = self.evaluate_orders(base, orders, policies, bound=True)
+        compute; "balanced": at most that of any variant with ``base``'s linear part); a hair below, so that
+        rounding never lifts it above the exact price."""
+        times, _ = self.evaluate_orders(base, orders, policies, bound=attention)
         return [float(t) * (1 - 1e-9) for t in times.min(axis=0)]
 
     def degrees_bound(self, probe: Candidate, micro_batch_sizes: list[int]) -> float:

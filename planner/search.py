@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from itertools import permutations
 from typing import Callable, Iterator
 
-from .algorithms import algorithm_for, variants
+from .algorithms import ALGORITHMS, algorithm_for, variants
 from .candidate import Candidate
 from .cluster import Cluster
 from .errors import PlanError
@@ -171,6 +171,20 @@ def price_group(est: Estimator, base: Candidate, orders: list, fitting: list,
     return out
 
 
+def outside_bounds(est: Estimator, groups: list, batches: dict) -> dict[tuple, float]:
+    """(TP-sp or not, policy) -> a lower bound on the groups of one degrees choice that run that policy: every
+    cost outside the attention exact, the attention at its even share (``Estimator.comm_bounds``, "balanced")."""
+    pols: dict[bool, tuple[Candidate, list, set]] = {}
+    for base, orders, fitting in groups:
+        pols.setdefault(ALGORITHMS[base.algorithm].tp_sp, (base, orders, set()))[2].update(fitting)
+    out = {}
+    for tp_sp, (base, orders, fitting) in pols.items():
+        fitting = sorted(fitting)
+        bounds = est.comm_bounds(base, order_batch(est, base, orders, batches), fitting, attention="balanced")
+        out.update(((tp_sp, p), b) for p, b in zip(fitting, bounds))
+    return out
+
+
 def degree_size(space: Space, d: Degrees) -> int:
     """Candidates of the degrees ``d`` in the space: variants x token layouts x mesh orders x policies."""
     n = len(space.orders(d)) * len(space.policies(d))
@@ -247,8 +261,10 @@ def _grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: 
                 continue
             found, _, r = degree_groups(est, space, d, lambda v, mbs: not beyond(by_mbs.get(mbs, bound), [v]))
             rejected += r
+            outside = outside_bounds(est, found, batches) if keep else {}
             for base, orders, fitting in found:
-                heapq.heappush(queue, (bound, 1 if keep else 3, pushed, (base, orders, fitting, None)))
+                b = max(bound, min(outside[ALGORITHMS[base.algorithm].tp_sp, p] for p in fitting)) if keep else bound
+                heapq.heappush(queue, (b, 1 if keep else 3, pushed, (base, orders, fitting, None)))
                 pushed += 1
             continue
         base, orders, fitting, pol_bounds = payload
