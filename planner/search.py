@@ -263,29 +263,38 @@ def _grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: 
             rejected += r
             outside = outside_bounds(est, found, batches) if keep else {}
             for base, orders, fitting in found:
-                b = max(bound, min(outside[ALGORITHMS[base.algorithm].tp_sp, p] for p in fitting)) if keep else bound
-                heapq.heappush(queue, (b, 1 if keep else 3, pushed, (base, orders, fitting, None)))
+                vkey = variant_key(base)
+                bounds = [outside.get((ALGORITHMS[base.algorithm].tp_sp, p), bound) for p in fitting]
+                cut = min((b for b in by_mbs.values() if beyond(b, [vkey])), default=float("inf"))
+                heapq.heappush(queue, (max(bound, min(bounds)), 1 if keep else 3, pushed,
+                                       (base, orders, fitting, bounds, cut)))
                 pushed += 1
             continue
-        base, orders, fitting, pol_bounds = payload
+        base, orders, fitting, bounds, cut = payload
         vkey = variant_key(base)
         if beyond(bound, [vkey]):
             continue
+        # policies whose own bound is out of reach are dropped; cut: below it, the kept ones hold each order's best
+        dropped = [b for b in bounds if beyond(b, [vkey])]
+        if dropped:
+            cut = min(cut, *dropped)
+            kept = [(p, b) for p, b in zip(fitting, bounds) if not beyond(b, [vkey])]
+            if not kept:
+                continue
+            fitting, bounds = [p for p, _ in kept], [b for _, b in kept]
         if kind == 1:  # a group under its degrees' bound: tighten it (compute-only bound) and queue it again
-            heapq.heappush(queue, (max(bound, est.compute_bound(base, fitting)), 2, pushed, payload))
+            heapq.heappush(queue, (max(bound, min(bounds), est.compute_bound(base, fitting)), 2, pushed,
+                                   (base, orders, fitting, bounds, cut)))
             pushed += 1
             continue
         if kind == 2:  # tighten again, per policy: all but the attention's communication, exact (comm_bounds)
-            pol_bounds = est.comm_bounds(base, order_batch(est, base, orders, batches), fitting)
-            heapq.heappush(queue, (max(bound, min(pol_bounds)), 3, pushed, (base, orders, fitting, pol_bounds)))
+            bounds = [max(b, c) for b, c in zip(bounds, est.comm_bounds(base, order_batch(est, base, orders, batches),
+                                                                         fitting))]
+            heapq.heappush(queue, (max(bound, min(bounds)), 3, pushed, (base, orders, fitting, bounds, cut)))
             pushed += 1
             continue
-        cut, kept = float("inf"), fitting  # cut: below it, the priced policies hold every order's exact best
-        if pol_bounds is not None:
-            kept = [p for p, b in zip(fitting, pol_bounds) if not beyond(b, [vkey])]
-            cut = min((b for b in pol_bounds if beyond(b, [vkey])), default=cut)
-        priced = [(t, c) for t, c in price_group(est, base, orders, kept, batches) if t <= cut]
-        evaluated += len(orders) * len(kept)
+        priced = [(t, c) for t, c in price_group(est, base, orders, fitting, batches) if t <= cut]
+        evaluated += len(orders) * len(fitting)
         if not priced:
             continue
         ranked += priced
