@@ -10,6 +10,7 @@ communicates on, so the grid search prices most candidates with a few dictionary
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import reduce
 
 import numpy as np
 
@@ -133,6 +134,11 @@ class Orders:
 
     def time(self, p: Comm) -> np.ndarray:
         """Seconds of phase ``p`` under each order (engine costs are linear in bytes)."""
+        steps, spb, lat = self.coefficients(p)
+        return steps * (p.nbytes * spb + lat)
+
+    def coefficients(self, p: Comm) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per order: the steps of ``p``'s pattern on its groups, seconds per byte and latency of each step."""
         key = (p.pattern, p.dim)
         co = self._coeff.get(key)
         if co is None:
@@ -151,8 +157,7 @@ class Orders:
             pick = np.array(idx)
             co = self._coeff[key] = (np.array([c.steps for c in costs], float)[pick], np.array(spb)[pick],
                                      np.array(lat)[pick])
-        steps, spb, lat = co
-        return steps * (p.nbytes * spb + lat)
+        return co
 
 
 def _scaled(priced: Priced, k: float, i: int = 0) -> list:
@@ -226,6 +231,25 @@ class Estimator:
                                       for p in st.phases if isinstance(p, Compute))
         return t
 
+    def attention_comm(self, part: str, c: Shape, orders: Orders) -> np.ndarray:
+        """Per order, the seconds of every communication phase of ``part``'s attention steps, summed (a step
+        costs at least its communication, so the attention costs at least this sum)."""
+        key = ("attention comm",) + schedule_key(part, c)
+        sums = self._busy.get(key)
+        if sums is None:  # (pattern, dims) -> (a phase of them, bytes x repeats, repeats): engine costs are linear
+            sums = {}
+            for st in self.schedule(part, c)[len(self.schedule(part + "-linear", c)):]:
+                for p in st.phases:
+                    if isinstance(p, Comm):
+                        q, b, r = sums.get((p.pattern, p.dim), (p, 0.0, 0))
+                        sums[p.pattern, p.dim] = (q, b + p.nbytes * st.repeat, r + st.repeat)
+            self._busy[key] = sums
+        total = np.zeros(len(orders.orders))
+        for q, b, r in sums.values():
+            steps, spb, lat = orders.coefficients(q)
+            total += steps * (b * spb + r * lat)
+        return total
+
     # ---- phase costs
     def orders(self, degrees: dict[str, int], orders: list[tuple[str, ...]], placement: str | None = None) -> Orders:
         """An Orders batch priced with this Estimator's engine and params."""
@@ -270,10 +294,10 @@ class Estimator:
             comm_sum = sum(comms) if comms else np.zeros(n)
             if st.overlap and comms and self.params.overlap != 1.0:
                 # partial overlap: max(c, m) + (1 - overlap) min(c, m) (params.overlap, fitted by calibration)
-                m_ = np.max(comms, axis=0)
+                m_ = reduce(np.maximum, comms)
                 t = np.maximum(busy, m_) + (1.0 - self.params.overlap) * np.minimum(busy, m_)
             elif st.overlap:
-                t = np.maximum(busy, np.max(comms, axis=0)) if comms else np.full(n, busy)
+                t = np.maximum(busy, reduce(np.maximum, comms)) if comms else np.full(n, busy)
             else:
                 t = busy + comm_sum
             total += t * st.repeat
@@ -389,16 +413,20 @@ class Estimator:
         """Step times, shape (orders, policies), of ``base``'s degrees and token layout under each mesh
         order and memory policy (ZeRO stage, checkpointing, micro-batch size); with ``detail`` the
         breakdown rows of the first order and policy; with ``bound`` a lower bound instead, the attention
-        counted as its own compute ("busy") or as ``balanced_time`` ("balanced", any variant)."""
+        counted as the larger of its compute and communication ("busy") or as ``balanced_time`` ("balanced")."""
         train = self.work.training
         out = np.empty((len(orders.orders), len(policies)))
         rows = None
 
         def get(part, c):
             if bound and part in ("fwd", "bwd"):  # the linear part priced, the attention's compute alone
-                att = self.attention_busy(part, c) if bound == "busy" else self.balanced_time(c, part == "bwd")
+                if bound == "busy":  # at least its compute, at least its communication
+                    busy = self.attention_busy(part, c)
+                    att = np.maximum(busy, self.attention_comm(part, c, orders))
+                else:
+                    busy = att = self.balanced_time(c, part == "bwd")
                 lin = self.price_part(part + "-linear", c, orders)
-                return Priced(lin.seconds + att, lin.compute + att, ())
+                return Priced(lin.seconds + att, lin.compute + busy, ())
             return self.price_part(part, c, orders, rows=detail)
 
         stages: dict = {}  # (checkpointing, micro-batch) -> parts, stage, pipeline seconds, backward compute
@@ -472,8 +500,9 @@ class Estimator:
     def comm_bounds(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
                     attention: str = "busy") -> list[float]:
         """Per policy, a lower bound on the step time of ``base`` under any of ``orders``: the step priced
-        exactly but for the attention, which counts its compute alone (an attention step costs at least its
-        compute; "balanced": at most that of any variant with ``base``'s linear part); a hair below, so that
+        exactly but for the attention, which counts the larger of its compute and its communication
+        (``attention_comm``; "balanced": its even-share compute, under that of any variant with ``base``'s
+        linear part); a hair below, so that
         rounding never lifts it above the exact price."""
         times, _ = self.evaluate_orders(base, orders, policies, bound=attention)
         return [float(t) * (1 - 1e-9) for t in times.min(axis=0)]
@@ -501,7 +530,11 @@ class Estimator:
 
     def balanced_time(self, c: Shape, backward: bool) -> float:
         """Seconds of ``balanced_attention`` at its most efficient block (no assumption on the efficiency curve)."""
-        return min(self.compute_time(balanced_attention(c, backward, b)) for b in attention_blocks(c))
+        key = ("balanced", backward, c.ulysses, c.ring, c.tp, c.mbs)
+        t = self._busy.get(key)
+        if t is None:
+            t = self._busy[key] = min(self.compute_time(balanced_attention(c, backward, b)) for b in attention_blocks(c))
+        return t
 
     def evaluate(self, cand: Candidate, detail: bool = False) -> Evaluation:
         """Step time (and with ``detail`` the breakdown rows) of one valid candidate."""
