@@ -231,24 +231,32 @@ class Estimator:
                                       for p in st.phases if isinstance(p, Compute))
         return t
 
-    def attention_comm(self, part: str, c: Shape, orders: Orders) -> np.ndarray:
-        """Per order, the seconds of every communication phase of ``part``'s attention steps, summed (a step
-        costs at least its communication, so the attention costs at least this sum)."""
-        key = ("attention comm",) + schedule_key(part, c)
-        sums = self._busy.get(key)
-        if sums is None:  # (pattern, dims) -> (a phase of them, bytes x repeats, repeats): engine costs are linear
-            sums = {}
+    def attention_floor(self, part: str, c: Shape, orders: Orders) -> np.ndarray:
+        """Per order, a floor under the seconds of ``part``'s attention steps: plain steps exactly (compute plus
+        communication); overlapped ones at least their compute and at least each phase slot's communication
+        (slot j: the j-th communication phase of every overlapped step, which runs beside the others)."""
+        key = ("attention floor",) + schedule_key(part, c)
+        parts = self._busy.get(key)
+        if parts is None:  # busy (plain, overlapped); (slot, pattern, dims) -> (a phase, bytes x repeats, repeats)
+            busy, sums = [0.0, 0.0], {}
             for st in self.schedule(part, c)[len(self.schedule(part + "-linear", c)):]:
+                j = 0
                 for p in st.phases:
-                    if isinstance(p, Comm):
-                        q, b, r = sums.get((p.pattern, p.dim), (p, 0.0, 0))
-                        sums[p.pattern, p.dim] = (q, b + p.nbytes * st.repeat, r + st.repeat)
-            self._busy[key] = sums
-        total = np.zeros(len(orders.orders))
-        for q, b, r in sums.values():
+                    if isinstance(p, Compute):
+                        busy[st.overlap] += self.compute_time(p) * st.repeat
+                    else:
+                        slot = (j if st.overlap else "plain", p.pattern, p.dim)
+                        q, b, r = sums.get(slot, (p, 0.0, 0))
+                        sums[slot] = (q, b + p.nbytes * st.repeat, r + st.repeat)
+                        j += 1
+            parts = self._busy[key] = (busy, sums)
+        (plain, overlapped), sums = parts
+        slots: dict = {}  # engine costs are linear in bytes: a slot's phases of one pattern summed at once
+        for (j, _, _), (q, b, r) in sums.items():
             steps, spb, lat = orders.coefficients(q)
-            total += steps * (b * spb + r * lat)
-        return total
+            slots[j] = slots.get(j, 0.0) + steps * (b * spb + r * lat)
+        exposed = slots.pop("plain", 0.0)
+        return plain + exposed + reduce(np.maximum, slots.values(), np.full(len(orders.orders), overlapped))
 
     # ---- phase costs
     def orders(self, degrees: dict[str, int], orders: list[tuple[str, ...]], placement: str | None = None) -> Orders:
@@ -413,7 +421,7 @@ class Estimator:
         """Step times, shape (orders, policies), of ``base``'s degrees and token layout under each mesh
         order and memory policy (ZeRO stage, checkpointing, micro-batch size); with ``detail`` the
         breakdown rows of the first order and policy; with ``bound`` a lower bound instead, the attention
-        counted as the larger of its compute and communication ("busy") or as ``balanced_time`` ("balanced")."""
+        counted as ``attention_floor`` ("busy") or as ``balanced_time`` ("balanced")."""
         train = self.work.training
         out = np.empty((len(orders.orders), len(policies)))
         rows = None
@@ -421,8 +429,7 @@ class Estimator:
         def get(part, c):
             if bound and part in ("fwd", "bwd"):  # the linear part priced, the attention's compute alone
                 if bound == "busy":  # at least its compute, at least its communication
-                    busy = self.attention_busy(part, c)
-                    att = np.maximum(busy, self.attention_comm(part, c, orders))
+                    busy, att = self.attention_busy(part, c), self.attention_floor(part, c, orders)
                 else:
                     busy = att = self.balanced_time(c, part == "bwd")
                 lin = self.price_part(part + "-linear", c, orders)
@@ -500,8 +507,8 @@ class Estimator:
     def comm_bounds(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
                     attention: str = "busy") -> list[float]:
         """Per policy, a lower bound on the step time of ``base`` under any of ``orders``: the step priced
-        exactly but for the attention, which counts the larger of its compute and its communication
-        (``attention_comm``; "balanced": its even-share compute, under that of any variant with ``base``'s
+        exactly but for the attention, which counts a floor from its compute and communication
+        (``attention_floor``; "balanced": its even-share compute, under that of any variant with ``base``'s
         linear part); a hair below, so that
         rounding never lifts it above the exact price."""
         times, _ = self.evaluate_orders(base, orders, policies, bound=attention)
