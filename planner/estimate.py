@@ -399,7 +399,7 @@ class Estimator:
         params = shard_params(self.model, probe.tp, probe.pp)
         weights = {z: sum(weight_bytes(params, z, probe.dp * probe.sp, train).values()) for z in {p[0] for p in policies}}
         shapes = {mbs: self.shape(probe, mbs) for mbs in {p[2] for p in policies}}
-        acts = {(ck, mbs): sum(self._activations(shapes[mbs], ck).values()) for _, ck, mbs in policies}
+        acts = {(ck, mbs): sum(self._activations(shapes[mbs], ck).values()) for ck, mbs in {p[1:] for p in policies}}
         bufs = {mbs: attention_buffer_bytes(c, train) for mbs, c in shapes.items()}
         over = self.params.memory_overhead_bytes  # same parts and order of sums as memory(): same fit decisions
         if over:

@@ -113,15 +113,9 @@ CKPT_COST = {c: i for i, c in enumerate(CHECKPOINTING)}
 def pareto_policies(policies: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
     """Drop a fitting policy when another with the same micro-batch is no slower in both ZeRO traffic and
     recomputation (equal cost: the lower ZeRO stage); the survivors are priced."""
-    keep = []
-    for p in policies:
-        z, ck, mbs = p
-        dominated = any(q != p and q[2] == mbs and ZERO_COST[q[0]] <= ZERO_COST[z] and CKPT_COST[q[1]] <= CKPT_COST[ck]
-                        and (ZERO_COST[q[0]], CKPT_COST[q[1]], q[0]) < (ZERO_COST[z], CKPT_COST[ck], z)
-                        for q in policies)
-        if not dominated:
-            keep.append(p)
-    return keep
+    keyed = [((ZERO_COST[z], CKPT_COST[ck], z), mbs, (z, ck, mbs)) for z, ck, mbs in policies]
+    return [p for k, mbs, p in keyed
+            if not any(m == mbs and q[0] <= k[0] and q[1] <= k[1] and q < k for q, m, _ in keyed)]
 
 
 def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tuple, int], bool] | None = None
