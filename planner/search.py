@@ -208,13 +208,15 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     degrees choice are priced together as arrays (estimate.Orders). With ``keep`` = K the search is
     best-first over lower bounds: every degrees choice enters a queue with a bound valid for all its
     variants, layouts, orders and policies (``Estimator.micro_batch_bounds``: compute only, attention at
-    its even share); popped, it is expanded into its (variant, layout) groups (without the micro-batch
-    sizes whose own bound is already out of reach), which are queued again with
-    their tighter compute-only bound (``Estimator.compute_bound``) when popped; a popped tight group is
-    priced. An item whose bound exceeds both the
-    K-th best time found so far and the best time of each algorithm variant it covers cannot enter the
-    top K nor change a variant's best, so it is dropped unexpanded (memory, schedules and prices are
-    never built for it). ``keep=None`` prices all.
+    its even share). Popped, it is expanded into its (variant, layout) groups, each policy with a bound
+    that prices every cost outside the attention exactly (``outside_bounds``); a popped group is tightened
+    by its compute-only bound (``Estimator.compute_bound``), then per policy by ``Estimator.comm_bounds``
+    (the attention at ``Estimator.attention_floor``), and priced when popped again. An item or policy whose
+    bound exceeds both the K-th best time found so far and the best time of each algorithm variant it
+    covers cannot enter the top K nor change a variant's best, so it is dropped (memory, schedules and
+    prices are never built for it); a group's priced orders slower than its least dropped policy bound are
+    dropped too (they might not be their order's best), so every ranked time is exact. ``keep=None``
+    prices all.
     ``params``: calibrated physical parameters (planner/params.py); None: the uncalibrated engine.
     """
     with gc_paused():
