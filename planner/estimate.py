@@ -10,6 +10,7 @@ communicates on, so the grid search prices most candidates with a few dictionary
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import reduce
 
 import numpy as np
 
@@ -133,6 +134,11 @@ class Orders:
 
     def time(self, p: Comm) -> np.ndarray:
         """Seconds of phase ``p`` under each order (engine costs are linear in bytes)."""
+        steps, spb, lat = self.coefficients(p)
+        return steps * (p.nbytes * spb + lat)
+
+    def coefficients(self, p: Comm) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per order: the steps of ``p``'s pattern on its groups, seconds per byte and latency of each step."""
         key = (p.pattern, p.dim)
         co = self._coeff.get(key)
         if co is None:
@@ -151,8 +157,7 @@ class Orders:
             pick = np.array(idx)
             co = self._coeff[key] = (np.array([c.steps for c in costs], float)[pick], np.array(spb)[pick],
                                      np.array(lat)[pick])
-        steps, spb, lat = co
-        return steps * (p.nbytes * spb + lat)
+        return co
 
 
 def _scaled(priced: Priced, k: float, i: int = 0) -> list:
@@ -216,6 +221,43 @@ class Estimator:
                                       for p in st.phases if isinstance(p, Compute))
         return t
 
+    def attention_busy(self, part: str, c: Shape) -> float:
+        """Compute seconds of the attention steps of ``part`` ("fwd" or "bwd"): the schedule past its linear part."""
+        key = ("attention",) + schedule_key(part, c)
+        t = self._busy.get(key)
+        if t is None:
+            steps = self.schedule(part, c)[len(self.schedule(part + "-linear", c)):]
+            t = self._busy[key] = sum(self.compute_time(p) * st.repeat for st in steps
+                                      for p in st.phases if isinstance(p, Compute))
+        return t
+
+    def attention_floor(self, part: str, c: Shape, orders: Orders) -> np.ndarray:
+        """Per order, a floor under the seconds of ``part``'s attention steps: plain steps exactly (compute plus
+        communication); overlapped ones at least their compute and at least each phase slot's communication
+        (slot j: the j-th communication phase of every overlapped step, which runs beside the others)."""
+        key = ("attention floor",) + schedule_key(part, c)
+        parts = self._busy.get(key)
+        if parts is None:  # busy (plain, overlapped); (slot, pattern, dims) -> (a phase, bytes x repeats, repeats)
+            busy, sums = [0.0, 0.0], {}
+            for st in self.schedule(part, c)[len(self.schedule(part + "-linear", c)):]:
+                j = 0
+                for p in st.phases:
+                    if isinstance(p, Compute):
+                        busy[st.overlap] += self.compute_time(p) * st.repeat
+                    else:
+                        slot = (j if st.overlap else "plain", p.pattern, p.dim)
+                        q, b, r = sums.get(slot, (p, 0.0, 0))
+                        sums[slot] = (q, b + p.nbytes * st.repeat, r + st.repeat)
+                        j += 1
+            parts = self._busy[key] = (busy, sums)
+        (plain, overlapped), sums = parts
+        slots: dict = {}  # engine costs are linear in bytes: a slot's phases of one pattern summed at once
+        for (j, _, _), (q, b, r) in sums.items():
+            steps, spb, lat = orders.coefficients(q)
+            slots[j] = slots.get(j, 0.0) + steps * (b * spb + r * lat)
+        exposed = slots.pop("plain", 0.0)
+        return plain + exposed + reduce(np.maximum, slots.values(), np.full(len(orders.orders), overlapped))
+
     # ---- phase costs
     def orders(self, degrees: dict[str, int], orders: list[tuple[str, ...]], placement: str | None = None) -> Orders:
         """An Orders batch priced with this Estimator's engine and params."""
@@ -260,10 +302,10 @@ class Estimator:
             comm_sum = sum(comms) if comms else np.zeros(n)
             if st.overlap and comms and self.params.overlap != 1.0:
                 # partial overlap: max(c, m) + (1 - overlap) min(c, m) (params.overlap, fitted by calibration)
-                m_ = np.max(comms, axis=0)
+                m_ = reduce(np.maximum, comms)
                 t = np.maximum(busy, m_) + (1.0 - self.params.overlap) * np.minimum(busy, m_)
             elif st.overlap:
-                t = np.maximum(busy, np.max(comms, axis=0)) if comms else np.full(n, busy)
+                t = np.maximum(busy, reduce(np.maximum, comms)) if comms else np.full(n, busy)
             else:
                 t = busy + comm_sum
             total += t * st.repeat
@@ -357,7 +399,7 @@ class Estimator:
         params = shard_params(self.model, probe.tp, probe.pp)
         weights = {z: sum(weight_bytes(params, z, probe.dp * probe.sp, train).values()) for z in {p[0] for p in policies}}
         shapes = {mbs: self.shape(probe, mbs) for mbs in {p[2] for p in policies}}
-        acts = {(ck, mbs): sum(self._activations(shapes[mbs], ck).values()) for _, ck, mbs in policies}
+        acts = {(ck, mbs): sum(self._activations(shapes[mbs], ck).values()) for ck, mbs in {p[1:] for p in policies}}
         bufs = {mbs: attention_buffer_bytes(c, train) for mbs, c in shapes.items()}
         over = self.params.memory_overhead_bytes  # same parts and order of sums as memory(): same fit decisions
         if over:
@@ -375,44 +417,59 @@ class Estimator:
         return c
 
     def evaluate_orders(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
-                        detail: bool = False) -> tuple[np.ndarray, list | None]:
+                        detail: bool = False, bound: str | None = None) -> tuple[np.ndarray, list | None]:
         """Step times, shape (orders, policies), of ``base``'s degrees and token layout under each mesh
         order and memory policy (ZeRO stage, checkpointing, micro-batch size); with ``detail`` the
-        breakdown rows of the first order and policy."""
+        breakdown rows of the first order and policy; with ``bound`` a lower bound instead, the attention
+        counted as ``attention_floor`` ("busy") or as ``balanced_time`` ("balanced")."""
         train = self.work.training
         out = np.empty((len(orders.orders), len(policies)))
         rows = None
 
         def get(part, c):
+            if bound and part in ("fwd", "bwd"):  # the linear part priced, the attention's compute alone
+                if bound == "busy":  # at least its compute, at least its communication
+                    busy, att = self.attention_busy(part, c), self.attention_floor(part, c, orders)
+                else:
+                    busy = att = self.balanced_time(c, part == "bwd")
+                lin = self.price_part(part + "-linear", c, orders)
+                return Priced(lin.seconds + att, lin.compute + busy, ())
             return self.price_part(part, c, orders, rows=detail)
 
+        stages: dict = {}  # (checkpointing, micro-batch) -> parts, stage, pipeline seconds, backward compute
+        syncs_of: dict = {}  # ZeRO stage -> gradient sync phases with their seconds, and their total
         for j, (zero, ckpt, mbs) in enumerate(policies):
             c = self.shape(base, mbs)
             Lp, m, pp = c.layers_per_stage, c.micro_batches, base.pp
-            parts = [(get("fwd", c), Lp, "")]
-            bwd_compute = 0.0
-            if train:
-                if ckpt == "full":
-                    parts.append((parts[0][0], Lp, "recompute "))
-                elif ckpt == "attention_boundary":
-                    parts.append((get("fwd-linear", c), Lp, "recompute "))
-                bwd = get("bwd", c)
-                parts.append((bwd, Lp, ""))
-                bwd_compute = bwd.compute * Lp * m
-            parts.append((get("head", c), 1, ""))
-            if pp > 1:
-                parts.append((get("pp", c), 1, ""))
-            stage = sum(p.seconds * k for p, k, _ in parts)
-            t = (m + pp - 1) * stage
+            if (ckpt, mbs) not in stages:
+                parts = [(get("fwd", c), Lp, "")]
+                bwd_compute = 0.0
+                if train:
+                    if ckpt == "full":
+                        parts.append((parts[0][0], Lp, "recompute "))
+                    elif ckpt == "attention_boundary":
+                        parts.append((get("fwd-linear", c), Lp, "recompute "))
+                    bwd = get("bwd", c)
+                    parts.append((bwd, Lp, ""))
+                    bwd_compute = bwd.compute * Lp * m
+                parts.append((get("head", c), 1, ""))
+                if pp > 1:
+                    parts.append((get("pp", c), 1, ""))
+                stage = sum(p.seconds * k for p, k, _ in parts)
+                stages[ckpt, mbs] = (parts, stage, (m + pp - 1) * stage, bwd_compute)
+            parts, stage, t, bwd_compute = stages[ckpt, mbs]
             sync_rows = []
             if train:  # bucketed sync overlaps the backward pass; its last bucket cannot
-                syncs = [(p, orders.time(p)) for p in grad_sync(c, zero, shard_params(self.model, base.tp, base.pp))]
-                total = sum(s for _, s in syncs)
+                if zero not in syncs_of:  # grad_sync's volumes depend on the ZeRO stage alone here
+                    syncs = [(p, orders.time(p)) for p in grad_sync(c, zero, shard_params(self.model, base.tp, base.pp))]
+                    syncs_of[zero] = (syncs, sum(s for _, s in syncs))
+                syncs, total = syncs_of[zero]
                 exposed = np.maximum(total / Lp, total - bwd_compute)
                 t = t + exposed
-                share = exposed / np.where(total > 0, total, 1.0)
-                sync_rows = [(p.name, "communication", "x".join(p.dim), p.nbytes, float(s[0]), float(s[0] * share[0]))
-                             for p, s in syncs]
+                if detail and j == 0:
+                    share = exposed / np.where(total > 0, total, 1.0)
+                    sync_rows = [(p.name, "communication", "x".join(p.dim), p.nbytes, float(s[0]),
+                                  float(s[0] * share[0])) for p, s in syncs]
             out[:, j] = t
             if detail and j == 0:
                 rows = []
@@ -447,6 +504,16 @@ class Estimator:
             best = min(best, seen[key])
         return best
 
+    def comm_bounds(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
+                    attention: str = "busy") -> list[float]:
+        """Per policy, a lower bound on the step time of ``base`` under any of ``orders``: the step priced
+        exactly but for the attention, which counts a floor from its compute and communication
+        (``attention_floor``; "balanced": its even-share compute, under that of any variant with ``base``'s
+        linear part); a hair below, so that
+        rounding never lifts it above the exact price."""
+        times, _ = self.evaluate_orders(base, orders, policies, bound=attention)
+        return [float(t) * (1 - 1e-9) for t in times.min(axis=0)]
+
     def degrees_bound(self, probe: Candidate, micro_batch_sizes: list[int]) -> float:
         """A lower bound on the step time of every algorithm variant, token layout, mesh order and memory
         policy of ``probe``'s degrees (the least of ``micro_batch_bounds``)."""
@@ -470,7 +537,11 @@ class Estimator:
 
     def balanced_time(self, c: Shape, backward: bool) -> float:
         """Seconds of ``balanced_attention`` at its most efficient block (no assumption on the efficiency curve)."""
-        return min(self.compute_time(balanced_attention(c, backward, b)) for b in attention_blocks(c))
+        key = ("balanced", backward, c.ulysses, c.ring, c.tp, c.mbs)
+        t = self._busy.get(key)
+        if t is None:
+            t = self._busy[key] = min(self.compute_time(balanced_attention(c, backward, b)) for b in attention_blocks(c))
+        return t
 
     def evaluate(self, cand: Candidate, detail: bool = False) -> Evaluation:
         """Step time (and with ``detail`` the breakdown rows) of one valid candidate."""

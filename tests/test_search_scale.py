@@ -214,3 +214,35 @@ def test_pruning_stays_exact_under_calibrated_params():
         assert pruned.evaluated < full.evaluated
         assert [(round(t, 12), c) for t, c in pruned.ranked[:5]] == [(round(t, 12), c) for t, c in full.ranked[:5]]
         assert best_per_variant(pruned.ranked) == best_per_variant(full.ranked)
+
+
+# ---------------------------------------------------------------- the per-policy bounds, against exhaustive pricing
+
+from sp_plan.planner.params import CommFit, Curve, Params  # noqa: E402
+from sp_plan.planner.search import outside_bounds  # noqa: E402
+
+BUMPY = Curve(points=((512, 0.2), (4096, 0.7), (16384, 0.45), (65536, 0.6), (262144, 0.3)))
+CALIBRATED = Params(attention_fwd=BUMPY, attention_bwd=BUMPY, matmul=Curve(points=((1024, 0.5), (65536, 0.8))),
+                    overlap=0.7, round_overhead_s=2e-4, comm={"p2p/inter": CommFit(alpha_s=1e-5, efficiency=0.8),
+                                                             "all_to_all/intra": CommFit(efficiency=0.6)})
+
+
+@pytest.mark.parametrize("calibrated", [False, True])
+@pytest.mark.parametrize("case", PRUNING_CASES, ids=[c[0] for c in PRUNING_CASES])
+def test_policy_bounds_are_below_every_mesh_order_of_their_policy(case, calibrated):
+    """outside_bounds (degrees level, any variant) <= comm_bounds (attention_floor) <= the exact price of every
+    mesh order, policy by policy, for every group of every degrees choice."""
+    cluster, model, work = case_inputs(case)
+    est = Estimator(cluster, model, work, params=CALIBRATED if calibrated else None)
+    space, checked = Space(cluster.world_size, model, work), 0
+    for d in space.degrees():
+        found = degree_groups(est, space, d)[0]
+        outside = outside_bounds(est, found, {})
+        for base, orders, fitting in found:
+            batch = est.orders(base.degrees, orders, base.placement)
+            exact = est.evaluate_orders(base, batch, fitting)[0].min(axis=0)
+            tight = est.comm_bounds(base, batch, fitting)
+            loose = [outside[ALGORITHMS[base.algorithm].tp_sp, p] for p in fitting]
+            assert all(lo <= ti * (1 + 1e-12) and ti < ex for lo, ti, ex in zip(loose, tight, exact)), base
+            checked += len(fitting)
+    assert checked > 20
