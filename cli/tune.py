@@ -75,6 +75,7 @@ def tune_cmd(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the best measured plan here"),
     layers: int = typer.Option(2, "--layers", help="layers each candidate runs (the model's others are scaled)"),
     iters: int = typer.Option(3, "--iters", help="timed steps per candidate (median)"),
+    warmup: int = typer.Option(1, "--warmup", help="untimed steps before them"),
     pool: int = typer.Option(12, "--pool", help="distinct layouts the choice draws from"),
     link_sizes: Optional[str] = typer.Option(None, "--link-sizes", help="message sizes for the link step, e.g. 64K,1M"),
 ) -> None:
@@ -89,6 +90,8 @@ def tune_cmd(
         for flag, v in (("--budget", budget), ("--iters", iters), ("--layers", layers), ("--pool", pool), ("--batch", batch)):
             if v < 1:
                 raise PlanError(flag, f"must be at least 1, got {v}", f"pass {flag} 1 or more")
+        if warmup < 0:
+            raise PlanError("--warmup", f"must be 0 or more, got {warmup}", "pass --warmup 0 or more")
         if max_minutes <= 0 or candidate_timeout <= 0:
             raise PlanError("--max-minutes" if max_minutes <= 0 else "--candidate-timeout", "must be positive",
                             "pass a positive number")
@@ -99,7 +102,7 @@ def tune_cmd(
         from sp_plan.profiles.tune.run import TuneOptions, check_world, tune
 
         opts = TuneOptions(budget=budget, max_minutes=max_minutes, candidate_timeout=candidate_timeout, pool=pool,
-                           layers=layers, iters=iters, link_sizes=parse_sizes(link_sizes) if link_sizes else None)
+                           layers=layers, iters=iters, warmup=warmup, link_sizes=parse_sizes(link_sizes) if link_sizes else None)
         owned = _world()
         rank = probe.dist.get_rank()
         problem = None
