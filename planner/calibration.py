@@ -249,47 +249,31 @@ def _check_cases(pricer: _Pricer, cases: list[_Case]) -> None:
 TIME_REG = 0.05  # weight of the pull toward neutral (overlap 1, no overhead) when data are fewer than parameters
 
 
-#: the all-to-all of a real step also packs and unpacks its buffers (memory-bound copies the link probes do not
-#: time): its measured cost is fitted as a factor on the modelled one (issue 12, "memory-bound work")
-A2A = "all_to_all"
-
-
-def with_a2a_factor(params: Params, factor: float) -> Params:
-    """``params`` with every all-to-all (intra and inter) ``factor`` times as slow: efficiency / factor, alpha x factor."""
-    comm = dict(params.comm)
-    for cls in ("intra", "inter"):
-        key = f"{A2A}/{cls}"
-        fit = comm.get(key, CommFit())
-        comm[key] = CommFit(alpha_s=fit.alpha_s * factor, efficiency=fit.efficiency / factor)
-    return params.model_copy(update={"comm": comm})
-
-
 def _fit_time(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Params, list[str], list[str]]:
-    """Fit overlap in [0, 1], round_overhead_s >= 0 and an all-to-all cost factor to measured step times
-    (relative errors, scipy least_squares from the best of a small grid); only parameters the cases move are fitted."""
+    """Fit overlap in [0, 1] and round_overhead_s >= 0 to measured step times (relative errors,
+    scipy least_squares from the best of a small grid); only parameters the cases move are fitted."""
     cases = [c for c in cases if c.time is not None]
     if not cases:
         return base, [], ["overlap and round overhead not fitted: no candidate with a measured step time"]
     meas = np.array([c.time for c in cases])
 
     def with_(x):
-        p = base.model_copy(update={"overlap": float(min(max(x[0], 0.0), 1.0)),
-                                    "round_overhead_s": float(max(x[1], 0.0)) * 1e-3})
-        return p if x[2] == 1.0 else with_a2a_factor(p, float(x[2]))
+        return base.model_copy(update={"overlap": float(min(max(x[0], 0.0), 1.0)),
+                                       "round_overhead_s": float(max(x[1], 0.0)) * 1e-3})
 
     def pred(x):
         return pricer.times(with_(x), cases)
 
-    x0 = np.array([base.overlap, base.round_overhead_s * 1e3, 1.0])
-    neutral = np.array([1.0, 0.0, 1.0])
-    probes = [([0.0, x0[1], 1.0], [1.0, x0[1], 1.0]), ([x0[0], 1.0, 1.0], [x0[0], 0.0, 1.0]),
-              ([x0[0], x0[1], 1.0], [x0[0], x0[1], 2.0])]
-    free = [i for i, (a, b) in enumerate(probes) if np.max(np.abs(pred(a) - pred(b)) / meas) > 1e-9]
+    free = []
+    if np.max(np.abs(pred([0.0, base.round_overhead_s * 1e3]) - pred([1.0, base.round_overhead_s * 1e3])) / meas) > 1e-9:
+        free.append(0)
+    if np.max(np.abs(pred([base.overlap, 1.0]) - pred([base.overlap, 0.0])) / meas) > 1e-9:
+        free.append(1)
     notes = [] if 0 in free else ["overlap not fitted: no measured candidate has a double-buffered round with communication"]
-    if 2 not in free:
-        notes.append("all-to-all factor not fitted: no measured candidate runs an all-to-all")
     if not free:
         return base, [], notes + ["round overhead not fitted: no measured candidate runs attention"]
+    x0 = np.array([base.overlap, base.round_overhead_s * 1e3])
+    neutral = np.array([1.0, 0.0])
     reg = len(cases) < len(free)
 
     def resid(z):
@@ -298,13 +282,12 @@ def _fit_time(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Params
         r = pred(x) / meas - 1.0
         return np.concatenate([r, TIME_REG * (z - neutral[free])]) if reg else r
 
-    grid_axes = [np.array([0.0, 0.25, 0.5, 0.75, 1.0]), np.array([0.0, 0.1, 0.5, 2.0, 10.0]),
-                 np.array([0.5, 1.0, 2.0, 4.0])]
+    grid_axes = [np.array([0.0, 0.25, 0.5, 0.75, 1.0]), np.array([0.0, 0.1, 0.5, 2.0, 10.0])]
     starts = np.array(np.meshgrid(*[grid_axes[i] for i in free])).reshape(len(free), -1).T
     z0 = min(starts, key=lambda z: float(np.sum(resid(z) ** 2)))
-    lo, hi = np.array([0.0, 0.0, 0.1])[free], np.array([1.0, np.inf, 50.0])[free]
-    sol = least_squares(resid, z0, bounds=(lo, hi), x_scale=np.array([0.1, 1.0, 0.5])[free], diff_step=1e-6,
-                        xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=600)
+    lo, hi = np.array([0.0, 0.0])[free], np.array([1.0, np.inf])[free]
+    sol = least_squares(resid, z0, bounds=(lo, hi), x_scale=np.array([0.1, 1.0])[free], diff_step=1e-6,
+                        xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=400)
     x = x0.copy()
     x[free] = sol.x
     out = with_(x)
@@ -314,8 +297,6 @@ def _fit_time(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Params
         words.append(f"overlap {out.overlap:.2f} ({n})")
     if 1 in free:
         words.append(f"round overhead {out.round_overhead_s * 1e3:.2f} ms per attention call ({n})")
-    if 2 in free:
-        words.append(f"all-to-all x{x[2]:.2f} its probed cost ({n})")
     return out, words, notes
 
 
