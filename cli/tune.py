@@ -151,7 +151,7 @@ def tune_cmd(
         p = report.profile
         if report.resumed:
             out.print(f"resumed run {report.run_id}: reused {', '.join(report.reused) or 'nothing'}")
-        out.print(f"software stack: " + ", ".join(f"{k} {v}" for k, v in p.stack.items() if v), highlight=False)
+        out.print("software stack: " + ", ".join(f"{k} {v}" for k, v in p.stack.items() if v), highlight=False)
         out.print(candidates_table(p))
         before = "n/a" if p.loo_error_before is None else f"{p.loo_error_before:.1%}"
         after = "n/a" if p.loo_error_after is None else f"{p.loo_error_after:.1%}"

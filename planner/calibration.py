@@ -34,44 +34,17 @@ def resolve_params(cluster: Cluster, profile=None, store=None) -> tuple[Params, 
     """(Params to price with, one line for the user, the Profile applied or None) for ``profile``:
     a Profile, an id or file (str), None (the cluster's newest stored profile) or False (none).
 
-    Delegates to sp_plan.profiles.store.resolve_profile; ``store`` is a Store or a URL. Without the
-    store module, None means no profile and a str must be a profile file."""
-    try:
-        from sp_plan.profiles import store as store_mod
-    except ImportError:
-        store_mod = None
-    if store_mod is not None:
-        if isinstance(store, str):
-            store = store_mod.Store(store)
-        prof, line = store_mod.resolve_profile(profile, cluster, store=store)
-    else:
-        prof, line = _resolve_without_store(profile, cluster)
+    Delegates to sp_plan.profiles.store.resolve_profile (imported here: profiles imports the planner);
+    ``store`` is a Store or a URL."""
+    from sp_plan.profiles import store as store_mod
+
+    if isinstance(store, str):
+        store = store_mod.Store(store)
+    prof, line = store_mod.resolve_profile(profile, cluster, store=store)
     if prof is None:
         why = line.removeprefix("profile: ")
         return Params(), (why if why.startswith("not using") else f"not using a profile: {why}"), None
     return prof.params, (line if line.startswith("using") else f"using {line}"), prof
-
-
-def _resolve_without_store(spec, cluster: Cluster) -> tuple[Profile | None, str]:
-    """resolve_profile's rules for a Profile, a file and False when the store module is absent."""
-    from pathlib import Path
-
-    if spec is False:
-        return None, "not using a profile: --no-profile"
-    if spec is None:
-        return None, "not using a profile: no profile store in this installation"
-    if isinstance(spec, str):
-        if not Path(spec).exists():
-            raise PlanError("--profile", f"no profile file {spec!r} (and no profile store to look up an id)",
-                            "pass a profile file written by `sp-plan tune` or Profile.save")
-        spec = Profile.load(spec)
-    if not isinstance(spec, Profile):
-        raise PlanError("--profile", f"cannot use {type(spec).__name__} as a profile", "pass a file, an id, or nothing")
-    fp = cluster.topology_fingerprint()
-    if spec.cluster_fingerprint != fp:
-        return None, (f"not using a profile: profile {spec.id or '(file)'} is for cluster fingerprint "
-                      f"{spec.cluster_fingerprint}, this cluster is {fp}")
-    return spec, f"using {spec.line()}"
 
 
 # ---- kernel curves

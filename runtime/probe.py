@@ -66,7 +66,8 @@ def finish(owned: bool) -> None:
         dist.destroy_process_group()
 
 
-def _gather(obj) -> list:
+def gather_objects(obj) -> list:
+    """Every rank's ``obj``, in rank order, on every rank (all_gather_object)."""
     out: list = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
@@ -110,7 +111,7 @@ def gather_hosts(describe: Callable[[RankInfo], HostReport] | None = None) -> li
     """Every node's HostReport with its ranks, on every rank (nodes keyed by node rank and hostname)."""
     me = rank_info()
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-    idents = _gather((me.model_dump(), cvd, cuda_identity()))
+    idents = gather_objects((me.model_dump(), cvd, cuda_identity()))
     infos = [RankInfo.model_validate(i) for i, _, _ in idents]
     keys = sorted({(i.node_rank, i.hostname) for i in infos})
     first = {k: min(i.rank for i in infos if (i.node_rank, i.hostname) == k) for k in keys}
@@ -122,7 +123,7 @@ def gather_hosts(describe: Callable[[RankInfo], HostReport] | None = None) -> li
             report = rep.model_dump(mode="json")
         except Exception as e:  # noqa: BLE001 - a host that cannot be described still joins, as a stub
             report = {"error": f"{type(e).__name__}: {e}"}
-    reports = _gather(report)
+    reports = gather_objects(report)
     hosts = []
     for k in keys:
         raw = reports[first[k]]
@@ -307,7 +308,7 @@ def measure(cluster: Cluster, hosts: list[HostReport], sizes: list[int], timeout
                         err = f"{type(e).__name__}: {e}".splitlines()[0][:300]
                     secs, bad = _agree([secs, 1.0 if err else 0.0], dev)
                 if bad:
-                    errs = dict.fromkeys(f"rank {r}: {e}" for r, e in enumerate(_gather(err)) if e)
+                    errs = dict.fromkeys(f"rank {r}: {e}" for r, e in enumerate(gather_objects(err)) if e)
                     err = "; ".join(errs) or "failed on another rank"
             except Exception as e:  # noqa: BLE001 - the world itself is broken: stop measuring, keep what we have
                 broken = f"world broken after {label}: {type(e).__name__}: {e}".splitlines()[0][:300]

@@ -21,10 +21,16 @@ class WorldError(RuntimeError):
     """A rank of a spawned world failed, died or did not finish in time."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(addr: str = "127.0.0.1") -> int:
+    """A TCP port free on ``addr`` now (a store binds it a moment later); any interface if ``addr`` is not this host's."""
+    for host in (addr, ""):
+        try:
+            with socket.socket() as s:
+                s.bind((host, 0))
+                return s.getsockname()[1]
+        except OSError:
+            continue
+    raise OSError("no free TCP port")
 
 
 def _child(fn, rank, world, init_file, timeout, args, kwargs, conn):

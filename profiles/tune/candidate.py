@@ -24,6 +24,7 @@ from sp_plan.planner.model import ModelSpec, Workload
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import MeasuredCandidate
 from sp_plan.runtime import init
+from sp_plan.runtime.probe import gather_objects
 
 from .metp_stack import build_metp, metp_tokens
 from .memory import CPU_METHOD, CUDA_METHOD, PeakMemory
@@ -70,11 +71,6 @@ def _device(device: str | torch.device) -> torch.device:
         d = torch.device("cuda", torch.cuda.current_device())
     return d
 
-
-def _gather(obj) -> list:
-    out: list = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
 
 
 def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, device, dtype, fault, notes):
@@ -172,7 +168,7 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
     for n in counts:
         per_rank[n] = _measure_stack(plan, model, work, ctx, mesh, n, warmup=warmup, iters=iters, device=device,
                                      dtype=dtype, fault=fault, notes=notes)
-    everyone = _gather({n: {q: per_rank[n][q] for q in QUANTITIES} for n in counts})
+    everyone = gather_objects({n: {q: per_rank[n][q] for q in QUANTITIES} for n in counts})
     worst = {n: {q: max(r[n][q] for r in everyone) for q in QUANTITIES} for n in counts}
     fit = {q: extrapolate({n: worst[n][q] for n in counts}, target) for q in QUANTITIES}
     fb, opt, peak, static = (fit[q][0] for q in QUANTITIES)
@@ -237,7 +233,7 @@ def run_candidate(plan: Plan, model: ModelSpec, work: Workload, *, layers: int =
         local = ("ok", res)
     except Exception as e:  # noqa: BLE001 - a fault is a result
         local = (classify(e), f"{type(e).__name__}: {e}")
-    outcomes = _gather((rank, *local))
+    outcomes = gather_objects((rank, *local))
     return agree(plan, model, work, outcomes, memory_limit_bytes)
 
 

@@ -19,7 +19,6 @@ import os
 import pickle
 import select
 import signal
-import socket
 import time
 
 import torch
@@ -28,19 +27,7 @@ import torch.distributed as dist
 from sp_plan.planner.model import ModelSpec, Workload
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import MeasuredCandidate
-
-
-def free_port(addr: str) -> int:
-    """A TCP port free on ``addr`` now (the child's TCPStore binds it a moment later); any interface if
-    ``addr`` is not this host's."""
-    for host in (addr, ""):
-        try:
-            with socket.socket() as s:
-                s.bind((host, 0))
-                return s.getsockname()[1]
-        except OSError:
-            continue
-    raise OSError("no free TCP port")
+from sp_plan.runtime.spawn import free_port
 
 
 def forget_parent_world() -> None:

@@ -29,6 +29,7 @@ from sp_plan.planner.profile import KernelSample, MeasuredCandidate, Profile
 from sp_plan.planner.search import grid_search
 
 from sp_plan.profiles.store import run_key
+from sp_plan.runtime.probe import gather_objects
 
 from .choose import Choice, diversify, next_candidate, sigma_from
 from .software import software_stack
@@ -72,11 +73,6 @@ def _bcast(obj, rank: int):
     dist.broadcast_object_list(box, src=0)
     return box[0]
 
-
-def _gather(obj) -> list:
-    out: list = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
 
 
 def _now() -> str:
@@ -128,7 +124,7 @@ def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opt
     blocks, heads = kernel_shapes(pool, model, work)
     mine = measure_kernels(model, blocks, heads, dev, _dtype(model, dev), work.causal, repeats=opts.kernel_repeats,
                            gemm_rows=token_rows(pool, work))
-    return [dict(s, rank=r) for r, samples in enumerate(_gather([asdict(s) for s in mine])) for s in samples]
+    return [dict(s, rank=r) for r, samples in enumerate(gather_objects([asdict(s) for s in mine])) for s in samples]
 
 
 def base_params(cluster: Cluster, model: ModelSpec, kernels: list[dict], links: dict | None) -> tuple[Params, list[str]]:
