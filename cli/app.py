@@ -253,8 +253,10 @@ def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan 
 
 from sp_plan.cli.discover import register as _register_discover
 from sp_plan.cli.tune import register as _register_tune
+from sp_plan.cli.export import register as _register_export
 _register_discover(app)
 _register_tune(app)
+_register_export(app)
 
 
 def main() -> None:
