@@ -304,9 +304,8 @@ def test_export_command_prints_an_expressible_plan_and_rejects_bad_input(tmp_pat
     r = run("export", str(tmp_path / "p.yaml"), "--to", "yunchang")
     assert r.returncode == 0 and "set_seq_parallel_pg(ULYSSES_DEGREE, RING_DEGREE" in r.stdout
     assert "ULYSSES_DEGREE, RING_DEGREE = 4, 2" in r.stdout
-    r = run("export", str(tmp_path / "p.yaml"), "--to", "colossalai")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--to: unknown target 'colossalai'" in r.stderr
     bare = Plan(algorithm="wallfacer", degrees={"ring": 16, "team": 2}, order=["ring"], placement="collective_intra")
     bare.save(tmp_path / "bare.yaml")
     r = run("export", str(tmp_path / "bare.yaml"), "--to", "megatron")
-    assert r.returncode == 2 and "megatron has no WallFacer" in r.stderr and "names no model" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "megatron has no WallFacer" in r.stderr and "names no model" in r.stderr
