@@ -194,9 +194,8 @@ class Estimator:
         self.stats.schedule_lookups += 1
         steps = self._schedules.get(key)
         if steps is None:
-            if c.mbs != 1 and (part in RING_FREE_PARTS or ALGORITHMS[c.algorithm].batch_linear):
-                # built once for one sequence per micro-batch, then scaled (schedules.scaled)
-                one = self._shapes.get(c.key[:6] + (1,) + c.key[7:]) or self._shape(c.key[:6] + (1,) + c.key[7:])
+            one = self.unit(part, c)
+            if one is not c:  # built once for one sequence per micro-batch, then scaled (schedules.scaled)
                 steps = scaled(self.schedule(part, one), c.mbs)
             elif part in ("fwd", "bwd"):  # layer_schedule: the linear part, then the attention
                 steps = self.schedule(part + "-linear", c) + attention_steps(c, backward=part == "bwd")
@@ -205,6 +204,14 @@ class Estimator:
             self._schedules[key] = steps
             self.stats.schedules_built += 1
         return steps
+
+    def unit(self, part: str, c: Shape) -> Shape:
+        """The shape whose schedule ``part`` of ``c`` is scaled from: one sequence per micro-batch where every
+        volume is linear in it (the linear parts; ``Algorithm.batch_linear`` attention), else ``c`` itself."""
+        if c.mbs == 1 or not (part in RING_FREE_PARTS or ALGORITHMS[c.algorithm].batch_linear):
+            return c
+        key = c.key[:6] + (1,) + c.key[7:]
+        return self._shapes.get(key) or self._shape(key)
 
     def price_part(self, part: str, c: Shape, orders: Orders, rows: bool = False) -> Priced:
         """``price`` of a schedule part under a batch of mesh orders, once per (orders, schedule shape)."""
@@ -221,8 +228,15 @@ class Estimator:
         key = schedule_key(part, c)
         t = self._busy.get(key)
         if t is None:
-            t = self._busy[key] = sum(self.compute_time(p) * st.repeat for st in self.schedule(part, c)
-                                      for p in st.phases if isinstance(p, Compute))
+            one = self.unit(part, c)
+            if one is c:
+                t = sum(self.compute_time(p) * st.repeat for st in self.schedule(part, c)
+                        for p in st.phases if isinstance(p, Compute))
+            else:  # the phases of the scaled schedule, without building it (the same numbers as schedules.scaled)
+                k, ct = c.mbs, self.compute_time
+                t = sum(ct(Compute(p.name, p.flops * k, p.kind, p.block, p.rows * k)) * st.repeat
+                        for st in self.schedule(part, one) for p in st.phases if isinstance(p, Compute))
+            self._busy[key] = t
         return t
 
     def attention_busy(self, part: str, c: Shape) -> float:

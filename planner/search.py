@@ -118,6 +118,24 @@ def pareto_policies(policies: list[tuple[int, str, int]]) -> list[tuple[int, str
             if not any(m == mbs and q[0] <= k[0] and q[1] <= k[1] and q < k for q, m, _ in keyed)]
 
 
+def larger_micro_batch_wins(est: Estimator, pp: int) -> bool:
+    """Whether, for any policy, the same ZeRO stage and checkpointing with a larger micro-batch is never slower:
+    without a pipeline (no bubble to grow), with FLOPs and bytes linear in the micro-batch (``scaled``), GEMM and
+    attention efficiency independent of it and no fixed cost per compute call, a step of k sequences costs
+    m/k x g(k a, k b + beta) = m g(a, b + beta/k) (g: a step's price, homogeneous and monotone; beta: latencies),
+    and the gradient sync hides behind the same backward compute for every k."""
+    pr = est.params
+    return pp == 1 and pr.matmul is None and not pr.round_overhead_s
+
+
+def largest_micro_batches(policies: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
+    """Per (ZeRO stage, checkpointing), only the largest fitting micro-batch (``larger_micro_batch_wins``)."""
+    top: dict = {}
+    for z, ck, mbs in policies:
+        top[z, ck] = max(top.get((z, ck), 0), mbs)
+    return [p for p in policies if p[2] == top[p[:2]]]
+
+
 def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tuple, int], bool] | None = None
                   ) -> tuple[list[tuple[Candidate, list, list]], int, int]:
     """(base candidate, mesh orders, fitting policies) for every algorithm variant and token layout of the
@@ -263,6 +281,8 @@ def _grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: 
                 continue
             found, _, r = degree_groups(est, space, d, lambda v, mbs: not beyond(by_mbs.get(mbs, bound), [v]))
             rejected += r
+            if larger_micro_batch_wins(est, d.pp):  # ties go to the larger micro-batch, pruned or not
+                found = [(base, orders, largest_micro_batches(fitting)) for base, orders, fitting in found]
             outside_of[d] = found
             for base, orders, fitting in found:
                 vkey = variant_key(base)

@@ -275,3 +275,30 @@ def test_batch_linear_flag_says_whether_a_schedule_scales_with_the_micro_batch()
             assert same == alg.batch_linear, (name, bwd)
         seen.add(name)
     assert {"ring", "usp", "wallfacer", "tokenring", "tokenring_ring", "metp"} <= seen
+
+
+def test_a_larger_micro_batch_is_never_slower_where_the_search_drops_the_smaller():
+    """larger_micro_batch_wins: without a pipeline and uncalibrated, every candidate of (degrees, order, token layout,
+    ZeRO stage, checkpointing) is no slower with a larger fitting micro-batch, checked on every candidate; with a
+    pipeline or a fixed cost per attention call the search keeps every micro-batch."""
+    from sp_plan.planner.estimate import Orders
+    from sp_plan.planner.params import Params
+    from sp_plan.planner.search import larger_micro_batch_wins
+
+    cluster, model = load_cluster("dgx-h100", 2), load_model("llama3-8b")
+    work = Workload(seq_len="64k", batch=8)
+    est, space = Estimator(cluster, model, work), Space(cluster.world_size, model, work)
+    compared = 0
+    for d in space.degrees():
+        if not larger_micro_batch_wins(est, d.pp):
+            assert d.pp > 1
+            continue
+        for base, orders, fitting in degree_groups(est, space, d)[0]:
+            times, _ = est.evaluate_orders(base, Orders(est.engine, base.degrees, orders, base.placement), fitting)
+            for j, (z, ck, mbs) in enumerate(fitting):
+                for i, (z2, ck2, mbs2) in enumerate(fitting):
+                    if (z2, ck2) == (z, ck) and mbs2 > mbs:
+                        assert np.all(times[:, i] <= times[:, j] * (1 + 1e-12)), (base, fitting[i], fitting[j])
+                        compared += 1
+    assert compared > 50
+    assert not larger_micro_batch_wins(Estimator(cluster, model, work, params=Params(round_overhead_s=1e-5)), 1)
