@@ -235,7 +235,8 @@ def cluster_groups(cluster: Cluster, plan: Plan) -> Figure_:
     xs = [p[0] for p in pos.values()]
     ys = [p[1] for p in pos.values()]
     w = max(xs) - min(xs) + 2
-    fig = Figure(figsize=(min(13, max(6.5, 0.55 * w * cols + 0.5)), rows * (0.45 * (max(ys) - min(ys) + 2.5) + 0.4)))
+    fig = Figure(figsize=(min(13, max(6.5, 0.55 * w * cols + 0.5)), rows * (0.45 * (max(ys) - min(ys) + 2.5) + 0.4)),
+                 layout="constrained")
     links = {}  # each link once, whatever its directions
     for a, b, d in g.edges(data=True):
         links.setdefault(tuple(sorted((a, b))), d["kind"])
@@ -320,7 +321,7 @@ def sensitivity_bars(sen: Sensitivity) -> Figure_:
     ax.set_yticks(y, [s.what for s in sc], fontsize=8)
     ax.set_xlim(lo - 0.05 * (hi - lo), hi + 0.75 * (hi - lo))
     ax.set_xlabel(f"predicted step time against the winner today ({_secs(sc[0].base_s) if sc else '-'}), %")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.09 - 0.3 / (len(sc) + 2)), ncol=2, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
     fig.suptitle("sensitivity: does the winner hold?", fontsize=11)

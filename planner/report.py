@@ -82,7 +82,7 @@ def _sensitivity(sen: Sensitivity) -> str:
         verdict = ('<span class="holds">holds</span>' if s.holds else
                    f'<span class="changes">changes</span> to {_e(s.winner.summary())} ({_secs(s.winner.predicted.step_time_s)})')
         rows.append(f"<tr><td>{_e(s.what)}</td><td>{verdict}</td><td class=num>{_secs(s.old_winner_s)} "
-                    f"({s.old_winner_s / s.base_s - 1:+.1%})</td><td class=num>{s.loss:.1%}</td></tr>")
+                    f"({s.old_winner_s / s.base_s - 1:+.1%})</td><td class=num>{'-' if s.holds else f'{s.loss:.1%}'}</td></tr>")
     head = ("the winner holds under every change" if sen.robust else
             f"the winner changes under {sum(not s.holds for s in sen.scenarios)} of {len(sen.scenarios)} changes")
     return (f"<p>Each row changes one input and ranks every layout again; {head}.</p>"

@@ -8,8 +8,8 @@ from sp_plan.planner.search import finish, grid_search
 from sp_plan.planner.sensitivity import link_classes, scale_compute, scale_links, sensitivity
 from sp_plan.profiles import load_cluster, load_model
 
-# two DGX H100 nodes, Llama-3-8B at 32k tokens: tp4 x ring4 wins with the ring across the InfiniBand rails;
-# with half the InfiniBand bandwidth tp8 x ring2 (fewer, larger ring hops over the network) wins instead
+# two DGX H100 nodes, Llama-3-8B at 32k tokens: tp4 x ring4 wins with its ring across the InfiniBand rails;
+# with half the InfiniBand bandwidth tp8 x ring2 wins instead
 W = Workload(seq_len=32768, batch=1)
 
 
