@@ -221,10 +221,8 @@ def _panels(plan: Plan) -> list[tuple[str, list[list[int]]]]:
 def cluster_groups(cluster: Cluster, plan: Plan) -> Figure_:
     """The cluster graph (networkx, Cluster.graph) once per mesh dimension of ``plan``, devices coloured by the
     group they belong to in that dimension and each group's members joined in rank-list order (rings closed)."""
-    g_all = cluster.graph()
     nodes = drawn_nodes(cluster)
-    keep = [n for n in g_all if n == NET and nodes > 1 or g_all.nodes[n].get("node", -1) < nodes]
-    g = g_all.subgraph(keep)
+    g = cluster.model_copy(update={"nodes": cluster.nodes[:nodes]}).graph()  # only the nodes drawn, however big
     pos = positions(cluster, g, nodes)
     devices = [n for n in g if g.nodes[n].get("role") == "device"]
     rank_of = {n: i for i, n in enumerate(sorted(devices, key=lambda n: (g.nodes[n]["node"], _dev_index(cluster, n))))}
@@ -235,8 +233,9 @@ def cluster_groups(cluster: Cluster, plan: Plan) -> Figure_:
     xs = [p[0] for p in pos.values()]
     ys = [p[1] for p in pos.values()]
     w = max(xs) - min(xs) + 2
-    fig = Figure(figsize=(min(13, max(6.5, 0.55 * w * cols + 0.5)), rows * (0.45 * (max(ys) - min(ys) + 2.5) + 0.4)),
-                 layout="constrained")
+    fw = min(13, max(6.5, 0.55 * w * cols + 0.5))
+    unit = fw / (w * cols)  # inches per layout unit (equal aspect): the height follows from the width
+    fig = Figure(figsize=(fw, rows * (unit * (max(ys) - min(ys) + 2) + 0.5) + 0.4), layout="constrained")
     links = {}  # each link once, whatever its directions
     for a, b, d in g.edges(data=True):
         links.setdefault(tuple(sorted((a, b))), d["kind"])

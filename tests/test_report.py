@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.figures import cluster_groups, drawn_nodes
+from sp_plan.cli.report import write_report
+from sp_plan.planner.figures import cluster_groups, drawn_nodes, measured_points
 from sp_plan.planner.model import Workload
-from sp_plan.planner.plan import Plan
+from sp_plan.planner.plan import Measured, Plan
 from sp_plan.planner.profile import Profile
 from sp_plan.planner.report import render_report
 from sp_plan.planner.search import finish, finish_each, grid_search
@@ -93,14 +94,16 @@ def headless(exe, tmp_path, *args):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
-def test_report_cli_renders_every_figure_in_chromium(tmp_path):
+def test_plan_report_and_sensitivity_render_every_figure_in_chromium(tmp_path):
     exe = chromium()
-    out = tmp_path / "report.html"
-    r = run("report", *DGX, "--profile", str(PROFILE), "-o", str(out))
+    out, plan = tmp_path / "report.html", tmp_path / "p.yaml"
+    r = run("plan", *DGX, "--profile", str(PROFILE), "--sensitivity", "--report", str(out), "-o", str(plan))
     assert r.returncode == 0, r.stderr
-    assert "using profile" in r.stdout and "sensitivity of" in r.stdout and f"wrote {out}" in r.stdout
+    assert "using profile" in r.stdout and f"wrote {out}" in r.stdout and f"wrote {plan}" in r.stdout
+    assert "sensitivity of " in r.stdout and "ib bandwidth halved (inter-node links)" in r.stdout
+    assert "compute efficiency at 80%" in r.stdout
     n = len(pngs(out.read_text()))
-    assert n == 5
+    assert n == 5  # steps, memory, predicted against measured (the profile's), cluster, sensitivity
     url = out.as_uri()
     dom = headless(exe, tmp_path, "--virtual-time-budget=10000", "--dump-dom", url)
     assert dom.returncode == 0, dom.stderr[-2000:]
@@ -121,32 +124,33 @@ def test_report_cli_renders_every_figure_in_chromium(tmp_path):
     inked = (px.sum(axis=1) < 600).mean()  # not white: text, tables, bars
     colours = len(np.unique(px, axis=0))
     assert inked > 0.05 and colours > 100, (inked, colours)  # a page with figures, not a blank or one-colour one
-
-
-def test_plan_writes_report_and_sensitivity_and_report_reads_the_plan_back(tmp_path):
-    r = run("plan", *DGX, "--no-profile", "--sensitivity", "--report", str(tmp_path / "r.html"), "-o", str(tmp_path / "p.yaml"))
-    assert r.returncode == 0, r.stderr
-    assert "sensitivity of ring tp4 ring4 zigzag tp<ring zero0: the winner changes under 1 of 9 changes" in r.stdout
-    assert "ib bandwidth halved (inter-node links)" in r.stdout and "changes to ring tp8 ring2" in r.stdout
-    html = (tmp_path / "r.html").read_text()
-    assert len(pngs(html)) == 4 and "Sensitivity" in html  # no profile: no measured figure
     # a plan file alone names its cluster (a preset), model and workload; the report is about that plan
-    r2 = run("report", str(tmp_path / "p.yaml"), "--no-profile", "--no-sensitivity", "--top", "3",
-             "-o", str(tmp_path / "r2.html"))
+    summary = Plan.load(plan).summary()
+    r2 = run("report", str(plan), "--profile", str(PROFILE), "--no-sensitivity", "--top", "3", "-o", str(tmp_path / "r2.html"))
     assert r2.returncode == 0, r2.stderr
-    assert "ring tp4 ring4 zigzag tp<ring zero0: #1 of" in r2.stdout
-    assert '<tr class="chosen"><td class=num>1</td><td>ring tp4 ring4 zigzag tp&lt;ring zero0</td>' in \
-        (tmp_path / "r2.html").read_text()
+    assert f"{summary}: #1 of" in r2.stdout and "sensitivity of" not in r2.stdout
+    html = (tmp_path / "r2.html").read_text()
+    assert f'<tr class="chosen"><td class=num>1</td><td>{html_escape(summary)}</td>' in html and len(pngs(html)) == 4
 
 
-def test_report_errors_are_one_line(tmp_path):
+def test_measured_plans_join_the_scatter(ranked):
+    _, _, plans = ranked
+    p = plans[0].model_copy(update={"measured": Measured(step_time_s=0.3, peak_memory_bytes=4e10)})
+    pts = measured_points([p, plans[1]], Profile.load(PROFILE).candidates)
+    assert pts[:2] == [("ulysses8 x ring2", 1.92, 2.31, 2.36), ("ring16 zigzag", 2.05, 2.58, 2.49)]  # oom left out
+    assert pts[2] == (p.summary(), None, p.predicted.step_time_s, 0.3) and len(pts) == 3
+
+
+def test_report_errors_are_one_line(tmp_path, ranked):
     r = run("report", "-o", str(tmp_path / "r.html"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--cluster NAME --model NAME --seq-len N" in r.stderr
     hand = tmp_path / "hand.yaml"
     Plan(algorithm="ring", degrees={"ring": 16}, cluster="my-cluster").save(hand)
     r = run("report", str(hand), "-o", str(tmp_path / "r.html"))
     assert r.returncode == 2 and "error: --cluster" in r.stderr and "not a preset" in r.stderr
+    assert r.stderr.count("\n") == 1 and not (tmp_path / "r.html").exists()
+    c, _, plans = ranked
     (tmp_path / "dir.html").mkdir()
-    r = run("report", *DGX, "--no-profile", "--no-sensitivity", "--top", "1", "-o", str(tmp_path / "dir.html"))
-    assert r.returncode == 2 and "error: output" in r.stderr and r.stderr.count("\n") == 1
-    assert not (tmp_path / "r.html").exists()
+    with pytest.raises(PlanError, match="output: cannot write"):
+        write_report(tmp_path / "dir.html", plans, c)
+    assert list(tmp_path.glob(".dir.html*")) == []  # nothing half-written left behind
