@@ -147,8 +147,10 @@ def measured_scatter(points: list[tuple[str, float | None, float | None, float]]
                    label="predicted before calibration")
     if after:
         ax.scatter(*zip(*after), s=60, color="#4c72b0", label="predicted (calibrated)")
-    for label, b, a, m in points:
-        ax.annotate(label, (m, a if a is not None else b), textcoords="offset points", xytext=(6, -10), fontsize=7)
+    for label, b, a, m in points:  # labels on the right half point left, so they stay inside the axes
+        right = m > (lo + hi) / 2
+        ax.annotate(label, (m, a if a is not None else b), textcoords="offset points", xytext=(-6 if right else 6, -10),
+                    ha="right" if right else "left", fontsize=7)
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_aspect("equal")
@@ -163,8 +165,15 @@ def measured_scatter(points: list[tuple[str, float | None, float | None, float]]
 
 
 def measured_points(plans: list[Plan], candidates: list[MeasuredCandidate]) -> list[tuple[str, float | None, float | None, float]]:
-    """The scatter's points: tune's measured candidates (status ok) and plans that carry a measurement."""
-    out = [(c.summary, c.predicted_before_s, c.predicted_after_s, c.measured_s) for c in candidates
+    """The scatter's points: tune's measured candidates (status ok) and plans that carry a measurement; a candidate
+    measured on another model or sequence length than the plans' says which."""
+    p0 = plans[0] if plans else None
+    here = (p0.model.name if p0 and p0.model else "", p0.workload.seq_len if p0 and p0.workload else 0)
+
+    def label(c: MeasuredCandidate) -> str:
+        return c.summary if (c.model, c.seq_len) == here or not c.model else f"{c.summary} ({c.model}, {c.seq_len:,} tokens)"
+
+    out = [(label(c), c.predicted_before_s, c.predicted_after_s, c.measured_s) for c in candidates
            if c.status == "ok" and c.measured_s and (c.predicted_before_s or c.predicted_after_s)]
     out += [(p.summary(), None, p.predicted.step_time_s, p.measured.step_time_s) for p in plans
             if p.measured is not None and p.predicted is not None]
