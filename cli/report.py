@@ -51,7 +51,7 @@ def sensitivity_table(sen: Sensitivity) -> Table:
 def write_report(path: Path, plans: list[Plan], cluster: Cluster, chosen: int = 0, profile=None,
                  sensitivity: Sensitivity | None = None, notes: list[str] | None = None) -> None:
     """Render the report and write it atomically (an unwritable path is a PlanError naming ``--report``/``-o``)."""
-    from sp_plan.planner.report import render_report
+    from sp_plan.integrations.report import render_report
     from sp_plan.planner.yamlio import atomic_write
 
     html = render_report(plans, cluster, profile=profile, sensitivity=sensitivity, chosen=chosen, notes=notes)

@@ -14,11 +14,11 @@ import pytest
 
 from sp_plan.planner.errors import PlanError
 from sp_plan.cli.report import write_report
-from sp_plan.planner.figures import cluster_groups, drawn_nodes, measured_points
+from sp_plan.integrations.figures import cluster_groups, drawn_nodes, measured_points
 from sp_plan.planner.model import Workload
 from sp_plan.planner.plan import Measured, Plan
 from sp_plan.planner.profile import Profile
-from sp_plan.planner.report import render_report
+from sp_plan.integrations.report import render_report
 from sp_plan.planner.search import finish, finish_each, grid_search
 from sp_plan.planner.sensitivity import sensitivity
 from sp_plan.profiles import load_cluster, load_model

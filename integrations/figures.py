@@ -16,11 +16,11 @@ from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from .cluster import NET, Cluster
-from .plan import Plan
-from .profile import MeasuredCandidate
-from .search import summarize
-from .sensitivity import Sensitivity
+from sp_plan.planner.cluster import NET, Cluster
+from sp_plan.planner.plan import Plan
+from sp_plan.planner.profile import MeasuredCandidate
+from sp_plan.planner.search import summarize
+from sp_plan.planner.sensitivity import Sensitivity
 
 GIB = 2.0 ** 30
 COMPUTE, BUBBLE = "#4c72b0", "#9e9e9e"

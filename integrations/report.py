@@ -8,13 +8,13 @@ import base64
 import html
 from datetime import datetime, timezone
 
-from .cluster import Cluster
+from sp_plan.planner.cluster import Cluster
 from .figures import (Figure_, cluster_groups, measured_points, measured_scatter, memory_bars, sensitivity_bars,
                       step_bars)
-from .plan import Plan
-from .profile import MeasuredCandidate, Profile
-from .search import largest_extra_cost
-from .sensitivity import Sensitivity
+from sp_plan.planner.plan import Plan
+from sp_plan.planner.profile import MeasuredCandidate, Profile
+from sp_plan.planner.search import largest_extra_cost
+from sp_plan.planner.sensitivity import Sensitivity
 
 GIB = 2.0 ** 30
 STYLE = """
