@@ -108,7 +108,7 @@ def render_report(plans: list[Plan], cluster: Cluster, profile: Profile | None =
     measured figure); ``measured``: more measured candidates; ``sensitivity``: planner.sensitivity's result;
     ``chosen``: the index of the plan the report is about (the winner by default; its groups are drawn);
     ``notes``: lines shown under the title (e.g. the profile line)."""
-    from .errors import PlanError
+    from sp_plan.planner.errors import PlanError
 
     if not plans or any(p.predicted is None for p in plans):
         raise PlanError("plans", "a report needs ranked plans with predictions", "pass the plans a search returned")
