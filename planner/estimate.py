@@ -267,14 +267,21 @@ class Estimator:
                         q, b, r = sums.get(slot, (p, 0.0, 0))
                         sums[slot] = (q, b + p.nbytes * st.repeat, r + st.repeat)
                         j += 1
-            parts = self._busy[key] = (busy, sums)
-        (plain, overlapped), sums = parts
-        slots: dict = {}  # engine costs are linear in bytes: a slot's phases of one pattern summed at once
-        for (j, _, _), (q, b, r) in sums.items():
-            steps, spb, lat = orders.coefficients(q)
-            slots[j] = slots.get(j, 0.0) + steps * (b * spb + r * lat)
-        exposed = slots.pop("plain", 0.0)
-        return plain + exposed + reduce(np.maximum, slots.values(), np.full(len(orders.orders), overlapped))
+            # the communication alone, as a key: token layouts of one variant move the same bytes
+            comm = tuple((slot, b, r) for slot, (_, b, r) in sums.items())
+            parts = self._busy[key] = (busy, sums, comm)
+        (plain, overlapped), sums, comm = parts
+        ckey = ("floor comm", orders, comm)
+        slots = self._prices.get(ckey)
+        if slots is None:
+            slots = {}  # engine costs are linear in bytes: a slot's phases of one pattern summed at once
+            for (j, _, _), (q, b, r) in sums.items():
+                steps, spb, lat = orders.coefficients(q)
+                slots[j] = slots.get(j, 0.0) + steps * (b * spb + r * lat)
+            exposed = slots.pop("plain", 0.0)
+            slots = self._prices[ckey] = (exposed, list(slots.values()))
+        exposed, overlapped_comm = slots
+        return plain + exposed + reduce(np.maximum, overlapped_comm, np.full(len(orders.orders), overlapped))
 
     # ---- phase costs
     def orders(self, degrees: dict[str, int], orders: list[tuple[str, ...]], placement: str | None = None) -> Orders:
