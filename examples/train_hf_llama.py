@@ -180,8 +180,8 @@ def main(argv=None) -> int:
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     try:
         plan = get_plan(args, rank)
-        ctx = init(plan)
         check_plan(plan)
+        ctx = init(plan)
         cfg = llama_config(plan, args)
         if rank == 0:
             print(f"plan: {plan.summary()} on {dist.get_world_size()} ranks ({dist.get_backend()}); Llama "

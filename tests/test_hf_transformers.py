@@ -155,3 +155,17 @@ def test_unsupported_inputs_are_clear_errors():
     assert msgs["packed"].startswith("position_ids:") and "packed" in msgs["packed"]
     assert msgs["seq_len"].startswith("seq_len: 60 is not divisible by 8")
 
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(sliding_window=16), "sliding_window"),
+    (dict(softcap=30.0), "softcap"),
+    (dict(dropout=0.1), "attention_dropout"),
+    (dict(output_attentions=True), "output_attentions"),
+])
+def test_attention_call_refuses_what_it_cannot_honour(kwargs, field):
+    from sp_plan.integrations.transformers import attention_forward
+
+    q = torch.zeros(1, 4, 8, 16)
+    with pytest.raises(PlanError, match=f"^{field}: "):
+        attention_forward(None, None, q, q, q, None, **kwargs)  # refused before any communication
