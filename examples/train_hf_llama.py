@@ -116,6 +116,8 @@ def train(ctx, cfg, args, device) -> list[tuple[float, float]]:
     model = build_model(cfg, register(ctx), args.seed, device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     dp, dp_rank = ctx.plan.degrees["dp"], ctx.layout.coords(ctx.rank).get("dp", 0)
+    if args.batch % dp:
+        raise PlanError("--batch", f"{args.batch} sequences do not split over dp {dp}", f"pass a multiple of {dp}")
     history = []
     for step in range(args.steps):
         t0 = time.perf_counter()

@@ -101,6 +101,8 @@ def attention_forward(ctx, module, query: torch.Tensor, key: torch.Tensor, value
                         "or cross attention", "train or prefill over whole sequences without a cache (use_cache=False); "
                         "generate with attn_implementation='sdpa'")
     check_mask(attention_mask)
+    if kwargs.get("position_ids") is not None:
+        check_layout_positions(ctx, kwargs["position_ids"], query.shape[2])
     if is_causal is None:
         is_causal = getattr(module, "is_causal", None)
     out = ctx.attention(query.transpose(1, 2).contiguous(), key.transpose(1, 2).contiguous(),
@@ -120,6 +122,20 @@ def check_mask(attention_mask) -> None:
     raise PlanError("attention_mask", f"the sp_plan attention applies only the plan's causal mask, got {what}",
                     "pass attention_mask=None: pad on the right and give the padding labels -100 (a causal model never "
                     "attends forward), or trim the batch to sequences of equal length")
+
+
+def check_layout_positions(ctx, position_ids: torch.Tensor, local_len: int) -> None:
+    """The model's position ids must be the global positions of this rank's tokens (plus one offset >= 0).
+
+    transformers defaults to local positions 0..n-1, which give rotary embeddings wrong relative
+    distances on every rank but the first: forgetting shard_inputs' position_ids is an error.
+    """
+    tokens = torch.as_tensor(ctx.layout.tokens(ctx.rank, local_len * ctx.plan.sp), device=position_ids.device)
+    offset = position_ids.reshape(-1, position_ids.shape[-1]) - tokens
+    if position_ids.shape[-1] != local_len or not bool(((offset == offset[:, :1]) & (offset >= 0)).all()):
+        raise PlanError("position_ids", f"rank {ctx.rank}'s position ids are not the global positions of its tokens "
+                        f"in the plan's {ctx.plan.token_layout} layout (transformers' default is local 0..n-1)",
+                        "pass the position_ids that shard_inputs returns: model(input_ids=ids, position_ids=pos)")
 
 
 def check_positions(position_ids: torch.Tensor, seq_len: int) -> None:

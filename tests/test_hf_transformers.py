@@ -122,9 +122,9 @@ def _errors(rank, world):
     padding[0, :3] = 0
     for key, kw in {"padding": dict(attention_mask=padding),
                     "mask4d": dict(attention_mask=torch.ones(BATCH, 1, x.shape[1], x.shape[1], dtype=torch.bool)),
-                    "cache": dict(use_cache=True)}.items():
+                    "cache": dict(use_cache=True), "local_positions": dict(position_ids=None)}.items():
         try:
-            model(input_ids=x, position_ids=pos, **kw)
+            model(input_ids=x, **{"position_ids": pos, **kw})
             if key == "cache":  # a cache is fine for one pass; the second sees more keys than queries
                 out = model(input_ids=x, position_ids=pos, use_cache=True)
                 model(input_ids=x[:, :1], position_ids=pos[:, :1] + SEQ, past_key_values=out.past_key_values)
@@ -152,6 +152,7 @@ def test_unsupported_inputs_are_clear_errors():
     assert "pad on the right" in msgs["padding"]
     assert msgs["mask4d"].startswith("attention_mask:") and "4D mask" in msgs["mask4d"]
     assert msgs["cache"].startswith("past_key_values:")
+    assert msgs["local_positions"].startswith("position_ids: rank 0's position ids are not the global positions")
     assert msgs["packed"].startswith("position_ids:") and "packed" in msgs["packed"]
     assert msgs["seq_len"].startswith("seq_len: 60 is not divisible by 8")
 
