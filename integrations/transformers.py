@@ -1,4 +1,4 @@
-"""Hugging Face transformers on a plan: the runtime's attention as an attention implementation, inputs in the token layout.
+"""Hugging Face transformers on a plan: the runtime's attention as an attn_implementation, inputs in its token layout.
 
     ctx = sp_plan.runtime.init("plan.yaml")                  # inside torch.distributed
     name = register(ctx)                                      # "sp_plan"
@@ -64,12 +64,13 @@ def register(ctx) -> str:
     from transformers.masking_utils import AttentionMaskInterface
 
     check_plan(ctx.plan)
+    checked = [None]  # the position_ids tensor of the current forward, checked at its first layer only
 
     def sp_plan_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
                           scaling: float | None = None, is_causal: bool | None = None, **kwargs):
         """transformers' attention call: (b, heads, local s, d) in, ((b, local s, heads, d), None) out."""
         return attention_forward(ctx, module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                 is_causal=is_causal, **kwargs)
+                                 is_causal=is_causal, checked=checked, **kwargs)
 
     AttentionInterface.register(NAME, sp_plan_attention)
     AttentionMaskInterface.register(NAME, mask_forward)
@@ -84,8 +85,12 @@ def mask_forward(*args, attention_mask: torch.Tensor | None = None, **kwargs) ->
 
 def attention_forward(ctx, module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                      is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
-    """The plan's attention on transformers' (b, h, s, d) tensors; GQA K, V go to the runtime unrepeated."""
+                      is_causal: bool | None = None, checked: list | None = None,
+                      **kwargs) -> tuple[torch.Tensor, None]:
+    """The plan's attention on transformers' (b, h, s, d) tensors; GQA K, V go to the runtime unrepeated.
+
+    ``checked``: a one-item list holding the position_ids tensor already checked (one check per forward).
+    """
     for name in _UNSUPPORTED:
         if kwargs.get(name) is not None:
             raise PlanError(name, f"the sp_plan attention cannot honour {name}",
@@ -98,11 +103,14 @@ def attention_forward(ctx, module, query: torch.Tensor, key: torch.Tensor, value
                         "set the config's attention_dropout to 0.0")
     if key.shape[2] != query.shape[2]:
         raise PlanError("past_key_values", f"{query.shape[2]} local queries against {key.shape[2]} keys: a KV cache "
-                        "or cross attention", "train or prefill over whole sequences without a cache (use_cache=False); "
-                        "generate with attn_implementation='sdpa'")
+                        "or cross attention", "train or prefill over whole sequences without a cache "
+                        "(use_cache=False); generate with attn_implementation='sdpa'")
     check_mask(attention_mask)
-    if kwargs.get("position_ids") is not None:
-        check_layout_positions(ctx, kwargs["position_ids"], query.shape[2])
+    pos = kwargs.get("position_ids")
+    if pos is not None and (checked is None or pos is not checked[0]):
+        check_layout_positions(ctx, pos, query.shape[2])
+        if checked is not None:
+            checked[0] = pos
     if is_causal is None:
         is_causal = getattr(module, "is_causal", None)
     out = ctx.attention(query.transpose(1, 2).contiguous(), key.transpose(1, 2).contiguous(),

@@ -6,12 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+import transformers  # noqa: F401 - the `test` extra installs it; the example needs it
 
-pytest.importorskip("transformers")  # the `test` extra installs it
-
-from sp_plan.planner import Plan  # noqa: E402
-from sp_plan.runtime.spawn import free_port  # noqa: E402
+from sp_plan.planner import Plan
+from sp_plan.runtime.spawn import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_hf_llama.py"
 

@@ -1,17 +1,15 @@
 """The transformers integration: a 2-layer Llama under 4 gloo ranks, every runtime algorithm, against one process."""
 import pytest
+import torch
+import torch.nn.functional as F
+import transformers  # the `test` extra installs it
 
-transformers = pytest.importorskip("transformers")  # the `test` extra installs it
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from sp_plan.integrations.transformers import (  # noqa: E402
+from sp_plan.integrations.transformers import (
     NAME, all_reduce_grads, count_loss_tokens, register, shard_inputs, shift_labels)
-from sp_plan.planner import Plan, PlanError  # noqa: E402
-from sp_plan.runtime import attention as runtime_attention  # noqa: E402
-from sp_plan.runtime import init  # noqa: E402
-from sp_plan.runtime.spawn import WorldError, run_world  # noqa: E402
+from sp_plan.planner import Plan, PlanError
+from sp_plan.runtime import attention as runtime_attention
+from sp_plan.runtime import init
+from sp_plan.runtime.spawn import WorldError, run_world
 
 SEQ, BATCH, VOCAB = 64, 2, 256
 CONFIG = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
