@@ -12,6 +12,7 @@ from sp_plan.runtime import init
 from sp_plan.runtime.spawn import WorldError, run_world
 
 SEQ, BATCH, VOCAB = 64, 2, 256
+SCALING = 0.2  # head_dim 16: the default would be 0.25
 CONFIG = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                                   num_hidden_layers=2, vocab_size=VOCAB, max_position_embeddings=256)
 
@@ -42,17 +43,21 @@ def _batch():
     return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
 
 
-def _model(attn):
+def _model(attn, causal=True):
+    """The 2-layer Llama; a scaling other than head_dim^-0.5 checks that the module's reaches the runtime."""
     torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(CONFIG, attn_implementation=attn)
+    model = transformers.AutoModelForCausalLM.from_config(CONFIG, attn_implementation=attn)
+    for layer in model.model.layers:
+        layer.self_attn.scaling, layer.self_attn.is_causal = SCALING, causal
+    return model
 
 
-def _train_step(rank, world, plans):
+def _train_step(rank, world, plans, causal=True):
     """One forward and backward of every plan; the summed loss and the all-reduced gradients."""
     out = []
     for plan in plans:
         ctx = init(plan)
-        model = _model(register(ctx))
+        model = _model(register(ctx), causal)
         ids = _batch()
         mine = ids.chunk(plan.degrees["dp"])[ctx.layout.coords(rank).get("dp", 0)]  # this data-parallel rank's rows
         x, pos, labels = shard_inputs(ctx, mine, mine)
@@ -66,25 +71,18 @@ def _train_step(rank, world, plans):
     return out
 
 
-@pytest.fixture(scope="module")
-def reference():
+def _reference(causal=True):
     """Loss and gradients of the same model and batch in one process (transformers' own sdpa and loss)."""
-    model = _model("sdpa")
+    model = _model("sdpa", causal)
     ids = _batch()
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     return loss.item(), {n: p.grad for n, p in model.named_parameters()}
 
 
-def test_every_runtime_algorithm_is_tested_or_refused():
-    runtime_attention._load_variants()
-    assert set(runtime_attention.ALGORITHMS) == {p.algorithm for p in PLANS} | REFUSED
-
-
-def test_loss_and_gradients_match_one_process(reference):
+def _compare(plans, results, reference):
     ref_loss, ref_grads = reference
-    results = run_world(_train_step, 4, PLANS, timeout=120)
-    for plan, (loss, grads) in zip(PLANS, results[0]):
+    for plan, (loss, grads) in zip(plans, results[0]):
         assert loss == pytest.approx(ref_loss, abs=1e-5), plan.summary()
         for name, g in ref_grads.items():
             torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-6, msg=f"{plan.summary()}: {name}")
@@ -92,6 +90,23 @@ def test_loss_and_gradients_match_one_process(reference):
         for (l0, g0), (l1, g1) in zip(results[0], other):
             assert l0 == l1
             assert all(torch.equal(g0[n], g1[n]) for n in g0)
+
+
+def test_every_runtime_algorithm_is_tested_or_refused():
+    runtime_attention._load_variants()
+    assert set(runtime_attention.ALGORITHMS) == {p.algorithm for p in PLANS} | REFUSED
+
+
+def test_loss_and_gradients_match_one_process():
+    _compare(PLANS, run_world(_train_step, 4, PLANS, timeout=120), _reference())
+
+
+def test_a_non_causal_module_attends_both_ways():
+    """module.is_causal = False (an encoder) overrides the plan's causal default."""
+    plans = [PLANS[1], PLANS[3], PLANS[5], PLANS[6]]
+    reference = _reference(causal=False)
+    assert abs(reference[0] - _reference()[0]) > 1e-3  # the reference is really bidirectional
+    _compare(plans, run_world(_train_step, 4, plans, False, timeout=120), reference)
 
 
 def test_shift_then_shard():
