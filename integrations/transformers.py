@@ -8,6 +8,11 @@
     loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / count_loss_tokens(labels_full)
     loss.backward(); all_reduce_grads(ctx, model)            # sum over the sequence and data ranks
 
+transformers' own loss gives the same: ``model(input_ids=ids, position_ids=pos, labels=labels,
+shift_labels=labels, num_items_in_batch=count_loss_tokens(labels_full)).loss`` (labels already shifted).
+The attention call follows transformers 4.53 to 5.23 (tested): ``fn(module, query, key, value,
+attention_mask, dropout=, scaling=, **kwargs)`` on (b, heads, s, d), returning ((b, s, heads, d), None).
+
 Rotary embeddings see global positions (``position_ids`` in the token layout); labels are shifted on
 the full sequence before sharding, so each rank's summed loss is an exact part of the global one and
 dividing by the global count of loss tokens makes the sum over ranks the single-process mean.
@@ -138,7 +143,7 @@ def check_layout_positions(ctx, position_ids: torch.Tensor, local_len: int) -> N
     transformers defaults to local positions 0..n-1, which give rotary embeddings wrong relative
     distances on every rank but the first: forgetting shard_inputs' position_ids is an error.
     """
-    tokens = torch.as_tensor(ctx.layout.tokens(ctx.rank, local_len * ctx.plan.sp), device=position_ids.device)
+    tokens = torch.tensor(ctx.layout.tokens(ctx.rank, local_len * ctx.plan.sp), device=position_ids.device)
     offset = position_ids.reshape(-1, position_ids.shape[-1]) - tokens
     if position_ids.shape[-1] != local_len or not bool(((offset == offset[:, :1]) & (offset >= 0)).all()):
         raise PlanError("position_ids", f"rank {ctx.rank}'s position ids are not the global positions of its tokens "

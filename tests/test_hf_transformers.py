@@ -9,7 +9,7 @@ from sp_plan.integrations.transformers import (
 from sp_plan.planner import Plan, PlanError
 from sp_plan.runtime import attention as runtime_attention
 from sp_plan.runtime import init
-from sp_plan.runtime.spawn import WorldError, run_world
+from sp_plan.runtime.spawn import run_world
 
 SEQ, BATCH, VOCAB = 64, 2, 256
 SCALING = 0.2  # head_dim 16: the default would be 0.25
@@ -116,7 +116,8 @@ def test_shift_then_shard():
 
 
 def _errors(rank, world):
-    """The clear errors: padding and custom masks, packed positions, tp/pp/METP plans, a KV cache."""
+    """transformers' own loss and all-ones masks agree; the clear errors: padding and custom masks, packed or local
+    positions, tp/METP plans, a KV cache, a sequence the layout cannot split."""
     msgs = {}
     for key, plan in {"tp": _p("ring", {"ring": 2, "tp": 2}, ["tp", "ring"]),
                       "metp": _p("metp", {"tp": 4}, ["tp"])}.items():
@@ -127,7 +128,12 @@ def _errors(rank, world):
     ctx = init(_p("ring", {"ring": 4}, ["ring"], "zigzag"))
     model = _model(register(ctx))
     ids = _batch()
-    x, pos, _ = shard_inputs(ctx, ids, ids)
+    x, pos, labels = shard_inputs(ctx, ids, ids)
+    # transformers' own loss on the already shifted labels, normalized by the global count, is the same sum
+    n = count_loss_tokens(ids)
+    out = model(input_ids=x, position_ids=pos, labels=labels, shift_labels=labels, num_items_in_batch=n)
+    own = F.cross_entropy(out.logits.flatten(0, 1), labels.flatten(), reduction="sum") / n
+    hf_loss_agrees = torch.allclose(out.loss, own, rtol=1e-6, atol=0)
     # an all-ones mask is honoured: same logits as no mask
     same = torch.equal(model(input_ids=x, position_ids=pos).logits,
                        model(input_ids=x, position_ids=pos, attention_mask=torch.ones_like(x)).logits)
@@ -153,12 +159,12 @@ def _errors(rank, world):
     except PlanError as e:
         msgs["seq_len"] = str(e)
     registered = transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS.get(NAME) is not None
-    return same, registered, msgs
+    return same, registered, hf_loss_agrees, msgs
 
 
 def test_unsupported_inputs_are_clear_errors():
-    same, registered, msgs = run_world(_errors, 4, timeout=120)[0]
-    assert same and registered
+    same, registered, hf_loss_agrees, msgs = run_world(_errors, 4, timeout=120)[0]
+    assert same and registered and hf_loss_agrees
     assert msgs["tp"].startswith("degrees.tp: the transformers integration keeps every weight whole")
     assert msgs["metp"].startswith("algorithm: METP shards")
     assert msgs["padding"].startswith("attention_mask:") and "padding mask" in msgs["padding"]
