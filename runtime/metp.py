@@ -35,7 +35,7 @@ from torch import nn
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import check_token_layout
 
-from .attention import register
+from .variants import register
 from .kernels import block_attention_backward, lse_dtype
 from .ring import Ring, make_ring, p2p, ring_attention, ring_forward, round_masks, wait_all
 

@@ -31,6 +31,8 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import check_token_layout, ring_tokens
 
 from .kernels import BlockMask, block_attention, block_attention_backward, causal_block_mask, full_block, lse_dtype, merge
+from .kernels import local_attention
+from .variants import degree, register
 
 _TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 0, 1, 2, 3
 
@@ -223,3 +225,15 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dis
     """
     return _RingAttention.apply(q, k, v, group, causal, token_layout, scale,
                                 None if ranks is None else tuple(int(r) for r in ranks))
+
+
+def _registered_ring(q, k, v, *, groups, ranks, causal, token_layout, scale):
+    """The registry's entry: ring attention over groups["ring"] (degree 1: local attention)."""
+    group = groups.get("ring")
+    if degree(group) == 1:
+        return local_attention(q, k, v, causal=causal, scale=scale)
+    return ring_attention(q, k, v, group, causal=causal, token_layout=token_layout, scale=scale,
+                          ranks=ranks.get("ring"))
+
+
+register("ring", _registered_ring)

@@ -60,7 +60,7 @@ import torch.distributed as dist
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import check_token_layout, ring_tokens
 
-from .attention import register
+from .variants import register
 from .kernels import BlockMask, block_attention, block_attention_backward, causal_block_mask, full_block, local_attention
 from .kernels import lse_dtype, merge
 from .ring import Ring, make_ring, p2p, wait_all

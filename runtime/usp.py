@@ -13,7 +13,8 @@ import torch.distributed as dist
 
 from .kernels import local_attention
 from .ring import ring_attention
-from .ulysses import heads_to_seq, seq_to_heads
+from .ulysses import check_ulysses_ranks, heads_to_seq, seq_to_heads
+from .variants import degree, register
 
 
 def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ulysses_group: dist.ProcessGroup | None,
@@ -31,3 +32,16 @@ def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ulysses_gro
     else:
         out = local_attention(q, k, v, causal=causal, scale=scale)
     return out if ulysses_group is None else heads_to_seq(out, ulysses_group)
+
+
+def _registered_usp(q, k, v, *, groups, ranks, causal, token_layout, scale):
+    """The registry's entry: USP over groups["ulysses"] and groups["ring"] (degree-1 sides dropped)."""
+    uly_g, ring_g = groups.get("ulysses"), groups.get("ring")
+    uly_g = uly_g if degree(uly_g) > 1 else None
+    ring_g = ring_g if degree(ring_g) > 1 else None
+    check_ulysses_ranks(uly_g, ranks.get("ulysses"))
+    return usp_attention(q, k, v, uly_g, ring_g, causal=causal, token_layout=token_layout, scale=scale,
+                         ring_ranks=ranks.get("ring"))
+
+
+register("usp", _registered_usp)
