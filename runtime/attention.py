@@ -12,17 +12,19 @@ from .variants import VARIANTS, load_all, register  # noqa: F401 - register: the
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: str,
               groups: dict[str, dist.ProcessGroup] | None, ranks: dict[str, list[int]] | None = None,
-              causal: bool = False, token_layout: str = "contiguous", scale: float | None = None) -> torch.Tensor:
+              causal: bool = False, token_layout: str = "contiguous", scale: float | None = None,
+              backend: str | None = None) -> torch.Tensor:
     """Sequence-parallel attention of (batch, local seq, heads, dim) shards by algorithm name.
 
     ``groups`` maps "ring" and "ulysses" to process groups (missing or None = degree 1);
     ``ranks`` may give the ring's global ranks in ring order under "ring", and the ulysses
     group's ranks under "ulysses" (checked: the all-to-all follows the group's rank order, which
     must be the ulysses coordinate). With every degree 1 this is plain local attention.
+    ``backend`` names the block kernel (``runtime.backends``; None = the unmeasured default).
     """
     variants = load_all()
     if algorithm not in variants:
         raise PlanError("algorithm", f"unknown algorithm {algorithm!r}", f"use one of {list(variants)}")
     check_token_layout(token_layout)
     return variants[algorithm].fn(q, k, v, groups=groups or {}, ranks=ranks or {}, causal=causal,
-                                  token_layout=token_layout, scale=scale)
+                                  token_layout=token_layout, scale=scale, backend=backend)

@@ -361,7 +361,7 @@ class METPAttention(nn.Module):
                                       self.kv_heads, self.causal, self.token_layout)
 
 
-def _registered_metp(q, k, v, *, groups, ranks, causal, token_layout, scale):
+def _registered_metp(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None):
     """q, k, v already projected and token-sharded over the tp group: the inner loop (Algorithms 3-4)."""
     group = groups.get("tp")
     if group is None:
@@ -370,7 +370,7 @@ def _registered_metp(q, k, v, *, groups, ranks, causal, token_layout, scale):
                         "use sp_plan.runtime.metp.METPAttention(hidden, heads, ctx.group('tp'), "
                         "ranks=ctx.ranks('tp')) and METPFeedForward on the plan's tp group")
     return ring_attention(q, k, v, group, causal=causal, token_layout=token_layout, scale=scale,
-                          ranks=ranks.get("tp"))
+                          ranks=ranks.get("tp"), backend=backend)
 
 
 register("metp", _registered_metp)

@@ -106,7 +106,7 @@ def _rows_cols(bm: BlockMask) -> tuple[slice, slice]:
     return slice(bm.row_start, bm.row_stop), slice(bm.col_start, bm.col_stop)
 
 
-def ring_forward(q, k, v, ring: Ring, masks, scale) -> tuple[torch.Tensor, torch.Tensor]:
+def ring_forward(q, k, v, ring: Ring, masks, scale, backend=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Ring attention forward, zhuzilin/ring-flash-attention scheme: K,V go round, (out, lse) merge."""
     n = q.shape[1]
     out = lse = None
@@ -120,7 +120,7 @@ def ring_forward(q, k, v, ring: Ring, masks, scale) -> tuple[torch.Tensor, torch
         if bm is not None:
             rows, cols = _rows_cols(bm)
             b_out, b_lse = block_attention(q[:, rows], cur_k[:, cols], cur_v[:, cols], scale=scale,
-                                           causal_offset=bm.causal_offset, mask=bm.mask)
+                                           causal_offset=bm.causal_offset, mask=bm.mask, backend=backend)
             if out is None and bm.full_rows(n):  # the first block starts the accumulators
                 out, lse = b_out.to(lse_dtype(q.dtype)), b_lse.to(lse_dtype(q.dtype))
             else:
@@ -136,7 +136,7 @@ def ring_forward(q, k, v, ring: Ring, masks, scale) -> tuple[torch.Tensor, torch
     return out.to(q.dtype), lse
 
 
-def ring_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale):
+def ring_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale, backend=None):
     """Ring attention backward, zhuzilin/ring-flash-attention scheme: dk, dv travel home behind K, V."""
     acc = lse_dtype(q.dtype)
     dq = None
@@ -153,7 +153,7 @@ def ring_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale):
             rows, cols = _rows_cols(bm)
             grads = block_attention_backward(dout[:, rows], q[:, rows], cur_k[:, cols], cur_v[:, cols],
                                              out[:, rows], lse[..., rows], scale=scale,
-                                             causal_offset=bm.causal_offset, mask=bm.mask)
+                                             causal_offset=bm.causal_offset, mask=bm.mask, backend=backend)
             if dq is None and bm.full_rows(q.shape[1]):
                 dq = grads[0].to(acc)
             else:
@@ -198,25 +198,25 @@ class _RingAttention(torch.autograd.Function):
     """Autograd wrapper: ring forward, and the ring backward with circulating dk, dv."""
 
     @staticmethod
-    def forward(ctx, q, k, v, group, causal, token_layout, scale, ranks):
+    def forward(ctx, q, k, v, group, causal, token_layout, scale, ranks, backend):
         ring = make_ring(group, ranks)
         k, v = k.contiguous(), v.contiguous()  # sent as they are
         masks = round_masks(token_layout, ring.size, q.shape[1] * ring.size, ring.position, bool(causal))
-        out, lse = ring_forward(q, k, v, ring, masks, scale)
+        out, lse = ring_forward(q, k, v, ring, masks, scale, backend)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ring, ctx.masks, ctx.scale = ring, masks, scale
+        ctx.ring, ctx.masks, ctx.scale, ctx.backend = ring, masks, scale, backend
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ring_backward(dout, q, k, v, out, lse, ctx.ring, ctx.masks, ctx.scale)
-        return dq, dk, dv, None, None, None, None, None
+        dq, dk, dv = ring_backward(dout, q, k, v, out, lse, ctx.ring, ctx.masks, ctx.scale, ctx.backend)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None = None, *,
                    causal: bool = False, token_layout: str = "contiguous", scale: float | None = None,
-                   ranks=None) -> torch.Tensor:
+                   ranks=None, backend: str | None = None) -> torch.Tensor:
     """Ring attention (zhuzilin/ring-flash-attention scheme) on (batch, local seq, heads, dim) blocks.
 
     Ring rank p holds the tokens ``ring_tokens(token_layout, P, S)[p]`` of a sequence of
@@ -224,16 +224,16 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dis
     sorted). K/V may have fewer heads than Q (GQA); only the K/V heads circulate.
     """
     return _RingAttention.apply(q, k, v, group, causal, token_layout, scale,
-                                None if ranks is None else tuple(int(r) for r in ranks))
+                                None if ranks is None else tuple(int(r) for r in ranks), backend)
 
 
-def _registered_ring(q, k, v, *, groups, ranks, causal, token_layout, scale):
+def _registered_ring(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None):
     """The registry's entry: ring attention over groups["ring"] (degree 1: local attention)."""
     group = groups.get("ring")
     if degree(group) == 1:
-        return local_attention(q, k, v, causal=causal, scale=scale)
+        return local_attention(q, k, v, causal=causal, scale=scale, backend=backend)
     return ring_attention(q, k, v, group, causal=causal, token_layout=token_layout, scale=scale,
-                          ranks=ranks.get("ring"))
+                          ranks=ranks.get("ring"), backend=backend)
 
 
 register("ring", _registered_ring)

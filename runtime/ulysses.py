@@ -138,10 +138,10 @@ def heads_to_seq(out, group):
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None = None, *,
-                      causal: bool = False, scale: float | None = None) -> torch.Tensor:
+                      causal: bool = False, scale: float | None = None, backend: str | None = None) -> torch.Tensor:
     """DeepSpeed-Ulysses attention on contiguous sequence shards (batch, seq/U, heads, dim)."""
     q_l, k_l, v_l = seq_to_heads(q, k, v, group)
-    return heads_to_seq(local_attention(q_l, k_l, v_l, causal=causal, scale=scale), group)
+    return heads_to_seq(local_attention(q_l, k_l, v_l, causal=causal, scale=scale, backend=backend), group)
 
 
 def check_ulysses_ranks(group, ranks) -> None:
@@ -154,13 +154,13 @@ def check_ulysses_ranks(group, ranks) -> None:
                         f"{members}", "list the ulysses group's ranks by ulysses coordinate, as the layout does")
 
 
-def _registered_ulysses(q, k, v, *, groups, ranks, causal, token_layout, scale):
+def _registered_ulysses(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None):
     """The registry's entry: Ulysses over groups["ulysses"] (degree 1: local attention)."""
     group = groups.get("ulysses")
     if degree(group) == 1:
-        return local_attention(q, k, v, causal=causal, scale=scale)
+        return local_attention(q, k, v, causal=causal, scale=scale, backend=backend)
     check_ulysses_ranks(group, ranks.get("ulysses"))
-    return ulysses_attention(q, k, v, group, causal=causal, scale=scale)
+    return ulysses_attention(q, k, v, group, causal=causal, scale=scale, backend=backend)
 
 
 register("ulysses", _registered_ulysses)

@@ -5,8 +5,9 @@ this module imports none of them, so there is no import cycle. ``load_all`` is t
 import of the built-in variant modules. A new variant is one new module that calls ``register``
 (and a line in ``load_all``).
 
-Entry signature: fn(q, k, v, *, groups, ranks, causal, token_layout, scale) -> out, with
-``groups`` / ``ranks`` as ``runtime.context`` passes them (missing or None group = degree 1).
+Entry signature: fn(q, k, v, *, groups, ranks, causal, token_layout, scale, backend) -> out, with
+``groups`` / ``ranks`` as ``runtime.context`` passes them (missing or None group = degree 1) and
+``backend`` the block kernel's name for ``kernels.block_attention`` (None = its default).
 """
 from __future__ import annotations
 

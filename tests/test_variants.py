@@ -46,15 +46,17 @@ def test_a_new_variant_is_dispatched_by_attention(monkeypatch):
     V.load_all()
     seen = {}
 
-    def doubled(q, k, v, *, groups, ranks, causal, token_layout, scale):
-        seen.update(groups=groups, ranks=ranks, causal=causal, token_layout=token_layout, scale=scale)
+    def doubled(q, k, v, *, groups, ranks, causal, token_layout, scale, backend):
+        seen.update(groups=groups, ranks=ranks, causal=causal, token_layout=token_layout, scale=scale, backend=backend)
         return 2 * F.scaled_dot_product_attention(q, k, v)
 
     monkeypatch.setitem(V.VARIANTS, "doubled", V.Variant("doubled", doubled))
     q = torch.randn(1, 4, 2, 8)
-    out = attention(q, q, q, algorithm="doubled", groups=None, causal=True, token_layout="zigzag", scale=0.5)
+    out = attention(q, q, q, algorithm="doubled", groups=None, causal=True, token_layout="zigzag", scale=0.5,
+                    backend="math")
     assert torch.allclose(out, 2 * F.scaled_dot_product_attention(q, q, q))
-    assert seen == {"groups": {}, "ranks": {}, "causal": True, "token_layout": "zigzag", "scale": 0.5}
+    assert seen == {"groups": {}, "ranks": {}, "causal": True, "token_layout": "zigzag", "scale": 0.5,
+                    "backend": "math"}
 
 
 def test_unknown_algorithm_lists_the_registered_ones():
