@@ -174,3 +174,27 @@ def test_context_exposes_the_backend_and_stays_exact(monkeypatch, env):
         assert (out - ref).abs().max() <= 1e-5
         (key,) = decisions
         assert key == C.Key("cpu", "float32", 8, 32, True)
+
+
+def test_tune_times_the_chosen_backend_and_records_it(monkeypatch):
+    from sp_plan.planner import ModelSpec
+    from sp_plan.profiles import load_cluster
+    from sp_plan.profiles.tune import measure_kernels
+    from sp_plan.profiles.tune.kernels import chosen_backends
+    from sp_plan.profiles.tune.run import base_params
+
+    model = ModelSpec(name="tiny", layers=2, hidden=64, heads=4, kv_heads=2, vocab=128, dtype="fp32", gated_mlp=True)
+    monkeypatch.setenv(C.ENV, "math")
+    forced = measure_kernels(model, [32, 64], [4], torch.device("cpu"), torch.float32, causal=True, repeats=1,
+                             gemm_rows=[])
+    assert {s.backend for s in forced} == {"math"}
+    monkeypatch.delenv(C.ENV)
+    samples = [dict(vars(s), rank=0) for s in measure_kernels(model, [32, 64], [4], torch.device("cpu"),
+                                                                  torch.float32, causal=True, repeats=1, gemm_rows=[])]
+    assert {s["backend"] for s in samples} <= set(CPU_BACKENDS)
+    _, said = base_params(load_cluster("cpu-local"), model, samples, None)
+    assert f"attention blocks on {chosen_backends(samples)} (runtime.choice)" in said
+    mixed = [dict(kind="attention_fwd", size=n, backend=b, rank=0) for n, b in ((64, "math"), (128, "cpu_flash"),
+                                                                                (4096, "cpu_flash"))]
+    assert chosen_backends(mixed) == "math for 64-token blocks, cpu_flash for 128-4096-token blocks"
+    assert chosen_backends(mixed[1:]) == "cpu_flash"
