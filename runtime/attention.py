@@ -24,7 +24,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: s
     """
     variants = load_all()
     if algorithm not in variants:
-        raise PlanError("algorithm", f"unknown algorithm {algorithm!r}", f"use one of {list(variants)}")
+        raise PlanError("algorithm", f"unknown algorithm {algorithm!r}", f"use one of {sorted(variants)}")
     check_token_layout(token_layout)
     return variants[algorithm].fn(q, k, v, groups=groups or {}, ranks=ranks or {}, causal=causal,
                                   token_layout=token_layout, scale=scale, backend=backend)

@@ -2,8 +2,8 @@
 
 Each variant module (ring, ulysses, usp, wallfacer, tokenring, metp) calls ``register`` at import;
 this module imports none of them, so there is no import cycle. ``load_all`` is the one explicit
-import of the built-in variant modules. A new variant is one new module that calls ``register``
-(and a line in ``load_all``).
+import of the variant modules: every module of the runtime package that is not one of its
+``INFRASTRUCTURE`` modules. A new variant is one new module in the package that calls ``register``.
 
 Entry signature: fn(q, k, v, *, groups, ranks, causal, token_layout, scale, backend) -> out, with
 ``groups`` / ``ranks`` as ``runtime.context`` passes them (missing or None group = degree 1) and
@@ -11,6 +11,8 @@ Entry signature: fn(q, k, v, *, groups, ranks, causal, token_layout, scale, back
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from dataclasses import dataclass
 from typing import Callable
 
@@ -27,7 +29,10 @@ class Variant:
 
 VARIANTS: dict[str, Variant] = {}
 
-#: the modules that register the built-in variants, imported by ``load_all``
+#: the modules of the runtime package that are not variants (``load_all`` imports every other one)
+INFRASTRUCTURE = ("attention", "backends", "choice", "context", "kernels", "netns", "overlap", "probe", "spawn",
+                  "variants")
+#: the modules that register the built-in variants (what ``variant_modules`` finds in this tree)
 BUILTIN_MODULES = ("ring", "ulysses", "usp", "wallfacer", "tokenring", "metp")
 
 
@@ -38,11 +43,16 @@ def register(name: str, fn) -> Variant:
     return entry
 
 
-def load_all() -> dict[str, Variant]:
-    """Import the built-in variant modules (each registers itself); the registry."""
-    import importlib
+def variant_modules() -> list[str]:
+    """Names of the runtime package's variant modules: every public module but ``INFRASTRUCTURE``."""
+    pkg = importlib.import_module(__package__)
+    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)
+                  if not m.name.startswith("_") and m.name not in INFRASTRUCTURE)
 
-    for mod in BUILTIN_MODULES:
+
+def load_all() -> dict[str, Variant]:
+    """Import the variant modules (each registers itself); the registry."""
+    for mod in variant_modules():
         importlib.import_module(f"{__package__}.{mod}")
     return VARIANTS
 
