@@ -196,5 +196,5 @@ def test_tune_times_the_chosen_backend_and_records_it(monkeypatch):
     assert f"attention blocks on {chosen_backends(samples)} (runtime.choice)" in said
     mixed = [dict(kind="attention_fwd", size=n, backend=b, rank=0) for n, b in ((64, "math"), (128, "cpu_flash"),
                                                                                 (4096, "cpu_flash"))]
-    assert chosen_backends(mixed) == "math for 64-token blocks, cpu_flash for 128-4096-token blocks"
+    assert chosen_backends(mixed) == "math for 64-token blocks, cpu_flash for 128, 4096-token blocks"
     assert chosen_backends(mixed[1:]) == "cpu_flash"

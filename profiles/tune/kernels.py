@@ -121,12 +121,11 @@ def token_rows(plans: list[Plan], work: Workload) -> list[int]:
 
 def chosen_backends(samples: list[dict]) -> str:
     """The attention backend(s) the kernel samples ran on (the first rank's), e.g. "cpu_flash" or
-    "math for 64-token blocks, cpu_flash for 128-4096"."""
+    "math for 64-token blocks, cpu_flash for 128, 4096-token blocks"."""
     att = [s for s in samples if s["kind"] == "attention_fwd" and s.get("rank", 0) == samples[0].get("rank", 0)]
     by: dict[str, list[int]] = {}
     for s in sorted(att, key=lambda s: s["size"]):
         by.setdefault(s["backend"], []).append(s["size"])
     if len(by) <= 1:
         return next(iter(by), "")
-    span = lambda n: f"{min(n)}" if min(n) == max(n) else f"{min(n)}-{max(n)}"  # noqa: E731
-    return ", ".join(f"{b} for {span(n)}-token blocks" for b, n in by.items())
+    return ", ".join(f"{b} for {', '.join(str(x) for x in sorted(set(n)))}-token blocks" for b, n in by.items())
