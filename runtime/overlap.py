@@ -50,3 +50,62 @@ class DoubleBuffer:
             assert r.recv is None or (r.recv != r.compute and r.recv != 0), r
             if r.recv is not None and r.index >= 2:
                 assert r.recv == rs[r.index - 1].compute, r
+
+
+def run_rounds(schedule: DoubleBuffer, first: tuple, compute, transfer, trace: list | None = None) -> None:
+    """Run ``schedule``: post round i's transfer, ``compute(i, block)`` on the held block, wait, move on.
+
+    ``first`` is slot 0's block (tensors); ``transfer.post(send, recv)`` starts moving ``send`` into
+    ``recv`` and returns a handle, ``transfer.wait(handle)`` makes the compute side wait for it.
+    """
+    bufs: list = [tuple(first), None, None]
+    for rd in schedule.rounds:
+        handle = None
+        if rd.recv is not None:
+            if bufs[rd.recv] is None:
+                bufs[rd.recv] = tuple(t.new_empty(t.shape) for t in first)
+            handle = transfer.post(list(bufs[rd.compute]), list(bufs[rd.recv]))
+            if trace is not None:
+                trace.append(("post", rd.index, rd.compute, rd.recv))
+        if trace is not None:
+            trace.append(("compute", rd.index, rd.compute, bufs[rd.compute][0].data_ptr()))
+        compute(rd.index, bufs[rd.compute])
+        if handle is not None:
+            transfer.wait(handle)
+            if trace is not None:
+                trace.append(("wait", rd.index))
+
+
+class LocalTransfer:
+    """A stand-in for a ring transfer on one device: a copy of the same size, on its own CUDA stream on CUDA.
+
+    The side stream first waits for the compute stream (the sent block is ready), copies, and records
+    an event; ``wait`` makes the compute stream wait for that event (no host synchronization). On
+    CPU the copy runs at once. ``serial`` waits right after posting: the non-overlapped baseline.
+    """
+
+    def __init__(self, device, serial: bool = False):
+        import torch
+
+        self.torch, self.serial = torch, serial
+        self.stream = torch.cuda.Stream(device) if torch.device(device).type == "cuda" else None
+
+    def post(self, send: list, recv: list):
+        if self.stream is None:
+            for s, r in zip(send, recv):
+                r.copy_(s)
+            return None
+        torch = self.torch
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            for s, r in zip(send, recv):
+                r.copy_(s, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        if self.serial:
+            torch.cuda.current_stream().wait_event(done)
+        return done
+
+    def wait(self, handle) -> None:
+        if handle is not None:
+            self.torch.cuda.current_stream().wait_event(handle)
