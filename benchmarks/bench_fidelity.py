@@ -129,16 +129,27 @@ def usp_training_candidate(world: int, tp: int, u: int, r: int) -> Candidate:
                      token_layout="zigzag" if r > 1 else "contiguous")
 
 
+def megatron_flops(model: ModelSpec, work: Workload) -> float:
+    """FLOPs of one step as Megatron-LM (April 2024, USP's commit 2196398) counts them for its TFLOP/s and MFU:
+    2 per weight per token and the full (unmasked) attention matrix, 4 N^2 a d per layer, x3 to train."""
+    dense = 2.0 * work.tokens * (model.layers * model.layer_params() + model.vocab * model.hidden)
+    attn = 4.0 * work.batch * work.seq_len ** 2 * model.heads * model.head_dim * model.layers
+    return 3 * (dense + attn)
+
+
 def price_usp_training(table: dict, which: str) -> tuple[list[str], list[float], list[float]]:
-    """Rows (seq, batch, tp, ulysses, ring): predicted MFU (best fitting memory policy) and measured MFU."""
+    """Rows (seq, batch, tp, ulysses, ring): predicted MFU (best fitting memory policy, FLOPs counted as the
+    paper's Megatron-LM counts them, so that rows of different lengths compare alike) and measured MFU."""
     cluster, model = load_cluster("a800-8-nvlink", table["nodes"]), load_model(table["model"])
     params = params_for(which, cluster)
+    peak = cluster.device(0).peak_flops[model.dtype]
     names, pred, meas = [], [], []
     for seq, batch, tp, u, r, mfu in table["rows"]:
-        est = Estimator(cluster, model, Workload(seq_len=seq * K, batch=batch), params=params)
+        work = Workload(seq_len=seq * K, batch=batch)
+        est = Estimator(cluster, model, work, params=params)
         p = best_policy(est, usp_training_candidate(cluster.world_size, tp, u, r))
         names.append(f"{seq}K bs{batch} tp{tp} u{u} r{r}")
-        pred.append(p.mfu if p else 0.0)
+        pred.append(megatron_flops(model, work) / (p.step_time_s * cluster.world_size * peak) if p else 0.0)
         meas.append(mfu)
     return names, pred, meas
 
