@@ -16,13 +16,16 @@ from .model import ModelSpec, Workload
 @dataclass(frozen=True)
 class Compute:
     """Per-rank compute: FLOPs and, for attention, the block length that sets its efficiency; for a GEMM the
-    rows (tokens) it runs on, which a calibrated matmul curve reads (0: unknown, the curve's largest size)."""
+    rows (tokens) it runs on, which a calibrated matmul curve reads (0: unknown, the curve's largest size).
+    Kind "memory": a memory-bound pass of ``nbytes`` device-memory traffic (no FLOPs counted)."""
 
     name: str
     flops: float
-    kind: str = "matmul"  # "matmul" or "attention"
+    kind: str = "matmul"  # "matmul", "attention" or "memory"
     block: float = 0.0
     rows: float = 0.0
+    fill: float = 1.0  # attention: fraction of the block's query x key pairs computed (causal diagonal, zigzag half)
+    nbytes: float = 0.0  # memory: bytes read + written
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,25 @@ def ulysses_a2a(c: Shape, backward: bool) -> tuple[list[Comm], list[Comm]]:
             [Comm("ulysses a2a dq,dk,dv", "all_to_all", dim, qo + 2 * kv)])
 
 
+def a2a_packing(p: Comm) -> Compute:
+    """The copies around an all-to-all (USP's SeqAllToAll4D: a transpose to contiguous per-destination chunks
+    before, the inverse after): two passes that read and write the volume, 4 x its bytes of device memory."""
+    return Compute(p.name.replace("a2a", "a2a packing"), 0.0, "memory", nbytes=4.0 * p.nbytes)
+
+
+def merge_bytes(c: Shape, backward: bool) -> float:
+    """Device-memory bytes of one ring round's merge (zhuzilin/ring-flash-attention update_out_and_lse):
+    forward, the block's out (e bytes) read into the fp32 accumulator (read + write) plus the LSE (fp32, read
+    twice and written); backward, dQ into its fp32 accumulator and dK, dV into theirs (e + 4 + 4 bytes each)."""
+    m, e = c.model, c.e
+    q = c.b * c.n_ring * c.heads_local * m.head_dim
+    lse = c.b * c.n_ring * c.heads_local * 4.0 * 3
+    if not backward:
+        return q * (e + 8.0) + lse
+    kv = c.b * c.n_ring * c.kv_local * m.head_dim
+    return (q + 2 * kv) * (e + 8.0)
+
+
 def ring_steps(c: Shape, backward: bool) -> list[Step]:
     """Ring attention: R rounds of [block | send K,V to the next rank], double-buffered (WallFacer eq. 2).
 
@@ -114,12 +136,13 @@ def ring_steps(c: Shape, backward: bool) -> list[Step]:
     f_last, k_last = runs[-1]
     runs[-1:] = ([(f_last, k_last - 1)] if k_last > 1 else []) + [(f_last, 0)]  # the last round sends nothing
     steps = []
+    merge = (Compute(f"ring merge {tag}", 0.0, "memory", nbytes=merge_bytes(c, backward)),) if R > 1 else ()
     for f, k in runs:
-        comp = Compute(f"attention {tag}", mult * blk * f, "attention", c.n_ring)
+        comp = (Compute(f"attention {tag}", mult * blk * f, "attention", c.n_ring, fill=f),) + merge
         if k:
-            steps.append(Step((comp, Comm(f"ring p2p {tag}", "shift", ("ring",), send)), k, overlap=True))
+            steps.append(Step(comp + (Comm(f"ring p2p {tag}", "shift", ("ring",), send),), k, overlap=True))
         else:
-            steps.append(Step((comp,), 1))
+            steps.append(Step(comp, 1))
     if backward and R > 1:
         steps.append(Step((Comm("ring p2p dk,dv home", "shift", ("ring",), 2 * kv_block),)))
     return steps
@@ -156,7 +179,7 @@ def attention_steps(c: Shape, backward: bool) -> list[Step]:
 def usp_steps(c: Shape, backward: bool) -> list[Step]:
     """Attention of one layer for ring, ulysses and usp: all-to-alls around ring rounds (USP Sec. 3)."""
     pre, post = ulysses_a2a(c, backward)
-    return [Step((p,)) for p in pre] + ring_steps(c, backward) + [Step((p,)) for p in post]
+    return [Step((a2a_packing(p), p)) for p in pre] + ring_steps(c, backward) + [Step((a2a_packing(p), p)) for p in post]
 
 
 def linear_steps(c: Shape, backward: bool) -> list[Step]:
