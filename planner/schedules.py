@@ -108,9 +108,10 @@ def a2a_packing(p: Comm) -> Compute:
 
 
 def merge_bytes(c: Shape, backward: bool) -> float:
-    """Device-memory bytes of one ring round's merge (zhuzilin/ring-flash-attention update_out_and_lse):
-    forward, the block's out (e bytes) read into the fp32 accumulator (read + write) plus the LSE (fp32, read
-    twice and written); backward, dQ into its fp32 accumulator and dK, dV into theirs (e + 4 + 4 bytes each)."""
+    """Device-memory bytes of one ring round's merge (zhuzilin/ring-flash-attention ``_update_out_and_lse``,
+    a torch.jit.script function whose elementwise ops fuse into one pass): forward, the block's out (e bytes)
+    read into the fp32 accumulator (read + write) plus the LSE (fp32, read twice and written); backward, dQ
+    into its fp32 accumulator and dK, dV into theirs (e + 4 + 4 bytes each)."""
     m, e = c.model, c.e
     q = c.b * c.n_ring * c.heads_local * m.head_dim
     lse = c.b * c.n_ring * c.heads_local * 4.0 * 3
