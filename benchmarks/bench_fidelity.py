@@ -1,6 +1,6 @@
 """Fidelity of the default (uncalibrated) cost model against every measured table of the papers (issue 12).
 
-    python benchmarks/bench_fidelity.py [--model before|after|both] [--rows]
+    python benchmarks/bench_fidelity.py [--model before|after|both] [--rows] [--ablate]
 
 For each table in tests/data/paper_tables.json (USP Tables 3-7, WallFacer Fig. 9, TokenRing Fig. 6) it
 builds the cluster, model and workload the table describes, prices every measured configuration and prints
@@ -9,7 +9,8 @@ configuration the model ranks first is than the measured best (0 % = the model p
 "before" prices with neutral Params() (the model at main before issue 12); "after" with the presets'
 default Params (sp_plan.profiles.kernels.default_params: kernel curves, collective efficiencies, round
 overheads, HBM traffic, partial overlap), what `sp-plan plan` uses when the cluster has no tuned profile.
-Nothing is fitted to these tables.
+Nothing is fitted to these tables. ``--ablate`` prints the defaults less each term, one at a time (a term
+that helps one table and hurts the others is suspect).
 """
 from __future__ import annotations
 
@@ -36,13 +37,20 @@ def load_tables() -> dict:
     return json.loads(TABLES.read_text())
 
 
+#: the default model's terms, as the Params fields that carry them ("after-TERM": the defaults without it)
+TERMS = {"curves": {"attention_fwd": None, "attention_bwd": None}, "comm": {"comm": {}}, "overlap": {"overlap": 1.0},
+         "round": {"round_overhead_s": 0.0}, "hbm": {"hbm_bandwidth": None}}
+
+
 def params_for(which: str, cluster) -> Params:
-    """Neutral Params ("before") or the presets' defaults for ``cluster`` ("after")."""
+    """Neutral Params ("before"), the presets' defaults for ``cluster`` ("after"), or the defaults less one
+    term ("after-curves", ...: ``TERMS``)."""
     if which == "before":
         return Params()
     from sp_plan.profiles.kernels import default_params
 
-    return default_params(cluster)
+    p = default_params(cluster)
+    return p.model_copy(update=TERMS[which.removeprefix("after-")]) if which.startswith("after-") else p
 
 
 # ---- statistics
@@ -231,12 +239,26 @@ def score(which: str, show_rows: bool = False) -> dict[str, tuple[float, float]]
     return out
 
 
+def ablation(show_rows: bool = False) -> None:
+    """Spearman / top-1 regret per table of the defaults and of the defaults less each term."""
+    runs = {"after": score("after", show_rows)}
+    runs.update({f"-{t}": score(f"after-{t}", show_rows) for t in TERMS})
+    print("| table | " + " | ".join(runs) + " |")
+    print("|---" * (1 + len(runs)) + "|")
+    for key in runs["after"]:
+        print(f"| {key} | " + " | ".join(f"{r[key][0]:.2f} / {100 * r[key][1]:.1f} %" for r in runs.values()) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=("before", "after", "both"), default="both")
     ap.add_argument("--rows", action="store_true", help="print every row's predicted and measured score")
+    ap.add_argument("--ablate", action="store_true", help="also the defaults less each term, one at a time")
     a = ap.parse_args()
     which = ["before", "after"] if a.model == "both" else [a.model]
+    if a.ablate:
+        ablation(a.rows)
+        return
     res = {w: score(w, a.rows) for w in which}
     head = "".join(f" | {w} rho | {w} regret" for w in which)
     print(f"| table{head} |")

@@ -34,11 +34,11 @@ NCCL_P2P_CTAS = 4
 OVERLAP = 0.95
 #: achieved / link rate of large transfers per fabric (the link model's capacities are per direction):
 #: PCIe P2P writes reach ~89 % of the x16 rate (CUDA p2pBandwidthLatencyTest, 56 of 63 GB/s, Gen5, public
-#: rtx6kpro pcie-bandwidth notes); NVLink through NVSwitch ~77 % (nccl-tests all_reduce busbw ~230 of
-#: 300 GB/s on DGX A100, public NVIDIA figures); InfiniBand / RoCE ~96 % (nccl-tests: 48-49 of 50 GB/s per
-#: ConnectX-7 NDR NIC, NVIDIA/nccl-tests#267). HCCS, shared memory and TCP Ethernet: no public figure at hand,
-#: left at the link model's rate.
-FABRIC_EFFICIENCY = {"pcie": 0.89, "nvswitch": 0.77, "nvlink": 0.77, "ib": 0.96, "roce": 0.96}
+#: rtx6kpro pcie-bandwidth notes); InfiniBand / RoCE ~96 % (nccl-tests: 48-49 of 50 GB/s per ConnectX-7 NDR
+#: NIC, NVIDIA/nccl-tests#267). NVLink / NVSwitch, HCCS, shared memory and TCP Ethernet: no public figure
+#: per collective kind at hand (an all_reduce busbw says nothing of all-to-all or send/recv), left at the
+#: presets' rates until `profile links` measures them.
+FABRIC_EFFICIENCY = {"pcie": 0.89, "ib": 0.96, "roce": 0.96}
 PATTERN_CLASSES = ("p2p", "p2p_bidir", "all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 
 
