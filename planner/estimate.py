@@ -23,12 +23,11 @@ from .layout import chunks_needed, ring_split
 from .memory import activation_bytes, attention_buffer_bytes, weight_bytes
 from .model import ModelSpec, Workload
 from .params import Params
-from .algorithms import ALGORITHMS, load_all
+from .algorithms import ALGORITHMS
 from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction
 from .schedules import (Comm, Compute, Shape, Step, attention_blocks, attention_steps, balanced_attention, grad_sync,
                         head_steps, layer_schedule, pipeline_p2p, shard_params)
 
-load_all()
 
 #: fraction of device memory a plan may use (the rest: CUDA context, allocator fragmentation)
 MEMORY_HEADROOM = 0.9

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .layout import round_work_runs
+from .algorithms import ALGORITHMS
 from .model import ModelSpec, Workload
 
 
@@ -87,20 +87,6 @@ def attention_flops(sq: float, sk: float, heads: float, d: int, b: int) -> float
     return 4.0 * b * sq * sk * heads * d
 
 
-def ulysses_a2a(c: Shape, backward: bool) -> tuple[list[Comm], list[Comm]]:
-    """USP Table 2 SP-Ulysses: 4 all-to-alls before/after attention forward, 4 in backward."""
-    if c.ulysses == 1:
-        return [], []
-    qo = c.b * c.n_local * c.model.q_dim / c.tp * c.e
-    kv = c.b * c.n_local * c.kv_exchanged * c.model.head_dim * c.e
-    dim = ("ulysses",)
-    if not backward:
-        return ([Comm("ulysses a2a q,k,v", "all_to_all", dim, qo + 2 * kv)],
-                [Comm("ulysses a2a out", "all_to_all", dim, qo)])
-    return ([Comm("ulysses a2a dout", "all_to_all", dim, qo)],
-            [Comm("ulysses a2a dq,dk,dv", "all_to_all", dim, qo + 2 * kv)])
-
-
 def a2a_packing(p: Comm) -> Compute:
     """The copies around an all-to-all (USP's SeqAllToAll4D: a transpose to contiguous per-destination chunks
     before, the inverse after): two passes that read and write the volume, 4 x its bytes of device memory."""
@@ -119,34 +105,6 @@ def merge_bytes(c: Shape, backward: bool) -> float:
         return q * (e + 8.0) + lse
     kv = c.b * c.n_ring * c.kv_local * m.head_dim
     return (q + 2 * kv) * (e + 8.0)
-
-
-def ring_steps(c: Shape, backward: bool) -> list[Step]:
-    """Ring attention: R rounds of [block | send K,V to the next rank], double-buffered (WallFacer eq. 2).
-
-    Backward (zhuzilin/ring-flash-attention): K, V and their gradient accumulators dK, dV travel
-    together; after the last round dK, dV take one more hop home.
-    """
-    R = c.ring
-    blk = attention_flops(c.n_ring, c.n_ring, c.heads_local, c.model.head_dim, c.b)
-    mult = 2.5 if backward else 1.0  # FlashAttention backward: 5 block matmuls vs 2
-    kv_block = c.b * c.n_ring * c.kv_local * c.model.head_dim * c.e
-    send = (4 if backward else 2) * kv_block
-    runs = list(round_work_runs(c.token_layout, R, c.work.seq_len, c.work.causal))
-    tag = "bwd" if backward else "fwd"
-    f_last, k_last = runs[-1]
-    runs[-1:] = ([(f_last, k_last - 1)] if k_last > 1 else []) + [(f_last, 0)]  # the last round sends nothing
-    steps = []
-    merge = (Compute(f"ring merge {tag}", 0.0, "memory", nbytes=merge_bytes(c, backward)),) if R > 1 else ()
-    for f, k in runs:
-        comp = (Compute(f"attention {tag}", mult * blk * f, "attention", c.n_ring, fill=f),) + merge
-        if k:
-            steps.append(Step(comp + (Comm(f"ring p2p {tag}", "shift", ("ring",), send),), k, overlap=True))
-        else:
-            steps.append(Step(comp, 1))
-    if backward and R > 1:
-        steps.append(Step((Comm("ring p2p dk,dv home", "shift", ("ring",), 2 * kv_block),)))
-    return steps
 
 
 def attention_blocks(c: Shape) -> list[float]:
@@ -172,15 +130,7 @@ def balanced_attention(c: Shape, backward: bool, block: float) -> Compute:
 
 def attention_steps(c: Shape, backward: bool) -> list[Step]:
     """Attention of one layer: the registered algorithm's schedule (planner/algorithms.py)."""
-    from .algorithms import ALGORITHMS
-
     return ALGORITHMS[c.algorithm].steps(c, backward)
-
-
-def usp_steps(c: Shape, backward: bool) -> list[Step]:
-    """Attention of one layer for ring, ulysses and usp: all-to-alls around ring rounds (USP Sec. 3)."""
-    pre, post = ulysses_a2a(c, backward)
-    return [Step((a2a_packing(p), p)) for p in pre] + ring_steps(c, backward) + [Step((a2a_packing(p), p)) for p in post]
 
 
 def linear_steps(c: Shape, backward: bool) -> list[Step]:
@@ -190,8 +140,6 @@ def linear_steps(c: Shape, backward: bool) -> list[Step]:
     f = 2.0 * c.b * c.n_local * c.model.layer_params() / c.tp
     tag = "bwd" if backward else "fwd"
     steps = [Step((Compute("linear " + tag, 2 * f if backward else f, rows=c.b * c.n_local),))]
-    from .algorithms import ALGORITHMS
-
     if c.tp > 1 and ALGORITHMS[c.algorithm].tp_sp:
         dim = ("tp",)
         steps += [Step((Comm(f"tp all-gather {tag}", "all_gather", dim, c.hidden_bytes),), 2),
