@@ -125,6 +125,9 @@ def plan_cmd(
     profile: Optional[str] = typer.Option(None, "--profile", help=PROFILE_HELP),
     no_profile: bool = typer.Option(False, "--no-profile", help=NO_PROFILE_HELP),
     store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    report: Optional[Path] = typer.Option(None, "--report", help="also write the HTML report here (see `sp-plan report`)"),
+    sensitivity: bool = typer.Option(False, "--sensitivity", help="re-rank with each link class's bandwidth halved "
+                                     "and doubled and compute efficiency at 80 %: does the winner hold?"),
 ) -> None:
     """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
     from sp_plan.planner.calibration import resolve_params
@@ -176,6 +179,25 @@ def plan_cmd(
     if output:
         plans[0].save(output)
         out.print(f"wrote {output}")
+    if sensitivity or report:
+        _sensitivity_and_report(c, m, w, params, prof, line, plans, families, sensitivity, report)
+
+
+def _sensitivity_and_report(c, m, w, params, prof, line, plans, families, sensitivity, report) -> None:
+    """`plan --sensitivity` and `plan --report` (cli/report.py)."""
+    from sp_plan.cli.report import report_plans, sensitivity_table, write_report
+    from sp_plan.planner.sensitivity import sensitivity as rerank
+
+    try:
+        sen = rerank(c, m, w, plans[0], params) if sensitivity else None
+        if sen is not None:
+            out.print(sensitivity_table(sen))
+        if report:
+            rows, chosen = report_plans(plans, families)
+            write_report(report, rows, c, chosen, prof, sen, [line])
+            out.print(f"wrote {report}")
+    except PlanError as e:
+        fail(e)
 
 
 @app.command()
@@ -253,8 +275,10 @@ def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan 
 
 from sp_plan.cli.discover import register as _register_discover
 from sp_plan.cli.tune import register as _register_tune
+from sp_plan.cli.report import register as _register_report
 _register_discover(app)
 _register_tune(app)
+_register_report(app)
 
 
 def main() -> None:
