@@ -8,6 +8,7 @@ round, collective efficiencies per fabric, and imperfect overlap. `sp-plan tune`
 from __future__ import annotations
 
 import math
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -48,10 +49,18 @@ def kernel_data() -> dict:
     return yaml_load(DATA.read_text())
 
 
+def device_key(model: str, keys) -> str | None:
+    """The longest of ``keys`` that starts the device model at a word boundary, vendor name dropped
+    (``H100`` for ``H100-SXM5-80GB`` and ``NVIDIA H100 80GB HBM3``; ``A10`` not for ``A100``)."""
+    name = re.sub(r"^(NVIDIA|Huawei)[ _-]+", "", model.strip())
+    hits = [k for k in keys if name.startswith(k) and (len(name) == len(k) or not name[len(k)].isalnum())]
+    return max(hits, key=len) if hits else None
+
+
 def _match(table: dict, model: str) -> dict | None:
-    """The entry whose key is the longest prefix of the device model (``H100`` for ``H100-SXM5-80GB``)."""
-    keys = [k for k in table if model.startswith(k)]
-    return table[max(keys, key=len)] if keys else None
+    """The entry of ``table`` for the device model (``device_key``), or None."""
+    key = device_key(model, table)
+    return table[key] if key else None
 
 
 def h100_curves() -> tuple[Curve, Curve]:
@@ -73,7 +82,7 @@ def attention_curves(model: str, plateau: float, peak: float) -> tuple[Curve, Cu
     partial wave) is time, so a block reaches a given fraction of the plateau when its plateau-rate time
     does, and a block's FLOPs grow as its length squared."""
     fwd, bwd = h100_curves()
-    if model.startswith("H100"):
+    if device_key(model, ("H100",)):
         return fwd, bwd
     h100 = kernel_data()["attention"]["H100"]["peak_flops"]
     out = []

@@ -11,7 +11,7 @@ from sp_plan.planner.params import CommFit, Curve, Params
 from sp_plan.planner.schedules import Comm, Compute, Shape, Step, a2a_packing, merge_bytes
 from sp_plan.planner.usp import ring_steps, usp_steps
 from sp_plan.profiles import load_cluster
-from sp_plan.profiles.kernels import attention_curves, comm_defaults, default_params, h100_curves
+from sp_plan.profiles.kernels import attention_curves, comm_defaults, default_params, device_key, h100_curves
 
 MODEL = ModelSpec(name="t", layers=1, hidden=512, heads=8, head_dim=64, vocab=0)
 
@@ -87,6 +87,14 @@ def test_other_devices_take_the_h100_shape_at_their_plateau_and_speed():
     assert k == pytest.approx(1.3249, abs=1e-4)
     assert fwd.at(16384 / k) == pytest.approx(0.65)
     assert fwd.at(512 / k) == pytest.approx(0.65 * 108 / 356)
+
+
+def test_device_models_match_their_data_at_a_word_boundary():
+    keys = ("H100", "A10", "A100-SXM4-80GB", "L20")
+    assert device_key("H100-SXM5-80GB", keys) == device_key("NVIDIA H100 80GB HBM3", keys) == "H100"
+    assert device_key("A10-24GB", keys) == device_key("NVIDIA A10", keys) == "A10"
+    assert device_key("NVIDIA A100 80GB PCIe", keys) is None  # not the A10's data
+    assert device_key("A100-SXM4-80GB", keys) == "A100-SXM4-80GB"
 
 
 def test_collective_efficiencies_per_fabric():
