@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sp_plan.planner.equivalent import group
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.model import Workload, parse_seq_len
 from sp_plan.planner.plan import Plan
@@ -78,13 +79,14 @@ def _ranking(plans: list[Plan], title: str = "ranked layouts (fastest first)") -
     for c in ("#", "layout", "step", "tokens/s", "MFU", "peak mem", "vs #1: largest extra cost"):
         t.add_column(c, justify="right" if c in ("#", "step", "tokens/s", "MFU", "peak mem") else "left")
     win = plans[0]
-    for i, p in enumerate(plans):
+    for i, row in enumerate(group(plans)):  # equivalent candidates (planner/equivalent.py) share a row
+        p = row.plan
         pr = p.predicted
         why = "-"
         if i:
             name, extra = largest_extra_cost(p, win)
             why = f"{name} +{secs(extra)}" if extra > 0 else f"{secs(pr.step_time_s - win.predicted.step_time_s)} slower"
-        t.add_row(str(i + 1), p.summary(), secs(pr.step_time_s), f"{pr.tokens_per_s:,.0f}", f"{pr.mfu:.1%}",
+        t.add_row(str(i + 1), row.label(), secs(pr.step_time_s), f"{pr.tokens_per_s:,.0f}", f"{pr.mfu:.1%}",
                   gib(pr.peak_memory_bytes), why)
     return t
 
@@ -131,6 +133,7 @@ def plan_cmd(
 ) -> None:
     """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
     from sp_plan.planner.calibration import resolve_params
+    from sp_plan.planner.equivalent import top_rows
     from sp_plan.planner.search import finish, finish_each, grid_search, no_plan_error, profile_tag
     from sp_plan.profiles import load_cluster, load_model
 
@@ -149,18 +152,24 @@ def plan_cmd(
                       console=err, transient=True) as prog:
             task = prog.add_task("search", total=None)
             tick = lambda i, n: prog.update(task, completed=i, total=n)  # noqa: E731
-            if search == "grid":
-                res = grid_search(c, m, w, progress=tick, keep=top, params=params)
-            else:
-                from sp_plan.planner.bayes import bayes_search
 
-                res = bayes_search(c, m, w, trials=trials, seed=seed, storage=storage,
-                                   study_name=f"{c.fingerprint()}-{m.name}-{w.seq_len}-{w.batch}", progress=tick,
-                                   params=params)
-            res.profile, res.profile_line = profile_tag(prof), line
-            if not res.ranked:
-                raise no_plan_error(c, w, res)
-            plans = finish(res, c, m, w, top)
+            def run(keep: int):
+                if search == "grid":
+                    res = grid_search(c, m, w, progress=tick, keep=keep, params=params)
+                else:
+                    from sp_plan.planner.bayes import bayes_search
+
+                    res = bayes_search(c, m, w, trials=trials, seed=seed, storage=storage,
+                                       study_name=f"{c.fingerprint()}-{m.name}-{w.seq_len}-{w.batch}", progress=tick,
+                                       params=params)
+                res.profile, res.profile_line = profile_tag(prof), line
+                if not res.ranked:
+                    raise no_plan_error(c, w, res)
+                return res
+
+            # --top K: K distinct rows (equivalent candidates share one), so the search may keep more
+            res, rows = top_rows(run, lambda r, n: finish(r, c, m, w, n), top, complete=search == "bayes")
+            plans = [q for r in rows for q in [r.plan] + r.alternatives]
             families = finish_each(res, c, m, w)
     except PlanError as e:
         fail(e)
@@ -180,7 +189,7 @@ def plan_cmd(
         plans[0].save(output)
         out.print(f"wrote {output}")
     if sensitivity or report:
-        _sensitivity_and_report(c, m, w, params, prof, line, plans, families, sensitivity, report)
+        _sensitivity_and_report(c, m, w, params, prof, line, [r.plan for r in rows], families, sensitivity, report)
 
 
 def _sensitivity_and_report(c, m, w, params, prof, line, plans, families, sensitivity, report) -> None:
@@ -276,9 +285,11 @@ def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan 
 from sp_plan.cli.discover import register as _register_discover
 from sp_plan.cli.tune import register as _register_tune
 from sp_plan.cli.report import register as _register_report
+from sp_plan.cli.export import register as _register_export
 _register_discover(app)
 _register_tune(app)
 _register_report(app)
+_register_export(app)
 
 
 def main() -> None:
