@@ -186,6 +186,7 @@ class Estimator:
         self._prices: dict = {}  # (Orders, schedule_key, rows) -> Priced
         self._busy: dict = {}  # schedule_key -> compute seconds of its steps
         self._shapes: dict = {}  # candidate sizes -> Shape
+        self._curve_at: dict = {}  # (backward, block length) -> attention efficiency read from params' curves
 
     # ---- schedules and their prices, once per shape
     def schedule(self, part: str, c: Shape) -> list[Step]:
@@ -302,7 +303,11 @@ class Estimator:
         if p.kind == "attention":
             curve = pr.attention_bwd if p.name.endswith("bwd") else pr.attention_fwd
             if curve is not None:  # a part-filled block runs like the square block of as many pairs
-                eff = curve.at(p.block * math.sqrt(p.fill) if 0 < p.fill < 1 else p.block)
+                x = p.block * math.sqrt(p.fill) if 0 < p.fill < 1 else p.block
+                key = (curve is pr.attention_bwd, x)
+                eff = self._curve_at.get(key)
+                if eff is None:
+                    eff = self._curve_at[key] = curve.at(x)
             else:
                 eff = self.device.attn_efficiency * p.block / (p.block + self.device.attn_half_block)
             t = p.flops / (self.peak * eff)
