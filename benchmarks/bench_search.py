@@ -25,6 +25,7 @@ from sp_plan.planner import Workload
 from sp_plan.planner.bayes import bayes_search, trials_to_reach
 from sp_plan.planner.search import best_per_variant, grid_search
 from sp_plan.profiles import load_cluster, load_model
+from sp_plan.profiles.kernels import default_params
 
 
 def commit() -> str:
@@ -43,11 +44,17 @@ def variant_name(c) -> str:
     return c.algorithm + (f" C{c.team}" if c.team > 1 else "") + (f" {c.placement}" if c.placement else "")
 
 
-def run_grid(model_name: str, gpus: int, batch: int, each: bool) -> float:
+def params_for(cluster, which: str):
+    """The physical parameters a search prices with: the presets' defaults (what ``sp-plan plan`` uses when the
+    cluster has no profile) or None (the neutral, uncalibrated engine)."""
+    return default_params(cluster) if which == "defaults" else None
+
+
+def run_grid(model_name: str, gpus: int, batch: int, each: bool, which: str) -> float:
     model, cluster = load_model(model_name), load_cluster("dgx-h100", gpus // 8)
     work = Workload(seq_len="1m", batch=batch, causal=True, training=True)
     w0, c0 = time.perf_counter(), time.process_time()
-    res = grid_search(cluster, model, work)
+    res = grid_search(cluster, model, work, params=params_for(cluster, which))
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     t, best = res.ranked[0]
     st, est = res.estimator.stats, res.estimator
@@ -85,15 +92,19 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--bayes-gpus", type=int, default=4096)
     ap.add_argument("--bayes-batch", type=int, default=16)
+    ap.add_argument("--params", choices=("defaults", "neutral"), default="defaults",
+                    help="defaults: the presets' model terms, as `sp-plan plan` prices a cluster with no profile; "
+                         "neutral: Params(), the uncalibrated engine")
     args = ap.parse_args()
-    print(f"commit {commit()}, Python {sys.version.split()[0]}, grid_search in-process, dgx-h100, 1M tokens, training")
+    print(f"commit {commit()}, Python {sys.version.split()[0]}, grid_search in-process, dgx-h100, 1M tokens, training, "
+          f"{args.params} params")
     print(f"{'model':>11} {'GPUs':>7} {'batch':>5} {'wall s':>7} {'cpu s':>7} {'candidates':>11} {'priced':>8} "
           f"{'schedules':>9} {'links':>6}  best layout")
     gpus = [int(x) for x in args.gpus.split(",")]
     for name in args.models.split(","):
         for n in gpus:
             for b in (int(x) for x in args.batches.split(",")):
-                run_grid(name, n, b, each=(name == args.models.split(",")[0] and n == max(gpus)))
+                run_grid(name, n, b, each=(name == args.models.split(",")[0] and n == max(gpus)), which=args.params)
     n = max(gpus)
     rss, wall = plan_rss(args.models.split(",")[-1], n, 16)
     print(f"sp-plan plan --nodes {n // 8} --model {args.models.split(',')[-1]} --seq-len 1m --batch 16: "
@@ -101,11 +112,12 @@ def main() -> None:
     if args.seeds:
         model, work = load_model("llama3-70b"), Workload(seq_len="1m", batch=args.bayes_batch)
         cluster = load_cluster("dgx-h100", args.bayes_gpus // 8)
-        optimum = grid_search(cluster, model, work).ranked[0][0]
+        params = params_for(cluster, args.params)
+        optimum = grid_search(cluster, model, work, params=params).ranked[0][0]
         needed = []
         for seed in range(args.seeds):
             w0 = time.perf_counter()
-            res = bayes_search(cluster, model, work, trials=args.trials, seed=seed)
+            res = bayes_search(cluster, model, work, trials=args.trials, seed=seed, params=params)
             k = trials_to_reach(res, optimum)
             needed.append(k if k is not None else float("inf"))
             print(f"bayes seed {seed}: within 1 % of the grid optimum after {k} trials "
