@@ -111,11 +111,9 @@ SERVER_HELP = "ask a planner service (`sp-plan serve`) at this URL instead of pl
 
 
 def _client(server: str):
-    import os  # noqa: PLC0415
-
     from sp_plan.client import Client  # noqa: PLC0415
 
-    return Client(server, token=os.environ.get("SP_PLAN_TOKEN"))
+    return Client.from_env(server)
 
 
 def _is_file(spec) -> bool:

@@ -6,8 +6,10 @@ from typing import Optional
 
 import typer
 
-from sp_plan.cli.app import STORE_HELP, err, fail
+from sp_plan.cli.discover import _fail as fail, err
 from sp_plan.planner.errors import PlanError
+
+STORE_HELP = "profile store URL, e.g. sqlite:////path/store.db (default: SP_PLAN_STORE or the user data directory)"
 
 
 def serve_cmd(

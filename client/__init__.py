@@ -10,6 +10,7 @@ same one line as a local run; an unreachable service is a PlanError("--server").
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import httpx
@@ -18,7 +19,8 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.profile import Profile
 from sp_plan.service.planning import EstimateRequest, EstimateResponse, PlanRequest, PlanResponse
 
-__all__ = ["Client"]
+__all__ = ["Client", "TOKEN_ENV"]
+TOKEN_ENV = "SP_PLAN_TOKEN"
 
 
 class Client:
@@ -28,6 +30,11 @@ class Client:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    @classmethod
+    def from_env(cls, url: str) -> "Client":
+        """A client with the token in ``$SP_PLAN_TOKEN`` (what the CLI's --server options use)."""
+        return cls(url, token=os.environ.get(TOKEN_ENV) or None)
 
     def close(self) -> None:
         self._http.close()
