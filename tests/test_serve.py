@@ -16,6 +16,9 @@ import pytest
 import sqlalchemy as sa
 
 from pgserver import postgres_url  # noqa: F401 - fixture
+from typer.testing import CliRunner
+
+from sp_plan.cli.app import app
 from sp_plan.client import Client
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.model import Workload
@@ -91,8 +94,10 @@ def server(request, tmp_path_factory):
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sp_plan.cli.app", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
+    """The CLI in this process (typer's CliRunner: no interpreter start per call), as a CompletedProcess."""
+    r = CliRunner().invoke(app, list(args), env=env)
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
 
 
 def _metric(srv: Server, name: str, **labels) -> float:
@@ -257,22 +262,19 @@ def test_presets_openapi_health_and_metrics(server):
     assert _metric(server, "sp_plan_request_seconds_count", endpoint="/healthz", method="GET") >= 1
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_sigkill_and_restart_lose_nothing_acknowledged(backend, request, tmp_path):
-    srv = Server(_fresh_url(request, tmp_path, backend), tmp_path)
-    try:
-        with Client(srv.url, token=TOKEN) as c:
-            pid = c.upload_profile(FIXTURE)
-            res = c.plan(cluster="dgx-h100", nodes=2, model="llama3-8b", workload={"seq_len": "32k"}, top=2)
-        assert res.profile == pid
-        srv.kill()
-        srv.start()
-        with Client(srv.url) as c:
-            assert c.profile(pid) == Profile.load(FIXTURE).model_copy(update={"id": pid})
-            again = c.get_plan(res.id)
-            assert again == res
-    finally:
-        srv.stop()
+def test_sigkill_and_restart_lose_nothing_acknowledged(server):
+    """SIGKILL right after the answers, restart on the same store: the profile and the plan are served again."""
+    with Client(server.url, token=TOKEN) as c:
+        pid = c.upload_profile(Profile.load(FIXTURE).model_copy(update={"fitted": ["sigkill test"]}))
+        res = c.plan(cluster="dgx-h100", nodes=2, model="llama3-8b", workload={"seq_len": "32k"}, top=2)
+    assert res.profile == pid
+    server.kill()
+    server.start()
+    with Client(server.url) as c:
+        assert c.profile(pid).fitted == ["sigkill test"] and c.profile(pid).id == pid
+        assert c.get_plan(res.id) == res
+        assert c.plan(cluster="dgx-h100", nodes=2, model="llama3-8b", workload={"seq_len": "32k"}, top=2) == res
+    assert _metric(server, "sp_plan_plan_cache_total", result="store") == 1  # answered from the store, not searched
 
 
 def test_private_service_needs_a_token_to_read(tmp_path):
