@@ -122,6 +122,7 @@ class Store:
     def __init__(self, url: str | None = None):
         self.url = store_url(url)
         self.shown = redact(self.url)
+        self._reader: sa.Engine | None = None
         try:
             self.engine = self._engine(self.url, default=url is None and not os.environ.get(ENV_VAR))
             self._migrate()
@@ -244,6 +245,27 @@ class Store:
 
     _conn = _tx
 
+    @contextmanager
+    def _read(self) -> Iterator[sa.Connection]:
+        """A connection for reads that need no transaction. SQLite: its own engine without BEGIN IMMEDIATE, so
+        readers never queue for the write lock (each statement is atomic on its own); else as _tx."""
+        if self.engine.dialect.name != "sqlite":
+            with self._tx() as conn:
+                yield conn
+            return
+        if self._reader is None:
+            self._reader = sa.create_engine(self.engine.url, connect_args={"timeout": 30})
+
+            @sa.event.listens_for(self._reader, "connect")
+            def _connect(dbapi_conn, _record):  # autocommit: no BEGIN at all
+                dbapi_conn.isolation_level = None
+                dbapi_conn.execute("PRAGMA busy_timeout = 30000")
+        try:
+            with self._reader.connect() as conn:
+                yield conn
+        except sa_exc.SQLAlchemyError as e:
+            raise PlanError("--store", f"store {self.shown} failed ({_first_line(e)})", STORE_FIX) from None
+
     def healthy(self) -> bool:
         """True when the database answers and its schema is the one this sp-plan writes."""
         try:
@@ -255,6 +277,8 @@ class Store:
     def close(self) -> None:
         """Release the connection pool."""
         self.engine.dispose()
+        if self._reader is not None:
+            self._reader.dispose()
 
     def __enter__(self) -> "Store":
         return self
@@ -330,6 +354,19 @@ class Store:
             doc = conn.execute(q).scalar()
         return None if doc is None else self._profile(doc)
 
+    def profile_stamp(self, fingerprint: str, id: str | None = None) -> str | None:
+        """'ID@STORED_AT' of the profile a plan would use (``id``, else the fingerprint's newest), or None: a cheap
+        version that changes whenever that profile is replaced, deleted or superseded."""
+        with self._read() as conn:
+            if id is not None:
+                real = self._resolve_id(conn, id)
+                q = sa.select(profiles_t.c.id, profiles_t.c.stored_at).where(profiles_t.c.id == real)
+            else:
+                q = (sa.select(profiles_t.c.id, profiles_t.c.stored_at).where(profiles_t.c.fingerprint == fingerprint)
+                     .order_by(profiles_t.c.created_at.desc(), profiles_t.c.stored_at.desc()).limit(1))
+            row = conn.execute(q).first()
+        return None if row is None else f"{row[0]}@{row[1]}"
+
     def delete_profile(self, id: str) -> None:
         """Remove a stored profile (PlanError if there is none with this id)."""
         with self._tx() as conn:
@@ -362,7 +399,7 @@ class Store:
 
     def service_plan(self, id: str) -> dict | None:
         """The stored plan response with this id, or None."""
-        with self._tx() as conn:
+        with self._read() as conn:
             return conn.execute(sa.select(service_plans_t.c.document).where(service_plans_t.c.id == id)).scalar()
 
     # ---- tune runs and their checkpoints

@@ -9,6 +9,7 @@ the store's ``service_plans`` table, written before the answer is sent.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import time
@@ -26,11 +27,11 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.profile import Profile
 from sp_plan.service import auth
-from sp_plan.service.cache import Coalescer
+from sp_plan.service.cache import LRU, Coalescer
 from sp_plan.service.limits import BodyLimit, TooLarge
 from sp_plan.service.metrics import Metrics
 from sp_plan.service.planning import (MAX_WORLD, EstimateRequest, EstimateResponse, PlanRequest, PlanResponse,
-                                      request_key, resolve, run_estimate, search)
+                                      build_cluster, request_key, resolve, run_estimate, search)
 
 SETTINGS_ENV = "SP_PLAN_SERVE_SETTINGS"
 JSON = "application/json"
@@ -112,7 +113,9 @@ class Service:
         self.store = Store(settings.store)
         self.tokens = auth.load_tokens(settings.token_file)
         self.metrics = Metrics()
-        self.cache = Coalescer(settings.cache_size)
+        self.cache = Coalescer(settings.cache_size)  # by request key (resolved inputs + profile version)
+        self.fingerprints = LRU(settings.cache_size)  # raw request hash -> the cluster's topology fingerprint
+        self.answers = LRU(settings.cache_size)  # (raw request hash, profile stamp) -> answer
         self.processes = settings.processes or max(1, os.cpu_count() or 1)
         self.pool = self._pool()
 
@@ -148,6 +151,18 @@ class Service:
             raise PlanError(*value)
         return value
 
+    async def stamp(self, req: PlanRequest, fingerprint: str) -> str | None:
+        """The stamp of the profile ``req`` would be priced with (Store.profile_stamp); 'none' without one."""
+        if not req.use_profile:
+            return "none"
+        if self.store.engine.dialect.name == "sqlite":  # a local indexed read (~0.5 ms): cheaper than a thread hop
+            try:
+                return self.store.profile_stamp(fingerprint, req.profile)
+            except PlanError:
+                self.metrics.store_errors.inc()
+                raise
+        return await self.db(self.store.profile_stamp, fingerprint, req.profile)
+
     # ---- request checks
     def check_sources(self, cluster, model) -> None:
         """Presets by name only (a name is never read as a server-side file): unknown ones are 404."""
@@ -172,6 +187,31 @@ class Service:
             raise
 
 
+class Counted:
+    """ASGI middleware: requests by method, route and status, and their latency, into the app's Metrics."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0, status = time.perf_counter(), [500]
+
+        async def seen(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, seen)
+        finally:
+            m = scope["app"].state.svc.metrics
+            endpoint = getattr(scope.get("route"), "path", "unmatched")
+            m.requests.labels(scope["method"], endpoint, str(status[0])).inc()
+            m.latency.labels(scope["method"], endpoint).observe(time.perf_counter() - t0)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The FastAPI app of `sp-plan serve`."""
     settings = settings or Settings()
@@ -190,16 +230,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body, on_error=error_response)
 
-    @app.middleware("http")
-    async def count(request: Request, call_next):
-        t0 = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        endpoint = getattr(route, "path", "unmatched")
-        svc = request.app.state.svc
-        svc.metrics.requests.labels(request.method, endpoint, str(response.status_code)).inc()
-        svc.metrics.latency.labels(request.method, endpoint).observe(time.perf_counter() - t0)
-        return response
+    app.add_middleware(Counted)
 
     @app.exception_handler(PlanError)
     async def plan_error(request: Request, e: PlanError):
@@ -212,13 +243,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def svc_of(request: Request) -> Service:
         return request.app.state.svc
 
-    def reader(request: Request) -> Service:
+    async def reader(request: Request) -> Service:
         svc = svc_of(request)
         if svc.settings.private:
             auth.check(request.headers.get("authorization"), svc.tokens)
         return svc
 
-    def writer(request: Request) -> Service:
+    async def writer(request: Request) -> Service:
         svc = svc_of(request)
         auth.check(request.headers.get("authorization"), svc.tokens)
         return svc
@@ -227,9 +258,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.post("/v1/plan", response_model=PlanResponse, tags=["plan"])
     async def plan(req: PlanRequest, svc: Service = Depends(reader)):
         """Ranked plans with breakdowns, the winner as a plan file, and the profile used."""
+        raw = hashlib.sha256(req.model_dump_json().encode()).hexdigest()
+        fp = svc.fingerprints.get(raw)
+        if fp is not None:  # asked before: one indexed query for the profile's stamp, no cluster built
+            body = svc.answers.get((raw, await svc.stamp(req, fp)))
+            if body is not None:
+                svc.metrics.cache.labels("memory").inc()
+                return Response(body, media_type=JSON)
         svc.check_sources(req.cluster, req.model)
+        cluster = await asyncio.to_thread(build_cluster, req, svc.settings.max_world)
+        fp = cluster.topology_fingerprint()
+        stamp = await svc.stamp(req, fp)  # read before the profile: a stamp never names a newer profile than used
         prof = await svc.db(svc.stored_profile, req.profile)
-        inputs = await svc.db(resolve, req, svc.store, svc.settings.max_world, prof)
+        inputs = await svc.db(resolve, req, svc.store, svc.settings.max_world, prof, cluster)
         key = request_key(req, inputs)
 
         async def compute():
@@ -244,6 +285,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         body, how = await svc.cache.get(key, compute)
         svc.metrics.cache.labels(how).inc()
+        svc.fingerprints.put(raw, fp)
+        svc.answers.put((raw, stamp), body)
         return Response(body, media_type=JSON)
 
     @app.post("/v1/estimate", response_model=EstimateResponse, tags=["plan"])

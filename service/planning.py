@@ -165,14 +165,20 @@ def _profile_spec(use_profile: bool, profile: str | Profile | None):
     return False if not use_profile else profile
 
 
+def build_cluster(req: PlanRequest | EstimateRequest, max_world: int | None = MAX_WORLD) -> Cluster:
+    """The request's cluster: the inline one, or the preset with ``nodes``; at most ``max_world`` ranks."""
+    return _cluster(req.cluster, req.nodes, max_world)
+
+
 def resolve(req: PlanRequest | EstimateRequest, store=None, max_world: int | None = MAX_WORLD,
-            profile: Profile | None = None) -> Inputs:
+            profile: Profile | None = None, cluster: Cluster | None = None) -> Inputs:
     """Build cluster, model and workload and find the profile (``store``: a Store, a URL or None for the default);
-    ``profile`` overrides ``req.profile`` with an already loaded Profile."""
+    ``profile`` overrides ``req.profile`` with an already loaded Profile, ``cluster`` the request's cluster with
+    the one ``build_cluster`` built for it."""
     from sp_plan.planner.calibration import resolve_params  # noqa: PLC0415
     from sp_plan.profiles import load_model  # noqa: PLC0415
 
-    c = _cluster(req.cluster, req.nodes, max_world)
+    c = cluster or build_cluster(req, max_world)
     m = req.model if isinstance(req.model, ModelSpec) or req.model is None else load_model(req.model)
     params, line, prof = resolve_params(c, _profile_spec(req.use_profile, profile or req.profile), store)
     return Inputs(c, m, req.workload, params, line, prof)
