@@ -43,7 +43,7 @@ class PlanRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     cluster: str | Cluster = Field(description="a cluster preset name (with nodes) or an inline cluster")
-    nodes: int | None = Field(default=None, ge=1, description="node count for a preset (default 1)")
+    nodes: int | None = Field(default=None, description="node count for a preset (default 1)")
     model: str | ModelSpec = Field(description="a model preset name or an inline model")
     workload: Workload = Field(description="seq_len (an integer or '128k'), batch, causal, training "
                                "(or inference: true)")
@@ -64,7 +64,7 @@ class EstimateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     plan: Plan
     cluster: str | Cluster
-    nodes: int | None = Field(default=None, ge=1)
+    nodes: int | None = Field(default=None, description="node count for a preset (default 1)")
     model: str | ModelSpec | None = Field(default=None, description="default: the plan's")
     workload: Workload | None = Field(default=None, description="default: the plan's")
     use_profile: bool = True

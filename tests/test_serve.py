@@ -213,6 +213,7 @@ def test_bad_input_is_a_4xx_with_the_field_and_the_fix(server):
         ({"workload": {"seq_len": 1024, "batch": 0}}, 422, "workload.batch"),
         ({"nodes": 9000}, 422, "cluster"),
         ({"nodes": 10**9}, 422, "nodes"),
+        ({"nodes": 0}, 422, "nodes"),
         ({"cluster": {"nodes": []}}, 422, "cluster.node_types"),
         ({"model": {"layers": 2, "hidden": 100, "heads": 3}}, 422, "model.head_dim"),
         ({"search": "anneal"}, 422, "search"),
