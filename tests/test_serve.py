@@ -24,6 +24,7 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.model import Workload
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import Profile
+from sp_plan.profiles.store import Store
 from sp_plan.runtime.spawn import free_port
 from sp_plan.service.planning import PlanRequest, run_plan
 
@@ -183,6 +184,32 @@ def test_uploaded_profile_is_listed_used_and_invalidates_the_cache(server, tmp_p
         with pytest.raises(PlanError) as e:
             w.delete_profile(pid)
         assert e.value.field == "profile"
+
+
+def test_tune_with_server_uploads_the_profile_it_stored(server, tmp_path, monkeypatch):
+    """`sp-plan tune --server`: the profile tune stores is uploaded, listed and used. The measuring is replaced by
+    the fixture's profile (a world of one here; tests/test_tune.py runs the real tune on 4 ranks)."""
+    from sp_plan.profiles.tune import run as tune_run
+
+    def measured(cluster, model, work, store=None, opts=None, progress=None):
+        p = Profile.load(FIXTURE).model_copy(update={"fitted": ["tune --server test"]})
+        store.save_profile(p)
+        return tune_run.TuneReport(profile=p, best=None, resumed=False, reused=[], stop_reason="budget")
+
+    monkeypatch.setattr(tune_run, "tune", measured)
+    monkeypatch.setattr(tune_run, "check_world", lambda cluster, world: None)
+    local = f"sqlite:///{tmp_path}/tune.db"
+    r = _cli("tune", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "32k",
+             "--store", local, "--server", server.url, env={"SP_PLAN_TOKEN": TOKEN})
+    assert r.returncode == 0, r.stdout + r.stderr
+    (mine,) = Store(local).list_profiles()
+    assert f"uploaded profile {mine.id} to {server.url}" in r.stdout
+    with Client(server.url) as c:
+        assert c.profile(mine.id).fitted == ["tune --server test"]
+        assert c.plan(cluster="dgx-h100", nodes=2, model="llama3-8b", workload={"seq_len": "32k"}, top=1).profile == mine.id
+    bad = _cli("tune", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "32k",
+               "--store", local, "--server", server.url, env={"SP_PLAN_TOKEN": "wrong"})
+    assert bad.returncode == 2 and "Authorization: the token is not accepted" in bad.stderr and "stored profile" in bad.stdout
 
 
 def test_writes_need_a_token_that_is_never_logged(server):
