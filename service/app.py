@@ -236,6 +236,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def plan_error(request: Request, e: PlanError):
         return error_response(e)
 
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, e: Exception):  # a bug, not bad input: still a JSON body, and logged
+        import logging  # noqa: PLC0415
+
+        logging.getLogger("sp_plan.service").exception("unexpected error in %s %s", request.method, request.url.path)
+        return error_response(PlanError("server", f"unexpected {type(e).__name__}", "report it with the request body"),
+                              500)
+
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError):
         return error_response(_validation_error(e), 422)

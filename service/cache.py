@@ -28,35 +28,27 @@ class LRU(OrderedDict):
 
 class Coalescer:
     """``get(key, compute)``: a cached value, the result of the computation of ``key`` already in flight, or a
-    new computation (whose failure is raised to every waiter and not cached)."""
+    new computation. The computation runs as its own task: a caller that goes away (a cancelled request) does
+    not cancel it for the others; a failure is raised to every waiter and not cached."""
 
     def __init__(self, size: int = 1024):
         self.done = LRU(size)
-        self.inflight: dict[str, asyncio.Future] = {}
+        self.inflight: dict[str, asyncio.Task] = {}
 
-    async def get(self, key: str, compute: Callable[[], Awaitable[Any]]) -> tuple[Any, str]:
-        """(value, how): how is 'memory', 'coalesced' or whatever ``compute`` says (it returns (value, how))."""
+    async def get(self, key: str, compute: Callable[[], Awaitable[tuple[Any, str]]]) -> tuple[Any, str]:
+        """(value, how): how is 'memory', 'coalesced' or what ``compute`` says (it returns (value, how))."""
         if key in self.done:
             return self.done.get(key), "memory"
-        if key in self.inflight:
-            return await asyncio.shield(self.inflight[key]), "coalesced"
-        fut = asyncio.get_running_loop().create_future()
-        self.inflight[key] = fut
-        try:
-            value, how = await compute()
-        except BaseException as e:
-            fut.set_exception(e)
-            fut.exception()  # retrieved: no "never retrieved" warning when nobody else waited
-            raise
-        else:
-            fut.set_result(value)
-            self.done.put(key, value)
-            return value, how
-        finally:
-            del self.inflight[key]
+        task = self.inflight.get(key)
+        if task is not None:
+            value, _ = await asyncio.shield(task)
+            return value, "coalesced"
+        task = asyncio.ensure_future(compute())
+        self.inflight[key] = task
+        task.add_done_callback(lambda t: self._finished(key, t))
+        return await asyncio.shield(task)
 
-    def put(self, key: str, value: Any) -> None:
-        self.done[key] = value
-        self.done.move_to_end(key)
-        while len(self.done) > self.size:
-            self.done.popitem(last=False)
+    def _finished(self, key: str, task: asyncio.Task) -> None:
+        self.inflight.pop(key, None)
+        if not task.cancelled() and task.exception() is None:  # exception(): retrieved, so never "unretrieved"
+            self.done.put(key, task.result()[0])
