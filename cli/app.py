@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sp_plan.planner.equivalent import group
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.model import Workload, parse_seq_len
 from sp_plan.planner.plan import Plan
@@ -78,13 +79,14 @@ def _ranking(plans: list[Plan], title: str = "ranked layouts (fastest first)") -
     for c in ("#", "layout", "step", "tokens/s", "MFU", "peak mem", "vs #1: largest extra cost"):
         t.add_column(c, justify="right" if c in ("#", "step", "tokens/s", "MFU", "peak mem") else "left")
     win = plans[0]
-    for i, p in enumerate(plans):
+    for i, row in enumerate(group(plans)):  # equivalent candidates (planner/equivalent.py) share a row
+        p = row.plan
         pr = p.predicted
         why = "-"
         if i:
             name, extra = largest_extra_cost(p, win)
             why = f"{name} +{secs(extra)}" if extra > 0 else f"{secs(pr.step_time_s - win.predicted.step_time_s)} slower"
-        t.add_row(str(i + 1), p.summary(), secs(pr.step_time_s), f"{pr.tokens_per_s:,.0f}", f"{pr.mfu:.1%}",
+        t.add_row(str(i + 1), row.label(), secs(pr.step_time_s), f"{pr.tokens_per_s:,.0f}", f"{pr.mfu:.1%}",
                   gib(pr.peak_memory_bytes), why)
     return t
 
@@ -161,9 +163,13 @@ def plan_cmd(
     no_profile: bool = typer.Option(False, "--no-profile", help=NO_PROFILE_HELP),
     store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
     server: Optional[str] = typer.Option(None, "--server", help=SERVER_HELP),
+    report: Optional[Path] = typer.Option(None, "--report", help="also write the HTML report here (see `sp-plan report`)"),
+    sensitivity: bool = typer.Option(False, "--sensitivity", help="re-rank with each link class's bandwidth halved "
+                                     "and doubled and compute efficiency at 80 %: does the winner hold?"),
 ) -> None:
     """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
-    from sp_plan.service.planning import PlanRequest, run_plan
+    from sp_plan.service.planning import PlanRequest, resolve
+    from sp_plan.service.planning import search as run_search
 
     try:
         if batch < 1:
@@ -175,17 +181,21 @@ def plan_cmd(
         if search not in ("grid", "bayes"):
             raise PlanError("--search", f"unknown search {search!r}", "use grid or bayes")
         _profile_options(profile, no_profile)
+        if server and (report or sensitivity):
+            raise PlanError("--report" if report else "--sensitivity", "needs the cluster's profile here, not on a server",
+                            "run without --server (the service's report is at URL/v1/plans/ID/report)")
         w = Workload(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference)
         req = _request(PlanRequest, server, cluster=cluster, nodes=nodes, model=model, workload=w, search=search,
                        trials=trials, seed=seed, top=top, use_profile=not no_profile, profile=profile)
         if server:
             res = _client(server).plan(req)
         else:
+            inputs = resolve(req, store, max_world=None)
             with Progress(TextColumn(f"{search} search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=err, transient=True) as prog:
                 task = prog.add_task("search", total=None)
                 tick = lambda i, n: prog.update(task, completed=i, total=n)  # noqa: E731
-                res = run_plan(req, store, storage=storage, progress=tick)
+                res = run_search(req, inputs, storage=storage, progress=tick)  # = service.planning.run_plan
     except PlanError as e:
         fail(e)
     c, w, plans = res.cluster, res.workload, res.plans
@@ -205,6 +215,26 @@ def plan_cmd(
     if output:
         plans[0].save(output)
         out.print(f"wrote {output}")
+    if sensitivity or report:
+        _sensitivity_and_report(inputs.cluster, inputs.model, inputs.workload, inputs.params, inputs.profile,
+                                inputs.line, [r.plan for r in group(plans)], res.families, sensitivity, report)
+
+
+def _sensitivity_and_report(c, m, w, params, prof, line, plans, families, sensitivity, report) -> None:
+    """`plan --sensitivity` and `plan --report` (cli/report.py)."""
+    from sp_plan.cli.report import report_plans, sensitivity_table, write_report
+    from sp_plan.planner.sensitivity import sensitivity as rerank
+
+    try:
+        sen = rerank(c, m, w, plans[0], params) if sensitivity else None
+        if sen is not None:
+            out.print(sensitivity_table(sen))
+        if report:
+            rows, chosen = report_plans(plans, families)
+            write_report(report, rows, c, chosen, prof, sen, [line])
+            out.print(f"wrote {report}")
+    except PlanError as e:
+        fail(e)
 
 
 @app.command()
@@ -280,8 +310,12 @@ def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan 
 
 from sp_plan.cli.discover import register as _register_discover
 from sp_plan.cli.tune import register as _register_tune
+from sp_plan.cli.report import register as _register_report
+from sp_plan.cli.export import register as _register_export
 _register_discover(app)
 _register_tune(app)
+_register_report(app)
+_register_export(app)
 from sp_plan.cli.serve import register as _register_serve  # noqa: E402
 _register_serve(app)
 

@@ -33,6 +33,8 @@ class Algorithm:
     check: Callable[..., None] | None = None  # (candidate, model, workload) -> raises PlanError
     tp_sp: bool = True  # the block's linear layers use Megatron TP-sp collectives over tp (METP: its own)
     activations: Callable[..., dict] | None = None  # (shape, checkpointing, training) -> bytes by kind
+    batch_linear: bool = True  # every volume and FLOP count of its steps is linear in the micro-batch (METP's
+    # weight slices are not): the planner builds them for one sequence and scales them (schedules.scaled)
 
 
 ALGORITHMS: dict[str, Algorithm] = {}

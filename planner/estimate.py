@@ -25,7 +25,7 @@ from .params import Params
 from .algorithms import ALGORITHMS, load_all
 from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction
 from .schedules import (Comm, Compute, Shape, Step, attention_blocks, attention_steps, balanced_attention, grad_sync,
-                        head_steps, layer_schedule, pipeline_p2p, shard_params)
+                        head_steps, layer_schedule, pipeline_p2p, scaled, shard_params)
 
 load_all()
 
@@ -194,13 +194,24 @@ class Estimator:
         self.stats.schedule_lookups += 1
         steps = self._schedules.get(key)
         if steps is None:
-            if part in ("fwd", "bwd"):  # layer_schedule: the linear part, then the attention
+            one = self.unit(part, c)
+            if one is not c:  # built once for one sequence per micro-batch, then scaled (schedules.scaled)
+                steps = scaled(self.schedule(part, one), c.mbs)
+            elif part in ("fwd", "bwd"):  # layer_schedule: the linear part, then the attention
                 steps = self.schedule(part + "-linear", c) + attention_steps(c, backward=part == "bwd")
             else:
                 steps = SCHEDULE_PARTS[part](c, self.work.training)
             self._schedules[key] = steps
             self.stats.schedules_built += 1
         return steps
+
+    def unit(self, part: str, c: Shape) -> Shape:
+        """The shape whose schedule ``part`` of ``c`` is scaled from: one sequence per micro-batch where every
+        volume is linear in it (the linear parts; ``Algorithm.batch_linear`` attention), else ``c`` itself."""
+        if c.mbs == 1 or not (part in RING_FREE_PARTS or ALGORITHMS[c.algorithm].batch_linear):
+            return c
+        key = c.key[:6] + (1,) + c.key[7:]
+        return self._shapes.get(key) or self._shape(key)
 
     def price_part(self, part: str, c: Shape, orders: Orders, rows: bool = False) -> Priced:
         """``price`` of a schedule part under a batch of mesh orders, once per (orders, schedule shape)."""
@@ -217,8 +228,15 @@ class Estimator:
         key = schedule_key(part, c)
         t = self._busy.get(key)
         if t is None:
-            t = self._busy[key] = sum(self.compute_time(p) * st.repeat for st in self.schedule(part, c)
-                                      for p in st.phases if isinstance(p, Compute))
+            one = self.unit(part, c)
+            if one is c:
+                t = sum(self.compute_time(p) * st.repeat for st in self.schedule(part, c)
+                        for p in st.phases if isinstance(p, Compute))
+            else:  # the phases of the scaled schedule, without building it (the same numbers as schedules.scaled)
+                k, ct = c.mbs, self.compute_time
+                t = sum(ct(Compute(p.name, p.flops * k, p.kind, p.block, p.rows * k)) * st.repeat
+                        for st in self.schedule(part, one) for p in st.phases if isinstance(p, Compute))
+            self._busy[key] = t
         return t
 
     def attention_busy(self, part: str, c: Shape) -> float:
@@ -249,14 +267,21 @@ class Estimator:
                         q, b, r = sums.get(slot, (p, 0.0, 0))
                         sums[slot] = (q, b + p.nbytes * st.repeat, r + st.repeat)
                         j += 1
-            parts = self._busy[key] = (busy, sums)
-        (plain, overlapped), sums = parts
-        slots: dict = {}  # engine costs are linear in bytes: a slot's phases of one pattern summed at once
-        for (j, _, _), (q, b, r) in sums.items():
-            steps, spb, lat = orders.coefficients(q)
-            slots[j] = slots.get(j, 0.0) + steps * (b * spb + r * lat)
-        exposed = slots.pop("plain", 0.0)
-        return plain + exposed + reduce(np.maximum, slots.values(), np.full(len(orders.orders), overlapped))
+            # the communication alone, as a key: token layouts of one variant move the same bytes
+            comm = tuple((slot, b, r) for slot, (_, b, r) in sums.items())
+            parts = self._busy[key] = (busy, sums, comm)
+        (plain, overlapped), sums, comm = parts
+        ckey = ("floor comm", orders, comm)
+        slots = self._prices.get(ckey)
+        if slots is None:
+            slots = {}  # engine costs are linear in bytes: a slot's phases of one pattern summed at once
+            for (j, _, _), (q, b, r) in sums.items():
+                steps, spb, lat = orders.coefficients(q)
+                slots[j] = slots.get(j, 0.0) + steps * (b * spb + r * lat)
+            exposed = slots.pop("plain", 0.0)
+            slots = self._prices[ckey] = (exposed, list(slots.values()))
+        exposed, overlapped_comm = slots
+        return plain + exposed + reduce(np.maximum, overlapped_comm, np.full(len(orders.orders), overlapped))
 
     # ---- phase costs
     def orders(self, degrees: dict[str, int], orders: list[tuple[str, ...]], placement: str | None = None) -> Orders:
@@ -411,9 +436,11 @@ class Estimator:
         """The schedules' sizes of ``cand`` (with micro-batch ``mbs``), made once per distinct value."""
         key = (cand.dp, cand.ulysses, cand.ring, cand.token_layout, cand.tp, cand.pp, mbs or cand.micro_batch_size,
                cand.algorithm, cand.team, cand.placement)
-        c = self._shapes.get(key)
-        if c is None:
-            c = self._shapes[key] = Shape(self.model, self.work, *key)
+        return self._shapes.get(key) or self._shape(key)
+
+    def _shape(self, key: tuple) -> Shape:
+        """The Shape of ``key`` (Shape's own field order after model and workload), made and cached."""
+        c = self._shapes[key] = Shape(self.model, self.work, *key)
         return c
 
     def evaluate_orders(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
@@ -428,16 +455,20 @@ class Estimator:
 
         def get(part, c):
             if bound and part in ("fwd", "bwd"):  # the linear part priced, the attention's compute alone
-                if bound == "busy":  # at least its compute, at least its communication
-                    busy, att = self.attention_busy(part, c), self.attention_floor(part, c, orders)
-                else:
-                    busy = att = self.balanced_time(c, part == "bwd")
-                lin = self.price_part(part + "-linear", c, orders)
-                return Priced(lin.seconds + att, lin.compute + busy, ())
+                key = (orders, schedule_key(part, c), bound)
+                priced = self._prices.get(key)
+                if priced is None:
+                    if bound == "busy":  # at least its compute, at least its communication
+                        busy, att = self.attention_busy(part, c), self.attention_floor(part, c, orders)
+                    else:
+                        busy = att = self.balanced_time(c, part == "bwd")
+                    lin = self.price_part(part + "-linear", c, orders)
+                    priced = self._prices[key] = Priced(lin.seconds + att, lin.compute + busy, ())
+                return priced
             return self.price_part(part, c, orders, rows=detail)
 
         stages: dict = {}  # (checkpointing, micro-batch) -> parts, stage, pipeline seconds, backward compute
-        syncs_of: dict = {}  # ZeRO stage -> gradient sync phases with their seconds, and their total
+        syncs_of: dict = {}  # ZeRO stage -> grad_syncs
         for j, (zero, ckpt, mbs) in enumerate(policies):
             c = self.shape(base, mbs)
             Lp, m, pp = c.layers_per_stage, c.micro_batches, base.pp
@@ -460,9 +491,8 @@ class Estimator:
             parts, stage, t, bwd_compute = stages[ckpt, mbs]
             sync_rows = []
             if train:  # bucketed sync overlaps the backward pass; its last bucket cannot
-                if zero not in syncs_of:  # grad_sync's volumes depend on the ZeRO stage alone here
-                    syncs = [(p, orders.time(p)) for p in grad_sync(c, zero, shard_params(self.model, base.tp, base.pp))]
-                    syncs_of[zero] = (syncs, sum(s for _, s in syncs))
+                if zero not in syncs_of:
+                    syncs_of[zero] = self.grad_syncs(c, zero, orders)
                 syncs, total = syncs_of[zero]
                 exposed = np.maximum(total / Lp, total - bwd_compute)
                 t = t + exposed
@@ -480,6 +510,16 @@ class Estimator:
                     rows.append(("pipeline bubble", "bubble", "pp", 0.0, bubble, bubble))
                 rows += sync_rows
         return out, rows
+
+    def grad_syncs(self, c: Shape, zero: int, orders: Orders) -> tuple[list, np.ndarray]:
+        """The gradient sync phases of a step with their seconds per order, and their total: the volumes depend on
+        the ZeRO stage and the tp x pp sharding alone, the groups on the mesh (once per mesh and stage)."""
+        key = ("grad sync", orders.mesh_key, zero)
+        out = self._prices.get(key)
+        if out is None:
+            syncs = [(p, orders.time(p)) for p in grad_sync(c, zero, shard_params(self.model, c.tp, c.pp))]
+            out = self._prices[key] = (syncs, sum(s for _, s in syncs))
+        return out
 
     def compute_bound(self, base: Candidate, policies: list[tuple[int, str, int]]) -> float:
         """A lower bound on the step time of ``base``'s degrees and token layout under any mesh order and
@@ -523,17 +563,28 @@ class Estimator:
         """Per micro-batch size, a lower bound on the step time of every algorithm variant, token layout,
         mesh order, ZeRO stage and checkpointing of ``probe``'s degrees: linear and head compute, and
         attention at its even share (``balanced_attention``), pipelined without recomputation and without
-        communication."""
-        train = self.work.training
-        best = {}
-        for mbs in micro_batch_sizes:
+        communication (``policy_floor`` without recomputation)."""
+        return {mbs: self.policy_floor(probe, (0, "none", mbs)) for mbs in micro_batch_sizes}
+
+    def policy_floor(self, probe: Candidate, policy: tuple[int, str, int]) -> float:
+        """A lower bound on the step time of every algorithm variant, token layout and mesh order of ``probe``'s
+        degrees under one memory policy: ``micro_batch_bounds`` plus the recomputation its checkpointing adds
+        (full: the forward again, attention at its even share; attention_boundary: the forward's linear part)."""
+        _, ckpt, mbs = policy
+        key = ("policy floor", probe.dp, probe.pp, probe.tp, probe.ulysses, probe.ring, ckpt, mbs)
+        t = self._busy.get(key)
+        if t is None:
             c = self.shape(probe, mbs)
-            layer = self.busy("fwd-linear", c) + self.balanced_time(c, False)
-            if train:
+            fwd = self.busy("fwd-linear", c) + self.balanced_time(c, False)
+            layer = fwd
+            if self.work.training:
                 layer += self.busy("bwd-linear", c) + self.balanced_time(c, True)
-            stage = c.layers_per_stage * layer + self.busy("head", c)
-            best[mbs] = (c.micro_batches + probe.pp - 1) * stage
-        return best
+                if ckpt == "full":
+                    layer += fwd
+                elif ckpt == "attention_boundary":
+                    layer += self.busy("fwd-linear", c)
+            t = self._busy[key] = (c.micro_batches + probe.pp - 1) * (c.layers_per_stage * layer + self.busy("head", c))
+        return t
 
     def balanced_time(self, c: Shape, backward: bool) -> float:
         """Seconds of ``balanced_attention`` at its most efficient block (no assumption on the efficiency curve)."""

@@ -211,5 +211,5 @@ def _check(cand, model, work) -> None:
                         "choose a tp degree that divides the KV heads (METP gives each rank whole head groups)")
 
 
-register(Algorithm("metp", metp_steps, metp_buffers, variants=_variants, check=_check, tp_sp=False,
+register(Algorithm("metp", metp_steps, metp_buffers, variants=_variants, check=_check, tp_sp=False, batch_linear=False,
                    activations=metp_activations))

@@ -109,7 +109,7 @@ class PlanResponse(BaseModel):
     search: SearchInfo
     profile: str | None = Field(description="id of the profile that priced the plans (\"file\": one without); null: none")
     profile_line: str
-    plans: list[Plan]
+    plans: list[Plan] = Field(description="the top rows fastest first, each followed by its equivalent alternatives")
     families: list[Plan] = Field(description="the fastest layout of every algorithm variant")
     winner: Plan = Field(description="the best plan, as a plan file")
 
@@ -192,24 +192,31 @@ def study_name(inputs: Inputs) -> str:
 
 def search(req: PlanRequest, inputs: Inputs, storage: str | None = None, study: str | None = None,
            progress: Callable[[int, int], None] | None = None) -> PlanResponse:
-    """Rank the layouts (grid or optuna's TPE), finish the top ``req.top`` and the best of each variant."""
+    """Rank the layouts (grid or optuna's TPE), finish the top ``req.top`` distinct rows (equivalent candidates
+    share a row: planner/equivalent.py) and the best of each algorithm variant."""
+    from sp_plan.planner.equivalent import top_rows  # noqa: PLC0415
     from sp_plan.planner.search import finish, finish_each, grid_search, no_plan_error, profile_tag  # noqa: PLC0415
 
     c, m, w = inputs.cluster, inputs.model, inputs.workload
-    if req.search == "grid":
-        res = grid_search(c, m, w, progress=progress, keep=req.top, params=inputs.params)
-        info = SearchInfo(kind="grid", space=res.space, evaluated=res.evaluated)
-    else:
-        from sp_plan.planner.bayes import bayes_search  # noqa: PLC0415
 
-        res = bayes_search(c, m, w, trials=req.trials, seed=req.seed, storage=storage,
-                           study_name=study or study_name(inputs), progress=progress, params=inputs.params)
-        info = SearchInfo(kind="bayes", space=res.space, evaluated=res.evaluated, trials=res.trials,
-                          best_trial=res.best_trial)
-    res.profile, res.profile_line = profile_tag(inputs.profile), inputs.line
-    if not res.ranked:
-        raise no_plan_error(c, w, res)
-    plans = finish(res, c, m, w, req.top)
+    def run(keep: int):
+        if req.search == "grid":
+            res = grid_search(c, m, w, progress=progress, keep=keep, params=inputs.params)
+        else:
+            from sp_plan.planner.bayes import bayes_search  # noqa: PLC0415
+
+            res = bayes_search(c, m, w, trials=req.trials, seed=req.seed, storage=storage,
+                               study_name=study or study_name(inputs), progress=progress, params=inputs.params)
+        res.profile, res.profile_line = profile_tag(inputs.profile), inputs.line
+        if not res.ranked:
+            raise no_plan_error(c, w, res)
+        return res
+
+    res, rows = top_rows(run, lambda r, n: finish(r, c, m, w, n), req.top, complete=req.search == "bayes")
+    plans = [q for r in rows for q in [r.plan] + r.alternatives]
+    info = SearchInfo(kind=req.search, space=res.space, evaluated=res.evaluated,
+                      trials=getattr(res, "trials", None) if req.search == "bayes" else None,
+                      best_trial=getattr(res, "best_trial", None) if req.search == "bayes" else None)
     return PlanResponse(cluster=ClusterInfo.of(c), model=m, workload=w, search=info, profile=res.profile,
                         profile_line=inputs.line, plans=plans, families=finish_each(res, c, m, w), winner=plans[0])
 

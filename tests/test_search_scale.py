@@ -95,12 +95,13 @@ def _count_attention_builds(monkeypatch) -> list:
 
 def _attention_shapes(cluster, model, work) -> set:
     """Distinct attention schedule shapes of every fitting candidate: (algorithm, degrees inside the
-    sequence, team, placement, token layout, tp, micro-batch, direction)."""
+    sequence, team, placement, token layout, tp, micro-batch, direction); one sequence per micro-batch for
+    the algorithms whose schedules scale with it (``Algorithm.batch_linear``: built once, scaled)."""
     est, space = Estimator(cluster, model, work), Space(cluster.world_size, model, work)
     out = set()
     for d in space.degrees():
         for base, _, fitting in degree_groups(est, space, d)[0]:
-            for mbs in {p[2] for p in fitting}:
+            for mbs in {p[2] if not ALGORITHMS[base.algorithm].batch_linear else 1 for p in fitting}:
                 for bwd in ((False, True) if work.training else (False,)):
                     out.add((base.algorithm, base.ulysses, base.ring, base.team, base.placement, base.token_layout,
                              base.tp, mbs, bwd))
@@ -246,3 +247,58 @@ def test_policy_bounds_are_below_every_mesh_order_of_their_policy(case, calibrat
             assert all(lo <= ti * (1 + 1e-12) and ti < ex for lo, ti, ex in zip(loose, tight, exact)), base
             checked += len(fitting)
     assert checked > 20
+
+
+def test_batch_linear_flag_says_whether_a_schedule_scales_with_the_micro_batch():
+    """Algorithm.batch_linear is true exactly when the schedule built for k sequences per micro-batch equals the
+    one-sequence schedule scaled by k (schedules.scaled), which the Estimator then uses instead of building."""
+    from sp_plan.planner.schedules import Shape, scaled
+
+    def flat(steps):
+        return [(st.repeat, st.overlap, [(type(p).__name__, p.name, getattr(p, "flops", 0.0), getattr(p, "nbytes", 0.0),
+                                          getattr(p, "rows", 0.0), getattr(p, "block", 0.0)) for p in st.phases])
+                for st in steps]
+
+    model, work = load_model("llama3-8b"), Workload(seq_len="64k", batch=8)
+    seen = set()
+    for name, alg in ALGORITHMS.items():
+        tp, u, r, team = {"metp": (4, 1, 1, 1), "tokenring_ring": (1, 1, 8, 2), "wallfacer": (1, 1, 8, 2),
+                          "ulysses": (1, 4, 1, 1), "ring": (1, 1, 4, 1)}.get(name, (1, 2, 4, 1))
+        for bwd in (False, True):
+            one = Shape(model, work, 1, u, r, "zigzag", tp, 1, 1, name, team)
+            four = replace(one, mbs=4)
+            built, grown = flat(alg.steps(four, bwd)), flat(scaled(alg.steps(one, bwd), 4))
+            same = len(built) == len(grown) and all(
+                a[:2] == b[:2] and len(a[2]) == len(b[2]) and all(
+                    x[:2] == y[:2] and np.allclose(x[2:], y[2:], rtol=1e-12, atol=0) for x, y in zip(a[2], b[2]))
+                for a, b in zip(built, grown))
+            assert same == alg.batch_linear, (name, bwd)
+        seen.add(name)
+    assert {"ring", "usp", "wallfacer", "tokenring", "tokenring_ring", "metp"} <= seen
+
+
+def test_a_larger_micro_batch_is_never_slower_where_the_search_drops_the_smaller():
+    """larger_micro_batch_wins: without a pipeline and uncalibrated, every candidate of (degrees, order, token layout,
+    ZeRO stage, checkpointing) is no slower with a larger fitting micro-batch, checked on every candidate; with a
+    pipeline or a fixed cost per attention call the search keeps every micro-batch."""
+    from sp_plan.planner.estimate import Orders
+    from sp_plan.planner.params import Params
+    from sp_plan.planner.search import larger_micro_batch_wins
+
+    cluster, model = load_cluster("dgx-h100", 2), load_model("llama3-8b")
+    work = Workload(seq_len="64k", batch=8)
+    est, space = Estimator(cluster, model, work), Space(cluster.world_size, model, work)
+    compared = 0
+    for d in space.degrees():
+        if not larger_micro_batch_wins(est, d.pp):
+            assert d.pp > 1
+            continue
+        for base, orders, fitting in degree_groups(est, space, d)[0]:
+            times, _ = est.evaluate_orders(base, Orders(est.engine, base.degrees, orders, base.placement), fitting)
+            for j, (z, ck, mbs) in enumerate(fitting):
+                for i, (z2, ck2, mbs2) in enumerate(fitting):
+                    if (z2, ck2) == (z, ck) and mbs2 > mbs:
+                        assert np.all(times[:, i] <= times[:, j] * (1 + 1e-12)), (base, fitting[i], fitting[j])
+                        compared += 1
+    assert compared > 50
+    assert not larger_micro_batch_wins(Estimator(cluster, model, work, params=Params(round_overhead_s=1e-5)), 1)

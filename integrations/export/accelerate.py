@@ -1,0 +1,81 @@
+"""A Python snippet with Hugging Face accelerate's ParallelismConfig (and its plugin) for a plan.
+
+Targets accelerate 1.15.0 (huggingface/accelerate): accelerate/parallelism_config.py ParallelismConfig
+(dp_replicate_size, dp_shard_size, tp_size, cp_size + TorchContextParallelConfig, sp_size with
+sp_backend "deepspeed" + DeepSpeedSequenceParallelConfig; mesh ['dp_replicate', 'dp_shard', 'cp',
+'sp', 'tp'] outermost first; cp and sp exclusive; tp/cp with data parallelism only over FSDP2's
+dp_shard). Context parallelism is PyTorch's Ring attention (load-balanced: zigzag); sequence parallelism
+is DeepSpeed Ulysses (ZeRO from DeepSpeedPlugin). No pipeline parallelism.
+"""
+from __future__ import annotations
+
+from sp_plan.planner.plan import Plan
+
+from .target import Target, header
+
+VERSION = "1.15.0"
+
+
+def _rules(p: Plan) -> list[tuple[str, str]]:
+    d = p.degrees
+    if d["ulysses"] > 1 and d["tp"] > 1:
+        return [("tp", "accelerate composes Ulysses (DeepSpeed) with data parallelism only, not with tp")]
+    if (d["tp"] > 1 or d["ring"] > 1) and p.zero_stage == 1:
+        return [("zero_stage", "accelerate composes tp/cp with FSDP2 (ZeRO-2 or ZeRO-3), which has no ZeRO-1")]
+    if (d["tp"] > 1 or d["ring"] > 1) and d["dp"] > 1 and p.zero_stage == 0:
+        return [("zero_stage", "accelerate composes tp/cp with data parallelism only over FSDP2 (ZeRO-2 or ZeRO-3)")]
+    if d["ulysses"] == 1 and d["tp"] == 1 and d["ring"] == 1 and p.zero_stage == 1:
+        return [("zero_stage", "accelerate's FSDP2 has no ZeRO-1")]
+    return []
+
+
+def render(p: Plan) -> str:
+    d = p.degrees
+    seq = p.workload.seq_len if p.workload else None
+    ckpt = p.checkpointing == "full"
+    if d["ulysses"] > 1:
+        body = f'''from accelerate import Accelerator
+from accelerate.parallelism_config import ParallelismConfig
+from accelerate.utils import DeepSpeedPlugin, DeepSpeedSequenceParallelConfig
+
+parallelism_config = ParallelismConfig(
+    dp_replicate_size=1, dp_shard_size=1, sp_size={d["ulysses"]}, sp_backend="deepspeed",
+    sp_handler=DeepSpeedSequenceParallelConfig(sp_seq_length={seq}, sp_seq_length_is_variable={seq is None}),
+)
+plugin = DeepSpeedPlugin(zero_stage={p.zero_stage})  # {d["dp"]} data-parallel replicas of the {d["ulysses"]}-rank Ulysses group
+'''
+        make = "Accelerator(parallelism_config=parallelism_config, deepspeed_plugin=plugin)"
+    else:
+        fsdp = d["tp"] > 1 or d["ring"] > 1 or p.zero_stage >= 2
+        sizes = (f"dp_replicate_size=1, dp_shard_size={d['dp']}" if fsdp else f"dp_replicate_size={d['dp']}, dp_shard_size=1")
+        cp = (f', cp_size={d["ring"]}, cp_handler=TorchContextParallelConfig(cp_comm_strategy="allgather")'
+              if d["ring"] > 1 else "")
+        body = f'''from accelerate import Accelerator
+from accelerate.parallelism_config import ParallelismConfig
+from accelerate.utils import FullyShardedDataParallelPlugin, TorchContextParallelConfig
+
+parallelism_config = ParallelismConfig({sizes}, tp_size={d["tp"]}{cp})
+'''
+        if fsdp:
+            body += (f"plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward={p.zero_stage == 3}, "
+                     f"activation_checkpointing={ckpt})\n")
+            make = "Accelerator(parallelism_config=parallelism_config, fsdp_plugin=plugin)"
+        else:
+            make = "Accelerator(parallelism_config=parallelism_config)"
+    tail = "" if not ckpt or "FullyShardedDataParallelPlugin(" in body else \
+        "    # full checkpointing: call model.gradient_checkpointing_enable() before accelerator.prepare\n"
+    return header(p, TARGET) + body + f'''
+
+def make_accelerator() -> Accelerator:
+    """The Accelerator for this plan (launch {p.world_size} processes)."""
+{tail}    return {make}
+'''
+
+
+TARGET = Target(
+    name="accelerate", title=f"Hugging Face accelerate {VERSION} (accelerate/parallelism_config.py ParallelismConfig)",
+    render=render, suffix=".py", algorithms=("ring", "ulysses"),
+    orders=(("tp", "ring", "dp"), ("ulysses", "dp")), token_layouts=("zigzag",),
+    checkpointing=("none", "full"), extra=_rules,
+    notes={"usp": "accelerate has no USP (its cp (Ring) and sp (Ulysses) are exclusive)"},
+)

@@ -1,0 +1,48 @@
+"""A DeepSpeed config (JSON) for a plan: ZeRO stage, batch sizes and the Ulysses sequence-parallel size.
+
+Targets DeepSpeed 0.19.8 (deepspeedai/DeepSpeed): deepspeed/runtime/config.py DeepSpeedConfig reads
+train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x data-parallel size,
+zero_optimization.stage, bf16/fp16, and ``sequence_parallel_size`` (the Ulysses degree; Hugging Face
+models get it through UlyssesSPAttentionHF.register_with_transformers(..., sequence_parallel_size=...)
+in deepspeed/runtime/sequence_parallel/ulysses_sp.py). Sequence-parallel groups are consecutive ranks
+(runtime/sequence_parallel/parallel_state_sp.py), data parallel outside them. DeepSpeed has no Ring
+attention; tensor and pipeline parallelism are not set by this config. ``full`` checkpointing writes
+the activation_checkpointing section; the model's blocks must still be wrapped (Hugging Face:
+model.gradient_checkpointing_enable()).
+"""
+from __future__ import annotations
+
+import json
+
+from sp_plan.planner.plan import Plan
+
+from .target import Target, batch_split
+
+VERSION = "0.19.8"
+
+
+def config(p: Plan) -> dict:
+    """The DeepSpeed config dict for ``p``."""
+    batch, mbs, gas = batch_split(p)
+    dtype = p.model.dtype if p.model else "bf16"
+    out = {"train_batch_size": batch, "train_micro_batch_size_per_gpu": mbs, "gradient_accumulation_steps": gas,
+           "zero_optimization": {"stage": p.zero_stage},
+           "bf16": {"enabled": dtype == "bf16"}, "fp16": {"enabled": dtype == "fp16"},
+           "sequence_parallel_size": p.degrees["ulysses"]}
+    if p.checkpointing == "full":
+        out["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
+                                           "cpu_checkpointing": False}
+    return out
+
+
+def render(p: Plan) -> str:
+    return json.dumps(config(p), indent=2) + "\n"
+
+
+TARGET = Target(
+    name="deepspeed", title=f"DeepSpeed {VERSION} (deepspeed/runtime/config.py DeepSpeedConfig)",
+    render=render, suffix=".json", algorithms=("ulysses",), orders=(("ulysses", "dp"),),
+    checkpointing=("none", "full"),
+    notes={"ring": "deepspeed has no Ring attention (its sequence parallelism is Ulysses)",
+           "usp": "deepspeed has no Ring attention, so no USP (its sequence parallelism is Ulysses)"},
+)

@@ -1,0 +1,101 @@
+"""What one framework can express of a Plan (algorithms, token layouts, mesh orders, degrees, ZeRO,
+checkpointing), the reasons a plan falls outside it, and the exporter that writes it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.plan import Plan
+
+#: the papers' names, for messages ("megatron has no WallFacer")
+ALGORITHM_NAMES = {"ring": "Ring attention", "ulysses": "Ulysses", "usp": "USP (Ulysses x Ring)",
+                   "wallfacer": "WallFacer", "tokenring": "TokenRing", "tokenring_ring": "TokenRing x Ring",
+                   "metp": "METP"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A framework sp-plan exports to: what it can express and how its configuration is written."""
+
+    name: str
+    title: str  # e.g. "Megatron-LM (NVIDIA/Megatron-LM d98e8a6)"
+    render: Callable[[Plan], str]
+    suffix: str  # default file suffix of the export
+    algorithms: tuple[str, ...]
+    #: mesh orders it places, innermost first, over every dimension it knows; a plan's order over its
+    #: dimensions of degree > 1 must be one of these restricted to those dimensions
+    orders: tuple[tuple[str, ...], ...]
+    #: token layouts of a causal ring (ring > 1); contiguous-only targets list ("contiguous",)
+    token_layouts: tuple[str, ...] = ("contiguous", "zigzag", "striped")
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    checkpointing: tuple[str, ...] = ("none", "full", "attention_boundary")
+    training: bool | None = None  # True: training only, False: inference only, None: both
+    notes: dict[str, str] = field(default_factory=dict)  # reason overrides, keyed like problems()' keys
+    extra: Callable[[Plan], list[tuple[str, str]]] | None = None  # the target's own rules: (key, reason)
+
+    def dims(self) -> set[str]:
+        return {d for o in self.orders for d in o}
+
+    def order_ok(self, order: tuple[str, ...] | list[str], degrees: dict[str, int]) -> bool:
+        """Whether the mesh order (innermost first) of the dimensions of degree > 1 is one this target places."""
+        mine = tuple(d for d in order if degrees.get(d, 1) > 1 and d != "team")
+        return any(tuple(d for d in o if degrees.get(d, 1) > 1) == mine for o in self.orders)
+
+    def problems(self, p: Plan) -> list[tuple[str, str]]:
+        """(key, reason) for every part of ``p`` this target cannot express; empty: it can export ``p``."""
+        out = []
+        d = p.degrees
+        if p.algorithm not in self.algorithms:
+            out.append(("algorithm", self.notes.get(p.algorithm) or
+                        f"{self.name} has no {ALGORITHM_NAMES[p.algorithm]}"))
+        for dim, size in d.items():
+            if size > 1 and dim != "team" and dim not in self.dims():
+                out.append((dim, self.notes.get(dim) or f"{self.name} has no {dim} parallelism in its configuration"))
+        causal = p.workload.causal if p.workload else True
+        if causal and d["ring"] > 1 and p.token_layout not in self.token_layouts:
+            out.append(("token_layout", f"{self.name} has no {p.token_layout} token layout (it splits tokens "
+                        f"{'/'.join(self.token_layouts)})"))
+        if not out and not self.order_ok(p.order, d):
+            shown = "<".join(o for o in p.order if d.get(o, 1) > 1)
+            places = " or ".join("<".join(x for x in o if d.get(x, 1) > 1) for o in self.orders)
+            out.append(("order", f"{self.name} cannot place the mesh order {shown} (it places {places})"))
+        if p.zero_stage not in self.zero_stages:
+            out.append(("zero_stage", self.notes.get("zero_stage") or f"{self.name} has no ZeRO-{p.zero_stage}"))
+        if p.checkpointing not in self.checkpointing:
+            out.append(("checkpointing", f"{self.name} has no {p.checkpointing} checkpointing "
+                        f"(it has {'/'.join(self.checkpointing)})"))
+        if not out and self.extra:
+            out += self.extra(p)
+        return out
+
+    def check_workload(self, p: Plan) -> None:
+        """A plan for the wrong kind of run (training vs inference) is an error no nearest plan fixes."""
+        if self.training is None or p.workload is None or p.workload.training == self.training:
+            return
+        kind = "training" if self.training else "inference"
+        raise PlanError("workload", f"{self.name} runs {kind} only; the plan is for "
+                        f"{'training' if p.workload.training else 'inference'}",
+                        f"make the plan with `sp-plan plan {'--inference ' if not self.training else ''}...` for {kind}")
+
+    def export(self, p: Plan) -> str:
+        """The text this target reads for ``p`` (PlanError when it cannot express ``p``)."""
+        self.check_workload(p)
+        probs = self.problems(p)
+        if probs:
+            raise PlanError(probs[0][0], probs[0][1], f"export a plan {self.name} can express")
+        return self.render(p)
+
+
+def header(p: Plan, target: Target, comment: str = "#") -> str:
+    """The export's first lines: the plan it came from and the version of the target it was written for."""
+    pred = f", predicted step {p.predicted.step_time_s:.3f} s" if p.predicted else ""
+    return (f"{comment} sp-plan export: {p.summary()}{pred}\n"
+            f"{comment} for {target.title}\n")
+
+
+def batch_split(p: Plan) -> tuple[int, int, int]:
+    """(global batch, micro-batch size, gradient-accumulation steps) of the plan's workload."""
+    batch = p.workload.batch if p.workload else p.degrees["dp"] * p.micro_batch_size
+    per_dp = batch // p.degrees["dp"]
+    return batch, p.micro_batch_size, max(1, per_dp // p.micro_batch_size)

@@ -1,0 +1,156 @@
+"""The report: one self-contained HTML page (figures as base64 PNG) explaining why a plan wins.
+
+``render_report`` is what `sp-plan report`, `sp-plan plan --report` and the service's report endpoint call.
+"""
+from __future__ import annotations
+
+import base64
+import html
+from datetime import datetime, timezone
+
+from sp_plan.planner.cluster import Cluster
+from .figures import (Figure_, cluster_groups, measured_points, measured_scatter, memory_bars, sensitivity_bars,
+                      step_bars)
+from sp_plan.planner.plan import Plan
+from sp_plan.planner.profile import MeasuredCandidate, Profile
+from sp_plan.planner.search import largest_extra_cost
+from sp_plan.planner.sensitivity import Sensitivity
+
+GIB = 2.0 ** 30
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 24px auto;
+       max-width: 1200px; color: #222; line-height: 1.4; padding: 0 16px; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+.meta { color: #555; font-size: 0.9em; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.6em 0; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; } td.num { text-align: right; }
+tr.chosen td { background: #eef4ff; font-weight: 600; }
+figure { margin: 0.8em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 0.85em; max-width: 60em; }
+.holds { color: #2e7d32; } .changes { color: #c62828; font-weight: 600; }
+.note { background: #fff8e1; border-left: 4px solid #f0c000; padding: 6px 10px; font-size: 0.9em; }
+"""
+#: marks every figure with whether it decoded (data-rendered, data-natural-width) once the page has loaded;
+#: a figure that did not is flagged on the page itself
+CHECK_SCRIPT = """
+window.addEventListener("load", function () {
+  var imgs = document.querySelectorAll("img.figure"), ok = 0;
+  imgs.forEach(function (img) {
+    var good = img.complete && img.naturalWidth > 0 && img.naturalHeight > 0;
+    img.dataset.naturalWidth = img.naturalWidth; img.dataset.naturalHeight = img.naturalHeight;
+    img.dataset.rendered = good ? "yes" : "no"; if (good) { ok++; } else { img.alt = "FIGURE FAILED TO RENDER: " + img.alt; }
+  });
+  document.body.dataset.figures = imgs.length; document.body.dataset.figuresRendered = ok;
+});
+"""
+
+
+def _secs(x: float) -> str:
+    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
+
+
+def _e(x: object) -> str:
+    return html.escape(str(x))
+
+
+def _figure(f: Figure_, fid: str) -> str:
+    data = base64.b64encode(f.png).decode("ascii")
+    return (f'<figure id="{fid}"><img class="figure" src="data:image/png;base64,{data}" alt="{_e(f.alt)}">'
+            f"<figcaption>{_e(f.caption)}</figcaption></figure>")
+
+
+def _ranking(plans: list[Plan], chosen: int | None) -> str:
+    rows = []
+    win = plans[0]
+    for i, p in enumerate(plans):
+        pr = p.predicted
+        why = "-"
+        if i:
+            name, extra = largest_extra_cost(p, win)
+            why = f"{name} +{_secs(extra)}" if extra > 0 else f"{_secs(pr.step_time_s - win.predicted.step_time_s)} slower"
+        cls = ' class="chosen"' if i == chosen else ""
+        rows.append(f"<tr{cls}><td class=num>{i + 1}</td><td>{_e(p.summary())}</td><td class=num>{_secs(pr.step_time_s)}</td>"
+                    f"<td class=num>{pr.tokens_per_s:,.0f}</td><td class=num>{pr.mfu:.1%}</td>"
+                    f"<td class=num>{pr.peak_memory_bytes / GIB:.1f} GiB</td><td>{_e(why)}</td></tr>")
+    return ("<table><tr><th>#</th><th>layout</th><th>step</th><th>tokens/s</th><th>MFU</th><th>peak mem</th>"
+            "<th>vs #1: largest extra cost</th></tr>" + "".join(rows) + "</table>")
+
+
+def _sensitivity(sen: Sensitivity) -> str:
+    rows = []
+    for s in sen.scenarios:
+        verdict = ('<span class="holds">holds</span>' if s.holds else
+                   f'<span class="changes">changes</span> to {_e(s.winner.summary())} ({_secs(s.winner.predicted.step_time_s)})')
+        rows.append(f"<tr><td>{_e(s.what)}</td><td>{verdict}</td><td class=num>{_secs(s.old_winner_s)} "
+                    f"({s.old_winner_s / s.base_s - 1:+.1%})</td><td class=num>{'-' if s.holds else f'{s.loss:.1%}'}</td></tr>")
+    head = ("the winner holds under every change" if sen.robust else
+            f"the winner changes under {sum(not s.holds for s in sen.scenarios)} of {len(sen.scenarios)} changes")
+    return (f"<p>Each row changes one input and ranks every layout again; {head}.</p>"
+            "<table><tr><th>change</th><th>winner</th><th>winner's step under it</th>"
+            "<th>what keeping the winner loses</th></tr>" + "".join(rows) + "</table>")
+
+
+def _failed(candidates: list[MeasuredCandidate]) -> str:
+    bad = [c for c in candidates if c.status != "ok"]
+    if not bad:
+        return ""
+    rows = "".join(f"<tr><td>{_e(c.summary)}</td><td>{_e(c.status)}</td><td>{_e(c.reason)}</td></tr>" for c in bad)
+    return ("<p>Candidates that did not run to the end (not in the figure):</p><table><tr><th>candidate</th>"
+            "<th>status</th><th>reason</th></tr>" + rows + "</table>")
+
+
+def render_report(plans: list[Plan], cluster: Cluster, profile: Profile | None = None,
+                  measured: list[MeasuredCandidate] | None = None, sensitivity: Sensitivity | None = None,
+                  chosen: int | None = 0, notes: list[str] | None = None) -> str:
+    """The HTML report of ranked ``plans`` (fastest first, each with its prediction) on ``cluster``.
+
+    ``profile``: the calibration profile that priced them (its measured candidates feed the predicted-against-
+    measured figure); ``measured``: more measured candidates; ``sensitivity``: planner.sensitivity's result;
+    ``chosen``: the index of the plan the report is about (the winner by default; its groups are drawn);
+    ``notes``: lines shown under the title (e.g. the profile line)."""
+    from sp_plan.planner.errors import PlanError
+
+    if not plans or any(p.predicted is None for p in plans):
+        raise PlanError("plans", "a report needs ranked plans with predictions", "pass the plans a search returned")
+    plan = plans[chosen if chosen is not None else 0]
+    pr = plan.predicted
+    m, w = plan.model, plan.workload
+    what = ", ".join(x for x in (
+        m.name if m else "",
+        f"{w.seq_len:,} tokens x {w.batch}, {'causal' if w.causal else 'full'}, {'training' if w.training else 'inference'}"
+        if w else "") if x)
+    candidates = list(profile.candidates if profile else []) + list(measured or [])
+    points = measured_points(plans, candidates)
+    parts = [
+        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+        f"<title>sp-plan report: {_e(plan.summary())} on {_e(cluster.name)}</title>",
+        f"<style>{STYLE}</style><script>{CHECK_SCRIPT}</script></head><body>",
+        f"<h1>sp-plan report: {_e(cluster.name)}</h1>",
+        f"<p class=meta>{cluster.num_nodes} node(s), {cluster.world_size} x {_e(cluster.device(0).model or cluster.device(0).name)}"
+        f" (fingerprint {_e(cluster.fingerprint())}); {_e(what)}; generated "
+        f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}</p>",
+        *(f"<p class=meta>{_e(n)}</p>" for n in notes or []),
+        f"<p><b>{'Plan' if chosen else 'Winner'}: {_e(plan.summary())}</b>: step {_secs(pr.step_time_s)}, "
+        f"{pr.tokens_per_s:,.0f} tokens/s, MFU {pr.mfu:.1%}, peak memory {pr.peak_memory_bytes / GIB:.1f} GiB of "
+        f"{pr.memory_capacity_bytes / GIB:.1f} GiB usable.</p>",
+        "<h2>Ranked layouts</h2>", _ranking(plans, chosen),
+        _figure(step_bars(plans, chosen), "fig-steps"),
+        "<h2>Memory</h2>", _figure(memory_bars(plans, chosen), "fig-memory"),
+        "<h2>Predicted against measured</h2>",
+    ]
+    if points:
+        parts.append(_figure(measured_scatter(points), "fig-measured"))
+        if profile is not None:
+            parts.append(f"<p class=meta>{_e(profile.line())}</p>")
+    else:
+        parts.append('<p class="note">Nothing measured for this cluster yet: run <code>sp-plan tune</code> on it to '
+                     "measure the best candidates and calibrate the model; the report then shows predictions against "
+                     "measurements.</p>")
+    parts.append(_failed(candidates))
+    parts += ["<h2>The plan on the cluster</h2>", _figure(cluster_groups(cluster, plan), "fig-cluster")]
+    if sensitivity is not None:
+        parts += ["<h2>Sensitivity</h2>", _sensitivity(sensitivity)]
+        if sensitivity.scenarios:
+            parts.append(_figure(sensitivity_bars(sensitivity), "fig-sensitivity"))
+    parts.append("</body></html>")
+    return "\n".join(parts)

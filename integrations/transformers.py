@@ -1,0 +1,215 @@
+"""Hugging Face transformers on a plan: the runtime's attention as an attn_implementation, inputs in its token layout.
+
+    ctx = sp_plan.runtime.init("plan.yaml")                  # inside torch.distributed
+    name = register(ctx)                                      # "sp_plan"
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=name)
+    ids, pos, labels = shard_inputs(ctx, input_ids, labels)  # full sequences in, this rank's tokens out
+    logits = model(input_ids=ids, position_ids=pos).logits
+    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / count_loss_tokens(labels_full)
+    loss.backward(); all_reduce_grads(ctx, model)            # sum over the sequence and data ranks
+
+transformers' own loss gives the same: ``model(input_ids=ids, position_ids=pos, labels=labels,
+shift_labels=labels, num_items_in_batch=count_loss_tokens(labels_full)).loss`` (labels already shifted).
+The attention call follows transformers 4.53 to 5.23 (tested): ``fn(module, query, key, value,
+attention_mask, dropout=, scaling=, **kwargs)`` on (b, heads, s, d), returning ((b, s, heads, d), None).
+
+Rotary embeddings see global positions (``position_ids`` in the token layout); labels are shifted on
+the full sequence before sharding, so each rank's summed loss is an exact part of the global one and
+dividing by the global count of loss tokens makes the sum over ranks the single-process mean.
+
+transformers would silently drop the mask of an attention name its mask interface does not know
+(masking_utils' ``_preprocess_mask_arguments`` returns None), so ``register`` also registers a mask
+function that checks the user's 2D ``attention_mask`` and builds nothing; a 4D mask reaches the
+attention as is. None or all ones is honoured (the runtime builds the causal mask from global token
+indices); anything else (padding, packed documents, a custom 4D mask) is a PlanError. Right
+padding needs no mask in a causal model: give the padding labels -100.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.plan import Plan
+
+NAME = "sp_plan"
+IGNORE_INDEX = -100
+#: keyword arguments of transformers' attention call that change the result and the runtime cannot honour
+_UNSUPPORTED = ("sliding_window", "softcap", "s_aux", "position_bias", "head_mask")
+
+
+class ShardedInputs(NamedTuple):
+    """This rank's input_ids, global position_ids and shifted labels, (batch, local seq) in the token layout."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    labels: torch.Tensor | None
+
+
+def check_plan(plan: Plan) -> None:
+    """The integration shards the sequence (ulysses, ring) and the batch (dp); weights stay whole."""
+    if plan.algorithm == "metp":
+        raise PlanError("algorithm", "METP shards the attention and MLP weights (it replaces the whole layer)",
+                        "use sp_plan.runtime.metp's modules, or a ring/ulysses/usp/wallfacer/tokenring plan")
+    for dim in ("tp", "pp"):
+        if plan.degrees.get(dim, 1) > 1:
+            raise PlanError(f"degrees.{dim}", f"the transformers integration keeps every weight whole; the plan has "
+                            f"{dim} {plan.degrees[dim]}", "use a plan with tp 1 and pp 1 (sequence and data "
+                            "parallelism only), or export the plan to Megatron for tensor/pipeline parallelism")
+
+
+def register(ctx) -> str:
+    """Register ``ctx.attention`` with transformers' AttentionInterface as "sp_plan" and return that name.
+
+    The name is global in transformers: a later ``register`` replaces the context of an earlier one.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    check_plan(ctx.plan)
+    checked = [None]  # the position_ids tensor of the current forward, checked at its first layer only
+
+    def sp_plan_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
+                          scaling: float | None = None, is_causal: bool | None = None, **kwargs):
+        """transformers' attention call: (b, heads, local s, d) in, ((b, local s, heads, d), None) out."""
+        return attention_forward(ctx, module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                 is_causal=is_causal, checked=checked, **kwargs)
+
+    AttentionInterface.register(NAME, sp_plan_attention)
+    AttentionMaskInterface.register(NAME, mask_forward)
+    return NAME
+
+
+def mask_forward(*args, attention_mask: torch.Tensor | None = None, **kwargs) -> None:
+    """transformers' mask call for "sp_plan": refuse a padding mask, build none (the runtime masks causally)."""
+    check_mask(attention_mask)
+    return None
+
+
+def attention_forward(ctx, module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      is_causal: bool | None = None, checked: list | None = None,
+                      **kwargs) -> tuple[torch.Tensor, None]:
+    """The plan's attention on transformers' (b, h, s, d) tensors; GQA K, V go to the runtime unrepeated.
+
+    ``checked``: a one-item list holding the position_ids tensor already checked (one check per forward).
+    """
+    for name in _UNSUPPORTED:
+        if kwargs.get(name) is not None:
+            raise PlanError(name, f"the sp_plan attention cannot honour {name}",
+                            "use a model without it, or attn_implementation='sdpa' on one device")
+    if kwargs.get("output_attentions"):
+        raise PlanError("output_attentions", "the sp_plan attention never forms the attention matrix",
+                        "call the model with output_attentions=False")
+    if dropout:
+        raise PlanError("attention_dropout", f"the sp_plan attention has no dropout, got {dropout}",
+                        "set the config's attention_dropout to 0.0")
+    if key.shape[2] != query.shape[2]:
+        raise PlanError("past_key_values", f"{query.shape[2]} local queries against {key.shape[2]} keys: a KV cache "
+                        "or cross attention", "train or prefill over whole sequences without a cache "
+                        "(use_cache=False); generate with attn_implementation='sdpa'")
+    check_mask(attention_mask)
+    pos = kwargs.get("position_ids")
+    if pos is not None and (checked is None or pos is not checked[0]):
+        check_layout_positions(ctx, pos, query.shape[2])
+        if checked is not None:
+            checked[0] = pos
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", None)
+    out = ctx.attention(query.transpose(1, 2).contiguous(), key.transpose(1, 2).contiguous(),
+                        value.transpose(1, 2).contiguous(), causal=is_causal, scale=scaling)
+    return out, None
+
+
+def check_mask(attention_mask) -> None:
+    """None or an all-ones 2D mask is honoured; padding, packing or custom masks are a clear error."""
+    if attention_mask is None:
+        return
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.ndim == 2 and bool(attention_mask.bool().all()):
+        return
+    what = (f"a {attention_mask.ndim}D mask" if isinstance(attention_mask, torch.Tensor) and attention_mask.ndim != 2
+            else "a padding mask (zeros in attention_mask)" if isinstance(attention_mask, torch.Tensor)
+            else f"a {type(attention_mask).__name__} mask")
+    raise PlanError("attention_mask", f"the sp_plan attention applies only the plan's causal mask, got {what}",
+                    "pass attention_mask=None: pad on the right and give the padding labels -100 (a causal model never "
+                    "attends forward), or trim the batch to sequences of equal length")
+
+
+def check_layout_positions(ctx, position_ids: torch.Tensor, local_len: int) -> None:
+    """The model's position ids must be the global positions of this rank's tokens (plus one offset >= 0).
+
+    transformers defaults to local positions 0..n-1, which give rotary embeddings wrong relative
+    distances on every rank but the first: forgetting shard_inputs' position_ids is an error.
+    """
+    tokens = torch.tensor(ctx.layout.tokens(ctx.rank, local_len * ctx.plan.sp), device=position_ids.device)
+    offset = position_ids.reshape(-1, position_ids.shape[-1]) - tokens
+    if position_ids.shape[-1] != local_len or not bool(((offset == offset[:, :1]) & (offset >= 0)).all()):
+        raise PlanError("position_ids", f"rank {ctx.rank}'s position ids are not the global positions of its tokens "
+                        f"in the plan's {ctx.plan.token_layout} layout (transformers' default is local 0..n-1)",
+                        "pass the position_ids that shard_inputs returns: model(input_ids=ids, position_ids=pos)")
+
+
+def check_positions(position_ids: torch.Tensor, seq_len: int) -> None:
+    """Position ids must count up by one along each sequence (packed or left-padded rows need a mask)."""
+    if position_ids.shape[-1] != seq_len:
+        raise PlanError("position_ids", f"{position_ids.shape[-1]} positions for {seq_len} tokens",
+                        "give one position per token of the full sequence")
+    if seq_len > 1 and not bool((position_ids.diff(dim=-1) == 1).all()):
+        raise PlanError("position_ids", "positions do not count up by one (packed documents or left padding need "
+                        "a document mask the sp_plan attention cannot apply)",
+                        "pass position_ids=None or consecutive positions; pack without resets or pad on the right")
+
+
+def shift_labels(labels: torch.Tensor) -> torch.Tensor:
+    """Labels of next-token prediction on the full sequence: token t predicts labels[t + 1]; the last gets -100."""
+    out = torch.full_like(labels, IGNORE_INDEX)
+    out[..., :-1] = labels[..., 1:]
+    return out
+
+
+def count_loss_tokens(labels: torch.Tensor) -> int:
+    """Tokens the shifted full-sequence labels score (the global divisor of a mean loss)."""
+    return int((labels[..., 1:] != IGNORE_INDEX).sum())
+
+
+def shard_inputs(ctx, input_ids: torch.Tensor, labels: torch.Tensor | None,
+                 position_ids: torch.Tensor | None = None) -> ShardedInputs:
+    """This rank's input_ids, global position_ids and already shifted labels, in the plan's token layout.
+
+    Inputs are full sequences (batch, seq); labels are unshifted (HF convention, usually input_ids)
+    and are shifted on the full sequence first, then sharded (``ctx.shard``: planner.layout's tokens).
+    """
+    if input_ids.ndim != 2:
+        raise PlanError("input_ids", f"expected (batch, seq), got shape {tuple(input_ids.shape)}",
+                        "pass a 2D tensor of token ids")
+    b, s = input_ids.shape
+    if labels is not None and labels.shape != input_ids.shape:
+        raise PlanError("labels", f"shape {tuple(labels.shape)} differs from input_ids {tuple(input_ids.shape)}",
+                        "pass unshifted labels of the full sequences, one per token")
+    if position_ids is None:
+        position_ids = torch.arange(s, device=input_ids.device).expand(b, s)
+    else:
+        check_positions(position_ids, s)
+        position_ids = position_ids.expand(b, s)
+    return ShardedInputs(ctx.shard(input_ids, dim=1), ctx.shard(position_ids, dim=1),
+                         None if labels is None else ctx.shard(shift_labels(labels), dim=1))
+
+
+def all_reduce_grads(ctx, model: torch.nn.Module) -> None:
+    """Sum every gradient over the world (sequence x data ranks; tp = pp = 1): one flat all-reduce."""
+    check_plan(ctx.plan)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params or dist.get_world_size() == 1:
+        return
+    for p in params:  # a parameter unused on this rank still joins the sum
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()

@@ -1,0 +1,311 @@
+"""Exporters, each checked by its target's own parser or config class where that installs on CPU
+(Megatron-Core 0.16.1, DeepSpeed 0.19.8, yunchang 0.6.4 in a 4-rank gloo world, accelerate 1.15.0), else by
+a recorded fixture of its flags: Megatron-LM's argument parser (recorded by running it,
+fixtures/export/record_megatron_flags.py), torchtitan's config dataclasses (torchtitan wants its own torch
+and datasets/wandb) and xDiT's flags (xfuser pulls diffusers); inexpressible plans and the nearest plan."""
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sp_plan.integrations.export import TARGETS, target
+from sp_plan.integrations.export.nearest import nearest
+from sp_plan.planner import Plan
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.estimate import Estimator
+from sp_plan.planner.model import Workload
+from sp_plan.planner.search import Space, grid_search
+from sp_plan.profiles import load_model, preset_cluster
+from sp_plan.runtime.spawn import run_world
+
+FIX = Path(__file__).parent / "fixtures" / "export"
+SP = [sys.executable, "-m", "sp_plan.cli.app"]
+MODEL = load_model("llama3-8b")
+TRAIN = Workload(seq_len=131072, batch=2)
+
+
+def plan(algorithm, order, token_layout="zigzag", work=TRAIN, **kw) -> Plan:
+    degrees = {k: kw.pop(k) for k in ("tp", "pp", "dp", "ulysses", "ring", "team") if k in kw}
+    return Plan(algorithm=algorithm, degrees=degrees, order=order, token_layout=token_layout, model=MODEL,
+                workload=work, **kw)
+
+
+def argv(text: str) -> list[str]:
+    """The words of an exported command line (comments dropped, backslash continuations joined)."""
+    return shlex.split("\n".join(l for l in text.splitlines() if not l.startswith("#")).replace("\\\n", " "))
+
+
+def recorded_parser(path: Path) -> argparse.ArgumentParser:
+    """An argparse parser rebuilt from a recorded fixture of a target's flags (types, nargs, choices, switches)."""
+    flags = json.loads(path.read_text())["flags"]
+    ap = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
+    types = {"int": int, "str": str, "float": float}
+    for name, f in flags.items():
+        if f.get("nargs") == 0 or f.get("action") in ("store_true", "store_false"):
+            ap.add_argument(name, action="store_true", dest=name)
+        else:
+            ap.add_argument(name, dest=name, nargs=f.get("nargs"), type=types.get(f.get("type"), str),
+                            choices=[types.get(f.get("type"), str)(c) for c in f["choices"]] if f.get("choices") else None)
+    return ap
+
+
+# ---------------------------------------------------------------- Megatron
+
+MEGATRON = [
+    (plan("ring", ["ring", "dp"], ring=8, dp=2, zero_stage=1), {"--context-parallel-size": 8, "--cp-comm-type": ["p2p"]}),
+    (plan("ulysses", ["ulysses", "dp"], "contiguous", ulysses=8, dp=2), {"--cp-comm-type": ["a2a"]}),
+    (plan("usp", ["ulysses", "ring"], ulysses=4, ring=4, zero_stage=2),
+     {"--cp-comm-type": ["a2a+p2p"], "--hierarchical-context-parallel-sizes": [4, 4],
+      "--data-parallel-sharding-strategy": "optim_grads"}),
+    (plan("usp", ["tp", "ulysses", "ring", "pp", "dp"], tp=2, ulysses=2, ring=2, pp=2, dp=2, checkpointing="full",
+          zero_stage=3),
+     {"--tensor-model-parallel-size": 2, "--sequence-parallel": True, "--use-tp-pp-dp-mapping": True,
+      "--recompute-granularity": "full", "--global-batch-size": 2}),
+]
+
+
+@pytest.mark.parametrize("p,want", MEGATRON, ids=lambda x: x.summary() if isinstance(x, Plan) else "")
+def test_megatron_args_parse_with_megatron_lm_parser_and_build_megatron_core_config(p, want):
+    ns = vars(recorded_parser(FIX / "megatron_flags.json").parse_args(argv(target("megatron").export(p))))
+    for k, v in want.items():
+        assert ns[k] == v, k
+    d = p.degrees
+    assert ns["--context-parallel-size"] == d["ulysses"] * d["ring"]
+    assert ns["--tensor-model-parallel-size"] * ns["--pipeline-model-parallel-size"] * ns["--context-parallel-size"] \
+        * d["dp"] == p.world_size
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    cfg = TransformerConfig(
+        num_layers=MODEL.layers, hidden_size=MODEL.hidden, num_attention_heads=MODEL.heads,
+        tensor_model_parallel_size=ns["--tensor-model-parallel-size"],
+        pipeline_model_parallel_size=ns["--pipeline-model-parallel-size"],
+        context_parallel_size=ns["--context-parallel-size"],
+        hierarchical_context_parallel_sizes=ns["--hierarchical-context-parallel-sizes"],
+        cp_comm_type=(ns["--cp-comm-type"] or [None])[0], sequence_parallel=ns["--sequence-parallel"],
+        recompute_granularity=ns["--recompute-granularity"], recompute_method=ns["--recompute-method"],
+        recompute_num_layers=ns["--recompute-num-layers"], pipeline_dtype=__import__("torch").bfloat16)
+    assert cfg.context_parallel_size == d["ulysses"] * d["ring"]
+
+
+# ---------------------------------------------------------------- torchtitan (recorded config fields)
+
+@pytest.mark.parametrize("p", [plan("ring", ["tp", "ring", "dp"], tp=2, ring=4, dp=2, zero_stage=3),
+                               plan("ring", ["ring", "pp"], "contiguous", ring=8, pp=2, zero_stage=2,
+                                    checkpointing="full")], ids=lambda p: p.summary())
+def test_torchtitan_overrides_name_its_config_fields_with_valid_values(p):
+    rec = json.loads((FIX / "torchtitan_config.json").read_text())
+    words, sections, ac = argv(target("torchtitan").export(p)), {}, None
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w.startswith("activation_checkpoint:"):
+            ac, i = w.split(":", 1)[1], i + 1
+            continue
+        section, name = w[2:].split(".", 1)
+        f = rec[section][name]  # KeyError: a field torchtitan does not have
+        value = words[i + 1]
+        if f["choices"]:
+            assert value in f["choices"], (name, value)
+        elif f["type"] == "int":
+            value = int(value)
+        sections[name] = value
+        i += 2
+    assert ac in rec["activation_checkpoint"] and ac == ("full" if p.checkpointing == "full" else "none")
+    d = p.degrees
+    assert sections["data_parallel_shard_degree"] * sections["context_parallel_degree"] * \
+        sections["tensor_parallel_degree"] * sections["pipeline_parallel_degree"] == p.world_size
+    assert sections["context_parallel_load_balancer"] == ("headtail" if p.token_layout == "zigzag" else "None")
+    assert sections["fsdp_reshard_after_forward"] == ("never" if p.zero_stage == 2 else "default")
+    assert sections["global_batch_size"] == 2 and d["ring"] == sections["context_parallel_degree"]
+
+
+# ---------------------------------------------------------------- DeepSpeed (its own config class)
+
+class _World:
+    """deepspeed.comm as DeepSpeedConfig asks it (rank, world size), for a world of ``size`` ranks."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def get_rank(self):
+        return 0
+
+    def get_world_size(self, group=None):
+        return self.size
+
+
+@pytest.mark.parametrize("p", [plan("ulysses", ["ulysses", "dp"], "contiguous", ulysses=8, dp=2, zero_stage=3),
+                               plan("ulysses", ["ulysses"], "contiguous", ulysses=16, zero_stage=1,
+                                    work=Workload(seq_len=131072, batch=4))], ids=lambda p: p.summary())
+def test_deepspeed_config_is_read_by_deepspeed(p, monkeypatch):
+    """DeepSpeedConfig as in a Hugging Face run without an mpu: data parallel = world / sequence_parallel_size."""
+    import deepspeed.runtime.config as ds_config
+
+    cfg = json.loads(target("deepspeed").export(p))
+    assert cfg["sequence_parallel_size"] == p.degrees["ulysses"]
+    monkeypatch.setattr(ds_config, "dist", _World(p.world_size))
+    c = ds_config.DeepSpeedConfig(cfg)
+    assert c.world_size == p.degrees["dp"] and c.zero_optimization_stage == p.zero_stage
+    assert c.train_batch_size == p.workload.batch
+    assert c.train_micro_batch_size_per_gpu * c.gradient_accumulation_steps * p.degrees["dp"] == p.workload.batch
+
+
+# ---------------------------------------------------------------- yunchang (its groups in a 4-rank gloo world)
+
+def _yunchang_world(rank, world, code, seq_len):
+    import torch
+    import torch.distributed as dist
+    from yunchang.globals import PROCESS_GROUP
+
+    ns: dict = {}
+    exec(compile(code, "export.py", "exec"), ns)
+    ns["make_attention"]()
+    x = torch.arange(seq_len).reshape(1, seq_len, 1)
+    return (dist.get_process_group_ranks(PROCESS_GROUP.ULYSSES_PG), dist.get_process_group_ranks(PROCESS_GROUP.RING_PG),
+            ns["local_tokens"](x).flatten().tolist())
+
+
+@pytest.mark.parametrize("p", [
+    plan("usp", ["ulysses", "ring"], "zigzag", ulysses=2, ring=2),
+    plan("usp", ["ring", "ulysses"], "zigzag", ulysses=2, ring=2),
+    plan("usp", ["ulysses", "ring"], "striped", ulysses=2, ring=2),
+    plan("ring", ["ring"], "contiguous", ring=4),
+    plan("ring", ["ring", "dp"], "zigzag", ring=2, dp=2),
+], ids=lambda p: p.summary())
+def test_yunchang_groups_and_tokens_match_the_plan_layout(p):
+    seq = 64
+    code = target("yunchang").export(p)
+    got = run_world(_yunchang_world, 4, code, seq, timeout=120)
+    lay = p.layout()
+    for rank, (uly, ring, tokens) in enumerate(got):
+        assert uly == lay.group_of("ulysses", rank) and ring == lay.group_of("ring", rank), rank
+        assert tokens == lay.tokens(rank, seq).tolist(), rank
+
+
+# ---------------------------------------------------------------- xDiT (recorded flags), accelerate (its class)
+
+def test_xdit_args_parse_with_recorded_xfuser_flags():
+    p = plan("usp", ["tp", "ulysses", "ring", "dp"], "contiguous", tp=2, ulysses=2, ring=2, dp=2,
+             work=Workload(seq_len=4096, causal=False, training=False))
+    ns = vars(recorded_parser(FIX / "xdit_flags.json").parse_args(argv(target("xdit").export(p))))
+    assert (ns["--ulysses_degree"], ns["--ring_degree"], ns["--data_parallel_degree"],
+            ns["--tensor_parallel_degree"]) == (2, 2, 2, 2)
+
+
+@pytest.mark.parametrize("p,mesh", [
+    (plan("ring", ["tp", "ring", "dp"], tp=2, ring=4, dp=2, zero_stage=3), (("dp_shard", "cp", "tp"), (2, 4, 2))),
+    (plan("ulysses", ["ulysses", "dp"], "contiguous", ulysses=8, dp=2, zero_stage=2, checkpointing="full"),
+     (("sp",), (8,))),
+    (plan("ring", ["dp"], dp=16, zero_stage=0, work=Workload(seq_len=8192, batch=16)), (("dp_replicate",), (16,))),
+], ids=lambda x: x.summary() if isinstance(x, Plan) else "")
+def test_accelerate_snippet_builds_its_parallelism_config(p, mesh):
+    ns: dict = {}
+    exec(compile(target("accelerate").export(p), "export.py", "exec"), ns)
+    pc = ns["parallelism_config"]
+    assert pc._get_mesh() == (mesh[1], mesh[0]) or tuple(pc._get_mesh()) == (mesh[0], mesh[1])
+    assert callable(ns["make_accelerator"])
+
+
+# ---------------------------------------------------------------- what a target cannot express
+
+INEXPRESSIBLE = [
+    ("megatron", plan("wallfacer", ["ring"], ring=16, team=2, placement="collective_intra"), "algorithm",
+     "megatron has no WallFacer"),
+    ("megatron", plan("tokenring", ["ring"], ring=16), "algorithm", "megatron has no TokenRing"),
+    ("megatron", plan("metp", ["tp", "pp"], tp=8, pp=2), "algorithm", "megatron has no METP"),
+    ("megatron", plan("ring", ["ring"], "striped", ring=16), "token_layout", "megatron has no striped token layout"),
+    ("megatron", plan("usp", ["ring", "ulysses"], ulysses=4, ring=4), "order",
+     "megatron cannot place the mesh order ring<ulysses"),
+    ("megatron", plan("ring", ["ring"], ring=16, checkpointing="attention_boundary"), "checkpointing",
+     "megatron has no attention_boundary checkpointing"),
+    ("torchtitan", plan("ulysses", ["ulysses"], "contiguous", ulysses=16, zero_stage=3), "algorithm",
+     "torchtitan has no Ulysses"),
+    ("torchtitan", plan("ring", ["ring"], "striped", ring=16, zero_stage=3), "token_layout", "has no striped"),
+    ("torchtitan", plan("ring", ["dp", "ring"], ring=8, dp=2, zero_stage=3), "order",
+     "cannot place the mesh order dp<ring"),
+    ("deepspeed", plan("ring", ["ring"], ring=16), "algorithm", "deepspeed has no Ring attention"),
+    ("yunchang", plan("usp", ["tp", "ulysses", "ring"], tp=2, ulysses=2, ring=4), "tp", "yunchang has no tp"),
+    ("yunchang", plan("usp", ["ring", "ulysses"], "striped", ulysses=2, ring=2), "order", "assumes use_ulysses_low"),
+    ("accelerate", plan("usp", ["ulysses", "ring"], ulysses=4, ring=4), "algorithm", "accelerate has no USP"),
+    ("accelerate", plan("ring", ["tp", "ring", "dp"], tp=2, ring=4, dp=2, zero_stage=0), "zero_stage", "FSDP2"),
+    ("xdit", plan("usp", ["ulysses", "ring"], "zigzag", ulysses=4, ring=4, work=Workload(seq_len=131072, training=False)),
+     "token_layout", "xdit has no zigzag token layout"),
+]
+
+
+@pytest.mark.parametrize("name,p,key,reason", INEXPRESSIBLE, ids=[f"{t}-{k}" for t, _, k, _ in INEXPRESSIBLE])
+def test_a_plan_the_target_cannot_express_names_why(name, p, key, reason):
+    t = target(name)
+    assert t.problems(p)[0][0] == key and reason in t.problems(p)[0][1]
+    with pytest.raises(PlanError, match=reason):
+        t.export(p)
+
+
+def test_xdit_refuses_a_training_plan_and_unknown_targets_are_named():
+    with pytest.raises(PlanError, match="xdit runs inference only"):
+        target("xdit").export(plan("ulysses", ["ulysses"], "contiguous", ulysses=16))
+    with pytest.raises(PlanError, match="megatron|torchtitan|deepspeed|yunchang|xdit|accelerate"):
+        target("colossalai")
+    assert set(TARGETS) == {"megatron", "torchtitan", "deepspeed", "yunchang", "xdit", "accelerate"}
+
+
+@pytest.mark.parametrize("name", ["megatron", "deepspeed", "torchtitan"])
+def test_nearest_is_the_best_expressible_plan_of_the_full_ranking(name):
+    """Against an unpruned grid ranking of every layout, filtered by what the target expresses."""
+    c = preset_cluster("dgx-h100", 1)
+    w = Workload(seq_len=65536, batch=1)
+    t = target(name)
+    original = plan("wallfacer", ["ring"], ring=8, team=2, placement="collective_intra", work=w, zero_stage=2)
+    near = nearest(t, original, c, MODEL, w)
+    assert not t.problems(near.plan)
+    full = grid_search(c, MODEL, w, Space(c.world_size, MODEL, w), keep=None)
+    best = next(tc for tc in full.ranked if not t.problems(tc[1].to_plan(model=MODEL, workload=w)))
+    assert near.plan.predicted.step_time_s == pytest.approx(best[0], rel=1e-9)
+    est = Estimator(c, MODEL, w)
+    assert near.change == pytest.approx(est(near.plan).step_time_s / est(original).step_time_s - 1, rel=1e-9)
+
+
+# ---------------------------------------------------------------- the command
+
+def run(*args):
+    return subprocess.run(SP + list(args), capture_output=True, text=True, timeout=300)
+
+
+def test_export_command_exits_2_naming_the_nearest_and_exports_it_with_nearest(tmp_path):
+    src = plan("wallfacer", ["ring"], ring=8, team=2, placement="collective_intra",
+               work=Workload(seq_len=65536), zero_stage=2)
+    c = preset_cluster("dgx-h100", 1)
+    src = src.model_copy(update={"cluster": c.name, "cluster_fingerprint": c.fingerprint()})
+    src.save(tmp_path / "wf.yaml")
+    r = run("export", str(tmp_path / "wf.yaml"), "--to", "megatron", "--no-profile")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "megatron has no WallFacer; nearest: " in lines[0] and "% step time" in lines[0]
+    near = lines[0].split("nearest: ")[1].split(",")[0]
+    r = run("export", str(tmp_path / "wf.yaml"), "--to", "megatron", "--no-profile", "--nearest",
+            "-o", str(tmp_path / "m.args"))
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "m.args").read_text()
+    assert f"sp-plan export: {near}" in text and "--context-parallel-size" in text
+    ns = vars(recorded_parser(FIX / "megatron_flags.json").parse_args(argv(text)))
+    assert ns["--context-parallel-size"] > 1
+
+
+def test_export_command_prints_an_expressible_plan_and_rejects_bad_input(tmp_path):
+    p = plan("usp", ["ulysses", "ring"], ulysses=4, ring=2)
+    p.save(tmp_path / "p.yaml")
+    r = run("export", str(tmp_path / "p.yaml"), "--to", "yunchang")
+    assert r.returncode == 0 and "set_seq_parallel_pg(ULYSSES_DEGREE, RING_DEGREE" in r.stdout
+    assert "ULYSSES_DEGREE, RING_DEGREE = 4, 2" in r.stdout
+    bare = Plan(algorithm="wallfacer", degrees={"ring": 16, "team": 2}, order=["ring"], placement="collective_intra")
+    bare.save(tmp_path / "bare.yaml")
+    r = run("export", str(tmp_path / "bare.yaml"), "--to", "megatron")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "megatron has no WallFacer" in r.stderr and "names no model" in r.stderr

@@ -1,0 +1,191 @@
+"""The transformers integration: a 2-layer Llama under 4 gloo ranks, every runtime algorithm, against one process."""
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers  # the `test` extra installs it
+
+from sp_plan.integrations.transformers import (
+    NAME, all_reduce_grads, count_loss_tokens, register, shard_inputs, shift_labels)
+from sp_plan.planner import Plan, PlanError
+from sp_plan.runtime import attention as runtime_attention
+from sp_plan.runtime import init
+from sp_plan.runtime.spawn import run_world
+
+SEQ, BATCH, VOCAB = 64, 2, 256
+SCALING = 0.2  # head_dim 16: the default would be 0.25
+CONFIG = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                                  num_hidden_layers=2, vocab_size=VOCAB, max_position_embeddings=256)
+
+
+def _p(algorithm, degrees, order, token_layout="contiguous", placement=None):
+    return Plan(algorithm=algorithm, degrees=degrees, order=order, token_layout=token_layout, placement=placement)
+
+
+PLANS = [
+    _p("ring", {"ring": 4}, ["ring"], "contiguous"),
+    _p("ring", {"ring": 4}, ["ring"], "zigzag"),
+    _p("ring", {"ring": 4}, ["ring"], "striped"),
+    _p("ulysses", {"ulysses": 4}, ["ulysses"]),
+    _p("usp", {"ulysses": 2, "ring": 2}, ["ulysses", "ring"], "zigzag"),
+    _p("usp", {"ulysses": 2, "ring": 2}, ["ring", "ulysses"], "striped"),
+    _p("wallfacer", {"ring": 4, "team": 2}, ["ring"], "zigzag", "collective_intra"),
+    _p("wallfacer", {"ring": 4, "team": 2}, ["ring"], "striped", "p2p_intra"),
+    _p("tokenring", {"ring": 4}, ["ring"], "contiguous"),
+    _p("tokenring", {"ring": 4}, ["ring"], "zigzag"),
+    _p("tokenring_ring", {"ring": 4, "team": 2}, ["ring"], "zigzag"),
+    _p("ring", {"ring": 2, "dp": 2}, ["ring", "dp"], "zigzag"),  # data parallel beside the ring
+]
+#: METP shards the layer's weights; the integration refuses it (test below)
+REFUSED = {"metp"}
+
+
+def _batch():
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+
+
+def _model(attn, causal=True):
+    """The 2-layer Llama; a scaling other than head_dim^-0.5 checks that the module's reaches the runtime."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(CONFIG, attn_implementation=attn)
+    for layer in model.model.layers:
+        layer.self_attn.scaling, layer.self_attn.is_causal = SCALING, causal
+    return model
+
+
+def _train_step(rank, world, plans, causal=True):
+    """One forward and backward of every plan; the summed loss and the all-reduced gradients."""
+    out = []
+    for plan in plans:
+        ctx = init(plan)
+        model = _model(register(ctx), causal)
+        ids = _batch()
+        mine = ids.chunk(plan.degrees["dp"])[ctx.layout.coords(rank).get("dp", 0)]  # this data-parallel rank's rows
+        x, pos, labels = shard_inputs(ctx, mine, mine)
+        logits = model(input_ids=x, position_ids=pos).logits
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / count_loss_tokens(ids)
+        loss.backward()
+        all_reduce_grads(ctx, model)
+        total = loss.detach().clone()
+        torch.distributed.all_reduce(total)
+        out.append((total.item(), {n: p.grad for n, p in model.named_parameters()}))
+    return out
+
+
+def _reference(causal=True):
+    """Loss and gradients of the same model and batch in one process (transformers' own sdpa and loss)."""
+    model = _model("sdpa", causal)
+    ids = _batch()
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss.item(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def _compare(plans, results, reference):
+    ref_loss, ref_grads = reference
+    for plan, (loss, grads) in zip(plans, results[0]):
+        assert loss == pytest.approx(ref_loss, abs=1e-5), plan.summary()
+        for name, g in ref_grads.items():
+            torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-6, msg=f"{plan.summary()}: {name}")
+    for other in results[1:]:  # every rank holds the same summed loss and gradients
+        for (l0, g0), (l1, g1) in zip(results[0], other):
+            assert l0 == l1
+            assert all(torch.equal(g0[n], g1[n]) for n in g0)
+
+
+def test_every_runtime_algorithm_is_tested_or_refused():
+    runtime_attention._load_variants()
+    assert set(runtime_attention.ALGORITHMS) == {p.algorithm for p in PLANS} | REFUSED
+
+
+def test_loss_and_gradients_match_one_process():
+    _compare(PLANS, run_world(_train_step, 4, PLANS, timeout=120), _reference())
+
+
+def test_a_non_causal_module_attends_both_ways():
+    """module.is_causal = False (an encoder) overrides the plan's causal default."""
+    plans = [PLANS[1], PLANS[3], PLANS[5], PLANS[6]]
+    reference = _reference(causal=False)
+    assert abs(reference[0] - _reference()[0]) > 1e-3  # the reference is really bidirectional
+    _compare(plans, run_world(_train_step, 4, plans, False, timeout=120), reference)
+
+
+def test_shift_then_shard():
+    labels = torch.arange(8).view(1, 8)
+    assert shift_labels(labels).tolist() == [[1, 2, 3, 4, 5, 6, 7, -100]]
+    assert count_loss_tokens(torch.tensor([[5, 6, -100, 7]])) == 2
+
+
+def _errors(rank, world):
+    """transformers' own loss and all-ones masks agree; the clear errors: padding and custom masks, packed or local
+    positions, tp/METP plans, a KV cache, a sequence the layout cannot split."""
+    msgs = {}
+    for key, plan in {"tp": _p("ring", {"ring": 2, "tp": 2}, ["tp", "ring"]),
+                      "metp": _p("metp", {"tp": 4}, ["tp"])}.items():
+        try:
+            register(init(plan))
+        except PlanError as e:
+            msgs[key] = str(e)
+    ctx = init(_p("ring", {"ring": 4}, ["ring"], "zigzag"))
+    model = _model(register(ctx))
+    ids = _batch()
+    x, pos, labels = shard_inputs(ctx, ids, ids)
+    # transformers' own loss on the already shifted labels, normalized by the global count, is the same sum
+    n = count_loss_tokens(ids)
+    out = model(input_ids=x, position_ids=pos, labels=labels, shift_labels=labels, num_items_in_batch=n)
+    own = F.cross_entropy(out.logits.flatten(0, 1), labels.flatten(), reduction="sum") / n
+    hf_loss_agrees = torch.allclose(out.loss, own, rtol=1e-6, atol=0)
+    # an all-ones mask is honoured: same logits as no mask
+    same = torch.equal(model(input_ids=x, position_ids=pos).logits,
+                       model(input_ids=x, position_ids=pos, attention_mask=torch.ones_like(x)).logits)
+    padding = torch.ones_like(x)
+    padding[0, :3] = 0
+    for key, kw in {"padding": dict(attention_mask=padding),
+                    "mask4d": dict(attention_mask=torch.ones(BATCH, 1, x.shape[1], x.shape[1], dtype=torch.bool)),
+                    "cache": dict(use_cache=True), "local_positions": dict(position_ids=None)}.items():
+        try:
+            model(input_ids=x, **{"position_ids": pos, **kw})
+            if key == "cache":  # a cache is fine for one pass; the second sees more keys than queries
+                out = model(input_ids=x, position_ids=pos, use_cache=True)
+                model(input_ids=x[:, :1], position_ids=pos[:, :1] + SEQ, past_key_values=out.past_key_values)
+        except PlanError as e:
+            msgs[key] = str(e)
+    packed = torch.cat([torch.arange(SEQ // 2), torch.arange(SEQ // 2)]).view(1, SEQ)
+    try:
+        shard_inputs(ctx, ids, ids, position_ids=packed)
+    except PlanError as e:
+        msgs["packed"] = str(e)
+    try:
+        shard_inputs(ctx, ids[:, :60], ids[:, :60])
+    except PlanError as e:
+        msgs["seq_len"] = str(e)
+    registered = transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS.get(NAME) is not None
+    return same, registered, hf_loss_agrees, msgs
+
+
+def test_unsupported_inputs_are_clear_errors():
+    same, registered, hf_loss_agrees, msgs = run_world(_errors, 4, timeout=120)[0]
+    assert same and registered and hf_loss_agrees
+    assert msgs["tp"].startswith("degrees.tp: the transformers integration keeps every weight whole")
+    assert msgs["metp"].startswith("algorithm: METP shards")
+    assert msgs["padding"].startswith("attention_mask:") and "padding mask" in msgs["padding"]
+    assert "pad on the right" in msgs["padding"]
+    assert msgs["mask4d"].startswith("attention_mask:") and "4D mask" in msgs["mask4d"]
+    assert msgs["cache"].startswith("past_key_values:")
+    assert msgs["local_positions"].startswith("position_ids: rank 0's position ids are not the global positions")
+    assert msgs["packed"].startswith("position_ids:") and "packed" in msgs["packed"]
+    assert msgs["seq_len"].startswith("seq_len: 60 is not divisible by 8")
+
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(sliding_window=16), "sliding_window"),
+    (dict(softcap=30.0), "softcap"),
+    (dict(dropout=0.1), "attention_dropout"),
+    (dict(output_attentions=True), "output_attentions"),
+])
+def test_attention_call_refuses_what_it_cannot_honour(kwargs, field):
+    from sp_plan.integrations.transformers import attention_forward
+
+    q = torch.zeros(1, 4, 8, 16)
+    with pytest.raises(PlanError, match=f"^{field}: "):
+        attention_forward(None, None, q, q, q, None, **kwargs)  # refused before any communication
