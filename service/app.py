@@ -97,6 +97,17 @@ def _search_job(req: PlanRequest, inputs, storage: str | None, study: str | None
         return "error", (e.field, e.problem, e.fix), time.perf_counter() - t0
 
 
+def _report_job(req: PlanRequest, res: PlanResponse, profile: Profile | None) -> str:
+    """In a pool process: the HTML report (integrations/report.py, matplotlib) of a computed plan, as `plan --report`
+    writes it: the top plans and the best of every other variant, about the winner."""
+    from sp_plan.cli.report import report_plans  # noqa: PLC0415
+    from sp_plan.integrations.report import render_report  # noqa: PLC0415
+    from sp_plan.planner.equivalent import group  # noqa: PLC0415
+
+    rows, chosen = report_plans([r.plan for r in group(res.plans)], res.families)
+    return render_report(rows, build_cluster(req, None), profile=profile, chosen=chosen, notes=[res.profile_line])
+
+
 def _warm() -> None:
     """Import the planner in a pool process before the first request needs it."""
     import sp_plan.planner.bayes  # noqa: F401,PLC0415
@@ -284,12 +295,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         async def compute():
             doc = await svc.db(svc.store.service_plan, key)
             if doc is not None:
-                return json.dumps(doc).encode(), "store"
+                return json.dumps(doc["response"]).encode(), "store"
             res = await svc.run_search(req, inputs, svc.store.url, f"sp-plan-{key}")
             res.id = key
-            doc = res.model_dump(mode="json")
+            doc = {"response": res.model_dump(mode="json"), "request": req.model_dump(mode="json")}
             await svc.db(svc.store.save_service_plan, key, doc, res.profile)  # acknowledged only once stored
-            return json.dumps(doc).encode(), "computed"
+            return json.dumps(doc["response"]).encode(), "computed"
 
         body, how = await svc.cache.get(key, compute)
         svc.metrics.cache.labels(how).inc()
@@ -311,17 +322,29 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         doc = await svc.db(svc.store.service_plan, id)
         if doc is None:
             raise NotFound("id", f"no plan {id!r}", "use the id a POST /v1/plan answered")
-        return Response(json.dumps(doc), media_type=JSON)
+        return Response(json.dumps(doc["response"]), media_type=JSON)
 
     @app.get("/v1/plans/{id}/report", response_class=HTMLResponse, tags=["plan"])
     async def report(id: str, svc: Service = Depends(reader)):
-        """The ranked table and the winner's breakdown as an HTML page."""
+        """The HTML report of a computed plan (what `sp-plan plan --report` writes), rendered in the process pool."""
         doc = await svc.db(svc.store.service_plan, id)
         if doc is None:
             raise NotFound("id", f"no plan {id!r}", "use the id a POST /v1/plan answered")
-        from sp_plan.service.report import render  # noqa: PLC0415
-
-        return HTMLResponse(render(PlanResponse.model_validate(doc)))
+        res = PlanResponse.model_validate(doc["response"])
+        prof = None
+        if res.profile and res.profile != "file":
+            try:
+                prof = await svc.db(svc.store.get_profile, res.profile)
+            except PlanError as e:
+                if e.field != "profile":
+                    raise  # a profile deleted since: the report without its measured candidates
+        loop = asyncio.get_running_loop()
+        try:
+            page = await loop.run_in_executor(svc.pool, _report_job, PlanRequest.model_validate(doc["request"]), res, prof)
+        except BrokenProcessPool:
+            svc.pool = svc._pool()
+            raise Unavailable("report", "the report process died", "retry") from None
+        return HTMLResponse(page)
 
     # ---- presets and the store
     @app.get("/v1/presets", tags=["store"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -112,10 +113,12 @@ def _metric(srv: Server, name: str, **labels) -> float:
 
 def test_plan_over_http_is_the_cli_plan(server, tmp_path):
     """`sp-plan plan --server` prints what the local run prints; the client's winner is the Python API's."""
-    local = _cli("plan", *PLAN, "--seq-len", "64k", "--store", server.store, "-o", str(tmp_path / "local.yaml"))
+    local = _cli("plan", *PLAN, "--seq-len", "64k", "--store", server.store, "-o", str(tmp_path / "local.yaml"),
+                 "--report", str(tmp_path / "local.html"))
     remote = _cli("plan", *PLAN, "--seq-len", "64k", "--server", server.url, "-o", str(tmp_path / "remote.yaml"))
     assert local.returncode == 0 and remote.returncode == 0, local.stderr + remote.stderr
-    assert remote.stdout.replace("remote.yaml", "local.yaml") == local.stdout and "ranked layouts" in local.stdout
+    assert remote.stdout.replace("remote.yaml", "local.yaml") == \
+        local.stdout.replace(f"wrote {tmp_path / 'local.html'}\n", "") and "ranked layouts" in local.stdout
     assert Plan.load(tmp_path / "remote.yaml") == Plan.load(tmp_path / "local.yaml")
 
     req = PlanRequest(cluster="dgx-h100", nodes=2, model="llama3-8b", workload=Workload(seq_len=65536), top=3)
@@ -130,9 +133,11 @@ def test_plan_over_http_is_the_cli_plan(server, tmp_path):
     assert raw.status_code == 200 and raw.json()["id"] == res.id  # "64k" and 65536 are one request
     got = httpx.get(f"{server.url}/v1/plans/{res.id}")
     assert got.status_code == 200 and Plan.model_validate(got.json()["winner"]) == res.winner
-    page = httpx.get(f"{server.url}/v1/plans/{res.id}/report")
+    page = httpx.get(f"{server.url}/v1/plans/{res.id}/report", timeout=120)
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
-    assert html.escape(res.winner.summary()) in page.text and "ranked layouts" in page.text
+    when = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC")  # the report's "made at" minute
+    assert when.sub("", page.text) == when.sub("", (tmp_path / "local.html").read_text())  # = `plan --report`
+    assert html.escape(res.winner.summary()) in page.text and "<img" in page.text
 
 
 def test_estimate_over_http_is_the_cli_estimate(server, tmp_path):
