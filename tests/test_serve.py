@@ -147,6 +147,14 @@ def test_estimate_over_http_is_the_cli_estimate(server, tmp_path):
     remote = _cli(*args, "--server", server.url)
     assert local.returncode == 0 and remote.returncode == 0, local.stderr + remote.stderr
     assert remote.stdout == local.stdout and "tokens/s" in local.stdout
+    raw = httpx.post(f"{server.url}/v1/estimate", json={"plan": {"algorithm": "ulysses", "degrees": {"ulysses": 8}},
+                                                       "cluster": "dgx-h100", "model": "llama3-8b",
+                                                       "workload": {"seq_len": "64k", "inference": True}})
+    assert raw.status_code == 200 and raw.json()["plan"]["predicted"]["step_time_s"] > 0
+    assert raw.json()["workload"]["training"] is False
+    unknown = httpx.post(f"{server.url}/v1/estimate", json={"plan": {"algorithm": "ulysses", "degrees": {"ulysses": 8}},
+                                                           "cluster": "dgx-h100", "model": "gpt-9"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["field"] == "model"
     other = ["--nodes", "4", "--store", server.store]  # a plan for another cluster: the same one-line error
     local, remote = _cli(*args, *other), _cli(*args, *other[:2], "--server", server.url)
     assert local.returncode == remote.returncode == 2 and local.stderr == remote.stderr and "cluster_fingerprint" in local.stderr
@@ -319,6 +327,11 @@ def test_private_service_needs_a_token_to_read(tmp_path):
         assert httpx.get(f"{srv.url}/healthz").status_code == 200
     finally:
         srv.stop()
+
+
+def test_plan_report_and_sensitivity_are_local_only():
+    r = _cli("plan", *PLAN, "--seq-len", "64k", "--server", "http://127.0.0.1:9", "--report", "r.html")
+    assert r.returncode == 2 and "--report" in r.stderr and "/v1/plans/ID/report" in r.stderr
 
 
 def test_serve_refuses_bad_options(tmp_path):
