@@ -2,6 +2,7 @@
 
     from sp_plan.planner import Cluster, ModelSpec, Workload, Plan, plan, estimate
 """
+from . import usp, metp, tokenring, wallfacer  # noqa: F401 (each registers its algorithm, in this order)
 from .cluster import Cluster, Device, Link, NodeType, Switch
 from .errors import PlanError
 from .estimate import Estimator, estimate

@@ -1,17 +1,19 @@
-"""Registry of the attention algorithms the planner prices.
+"""Registry of the attention algorithms the planner prices; it imports none of them.
 
 Each algorithm gives the attention phases of one layer (a schedule), its transient buffers, the
 variants it adds to the search for a choice of degrees (team sizes, placements, token layouts),
-and its own constraints. Ring, Ulysses and USP share one schedule (USP with degree 1 sides);
-WallFacer, TokenRing and METP register themselves from their modules.
+and its own constraints. Each lives in one module that registers itself here (planner/usp.py for
+ring, ulysses and usp; wallfacer, tokenring, metp); the package imports them (planner/__init__.py), so
+adding an algorithm is one new module and its line there.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from importlib import import_module
+from typing import TYPE_CHECKING, Callable
 
-from .memory import usp_buffer_bytes
-from .schedules import Shape, Step, usp_steps
+if TYPE_CHECKING:  # annotations only: the registry imports no schedule at run time
+    from .schedules import Shape, Step
 
 
 @dataclass(frozen=True)
@@ -50,15 +52,6 @@ def algorithm_for(ulysses: int, ring: int) -> str:
     return "usp" if ulysses > 1 and ring > 1 else ("ulysses" if ulysses > 1 else "ring")
 
 
-def _usp_variants(d, model, work) -> list[Variant]:
-    return [Variant(algorithm_for(d.ulysses, d.ring))]
-
-
-for _name in ("ring", "ulysses", "usp"):
-    register(Algorithm(_name, usp_steps, usp_buffer_bytes,
-                       variants=_usp_variants if _name == "usp" else (lambda d, model, work: [])))
-
-
 def variants(d, model, work) -> list[Variant]:
     """Every algorithm variant for degrees ``d``, built-ins first, in a stable order."""
     out = []
@@ -68,5 +61,5 @@ def variants(d, model, work) -> list[Variant]:
 
 
 def load_all() -> None:
-    """Import the modules that register WallFacer, TokenRing and METP (they import this module)."""
-    from . import metp, tokenring, wallfacer  # noqa: F401
+    """Every algorithm registered (kept for callers): importing the package registers them all."""
+    import_module(__package__)

@@ -32,7 +32,8 @@ GIB = 2.0 ** 30
 # ---- profile resolution
 def resolve_params(cluster: Cluster, profile=None, store=None) -> tuple[Params, str, Profile | None]:
     """(Params to price with, one line for the user, the Profile applied or None) for ``profile``:
-    a Profile, an id or file (str), None (the cluster's newest stored profile) or False (none).
+    a Profile, an id or file (str), None (the cluster's newest stored profile) or False (none: the
+    presets' defaults, sp_plan.profiles.kernels.default_params).
 
     Delegates to sp_plan.profiles.store.resolve_profile (imported here: profiles imports the planner);
     ``store`` is a Store or a URL."""
@@ -41,9 +42,11 @@ def resolve_params(cluster: Cluster, profile=None, store=None) -> tuple[Params, 
     if isinstance(store, str):
         store = store_mod.Store(store)
     prof, line = store_mod.resolve_profile(profile, cluster, store=store)
-    if prof is None:
+    if prof is None:  # the presets' default terms (kernel curves, collective efficiencies, overheads)
+        from sp_plan.profiles.kernels import default_params
+
         why = line.removeprefix("profile: ")
-        return Params(), (why if why.startswith("not using") else f"not using a profile: {why}"), None
+        return default_params(cluster), (why if why.startswith("not using") else f"not using a profile: {why}"), None
     return prof.params, (line if line.startswith("using") else f"using {line}"), prof
 
 

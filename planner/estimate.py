@@ -9,6 +9,7 @@ communicates on, so the grid search prices most candidates with a few dictionary
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import reduce
 
@@ -22,12 +23,11 @@ from .layout import chunks_needed, ring_split
 from .memory import activation_bytes, attention_buffer_bytes, weight_bytes
 from .model import ModelSpec, Workload
 from .params import Params
-from .algorithms import ALGORITHMS, load_all
+from .algorithms import ALGORITHMS
 from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction
 from .schedules import (Comm, Compute, Shape, Step, attention_blocks, attention_steps, balanced_attention, grad_sync,
                         head_steps, layer_schedule, pipeline_p2p, scaled, shard_params)
 
-load_all()
 
 #: fraction of device memory a plan may use (the rest: CUDA context, allocator fragmentation)
 MEMORY_HEADROOM = 0.9
@@ -186,6 +186,7 @@ class Estimator:
         self._prices: dict = {}  # (Orders, schedule_key, rows) -> Priced
         self._busy: dict = {}  # schedule_key -> compute seconds of its steps
         self._shapes: dict = {}  # candidate sizes -> Shape
+        self._curve_at: dict = {}  # (backward, block length) -> attention efficiency read from params' curves
 
     # ---- schedules and their prices, once per shape
     def schedule(self, part: str, c: Shape) -> list[Step]:
@@ -234,8 +235,8 @@ class Estimator:
                         for p in st.phases if isinstance(p, Compute))
             else:  # the phases of the scaled schedule, without building it (the same numbers as schedules.scaled)
                 k, ct = c.mbs, self.compute_time
-                t = sum(ct(Compute(p.name, p.flops * k, p.kind, p.block, p.rows * k)) * st.repeat
-                        for st in self.schedule(part, one) for p in st.phases if isinstance(p, Compute))
+                t = sum(ct(Compute(p.name, p.flops * k, p.kind, p.block, p.rows * k, p.fill, p.nbytes * k))
+                        * st.repeat for st in self.schedule(part, one) for p in st.phases if isinstance(p, Compute))
             self._busy[key] = t
         return t
 
@@ -291,14 +292,22 @@ class Estimator:
     def compute_time(self, p: Compute) -> float:
         """FLOPs over peak x efficiency (design.md "How a plan is predicted").
 
-        Attention: the measured curve params.attention_fwd / attention_bwd at the block length when set,
+        Attention: the measured curve params.attention_fwd / attention_bwd at the block length (a part-filled
+        block: the square block of as many query x key pairs) when set,
         else the device's saturating curve; plus params.round_overhead_s per call (kernel launch + LSE merge
-        + stream sync per ring round). GEMMs: params.matmul at the GEMM's rows when set."""
+        + stream sync per ring round). GEMMs: params.matmul at the GEMM's rows when set. Memory-bound passes:
+        their bytes over params.hbm_bandwidth (free when unset)."""
         pr = self.params
+        if p.kind == "memory":  # memory-bound pass (merge, packing): bytes over achieved HBM bandwidth
+            return p.nbytes / pr.hbm_bandwidth if pr.hbm_bandwidth else 0.0
         if p.kind == "attention":
             curve = pr.attention_bwd if p.name.endswith("bwd") else pr.attention_fwd
-            if curve is not None:
-                eff = curve.at(p.block)
+            if curve is not None:  # a part-filled block runs like the square block of as many pairs
+                x = p.block * math.sqrt(p.fill) if 0 < p.fill < 1 else p.block
+                key = (curve is pr.attention_bwd, x)
+                eff = self._curve_at.get(key)
+                if eff is None:
+                    eff = self._curve_at[key] = curve.at(x)
             else:
                 eff = self.device.attn_efficiency * p.block / (p.block + self.device.attn_half_block)
             t = p.flops / (self.peak * eff)
@@ -338,6 +347,8 @@ class Estimator:
             if rows:
                 hidden = np.maximum(t - busy, 0.0) / np.where(comm_sum > 0, comm_sum, 1.0)
                 for p in st.phases:
+                    if isinstance(p, Compute) and p.kind == "memory" and not self.params.hbm_bandwidth:
+                        continue  # memory passes are free uncalibrated: no row (the breakdown as before them)
                     if isinstance(p, Compute):
                         sec = np.full(n, self.compute_time(p))
                         kind, group, nbytes, x = "compute", None, 0.0, sec
@@ -591,7 +602,11 @@ class Estimator:
         key = ("balanced", backward, c.ulysses, c.ring, c.tp, c.mbs)
         t = self._busy.get(key)
         if t is None:
-            t = self._busy[key] = min(self.compute_time(balanced_attention(c, backward, b)) for b in attention_blocks(c))
+            blocks = attention_blocks(c)
+            curve = self.params.attention_bwd if backward else self.params.attention_fwd
+            if curve is not None:  # part-filled blocks read the curve below their length: its points there too
+                blocks = (*blocks, *(x for x, _ in curve.points if x < blocks[-1]))
+            t = self._busy[key] = min(self.compute_time(balanced_attention(c, backward, b)) for b in blocks)
         return t
 
     def evaluate(self, cand: Candidate, detail: bool = False) -> Evaluation:

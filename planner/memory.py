@@ -8,6 +8,7 @@ everything. Activations per layer follow Korthikanti et al. (2022) Sec. 4 with f
 """
 from __future__ import annotations
 
+from .algorithms import ALGORITHMS
 from .schedules import Shape
 
 WEIGHT_B, GRAD_B, ADAM_B = 2, 4, 12
@@ -51,8 +52,6 @@ def activation_bytes(c: Shape, checkpointing: str, training: bool) -> dict[str, 
     attention_boundary (DistFlashAttn / WallFacer): each layer's input, attention output and LSE
     are kept, so recomputation never reruns attention.
     """
-    from .algorithms import ALGORITHMS
-
     hook = ALGORITHMS[c.algorithm].activations
     if hook is not None:
         return hook(c, checkpointing, training)
@@ -75,25 +74,4 @@ def activation_bytes(c: Shape, checkpointing: str, training: bool) -> dict[str, 
 
 def attention_buffer_bytes(c: Shape, training: bool) -> float:
     """Transient buffers of the layer's attention algorithm (planner/algorithms.py)."""
-    from .algorithms import ALGORITHMS
-
     return ALGORITHMS[c.algorithm].buffers(c, training)
-
-
-def usp_buffer_bytes(c: Shape, training: bool) -> float:
-    """Transient buffers of ring / ulysses / usp attention for one layer.
-
-    Ring: double buffers for K, V (and in backward for dK, dV in fp32), fp32 out/LSE accumulators.
-    Ulysses: the head-sharded copies of q, k, v and the output after the all-to-all.
-    """
-    m = c.model
-    kv_block = c.b * c.n_ring * c.kv_local * m.head_dim * c.e
-    q_ring = c.b * c.n_ring * c.heads_local * m.head_dim
-    buf = 0.0
-    if c.ring > 1:
-        buf += 2 * 2 * kv_block + q_ring * 4 + c.b * c.n_ring * c.heads_local * 4
-        if training:
-            buf += 2 * 2 * kv_block * 2 + q_ring * 4  # dK, dV fp32 double buffers and dQ accumulator
-    if c.ulysses > 1:
-        buf += (2 * q_ring + 2 * c.b * c.n_ring * c.kv_local * m.head_dim) * c.e
-    return buf

@@ -70,6 +70,9 @@ class Params(BaseModel):
     round_overhead_s: float = Field(default=0.0, ge=0, description="fixed seconds per attention block call (launch, merge, sync)")
     memory_overhead_bytes: float = Field(default=0.0, description="framework bytes per rank beyond the modelled parts")
     activation_factor: float = Field(default=1.0, gt=0, description="measured / modelled activation bytes")
+    hbm_bandwidth: float | None = Field(default=None, gt=0, description="achieved device-memory bytes/s of the "
+                                        "memory-bound phases (ring out/LSE merges, all-to-all packing copies); "
+                                        "None: those phases cost nothing (the uncalibrated engine)")
 
     def comm_fit(self, pattern: str, link_class: str) -> CommFit | None:
         """The fit for an engine pattern on a link class, or None (uncalibrated)."""

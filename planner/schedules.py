@@ -11,21 +11,24 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
-from .layout import round_work_runs
+from .algorithms import ALGORITHMS
 from .model import ModelSpec, Workload
 
 
 class Compute(NamedTuple):
     """Per-rank compute: FLOPs and, for attention, the block length that sets its efficiency; for a GEMM the
     rows (tokens) it runs on, which a calibrated matmul curve reads (0: unknown, the curve's largest size).
+    Kind "memory": a memory-bound pass of ``nbytes`` device-memory traffic (no FLOPs counted).
     (Phases and steps are named tuples: the search builds ~10^4 of them, and a tuple is made 3x faster than a
     frozen dataclass.)"""
 
     name: str
     flops: float
-    kind: str = "matmul"  # "matmul" or "attention"
+    kind: str = "matmul"  # "matmul", "attention" or "memory"
     block: float = 0.0
     rows: float = 0.0
+    fill: float = 1.0  # attention: fraction of the block's query x key pairs computed (causal diagonal, zigzag half)
+    nbytes: float = 0.0  # memory: bytes read + written
 
 
 class Comm(NamedTuple):
@@ -88,8 +91,9 @@ class Shape:
 def scaled(steps: list[Step], k: int) -> list[Step]:
     """``steps`` for k times the sequences of a micro-batch: every FLOP count, GEMM row count and byte volume
     of a schedule is linear in ``b`` (the sizes above), block lengths and repeats are not."""
-    return [Step(tuple(Compute(p.name, p.flops * k, p.kind, p.block, p.rows * k) if type(p) is Compute
-                       else Comm(p.name, p.pattern, p.dim, p.nbytes * k) for p in st.phases), st.repeat, st.overlap)
+    return [Step(tuple(Compute(p.name, p.flops * k, p.kind, p.block, p.rows * k, p.fill, p.nbytes * k)
+                       if type(p) is Compute else Comm(p.name, p.pattern, p.dim, p.nbytes * k) for p in st.phases),
+                 st.repeat, st.overlap)
             for st in steps]
 
 
@@ -98,45 +102,24 @@ def attention_flops(sq: float, sk: float, heads: float, d: int, b: int) -> float
     return 4.0 * b * sq * sk * heads * d
 
 
-def ulysses_a2a(c: Shape, backward: bool) -> tuple[list[Comm], list[Comm]]:
-    """USP Table 2 SP-Ulysses: 4 all-to-alls before/after attention forward, 4 in backward."""
-    if c.ulysses == 1:
-        return [], []
-    qo = c.b * c.n_local * c.model.q_dim / c.tp * c.e
-    kv = c.b * c.n_local * c.kv_exchanged * c.model.head_dim * c.e
-    dim = ("ulysses",)
+def a2a_packing(p: Comm) -> Compute:
+    """The copies around an all-to-all (USP's SeqAllToAll4D: a transpose to contiguous per-destination chunks
+    before, the inverse after): two passes that read and write the volume, 4 x its bytes of device memory."""
+    return Compute(p.name.replace("a2a", "a2a packing"), 0.0, "memory", nbytes=4.0 * p.nbytes)
+
+
+def merge_bytes(c: Shape, backward: bool) -> float:
+    """Device-memory bytes of one ring round's merge (zhuzilin/ring-flash-attention ``_update_out_and_lse``,
+    a torch.jit.script function whose elementwise ops fuse into one pass): forward, the block's out (e bytes)
+    read into the fp32 accumulator (read + write) plus the LSE (fp32, read twice and written); backward, dQ
+    into its fp32 accumulator and dK, dV into theirs (e + 4 + 4 bytes each)."""
+    m, e = c.model, c.e
+    q = c.b * c.n_ring * c.heads_local * m.head_dim
+    lse = c.b * c.n_ring * c.heads_local * 4.0 * 3
     if not backward:
-        return ([Comm("ulysses a2a q,k,v", "all_to_all", dim, qo + 2 * kv)],
-                [Comm("ulysses a2a out", "all_to_all", dim, qo)])
-    return ([Comm("ulysses a2a dout", "all_to_all", dim, qo)],
-            [Comm("ulysses a2a dq,dk,dv", "all_to_all", dim, qo + 2 * kv)])
-
-
-def ring_steps(c: Shape, backward: bool) -> list[Step]:
-    """Ring attention: R rounds of [block | send K,V to the next rank], double-buffered (WallFacer eq. 2).
-
-    Backward (zhuzilin/ring-flash-attention): K, V and their gradient accumulators dK, dV travel
-    together; after the last round dK, dV take one more hop home.
-    """
-    R = c.ring
-    blk = attention_flops(c.n_ring, c.n_ring, c.heads_local, c.model.head_dim, c.b)
-    mult = 2.5 if backward else 1.0  # FlashAttention backward: 5 block matmuls vs 2
-    kv_block = c.b * c.n_ring * c.kv_local * c.model.head_dim * c.e
-    send = (4 if backward else 2) * kv_block
-    runs = list(round_work_runs(c.token_layout, R, c.work.seq_len, c.work.causal))
-    tag = "bwd" if backward else "fwd"
-    f_last, k_last = runs[-1]
-    runs[-1:] = ([(f_last, k_last - 1)] if k_last > 1 else []) + [(f_last, 0)]  # the last round sends nothing
-    steps = []
-    for f, k in runs:
-        comp = Compute(f"attention {tag}", mult * blk * f, "attention", c.n_ring)
-        if k:
-            steps.append(Step((comp, Comm(f"ring p2p {tag}", "shift", ("ring",), send)), k, overlap=True))
-        else:
-            steps.append(Step((comp,), 1))
-    if backward and R > 1:
-        steps.append(Step((Comm("ring p2p dk,dv home", "shift", ("ring",), 2 * kv_block),)))
-    return steps
+        return q * (e + 8.0) + lse
+    kv = c.b * c.n_ring * c.kv_local * m.head_dim
+    return (q + 2 * kv) * (e + 8.0)
 
 
 def attention_blocks(c: Shape) -> tuple[float, ...]:
@@ -166,15 +149,7 @@ def balanced_attention(c: Shape, backward: bool, block: float) -> Compute:
 
 def attention_steps(c: Shape, backward: bool) -> list[Step]:
     """Attention of one layer: the registered algorithm's schedule (planner/algorithms.py)."""
-    from .algorithms import ALGORITHMS
-
     return ALGORITHMS[c.algorithm].steps(c, backward)
-
-
-def usp_steps(c: Shape, backward: bool) -> list[Step]:
-    """Attention of one layer for ring, ulysses and usp: all-to-alls around ring rounds (USP Sec. 3)."""
-    pre, post = ulysses_a2a(c, backward)
-    return [Step((p,)) for p in pre] + ring_steps(c, backward) + [Step((p,)) for p in post]
 
 
 def linear_steps(c: Shape, backward: bool) -> list[Step]:
@@ -184,8 +159,6 @@ def linear_steps(c: Shape, backward: bool) -> list[Step]:
     f = 2.0 * c.b * c.n_local * c.model.layer_params() / c.tp
     tag = "bwd" if backward else "fwd"
     steps = [Step((Compute("linear " + tag, 2 * f if backward else f, rows=c.b * c.n_local),))]
-    from .algorithms import ALGORITHMS
-
     if c.tp > 1 and ALGORITHMS[c.algorithm].tp_sp:
         dim = ("tp",)
         steps += [Step((Comm(f"tp all-gather {tag}", "all_gather", dim, c.hidden_bytes),), 2),

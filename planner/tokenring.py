@@ -30,7 +30,7 @@ from functools import lru_cache
 from .algorithms import Algorithm, Variant, register
 from .errors import PlanError
 from .layout import tokenring_step_work
-from .schedules import Comm, Compute, Shape, Step, attention_flops
+from .schedules import Comm, Compute, Shape, Step, attention_flops, merge_bytes
 
 
 def _divisors(n: int) -> list[int]:
@@ -88,7 +88,10 @@ def tokenring_steps(c: Shape, backward: bool) -> list[Step]:
     steps = []
     for first, sends_q, sends_part, kv_across, dkv_across, n in step_classes(P, C):
         outer = kv * kv_across + dkv * dkv_across
-        phases: list = [Compute(f"attention {tag}", mult * blk * work[0 if first else 1], "attention", c.n_ring)]
+        f = work[0 if first else 1]
+        phases: list = [Compute(f"attention {tag}", mult * blk * f, "attention", c.n_ring, fill=f)]
+        if P > 1:  # the owner folds a partial out + LSE into its accumulator (or dQ into its own)
+            phases.append(Compute(f"tokenring merge {tag}", 0.0, "memory", nbytes=merge_bytes(c, backward)))
         if sends_q and sends_part:
             phases.append(Comm(f"tokenring q <-> out,lse {tag}", "shift_bi", inner, max(qv, pv)))
         elif sends_q:

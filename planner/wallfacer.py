@@ -18,7 +18,7 @@ from __future__ import annotations
 from .algorithms import Algorithm, Variant, register
 from .errors import PlanError
 from .layout import PLACEMENTS, check_team, team_group_size, wallfacer_round_runs
-from .schedules import Comm, Compute, Shape, Step, attention_flops
+from .schedules import Comm, Compute, Shape, Step, attention_flops, merge_bytes
 
 TEAM, SUB_RING, RING = ("team",), ("sub_ring",), ("ring",)
 
@@ -57,13 +57,15 @@ def wallfacer_steps(c: Shape, backward: bool) -> list[Step]:
     runs = _rounds(c, backward)
     f_last, k_last = runs[-1]
     runs[-1:] = ([(f_last, k_last - 1)] if k_last > 1 else []) + [(f_last, 0)]  # the last round sends nothing
+    merge = ((Compute(f"wallfacer merge {tag}", 0.0, "memory", nbytes=C * merge_bytes(c, backward)),)  # team block
+             if c.ring > 1 else ())
     for f, k in runs:
-        comp = Compute(f"attention {tag}", mult * blk * f, "attention", s["n_team"])
+        comp = (Compute(f"attention {tag}", mult * blk * f, "attention", s["n_team"], fill=f),) + merge
         if k:
-            steps.append(Step((comp, Comm(f"wallfacer sub-ring p2p {tag}", "shift", SUB_RING, send)), k,
+            steps.append(Step(comp + (Comm(f"wallfacer sub-ring p2p {tag}", "shift", SUB_RING, send),), k,
                               overlap=True))
         else:
-            steps.append(Step((comp,)))
+            steps.append(Step(comp))
     if backward:
         if team_group_size(c.ring, C) > 1:
             steps.append(Step((Comm("wallfacer sub-ring dq home", "shift", SUB_RING, q),)))

@@ -6,6 +6,7 @@
     ctx = init("plan.yaml")
     x_local = ctx.shard(x, dim=1)            # this rank's tokens in the plan's token layout
     out = ctx.attention(q, k, v, causal=True)
+    ctx.attention_backend                    # the block kernel it ran on (runtime.choice)
     x_full = ctx.gather(out, dim=1)
 
 Groups are built once, from the shared layout module, and passed explicitly (no global state).
@@ -23,6 +24,8 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import Layout, mesh_dims
 from sp_plan.planner.plan import Plan
 
+from .choice import BackendChoice
+
 
 @dataclass
 class Context:
@@ -33,6 +36,13 @@ class Context:
     rank: int
     mesh: DeviceMesh
     _groups: dict = field(default_factory=dict)
+    #: the block-kernel choice of this process (SP_PLAN_ATTN_BACKEND or measured once per block kind)
+    backends: BackendChoice = field(default_factory=BackendChoice.from_env)
+
+    @property
+    def attention_backend(self) -> str | None:
+        """The block kernel the last ``attention`` call ran on (None before the first)."""
+        return self.backends.backend
 
     def group(self, name: str):
         """The process group of dimension ``name`` (or "sp" = ulysses x ring) holding this rank; None if degree 1."""
@@ -77,8 +87,9 @@ class Context:
         ranks = {n: self.ranks(n) for n in names}
         if self.plan.algorithm == "tokenring_ring":  # the inner TokenRing: the plan's team, not the hostnames
             ranks["team"] = self.layout.group_of("team", self.rank)
+        backend = self.backends.choose(q, k, causal)  # keyed by the local block: device, dtype, head dim, length
         return attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,
-                         token_layout=self.plan.token_layout, scale=scale)
+                         token_layout=self.plan.token_layout, scale=scale, backend=backend)
 
 
 def _as_plan(plan_or_path: Plan | str | Path) -> Plan:

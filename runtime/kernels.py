@@ -16,29 +16,27 @@ and their gradients summed back. A causal mask is given either as a diagonal off
 (True = attend); ``causal_block_mask`` reduces a pair of global token lists to the smallest
 (row range, column range, offset or mask) the kernel needs.
 
-Backends: flash-attn if importable and the tensors are on CUDA; otherwise PyTorch's fused CUDA
-memory-efficient attention (returns the LSE, takes a bias); on CPU the fused flash kernel
-``_scaled_dot_product_flash_attention_for_cpu`` for float32/bfloat16/float16; and a plain
-matmul + logsumexp reference path for float64 (and as the fallback).
+Backends (``runtime.backends``): flash-attn, cuDNN and flash SDPA, PyTorch's memory-efficient CUDA
+kernel, the fused CPU flash kernel and a plain matmul + logsumexp path (``math``, the reference).
+Without an explicit ``backend`` the long-standing default of ``select_backend`` runs; the measured
+choice lives in ``runtime.choice``.
 """
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-try:  # pragma: no cover - flash-attn is only installed on CUDA machines
-    from flash_attn import flash_attn_interface as _fa
-except ImportError:  # pragma: no cover
-    _fa = None
+from . import backends as B
+from .backends import bias as _bias  # noqa: F401 - kept importable from here
+from .backends import finite as _finite
+from .backends import lse_dtype, offset_mask  # noqa: F401 - part of this module's API
 
-BACKENDS = ("flash_attn", "cuda_efficient", "cpu_flash", "reference")
-_CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_CPU_FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+BACKENDS = tuple(B.BACKENDS) + tuple(B.ALIASES)
 _NEG_INF = float("-inf")
+_LEGACY = {"math": "reference", "efficient": "cuda_efficient"}
 
 
 # ---------------------------------------------------------------- masks
@@ -100,13 +98,6 @@ def causal_block_mask(q_tokens, k_tokens) -> BlockMask | None:
     return BlockMask(r0, r1, c0, c1, mask=torch.from_numpy(sub.copy()))
 
 
-def offset_mask(n_rows: int, n_cols: int, offset: int, device=None) -> torch.Tensor:
-    """Boolean mask (True = attend) of the diagonal offset: column j <= row i + offset."""
-    rows = torch.arange(n_rows, device=device).unsqueeze(1)
-    cols = torch.arange(n_cols, device=device).unsqueeze(0)
-    return cols <= rows + offset
-
-
 @dataclass(frozen=True)
 class _Region:
     """What a backend computes: rows [row_start:], keys [:col_stop], top-left causal or a mask."""
@@ -139,24 +130,12 @@ def _region(n_q: int, n_k: int, causal_offset: int | None, mask: torch.Tensor | 
 
 # ---------------------------------------------------------------- backend selection
 
-def _has_flash_attn() -> bool:
-    return _fa is not None
-
-
 def select_backend(q: torch.Tensor, masked: bool = False) -> str:
-    """Which kernel runs a block of this device/dtype (and with an explicit mask or not)."""
-    if q.is_cuda and q.dtype in (torch.float32, torch.bfloat16, torch.float16):
-        if _has_flash_attn() and q.dtype != torch.float32 and not masked:
-            return "flash_attn"
-        return "cuda_efficient"
-    if q.dtype in (torch.float32, torch.bfloat16, torch.float16):
-        return "cpu_flash"
+    """The unmeasured default kernel of this device/dtype (and with an explicit mask or not), ``backends.STATIC`` order."""
+    for name in B.STATIC:
+        if B.BACKENDS[name].available(q.device.type, q.dtype, q.shape[-1], masked):
+            return _LEGACY.get(name, name)
     return "reference"
-
-
-def lse_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Accumulation dtype of out and lse: float64 for float64, else float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -177,148 +156,22 @@ def _reduce_kv(dx: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return dx.view(b, s, kv_heads, h // kv_heads, d).sum(dim=3)
 
 
-def _bias(mask: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
-    """Additive bias (0 where attended, -inf elsewhere) of a boolean mask."""
-    bias = torch.zeros(mask.shape, dtype=dtype, device=device)
-    return bias.masked_fill_(~mask.to(device), _NEG_INF)
-
-
-# ---------------------------------------------------------------- reference (matmul + logsumexp)
-
-def _ref_scores(q, k, scale, causal, mask):
-    ct = lse_dtype(q.dtype)
-    s = torch.matmul(q.transpose(1, 2).to(ct), k.transpose(1, 2).transpose(-1, -2).to(ct)) * scale
-    if causal:
-        s = s.masked_fill(~offset_mask(s.shape[-2], s.shape[-1], 0, s.device), _NEG_INF)
-    elif mask is not None:
-        s = s.masked_fill(~mask.to(s.device), _NEG_INF)
-    return s  # (b, h, q, k)
-
-
-def _finite(lse: torch.Tensor) -> torch.Tensor:
-    """lse with -inf (rows that see nothing) replaced by 0 so that exp(s - lse) is 0, not nan."""
-    return lse.masked_fill(torch.isneginf(lse), 0.0)
-
-
-def _reference_forward(q, k, v, scale, causal, mask):
-    """Plain softmax attention with explicit scores and logsumexp (float32/float64)."""
-    s = _ref_scores(q, k, scale, causal, mask)
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - _finite(lse).unsqueeze(-1))
-    out = torch.matmul(p, v.transpose(1, 2).to(p.dtype)).transpose(1, 2)
-    return out.to(q.dtype), lse
-
-
-def _reference_backward(dout, q, k, v, out, lse, scale, causal, mask):
-    """Attention backward from saved out and lse: dS = P * (dP - rowsum(dO * O)) (FlashAttention-2 Alg. 2)."""
-    ct = lse_dtype(q.dtype)
-    s = _ref_scores(q, k, scale, causal, mask)
-    p = torch.exp(s - _finite(lse.to(ct)).unsqueeze(-1))
-    do = dout.transpose(1, 2).to(ct)
-    dv = torch.matmul(p.transpose(-1, -2), do)
-    dp = torch.matmul(do, v.transpose(1, 2).to(ct).transpose(-1, -2))
-    delta = (dout.to(ct) * out.to(ct)).sum(-1).transpose(1, 2).unsqueeze(-1)  # (b, h, q, 1)
-    ds = p * (dp - delta) * scale
-    dq = torch.matmul(ds, k.transpose(1, 2).to(ct))
-    dk = torch.matmul(ds.transpose(-1, -2), q.transpose(1, 2).to(ct))
-    t = lambda x: x.transpose(1, 2).to(q.dtype)  # noqa: E731
-    return t(dq), t(dk), t(dv)
-
-
-# ---------------------------------------------------------------- CPU fused flash kernel
-
-def _cpu_flash_forward(q, k, v, scale, causal, mask):
-    bias = None if mask is None else _bias(mask, q.dtype, q.device)
-    out, lse = _CPU_FLASH(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, causal,
-                          attn_mask=bias, scale=scale)
-    return out.transpose(1, 2), lse
-
-
-def _cpu_flash_backward(dout, q, k, v, out, lse, scale, causal, mask):
-    bias = None if mask is None else _bias(mask, q.dtype, q.device)
-    t = lambda x: x.transpose(1, 2)  # noqa: E731
-    dq, dk, dv = _CPU_FLASH_BWD(t(dout), t(q), t(k), t(v), t(out), lse.to(lse_dtype(q.dtype)), 0.0, causal,
-                                attn_mask=bias, scale=scale)
-    return t(dq), t(dk), t(dv)
-
-
-# ---------------------------------------------------------------- CUDA: PyTorch memory-efficient attention
-
-def _cuda_bias(mask, q, k):
-    """Mask as a bias of the alignment the memory-efficient kernel wants (last dim padded to 16)."""
-    if mask is None:
-        return None
-    n_q, n_k = mask.shape
-    padded = torch.zeros(n_q, (n_k + 15) // 16 * 16, dtype=q.dtype, device=q.device)
-    bias = padded[:, :n_k].masked_fill_(~mask.to(q.device), _NEG_INF)
-    return bias.expand(q.shape[0], q.shape[2], n_q, n_k)
-
-
-def _cuda_efficient_forward(q, k, v, scale, causal, mask):  # pragma: no cover - needs CUDA
-    t = lambda x: x.transpose(1, 2)  # noqa: E731
-    out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
-        t(q), t(k), t(v), _cuda_bias(mask, q, k), True, 0.0, causal, scale=scale)
-    return t(out), lse[..., : q.shape[1]]
-
-
-def _cuda_efficient_backward(dout, q, k, v, out, lse, scale, causal, mask):  # pragma: no cover
-    t = lambda x: x.transpose(1, 2)  # noqa: E731
-    n_q = q.shape[1]
-    lse_p = torch.full((*lse.shape[:-1], (n_q + 31) // 32 * 32), _NEG_INF, dtype=torch.float32, device=q.device)
-    lse_p[..., :n_q] = lse
-    bias = _cuda_bias(mask, q, k)
-    seed = torch.zeros((), dtype=torch.long, device=q.device)
-    dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-        t(dout), t(q), t(k), t(v), bias, t(out), lse_p, seed, seed, 0.0,
-        [True, True, True, False], causal, scale=scale)
-    return t(dq), t(dk), t(dv)
-
-
-# ---------------------------------------------------------------- CUDA: flash-attn
-
-def _fa_kwargs(fn, **kw):
-    """Keyword arguments for this flash-attn version (window_size became window_size_left/right)."""
-    params = inspect.signature(fn).parameters
-    out = {}
-    for name, val in kw.items():
-        if name == "window_size" and name not in params:
-            out["window_size_left"], out["window_size_right"] = val
-        elif name in params:
-            out[name] = val
-    return out
-
-
-def _flash_attn_forward(q, k, v, scale, causal):  # pragma: no cover - needs CUDA + flash-attn
-    fn = _fa._flash_attn_forward
-    res = fn(q, k, v, **_fa_kwargs(fn, dropout_p=0.0, softmax_scale=scale, causal=causal,
-                                   window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                                   return_softmax=False))
-    out, lse = (res[0], res[1]) if len(res) == 4 else (res[0], res[5])
-    return out, lse
-
-
-def _flash_attn_backward(dout, q, k, v, out, lse, scale, causal):  # pragma: no cover
-    fn = _fa._flash_attn_backward
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    fn(dout.contiguous(), q, k, v, out, lse.contiguous(), dq, dk, dv,
-       **_fa_kwargs(fn, dropout_p=0.0, softmax_scale=scale, causal=causal, window_size=(-1, -1),
-                    softcap=0.0, alibi_slopes=None, deterministic=True, rng_state=None))
-    return dq, dk, dv
-
-
 # ---------------------------------------------------------------- public block API
 
 def _prepare(q, k, causal_offset, mask, scale, backend):
+    """The region to compute, the scale, and the backend that takes it (a masked or non-square causal
+    region the named backend cannot take goes to the unmeasured default for a mask)."""
     region = _region(q.shape[1], k.shape[1], causal_offset, mask)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if backend is None:
         backend = select_backend(q, masked=region.mask is not None)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; use one of {BACKENDS}")
-    if backend == "flash_attn" and (region.mask is not None or
-                                    (region.causal and q.shape[1] - region.row_start != region.col_stop)):
-        backend = "cuda_efficient"  # flash-attn aligns causal masks bottom-right and takes no mask
-    return region, scale, backend
+    be = B.get(backend)
+    if ((region.mask is not None and not be.masks) or
+            (region.causal and be.square_causal and q.shape[1] - region.row_start != region.col_stop)):
+        be = B.get(select_backend(q, masked=True))  # e.g. flash-attn aligns causal masks bottom-right
+    return region, scale, be
 
 
 def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
@@ -337,13 +190,9 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
     qs = q if r0 == 0 else q[:, r0:]
     ks = k if c1 == k.shape[1] else k[:, :c1]
     vs = v if c1 == v.shape[1] else v[:, :c1]
-    if backend == "flash_attn":
-        out, lse = _flash_attn_forward(qs, ks, vs, scale, region.causal)
-    else:
+    if not backend.gqa:
         ks, vs = _repeat_kv(ks, h), _repeat_kv(vs, h)
-        fwd = {"cuda_efficient": _cuda_efficient_forward, "cpu_flash": _cpu_flash_forward,
-               "reference": _reference_forward}[backend]
-        out, lse = fwd(qs, ks, vs, scale, region.causal, region.mask)
+    out, lse = backend.forward(qs, ks, vs, scale, region.causal, region.mask)
     lse = lse.to(lse_dtype(q.dtype))
     if region.mask is not None:  # fused kernels report lse 0 for rows that see nothing
         dead = ~region.mask.to(q.device).any(dim=1)
@@ -377,13 +226,11 @@ def block_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     rows = slice(r0, None)
     qs, dos, outs, lses = q[:, rows], dout[:, rows], out[:, rows], _finite(lse[..., rows])
     ks, vs = k[:, :c1], v[:, :c1]
-    if backend == "flash_attn":
-        dq, dk, dv = _flash_attn_backward(dos, qs, ks, vs, outs, lses, scale, region.causal)
+    if backend.gqa:
+        dq, dk, dv = backend.backward(dos, qs, ks, vs, outs, lses, scale, region.causal, region.mask)
     else:
-        bwd = {"cuda_efficient": _cuda_efficient_backward, "cpu_flash": _cpu_flash_backward,
-               "reference": _reference_backward}[backend]
-        dq, dk, dv = bwd(dos, qs, _repeat_kv(ks, h), _repeat_kv(vs, h), outs, lses, scale, region.causal,
-                         region.mask)
+        dq, dk, dv = backend.backward(dos, qs, _repeat_kv(ks, h), _repeat_kv(vs, h), outs, lses, scale,
+                                      region.causal, region.mask)
         dk, dv = _reduce_kv(dk, kv_heads), _reduce_kv(dv, kv_heads)
     if r0:
         dq = torch.cat([torch.zeros_like(q[:, :r0]), dq], dim=1)
@@ -420,21 +267,22 @@ class _LocalAttention(torch.autograd.Function):
     """Single-device attention on the block kernels (forward with lse, FlashAttention-2 backward)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
+    def forward(ctx, q, k, v, causal, scale, backend):
         offset = 0 if causal else None
-        out, lse = block_attention(q, k, v, scale=scale, causal_offset=offset)
+        out, lse = block_attention(q, k, v, scale=scale, causal_offset=offset, backend=backend)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.offset, ctx.scale = offset, scale
+        ctx.offset, ctx.scale, ctx.backend = offset, scale, backend
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = block_attention_backward(dout, q, k, v, out, lse, scale=ctx.scale, causal_offset=ctx.offset)
-        return dq, dk, dv, None, None
+        dq, dk, dv = block_attention_backward(dout, q, k, v, out, lse, scale=ctx.scale, causal_offset=ctx.offset,
+                                              backend=ctx.backend)
+        return dq, dk, dv, None, None, None
 
 
 def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                    scale: float | None = None) -> torch.Tensor:
+                    scale: float | None = None, backend: str | None = None) -> torch.Tensor:
     """Plain single-device attention (the degree-1 path), differentiable, (batch, seq, heads, dim)."""
-    return _LocalAttention.apply(q, k, v, causal, scale)
+    return _LocalAttention.apply(q, k, v, causal, scale, backend)

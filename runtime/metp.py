@@ -35,7 +35,7 @@ from torch import nn
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import check_token_layout
 
-from .attention import register
+from .variants import register
 from .kernels import block_attention_backward, lse_dtype
 from .ring import Ring, make_ring, p2p, ring_attention, ring_forward, round_masks, wait_all
 
@@ -361,7 +361,7 @@ class METPAttention(nn.Module):
                                       self.kv_heads, self.causal, self.token_layout)
 
 
-def _registered_metp(q, k, v, *, groups, ranks, causal, token_layout, scale):
+def _registered_metp(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None):
     """q, k, v already projected and token-sharded over the tp group: the inner loop (Algorithms 3-4)."""
     group = groups.get("tp")
     if group is None:
@@ -370,7 +370,7 @@ def _registered_metp(q, k, v, *, groups, ranks, causal, token_layout, scale):
                         "use sp_plan.runtime.metp.METPAttention(hidden, heads, ctx.group('tp'), "
                         "ranks=ctx.ranks('tp')) and METPFeedForward on the plan's tp group")
     return ring_attention(q, k, v, group, causal=causal, token_layout=token_layout, scale=scale,
-                          ranks=ranks.get("tp"))
+                          ranks=ranks.get("tp"), backend=backend)
 
 
 register("metp", _registered_metp)

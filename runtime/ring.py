@@ -31,6 +31,9 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import check_token_layout, ring_tokens
 
 from .kernels import BlockMask, block_attention, block_attention_backward, causal_block_mask, full_block, lse_dtype, merge
+from .kernels import local_attention
+from .overlap import DoubleBuffer
+from .variants import degree, register
 
 _TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 0, 1, 2, 3
 
@@ -104,21 +107,42 @@ def _rows_cols(bm: BlockMask) -> tuple[slice, slice]:
     return slice(bm.row_start, bm.row_stop), slice(bm.col_start, bm.col_stop)
 
 
-def ring_forward(q, k, v, ring: Ring, masks, scale) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ring attention forward, zhuzilin/ring-flash-attention scheme: K,V go round, (out, lse) merge."""
+def _post(ring: Ring, rd, bufs: list, like: tuple, tag: int, trace) -> list:
+    """Round ``rd`` of a ``DoubleBuffer``: send the compute slot on, receive the next block into ``rd.recv``."""
+    if rd.recv is None:
+        return []
+    if bufs[rd.recv] is None:
+        bufs[rd.recv] = tuple(torch.empty_like(t) for t in like)
+    if trace is not None:
+        trace.append(("post", rd.index, rd.compute, rd.recv))
+    return ring.shift(list(bufs[rd.compute]), list(bufs[rd.recv]), tag)
+
+
+def _wait(rd, reqs, trace) -> None:
+    wait_all(reqs)
+    if trace is not None and rd.recv is not None:
+        trace.append(("wait", rd.index))
+
+
+def ring_forward(q, k, v, ring: Ring, masks, scale, backend=None, trace=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ring attention forward, zhuzilin/ring-flash-attention scheme: K,V go round, (out, lse) merge.
+
+    The transfers follow ``overlap.DoubleBuffer``; ``trace`` (a list) records its events in order.
+    """
     n = q.shape[1]
     out = lse = None
-    cur_k, cur_v, spare = k, v, None
-    for i in range(ring.size):
-        last = i + 1 == ring.size
-        if not last:
-            nxt = spare if spare is not None else (torch.empty_like(k), torch.empty_like(v))
-            reqs = ring.shift([cur_k, cur_v], list(nxt), _TAG_K)
+    bufs: list = [(k, v), None, None]
+    for rd in DoubleBuffer(ring.size).rounds:
+        i = rd.index
+        reqs = _post(ring, rd, bufs, (k, v), _TAG_K, trace)
+        cur_k, cur_v = bufs[rd.compute]
+        if trace is not None:
+            trace.append(("compute", i, rd.compute, cur_k.data_ptr()))
         bm = masks[i]
         if bm is not None:
             rows, cols = _rows_cols(bm)
             b_out, b_lse = block_attention(q[:, rows], cur_k[:, cols], cur_v[:, cols], scale=scale,
-                                           causal_offset=bm.causal_offset, mask=bm.mask)
+                                           causal_offset=bm.causal_offset, mask=bm.mask, backend=backend)
             if out is None and bm.full_rows(n):  # the first block starts the accumulators
                 out, lse = b_out.to(lse_dtype(q.dtype)), b_lse.to(lse_dtype(q.dtype))
             else:
@@ -126,32 +150,32 @@ def ring_forward(q, k, v, ring: Ring, masks, scale) -> tuple[torch.Tensor, torch
                     out = q.new_zeros(*q.shape[:3], v.shape[-1], dtype=lse_dtype(q.dtype))
                     lse = torch.full((q.shape[0], q.shape[2], n), float("-inf"), dtype=out.dtype, device=q.device)
                 merge(out[:, rows], lse[..., rows], b_out, b_lse)
-        if not last:
-            for r in reqs:
-                r.wait()
-            spare = (cur_k, cur_v) if i > 0 else None  # the caller's k, v are never written into
-            cur_k, cur_v = nxt
+        _wait(rd, reqs, trace)
     return out.to(q.dtype), lse
 
 
-def ring_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale):
-    """Ring attention backward, zhuzilin/ring-flash-attention scheme: dk, dv travel home behind K, V."""
+def ring_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale, backend=None, trace=None):
+    """Ring attention backward, zhuzilin/ring-flash-attention scheme: dk, dv travel home behind K, V.
+
+    K, V go round as in the forward (``overlap.DoubleBuffer``; ``trace`` records its events).
+    """
     acc = lse_dtype(q.dtype)
     dq = None
-    cur_k, cur_v, kv_spare = k, v, None
+    bufs: list = [(k, v), None, None]
     dkv_reqs, recv, dkv_spare = None, None, None
-    for i in range(ring.size):
-        last = i + 1 == ring.size
-        if not last:
-            nxt = kv_spare if kv_spare is not None else (torch.empty_like(k), torch.empty_like(v))
-            kv_reqs = ring.shift([cur_k, cur_v], list(nxt), _TAG_K)
+    for rd in DoubleBuffer(ring.size).rounds:
+        i = rd.index
+        kv_reqs = _post(ring, rd, bufs, (k, v), _TAG_K, trace)
+        cur_k, cur_v = bufs[rd.compute]
+        if trace is not None:
+            trace.append(("compute", i, rd.compute, cur_k.data_ptr()))
         bm = masks[i]
         grads = None
         if bm is not None:
             rows, cols = _rows_cols(bm)
             grads = block_attention_backward(dout[:, rows], q[:, rows], cur_k[:, cols], cur_v[:, cols],
                                              out[:, rows], lse[..., rows], scale=scale,
-                                             causal_offset=bm.causal_offset, mask=bm.mask)
+                                             causal_offset=bm.causal_offset, mask=bm.mask, backend=backend)
             if dq is None and bm.full_rows(q.shape[1]):
                 dq = grads[0].to(acc)
             else:
@@ -178,11 +202,7 @@ def ring_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale):
                                                             torch.empty(dv.shape, dtype=acc, device=dv.device))
             sent = (dk, dv)
             dkv_reqs = ring.shift([dk, dv], list(recv), _TAG_DK)
-        if not last:
-            for r in kv_reqs:
-                r.wait()
-            kv_spare = (cur_k, cur_v) if i > 0 else None
-            cur_k, cur_v = nxt
+        _wait(rd, kv_reqs, trace)
     if ring.size > 1:
         for r in dkv_reqs:
             r.wait()
@@ -196,25 +216,25 @@ class _RingAttention(torch.autograd.Function):
     """Autograd wrapper: ring forward, and the ring backward with circulating dk, dv."""
 
     @staticmethod
-    def forward(ctx, q, k, v, group, causal, token_layout, scale, ranks):
+    def forward(ctx, q, k, v, group, causal, token_layout, scale, ranks, backend):
         ring = make_ring(group, ranks)
         k, v = k.contiguous(), v.contiguous()  # sent as they are
         masks = round_masks(token_layout, ring.size, q.shape[1] * ring.size, ring.position, bool(causal))
-        out, lse = ring_forward(q, k, v, ring, masks, scale)
+        out, lse = ring_forward(q, k, v, ring, masks, scale, backend)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ring, ctx.masks, ctx.scale = ring, masks, scale
+        ctx.ring, ctx.masks, ctx.scale, ctx.backend = ring, masks, scale, backend
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ring_backward(dout, q, k, v, out, lse, ctx.ring, ctx.masks, ctx.scale)
-        return dq, dk, dv, None, None, None, None, None
+        dq, dk, dv = ring_backward(dout, q, k, v, out, lse, ctx.ring, ctx.masks, ctx.scale, ctx.backend)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None = None, *,
                    causal: bool = False, token_layout: str = "contiguous", scale: float | None = None,
-                   ranks=None) -> torch.Tensor:
+                   ranks=None, backend: str | None = None) -> torch.Tensor:
     """Ring attention (zhuzilin/ring-flash-attention scheme) on (batch, local seq, heads, dim) blocks.
 
     Ring rank p holds the tokens ``ring_tokens(token_layout, P, S)[p]`` of a sequence of
@@ -222,4 +242,16 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dis
     sorted). K/V may have fewer heads than Q (GQA); only the K/V heads circulate.
     """
     return _RingAttention.apply(q, k, v, group, causal, token_layout, scale,
-                                None if ranks is None else tuple(int(r) for r in ranks))
+                                None if ranks is None else tuple(int(r) for r in ranks), backend)
+
+
+def _registered_ring(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None):
+    """The registry's entry: ring attention over groups["ring"] (degree 1: local attention)."""
+    group = groups.get("ring")
+    if degree(group) == 1:
+        return local_attention(q, k, v, causal=causal, scale=scale, backend=backend)
+    return ring_attention(q, k, v, group, causal=causal, token_layout=token_layout, scale=scale,
+                          ranks=ranks.get("ring"), backend=backend)
+
+
+register("ring", _registered_ring)

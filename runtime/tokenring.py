@@ -60,7 +60,7 @@ import torch.distributed as dist
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import check_token_layout, ring_tokens
 
-from .attention import register
+from .variants import register
 from .kernels import BlockMask, block_attention, block_attention_backward, causal_block_mask, full_block, local_attention
 from .kernels import lse_dtype, merge
 from .ring import Ring, make_ring, p2p, wait_all
@@ -190,7 +190,7 @@ def _outer_kv_shift(g, teams, cur_k: torch.Tensor, cur_v: torch.Tensor):
     return kv_next, reqs
 
 
-def tokenring_forward(q, k, v, teams: Teams, steps, scale) -> tuple[torch.Tensor, torch.Tensor]:
+def tokenring_forward(q, k, v, teams: Teams, steps, scale, backend=None) -> tuple[torch.Tensor, torch.Tensor]:
     """TokenRing forward (Algorithm 1; hybrid: Sec. 3.3.3): Q one way, (block_out, block_lse) to their owners."""
     ring, C, N = teams.ring, teams.team, teams.nodes
     g = ring.group
@@ -228,7 +228,7 @@ def tokenring_forward(q, k, v, teams: Teams, steps, scale) -> tuple[torch.Tensor
             r0, r1 = bm.row_start, bm.row_stop
             b_out, b_lse = block_attention(cur_q[:, r0 - lo:r1 - lo], cur_k[:, bm.col_start:bm.col_stop],
                                            cur_v[:, bm.col_start:bm.col_stop], scale=scale,
-                                           causal_offset=bm.causal_offset, mask=bm.mask)
+                                           causal_offset=bm.causal_offset, mask=bm.mask, backend=backend)
             if s.i == 0:
                 merge(out[:, r0:r1], lse[..., r0:r1], b_out, b_lse)
             else:
@@ -263,7 +263,7 @@ def tokenring_forward(q, k, v, teams: Teams, steps, scale) -> tuple[torch.Tensor
 
 # ---------------------------------------------------------------- backward
 
-def tokenring_backward(dout, q, k, v, out, lse, teams: Teams, steps, scale):
+def tokenring_backward(dout, q, k, v, out, lse, teams: Teams, steps, scale, backend=None):
     """TokenRing backward (module docstring): (Q, dO, O, LSE) one way, dQ partials to their owners,
     dK, dV local inside a team and one round behind K, V on the outer ring."""
     ring, C, N = teams.ring, teams.team, teams.nodes
@@ -312,7 +312,8 @@ def tokenring_backward(dout, q, k, v, out, lse, teams: Teams, steps, scale):
             cq, cdo, co, cl = cur
             gq, gk, gv = block_attention_backward(cdo[:, r0:r1], cq[:, r0:r1], cur_k[:, c0:c1], cur_v[:, c0:c1],
                                                   co[:, r0:r1], cl[..., r0:r1], scale=scale,
-                                                  causal_offset=bm.causal_offset, mask=bm.mask)
+                                                  causal_offset=bm.causal_offset, mask=bm.mask,
+                                                  backend=backend)
             dk_r[:, c0:c1] += gk
             dv_r[:, c0:c1] += gv
             if s.i == 0:
@@ -364,22 +365,23 @@ class _TokenRingAttention(torch.autograd.Function):
     """Autograd wrapper: TokenRing forward and backward (module docstring)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, group, causal, token_layout, scale, ranks, team):
+    def forward(ctx, q, k, v, group, causal, token_layout, scale, ranks, team, backend=None):
         ring = make_ring(group, ranks)
         teams = Teams(ring, team or ring.size)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         steps = tokenring_schedule(token_layout, ring.size, teams.team, q.shape[1] * ring.size, ring.position,
                                    bool(causal))
-        out, lse = tokenring_forward(q, k, v, teams, steps, scale)
+        out, lse = tokenring_forward(q, k, v, teams, steps, scale, backend)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.teams, ctx.steps, ctx.scale = teams, steps, scale
+        ctx.teams, ctx.steps, ctx.scale, ctx.backend = teams, steps, scale, backend
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = tokenring_backward(dout, q, k, v, out, lse, ctx.teams, ctx.steps, ctx.scale)
-        return dq, dk, dv, None, None, None, None, None, None
+        dq, dk, dv = tokenring_backward(dout, q, k, v, out, lse, ctx.teams, ctx.steps, ctx.scale,
+                                         ctx.backend)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def _check_team(team: int, size: int) -> None:
@@ -390,25 +392,25 @@ def _check_team(team: int, size: int) -> None:
 
 def tokenring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None = None, *,
                         causal: bool = False, token_layout: str = "contiguous", scale: float | None = None,
-                        ranks=None) -> torch.Tensor:
+                        ranks=None, backend: str | None = None) -> torch.Tensor:
     """TokenRing attention (seeds/001 Algorithm 1) on (batch, local seq, heads, dim) blocks of the ring group.
 
     Ring position p holds ``ring_tokens(token_layout, P, S)[p]``; ``ranks`` lists the group's
     global ranks in ring order (default: sorted). K/V may have fewer heads than Q (GQA).
     """
     return _TokenRingAttention.apply(q, k, v, group, causal, token_layout, scale,
-                                     None if ranks is None else tuple(int(r) for r in ranks), None)
+                                     None if ranks is None else tuple(int(r) for r in ranks), None, backend)
 
 
 def tokenring_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              group: dist.ProcessGroup | None = None, *, team: int, causal: bool = False,
                              token_layout: str = "contiguous", scale: float | None = None,
-                             ranks=None) -> torch.Tensor:
+                             ranks=None, backend: str | None = None) -> torch.Tensor:
     """TokenRing inside teams of ``team`` consecutive ring positions, Ring across teams (seeds/001 Sec. 3.3.3)."""
     size = dist.get_world_size(group) if group is not None else dist.get_world_size()
     _check_team(int(team), size)
     return _TokenRingAttention.apply(q, k, v, group, causal, token_layout, scale,
-                                     None if ranks is None else tuple(int(r) for r in ranks), int(team))
+                                     None if ranks is None else tuple(int(r) for r in ranks), int(team), backend)
 
 
 _NODE_TEAMS: dict = {}
@@ -441,20 +443,21 @@ def _team_from(ranks: dict, group) -> int:
     return int(t) if isinstance(t, (int, np.integer)) else len(t)
 
 
-def _registered_tokenring(q, k, v, *, groups, ranks, causal, token_layout, scale):
+def _registered_tokenring(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None):
     group = groups.get("ring")
     if group is None or dist.get_world_size(group) == 1:
-        return local_attention(q, k, v, causal=causal, scale=scale)
+        return local_attention(q, k, v, causal=causal, scale=scale, backend=backend)
     return tokenring_attention(q, k, v, group, causal=causal, token_layout=token_layout, scale=scale,
-                               ranks=ranks.get("ring"))
+                               ranks=ranks.get("ring"), backend=backend)
 
 
-def _registered_tokenring_ring(q, k, v, *, groups, ranks, causal, token_layout, scale):
+def _registered_tokenring_ring(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None):
     group = groups.get("ring")
     if group is None or dist.get_world_size(group) == 1:
-        return local_attention(q, k, v, causal=causal, scale=scale)
+        return local_attention(q, k, v, causal=causal, scale=scale, backend=backend)
     return tokenring_ring_attention(q, k, v, group, team=_team_from(ranks, group), causal=causal,
-                                    token_layout=token_layout, scale=scale, ranks=ranks.get("ring"))
+                                    token_layout=token_layout, scale=scale, ranks=ranks.get("ring"),
+                                    backend=backend)
 
 
 register("tokenring", _registered_tokenring)

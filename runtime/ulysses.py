@@ -18,6 +18,7 @@ import torch.distributed as dist
 from sp_plan.planner.errors import PlanError
 
 from .kernels import local_attention
+from .variants import degree, register
 
 
 def check_heads(q_heads: int, kv_heads: int, degree: int) -> None:
@@ -137,7 +138,29 @@ def heads_to_seq(out, group):
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None = None, *,
-                      causal: bool = False, scale: float | None = None) -> torch.Tensor:
+                      causal: bool = False, scale: float | None = None, backend: str | None = None) -> torch.Tensor:
     """DeepSpeed-Ulysses attention on contiguous sequence shards (batch, seq/U, heads, dim)."""
     q_l, k_l, v_l = seq_to_heads(q, k, v, group)
-    return heads_to_seq(local_attention(q_l, k_l, v_l, causal=causal, scale=scale), group)
+    return heads_to_seq(local_attention(q_l, k_l, v_l, causal=causal, scale=scale, backend=backend), group)
+
+
+def check_ulysses_ranks(group, ranks) -> None:
+    """The all-to-all follows the group's rank order, which must be the ulysses coordinate order ``ranks``."""
+    if degree(group) == 1 or ranks is None:
+        return
+    members = dist.get_process_group_ranks(group)
+    if list(ranks) != members:
+        raise PlanError("ranks.ulysses", f"order {list(ranks)} differs from the group's rank order "
+                        f"{members}", "list the ulysses group's ranks by ulysses coordinate, as the layout does")
+
+
+def _registered_ulysses(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None):
+    """The registry's entry: Ulysses over groups["ulysses"] (degree 1: local attention)."""
+    group = groups.get("ulysses")
+    if degree(group) == 1:
+        return local_attention(q, k, v, causal=causal, scale=scale, backend=backend)
+    check_ulysses_ranks(group, ranks.get("ulysses"))
+    return ulysses_attention(q, k, v, group, causal=causal, scale=scale, backend=backend)
+
+
+register("ulysses", _registered_ulysses)

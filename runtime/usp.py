@@ -13,12 +13,13 @@ import torch.distributed as dist
 
 from .kernels import local_attention
 from .ring import ring_attention
-from .ulysses import heads_to_seq, seq_to_heads
+from .ulysses import check_ulysses_ranks, heads_to_seq, seq_to_heads
+from .variants import degree, register
 
 
 def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ulysses_group: dist.ProcessGroup | None,
                   ring_group: dist.ProcessGroup | None, *, causal: bool = False, token_layout: str = "contiguous",
-                  scale: float | None = None, ring_ranks=None) -> torch.Tensor:
+                  scale: float | None = None, ring_ranks=None, backend: str | None = None) -> torch.Tensor:
     """USP Algorithm 2: Ulysses all-to-all, ring attention over ``ring_group``, all-to-all back.
 
     A group given as None is a dimension of degree 1 (no all-to-all, or local attention).
@@ -27,7 +28,20 @@ def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ulysses_gro
         q, k, v = seq_to_heads(q, k, v, ulysses_group)
     if ring_group is not None:
         out = ring_attention(q, k, v, ring_group, causal=causal, token_layout=token_layout, scale=scale,
-                             ranks=ring_ranks)
+                             ranks=ring_ranks, backend=backend)
     else:
-        out = local_attention(q, k, v, causal=causal, scale=scale)
+        out = local_attention(q, k, v, causal=causal, scale=scale, backend=backend)
     return out if ulysses_group is None else heads_to_seq(out, ulysses_group)
+
+
+def _registered_usp(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None):
+    """The registry's entry: USP over groups["ulysses"] and groups["ring"] (degree-1 sides dropped)."""
+    uly_g, ring_g = groups.get("ulysses"), groups.get("ring")
+    uly_g = uly_g if degree(uly_g) > 1 else None
+    ring_g = ring_g if degree(ring_g) > 1 else None
+    check_ulysses_ranks(uly_g, ranks.get("ulysses"))
+    return usp_attention(q, k, v, uly_g, ring_g, causal=causal, token_layout=token_layout, scale=scale,
+                         ring_ranks=ranks.get("ring"), backend=backend)
+
+
+register("usp", _registered_usp)

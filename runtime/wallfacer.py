@@ -42,7 +42,7 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import (check_team, init_recv, init_send, p2p_neighbours, sub_ring_coords,
                                     team_coords, team_positions, team_tokens, wallfacer_pairs)
 
-from .attention import register
+from .variants import register
 from .kernels import (BlockMask, block_attention, block_attention_backward, causal_block_mask, full_block, lse_dtype,
                       local_attention, merge)
 from .ring import Ring
@@ -221,7 +221,7 @@ def _exchange(w: Teams, send: list[torch.Tensor], dst: int, src: int, tag: int) 
 
 # ---------------------------------------------------------------- forward
 
-def wallfacer_forward(q, k, v, w: Teams, masks, scale) -> tuple[torch.Tensor, torch.Tensor]:
+def wallfacer_forward(q, k, v, w: Teams, masks, scale, backend=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Algorithm 1: (out of this rank's tokens, lse of the team's tokens)."""
     acc = lse_dtype(q.dtype)
     q_t, k_t, v_t = team_gather(w, [q, k, v])
@@ -239,7 +239,7 @@ def wallfacer_forward(q, k, v, w: Teams, masks, scale) -> tuple[torch.Tensor, to
         for bm in masks[i]:
             rows, cols = _rows_cols(bm)
             b_out, b_lse = block_attention(q_t[:, rows], cur_k[:, cols], cur_v[:, cols], scale=scale,
-                                           causal_offset=bm.causal_offset, mask=bm.mask)
+                                           causal_offset=bm.causal_offset, mask=bm.mask, backend=backend)
             merge(out[:, rows], lse[..., rows], b_out, b_lse)
         if not last:
             for r in reqs:
@@ -260,7 +260,7 @@ def wallfacer_forward(q, k, v, w: Teams, masks, scale) -> tuple[torch.Tensor, to
 
 # ---------------------------------------------------------------- backward
 
-def wallfacer_backward(dout, q, k, v, out, lse_team, w: Teams, masks, scale):
+def wallfacer_backward(dout, q, k, v, out, lse_team, w: Teams, masks, scale, backend=None):
     """Sec. 3.2.1: K, V (and dK, dV) stay; the Q bundle and dQ go round the sub-ring; dQ hops home."""
     acc = lse_dtype(q.dtype)
     q_t, k_t, v_t, o_t, do_t = team_gather(w, [q, k, v, out, dout])
@@ -285,7 +285,8 @@ def wallfacer_backward(dout, q, k, v, out, lse_team, w: Teams, masks, scale):
         for bm in masks[i]:
             rows, cols = _rows_cols(bm)
             g = block_attention_backward(ddo[:, rows], qq[:, rows], kk[:, cols], vv[:, cols], oo[:, rows],
-                                         ll[..., rows], scale=scale, causal_offset=bm.causal_offset, mask=bm.mask)
+                                         ll[..., rows], scale=scale, causal_offset=bm.causal_offset, mask=bm.mask,
+                                         backend=backend)
             dq[:, rows] += g[0]
             dk[:, cols] += g[1]
             dv[:, cols] += g[2]
@@ -311,28 +312,30 @@ class _WallFacerAttention(torch.autograd.Function):
     """Autograd wrapper: Algorithm 1 forward, the Sec. 3.2.1 backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, teams, causal, token_layout, scale):
+    def forward(ctx, q, k, v, teams, causal, token_layout, scale, backend):
         w = teams
         seq = q.shape[1] * w.P
         causal = bool(causal)
         fwd = round_masks(token_layout, w.P, w.C, w.placement, seq, w.position, causal, False)
-        out, lse_team = wallfacer_forward(q, k.contiguous(), v.contiguous(), w, fwd, scale)
+        out, lse_team = wallfacer_forward(q, k.contiguous(), v.contiguous(), w, fwd, scale, backend)
         ctx.save_for_backward(q, k, v, out, lse_team)
-        ctx.w, ctx.scale = w, scale
+        ctx.w, ctx.scale, ctx.backend = w, scale, backend
         ctx.bwd = round_masks(token_layout, w.P, w.C, w.placement, seq, w.position, causal, True)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse_team = ctx.saved_tensors
-        dq, dk, dv = wallfacer_backward(dout.contiguous(), q, k, v, out, lse_team, ctx.w, ctx.bwd, ctx.scale)
-        return dq, dk, dv, None, None, None, None
+        dq, dk, dv = wallfacer_backward(dout.contiguous(), q, k, v, out, lse_team, ctx.w, ctx.bwd, ctx.scale,
+                                        ctx.backend)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def wallfacer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ring_ranks, team_ranks,
                         team_group: dist.ProcessGroup | None = None, p2p_group: dist.ProcessGroup | None = None,
                         ring_group: dist.ProcessGroup | None = None, causal: bool = False,
-                        token_layout: str = "contiguous", scale: float | None = None) -> torch.Tensor:
+                        token_layout: str = "contiguous", scale: float | None = None,
+                        backend: str | None = None) -> torch.Tensor:
     """WallFacer attention on (batch, local seq, heads, dim) shards of a ring's token layout.
 
     ``ring_ranks``: the ring's global ranks in ring order (ring position p holds
@@ -345,19 +348,19 @@ def wallfacer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ri
     if w.C > 1 and team_group is None:
         raise PlanError("groups.team", f"team of {w.C} ranks without a process group",
                         "pass the team's process group (runtime.context builds it)")
-    return _WallFacerAttention.apply(q, k, v, w, causal, token_layout, scale)
+    return _WallFacerAttention.apply(q, k, v, w, causal, token_layout, scale, backend)
 
 
-def _attention(q, k, v, *, groups, ranks, causal, token_layout, scale):
+def _attention(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None):
     """The registry's entry: groups/ranks as ``runtime.context`` passes them ("ring", "team", "sub_ring")."""
     ring_g = groups.get("ring")
     ring_ranks = ranks.get("ring") or (dist.get_process_group_ranks(ring_g) if ring_g is not None else None)
     if ring_ranks is None or len(ring_ranks) == 1:
-        return local_attention(q, k, v, causal=causal, scale=scale)
+        return local_attention(q, k, v, causal=causal, scale=scale, backend=backend)
     team = ranks.get("team") or [dist.get_rank()]
     return wallfacer_attention(q, k, v, ring_ranks=ring_ranks, team_ranks=team, team_group=groups.get("team"),
                                p2p_group=groups.get("sub_ring"), ring_group=ring_g, causal=causal,
-                               token_layout=token_layout, scale=scale)
+                               token_layout=token_layout, scale=scale, backend=backend)
 
 
 register("wallfacer", _attention)

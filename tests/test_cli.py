@@ -99,9 +99,9 @@ def test_estimate_refuses_a_plan_for_another_cluster(tmp_path):
 
 def test_bayes_search_from_the_cli(tmp_path):
     r = run("plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "64k",
-            "--search", "bayes", "--trials", "40", "--seed", "1", "-o", str(tmp_path / "b.yaml"))
+            "--search", "bayes", "--trials", "80", "--seed", "1", "-o", str(tmp_path / "b.yaml"))
     assert r.returncode == 0, r.stderr
-    assert "bayes: 40 trials" in r.stdout and "winner's step:" in r.stdout
+    assert "bayes: 80 trials" in r.stdout and "winner's step:" in r.stdout
     g = run("plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "64k",
             "-o", str(tmp_path / "g.yaml"))
     assert g.returncode == 0, g.stderr

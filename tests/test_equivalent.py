@@ -57,12 +57,13 @@ def test_top_k_means_k_distinct_rows_and_the_search_keeps_more_when_rows_merge()
     assert keeps == [3, 6] and rows[0].alternatives and exact_prefix(cands, 3) == 3
 
 
-def test_plan_command_shows_tokenring_teams_as_one_row():
+def test_plan_command_shows_equivalent_layouts_as_one_row():
+    """Under the presets' default model (issue 12) two mesh orders of tp2 x ulysses4 x ring2 cost the same."""
     r = subprocess.run([sys.executable, "-m", "sp_plan.cli.app", "plan", "--cluster", "dgx-h100", "--nodes", "2",
                         "--model", "llama3-8b", "--seq-len", "128k", "--top", "3"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "tokenring_ring ring16 team2 zigzag ring zero2 (same: team 4, 8)" in r.stdout
-    assert "team4 zigzag ring zero2" not in r.stdout  # no row of its own
+    assert "usp tp2 ulysses4 ring2 zigzag tp<ulysses<ring zero1 (same: order ulysses<tp<ring)" in r.stdout
+    assert "usp tp2 ulysses4 ring2 zigzag ulysses<tp<ring" not in r.stdout  # no row of its own
     ranked = r.stdout.split("ranked layouts")[1].split("best layout of each")[0]
     assert sum(1 for l in ranked.splitlines() if l.startswith("│")) == 3

@@ -7,7 +7,7 @@ import transformers  # the `test` extra installs it
 from sp_plan.integrations.transformers import (
     NAME, all_reduce_grads, count_loss_tokens, register, shard_inputs, shift_labels)
 from sp_plan.planner import Plan, PlanError
-from sp_plan.runtime import attention as runtime_attention
+from sp_plan.runtime.variants import load_all
 from sp_plan.runtime import init
 from sp_plan.runtime.spawn import run_world
 
@@ -93,8 +93,7 @@ def _compare(plans, results, reference):
 
 
 def test_every_runtime_algorithm_is_tested_or_refused():
-    runtime_attention._load_variants()
-    assert set(runtime_attention.ALGORITHMS) == {p.algorithm for p in PLANS} | REFUSED
+    assert set(load_all()) == {p.algorithm for p in PLANS} | REFUSED
 
 
 def test_loss_and_gradients_match_one_process():

@@ -3,7 +3,8 @@ import pytest
 
 from sp_plan.planner import Estimator, ModelSpec, Plan, Workload
 from sp_plan.planner.engine import GroupShape, LinkEngine
-from sp_plan.planner.schedules import Comm, Shape, attention_steps, grad_sync, ring_steps
+from sp_plan.planner.schedules import Comm, Shape, attention_steps, grad_sync
+from sp_plan.planner.usp import ring_steps
 from sp_plan.profiles import load_cluster, load_model
 
 GiB = 2**30

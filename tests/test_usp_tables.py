@@ -2,6 +2,9 @@
 predicted MFU of each measured row beside the paper's, and Spearman's rho per table. Nothing is
 fitted to these tables. The test asserts what the memory model must get right: every row the paper
 ran fits, and the SP-only 64K LLaMA2-7B layout the paper reports out of memory does not."""
+import json
+from pathlib import Path
+
 import pytest
 
 from sp_plan.planner import Estimator, Workload
@@ -11,20 +14,11 @@ from sp_plan.planner.search import CHECKPOINTING
 from sp_plan.profiles import load_cluster, load_model
 
 K = 1024
-# (seq, global batch, tp, ulysses, ring, measured MFU)
-TABLE5 = [(64, 1, 4, 2, 1, .83), (64, 1, 4, 1, 2, .82), (64, 1, 8, 1, 1, .77), (30, 16, 2, 4, 1, .77),
-          (30, 16, 2, 1, 4, .73), (30, 16, 4, 1, 1, .74), (30, 16, 1, 8, 1, .80), (30, 16, 1, 1, 8, .70),
-          (30, 16, 8, 1, 1, .63)]
-TABLE6 = [(64, 1, 1, 8, 2, .71), (64, 1, 1, 4, 4, .71), (64, 1, 1, 2, 8, .67), (64, 1, 1, 1, 16, .63),
-          (64, 1, 8, 1, 2, .67), (64, 1, 4, 2, 2, .63), (64, 1, 2, 4, 2, .45), (64, 1, 2, 2, 4, .46),
-          (64, 1, 4, 1, 4, .63), (64, 1, 2, 1, 8, .53), (64, 2, 8, 1, 1, .73), (80, 1, 1, 8, 2, .79),
-          (80, 1, 1, 4, 4, .79), (80, 1, 1, 2, 8, .75), (80, 1, 1, 1, 16, .71), (80, 1, 8, 1, 2, .73),
-          (80, 1, 4, 2, 2, .73), (80, 1, 2, 4, 2, .59), (80, 1, 2, 2, 4, .59), (80, 1, 4, 1, 4, .69),
-          (80, 1, 2, 1, 8, .65), (80, 2, 8, 1, 1, .77), (120, 1, 4, 2, 2, .85), (120, 1, 2, 4, 2, .76),
-          (120, 1, 8, 1, 2, .82), (120, 1, 4, 1, 4, .84)]
-TABLE7 = [(160, 1, 4, 2, 2, .91), (160, 1, 8, 1, 2, .90), (208, 1, 8, 1, 2, .86), (160, 1, 4, 1, 4, .92),
-          (190, 1, 4, 1, 4, .92)]
-TABLES = {"Table 5": ("llama2-7b", 1, TABLE5), "Table 6": ("llama3-8b", 2, TABLE6), "Table 7": ("llama3-8b", 2, TABLE7)}
+DATA = json.loads((Path(__file__).parent / "data" / "paper_tables.json").read_text())["usp_training"]
+# (seq, global batch, tp, ulysses, ring, measured MFU) per table: tests/data/paper_tables.json (shared with
+# benchmarks/bench_fidelity.py)
+TABLES = {name: (t["model"], t["nodes"], [tuple(r) for r in t["rows"]]) for name, t in DATA.items()
+          if isinstance(t, dict)}
 
 
 def ranks(xs):

@@ -2,7 +2,8 @@
 
 The attention kernels are ``runtime.kernels.block_attention`` / ``block_attention_backward``, the
 ones every distributed variant calls, on one (query block = key block) of each length with the
-model's head dim and its KV heads per head count. GEMMs are the block's linear layers, rows =
+model's head dim and its KV heads per head count, on the backend the runtime chooses for that block
+(``runtime.choice``: ``SP_PLAN_ATTN_BACKEND`` or measured), recorded in each sample. GEMMs are the block's linear layers, rows =
 tokens. FLOPs follow ``KernelSample``: attention forward 4 b s^2 h d (half when causal), backward
 2.5x, GEMM 2 m n k.
 """
@@ -13,7 +14,8 @@ import torch
 from sp_plan.planner.model import ModelSpec, Workload
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import KernelSample
-from sp_plan.runtime.kernels import block_attention, block_attention_backward, select_backend
+from sp_plan.runtime.choice import BackendChoice
+from sp_plan.runtime.kernels import block_attention, block_attention_backward
 
 from .timing import time_call
 
@@ -50,17 +52,18 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
     gen = torch.Generator(device="cpu").manual_seed(0)
     rnd = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
     offset = 0 if causal else None
+    choice = BackendChoice.from_env()
     out: list[KernelSample] = []
     for h in sorted(set(heads)):
         kv = kv_heads_for(model, h)
         for n in sorted(set(blocks)):
             q, k, v = rnd(1, n, h, d), rnd(1, n, kv, d), rnd(1, n, kv, d)
-            backend = select_backend(q)
-            o, lse = block_attention(q, k, v, causal_offset=offset)
+            backend = choice.choose(q, k, causal)
+            o, lse = block_attention(q, k, v, causal_offset=offset, backend=backend)
             dout = rnd(1, n, h, d)
-            t_f = time_call(lambda: block_attention(q, k, v, causal_offset=offset), device, repeats)
-            t_b = time_call(lambda: block_attention_backward(dout, q, k, v, o, lse, causal_offset=offset),
-                            device, repeats)
+            t_f = time_call(lambda: block_attention(q, k, v, causal_offset=offset, backend=backend), device, repeats)
+            t_b = time_call(lambda: block_attention_backward(dout, q, k, v, o, lse, causal_offset=offset,
+                                                             backend=backend), device, repeats)
             for kind, t, bwd in (("attention_fwd", t_f, False), ("attention_bwd", t_b, True)):
                 out.append(KernelSample(kind=kind, size=n, heads=h, head_dim=d, causal=causal,
                                         flops=attention_flops(n, h, d, causal, backward=bwd), seconds=t,
@@ -114,3 +117,15 @@ def token_rows(plans: list[Plan], work: Workload) -> list[int]:
         split = p.degrees["tp"] if p.algorithm == "metp" else p.sp
         rows.add(max(1, p.micro_batch_size * work.seq_len // split))
     return sorted(rows)
+
+
+def chosen_backends(samples: list[dict]) -> str:
+    """The attention backend(s) the kernel samples ran on (the first rank's), e.g. "cpu_flash" or
+    "math for 64-token blocks, cpu_flash for 128, 4096-token blocks"."""
+    att = [s for s in samples if s["kind"] == "attention_fwd" and s.get("rank", 0) == samples[0].get("rank", 0)]
+    by: dict[str, list[int]] = {}
+    for s in sorted(att, key=lambda s: s["size"]):
+        by.setdefault(s["backend"], []).append(s["size"])
+    if len(by) <= 1:
+        return next(iter(by), "")
+    return ", ".join(f"{b} for {', '.join(str(x) for x in sorted(set(n)))}-token blocks" for b, n in by.items())

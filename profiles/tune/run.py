@@ -32,6 +32,7 @@ from sp_plan.profiles.store import run_key
 from sp_plan.runtime.probe import gather_objects
 
 from .choose import Choice, diversify, next_candidate, sigma_from
+from .kernels import chosen_backends
 from .software import software_stack
 
 #: progress(step, done, total, label): step is "links", "kernels" or "candidates"
@@ -133,6 +134,8 @@ def base_params(cluster: Cluster, model: ModelSpec, kernels: list[dict], links: 
     params = measured_params(cluster, model.dtype, samples, links)
     said = [f"{k} curve from {sum(1 for s in samples if s.kind == k)} kernel timings"
             for k in ("attention_fwd", "attention_bwd", "matmul") if getattr(params, k) is not None]
+    if kernels and chosen_backends(kernels):
+        said.append(f"attention blocks on {chosen_backends(kernels)} (runtime.choice)")
     if params.comm:
         said.append("collective efficiency and latency for " + ", ".join(sorted(params.comm)))
     return params, said
@@ -278,6 +281,8 @@ def _profile(cluster, model, work, stack, base, said, result, measured, links, k
         a_s, a_m = predict(cluster, plan, params)
         cands.append(mc.model_copy(update={"predicted_before_s": b_s, "predicted_memory_before": b_m,
                                            "predicted_after_s": a_s, "predicted_memory_after": a_m}))
+    if kernels and chosen_backends(kernels):  # the block kernel the runtime chose (the stack's is the default)
+        stack = {**stack, "attention_backend_chosen": chosen_backends(kernels)}
     return Profile(cluster=cluster.name, cluster_fingerprint=cluster.topology_fingerprint(), stack=stack,
                    created_at=_now(), params=params, fitted=fitted,
                    workloads=[{"model": model.name, **work.model_dump(mode="json")}], candidates=cands,

@@ -1,0 +1,276 @@
+"""Fidelity of the default (uncalibrated) cost model against every measured table of the papers (issue 12).
+
+    python benchmarks/bench_fidelity.py [--model before|after|both] [--rows] [--ablate]
+
+For each table in tests/data/paper_tables.json (USP Tables 3-7, WallFacer Fig. 9, TokenRing Fig. 6) it
+builds the cluster, model and workload the table describes, prices every measured configuration and prints
+Spearman's rho between predicted and measured, and the top-1 regret: how much slower (measured) the
+configuration the model ranks first is than the measured best (0 % = the model picks the best).
+"before" prices with neutral Params() (the model at main before issue 12); "after" with the presets'
+default Params (sp_plan.profiles.kernels.default_params: kernel curves, collective efficiencies, round
+overheads, HBM traffic, partial overlap), what `sp-plan plan` uses when the cluster has no tuned profile.
+Nothing is fitted to these tables. ``--ablate`` prints the defaults less each term, one at a time (a term
+that helps one table and hurts the others is suspect).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from sp_plan.planner import Estimator, ModelSpec, Plan, Workload
+from sp_plan.planner.algorithms import algorithm_for
+from sp_plan.planner.candidate import Candidate
+from sp_plan.planner.layout import PLACEMENTS
+from sp_plan.planner.params import Params
+from sp_plan.planner.schedules import Comm, Step, attention_steps
+from sp_plan.planner.search import CHECKPOINTING
+from sp_plan.profiles import load_cluster, load_model
+
+TABLES = Path(__file__).resolve().parent.parent / "tests" / "data" / "paper_tables.json"
+K = 1024
+
+
+def load_tables() -> dict:
+    """The measured tables (tests/data/paper_tables.json), shared with the tests."""
+    return json.loads(TABLES.read_text())
+
+
+#: the default model's terms, as the Params fields that carry them ("after-TERM": the defaults without it)
+TERMS = {"curves": {"attention_fwd": None, "attention_bwd": None}, "comm": {"comm": {}}, "overlap": {"overlap": 1.0},
+         "round": {"round_overhead_s": 0.0}, "hbm": {"hbm_bandwidth": None}}
+
+
+def params_for(which: str, cluster) -> Params:
+    """Neutral Params ("before"), the presets' defaults for ``cluster`` ("after"), or the defaults less one
+    term ("after-curves", ...: ``TERMS``)."""
+    if which == "before":
+        return Params()
+    from sp_plan.profiles.kernels import default_params
+
+    p = default_params(cluster)
+    return p.model_copy(update=TERMS[which.removeprefix("after-")]) if which.startswith("after-") else p
+
+
+# ---- statistics
+def ranks(xs: list[float]) -> list[float]:
+    """Ranks (0-based) with ties averaged."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    r = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2
+        i = j + 1
+    return r
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rho (Pearson on tie-averaged ranks); nan when either side is constant."""
+    ra, rb = ranks(a), ranks(b)
+    n = len(a)
+    ma, mb = sum(ra) / n, sum(rb) / n
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    va = sum((x - ma) ** 2 for x in ra) ** 0.5
+    vb = sum((y - mb) ** 2 for y in rb) ** 0.5
+    return cov / (va * vb) if va and vb else float("nan")
+
+
+def regret(pred: list[float], meas: list[float]) -> float:
+    """Top-1 regret for higher-is-better scores: measured best / measured score of the predicted best - 1
+    (the extra time the model's pick takes); ties in the prediction count their worst member."""
+    top = max(pred)
+    pick = min(m for p, m in zip(pred, meas) if p >= top * (1 - 1e-9))
+    return max(meas) / pick - 1.0
+
+
+# ---- pricing per kind of table
+def attention_model(t: dict) -> ModelSpec:
+    """USP Tables 3-4: one attention layer of LLaMA-3-8B's shape (32 query heads x 128, 8 KV heads)."""
+    return ModelSpec(name="usp-attention", layers=1, hidden=t["heads"] * t["head_dim"], heads=t["heads"],
+                     kv_heads=t["kv_heads"], head_dim=t["head_dim"], vocab=0)
+
+
+def usp_attention_plan(u: int, layout: str) -> Plan:
+    r = 8 // u
+    order = [n for n, v in (("ulysses", u), ("ring", r)) if v > 1]
+    return Plan(algorithm=algorithm_for(u, r), degrees={"ulysses": u, "ring": r}, order=order,
+                token_layout=layout if r > 1 else "contiguous")
+
+
+def price_usp_attention(table: dict, which: str) -> tuple[list[str], list[float], list[float]]:
+    """Rows (seq, ulysses) x (basic ring, load-balanced ring): predicted and measured iterations per second."""
+    cluster = load_cluster(table["cluster"])
+    params = params_for(which, cluster)
+    names, pred, meas = [], [], []
+    est = Estimator(cluster, attention_model(table), Workload(seq_len=table["seq"], causal=True, training=False),
+                    params=params)
+    for seq, u, basic, lb in table["rows"]:
+        for layout, m in (("contiguous", basic), ("zigzag", lb)):
+            names.append(f"{seq} u{u} r{8 // u} {layout}")
+            pred.append(1.0 / est.attention_time(usp_attention_plan(u, layout))[0])
+            meas.append(m)
+    return names, pred, meas
+
+
+def best_policy(est: Estimator, base: Candidate, policies=None):
+    """The fastest fitting memory policy (ZeRO stage x checkpointing, micro-batch 1) of ``base``, or None."""
+    best = None
+    for z, ck in policies or [(z, ck) for ck in CHECKPOINTING for z in (0, 1, 2, 3)]:
+        c = base.with_memory(z, ck, 1)
+        if est.fits(c):
+            p = est.predict(c)
+            if best is None or p.step_time_s < best.step_time_s:
+                best = p
+    return best
+
+
+def usp_training_candidate(world: int, tp: int, u: int, r: int) -> Candidate:
+    """USP Tables 5-7 row degrees, mesh order per USP Tip 7 (TP < Ulysses < Ring < DP)."""
+    dp = world // (tp * u * r)
+    order = tuple(n for n, v in (("tp", tp), ("ulysses", u), ("ring", r), ("dp", dp)) if v > 1)
+    return Candidate(algorithm_for(u, r), dp=dp, tp=tp, ulysses=u, ring=r, order=order,
+                     token_layout="zigzag" if r > 1 else "contiguous")
+
+
+def megatron_flops(model: ModelSpec, work: Workload) -> float:
+    """FLOPs of one step as Megatron-LM (April 2024, USP's commit 2196398) counts them for its TFLOP/s and MFU:
+    2 per weight per token and the full (unmasked) attention matrix, 4 N^2 a d per layer, x3 to train."""
+    dense = 2.0 * work.tokens * (model.layers * model.layer_params() + model.vocab * model.hidden)
+    attn = 4.0 * work.batch * work.seq_len ** 2 * model.heads * model.head_dim * model.layers
+    return 3 * (dense + attn)
+
+
+def price_usp_training(table: dict, which: str) -> tuple[list[str], list[float], list[float]]:
+    """Rows (seq, batch, tp, ulysses, ring): predicted MFU (best fitting memory policy, FLOPs counted as the
+    paper's Megatron-LM counts them, so that rows of different lengths compare alike) and measured MFU."""
+    cluster, model = load_cluster("a800-8-nvlink", table["nodes"]), load_model(table["model"])
+    params = params_for(which, cluster)
+    peak = cluster.device(0).peak_flops[model.dtype]
+    names, pred, meas = [], [], []
+    for seq, batch, tp, u, r, mfu in table["rows"]:
+        work = Workload(seq_len=seq * K, batch=batch)
+        est = Estimator(cluster, model, work, params=params)
+        p = best_policy(est, usp_training_candidate(cluster.world_size, tp, u, r))
+        names.append(f"{seq}K bs{batch} tp{tp} u{u} r{r}")
+        pred.append(megatron_flops(model, work) / (p.step_time_s * cluster.world_size * peak) if p else 0.0)
+        meas.append(mfu)
+    return names, pred, meas
+
+
+def price_wallfacer(table: dict, which: str) -> tuple[list[str], list[float], list[float]]:
+    """Ring vs the best WallFacer (teams of 2 and 4, both placements) on the whole ring: tokens per second."""
+    cluster, model = load_cluster(table["cluster"], table["nodes"]), load_model(table["model"])
+    params = params_for(which, cluster)
+    causal = table["causal"]
+    est = Estimator(cluster, model, Workload(seq_len=table["seq"], causal=causal), params=params)
+    P = cluster.world_size
+    layout = "zigzag" if causal else "contiguous"
+    ring = best_policy(est, Candidate("ring", ring=P, order=("ring",), token_layout=layout))
+    walls = [best_policy(est, Candidate("wallfacer", ring=P, order=("ring",), token_layout=layout, team=C,
+                                        placement=pl)) for C in (2, 4) for pl in PLACEMENTS]
+    wall = max((w for w in walls if w), key=lambda p: p.tokens_per_s)
+    pred = {"ring": ring.tokens_per_s, "wallfacer": wall.tokens_per_s}
+    names = [a for a, _ in table["rows"]]
+    return names, [pred[a] for a in names], [m for _, m in table["rows"]]
+
+
+def price_tokenring(table: dict, which: str) -> tuple[list[str], list[float], list[float]]:
+    """Step times (ms) of TokenRing's Q-only and Q + out steps and of a Ring round; scores are 1 / time."""
+    cluster = load_cluster(table["cluster"], table["nodes"])
+    params = params_for(which, cluster)
+    model = ModelSpec(name="llama2-7b-attention", layers=1, hidden=4096, heads=32, head_dim=128, vocab=0)
+    work = Workload(seq_len=table["seq"], causal=table["causal"], training=False)
+    est = Estimator(cluster, model, work, params=params)
+    P = cluster.world_size
+    step_ms = {}
+    for algo, key in (("tokenring", None), ("ring", "ring K,V")):
+        cand = Candidate(algo, ring=P, order=("ring",), token_layout=table["token_layout"])
+        c = est.shape(cand)
+        orders = est.orders(cand.degrees, [cand.order], cand.placement)
+        for st in attention_steps(c, backward=False):
+            pats = {p.pattern for p in st.phases if isinstance(p, Comm)}
+            name = key if algo == "ring" else {frozenset({"shift"}): "tokenring Q",  # Q one way
+                                                frozenset({"shift_back"}): "tokenring Q",
+                                                frozenset({"shift_bi"}): "tokenring Q + out"}.get(frozenset(pats))
+            if name and pats and name not in step_ms:
+                step_ms[name] = float(est.price([Step(st.phases, 1, st.overlap)], orders).seconds[0]) * 1e3
+    names = [n for n, _ in table["rows"]]
+    return names, [1.0 / step_ms[n] for n in names], [1.0 / m for _, m in table["rows"]]
+
+
+def tables() -> list[tuple[str, str, dict, callable]]:
+    """(paper, table name, table, pricer) for every measured table."""
+    data = load_tables()
+    out = []
+    for paper, pricer in (("usp_attention", price_usp_attention), ("usp_training", price_usp_training),
+                          ("wallfacer", price_wallfacer), ("tokenring", price_tokenring)):
+        for name, t in data[paper].items():
+            if not isinstance(t, dict):
+                continue
+            if paper == "usp_attention":  # one table per sequence length (the rows of one workload)
+                shape = {k: data[paper][k] for k in ("heads", "kv_heads", "head_dim")}
+                for seq in dict.fromkeys(r[0] for r in t["rows"]):
+                    sub = {**t, **shape, "seq": seq, "rows": [r for r in t["rows"] if r[0] == seq]}
+                    out.append((paper, f"{name} {seq.upper()}", sub, pricer))
+            else:
+                out.append((paper, name, t, pricer))
+    return out
+
+
+LABEL = {"usp_attention": "USP", "usp_training": "USP", "wallfacer": "WallFacer", "tokenring": "TokenRing"}
+
+
+def score(which: str, show_rows: bool = False) -> dict[str, tuple[float, float]]:
+    """{table: (spearman, regret)} for one model ("before" or "after")."""
+    out = {}
+    for paper, name, t, pricer in tables():
+        names, pred, meas = pricer(t, which)
+        key = f"{LABEL[paper]} {name}"
+        out[key] = (spearman(pred, meas), regret(pred, meas))
+        if show_rows:
+            print(f"  {key} ({which}): predicted / measured score")
+            for n, p, m in zip(names, pred, meas):
+                print(f"    {n:<28} {p:12.4g} {m:12.4g}")
+    return out
+
+
+def ablation(show_rows: bool = False) -> None:
+    """Spearman / top-1 regret per table of the defaults and of the defaults less each term."""
+    runs = {"after": score("after", show_rows)}
+    runs.update({f"-{t}": score(f"after-{t}", show_rows) for t in TERMS})
+    print("| table | " + " | ".join(runs) + " |")
+    print("|---" * (1 + len(runs)) + "|")
+    for key in runs["after"]:
+        print(f"| {key} | " + " | ".join(f"{r[key][0]:.2f} / {100 * r[key][1]:.1f} %" for r in runs.values()) + " |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=("before", "after", "both"), default="both")
+    ap.add_argument("--rows", action="store_true", help="print every row's predicted and measured score")
+    ap.add_argument("--ablate", action="store_true", help="also the defaults less each term, one at a time")
+    a = ap.parse_args()
+    which = ["before", "after"] if a.model == "both" else [a.model]
+    if a.ablate:
+        ablation(a.rows)
+        return
+    res = {w: score(w, a.rows) for w in which}
+    head = "".join(f" | {w} rho | {w} regret" for w in which)
+    print(f"| table{head} |")
+    print("|---" * (1 + 2 * len(which)) + "|")
+    for key in res[which[0]]:
+        cells = "".join(f" | {res[w][key][0]:.2f} | {100 * res[w][key][1]:.1f} %" for w in which)
+        print(f"| {key}{cells} |")
+    for w in which:
+        rhos = [r for r, _ in res[w].values()]
+        good = sum(g <= 0.05 for _, g in res[w].values())
+        print(f"{w}: median Spearman {statistics.median(rhos):.2f}; top-1 within 5 % on {good} of {len(rhos)} tables")
+
+
+if __name__ == "__main__":
+    main()

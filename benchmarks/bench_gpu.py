@@ -1,0 +1,167 @@
+"""Block-kernel backends against PyTorch's best SDPA, and world-1 ``ctx.attention`` (a script, not a test).
+
+    python benchmarks/bench_gpu.py [--seqs 1k,4k,16k,64k] [--heads 32] [--kv-heads 8] [--head-dim 128]
+                                   [--dtype bfloat16] [--peak-tflops 989] [--repeats 5]
+
+On CUDA (CPU works too, for small --seqs) it prints, per backend available for the dtype and head dim
+(``runtime.backends``) and per S, causal and not, MHA and GQA: the block forward and forward +
+backward TFLOP/s (``kernels.block_attention`` / ``block_attention_backward`` with that backend) beside
+the best of ``F.scaled_dot_product_attention``'s backends (cuDNN, flash, efficient, math; forward +
+backward through autograd with ``enable_gqa``); then world-1 ``init(plan)`` + ``ctx.attention``
+forward + backward beside plain SDPA; then the fastest backend's efficiency curves in the format of a
+profile's ``params`` (``attention_fwd`` / ``attention_bwd``: [block length, achieved / peak]).
+FLOPs: 4 b s^2 h d forward (half when causal), 2.5x that for the backward (``KernelSample``).
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from sp_plan.planner import Plan
+from sp_plan.planner.profile import KernelSample
+from sp_plan.planner.calibration import kernel_curves
+from sp_plan.profiles.tune.kernels import attention_flops
+from sp_plan.profiles.tune.timing import time_call
+from sp_plan.runtime import backends as B
+from sp_plan.runtime.choice import check_exact
+from sp_plan.runtime.kernels import block_attention, block_attention_backward
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _sizes(text: str) -> list[int]:
+    return [int(float(x[:-1]) * 1024) if x[-1] in "kK" else int(x) for x in text.split(",")]
+
+
+def _inputs(n, heads, kv, d, device, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, n, h, d, generator=g).to(device=device, dtype=dtype) for h in (heads, kv, kv, heads)]
+
+
+def block_times(name, n, heads, kv, d, causal, device, dtype, repeats):
+    """(forward s, forward + backward s) of one block on backend ``name``."""
+    q, k, v, do = _inputs(n, heads, kv, d, device, dtype)
+    off = 0 if causal else None
+    o, lse = block_attention(q, k, v, causal_offset=off, backend=name)
+    t_f = time_call(lambda: block_attention(q, k, v, causal_offset=off, backend=name), device, repeats)
+
+    def both():
+        o, lse = block_attention(q, k, v, causal_offset=off, backend=name)
+        block_attention_backward(do, q, k, v, o, lse, causal_offset=off, backend=name)
+    return t_f, time_call(both, device, repeats)
+
+
+def sdpa_best(n, heads, kv, d, causal, device, dtype, repeats) -> tuple[str, float, float]:
+    """(backend, forward s, forward + backward s) of the fastest SDPA backend (forward + backward)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v, do = (x.transpose(1, 2).contiguous() for x in _inputs(n, heads, kv, d, device, dtype))
+    leaves = [x.requires_grad_() for x in (q, k, v)]
+    kinds = ([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+              SDPBackend.MATH] if device.type == "cuda" else [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
+    best = None
+    for kind in kinds:
+        def fwd():
+            with sdpa_kernel(kind):
+                return F.scaled_dot_product_attention(*leaves, is_causal=causal, enable_gqa=kv != heads)
+
+        def both():
+            fwd().backward(do)
+        try:
+            with torch.no_grad():
+                t_f = time_call(fwd, device, repeats)
+            t_b = time_call(both, device, repeats)
+        except RuntimeError:  # this SDPA backend does not take these inputs
+            continue
+        if best is None or t_b < best[2]:
+            best = (kind.name.lower(), t_f, t_b)
+    return best
+
+
+def _world1(args, device, dtype):
+    """World 1 (a gloo group in this process): init(plan) + ctx.attention fwd+bwd vs plain SDPA fwd+bwd, per S."""
+    from sp_plan.runtime import init
+
+    dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/init", rank=0, world_size=1)
+    ctx = init(Plan(algorithm="ring", degrees={"ring": 1}, order=["ring"]))
+    out = []
+    for n in args.seqs:
+        q, k, v, do = (x.requires_grad_(i < 3) for i, x in enumerate(_inputs(n, args.heads, args.kv_heads,
+                                                                                args.head_dim, device, dtype)))
+        t_ours = time_call(lambda: ctx.attention(q, k, v, causal=True).backward(do), device, args.repeats)
+        qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
+        dot = do.transpose(1, 2)
+        t_sdpa = time_call(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True,
+                                                                  enable_gqa=args.kv_heads != args.heads).backward(dot),
+                           device, args.repeats)
+        out.append((n, ctx.attention_backend, t_ours, t_sdpa))
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seqs", default="1k,4k,16k,64k")
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--peak-tflops", type=float, default=None, help="for the curves (default: 989 on CUDA, 1 on CPU)")
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args(argv)
+    args.seqs = _sizes(args.seqs)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    peak = 1e12 * (args.peak_tflops or (989.0 if device.type == "cuda" else 1.0))
+    d = args.head_dim
+    names = B.available(device.type, dtype, d)
+    print(f"# {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}, "
+          f"{str(dtype).replace('torch.', '')}, batch 1, {args.heads} heads (GQA: {args.kv_heads} KV heads) of {d}")
+    for n in B.PRIORITY:
+        why = B.BACKENDS[n].unavailable(device.type, dtype, d)
+        if why is None:
+            bad = check_exact(n, device, dtype, d, args.heads, args.kv_heads, True)
+            print(f"{n:10s} available" + (f", but NOT EXACT: {bad}" if bad else ", exact against float64"))
+            if bad:
+                names.remove(n)
+        else:
+            print(f"{n:10s} unavailable: {why}")
+    print("\n## block TFLOP/s: forward | forward + backward (SDPA: its fastest backend)")
+    print(f"{'S':>6s} {'mask':6s} {'heads':5s} " + " ".join(f"{n:>17s}" for n in names) + f" {'sdpa best':>26s}")
+    samples: dict[str, list[KernelSample]] = {n: [] for n in names}
+    for n_tok in args.seqs:
+        for causal in (False, True):
+            for kv in sorted({args.heads, args.kv_heads}, reverse=True):
+                f_f = attention_flops(n_tok, args.heads, d, causal)
+                f_b = f_f * 3.5
+                cells = []
+                for name in names:
+                    t_f, t_fb = block_times(name, n_tok, args.heads, kv, d, causal, device, dtype, args.repeats)
+                    cells.append(f"{f_f / t_f / 1e12:7.3g} | {f_b / t_fb / 1e12:7.3g}")
+                    if kv == args.kv_heads and causal:
+                        for kind, t, fl in (("attention_fwd", t_f, f_f), ("attention_bwd", t_fb - t_f, f_f * 2.5)):
+                            samples[name].append(KernelSample(kind=kind, size=n_tok, heads=args.heads, head_dim=d,
+                                                              causal=True, flops=fl, seconds=max(t, 1e-9),
+                                                              dtype=str(dtype).replace("torch.", ""), batch=1, backend=name))
+                sb = sdpa_best(n_tok, args.heads, kv, d, causal, device, dtype, args.repeats)
+                sdpa = f"{sb[0]:>9s} {f_f / sb[1] / 1e12:7.3g} | {f_b / sb[2] / 1e12:7.3g}" if sb else "none"
+                print(f"{n_tok:6d} {'causal' if causal else 'full':6s} {'gqa' if kv < args.heads else 'mha':5s} "
+                      + " ".join(f"{c:>17s}" for c in cells) + f" {sdpa:>26s}", flush=True)
+    w1 = _world1(args, device, dtype)
+    print("\n## world 1, causal, GQA: init(plan) + ctx.attention vs plain SDPA, forward + backward (ms)")
+    for n_tok, chosen, t_ours, t_sdpa in w1:
+        print(f"{n_tok:6d} ctx.attention ({chosen}) {1e3 * t_ours:9.2f}  sdpa {1e3 * t_sdpa:9.2f}  "
+              f"ratio {t_ours / t_sdpa:5.2f}x")
+    print(f"\n## kernel curves, causal GQA (efficiency = achieved / {peak / 1e12:g} TFLOP/s), profile params format")
+    for name, ss in samples.items():
+        curves = kernel_curves(ss, peak)
+        for kind in ("attention_fwd", "attention_bwd"):
+            pts = ", ".join(f"[{int(x)}, {y:.3f}]" for x, y in curves[kind].points)
+            print(f"{name}: {kind}: {{points: [{pts}]}}")
+
+
+if __name__ == "__main__":
+    main()

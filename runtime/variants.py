@@ -1,0 +1,62 @@
+"""Registry of the runtime's attention variants by plan algorithm name (the planner's registry's shape).
+
+Each variant module (ring, ulysses, usp, wallfacer, tokenring, metp) calls ``register`` at import;
+this module imports none of them, so there is no import cycle. ``load_all`` is the one explicit
+import of the variant modules: every module of the runtime package that is not one of its
+``INFRASTRUCTURE`` modules. A new variant is one new module in the package that calls ``register``.
+
+Entry signature: fn(q, k, v, *, groups, ranks, causal, token_layout, scale, backend) -> out, with
+``groups`` / ``ranks`` as ``runtime.context`` passes them (missing or None group = degree 1) and
+``backend`` the block kernel's name for ``kernels.block_attention`` (None = its default).
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import Callable
+
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One runtime attention variant: its plan algorithm name and its entry function."""
+
+    name: str
+    fn: Callable[..., object]
+
+
+VARIANTS: dict[str, Variant] = {}
+
+#: the modules of the runtime package that are not variants (``load_all`` imports every other one)
+INFRASTRUCTURE = ("attention", "backends", "choice", "context", "kernels", "netns", "overlap", "probe", "spawn",
+                  "variants")
+#: the modules that register the built-in variants (what ``variant_modules`` finds in this tree)
+BUILTIN_MODULES = ("ring", "ulysses", "usp", "wallfacer", "tokenring", "metp")
+
+
+def register(name: str, fn) -> Variant:
+    """Add an attention variant under its plan algorithm name (a second registration replaces the first)."""
+    entry = Variant(name, fn)
+    VARIANTS[name] = entry
+    return entry
+
+
+def variant_modules() -> list[str]:
+    """Names of the runtime package's variant modules: every public module but ``INFRASTRUCTURE``."""
+    pkg = importlib.import_module(__package__)
+    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)
+                  if not m.name.startswith("_") and m.name not in INFRASTRUCTURE)
+
+
+def load_all() -> dict[str, Variant]:
+    """Import the variant modules (each registers itself); the registry."""
+    for mod in variant_modules():
+        importlib.import_module(f"{__package__}.{mod}")
+    return VARIANTS
+
+
+def degree(group) -> int:
+    """Degree of a group; an absent group (None) is degree 1."""
+    return 1 if group is None else dist.get_world_size(group)

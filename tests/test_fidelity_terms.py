@@ -1,0 +1,144 @@
+"""The default model's physical terms (issue 12), each against a hand-computed case, and the presets' defaults."""
+import math
+
+import numpy as np
+import pytest
+
+from sp_plan.planner import Estimator, ModelSpec, Workload
+from sp_plan.planner.calibration import resolve_params
+from sp_plan.planner.engine import GroupShape, LinkEngine
+from sp_plan.planner.params import CommFit, Curve, Params
+from sp_plan.planner.schedules import Comm, Compute, Shape, Step, a2a_packing, merge_bytes
+from sp_plan.planner.usp import ring_steps, usp_steps
+from sp_plan.profiles import load_cluster
+from sp_plan.profiles.kernels import attention_curves, comm_defaults, default_params, device_key, h100_curves
+
+MODEL = ModelSpec(name="t", layers=1, hidden=512, heads=8, head_dim=64, vocab=0)
+
+
+def estimator(params: Params, cluster: str = "dgx-h100") -> Estimator:
+    return Estimator(load_cluster(cluster), MODEL, Workload(seq_len=4096, causal=False, training=False), params=params)
+
+
+def test_memory_pass_costs_bytes_over_hbm_bandwidth_and_nothing_uncalibrated():
+    p = Compute("ring merge fwd", 0.0, "memory", nbytes=3e9)
+    assert estimator(Params(hbm_bandwidth=1.5e12)).compute_time(p) == pytest.approx(2e-3)
+    assert estimator(Params()).compute_time(p) == 0.0
+
+
+def test_part_filled_block_reads_the_curve_at_the_square_block_of_as_many_pairs():
+    """fill 1/4 of a 4000-token block = a 2000-token square: log-linear halfway between (1000, .2), (4000, .4)."""
+    curve = Curve(points=((1000, 0.2), (4000, 0.4)))
+    est = estimator(Params(attention_fwd=curve))
+    flops = 1e12
+    t = est.compute_time(Compute("attention fwd", flops, "attention", 4000, fill=0.25))
+    assert t == pytest.approx(flops / (989e12 * 0.3))
+    assert est.compute_time(Compute("attention fwd", flops, "attention", 4000)) == pytest.approx(flops / (989e12 * 0.4))
+
+
+def test_merge_bytes_per_round_by_hand():
+    """b 1, 4096 tokens over ring 4 (1024 per block), 8 heads x 64, bf16: forward reads the block's out (2 B)
+    into the fp32 accumulator (4 + 4 B) plus 3 fp32 LSE passes; backward dQ, dK, dV likewise."""
+    c = Shape(MODEL, Workload(seq_len=4096), dp=1, ulysses=1, ring=4, token_layout="contiguous")
+    elems = 1024 * 8 * 64
+    assert merge_bytes(c, False) == elems * 10 + 1024 * 8 * 12
+    assert merge_bytes(c, True) == 3 * elems * 10
+    merges = [p for st in ring_steps(c, False) for p in st.phases if isinstance(p, Compute) and p.kind == "memory"]
+    assert merges and all(p.nbytes == merge_bytes(c, False) for p in merges)
+    one = Shape(MODEL, Workload(seq_len=4096), dp=1, ulysses=1, ring=1, token_layout="contiguous")
+    assert not [p for st in ring_steps(one, False) for p in st.phases if isinstance(p, Compute) and p.kind == "memory"]
+
+
+def test_all_to_all_packing_is_two_read_write_passes_beside_each_all_to_all():
+    c = Shape(MODEL, Workload(seq_len=4096), dp=1, ulysses=4, ring=1, token_layout="contiguous")
+    a2a_steps = [st for st in usp_steps(c, False) if any(isinstance(p, Comm) for p in st.phases)]
+    assert len(a2a_steps) == 2
+    for st in a2a_steps:
+        comm = next(p for p in st.phases if isinstance(p, Comm))
+        pack = next(p for p in st.phases if isinstance(p, Compute))
+        assert pack.kind == "memory" and pack.nbytes == 4 * comm.nbytes == a2a_packing(comm).nbytes
+        assert not st.overlap  # packing, then the all-to-all: they add up
+
+
+def test_partial_overlap_exposes_the_hidden_share_of_the_shorter_side():
+    """compute 1 ms beside 0.5 ms of communication at overlap 0.9: 1 + 0.1 x 0.5 = 1.05 ms."""
+    est = estimator(Params(overlap=0.9, hbm_bandwidth=1e12))
+    orders = est.orders({"ring": 8}, [("ring",)])
+    comm = Comm("ring p2p fwd", "shift", ("ring",), 1.0)
+    spb_lat = orders.coefficients(comm)
+    nbytes = (0.5e-3 / spb_lat[0][0] - spb_lat[2][0]) / spb_lat[1][0]  # bytes whose shift takes 0.5 ms
+    step = Step((Compute("merge", 0.0, "memory", nbytes=1e9), Comm("ring p2p fwd", "shift", ("ring",), nbytes)),
+                overlap=True)
+    assert float(est.price([step], orders).seconds[0]) == pytest.approx(1.05e-3)
+
+
+def test_h100_curves_come_from_the_measured_table():
+    """16k tokens: forward 356 TFLOP/s; backward 2.5 F over (3.5 F / 321 - F / 356) = 308.85 TFLOP/s (of 989)."""
+    fwd, bwd = h100_curves()
+    assert fwd.at(16384) == pytest.approx(356 / 989)
+    assert bwd.at(16384) == pytest.approx(2.5 / (3.5 / 321 - 1 / 356) / 989)
+    assert fwd.at(512) == pytest.approx(108 / 989)
+
+
+def test_other_devices_take_the_h100_shape_at_their_plateau_and_speed():
+    """A100 (312 TFLOP/s, plateau 0.65): sizes shrink by sqrt(989 x 0.36 / (312 x 0.65)) = 1.325 for forward."""
+    fwd, _ = attention_curves("A100-SXM4-80GB", 0.65, 312e12)
+    k = math.sqrt(356e12 / (312e12 * 0.65))
+    assert k == pytest.approx(1.3249, abs=1e-4)
+    assert fwd.at(16384 / k) == pytest.approx(0.65)
+    assert fwd.at(512 / k) == pytest.approx(0.65 * 108 / 356)
+
+
+def test_device_models_match_their_data_at_a_word_boundary():
+    keys = ("H100", "A10", "A100-SXM4-80GB", "L20")
+    assert device_key("H100-SXM5-80GB", keys) == device_key("NVIDIA H100 80GB HBM3", keys) == "H100"
+    assert device_key("A10-24GB", keys) == device_key("NVIDIA A10", keys) == "A10"
+    assert device_key("NVIDIA A100 80GB PCIe", keys) is None  # not the A10's data
+    assert device_key("A100-SXM4-80GB", keys) == "A100-SXM4-80GB"
+
+
+def test_collective_efficiencies_per_fabric():
+    h100 = comm_defaults(load_cluster("dgx-h100", 2))
+    assert h100["p2p/inter"].efficiency == 0.96 and h100["all_to_all/inter"].efficiency == 0.96
+    assert not [k for k in h100 if k.endswith("/intra")]  # NVSwitch: no per-kind figure, the presets' rates
+    l20 = comm_defaults(load_cluster("l20-8-pcie"))
+    assert set(l20) == {f"{p}/intra" for p in ("p2p", "p2p_bidir", "all_gather", "reduce_scatter", "all_reduce",
+                                                "all_to_all")}
+    assert all(f.efficiency == 0.89 for f in l20.values())
+    assert not [k for k in comm_defaults(load_cluster("a100-16-eth100", 2)) if k.endswith("/inter")]  # TCP: none
+    # a shift on PCIe: bytes over 0.89 x 32 GB/s + the path latency
+    eng, shape = LinkEngine(load_cluster("l20-8-pcie")), GroupShape(((2, 1),), 8)
+    base = eng.time("shift", shape, 1e9)
+    fitted = eng.time("shift", shape, 1e9, Params(comm=l20))
+    lat = eng.cost("shift", shape).latency
+    assert fitted - lat == pytest.approx((base - lat) / 0.89)
+
+
+def test_default_params_of_the_presets():
+    p = default_params(load_cluster("dgx-h100"))
+    assert p.round_overhead_s == pytest.approx(7 * 5e-6 + 10e-6)
+    assert p.overlap == pytest.approx(1 - 4 / 132) and p.hbm_bandwidth == pytest.approx(3.35e12 * 0.85)
+    assert default_params(load_cluster("cpu-local")) == Params()
+    assert default_params(load_cluster("l20-8-pcie")).hbm_bandwidth == pytest.approx(0.864e12 * 0.85)
+
+
+def test_no_profile_prices_with_the_presets_defaults():
+    cl = load_cluster("dgx-a100")
+    params, line, prof = resolve_params(cl, False)
+    assert prof is None and params == default_params(cl) and "not using" in line
+
+
+def test_pruning_stays_exact_under_the_default_params():
+    """The new terms keep every lower bound below its candidates: the pruned grid equals exhaustive pricing."""
+    from sp_plan.planner.search import best_per_variant, grid_search
+    from sp_plan.profiles import load_model
+
+    for preset, nodes, seq in (("l20-8-pcie", 1, "32k"), ("dgx-h100", 2, "64k")):
+        cluster = load_cluster(preset, nodes)
+        params = default_params(cluster)
+        model, work = load_model("llama3-8b"), Workload(seq_len=seq, batch=2)
+        full = grid_search(cluster, model, work, keep=None, params=params)
+        pruned = grid_search(cluster, model, work, keep=5, params=params)
+        assert [(round(t, 12), c) for t, c in pruned.ranked[:5]] == [(round(t, 12), c) for t, c in full.ranked[:5]]
+        assert best_per_variant(pruned.ranked) == best_per_variant(full.ranked)
+        assert np.isfinite(full.ranked[0][0])
