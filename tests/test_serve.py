@@ -318,6 +318,25 @@ def test_sigkill_and_restart_lose_nothing_acknowledged(server):
     assert _metric(server, "sp_plan_plan_cache_total", result="store") == 1  # answered from the store, not searched
 
 
+def test_a_lost_database_is_503_and_counted(request, tmp_path):
+    """The PostgreSQL database dropped under a running service: /healthz and writes answer 503 with a JSON error
+    and /metrics counts the store errors; the server itself keeps answering."""
+    url = _fresh_url(request, tmp_path, "postgres")
+    srv = Server(url, tmp_path)
+    try:
+        eng = sa.create_engine(url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+        with eng.connect() as c:
+            c.execute(sa.text(f"DROP DATABASE {url.rsplit('/', 1)[1]} WITH (FORCE)"))
+        eng.dispose()
+        assert httpx.get(f"{srv.url}/healthz").status_code == 503
+        up = httpx.post(f"{srv.url}/v1/profiles", json=Profile.load(FIXTURE).model_dump(mode="json"),
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+        assert up.status_code == 503 and up.json()["error"]["field"] == "--store", up.text
+        assert _metric(srv, "sp_plan_store_errors_total") >= 2
+    finally:
+        srv.stop()
+
+
 def test_private_service_needs_a_token_to_read(tmp_path):
     srv = Server(f"sqlite:///{tmp_path}/store.db", tmp_path, "--private")
     try:
