@@ -109,6 +109,41 @@ def _breakdown(p: Plan) -> Table:
     return t
 
 
+SERVER_HELP = "ask a planner service (`sp-plan serve`) at this URL instead of planning here (token: $SP_PLAN_TOKEN)"
+
+
+def _client(server: str):
+    from sp_plan.client import Client  # noqa: PLC0415
+
+    return Client.from_env(server)
+
+
+def _is_file(spec) -> bool:
+    """Whether a --cluster/--model/--profile value names a file (as the loaders decide), not a preset or id."""
+    return isinstance(spec, str) and (Path(spec).suffix in (".yaml", ".yml", ".json") or Path(spec).exists())
+
+
+def _request(cls, server: Optional[str], **fields):
+    """A service request from the options; with --server, cluster and model files are read here and sent inline."""
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    if server:
+        from sp_plan.profiles import load_cluster, load_model  # noqa: PLC0415
+
+        if _is_file(fields["cluster"]):
+            fields["cluster"], fields["nodes"] = load_cluster(fields["cluster"], fields["nodes"]), None
+        if _is_file(fields.get("model")):
+            fields["model"] = load_model(fields["model"])
+        if _is_file(fields.get("profile")):
+            raise PlanError("--profile", "a profile file cannot be sent with --server",
+                            "upload it with `sp-plan profile import FILE --server URL` and pass its id")
+    try:
+        return cls(**fields)
+    except ValidationError as e:
+        x = e.errors()[0]
+        raise PlanError(f"--{str(x['loc'][0]).replace('_', '-')}", x["msg"], "fix that option") from None
+
+
 @app.command("plan")
 def plan_cmd(
     cluster: str = typer.Option(..., "--cluster", help="preset name (see `sp-plan presets`) or cluster YAML file"),
@@ -127,61 +162,53 @@ def plan_cmd(
     profile: Optional[str] = typer.Option(None, "--profile", help=PROFILE_HELP),
     no_profile: bool = typer.Option(False, "--no-profile", help=NO_PROFILE_HELP),
     store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    server: Optional[str] = typer.Option(None, "--server", help=SERVER_HELP),
     report: Optional[Path] = typer.Option(None, "--report", help="also write the HTML report here (see `sp-plan report`)"),
     sensitivity: bool = typer.Option(False, "--sensitivity", help="re-rank with each link class's bandwidth halved "
                                      "and doubled and compute efficiency at 80 %: does the winner hold?"),
 ) -> None:
     """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
-    from sp_plan.planner.calibration import resolve_params
-    from sp_plan.planner.equivalent import top_rows
-    from sp_plan.planner.search import finish, finish_each, grid_search, no_plan_error, profile_tag
-    from sp_plan.profiles import load_cluster, load_model
+    from sp_plan.service.planning import PlanRequest, resolve
+    from sp_plan.service.planning import search as run_search
 
     try:
         if batch < 1:
             raise PlanError("--batch", f"must be at least 1, got {batch}", "pass --batch 1 or more")
         if top < 1:
             raise PlanError("--top", f"must be at least 1, got {top}", "pass --top 1 or more")
-        c = load_cluster(cluster, nodes)
-        m = load_model(model)
-        w = Workload(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference)
+        if trials < 1:
+            raise PlanError("trials", f"must be at least 1, got {trials}", "pass --trials 1 or more")
         if search not in ("grid", "bayes"):
             raise PlanError("--search", f"unknown search {search!r}", "use grid or bayes")
-        params, line, prof = resolve_params(c, _profile_options(profile, no_profile), store)
-        with Progress(TextColumn(f"{search} search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as prog:
-            task = prog.add_task("search", total=None)
-            tick = lambda i, n: prog.update(task, completed=i, total=n)  # noqa: E731
-
-            def run(keep: int):
-                if search == "grid":
-                    res = grid_search(c, m, w, progress=tick, keep=keep, params=params)
-                else:
-                    from sp_plan.planner.bayes import bayes_search
-
-                    res = bayes_search(c, m, w, trials=trials, seed=seed, storage=storage,
-                                       study_name=f"{c.fingerprint()}-{m.name}-{w.seq_len}-{w.batch}", progress=tick,
-                                       params=params)
-                res.profile, res.profile_line = profile_tag(prof), line
-                if not res.ranked:
-                    raise no_plan_error(c, w, res)
-                return res
-
-            # --top K: K distinct rows (equivalent candidates share one), so the search may keep more
-            res, rows = top_rows(run, lambda r, n: finish(r, c, m, w, n), top, complete=search == "bayes")
-            plans = [q for r in rows for q in [r.plan] + r.alternatives]
-            families = finish_each(res, c, m, w)
+        _profile_options(profile, no_profile)
+        if server and (report or sensitivity):
+            raise PlanError("--report" if report else "--sensitivity", "needs the cluster's profile here, not on a server",
+                            "run without --server (the service's report is at URL/v1/plans/ID/report)")
+        w = Workload(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference)
+        req = _request(PlanRequest, server, cluster=cluster, nodes=nodes, model=model, workload=w, search=search,
+                       trials=trials, seed=seed, top=top, use_profile=not no_profile, profile=profile)
+        if server:
+            res = _client(server).plan(req)
+        else:
+            inputs = resolve(req, store, max_world=None)
+            with Progress(TextColumn(f"{search} search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=err, transient=True) as prog:
+                task = prog.add_task("search", total=None)
+                tick = lambda i, n: prog.update(task, completed=i, total=n)  # noqa: E731
+                res = run_search(req, inputs, storage=storage, progress=tick)  # = service.planning.run_plan
     except PlanError as e:
         fail(e)
-    out.print(f"[bold]{c.name}[/] ({c.num_nodes} node(s), {c.world_size} x {c.device(0).model}, fingerprint {c.fingerprint()}), "
-              f"[bold]{m.name}[/], {w.seq_len:,} tokens x {w.batch}, {'causal' if w.causal else 'full'}, "
+    c, w, plans = res.cluster, res.workload, res.plans
+    out.print(f"[bold]{c.name}[/] ({c.nodes} node(s), {c.world_size} x {c.device}, fingerprint {c.fingerprint}), "
+              f"[bold]{res.model.name}[/], {w.seq_len:,} tokens x {w.batch}, {'causal' if w.causal else 'full'}, "
               f"{'training' if w.training else 'inference'}", highlight=False)
-    out.print(line, highlight=False)
-    how = (f"grid: {res.space:,} candidates, {res.evaluated:,} priced" if search == "grid" else
-           f"bayes: {res.trials} trials (best first reached at trial {res.best_trial + 1}), {res.evaluated:,} priced")
+    out.print(res.profile_line, highlight=False)
+    s = res.search
+    how = (f"grid: {s.space:,} candidates, {s.evaluated:,} priced" if s.kind == "grid" else
+           f"bayes: {s.trials} trials (best first reached at trial {s.best_trial + 1}), {s.evaluated:,} priced")
     out.print(how, highlight=False)
     out.print(_ranking(plans))
-    out.print(_ranking([plans[0]] + [f for f in families if f.summary() != plans[0].summary()],
+    out.print(_ranking([plans[0]] + [f for f in res.families if f.summary() != plans[0].summary()],
                        title="best layout of each algorithm variant (team C, placement)"))
     out.print(_explain(plans[0]))
     out.print(_breakdown(plans[0]))
@@ -189,7 +216,8 @@ def plan_cmd(
         plans[0].save(output)
         out.print(f"wrote {output}")
     if sensitivity or report:
-        _sensitivity_and_report(c, m, w, params, prof, line, [r.plan for r in rows], families, sensitivity, report)
+        _sensitivity_and_report(inputs.cluster, inputs.model, inputs.workload, inputs.params, inputs.profile,
+                                inputs.line, [r.plan for r in group(plans)], res.families, sensitivity, report)
 
 
 def _sensitivity_and_report(c, m, w, params, prof, line, plans, families, sensitivity, report) -> None:
@@ -222,19 +250,15 @@ def estimate(
     profile: Optional[str] = typer.Option(None, "--profile", help=PROFILE_HELP),
     no_profile: bool = typer.Option(False, "--no-profile", help=NO_PROFILE_HELP),
     store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    server: Optional[str] = typer.Option(None, "--server", help=SERVER_HELP),
 ) -> None:
     """Price one plan on a cluster: step time, MFU, memory and the per-phase breakdown."""
-    from sp_plan.planner.calibration import resolve_params
-    from sp_plan.planner.estimate import Estimator
-    from sp_plan.planner.search import profile_tag
-    from sp_plan.profiles import load_cluster, load_model
+    from sp_plan.service.planning import EstimateRequest, run_estimate
 
     try:
         p = Plan.load(path)
-        c = load_cluster(cluster, nodes)
         if model is None and p.model is None:
             raise PlanError("--model", f"{path} names no model", "pass --model NAME|FILE")
-        m = load_model(model) if model else p.model
         base = p.workload
         if seq_len is None and base is None:
             raise PlanError("--seq-len", f"{path} names no workload", "pass --seq-len N")
@@ -242,14 +266,16 @@ def estimate(
                      batch=batch or (base.batch if base else 1),
                      causal=causal if causal is not None else (base.causal if base else True),
                      training=not inference and (base.training if base else True))
-        params, line, prof = resolve_params(c, _profile_options(profile, no_profile), store)
-        pred = Estimator(c, m, w, params=params)(p)
+        _profile_options(profile, no_profile)
+        req = _request(EstimateRequest, server, plan=p, cluster=cluster, nodes=nodes, model=model, workload=w,
+                       use_profile=not no_profile, profile=profile)
+        res = _client(server).estimate(req) if server else run_estimate(req, store)
     except PlanError as e:
         fail(e)
-    p = p.model_copy(update={"predicted": pred, "profile": profile_tag(prof)})
-    out.print(f"[bold]{p.summary()}[/] on {c.name} ({c.world_size} ranks), {m.name}, {w.seq_len:,} tokens x {w.batch}",
+    p, c, w, pred = res.plan, res.cluster, res.workload, res.plan.predicted
+    out.print(f"[bold]{p.summary()}[/] on {c.name} ({c.world_size} ranks), {res.model.name}, {w.seq_len:,} tokens x {w.batch}",
               highlight=False)
-    out.print(line, highlight=False)
+    out.print(res.profile_line, highlight=False)
     out.print(f"step {secs(pred.step_time_s)}, {pred.tokens_per_s:,.0f} tokens/s, MFU {pred.mfu:.1%}, peak memory "
               f"{gib(pred.peak_memory_bytes)} of {gib(pred.memory_capacity_bytes)}"
               + ("" if pred.fits else "  [bold red]does not fit[/]"))
@@ -290,6 +316,8 @@ _register_discover(app)
 _register_tune(app)
 _register_report(app)
 _register_export(app)
+from sp_plan.cli.serve import register as _register_serve  # noqa: E402
+_register_serve(app)
 
 
 def main() -> None:

@@ -131,18 +131,25 @@ def export_cmd(
 def import_cmd(
     path: Path = typer.Argument(..., help="a profile file (from `sp-plan profile export` or `sp-plan tune -o`)"),
     store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    server: Optional[str] = typer.Option(None, "--server", help="upload to a planner service (`sp-plan serve`) at "
+                                         "this URL instead (token: $SP_PLAN_TOKEN)"),
 ) -> None:
     """Store a profile file; prints its id (kept from the file unless another profile holds it)."""
     try:
         p = Profile.load(path)
-        st = _store(store)
-        if p.id and st.has_profile(p.id) and st.get_profile(p.id) != p:
-            p.id = None  # that id holds a different profile: keep both
-        pid = st.save_profile(p)
+        if server:
+            from sp_plan.client import Client  # noqa: PLC0415
+
+            pid, shown = Client.from_env(server).upload_profile(p), server
+        else:
+            st = _store(store)
+            if p.id and st.has_profile(p.id) and st.get_profile(p.id) != p:
+                p.id = None  # that id holds a different profile: keep both
+            pid, shown = st.save_profile(p), st.shown
     except PlanError as e:
         _fail(e)
     err.print(f"imported {path} as profile {pid} ({escape(p.cluster or '-')}, fingerprint {p.cluster_fingerprint}) "
-              f"into {st.shown}", highlight=False)
+              f"into {shown}", highlight=False)
     out.print(pid, highlight=False)
 
 

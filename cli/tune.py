@@ -78,6 +78,8 @@ def tune_cmd(
     warmup: int = typer.Option(1, "--warmup", help="untimed steps before them"),
     pool: int = typer.Option(12, "--pool", help="distinct layouts the choice draws from"),
     link_sizes: Optional[str] = typer.Option(None, "--link-sizes", help="message sizes for the link step, e.g. 64K,1M"),
+    server: Optional[str] = typer.Option(None, "--server", help="also upload the profile to a planner service "
+                                         "(`sp-plan serve`) at this URL (token: $SP_PLAN_TOKEN)"),
 ) -> None:
     """Measure links, kernels and the best candidates on this cluster; calibrate; store the profile."""
     from sp_plan.runtime import probe
@@ -85,7 +87,7 @@ def tune_cmd(
     from sp_plan.planner.model import Workload, parse_seq_len
     from sp_plan.profiles import load_cluster, load_model
 
-    rank, owned, st = 0, False, None
+    rank, owned, st, upload_failed = 0, False, None, False
     try:
         for flag, v in (("--budget", budget), ("--iters", iters), ("--layers", layers), ("--pool", pool), ("--batch", batch)):
             if v < 1:
@@ -162,6 +164,16 @@ def tune_cmd(
         out.print("fitted: " + ("; ".join(p.fitted) or "nothing (no candidate ran)"), highlight=False)
         out.print(f"stopped: {report.stop_reason}", highlight=False)
         out.print(f"stored profile [bold]{p.id}[/] in {st.shown}", highlight=False)
+        if server:
+            from sp_plan.client import Client  # noqa: PLC0415
+
+            try:
+                out.print(f"uploaded profile {Client.from_env(server).upload_profile(p)} to {server}", highlight=False)
+            except PlanError as e:  # the profile is stored locally: say so, and how to upload it later
+                err.print(f"[bold red]error[/]: {e} (the profile is in {st.shown}: upload it later with "
+                          f"`sp-plan profile export {p.id} -o p.yaml` and `sp-plan profile import p.yaml --server URL`)",
+                          highlight=False, soft_wrap=True)
+                upload_failed = True
         if output and report.best is not None:
             report.best.save(output)
             out.print(f"wrote {output}: {report.best.summary()} measured {_secs(report.best.measured.step_time_s)}, "
@@ -170,6 +182,8 @@ def tune_cmd(
             err.print("[yellow]no candidate ran successfully; no plan written[/]")
     probe.dist.barrier()
     probe.finish(owned)
+    if upload_failed:
+        raise typer.Exit(2)
 
 
 def register(app: typer.Typer) -> None:

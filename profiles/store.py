@@ -26,6 +26,8 @@ from sp_plan.planner.profile import STACK_KEYS, Profile
 from sp_plan.planner.yamlio import model_from_data
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+#: alembic's version table for the store; optuna keeps its own ``alembic_version`` in the same database
+VERSION_TABLE = "sp_plan_alembic_version"
 ENV_VAR = "SP_PLAN_STORE"
 STORE_FIX = ("check that the database server is up and reachable (or the SQLite file's directory exists and is "
              f"writable), or pass another --store URL / set {ENV_VAR}")
@@ -72,6 +74,13 @@ steps_t = sa.Table(
     sa.Column("updated_at", sa.String(40), nullable=False),
     sa.UniqueConstraint("run_id", "name", name="uq_tune_steps_run_name"),
 )
+service_plans_t = sa.Table(
+    "service_plans", _meta,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("profile", sa.String(64)),
+    sa.Column("created_at", sa.String(40), nullable=False),
+    sa.Column("document", sa.JSON, nullable=False),
+)
 
 
 def _now() -> str:
@@ -113,6 +122,7 @@ class Store:
     def __init__(self, url: str | None = None):
         self.url = store_url(url)
         self.shown = redact(self.url)
+        self._reader: sa.Engine | None = None
         try:
             self.engine = self._engine(self.url, default=url is None and not os.environ.get(ENV_VAR))
             self._migrate()
@@ -186,7 +196,7 @@ class Store:
         cfg, script = self._script()
         head = script.get_current_head()
         with self.engine.connect() as conn:
-            current = MigrationContext.configure(conn).get_current_revision()
+            current = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
             conn.rollback()
         self._check_revision(current, script)
         if current == head:
@@ -194,18 +204,35 @@ class Store:
         with self.engine.begin() as conn:
             if conn.dialect.name == "postgresql":
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key("sp-plan store migrate")})
-            current = MigrationContext.configure(conn).get_current_revision()
+            current = self._adopt_legacy_version(conn, script)
             self._check_revision(current, script)
             if current != head:
                 cfg.attributes["connection"] = conn
                 command.upgrade(cfg, "head")
+
+    @staticmethod
+    def _adopt_legacy_version(conn: sa.Connection, script) -> str | None:
+        """The store's revision; a store of 0001 kept it in alembic's default table (which optuna's storage
+        needs for itself): move it into VERSION_TABLE, in the migration's transaction."""
+        from alembic.runtime.migration import MigrationContext  # noqa: PLC0415
+
+        ours = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        current = ours.get_current_revision()
+        if current is not None or not sa.inspect(conn).has_table("alembic_version"):
+            return current
+        legacy = MigrationContext.configure(conn).get_current_revision()
+        if legacy not in {r.revision for r in script.walk_revisions()}:
+            return current  # optuna's (or another tool's) version table: not ours
+        ours.stamp(script, legacy)
+        conn.execute(sa.text("DELETE FROM alembic_version"))
+        return legacy
 
     def revision(self) -> str | None:
         """The alembic revision the database is at."""
         from alembic.runtime.migration import MigrationContext  # noqa: PLC0415
 
         with self._conn() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
+            return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
 
     @contextmanager
     def _tx(self) -> Iterator[sa.Connection]:
@@ -218,6 +245,27 @@ class Store:
 
     _conn = _tx
 
+    @contextmanager
+    def _read(self) -> Iterator[sa.Connection]:
+        """A connection for reads that need no transaction. SQLite: its own engine without BEGIN IMMEDIATE, so
+        readers never queue for the write lock (each statement is atomic on its own); else as _tx."""
+        if self.engine.dialect.name != "sqlite":
+            with self._tx() as conn:
+                yield conn
+            return
+        if self._reader is None:
+            self._reader = sa.create_engine(self.engine.url, connect_args={"timeout": 30})
+
+            @sa.event.listens_for(self._reader, "connect")
+            def _connect(dbapi_conn, _record):  # autocommit: no BEGIN at all
+                dbapi_conn.isolation_level = None
+                dbapi_conn.execute("PRAGMA busy_timeout = 30000")
+        try:
+            with self._reader.connect() as conn:
+                yield conn
+        except sa_exc.SQLAlchemyError as e:
+            raise PlanError("--store", f"store {self.shown} failed ({_first_line(e)})", STORE_FIX) from None
+
     def healthy(self) -> bool:
         """True when the database answers and its schema is the one this sp-plan writes."""
         try:
@@ -229,6 +277,8 @@ class Store:
     def close(self) -> None:
         """Release the connection pool."""
         self.engine.dispose()
+        if self._reader is not None:
+            self._reader.dispose()
 
     def __enter__(self) -> "Store":
         return self
@@ -304,6 +354,19 @@ class Store:
             doc = conn.execute(q).scalar()
         return None if doc is None else self._profile(doc)
 
+    def profile_stamp(self, fingerprint: str, id: str | None = None) -> str | None:
+        """'ID@STORED_AT' of the profile a plan would use (``id``, else the fingerprint's newest), or None: a cheap
+        version that changes whenever that profile is replaced, deleted or superseded."""
+        with self._read() as conn:
+            if id is not None:
+                real = self._resolve_id(conn, id)
+                q = sa.select(profiles_t.c.id, profiles_t.c.stored_at).where(profiles_t.c.id == real)
+            else:
+                q = (sa.select(profiles_t.c.id, profiles_t.c.stored_at).where(profiles_t.c.fingerprint == fingerprint)
+                     .order_by(profiles_t.c.created_at.desc(), profiles_t.c.stored_at.desc()).limit(1))
+            row = conn.execute(q).first()
+        return None if row is None else f"{row[0]}@{row[1]}"
+
     def delete_profile(self, id: str) -> None:
         """Remove a stored profile (PlanError if there is none with this id)."""
         with self._tx() as conn:
@@ -325,6 +388,19 @@ class Store:
              .order_by(link_fits_t.c.created_at.desc(), link_fits_t.c.id.desc()).limit(1))
         with self._tx() as conn:
             return conn.execute(q).scalar()
+
+    # ---- plans computed by the service
+    def save_service_plan(self, id: str, document: dict, profile: str | None = None) -> None:
+        """Store (or replace, same id) a plan response of `sp-plan serve` in one transaction."""
+        row = {"id": id, "profile": profile, "created_at": _now(), "document": document}
+        with self._tx() as conn:
+            conn.execute(service_plans_t.delete().where(service_plans_t.c.id == id))
+            conn.execute(service_plans_t.insert().values(**row))
+
+    def service_plan(self, id: str) -> dict | None:
+        """The stored plan response with this id, or None."""
+        with self._read() as conn:
+            return conn.execute(sa.select(service_plans_t.c.document).where(service_plans_t.c.id == id)).scalar()
 
     # ---- tune runs and their checkpoints
     def start_run(self, key: str, meta: dict) -> tuple[int, bool]:

@@ -52,7 +52,7 @@ def url(request, tmp_path):
 
 def test_profile_round_trip(url):
     st = Store(url)
-    assert st.healthy() and st.revision() == "0001"
+    assert st.healthy() and st.revision() == "0002"
     p = make_profile()
     pid = st.save_profile(p)
     assert pid and p.id == pid and p.created_at
@@ -113,7 +113,7 @@ def test_newer_schema_refused(url):
     assert st.healthy()
     eng = sa.create_engine(url)
     with eng.begin() as c:
-        c.execute(sa.text("UPDATE alembic_version SET version_num = '9999_future'"))
+        c.execute(sa.text("UPDATE sp_plan_alembic_version SET version_num = '9999_future'"))
     eng.dispose()
     assert not st.healthy()
     with pytest.raises(PlanError) as e:
@@ -302,3 +302,28 @@ def test_stored_document_that_does_not_validate(tmp_path):
     with pytest.raises(PlanError) as e:
         st.get_profile(pid)
     assert e.value.field == "profile.bogus" and "store" in e.value.problem
+
+
+def test_a_0001_store_is_adopted_and_optuna_shares_the_database(url):
+    """A store written before 0002 kept its revision in alembic's default table: reopened, it moves to the
+    store's own table and upgrades; optuna's RDB storage then keeps its studies in the same database."""
+    import optuna
+
+    st = Store(url)
+    pid = st.save_profile(make_profile())
+    with st.engine.begin() as conn:  # what sp-plan 0001 left behind
+        conn.execute(sa.text("DROP TABLE service_plans"))
+        conn.execute(sa.text("DROP TABLE sp_plan_alembic_version"))
+        conn.execute(sa.text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL PRIMARY KEY)"))
+        conn.execute(sa.text("INSERT INTO alembic_version VALUES ('0001')"))
+    st.close()
+    st = Store(url)
+    assert st.revision() == "0002" and st.get_profile(pid).id == pid
+    st.save_service_plan("abc", {"x": 1}, pid)
+    assert st.service_plan("abc") == {"x": 1} and st.service_plan("nope") is None
+    study = optuna.create_study(storage=url, study_name="shared", load_if_exists=True)
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    st.close()
+    again = Store(url)
+    assert again.revision() == "0002" and again.healthy()
+    assert len(optuna.load_study(study_name="shared", storage=url).trials) == 2

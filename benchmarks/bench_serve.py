@@ -1,0 +1,172 @@
+"""The planner service under load (issue 13), on loopback with a bounded number of requests.
+
+    python benchmarks/bench_serve.py [--processes N] [--cached 640] [--rounds 4] [--mix 200]
+
+Starts `sp-plan serve` (a subprocess, a fresh SQLite store in a temp directory) on 127.0.0.1 and drives it with
+httpx's async client. Prints p50 / p99 / max latency and the errors of each workload:
+
+- cached: one 1,024-GPU plan already answered, asked again by 32 concurrent clients (goal p99 <= 50 ms);
+- uncached: 1,024-GPU plans not asked before, 8 concurrent clients, each round all 8 ask the same new plan
+  (coalesced: computed once) -- goal p99 <= 1.5 x the single-request time of the same plans, measured first on
+  this machine through the server, one at a time (with top 5; the rounds ask for top 4, so nothing is cached); and the same with 8 *different* new plans at once, which the process pool
+  (as many processes as cores) can only run cores at a time;
+- mix: 16 concurrent clients, 70 % cached plans, 20 % new 16-GPU llama3-8b plans, 10 % profile uploads (token).
+
+Workload: dgx-h100 preset, llama3-70b, causal training; 1,024 GPUs = 128 nodes; 1M-token sequences for the
+cached plan, 512k + 64k x i tokens for the new ones. The figures are wall-clock latencies on whatever else the
+machine runs: report them with the machine's load.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_search import commit  # noqa: E402
+
+from sp_plan.planner.profile import Profile  # noqa: E402
+from sp_plan.runtime.spawn import free_port  # noqa: E402
+
+TOKEN = "bench-token"
+FIXTURE = Path(__file__).parent.parent / "tests" / "fixtures" / "profile-dgx-h100.yaml"
+
+
+def body(nodes: int, seq_k: int, model: str = "llama3-70b") -> dict:
+    return {"cluster": "dgx-h100", "nodes": nodes, "model": model, "workload": {"seq_len": f"{seq_k}k"}}
+
+
+def start(tmp: Path, processes: int | None) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    (tmp / "tokens").write_text(TOKEN + "\n")
+    args = [sys.executable, "-m", "sp_plan.cli.app", "serve", "--port", str(port), "--store", f"sqlite:///{tmp}/store.db",
+            "--token-file", str(tmp / "tokens")] + (["--processes", str(processes)] if processes else [])
+    proc = subprocess.Popen(args, stdout=open(tmp / "server.log", "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"the server did not start:\n{(tmp / 'server.log').read_text()}")
+
+
+async def drive(url: str, jobs: list[tuple[str, str, dict]], clients: int) -> tuple[list[float], int]:
+    """Run ``jobs`` (method, path, json) with ``clients`` concurrent workers; (latencies, errors)."""
+    queue: asyncio.Queue = asyncio.Queue()
+    for j in jobs:
+        queue.put_nowait(j)
+    lat: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits,
+                                 headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        async def worker():
+            nonlocal errors
+            while not queue.empty():
+                method, path, payload = queue.get_nowait()
+                t0 = time.perf_counter()
+                try:
+                    r = await http.request(method, path, json=payload)
+                    ok = r.status_code < 300
+                except httpx.HTTPError:
+                    ok = False
+                lat.append(time.perf_counter() - t0)
+                errors += not ok
+
+        await asyncio.gather(*(worker() for _ in range(clients)))
+    return lat, errors
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc), children not included."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q * len(s) + 0.5) - 1))]
+
+
+def row(name: str, clients: int, lat: list[float], errors: int, goal: str) -> str:
+    ms = lambda x: f"{x * 1e3:9.1f}"  # noqa: E731
+    return (f"{name:<28} {clients:>7} {len(lat):>8} {ms(pct(lat, 0.5))} {ms(pct(lat, 0.99))} {ms(max(lat))} "
+            f"{errors:>6}  {goal}")
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--processes", type=int, default=None, help="search processes (default: the cores)")
+    ap.add_argument("--cached", type=int, default=640, help="requests in the cached workload")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds of 8 in the uncached workloads")
+    ap.add_argument("--mix", type=int, default=200, help="requests in the mixed workload")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as d:
+        proc, url = start(Path(d), a.processes)
+        try:
+            print(f"commit {commit()}, Python {platform.python_version()}, {os.cpu_count()} cores (load average "
+                  f"{os.getloadavg()[0]:.1f}), server search processes {a.processes or os.cpu_count()}, loopback {url}")
+            # the single-request search time of an uncached 1,024-GPU plan, through the server, one at a time
+            single = []
+            for r in range(a.rounds):  # the plans the 8 clients ask for below (there with top 4: not cached)
+                lat, err = await drive(url, [("POST", "/v1/plan", body(128, 512 + 64 * r))], 1)
+                assert not err, "single request failed"
+                single += lat
+            t1 = statistics.median(single)
+            print(f"single uncached 1,024-GPU plan (median of {a.rounds}, one at a time): {t1 * 1e3:.1f} ms")
+            print(f"{'workload':<28} {'clients':>7} {'requests':>8} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9} "
+                  f"{'errors':>6}  goal")
+            await drive(url, [("POST", "/v1/plan", body(128, 1024))], 1)  # the cached plan
+            cpu0, mine0, wall0 = cpu_seconds(proc.pid), time.process_time(), time.perf_counter()
+            lat, err = await drive(url, [("POST", "/v1/plan", body(128, 1024))] * a.cached, 32)
+            cpu, mine = cpu_seconds(proc.pid) - cpu0, time.process_time() - mine0
+            wall = time.perf_counter() - wall0
+            print(row("cached 1,024-GPU plan", 32, lat, err, "p99 <= 50 ms"))
+            print(f"{'':<28} CPU per cached answer: server {cpu / len(lat) * 1e3:.1f} ms, this load generator "
+                  f"{mine / len(lat) * 1e3:.1f} ms; {len(lat) / wall:.0f} answers/s")
+            lat, err = [], 0
+            for r in range(a.rounds):  # 8 clients, one new plan per round
+                l, e = await drive(url, [("POST", "/v1/plan", {**body(128, 512 + 64 * r), "top": 4})] * 8, 8)
+                lat, err = lat + l, err + e
+            print(row("uncached, same plan x 8", 8, lat, err, f"p99 <= 1.5 x {t1 * 1e3:.0f} ms = {1.5 * t1 * 1e3:.0f} ms"))
+            lat, err = [], 0
+            for r in range(a.rounds):  # 8 clients, 8 different new plans per round
+                l, e = await drive(url, [("POST", "/v1/plan", body(128, 512 + 64 * (a.rounds + 8 * r + i)))
+                                         for i in range(8)], 8)
+                lat, err = lat + l, err + e
+            print(row("uncached, 8 different plans", 8, lat, err, "(no goal: 8 searches on the pool's processes)"))
+            prof = Profile.load(FIXTURE).model_dump(mode="json")
+            jobs = []
+            for i in range(a.mix):
+                k = i % 10
+                if k < 7:
+                    jobs.append(("POST", "/v1/plan", body(128, 1024)))
+                elif k < 9:
+                    jobs.append(("POST", "/v1/plan", body(2, 32 + 2 * i, "llama3-8b")))
+                else:
+                    jobs.append(("POST", "/v1/profiles", {**prof, "fitted": [f"bench upload {i}"]}))
+            lat, err = await drive(url, jobs, 16)
+            print(row("mix: 70% cached, 20% new,", 16, lat, err, "zero errors"))
+            print(f"{'  10% uploads':<28}")
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,63 @@
+"""`sp-plan serve`: the planner service (service/app.py) on uvicorn."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import typer
+
+from sp_plan.cli.discover import _fail as fail, err
+from sp_plan.planner.errors import PlanError
+
+STORE_HELP = "profile store URL, e.g. sqlite:////path/store.db (default: SP_PLAN_STORE or the user data directory)"
+
+
+def serve_cmd(
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+    port: int = typer.Option(8000, "--port", help="TCP port"),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    workers: int = typer.Option(1, "--workers", help="uvicorn worker processes (each with its own search pool)"),
+    token_file: Optional[str] = typer.Option(None, "--token-file", help="bearer tokens for writes, one per line "
+                                             "(default: $SP_PLAN_TOKENS, comma-separated)"),
+    private: bool = typer.Option(False, "--private", help="reads need a token too"),
+    max_world: int = typer.Option(65536, "--max-world", help="largest world (ranks) a request may ask for"),
+    max_body: int = typer.Option(4 * 2**20, "--max-body", help="largest request body in bytes (413 above)"),
+    processes: Optional[int] = typer.Option(None, "--processes", help="search processes per worker "
+                                            "(default: the cores / workers)"),
+) -> None:
+    """Serve plans over HTTP: /v1/plan, /v1/estimate, /v1/profiles, ... (OpenAPI at /docs)."""
+    import uvicorn
+
+    from sp_plan.profiles.store import Store
+    from sp_plan.service import auth
+    from sp_plan.service.app import SETTINGS_ENV, Settings, create_app, settings_env
+
+    try:
+        for flag, v in (("--workers", workers), ("--max-world", max_world), ("--max-body", max_body),
+                        ("--processes", processes or 1)):
+            if v < 1:
+                raise PlanError(flag, f"must be at least 1, got {v}", f"pass {flag} 1 or more")
+        tokens = auth.load_tokens(token_file)  # a bad token file fails here, once, not in every worker
+        if private and not tokens:
+            raise PlanError("--private", "reads need a token but no token is configured",
+                            f"pass --token-file FILE or set ${auth.ENV_VAR}")
+        st = Store(store)  # migrate (and check) the store before the workers open it
+        url = st.url
+        st.close()
+    except PlanError as e:
+        fail(e)
+    settings = Settings(store=url, token_file=token_file, private=private, max_world=max_world, max_body=max_body,
+                        processes=processes or max(1, (os.cpu_count() or 1) // workers))
+    err.print(f"sp-plan serve on http://{host}:{port} (store {st.shown}, {workers} worker(s) x {settings.processes} "
+              f"search process(es), {len(tokens)} token(s){', private' if private else ''}); API docs at /docs",
+              highlight=False, soft_wrap=True)
+    if workers == 1:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+    else:
+        os.environ[SETTINGS_ENV] = settings_env(settings)
+        uvicorn.run("sp_plan.service.app:app_from_env", factory=True, host=host, port=port, workers=workers,
+                    log_level="info")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve_cmd)

@@ -1,0 +1,263 @@
+"""The one planning function the CLI, the Python API and HTTP all call: a request in, ranked plans out.
+
+``run_plan(PlanRequest)`` = ``resolve`` (cluster, model, workload, profile) then ``search`` (grid or
+bayes, finished plans); the service runs the two halves apart (resolve beside the store, search in its
+process pool), the CLI and Python callers in one go. The request and response bodies are built from
+the models plan files already use (Cluster, ModelSpec, Workload, Plan, Profile): no copies.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sp_plan.planner.cluster import Cluster
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.model import ModelSpec, Workload
+from sp_plan.planner.params import Params
+from sp_plan.planner.plan import Plan
+from sp_plan.planner.profile import Profile
+
+MAX_WORLD = 65536
+
+
+def _inference_alias(data):
+    """Accept ``workload.inference`` (the CLI's --inference) as ``training = not inference``."""
+    if isinstance(data, dict) and isinstance(data.get("workload"), dict) and "inference" in data["workload"]:
+        w = dict(data["workload"])
+        inference = w.pop("inference")
+        if not isinstance(inference, bool):
+            raise PlanError("workload.inference", f"must be true or false, got {inference!r}", "pass true or false")
+        if "training" in w and w["training"] == inference:
+            raise PlanError("workload.inference", "contradicts workload.training", "pass only one of them")
+        w["training"] = not inference
+        data = {**data, "workload": w}
+    return data
+
+
+class PlanRequest(BaseModel):
+    """What `sp-plan plan`, ``Client.plan`` and ``POST /v1/plan`` ask for."""
+
+    model_config = ConfigDict(extra="forbid")
+    cluster: str | Cluster = Field(description="a cluster preset name (with nodes) or an inline cluster")
+    nodes: int | None = Field(default=None, description="node count for a preset (default 1)")
+    model: str | ModelSpec = Field(description="a model preset name or an inline model")
+    workload: Workload = Field(description="seq_len (an integer or '128k'), batch, causal, training "
+                               "(or inference: true)")
+    search: Literal["grid", "bayes"] = "grid"
+    trials: int = Field(default=200, ge=1, description="optuna trials for search bayes")
+    seed: int = Field(default=0, description="sampler seed for search bayes")
+    top: int = Field(default=5, ge=1, le=1000, description="how many ranked layouts to return")
+    use_profile: bool = Field(default=True, description="price with the cluster's stored calibration profile")
+    profile: str | None = Field(default=None, description="a stored profile id (default: the cluster's newest); "
+                                "the CLI also takes a profile file")
+
+    _alias = model_validator(mode="before")(_inference_alias)
+
+
+class EstimateRequest(BaseModel):
+    """What `sp-plan estimate`, ``Client.estimate`` and ``POST /v1/estimate`` ask for: one plan priced."""
+
+    model_config = ConfigDict(extra="forbid")
+    plan: Plan
+    cluster: str | Cluster
+    nodes: int | None = Field(default=None, description="node count for a preset (default 1)")
+    model: str | ModelSpec | None = Field(default=None, description="default: the plan's")
+    workload: Workload | None = Field(default=None, description="default: the plan's")
+    use_profile: bool = True
+    profile: str | None = None
+
+    _alias = model_validator(mode="before")(_inference_alias)
+
+
+class ClusterInfo(BaseModel):
+    """The cluster a response was computed for, as the CLI's header line names it."""
+
+    name: str
+    nodes: int
+    world_size: int
+    device: str
+    fingerprint: str
+    topology_fingerprint: str
+
+    @classmethod
+    def of(cls, c: Cluster) -> "ClusterInfo":
+        return cls(name=c.name, nodes=c.num_nodes, world_size=c.world_size, device=c.device(0).model,
+                   fingerprint=c.fingerprint(), topology_fingerprint=c.topology_fingerprint())
+
+
+class SearchInfo(BaseModel):
+    """How the search went: its kind, the candidates in the space and priced, bayes trials."""
+
+    kind: Literal["grid", "bayes"]
+    space: int
+    evaluated: int
+    trials: int | None = None
+    best_trial: int | None = None
+
+
+class PlanResponse(BaseModel):
+    """Ranked plans with breakdowns, the best of each algorithm variant, the winner's plan file, the profile used."""
+
+    id: str | None = Field(default=None, description="GET /v1/plans/{id} (set by the service)")
+    cluster: ClusterInfo
+    model: ModelSpec
+    workload: Workload
+    search: SearchInfo
+    profile: str | None = Field(description="id of the profile that priced the plans (\"file\": one without); null: none")
+    profile_line: str
+    plans: list[Plan] = Field(description="the top rows fastest first, each followed by its equivalent alternatives")
+    families: list[Plan] = Field(description="the fastest layout of every algorithm variant")
+    winner: Plan = Field(description="the best plan, as a plan file")
+
+
+class EstimateResponse(BaseModel):
+    """One plan priced: the plan with its prediction and the profile used."""
+
+    cluster: ClusterInfo
+    model: ModelSpec
+    workload: Workload
+    profile: str | None
+    profile_line: str
+    plan: Plan
+
+
+@dataclass
+class Inputs:
+    """A request resolved: the objects the search prices, the parameters and the profile line."""
+
+    cluster: Cluster
+    model: ModelSpec
+    workload: Workload | None
+    params: Params
+    line: str
+    profile: Profile | None
+
+
+def _cluster(spec: str | Cluster, nodes: int | None, max_world: int | None) -> Cluster:
+    from sp_plan.profiles import load_cluster  # noqa: PLC0415 - profiles imports the planner
+
+    if isinstance(spec, Cluster):
+        if nodes is not None and nodes != spec.num_nodes:
+            raise PlanError("nodes", f"the inline cluster lists {spec.num_nodes} node(s), not {nodes}",
+                            "drop nodes for an inline cluster")
+        c = spec
+    else:
+        if max_world and nodes and nodes > max_world:  # before building a graph of that many nodes
+            raise PlanError("nodes", f"{nodes} nodes exceed the limit of {max_world:,} ranks", _world_fix(max_world))
+        c = load_cluster(spec, nodes)
+    if max_world and c.world_size > max_world:
+        raise PlanError("cluster", f"a world of {c.world_size:,} ranks exceeds the limit of {max_world:,}",
+                        _world_fix(max_world))
+    return c
+
+
+def _world_fix(max_world: int) -> str:
+    return f"ask for at most {max_world:,} ranks (the service's --max-world)"
+
+
+def _profile_spec(use_profile: bool, profile: str | Profile | None):
+    if not use_profile and profile:
+        raise PlanError("profile", "both a profile and use_profile false given", "pass one of them")
+    return False if not use_profile else profile
+
+
+def build_cluster(req: PlanRequest | EstimateRequest, max_world: int | None = MAX_WORLD) -> Cluster:
+    """The request's cluster: the inline one, or the preset with ``nodes``; at most ``max_world`` ranks."""
+    return _cluster(req.cluster, req.nodes, max_world)
+
+
+def resolve(req: PlanRequest | EstimateRequest, store=None, max_world: int | None = MAX_WORLD,
+            profile: Profile | None = None, cluster: Cluster | None = None) -> Inputs:
+    """Build cluster, model and workload and find the profile (``store``: a Store, a URL or None for the default);
+    ``profile`` overrides ``req.profile`` with an already loaded Profile, ``cluster`` the request's cluster with
+    the one ``build_cluster`` built for it."""
+    from sp_plan.planner.calibration import resolve_params  # noqa: PLC0415
+    from sp_plan.profiles import load_model  # noqa: PLC0415
+
+    c = cluster or build_cluster(req, max_world)
+    m = req.model if isinstance(req.model, ModelSpec) or req.model is None else load_model(req.model)
+    params, line, prof = resolve_params(c, _profile_spec(req.use_profile, profile or req.profile), store)
+    return Inputs(c, m, req.workload, params, line, prof)
+
+
+def study_name(inputs: Inputs) -> str:
+    """The optuna study of a CLI bayes search (resumable with --storage)."""
+    w = inputs.workload
+    return f"{inputs.cluster.fingerprint()}-{inputs.model.name}-{w.seq_len}-{w.batch}"
+
+
+def search(req: PlanRequest, inputs: Inputs, storage: str | None = None, study: str | None = None,
+           progress: Callable[[int, int], None] | None = None) -> PlanResponse:
+    """Rank the layouts (grid or optuna's TPE), finish the top ``req.top`` distinct rows (equivalent candidates
+    share a row: planner/equivalent.py) and the best of each algorithm variant."""
+    from sp_plan.planner.equivalent import top_rows  # noqa: PLC0415
+    from sp_plan.planner.search import finish, finish_each, grid_search, no_plan_error, profile_tag  # noqa: PLC0415
+
+    c, m, w = inputs.cluster, inputs.model, inputs.workload
+
+    def run(keep: int):
+        if req.search == "grid":
+            res = grid_search(c, m, w, progress=progress, keep=keep, params=inputs.params)
+        else:
+            from sp_plan.planner.bayes import bayes_search  # noqa: PLC0415
+
+            res = bayes_search(c, m, w, trials=req.trials, seed=req.seed, storage=storage,
+                               study_name=study or study_name(inputs), progress=progress, params=inputs.params)
+        res.profile, res.profile_line = profile_tag(inputs.profile), inputs.line
+        if not res.ranked:
+            raise no_plan_error(c, w, res)
+        return res
+
+    res, rows = top_rows(run, lambda r, n: finish(r, c, m, w, n), req.top, complete=req.search == "bayes")
+    plans = [q for r in rows for q in [r.plan] + r.alternatives]
+    info = SearchInfo(kind=req.search, space=res.space, evaluated=res.evaluated,
+                      trials=getattr(res, "trials", None) if req.search == "bayes" else None,
+                      best_trial=getattr(res, "best_trial", None) if req.search == "bayes" else None)
+    return PlanResponse(cluster=ClusterInfo.of(c), model=m, workload=w, search=info, profile=res.profile,
+                        profile_line=inputs.line, plans=plans, families=finish_each(res, c, m, w), winner=plans[0])
+
+
+def run_plan(req: PlanRequest, store=None, storage: str | None = None,
+             progress: Callable[[int, int], None] | None = None, max_world: int | None = None) -> PlanResponse:
+    """Plan in one call (the Python API and `sp-plan plan`): resolve the request, then search."""
+    return search(req, resolve(req, store, max_world), storage=storage, progress=progress)
+
+
+def run_estimate(req: EstimateRequest, store=None, max_world: int | None = None,
+                 profile: Profile | None = None) -> EstimateResponse:
+    """Price one plan (the Python API, `sp-plan estimate` and POST /v1/estimate)."""
+    from sp_plan.planner.estimate import Estimator  # noqa: PLC0415
+    from sp_plan.planner.search import profile_tag  # noqa: PLC0415
+
+    p = req.plan
+    inputs = resolve(req, store, max_world, profile)
+    m = inputs.model or p.model
+    if m is None:
+        raise PlanError("model", "the plan names no model", "pass a model (preset name or inline)")
+    w = inputs.workload or p.workload
+    if w is None:
+        raise PlanError("workload", "the plan names no workload", "pass a workload (seq_len, batch, ...)")
+    pred = Estimator(inputs.cluster, m, w, params=inputs.params)(p)
+    tag = profile_tag(inputs.profile)
+    return EstimateResponse(cluster=ClusterInfo.of(inputs.cluster), model=m, workload=w, profile=tag,
+                            profile_line=inputs.line, plan=p.model_copy(update={"predicted": pred, "profile": tag}))
+
+
+def profile_version(prof: Profile | None) -> str | None:
+    """A hash of the profile document: a new or replaced profile changes it."""
+    if prof is None:
+        return None
+    return hashlib.sha256(json.dumps(prof.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def request_key(req: PlanRequest, inputs: Inputs) -> str:
+    """The canonical hash of a plan request's resolved inputs, search options and profile version."""
+    data = {"cluster": inputs.cluster.model_dump(mode="json"), "model": inputs.model.model_dump(mode="json"),
+            "workload": inputs.workload.model_dump(mode="json"), "search": req.search, "top": req.top,
+            "bayes": [req.trials, req.seed] if req.search == "bayes" else None,
+            "profile": profile_version(inputs.profile), "line": inputs.line}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]

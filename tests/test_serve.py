@@ -1,0 +1,366 @@
+"""`sp-plan serve` end to end: the real server (uvicorn in a subprocess on 127.0.0.1), the client, raw HTTP and the
+CLI's --server, on SQLite and on a real PostgreSQL server (tests/pgserver.py)."""
+from __future__ import annotations
+
+import html
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from pgserver import postgres_url  # noqa: F401 - fixture
+from typer.testing import CliRunner
+
+from sp_plan.cli.app import app
+from sp_plan.client import Client
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.model import Workload
+from sp_plan.planner.plan import Plan
+from sp_plan.planner.profile import Profile
+from sp_plan.profiles.store import Store
+from sp_plan.runtime.spawn import free_port
+from sp_plan.service.planning import PlanRequest, run_plan
+
+FIXTURE = Path(__file__).parent / "fixtures" / "profile-dgx-h100.yaml"
+TOKEN = "t0ken-for-tests-7f3a"
+PLAN = ["--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--top", "3"]
+
+
+class Server:
+    """`sp-plan serve` in a subprocess on a free loopback port; its output goes to a log file."""
+
+    def __init__(self, store: str, tmp: Path, *extra: str):
+        self.store, self.tmp, self.extra = store, tmp, extra
+        (tmp / "tokens").write_text(f"# test tokens\n{TOKEN}\n")
+        self.log = tmp / "server.log"
+        self.start()
+
+    def start(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if k not in ("SP_PLAN_TOKENS", "SP_PLAN_TOKEN")}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sp_plan.cli.app", "serve", "--port", str(self.port), "--store", self.store,
+             "--token-file", str(self.tmp / "tokens"), "--processes", "1", "--max-body", "200000", *self.extra],
+            stdout=open(self.log, "a"), stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"server did not start:\n{self.log.read_text()}")
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def _fresh_url(request, tmp_path: Path, backend: str) -> str:
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path}/store.db"
+    base = request.getfixturevalue("postgres_url")
+    name = f"s{os.getpid()}_{time.monotonic_ns()}"
+    eng = sa.create_engine(base.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(sa.text(f"CREATE DATABASE {name}"))
+    eng.dispose()
+    return base.rsplit("/", 1)[0] + "/" + name
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def server(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(f"serve-{request.param}")
+    srv = Server(_fresh_url(request, tmp, request.param), tmp)
+    yield srv
+    srv.stop()
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The CLI in this process (typer's CliRunner: no interpreter start per call), as a CompletedProcess."""
+    r = CliRunner().invoke(app, list(args), env=env)
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
+
+
+def _metric(srv: Server, name: str, **labels) -> float:
+    text = httpx.get(f"{srv.url}/metrics").text
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(name) and (not labels or "{" + want + "}" in line):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_plan_over_http_is_the_cli_plan(server, tmp_path):
+    """`sp-plan plan --server` prints what the local run prints; the client's winner is the Python API's."""
+    local = _cli("plan", *PLAN, "--seq-len", "64k", "--store", server.store, "-o", str(tmp_path / "local.yaml"),
+                 "--report", str(tmp_path / "local.html"))
+    remote = _cli("plan", *PLAN, "--seq-len", "64k", "--server", server.url, "-o", str(tmp_path / "remote.yaml"))
+    assert local.returncode == 0 and remote.returncode == 0, local.stderr + remote.stderr
+    assert remote.stdout.replace("remote.yaml", "local.yaml") == \
+        local.stdout.replace(f"wrote {tmp_path / 'local.html'}\n", "") and "ranked layouts" in local.stdout
+    assert Plan.load(tmp_path / "remote.yaml") == Plan.load(tmp_path / "local.yaml")
+
+    req = PlanRequest(cluster="dgx-h100", nodes=2, model="llama3-8b", workload=Workload(seq_len=65536), top=3)
+    with Client(server.url) as c:
+        res = c.plan(req)
+    here = run_plan(req, server.store)
+    assert res.winner == here.winner == res.plans[0] and res.plans == here.plans and res.families == here.families
+    assert res.id and res.profile is None and res.profile_line == here.profile_line
+
+    raw = httpx.post(f"{server.url}/v1/plan", json={"cluster": "dgx-h100", "nodes": 2, "model": "llama3-8b",
+                                                  "workload": {"seq_len": "64k"}, "top": 3})
+    assert raw.status_code == 200 and raw.json()["id"] == res.id  # "64k" and 65536 are one request
+    got = httpx.get(f"{server.url}/v1/plans/{res.id}")
+    assert got.status_code == 200 and Plan.model_validate(got.json()["winner"]) == res.winner
+    page = httpx.get(f"{server.url}/v1/plans/{res.id}/report", timeout=120)
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    when = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC")  # the report's "made at" minute
+    assert when.sub("", page.text) == when.sub("", (tmp_path / "local.html").read_text())  # = `plan --report`
+    assert html.escape(res.winner.summary()) in page.text and "<img" in page.text
+
+
+def test_estimate_over_http_is_the_cli_estimate(server, tmp_path):
+    _cli("plan", *PLAN, "--seq-len", "32k", "--no-profile", "--store", server.store, "-o", str(tmp_path / "p.yaml"))
+    args = ["estimate", str(tmp_path / "p.yaml"), "--cluster", "dgx-h100", "--nodes", "2", "--seq-len", "128k"]
+    local = _cli(*args, "--store", server.store)
+    remote = _cli(*args, "--server", server.url)
+    assert local.returncode == 0 and remote.returncode == 0, local.stderr + remote.stderr
+    assert remote.stdout == local.stdout and "tokens/s" in local.stdout
+    raw = httpx.post(f"{server.url}/v1/estimate", json={"plan": {"algorithm": "ulysses", "degrees": {"ulysses": 8}},
+                                                       "cluster": "dgx-h100", "model": "llama3-8b",
+                                                       "workload": {"seq_len": "64k", "inference": True}})
+    assert raw.status_code == 200 and raw.json()["plan"]["predicted"]["step_time_s"] > 0
+    assert raw.json()["workload"]["training"] is False
+    unknown = httpx.post(f"{server.url}/v1/estimate", json={"plan": {"algorithm": "ulysses", "degrees": {"ulysses": 8}},
+                                                           "cluster": "dgx-h100", "model": "gpt-9"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["field"] == "model"
+    other = ["--nodes", "4", "--store", server.store]  # a plan for another cluster: the same one-line error
+    local, remote = _cli(*args, *other), _cli(*args, *other[:2], "--server", server.url)
+    assert local.returncode == remote.returncode == 2 and local.stderr == remote.stderr and "cluster_fingerprint" in local.stderr
+
+
+def test_bayes_search_keeps_its_study_in_the_store(server):
+    import optuna
+
+    req = PlanRequest(cluster="dgx-h100", nodes=2, model="llama3-8b", workload=Workload(seq_len=16384), search="bayes",
+                      trials=8, seed=3, top=2)
+    res = Client(server.url).plan(req)
+    here = run_plan(req, server.store)
+    assert res.winner == here.winner and res.search.trials == 8 == here.search.trials
+    assert f"sp-plan-{res.id}" in optuna.get_all_study_names(storage=server.store)
+
+
+def test_uploaded_profile_is_listed_used_and_invalidates_the_cache(server, tmp_path):
+    req = dict(cluster="dgx-h100", nodes=2, model="llama3-8b", workload={"seq_len": "128k"}, top=2)
+    with Client(server.url) as anon:
+        before = anon.plan(**req)
+    assert before.profile is None
+    up = _cli("profile", "import", str(FIXTURE), "--server", server.url, env={"SP_PLAN_TOKEN": TOKEN})
+    assert up.returncode == 0, up.stderr
+    pid = up.stdout.strip()
+    with Client(server.url) as c:
+        assert pid in [p.id for p in c.profiles()] and c.profile(pid).cluster_fingerprint == "c4bc4ea2f6b051f2"
+        clusters = httpx.get(f"{server.url}/v1/clusters").json()
+        assert {"cluster": "dgx-h100x2", "fingerprint": "c4bc4ea2f6b051f2"}.items() <= \
+            next(x for x in clusters if x["fingerprint"] == "c4bc4ea2f6b051f2").items()
+        after = c.plan(**req)  # a new profile: a new cache key, priced with the profile
+        assert after.profile == pid and after.id != before.id and f"using profile {pid}" in after.profile_line
+        assert after.winner.predicted != before.winner.predicted
+        plain = c.plan(**req, use_profile=False)
+        assert plain.profile is None and plain.winner == before.winner
+        named = c.plan(**req, profile=pid[:6])
+        assert named.profile == pid and named.winner == after.winner
+    with Client(server.url, token=TOKEN) as w:
+        w.delete_profile(pid)
+        assert pid not in [p.id for p in w.profiles()]
+        with pytest.raises(PlanError) as e:
+            w.delete_profile(pid)
+        assert e.value.field == "profile"
+
+
+def test_tune_with_server_uploads_the_profile_it_stored(server, tmp_path, monkeypatch):
+    """`sp-plan tune --server`: the profile tune stores is uploaded, listed and used. The measuring is replaced by
+    the fixture's profile (a world of one here; tests/test_tune.py runs the real tune on 4 ranks)."""
+    from sp_plan.profiles.tune import run as tune_run
+
+    def measured(cluster, model, work, store=None, opts=None, progress=None):
+        p = Profile.load(FIXTURE).model_copy(update={"fitted": ["tune --server test"]})
+        store.save_profile(p)
+        return tune_run.TuneReport(profile=p, best=None, resumed=False, reused=[], stop_reason="budget")
+
+    monkeypatch.setattr(tune_run, "tune", measured)
+    monkeypatch.setattr(tune_run, "check_world", lambda cluster, world: None)
+    local = f"sqlite:///{tmp_path}/tune.db"
+    r = _cli("tune", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "32k",
+             "--store", local, "--server", server.url, env={"SP_PLAN_TOKEN": TOKEN})
+    assert r.returncode == 0, r.stdout + r.stderr
+    (mine,) = Store(local).list_profiles()
+    assert f"uploaded profile {mine.id} to {server.url}" in r.stdout
+    with Client(server.url) as c:
+        assert c.profile(mine.id).fitted == ["tune --server test"]
+        assert c.plan(cluster="dgx-h100", nodes=2, model="llama3-8b", workload={"seq_len": "32k"}, top=1).profile == mine.id
+    bad = _cli("tune", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "32k",
+               "--store", local, "--server", server.url, env={"SP_PLAN_TOKEN": "wrong"})
+    assert bad.returncode == 2 and "Authorization: the token is not accepted" in bad.stderr and "stored profile" in bad.stdout
+
+
+def test_writes_need_a_token_that_is_never_logged(server):
+    body = Profile.load(FIXTURE).model_dump(mode="json")
+    missing = httpx.post(f"{server.url}/v1/profiles", json=body)
+    wrong = httpx.post(f"{server.url}/v1/profiles", json=body, headers={"Authorization": "Bearer not-the-token-91"})
+    delete = httpx.delete(f"{server.url}/v1/profiles/abcd", headers={"Authorization": "Basic eDp5"})
+    assert (missing.status_code, wrong.status_code, delete.status_code) == (401, 403, 401)
+    for r in (missing, wrong, delete):
+        assert r.json()["error"]["field"] == "Authorization" and r.json()["error"]["fix"]
+    ok = httpx.post(f"{server.url}/v1/profiles", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert ok.status_code == 201 and ok.json()["id"]
+    assert httpx.get(f"{server.url}/v1/profiles/{ok.json()['id']}").status_code == 200  # reads are open
+    log = server.log.read_text()
+    assert TOKEN not in log and "not-the-token-91" not in log and "POST /v1/profiles" in log
+
+
+def test_bad_input_is_a_4xx_with_the_field_and_the_fix(server):
+    p = lambda body: httpx.post(f"{server.url}/v1/plan", json=body)  # noqa: E731
+    base = {"cluster": "dgx-h100", "model": "llama3-8b", "workload": {"seq_len": "128k"}}
+    cases = [  # (body change, status, field)
+        ({"cluster": "dgx-h999"}, 404, "cluster"),
+        ({"model": "llama9"}, 404, "model"),
+        ({"profile": "feedbeef"}, 404, "profile"),
+        ({"profile": "/etc/passwd"}, 422, "profile"),
+        ({"cluster": "/etc/hosts.yaml"}, 404, "cluster"),
+        ({"workload": {"seq_len": "12x"}}, 422, "seq_len"),
+        ({"workload": {"seq_len": 1024, "batch": 0}}, 422, "workload.batch"),
+        ({"nodes": 9000}, 422, "cluster"),
+        ({"nodes": 10**9}, 422, "nodes"),
+        ({"nodes": 0}, 422, "nodes"),
+        ({"cluster": {"nodes": []}}, 422, "cluster.node_types"),
+        ({"model": {"layers": 2, "hidden": 100, "heads": 3}}, 422, "model.head_dim"),
+        ({"search": "anneal"}, 422, "search"),
+        ({"top": 0}, 422, "top"),
+        ({"unknown": 1}, 422, "unknown"),
+    ]
+    for change, status, field in cases:
+        r = p({**base, **change})
+        assert r.status_code == status, (change, r.text)
+        err = r.json()["error"]
+        assert err["field"] == field and err["problem"] and err["fix"], (change, err)
+    # the same line the CLI prints for the same bad input
+    cli = _cli("plan", "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "12x")
+    assert cli.returncode == 2 and p({**base, "workload": {"seq_len": "12x"}}).json()["detail"] in cli.stderr
+    big = httpx.post(f"{server.url}/v1/plan", content=b"{" + b" " * 300000 + b"}",
+                     headers={"content-type": "application/json"})
+    assert big.status_code == 413 and big.json()["error"]["field"] == "body"
+    junk = httpx.post(f"{server.url}/v1/plan", content=b'{"cluster":', headers={"content-type": "application/json"})
+    assert junk.status_code == 422 and junk.json()["error"]["field"] == "body"
+    assert httpx.get(f"{server.url}/v1/plans/nope").status_code == 404
+    assert httpx.get(f"{server.url}/v1/profiles/nope").status_code == 404
+    assert httpx.get(f"{server.url}/healthz").status_code == 200  # nothing above hurt the server
+    assert _metric(server, "sp_plan_requests_total", endpoint="/v1/plan", method="POST", status="404") >= 4
+
+
+def test_identical_concurrent_requests_are_computed_once(server):
+    body = {"cluster": "dgx-h100", "nodes": 4, "model": "llama3-8b", "workload": {"seq_len": 3 * 2**16}, "top": 2}
+    before = {k: _metric(server, "sp_plan_plan_cache_total", result=k) for k in ("computed", "coalesced", "memory")}
+    with ThreadPoolExecutor(8) as ex:
+        rs = list(ex.map(lambda _: httpx.post(f"{server.url}/v1/plan", json=body, timeout=120), range(8)))
+    assert all(r.status_code == 200 for r in rs) and len({r.text for r in rs}) == 1
+    d = {k: _metric(server, "sp_plan_plan_cache_total", result=k) - v for k, v in before.items()}
+    assert d["computed"] == 1 and d["coalesced"] + d["memory"] == 7
+    assert _metric(server, "sp_plan_search_seconds_count", kind="grid") >= 1
+
+
+def test_presets_openapi_health_and_metrics(server):
+    pr = httpx.get(f"{server.url}/v1/presets").json()
+    assert "dgx-h100" in pr["clusters"] and pr["models"]["llama3-8b"]["layers"] == 32
+    spec = httpx.get(f"{server.url}/openapi.json").json()
+    assert {"/v1/plan", "/v1/estimate", "/v1/profiles", "/v1/profiles/{id}", "/v1/plans/{id}", "/v1/presets",
+            "/v1/clusters", "/healthz", "/metrics"} <= set(spec["paths"])
+    assert "PlanRequest" in spec["components"]["schemas"] and "Cluster" in spec["components"]["schemas"]
+    assert httpx.get(f"{server.url}/docs").status_code == 200
+    h = httpx.get(f"{server.url}/healthz").json()
+    assert h["status"] == "ok"
+    assert _metric(server, "sp_plan_request_seconds_count", endpoint="/healthz", method="GET") >= 1
+
+
+def test_sigkill_and_restart_lose_nothing_acknowledged(server):
+    """SIGKILL right after the answers, restart on the same store: the profile and the plan are served again."""
+    with Client(server.url, token=TOKEN) as c:
+        pid = c.upload_profile(Profile.load(FIXTURE).model_copy(update={"fitted": ["sigkill test"]}))
+        res = c.plan(cluster="dgx-h100", nodes=2, model="llama3-8b", workload={"seq_len": "32k"}, top=2)
+    assert res.profile == pid
+    server.kill()
+    server.start()
+    with Client(server.url) as c:
+        assert c.profile(pid).fitted == ["sigkill test"] and c.profile(pid).id == pid
+        assert c.get_plan(res.id) == res
+        assert c.plan(cluster="dgx-h100", nodes=2, model="llama3-8b", workload={"seq_len": "32k"}, top=2) == res
+    assert _metric(server, "sp_plan_plan_cache_total", result="store") == 1  # answered from the store, not searched
+
+
+def test_a_lost_database_is_503_and_counted(request, tmp_path):
+    """The PostgreSQL database dropped under a running service: /healthz and writes answer 503 with a JSON error
+    and /metrics counts the store errors; the server itself keeps answering."""
+    url = _fresh_url(request, tmp_path, "postgres")
+    srv = Server(url, tmp_path)
+    try:
+        eng = sa.create_engine(url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+        with eng.connect() as c:
+            c.execute(sa.text(f"DROP DATABASE {url.rsplit('/', 1)[1]} WITH (FORCE)"))
+        eng.dispose()
+        assert httpx.get(f"{srv.url}/healthz").status_code == 503
+        up = httpx.post(f"{srv.url}/v1/profiles", json=Profile.load(FIXTURE).model_dump(mode="json"),
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+        assert up.status_code == 503 and up.json()["error"]["field"] == "--store", up.text
+        assert _metric(srv, "sp_plan_store_errors_total") >= 2
+    finally:
+        srv.stop()
+
+
+def test_private_service_needs_a_token_to_read(tmp_path):
+    srv = Server(f"sqlite:///{tmp_path}/store.db", tmp_path, "--private")
+    try:
+        assert httpx.get(f"{srv.url}/v1/profiles").status_code == 401
+        assert httpx.get(f"{srv.url}/v1/profiles", headers={"Authorization": "Bearer nope"}).status_code == 403
+        assert httpx.get(f"{srv.url}/v1/profiles", headers={"Authorization": f"Bearer {TOKEN}"}).json() == []
+        assert httpx.get(f"{srv.url}/healthz").status_code == 200
+    finally:
+        srv.stop()
+
+
+def test_plan_report_and_sensitivity_are_local_only():
+    r = _cli("plan", *PLAN, "--seq-len", "64k", "--server", "http://127.0.0.1:9", "--report", "r.html")
+    assert r.returncode == 2 and "--report" in r.stderr and "/v1/plans/ID/report" in r.stderr
+
+
+def test_serve_refuses_bad_options(tmp_path):
+    r = _cli("serve", "--token-file", str(tmp_path / "missing"), "--store", f"sqlite:///{tmp_path}/s.db")
+    assert r.returncode == 2 and "--token-file" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("serve", "--private", "--store", f"sqlite:///{tmp_path}/s.db", env={"SP_PLAN_TOKENS": ""})
+    assert r.returncode == 2 and "--private" in r.stderr
+
+
+def test_client_says_when_the_service_is_down():
+    with pytest.raises(PlanError) as e:
+        Client(f"http://127.0.0.1:{free_port()}").plan(cluster="dgx-h100", model="llama3-8b", workload={"seq_len": 1024})
+    assert e.value.field == "--server" and "sp-plan serve" in e.value.fix
