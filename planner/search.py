@@ -367,11 +367,13 @@ def _sort_key(c: Candidate) -> tuple:
 
 
 def finish(result: SearchResult, cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int) -> list[Plan]:
-    """Full Plans (groups, predictions with breakdown, cluster fingerprint) for the ``top_k`` best."""
+    """Full Plans (predictions with breakdown, cluster fingerprint) for the ``top_k`` best; the winner, the plan a
+    user writes and runs, also with its groups (every group's rank list: at 131,072 ranks, ~10^5 lists a plan,
+    which the runners-up's table rows never read; ``Plan.with_groups`` adds them to any plan)."""
     est = result.estimator
-    return [c.to_plan(cluster=cluster.name, cluster_fingerprint=est.fingerprint, model=model, workload=workload,
-                      predicted=est.predict(c), profile=result.profile).with_groups()
-            for _, c in result.ranked[:top_k]]
+    plans = [c.to_plan(cluster=cluster.name, cluster_fingerprint=est.fingerprint, model=model, workload=workload,
+                       predicted=est.predict(c), profile=result.profile) for _, c in result.ranked[:top_k]]
+    return [p.with_groups() if i == 0 else p for i, p in enumerate(plans)]
 
 
 def finish_each(result: SearchResult, cluster: Cluster, model: ModelSpec, workload: Workload) -> list[Plan]:
