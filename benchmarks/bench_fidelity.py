@@ -25,7 +25,7 @@ from sp_plan.planner.candidate import Candidate
 from sp_plan.planner.layout import PLACEMENTS
 from sp_plan.planner.params import Params
 from sp_plan.planner.schedules import Comm, Step, attention_steps
-from sp_plan.planner.search import CHECKPOINTING
+from sp_plan.planner.search import fastest_policy
 from sp_plan.profiles import load_cluster, load_model
 
 TABLES = Path(__file__).resolve().parent.parent / "tests" / "data" / "paper_tables.json"
@@ -117,18 +117,6 @@ def price_usp_attention(table: dict, which: str) -> tuple[list[str], list[float]
     return names, pred, meas
 
 
-def best_policy(est: Estimator, base: Candidate, policies=None):
-    """The fastest fitting memory policy (ZeRO stage x checkpointing, micro-batch 1) of ``base``, or None."""
-    best = None
-    for z, ck in policies or [(z, ck) for ck in CHECKPOINTING for z in (0, 1, 2, 3)]:
-        c = base.with_memory(z, ck, 1)
-        if est.fits(c):
-            p = est.predict(c)
-            if best is None or p.step_time_s < best.step_time_s:
-                best = p
-    return best
-
-
 def usp_training_candidate(world: int, tp: int, u: int, r: int) -> Candidate:
     """USP Tables 5-7 row degrees, mesh order per USP Tip 7 (TP < Ulysses < Ring < DP)."""
     dp = world // (tp * u * r)
@@ -155,7 +143,7 @@ def price_usp_training(table: dict, which: str) -> tuple[list[str], list[float],
     for seq, batch, tp, u, r, mfu in table["rows"]:
         work = Workload(seq_len=seq * K, batch=batch)
         est = Estimator(cluster, model, work, params=params)
-        p = best_policy(est, usp_training_candidate(cluster.world_size, tp, u, r))
+        p = fastest_policy(est, usp_training_candidate(cluster.world_size, tp, u, r))
         names.append(f"{seq}K bs{batch} tp{tp} u{u} r{r}")
         pred.append(megatron_flops(model, work) / (p.step_time_s * cluster.world_size * peak) if p else 0.0)
         meas.append(mfu)
@@ -170,8 +158,8 @@ def price_wallfacer(table: dict, which: str) -> tuple[list[str], list[float], li
     est = Estimator(cluster, model, Workload(seq_len=table["seq"], causal=causal), params=params)
     P = cluster.world_size
     layout = "zigzag" if causal else "contiguous"
-    ring = best_policy(est, Candidate("ring", ring=P, order=("ring",), token_layout=layout))
-    walls = [best_policy(est, Candidate("wallfacer", ring=P, order=("ring",), token_layout=layout, team=C,
+    ring = fastest_policy(est, Candidate("ring", ring=P, order=("ring",), token_layout=layout))
+    walls = [fastest_policy(est, Candidate("wallfacer", ring=P, order=("ring",), token_layout=layout, team=C,
                                         placement=pl)) for C in (2, 4) for pl in PLACEMENTS]
     wall = max((w for w in walls if w), key=lambda p: p.tokens_per_s)
     pred = {"ring": ring.tokens_per_s, "wallfacer": wall.tokens_per_s}

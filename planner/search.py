@@ -346,6 +346,19 @@ def _grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: 
     return SearchResult(ranked, evaluated, total, rejected, est)
 
 
+def fastest_policy(est: Estimator, base: Candidate, policies: list[tuple[int, str]] | None = None):
+    """The Prediction of ``base`` under its fastest fitting memory policy (ZeRO stage x checkpointing, micro-batch
+    1; default: every one), or None when none fits (the papers' tables fix the degrees and leave the policy)."""
+    best = None
+    for z, ck in policies or [(z, ck) for ck in CHECKPOINTING for z in (0, 1, 2, 3)]:
+        c = base.with_memory(z, ck, 1)
+        if est.fits(c):
+            p = est.predict(c)
+            if best is None or p.step_time_s < best.step_time_s:
+                best = p
+    return best
+
+
 def variant_key(c: Candidate) -> tuple:
     """Which algorithm variant a layout is: algorithm, WallFacer/TokenRing team size, placement."""
     return (c.algorithm, c.team, c.placement)

@@ -10,7 +10,7 @@ import pytest
 from sp_plan.planner import Estimator, Workload
 from sp_plan.planner.candidate import Candidate
 from sp_plan.planner.algorithms import algorithm_for
-from sp_plan.planner.search import CHECKPOINTING
+from sp_plan.planner.search import fastest_policy
 from sp_plan.profiles import load_cluster, load_model
 
 K = 1024
@@ -53,14 +53,7 @@ def predict(cluster, model, seq, batch, tp, u, r, policies=None):
     order = tuple(n for n, v in (("tp", tp), ("ulysses", u), ("ring", r), ("dp", dp)) if v > 1)
     base = Candidate(algorithm_for(u, r), dp=dp, tp=tp, ulysses=u, ring=r, order=order,
                      token_layout="zigzag" if r > 1 else "contiguous")
-    best = None
-    for z, ck in policies or [(z, ck) for ck in CHECKPOINTING for z in (0, 1, 2, 3)]:
-        c = base.with_memory(z, ck, 1)
-        if est.fits(c):
-            p = est.predict(c)
-            if best is None or p.step_time_s < best.step_time_s:
-                best = p
-    return best
+    return fastest_policy(est, base, policies)
 
 
 @pytest.mark.parametrize("name", list(TABLES))
