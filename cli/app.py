@@ -15,6 +15,7 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.model import Workload, parse_seq_len
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.search import largest_extra_cost, summarize
+from sp_plan.planner.yamlio import check_writable
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan sequence-parallel layouts (Ring, Ulysses, USP, ...) for long-context Transformers on your cluster.")
@@ -178,6 +179,8 @@ def plan_cmd(
             raise PlanError("--top", f"must be at least 1, got {top}", "pass --top 1 or more")
         if trials < 1:
             raise PlanError("trials", f"must be at least 1, got {trials}", "pass --trials 1 or more")
+        if output:
+            check_writable(output)
         if search not in ("grid", "bayes"):
             raise PlanError("--search", f"unknown search {search!r}", "use grid or bayes")
         _profile_options(profile, no_profile)
@@ -213,7 +216,10 @@ def plan_cmd(
     out.print(_explain(plans[0]))
     out.print(_breakdown(plans[0]))
     if output:
-        plans[0].save(output)
+        try:
+            plans[0].save(output)
+        except PlanError as e:
+            fail(e)
         out.print(f"wrote {output}")
     if sensitivity or report:
         _sensitivity_and_report(inputs.cluster, inputs.model, inputs.workload, inputs.params, inputs.profile,

@@ -22,6 +22,7 @@ from rich.tree import Tree
 
 from sp_plan.planner.cluster import NET, Cluster
 from sp_plan.planner.errors import PlanError
+from sp_plan.planner.yamlio import check_writable
 
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
@@ -109,9 +110,13 @@ def _describe_local(sysfs_root: str, topo_file: Optional[Path], no_nvml: bool):
 
     topo = None
     if topo_file is not None:
-        if not topo_file.exists():
-            raise PlanError("--topo-file", f"{topo_file} does not exist", "pass a file holding `nvidia-smi topo -m` output")
-        topo = topo_file.read_text(errors="replace")
+        if not topo_file.is_file():
+            raise PlanError("--topo-file", f"{topo_file} does not exist or is not a file",
+                            "pass a file holding `nvidia-smi topo -m` output")
+        try:
+            topo = topo_file.read_text(errors="replace")
+        except OSError as e:
+            raise PlanError("--topo-file", f"cannot read {topo_file} ({e.strerror})", "pass a readable file") from None
     return lambda r=None: describe_host(sysfs_root, nvml=False if no_nvml else None, topo_text=topo,
                                         node_rank=r.node_rank if r is not None else 0)
 
@@ -129,6 +134,8 @@ def discover_cmd(
 
     rank, owned, probe = 0, False, None
     try:
+        if output:
+            check_writable(output)
         describe = _describe_local(sysfs_root, topo_file, no_nvml)
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun: import torch only then
             from sp_plan.runtime import probe  # noqa: PLC0415
@@ -146,7 +153,10 @@ def discover_cmd(
     if rank == 0:
         print_cluster(cluster, hosts)
         if output:
-            cluster.save(output)
+            try:
+                cluster.save(output)
+            except PlanError as e:
+                _fail(e, rank)
             out.print(f"wrote {output}")
     if owned:
         probe.dist.barrier()

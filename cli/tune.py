@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sp_plan.planner.errors import PlanError
+from sp_plan.planner.yamlio import check_writable
 
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
@@ -89,6 +90,8 @@ def tune_cmd(
 
     rank, owned, st, upload_failed = 0, False, None, False
     try:
+        if output:
+            check_writable(output)
         for flag, v in (("--budget", budget), ("--iters", iters), ("--layers", layers), ("--pool", pool), ("--batch", batch)):
             if v < 1:
                 raise PlanError(flag, f"must be at least 1, got {v}", f"pass {flag} 1 or more")

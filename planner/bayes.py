@@ -43,6 +43,19 @@ def _choices(space: Space) -> dict[str, list[int]]:
             "ulysses": [d for d in divisors(W) if m.heads % d == 0]}
 
 
+def _open_study(sampler, storage: str | None, study_name: str | None) -> optuna.Study:
+    """A new study, or the named one in ``storage`` (resumed); a storage that cannot be opened is a PlanError."""
+    from sqlalchemy.exc import SQLAlchemyError  # optuna's RDB storage is SQLAlchemy
+
+    try:
+        return optuna.create_study(direction="minimize", sampler=sampler, storage=storage,
+                                   study_name=study_name, load_if_exists=storage is not None)
+    except (SQLAlchemyError, ImportError, ValueError, OSError) as e:
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise PlanError("--storage", f"cannot open optuna storage {storage!r} ({first})",
+                        "pass a database URL such as sqlite:///study.db (its directory must exist)") from None
+
+
 def bayes_search(cluster: Cluster, model: ModelSpec, workload: Workload, trials: int = 100, seed: int = 0,
                  storage: str | None = None, study_name: str | None = None, space: Space | None = None,
                  sampler: optuna.samplers.BaseSampler | None = None,
@@ -78,8 +91,7 @@ def bayes_search(cluster: Cluster, model: ModelSpec, workload: Workload, trials:
 
     optuna.logging.set_verbosity(logging.WARNING)
     sampler = sampler or optuna.samplers.TPESampler(seed=seed)
-    study = optuna.create_study(direction="minimize", sampler=sampler, storage=storage,
-                                study_name=study_name, load_if_exists=storage is not None)
+    study = _open_study(sampler, storage, study_name)
     callbacks = [lambda st, tr: progress(len(st.trials), trials)] if progress else None
     study.optimize(objective, n_trials=trials, callbacks=callbacks)
     ranked = sorted((tc for v in priced.values() for tc in v), key=lambda tc: (round(tc[0], 12), _sort_key(tc[1])))

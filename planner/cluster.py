@@ -19,7 +19,7 @@ import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import PlanError
-from .yamlio import dump_data, load_yaml_model
+from .yamlio import check_schema_version, dump_data, load_yaml_model
 
 SCHEMA_VERSION = 1
 NET = "net"
@@ -126,6 +126,12 @@ class Cluster(BaseModel):
     source: str = ""
     warnings: list[str] = []
     calibration: dict = Field(default_factory=dict, description="fitted parameters from `sp-plan profile`")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version(cls, data):
+        check_schema_version(data, SCHEMA_VERSION, "cluster")
+        return data
 
     @model_validator(mode="after")
     def _check(self):

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .errors import PlanError
 from .layout import DIMENSIONS, Layout, check_degrees, world_size
 from .model import ModelSpec, Workload
-from .yamlio import dump_data, load_yaml_model
+from .yamlio import check_schema_version, dump_data, load_yaml_model
 
 PLAN_SCHEMA_VERSION = 1
 ALGORITHMS = ("ring", "ulysses", "usp", "wallfacer", "tokenring", "tokenring_ring", "metp")
@@ -84,6 +84,12 @@ class Plan(BaseModel):
     measured: Measured | None = None
     profile: str | None = Field(default=None, description="the calibration profile that priced the prediction: "
                                 "its id, or \"file\" for one without an id; absent: uncalibrated")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version(cls, data):
+        check_schema_version(data, PLAN_SCHEMA_VERSION, "plan")
+        return data
 
     @model_validator(mode="after")
     def _check(self):

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .params import Params
-from .yamlio import dump_data, load_yaml_model
+from .yamlio import check_schema_version, dump_data, load_yaml_model
 
 PROFILE_SCHEMA_VERSION = 1
 #: stack fields that must agree for a profile to apply (software_stack() in runtime/stack.py fills them)
@@ -81,6 +81,12 @@ class Profile(BaseModel):
     loo_memory_error_before: float | None = None
     loo_memory_error_after: float | None = None
     measurements: dict = Field(default_factory=dict, description="raw link and kernel samples")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version(cls, data):
+        check_schema_version(data, PROFILE_SCHEMA_VERSION, "profile")
+        return data
 
     def save(self, path: str | Path) -> None:
         dump_data(self.model_dump(mode="json", exclude_none=True), path)

@@ -20,6 +20,24 @@ class _Loader(yaml.SafeLoader):
     """SafeLoader that also reads 1e9 and 2.5e-6 as floats (YAML 1.1 wants 1.0e+9)."""
 
 
+def _construct_mapping(loader: "_Loader", node: yaml.MappingNode, deep: bool = False) -> dict:
+    """A mapping that names a key twice is an error (YAML 1.2 forbids it; PyYAML would keep the last silently)."""
+    seen: set = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` merges; explicit keys may override it
+            continue
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            dup = key in seen
+            seen.add(key)
+        except TypeError:  # an unhashable key: construct_mapping below says so
+            continue
+        if dup:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", lambda loader, node: _construct_mapping(loader, node))
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
@@ -36,13 +54,35 @@ def yaml_load(text: str):
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
-def atomic_write(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and rename, so a crash never leaves half a file."""
+def _cannot_write(path: Path, e: OSError, field: str) -> PlanError:
+    return PlanError(field, f"cannot write {str(path)!r} ({e.strerror or type(e).__name__})",
+                     "pass a path in a directory you can write, on a disk with free space")
+
+
+def check_writable(path: str | Path, field: str = "--output") -> None:
+    """Fail before any long work if ``path`` cannot be written: a directory, or a parent that cannot be made or written."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    if path.is_dir():
+        raise PlanError(field, f"{str(path)!r} is a directory", "pass a file path, e.g. plan.yaml")
     try:
-        with os.fdopen(fd, "w") as f:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _cannot_write(path, e, field) from None
+    if not os.access(path.parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise PlanError(field, f"cannot write {str(path)!r} (permission denied)", "pass a path in a directory you can write")
+
+
+def atomic_write(path: str | Path, text: str | bytes, field: str = "--output") -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same directory and rename, so a crash never leaves
+    half a file; a path that cannot be written (missing permission, full disk, not a directory) is a PlanError."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as e:
+        raise _cannot_write(path, e, field) from None
+    try:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -50,18 +90,36 @@ def atomic_write(path: str | Path, text: str) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would otherwise survive the rename
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise _cannot_write(path, e, field) from None
         raise
 
 
-def dump_data(data: Any, path: str | Path) -> None:
+def dump_data(data: Any, path: str | Path, field: str = "--output") -> None:
     """Write a dict as JSON (``.json``) or YAML (anything else), atomically."""
     if str(path).endswith(".json"):
-        atomic_write(path, json.dumps(data, indent=2) + "\n")
+        atomic_write(path, json.dumps(data, indent=2) + "\n", field)
     else:
-        atomic_write(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120))
+        atomic_write(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120), field)
+
+
+def check_schema_version(data: Any, supported: int, what: str) -> None:
+    """A file from a newer sp-plan (or with a version no sp-plan wrote) is refused before its fields are read."""
+    if not isinstance(data, dict) or "schema_version" not in data:
+        return  # written by hand without a version: read as the current one
+    v = data["schema_version"]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise PlanError(f"{what}.schema_version", f"must be a whole number, got {v!r}",
+                        f"write schema_version: {supported} (or drop it)")
+    if v > supported:
+        raise PlanError(f"{what}.schema_version", f"the file has schema_version {v}, newer than this sp-plan "
+                        f"supports ({supported})", "upgrade sp-plan (pip install -U sp-plan) to read it")
+    if v < 1:
+        raise PlanError(f"{what}.schema_version", f"schema_version {v} was never written by sp-plan "
+                        f"(versions 1 to {supported})", f"write schema_version: {supported}")
 
 
 def read_data(path: str | Path, what: str) -> dict:
@@ -69,16 +127,63 @@ def read_data(path: str | Path, what: str) -> dict:
     path = Path(path)
     if not path.exists():
         raise PlanError(what, f"file {str(path)!r} does not exist", "check the path")
+    kind = "JSON" if path.suffix == ".json" else "YAML"
     try:
-        text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as e:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise PlanError(what, f"{path} is not UTF-8 text (a binary file?)", f"pass the {what} {kind} file") from None
+    except OSError as e:
+        raise PlanError(what, f"cannot read {str(path)!r} ({e.strerror or type(e).__name__})",
+                        f"pass a readable {what} file") from None
+    try:
+        data = json.loads(text, object_pairs_hook=_json_pairs) if kind == "JSON" else yaml_load(text)
+    except (yaml.YAMLError, ValueError) as e:  # json.JSONDecodeError and duplicate keys are ValueErrors
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise PlanError(what, f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({first})",
-                        "fix the file's syntax") from None
+        raise PlanError(what, f"{path} is not valid {kind} ({first})", "fix the file's syntax") from None
+    except RecursionError:
+        raise PlanError(what, f"{path} nests too deeply", f"write the {what} as a flat mapping") from None
     if not isinstance(data, dict):
         raise PlanError(what, f"{path} does not hold a mapping", f"write the {what} as key: value pairs")
+    if _expanded_size(data) > MAX_NODES:
+        raise PlanError(what, f"{path} expands to more than {MAX_NODES:,} values (YAML aliases?)",
+                        f"write the {what} without repeated aliases")
     return data
+
+
+#: a document larger than this once YAML aliases are expanded is refused (a few KB can expand to billions)
+MAX_NODES = 1_000_000
+
+
+def _json_pairs(pairs: list) -> dict:
+    """JSON object hook: a key given twice is an error (json.loads would keep the last silently)."""
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def _expanded_size(data: Any) -> int:
+    """How many values ``data`` holds with every shared (aliased) container counted each time it appears."""
+    memo: dict[int, int] = {}
+
+    def size(x: Any) -> int:
+        if not isinstance(x, (dict, list)):
+            return 1
+        if id(x) in memo:
+            return memo[id(x)]
+        memo[id(x)] = MAX_NODES + 1  # a cycle (a recursive alias) counts as too large
+        items = list(x.keys()) + list(x.values()) if isinstance(x, dict) else x
+        n = 1
+        for v in items:
+            n += size(v)
+            if n > MAX_NODES:
+                break
+        memo[id(x)] = n
+        return n
+
+    return size(data)
 
 
 def validation_error(what: str, err: ValidationError, source: str = "") -> PlanError:
