@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -28,12 +28,12 @@ NET = "net"
 class Device(BaseModel):
     """A compute device (GPU, NPU) or a CPU rank slot; peak FLOP/s per dtype and memory in bytes."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str
     kind: Literal["gpu", "npu", "cpu"] = "gpu"
     model: str = ""
     memory_bytes: float = Field(gt=0)
-    peak_flops: dict[str, float] = Field(description="dense FLOP/s per dtype, e.g. {bf16: 9.89e14}")
+    peak_flops: dict[str, Annotated[float, Field(gt=0)]] = Field(description="dense FLOP/s per dtype, e.g. {bf16: 9.89e14}")
     matmul_efficiency: float = Field(default=0.7, gt=0, le=1, description="achieved / peak for large GEMMs")
     attn_efficiency: float = Field(default=0.6, gt=0, le=1, description="achieved / peak of attention on large blocks")
     attn_half_block: float = Field(default=256, ge=0, description="block length (tokens) at which attention runs at half of attn_efficiency")
@@ -45,17 +45,17 @@ class Device(BaseModel):
 class Switch(BaseModel):
     """A switch, bridge or NIC inside a node."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str
     kind: Literal["nvswitch", "pcie_switch", "host_bridge", "cpu", "nic", "network_switch"]
-    rate: float | None = Field(default=None, description="NIC line rate, bytes/s")
+    rate: float | None = Field(default=None, gt=0, description="NIC line rate, bytes/s")
     network: Literal["ib", "roce", "ethernet", "shm", None] = None
 
 
 class Link(BaseModel):
     """A link between two endpoints of a node (or a NIC and ``net``): capacity per direction in bytes/s."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     src: str
     dst: str
     kind: Literal["nvlink", "nvswitch", "pcie", "hccs", "shm", "smp", "ib", "roce", "ethernet"]
@@ -67,7 +67,7 @@ class Link(BaseModel):
 class NodeType(BaseModel):
     """The template of one kind of node: its devices (in rank order), switches and links."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     devices: list[Device]
     switches: list[Switch] = []
     links: list[Link] = []
@@ -117,7 +117,7 @@ class NodeType(BaseModel):
 class Cluster(BaseModel):
     """A whole cluster: nodes (each of a node type) on one network fabric."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     schema_version: int = SCHEMA_VERSION
     name: str = "cluster"
     node_types: dict[str, NodeType]

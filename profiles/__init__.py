@@ -6,7 +6,8 @@ from pathlib import Path
 from sp_plan.planner.cluster import NET, Cluster, Device, Link, NodeType, Switch
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.model import ModelSpec
-from sp_plan.planner.yamlio import load_yaml_model, read_data, yaml_load
+from sp_plan.planner.yamlio import load_yaml_model, model_from_data, read_data, yaml_load
+from sp_plan.profiles.spec import node_spec
 
 HERE = Path(__file__).parent
 CLUSTERS = HERE / "clusters"
@@ -30,10 +31,12 @@ def preset_spec(name: str) -> dict:
 
 def build_node_type(spec: dict, devices_per_node: int | None = None) -> NodeType:
     """Expand a preset's node description (devices, intra-node fabric, PCIe tree, NICs) into a NodeType."""
-    n = devices_per_node or spec["devices_per_node"]
+    spec = node_spec(spec, devices_per_node)
+    n = spec["devices_per_node"]
     dev = spec["device"]
     prefix = "cpu" if dev.get("kind") == "cpu" else "gpu"
-    devices = [Device(name=f"{prefix}{i}", **dev) for i in range(n)]
+    sock = "socket" if prefix == "cpu" else "cpu"  # host bridges; CPU rank slots already take the cpuN names
+    devices = [model_from_data(Device, {"name": f"{prefix}{i}", **dev}, "cluster.device") for i in range(n)]
     switches: list[Switch] = []
     links: list[Link] = []
     intra = spec.get("intra", {"kind": "pcie"})
@@ -57,16 +60,16 @@ def build_node_type(spec: dict, devices_per_node: int | None = None) -> NodeType
         groups = [g for g in pcie["switches"] if all(i < n for i in g)] or [list(range(n))]
         sockets = pcie.get("sockets", [list(range(len(groups)))])
         for j, _ in enumerate(sockets):
-            switches.append(Switch(name=f"cpu{j}", kind="host_bridge"))
+            switches.append(Switch(name=f"{sock}{j}", kind="host_bridge"))
         for a in range(len(sockets) - 1):
-            links.append(Link(src=f"cpu{a}", dst=f"cpu{a + 1}", kind="smp", capacity=pcie["smp_capacity"], latency=pcie["latency"]))
+            links.append(Link(src=f"{sock}{a}", dst=f"{sock}{a + 1}", kind="smp", capacity=pcie["smp_capacity"], latency=pcie["latency"]))
         if pcie.get("tree"):  # PXB: the switches hang off one more bridge below the host bridge
             switches.append(Switch(name="pcie_root", kind="pcie_switch"))
-            links.append(Link(src="pcie_root", dst="cpu0", kind="pcie", capacity=pcie["capacity"], latency=pcie["latency"]))
+            links.append(Link(src="pcie_root", dst=f"{sock}0", kind="pcie", capacity=pcie["capacity"], latency=pcie["latency"]))
         for k, members in enumerate(groups):
             sw = f"pcie{k}"
             switches.append(Switch(name=sw, kind="pcie_switch"))
-            up = "pcie_root" if pcie.get("tree") else f"cpu{next(j for j, s in enumerate(sockets) if k in s)}"
+            up = "pcie_root" if pcie.get("tree") else f"{sock}{next(j for j, s in enumerate(sockets) if k in s)}"
             links.append(Link(src=sw, dst=up, kind="pcie", capacity=pcie["capacity"], latency=pcie["latency"]))
             for i in members:
                 switch_of[i] = sw
@@ -82,7 +85,7 @@ def build_node_type(spec: dict, devices_per_node: int | None = None) -> NodeType
             sws = sorted(set(switch_of.values()), key=lambda s: int(s[4:]))
             homes = [(f"nic{k}", s) for k, s in enumerate(sws)]
         else:  # host: on the first host bridge (or the shared-memory host)
-            host = "cpu0" if pcie else "host"
+            host = f"{sock}0" if pcie else "host"
             homes = [(f"nic{k}", host) for k in range(nics.get("count", 1))]
         for i, d in enumerate(devices):  # the NIC each device uses: its own, or the nearest shared one
             d.nic = homes[i][0] if attach == "per_gpu" else (

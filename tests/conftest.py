@@ -10,3 +10,42 @@ torch.set_num_threads(1)
 import tempfile  # noqa: E402
 
 os.environ.setdefault("SP_PLAN_STORE", f"sqlite:///{tempfile.mkdtemp(prefix='sp-plan-test-store-')}/store.db")
+
+# ---- Hypothesis: a derandomized, fixed-budget profile for CI ("ci", the default) and a deeper one for local
+# runs (HYPOTHESIS_PROFILE=dev); the terminal summary says how many generated cases each property ran.
+import collections  # noqa: E402
+import functools  # noqa: E402
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+settings.register_profile("ci", max_examples=40, derandomize=True, deadline=None, database=None,
+                          suppress_health_check=_SLOW_OK, print_blob=True)
+settings.register_profile("dev", max_examples=600, deadline=None, suppress_health_check=_SLOW_OK)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+_CASES: collections.Counter = collections.Counter()
+
+
+def pytest_collection_modifyitems(items):
+    """Count every generated case a property runs (Hypothesis's documented ``inner_test`` hook)."""
+    for item in items:
+        h = getattr(getattr(item, "obj", None), "hypothesis", None)
+        if h is None or getattr(h.inner_test, "_sp_counted", False):
+            continue
+        inner, key = h.inner_test, f"{item.module.__name__.split('.')[-1]}::{item.originalname}"
+
+        @functools.wraps(inner)
+        def counted(*a, _inner=inner, _key=key, **kw):
+            _CASES[_key] += 1
+            return _inner(*a, **kw)
+
+        counted._sp_counted = True
+        h.inner_test = counted
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _CASES:
+        terminalreporter.write_sep("-", f"hypothesis: generated cases per property (profile {os.environ.get('HYPOTHESIS_PROFILE', 'ci')})")
+        for key, n in sorted(_CASES.items()):
+            terminalreporter.write_line(f"{n:6d}  {key}")

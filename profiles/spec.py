@@ -1,0 +1,93 @@
+"""The preset-style node description (profiles/clusters/*.yaml, or a user's file of that form), validated."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.yamlio import model_from_data
+
+#: more devices in one node than any machine has: a typo, refused before building n^2 links
+MAX_DEVICES_PER_NODE = 1024
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class IntraSpec(BaseModel):
+    """The fabric among a node's devices; pcie means the PCIe tree (the ``pcie`` section) alone."""
+
+    model_config = _STRICT
+    kind: Literal["nvswitch", "nvlink", "hccs", "shm", "pcie"] = "pcie"
+    capacity: float | None = Field(default=None, gt=0, description="bytes/s per direction")
+    latency: float = Field(default=2e-6, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.kind != "pcie" and self.capacity is None:
+            raise PlanError("intra.capacity", f"intra kind {self.kind} needs a capacity", "give capacity in bytes/s")
+        return self
+
+
+class PcieSpec(BaseModel):
+    """PCIe switches (device indices under each), sockets (switch indices under each), bridge capacities."""
+
+    model_config = _STRICT
+    capacity: float = Field(gt=0)
+    latency: float = Field(default=3e-6, ge=0)
+    switches: list[list[int]] = Field(min_length=1)
+    sockets: list[list[int]] | None = None
+    smp_capacity: float = Field(default=64e9, gt=0)
+    tree: bool = False
+
+
+class NicSpec(BaseModel):
+    model_config = _STRICT
+    attach: Literal["per_gpu", "per_switch", "host"]
+    rate: float = Field(gt=0, description="bytes/s")
+    network: Literal["ib", "roce", "ethernet"]
+    latency: float = Field(default=5e-6, ge=0)
+    count: int = Field(default=1, ge=1, le=64)
+
+
+class NodeSpec(BaseModel):
+    """One preset node: device (Device fields but its name), count, intra-node fabric, PCIe tree, NICs."""
+
+    model_config = _STRICT
+    name: str = "custom"
+    source: str = ""
+    devices_per_node: int = Field(gt=0, le=MAX_DEVICES_PER_NODE)
+    device: dict[str, Any]
+    intra: IntraSpec = IntraSpec()
+    pcie: PcieSpec | None = None
+    nics: NicSpec | None = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        if "name" in self.device:
+            raise PlanError("device.name", "devices are named gpu0, gpu1, ... by position", "drop device.name")
+        if self.intra.kind == "pcie" and self.pcie is None:
+            raise PlanError("pcie", "intra kind pcie but no pcie section", "add pcie: {capacity, switches} or another intra kind")
+        if self.pcie:
+            for g in self.pcie.switches:
+                if not g or any(i < 0 for i in g):
+                    raise PlanError("pcie.switches", f"group {g} is empty or has a negative index", "list device indices 0, 1, ...")
+            k = len(self.pcie.switches)
+            flat = [j for s in (self.pcie.sockets or [list(range(k))]) for j in s]
+            if sorted(flat) != list(range(k)):
+                raise PlanError("pcie.sockets", f"sockets {self.pcie.sockets} must list each switch index 0..{k - 1} once",
+                                "put every PCIe switch under exactly one socket")
+        if self.nics and self.nics.attach == "per_switch" and self.pcie is None:
+            raise PlanError("nics.attach", "per_switch needs a pcie section", "use per_gpu or host, or add pcie")
+        if self.nics and self.nics.attach == "host" and self.pcie is None and self.intra.kind != "shm":
+            raise PlanError("nics.attach", "host needs a host bridge (a pcie section) or intra kind shm",
+                            "add a pcie section or use attach per_gpu")
+        return self
+
+
+def node_spec(spec: Any, devices_per_node: int | None = None) -> dict:
+    """``spec`` validated (PlanError naming the field otherwise), as a plain dict build_node_type reads."""
+    if not isinstance(spec, dict):
+        raise PlanError("cluster", "a preset node description must be a mapping", "write key: value pairs")
+    if devices_per_node is not None:
+        spec = {**spec, "devices_per_node": devices_per_node}
+    return model_from_data(NodeSpec, spec, "cluster").model_dump(exclude_none=True)
