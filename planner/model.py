@@ -73,7 +73,9 @@ class ModelSpec(BaseModel):
         return load_yaml_model(cls, path, "model")
 
 
-SEQ_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*$")
+SEQ_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgG]?)\s*$", re.ASCII)
+#: longer than any sequence a cluster could hold (a trillion tokens): a typo, refused before any arithmetic
+MAX_SEQ_LEN = 2**40
 
 
 def parse_seq_len(text: str | int) -> int:
@@ -86,11 +88,15 @@ def parse_seq_len(text: str | int) -> int:
             raise PlanError("seq_len", f"cannot read {text!r}", "write a number like 131072, 128k or 1m")
         mult = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}[m.group(2).lower()]
         f = float(m.group(1)) * mult
+        if not f <= MAX_SEQ_LEN:
+            raise PlanError("seq_len", f"{text!r} is more than {MAX_SEQ_LEN:,} tokens", "give a length like 128k or 1m")
         if f != int(f):
             raise PlanError("seq_len", f"{text!r} is not a whole number of tokens", "use an integer length")
         value = int(f)
     if value <= 0:
         raise PlanError("seq_len", f"must be positive, got {value}", "give a length like 128k")
+    if value > MAX_SEQ_LEN:
+        raise PlanError("seq_len", f"{value:,} is more than {MAX_SEQ_LEN:,} tokens", "give a length like 128k or 1m")
     return value
 
 

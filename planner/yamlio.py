@@ -16,8 +16,25 @@ from .errors import PlanError
 M = TypeVar("M", bound=BaseModel)
 
 
+#: sp-plan's files nest a few levels; a deeper document is refused before PyYAML recurses (and slows) through it
+MAX_DEPTH = 64
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads 1e9 and 2.5e-6 as floats (YAML 1.1 wants 1.0e+9)."""
+    """SafeLoader that also reads 1e9 and 2.5e-6 as floats (YAML 1.1 wants 1.0e+9), refuses duplicate keys
+    and nesting deeper than MAX_DEPTH."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        if self._depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"nesting deeper than {MAX_DEPTH} levels",
+                                              self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _construct_mapping(loader: "_Loader", node: yaml.MappingNode, deep: bool = False) -> dict:

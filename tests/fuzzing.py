@@ -77,22 +77,22 @@ def mutated(draw, doc: dict, rounds: int = 3) -> dict:
         how = draw(st.sampled_from(["drop", "extra", "replace", "replace", "empty", "double"]))
         if not p:  # the root: add a key or replace the whole document
             if how == "replace":
-                return draw(st.one_of(ODD_VALUES, st.just(doc)))
+                return copy.deepcopy(draw(st.one_of(ODD_VALUES, st.just(doc))))
             if isinstance(doc, dict):
-                doc[draw(KEYS)] = draw(ODD_VALUES)
+                doc[draw(KEYS)] = copy.deepcopy(draw(ODD_VALUES))
             continue
         parent, key = _parent(doc, p), p[-1]
         value = parent[key]
         if how == "drop":
             del parent[key]
         elif how == "extra" and isinstance(value, dict):
-            value[draw(KEYS)] = draw(ODD_VALUES)
+            value[draw(KEYS)] = copy.deepcopy(draw(ODD_VALUES))
         elif how == "empty" and isinstance(value, (list, dict)):
             parent[key] = type(value)()
         elif how == "double" and isinstance(value, list):
             parent[key] = value + copy.deepcopy(value)
         else:
-            parent[key] = draw(ODD_VALUES)
+            parent[key] = copy.deepcopy(draw(ODD_VALUES))
     return doc
 
 
@@ -122,7 +122,7 @@ def text_mutated(draw, text: str) -> bytes:
     if how == "huge":
         return data + b"\nhuge: " + b"9" * draw(st.sampled_from([400, 5000, 200_000])) + b"\n"
     if how == "nest":
-        n = draw(st.sampled_from([50, 2000, 20000]))
+        n = draw(st.sampled_from([50, 50, 2000]))
         return b"x: " + b"[" * n + b"]" * n + b"\n"
     if how == "alias_bomb":
         lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
