@@ -21,6 +21,7 @@ from .errors import PlanError
 from .estimate import Estimator
 from .params import PATTERN_CLASS, CommFit, Curve, Params
 from .plan import Plan
+from .plausible import check_params, check_samples, has_datasheet
 from .profile import KernelSample, MeasuredCandidate, Profile
 
 #: link-measurement op (runtime/probe.py) -> engine pattern (engine.pattern_steps)
@@ -362,8 +363,11 @@ def measured_params(cluster: Cluster, dtype: str, kernels: list[KernelSample] | 
         if peak is None:
             raise PlanError("dtype", f"the device has no peak FLOP/s for {dtype}",
                             f"use one of {sorted(cluster.device(0).peak_flops)}")
+        check_samples(kernels, peak, has_datasheet(cluster))
         upd.update(kernel_curves(kernels, peak))
     if links:
         upd["comm"] = {**base.comm, **comm_fits(cluster, links)}
-    return base.model_copy(update=upd) if upd else base
+    out = base.model_copy(update=upd) if upd else base
+    check_params(out, cluster, "calibration")
+    return out
 

@@ -21,7 +21,7 @@ LINK_CLASSES = ("intra", "inter")
 class Curve(BaseModel):
     """Efficiency (achieved / peak FLOP/s) against a size in tokens; log-linear between points, flat outside."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     points: tuple[tuple[float, float], ...] = Field(description="(size in tokens, efficiency), sizes increasing")
 
     @field_validator("points")
@@ -51,7 +51,7 @@ class Curve(BaseModel):
 class CommFit(BaseModel):
     """A collective kind on a link class: fixed seconds per step and achieved / modelled bandwidth."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     alpha_s: float = Field(default=0.0, ge=0)
     efficiency: float = Field(default=1.0, gt=0)
 
@@ -59,7 +59,7 @@ class CommFit(BaseModel):
 class Params(BaseModel):
     """Everything calibration may change in the cost model (neutral defaults: the uncalibrated engine)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     attention_fwd: Curve | None = Field(default=None, description="attention block forward efficiency by block length "
                                         "(None: the device's attn_efficiency / attn_half_block curve)")
     attention_bwd: Curve | None = Field(default=None, description="attention block backward efficiency by block length")

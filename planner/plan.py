@@ -25,7 +25,7 @@ CHECKPOINTING = ("none", "full", "attention_boundary")
 class PhaseCost(BaseModel):
     """One line of a prediction's breakdown."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str
     kind: Literal["compute", "communication", "bubble"]
     group: str | None = None
@@ -37,12 +37,12 @@ class PhaseCost(BaseModel):
 class Prediction(BaseModel):
     """What the engine predicts for a plan: time, throughput, memory and the per-phase breakdown."""
 
-    model_config = ConfigDict(extra="forbid")
-    step_time_s: float
-    tokens_per_s: float
-    mfu: float
-    peak_memory_bytes: float
-    memory_capacity_bytes: float = 0.0
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    step_time_s: float = Field(gt=0)
+    tokens_per_s: float = Field(ge=0)
+    mfu: float = Field(ge=0)
+    peak_memory_bytes: float = Field(ge=0)
+    memory_capacity_bytes: float = Field(default=0.0, ge=0)
     memory: dict[str, float] = {}
     breakdown: list[PhaseCost] = []
 
@@ -54,9 +54,9 @@ class Prediction(BaseModel):
 class Measured(BaseModel):
     """What `sp-plan tune` measured for a plan on the real cluster (beside the predictions)."""
 
-    model_config = ConfigDict(extra="forbid")
-    step_time_s: float
-    peak_memory_bytes: float
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    step_time_s: float = Field(gt=0)
+    peak_memory_bytes: float = Field(ge=0)
     profile: str | None = Field(default=None, description="id of the profile whose tune measured it")
     measured_at: str = ""
     how: str = Field(default="", description="layers run and scaled, memory method, fallbacks")
@@ -65,7 +65,7 @@ class Measured(BaseModel):
 class Plan(BaseModel):
     """A sequence-parallel layout; see the README for the file format."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     schema_version: int = PLAN_SCHEMA_VERSION
     algorithm: Literal["ring", "ulysses", "usp", "wallfacer", "tokenring", "tokenring_ring", "metp"]
     degrees: dict[str, int]

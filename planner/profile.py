@@ -13,7 +13,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .errors import PlanError
 from .params import Params
+from .plausible import check_finite
 from .yamlio import check_schema_version, dump_data, load_yaml_model
 
 PROFILE_SCHEMA_VERSION = 1
@@ -44,7 +46,7 @@ class KernelSample:
 class MeasuredCandidate(BaseModel):
     """One candidate tune ran: its plan, what the model said before and after calibration, what ran."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     summary: str
     plan: dict = Field(description="the whole Plan document (with model and workload) that ran")
     model: str = ""
@@ -53,19 +55,25 @@ class MeasuredCandidate(BaseModel):
     status: Literal["ok", "oom", "error", "timeout", "dead_rank"] = "ok"
     reason: str = ""
     rank: int | None = None
-    predicted_before_s: float | None = None
-    predicted_after_s: float | None = None
-    measured_s: float | None = None
+    predicted_before_s: float | None = Field(default=None, ge=0)
+    predicted_after_s: float | None = Field(default=None, ge=0)
+    measured_s: float | None = Field(default=None, gt=0)
     predicted_memory_before: float | None = None
     predicted_memory_after: float | None = None
-    measured_memory: float | None = None
+    measured_memory: float | None = Field(default=None, ge=0)
     detail: dict = {}
+
+    @model_validator(mode="after")
+    def _plausible(self):
+        check_finite(self.detail, "candidates.detail")
+        check_finite(self.plan, "candidates.plan")
+        return self
 
 
 class Profile(BaseModel):
     """A calibrated parameter set for one cluster and software stack, with its evidence."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     schema_version: int = PROFILE_SCHEMA_VERSION
     id: str | None = None
     cluster: str = ""
@@ -87,6 +95,16 @@ class Profile(BaseModel):
     def _version(cls, data):
         check_schema_version(data, PROFILE_SCHEMA_VERSION, "profile")
         return data
+
+    @model_validator(mode="after")
+    def _plausible(self):
+        check_finite(self.measurements, "profile.measurements")
+        check_finite(self.workloads, "profile.workloads")
+        for name in ("loo_error_before", "loo_error_after", "loo_memory_error_before", "loo_memory_error_after"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise PlanError(f"profile.{name}", f"a negative error ({v})", "re-run `sp-plan tune`")
+        return self
 
     def save(self, path: str | Path) -> None:
         dump_data(self.model_dump(mode="json", exclude_none=True), path)

@@ -22,6 +22,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql as sa_pg, sqlite as sa_sqlite
 
 from sp_plan.planner.errors import PlanError
+from sp_plan.planner.plausible import check_params
 from sp_plan.planner.profile import STACK_KEYS, Profile
 from sp_plan.planner.yamlio import model_from_data
 
@@ -488,6 +489,11 @@ def _check(profile: Profile, cluster) -> tuple[Profile | None, str]:
     if profile.cluster_fingerprint != fp:
         return None, (f"profile {name} is for cluster fingerprint {profile.cluster_fingerprint}, this cluster is {fp}; "
                       "not applied")
+    try:
+        check_params(profile.params, cluster)
+    except PlanError as e:  # impossible figures: refused, never used to rank
+        raise PlanError("--profile", f"profile {name}: {e.field}: {e.problem}",
+                        f"{e.fix}, or delete it (`sp-plan profile delete {name}`) and pass --no-profile meanwhile") from None
     diff = stack_mismatch(profile.stack, cluster.calibration.get("stack"))
     if diff:
         return None, f"profile {name} not applied: software stack mismatch ({diff}); run `sp-plan tune` on this stack"

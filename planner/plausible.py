@@ -1,0 +1,66 @@
+"""Numbers that cannot be true are refused: NaN or infinite figures, negative times, FLOP/s above a device's
+datasheet peak, bandwidth above a link's capacity (PlanError naming the figure; never used to rank)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .errors import PlanError
+
+#: measured / datasheet above this is not noise (boost clocks and timer jitter stay well inside 10%)
+TOLERANCE = 1.10
+_TIME_KEYS = ("seconds", "time", "alpha_s")
+
+
+def is_time_key(key: str) -> bool:
+    return key.endswith("_s") or key in _TIME_KEYS
+
+
+def check_finite(data: Any, field: str) -> None:
+    """Every number in a free-form document (measurements, details) is finite; every time is non-negative."""
+    if isinstance(data, dict):
+        for k, v in data.items():
+            check_finite(v, f"{field}.{k}")
+            if isinstance(k, str) and is_time_key(k) and isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+                raise PlanError(f"{field}.{k}", f"a negative time ({v})", "remove it or measure again")
+    elif isinstance(data, (list, tuple)):
+        for i, v in enumerate(data):
+            check_finite(v, f"{field}[{i}]")
+    elif isinstance(data, float) and not math.isfinite(data):
+        raise PlanError(field, f"{data} is not a number sp-plan can use", "remove it or measure again")
+
+
+def has_datasheet(cluster) -> bool:
+    """True when the cluster's peaks and link capacities are datasheet figures (GPUs, NPUs), not the
+    placeholders of CPU rank slots (a CPU may well beat cpu-local's nominal 50 GFLOP/s)."""
+    return any(d.kind != "cpu" for t in cluster.node_types.values() for d in t.devices)
+
+
+def check_params(params, cluster, what: str = "profile") -> None:
+    """Calibrated efficiencies above 1 claim more than the datasheet: FLOP/s above the device's peak
+    (curves are achieved / peak) or bandwidth above the links' capacity (comm fits are measured / modelled)."""
+    if not has_datasheet(cluster):
+        return
+    for name in ("attention_fwd", "attention_bwd", "matmul"):
+        curve = getattr(params, name)
+        for size, eff in (curve.points if curve else ()):
+            if eff > TOLERANCE:
+                raise PlanError(f"{what}.params.{name}", f"efficiency {eff:.3g} at {size:g} tokens claims {eff:.2f}x "
+                                f"the device's datasheet peak FLOP/s", "re-run `sp-plan tune` (a timing was wrong)")
+    for key, fit in params.comm.items():
+        if fit.efficiency > TOLERANCE:
+            raise PlanError(f"{what}.params.comm.{key}", f"efficiency {fit.efficiency:.3g} claims {fit.efficiency:.2f}x "
+                            "the links' capacity", "re-run `sp-plan profile links` and `sp-plan tune`")
+
+
+def check_samples(samples, peak_flops: float | None, datasheet: bool) -> None:
+    """Kernel timings: positive finite seconds and FLOPs; on a datasheet device, no more FLOP/s than its peak."""
+    for i, s in enumerate(samples):
+        if not (math.isfinite(s.seconds) and s.seconds > 0):
+            raise PlanError(f"kernels[{i}].seconds", f"{s.seconds} s for a {s.kind} kernel", "time it again")
+        if not (math.isfinite(s.flops) and s.flops >= 0):
+            raise PlanError(f"kernels[{i}].flops", f"{s.flops} FLOPs for a {s.kind} kernel", "count its FLOPs again")
+        rate = s.flops / s.seconds
+        if datasheet and peak_flops and rate > TOLERANCE * peak_flops:
+            raise PlanError(f"kernels[{i}]", f"{s.kind} at size {s.size} ran at {rate:.3g} FLOP/s, above the device's "
+                            f"datasheet peak {peak_flops:.3g}", "time it again (was the kernel synchronized?)")
