@@ -1,6 +1,7 @@
 """Read GPUs through NVML (nvidia-ml-py, imported lazily): model, memory, NVLink per peer, P2P, PCIe, NUMA."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,17 +50,32 @@ def load_nvml() -> Any:
 
 
 def _s(x) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
+    """NVML's string answer (bytes or str); anything else is no answer."""
+    if isinstance(x, bytes):
+        return x.decode(errors="replace")
+    return x if isinstance(x, str) else ""
+
+
+def _int(x, lo: int, hi: int) -> int | None:
+    """NVML's integer answer if it is one within [lo, hi], else None (an odd driver answer counts as none)."""
+    return x if isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi else None
+
+
+def _bytes(x) -> float:
+    """A memory size in bytes if NVML gave a sane one, else 0.0 (unknown)."""
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and 0 < x < 2**60
+    return float(x) if ok else 0.0
 
 
 def _field_value(v) -> float | None:
     """The number in an nvmlFieldValue_t, or None if NVML reported an error for it."""
     if getattr(v, "nvmlReturn", 1) != 0:
         return None
-    t = getattr(v, "valueType", 1)
-    val = v.value
+    t = _int(getattr(v, "valueType", 1), 0, 6)
     name = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}.get(t, "uiVal")
-    return float(getattr(val, name))
+    x = getattr(getattr(v, "value", None), name, None)
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    return float(x) if ok else None
 
 
 def link_speed_mbps(nvml, handle, link: int) -> float | None:
@@ -73,8 +89,8 @@ def link_speed_mbps(nvml, handle, link: int) -> float | None:
             vals = nvml.nvmlDeviceGetFieldValues(handle, [fid])
         except Exception:  # noqa: BLE001 - NVMLError of any kind: try the next field
             continue
-        v = _field_value(vals[0]) if len(vals) else None
-        if v and v > 0:
+        v = _field_value(vals[0]) if isinstance(vals, (list, tuple)) and vals else None
+        if v and 0 < v < 1e7:  # MB/s per link: NVLink 5 is 50,000; more is a bad answer
             return v
     return None
 
@@ -107,10 +123,10 @@ def _read(nvml) -> list[NvmlGpu]:
         pci = nvml.nvmlDeviceGetPciInfo(h)
         mem = _try(nvml.nvmlDeviceGetMemoryInfo, h)
         gpus.append(NvmlGpu(index=i, name=_s(nvml.nvmlDeviceGetName(h)), uuid=_s(_try(nvml.nvmlDeviceGetUUID, h, default="")),
-                            memory_bytes=float(mem.total) if mem is not None else 0.0, pci_bus=norm_bdf(_s(pci.busId)),
-                            numa=_try(nvml.nvmlDeviceGetNumaNodeId, h),
-                            pcie_gen=_try(nvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
-                            pcie_width=_try(nvml.nvmlDeviceGetMaxPcieLinkWidth, h)))
+                            memory_bytes=_bytes(getattr(mem, "total", None)), pci_bus=norm_bdf(_s(getattr(pci, "busId", ""))),
+                            numa=_int(_try(nvml.nvmlDeviceGetNumaNodeId, h), 0, 4095),
+                            pcie_gen=_int(_try(nvml.nvmlDeviceGetMaxPcieLinkGeneration, h), 1, 7),
+                            pcie_width=_int(_try(nvml.nvmlDeviceGetMaxPcieLinkWidth, h), 1, 32)))
     buses = {g.pci_bus: g.index for g in gpus}
     enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
     max_links = getattr(nvml, "NVML_NVLINK_MAX_LINKS", NVLINK_MAX_LINKS)
@@ -124,7 +140,7 @@ def _read(nvml) -> list[NvmlGpu]:
             if state != enabled:
                 continue
             remote = _try(nvml.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
-            bus = norm_bdf(_s(remote.busId)) if remote is not None else ""
+            bus = norm_bdf(_s(getattr(remote, "busId", "")))
             rtype = _try(nvml.nvmlDeviceGetNvLinkRemoteDeviceType, h, link)
             if bus in buses and rtype != DEVICE_TYPE_SWITCH:
                 g.nvlink_peers[bus] = g.nvlink_peers.get(bus, 0) + 1
@@ -147,7 +163,7 @@ def _read(nvml) -> list[NvmlGpu]:
             st = _try(nvml.nvmlDeviceGetP2PStatus, ha, hb, read_idx)
             if st is not None:
                 a.p2p[b.index] = st == ok
-            lv = _try(nvml.nvmlDeviceGetTopologyCommonAncestor, ha, hb)
+            lv = _int(_try(nvml.nvmlDeviceGetTopologyCommonAncestor, ha, hb), 0, 100)
             if lv is not None and lv in TOPOLOGY_LEVEL:
                 a.ancestor[b.index] = TOPOLOGY_LEVEL[lv]
     return gpus

@@ -85,7 +85,7 @@ def parse_topo(text: str, source: str = "nvidia-smi topo -m") -> TopoMatrix:
         if row in gpus and rest:
             topo.cpu_affinity[row] = rest[0]
             if has_numa and len(rest) > 1:
-                topo.numa[row] = int(rest[1]) if rest[1].isdigit() else None
+                topo.numa[row] = int(rest[1]) if re.fullmatch(r"[0-9]+", rest[1]) else None
     missing = [lb for lb in gpus if lb not in seen]
     if missing:
         raise PlanError("topo", f"{source}: rows missing for {missing}", "pass the whole output of `nvidia-smi topo -m`")
@@ -97,9 +97,9 @@ def parse_query_gpu(text: str) -> list[dict]:
     rows = []
     for ln in text.strip().splitlines():
         parts = [p.strip() for p in ln.split(",")]
-        if len(parts) < 4 or not parts[0].isdigit():
+        if len(parts) < 4 or not re.fullmatch(r"[0-9]+", parts[0]):
             continue
-        mem = float(parts[2]) * 2**20 if re.fullmatch(r"[\d.]+", parts[2]) else 0.0
+        mem = float(parts[2]) * 2**20 if re.fullmatch(r"[0-9]+(?:\.[0-9]*)?", parts[2]) else 0.0
         rows.append({"index": int(parts[0]), "name": parts[1], "memory_bytes": mem, "pci_bus": parts[3]})
     return rows
 
