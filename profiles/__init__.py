@@ -12,6 +12,8 @@ from sp_plan.profiles.spec import node_spec
 HERE = Path(__file__).parent
 CLUSTERS = HERE / "clusters"
 MODELS = HERE / "models"
+#: more nodes than the largest clusters have (~100k GPUs): a typo, refused before building the node list
+MAX_NODES = 100_000
 
 
 def cluster_presets() -> list[str]:
@@ -102,6 +104,8 @@ def preset_cluster(name: str, nodes: int = 1, devices_per_node: int | None = Non
     """A preset cluster of ``nodes`` alike nodes."""
     if nodes < 1:
         raise PlanError("nodes", f"must be at least 1, got {nodes}", "pass --nodes 1 or more")
+    if nodes > MAX_NODES:
+        raise PlanError("nodes", f"{nodes:,} nodes is more than any cluster has (at most {MAX_NODES:,})", "check --nodes")
     spec = preset_spec(name)
     node = build_node_type(spec, devices_per_node)
     network = spec.get("nics", {}).get("network", "none") if nodes > 1 else "none"
