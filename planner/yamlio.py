@@ -72,7 +72,9 @@ def yaml_load(text: str):
 
 
 def _cannot_write(path: Path, e: OSError, field: str) -> PlanError:
-    return PlanError(field, f"cannot write {str(path)!r} ({e.strerror or type(e).__name__})",
+    up = next((p for p in path.parents if p.exists()), None)
+    why = f"{up} is a file, not a directory" if up is not None and not up.is_dir() else (e.strerror or type(e).__name__)
+    return PlanError(field, f"cannot write {str(path)!r} ({why})",
                      "pass a path in a directory you can write, on a disk with free space")
 
 

@@ -492,8 +492,9 @@ def _check(profile: Profile, cluster) -> tuple[Profile | None, str]:
     try:
         check_params(profile.params, cluster)
     except PlanError as e:  # impossible figures: refused, never used to rank
+        drop = f"delete it (`sp-plan profile delete {profile.id}`) and " if profile.id else ""
         raise PlanError("--profile", f"profile {name}: {e.field}: {e.problem}",
-                        f"{e.fix}, or delete it (`sp-plan profile delete {name}`) and pass --no-profile meanwhile") from None
+                        f"{e.fix}, or {drop}pass --no-profile meanwhile") from None
     diff = stack_mismatch(profile.stack, cluster.calibration.get("stack"))
     if diff:
         return None, f"profile {name} not applied: software stack mismatch ({diff}); run `sp-plan tune` on this stack"
