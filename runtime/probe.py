@@ -42,6 +42,9 @@ def rank_info(env=None) -> RankInfo:
         node = int(env.get("GROUP_RANK", env.get("NODE_RANK", 0)))
     except ValueError as e:
         raise PlanError("environment", f"torchrun variables are not integers ({e})", "launch with torchrun") from None
+    if not (0 <= rank < world and 0 <= local < local_world and node >= 0):
+        raise PlanError("environment", f"RANK {rank} of WORLD_SIZE {world}, LOCAL_RANK {local} of LOCAL_WORLD_SIZE "
+                        f"{local_world}, node {node}: not a rank of that world", "launch with torchrun") from None
     return RankInfo(rank=rank, world_size=world, local_rank=local, local_world_size=local_world, node_rank=node,
                     hostname=socket.gethostname())
 

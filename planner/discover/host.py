@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,7 +233,7 @@ def visible_gpus(report: HostReport, env: dict | None = None) -> list[int]:
         return allg
     out = []
     for tok in [t.strip() for t in cvd.split(",") if t.strip()]:
-        if tok.isdigit():
+        if re.fullmatch(r"[0-9]+", tok):
             if int(tok) in allg:
                 out.append(int(tok))
             else:
