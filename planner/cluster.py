@@ -19,6 +19,7 @@ import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import PlanError
+from .plausible import check_finite
 from .yamlio import check_schema_version, dump_data, load_yaml_model
 
 SCHEMA_VERSION = 1
@@ -135,6 +136,7 @@ class Cluster(BaseModel):
 
     @model_validator(mode="after")
     def _check(self):
+        check_finite(self.calibration, "cluster.calibration")
         if not self.nodes:
             raise PlanError("nodes", "the cluster has zero nodes", "give at least one node (--nodes N with N >= 1)")
         for i, t in enumerate(self.nodes):

@@ -16,13 +16,20 @@ def is_time_key(key: str) -> bool:
     return key.endswith("_s") or key in _TIME_KEYS
 
 
+def is_rate_key(key: str) -> bool:
+    return key.endswith("busbw") or "capacity" in key or "bandwidth" in key
+
+
 def check_finite(data: Any, field: str) -> None:
-    """Every number in a free-form document (measurements, details) is finite; every time is non-negative."""
+    """Every number in a free-form document (measurements, details) is finite; no time or bandwidth is negative."""
     if isinstance(data, dict):
         for k, v in data.items():
             check_finite(v, f"{field}.{k}")
-            if isinstance(k, str) and is_time_key(k) and isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
-                raise PlanError(f"{field}.{k}", f"a negative time ({v})", "remove it or measure again")
+            if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+                if is_time_key(k):
+                    raise PlanError(f"{field}.{k}", f"a negative time ({v})", "remove it or measure again")
+                if is_rate_key(k):
+                    raise PlanError(f"{field}.{k}", f"a negative bandwidth ({v})", "remove it or measure again")
     elif isinstance(data, (list, tuple)):
         for i, v in enumerate(data):
             check_finite(v, f"{field}[{i}]")

@@ -126,3 +126,12 @@ def test_other_schema_versions_are_refused_naming_both(doc, version):
         e = outcome(lambda: Cluster.load(write(Path(d), "c.yaml", dump(doc, ".yaml"))))
     assert isinstance(e, PlanError) and e.field == "cluster.schema_version"
     assert str(version) in e.problem and str(SCHEMA_VERSION) in e.problem
+
+
+@given(cluster_docs(), st.sampled_from(["busbw", "alpha_s", "peak_busbw"]),
+       st.one_of(st.sampled_from([float("nan"), float("inf"), -float("inf")]), st.floats(-1e12, -1e-12)))
+def test_impossible_link_calibration_is_refused(doc, key, bad):
+    doc["calibration"] = {"links": {"classes": {"intra": {"pair": [0, 1], "ops": {"p2p": {"group_size": 2, key: bad}}}}}}
+    with tempfile.TemporaryDirectory() as d:
+        e = outcome(lambda: Cluster.load(write(Path(d), "c.json", dump(doc, ".json"))))
+    assert isinstance(e, PlanError) and e.field.startswith("cluster.calibration.links.classes.intra.ops.p2p")
