@@ -181,6 +181,8 @@ def plan_cmd(
             raise PlanError("trials", f"must be at least 1, got {trials}", "pass --trials 1 or more")
         if output:
             check_writable(output)
+        if report:
+            check_writable(report, "--report")
         if search not in ("grid", "bayes"):
             raise PlanError("--search", f"unknown search {search!r}", "use grid or bayes")
         _profile_options(profile, no_profile)
@@ -237,7 +239,7 @@ def _sensitivity_and_report(c, m, w, params, prof, line, plans, families, sensit
             out.print(sensitivity_table(sen))
         if report:
             rows, chosen = report_plans(plans, families)
-            write_report(report, rows, c, chosen, prof, sen, [line])
+            write_report(report, rows, c, chosen, prof, sen, [line], field="--report")
             out.print(f"wrote {report}")
     except PlanError as e:
         fail(e)

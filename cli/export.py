@@ -79,7 +79,10 @@ def export_cmd(
     if note:
         err.print(f"exporting the nearest plan: {note}", highlight=False, soft_wrap=True)
     if output:
-        atomic_write(output, text)
+        try:
+            atomic_write(output, text)
+        except PlanError as e:
+            fail(e)
         out.print(f"wrote {output} ({t.name})", highlight=False)
     else:
         print(text, end="")

@@ -49,16 +49,13 @@ def sensitivity_table(sen: Sensitivity) -> Table:
 
 
 def write_report(path: Path, plans: list[Plan], cluster: Cluster, chosen: int = 0, profile=None,
-                 sensitivity: Sensitivity | None = None, notes: list[str] | None = None) -> None:
+                 sensitivity: Sensitivity | None = None, notes: list[str] | None = None, field: str = "--output") -> None:
     """Render the report and write it atomically (an unwritable path is a PlanError naming ``--report``/``-o``)."""
     from sp_plan.integrations.report import render_report
     from sp_plan.planner.yamlio import atomic_write
 
     html = render_report(plans, cluster, profile=profile, sensitivity=sensitivity, chosen=chosen, notes=notes)
-    try:
-        atomic_write(path, html)
-    except OSError as e:
-        raise PlanError("output", f"cannot write {path}: {e.strerror or e}", "pass a writable .html path") from None
+    atomic_write(path, html, field)  # an unwritable path is a PlanError naming ``field``
 
 
 def plan_cluster(plan: Plan, path: Path) -> Cluster:

@@ -89,7 +89,7 @@ def plan_args(draw, valid: bool = False) -> list:
 @st.composite
 def other_args(draw) -> list:
     cmd = draw(st.sampled_from(["show", "estimate", "discover", "profile list", "profile show", "profile import",
-                                "profile delete", "profile export", "presets"]))
+                                "profile delete", "profile export", "presets", "export", "report"]))
     plan_file = draw(pick("@plan.yaml", "@newer.yaml", "@damaged.yaml", "@binary.yaml", "@missing", "@dir.yaml",
                           "@cluster.yaml"))
     if cmd == "show":
@@ -113,6 +113,13 @@ def other_args(draw) -> list:
         return args
     if cmd == "presets":
         return ["presets"]
+    if cmd == "export":
+        args = ["export", plan_file, "--to", draw(pick("megatron", "deepspeed", "yunchang", "nosuch"))]
+        return args + (["-o", draw(pick("@out-yaml", "@proc", "@under-file", "@dir"))] if draw(st.booleans()) else [])
+    if cmd == "report":
+        return ["report", "-o", draw(pick("@out-yaml", "@proc", "@under-file", "@dir")), "--cluster",
+                draw(pick("cpu-local", "nosuch", "@damaged.yaml")), "--model", draw(pick("tiny-gpt", "@dup.yaml")),
+                "--seq-len", draw(pick("4k", "0")), "--no-profile"]
     store = ["--store", draw(pick("@store", "nosuch://x", "sqlite:////nonexistent/dir/x.db"))]
     if cmd == "profile list":
         return ["profile", "list"] + store + (["--cluster", draw(pick("cpu-local", "nosuch"))] if draw(st.booleans()) else [])
