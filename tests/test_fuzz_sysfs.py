@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from fuzzing import outcome
@@ -95,6 +95,12 @@ def materialize(root: Path, t: dict) -> None:
     _put(root / "sys" / "fs" / "cgroup" / "memory.max", t["cgroup"])
 
 
+NEGATIVE_WIDTH = {"pci": [{"root": "pci0000:10", "chain": ["0000:10:00.0"], "vendor": "0x10de", "class": "0x030200",
+                           "numa_node": "0", "max_link_speed": "16.0 GT/s PCIe", "max_link_width": "-1"}],
+                  "nets": [], "ibs": [], "meminfo": "MemTotal:       1 kB\n", "cgroup": "max"}  # found by the dev profile
+
+
+@example(NEGATIVE_WIDTH)
 @given(trees())
 def test_any_sysfs_tree_is_read_without_crashing(t):
     with tempfile.TemporaryDirectory() as d:

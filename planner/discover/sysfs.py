@@ -94,8 +94,9 @@ def pci_device(dev_dir: Path) -> PciDev | None:
     numa = _int(_read(real / "numa_node"))
     speed = _read(real / "max_link_speed") or ""
     m = re.match(r"([\d.]+)\s*GT/s", speed)
+    width = _int(_read(real / "max_link_width"))  # lanes: x1 .. x32; anything else is an unreadable file
     return PciDev(bdf=chain[-1], root=parts[roots[-1]], chain=chain, numa=numa if numa is not None and numa >= 0 else None,
-                  gen=_GEN.get(float(m.group(1))) if m else None, width=_int(_read(real / "max_link_width")))
+                  gen=_GEN.get(float(m.group(1))) if m else None, width=width if width and 1 <= width <= 32 else None)
 
 
 def pci_level(a: PciDev, b: PciDev) -> str:
