@@ -11,11 +11,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import PlanError
-from .layout import DIMENSIONS, Layout, check_degrees, world_size
+from .layout import DIMENSIONS, Layout, check_degrees, check_team, world_size
 from .model import ModelSpec, Workload
 from .yamlio import check_schema_version, dump_data, load_yaml_model
 
 PLAN_SCHEMA_VERSION = 1
+#: more ranks than any cluster has: a typo in the degrees, refused before any rank list is built
+MAX_WORLD = 2**20
 ALGORITHMS = ("ring", "ulysses", "usp", "wallfacer", "tokenring", "tokenring_ring", "metp")
 #: algorithms that cut the ring into teams (degrees["team"])
 TEAM_ALGORITHMS = ("wallfacer", "tokenring_ring")
@@ -105,6 +107,13 @@ class Plan(BaseModel):
             raise PlanError("degrees.ring", f"algorithm ulysses needs ring 1, got {r}", "use algorithm usp for ulysses x ring")
         if self.degrees.get("team", 1) > 1 and a not in TEAM_ALGORITHMS:
             raise PlanError("degrees.team", f"team {self.degrees['team']} is WallFacer's; {a} has no teams", "set team to 1")
+        check_team(r, self.degrees["team"], self.placement, wallfacer=self.placement is not None)  # as layout() will
+        if self.world_size > MAX_WORLD:
+            raise PlanError("degrees", f"{self.world_size:,} ranks is more than any cluster has (at most {MAX_WORLD:,})",
+                            "check the degrees")
+        if self.groups and self.groups != self.layout().all_groups():
+            raise PlanError("groups", "the rank lists do not match the degrees and order",
+                            "drop groups (sp-plan fills them in from the layout) or fix them")
         if a == "ulysses" and self.token_layout != "contiguous":
             raise PlanError("token_layout", "ulysses attends the whole sequence after its all-to-all",
                             "use token_layout contiguous with algorithm ulysses")

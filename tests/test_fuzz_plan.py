@@ -4,7 +4,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from hypothesis import assume, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -93,6 +93,10 @@ def test_valid_hand_plans_round_trip_and_price(doc):
         assert 0 < pred.step_time_s < float("inf") and pred.tokens_per_s > 0
 
 
+@example({"algorithm": "wallfacer", "degrees": {"team": 2}}, ".yaml")  # found by the dev profile
+@example({"algorithm": "ring", "degrees": {"ring": 2}, "groups": {"ring": []}}, ".yaml")
+@example({"algorithm": "ring", "degrees": {"ring": 2}, "groups": {"ring": [[0, 1], [5]]}}, ".json")
+@example({"algorithm": "ring", "degrees": {"ring": 2, "dp": 10**12}}, ".yaml")
 @given(st.one_of(st.sampled_from(WRITTEN), hand_plans()).flatmap(mutated), st.sampled_from([".yaml", ".json"]))
 def test_mutated_plan_file_is_a_plan_error_or_shows(doc, suffix):
     with tempfile.TemporaryDirectory() as d:
