@@ -72,6 +72,7 @@ def yaml_load(text: str):
 
 
 def _cannot_write(path: Path, e: OSError, field: str) -> PlanError:
+    """The OSError of a write as one line: why (a parent that is a file, no space, no permission) and the fix."""
     up = next((p for p in path.parents if p.exists()), None)
     why = f"{up} is a file, not a directory" if up is not None and not up.is_dir() else (e.strerror or type(e).__name__)
     return PlanError(field, f"cannot write {str(path)!r} ({why})",
