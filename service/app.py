@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import os
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -35,6 +36,17 @@ from sp_plan.service.planning import (MAX_WORLD, EstimateRequest, EstimateRespon
 
 SETTINGS_ENV = "SP_PLAN_SERVE_SETTINGS"
 JSON = "application/json"
+
+
+def die_with_parent(parent: int) -> None:
+    """Search-pool initializer: end this worker when the server that started it is gone (a SIGKILLed server
+    cannot shut its pool down, and an orphaned worker would wait on its queue forever)."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="sp-plan-parent-watch", daemon=True).start()
 
 
 @dataclass
@@ -131,7 +143,8 @@ class Service:
         self.pool = self._pool()
 
     def _pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(self.processes, mp_context=get_context("spawn"))
+        return ProcessPoolExecutor(self.processes, mp_context=get_context("spawn"), initializer=die_with_parent,
+                                   initargs=(os.getpid(),))
 
     async def warm(self) -> None:
         loop = asyncio.get_running_loop()

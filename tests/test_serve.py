@@ -303,13 +303,39 @@ def test_presets_openapi_health_and_metrics(server):
     assert _metric(server, "sp_plan_request_seconds_count", endpoint="/healthz", method="GET") >= 1
 
 
+def _children(pid: int) -> list[int]:
+    """PIDs whose parent is ``pid`` (Linux /proc)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+    except OSError:
+        return False
+
+
 def test_sigkill_and_restart_lose_nothing_acknowledged(server):
     """SIGKILL right after the answers, restart on the same store: the profile and the plan are served again."""
     with Client(server.url, token=TOKEN) as c:
         pid = c.upload_profile(Profile.load(FIXTURE).model_copy(update={"fitted": ["sigkill test"]}))
         res = c.plan(cluster="dgx-h100", nodes=2, model="llama3-8b", workload={"seq_len": "32k"}, top=2)
     assert res.profile == pid
+    workers = _children(server.proc.pid)
+    assert workers, "the search ran in the pool"
     server.kill()
+    deadline = time.monotonic() + 15  # the pool's workers follow their server (service.app.die_with_parent)
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(w) for w in workers), "orphaned search workers outlived the killed server"
     server.start()
     with Client(server.url) as c:
         assert c.profile(pid).fitted == ["sigkill test"] and c.profile(pid).id == pid
