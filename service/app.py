@@ -23,6 +23,7 @@ from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from sp_plan.planner.errors import PlanError
@@ -271,6 +272,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError):
         return error_response(_validation_error(e), 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):  # e.g. a body that is not UTF-8: 400
+        if e.status_code == 404:
+            problem, fix = f"no route {request.method} {request.url.path}", "see /docs for the endpoints"
+        elif e.status_code == 405:
+            problem, fix = f"{request.method} is not allowed on {request.url.path}", "see /docs for the methods"
+        else:
+            problem, fix = str(e.detail), "send a UTF-8 JSON body (Content-Type: application/json)"
+        return error_response(PlanError("request", problem, fix), e.status_code)
 
     def svc_of(request: Request) -> Service:
         return request.app.state.svc
