@@ -279,7 +279,8 @@ def _fit_time(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Params
 
 def _fit_memory(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Params, list[str], list[str]]:
     """Fit memory = rest + activation_factor x activations + overhead to measured peaks (relative errors,
-    linear least squares); the factor only with two or more candidates whose activations differ by > 5%."""
+    linear least squares, overhead >= 0); the factor only with two or more candidates whose activations differ by
+    > 5%."""
     cases = [c for c in cases if c.memory is not None]
     if not cases:
         return base, [], ["memory not fitted: no candidate with a measured peak memory"]
@@ -289,12 +290,13 @@ def _fit_memory(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Para
     n = f"from {len(cases)} candidate{'s' if len(cases) != 1 else ''}"
     if both:  # rows: (act/meas) k + (GiB/meas) o = 1 - rest/meas
         a = np.stack([act / meas, GIB / meas], axis=1)
-        sol = lsq_linear(a, 1.0 - rest / meas, bounds=([0.05, -np.inf], [20.0, np.inf]))
+        # overhead >= 0: a framework adds memory; a negative constant would price small plans below zero bytes
+        sol = lsq_linear(a, 1.0 - rest / meas, bounds=([0.05, 0.0], [20.0, np.inf]))
         k, over = float(sol.x[0]), float(sol.x[1]) * GIB
         return (base.model_copy(update={"activation_factor": k, "memory_overhead_bytes": over}),
                 [f"activation factor {k:.3f} ({n})", f"memory overhead {over / GIB:.2f} GiB ({n})"], [])
     k = base.activation_factor
-    over = float(np.sum((meas - rest - k * act) / meas ** 2) / np.sum(1.0 / meas ** 2))  # relative least squares
+    over = max(0.0, float(np.sum((meas - rest - k * act) / meas ** 2) / np.sum(1.0 / meas ** 2)))  # relative LSQ, >= 0
     return (base.model_copy(update={"memory_overhead_bytes": over}), [f"memory overhead {over / GIB:.2f} GiB ({n})"],
             ["activation factor not fitted: needs 2 measured candidates whose activations differ"])
 

@@ -68,7 +68,8 @@ class Params(BaseModel):
     comm: dict[str, CommFit] = Field(default_factory=dict, description='key "PATTERN_CLASS/LINK_CLASS", e.g. "all_to_all/intra"')
     overlap: float = Field(default=1.0, ge=0, le=1, description="fraction of min(compute, comm) a double-buffered step hides")
     round_overhead_s: float = Field(default=0.0, ge=0, description="fixed seconds per attention block call (launch, merge, sync)")
-    memory_overhead_bytes: float = Field(default=0.0, description="framework bytes per rank beyond the modelled parts")
+    memory_overhead_bytes: float = Field(default=0.0, ge=0, description="framework bytes per rank beyond the modelled "
+                                         "parts (>= 0: the modelled parts are the floor)")
     activation_factor: float = Field(default=1.0, gt=0, description="measured / modelled activation bytes")
     hbm_bandwidth: float | None = Field(default=None, gt=0, description="achieved device-memory bytes/s of the "
                                         "memory-bound phases (ring out/LSE merges, all-to-all packing copies); "

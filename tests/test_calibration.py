@@ -194,6 +194,21 @@ def test_leave_one_out_error_is_honest_under_noise():
     assert r.params.round_overhead_s == pytest.approx(2e-3, rel=0.1)
 
 
+def test_a_peak_below_the_modelled_parts_fits_no_negative_overhead():
+    """Measured peaks 30 % under the model (one candidate, then all): the overhead stays >= 0 (a negative constant
+    would price a small plan below zero bytes) and every prediction keeps a positive peak."""
+    cl, m, w = load_cluster("dgx-h100", 1), load_model("gpt-3b"), Workload(seq_len=32768, batch=2)
+    for cands in (CANDS[1:2], CANDS):
+        meas = [mc.model_copy(update={"measured_memory": mc.measured_memory * 0.7})
+                for mc in _measured(cl, m, w, Params(), cands)]
+        r = fit(cl, Params(), meas)
+        assert 0.0 <= r.params.memory_overhead_bytes < 1.0  # bytes
+        est = Estimator(cl, m, w, params=r.params)
+        assert all(est.evaluate(c).peak_memory_bytes > 0 for c in CANDS)
+    with pytest.raises(ValueError, match="memory_overhead_bytes"):
+        Params(memory_overhead_bytes=-1.0)
+
+
 def test_one_candidate_fits_only_what_it_identifies():
     cl, m, w = load_cluster("dgx-h100", 1), load_model("gpt-3b"), Workload(seq_len=32768, batch=2)
     meas = _measured(cl, m, w, Params(memory_overhead_bytes=2 * GIB, round_overhead_s=1e-3), CANDS[1:2])
