@@ -329,12 +329,25 @@ _register_serve(app)
 
 
 def main() -> None:
-    """Console entry point: bad input exits 2 with one line, never a traceback."""
+    """Console entry point: bad input exits 2 with one line, never a traceback; the command line's own usage
+    errors too (an unknown option, a value of the wrong type, a missing option), which typer would box."""
     try:
-        app()
+        code = app(standalone_mode=False)
     except PlanError as e:  # pragma: no cover - commands catch their own
-        err.print(f"error: {e}")
+        err.print(f"error: {e}", highlight=False, soft_wrap=True)
         sys.exit(2)
+    except typer.Abort:
+        err.print("aborted", highlight=False)
+        sys.exit(130)
+    except typer.TyperException as e:  # click's exceptions (typer vendors click): usage errors and the like
+        ctx = getattr(e, "ctx", None)
+        if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:  # bare `sp-plan`: its help
+            out.print(ctx.get_help(), highlight=False, markup=False)
+            sys.exit(0)
+        where = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
+        err.print(f"error: {e.format_message().rstrip('.')}{where}", highlight=False, soft_wrap=True, markup=False)
+        sys.exit(getattr(e, "exit_code", 2))
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

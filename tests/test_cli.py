@@ -122,3 +122,15 @@ def test_estimate_prices_a_hand_written_plan_and_refuses_another_world(tmp_path)
     assert r.returncode == 2 and "degrees: the plan uses 8 ranks but the cluster has 16" in r.stderr
     r = run("estimate", str(p), "--cluster", "dgx-h100")
     assert r.returncode == 2 and "--model" in r.stderr
+
+
+@pytest.mark.parametrize("args", [["plan", "--cluster", "cpu-local", "--model", "tiny-gpt", "--seq-len", "1k",
+                                   "--batch", "abc"], ["plan", "--bogus"], ["plan"], ["nosuchcmd"],
+                                  ["estimate", "--cluster", "cpu-local"]])
+def test_command_line_usage_errors_are_one_line_and_exit_2(args):
+    """The console entry point (main): typer's own usage errors -- a value of the wrong type, an unknown option or
+    command, a missing option or argument -- are one `error:` line and exit 2, like every other bad input."""
+    r = subprocess.run([sys.executable, "-m", "sp_plan.cli.app", *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--help" in lines[0], r.stderr
