@@ -19,6 +19,8 @@ import json
 import statistics
 from pathlib import Path
 
+from scipy.stats import spearmanr
+
 from sp_plan.planner import Estimator, ModelSpec, Plan, Workload
 from sp_plan.planner.algorithms import algorithm_for
 from sp_plan.planner.candidate import Candidate
@@ -54,30 +56,11 @@ def params_for(which: str, cluster) -> Params:
 
 
 # ---- statistics
-def ranks(xs: list[float]) -> list[float]:
-    """Ranks (0-based) with ties averaged."""
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    r = [0.0] * len(xs)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            r[order[k]] = (i + j) / 2
-        i = j + 1
-    return r
-
-
 def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rho (Pearson on tie-averaged ranks); nan when either side is constant."""
-    ra, rb = ranks(a), ranks(b)
-    n = len(a)
-    ma, mb = sum(ra) / n, sum(rb) / n
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    va = sum((x - ma) ** 2 for x in ra) ** 0.5
-    vb = sum((y - mb) ** 2 for y in rb) ** 0.5
-    return cov / (va * vb) if va and vb else float("nan")
+    """Spearman's rho (scipy: Pearson on tie-averaged ranks); nan when either side is constant."""
+    if len(set(a)) < 2 or len(set(b)) < 2:
+        return float("nan")
+    return float(spearmanr(a, b).statistic)
 
 
 def regret(pred: list[float], meas: list[float]) -> float:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from scipy.stats import spearmanr
 
 from sp_plan.planner import Estimator, Workload
 from sp_plan.planner.candidate import Candidate
@@ -21,28 +22,8 @@ TABLES = {name: (t["model"], t["nodes"], [tuple(r) for r in t["rows"]]) for name
           if isinstance(t, dict)}
 
 
-def ranks(xs):
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    r = [0.0] * len(xs)
-    i = 0
-    while i < len(order):  # average ranks of ties
-        j = i
-        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            r[order[k]] = (i + j) / 2
-        i = j + 1
-    return r
-
-
 def spearman(a, b):
-    ra, rb = ranks(a), ranks(b)
-    n = len(a)
-    ma, mb = sum(ra) / n, sum(rb) / n
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    va = sum((x - ma) ** 2 for x in ra) ** 0.5
-    vb = sum((y - mb) ** 2 for y in rb) ** 0.5
-    return cov / (va * vb)
+    return float(spearmanr(a, b).statistic)
 
 
 def predict(cluster, model, seq, batch, tp, u, r, policies=None):
