@@ -97,3 +97,18 @@ def postgres_url():
     finally:
         run(bindir / "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
         shutil.rmtree(root, ignore_errors=True)
+
+
+def fresh_database(base_url: str, prefix: str = "t") -> str:
+    """The URL of a new, empty database on the throwaway server of ``base_url`` (``postgres_url``)."""
+    import time
+
+    import sqlalchemy as sa
+
+    server = base_url.rsplit("/", 1)[0]
+    name = f"{prefix}{os.getpid()}_{time.monotonic_ns()}"
+    eng = sa.create_engine(server + "/postgres", isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(sa.text(f"CREATE DATABASE {name}"))
+    eng.dispose()
+    return server + "/" + name

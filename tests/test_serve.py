@@ -16,7 +16,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from pgserver import postgres_url  # noqa: F401 - fixture
+from pgserver import fresh_database, postgres_url  # noqa: F401 - fixture
 from typer.testing import CliRunner
 
 from sp_plan.cli.app import app
@@ -78,13 +78,7 @@ class Server:
 def _fresh_url(request, tmp_path: Path, backend: str) -> str:
     if backend == "sqlite":
         return f"sqlite:///{tmp_path}/store.db"
-    base = request.getfixturevalue("postgres_url")
-    name = f"s{os.getpid()}_{time.monotonic_ns()}"
-    eng = sa.create_engine(base.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(sa.text(f"CREATE DATABASE {name}"))
-    eng.dispose()
-    return base.rsplit("/", 1)[0] + "/" + name
+    return fresh_database(request.getfixturevalue("postgres_url"), "s")
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])

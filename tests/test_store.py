@@ -1,7 +1,6 @@
 """The profile store (profiles/store.py) on SQLite and on a real PostgreSQL server, and resolve_profile."""
 from __future__ import annotations
 
-import os
 import signal
 import sqlite3
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from pgserver import postgres_url  # noqa: F401 - fixture
+from pgserver import fresh_database, postgres_url  # noqa: F401 - fixture
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.params import CommFit, Curve, Params
 from sp_plan.planner.profile import MeasuredCandidate, Profile
@@ -41,13 +40,7 @@ def url(request, tmp_path):
     """A fresh store URL on each backend (PostgreSQL: a new database on the throwaway server)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/store.db"
-    base = request.getfixturevalue("postgres_url")
-    name = f"t{os.getpid()}_{time.monotonic_ns()}"
-    eng = sa.create_engine(base.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(sa.text(f"CREATE DATABASE {name}"))
-    eng.dispose()
-    return base.rsplit("/", 1)[0] + "/" + name
+    return fresh_database(request.getfixturevalue("postgres_url"))
 
 
 def test_profile_round_trip(url):
