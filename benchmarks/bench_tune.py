@@ -115,7 +115,7 @@ def bench_world(name: str, args, tmp: Path) -> dict:
 
     world, per_node, rate = WORLDS[name]
     cwd = tmp / name
-    cwd.mkdir()
+    cwd.mkdir(exist_ok=False)
     pair_cm = netns.shaped_pair(rate) if rate else None
     pair = pair_cm.__enter__() if pair_cm else None
     try:
@@ -177,6 +177,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=5, help="timed steps per layer count (median)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (truth and tune alike)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--keep", default=None,
+                    help="keep each world's cluster file, ground truth, tune log and store under this folder "
+                         "(default: a temporary folder, removed)")
     ap.add_argument("--worker", default=None)
     ap.add_argument("--cluster")
     ap.add_argument("--model")
@@ -190,6 +193,9 @@ def main() -> None:
     print(f"bench_tune at commit {commit}, {os.cpu_count()} CPU cores")
     results = []
     with tempfile.TemporaryDirectory(prefix="sp_plan_bench_tune_") as d:
+        if args.keep:
+            d = args.keep
+            Path(d).mkdir(parents=True, exist_ok=True)
         for name in args.worlds.split(","):
             if WORLDS[name][2]:
                 from sp_plan.runtime import netns

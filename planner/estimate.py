@@ -178,6 +178,7 @@ class Estimator:
             raise PlanError("model.dtype", f"{self.device.model or self.device.name} has no peak FLOP/s for {dt}",
                             f"use one of {sorted(self.device.peak_flops)}")
         self.peak = self.device.peak_flops[dt]
+        self._compute_peak = self.peak * self.params.compute_efficiency  # what compute phases achieve in a step
         self.capacity = self.device.memory_bytes * MEMORY_HEADROOM
         self.fingerprint = cluster.fingerprint()
         self._memory: dict = {}
@@ -295,8 +296,9 @@ class Estimator:
         Attention: the measured curve params.attention_fwd / attention_bwd at the block length (a part-filled
         block: the square block of as many query x key pairs) when set,
         else the device's saturating curve; plus params.round_overhead_s per call (kernel launch + LSE merge
-        + stream sync per ring round). GEMMs: params.matmul at the GEMM's rows when set. Memory-bound passes:
-        their bytes over params.hbm_bandwidth (free when unset)."""
+        + stream sync per ring round). GEMMs: params.matmul at the GEMM's rows when set. Both over
+        params.compute_efficiency (in a step / timed alone). Memory-bound passes: their bytes over
+        params.hbm_bandwidth (free when unset)."""
         pr = self.params
         if p.kind == "memory":  # memory-bound pass (merge, packing): bytes over achieved HBM bandwidth
             return p.nbytes / pr.hbm_bandwidth if pr.hbm_bandwidth else 0.0
@@ -310,13 +312,13 @@ class Estimator:
                     eff = self._curve_at[key] = curve.at(x)
             else:
                 eff = self.device.attn_efficiency * p.block / (p.block + self.device.attn_half_block)
-            t = p.flops / (self.peak * eff)
+            t = p.flops / (self._compute_peak * eff)
             return t + pr.round_overhead_s if pr.round_overhead_s else t
         if pr.matmul is not None:
             eff = pr.matmul.at(p.rows) if p.rows > 0 else pr.matmul.points[-1][1]
         else:
             eff = self.device.matmul_efficiency
-        return p.flops / (self.peak * eff)
+        return p.flops / (self._compute_peak * eff)
 
     def price(self, steps: list[Step], orders: Orders, rows: bool = False) -> Priced:
         """Cost of ``steps`` once under every order: an overlapped step costs its max phase (double

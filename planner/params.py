@@ -67,6 +67,11 @@ class Params(BaseModel):
                                  "(None: the device's matmul_efficiency)")
     comm: dict[str, CommFit] = Field(default_factory=dict, description='key "PATTERN_CLASS/LINK_CLASS", e.g. "all_to_all/intra"')
     overlap: float = Field(default=1.0, ge=0, le=1, description="fraction of min(compute, comm) a double-buffered step hides")
+    compute_efficiency: float = Field(default=1.0, gt=0, le=1.5, description="achieved / isolated-kernel "
+                                      "efficiency of the compute phases (GEMMs, attention blocks) inside a full "
+                                      "training step: the curves are timed alone, a step runs them among the rest "
+                                      "(contention for cores and caches, clocks under load, the framework between "
+                                      "kernels); 1 = as timed")
     round_overhead_s: float = Field(default=0.0, ge=0, description="fixed seconds per attention block call (launch, merge, sync)")
     memory_overhead_bytes: float = Field(default=0.0, ge=0, description="framework bytes per rank beyond the modelled "
                                          "parts (>= 0: the modelled parts are the floor)")
