@@ -2,7 +2,8 @@
 import math
 
 from sp_plan.planner.plan import Plan
-from sp_plan.profiles.tune.choose import (PRIOR_SIGMA, chance_to_beat, diversify, next_candidate, sigma_from)
+from sp_plan.profiles.tune.choose import (PRIOR_SIGMA, chance_to_beat, diversify, family, next_candidate, sigma_from,
+                                         with_families)
 
 
 def _plan(alg, u, r, order=None, layout="contiguous"):
@@ -47,3 +48,41 @@ def test_next_candidate_first_the_models_best_then_the_likeliest_winner_then_sto
     assert c.index is not None
     c = next_candidate(preds, [True] * 4, 1.0, 0.3)
     assert c.index is None
+
+
+def _deg(alg, **d):
+    return Plan(algorithm=alg, degrees=d, order=[], token_layout="contiguous")
+
+
+def test_family_names_the_term_a_layout_exercises():
+    assert family(_deg("ring", pp=2, ring=2)) == "pp"
+    assert family(_deg("metp", tp=4)) == "tp"
+    assert family(_deg("ring", tp=2, ring=2)) == "tp"
+    assert family(_deg("usp", ulysses=2, ring=2)) == "ulysses"
+    assert family(_deg("ring", ring=4)) == "ring"
+    assert family(_deg("ring", dp=4)) == "dp"
+
+
+def test_with_families_adds_the_best_of_each_missing_family_once():
+    ranked = [_deg("ring", ring=4), _deg("ulysses", ulysses=4), _deg("ring", tp=2, ring=2), _deg("ring", tp=4),
+              _deg("ring", pp=2, ring=2), _deg("ring", pp=4)]
+    got = with_families(ranked[:2], ranked)
+    assert [p.summary() for p in got] == [p.summary() for p in ranked[:3] + ranked[4:5]]
+
+
+def test_tune_explores_contender_families_then_chooses_the_likeliest_winner():
+    preds = [1.0, 1.02, 1.5, 1.8, 2.5]  # ring, ring, tp, pp, ulysses (ulysses: not a contender, > 2x)
+    fams = ["ring", "ring", "tp", "pp", "ulysses"]
+    done = [True, False, False, False, False]
+    c = next_candidate(preds, done, 1.0, 0.3, families=fams, explore=3)
+    assert c.index == 2 and "tp" in c.why
+    done[2] = True
+    c = next_candidate(preds, done, 1.0, 0.3, families=fams, explore=2)
+    assert c.index == 3 and "pp" in c.why
+    done[3] = True
+    # every contender family measured: back to the chance rule (the ring layout at 1.02)
+    assert next_candidate(preds, done, 1.0, 0.3, families=fams, explore=1).index == 1
+    # no exploring left in the budget: the chance rule at once
+    assert next_candidate(preds, [True, False, False, False, False], 1.0, 0.3, families=fams, explore=0).index == 1
+    # the model's best first, whatever the families
+    assert next_candidate(preds, [False] * 5, None, 0.3, families=fams, explore=4).index == 0

@@ -2,10 +2,17 @@
 
 The model's ranking, diversified, is the pool: one entry per (algorithm, degrees, team, placement,
 token layout), its best mesh order and memory policy, so the budget is not spent on five mesh
-orders of one layout. After each measurement the model is refitted; its leave-one-out error is
-the uncertainty sigma of a prediction (log-normal: ln t ~ N(ln pred, sigma)). The next candidate
-is the one most likely to beat the best measured step by ``margin``; tune stops when none has a
-``min_chance`` of doing so, at the budget, or at the time limit (issue 10, "choice of what to measure").
+orders of one layout; plus the best layout of every *family* (what the layout exercises that the
+others do not: pipeline stages, TP collectives, all-to-all, ring rounds, data-parallel sync) that the
+ranking's top left out. Tune first measures the model's best of each family that is a contender
+(predicted within ``EXPLORE_FACTOR`` of the best), so that calibration sees every term it fits (a
+family never measured cannot be calibrated: on 4 CPU ranks the model priced TP layouts at half
+their measured time, and a tune of five ring layouts never learned it); it keeps the last
+candidate of the budget for the choice below. After each measurement the model is refitted; its
+leave-one-out error is the uncertainty sigma of a prediction (log-normal: ln t ~ N(ln pred, sigma)).
+The next candidate is the one most likely to beat the best measured step by ``margin``; tune stops
+when none has a ``min_chance`` of doing so, at the budget, or at the time limit (issue 10, "choice of
+what to measure").
 """
 from __future__ import annotations
 
@@ -19,12 +26,37 @@ MIN_SIGMA = 0.05
 #: a leave-one-out error needs this many measured candidates to mean anything; below it tune neither
 #: trusts it nor stops early
 MIN_MEASURED = 3
+#: a family is worth measuring for calibration when its best layout is predicted within this factor of the best
+EXPLORE_FACTOR = 2.0
 
 
 def diversity_key(plan) -> tuple:
     """What makes two candidates different layouts rather than two orders or policies of one layout."""
     d = plan.degrees
     return (plan.algorithm, tuple(sorted((k, v) for k, v in d.items() if v > 1)), plan.placement, plan.token_layout)
+
+
+def family(plan) -> str:
+    """Which of the model's terms a layout exercises beyond the others: pipeline stages ("pp"), TP collectives
+    ("tp", METP included), all-to-all ("ulysses", USP included), ring rounds ("ring"), else data-parallel
+    sync or nothing ("dp")."""
+    d = plan.degrees
+    for dim in ("pp", "tp", "ulysses", "ring"):
+        if d.get(dim, 1) > 1:
+            return dim
+    return "dp"
+
+
+def with_families(pool: list, ranked: list) -> list:
+    """``pool`` plus the best plan (first in ``ranked``, fastest first) of every family it lacks."""
+    have = {family(p) for p in pool}
+    out = list(pool)
+    for p in ranked:
+        f = family(p)
+        if f not in have:
+            have.add(f)
+            out.append(p)
+    return out
 
 
 def diversify(plans: list, size: int) -> list:
@@ -64,16 +96,38 @@ class Choice:
     why: str
 
 
+def unexplored(predicted: list[float], done: list[bool], families: list[str], factor: float = EXPLORE_FACTOR) -> int | None:
+    """The model's best plan of the contender family (best prediction within ``factor`` of the best of all)
+    that has no measured plan yet, the family with the fastest such plan first; None when every contender
+    family was measured."""
+    if not predicted:
+        return None
+    top = min(predicted)
+    measured = {f for f, d in zip(families, done) if d}
+    best: dict[str, int] = {}
+    for i, (f, t) in enumerate(zip(families, predicted)):
+        if f not in measured and t <= factor * top and (f not in best or (t, i) < (predicted[best[f]], best[f])):
+            best[f] = i
+    return min(best.values(), key=lambda i: (predicted[i], i)) if best else None
+
+
 def next_candidate(predicted: list[float], done: list[bool], best_measured_s: float | None, sigma: float,
-                   min_chance: float = 0.05, margin: float = 0.01, min_measured: int = MIN_MEASURED) -> Choice:
-    """The unmeasured candidate most likely to beat the best measured one (the model's best first); no early
-    stop before ``min_measured`` candidates were measured."""
+                   min_chance: float = 0.05, margin: float = 0.01, min_measured: int = MIN_MEASURED,
+                   families: list[str] | None = None, explore: int = 0) -> Choice:
+    """The model's best first; then, for up to ``explore`` more picks, the best of each contender family
+    not yet measured (``families``: family() of each candidate); then the unmeasured candidate most likely to
+    beat the best measured one. No early stop before ``min_measured`` candidates were measured."""
     todo = [i for i, d in enumerate(done) if not d]
     if not todo:
         return Choice(None, 0.0, "every candidate in the pool was measured")
     if best_measured_s is None:
         i = min(todo, key=lambda j: (predicted[j], j))
         return Choice(i, 1.0, "the model's best")
+    if families is not None and explore > 0:
+        i = unexplored(predicted, done, families)
+        if i is not None:
+            return Choice(i, chance_to_beat(predicted[i], best_measured_s, sigma, margin),
+                          f"the model's best {families[i]} layout: calibrates what the measured ones do not exercise")
     chances = {i: chance_to_beat(predicted[i], best_measured_s, sigma, margin) for i in todo}
     i = max(todo, key=lambda j: (chances[j], -predicted[j], -j))
     if chances[i] < min_chance and sum(done) >= min_measured:

@@ -31,7 +31,7 @@ from sp_plan.planner.search import grid_search
 from sp_plan.profiles.store import run_key
 from sp_plan.runtime.probe import gather_objects
 
-from .choose import Choice, diversify, next_candidate, sigma_from
+from .choose import Choice, diversify, family, next_candidate, sigma_from, with_families
 from .kernels import chosen_backends
 from .software import software_stack
 
@@ -186,7 +186,10 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
         tick("links", 1, 1, "links measured")
 
     # ---- kernels: the block shapes the model's best candidates run
-    pool = _bcast(diversify(ranked_plans(cluster, model, work, Params()), opts.pool) if rank == 0 else None, rank)
+    if rank == 0:  # the kernels of every family's best too: the choice below may measure them
+        ranked = ranked_plans(cluster, model, work, Params())
+        pool = with_families(diversify(ranked, opts.pool), diversify(ranked, len(ranked)))
+    pool = _bcast(pool if rank == 0 else None, rank)
     if not pool:
         raise PlanError("workload", f"no layout of {world} ranks fits {model.name} at {work.seq_len} tokens",
                         "tune a shorter --seq-len or a smaller model")
@@ -203,7 +206,10 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
     base, said = base_params(cluster, model, kernels, links)
 
     # ---- candidates: the pool under the measured kernels and links, chosen one at a time
-    pool = _bcast(diversify(ranked_plans(cluster, model, work, base), opts.pool) if rank == 0 else None, rank)
+    if rank == 0:
+        ranked = ranked_plans(cluster, model, work, base)
+        pool = with_families(diversify(ranked, opts.pool), diversify(ranked, len(ranked)))
+    pool = _bcast(pool if rank == 0 else None, rank)
     by_name = {p.summary(): p for p in pool}
     measured: dict[str, MeasuredCandidate] = {}
     for name, (status, payload) in steps.items():
@@ -232,7 +238,8 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
                 preds = [predict(cluster, p, params)[0] for p in pool]
                 best = min((m.measured_s for m in ok), default=None)
                 sigma = sigma_from(result.loo_error_after if result else None, len(ok))
-                choice = next_candidate(preds, [p.summary() in measured for p in pool], best, sigma)
+                choice = next_candidate(preds, [p.summary() in measured for p in pool], best, sigma,
+                                        families=[family(p) for p in pool], explore=opts.budget - 1 - len(measured))
         choice = _bcast(choice, rank)
         if choice.index is None:
             stop = choice.why
