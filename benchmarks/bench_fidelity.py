@@ -41,7 +41,8 @@ def load_tables() -> dict:
 
 #: the default model's terms, as the Params fields that carry them ("after-TERM": the defaults without it)
 TERMS = {"curves": {"attention_fwd": None, "attention_bwd": None}, "comm": {"comm": {}}, "overlap": {"overlap": 1.0},
-         "round": {"round_overhead_s": 0.0}, "hbm": {"hbm_bandwidth": None}}
+         "round": {"round_overhead_s": 0.0}, "hbm": {"hbm_bandwidth": None},
+         "host-a2a": lambda p: {"comm": {k: v for k, v in p.comm.items() if not k.endswith("/host")}}}
 
 
 def params_for(which: str, cluster) -> Params:
@@ -52,7 +53,10 @@ def params_for(which: str, cluster) -> Params:
     from sp_plan.profiles.kernels import default_params
 
     p = default_params(cluster)
-    return p.model_copy(update=TERMS[which.removeprefix("after-")]) if which.startswith("after-") else p
+    if not which.startswith("after-"):
+        return p
+    term = TERMS[which.removeprefix("after-")]
+    return p.model_copy(update=term(p) if callable(term) else term)
 
 
 # ---- statistics

@@ -76,7 +76,8 @@ class StepCost:
     sec_per_byte: float  # for the whole phase volume per rank, per step, at its most loaded link
     latency: float  # per step
     bottleneck: str  # the most loaded link, for explanations
-    link_class: str = "intra"  # "inter" when the most loaded link touches the network fabric (params.LINK_CLASSES)
+    link_class: str = "intra"  # "inter" when the most loaded link touches the network fabric, "host" when it is
+    # the CPU's (LinkEngine.via_host); params.LINK_CLASSES
 
     def time(self, nbytes: float, fit=None) -> float:
         """Seconds for ``nbytes`` per rank; with a CommFit (params.CommFit): bandwidth over its efficiency,
@@ -203,7 +204,13 @@ class LinkEngine:
         worst = max(load, key=lambda e: load[e] / self.local.edges[e]["capacity"])
         spb = load[worst] / self.local.edges[worst]["capacity"]
         return StepCost(steps, spb, lat, f"{worst[0]}->{worst[1]} ({self.local.edges[worst]['kind']})",
-                        "inter" if NET in worst else "intra")
+                        "inter" if NET in worst else ("host" if self.via_host(worst) else "intra"))
+
+    def via_host(self, edge: tuple[str, str]) -> bool:
+        """Whether a link is the CPU's: the socket interconnect (smp) or a PCIe link into a host bridge, so that
+        GPU-to-GPU traffic on it goes through the CPU's root complex (link class "host")."""
+        g = self.local
+        return g.edges[edge]["kind"] == "smp" or any(g.nodes[n].get("kind") == "host_bridge" for n in edge)
 
     def canonical(self, shape: GroupShape) -> GroupShape:
         """An equivalent shape for costing: parts whose stride is a multiple of the node size put each

@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 #: pattern classes of the engine's communication patterns (engine.pattern_steps)
 PATTERN_CLASS = {"shift": "p2p", "shift_back": "p2p", "shift_bi": "p2p_bidir", "all_gather": "all_gather",
                  "reduce_scatter": "reduce_scatter", "all_reduce": "all_reduce", "all_to_all": "all_to_all"}
-#: link classes: a phase whose most loaded link is inside a node, or one into the network fabric
+#: link classes: a phase whose most loaded link is inside a node, or one into the network fabric; "host": inside a
+#: node on the CPU's links (PCIe into a host bridge, the socket interconnect), priced as "intra" without a fit of its own
 LINK_CLASSES = ("intra", "inter")
 
 
@@ -81,8 +82,10 @@ class Params(BaseModel):
                                         "None: those phases cost nothing (the uncalibrated engine)")
 
     def comm_fit(self, pattern: str, link_class: str) -> CommFit | None:
-        """The fit for an engine pattern on a link class, or None (uncalibrated)."""
-        return self.comm.get(f"{PATTERN_CLASS.get(pattern, pattern)}/{link_class}")
+        """The fit for an engine pattern on a link class, or None (uncalibrated); "host" falls back to "intra"."""
+        cls = PATTERN_CLASS.get(pattern, pattern)
+        fit = self.comm.get(f"{cls}/{link_class}")
+        return self.comm.get(f"{cls}/intra") if fit is None and link_class == "host" else fit
 
     def is_default(self) -> bool:
         return self == Params()

@@ -40,6 +40,13 @@ OVERLAP = 0.95
 #: per collective kind at hand (an all_reduce busbw says nothing of all-to-all or send/recv), left at the
 #: presets' rates until `profile links` measures them.
 FABRIC_EFFICIENCY = {"pcie": 0.89, "ib": 0.96, "roce": 0.96}
+#: an all-to-all whose busiest link is the CPU's (link class "host": PCIe into a host bridge, the socket link) on a
+#: PCIe box: "CPUs make very poor PCI switches and A2A performance is bad when P2P is used across CPUs" (NCCL's
+#: maintainers, NVIDIA/nccl#1603: 4 x RTX 4090, PCIe Gen4 x16 to one CPU, no switch, nccl-tests alltoall busbw
+#: 2 GB/s where the link model gives the 32 GB/s of a GPU's link; all_reduce on the same box 22); "A2A performance
+#: of most CPU interconnects falls drastically under load" (NVIDIA/nccl#1163). Other kinds on those links keep
+#: the fabric's figure (all_reduce busbw 22 of 32 there: PCIe's 0.89 is the nearer public figure)
+HOST_A2A_EFFICIENCY = 2.0 / 32.0
 PATTERN_CLASSES = ("p2p", "p2p_bidir", "all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 
 
@@ -103,12 +110,15 @@ def fabric_kinds(cluster: Cluster) -> tuple[str | None, str | None]:
 
 
 def comm_defaults(cluster: Cluster) -> dict[str, CommFit]:
-    """CommFits per pattern class for the cluster's intra-node fabric and network (FABRIC_EFFICIENCY)."""
+    """CommFits per pattern class for the cluster's intra-node fabric and network (FABRIC_EFFICIENCY), and on a
+    PCIe box the all-to-all through the CPU (HOST_A2A_EFFICIENCY)."""
     out = {}
     for link_class, kind in zip(("intra", "inter"), fabric_kinds(cluster)):
         eff = FABRIC_EFFICIENCY.get(kind)
         if eff is not None:
             out.update({f"{p}/{link_class}": CommFit(efficiency=eff) for p in PATTERN_CLASSES})
+        if link_class == "intra" and kind == "pcie":
+            out["all_to_all/host"] = CommFit(efficiency=HOST_A2A_EFFICIENCY)
     return out
 
 

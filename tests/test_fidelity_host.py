@@ -1,0 +1,61 @@
+"""The all-to-all through the CPU (issue 12): link class "host" and its default efficiency, by hand."""
+import pytest
+
+from sp_plan.planner.engine import GroupShape, LinkEngine
+from sp_plan.planner.params import CommFit, Params
+from sp_plan.profiles import load_cluster
+from sp_plan.profiles.kernels import HOST_A2A_EFFICIENCY, comm_defaults, default_params
+
+
+def test_all_to_all_across_the_sockets_is_the_cpus_and_costs_its_efficiency():
+    """8 x L20, switches of 4 under two sockets: each GPU sends 1/8 of V to each of the 4 GPUs of the other
+    socket, so the socket link carries 4 x 4 x V/8 = 2 V each way at 20 GB/s: 2 V / 20e9 / (2/32) + latency."""
+    cl = load_cluster("l20-8-pcie")
+    eng, shape = LinkEngine(cl), GroupShape(((8, 1),), 8)
+    c = eng.cost("all_to_all", shape)
+    assert c.link_class == "host" and "(smp)" in c.bottleneck
+    assert c.sec_per_byte == pytest.approx(2 / 20e9)
+    t = eng.time("all_to_all", shape, 1e9, default_params(cl))
+    assert t == pytest.approx(1e9 * 2 / 20e9 / (2 / 32) + c.latency)
+    assert t == pytest.approx(1.6 + c.latency)
+
+
+def test_all_to_all_inside_a_switch_and_over_the_network_are_not_the_cpus():
+    """Ulysses 4 on the first switch (GPUs 0-3) never reaches the host bridge: the PCIe figure (0.89); a
+    16-wide all-to-all on two DGX H100s is limited by the NICs: the network's (0.96)."""
+    cl = load_cluster("l20-8-pcie")
+    eng, shape = LinkEngine(cl), GroupShape(((4, 1),), 8)
+    c = eng.cost("all_to_all", shape)
+    assert c.link_class == "intra"
+    assert eng.time("all_to_all", shape, 1e9, default_params(cl)) == pytest.approx(1e9 * c.sec_per_byte / 0.89 + c.latency)
+    dgx = LinkEngine(load_cluster("dgx-h100", 2))
+    assert dgx.cost("all_to_all", GroupShape(((16, 1),), 16)).link_class == "inter"
+    assert dgx.cost("all_to_all", GroupShape(((8, 1),), 16)).link_class == "intra"  # NVSwitch, no CPU on the path
+
+
+def test_a_ring_across_the_sockets_keeps_the_pcie_figure():
+    """Only the all-to-all has a host figure: a shift whose busiest link is the socket link falls back to the
+    intra-node fit (bytes over 0.89 x 20 GB/s)."""
+    cl = load_cluster("l20-8-pcie")
+    eng, shape = LinkEngine(cl), GroupShape(((8, 1),), 8)
+    c = eng.cost("shift", shape)
+    assert c.link_class == "host"
+    assert eng.time("shift", shape, 1e9, default_params(cl)) == pytest.approx(1e9 / 20e9 / 0.89 + c.latency)
+
+
+def test_host_falls_back_to_intra_and_a_host_fit_wins():
+    intra = CommFit(efficiency=0.5)
+    host = CommFit(efficiency=0.25)
+    assert Params(comm={"p2p/intra": intra}).comm_fit("shift", "host") is intra
+    assert Params(comm={"p2p/intra": intra, "p2p/host": host}).comm_fit("shift", "host") is host
+    assert Params(comm={"p2p/intra": intra, "p2p/host": host}).comm_fit("shift", "intra") is intra
+    assert Params().comm_fit("all_to_all", "host") is None
+    assert Params(comm={"p2p/intra": intra}).comm_fit("shift", "inter") is None
+
+
+def test_host_default_only_on_pcie_boxes():
+    assert HOST_A2A_EFFICIENCY == pytest.approx(0.0625)
+    assert comm_defaults(load_cluster("l20-8-pcie"))["all_to_all/host"].efficiency == pytest.approx(2 / 32)
+    assert comm_defaults(load_cluster("a10-4-pcie"))["all_to_all/host"].efficiency == pytest.approx(2 / 32)
+    for preset in ("dgx-h100", "dgx-a100", "a100-16-eth100"):
+        assert not [k for k in comm_defaults(load_cluster(preset, 2)) if k.endswith("/host")]
