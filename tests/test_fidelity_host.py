@@ -59,3 +59,19 @@ def test_host_default_only_on_pcie_boxes():
     assert comm_defaults(load_cluster("a10-4-pcie"))["all_to_all/host"].efficiency == pytest.approx(2 / 32)
     for preset in ("dgx-h100", "dgx-a100", "a100-16-eth100"):
         assert not [k for k in comm_defaults(load_cluster(preset, 2)) if k.endswith("/host")]
+
+
+def test_bench_fidelity_ablates_the_host_term_alone():
+    """`bench_fidelity.py --ablate`'s "-host-a2a" column: the defaults less the host fit, the rest kept."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_fidelity.py"
+    spec = importlib.util.spec_from_file_location("bench_fidelity", path)
+    bf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bf)
+    cl = load_cluster("l20-8-pcie")
+    full, less = default_params(cl), bf.params_for("after-host-a2a", cl)
+    assert "all_to_all/host" in full.comm and "all_to_all/host" not in less.comm
+    assert less == full.model_copy(update={"comm": {k: v for k, v in full.comm.items() if k != "all_to_all/host"}})
+    assert bf.params_for("after-round", cl).round_overhead_s == 0.0  # the static terms as before
