@@ -265,6 +265,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="sp-plan", summary="sequence-parallel layouts for long-context Transformers, as a service",
                   lifespan=lifespan)
+    app.state.settings = settings
     app.add_middleware(BodyLimit, max_bytes=settings.max_body, on_error=error_response)
 
     app.add_middleware(Counted)
