@@ -111,6 +111,11 @@ def _validation_error(exc: RequestValidationError) -> PlanError:
                      "fix that field" if loc else "send a JSON body as in /openapi.json")
 
 
+def encoded(response: dict) -> tuple[bytes, bytes]:
+    """A plan answer as sent: (without families, with them), encoded once and served as bytes on every hit."""
+    return json.dumps({**response, "families": []}).encode(), json.dumps(response).encode()
+
+
 def _search_job(req: PlanRequest, inputs, storage: str | None, study: str | None):
     """In a pool process: the search, or the PlanError as plain fields (it does not pickle by itself)."""
     t0 = time.perf_counter()
@@ -329,17 +334,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         inputs = await svc.db(resolve, req, svc.store, svc.settings.max_world, prof, cluster)
         key = request_key(req, inputs)
 
-        async def compute():
+        async def compute():  # the whole answer (with families) is stored and cached, both encodings made once
             doc = await svc.db(svc.store.service_plan, key)
             if doc is not None:
-                return json.dumps(doc["response"]).encode(), "store"
-            res = await svc.run_search(req, inputs, svc.store.url, f"sp-plan-{key}")
+                return encoded(doc["response"]), "store"
+            res = await svc.run_search(req.model_copy(update={"families": True}), inputs, svc.store.url,
+                                       f"sp-plan-{key}")
             res.id = key
             doc = {"response": res.model_dump(mode="json"), "request": req.model_dump(mode="json")}
             await svc.db(svc.store.save_service_plan, key, doc, res.profile)  # acknowledged only once stored
-            return json.dumps(doc["response"]).encode(), "computed"
+            return encoded(doc["response"]), "computed"
 
-        body, how = await svc.cache.get(key, compute)
+        both, how = await svc.cache.get(key, compute)
+        body = both[req.families]
         svc.metrics.cache.labels(how).inc()
         svc.fingerprints.put(raw, fp)
         svc.answers.put((raw, stamp), body)
@@ -354,12 +361,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Response(res.model_dump_json(), media_type=JSON)
 
     @app.get("/v1/plans/{id}", response_model=PlanResponse, tags=["plan"])
-    async def get_plan(id: str, svc: Service = Depends(reader)):
-        """A plan response the service computed (kept in the store)."""
+    async def get_plan(id: str, families: bool = False, svc: Service = Depends(reader)):
+        """A plan response the service computed (kept in the store); ``?families=true`` as in POST /v1/plan."""
         doc = await svc.db(svc.store.service_plan, id)
         if doc is None:
             raise NotFound("id", f"no plan {id!r}", "use the id a POST /v1/plan answered")
-        return Response(json.dumps(doc["response"]), media_type=JSON)
+        return Response(encoded(doc["response"])[families], media_type=JSON)
 
     @app.get("/v1/plans/{id}/report", response_class=HTMLResponse, tags=["plan"])
     async def report(id: str, svc: Service = Depends(reader)):
