@@ -155,6 +155,7 @@ class Service:
         self.cache = Coalescer(settings.cache_size)  # by request key (resolved inputs + profile version)
         self.fingerprints = LRU(settings.cache_size)  # raw request hash -> the cluster's topology fingerprint
         self.answers = LRU(settings.cache_size)  # (raw request hash, profile stamp) -> answer
+        self.requests = Coalescer(0)  # raw request hash -> the identical request in flight (nothing kept)
         self.processes = settings.processes or max(1, os.cpu_count() or 1)
         self.pool = self._pool()
 
@@ -326,30 +327,40 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if body is not None:
                 svc.metrics.cache.labels("memory").inc()
                 return Response(body, media_type=JSON)
-        svc.check_sources(req.cluster, req.model)
-        cluster = await asyncio.to_thread(build_cluster, req, svc.settings.max_world)
-        fp = cluster.topology_fingerprint()
-        stamp = await svc.stamp(req, fp)  # read before the profile: a stamp never names a newer profile than used
-        prof = await svc.db(svc.stored_profile, req.profile)
-        inputs = await svc.db(resolve, req, svc.store, svc.settings.max_world, prof, cluster)
-        key = request_key(req, inputs)
 
-        async def compute():  # the whole answer (with families) is stored and cached, both encodings made once
-            doc = await svc.db(svc.store.service_plan, key)
-            if doc is not None:
-                return encoded(doc["response"]), "store"
-            res = await svc.run_search(req.model_copy(update={"families": True}), inputs, svc.store.url,
-                                       f"sp-plan-{key}")
-            res.id = key
-            doc = {"response": res.model_dump(mode="json"), "request": req.model_dump(mode="json")}
-            await svc.db(svc.store.save_service_plan, key, doc, res.profile)  # acknowledged only once stored
-            return encoded(doc["response"]), "computed"
+        async def answer():  # ((body, profile stamp), how): build and resolve, then a kept answer or the search
+            svc.check_sources(req.cluster, req.model)
+            cluster = await asyncio.to_thread(build_cluster, req, svc.settings.max_world)
+            fp = cluster.topology_fingerprint()
+            stamp = await svc.stamp(req, fp)  # read before the profile: a stamp never names a newer profile than used
+            prof = await svc.db(svc.stored_profile, req.profile)
+            inputs = await svc.db(resolve, req, svc.store, svc.settings.max_world, prof, cluster)
+            key = request_key(req, inputs)
 
-        both, how = await svc.cache.get(key, compute)
-        body = both[req.families]
+            async def compute():  # the whole answer (with families) is stored and cached, both encodings made once
+                doc = await svc.db(svc.store.service_plan, key)
+                if doc is not None:
+                    return encoded(doc["response"]), "store"
+                res = await svc.run_search(req.model_copy(update={"families": True}), inputs, svc.store.url,
+                                           f"sp-plan-{key}")
+                res.id = key
+                doc = {"response": res.model_dump(mode="json"), "request": req.model_dump(mode="json")}
+                await svc.db(svc.store.save_service_plan, key, doc, res.profile)  # acknowledged only once stored
+                return encoded(doc["response"]), "computed"
+
+            both, how = await svc.cache.get(key, compute)
+            svc.fingerprints.put(raw, fp)
+            svc.answers.put((raw, stamp), both[req.families])
+            return (both[req.families], stamp), how
+
+        # identical requests in flight are built and resolved once (not 8 clusters built at once, each slowing the
+        # one whose search the others wait for); one that waited checks the profile stamp, as a cached hit does
+        (body, stamp), how = await svc.requests.get(raw, answer)
+        if how == "coalesced":
+            fp = svc.fingerprints.get(raw)
+            if fp is None or stamp != await svc.stamp(req, fp):  # a profile changed while it waited
+                (body, stamp), how = await answer()
         svc.metrics.cache.labels(how).inc()
-        svc.fingerprints.put(raw, fp)
-        svc.answers.put((raw, stamp), body)
         return Response(body, media_type=JSON)
 
     @app.post("/v1/estimate", response_model=EstimateResponse, tags=["plan"])

@@ -1,8 +1,10 @@
-"""`sp-plan serve` as deployed: uvicorn with its C parts (uvloop, httptools) and the startup heap frozen (gc.freeze),
-so no full collection stalls the cached answers in flight (benchmarks/bench_serve.py measures them)."""
+"""`sp-plan serve` under load: uvicorn with its C parts (uvloop, httptools), the startup heap frozen (gc.freeze) so no
+full collection stalls the cached answers in flight, and identical new requests resolved once
+(benchmarks/bench_serve.py measures them)."""
 from __future__ import annotations
 
 import gc
+from concurrent.futures import ThreadPoolExecutor
 
 import uvicorn
 from fastapi.testclient import TestClient
@@ -30,3 +32,21 @@ def test_freeze_gc_freezes_the_heap_after_startup_and_only_when_asked(tmp_path):
             assert c.get("/healthz").status_code == 200 and gc.get_freeze_count() > 10_000
     finally:
         gc.unfreeze()
+
+
+def test_identical_requests_in_flight_build_and_resolve_once(tmp_path, monkeypatch):
+    """Eight identical new requests at once: one cluster built and one search; seven answers joined it."""
+    import sp_plan.service.app as service_app
+
+    built = []
+    real = service_app.build_cluster
+    monkeypatch.setattr(service_app, "build_cluster", lambda *a: built.append(1) or real(*a))
+    body = {"cluster": "dgx-h100", "nodes": 4, "model": "llama3-8b", "workload": {"seq_len": "96k"}, "top": 2}
+    with TestClient(create_app(Settings(store=f"sqlite:///{tmp_path}/s.db", processes=1))) as c:
+        with ThreadPoolExecutor(8) as ex:
+            rs = list(ex.map(lambda _: c.post("/v1/plan", json=body), range(8)))
+        assert all(r.status_code == 200 for r in rs) and len({r.content for r in rs}) == 1
+        assert len(built) == 1
+        metrics = c.get("/metrics").text
+    assert 'sp_plan_plan_cache_total{result="computed"} 1.0' in metrics
+    assert 'sp_plan_plan_cache_total{result="coalesced"} 7.0' in metrics
