@@ -4,6 +4,7 @@ full collection stalls the cached answers in flight, and identical new requests 
 from __future__ import annotations
 
 import gc
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import uvicorn
@@ -48,5 +49,5 @@ def test_identical_requests_in_flight_build_and_resolve_once(tmp_path, monkeypat
         assert all(r.status_code == 200 for r in rs) and len({r.content for r in rs}) == 1
         assert len(built) == 1
         metrics = c.get("/metrics").text
-    assert 'sp_plan_plan_cache_total{result="computed"} 1.0' in metrics
-    assert 'sp_plan_plan_cache_total{result="coalesced"} 7.0' in metrics
+    count = {k: float(v) for k, v in re.findall(r'sp_plan_plan_cache_total\{result="(\w+)"\} (\S+)', metrics)}
+    assert count["computed"] == 1 and count.get("coalesced", 0) + count.get("memory", 0) == 7  # late ones: memory
