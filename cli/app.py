@@ -191,7 +191,7 @@ def plan_cmd(
                             "run without --server (the service's report is at URL/v1/plans/ID/report)")
         w = Workload(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference)
         req = _request(PlanRequest, server, cluster=cluster, nodes=nodes, model=model, workload=w, search=search,
-                       trials=trials, seed=seed, top=top, use_profile=not no_profile, profile=profile)
+                       trials=trials, seed=seed, top=top, use_profile=not no_profile, profile=profile, families=True)
         if server:
             res = _client(server).plan(req)
         else:

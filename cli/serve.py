@@ -12,6 +12,17 @@ from sp_plan.planner.errors import PlanError
 STORE_HELP = "profile store URL, e.g. sqlite:////path/store.db (default: SP_PLAN_STORE or the user data directory)"
 
 
+def server_parts() -> str:
+    """The event loop and HTTP parser uvicorn's ``--loop auto --http auto`` pick: uvloop and httptools (C) when
+    installed (``pip install 'sp-plan[service]'``), else asyncio and h11 (pure Python)."""
+    from importlib.util import find_spec
+
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    loop = "uvloop" if find_spec("uvloop") else "asyncio"
+    return f"{loop} + {'httptools' if AutoHTTPProtocol.__name__ == 'HttpToolsProtocol' else 'h11'}"
+
+
 def serve_cmd(
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
     port: int = typer.Option(8000, "--port", help="TCP port"),
@@ -47,16 +58,17 @@ def serve_cmd(
     except PlanError as e:
         fail(e)
     settings = Settings(store=url, token_file=token_file, private=private, max_world=max_world, max_body=max_body,
-                        processes=processes or max(1, (os.cpu_count() or 1) // workers))
+                        processes=processes or max(1, (os.cpu_count() or 1) // workers), freeze_gc=True)
     err.print(f"sp-plan serve on http://{host}:{port} (store {st.shown}, {workers} worker(s) x {settings.processes} "
-              f"search process(es), {len(tokens)} token(s){', private' if private else ''}); API docs at /docs",
+              f"search process(es), {len(tokens)} token(s){', private' if private else ''}, {server_parts()}); "
+              "API docs at /docs",
               highlight=False, soft_wrap=True)
     if workers == 1:
-        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+        uvicorn.run(create_app(settings), host=host, port=port, loop="auto", http="auto", log_level="info")
     else:
         os.environ[SETTINGS_ENV] = settings_env(settings)
         uvicorn.run("sp_plan.service.app:app_from_env", factory=True, host=host, port=port, workers=workers,
-                    log_level="info")
+                    loop="auto", http="auto", log_level="info")
 
 
 def register(app: typer.Typer) -> None:

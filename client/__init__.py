@@ -72,9 +72,10 @@ class Client:
         body = req.model_dump(mode="json", exclude_none=True)
         return EstimateResponse.model_validate(self._call("POST", "/v1/estimate", json=body).json())
 
-    def get_plan(self, id: str) -> PlanResponse:
-        """GET /v1/plans/{id}: a plan the service computed."""
-        return PlanResponse.model_validate(self._call("GET", f"/v1/plans/{id}").json())
+    def get_plan(self, id: str, families: bool = False) -> PlanResponse:
+        """GET /v1/plans/{id}: a plan the service computed (``families``: with the best layout of each variant)."""
+        params = {"families": "true"} if families else None
+        return PlanResponse.model_validate(self._call("GET", f"/v1/plans/{id}", params=params).json())
 
     # ---- profiles
     def profiles(self, fingerprint: str | None = None) -> list[Profile]:

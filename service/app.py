@@ -9,6 +9,7 @@ the store's ``service_plans`` table, written before the answer is sent.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import json
 import os
@@ -50,6 +51,14 @@ def die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="sp-plan-parent-watch", daemon=True).start()
 
 
+def freeze_heap() -> None:
+    """Collect once, then freeze what survives (gc.freeze): the ~10^5 objects of the imported planner, torch, FastAPI
+    and SQLAlchemy are never traversed again, so a full collection no longer stalls every request in flight (0.05-0.3 s
+    measured with benchmarks/bench_serve.py's cached workload)."""
+    gc.collect()
+    gc.freeze()
+
+
 @dataclass
 class Settings:
     """What `sp-plan serve` was started with."""
@@ -61,6 +70,7 @@ class Settings:
     max_body: int = 4 * 2**20
     processes: int | None = None  # search processes (default: the cores / uvicorn workers)
     cache_size: int = 1024
+    freeze_gc: bool = False  # `sp-plan serve`: move the startup heap out of the collector's reach (gc.freeze)
 
 
 class NotFound(PlanError):
@@ -99,6 +109,11 @@ def _validation_error(exc: RequestValidationError) -> PlanError:
            and not str(x).startswith("function-")]
     return PlanError(".".join(loc) or "body", e.get("msg", "invalid"),
                      "fix that field" if loc else "send a JSON body as in /openapi.json")
+
+
+def encoded(response: dict) -> tuple[bytes, bytes]:
+    """A plan answer as sent: (without families, with them), encoded once and served as bytes on every hit."""
+    return json.dumps({**response, "families": []}).encode(), json.dumps(response).encode()
 
 
 def _search_job(req: PlanRequest, inputs, storage: str | None, study: str | None):
@@ -140,6 +155,7 @@ class Service:
         self.cache = Coalescer(settings.cache_size)  # by request key (resolved inputs + profile version)
         self.fingerprints = LRU(settings.cache_size)  # raw request hash -> the cluster's topology fingerprint
         self.answers = LRU(settings.cache_size)  # (raw request hash, profile stamp) -> answer
+        self.requests = Coalescer(0)  # raw request hash -> the identical request in flight (nothing kept)
         self.processes = settings.processes or max(1, os.cpu_count() or 1)
         self.pool = self._pool()
 
@@ -246,6 +262,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         svc = Service(settings)
         app.state.svc = svc
         await svc.warm()
+        if settings.freeze_gc:
+            freeze_heap()
         try:
             yield
         finally:
@@ -253,6 +271,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="sp-plan", summary="sequence-parallel layouts for long-context Transformers, as a service",
                   lifespan=lifespan)
+    app.state.settings = settings
     app.add_middleware(BodyLimit, max_bytes=settings.max_body, on_error=error_response)
 
     app.add_middleware(Counted)
@@ -308,28 +327,40 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if body is not None:
                 svc.metrics.cache.labels("memory").inc()
                 return Response(body, media_type=JSON)
-        svc.check_sources(req.cluster, req.model)
-        cluster = await asyncio.to_thread(build_cluster, req, svc.settings.max_world)
-        fp = cluster.topology_fingerprint()
-        stamp = await svc.stamp(req, fp)  # read before the profile: a stamp never names a newer profile than used
-        prof = await svc.db(svc.stored_profile, req.profile)
-        inputs = await svc.db(resolve, req, svc.store, svc.settings.max_world, prof, cluster)
-        key = request_key(req, inputs)
 
-        async def compute():
-            doc = await svc.db(svc.store.service_plan, key)
-            if doc is not None:
-                return json.dumps(doc["response"]).encode(), "store"
-            res = await svc.run_search(req, inputs, svc.store.url, f"sp-plan-{key}")
-            res.id = key
-            doc = {"response": res.model_dump(mode="json"), "request": req.model_dump(mode="json")}
-            await svc.db(svc.store.save_service_plan, key, doc, res.profile)  # acknowledged only once stored
-            return json.dumps(doc["response"]).encode(), "computed"
+        async def answer():  # ((body, profile stamp), how): build and resolve, then a kept answer or the search
+            svc.check_sources(req.cluster, req.model)
+            cluster = await asyncio.to_thread(build_cluster, req, svc.settings.max_world)
+            fp = cluster.topology_fingerprint()
+            stamp = await svc.stamp(req, fp)  # read before the profile: a stamp never names a newer profile than used
+            prof = await svc.db(svc.stored_profile, req.profile)
+            inputs = await svc.db(resolve, req, svc.store, svc.settings.max_world, prof, cluster)
+            key = request_key(req, inputs)
 
-        body, how = await svc.cache.get(key, compute)
+            async def compute():  # the whole answer (with families) is stored and cached, both encodings made once
+                doc = await svc.db(svc.store.service_plan, key)
+                if doc is not None:
+                    return encoded(doc["response"]), "store"
+                res = await svc.run_search(req.model_copy(update={"families": True}), inputs, svc.store.url,
+                                           f"sp-plan-{key}")
+                res.id = key
+                doc = {"response": res.model_dump(mode="json"), "request": req.model_dump(mode="json")}
+                await svc.db(svc.store.save_service_plan, key, doc, res.profile)  # acknowledged only once stored
+                return encoded(doc["response"]), "computed"
+
+            both, how = await svc.cache.get(key, compute)
+            svc.fingerprints.put(raw, fp)
+            svc.answers.put((raw, stamp), both[req.families])
+            return (both[req.families], stamp), how
+
+        # identical requests in flight are built and resolved once (not 8 clusters built at once, each slowing the
+        # one whose search the others wait for); one that waited checks the profile stamp, as a cached hit does
+        (body, stamp), how = await svc.requests.get(raw, answer)
+        if how == "coalesced":
+            fp = svc.fingerprints.get(raw)
+            if fp is None or stamp != await svc.stamp(req, fp):  # a profile changed while it waited
+                (body, stamp), how = await answer()
         svc.metrics.cache.labels(how).inc()
-        svc.fingerprints.put(raw, fp)
-        svc.answers.put((raw, stamp), body)
         return Response(body, media_type=JSON)
 
     @app.post("/v1/estimate", response_model=EstimateResponse, tags=["plan"])
@@ -341,12 +372,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Response(res.model_dump_json(), media_type=JSON)
 
     @app.get("/v1/plans/{id}", response_model=PlanResponse, tags=["plan"])
-    async def get_plan(id: str, svc: Service = Depends(reader)):
-        """A plan response the service computed (kept in the store)."""
+    async def get_plan(id: str, families: bool = False, svc: Service = Depends(reader)):
+        """A plan response the service computed (kept in the store); ``?families=true`` as in POST /v1/plan."""
         doc = await svc.db(svc.store.service_plan, id)
         if doc is None:
             raise NotFound("id", f"no plan {id!r}", "use the id a POST /v1/plan answered")
-        return Response(json.dumps(doc["response"]), media_type=JSON)
+        return Response(encoded(doc["response"])[families], media_type=JSON)
 
     @app.get("/v1/plans/{id}/report", response_class=HTMLResponse, tags=["plan"])
     async def report(id: str, svc: Service = Depends(reader)):

@@ -54,6 +54,8 @@ class PlanRequest(BaseModel):
     use_profile: bool = Field(default=True, description="price with the cluster's stored calibration profile")
     profile: str | None = Field(default=None, description="a stored profile id (default: the cluster's newest); "
                                 "the CLI also takes a profile file")
+    families: bool = Field(default=False, description="also return the fastest layout of every algorithm variant "
+                           "(what `sp-plan plan` prints as its second table; most of a large answer's bytes)")
 
     _alias = model_validator(mode="before")(_inference_alias)
 
@@ -110,7 +112,8 @@ class PlanResponse(BaseModel):
     profile: str | None = Field(description="id of the profile that priced the plans (\"file\": one without); null: none")
     profile_line: str
     plans: list[Plan] = Field(description="the top rows fastest first, each followed by its equivalent alternatives")
-    families: list[Plan] = Field(description="the fastest layout of every algorithm variant")
+    families: list[Plan] = Field(default_factory=list, description="the fastest layout of every algorithm variant "
+                                 "(empty unless the request asked for families)")
     winner: Plan = Field(description="the best plan, as a plan file")
 
 
@@ -193,7 +196,7 @@ def study_name(inputs: Inputs) -> str:
 def search(req: PlanRequest, inputs: Inputs, storage: str | None = None, study: str | None = None,
            progress: Callable[[int, int], None] | None = None) -> PlanResponse:
     """Rank the layouts (grid or optuna's TPE), finish the top ``req.top`` distinct rows (equivalent candidates
-    share a row: planner/equivalent.py) and the best of each algorithm variant."""
+    share a row: planner/equivalent.py) and, if ``req.families``, the best of each algorithm variant."""
     from sp_plan.planner.equivalent import top_rows  # noqa: PLC0415
     from sp_plan.planner.search import finish, finish_each, grid_search, no_plan_error, profile_tag  # noqa: PLC0415
 
@@ -218,7 +221,8 @@ def search(req: PlanRequest, inputs: Inputs, storage: str | None = None, study: 
                       trials=getattr(res, "trials", None) if req.search == "bayes" else None,
                       best_trial=getattr(res, "best_trial", None) if req.search == "bayes" else None)
     return PlanResponse(cluster=ClusterInfo.of(c), model=m, workload=w, search=info, profile=res.profile,
-                        profile_line=inputs.line, plans=plans, families=finish_each(res, c, m, w), winner=plans[0])
+                        profile_line=inputs.line, plans=plans,
+                        families=finish_each(res, c, m, w) if req.families else [], winner=plans[0])
 
 
 def run_plan(req: PlanRequest, store=None, storage: str | None = None,

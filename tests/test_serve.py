@@ -27,7 +27,7 @@ from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import Profile
 from sp_plan.profiles.store import Store
 from sp_plan.runtime.spawn import free_port
-from sp_plan.service.planning import PlanRequest, run_plan
+from sp_plan.service.planning import PlanRequest, PlanResponse, run_plan
 
 FIXTURE = Path(__file__).parent / "fixtures" / "profile-dgx-h100.yaml"
 TOKEN = "t0ken-for-tests-7f3a"
@@ -115,7 +115,8 @@ def test_plan_over_http_is_the_cli_plan(server, tmp_path):
         local.stdout.replace(f"wrote {tmp_path / 'local.html'}\n", "") and "ranked layouts" in local.stdout
     assert Plan.load(tmp_path / "remote.yaml") == Plan.load(tmp_path / "local.yaml")
 
-    req = PlanRequest(cluster="dgx-h100", nodes=2, model="llama3-8b", workload=Workload(seq_len=65536), top=3)
+    req = PlanRequest(cluster="dgx-h100", nodes=2, model="llama3-8b", workload=Workload(seq_len=65536), top=3,
+                      families=True)
     with Client(server.url) as c:
         res = c.plan(req)
     here = run_plan(req, server.store)
@@ -132,6 +133,23 @@ def test_plan_over_http_is_the_cli_plan(server, tmp_path):
     when = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC")  # the report's "made at" minute
     assert when.sub("", page.text) == when.sub("", (tmp_path / "local.html").read_text())  # = `plan --report`
     assert html.escape(res.winner.summary()) in page.text and "<img" in page.text
+
+
+def test_families_are_sent_only_when_asked_for(server):
+    """The best layout of each algorithm variant is most of a large answer: opt-in, from the one search and cache."""
+    body = {"cluster": "dgx-h100", "nodes": 2, "model": "llama3-8b", "workload": {"seq_len": "48k"}, "top": 2}
+    computed = _metric(server, "sp_plan_plan_cache_total", result="computed")
+    slim = httpx.post(f"{server.url}/v1/plan", json=body, timeout=120)
+    full = httpx.post(f"{server.url}/v1/plan", json={**body, "families": True}, timeout=120)
+    assert slim.status_code == full.status_code == 200 and len(slim.content) < len(full.content)
+    assert _metric(server, "sp_plan_plan_cache_total", result="computed") == computed + 1  # one search for both
+    s, f = PlanResponse.model_validate_json(slim.content), PlanResponse.model_validate_json(full.content)
+    assert s.families == [] and len(f.families) > 1 and s.model_copy(update={"families": f.families}) == f
+    with Client(server.url) as c:
+        assert c.get_plan(s.id) == s and c.get_plan(s.id, families=True) == f
+    req = PlanRequest.model_validate(body)
+    assert run_plan(req, server.store) == s.model_copy(update={"id": None})
+    assert run_plan(req.model_copy(update={"families": True}), server.store).families == f.families
 
 
 def test_estimate_over_http_is_the_cli_estimate(server, tmp_path):
