@@ -461,7 +461,9 @@ class Estimator:
         """Step times, shape (orders, policies), of ``base``'s degrees and token layout under each mesh
         order and memory policy (ZeRO stage, checkpointing, micro-batch size); with ``detail`` the
         breakdown rows of the first order and policy; with ``bound`` a lower bound instead, the attention
-        counted as ``attention_floor`` ("busy") or as ``balanced_time`` ("balanced")."""
+        counted as ``attention_floor`` ("busy") or as ``balanced_time`` ("balanced") and the gradient sync as
+        nothing (its exposed part, >= S / layers, is small beside a step; leaving it out spares routing the
+        dp x sp groups of every mesh order of degrees that are never priced)."""
         train = self.work.training
         out = np.empty((len(orders.orders), len(policies)))
         rows = None
@@ -503,7 +505,7 @@ class Estimator:
                 stages[ckpt, mbs] = (parts, stage, (m + pp - 1) * stage, bwd_compute)
             parts, stage, t, bwd_compute = stages[ckpt, mbs]
             sync_rows = []
-            if train:  # bucketed sync overlaps the backward pass; its last bucket cannot
+            if train and not bound:  # bucketed sync overlaps the backward pass; its last bucket cannot
                 if zero not in syncs_of:
                     syncs_of[zero] = self.grad_syncs(c, zero, orders)
                 syncs, total = syncs_of[zero]
@@ -560,7 +562,8 @@ class Estimator:
     def comm_bounds(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
                     attention: str = "busy") -> list[float]:
         """Per policy, a lower bound on the step time of ``base`` under any of ``orders``: the step priced
-        exactly but for the attention, which counts a floor from its compute and communication
+        exactly but for the gradient sync (left out) and the attention, which counts a floor from its compute
+        and communication
         (``attention_floor``; "balanced": its even-share compute, under that of any variant with ``base``'s
         linear part); a hair below, so that
         rounding never lifts it above the exact price."""

@@ -113,9 +113,15 @@ CKPT_COST = {c: i for i, c in enumerate(CHECKPOINTING)}
 def pareto_policies(policies: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
     """Drop a fitting policy when another with the same micro-batch is no slower in both ZeRO traffic and
     recomputation (equal cost: the lower ZeRO stage); the survivors are priced."""
-    keyed = [((ZERO_COST[z], CKPT_COST[ck], z), mbs, (z, ck, mbs)) for z, ck, mbs in policies]
-    return [p for k, mbs, p in keyed
-            if not any(m == mbs and q[0] <= k[0] and q[1] <= k[1] and q < k for q, m, _ in keyed)]
+    keys: dict = {}  # micro-batch -> keys of its policies (only policies of one micro-batch are compared)
+    for z, ck, mbs in policies:
+        keys.setdefault(mbs, []).append((ZERO_COST[z], CKPT_COST[ck], z))
+    out = []
+    for z, ck, mbs in policies:
+        k = (ZERO_COST[z], CKPT_COST[ck], z)
+        if not any(q[0] <= k[0] and q[1] <= k[1] and q < k for q in keys[mbs]):
+            out.append((z, ck, mbs))
+    return out
 
 
 def larger_micro_batch_wins(est: Estimator, pp: int) -> bool:
@@ -134,6 +140,48 @@ def largest_micro_batches(policies: list[tuple[int, str, int]]) -> list[tuple[in
     for z, ck, mbs in policies:
         top[z, ck] = max(top.get((z, ck), 0), mbs)
     return [p for p in policies if p[2] == top[p[:2]]]
+
+
+def per_sequence_costs_never_grow(est: Estimator, pp: int) -> bool:
+    """Whether, without a pipeline, every phase of a ``batch_linear`` schedule costs no more per sequence with a
+    larger micro-batch k under ``est.params``: its FLOPs, GEMM rows and bytes are k x those of one sequence
+    (``scaled``) and its block lengths and repeats are not, so a compute phase costs k a + o (o: the per-call
+    ``round_overhead_s`` or 0; a, the per-sequence seconds, never grows when the GEMM efficiency curve
+    ``params.matmul`` never falls with rows: attention efficiency reads the block length, a memory pass is
+    linear), a communication phase k b + l (steps x latency and alpha), and a step f(compute, communication)
+    with f (sum, max, or max + (1 - overlap) min) homogeneous and monotone: per sequence, f(a + o/k, b + l/k)."""
+    m = est.params.matmul
+    return pp == 1 and (m is None or all(y0 <= y1 for (_, y0), (_, y1) in zip(m.points, m.points[1:])))
+
+
+def hidden_sync_micro_batches(est: Estimator, base: Candidate, batch: Orders,
+                              policies: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
+    """``policies`` without those beaten on every mesh order by the same ZeRO stage and checkpointing at the
+    largest micro-batch K listed, where the search may drop them (``per_sequence_costs_never_grow``; the
+    algorithm ``batch_linear``). The step of B sequences per data-parallel rank in micro-batches of k is
+    B s(k) + max(S / L, S - B L c(k)) (``Estimator.evaluate_orders``: s, the stage's seconds per sequence; S, the
+    gradient sync; L layers; c, the backward's compute seconds per sequence and layer); s and c never grow with
+    k, but c may fall (per-call costs), exposing more of S. So K is taken only for the ZeRO stages whose sync
+    is hidden at K on every order, S (1 - 1/L) <= B L c(K) <= B L c(k): there the sync term is S / L for every
+    k <= K and B s(K) <= B s(k). c(K) is read from below: the linear part's compute and the attention's
+    even share (``Estimator.balanced_time``), which no schedule's busiest rank undercuts."""
+    if not ALGORITHMS[base.algorithm].batch_linear:
+        return policies
+    top: dict = {}
+    for z, ck, mbs in policies:
+        top[z, ck] = max(top.get((z, ck), 0), mbs)
+    top = {zc: k for zc, k in top.items() if any(p[:2] == zc and p[2] < k for p in policies)}  # something to drop
+    if top and est.work.training:
+        hidden = {}
+        for z in {z for z, _ in top}:
+            for k in {k for (z2, _), k in top.items() if z2 == z}:
+                c = est.shape(base, k)
+                L = c.layers_per_stage
+                sync = float(est.grad_syncs(c, z, batch)[1].max())
+                floor = est.busy("bwd-linear", c) + est.balanced_time(c, True)  # <= the backward's compute
+                hidden[z, k] = sync * (1 - 1 / L) <= floor * L * c.micro_batches * (1 - 1e-9)
+        top = {zc: k for zc, k in top.items() if hidden[zc[0], k]}
+    return [p for p in policies if p[2] == top.get(p[:2], p[2])]
 
 
 def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tuple, int], bool] | None = None
@@ -185,7 +233,8 @@ def price_group(est: Estimator, base: Candidate, orders: list, fitting: list,
 
 def outside_bounds(est: Estimator, groups: list, batches: dict) -> dict[tuple, float]:
     """(TP-sp or not, policy) -> a lower bound on the groups of one degrees choice that run that policy: every
-    cost outside the attention exact, the attention at its even share (``Estimator.comm_bounds``, "balanced")."""
+    cost outside the attention and the gradient sync exact, the attention at its even share (``Estimator.comm_bounds``,
+    "balanced")."""
     pols: dict[bool, tuple[Candidate, list, set]] = {}
     for base, orders, fitting in groups:
         pols.setdefault(ALGORITHMS[base.algorithm].tp_sp, (base, orders, set()))[2].update(fitting)
@@ -231,14 +280,16 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     best-first over lower bounds: every degrees choice enters a queue with a bound valid for all its
     variants, layouts, orders and policies (``Estimator.micro_batch_bounds``: compute only, attention at
     its even share). Popped, it is expanded into its (variant, layout) groups, each policy with a bound
-    that prices every cost outside the attention exactly (``outside_bounds``); a popped group is tightened
-    by its compute-only bound (``Estimator.compute_bound``), then per policy by ``Estimator.comm_bounds``
-    (the attention at ``Estimator.attention_floor``), and priced when popped again. An item or policy whose
-    bound exceeds both the K-th best time found so far and the best time of each algorithm variant it
-    covers cannot enter the top K nor change a variant's best, so it is dropped (memory, schedules and
-    prices are never built for it); a group's priced orders slower than its least dropped policy bound are
-    dropped too (they might not be their order's best), so every ranked time is exact. ``keep=None``
-    prices all.
+    that prices every cost outside the attention and the gradient sync exactly (``outside_bounds``); a popped
+    group is tightened by its compute-only bound (``Estimator.compute_bound``), then per policy by
+    ``Estimator.comm_bounds`` (the attention at ``Estimator.attention_floor``), and priced when popped again.
+    An item or policy whose bound exceeds both the K-th best time found so far and the best time of each
+    algorithm variant it covers cannot enter the top K nor change a variant's best, so it is dropped (memory,
+    schedules and prices are never built for it); a group's priced orders slower than its least dropped policy bound are
+    dropped too (they might not be their order's best), so every ranked time is exact. Without a pipeline
+    a smaller micro-batch is dropped where a larger one of the same ZeRO stage and checkpointing is never
+    slower (``larger_micro_batch_wins``; under per-call costs, ``hidden_sync_micro_batches`` when the group
+    is priced). ``keep=None`` prices all.
     ``params``: calibrated physical parameters (planner/params.py); None: the uncalibrated engine.
     """
     with gc_paused():
@@ -326,6 +377,8 @@ def _grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: 
             heapq.heappush(queue, (max(bound, min(bounds)), 4, pushed, (base, orders, fitting, bounds, cut, d)))
             pushed += 1
             continue
+        if per_sequence_costs_never_grow(est, d.pp):  # the same where the gradient sync stays hidden
+            fitting = hidden_sync_micro_batches(est, base, order_batch(est, base, orders, batches), fitting)
         priced = [(t, c) for t, c in price_group(est, base, orders, fitting, batches) if t <= cut]
         evaluated += len(orders) * len(fitting)
         if not priced:
