@@ -184,6 +184,20 @@ def hidden_sync_micro_batches(est: Estimator, base: Candidate, batch: Orders,
     return [p for p in policies if p[2] == top.get(p[:2], p[2])]
 
 
+def shared_bounds(est: Estimator, pp: int, algorithms, policies: list[tuple[int, str, int]]) -> dict | None:
+    """Checkpointing -> its policy with the largest micro-batch K, whose lower bounds (``Estimator.compute_bound``,
+    ``Estimator.comm_bounds``) hold for every policy of that checkpointing where per-sequence costs never grow
+    (``per_sequence_costs_never_grow``, every algorithm ``batch_linear``): they leave out the gradient sync, so
+    the ZeRO stage, and bound B s(K) <= B s(k) <= the step at k (``hidden_sync_micro_batches``); else None."""
+    if not (per_sequence_costs_never_grow(est, pp) and all(ALGORITHMS[a].batch_linear for a in algorithms)):
+        return None
+    rep: dict = {}
+    for p in policies:
+        if p[1] not in rep or p[2] > rep[p[1]][2]:
+            rep[p[1]] = p
+    return rep
+
+
 def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tuple, int], bool] | None = None
                   ) -> tuple[list[tuple[Candidate, list, list]], int, int]:
     """(base candidate, mesh orders, fitting policies) for every algorithm variant and token layout of the
@@ -238,10 +252,17 @@ def outside_bounds(est: Estimator, groups: list, batches: dict) -> dict[tuple, f
     pols: dict[bool, tuple[Candidate, list, set]] = {}
     for base, orders, fitting in groups:
         pols.setdefault(ALGORITHMS[base.algorithm].tp_sp, (base, orders, set()))[2].update(fitting)
+    algs = {tp_sp: {b.algorithm for b, _, _ in groups if ALGORITHMS[b.algorithm].tp_sp == tp_sp} for tp_sp in pols}
     out = {}
     for tp_sp, (base, orders, fitting) in pols.items():
         fitting = sorted(fitting)
-        bounds = est.comm_bounds(base, order_batch(est, base, orders, batches), fitting, attention="balanced")
+        batch = order_batch(est, base, orders, batches)
+        rep = shared_bounds(est, base.pp, algs[tp_sp], fitting)
+        if rep is None:
+            bounds = est.comm_bounds(base, batch, fitting, attention="balanced")
+        else:  # the balanced bound holds for every variant of this linear part, so at K for all of them
+            at = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()), attention="balanced")))
+            bounds = [at[p[1]] for p in fitting]
         out.update(((tp_sp, p), b) for p, b in zip(fitting, bounds))
     return out
 
@@ -366,14 +387,21 @@ def _grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: 
             heapq.heappush(queue, (max(bound, min(bounds)), 2, pushed, (base, orders, fitting, bounds, cut, d)))
             pushed += 1
             continue
+        rep = shared_bounds(est, d.pp, (base.algorithm,), fitting) if kind in (2, 3) else None
         if kind == 2:  # a group under its outside bound: tighten it (compute-only bound) and queue it again
-            heapq.heappush(queue, (max(bound, min(bounds), est.compute_bound(base, fitting)), 3, pushed,
-                                   (base, orders, fitting, bounds, cut, d)))
+            floor = (est.compute_bound(base, fitting) if rep is None  # a hair below: K's ties with smaller ones
+                     else est.compute_bound(base, list(rep.values())) * (1 - 1e-12))
+            heapq.heappush(queue, (max(bound, min(bounds), floor), 3, pushed, (base, orders, fitting, bounds, cut, d)))
             pushed += 1
             continue
         if kind == 3:  # tighten again, per policy: all but the attention's communication, exact (comm_bounds)
-            bounds = [max(b, c) for b, c in zip(bounds, est.comm_bounds(base, order_batch(est, base, orders, batches),
-                                                                         fitting))]
+            batch = order_batch(est, base, orders, batches)
+            if rep is None:
+                tight = est.comm_bounds(base, batch, fitting)
+            else:  # per checkpointing, at its largest micro-batch (shared_bounds)
+                at = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()))))
+                tight = [at[p[1]] for p in fitting]
+            bounds = [max(b, c) for b, c in zip(bounds, tight)]
             heapq.heappush(queue, (max(bound, min(bounds)), 4, pushed, (base, orders, fitting, bounds, cut, d)))
             pushed += 1
             continue
