@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from sp_plan.planner import Workload
+from sp_plan.planner.algorithms import ALGORITHMS
 from sp_plan.planner.estimate import Estimator
 from sp_plan.planner.params import CommFit, Curve, Params
 from sp_plan.planner.search import (Space, _sort_key, best_per_variant, degree_groups, grid_search,
@@ -116,3 +117,50 @@ def test_grid_equals_brute_force_where_the_sync_shows():
     res = grid_search(cluster, model, work, keep=5, params=pr)
     assert [(round(t, 12), c) for t, c in res.ranked[:5]] == [(round(t, 12), c) for t, c in brute[:5]]
     assert best_per_variant(res.ranked) == best_per_variant(brute)
+
+
+@pytest.mark.parametrize("params", [None, lambda cluster: RISING], ids=["defaults", "rising-gemm"])
+def test_bounds_at_the_largest_micro_batch_hold_for_the_smaller_ones(params):
+    """shared_bounds: the compute and communication bounds of (checkpointing, largest micro-batch), and the outside
+    bounds, are below the exact price of every policy of that checkpointing on every mesh order."""
+    from sp_plan.planner.search import outside_bounds, shared_bounds
+
+    cluster, model, work, pr = _inputs(CASES[0], params)
+    est, space = Estimator(cluster, model, work, params=pr), Space(cluster.world_size, model, work)
+    checked = 0
+    for d in space.degrees():
+        found = degree_groups(est, space, d)[0]
+        outside = outside_bounds(est, found, {})
+        for base, orders, fitting in found:
+            rep = shared_bounds(est, d.pp, (base.algorithm,), fitting)
+            if rep is None:
+                assert d.pp > 1 or base.algorithm == "metp"
+                continue
+            batch = est.orders(base.degrees, orders, base.placement)
+            exact = est.evaluate_orders(base, batch, fitting)[0].min(axis=0)
+            tight = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()))))
+            floor = est.compute_bound(base, list(rep.values())) * (1 - 1e-12)
+            for p, ex in zip(fitting, exact):
+                assert floor <= ex and tight[p[1]] <= ex and outside[ALGORITHMS[base.algorithm].tp_sp, p] <= ex * (1 + 1e-12), (base, p)
+                checked += p != rep[p[1]]
+    assert checked > 20
+
+
+def test_gradient_syncs_are_routed_only_for_the_degrees_the_search_prices(monkeypatch):
+    """Counted, not timed: the bounds leave the gradient sync out, so its dp x sp groups (most of the link-engine
+    evaluations at batch 16) are costed only for degrees that reach pricing, far fewer than those expanded."""
+    from sp_plan.planner import search
+
+    synced, priced, expanded = set(), set(), set()
+    sync, price, groups = Estimator.grad_syncs, search.price_group, search.degree_groups
+
+    def degs(c):
+        return (c.dp, c.pp, c.tp, c.ulysses, c.ring)
+
+    monkeypatch.setattr(Estimator, "grad_syncs", lambda self, c, z, o: synced.add(degs(c)) or sync(self, c, z, o))
+    monkeypatch.setattr(search, "price_group", lambda est, b, *a: priced.add(degs(b)) or price(est, b, *a))
+    monkeypatch.setattr(search, "degree_groups", lambda est, sp, d, *a: expanded.add(d) or groups(est, sp, d, *a))
+    cluster, model, work, pr = _inputs(("dgx-h100", 8, "llama3-8b", "256k", 8), None)
+    res = grid_search(cluster, model, work, keep=5, params=pr)
+    assert res.ranked and synced and synced <= priced
+    assert 3 * len(synced) < len(expanded)
