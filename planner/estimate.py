@@ -188,6 +188,7 @@ class Estimator:
         self._busy: dict = {}  # schedule_key -> compute seconds of its steps
         self._shapes: dict = {}  # candidate sizes -> Shape
         self._curve_at: dict = {}  # (backward, block length) -> attention efficiency read from params' curves
+        self._acts: dict = {}  # (sizes, checkpointing) -> activation bytes (fitting)
 
     # ---- schedules and their prices, once per shape
     def schedule(self, part: str, c: Shape) -> list[Step]:
@@ -303,22 +304,28 @@ class Estimator:
         if p.kind == "memory":  # memory-bound pass (merge, packing): bytes over achieved HBM bandwidth
             return p.nbytes / pr.hbm_bandwidth if pr.hbm_bandwidth else 0.0
         if p.kind == "attention":
-            curve = pr.attention_bwd if p.name.endswith("bwd") else pr.attention_fwd
-            if curve is not None:  # a part-filled block runs like the square block of as many pairs
-                x = p.block * math.sqrt(p.fill) if 0 < p.fill < 1 else p.block
-                key = (curve is pr.attention_bwd, x)
-                eff = self._curve_at.get(key)
-                if eff is None:
-                    eff = self._curve_at[key] = curve.at(x)
-            else:
-                eff = self.device.attn_efficiency * p.block / (p.block + self.device.attn_half_block)
-            t = p.flops / (self._compute_peak * eff)
+            t = p.flops / (self._compute_peak * self.attention_efficiency(p.name.endswith("bwd"), p.block, p.fill))
             return t + pr.round_overhead_s if pr.round_overhead_s else t
         if pr.matmul is not None:
             eff = pr.matmul.at(p.rows) if p.rows > 0 else pr.matmul.points[-1][1]
         else:
             eff = self.device.matmul_efficiency
         return p.flops / (self._compute_peak * eff)
+
+    def attention_efficiency(self, backward: bool, block: float, fill: float = 1.0) -> float:
+        """Achieved / peak FLOP/s of an attention call (``compute_time``): the measured curve params.attention_fwd /
+        attention_bwd at the block length (a part-filled block: the square block of as many query x key pairs)
+        when set, else the device's saturating curve."""
+        pr = self.params
+        curve = pr.attention_bwd if backward else pr.attention_fwd
+        if curve is None:
+            return self.device.attn_efficiency * block / (block + self.device.attn_half_block)
+        x = block * math.sqrt(fill) if 0 < fill < 1 else block
+        key = (curve is pr.attention_bwd, x)
+        eff = self._curve_at.get(key)
+        if eff is None:
+            eff = self._curve_at[key] = curve.at(x)
+        return eff
 
     def price(self, steps: list[Step], orders: Orders, rows: bool = False) -> Priced:
         """Cost of ``steps`` once under every order: an overlapped step costs its max phase (double
@@ -421,6 +428,16 @@ class Estimator:
         k = self.params.activation_factor
         return act if k == 1.0 else {n: v * k for n, v in act.items()}
 
+    def _activation_total(self, c: Shape, checkpointing: str) -> float:
+        """The sum of ``_activations``, once per value: activation_bytes reads the sizes alone (not the algorithm,
+        team, placement or token layout) but for algorithms with their own ``Algorithm.activations``."""
+        hook = ALGORITHMS[c.algorithm].activations is not None
+        key = (c.key if hook else (c.dp, c.ulysses, c.ring, c.tp, c.pp, c.mbs), checkpointing)
+        t = self._acts.get(key)
+        if t is None:
+            t = self._acts[key] = sum(self._activations(c, checkpointing).values())
+        return t
+
     def fits(self, cand: Candidate) -> bool:
         key = (cand.dp, cand.pp, cand.tp, cand.ulysses, cand.ring, cand.zero_stage, cand.checkpointing,
                cand.micro_batch_size, cand.algorithm, cand.team)
@@ -437,7 +454,7 @@ class Estimator:
         params = shard_params(self.model, probe.tp, probe.pp)
         weights = {z: sum(weight_bytes(params, z, probe.dp * probe.sp, train).values()) for z in {p[0] for p in policies}}
         shapes = {mbs: self.shape(probe, mbs) for mbs in {p[2] for p in policies}}
-        acts = {(ck, mbs): sum(self._activations(shapes[mbs], ck).values()) for ck, mbs in {p[1:] for p in policies}}
+        acts = {(ck, mbs): self._activation_total(shapes[mbs], ck) for ck, mbs in {p[1:] for p in policies}}
         bufs = {mbs: attention_buffer_bytes(c, train) for mbs, c in shapes.items()}
         over = self.params.memory_overhead_bytes  # same parts and order of sums as memory(): same fit decisions
         if over:
@@ -607,11 +624,16 @@ class Estimator:
         key = ("balanced", backward, c.ulysses, c.ring, c.tp, c.mbs)
         t = self._busy.get(key)
         if t is None:
-            blocks = attention_blocks(c)
-            curve = self.params.attention_bwd if backward else self.params.attention_fwd
-            if curve is not None:  # part-filled blocks read the curve below their length: its points there too
-                blocks = (*blocks, *(x for x, _ in curve.points if x < blocks[-1]))
-            t = self._busy[key] = min(self.compute_time(balanced_attention(c, backward, b)) for b in blocks)
+            bkey = ("best block", backward, c.ring, c.tp)  # the blocks' efficiencies: not the volumes
+            best = self._busy.get(bkey)
+            if best is None:
+                blocks = attention_blocks(c)
+                curve = self.params.attention_bwd if backward else self.params.attention_fwd
+                if curve is not None:  # part-filled blocks read the curve below their length: its points there too
+                    blocks = (*blocks, *(x for x, _ in curve.points if x < blocks[-1]))
+                # the same FLOPs at every block: the most efficient is the fastest (float division is monotone)
+                best = self._busy[bkey] = max(blocks, key=lambda b: self.attention_efficiency(backward, b))
+            t = self._busy[key] = self.compute_time(balanced_attention(c, backward, best))
         return t
 
     def evaluate(self, cand: Candidate, detail: bool = False) -> Evaluation:
