@@ -474,13 +474,13 @@ class Estimator:
         return c
 
     def evaluate_orders(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
-                        detail: bool = False, bound: str | None = None) -> tuple[np.ndarray, list | None]:
+                        detail: bool = False, bound: str | None = None, sync: bool = True
+                        ) -> tuple[np.ndarray, list | None]:
         """Step times, shape (orders, policies), of ``base``'s degrees and token layout under each mesh
         order and memory policy (ZeRO stage, checkpointing, micro-batch size); with ``detail`` the
         breakdown rows of the first order and policy; with ``bound`` a lower bound instead, the attention
-        counted as ``attention_floor`` ("busy") or as ``balanced_time`` ("balanced") and the gradient sync as
-        nothing (its exposed part, >= S / layers, is small beside a step; leaving it out spares routing the
-        dp x sp groups of every mesh order of degrees that are never priced)."""
+        counted as ``attention_floor`` ("busy") or as ``balanced_time`` ("balanced"), and with ``sync`` False
+        the gradient sync as nothing (a lower bound that routes no dp x sp group)."""
         train = self.work.training
         out = np.empty((len(orders.orders), len(policies)))
         rows = None
@@ -522,7 +522,7 @@ class Estimator:
                 stages[ckpt, mbs] = (parts, stage, (m + pp - 1) * stage, bwd_compute)
             parts, stage, t, bwd_compute = stages[ckpt, mbs]
             sync_rows = []
-            if train and not bound:  # bucketed sync overlaps the backward pass; its last bucket cannot
+            if train and (sync or not bound):  # bucketed sync overlaps the backward pass; its last bucket cannot
                 if zero not in syncs_of:
                     syncs_of[zero] = self.grad_syncs(c, zero, orders)
                 syncs, total = syncs_of[zero]
@@ -577,14 +577,13 @@ class Estimator:
         return best
 
     def comm_bounds(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
-                    attention: str = "busy") -> list[float]:
+                    attention: str = "busy", sync: bool = True) -> list[float]:
         """Per policy, a lower bound on the step time of ``base`` under any of ``orders``: the step priced
-        exactly but for the gradient sync (left out) and the attention, which counts a floor from its compute
-        and communication
+        exactly but for the attention, which counts a floor from its compute and communication
         (``attention_floor``; "balanced": its even-share compute, under that of any variant with ``base``'s
-        linear part); a hair below, so that
+        linear part), and with ``sync`` False for the gradient sync, left out; a hair below, so that
         rounding never lifts it above the exact price."""
-        times, _ = self.evaluate_orders(base, orders, policies, bound=attention)
+        times, _ = self.evaluate_orders(base, orders, policies, bound=attention, sync=sync)
         return [float(t) * (1 - 1e-9) for t in times.min(axis=0)]
 
     def degrees_bound(self, probe: Candidate, micro_batch_sizes: list[int]) -> float:

@@ -259,9 +259,9 @@ def outside_bounds(est: Estimator, groups: list, batches: dict) -> dict[tuple, f
         batch = order_batch(est, base, orders, batches)
         rep = shared_bounds(est, base.pp, algs[tp_sp], fitting)
         if rep is None:
-            bounds = est.comm_bounds(base, batch, fitting, attention="balanced")
+            bounds = est.comm_bounds(base, batch, fitting, attention="balanced", sync=False)
         else:  # the balanced bound holds for every variant of this linear part, so at K for all of them
-            at = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()), attention="balanced")))
+            at = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()), attention="balanced", sync=False)))
             bounds = [at[p[1]] for p in fitting]
         out.update(((tp_sp, p), b) for p, b in zip(fitting, bounds))
     return out
@@ -303,7 +303,8 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     its even share). Popped, it is expanded into its (variant, layout) groups, each policy with a bound
     that prices every cost outside the attention and the gradient sync exactly (``outside_bounds``); a popped
     group is tightened by its compute-only bound (``Estimator.compute_bound``), then per policy by
-    ``Estimator.comm_bounds`` (the attention at ``Estimator.attention_floor``), and priced when popped again.
+    ``Estimator.comm_bounds`` (the attention at ``Estimator.attention_floor``), then by its gradient sync
+    (routed only for groups that got this far), and priced when popped again.
     An item or policy whose bound exceeds both the K-th best time found so far and the best time of each
     algorithm variant it covers cannot enter the top K nor change a variant's best, so it is dropped (memory,
     schedules and prices are never built for it); a group's priced orders slower than its least dropped policy bound are
@@ -325,7 +326,8 @@ def _grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: 
     space = space or Space(cluster.world_size, model, workload)
     queue: list = []  # (bound, kind, sequence number, payload); kind 0: degrees; a group of one variant and token
     # layout with a bound per policy: 1: its compute with recomputation, 2: + communication outside the attention,
-    # 3: + the variant's own compute (compute_bound), 4: + the attention's communication floor (priced when popped)
+    # 3: + the variant's own compute (compute_bound), 4: + the attention's communication floor, 5: + the gradient
+    # sync (priced when popped)
     total = rejected = 0
     for d in space.degrees():
         total += degree_size(space, d)
@@ -397,15 +399,25 @@ def _grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: 
         if kind == 3:  # tighten again, per policy: all but the attention's communication, exact (comm_bounds)
             batch = order_batch(est, base, orders, batches)
             if rep is None:
-                tight = est.comm_bounds(base, batch, fitting)
+                tight = est.comm_bounds(base, batch, fitting, sync=False)
             else:  # per checkpointing, at its largest micro-batch (shared_bounds)
-                at = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()))))
+                at = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()), sync=False)))
                 tight = [at[p[1]] for p in fitting]
             bounds = [max(b, c) for b, c in zip(bounds, tight)]
             heapq.heappush(queue, (max(bound, min(bounds)), 4, pushed, (base, orders, fitting, bounds, cut, d)))
             pushed += 1
             continue
-        if per_sequence_costs_never_grow(est, d.pp):  # the same where the gradient sync stays hidden
+        if kind == 4 and keep:  # about to be priced: the gradient sync (routed now, pricing needs it) in the bound
+            batch = order_batch(est, base, orders, batches)
+            if per_sequence_costs_never_grow(est, d.pp):  # the same where the gradient sync stays hidden
+                kept = hidden_sync_micro_batches(est, base, batch, fitting)
+                bounds = [b for p, b in zip(fitting, bounds) if p in kept]
+                fitting = kept
+            bounds = [max(b, c) for b, c in zip(bounds, est.comm_bounds(base, batch, fitting))]
+            heapq.heappush(queue, (max(bound, min(bounds)), 5, pushed, (base, orders, fitting, bounds, cut, d)))
+            pushed += 1
+            continue
+        if not keep and per_sequence_costs_never_grow(est, d.pp):  # kind 4 of an exhaustive search
             fitting = hidden_sync_micro_batches(est, base, order_batch(est, base, orders, batches), fitting)
         priced = [(t, c) for t, c in price_group(est, base, orders, fitting, batches) if t <= cut]
         evaluated += len(orders) * len(fitting)

@@ -138,7 +138,7 @@ def test_bounds_at_the_largest_micro_batch_hold_for_the_smaller_ones(params):
                 continue
             batch = est.orders(base.degrees, orders, base.placement)
             exact = est.evaluate_orders(base, batch, fitting)[0].min(axis=0)
-            tight = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()))))
+            tight = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()), sync=False)))
             floor = est.compute_bound(base, list(rep.values())) * (1 - 1e-12)
             for p, ex in zip(fitting, exact):
                 assert floor <= ex and tight[p[1]] <= ex and outside[ALGORITHMS[base.algorithm].tp_sp, p] <= ex * (1 + 1e-12), (base, p)
@@ -146,21 +146,27 @@ def test_bounds_at_the_largest_micro_batch_hold_for_the_smaller_ones(params):
     assert checked > 20
 
 
-def test_gradient_syncs_are_routed_only_for_the_degrees_the_search_prices(monkeypatch):
-    """Counted, not timed: the bounds leave the gradient sync out, so its dp x sp groups (most of the link-engine
-    evaluations at batch 16) are costed only for degrees that reach pricing, far fewer than those expanded."""
+def test_gradient_syncs_are_routed_only_for_groups_about_to_be_priced(monkeypatch):
+    """Counted, not timed: the bounds before the last leave the gradient sync out, so its dp x sp groups (most of
+    the link-engine evaluations at batch 16) are costed only for degrees whose groups passed every other bound,
+    far fewer than those expanded; pricing needs them there anyway."""
     from sp_plan.planner import search
 
-    synced, priced, expanded = set(), set(), set()
-    sync, price, groups = Estimator.grad_syncs, search.price_group, search.degree_groups
+    synced, tightened, expanded = set(), set(), set()
+    sync, bounds, groups = Estimator.grad_syncs, Estimator.comm_bounds, search.degree_groups
 
     def degs(c):
         return (c.dp, c.pp, c.tp, c.ulysses, c.ring)
 
+    def counted_bounds(self, base, orders, policies, attention="busy", sync=True):
+        if attention == "busy" and not sync:  # kind 3: the attention's communication floor, no sync
+            tightened.add(degs(base))
+        return bounds(self, base, orders, policies, attention, sync)
+
     monkeypatch.setattr(Estimator, "grad_syncs", lambda self, c, z, o: synced.add(degs(c)) or sync(self, c, z, o))
-    monkeypatch.setattr(search, "price_group", lambda est, b, *a: priced.add(degs(b)) or price(est, b, *a))
+    monkeypatch.setattr(Estimator, "comm_bounds", counted_bounds)
     monkeypatch.setattr(search, "degree_groups", lambda est, sp, d, *a: expanded.add(d) or groups(est, sp, d, *a))
     cluster, model, work, pr = _inputs(("dgx-h100", 8, "llama3-8b", "256k", 8), None)
     res = grid_search(cluster, model, work, keep=5, params=pr)
-    assert res.ranked and synced and synced <= priced
+    assert res.ranked and synced and synced <= tightened
     assert 3 * len(synced) < len(expanded)
