@@ -245,6 +245,12 @@ def price_group(est: Estimator, base: Candidate, orders: list, fitting: list,
     return out
 
 
+def single_micro_batch(est: Estimator, base: Candidate) -> bool:
+    """Whether a step of ``base``'s degrees is one micro-batch (batch = dp): its backward hides the least of the
+    gradient sync, so the sync enters its bounds from the start (elsewhere only before pricing, which routes it)."""
+    return est.work.batch == base.dp
+
+
 def outside_bounds(est: Estimator, groups: list, batches: dict) -> dict[tuple, float]:
     """(TP-sp or not, policy) -> a lower bound on the groups of one degrees choice that run that policy: every
     cost outside the attention and the gradient sync exact, the attention at its even share (``Estimator.comm_bounds``,
@@ -258,8 +264,9 @@ def outside_bounds(est: Estimator, groups: list, batches: dict) -> dict[tuple, f
         fitting = sorted(fitting)
         batch = order_batch(est, base, orders, batches)
         rep = shared_bounds(est, base.pp, algs[tp_sp], fitting)
-        if rep is None:
-            bounds = est.comm_bounds(base, batch, fitting, attention="balanced", sync=False)
+        whole = single_micro_batch(est, base)
+        if rep is None or whole:
+            bounds = est.comm_bounds(base, batch, fitting, attention="balanced", sync=whole)
         else:  # the balanced bound holds for every variant of this linear part, so at K for all of them
             at = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()), attention="balanced", sync=False)))
             bounds = [at[p[1]] for p in fitting]
@@ -304,7 +311,8 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     that prices every cost outside the attention and the gradient sync exactly (``outside_bounds``); a popped
     group is tightened by its compute-only bound (``Estimator.compute_bound``), then per policy by
     ``Estimator.comm_bounds`` (the attention at ``Estimator.attention_floor``), then by its gradient sync
-    (routed only for groups that got this far), and priced when popped again.
+    (routed only for groups that got this far, but from the start where a step is one micro-batch,
+    ``single_micro_batch``), and priced when popped again.
     An item or policy whose bound exceeds both the K-th best time found so far and the best time of each
     algorithm variant it covers cannot enter the top K nor change a variant's best, so it is dropped (memory,
     schedules and prices are never built for it); a group's priced orders slower than its least dropped policy bound are
@@ -398,8 +406,9 @@ def _grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: 
             continue
         if kind == 3:  # tighten again, per policy: all but the attention's communication, exact (comm_bounds)
             batch = order_batch(est, base, orders, batches)
-            if rep is None:
-                tight = est.comm_bounds(base, batch, fitting, sync=False)
+            whole = single_micro_batch(est, base)
+            if rep is None or whole:
+                tight = est.comm_bounds(base, batch, fitting, sync=whole)
             else:  # per checkpointing, at its largest micro-batch (shared_bounds)
                 at = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()), sync=False)))
                 tight = [at[p[1]] for p in fitting]
