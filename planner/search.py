@@ -148,7 +148,8 @@ def per_sequence_costs_never_grow(est: Estimator, pp: int) -> bool:
     (``scaled``) and its block lengths and repeats are not, so a compute phase costs k a + o (o: the per-call
     ``round_overhead_s`` or 0; a, the per-sequence seconds, never grows when the GEMM efficiency curve
     ``params.matmul`` never falls with rows: attention efficiency reads the block length, a memory pass is
-    linear), a communication phase k b + l (steps x latency and alpha), and a step f(compute, communication)
+    linear, ``compute_efficiency`` is a constant), a communication phase k b + l (steps x latency and alpha),
+    and a step f(compute, communication)
     with f (sum, max, or max + (1 - overlap) min) homogeneous and monotone: per sequence, f(a + o/k, b + l/k)."""
     m = est.params.matmul
     return pp == 1 and (m is None or all(y0 <= y1 for (_, y0), (_, y1) in zip(m.points, m.points[1:])))
@@ -253,8 +254,8 @@ def single_micro_batch(est: Estimator, base: Candidate) -> bool:
 
 def outside_bounds(est: Estimator, groups: list, batches: dict) -> dict[tuple, float]:
     """(TP-sp or not, policy) -> a lower bound on the groups of one degrees choice that run that policy: every
-    cost outside the attention and the gradient sync exact, the attention at its even share (``Estimator.comm_bounds``,
-    "balanced")."""
+    cost outside the attention exact but the gradient sync (left out unless a step is one micro-batch,
+    ``single_micro_batch``), the attention at its even share (``Estimator.comm_bounds``, "balanced")."""
     pols: dict[bool, tuple[Candidate, list, set]] = {}
     for base, orders, fitting in groups:
         pols.setdefault(ALGORITHMS[base.algorithm].tp_sp, (base, orders, set()))[2].update(fitting)
@@ -308,18 +309,19 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     best-first over lower bounds: every degrees choice enters a queue with a bound valid for all its
     variants, layouts, orders and policies (``Estimator.micro_batch_bounds``: compute only, attention at
     its even share). Popped, it is expanded into its (variant, layout) groups, each policy with a bound
-    that prices every cost outside the attention and the gradient sync exactly (``outside_bounds``); a popped
+    that prices every cost outside the attention but the gradient sync exactly (``outside_bounds``); a popped
     group is tightened by its compute-only bound (``Estimator.compute_bound``), then per policy by
     ``Estimator.comm_bounds`` (the attention at ``Estimator.attention_floor``), then by its gradient sync
     (routed only for groups that got this far, but from the start where a step is one micro-batch,
     ``single_micro_batch``), and priced when popped again.
     An item or policy whose bound exceeds both the K-th best time found so far and the best time of each
     algorithm variant it covers cannot enter the top K nor change a variant's best, so it is dropped (memory,
-    schedules and prices are never built for it); a group's priced orders slower than its least dropped policy bound are
-    dropped too (they might not be their order's best), so every ranked time is exact. Without a pipeline
-    a smaller micro-batch is dropped where a larger one of the same ZeRO stage and checkpointing is never
-    slower (``larger_micro_batch_wins``; under per-call costs, ``hidden_sync_micro_batches`` when the group
-    is priced). ``keep=None`` prices all.
+    schedules and prices are never built for it); a group's priced orders slower than its least dropped policy
+    bound are dropped too (they might not be their order's best), so every ranked time is exact. Without a
+    pipeline a smaller micro-batch is dropped where a larger one of the same ZeRO stage and checkpointing is
+    never slower (``larger_micro_batch_wins``; under per-call costs, ``hidden_sync_micro_batches``, once the
+    group's sync is routed), and bounds are shared down from the largest micro-batch (``shared_bounds``).
+    ``keep=None`` prices all.
     ``params``: calibrated physical parameters (planner/params.py); None: the uncalibrated engine.
     """
     with gc_paused():

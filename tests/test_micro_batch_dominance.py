@@ -21,7 +21,7 @@ CASES = [("dgx-h100", 2, "llama3-8b", "64k", 8), ("l20-8-pcie", 1, "llama3-8b", 
 RISING = Params(attention_fwd=Curve(points=((512, 0.2), (4096, 0.7), (16384, 0.45), (65536, 0.6))),
                 attention_bwd=Curve(points=((512, 0.3), (65536, 0.5))),
                 matmul=Curve(points=((1024, 0.5), (65536, 0.8))),
-                overlap=0.7, round_overhead_s=2e-4, hbm_bandwidth=2e12,
+                overlap=0.7, round_overhead_s=2e-4, hbm_bandwidth=2e12, compute_efficiency=0.85,
                 comm={"p2p/inter": CommFit(alpha_s=1e-5, efficiency=0.8), "all_to_all/intra": CommFit(efficiency=0.6)})
 
 
