@@ -237,8 +237,8 @@ class Estimator:
                         for p in st.phases if isinstance(p, Compute))
             else:  # the phases of the scaled schedule, without building it (the same numbers as schedules.scaled)
                 k, ct = c.mbs, self.compute_time
-                t = sum(ct(Compute(p.name, p.flops * k, p.kind, p.block, p.rows * k, p.fill, p.nbytes * k))
-                        * st.repeat for st in self.schedule(part, one) for p in st.phases if isinstance(p, Compute))
+                t = sum(ct(p, k) * st.repeat for st in self.schedule(part, one) for p in st.phases
+                        if isinstance(p, Compute))
             self._busy[key] = t
         return t
 
@@ -247,10 +247,18 @@ class Estimator:
         key = ("attention",) + schedule_key(part, c)
         t = self._busy.get(key)
         if t is None:
-            steps = self.schedule(part, c)[len(self.schedule(part + "-linear", c)):]
-            t = self._busy[key] = sum(self.compute_time(p) * st.repeat for st in steps
+            steps, k = self.attention_steps_of(part, c)
+            t = self._busy[key] = sum(self.compute_time(p, k) * st.repeat for st in steps
                                       for p in st.phases if isinstance(p, Compute))
         return t
+
+    def attention_steps_of(self, part: str, c: Shape) -> tuple[list[Step], int]:
+        """The attention steps of ``part`` of ``c`` (past its linear part) and the factor k their volumes are
+        scaled by: ``c``'s own steps and 1, or, where ``c`` is scaled from a one-sequence unit (``unit``), the
+        unit's steps and c.mbs, so a bound reads them without building the scaled schedule (schedules.scaled
+        maps steps one to one)."""
+        one = self.unit(part, c)
+        return self.schedule(part, one)[len(self.schedule(part + "-linear", one)):], (1 if one is c else c.mbs)
 
     def attention_floor(self, part: str, c: Shape, orders: Orders) -> np.ndarray:
         """Per order, a floor under the seconds of ``part``'s attention steps: plain steps exactly (compute plus
@@ -260,15 +268,16 @@ class Estimator:
         parts = self._busy.get(key)
         if parts is None:  # busy (plain, overlapped); (slot, pattern, dims) -> (a phase, bytes x repeats, repeats)
             busy, sums = [0.0, 0.0], {}
-            for st in self.schedule(part, c)[len(self.schedule(part + "-linear", c)):]:
+            steps, k = self.attention_steps_of(part, c)
+            for st in steps:
                 j = 0
                 for p in st.phases:
                     if isinstance(p, Compute):
-                        busy[st.overlap] += self.compute_time(p) * st.repeat
-                    else:
+                        busy[st.overlap] += self.compute_time(p, k) * st.repeat
+                    else:  # (coefficients read the pattern and dims alone)
                         slot = (j if st.overlap else "plain", p.pattern, p.dim)
                         q, b, r = sums.get(slot, (p, 0.0, 0))
-                        sums[slot] = (q, b + p.nbytes * st.repeat, r + st.repeat)
+                        sums[slot] = (q, b + p.nbytes * k * st.repeat, r + st.repeat)
                         j += 1
             # the communication alone, as a key: token layouts of one variant move the same bytes
             comm = tuple((slot, b, r) for slot, (_, b, r) in sums.items())
@@ -291,8 +300,9 @@ class Estimator:
         """An Orders batch priced with this Estimator's engine and params."""
         return Orders(self.engine, degrees, orders, placement, self.params)
 
-    def compute_time(self, p: Compute) -> float:
-        """FLOPs over peak x efficiency (design.md "How a plan is predicted").
+    def compute_time(self, p: Compute, k: int = 1) -> float:
+        """FLOPs over peak x efficiency (design.md "How a plan is predicted"); ``k``: of ``p`` with its FLOPs,
+        rows and bytes times k (schedules.scaled), without building that phase (the same float).
 
         Attention: the measured curve params.attention_fwd / attention_bwd at the block length (a part-filled
         block: the square block of as many query x key pairs) when set,
@@ -301,16 +311,18 @@ class Estimator:
         params.compute_efficiency (in a step / timed alone). Memory-bound passes: their bytes over
         params.hbm_bandwidth (free when unset)."""
         pr = self.params
+        flops = p.flops * k  # x 1 is exact: k = 1 gives p's own time
         if p.kind == "memory":  # memory-bound pass (merge, packing): bytes over achieved HBM bandwidth
-            return p.nbytes / pr.hbm_bandwidth if pr.hbm_bandwidth else 0.0
+            return p.nbytes * k / pr.hbm_bandwidth if pr.hbm_bandwidth else 0.0
         if p.kind == "attention":
-            t = p.flops / (self._compute_peak * self.attention_efficiency(p.name.endswith("bwd"), p.block, p.fill))
+            t = flops / (self._compute_peak * self.attention_efficiency(p.name.endswith("bwd"), p.block, p.fill))
             return t + pr.round_overhead_s if pr.round_overhead_s else t
         if pr.matmul is not None:
-            eff = pr.matmul.at(p.rows) if p.rows > 0 else pr.matmul.points[-1][1]
+            rows = p.rows * k
+            eff = pr.matmul.at(rows) if rows > 0 else pr.matmul.points[-1][1]
         else:
             eff = self.device.matmul_efficiency
-        return p.flops / (self._compute_peak * eff)
+        return flops / (self._compute_peak * eff)
 
     def attention_efficiency(self, backward: bool, block: float, fill: float = 1.0) -> float:
         """Achieved / peak FLOP/s of an attention call (``compute_time``): the measured curve params.attention_fwd /
