@@ -469,13 +469,19 @@ def busiest_team_block(token_layout: str, ring: int, team: int, placement: str |
 @lru_cache(maxsize=256)
 def team_work(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int) -> np.ndarray:
     """(P/C, P/C) causal fraction of a (C N/P)^2 team block: the mean of ``causal_work`` over the members'
-    blocks (``team_positions``: members adjacent under collective_intra, P/C apart under p2p_intra)."""
-    cw = causal_work(token_layout, ring, seq_len)
-    T = ring // team
-    if _team_inner(placement):  # position t C + a
-        w = cw.reshape(T, team, T, team).mean(axis=(1, 3))
-    else:  # position a P/C + t
-        w = cw.reshape(team, T, team, T).mean(axis=(0, 2))
+    blocks (``team_positions``: members adjacent under collective_intra, P/C apart under p2p_intra), in closed
+    form from ``block_pairs`` (its three values: an earlier rank's block, the own one, a later one's)."""
+    check_token_layout(token_layout)
+    c, C = seq_len // ring, team
+    earlier, own, later = (x / float(c * c) for x in block_pairs(token_layout, c))
+    mixed = C * (C - 1) / 2 * (earlier + later)  # member pairs split C(C-1)/2 each way (off the diagonal)
+    t = np.arange(ring // team)
+    u, v = t[:, None], t[None, :]
+    if _team_inner(placement):  # position t C + a: whole teams before or after; a team's own block is mixed
+        w = np.where(v < u, earlier, np.where(v == u, (C * own + mixed) / (C * C), later))
+    else:  # position a P/C + t: pairs of other members split; the C same-member pairs follow the teams' order
+        w = np.where(v < u, (mixed + C * earlier) / (C * C),
+                     np.where(v == u, (mixed + C * own) / (C * C), (mixed + C * later) / (C * C)))
     w.flags.writeable = False
     return w
 
