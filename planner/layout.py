@@ -466,22 +466,28 @@ def busiest_team_block(token_layout: str, ring: int, team: int, placement: str |
     return 1.0 if inner else (team + 1) / (2 * team)
 
 
-@lru_cache(maxsize=256)
-def team_work(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int) -> np.ndarray:
-    """(P/C, P/C) causal fraction of a (C N/P)^2 team block: the mean of ``causal_work`` over the members'
-    blocks (``team_positions``: members adjacent under collective_intra, P/C apart under p2p_intra), in closed
-    form from ``block_pairs`` (its three values: an earlier rank's block, the own one, a later one's)."""
+def _team_values(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int
+                 ) -> tuple[float, float, float]:
+    """``team_work``'s three values: a team block against an earlier team's, its own, a later team's."""
     check_token_layout(token_layout)
     c, C = seq_len // ring, team
     earlier, own, later = (x / float(c * c) for x in block_pairs(token_layout, c))
     mixed = C * (C - 1) / 2 * (earlier + later)  # member pairs split C(C-1)/2 each way (off the diagonal)
+    if _team_inner(placement):  # position t C + a: whole teams before or after; a team's own block is mixed
+        return earlier, (C * own + mixed) / (C * C), later
+    # position a P/C + t: pairs of other members split; the C same-member pairs follow the teams' order
+    return (mixed + C * earlier) / (C * C), (mixed + C * own) / (C * C), (mixed + C * later) / (C * C)
+
+
+@lru_cache(maxsize=256)
+def team_work(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int) -> np.ndarray:
+    """(P/C, P/C) causal fraction of a (C N/P)^2 team block: the mean of ``causal_work`` over the members'
+    blocks (``team_positions``: members adjacent under collective_intra, P/C apart under p2p_intra), in closed
+    form from ``block_pairs`` (``_team_values``: an earlier team's block, the own one, a later one's)."""
+    lt, eq, gt = _team_values(token_layout, ring, team, placement, seq_len)
     t = np.arange(ring // team)
     u, v = t[:, None], t[None, :]
-    if _team_inner(placement):  # position t C + a: whole teams before or after; a team's own block is mixed
-        w = np.where(v < u, earlier, np.where(v == u, (C * own + mixed) / (C * C), later))
-    else:  # position a P/C + t: pairs of other members split; the C same-member pairs follow the teams' order
-        w = np.where(v < u, (mixed + C * earlier) / (C * C),
-                     np.where(v == u, (mixed + C * own) / (C * C), (mixed + C * later) / (C * C)))
+    w = np.where(v < u, lt, np.where(v == u, eq, gt))
     w.flags.writeable = False
     return w
 
@@ -492,9 +498,29 @@ def _wallfacer_round_work(token_layout: str, ring: int, team: int, placement: st
     tgs = team_group_size(ring, team)
     if ring > 1024:
         return (busiest_team_block(token_layout, ring, team, placement, seq_len),) * tgs
-    w = team_work(token_layout, ring, team, placement, seq_len)
-    pairs = wallfacer_pairs(ring, team, placement, backward)
-    return tuple(float(x) for x in w[pairs[..., 0], pairs[..., 1]].max(axis=0))
+    # team_work[u, v] takes one of three values by the order of the teams u, v (_team_values): a round's busiest
+    # rank is the largest value whose order occurs among its wallfacer_pairs (_round_orders)
+    best = np.full(tgs, -np.inf)
+    for present, x in zip(_round_orders(ring, team, backward),
+                          _team_values(token_layout, ring, team, placement, seq_len)):
+        best = np.where(present, np.maximum(best, x), best)
+    return tuple(float(x) for x in best)
+
+
+@lru_cache(maxsize=1024)
+def _round_orders(ring: int, team: int, backward: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per sub-ring round, whether some rank pairs a Q team with an earlier, the same, a later K, V team.
+
+    ``wallfacer_pairs`` without building them: rank (t, a), t = g P/C^2 + i, in round k (j = (i - k) mod P/C^2)
+    pairs Q team u with K, V team v = lo + u + a, a in [0, C): forward u = t, v = C j + a; backward
+    u = g P/C^2 + j, v = C i + a (the placement only orders the ranks)."""
+    tgs = team_group_size(ring, team)
+    t = np.arange(ring // team)[:, None]
+    i = t % tgs
+    j = (i - np.arange(tgs)[None, :]) % tgs
+    lo = team * i - (t - i + j) if backward else team * j - t
+    hi = lo + team - 1
+    return (lo < 0).any(axis=0), ((lo <= 0) & (hi >= 0)).any(axis=0), (hi > 0).any(axis=0)
 
 
 @lru_cache(maxsize=4096)

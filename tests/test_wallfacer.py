@@ -23,7 +23,7 @@ from sp_plan.planner.engine import LinkEngine
 from sp_plan.planner.estimate import Orders
 from sp_plan.planner.layout import (PLACEMENTS, TOKEN_LAYOUTS, Layout, busiest_team_block, init_recv, init_send,
                                     p2p_neighbours, sub_ring_positions, team_coords, team_positions, team_tokens,
-                                    wallfacer_pairs, wallfacer_round_work)
+                                    team_work, wallfacer_pairs, wallfacer_round_work)
 from sp_plan.planner.memory import activation_bytes, layer_activation_bytes_per_token
 from sp_plan.planner.schedules import Comm, Compute, Shape, attention_flops, attention_steps
 from sp_plan.planner.search import Degrees, grid_search
@@ -175,6 +175,20 @@ def test_round_work_matches_brute_force_and_closed_form(layout, placement):
         assert max(wallfacer_round_work(layout, P, C, placement, S, True)) == pytest.approx(
             busiest_team_block(layout, P, C, placement, S))
     assert wallfacer_round_work(layout, 16, 2, placement, 256, causal=False) == [1.0] * 4
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_round_work_reads_the_team_orders_of_wallfacer_pairs(placement):
+    """The round work reads which team orders each round's pairs hold without building ``wallfacer_pairs`` (the
+    runtime's pairs): the same floats as indexing ``team_work`` with the pairs, for every ring and team."""
+    for P in (4, 8, 16, 32, 64, 128):
+        for C in (c for c in range(1, P + 1) if P % (c * c) == 0):
+            for layout in TOKEN_LAYOUTS:
+                w = team_work(layout, P, C, placement, P * 64)
+                for backward in (False, True):
+                    pairs = wallfacer_pairs(P, C, placement, backward)
+                    want = [float(x) for x in w[pairs[..., 0], pairs[..., 1]].max(axis=0)]
+                    assert wallfacer_round_work(layout, P, C, placement, P * 64, True, backward) == want
 
 
 def test_zigzag_dataloader_balances_every_round():
