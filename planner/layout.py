@@ -253,6 +253,11 @@ def block_pairs(token_layout: str, c: int) -> tuple[int, int, int]:
     return c * c, diag, 0
 
 
+def block_fractions(token_layout: str, c: int) -> tuple[float, float, float]:
+    """``block_pairs`` as fractions of the c^2 pairs of a full block."""
+    return tuple(x / float(c * c) for x in block_pairs(token_layout, c))
+
+
 @lru_cache(maxsize=1024)
 def causal_work(token_layout: str, ring: int, seq_len: int) -> np.ndarray:
     """(ring, ring) fraction of a full block that rank r computes on rank j's K, V under a causal mask.
@@ -261,8 +266,7 @@ def causal_work(token_layout: str, ring: int, seq_len: int) -> np.ndarray:
     on earlier ones; striped and zigzag give every rank about half a block every round (``block_pairs``).
     """
     check_token_layout(token_layout)
-    c = seq_len // ring
-    earlier, own, later = (x / float(c * c) for x in block_pairs(token_layout, c))
+    earlier, own, later = block_fractions(token_layout, seq_len // ring)
     r = np.arange(ring)[:, None]
     j = np.arange(ring)[None, :]
     w = np.where(j < r, earlier, np.where(j == r, own, later))
@@ -470,8 +474,8 @@ def _team_values(token_layout: str, ring: int, team: int, placement: str | None,
                  ) -> tuple[float, float, float]:
     """``team_work``'s three values: a team block against an earlier team's, its own, a later team's."""
     check_token_layout(token_layout)
-    c, C = seq_len // ring, team
-    earlier, own, later = (x / float(c * c) for x in block_pairs(token_layout, c))
+    C = team
+    earlier, own, later = block_fractions(token_layout, seq_len // ring)
     mixed = C * (C - 1) / 2 * (earlier + later)  # member pairs split C(C-1)/2 each way (off the diagonal)
     if _team_inner(placement):  # position t C + a: whole teams before or after; a team's own block is mixed
         return earlier, (C * own + mixed) / (C * C), later
@@ -501,26 +505,20 @@ def _wallfacer_round_work(token_layout: str, ring: int, team: int, placement: st
     # team_work[u, v] takes one of three values by the order of the teams u, v (_team_values): a round's busiest
     # rank is the largest value whose order occurs among its wallfacer_pairs (_round_orders)
     best = np.full(tgs, -np.inf)
-    for present, x in zip(_round_orders(ring, team, backward),
+    for present, x in zip(_round_orders(ring, team, placement, backward),
                           _team_values(token_layout, ring, team, placement, seq_len)):
         best = np.where(present, np.maximum(best, x), best)
     return tuple(float(x) for x in best)
 
 
 @lru_cache(maxsize=1024)
-def _round_orders(ring: int, team: int, backward: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per sub-ring round, whether some rank pairs a Q team with an earlier, the same, a later K, V team.
-
-    ``wallfacer_pairs`` without building them: rank (t, a), t = g P/C^2 + i, in round k (j = (i - k) mod P/C^2)
-    pairs Q team u with K, V team v = lo + u + a, a in [0, C): forward u = t, v = C j + a; backward
-    u = g P/C^2 + j, v = C i + a (the placement only orders the ranks)."""
-    tgs = team_group_size(ring, team)
-    t = np.arange(ring // team)[:, None]
-    i = t % tgs
-    j = (i - np.arange(tgs)[None, :]) % tgs
-    lo = team * i - (t - i + j) if backward else team * j - t
-    hi = lo + team - 1
-    return (lo < 0).any(axis=0), ((lo <= 0) & (hi >= 0)).any(axis=0), (hi > 0).any(axis=0)
+def _round_orders(ring: int, team: int, placement: str | None, backward: bool
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per sub-ring round, whether ``wallfacer_pairs`` pairs some Q team with an earlier, the same, a later K, V
+    team (once per ring, team and placement: not per token layout or length)."""
+    pairs = wallfacer_pairs(ring, team, placement, backward)
+    u, v = pairs[..., 0], pairs[..., 1]
+    return (v < u).any(axis=0), (v == u).any(axis=0), (v > u).any(axis=0)
 
 
 @lru_cache(maxsize=4096)
