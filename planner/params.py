@@ -16,7 +16,7 @@ PATTERN_CLASS = {"shift": "p2p", "shift_back": "p2p", "shift_bi": "p2p_bidir", "
                  "reduce_scatter": "reduce_scatter", "all_reduce": "all_reduce", "all_to_all": "all_to_all"}
 #: link classes: a phase whose most loaded link is inside a node, or one into the network fabric; "host": inside a
 #: node on the CPU's links (PCIe into a host bridge, the socket interconnect), priced as "intra" without a fit of its own
-LINK_CLASSES = ("intra", "inter")
+LINK_CLASSES = ("intra", "inter", "host")
 
 
 class Curve(BaseModel):
@@ -80,6 +80,17 @@ class Params(BaseModel):
     hbm_bandwidth: float | None = Field(default=None, gt=0, description="achieved device-memory bytes/s of the "
                                         "memory-bound phases (ring out/LSE merges, all-to-all packing copies); "
                                         "None: those phases cost nothing (the uncalibrated engine)")
+
+    @field_validator("comm")
+    @classmethod
+    def _comm_keys(cls, comm):
+        kinds = sorted(set(PATTERN_CLASS.values()))
+        for key in comm:
+            kind, _, link = key.partition("/")
+            if kind not in kinds or link not in LINK_CLASSES:
+                raise ValueError(f"key {key!r} is not PATTERN_CLASS/LINK_CLASS: use one of {kinds} / one of "
+                                 f"{list(LINK_CLASSES)}, e.g. 'all_to_all/intra'")
+        return comm
 
     def comm_fit(self, pattern: str, link_class: str) -> CommFit | None:
         """The fit for an engine pattern on a link class, or None (uncalibrated); "host" falls back to "intra"."""

@@ -323,3 +323,20 @@ def test_cli_plan_and_estimate_apply_a_profile_file_and_say_so(tmp_path):
     assert r.returncode == 2 and "--profile" in r.stderr
     r = subprocess.run(sp + args + ["--profile", str(pf), "--no-profile"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
+
+
+def test_a_comm_fit_key_outside_the_pattern_and_link_classes_is_refused(tmp_path):
+    """A mistyped key would be ignored by the engine (no fit found): refused, naming the key and the valid forms."""
+    with pytest.raises(ValueError, match="'all_to_all/intr' is not PATTERN_CLASS/LINK_CLASS"):
+        Params(comm={"all_to_all/intr": CommFit()})
+    with pytest.raises(ValueError, match="'alltoall/intra'"):
+        Params(comm={"alltoall/intra": CommFit()})
+    assert Params(comm={"all_to_all/host": CommFit(efficiency=0.5)}).comm_fit("all_to_all", "host").efficiency == 0.5
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((Path(__file__).parent / "fixtures" / "profile-dgx-h100.yaml").read_text()
+                   .replace("all_to_all/inter:", "all_to_all/intr:"))
+    r = subprocess.run([sys.executable, "-m", "sp_plan.cli.app", "plan", "--cluster", "dgx-h100", "--nodes", "2",
+                        "--model", "llama3-8b", "--seq-len", "128k", "--profile", str(bad)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") <= 1
+    assert "profile.params.comm" in r.stderr and "'all_to_all/intr'" in r.stderr
