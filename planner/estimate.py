@@ -243,22 +243,85 @@ class Estimator:
         return t
 
     def attention_busy(self, part: str, c: Shape) -> float:
-        """Compute seconds of the attention steps of ``part`` ("fwd" or "bwd"): the schedule past its linear part."""
-        key = ("attention",) + schedule_key(part, c)
-        t = self._busy.get(key)
-        if t is None:
-            steps, k = self.attention_steps_of(part, c)
-            t = self._busy[key] = sum(self.compute_time(p, k) * st.repeat for st in steps
-                                      for p in st.phases if isinstance(p, Compute))
-        return t
+        """Compute seconds of the attention steps of ``part`` ("fwd" or "bwd"): the schedule past its linear part,
+        as k x (its unit's per-call seconds) + calls x round overhead (``attention_steps_of``; a bound's value,
+        equal to the schedule's sum up to rounding)."""
+        one, k = self.bound_unit(part, c)
+        a, calls = self._attention_linear(part, one)
+        o = self.params.round_overhead_s
+        return k * a + calls * o if o else k * a
 
-    def attention_steps_of(self, part: str, c: Shape) -> tuple[list[Step], int]:
-        """The attention steps of ``part`` of ``c`` (past its linear part) and the factor k their volumes are
-        scaled by: ``c``'s own steps and 1, or, where ``c`` is scaled from a one-sequence unit (``unit``), the
-        unit's steps and c.mbs, so a bound reads them without building the scaled schedule (schedules.scaled
-        maps steps one to one)."""
+    def _attention_linear(self, part: str, one: Shape) -> tuple[float, int]:
+        """(seconds without the per-call overhead, attention calls) of the attention steps of a bound unit (k = 1
+        but for ``batch_linear`` algorithms, whose steps hold no GEMM: METP's read the matmul curve at its rows)."""
+        key = ("attention linear",) + schedule_key(part, one)
+        v = self._busy.get(key)
+        if v is None:
+            steps, _ = self.attention_steps_of(part, one)
+            a, calls = 0.0, 0
+            for st in steps:
+                for p in st.phases:
+                    if isinstance(p, Compute):
+                        if p.kind == "matmul" and ALGORITHMS[one.algorithm].batch_linear:  # rows x k: not linear
+                            raise NotImplementedError(f"{one.algorithm}: a GEMM in a batch_linear attention schedule")
+                        a += self._seconds_at_one(p) * st.repeat
+                        calls += st.repeat if p.kind == "attention" else 0
+            v = self._busy[key] = (a, calls)
+        return v
+
+    def _seconds_at_one(self, p: Compute) -> float:
+        """``compute_time`` of a phase without the per-call overhead: linear in its volume (attention, memory;
+        a GEMM at its own rows)."""
+        if p.kind == "memory":
+            return p.nbytes / self.params.hbm_bandwidth if self.params.hbm_bandwidth else 0.0
+        if p.kind == "matmul":
+            return self.compute_time(p)
+        return p.flops / (self._compute_peak * self.attention_efficiency(p.name.endswith("bwd"), p.block, p.fill))
+
+    def _floor_linear(self, part: str, one: Shape) -> tuple[tuple, dict]:
+        """``attention_floor``'s parts of a bound unit, linear in k: (plain seconds without per-call overhead,
+        plain attention calls, the same for overlapped steps) and (slot, pattern, dims) -> (a phase, bytes x
+        repeats, repeats)."""
+        key = ("floor linear",) + schedule_key(part, one)
+        v = self._busy.get(key)
+        if v is None:
+            a, n, sums = [0.0, 0.0], [0, 0], {}
+            steps, _ = self.attention_steps_of(part, one)
+            for st in steps:
+                j = 0
+                for p in st.phases:
+                    if isinstance(p, Compute):
+                        if p.kind == "matmul" and ALGORITHMS[one.algorithm].batch_linear:  # rows x k: not linear
+                            raise NotImplementedError(f"{one.algorithm}: a GEMM in a batch_linear attention schedule")
+                        a[st.overlap] += self._seconds_at_one(p) * st.repeat
+                        n[st.overlap] += st.repeat if p.kind == "attention" else 0
+                    else:  # (coefficients read the pattern and dims alone)
+                        slot = (j if st.overlap else "plain", p.pattern, p.dim)
+                        q, b, r = sums.get(slot, (p, 0.0, 0))
+                        sums[slot] = (q, b + p.nbytes * st.repeat, r + st.repeat)
+                        j += 1
+            v = self._busy[key] = ((a[0], n[0], a[1], n[1]), sums)
+        return v
+
+    def bound_unit(self, part: str, c: Shape) -> tuple[Shape, float]:
+        """The shape whose attention steps a bound reads for ``part`` of ``c``, and the factor k on their volumes:
+        one sequence at tp 1 where the algorithm is ``batch_linear`` and every head count per rank is
+        heads / (tp x ulysses) (the KV heads divisible by tp x ulysses, none replicated), so FLOPs, merge and
+        message bytes are c.mbs / c.tp x the unit's and block lengths the same (shared by every tp and
+        micro-batch); else ``unit`` and c.mbs (1 for ``c`` itself)."""
+        alg = ALGORITHMS[c.algorithm]
+        m, tu = self.model, c.tp * c.ulysses
+        if alg.batch_linear and (c.tp > 1 or c.mbs > 1) and m.kv_heads % tu == 0 and m.heads % tu == 0:
+            key = c.key[:4] + (1, c.key[5], 1) + c.key[7:]
+            return self._shapes.get(key) or self._shape(key), c.mbs / c.tp
         one = self.unit(part, c)
-        return self.schedule(part, one)[len(self.schedule(part + "-linear", one)):], (1 if one is c else c.mbs)
+        return one, (1 if one is c else c.mbs)
+
+    def attention_steps_of(self, part: str, c: Shape) -> tuple[list[Step], float]:
+        """The attention steps of ``part`` of ``c`` (past its linear part) and the factor k their volumes are
+        scaled by (``bound_unit``): a bound reads them without building ``c``'s own schedule."""
+        one, k = self.bound_unit(part, c)
+        return self.schedule(part, one)[len(self.schedule(part + "-linear", one)):], k
 
     def attention_floor(self, part: str, c: Shape, orders: Orders) -> np.ndarray:
         """Per order, a floor under the seconds of ``part``'s attention steps: plain steps exactly (compute plus
@@ -267,18 +330,11 @@ class Estimator:
         key = ("attention floor",) + schedule_key(part, c)
         parts = self._busy.get(key)
         if parts is None:  # busy (plain, overlapped); (slot, pattern, dims) -> (a phase, bytes x repeats, repeats)
-            busy, sums = [0.0, 0.0], {}
-            steps, k = self.attention_steps_of(part, c)
-            for st in steps:
-                j = 0
-                for p in st.phases:
-                    if isinstance(p, Compute):
-                        busy[st.overlap] += self.compute_time(p, k) * st.repeat
-                    else:  # (coefficients read the pattern and dims alone)
-                        slot = (j if st.overlap else "plain", p.pattern, p.dim)
-                        q, b, r = sums.get(slot, (p, 0.0, 0))
-                        sums[slot] = (q, b + p.nbytes * k * st.repeat, r + st.repeat)
-                        j += 1
+            one, k = self.bound_unit(part, c)
+            (a_plain, n_plain, a_over, n_over), unit_sums = self._floor_linear(part, one)
+            o = self.params.round_overhead_s or 0.0
+            busy = [k * a_plain + n_plain * o, k * a_over + n_over * o]
+            sums = {slot: (q, b * k, r) for slot, (q, b, r) in unit_sums.items()}
             # the communication alone, as a key: token layouts of one variant move the same bytes
             comm = tuple((slot, b, r) for slot, (_, b, r) in sums.items())
             parts = self._busy[key] = (busy, sums, comm)
@@ -463,8 +519,12 @@ class Estimator:
         Peak memory separates into weights (by ZeRO stage), activations (by checkpointing and
         micro-batch) and buffers (by micro-batch), so each part is computed once per value."""
         train = self.work.training
-        params = shard_params(self.model, probe.tp, probe.pp)
-        weights = {z: sum(weight_bytes(params, z, probe.dp * probe.sp, train).values()) for z in {p[0] for p in policies}}
+        wkey = ("weights", probe.tp, probe.pp, probe.dp * probe.sp)  # the same for every variant of the degrees
+        weights = self._acts.get(wkey)
+        if weights is None:
+            params = shard_params(self.model, probe.tp, probe.pp)
+            weights = self._acts[wkey] = {z: sum(weight_bytes(params, z, probe.dp * probe.sp, train).values())
+                                          for z in (0, 1, 2, 3)}
         shapes = {mbs: self.shape(probe, mbs) for mbs in {p[2] for p in policies}}
         acts = {(ck, mbs): self._activation_total(shapes[mbs], ck) for ck, mbs in {p[1:] for p in policies}}
         bufs = {mbs: attention_buffer_bytes(c, train) for mbs, c in shapes.items()}
@@ -570,21 +630,22 @@ class Estimator:
         these policies: the pipeline of compute phases alone (communication only adds time)."""
         train = self.work.training
         best = float("inf")
-        busy = self.busy
+        busy, att = self.busy, self.attention_busy
         seen: dict = {}
         for zero, ckpt, mbs in policies:
             c = self.shape(base, mbs)
             key = (ckpt, mbs)
-            if key not in seen:
-                layer = busy("fwd", c)
+            if key not in seen:  # each part: its linear compute and its attention's (read from the bound unit)
+                fwd = busy("fwd-linear", c) + att("fwd", c)
+                layer = fwd
                 if train:
-                    layer += busy("bwd", c)
+                    layer += busy("bwd-linear", c) + att("bwd", c)
                     if ckpt == "full":
-                        layer += busy("fwd", c)
+                        layer += fwd
                     elif ckpt == "attention_boundary":
                         layer += busy("fwd-linear", c)
                 stage = c.layers_per_stage * layer + busy("head", c)
-                seen[key] = (c.micro_batches + base.pp - 1) * stage
+                seen[key] = (c.micro_batches + base.pp - 1) * stage * (1 - 1e-9)  # a hair below: sums' rounding
             best = min(best, seen[key])
         return best
 

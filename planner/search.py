@@ -208,7 +208,11 @@ def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tu
     orders, all_pols = space.orders(d), space.policies(d)
     for v in variants(d, space.model, space.work):
         vkey = (v.algorithm, v.team, v.placement)
-        pols = all_pols if wanted is None else [p for p in all_pols if wanted(vkey, p[2])]
+        if wanted is None:
+            pols = all_pols
+        else:  # asked once per micro-batch size
+            ok = {mbs: wanted(vkey, mbs) for mbs in {p[2] for p in all_pols}}
+            pols = [p for p in all_pols if ok[p[2]]]
         if not pols:
             continue
         layouts = list(v.layouts) if v.layouts is not None else space.layouts(d)
