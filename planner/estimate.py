@@ -679,16 +679,22 @@ class Estimator:
         key = ("policy floor", probe.dp, probe.pp, probe.tp, probe.ulysses, probe.ring, ckpt, mbs)
         t = self._busy.get(key)
         if t is None:
-            c = self.shape(probe, mbs)
-            fwd = self.busy("fwd-linear", c) + self.balanced_time(c, False)
-            layer = fwd
-            if self.work.training:
-                layer += self.busy("bwd-linear", c) + self.balanced_time(c, True)
-                if ckpt == "full":
-                    layer += fwd
-                elif ckpt == "attention_boundary":
-                    layer += self.busy("fwd-linear", c)
-            t = self._busy[key] = (c.micro_batches + probe.pp - 1) * (c.layers_per_stage * layer + self.busy("head", c))
+            lkey = ("policy layer", probe.tp, probe.ulysses, probe.ring, ckpt, mbs)  # its parts read no dp, no pp
+            parts = self._busy.get(lkey)
+            if parts is None:
+                c = self.shape(probe, mbs)
+                fwd = self.busy("fwd-linear", c) + self.balanced_time(c, False)
+                layer = fwd
+                if self.work.training:
+                    layer += self.busy("bwd-linear", c) + self.balanced_time(c, True)
+                    if ckpt == "full":
+                        layer += fwd
+                    elif ckpt == "attention_boundary":
+                        layer += self.busy("fwd-linear", c)
+                parts = self._busy[lkey] = (layer, self.busy("head", c))
+            layer, head = parts
+            m = max(self.work.batch // (probe.dp * mbs), 1)  # Shape.micro_batches and layers_per_stage
+            t = self._busy[key] = (m + probe.pp - 1) * (self.model.layers // probe.pp * layer + head)
         return t
 
     def balanced_time(self, c: Shape, backward: bool) -> float:

@@ -516,9 +516,25 @@ def _round_orders(ring: int, team: int, placement: str | None, backward: bool
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per sub-ring round, whether ``wallfacer_pairs`` pairs some Q team with an earlier, the same, a later K, V
     team (once per ring, team and placement: not per token layout or length)."""
-    pairs = wallfacer_pairs(ring, team, placement, backward)
-    u, v = pairs[..., 0], pairs[..., 1]
-    return (v < u).any(axis=0), (v == u).any(axis=0), (v > u).any(axis=0)
+    tgs = team_group_size(ring, team)
+    if team == 1:
+        pairs = wallfacer_pairs(ring, team, placement, backward)
+        u, v = pairs[..., 0], pairs[..., 1]
+        return (v < u).any(axis=0), (v == u).any(axis=0), (v > u).any(axis=0)
+    # In closed form: every (team t = g P/C^2 + i, member a) occurs under either placement, so the pairs of round r
+    # are, forward, (g tgs + i, C ((i - r) mod tgs) + a), backward (g tgs + (i - r) mod tgs, C i + a), over all
+    # g, a < C and i < tgs. A team meets itself in round r for exactly the teams u (forward: Q team u, so i = u mod
+    # tgs and j = u // C; backward: K, V team u, so i = u // C, j = u mod tgs) with r = (i - j) mod tgs; with C >= 2
+    # some Q team is later than its K, V team in every round (j = 0, g = C - 1) and some earlier (a = C - 1 and j or
+    # i at tgs - 1, g = 0).
+    u = np.arange(ring // team)
+    r = ((u // team - u % tgs) if backward else (u % tgs - u // team)) % tgs
+    same = np.zeros(tgs, dtype=bool)
+    same[r] = True
+    every = np.ones(tgs, dtype=bool)
+    for x in (every, same):
+        x.flags.writeable = False
+    return every, same, every
 
 
 @lru_cache(maxsize=4096)

@@ -36,7 +36,7 @@ from sp_plan.planner import Workload  # noqa: E402
 from sp_plan.planner.algorithms import ALGORITHMS  # noqa: E402
 from sp_plan.planner.candidate import Candidate  # noqa: E402
 from sp_plan.planner.estimate import Estimator  # noqa: E402
-from sp_plan.planner.layout import (PLACEMENTS, causal_work, ring_split, sub_ring_coords,  # noqa: E402
+from sp_plan.planner.layout import (PLACEMENTS, _round_orders, causal_work, ring_split, sub_ring_coords,  # noqa: E402
                                     sub_ring_positions, team_group_size, team_positions, team_work,
                                     tokenring_step_work, wallfacer_pairs)
 from sp_plan.planner.search import Space, best_per_variant, degree_groups, grid_search  # noqa: E402
@@ -182,6 +182,25 @@ def test_wallfacer_pairs_vectorized_match_algorithm_3():
                         j = (i - r) % tgs
                         want[p, r] = (g * tgs + j, C * i + a) if bwd else (g * tgs + i, C * j + a)
                 assert (wallfacer_pairs(P, C, pl, bwd) == want).all()
+
+
+def test_round_orders_closed_form_matches_the_pairs():
+    """Which team orders (earlier, same, later K/V team) each WallFacer sub-ring round pairs: the closed form
+    against the pairs themselves, every placement, forward and backward, teams of 2 to 32 (non-square C too)."""
+    n = 0
+    for P in (4, 8, 16, 36, 64, 72, 128, 256, 1024):
+        for C in (2, 3, 4, 6, 8, 16, 32):
+            if P % (C * C):
+                continue
+            for pl in (*PLACEMENTS, None):
+                for bwd in (False, True):
+                    pairs = wallfacer_pairs(P, C, pl, bwd)
+                    u, v = pairs[..., 0], pairs[..., 1]
+                    got = _round_orders(P, C, pl, bwd)
+                    for want, have in zip(((v < u).any(axis=0), (v == u).any(axis=0), (v > u).any(axis=0)), got):
+                        assert (have == want).all(), (P, C, pl, bwd)
+                    n += 1
+    assert n > 100
 
 
 def test_team_work_and_ring_split_match_the_positions():
