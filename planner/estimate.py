@@ -59,7 +59,16 @@ RING_FREE_PARTS = ("fwd-linear", "bwd-linear", "head", "pp")
 def schedule_key(part: str, c: Shape) -> tuple:
     """What a schedule part depends on: never dp, pp only for the stage sends; the attention parts on the
     (algorithm, ring, team, placement, token layout) shape and the volumes (tp, ulysses, mbs), the others
-    on the volumes alone (and, for the linear parts, whether the algorithm runs Megatron TP-sp)."""
+    on the volumes alone (and, for the linear parts, whether the algorithm runs Megatron TP-sp); made once per
+    shape and part (``Shape.keys``)."""
+    key = c.keys.get(part)
+    if key is None:
+        key = c.keys[part] = _schedule_key(part, c)
+    return key
+
+
+def _schedule_key(part: str, c: Shape) -> tuple:
+    """``schedule_key``, made."""
     if part in RING_FREE_PARTS:
         tp_sp = ALGORITHMS[c.algorithm].tp_sp if part != "head" and part != "pp" else True
         return (part, tp_sp, c.ulysses, c.ring, c.tp, c.mbs, c.pp if part == "pp" else 1)
@@ -113,6 +122,10 @@ class Orders:
 
     def shape(self, k: int, dims: tuple[str, ...]) -> GroupShape:
         """Shape of the groups of ``dims`` (merged, first fastest) under order number ``k``."""
+        return GroupShape(self._parts(k, dims), self.world)
+
+    def _parts(self, k: int, dims: tuple[str, ...]) -> tuple[tuple[int, int], ...]:
+        """``shape``'s (size, stride) parts."""
         st = self.strides[k]
         parts = []
         for n in dims:
@@ -120,7 +133,7 @@ class Orders:
                 parts += self._ring_split(n, st)
             elif self.degrees.get(n, 1) > 1 and n in st:
                 parts.append((self.degrees[n], st[n]))
-        return GroupShape(tuple(parts), self.world)
+        return tuple(parts)
 
     def _ring_split(self, name: str, st: dict[str, int]) -> list[tuple[int, int]]:
         """Groups inside the ring dimension, from the layout module's positions (WallFacer eq. 8 placements):
@@ -145,11 +158,11 @@ class Orders:
             by_shape: dict = {}
             idx = []
             for k in range(len(self.orders)):
-                sh = self.shape(k, p.dim)
+                sh = self._parts(k, p.dim)
                 if sh not in by_shape:
                     by_shape[sh] = len(by_shape)
                 idx.append(by_shape[sh])
-            costs = [self.engine.cost(p.pattern, sh) for sh in by_shape]
+            costs = [self.engine.cost(p.pattern, GroupShape(sh, self.world)) for sh in by_shape]
             fits = [self.params.comm_fit(p.pattern, c.link_class) if self.params is not None else None for c in costs]
             # a CommFit: bandwidth / efficiency, alpha added per step (StepCost.time); none: the link model as is
             spb = [c.sec_per_byte if f is None else c.sec_per_byte / f.efficiency for c, f in zip(costs, fits)]

@@ -48,9 +48,12 @@ class Step(NamedTuple):
     overlap: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Shape:
-    """Sizes of one candidate that the schedules need (per micro-batch of ``mbs`` sequences)."""
+    """Sizes of one candidate that the schedules need (per micro-batch of ``mbs`` sequences).
+
+    (Its own __init__: the search makes ~10^4 of them, and a frozen dataclass's generated one sets each
+    field through object.__setattr__, 2.5x slower.)"""
 
     model: ModelSpec
     work: Workload
@@ -64,6 +67,13 @@ class Shape:
     algorithm: str = "usp"
     team: int = 1
     placement: str | None = None
+
+    def __init__(self, model: ModelSpec, work: Workload, dp: int, ulysses: int, ring: int, token_layout: str,
+                 tp: int = 1, pp: int = 1, mbs: int = 1, algorithm: str = "usp", team: int = 1,
+                 placement: str | None = None):
+        self.__dict__.update(model=model, work=work, dp=dp, ulysses=ulysses, ring=ring, token_layout=token_layout,
+                             tp=tp, pp=pp, mbs=mbs, algorithm=algorithm, team=team, placement=placement)
+        self.__post_init__()
 
     def __post_init__(self):
         """Derived sizes, computed once (plain attributes: the search reads them in its hot loop)."""
@@ -86,6 +96,7 @@ class Shape:
         # the fields after model and workload, in order (the Estimator's cache key of this shape)
         d["key"] = (self.dp, self.ulysses, self.ring, self.token_layout, self.tp, self.pp, self.mbs, self.algorithm,
                     self.team, self.placement)
+        d["keys"] = {}  # schedule part -> the Estimator's schedule key of this shape (estimate.schedule_key)
 
 
 def scaled(steps: list[Step], k: int) -> list[Step]:
