@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import heapq
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import permutations
 from typing import Callable, Iterator
 
@@ -199,14 +199,15 @@ def shared_bounds(est: Estimator, pp: int, algorithms, policies: list[tuple[int,
     return rep
 
 
-def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tuple, int], bool] | None = None
-                  ) -> tuple[list[tuple[Candidate, list, list]], int, int]:
+def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tuple, int], bool] | None = None,
+                  vs: list | None = None) -> tuple[list[tuple[Candidate, list, list]], int, int]:
     """(base candidate, mesh orders, fitting policies) for every algorithm variant and token layout of the
     degrees ``d`` (with ``wanted``: only the (variant key, micro-batch size) pairs it accepts), the number
-    of candidates they stand for, and how many variants fit no policy."""
+    of candidates they stand for, and how many variants fit no policy. ``vs``: the variants of ``d``, if known."""
     out, total, rejected = [], 0, 0
     orders, all_pols = space.orders(d), space.policies(d)
-    for v in variants(d, space.model, space.work):
+    pareto: dict = {}  # fitting policies -> the Pareto survivors (variants of one degrees often fit alike)
+    for v in vs if vs is not None else variants(d, space.model, space.work):
         vkey = (v.algorithm, v.team, v.placement)
         if wanted is None:
             pols = all_pols
@@ -219,11 +220,16 @@ def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tu
         total += len(orders) * len(layouts) * len(pols)
         probe = Candidate(v.algorithm, d.dp, d.pp, d.tp, d.ulysses, d.ring, orders[0], layouts[0],
                           team=v.team, placement=v.placement)
-        fitting = pareto_policies(est.fitting(probe, pols))
+        fits = tuple(est.fitting(probe, pols))
+        fitting = pareto.get(fits)
+        if fitting is None:
+            fitting = pareto[fits] = pareto_policies(list(fits))
         if not fitting:
             rejected += 1
             continue
-        out += [(replace(probe, token_layout=tl), orders, fitting) for tl in layouts]
+        out.append((probe, orders, fitting))
+        out += [(Candidate(v.algorithm, d.dp, d.pp, d.tp, d.ulysses, d.ring, orders[0], tl, team=v.team,
+                           placement=v.placement), orders, fitting) for tl in layouts[1:]]
     return out, total, rejected
 
 
@@ -279,11 +285,12 @@ def outside_bounds(est: Estimator, groups: list, batches: dict) -> dict[tuple, f
     return out
 
 
-def degree_size(space: Space, d: Degrees) -> int:
-    """Candidates of the degrees ``d`` in the space: variants x token layouts x mesh orders x policies."""
+def degree_size(space: Space, d: Degrees, vs: list | None = None) -> int:
+    """Candidates of the degrees ``d`` in the space: variants x token layouts x mesh orders x policies (``vs``: the
+    variants of ``d``, if known)."""
     n = len(space.orders(d)) * len(space.policies(d))
     return sum(n * len(v.layouts if v.layouts is not None else space.layouts(d))
-               for v in variants(d, space.model, space.work))
+               for v in (vs if vs is not None else variants(d, space.model, space.work)))
 
 
 @contextmanager
@@ -344,11 +351,12 @@ def _grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: 
     # sync (priced when popped)
     total = rejected = 0
     for d in space.degrees():
-        total += degree_size(space, d)
-        vkeys = [(v.algorithm, v.team, v.placement) for v in variants(d, model, workload)]
+        vs = variants(d, model, workload)
+        total += degree_size(space, d, vs)
+        vkeys = [(v.algorithm, v.team, v.placement) for v in vs]
         probe = Candidate(algorithm_for(d.ulysses, d.ring), d.dp, d.pp, d.tp, d.ulysses, d.ring)
         by_mbs = est.micro_batch_bounds(probe, space._mbs(d)) if keep else {}
-        queue.append((min(by_mbs.values(), default=0.0), 0, len(queue), (d, vkeys, by_mbs)))
+        queue.append((min(by_mbs.values(), default=0.0), 0, len(queue), (d, vkeys, by_mbs, vs)))
     heapq.heapify(queue)
     ranked, evaluated, kth, batches, pushed, done = [], 0, float("inf"), {}, len(queue), 0
     best_of: dict[tuple, float] = {}  # best time per algorithm variant, so each variant's best is exact too
@@ -364,19 +372,25 @@ def _grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: 
         if progress:
             progress(done, pushed)
         if kind == 0:  # degrees: expand into the groups of its variants still worth pricing
-            d, vkeys, by_mbs = payload
+            d, vkeys, by_mbs, vs = payload
             if beyond(bound, vkeys):
                 continue
-            found, _, r = degree_groups(est, space, d, lambda v, mbs: not beyond(by_mbs.get(mbs, bound), [v]))
+            found, _, r = degree_groups(est, space, d, lambda v, mbs: not beyond(by_mbs.get(mbs, bound), [v]), vs)
             rejected += r
             if larger_micro_batch_wins(est, d.pp):  # ties go to the larger micro-batch, pruned or not
                 found = [(base, orders, largest_micro_batches(fitting)) for base, orders, fitting in found]
             outside_of[d] = found
+            floors: dict = {}  # (checkpointing, micro-batch) -> Estimator.policy_floor (the same for every group)
             for base, orders, fitting in found:
                 vkey = variant_key(base)
                 cut = min((b for b in by_mbs.values() if beyond(b, [vkey])), default=float("inf"))
                 if keep:  # each policy's compute with the recomputation it needs to fit (Estimator.policy_floor)
-                    bounds = [max(bound, est.policy_floor(base, p)) for p in fitting]
+                    bounds = []
+                    for p in fitting:
+                        f = floors.get(p[1:])
+                        if f is None:
+                            f = floors[p[1:]] = max(bound, est.policy_floor(base, p))
+                        bounds.append(f)
                     heapq.heappush(queue, (min(bounds), 1, pushed, (base, orders, fitting, bounds, cut, d)))
                 else:
                     heapq.heappush(queue, (bound, 4, pushed, (base, orders, fitting, [bound] * len(fitting), cut, d)))
