@@ -7,8 +7,8 @@ blocks: q(l) = fixed + l * per_layer, with per_layer = (q(L2) - q(L1)) / (L2 - L
 against noise) and fixed = q(L1) - L1 * per_layer (embedding, head, loss, their optimizer state).
 The result is q(L). fwd_bwd is per micro-batch (m = batch / (dp x micro_batch_size) of them per
 step). Step time: pp = 1: m x fwd_bwd(L) + optimizer(L) (all m micro-batches run, gradients
-accumulated); pp > 1 (1F1B composed from one stage's micro-batch, the inter-stage sends not
-measured): (m + p - 1) x fwd_bwd(L) + optimizer(L). Peak memory: peak(L),
+accumulated); pp > 1 (1F1B composed from one stage's micro-batch, the stage-boundary sends
+measured beside it, ``stage_sends``): (m + p - 1) x (fwd_bwd(L) + sends) + optimizer(L). Peak memory: peak(L),
 plus (min(p, m) - 1) x activations(L) for pp > 1 (1F1B keeps up to p micro-batches in flight on
 stage 0), activations = peak - live before the step. Every value is the max over ranks.
 """
@@ -83,7 +83,7 @@ def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, dev
     else:
         par = parallelize(build_stack(model, n_layers, plan.checkpointing, seed=n_layers, device=device,
                                       dtype=dtype), plan, mesh)
-        shard = lambda t: ctx.shard(t, dim=1)  # noqa: E731
+        shard = lambda t: par.shard_tokens(ctx.shard(t, dim=1))  # noqa: E731  (TP-sp: this TP rank's 1/tp)
     notes.update(par.notes)
     attend = lambda q, k, v: ctx.attention(q, k, v, causal=work.causal)  # noqa: E731
     m = max(work.batch // (d["dp"] * plan.micro_batch_size), 1)
@@ -137,6 +137,35 @@ def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, dev
             "peak_bytes": float(peak), "static_bytes": float(static), "micro_batches_run": m_run, "micro_batches": m}
 
 
+def stage_sends(plan: Plan, model: ModelSpec, work: Workload, *, iters: int, device: torch.device,
+                dtype: torch.dtype) -> float:
+    """This rank's median seconds of one micro-batch's stage-boundary traffic in 1F1B: its activations to the next
+    stage and their gradients back (schedules.pipeline_p2p: b x N/(sp tp) x H elements each way, shifted over the
+    pp group), every stage at once as in the pipeline's steady state."""
+    d, rank = plan.degrees, dist.get_rank()
+    group = plan.layout().group_of(("pp",), rank)
+    i, p = group.index(rank), len(group)
+    nxt, prv = group[(i + 1) % p], group[(i - 1) % p]
+    n = work.seq_len // (d["ulysses"] * d["ring"] * d["tp"])
+    out = torch.randn(plan.micro_batch_size, n, model.hidden, dtype=dtype, device=device)
+    into = torch.empty_like(out)
+
+    def exchange(to: int, frm: int) -> None:
+        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, out, to), dist.P2POp(dist.irecv, into, frm)]):
+            w.wait()
+
+    times = []
+    for k in range(iters + 1):  # the first is a warm-up
+        dist.barrier()
+        t0 = time.perf_counter()
+        exchange(nxt, prv)  # activations forward
+        exchange(prv, nxt)  # their gradients back
+        sync(device)
+        if k:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def extrapolate(values: dict[int, float], target: int) -> tuple[float, float, float, bool]:
     """(value at target, fixed, per_layer, clamped) of a quantity measured at one or two block counts."""
     ls = sorted(values)
@@ -168,7 +197,10 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
     for n in counts:
         per_rank[n] = _measure_stack(plan, model, work, ctx, mesh, n, warmup=warmup, iters=iters, device=device,
                                      dtype=dtype, fault=fault, notes=notes)
-    everyone = gather_objects({n: {q: per_rank[n][q] for q in QUANTITIES} for n in counts})
+    sends = stage_sends(plan, model, work, iters=iters, device=device, dtype=dtype) if d["pp"] > 1 else 0.0
+    everyone = gather_objects(({n: {q: per_rank[n][q] for q in QUANTITIES} for n in counts}, sends))
+    sends = max(s for _, s in everyone)
+    everyone = [r for r, _ in everyone]
     worst = {n: {q: max(r[n][q] for r in everyone) for q in QUANTITIES} for n in counts}
     fit = {q: extrapolate({n: worst[n][q] for n in counts}, target) for q in QUANTITIES}
     fb, opt, peak, static = (fit[q][0] for q in QUANTITIES)
@@ -187,12 +219,14 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
         "checkpointing": plan.checkpointing, **notes, "fallbacks": fallbacks,
     }
     if p > 1:
-        step = (m + p - 1) * fb + opt
+        step = (m + p - 1) * (fb + sends) + opt
         act = max(peak - static, 0.0)
         memory = peak + (min(p, m) - 1) * act
-        detail["pipeline"] = (f"COMPOSED 1F1B: every rank ran one stage of {target} layers on one micro-batch; "
-                              f"step = (m + p - 1) x fwd_bwd + optimizer = ({m} + {p} - 1) x {fb:.4g} + {opt:.4g} s; "
-                              f"memory = peak + (min(p, m) - 1) x activations; inter-stage sends not measured")
+        detail["stage_sends_s"] = sends
+        detail["pipeline"] = (f"COMPOSED 1F1B: every rank ran one stage of {target} layers on one micro-batch and "
+                              f"timed its stage-boundary sends (activations forward, gradients back, all stages at "
+                              f"once); step = (m + p - 1) x (fwd_bwd + sends) + optimizer = ({m} + {p} - 1) x "
+                              f"({fb:.4g} + {sends:.4g}) + {opt:.4g} s; memory = peak + (min(p, m) - 1) x activations")
     else:
         step, memory = m * fb + opt, peak
     return {"measured_s": step, "measured_memory": memory, "detail": detail}

@@ -1,8 +1,12 @@
 """TP, ZeRO and gradient synchronization of a Stack for a plan, with every fallback said out loud.
 
 Mesh: one DeviceMesh ("pp", "dp_sp", "tp") over the world, "dp_sp" = the ranks that hold the same
-weights (dp x ulysses x ring: same tp and pp coordinates). TP: torch's tensor-parallel API
-(ColwiseParallel on Q, K, V and the MLP's up/gate, RowwiseParallel on O and down) on "tp".
+weights (dp x ulysses x ring: same tp and pp coordinates). TP: Megatron's TP with sequence parallelism
+(what the planner prices, schedules.linear_steps: an all-gather before attention and MLP, a
+reduce-scatter after) through torch's tensor-parallel API on "tp": SequenceParallel norms on this rank's
+1/tp of the tokens, the sequence all-gathered into ColwiseParallel Q, K, V and the MLP's up/gate,
+RowwiseParallel O and down reduce-scattered back to the tokens' shards (``Parallel.shard_tokens``); the
+embedding, final norm and head run on the rank's 1/tp of the tokens.
 ZeRO over "dp_sp": stage 2/3 FSDP2 ``fully_shard`` per block and at the root (reshard_after_forward
 False/True); stage 1 DDP with ``ZeroRedundancyOptimizer`` (AdamW state sharded); stage 0 DDP.
 Where one of these does not apply (TP with DDP), gradients are all-reduced by hand and ``notes``
@@ -38,14 +42,26 @@ def replica_mesh(plan: Plan, device_type: str) -> DeviceMesh:
 
 
 def tp_plan(gated: bool) -> dict:
-    """Megatron's split of a block: column-parallel into attention and MLP, row-parallel out of them."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    """Megatron's split of a block with sequence parallelism (Korthikanti et al. 2022, Fig. 5): the norms on
+    sequence shards, column-parallel into attention and MLP (the block gathers the sequence first:
+    stack.gather_sequence), row-parallel out of them reduce-scattered onto the sequence shards."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
-    p = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
-         "attn.o": RowwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
+    p = {"norm1": SequenceParallel(), "norm2": SequenceParallel(),
+         "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+         "attn.o": RowwiseParallel(output_layouts=Shard(1)), "mlp.up": ColwiseParallel(),
+         "mlp.down": RowwiseParallel(output_layouts=Shard(1))}
     if gated:
         p["mlp.gate"] = ColwiseParallel()
     return p
+
+
+def tokens_of(tp_rank: int, tp: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """This TP rank's contiguous 1/tp of a (batch, tokens, ...) tensor's tokens (identity for tp = 1)."""
+    if tp == 1:
+        return lambda t: t
+    return lambda t: t.chunk(tp, dim=1)[tp_rank].contiguous()
 
 
 @dataclass
@@ -56,6 +72,7 @@ class Parallel:
     optimizer: torch.optim.Optimizer
     sync_grads: Callable[[], None]
     notes: dict = field(default_factory=dict)
+    shard_tokens: Callable[[torch.Tensor], torch.Tensor] = lambda t: t  # a sequence rank's tokens -> this TP rank's
 
 
 @contextmanager
@@ -97,13 +114,16 @@ def parallelize(stack: nn.Module, plan: Plan, mesh: DeviceMesh, *, lr: float = 1
 
         for blk in stack.blocks:
             parallelize_module(blk, mesh["tp"], tp_plan(m.gated_mlp))
-        notes["tp"] = "torch.distributed.tensor.parallel (Colwise Q,K,V,up,gate; Rowwise O,down); embedding, head replicated"
+        notes["tp"] = ("torch.distributed.tensor.parallel, Megatron TP with sequence parallelism (SequenceParallel "
+                       "norms; sequence all-gathered into Colwise Q,K,V,up,gate; Rowwise O,down reduce-scattered); "
+                       "embedding, final norm and head replicated, run on this rank's 1/tp of the tokens")
+    shard = tokens_of(mesh["tp"].get_local_rank(), tp)
     replicas = mesh["dp_sp"].size()
     group = mesh["dp_sp"].get_group()
     nothing = lambda: None  # noqa: E731
     if replicas == 1:
         notes["zero"] = f"zero{stage}: no data-parallel replicas, nothing to shard or sync"
-        return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr), nothing, notes)
+        return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr), nothing, notes, shard)
     if stage >= 2:
         from torch.distributed.fsdp import fully_shard
 
@@ -112,12 +132,12 @@ def parallelize(stack: nn.Module, plan: Plan, mesh: DeviceMesh, *, lr: float = 1
             fully_shard(blk, mesh=mesh["dp_sp"], reshard_after_forward=reshard)
         fully_shard(stack, mesh=mesh["dp_sp"], reshard_after_forward=reshard)
         notes["zero"] = f"zero{stage}: FSDP2 fully_shard over dp x sp (reshard_after_forward={reshard})"
-        return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr), nothing, notes)
+        return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr), nothing, notes, shard)
     if tp > 1:
         notes["zero"] = (f"zero{stage}: FALLBACK gradients all-reduced by hand over dp x sp (DDP does not take "
                          "TP's DTensor parameters); optimizer state not sharded")
         return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr),
-                        _manual_sync(list(stack.parameters()), group), notes)
+                        _manual_sync(list(stack.parameters()), group), notes, shard)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ddp = DDP(stack, process_group=group)

@@ -59,6 +59,14 @@ class MLP(nn.Module):
         return self.down(h)
 
 
+def gather_sequence(h: torch.Tensor) -> torch.Tensor:
+    """A norm's output under TP sequence parallelism (a DTensor sharded on the tokens) all-gathered for the
+    column-parallel projections (its backward reduce-scatters); a plain tensor as is."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    return h.redistribute(h.device_mesh, [Replicate()]) if isinstance(h, DTensor) else h
+
+
 class Block(nn.Module):
     """One pre-norm Transformer block; ``attend`` is given per call (no state about the world)."""
 
@@ -71,11 +79,11 @@ class Block(nn.Module):
         self.mlp = MLP(model, **kw)
 
     def _qkv(self, x):
-        return self.attn.qkv(self.norm1(x))
+        return self.attn.qkv(gather_sequence(self.norm1(x)))
 
     def _post(self, x, a):
         h = x + self.attn.out(a)
-        return h + self.mlp(self.norm2(h))
+        return h + self.mlp(gather_sequence(self.norm2(h)))
 
     def _body(self, x, attend):
         return self._post(x, attend(*self._qkv(x)))
