@@ -59,7 +59,7 @@ def kernel_curves(samples: list[KernelSample], peak_flops: float) -> dict[str, C
         raise PlanError("peak_flops", f"must be positive, got {peak_flops}", "pass the device's peak FLOP/s for the dtype")
     by: dict[str, dict[int, list[float]]] = {}
     for s in samples:
-        if s.seconds > 0 and s.flops > 0:
+        if s.seconds > 0 and s.flops > 0 and not s.alone:  # curves: every rank computing, as in a step
             by.setdefault(s.kind, {}).setdefault(int(s.size), []).append(s.flops / (s.seconds * peak_flops))
     return {kind: Curve(points=tuple((float(n), float(np.median(v))) for n, v in sorted(sizes.items())))
             for kind, sizes in by.items()}
@@ -370,6 +370,23 @@ def fit(cluster: Cluster, base: Params, candidates: list[MeasuredCandidate]) -> 
     return res
 
 
+def solo_speedup(samples: list[KernelSample]) -> float | None:
+    """``Params.solo_speedup`` from the kernel timings: the median time of the kernels timed with every rank
+    computing over the median time of the same kernels timed by one rank while the others waited (at least 1);
+    None without such pairs."""
+    key = lambda s: (s.kind, s.size, s.heads, s.gemm)  # noqa: E731
+    alone: dict = {}
+    for s in samples:
+        if s.alone and s.seconds > 0:
+            alone.setdefault(key(s), []).append(s.seconds)
+    ratios = []
+    for k, ts in alone.items():
+        together = [s.seconds for s in samples if not s.alone and s.seconds > 0 and key(s) == k]
+        if together:
+            ratios.append(float(np.median(together)) / float(np.median(ts)))
+    return max(1.0, min(float(np.median(ratios)), 64.0)) if ratios else None
+
+
 def measured_params(cluster: Cluster, dtype: str, kernels: list[KernelSample] | None = None,
                     links: dict | None = None, base: Params | None = None) -> Params:
     """``base`` (default neutral) with the kernel curves and the comm fits of these measurements: fit()'s input."""
@@ -382,6 +399,9 @@ def measured_params(cluster: Cluster, dtype: str, kernels: list[KernelSample] | 
                             f"use one of {sorted(cluster.device(0).peak_flops)}")
         check_samples(kernels, peak, has_datasheet(cluster))
         upd.update(kernel_curves(kernels, peak))
+        solo = solo_speedup(kernels)
+        if solo is not None:
+            upd["solo_speedup"] = solo
     if links:
         upd["comm"] = {**base.comm, **comm_fits(cluster, links)}
     out = base.model_copy(update=upd) if upd else base

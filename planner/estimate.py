@@ -173,6 +173,13 @@ class Orders:
         return co
 
 
+def shared_cores(balance: tuple, s: float) -> float:
+    """The busiest rank's share of an uneven attention phase's time where ranks share cores: per round it stands
+    for, max(mean / max work, 1 / s) (the round lasts as long as the host's total work on the cores, or the
+    busiest rank's alone at s x its speed among busy peers: ``Params.solo_speedup``), averaged over the rounds."""
+    return sum(b if b > 1 / s else 1 / s for b in balance) / len(balance)
+
+
 def _scaled(priced: Priced, k: float, i: int = 0) -> list:
     return [(n, kind, g, b * k, float(s[i]) * k, float(x[i]) * k) for n, kind, g, b, s, x in priced.rows]
 
@@ -289,7 +296,8 @@ class Estimator:
             return p.nbytes / self.params.hbm_bandwidth if self.params.hbm_bandwidth else 0.0
         if p.kind == "matmul":
             return self.compute_time(p)
-        return p.flops / (self._compute_peak * self.attention_efficiency(p.name.endswith("bwd"), p.block, p.fill))
+        t = p.flops / (self._compute_peak * self.attention_efficiency(p.name.endswith("bwd"), p.block, p.fill))
+        return t * shared_cores(p.balance, self.params.solo_speedup) if p.balance and self.params.solo_speedup > 1 else t
 
     def _floor_linear(self, part: str, one: Shape) -> tuple[tuple, dict]:
         """``attention_floor``'s parts of a bound unit, linear in k: (plain seconds without per-call overhead,
@@ -385,6 +393,8 @@ class Estimator:
             return p.nbytes * k / pr.hbm_bandwidth if pr.hbm_bandwidth else 0.0
         if p.kind == "attention":
             t = flops / (self._compute_peak * self.attention_efficiency(p.name.endswith("bwd"), p.block, p.fill))
+            if p.balance and pr.solo_speedup > 1:
+                t *= shared_cores(p.balance, pr.solo_speedup)
             return t + pr.round_overhead_s if pr.round_overhead_s else t
         if pr.matmul is not None:
             rows = p.rows * k

@@ -287,6 +287,38 @@ def _round_work(token_layout: str, ring: int, seq_len: int) -> tuple[float, ...]
     return tuple(float(w[r, (r - i) % ring].max()) for i in range(ring))
 
 
+#: rings up to this size carry per-round balances (Compute.balance): they matter only where ranks share cores
+#: (CPU worlds of a few ranks; Params.solo_speedup is 1 on GPUs), and a larger ring's would cost O(ring) a schedule
+BALANCE_MAX_RING = 256
+
+
+@lru_cache(maxsize=4096)
+def round_balance(token_layout: str, ring: int, seq_len: int, causal: bool, q_travels: bool = False
+                  ) -> tuple[float, ...]:
+    """Per ring round i, the ranks' mean causal block fraction over the busiest's (Striped Attention Sec. 3: a
+    contiguous ring's round i has P - i ranks on a whole earlier block and i on a masked later one). Ring
+    attention: rank r holds the K, V of rank r - i; ``q_travels`` (TokenRing, seeds/001): rank r holds the Q of
+    rank r - i against its own K, V. Even rounds (zigzag, non-causal) give 1.0; closed forms past 64 ranks."""
+    if not causal:
+        return (1.0,) * ring
+    c = seq_len // ring
+    if ring > 64:
+        earlier, own, later = block_fractions(token_layout, c)
+        out = [1.0]
+        for i in range(1, ring):
+            ahead = i if q_travels else ring - i  # ranks whose block in this round is an earlier one
+            mean = (ahead * earlier + (ring - ahead) * later) / ring
+            out.append(mean / max(earlier, later) if max(earlier, later) > 0 else 1.0)
+        return tuple(out)
+    w = causal_work(token_layout, ring, seq_len)
+    r = np.arange(ring)
+    out = []
+    for i in range(ring):
+        x = w[(r - i) % ring, r] if q_travels else w[r, (r - i) % ring]
+        out.append(float(x.mean() / x.max()) if x.max() > 0 else 1.0)
+    return tuple(out)
+
+
 @lru_cache(maxsize=4096)
 def round_work_runs(token_layout: str, ring: int, seq_len: int, causal: bool) -> tuple[tuple[float, int], ...]:
     """``round_work`` run-length encoded: ((fraction, rounds), ...) in round order."""

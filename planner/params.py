@@ -73,6 +73,10 @@ class Params(BaseModel):
                                       "training step: the curves are timed alone, a step runs them among the rest "
                                       "(contention for cores and caches, clocks under load, the framework between "
                                       "kernels); 1 = as timed")
+    solo_speedup: float = Field(default=1.0, ge=1, le=64, description="how much faster a rank computes while the "
+                                "others on its device's cores wait than while they all compute (CPU ranks sharing "
+                                "cores: about ranks / cores; 1 on GPUs): an uneven attention round then costs its "
+                                "ranks' mean work, at least the busiest's over this (Compute.balance)")
     round_overhead_s: float = Field(default=0.0, ge=0, description="fixed seconds per attention block call (launch, merge, sync)")
     memory_overhead_bytes: float = Field(default=0.0, ge=0, description="framework bytes per rank beyond the modelled "
                                          "parts (>= 0: the modelled parts are the floor)")

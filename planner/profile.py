@@ -41,6 +41,7 @@ class KernelSample:
     batch: int = 1
     backend: str = ""
     gemm: tuple[int, int, int] | None = None  # matmul: (m, n, k) = (rows, output features, input features)
+    alone: bool = False  # timed while every other rank waited (Params.solo_speedup), not with all ranks at once
 
 
 class MeasuredCandidate(BaseModel):

@@ -29,6 +29,7 @@ class Compute(NamedTuple):
     rows: float = 0.0
     fill: float = 1.0  # attention: fraction of the block's query x key pairs computed (causal diagonal, zigzag half)
     nbytes: float = 0.0  # memory: bytes read + written
+    balance: tuple = ()  # attention: per round it stands for, the ranks' mean work over the busiest's (() = even)
 
 
 class Comm(NamedTuple):
@@ -102,7 +103,7 @@ class Shape:
 def scaled(steps: list[Step], k: int) -> list[Step]:
     """``steps`` for k times the sequences of a micro-batch: every FLOP count, GEMM row count and byte volume
     of a schedule is linear in ``b`` (the sizes above), block lengths and repeats are not."""
-    return [Step(tuple(Compute(p.name, p.flops * k, p.kind, p.block, p.rows * k, p.fill, p.nbytes * k)
+    return [Step(tuple(Compute(p.name, p.flops * k, p.kind, p.block, p.rows * k, p.fill, p.nbytes * k, p.balance)
                        if type(p) is Compute else Comm(p.name, p.pattern, p.dim, p.nbytes * k) for p in st.phases),
                  st.repeat, st.overlap)
             for st in steps]

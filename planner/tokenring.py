@@ -29,7 +29,7 @@ from functools import lru_cache
 
 from .algorithms import Algorithm, Variant, register
 from .errors import PlanError
-from .layout import tokenring_step_work
+from .layout import BALANCE_MAX_RING, round_balance, tokenring_step_work
 from .schedules import Comm, Compute, Shape, Step, attention_flops, merge_bytes
 
 
@@ -71,6 +71,21 @@ def step_classes(ring: int, team: int) -> tuple[tuple[bool, bool, bool, bool, bo
     return tuple((*k, n) for k, n in classes.items())
 
 
+def class_balance(token_layout: str, ring: int, team: int, seq_len: int, causal: bool) -> dict[tuple, tuple]:
+    """Pure TokenRing (team = ring, one round): ``step_classes``' key -> the per-step balance of its steps
+    (``layout.round_balance`` with the Q travelling: step i pairs rank r's K, V with rank r - i's Q), for rings of
+    up to BALANCE_MAX_RING; else {} (even: Compute.balance is read only where ranks share cores)."""
+    C, N = team, ring // team
+    if N != 1 or ring > BALANCE_MAX_RING:
+        return {}
+    bal = round_balance(token_layout, ring, seq_len, causal, q_travels=True)
+    out: dict[tuple, tuple] = {}
+    for i, ni in segments(C, (1, 2, C - 1)):  # step_classes' keys at j = 0 (constant over a segment)
+        key = (i == 0, i < C - 1, C > 1 and i >= 2, N > 1, False)
+        out[key] = out.get(key, ()) + bal[i:i + ni]
+    return out
+
+
 def tokenring_steps(c: Shape, backward: bool) -> list[Step]:
     """TokenRing (seeds/001 Alg. 1) and TokenRing x Ring (Sec. 3.3.3): Q one way, out + LSE the other, per step.
 
@@ -85,11 +100,14 @@ def tokenring_steps(c: Shape, backward: bool) -> list[Step]:
     blk = attention_flops(c.n_ring, c.n_ring, c.heads_local, c.model.head_dim, c.b)
     qv, pv, kv, dkv = _volumes(c, backward)
     work = tokenring_step_work(c.token_layout, P, c.work.seq_len, c.work.causal)
+    balance = class_balance(c.token_layout, P, C, c.work.seq_len, c.work.causal)
     steps = []
     for first, sends_q, sends_part, kv_across, dkv_across, n in step_classes(P, C):
         outer = kv * kv_across + dkv * dkv_across
         f = work[0 if first else 1]
-        phases: list = [Compute(f"attention {tag}", mult * blk * f, "attention", c.n_ring, fill=f)]
+        b = balance.get((first, sends_q, sends_part, kv_across, dkv_across), ())
+        phases: list = [Compute(f"attention {tag}", mult * blk * f, "attention", c.n_ring, fill=f,
+                                balance=b if b and min(b) < 1.0 else ())]
         if P > 1:  # the owner folds a partial out + LSE into its accumulator (or dQ into its own)
             phases.append(Compute(f"tokenring merge {tag}", 0.0, "memory", nbytes=merge_bytes(c, backward)))
         if sends_q and sends_part:

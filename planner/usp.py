@@ -6,7 +6,7 @@ around the ring rounds (USP Sec. 3), the rounds double-buffered (WallFacer eq. 2
 from __future__ import annotations
 
 from .algorithms import Algorithm, Variant, algorithm_for, register
-from .layout import round_work_runs
+from .layout import BALANCE_MAX_RING, round_balance, round_work_runs
 from .schedules import Comm, Compute, Shape, Step, a2a_packing, attention_flops, merge_bytes
 
 
@@ -36,13 +36,19 @@ def ring_steps(c: Shape, backward: bool) -> list[Step]:
     kv_block = c.b * c.n_ring * c.kv_local * c.model.head_dim * c.e
     send = (4 if backward else 2) * kv_block
     runs = list(round_work_runs(c.token_layout, R, c.work.seq_len, c.work.causal))
+    balance = (round_balance(c.token_layout, R, c.work.seq_len, c.work.causal)  # uneven rounds (Compute.balance)
+               if R <= BALANCE_MAX_RING else ())
     tag = "bwd" if backward else "fwd"
     f_last, k_last = runs[-1]
     runs[-1:] = ([(f_last, k_last - 1)] if k_last > 1 else []) + [(f_last, 0)]  # the last round sends nothing
     steps = []
     merge = (Compute(f"ring merge {tag}", 0.0, "memory", nbytes=merge_bytes(c, backward)),) if R > 1 else ()
+    i = 0  # the first round of the run
     for f, k in runs:
-        comp = (Compute(f"attention {tag}", mult * blk * f, "attention", c.n_ring, fill=f),) + merge
+        b = balance[i:i + max(k, 1)]
+        i += max(k, 1)
+        comp = (Compute(f"attention {tag}", mult * blk * f, "attention", c.n_ring, fill=f,
+                        balance=b if b and min(b) < 1.0 else ()),) + merge
         if k:
             steps.append(Step(comp + (Comm(f"ring p2p {tag}", "shift", ("ring",), send),), k, overlap=True))
         else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -125,7 +125,26 @@ def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opt
     blocks, heads = kernel_shapes(pool, model, work)
     mine = measure_kernels(model, blocks, heads, dev, _dtype(model, dev), work.causal, repeats=opts.kernel_repeats,
                            gemm_rows=token_rows(pool, work))
+    mine += measure_alone(model, max(blocks), max(heads), dev, _dtype(model, dev), work.causal, opts.kernel_repeats)
     return [dict(s, rank=r) for r, samples in enumerate(gather_objects([asdict(s) for s in mine])) for s in samples]
+
+
+def measure_alone(model: ModelSpec, block: int, heads: int, dev: torch.device, dtype: torch.dtype, causal: bool,
+                  repeats: int) -> list[KernelSample]:
+    """The largest attention block forward, timed by each rank in turn while the others wait at a barrier
+    (``alone``; against its timing with every rank at once: Params.solo_speedup, calibration.solo_speedup)."""
+    from .kernels import measure_kernels
+
+    out: list[KernelSample] = []
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for r in range(world):
+        dist.barrier()
+        if r == rank:
+            out = [replace(s, alone=True) for s in measure_kernels(model, [block], [heads], dev, dtype, causal,
+                                                                   repeats=repeats, gemm_rows=[])
+                   if s.kind == "attention_fwd"]
+    dist.barrier()
+    return out
 
 
 def base_params(cluster: Cluster, model: ModelSpec, kernels: list[dict], links: dict | None) -> tuple[Params, list[str]]:
@@ -138,6 +157,9 @@ def base_params(cluster: Cluster, model: ModelSpec, kernels: list[dict], links: 
         said.append(f"attention blocks on {chosen_backends(kernels)} (runtime.choice)")
     if params.comm:
         said.append("collective efficiency and latency for " + ", ".join(sorted(params.comm)))
+    if any(s.alone for s in samples):
+        said.append(f"solo speedup {params.solo_speedup:.2f} (a rank's attention block alone vs with every rank "
+                    f"computing: uneven ring rounds cost their mean work where ranks share cores)")
     return params, said
 
 

@@ -1,0 +1,80 @@
+"""Ranks sharing cores: uneven attention rounds cost their ranks' mean work (Params.solo_speedup, Compute.balance)."""
+import numpy as np
+import pytest
+
+from sp_plan.planner import Plan, Workload
+from sp_plan.planner.calibration import measured_params, solo_speedup
+from sp_plan.planner.candidate import Candidate
+from sp_plan.planner.estimate import Estimator, shared_cores
+from sp_plan.planner.layout import causal_work, round_balance
+from sp_plan.planner.params import Params
+from sp_plan.planner.profile import KernelSample
+from sp_plan.planner.schedules import attention_steps
+from sp_plan.profiles import load_cluster, load_model
+
+WORK = Workload(seq_len=1024, batch=1, causal=True, training=True)
+
+
+def test_round_balance_of_a_contiguous_ring_by_hand():
+    # round i: rank r holds rank r - i's K, V; ranks r >= i compute a whole earlier block, the others nothing
+    assert round_balance("contiguous", 4, 1024, True) == (1.0, 0.75, 0.5, 0.25)
+    # TokenRing: rank r holds rank r - i's Q against its own K, V: i ranks compute
+    assert round_balance("contiguous", 4, 1024, True, q_travels=True) == (1.0, 0.25, 0.5, 0.75)
+    assert round_balance("zigzag", 8, 1024, True) == (1.0,) * 8
+    assert round_balance("contiguous", 8, 1024, False) == (1.0,) * 8
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "striped", "zigzag"])
+@pytest.mark.parametrize("q_travels", [False, True])
+def test_round_balance_closed_form_past_64_ranks_matches_the_blocks(layout, q_travels):
+    P, S = 128, 128 * 64
+    w, r = causal_work(layout, P, S), np.arange(P)
+    want = []
+    for i in range(P):
+        x = w[(r - i) % P, r] if q_travels else w[r, (r - i) % P]
+        want.append(x.mean() / x.max())
+    assert np.allclose(round_balance(layout, P, S, True, q_travels), want, rtol=1e-12, atol=0)
+
+
+def test_shared_cores_by_hand():
+    # s = 2: a round lasts max(mean / max, 1/2) of the busiest rank's time among busy peers
+    assert shared_cores((0.75, 0.5, 0.25), 2.0) == pytest.approx((0.75 + 0.5 + 0.5) / 3)
+    assert shared_cores((0.75, 0.5, 0.25), 1.0) == 1.0  # no sharing: the busiest rank sets the round
+
+
+def test_contiguous_ring_is_priced_by_its_mean_work_where_ranks_share_cores():
+    cl, m = load_cluster("cpu-local"), load_model("tiny-llama")
+    steps = {}
+    for s in (1.0, 2.0, 64.0):
+        est = Estimator(cl, m, WORK, params=Params(solo_speedup=s))
+        for alg in ("ring", "tokenring"):
+            for lay in ("contiguous", "zigzag"):
+                steps[s, alg, lay] = est(Plan(algorithm=alg, degrees={"ring": 4}, token_layout=lay)).step_time_s
+    for alg in ("ring", "tokenring"):
+        # zigzag's rounds are even: no change; contiguous gets cheaper with s, never below zigzag's
+        assert steps[1.0, alg, "zigzag"] == steps[2.0, alg, "zigzag"] == steps[64.0, alg, "zigzag"]
+        assert steps[1.0, alg, "contiguous"] > steps[2.0, alg, "contiguous"] > steps[64.0, alg, "contiguous"]
+        assert steps[64.0, alg, "contiguous"] >= steps[1.0, alg, "zigzag"] * 0.999
+    # the balances ride on the attention phases of uneven rounds only
+    c = Estimator(cl, m, WORK).shape(Candidate.from_plan(Plan(algorithm="ring", degrees={"ring": 4})))
+    att = [p for st in attention_steps(c, False) for p in st.phases if getattr(p, "kind", "") == "attention"]
+    assert sorted(b for p in att for b in p.balance) == [0.25, 0.5, 0.75]  # rounds 1-3; round 0 is even
+
+
+def _sample(seconds, alone, kind="attention_fwd", size=256):
+    return KernelSample(kind=kind, size=size, heads=4, head_dim=16, causal=True, flops=4.0 * size * size * 4 * 16 / 2,
+                        seconds=seconds, alone=alone)
+
+
+def test_solo_speedup_from_kernel_timings():
+    together = [_sample(t, False) for t in (2.0e-3, 2.1e-3, 1.9e-3, 2.0e-3)]
+    alone = [_sample(t, True) for t in (1.0e-3, 1.1e-3, 0.9e-3, 1.0e-3)]
+    assert solo_speedup(together + alone) == pytest.approx(2.0)
+    assert solo_speedup(together) is None  # nothing timed alone
+    assert solo_speedup(together + [_sample(3.0e-3, True)]) == 1.0  # slower alone: noise, never below 1
+    # the curves come from the kernels timed together only; the speedup lands in Params
+    cl = load_cluster("cpu-local")
+    p = measured_params(cl, "fp32", together + alone)
+    assert p.solo_speedup == pytest.approx(2.0)
+    eff = together[0].flops / (2.0e-3 * cl.device(0).peak_flops["fp32"])
+    assert p.attention_fwd.points == ((256.0, pytest.approx(eff)),)
