@@ -272,22 +272,10 @@ class Estimator:
         return k * a + calls * o if o else k * a
 
     def _attention_linear(self, part: str, one: Shape) -> tuple[float, int]:
-        """(seconds without the per-call overhead, attention calls) of the attention steps of a bound unit (k = 1
-        but for ``batch_linear`` algorithms, whose steps hold no GEMM: METP's read the matmul curve at its rows)."""
-        key = ("attention linear",) + schedule_key(part, one)
-        v = self._busy.get(key)
-        if v is None:
-            steps, _ = self.attention_steps_of(part, one)
-            a, calls = 0.0, 0
-            for st in steps:
-                for p in st.phases:
-                    if isinstance(p, Compute):
-                        if p.kind == "matmul" and ALGORITHMS[one.algorithm].batch_linear:  # rows x k: not linear
-                            raise NotImplementedError(f"{one.algorithm}: a GEMM in a batch_linear attention schedule")
-                        a += self._seconds_at_one(p) * st.repeat
-                        calls += st.repeat if p.kind == "attention" else 0
-            v = self._busy[key] = (a, calls)
-        return v
+        """(seconds without the per-call overhead, attention calls) of the attention steps of a bound unit: plain
+        and overlapped steps together (``_floor_linear``)."""
+        (a_plain, n_plain, a_over, n_over), _ = self._floor_linear(part, one)
+        return a_plain + a_over, n_plain + n_over
 
     def _seconds_at_one(self, p: Compute) -> float:
         """``compute_time`` of a phase without the per-call overhead: linear in its volume (attention, memory;
@@ -302,7 +290,8 @@ class Estimator:
     def _floor_linear(self, part: str, one: Shape) -> tuple[tuple, dict]:
         """``attention_floor``'s parts of a bound unit, linear in k: (plain seconds without per-call overhead,
         plain attention calls, the same for overlapped steps) and (slot, pattern, dims) -> (a phase, bytes x
-        repeats, repeats)."""
+        repeats, repeats). k = 1 but for ``batch_linear`` algorithms, whose steps hold no GEMM (METP's read the
+        matmul curve at their rows, not linear in k)."""
         key = ("floor linear",) + schedule_key(part, one)
         v = self._busy.get(key)
         if v is None:
