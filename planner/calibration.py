@@ -54,13 +54,18 @@ def resolve_params(cluster: Cluster, profile=None, store=None) -> tuple[Params, 
 # ---- kernel curves
 def kernel_curves(samples: list[KernelSample], peak_flops: float) -> dict[str, Curve]:
     """Efficiency curves per kernel kind: flops / (seconds x peak), median over repeats at one size
-    (heads pooled: efficiency is per FLOP), sorted by size. Keys are Params fields (attention_fwd, ...)."""
+    (heads pooled: efficiency is per FLOP), sorted by size. Keys are Params fields (attention_fwd, ...); where
+    attention was timed both dense and causal, the causal samples give attention_fwd_masked / _bwd_masked."""
     if not peak_flops > 0:
         raise PlanError("peak_flops", f"must be positive, got {peak_flops}", "pass the device's peak FLOP/s for the dtype")
     by: dict[str, dict[int, list[float]]] = {}
+    # attention timed both dense and under a causal mask: the masked ones give the *_masked curves
+    split = any(s.causal for s in samples if s.kind != "matmul") and any(not s.causal for s in samples
+                                                                         if s.kind != "matmul")
     for s in samples:
         if s.seconds > 0 and s.flops > 0 and not s.alone:  # curves: every rank computing, as in a step
-            by.setdefault(s.kind, {}).setdefault(int(s.size), []).append(s.flops / (s.seconds * peak_flops))
+            kind = s.kind + "_masked" if split and s.causal and s.kind != "matmul" else s.kind
+            by.setdefault(kind, {}).setdefault(int(s.size), []).append(s.flops / (s.seconds * peak_flops))
     return {kind: Curve(points=tuple((float(n), float(np.median(v))) for n, v in sorted(sizes.items())))
             for kind, sizes in by.items()}
 
@@ -374,7 +379,7 @@ def solo_speedup(samples: list[KernelSample]) -> float | None:
     """``Params.solo_speedup`` from the kernel timings: the median time of the kernels timed with every rank
     computing over the median time of the same kernels timed by one rank while the others waited (at least 1);
     None without such pairs."""
-    key = lambda s: (s.kind, s.size, s.heads, s.gemm)  # noqa: E731
+    key = lambda s: (s.kind, s.size, s.heads, s.gemm, s.causal)  # noqa: E731
     alone: dict = {}
     for s in samples:
         if s.alone and s.seconds > 0:

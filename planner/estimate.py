@@ -284,7 +284,8 @@ class Estimator:
             return p.nbytes / self.params.hbm_bandwidth if self.params.hbm_bandwidth else 0.0
         if p.kind == "matmul":
             return self.compute_time(p)
-        t = p.flops / (self._compute_peak * self.attention_efficiency(p.name.endswith("bwd"), p.block, p.fill))
+        t = p.flops / (self._compute_peak * self.attention_efficiency(p.name.endswith("bwd"), p.block, p.fill,
+                                                                      p.masked))
         return t * shared_cores(p.balance, self.params.solo_speedup) if p.balance and self.params.solo_speedup > 1 else t
 
     def _floor_linear(self, part: str, one: Shape) -> tuple[tuple, dict]:
@@ -381,7 +382,8 @@ class Estimator:
         if p.kind == "memory":  # memory-bound pass (merge, packing): bytes over achieved HBM bandwidth
             return p.nbytes * k / pr.hbm_bandwidth if pr.hbm_bandwidth else 0.0
         if p.kind == "attention":
-            t = flops / (self._compute_peak * self.attention_efficiency(p.name.endswith("bwd"), p.block, p.fill))
+            t = flops / (self._compute_peak * self.attention_efficiency(p.name.endswith("bwd"), p.block, p.fill,
+                                                                        p.masked))
             if p.balance and pr.solo_speedup > 1:
                 t *= shared_cores(p.balance, pr.solo_speedup)
             return t + pr.round_overhead_s if pr.round_overhead_s else t
@@ -392,11 +394,21 @@ class Estimator:
             eff = self.device.matmul_efficiency
         return flops / (self._compute_peak * eff)
 
-    def attention_efficiency(self, backward: bool, block: float, fill: float = 1.0) -> float:
+    def attention_efficiency(self, backward: bool, block: float, fill: float = 1.0, masked: bool = False) -> float:
         """Achieved / peak FLOP/s of an attention call (``compute_time``): the measured curve params.attention_fwd /
         attention_bwd at the block length (a part-filled block: the square block of as many query x key pairs)
-        when set, else the device's saturating curve."""
+        when set, else the device's saturating curve; a block under a causal mask (``Compute.masked``) reads
+        params.attention_fwd_masked / attention_bwd_masked at its length where measured (a masked kernel's
+        efficiency per computed pair is not a dense one's)."""
         pr = self.params
+        if masked:
+            curve = pr.attention_bwd_masked if backward else pr.attention_fwd_masked
+            if curve is not None:
+                key = (backward, "masked", block)
+                eff = self._curve_at.get(key)
+                if eff is None:
+                    eff = self._curve_at[key] = curve.at(block)
+                return eff
         curve = pr.attention_bwd if backward else pr.attention_fwd
         if curve is None:
             return self.device.attn_efficiency * block / (block + self.device.attn_half_block)
@@ -718,12 +730,18 @@ class Estimator:
             best = self._busy.get(bkey)
             if best is None:
                 blocks = attention_blocks(c)
-                curve = self.params.attention_bwd if backward else self.params.attention_fwd
-                if curve is not None:  # part-filled blocks read the curve below their length: its points there too
-                    blocks = (*blocks, *(x for x, _ in curve.points if x < blocks[-1]))
-                # the same FLOPs at every block: the most efficient is the fastest (float division is monotone)
-                best = self._busy[bkey] = max(blocks, key=lambda b: self.attention_efficiency(backward, b))
-            t = self._busy[key] = self.compute_time(balanced_attention(c, backward, best))
+                pr = self.params
+                for curve in ((pr.attention_bwd, pr.attention_bwd_masked) if backward
+                              else (pr.attention_fwd, pr.attention_fwd_masked)):
+                    if curve is not None:  # part-filled blocks read the curve below their length: its points too
+                        blocks = (*blocks, *(x for x, _ in curve.points if x < blocks[-1]))
+                # the same FLOPs at every block: the most efficient is the fastest (float division is monotone);
+                # a block may run dense or masked: the better of the two
+                best = self._busy[bkey] = max(blocks, key=lambda b: max(self.attention_efficiency(backward, b),
+                                                                       self.attention_efficiency(backward, b,
+                                                                                                 masked=True)))
+            p = balanced_attention(c, backward, best)
+            t = self._busy[key] = min(self.compute_time(p), self.compute_time(p._replace(masked=True)))
         return t
 
     def evaluate(self, cand: Candidate, detail: bool = False) -> Evaluation:

@@ -57,6 +57,10 @@ class CommFit(BaseModel):
     efficiency: float = Field(default=1.0, gt=0)
 
 
+#: the efficiency curves of Params (achieved / peak FLOP/s by size)
+CURVES = ("attention_fwd", "attention_bwd", "attention_fwd_masked", "attention_bwd_masked", "matmul")
+
+
 class Params(BaseModel):
     """Everything calibration may change in the cost model (neutral defaults: the uncalibrated engine)."""
 
@@ -64,6 +68,11 @@ class Params(BaseModel):
     attention_fwd: Curve | None = Field(default=None, description="attention block forward efficiency by block length "
                                         "(None: the device's attn_efficiency / attn_half_block curve)")
     attention_bwd: Curve | None = Field(default=None, description="attention block backward efficiency by block length")
+    attention_fwd_masked: Curve | None = Field(default=None, description="forward efficiency of a block under a causal "
+                                               "mask by its length, FLOPs counted as the pairs computed (None: "
+                                               "attention_fwd at the square block of as many pairs)")
+    attention_bwd_masked: Curve | None = Field(default=None, description="backward efficiency of a causally masked "
+                                               "block by its length")
     matmul: Curve | None = Field(default=None, description="GEMM efficiency by rows (tokens) of the GEMM "
                                  "(None: the device's matmul_efficiency)")
     comm: dict[str, CommFit] = Field(default_factory=dict, description='key "PATTERN_CLASS/LINK_CLASS", e.g. "all_to_all/intra"')

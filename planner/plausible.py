@@ -48,7 +48,9 @@ def check_params(params, cluster, what: str = "profile") -> None:
     (curves are achieved / peak) or bandwidth above the links' capacity (comm fits are measured / modelled)."""
     if not has_datasheet(cluster):
         return
-    for name in ("attention_fwd", "attention_bwd", "matmul"):
+    from .params import CURVES
+
+    for name in CURVES:
         curve = getattr(params, name)
         for size, eff in (curve.points if curve else ()):
             if eff > TOLERANCE:

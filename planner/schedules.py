@@ -30,6 +30,7 @@ class Compute(NamedTuple):
     fill: float = 1.0  # attention: fraction of the block's query x key pairs computed (causal diagonal, zigzag half)
     nbytes: float = 0.0  # memory: bytes read + written
     balance: tuple = ()  # attention: per round it stands for, the ranks' mean work over the busiest's (() = even)
+    masked: bool = False  # attention: one block under a causal mask (a diagonal, striped's shifted one), not dense
 
 
 class Comm(NamedTuple):
@@ -103,7 +104,8 @@ class Shape:
 def scaled(steps: list[Step], k: int) -> list[Step]:
     """``steps`` for k times the sequences of a micro-batch: every FLOP count, GEMM row count and byte volume
     of a schedule is linear in ``b`` (the sizes above), block lengths and repeats are not."""
-    return [Step(tuple(Compute(p.name, p.flops * k, p.kind, p.block, p.rows * k, p.fill, p.nbytes * k, p.balance)
+    return [Step(tuple(Compute(p.name, p.flops * k, p.kind, p.block, p.rows * k, p.fill, p.nbytes * k, p.balance,
+                               p.masked)
                        if type(p) is Compute else Comm(p.name, p.pattern, p.dim, p.nbytes * k) for p in st.phases),
                  st.repeat, st.overlap)
             for st in steps]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .cluster import NET, Cluster
 from .estimate import Estimator
 from .model import ModelSpec, Workload
-from .params import Curve, Params
+from .params import CURVES, Curve, Params
 from .plan import Plan
 
 LINK_FACTORS = (0.5, 2.0)
@@ -97,7 +97,7 @@ def scale_compute(cluster: Cluster, params: Params, factor: float) -> tuple[Clus
                                      "attn_efficiency": d.attn_efficiency * factor}) for d in nt.devices]
         types[name] = nt.model_copy(update={"devices": devs})
     scaled = params.model_copy(update={k: _scale_curve(getattr(params, k), factor)
-                                       for k in ("attention_fwd", "attention_bwd", "matmul")})
+                                       for k in CURVES})
     return cluster.model_copy(update={"node_types": types}), scaled
 
 

@@ -46,9 +46,12 @@ def ring_steps(c: Shape, backward: bool) -> list[Step]:
     i = 0  # the first round of the run
     for f, k in runs:
         b = balance[i:i + max(k, 1)]
+        # under a causal mask: the diagonal round, and striped's every round (a shifted diagonal); zigzag's and
+        # contiguous' other rounds are dense (half) blocks
+        masked = c.work.causal and (i == 0 or c.token_layout == "striped")
         i += max(k, 1)
         comp = (Compute(f"attention {tag}", mult * blk * f, "attention", c.n_ring, fill=f,
-                        balance=b if b and min(b) < 1.0 else ()),) + merge
+                        balance=b if b and min(b) < 1.0 else (), masked=masked),) + merge
         if k:
             steps.append(Step(comp + (Comm(f"ring p2p {tag}", "shift", ("ring",), send),), k, overlap=True))
         else:

@@ -78,3 +78,54 @@ def test_solo_speedup_from_kernel_timings():
     assert p.solo_speedup == pytest.approx(2.0)
     eff = together[0].flops / (2.0e-3 * cl.device(0).peak_flops["fp32"])
     assert p.attention_fwd.points == ((256.0, pytest.approx(eff)),)
+
+
+# ---------------------------------------------------------------- blocks under a causal mask
+
+def test_ring_rounds_say_which_blocks_run_under_the_causal_mask():
+    cl, m = load_cluster("cpu-local"), load_model("tiny-llama")
+    est = Estimator(cl, m, WORK)
+
+    def masked(alg, layout):
+        c = est.shape(Candidate.from_plan(Plan(algorithm=alg, degrees={"ring": 4}, token_layout=layout)))
+        return [(p.masked, p.fill) for st in attention_steps(c, False) for p in st.phases
+                if getattr(p, "kind", "") == "attention"]
+
+    # the diagonal round is masked; zigzag's and contiguous' other rounds are dense, striped's all shifted diagonals
+    for alg in ("ring", "tokenring"):
+        assert masked(alg, "contiguous")[0][0] and not any(m for m, _ in masked(alg, "contiguous")[1:])
+        assert masked(alg, "zigzag")[0][0] and not any(m for m, _ in masked(alg, "zigzag")[1:])
+        assert all(m for m, _ in masked(alg, "striped"))
+    nc = Estimator(cl, m, Workload(seq_len=1024, causal=False))
+    c = nc.shape(Candidate.from_plan(Plan(algorithm="ring", degrees={"ring": 4})))
+    assert not any(p.masked for st in attention_steps(c, False) for p in st.phases if hasattr(p, "masked"))
+
+
+def test_masked_blocks_read_their_own_curve():
+    from sp_plan.planner.params import Curve
+    cl, m = load_cluster("cpu-local"), load_model("tiny-llama")
+    dense = Curve(points=((128.0, 0.4), (256.0, 0.4)))
+    slow = Curve(points=((128.0, 0.1), (256.0, 0.1)))
+    base = Params(attention_fwd=dense, attention_bwd=dense)
+    split = base.model_copy(update={"attention_fwd_masked": slow, "attention_bwd_masked": slow})
+    t = {}
+    for name, p in (("base", base), ("split", split)):
+        est = Estimator(cl, m, WORK, params=p)
+        assert est.attention_efficiency(False, 256, 0.5, masked=True) == (0.1 if name == "split" else 0.4)
+        for lay in ("zigzag", "striped"):
+            t[name, lay] = est(Plan(algorithm="ring", degrees={"ring": 4}, token_layout=lay)).step_time_s
+    # masked blocks at a quarter of the dense efficiency: striped (every round masked) slows more than zigzag
+    assert t["split", "striped"] / t["base", "striped"] > t["split", "zigzag"] / t["base", "zigzag"] > 1.0
+
+
+def test_kernel_curves_split_dense_and_masked_timings():
+    from sp_plan.planner.calibration import kernel_curves
+    peak = 1e12
+
+    def s(causal, seconds, kind="attention_fwd"):
+        f = 4.0 * 256 * 256 * 4 * 16 * (0.5 if causal else 1.0)
+        return KernelSample(kind=kind, size=256, heads=4, head_dim=16, causal=causal, flops=f, seconds=seconds)
+    curves = kernel_curves([s(True, 1e-3), s(False, 1e-3)], peak)
+    assert set(curves) == {"attention_fwd", "attention_fwd_masked"}
+    assert curves["attention_fwd_masked"].points[0][1] == pytest.approx(curves["attention_fwd"].points[0][1] / 2)
+    assert set(kernel_curves([s(True, 1e-3)], peak)) == {"attention_fwd"}  # causal only (older profiles): as before

@@ -34,11 +34,13 @@ def test_measure_kernels_samples():
                         gemm_rows=[128])
     att = [x for x in s if x.kind.startswith("attention")]
     mm = [x for x in s if x.kind == "matmul"]
-    assert len(att) == 2 * 2 * 2 and len(mm) == 4
+    # causal work: every block timed under the causal mask and dense (a ring's diagonal vs its other rounds)
+    assert len(att) == 2 * 2 * 2 * 2 and len(mm) == 4
+    assert sum(x.causal for x in att) == sum(not x.causal for x in att) == 8
     assert all(x.seconds > 0 and x.flops > 0 for x in s)
     for x in att:
         assert x.head_dim == 16 and x.backend == "cpu_flash"
-        assert x.flops == attention_flops(x.size, x.heads, 16, True, backward=x.kind == "attention_bwd")
+        assert x.flops == attention_flops(x.size, x.heads, 16, x.causal, backward=x.kind == "attention_bwd")
     up = 2 * MODEL.ffn_hidden  # SwiGLU: gate and up
     assert sorted(x.gemm for x in mm) == sorted([(128, 64 + 2 * 32, 64), (128, 64, 64), (128, up, 64), (128, 64, 256)])
     assert all(x.flops == 2 * math.prod(x.gemm) for x in mm)

@@ -51,23 +51,26 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
     d, name = model.head_dim, _DTYPE_NAMES.get(dtype, str(dtype))
     gen = torch.Generator(device="cpu").manual_seed(0)
     rnd = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
-    offset = 0 if causal else None
     choice = BackendChoice.from_env()
     out: list[KernelSample] = []
     for h in sorted(set(heads)):
         kv = kv_heads_for(model, h)
         for n in sorted(set(blocks)):
             q, k, v = rnd(1, n, h, d), rnd(1, n, kv, d), rnd(1, n, kv, d)
-            backend = choice.choose(q, k, causal)
-            o, lse = block_attention(q, k, v, causal_offset=offset, backend=backend)
             dout = rnd(1, n, h, d)
-            t_f = time_call(lambda: block_attention(q, k, v, causal_offset=offset, backend=backend), device, repeats)
-            t_b = time_call(lambda: block_attention_backward(dout, q, k, v, o, lse, causal_offset=offset,
-                                                             backend=backend), device, repeats)
-            for kind, t, bwd in (("attention_fwd", t_f, False), ("attention_bwd", t_b, True)):
-                out.append(KernelSample(kind=kind, size=n, heads=h, head_dim=d, causal=causal,
-                                        flops=attention_flops(n, h, d, causal, backward=bwd), seconds=t,
-                                        dtype=name, batch=1, backend=backend))
+            # causal work: blocks under the causal mask (a ring's diagonal, striped's) and dense ones (the rest)
+            for masked in ((True, False) if causal else (False,)):
+                offset = 0 if masked else None
+                backend = choice.choose(q, k, masked)
+                o, lse = block_attention(q, k, v, causal_offset=offset, backend=backend)
+                t_f = time_call(lambda: block_attention(q, k, v, causal_offset=offset, backend=backend), device,
+                                repeats)
+                t_b = time_call(lambda: block_attention_backward(dout, q, k, v, o, lse, causal_offset=offset,
+                                                                 backend=backend), device, repeats)
+                for kind, t, bwd in (("attention_fwd", t_f, False), ("attention_bwd", t_b, True)):
+                    out.append(KernelSample(kind=kind, size=n, heads=h, head_dim=d, causal=masked,
+                                            flops=attention_flops(n, h, d, masked, backward=bwd), seconds=t,
+                                            dtype=name, batch=1, backend=backend))
     for rows in sorted(set(gemm_rows if gemm_rows is not None else blocks)):
         for m, n, k in gemm_shapes(model, rows).values():
             a, w = rnd(m, k), rnd(k, n)

@@ -23,7 +23,7 @@ from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.estimate import Estimator
 from sp_plan.planner.model import ModelSpec, Workload
-from sp_plan.planner.params import Params
+from sp_plan.planner.params import CURVES, Params
 from sp_plan.planner.plan import Measured, Plan
 from sp_plan.planner.profile import KernelSample, MeasuredCandidate, Profile
 from sp_plan.planner.search import grid_search
@@ -151,8 +151,14 @@ def base_params(cluster: Cluster, model: ModelSpec, kernels: list[dict], links: 
     """Kernel curves and collective fits: the parameters measured directly, before any candidate runs."""
     samples = [KernelSample(**{k: v for k, v in s.items() if k != "rank"}) for s in kernels]
     params = measured_params(cluster, model.dtype, samples, links)
-    said = [f"{k} curve from {sum(1 for s in samples if s.kind == k)} kernel timings"
-            for k in ("attention_fwd", "attention_bwd", "matmul") if getattr(params, k) is not None]
+    split = params.attention_fwd_masked is not None  # attention timed dense and under the causal mask
+
+    def timings(curve: str) -> int:
+        masked = curve.endswith("_masked")
+        return sum(1 for s in samples if not s.alone and s.kind == curve.removesuffix("_masked")
+                   and (s.kind == "matmul" or masked == (split and s.causal)))
+
+    said = [f"{k} curve from {timings(k)} kernel timings" for k in CURVES if getattr(params, k) is not None]
     if kernels and chosen_backends(kernels):
         said.append(f"attention blocks on {chosen_backends(kernels)} (runtime.choice)")
     if params.comm:
