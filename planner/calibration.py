@@ -377,16 +377,18 @@ def fit(cluster: Cluster, base: Params, candidates: list[MeasuredCandidate]) -> 
 
 def solo_speedup(samples: list[KernelSample]) -> float | None:
     """``Params.solo_speedup`` from the kernel timings: the median time of the kernels timed with every rank
-    computing over the median time of the same kernels timed by one rank while the others waited (at least 1);
-    None without such pairs."""
+    computing (those timed by all at once right after a barrier where there are such, ``alone`` False) over the
+    median time of the same kernels timed by one rank while the others waited (at least 1); None without pairs."""
     key = lambda s: (s.kind, s.size, s.heads, s.gemm, s.causal)  # noqa: E731
     alone: dict = {}
     for s in samples:
         if s.alone and s.seconds > 0:
             alone.setdefault(key(s), []).append(s.seconds)
+    synced = any(s.alone is False for s in samples)  # every rank at once after a barrier: the reference
     ratios = []
     for k, ts in alone.items():
-        together = [s.seconds for s in samples if not s.alone and s.seconds > 0 and key(s) == k]
+        together = [s.seconds for s in samples if s.seconds > 0 and key(s) == k
+                    and (s.alone is False if synced else not s.alone)]
         if together:
             ratios.append(float(np.median(together)) / float(np.median(ts)))
     return max(1.0, min(float(np.median(ratios)), 64.0)) if ratios else None

@@ -41,7 +41,8 @@ class KernelSample:
     batch: int = 1
     backend: str = ""
     gemm: tuple[int, int, int] | None = None  # matmul: (m, n, k) = (rows, output features, input features)
-    alone: bool = False  # timed while every other rank waited (Params.solo_speedup), not with all ranks at once
+    alone: bool | None = None  # True: timed while every other rank waited; False: by every rank at once right after
+    # a barrier (the reference of Params.solo_speedup); None: the kernel step's sweep
 
 
 class MeasuredCandidate(BaseModel):

@@ -72,6 +72,10 @@ def test_solo_speedup_from_kernel_timings():
     assert solo_speedup(together + alone) == pytest.approx(2.0)
     assert solo_speedup(together) is None  # nothing timed alone
     assert solo_speedup(together + [_sample(3.0e-3, True)]) == 1.0  # slower alone: noise, never below 1
+    # the kernel step's sweep (alone None: ranks not in step) is the reference only without synced timings
+    sweep = [_sample(t, None) for t in (1.2e-3, 1.2e-3)]
+    assert solo_speedup(sweep + alone) == pytest.approx(1.2)
+    assert solo_speedup(sweep + together + alone) == pytest.approx(2.0)
     # the curves come from the kernels timed together only; the speedup lands in Params
     cl = load_cluster("cpu-local")
     p = measured_params(cl, "fp32", together + alone)

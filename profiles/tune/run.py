@@ -132,19 +132,22 @@ def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opt
 def measure_alone(model: ModelSpec, block: int, heads: int, dev: torch.device, dtype: torch.dtype, causal: bool,
                   repeats: int) -> list[KernelSample]:
     """The largest attention block forward, timed by each rank in turn while the others wait at a barrier
-    (``alone``; against its timing with every rank at once: Params.solo_speedup, calibration.solo_speedup)."""
+    (``alone`` True), then by every rank at once after one (``alone`` False): calibration.solo_speedup."""
     from .kernels import measure_kernels
+
+    def fwd(alone: bool) -> list[KernelSample]:
+        return [replace(s, alone=alone) for s in measure_kernels(model, [block], [heads], dev, dtype, causal,
+                                                                 repeats=repeats, gemm_rows=[])
+                if s.kind == "attention_fwd"]
 
     out: list[KernelSample] = []
     rank, world = dist.get_rank(), dist.get_world_size()
     for r in range(world):
         dist.barrier()
         if r == rank:
-            out = [replace(s, alone=True) for s in measure_kernels(model, [block], [heads], dev, dtype, causal,
-                                                                   repeats=repeats, gemm_rows=[])
-                   if s.kind == "attention_fwd"]
-    dist.barrier()
-    return out
+            out = fwd(True)
+    dist.barrier()  # then every rank at once: the reference the speedup is taken against
+    return out + fwd(False)
 
 
 def base_params(cluster: Cluster, model: ModelSpec, kernels: list[dict], links: dict | None) -> tuple[Params, list[str]]:
