@@ -52,6 +52,18 @@ def resolve_params(cluster: Cluster, profile=None, store=None) -> tuple[Params, 
 
 
 # ---- kernel curves
+def masked_split(samples: list[KernelSample]) -> bool:
+    """Whether attention was timed both dense and under a causal mask (then the masked ones give the *_masked
+    curves; older profiles timed causal blocks only, and those give the plain curves as before)."""
+    att = [s.causal for s in samples if s.kind != "matmul"]
+    return any(att) and not all(att)
+
+
+def curve_of(s: KernelSample, split: bool) -> str:
+    """The Params curve a kernel sample feeds (``masked_split``)."""
+    return s.kind + "_masked" if split and s.causal and s.kind != "matmul" else s.kind
+
+
 def kernel_curves(samples: list[KernelSample], peak_flops: float) -> dict[str, Curve]:
     """Efficiency curves per kernel kind: flops / (seconds x peak), median over repeats at one size
     (heads pooled: efficiency is per FLOP), sorted by size. Keys are Params fields (attention_fwd, ...); where
@@ -59,13 +71,10 @@ def kernel_curves(samples: list[KernelSample], peak_flops: float) -> dict[str, C
     if not peak_flops > 0:
         raise PlanError("peak_flops", f"must be positive, got {peak_flops}", "pass the device's peak FLOP/s for the dtype")
     by: dict[str, dict[int, list[float]]] = {}
-    # attention timed both dense and under a causal mask: the masked ones give the *_masked curves
-    split = any(s.causal for s in samples if s.kind != "matmul") and any(not s.causal for s in samples
-                                                                         if s.kind != "matmul")
+    split = masked_split(samples)
     for s in samples:
         if s.seconds > 0 and s.flops > 0 and not s.alone:  # curves: every rank computing, as in a step
-            kind = s.kind + "_masked" if split and s.causal and s.kind != "matmul" else s.kind
-            by.setdefault(kind, {}).setdefault(int(s.size), []).append(s.flops / (s.seconds * peak_flops))
+            by.setdefault(curve_of(s, split), {}).setdefault(int(s.size), []).append(s.flops / (s.seconds * peak_flops))
     return {kind: Curve(points=tuple((float(n), float(np.median(v))) for n, v in sorted(sizes.items())))
             for kind, sizes in by.items()}
 

@@ -280,13 +280,8 @@ class Estimator:
     def _seconds_at_one(self, p: Compute) -> float:
         """``compute_time`` of a phase without the per-call overhead: linear in its volume (attention, memory;
         a GEMM at its own rows)."""
-        if p.kind == "memory":
-            return p.nbytes / self.params.hbm_bandwidth if self.params.hbm_bandwidth else 0.0
-        if p.kind == "matmul":
-            return self.compute_time(p)
-        t = p.flops / (self._compute_peak * self.attention_efficiency(p.name.endswith("bwd"), p.block, p.fill,
-                                                                      p.masked))
-        return t * shared_cores(p.balance, self.params.solo_speedup) if p.balance and self.params.solo_speedup > 1 else t
+        o = self.params.round_overhead_s
+        return self.compute_time(p) - o if o and p.kind == "attention" else self.compute_time(p)
 
     def _floor_linear(self, part: str, one: Shape) -> tuple[tuple, dict]:
         """``attention_floor``'s parts of a bound unit, linear in k: (plain seconds without per-call overhead,

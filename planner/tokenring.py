@@ -57,6 +57,12 @@ def segments(n: int, cuts: tuple[int, ...]) -> list[tuple[int, int]]:
     return [(lo, hi - lo) for lo, hi in zip(bounds, bounds[1:])]
 
 
+def _step_key(i: int, j: int, C: int, N: int) -> tuple[bool, bool, bool, bool, bool]:
+    """What step i of round j does (``step_classes``' key): the first step, Q sent, partial sent, K, V across
+    teams, dK, dV across teams; constant over each of ``segments``' runs of i and j."""
+    return i == j == 0, i < C - 1, C > 1 and (i >= 2 or (i == 0 and j >= 1)), j < N - 1, j >= 2
+
+
 @lru_cache(maxsize=4096)
 def step_classes(ring: int, team: int) -> tuple[tuple[bool, bool, bool, bool, bool, int], ...]:
     """TokenRing's N x C steps (seeds/001 Alg. 1, Sec. 3.3.3) grouped by what they do: (the first step, Q
@@ -66,7 +72,7 @@ def step_classes(ring: int, team: int) -> tuple[tuple[bool, bool, bool, bool, bo
     classes: dict[tuple, int] = {}
     for j, nj in segments(N, (1, 2, N - 1)):
         for i, ni in segments(C, (1, 2, C - 1)):
-            key = (i == j == 0, i < C - 1, C > 1 and (i >= 2 or (i == 0 and j >= 1)), j < N - 1, j >= 2)
+            key = _step_key(i, j, C, N)
             classes[key] = classes.get(key, 0) + nj * ni
     return tuple((*k, n) for k, n in classes.items())
 
@@ -80,8 +86,8 @@ def class_balance(token_layout: str, ring: int, team: int, seq_len: int, causal:
         return {}
     bal = round_balance(token_layout, ring, seq_len, causal, q_travels=True)
     out: dict[tuple, tuple] = {}
-    for i, ni in segments(C, (1, 2, C - 1)):  # step_classes' keys at j = 0 (constant over a segment)
-        key = (i == 0, i < C - 1, C > 1 and i >= 2, N > 1, False)
+    for i, ni in segments(C, (1, 2, C - 1)):  # step_classes' keys at j = 0
+        key = _step_key(i, 0, C, N)
         out[key] = out.get(key, ()) + bal[i:i + ni]
     return out
 

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from sp_plan.planner.calibration import fit, measured_params
+from sp_plan.planner.calibration import curve_of, fit, masked_split, measured_params
 from sp_plan.planner.candidate import Candidate
 from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.errors import PlanError
@@ -87,6 +87,13 @@ def ranked_plans(cluster: Cluster, model: ModelSpec, work: Workload, params: Par
             for _, c in res.ranked]
 
 
+def candidate_pool(cluster: Cluster, model: ModelSpec, work: Workload, params: Params, size: int) -> list[Plan]:
+    """What tune may measure: the diversified ranking under ``params`` plus the best layout of every family its
+    top left out (choose.with_families; the kernel step times their blocks too, the choice may measure them)."""
+    ranked = ranked_plans(cluster, model, work, params)
+    return with_families(diversify(ranked, size), diversify(ranked, len(ranked)))
+
+
 def predict(cluster: Cluster, plan: Plan, params: Params) -> tuple[float, float]:
     """(step seconds, peak bytes) the model predicts for ``plan`` under ``params``."""
     est = Estimator(cluster, plan.model, plan.workload, params=params)
@@ -154,14 +161,9 @@ def base_params(cluster: Cluster, model: ModelSpec, kernels: list[dict], links: 
     """Kernel curves and collective fits: the parameters measured directly, before any candidate runs."""
     samples = [KernelSample(**{k: v for k, v in s.items() if k != "rank"}) for s in kernels]
     params = measured_params(cluster, model.dtype, samples, links)
-    split = params.attention_fwd_masked is not None  # attention timed dense and under the causal mask
-
-    def timings(curve: str) -> int:
-        masked = curve.endswith("_masked")
-        return sum(1 for s in samples if not s.alone and s.kind == curve.removesuffix("_masked")
-                   and (s.kind == "matmul" or masked == (split and s.causal)))
-
-    said = [f"{k} curve from {timings(k)} kernel timings" for k in CURVES if getattr(params, k) is not None]
+    split = masked_split(samples)
+    said = [f"{k} curve from {sum(1 for s in samples if not s.alone and curve_of(s, split) == k)} kernel timings"
+            for k in CURVES if getattr(params, k) is not None]
     if kernels and chosen_backends(kernels):
         said.append(f"attention blocks on {chosen_backends(kernels)} (runtime.choice)")
     if params.comm:
@@ -217,10 +219,7 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
         tick("links", 1, 1, "links measured")
 
     # ---- kernels: the block shapes the model's best candidates run
-    if rank == 0:  # the kernels of every family's best too: the choice below may measure them
-        ranked = ranked_plans(cluster, model, work, Params())
-        pool = with_families(diversify(ranked, opts.pool), diversify(ranked, len(ranked)))
-    pool = _bcast(pool if rank == 0 else None, rank)
+    pool = _bcast(candidate_pool(cluster, model, work, Params(), opts.pool) if rank == 0 else None, rank)
     if not pool:
         raise PlanError("workload", f"no layout of {world} ranks fits {model.name} at {work.seq_len} tokens",
                         "tune a shorter --seq-len or a smaller model")
@@ -237,10 +236,7 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
     base, said = base_params(cluster, model, kernels, links)
 
     # ---- candidates: the pool under the measured kernels and links, chosen one at a time
-    if rank == 0:
-        ranked = ranked_plans(cluster, model, work, base)
-        pool = with_families(diversify(ranked, opts.pool), diversify(ranked, len(ranked)))
-    pool = _bcast(pool if rank == 0 else None, rank)
+    pool = _bcast(candidate_pool(cluster, model, work, base, opts.pool) if rank == 0 else None, rank)
     by_name = {p.summary(): p for p in pool}
     measured: dict[str, MeasuredCandidate] = {}
     for name, (status, payload) in steps.items():
