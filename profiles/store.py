@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
+import time
 import uuid
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -30,6 +32,8 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 #: alembic's version table for the store; optuna keeps its own ``alembic_version`` in the same database
 VERSION_TABLE = "sp_plan_alembic_version"
 ENV_VAR = "SP_PLAN_STORE"
+#: opens of a busy SQLite store before giving up (Store._open)
+OPEN_TRIES = 6
 STORE_FIX = ("check that the database server is up and reachable (or the SQLite file's directory exists and is "
              f"writable), or pass another --store URL / set {ENV_VAR}")
 
@@ -134,7 +138,7 @@ class Store:
         self._reader: sa.Engine | None = None
         try:
             self.engine = self._engine(self.url, default=url is None and not os.environ.get(ENV_VAR))
-            self._migrate()
+            self._open()
         except PlanError:
             raise
         except (sa_exc.ArgumentError, ValueError) as e:
@@ -179,6 +183,21 @@ class Store:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
+
+    def _open(self) -> None:
+        """Migrate, retrying a SQLite store a few times while another process holds it: SQLite returns
+        SQLITE_BUSY without calling the busy handler where waiting could deadlock (a reader upgrading to a writer,
+        WAL recovery on first open; sqlite.org/c3ref/busy_handler.html), so two processes creating one store at
+        once may see "database is locked" before the 30 s timeout."""
+        for attempt in range(OPEN_TRIES):
+            try:
+                return self._migrate()
+            except sa_exc.OperationalError as e:
+                busy = self.engine.dialect.name == "sqlite" and ("locked" in str(e) or "busy" in str(e))
+                if not busy or attempt == OPEN_TRIES - 1:
+                    raise
+                self.engine.dispose()
+                time.sleep(0.05 * 2 ** attempt + random.random() * 0.05)
 
     def _script(self):
         from alembic.script import ScriptDirectory  # noqa: PLC0415

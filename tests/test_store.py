@@ -160,7 +160,7 @@ def test_two_processes_write_at_once(url, tmp_path):
     n = 40
     procs = [_python(WRITER, url, tag, str(n)) for tag in ("a", "b")]
     outs = [p.communicate(timeout=240) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1] for o in outs]
     assert all(len(o[0].split()) == 1 for o in outs)
     rids = {int(o[0]) for o in outs}
     assert len(rids) == 1  # both joined the same unfinished run
@@ -320,3 +320,27 @@ def test_a_0001_store_is_adopted_and_optuna_shares_the_database(url):
     again = Store(url)
     assert again.revision() == "0002" and again.healthy()
     assert len(optuna.load_study(study_name="shared", storage=url).trials) == 2
+
+
+def test_open_retries_a_locked_sqlite_store(tmp_path, monkeypatch):
+    """A store another process holds at first open ("database is locked" without the busy handler) is retried."""
+    from sqlalchemy import exc as sa_exc
+
+    from sp_plan.profiles import store as store_mod
+
+    real, calls = Store._migrate, []
+
+    def flaky(self):
+        calls.append(1)
+        if len(calls) < 3:
+            raise sa_exc.OperationalError("PRAGMA journal_mode = WAL", {}, Exception("database is locked"))
+        return real(self)
+
+    monkeypatch.setattr(Store, "_migrate", flaky)
+    st = Store(f"sqlite:///{tmp_path}/s.db")
+    assert len(calls) == 3 and st.revision() is not None
+    calls.clear()
+    monkeypatch.setattr(store_mod, "OPEN_TRIES", 2)
+    with pytest.raises(PlanError, match="database is locked"):
+        Store(f"sqlite:///{tmp_path}/t.db")
+    assert len(calls) == 2
