@@ -25,7 +25,8 @@ from .model import ModelSpec, Workload
 from .params import Params
 from .algorithms import ALGORITHMS
 from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction
-from .schedules import (Comm, Compute, Shape, Step, attention_blocks, attention_steps, balanced_attention, grad_sync,
+from .schedules import (Comm, Compute, Shape, Step, attention_blocks, attention_steps, balanced_attention, bucket_share,
+                        bucketed_exposure, DDP_BUCKET_BYTES, grad_sync,
                         head_steps, layer_schedule, pipeline_p2p, scaled, shard_params)
 
 
@@ -610,6 +611,9 @@ class Estimator:
                 if pp > 1:
                     parts.append((get("pp", c), 1, ""))
                 stage = sum(p.seconds * k for p, k, _ in parts)
+                overhead = self.layer_overhead(ckpt) * Lp
+                if overhead:
+                    stage = stage + overhead
                 stages[ckpt, mbs] = (parts, stage, (m + pp - 1) * stage, bwd_compute)
             parts, stage, t, bwd_compute = stages[ckpt, mbs]
             sync_rows = []
@@ -617,7 +621,7 @@ class Estimator:
                 if zero not in syncs_of:
                     syncs_of[zero] = self.grad_syncs(c, zero, orders)
                 syncs, total = syncs_of[zero]
-                exposed = np.maximum(total / Lp, total - bwd_compute)
+                exposed = self.sync_exposed(c, zero, total, bwd_compute)
                 t = t + exposed
                 if detail and j == 0:
                     share = exposed / np.where(total > 0, total, 1.0)
@@ -628,11 +632,36 @@ class Estimator:
                 rows = []
                 for p, k, pre in parts:
                     rows += [(pre + n, *rest) for n, *rest in _scaled(p, k * m)]
+                if self.layer_overhead(ckpt):
+                    o = self.layer_overhead(ckpt) * Lp * m
+                    rows.append(("layer overhead", "compute", None, 0.0, o, o))
                 if pp > 1:
                     bubble = (pp - 1) * float(stage[0])
                     rows.append(("pipeline bubble", "bubble", "pp", 0.0, bubble, bubble))
                 rows += sync_rows
         return out, rows
+
+    def layer_overhead(self, ckpt: str) -> float:
+        """Fixed seconds per layer and micro-batch beyond its kernels (``Params.layer_overhead_s``, a training step's
+        forward and backward; a forward alone, inference or a recomputation, is a third of it: backward dispatches
+        about twice the forward's ops)."""
+        o = self.params.layer_overhead_s
+        if not o:
+            return 0.0
+        if not self.work.training:
+            return o / 3
+        return o * (4 / 3 if ckpt == "full" else 1.0)
+
+    def sync_exposed(self, c: Shape, zero: int, total, backward):
+        """Seconds of a gradient sync of ``total`` seconds (an array per mesh order) left after ``backward`` seconds of
+        backward compute (``schedules.bucketed_exposure``): ZeRO-0 runs on DDP's buckets, ZeRO 1-3 on a sharded
+        wrapper per block (FSDP), a bucket per stage layer."""
+        key = ("sync bucket", c.tp, c.pp, zero == 0)
+        f = self._busy.get(key)
+        if f is None:
+            grads = shard_params(self.model, c.tp, c.pp) * c.e
+            f = self._busy[key] = bucket_share(grads, c.layers_per_stage, DDP_BUCKET_BYTES if zero == 0 else None)
+        return bucketed_exposure(total, backward, f)
 
     def grad_syncs(self, c: Shape, zero: int, orders: Orders) -> tuple[list, np.ndarray]:
         """The gradient sync phases of a step with their seconds per order, and their total: the volumes depend on

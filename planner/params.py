@@ -57,6 +57,16 @@ class CommFit(BaseModel):
     efficiency: float = Field(default=1.0, gt=0)
 
 
+def all_reduce_fit(rs: CommFit | None, ag: CommFit | None) -> CommFit | None:
+    """A ring all-reduce is a reduce-scatter then an all-gather, n-1 steps each (engine.pattern_steps: 2(n-1) in
+    all): its fit is theirs averaged per step, alpha (a_rs + a_ag) / 2 and 1 / efficiency (1 / e_rs + 1 / e_ag) / 2,
+    so that it costs exactly the two phases; None unless both are fitted."""
+    if rs is None or ag is None:
+        return None
+    return CommFit.model_construct(alpha_s=(rs.alpha_s + ag.alpha_s) / 2,
+                                   efficiency=2.0 / (1.0 / rs.efficiency + 1.0 / ag.efficiency))
+
+
 #: the efficiency curves of Params (achieved / peak FLOP/s by size)
 CURVES = ("attention_fwd", "attention_bwd", "attention_fwd_masked", "attention_bwd_masked", "matmul")
 
@@ -87,6 +97,10 @@ class Params(BaseModel):
                                 "cores: about ranks / cores; 1 on GPUs): an uneven attention round then costs its "
                                 "ranks' mean work, at least the busiest's over this (Compute.balance)")
     round_overhead_s: float = Field(default=0.0, ge=0, description="fixed seconds per attention block call (launch, merge, sync)")
+    layer_overhead_s: float = Field(default=0.0, ge=0, description="fixed seconds per layer and micro-batch of a "
+                                    "training step beyond its kernels: the framework dispatching the layer's ops "
+                                    "(norms, activations, residuals, autograd), exposed where the host waits on them "
+                                    "(CPU ranks; hidden behind the kernels on a busy GPU: 0 in the presets)")
     memory_overhead_bytes: float = Field(default=0.0, ge=0, description="framework bytes per rank beyond the modelled "
                                          "parts (>= 0: the modelled parts are the floor)")
     activation_factor: float = Field(default=1.0, gt=0, description="measured / modelled activation bytes")
@@ -106,8 +120,15 @@ class Params(BaseModel):
         return comm
 
     def comm_fit(self, pattern: str, link_class: str) -> CommFit | None:
-        """The fit for an engine pattern on a link class, or None (uncalibrated); "host" falls back to "intra"."""
+        """The fit for an engine pattern on a link class, or None (uncalibrated); "host" falls back to "intra", and an
+        all-reduce without a fit of its own to ``all_reduce_fit`` of the reduce-scatter and all-gather fits."""
         cls = PATTERN_CLASS.get(pattern, pattern)
+        fit = self._fit(cls, link_class)
+        if fit is None and cls == "all_reduce":
+            return all_reduce_fit(self._fit("reduce_scatter", link_class), self._fit("all_gather", link_class))
+        return fit
+
+    def _fit(self, cls: str, link_class: str) -> CommFit | None:
         fit = self.comm.get(f"{cls}/{link_class}")
         return self.comm.get(f"{cls}/intra") if fit is None and link_class == "host" else fit
 

@@ -7,9 +7,12 @@ head dim d, ulysses degree U, ring degree R, element size e.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
+
+import numpy as np
 
 from .algorithms import ALGORITHMS
 from .model import ModelSpec, Workload
@@ -206,6 +209,29 @@ def shard_params(model: ModelSpec, tp: int, pp: int) -> float:
     """Weights on the most loaded rank (Megatron): its 1/pp of the blocks plus the embedding, over tp."""
     emb = model.vocab * model.hidden
     return (model.layers * model.layer_params() / pp + emb * (2 if pp == 1 else 1)) / tp
+
+
+#: torch DistributedDataParallel's gradient bucket, which ZeRO-0 runs on (bucket_cap_mb=25): a bucket is all-reduced
+#: once all its gradients exist, the buckets one after another
+DDP_BUCKET_BYTES = float(25 << 20)
+
+
+def bucket_share(grad_bytes: float, layers: int, bucket_bytes: float | None = DDP_BUCKET_BYTES) -> float:
+    """The share of a rank's gradients in one sync bucket: a stage layer's (a layer's gradients come at once; ZeRO's
+    per-block wrappers, ``bucket_bytes`` None), or DDP's bucket where that is larger, at most all of them."""
+    f = 1.0 / max(layers, 1)
+    if bucket_bytes and grad_bytes > 0:
+        f = max(f, min(1.0, bucket_bytes / grad_bytes))
+    return f
+
+
+def bucketed_exposure(total, backward, share: float):
+    """Seconds of a gradient sync of ``total`` seconds left after ``backward`` seconds of backward compute, in
+    buckets of ``share`` of the gradients produced at an even rate, bucket i sent once full and after bucket i-1:
+    max_i((1 - (i-1) f) total - (1 - i f) backward) over i = 1..1/f, linear in i, so the first or the last:
+    max(f total, total - (1 - f) backward). Its floor, a long backward, is the last bucket, f total; it is reached
+    once backward >= total. ``total`` may be an array."""
+    return np.maximum(share * total, total - (1.0 - share) * backward)
 
 
 def grad_sync(c: Shape, zero_stage: int, params: float) -> list[Comm]:

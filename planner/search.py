@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from itertools import permutations
 from typing import Callable, Iterator
 
+import numpy as np
+
 from .algorithms import ALGORITHMS, algorithm_for, variants
 from .candidate import Candidate
 from .cluster import Cluster
@@ -160,11 +162,11 @@ def hidden_sync_micro_batches(est: Estimator, base: Candidate, batch: Orders,
     """``policies`` without those beaten on every mesh order by the same ZeRO stage and checkpointing at the
     largest micro-batch K listed, where the search may drop them (``per_sequence_costs_never_grow``; the
     algorithm ``batch_linear``). The step of B sequences per data-parallel rank in micro-batches of k is
-    B s(k) + max(S / L, S - B L c(k)) (``Estimator.evaluate_orders``: s, the stage's seconds per sequence; S, the
-    gradient sync; L layers; c, the backward's compute seconds per sequence and layer); s and c never grow with
-    k, but c may fall (per-call costs), exposing more of S. So K is taken only for the ZeRO stages whose sync
-    is hidden at K on every order, S (1 - 1/L) <= B L c(K) <= B L c(k): there the sync term is S / L for every
-    k <= K and B s(K) <= B s(k). c(K) is read from below: the linear part's compute and the attention's
+    B s(k) + max(f S, S - (1 - f) B L c(k)) (``Estimator.evaluate_orders``, ``schedules.bucketed_exposure``: s, the
+    stage's seconds per sequence; S, the gradient sync; f, a sync bucket's share; L layers; c, the backward's compute
+    seconds per sequence and layer); s and c never grow with k, but c may fall (per-call costs), exposing more of
+    S. So K is taken only for the ZeRO stages whose sync is hidden at K on every order, S <= B L c(K) <= B L c(k):
+    there the sync term is its floor f S for every k <= K and B s(K) <= B s(k). c(K) is read from below: the linear part's compute and the attention's
     even share (``Estimator.balanced_time``), which no schedule's busiest rank undercuts."""
     if not ALGORITHMS[base.algorithm].batch_linear:
         return policies
@@ -178,9 +180,9 @@ def hidden_sync_micro_batches(est: Estimator, base: Candidate, batch: Orders,
             for k in {k for (z2, _), k in top.items() if z2 == z}:
                 c = est.shape(base, k)
                 L = c.layers_per_stage
-                sync = float(est.grad_syncs(c, z, batch)[1].max())
+                sync = est.grad_syncs(c, z, batch)[1]
                 floor = est.busy("bwd-linear", c) + est.balanced_time(c, True)  # <= the backward's compute
-                hidden[z, k] = sync * (1 - 1 / L) <= floor * L * c.micro_batches * (1 - 1e-9)
+                hidden[z, k] = bool(np.all(sync <= floor * L * c.micro_batches * (1 - 1e-9)))  # at its floor
         top = {zc: k for zc, k in top.items() if hidden[zc[0], k]}
     return [p for p in policies if p[2] == top.get(p[:2], p[2])]
 

@@ -177,8 +177,10 @@ def test_calibration_recovers_known_parameters_from_synthetic_measurements():
     assert p.activation_factor == pytest.approx(1.3, rel=0.02)
     assert p.memory_overhead_bytes == pytest.approx(GIB, rel=0.02)
     assert any(f.startswith("compute efficiency in a step 0.80") for f in r.fitted)
-    assert len(r.fitted) == 5 and r.fitted[0].startswith("overlap 0.60 (from 4 candidates")
-    assert r.loo_error_before > 0.2 and r.loo_error_after < 0.01
+    assert p.layer_overhead_s == pytest.approx(0.0, abs=1e-5)
+    assert len(r.fitted) == 6 and r.fitted[0].startswith("overlap 0.60 (from 4 candidates")
+    # leave-one-out fits 4 time parameters to 3 candidates (pulled toward neutral), so it is not exact
+    assert r.loo_error_before > 0.2 and r.loo_error_after < 0.03
     assert r.memory_error_before > 0.01 and r.memory_error_after < 0.01
     assert r.predicted_after[-1] == (None, None) and r.candidates[-1].status == "oom"
     for mc, (t, mem) in zip(r.candidates[:4], r.predicted_after[:4]):

@@ -96,17 +96,23 @@ class Choice:
     why: str
 
 
+#: families measured whatever their prediction: a pipeline stage holds fewer layers per rank than any other layout,
+#: the only measurement that tells a fixed cost per layer (Params.layer_overhead_s) from the compute's efficiency
+ALWAYS_EXPLORE = ("pp",)
+
+
 def unexplored(predicted: list[float], done: list[bool], families: list[str], factor: float = EXPLORE_FACTOR) -> int | None:
-    """The model's best plan of the contender family (best prediction within ``factor`` of the best of all)
-    that has no measured plan yet, the family with the fastest such plan first; None when every contender
-    family was measured."""
+    """The model's best plan of the contender family (best prediction within ``factor`` of the best of all, or a
+    family of ``ALWAYS_EXPLORE``) that has no measured plan yet, the family with the fastest such plan first; None
+    when every contender family was measured."""
     if not predicted:
         return None
     top = min(predicted)
     measured = {f for f, d in zip(families, done) if d}
     best: dict[str, int] = {}
     for i, (f, t) in enumerate(zip(families, predicted)):
-        if f not in measured and t <= factor * top and (f not in best or (t, i) < (predicted[best[f]], best[f])):
+        contender = t <= factor * top or f in ALWAYS_EXPLORE
+        if f not in measured and contender and (f not in best or (t, i) < (predicted[best[f]], best[f])):
             best[f] = i
     return min(best.values(), key=lambda i: (predicted[i], i)) if best else None
 
