@@ -147,6 +147,29 @@ def test_stack_tp_sequence_parallel_gradients_equal_single_process():
         assert max(errs.values()) < 1e-5, errs
 
 
+def _bucketed_sync(rank, world):
+    from sp_plan.profiles.tune import parallel
+
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (3, 70, 5, 40)]
+    for i, p in enumerate(params):
+        p.grad = torch.full_like(p, float(rank + 1) * (i + 1))
+    calls = []
+    real = dist.all_reduce
+    dist.all_reduce = lambda t, group=None: (calls.append(t.numel()), real(t, group=group))[1]
+    try:
+        parallel.DDP_BUCKET_BYTES = 300.0  # 75 floats a bucket: [40 + 5], [70 + 3], from the last parameter back
+        parallel._manual_sync(params, dist.group.WORLD)()
+    finally:
+        dist.all_reduce = real
+    mean = sum(r + 1 for r in range(world)) / world
+    return calls, [p.grad.tolist() == [mean * (i + 1)] * p.numel() for i, p in enumerate(params)]
+
+
+def test_manual_gradient_sync_averages_in_ddp_sized_buckets():
+    for calls, ok in run_world(_bucketed_sync, 2, timeout=60):
+        assert calls == [45, 73] and all(ok)
+
+
 # ---------------------------------------------------------------- run_candidate
 
 def _candidates(rank, world, plans, limit):

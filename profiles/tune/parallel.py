@@ -25,6 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.plan import Plan
+from sp_plan.planner.schedules import DDP_BUCKET_BYTES
 
 REPLICA_DIMS = ("dp", "ulysses", "ring")
 
@@ -88,16 +89,39 @@ def accumulate(module: nn.Module, sync: bool):
         yield
 
 
+def _buckets(tensors: list[torch.Tensor], cap: float) -> list[list[torch.Tensor]]:
+    """``tensors`` in order, cut into runs of at most ``cap`` bytes (a tensor larger than ``cap`` alone), by dtype."""
+    out: list[list[torch.Tensor]] = []
+    size = 0.0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if not out or size + nbytes > cap or out[-1][0].dtype != t.dtype:
+            out.append([])
+            size = 0.0
+        out[-1].append(t)
+        size += nbytes
+    return out
+
+
 def _manual_sync(params: list[nn.Parameter], group) -> Callable[[], None]:
-    """All-reduce (average) the local gradients of ``params`` over ``group``."""
+    """All-reduce (average) the local gradients of ``params`` over ``group`` after the backward, flattened into DDP's
+    buckets (schedules.DDP_BUCKET_BYTES, last parameters first, as DDP fills them): one collective per bucket as the
+    model prices ZeRO-0's sync, not one per parameter; nothing on a group of one."""
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
     n = dist.get_world_size(group)
 
     def sync():
-        for p in params:
-            if p.grad is not None:
-                g = p.grad._local_tensor if hasattr(p.grad, "_local_tensor") else p.grad
-                dist.all_reduce(g, group=group)
-                g.div_(n)
+        if n == 1:
+            return
+        grads = [p.grad._local_tensor if hasattr(p.grad, "_local_tensor") else p.grad
+                 for p in reversed(params) if p.grad is not None]
+        for bucket in _buckets(grads, DDP_BUCKET_BYTES):
+            flat = _flatten_dense_tensors(bucket)
+            dist.all_reduce(flat, group=group)
+            flat.div_(n)
+            for g, r in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+                g.copy_(r)
     return sync
 
 
@@ -134,7 +158,7 @@ def parallelize(stack: nn.Module, plan: Plan, mesh: DeviceMesh, *, lr: float = 1
         notes["zero"] = f"zero{stage}: FSDP2 fully_shard over dp x sp (reshard_after_forward={reshard})"
         return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr), nothing, notes, shard)
     if tp > 1:
-        notes["zero"] = (f"zero{stage}: FALLBACK gradients all-reduced by hand over dp x sp (DDP does not take "
+        notes["zero"] = (f"zero{stage}: FALLBACK gradients all-reduced by hand over dp x sp after the backward, in DDP-sized buckets (DDP does not take "
                          "TP's DTensor parameters); optimizer state not sharded")
         return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr),
                         _manual_sync(list(stack.parameters()), group), notes, shard)
