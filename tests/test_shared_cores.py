@@ -133,3 +133,37 @@ def test_kernel_curves_split_dense_and_masked_timings():
     assert set(curves) == {"attention_fwd", "attention_fwd_masked"}
     assert curves["attention_fwd_masked"].points[0][1] == pytest.approx(curves["attention_fwd"].points[0][1] / 2)
     assert set(kernel_curves([s(True, 1e-3)], peak)) == {"attention_fwd"}  # causal only (older profiles): as before
+
+
+# ---- timing ranks together in one shared window
+def test_time_window_runs_from_start_until_stop_and_averages():
+    import time
+
+    import torch
+
+    from sp_plan.profiles.tune.timing import time_window
+
+    calls = []
+    start = time.time() + 0.05
+    per = time_window(lambda: (calls.append(time.time()), time.sleep(0.01)), torch.device("cpu"), start, start + 0.1)
+    assert calls[0] >= start  # waited for the window
+    assert calls[-1] < start + 0.1 <= time.time()  # the last call began inside it and ran past its end
+    assert len(calls) >= 3 and 0.01 <= per < 0.05
+
+
+def _alone_and_together(rank, world):
+    from sp_plan.planner import ModelSpec
+    from sp_plan.profiles.tune import run
+
+    run.TOGETHER_MIN_S = 0.05
+    m = ModelSpec(name="t", layers=2, hidden=64, heads=4, kv_heads=4, head_dim=16, vocab=0)
+    got = run.measure_alone(m, 64, 4, __import__("torch").device("cpu"), __import__("torch").float32, True, 3)
+    return [(s.alone, s.causal, s.kind) for s in got]
+
+
+def test_measure_alone_times_each_rank_alone_then_all_together():
+    from sp_plan.runtime.spawn import run_world
+
+    for got in run_world(_alone_and_together, 2, timeout=60):
+        assert sorted(got) == [(False, False, "attention_fwd"), (False, True, "attention_fwd"),
+                               (True, False, "attention_fwd"), (True, True, "attention_fwd")]

@@ -17,7 +17,7 @@ from sp_plan.planner.profile import KernelSample
 from sp_plan.runtime.choice import BackendChoice
 from sp_plan.runtime.kernels import block_attention, block_attention_backward
 
-from .timing import time_call
+from .timing import time_call, time_window
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
                 torch.float64: "float64"}
@@ -45,14 +45,26 @@ def gemm_shapes(model: ModelSpec, rows: int) -> dict[str, tuple[int, int, int]]:
 
 def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], device: torch.device,
                     dtype: torch.dtype, causal: bool, repeats: int = 5,
-                    gemm_rows: list[int] | None = None) -> list[KernelSample]:
-    """Attention block fwd/bwd over ``blocks`` x ``heads`` and the model's GEMMs over ``gemm_rows`` (default: blocks)."""
+                    gemm_rows: list[int] | None = None,
+                    windows: tuple[float, float] | None = None) -> list[KernelSample]:
+    """Attention block fwd/bwd over ``blocks`` x ``heads`` and the model's GEMMs over ``gemm_rows`` (default: blocks).
+    ``windows`` (start wall time, seconds): the i-th timed kernel runs back to back through the window
+    [start + i s, start + (i + 1) s) (``timing.time_window``), the same window on every rank that passes the same
+    start, instead of a median of ``repeats``."""
     device = torch.device(device)
     d, name = model.head_dim, _DTYPE_NAMES.get(dtype, str(dtype))
     gen = torch.Generator(device="cpu").manual_seed(0)
     rnd = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
     choice = BackendChoice.from_env()
     out: list[KernelSample] = []
+    slot = iter(range(1 << 30))
+
+    def timed(fn) -> float:
+        if windows is None:
+            return time_call(fn, device, repeats)
+        start = windows[0] + next(slot) * windows[1]
+        return time_window(fn, device, start, start + 0.9 * windows[1])
+
     for h in sorted(set(heads)):
         kv = kv_heads_for(model, h)
         for n in sorted(set(blocks)):
@@ -63,10 +75,9 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
                 offset = 0 if masked else None
                 backend = choice.choose(q, k, masked)
                 o, lse = block_attention(q, k, v, causal_offset=offset, backend=backend)
-                t_f = time_call(lambda: block_attention(q, k, v, causal_offset=offset, backend=backend), device,
-                                repeats)
-                t_b = time_call(lambda: block_attention_backward(dout, q, k, v, o, lse, causal_offset=offset,
-                                                                 backend=backend), device, repeats)
+                t_f = timed(lambda: block_attention(q, k, v, causal_offset=offset, backend=backend))
+                t_b = timed(lambda: block_attention_backward(dout, q, k, v, o, lse, causal_offset=offset,
+                                                             backend=backend))
                 for kind, t, bwd in (("attention_fwd", t_f, False), ("attention_bwd", t_b, True)):
                     out.append(KernelSample(kind=kind, size=n, heads=h, head_dim=d, causal=masked,
                                             flops=attention_flops(n, h, d, masked, backward=bwd), seconds=t,
@@ -74,7 +85,7 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
     for rows in sorted(set(gemm_rows if gemm_rows is not None else blocks)):
         for m, n, k in gemm_shapes(model, rows).values():
             a, w = rnd(m, k), rnd(k, n)
-            t = time_call(lambda: torch.matmul(a, w), device, repeats)
+            t = timed(lambda: torch.matmul(a, w))
             out.append(KernelSample(kind="matmul", size=m, heads=0, head_dim=0, causal=False, flops=2.0 * m * n * k,
                                     seconds=t, dtype=name, batch=1, backend="torch.matmul",
                                     gemm=(m, n, k)))

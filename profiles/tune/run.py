@@ -136,15 +136,23 @@ def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opt
     return [dict(s, rank=r) for r, samples in enumerate(gather_objects([asdict(s) for s in mine])) for s in samples]
 
 
+#: the shared window of measure_alone's together timing: this many calls of the slowest rank's time alone, at least
+#: this many seconds
+TOGETHER_CALLS = 8
+TOGETHER_MIN_S = 0.2
+
+
 def measure_alone(model: ModelSpec, block: int, heads: int, dev: torch.device, dtype: torch.dtype, causal: bool,
                   repeats: int) -> list[KernelSample]:
     """The largest attention block forward, timed by each rank in turn while the others wait at a barrier
-    (``alone`` True), then by every rank at once after one (``alone`` False): calibration.solo_speedup."""
+    (``alone`` True), then by every rank at once (``alone`` False): each kernel back to back through one wall-clock
+    window that every rank shares, ``TOGETHER_CALLS`` times the slowest rank's time alone (at least
+    ``TOGETHER_MIN_S``), so that the ranks compute together for all of it: calibration.solo_speedup."""
     from .kernels import measure_kernels
 
-    def fwd(alone: bool) -> list[KernelSample]:
+    def fwd(alone: bool, windows=None) -> list[KernelSample]:
         return [replace(s, alone=alone) for s in measure_kernels(model, [block], [heads], dev, dtype, causal,
-                                                                 repeats=repeats, gemm_rows=[])
+                                                                 repeats=repeats, gemm_rows=[], windows=windows)
                 if s.kind == "attention_fwd"]
 
     out: list[KernelSample] = []
@@ -153,8 +161,12 @@ def measure_alone(model: ModelSpec, block: int, heads: int, dev: torch.device, d
         dist.barrier()
         if r == rank:
             out = fwd(True)
-    dist.barrier()  # then every rank at once: the reference the speedup is taken against
-    return out + fwd(False)
+    longest = torch.tensor([max((s.seconds for s in out), default=0.0)], dtype=torch.float64)
+    dist.all_reduce(longest, op=dist.ReduceOp.MAX)
+    # fwd and bwd of each mask are timed, so the bwd (about 2x) sets the window: 3x the forward
+    shared = [time.time() + 0.05, max(TOGETHER_MIN_S, TOGETHER_CALLS * 3 * float(longest[0]))]
+    dist.broadcast_object_list(shared, src=0)
+    return out + fwd(False, (shared[0], shared[1]))
 
 
 def base_params(cluster: Cluster, model: ModelSpec, kernels: list[dict], links: dict | None) -> tuple[Params, list[str]]:

@@ -33,3 +33,21 @@ def time_call(fn: Callable[[], object], device: torch.device, repeats: int = 5, 
             fn()
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def time_window(fn: Callable[[], object], device: torch.device, start: float, stop: float) -> float:
+    """Mean seconds per call of ``fn()`` called back to back from wall time ``start`` (``time.time()``) until the
+    call that passes ``stop``: ranks given one window run their calls at the same time whenever each started, so
+    the mean is the per-call time while all of them compute (a median of a few calls each after a barrier is
+    not: ranks leave a barrier at different moments and short calls need not overlap)."""
+    while (wait := start - time.time()) > 0:
+        time.sleep(min(wait, 0.01))
+    calls = 0
+    t0 = time.perf_counter()
+    while True:
+        fn()
+        sync(device)
+        calls += 1
+        if time.time() >= stop:
+            break
+    return (time.perf_counter() - t0) / calls
