@@ -282,7 +282,7 @@ class Estimator:
         """``compute_time`` of a phase without the per-call overhead: linear in its volume (attention, memory;
         a GEMM at its own rows)."""
         o = self.params.round_overhead_s
-        return self.compute_time(p) - o if o and p.kind == "attention" else self.compute_time(p)
+        return self.compute_time(p) - o * p.calls if o and p.kind == "attention" else self.compute_time(p)
 
     def _floor_linear(self, part: str, one: Shape) -> tuple[tuple, dict]:
         """``attention_floor``'s parts of a bound unit, linear in k: (plain seconds without per-call overhead,
@@ -301,7 +301,7 @@ class Estimator:
                         if p.kind == "matmul" and ALGORITHMS[one.algorithm].batch_linear:  # rows x k: not linear
                             raise NotImplementedError(f"{one.algorithm}: a GEMM in a batch_linear attention schedule")
                         a[st.overlap] += self._seconds_at_one(p) * st.repeat
-                        n[st.overlap] += st.repeat if p.kind == "attention" else 0
+                        n[st.overlap] += st.repeat * p.calls if p.kind == "attention" else 0
                     else:  # (coefficients read the pattern and dims alone)
                         slot = (j if st.overlap else "plain", p.pattern, p.dim)
                         q, b, r = sums.get(slot, (p, 0.0, 0))
@@ -382,7 +382,7 @@ class Estimator:
                                                                         p.masked))
             if p.balance and pr.solo_speedup > 1:
                 t *= shared_cores(p.balance, pr.solo_speedup)
-            return t + pr.round_overhead_s if pr.round_overhead_s else t
+            return t + pr.round_overhead_s * p.calls if pr.round_overhead_s else t
         if pr.matmul is not None:
             rows = p.rows * k
             eff = pr.matmul.at(rows) if rows > 0 else pr.matmul.points[-1][1]

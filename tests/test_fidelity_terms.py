@@ -130,7 +130,7 @@ def test_no_profile_prices_with_the_presets_defaults():
 
 def test_pruning_stays_exact_under_the_default_params():
     """The new terms keep every lower bound below its candidates: the pruned grid equals exhaustive pricing."""
-    from sp_plan.planner.search import best_per_variant, grid_search
+    from sp_plan.planner.search import best_per_variant, grid_search, variant_key
     from sp_plan.profiles import load_model
 
     for preset, nodes, seq in (("l20-8-pcie", 1, "32k"), ("dgx-h100", 2, "64k")):
@@ -140,5 +140,8 @@ def test_pruning_stays_exact_under_the_default_params():
         full = grid_search(cluster, model, work, keep=None, params=params)
         pruned = grid_search(cluster, model, work, keep=5, params=params)
         assert [(round(t, 12), c) for t, c in pruned.ranked[:5]] == [(round(t, 12), c) for t, c in full.ranked[:5]]
-        assert best_per_variant(pruned.ranked) == best_per_variant(full.ranked)
+        # every variant's best time (a tie between token layouts may be broken either way: WallFacer's causal team
+        # block priced as C^2 ring blocks costs the same zigzag or striped)
+        assert [(t, variant_key(c)) for t, c in best_per_variant(pruned.ranked)] == \
+            [(t, variant_key(c)) for t, c in best_per_variant(full.ranked)]
         assert np.isfinite(full.ranked[0][0])

@@ -51,7 +51,7 @@ def test_kernel_shapes_follow_the_schedules():
     cases = [(Plan(algorithm="ring", degrees={"ring": 2}, token_layout="zigzag"), [128, 256], [4]),
              (Plan(algorithm="ulysses", degrees={"ulysses": 2}), [512], [2]),
              (Plan(algorithm="usp", degrees={"ulysses": 2, "ring": 2, "tp": 2}), [256], [1]),
-             (Plan(algorithm="wallfacer", degrees={"ring": 4, "team": 2}), [256], [4]),
+             (Plan(algorithm="wallfacer", degrees={"ring": 4, "team": 2}), [128], [4]),  # causal: C^2 ring blocks
              (Plan(algorithm="tokenring", degrees={"ring": 4}), [128], [4]),
              (Plan(algorithm="metp", degrees={"tp": 2}), [256], [2])]
     for plan, blocks, heads in cases:

@@ -263,7 +263,10 @@ def test_schedule_rounds_blocks_and_backward_phases():
     assert sum(st.repeat for st in rounds if st.overlap) == 64 // 16 - 1  # double-buffered, the last sends nothing
     attn = lambda p: isinstance(p, Compute) and p.kind == "attention"  # noqa: E731 (not the memory-bound merges)
     comp = [p for st in rounds for p in st.phases if attn(p)]
-    assert all(p.block == 4 * 65536 / 64 for p in comp)  # a team block: C N/P tokens
+    # causal: a team block (C N/P tokens) reduced as its C^2 ring blocks of N/P, one kernel call each
+    assert all(p.block == 65536 / 64 and p.calls == 16 for p in comp)
+    nc_comp = [p for st in attention_steps(_model_m(4), False) for p in st.phases if attn(p)]
+    assert all(p.block == 4 * 65536 / 64 and p.calls == 1 for p in nc_comp)  # full attention: one call
     full = attention_flops(4 * 1024, 4 * 1024, 52, 128, 1)
     want = wallfacer_round_work("zigzag", 64, 4, "collective_intra", 65536, True)
     got = [p.flops / full for st in rounds for p in st.phases if attn(p) for _ in range(st.repeat)]
