@@ -392,14 +392,14 @@ def fit(cluster: Cluster, base: Params, candidates: list[MeasuredCandidate]) -> 
 
 def solo_speedup(samples: list[KernelSample]) -> float | None:
     """``Params.solo_speedup`` from the kernel timings: the median time of the kernels timed with every rank
-    computing (those timed by all at once right after a barrier where there are such, ``alone`` False) over the
+    computing (those timed by all at once through one shared window where there are such, ``alone`` False) over the
     median time of the same kernels timed by one rank while the others waited (at least 1); None without pairs."""
     key = lambda s: (s.kind, s.size, s.heads, s.gemm, s.causal)  # noqa: E731
     alone: dict = {}
     for s in samples:
         if s.alone and s.seconds > 0:
             alone.setdefault(key(s), []).append(s.seconds)
-    synced = any(s.alone is False for s in samples)  # every rank at once after a barrier: the reference
+    synced = any(s.alone is False for s in samples)  # every rank at once (measure_alone): the reference
     ratios = []
     for k, ts in alone.items():
         together = [s.seconds for s in samples if s.seconds > 0 and key(s) == k

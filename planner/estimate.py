@@ -25,9 +25,8 @@ from .model import ModelSpec, Workload
 from .params import Params
 from .algorithms import ALGORITHMS
 from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction
-from .schedules import (Comm, Compute, Shape, Step, attention_blocks, attention_steps, balanced_attention, bucket_share,
-                        bucketed_exposure, DDP_BUCKET_BYTES, grad_sync,
-                        head_steps, layer_schedule, pipeline_p2p, scaled, shard_params)
+from .schedules import (Comm, Compute, Shape, Step, attention_blocks, attention_steps, balanced_attention,
+                        DDP_BUCKET_BYTES, bucket_share, bucketed_exposure, grad_sync, head_steps, layer_schedule, pipeline_p2p, scaled, shard_params)
 
 
 #: fraction of device memory a plan may use (the rest: CUDA context, allocator fragmentation)

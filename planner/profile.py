@@ -41,8 +41,8 @@ class KernelSample:
     batch: int = 1
     backend: str = ""
     gemm: tuple[int, int, int] | None = None  # matmul: (m, n, k) = (rows, output features, input features)
-    alone: bool | None = None  # True: timed while every other rank waited; False: by every rank at once right after
-    # a barrier (the reference of Params.solo_speedup); None: the kernel step's sweep
+    alone: bool | None = None  # True: timed while every other rank waited; False: by every rank at once through
+    # one shared window (timing.time_window, the reference of Params.solo_speedup); None: the kernel step's sweep
 
 
 class MeasuredCandidate(BaseModel):

@@ -7,7 +7,6 @@ head dim d, ulysses degree U, ring degree R, element size e.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple

@@ -96,8 +96,9 @@ class Choice:
     why: str
 
 
-#: families measured whatever their prediction: a pipeline stage holds fewer layers per rank than any other layout,
-#: the only measurement that tells a fixed cost per layer (Params.layer_overhead_s) from the compute's efficiency
+#: families measured whatever their prediction: a pipeline stage holds fewer layers per rank than any other
+#: layout, the only measurement that tells a fixed cost per layer (Params.layer_overhead_s) from the compute's
+#: efficiency
 ALWAYS_EXPLORE = ("pp",)
 
 

@@ -9,6 +9,8 @@ tokens. FLOPs follow ``KernelSample``: attention forward 4 b s^2 h d (half when 
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from sp_plan.planner.model import ModelSpec, Workload
@@ -57,7 +59,7 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
     rnd = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
     choice = BackendChoice.from_env()
     out: list[KernelSample] = []
-    slot = iter(range(1 << 30))
+    slot = itertools.count()
 
     def timed(fn) -> float:
         if windows is None:

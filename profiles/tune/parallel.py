@@ -158,8 +158,8 @@ def parallelize(stack: nn.Module, plan: Plan, mesh: DeviceMesh, *, lr: float = 1
         notes["zero"] = f"zero{stage}: FSDP2 fully_shard over dp x sp (reshard_after_forward={reshard})"
         return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr), nothing, notes, shard)
     if tp > 1:
-        notes["zero"] = (f"zero{stage}: FALLBACK gradients all-reduced by hand over dp x sp after the backward, in DDP-sized buckets (DDP does not take "
-                         "TP's DTensor parameters); optimizer state not sharded")
+        notes["zero"] = (f"zero{stage}: FALLBACK gradients all-reduced by hand over dp x sp after the backward, "
+                         "in DDP-sized buckets (DDP does not take TP's DTensor parameters); optimizer state not sharded")
         return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr),
                         _manual_sync(list(stack.parameters()), group), notes, shard)
     from torch.nn.parallel import DistributedDataParallel as DDP
