@@ -129,22 +129,27 @@ def _tp_sp_grads_vs_single(rank, world, plan):
     par.module(par.shard_tokens(ctx.shard(x, dim=1)), lambda q, k, v: ctx.attention(q, k, v, causal=True)
                ).pow(2).sum().backward()
     got = dict(par.module.named_parameters())
+    partial_before = sorted(n for n, q in got.items() if any(pl.is_partial() for pl in getattr(q.grad, "placements", ())))
+    par.sync_grads()  # the norms' partial sums reduced once, so the optimizer issues no collective of its own
+    partial_after = [n for n, q in got.items() if any(pl.is_partial() for pl in getattr(q.grad, "placements", ()))]
     errs = {}
     for name, want in ref.named_parameters():
         g = got[name].grad
-        if hasattr(g, "full_tensor"):  # TP weights (sharded) and SequenceParallel norms (partial sums)
+        if hasattr(g, "full_tensor"):  # TP weights (sharded) and SequenceParallel norms (summed: replicated)
             g = g.full_tensor()
         else:  # replicated embedding, final norm, head: each TP rank's share of the tokens
             g = g.clone()
             dist.all_reduce(g)
         errs[name] = ((g - want.grad).abs().max() / want.grad.abs().max()).item()
-    return errs
+    return errs, partial_before, partial_after
 
 
 def test_stack_tp_sequence_parallel_gradients_equal_single_process():
-    for errs in run_world(_tp_sp_grads_vs_single, 2, Plan(algorithm="ring", degrees={"tp": 2}), timeout=60):
+    for errs, before, after in run_world(_tp_sp_grads_vs_single, 2, Plan(algorithm="ring", degrees={"tp": 2}),
+                                         timeout=60):
         assert any(".norm1." in n for n in errs) and any(".attn.q." in n for n in errs)
         assert max(errs.values()) < 1e-5, errs
+        assert before and all(".norm" in n for n in before) and after == [], (before, after)
 
 
 def _bucketed_sync(rank, world):

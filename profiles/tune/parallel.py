@@ -125,6 +125,39 @@ def _manual_sync(params: list[nn.Parameter], group) -> Callable[[], None]:
     return sync
 
 
+def _partial_sync(params: list[nn.Parameter], group) -> Callable[[], None]:
+    """Sum the TP-partial gradients of ``params`` over the TP ``group`` once after the backward, in DDP-sized flat
+    buckets, and hand them back replicated: a parameter replicated on the TP mesh whose input is sharded on the
+    tokens (the SequenceParallel norms' weights) gets a Partial(sum) gradient, which the optimizer would otherwise
+    all-reduce anew in each op that reads it (Megatron-LM does the same sum for sequence-parallel norm weights:
+    ``_allreduce_layernorm_grads``)."""
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+    from torch.distributed.tensor import DTensor, Replicate
+
+    def sync():
+        partial = [p for p in reversed(params) if isinstance(p.grad, DTensor) and any(pl.is_partial()
+                                                                                      for pl in p.grad.placements)]
+        if not partial:
+            return
+        for bucket in _buckets(partial, DDP_BUCKET_BYTES):
+            locals_ = [p.grad._local_tensor for p in bucket]
+            flat = _flatten_dense_tensors(locals_)
+            dist.all_reduce(flat, group=group)
+            for p, r in zip(bucket, _unflatten_dense_tensors(flat, locals_)):
+                g = p.grad
+                p.grad = DTensor.from_local(r, g.device_mesh, [Replicate()] * g.device_mesh.ndim, run_check=False,
+                                            shape=g.shape, stride=g.stride())
+    return sync
+
+
+def _then(*syncs: Callable[[], None]) -> Callable[[], None]:
+    """The gradient hooks run in order."""
+    def sync():
+        for s in syncs:
+            s()
+    return sync
+
+
 def parallelize(stack: nn.Module, plan: Plan, mesh: DeviceMesh, *, lr: float = 1e-4) -> Parallel:
     """Apply TP, ZeRO and gradient sync to ``stack`` as the plan says (module docstring)."""
     m = stack.model
@@ -145,9 +178,12 @@ def parallelize(stack: nn.Module, plan: Plan, mesh: DeviceMesh, *, lr: float = 1
     replicas = mesh["dp_sp"].size()
     group = mesh["dp_sp"].get_group()
     nothing = lambda: None  # noqa: E731
+    tp_sum = _partial_sync(list(stack.parameters()), mesh["tp"].get_group()) if tp > 1 else nothing
+    if tp > 1:
+        notes["tp"] += "; the norms' partial weight gradients summed over tp once after the backward"
     if replicas == 1:
         notes["zero"] = f"zero{stage}: no data-parallel replicas, nothing to shard or sync"
-        return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr), nothing, notes, shard)
+        return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr), tp_sum, notes, shard)
     if stage >= 2:
         from torch.distributed.fsdp import fully_shard
 
@@ -161,7 +197,7 @@ def parallelize(stack: nn.Module, plan: Plan, mesh: DeviceMesh, *, lr: float = 1
         notes["zero"] = (f"zero{stage}: FALLBACK gradients all-reduced by hand over dp x sp after the backward, "
                          "in DDP-sized buckets (DDP does not take TP's DTensor parameters); optimizer state not sharded")
         return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr),
-                        _manual_sync(list(stack.parameters()), group), notes, shard)
+                        _then(tp_sum, _manual_sync(list(stack.parameters()), group)), notes, shard)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ddp = DDP(stack, process_group=group)
