@@ -174,9 +174,11 @@ class Orders:
 
 
 def shared_cores(balance: tuple, s: float) -> float:
-    """The busiest rank's share of an uneven attention phase's time where ranks share cores: per round it stands
-    for, max(mean / max work, 1 / s) (the round lasts as long as the host's total work on the cores, or the
-    busiest rank's alone at s x its speed among busy peers: ``Params.solo_speedup``), averaged over the rounds."""
+    """The busiest rank's share of an uneven attention phase's time (its kernels and their per-call overhead, both
+    work on the host where ranks share cores): per round it stands for, max(mean / max work, 1 / s) (as long as the
+    host's total work on the cores, or the busiest rank's alone at s x its speed among busy peers:
+    ``Params.solo_speedup``), averaged over the rounds; the rings pool the balance over their rounds
+    (``layout.ring_balance``)."""
     return sum(b if b > 1 / s else 1 / s for b in balance) / len(balance)
 
 
@@ -281,7 +283,13 @@ class Estimator:
         """``compute_time`` of a phase without the per-call overhead: linear in its volume (attention, memory;
         a GEMM at its own rows)."""
         o = self.params.round_overhead_s
-        return self.compute_time(p) - o * p.calls if o and p.kind == "attention" else self.compute_time(p)
+        return self.compute_time(p) - o * self.calls(p) if o and p.kind == "attention" else self.compute_time(p)
+
+    def calls(self, p: Compute) -> float:
+        """Attention calls of ``p`` that pay the per-call overhead: its calls, times ``shared_cores`` of its
+        balance where ranks share cores (a rank without a block in a round makes no call)."""
+        pr = self.params
+        return p.calls * shared_cores(p.balance, pr.solo_speedup) if p.balance and pr.solo_speedup > 1 else p.calls
 
     def _floor_linear(self, part: str, one: Shape) -> tuple[tuple, dict]:
         """``attention_floor``'s parts of a bound unit, linear in k: (plain seconds without per-call overhead,
@@ -300,7 +308,7 @@ class Estimator:
                         if p.kind == "matmul" and ALGORITHMS[one.algorithm].batch_linear:  # rows x k: not linear
                             raise NotImplementedError(f"{one.algorithm}: a GEMM in a batch_linear attention schedule")
                         a[st.overlap] += self._seconds_at_one(p) * st.repeat
-                        n[st.overlap] += st.repeat * p.calls if p.kind == "attention" else 0
+                        n[st.overlap] += st.repeat * self.calls(p) if p.kind == "attention" else 0
                     else:  # (coefficients read the pattern and dims alone)
                         slot = (j if st.overlap else "plain", p.pattern, p.dim)
                         q, b, r = sums.get(slot, (p, 0.0, 0))
@@ -381,7 +389,7 @@ class Estimator:
                                                                         p.masked))
             if p.balance and pr.solo_speedup > 1:
                 t *= shared_cores(p.balance, pr.solo_speedup)
-            return t + pr.round_overhead_s * p.calls if pr.round_overhead_s else t
+            return t + pr.round_overhead_s * self.calls(p) if pr.round_overhead_s else t
         if pr.matmul is not None:
             rows = p.rows * k
             eff = pr.matmul.at(rows) if rows > 0 else pr.matmul.points[-1][1]

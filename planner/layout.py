@@ -320,6 +320,22 @@ def round_balance(token_layout: str, ring: int, seq_len: int, causal: bool, q_tr
 
 
 @lru_cache(maxsize=4096)
+def ring_balance(token_layout: str, ring: int, seq_len: int, causal: bool, q_travels: bool = False
+                 ) -> tuple[float, ...]:
+    """``round_balance`` pooled over the ring, the same for every round: sum_i mean_i / sum_i max_i, mean_i and max_i
+    the ranks' mean and the busiest's block fraction in round i. Ranks that share cores do not wait for each other
+    round by round: the next round's blocks are posted before this round's kernel (double-buffered), so a rank with
+    no block in a round goes on, and the host's cores work through the ranks' total over the ring (Compute.balance).
+    The busiest fraction of round i is the same whichever of K, V or Q travels (``_round_work``)."""
+    bal = round_balance(token_layout, ring, seq_len, causal, q_travels)
+    if min(bal) >= 1.0:
+        return bal
+    busiest = _round_work(token_layout, ring, seq_len)
+    pooled = sum(b * m for b, m in zip(bal, busiest)) / sum(busiest)
+    return (float(pooled),) * ring
+
+
+@lru_cache(maxsize=4096)
 def round_work_runs(token_layout: str, ring: int, seq_len: int, causal: bool) -> tuple[tuple[float, int], ...]:
     """``round_work`` run-length encoded: ((fraction, rounds), ...) in round order."""
     runs: list[list] = []

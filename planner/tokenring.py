@@ -29,7 +29,7 @@ from functools import lru_cache
 
 from .algorithms import Algorithm, Variant, register
 from .errors import PlanError
-from .layout import BALANCE_MAX_RING, round_balance, tokenring_step_work
+from .layout import BALANCE_MAX_RING, ring_balance, tokenring_step_work
 from .schedules import Comm, Compute, Shape, Step, attention_flops, merge_bytes
 
 
@@ -79,12 +79,12 @@ def step_classes(ring: int, team: int) -> tuple[tuple[bool, bool, bool, bool, bo
 
 def class_balance(token_layout: str, ring: int, team: int, seq_len: int, causal: bool) -> dict[tuple, tuple]:
     """Pure TokenRing (team = ring, one round): ``step_classes``' key -> the per-step balance of its steps
-    (``layout.round_balance`` with the Q travelling: step i pairs rank r's K, V with rank r - i's Q), for rings of
+    (``layout.ring_balance`` with the Q travelling: step i pairs rank r's K, V with rank r - i's Q), for rings of
     up to BALANCE_MAX_RING; else {} (even: Compute.balance is read only where ranks share cores)."""
     C, N = team, ring // team
     if N != 1 or ring > BALANCE_MAX_RING:
         return {}
-    bal = round_balance(token_layout, ring, seq_len, causal, q_travels=True)
+    bal = ring_balance(token_layout, ring, seq_len, causal, q_travels=True)
     out: dict[tuple, tuple] = {}
     for i, ni in segments(C, (1, 2, C - 1)):  # step_classes' keys at j = 0
         key = _step_key(i, 0, C, N)

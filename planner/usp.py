@@ -6,7 +6,7 @@ around the ring rounds (USP Sec. 3), the rounds double-buffered (WallFacer eq. 2
 from __future__ import annotations
 
 from .algorithms import Algorithm, Variant, algorithm_for, register
-from .layout import BALANCE_MAX_RING, round_balance, round_work_runs
+from .layout import BALANCE_MAX_RING, ring_balance, round_work_runs
 from .schedules import Comm, Compute, Shape, Step, a2a_packing, attention_flops, merge_bytes
 
 
@@ -36,7 +36,7 @@ def ring_steps(c: Shape, backward: bool) -> list[Step]:
     kv_block = c.b * c.n_ring * c.kv_local * c.model.head_dim * c.e
     send = (4 if backward else 2) * kv_block
     runs = list(round_work_runs(c.token_layout, R, c.work.seq_len, c.work.causal))
-    balance = (round_balance(c.token_layout, R, c.work.seq_len, c.work.causal)  # uneven rounds (Compute.balance)
+    balance = (ring_balance(c.token_layout, R, c.work.seq_len, c.work.causal)  # uneven rounds (Compute.balance)
                if R <= BALANCE_MAX_RING else ())
     tag = "bwd" if backward else "fwd"
     f_last, k_last = runs[-1]

@@ -6,7 +6,7 @@ from sp_plan.planner import Plan, Workload
 from sp_plan.planner.calibration import measured_params, solo_speedup
 from sp_plan.planner.candidate import Candidate
 from sp_plan.planner.estimate import Estimator, shared_cores
-from sp_plan.planner.layout import causal_work, round_balance
+from sp_plan.planner.layout import causal_work, ring_balance, round_balance
 from sp_plan.planner.params import Params
 from sp_plan.planner.profile import KernelSample
 from sp_plan.planner.schedules import attention_steps
@@ -36,6 +36,16 @@ def test_round_balance_closed_form_past_64_ranks_matches_the_blocks(layout, q_tr
     assert np.allclose(round_balance(layout, P, S, True, q_travels), want, rtol=1e-12, atol=0)
 
 
+def test_ring_balance_pools_the_rounds_by_hand():
+    # contiguous, 4 ranks of c = 256 tokens: the busiest computes a diagonal d = (c + 1) / 2c, then 3 whole blocks;
+    # the ranks' mean per round: d, 3/4, 1/2, 1/4 of a block; pooled: (d + 1.5) / (d + 3), the same every round
+    d = 257 / 512
+    assert ring_balance("contiguous", 4, 1024, True) == pytest.approx(((d + 1.5) / (d + 3),) * 4, rel=1e-12)
+    assert ring_balance("contiguous", 4, 1024, True, q_travels=True) == pytest.approx(((d + 1.5) / (d + 3),) * 4)
+    assert ring_balance("zigzag", 8, 1024, True) == (1.0,) * 8  # even rounds stay even
+    assert ring_balance("contiguous", 8, 1024, False) == (1.0,) * 8
+
+
 def test_shared_cores_by_hand():
     # s = 2: a round lasts max(mean / max, 1/2) of the busiest rank's time among busy peers
     assert shared_cores((0.75, 0.5, 0.25), 2.0) == pytest.approx((0.75 + 0.5 + 0.5) / 3)
@@ -45,20 +55,32 @@ def test_shared_cores_by_hand():
 def test_contiguous_ring_is_priced_by_its_mean_work_where_ranks_share_cores():
     cl, m = load_cluster("cpu-local"), load_model("tiny-llama")
     steps = {}
-    for s in (1.0, 2.0, 64.0):
-        est = Estimator(cl, m, WORK, params=Params(solo_speedup=s))
+    for s in (1.0, 1.5, 2.0, 64.0):
+        est = Estimator(cl, m, WORK, params=Params(solo_speedup=s, round_overhead_s=1e-3))
         for alg in ("ring", "tokenring"):
             for lay in ("contiguous", "zigzag"):
                 steps[s, alg, lay] = est(Plan(algorithm=alg, degrees={"ring": 4}, token_layout=lay)).step_time_s
     for alg in ("ring", "tokenring"):
-        # zigzag's rounds are even: no change; contiguous gets cheaper with s, never below zigzag's
+        # zigzag's rounds are even: no change; contiguous gets cheaper with s until the ranks' mean work (pooled
+        # 0.571 of the busiest's) binds, above 1/s = 0.5 at s = 2; never below zigzag's
         assert steps[1.0, alg, "zigzag"] == steps[2.0, alg, "zigzag"] == steps[64.0, alg, "zigzag"]
-        assert steps[1.0, alg, "contiguous"] > steps[2.0, alg, "contiguous"] > steps[64.0, alg, "contiguous"]
-        assert steps[64.0, alg, "contiguous"] >= steps[1.0, alg, "zigzag"] * 0.999
-    # the balances ride on the attention phases of uneven rounds only
-    c = Estimator(cl, m, WORK).shape(Candidate.from_plan(Plan(algorithm="ring", degrees={"ring": 4})))
+        assert steps[1.0, alg, "contiguous"] > steps[1.5, alg, "contiguous"] > steps[2.0, alg, "contiguous"]
+        assert steps[2.0, alg, "contiguous"] == steps[64.0, alg, "contiguous"]
+        # its blocks' work is never below zigzag's; with a per-call overhead it may be: its idle ranks make no calls
+        no_calls = {lay: Estimator(cl, m, WORK, params=Params(solo_speedup=64.0))(
+            Plan(algorithm=alg, degrees={"ring": 4}, token_layout=lay)).step_time_s for lay in ("contiguous", "zigzag")}
+        assert no_calls["contiguous"] >= no_calls["zigzag"] * 0.999
+        assert steps[64.0, alg, "contiguous"] < steps[64.0, alg, "zigzag"]
+    # the pooled balance rides on every attention phase of the ring; the per-call overhead shares it
+    est = Estimator(cl, m, WORK, params=Params(solo_speedup=2.0, round_overhead_s=1e-3))
+    c = est.shape(Candidate.from_plan(Plan(algorithm="ring", degrees={"ring": 4})))
     att = [p for st in attention_steps(c, False) for p in st.phases if getattr(p, "kind", "") == "attention"]
-    assert sorted(b for p in att for b in p.balance) == [0.25, 0.5, 0.75]  # rounds 1-3; round 0 is even
+    d = 257 / 512
+    assert len(att) == 3 and [b for p in att for b in p.balance] == pytest.approx([(d + 1.5) / (d + 3)] * 4)
+    for p in att:
+        base = Estimator(cl, m, WORK, params=Params(round_overhead_s=1e-3)).compute_time(p)
+        assert est.compute_time(p) == pytest.approx(base * (d + 1.5) / (d + 3))
+        assert est.calls(p) == pytest.approx(p.calls * (d + 1.5) / (d + 3))
 
 
 def _sample(seconds, alone, kind="attention_fwd", size=256):
