@@ -9,7 +9,8 @@ tokens. FLOPs follow ``KernelSample``: attention forward 4 b s^2 h d (half when 
 """
 from __future__ import annotations
 
-import itertools
+import functools
+from typing import Callable
 
 import torch
 
@@ -19,7 +20,7 @@ from sp_plan.planner.profile import KernelSample
 from sp_plan.runtime.choice import BackendChoice
 from sp_plan.runtime.kernels import block_attention, block_attention_backward
 
-from .timing import time_call, time_window
+from .timing import sync, time_call, time_window
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
                 torch.float64: "float64"}
@@ -48,25 +49,20 @@ def gemm_shapes(model: ModelSpec, rows: int) -> dict[str, tuple[int, int, int]]:
 def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], device: torch.device,
                     dtype: torch.dtype, causal: bool, repeats: int = 5,
                     gemm_rows: list[int] | None = None,
-                    windows: tuple[float, float] | None = None) -> list[KernelSample]:
+                    windows: tuple[float, float] | Callable[[], tuple[float, float]] | None = None
+                    ) -> list[KernelSample]:
     """Attention block fwd/bwd over ``blocks`` x ``heads`` and the model's GEMMs over ``gemm_rows`` (default: blocks).
-    ``windows`` (start wall time, seconds): the i-th timed kernel runs back to back through the window
-    [start + i s, start + (i + 1) s) (``timing.time_window``), the same window on every rank that passes the same
-    start, instead of a median of ``repeats``."""
+    Every kernel is prepared first (inputs, the runtime's backend choice, one untimed call), then timed.
+    ``windows`` (start wall time, seconds), or a function that agrees them once every kernel is prepared (so that
+    no rank is still choosing a backend when the others start): the i-th timed kernel runs back to back through
+    the window [start + i s, start + (i + 1) s) (``timing.time_window``), the same window on every rank that
+    passes the same start, instead of a median of ``repeats``."""
     device = torch.device(device)
     d, name = model.head_dim, _DTYPE_NAMES.get(dtype, str(dtype))
     gen = torch.Generator(device="cpu").manual_seed(0)
     rnd = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
     choice = BackendChoice.from_env()
-    out: list[KernelSample] = []
-    slot = itertools.count()
-
-    def timed(fn) -> float:
-        if windows is None:
-            return time_call(fn, device, repeats)
-        start = windows[0] + next(slot) * windows[1]
-        return time_window(fn, device, start, start + 0.9 * windows[1])
-
+    jobs: list[tuple[Callable[[], object], dict]] = []  # (the kernel, its sample's fields but the seconds)
     for h in sorted(set(heads)):
         kv = kv_heads_for(model, h)
         for n in sorted(set(blocks)):
@@ -77,20 +73,29 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
                 offset = 0 if masked else None
                 backend = choice.choose(q, k, masked)
                 o, lse = block_attention(q, k, v, causal_offset=offset, backend=backend)
-                t_f = timed(lambda: block_attention(q, k, v, causal_offset=offset, backend=backend))
-                t_b = timed(lambda: block_attention_backward(dout, q, k, v, o, lse, causal_offset=offset,
-                                                             backend=backend))
-                for kind, t, bwd in (("attention_fwd", t_f, False), ("attention_bwd", t_b, True)):
-                    out.append(KernelSample(kind=kind, size=n, heads=h, head_dim=d, causal=masked,
-                                            flops=attention_flops(n, h, d, masked, backward=bwd), seconds=t,
-                                            dtype=name, batch=1, backend=backend))
+                fwd = functools.partial(block_attention, q, k, v, causal_offset=offset, backend=backend)
+                bwd = functools.partial(block_attention_backward, dout, q, k, v, o, lse, causal_offset=offset,
+                                        backend=backend)
+                for kind, fn, back in (("attention_fwd", fwd, False), ("attention_bwd", bwd, True)):
+                    jobs.append((fn, dict(kind=kind, size=n, heads=h, head_dim=d, causal=masked, backend=backend,
+                                          flops=attention_flops(n, h, d, masked, backward=back))))
     for rows in sorted(set(gemm_rows if gemm_rows is not None else blocks)):
         for m, n, k in gemm_shapes(model, rows).values():
-            a, w = rnd(m, k), rnd(k, n)
-            t = timed(lambda: torch.matmul(a, w))
-            out.append(KernelSample(kind="matmul", size=m, heads=0, head_dim=0, causal=False, flops=2.0 * m * n * k,
-                                    seconds=t, dtype=name, batch=1, backend="torch.matmul",
-                                    gemm=(m, n, k)))
+            jobs.append((functools.partial(torch.matmul, rnd(m, k), rnd(k, n)),
+                         dict(kind="matmul", size=m, heads=0, head_dim=0, causal=False, flops=2.0 * m * n * k,
+                              backend="torch.matmul", gemm=(m, n, k))))
+    if windows is not None:
+        for fn, _ in jobs:  # first calls (allocations, a backward's workspace) before any window opens
+            fn()
+        sync(device)
+        start, each = windows() if callable(windows) else windows
+    out: list[KernelSample] = []
+    for i, (fn, fields) in enumerate(jobs):
+        if windows is None:
+            t = time_call(fn, device, repeats)
+        else:
+            t = time_window(fn, device, start + i * each, start + i * each + 0.9 * each)
+        out.append(KernelSample(seconds=t, dtype=name, batch=1, **fields))
     return out
 
 

@@ -161,12 +161,16 @@ def measure_alone(model: ModelSpec, block: int, heads: int, dev: torch.device, d
         dist.barrier()
         if r == rank:
             out = fwd(True)
-    longest = torch.tensor([max((s.seconds for s in out), default=0.0)], dtype=torch.float64)
-    dist.all_reduce(longest, op=dist.ReduceOp.MAX)
-    # fwd and bwd of each mask are timed, so the bwd (about 2x) sets the window: 3x the forward
-    shared = [time.time() + 0.05, max(TOGETHER_MIN_S, TOGETHER_CALLS * 3 * float(longest[0]))]
-    dist.broadcast_object_list(shared, src=0)
-    return out + fwd(False, (shared[0], shared[1]))
+
+    def agree() -> tuple[float, float]:
+        """Once every rank has prepared its kernels: one start and window length for all."""
+        longest = torch.tensor([max((s.seconds for s in out), default=0.0)], dtype=torch.float64)
+        dist.all_reduce(longest, op=dist.ReduceOp.MAX)
+        # fwd and bwd of each mask are timed, so the bwd (about 2x) sets the window: 3x the forward
+        shared = [time.time() + 0.05, max(TOGETHER_MIN_S, TOGETHER_CALLS * 3 * float(longest[0]))]
+        dist.broadcast_object_list(shared, src=0)
+        return shared[0], shared[1]
+    return out + fwd(False, agree)
 
 
 def base_params(cluster: Cluster, model: ModelSpec, kernels: list[dict], links: dict | None) -> tuple[Params, list[str]]:
