@@ -1,6 +1,7 @@
 """tune's measurement side: kernel samples, the layer stack's sharding, run_candidate and its isolation."""
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -44,6 +45,32 @@ def test_measure_kernels_samples():
     up = 2 * MODEL.ffn_hidden  # SwiGLU: gate and up
     assert sorted(x.gemm for x in mm) == sorted([(128, 64 + 2 * 32, 64), (128, 64, 64), (128, up, 64), (128, 64, 256)])
     assert all(x.flops == 2 * math.prod(x.gemm) for x in mm)
+
+
+def test_measure_kernels_agrees_on_windows_once_every_kernel_is_prepared(monkeypatch):
+    from sp_plan.profiles.tune import kernels
+
+    events = []
+    real_choose = kernels.BackendChoice.choose
+    monkeypatch.setattr(kernels.BackendChoice, "choose",
+                        lambda self, *a, **k: (events.append("choose"), real_choose(self, *a, **k))[1])
+    real_window = kernels.time_window
+    monkeypatch.setattr(kernels, "time_window", lambda fn, dev, a, b: (events.append(("window", a, b)),
+                                                                       real_window(fn, dev, a, b))[1])
+
+    def agree():
+        events.append("agree")
+        return time.time() + 0.01, 0.02
+
+    s = measure_kernels(MODEL, [64], [2], torch.device("cpu"), torch.float32, causal=True, gemm_rows=[64],
+                        windows=agree)
+    assert len(s) == 2 * 2 + 4 and all(x.seconds > 0 for x in s)
+    i = events.index("agree")
+    assert events.count("agree") == 1 and events[:i] == ["choose", "choose"]  # both masks chosen before the windows
+    wins = [e for e in events[i + 1:]]
+    assert len(wins) == len(s) and all(w[0] == "window" for w in wins)
+    starts = [w[1] for w in wins]
+    assert starts == sorted(starts) and all(b - a == pytest.approx(0.018, abs=1e-6) for _, a, b in wins)
 
 
 def test_kernel_shapes_follow_the_schedules():
