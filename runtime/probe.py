@@ -320,6 +320,12 @@ def measure(cluster: Cluster, hosts: list[HostReport], sizes: list[int], timeout
             done += 1
             if progress:
                 progress(done, total, label)
+    if not broken:  # the probes' groups end here: left alive, their gloo transports kept stalling ranks afterwards
+        dist.barrier()
+        for p in probes:
+            for pg in p.handles:
+                if pg is not None and pg != dist.GroupMember.NON_GROUP_MEMBER:
+                    dist.destroy_process_group(pg)
     meta = {"measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "backend": dist.get_backend(), "device": dev.type, "world_size": world, "nodes": len(hosts),
             "sizes": list(sizes), "statistic": f"mean of {min_reps}-{max_reps} back-to-back operations, best of {batches} runs, slowest rank"}
