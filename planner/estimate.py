@@ -25,8 +25,9 @@ from .model import ModelSpec, Workload
 from .params import Params
 from .algorithms import ALGORITHMS
 from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction
-from .schedules import (Comm, Compute, Shape, Step, attention_blocks, attention_steps, balanced_attention,
-                        DDP_BUCKET_BYTES, bucket_share, bucketed_exposure, grad_sync, head_steps, layer_schedule, pipeline_p2p, scaled, shard_params)
+from .schedules import (DDP_BUCKET_BYTES, Comm, Compute, Shape, Step, attention_blocks, attention_steps,
+                        balanced_attention, bucket_share, bucketed_exposure, grad_sync, head_steps, layer_schedule,
+                        pipeline_p2p, scaled, shard_params)
 
 
 #: fraction of device memory a plan may use (the rest: CUDA context, allocator fragmentation)
@@ -286,10 +287,14 @@ class Estimator:
         return self.compute_time(p) - o * self.calls(p) if o and p.kind == "attention" else self.compute_time(p)
 
     def calls(self, p: Compute) -> float:
-        """Attention calls of ``p`` that pay the per-call overhead: its calls, times ``shared_cores`` of its
-        balance where ranks share cores (a rank without a block in a round makes no call)."""
-        pr = self.params
-        return p.calls * shared_cores(p.balance, pr.solo_speedup) if p.balance and pr.solo_speedup > 1 else p.calls
+        """Attention calls of ``p`` that pay the per-call overhead: its calls, times its ``share`` (a rank without a
+        block in a round makes no call)."""
+        return p.calls * self.share(p)
+
+    def share(self, p: Compute) -> float:
+        """``shared_cores`` of an attention phase's balance where ranks share cores, else 1."""
+        s = self.params.solo_speedup
+        return shared_cores(p.balance, s) if p.balance and s > 1 else 1.0
 
     def _floor_linear(self, part: str, one: Shape) -> tuple[tuple, dict]:
         """``attention_floor``'s parts of a bound unit, linear in k: (plain seconds without per-call overhead,
@@ -387,9 +392,8 @@ class Estimator:
         if p.kind == "attention":
             t = flops / (self._compute_peak * self.attention_efficiency(p.name.endswith("bwd"), p.block, p.fill,
                                                                         p.masked))
-            if p.balance and pr.solo_speedup > 1:
-                t *= shared_cores(p.balance, pr.solo_speedup)
-            return t + pr.round_overhead_s * self.calls(p) if pr.round_overhead_s else t
+            share = self.share(p)
+            return (t + pr.round_overhead_s * p.calls) * share if pr.round_overhead_s else t * share
         if pr.matmul is not None:
             rows = p.rows * k
             eff = pr.matmul.at(rows) if rows > 0 else pr.matmul.points[-1][1]

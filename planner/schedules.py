@@ -31,7 +31,7 @@ class Compute(NamedTuple):
     rows: float = 0.0
     fill: float = 1.0  # attention: fraction of the block's query x key pairs computed (causal diagonal, zigzag half)
     nbytes: float = 0.0  # memory: bytes read + written
-    balance: tuple = ()  # attention: per round it stands for, the ranks' mean work over the busiest's (() = even; rings: layout.ring_balance)
+    balance: tuple = ()  # attention: per round, ranks' mean work over the busiest's (() = even; layout.ring_balance)
     masked: bool = False  # attention: one block under a causal mask (a diagonal, striped's shifted one), not dense
     calls: int = 1  # attention: kernel calls it stands for (each pays Params.round_overhead_s), ``block`` long each
 

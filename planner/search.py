@@ -167,7 +167,8 @@ def hidden_sync_micro_batches(est: Estimator, base: Candidate, batch: Orders,
     seconds per sequence and layer); s and c never grow with k, but c may fall (per-call costs), exposing more of
     S. So K is taken only for the ZeRO stages whose sync is hidden at K on every order, S <= B L c(K) <= B L c(k):
     there the sync term is its floor f S for every k <= K and B s(K) <= B s(k). c(K) is read from below: the linear
-    part's compute and the attention's even share (``Estimator.balanced_time``), which no schedule's busiest rank undercuts."""
+    part's compute and the attention's even share (``Estimator.balanced_time``), which no schedule's busiest rank
+    undercuts."""
     if not ALGORITHMS[base.algorithm].batch_linear:
         return policies
     top: dict = {}

@@ -103,12 +103,21 @@ def _buckets(tensors: list[torch.Tensor], cap: float) -> list[list[torch.Tensor]
     return out
 
 
-def _manual_sync(params: list[nn.Parameter], group) -> Callable[[], None]:
-    """All-reduce (average) the local gradients of ``params`` over ``group`` after the backward, flattened into DDP's
-    buckets (schedules.DDP_BUCKET_BYTES, last parameters first, as DDP fills them): one collective per bucket as the
-    model prices ZeRO-0's sync, not one per parameter; nothing on a group of one."""
+def _bucketed_all_reduce(tensors: list[torch.Tensor], group):
+    """Sum ``tensors`` over ``group`` in DDP's flat buckets (schedules.DDP_BUCKET_BYTES, in the order given): one
+    collective per bucket; yields each bucket's tensors with their sums."""
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+    for bucket in _buckets(tensors, DDP_BUCKET_BYTES):
+        flat = _flatten_dense_tensors(bucket)
+        dist.all_reduce(flat, group=group)
+        yield from zip(bucket, _unflatten_dense_tensors(flat, bucket))
+
+
+def _manual_sync(params: list[nn.Parameter], group) -> Callable[[], None]:
+    """All-reduce (average) the local gradients of ``params`` over ``group`` after the backward, last parameters
+    first as DDP fills its buckets (``_bucketed_all_reduce``): one collective per bucket as the model prices ZeRO-0's
+    sync, not one per parameter; nothing on a group of one."""
     n = dist.get_world_size(group)
 
     def sync():
@@ -116,37 +125,26 @@ def _manual_sync(params: list[nn.Parameter], group) -> Callable[[], None]:
             return
         grads = [p.grad._local_tensor if hasattr(p.grad, "_local_tensor") else p.grad
                  for p in reversed(params) if p.grad is not None]
-        for bucket in _buckets(grads, DDP_BUCKET_BYTES):
-            flat = _flatten_dense_tensors(bucket)
-            dist.all_reduce(flat, group=group)
-            flat.div_(n)
-            for g, r in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
-                g.copy_(r)
+        for g, total in _bucketed_all_reduce(grads, group):
+            g.copy_(total.div_(n))
     return sync
 
 
 def _partial_sync(params: list[nn.Parameter], group) -> Callable[[], None]:
-    """Sum the TP-partial gradients of ``params`` over the TP ``group`` once after the backward, in DDP-sized flat
-    buckets, and hand them back replicated: a parameter replicated on the TP mesh whose input is sharded on the
-    tokens (the SequenceParallel norms' weights) gets a Partial(sum) gradient, which the optimizer would otherwise
-    all-reduce anew in each op that reads it (Megatron-LM does the same sum for sequence-parallel norm weights:
-    ``_allreduce_layernorm_grads``)."""
-    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+    """Sum the TP-partial gradients of ``params`` over the TP ``group`` once after the backward
+    (``_bucketed_all_reduce``) and hand them back replicated: a parameter replicated on the TP mesh whose input is
+    sharded on the tokens (the SequenceParallel norms' weights) gets a Partial(sum) gradient, which the optimizer
+    would otherwise all-reduce anew in each op that reads it (Megatron-LM does the same sum for sequence-parallel
+    norm weights: ``_allreduce_layernorm_grads``)."""
     from torch.distributed.tensor import DTensor, Replicate
 
     def sync():
-        partial = [p for p in reversed(params) if isinstance(p.grad, DTensor) and any(pl.is_partial()
-                                                                                      for pl in p.grad.placements)]
-        if not partial:
-            return
-        for bucket in _buckets(partial, DDP_BUCKET_BYTES):
-            locals_ = [p.grad._local_tensor for p in bucket]
-            flat = _flatten_dense_tensors(locals_)
-            dist.all_reduce(flat, group=group)
-            for p, r in zip(bucket, _unflatten_dense_tensors(flat, locals_)):
-                g = p.grad
-                p.grad = DTensor.from_local(r, g.device_mesh, [Replicate()] * g.device_mesh.ndim, run_check=False,
-                                            shape=g.shape, stride=g.stride())
+        partial = [p for p in reversed(params)
+                   if isinstance(p.grad, DTensor) and any(pl.is_partial() for pl in p.grad.placements)]
+        grads = [p.grad for p in partial]
+        for p, g, (_, total) in zip(partial, grads, _bucketed_all_reduce([g._local_tensor for g in grads], group)):
+            p.grad = DTensor.from_local(total, g.device_mesh, [Replicate()] * g.device_mesh.ndim, run_check=False,
+                                        shape=g.shape, stride=g.stride())
     return sync
 
 
@@ -195,7 +193,8 @@ def parallelize(stack: nn.Module, plan: Plan, mesh: DeviceMesh, *, lr: float = 1
         return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr), nothing, notes, shard)
     if tp > 1:
         notes["zero"] = (f"zero{stage}: FALLBACK gradients all-reduced by hand over dp x sp after the backward, "
-                         "in DDP-sized buckets (DDP does not take TP's DTensor parameters); optimizer state not sharded")
+                         "in DDP-sized buckets (DDP does not take TP's DTensor parameters); optimizer state not "
+                         "sharded")
         return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr),
                         _then(tp_sum, _manual_sync(list(stack.parameters()), group)), notes, shard)
     from torch.nn.parallel import DistributedDataParallel as DDP
