@@ -8,7 +8,8 @@ by a veth shaped to 800 Mbit/s with `tc tbf`, two ranks each; runtime/netns.py):
 2. ground truth: every distinct layout of the model's ranking that fits (each algorithm, degrees,
    placement and token layout with its best mesh order and memory policy) measured end to end with
    the bundled runtime (`profiles/tune/candidate.py`: stacks of 1 and ``--layers`` blocks, the median of
-   ``--iters`` timed steps each, scaled to the model's layers; median of ``--repeats`` such runs), for two small workloads: tiny-llama at 1k tokens (A) and tiny-gpt at 512 (B);
+   ``--iters`` timed steps each, scaled to the model's layers; median of ``--repeats`` such runs, taken
+   as whole passes over every layout so that a slow spell of the host is spread over many layouts), for two small workloads: tiny-llama at 1k tokens (A) and tiny-gpt at 512 (B);
 3. `sp-plan tune` on workload A with a fresh store (``--budget`` candidates at most);
 4. against the ground truth, uncalibrated (the cluster file as discovered) and calibrated (the stored
    profile): Spearman of predicted vs measured step time, median absolute step-time and peak-memory
@@ -50,21 +51,33 @@ def worker_truth(args) -> None:
     work = Workload(seq_len=args.seq_len, batch=1, causal=True, training=True)
     pool = diversify(ranked_plans(cluster, model, work, Params(), keep=None), 1000)
     opts = TuneOptions(candidate_timeout=args.timeout, layers=args.layers, iters=args.iters, warmup=args.warmup)
-    rows = []
-    for i, plan in enumerate(pool):
-        runs = [run_candidate(plan, model, work, cluster, opts) for _ in range(args.repeats)]
-        ok = [r for r in runs if r.status == "ok"]
-        best = runs[0] if not ok else ok[0].model_copy(update={
-            "measured_s": statistics.median(r.measured_s for r in ok),
-            "measured_memory": statistics.median(r.measured_memory for r in ok)})
-        rows.append(best.model_dump(mode="json"))
-        if rank == 0:
-            print(f"[{i + 1}/{len(pool)}] {plan.summary()}: {best.status} "
-                  f"{best.measured_s if best.measured_s is not None else '-'}", flush=True)
+    runs: list[list] = [[] for _ in pool]
+    for rep in range(args.repeats):  # whole passes, interleaved: a slow spell of the host lands on several layouts
+        for i, plan in enumerate(pool):
+            if rep and runs[i][0].status != "ok":
+                continue  # did not fit or failed in the first pass: not retried
+            r = run_candidate(plan, model, work, cluster, opts)
+            runs[i].append(r)
+            if rank == 0:
+                print(f"[pass {rep + 1}/{args.repeats}, {i + 1}/{len(pool)}] {plan.summary()}: {r.status} "
+                      f"{r.measured_s if r.measured_s is not None else '-'}", flush=True)
+    rows = [_median_row(rs).model_dump(mode="json") for rs in runs]
     if rank == 0:
         Path(args.out).write_text(json.dumps(rows))
     probe.dist.barrier()
     probe.finish(owned)
+
+
+def _median_row(runs):
+    """One layout's truth: the median of its passes that ran (each reading kept in ``detail['readings_s']``)."""
+    ok = [r for r in runs if r.status == "ok"]
+    if not ok:
+        return runs[0]
+    readings = [r.measured_s for r in ok]
+    return ok[0].model_copy(update={
+        "measured_s": statistics.median(readings),
+        "measured_memory": statistics.median(r.measured_memory for r in ok),
+        "detail": {**ok[0].detail, "readings_s": readings, "passes_failed": len(runs) - len(ok)}})
 
 
 def _run(argv, world, per_node, cwd, pair, timeout=3600) -> str:
