@@ -33,6 +33,13 @@ def free_port(addr: str = "127.0.0.1") -> int:
     raise OSError("no free TCP port")
 
 
+def _linger(dist) -> None:
+    """Stay until every rank is done: gloo connects a new group's members pairwise, and a rank that exits
+    while a peer still connects to it fails that peer ("connectFullMesh ... Connection closed by peer")."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def _child(fn, rank, world, init_file, timeout, args, kwargs, conn):
     import torch
     import torch.distributed as dist
@@ -44,6 +51,7 @@ def _child(fn, rank, world, init_file, timeout, args, kwargs, conn):
                                 timeout=datetime.timedelta(seconds=timeout))
         out = fn(rank, world, *args, **kwargs)
         conn.send(("ok", pickle.dumps(out)))
+        _linger(dist)
     except BaseException as e:  # noqa: BLE001 - report anything to the parent
         conn.send(("error", f"rank {rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
     finally:

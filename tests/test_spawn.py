@@ -41,3 +41,14 @@ def test_hung_peer_ends_in_timeout():
     with pytest.raises(WorldError):
         run_world(_hang, 2, timeout=3)
     assert time.monotonic() - t0 < 15
+
+
+def _late_peer(rank, world):
+    if rank == 1:  # still talking to rank 0 after rank 0's function returned (as gloo's group connects do)
+        time.sleep(0.5)
+        dist.barrier()
+    return rank
+
+
+def test_a_finished_rank_stays_until_its_peers_are_done():
+    assert run_world(_late_peer, 2, timeout=20) == [0, 1]
