@@ -54,8 +54,8 @@ def worker_truth(args) -> None:
     runs: list[list] = [[] for _ in pool]
     for rep in range(args.repeats):  # whole passes, interleaved: a slow spell of the host lands on several layouts
         for i, plan in enumerate(pool):
-            if rep and runs[i][0].status != "ok":
-                continue  # did not fit or failed in the first pass: not retried
+            if rep and runs[i][0].status == "oom":
+                continue  # did not fit in the first pass: not retried (an error or a timeout is)
             r = run_candidate(plan, model, work, cluster, opts)
             runs[i].append(r)
             if rank == 0:

@@ -23,6 +23,7 @@ from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.discover import HostReport, RankInfo, build_cluster, describe_host, visible_gpus
 from sp_plan.planner.discover.calibrate import Sample, calibrate
 from sp_plan.planner.errors import PlanError
+from sp_plan.runtime.spawn import fork_safe_c10d
 
 Progress = Callable[[int, int, str], None]
 
@@ -57,6 +58,7 @@ def init_world(timeout: float) -> bool:
     """Join torchrun's world (gloo, plus NCCL for CUDA tensors); False if it was already initialized."""
     if dist.is_initialized():
         return False
+    fork_safe_c10d()  # tune forks a child world per candidate
     cuda = use_cuda()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())

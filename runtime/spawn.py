@@ -33,6 +33,24 @@ def free_port(addr: str = "127.0.0.1") -> int:
     raise OSError("no free TCP port")
 
 
+def fork_safe_c10d() -> None:
+    """Turn c10d's flight recorder off (``TORCH_FR_BUFFER_SIZE=0``, unless set) before this process's first group.
+
+    Every gloo collective takes the recorder's mutex, on the caller's thread and again on gloo's worker thread
+    when it retires; a child forked while a worker thread holds it inherits it locked, and the child's first
+    process group waits on it for ever (``FlightRecorder::record_pg_ranks``). Tune forks a child world per
+    candidate right after a collective (the port's broadcast), so its ranks must not record.
+    """
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "0")
+
+
+def flight_recorder_on() -> bool:
+    """Whether this process's c10d flight recorder records (then forking a child that builds groups can hang)."""
+    from torch._C._distributed_c10d import _dump_fr_trace
+
+    return bool(pickle.loads(_dump_fr_trace()).get("pg_config"))
+
+
 def _linger(dist) -> None:
     """Stay until every rank is done: gloo connects a new group's members pairwise, and a rank that exits
     while a peer still connects to it fails that peer ("connectFullMesh ... Connection closed by peer")."""
@@ -45,6 +63,7 @@ def _child(fn, rank, world, init_file, timeout, args, kwargs, conn):
     import torch.distributed as dist
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    fork_safe_c10d()
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
@@ -66,6 +85,7 @@ def run_world(fn: Callable[..., Any], world: int, *args, timeout: float = 60.0, 
     Raises WorldError naming the failing rank(s) if any rank raises, dies, or the world is not
     done within ``timeout`` seconds (collectives also time out at ``timeout``).
     """
+    fork_safe_c10d()  # for groups this process makes later, which forked worlds would inherit
     ctx = mp.get_context("fork")
     tmp = tempfile.mkdtemp(prefix="sp_plan_world_")
     init_file = os.path.join(tmp, "init")

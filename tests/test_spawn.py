@@ -52,3 +52,24 @@ def _late_peer(rank, world):
 
 def test_a_finished_rank_stays_until_its_peers_are_done():
     assert run_world(_late_peer, 2, timeout=20) == [0, 1]
+
+
+def _records(rank, world):
+    from sp_plan.runtime.spawn import flight_recorder_on
+
+    dist.all_reduce(torch.ones(1))
+    return flight_recorder_on()
+
+
+def test_world_ranks_do_not_record_collectives_so_they_can_fork_child_worlds():
+    # a rank forks a child world per tune candidate; a recorder mutex held at the fork would hang the child
+    assert run_world(_records, 2, timeout=20) == [False, False]
+
+
+def test_candidates_fork_only_where_no_recorder_or_cuda(monkeypatch):
+    from sp_plan.profiles.tune import isolate
+
+    monkeypatch.setattr(isolate, "flight_recorder_on", lambda: False)
+    assert isolate.default_start_method(None) == "fork" and isolate.default_start_method(0) == "spawn"
+    monkeypatch.setattr(isolate, "flight_recorder_on", lambda: True)
+    assert isolate.default_start_method(None) == "spawn"

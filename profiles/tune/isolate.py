@@ -27,7 +27,7 @@ import torch.distributed as dist
 from sp_plan.planner.model import ModelSpec, Workload
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import MeasuredCandidate
-from sp_plan.runtime.spawn import free_port
+from sp_plan.runtime.spawn import flight_recorder_on, free_port
 
 
 def forget_parent_world() -> None:
@@ -172,6 +172,12 @@ def combine(outcomes: list[tuple]) -> tuple[str, int | None, object]:
     return "ok", None, outcomes[0][2]
 
 
+def default_start_method(cuda_index: int | None) -> str:
+    """fork (a child world in well under a second) unless the process holds CUDA, which cannot be forked, or its
+    c10d flight recorder records, whose mutex a child can inherit locked (``runtime.spawn.fork_safe_c10d``)."""
+    return "spawn" if cuda_index is not None or flight_recorder_on() else "fork"
+
+
 def run_candidate_isolated(plan: Plan, model: ModelSpec, work: Workload, *, timeout_s: float,
                            collective_timeout_s: float | None = None, start_method: str | None = None,
                            **kw) -> MeasuredCandidate:
@@ -190,7 +196,7 @@ def run_candidate_isolated(plan: Plan, model: ModelSpec, work: Workload, *, time
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     box = [free_port(addr) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    method = start_method or ("spawn" if cuda_index is not None else "fork")
+    method = start_method or default_start_method(cuda_index)
     coll = collective_timeout_s or max(timeout_s / 2, 1.0)
     args = (plan, model, work, rank, world, addr, box[0], coll, cuda_index, method == "fork", kw)
     if method == "fork":
