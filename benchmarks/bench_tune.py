@@ -96,20 +96,27 @@ def spearman(a, b) -> float:
     return float(pd.Series(a).corr(pd.Series(b), method="spearman")) if len(a) > 2 else float("nan")
 
 
-def score(cluster, truth: list[dict], params) -> dict:
-    """Spearman, median |error| of step time and memory, regret of the predicted best, under ``params``."""
+def score(cluster, truth: list[dict], params, profile=None) -> dict:
+    """Spearman, median |error| of step time and memory, regret of the predicted best, under ``params``; with the
+    ``profile``, also the regret of `sp-plan plan`'s pick (a layout tune measured ranks at its measurement,
+    planner/measured.py)."""
+    from sp_plan.planner.measured import twins
     from sp_plan.planner.plan import Plan
     from sp_plan.profiles.tune.run import predict
 
     ok = [t for t in truth if t["status"] == "ok"]
-    pred = [predict(cluster, Plan.model_validate(t["plan"]), params) for t in ok]
+    plans = [Plan.model_validate(t["plan"]) for t in ok]
+    pred = [predict(cluster, p, params) for p in plans]
     ps, pm = [p[0] for p in pred], [p[1] for p in pred]
     ms, mm = [t["measured_s"] for t in ok], [t["measured_memory"] for t in ok]
     pick = min(range(len(ok)), key=lambda i: ps[i])
+    ran = twins(profile, plans[0].model, plans[0].workload) if profile else {}
+    ranked = [ran[p.summary()].measured_s if p.summary() in ran else s for p, s in zip(plans, ps)]
+    plan_pick = min(range(len(ok)), key=lambda i: ranked[i])
     return {"n": len(ok), "failed": len(truth) - len(ok), "spearman": spearman(ps, ms),
             "step_err": statistics.median(abs(p - m) / m for p, m in zip(ps, ms)),
             "mem_err": statistics.median(abs(p - m) / m for p, m in zip(pm, mm)),
-            "regret": ms[pick] / min(ms) - 1}
+            "regret": ms[pick] / min(ms) - 1, "plan_regret": ms[plan_pick] / min(ms) - 1}
 
 
 def pick_regret(profile, truth: list[dict]) -> float:
@@ -122,7 +129,6 @@ def pick_regret(profile, truth: list[dict]) -> float:
 
 def bench_world(name: str, args, tmp: Path) -> dict:
     from sp_plan.planner.cluster import Cluster
-    from sp_plan.planner.params import Params
     from sp_plan.profiles.store import Store
     from sp_plan.runtime import netns
 
@@ -157,26 +163,51 @@ def bench_world(name: str, args, tmp: Path) -> dict:
     finally:
         if pair_cm:
             pair_cm.__exit__(None, None, None)
+    return judge(name, world, cluster, truths, profile, t_truth, t_tune)
+
+
+def judge(name, world, cluster, truths, profile, t_truth, t_tune) -> dict:
+    """One world's figures: each workload's truth scored uncalibrated and under the tuned profile."""
+    from sp_plan.planner.params import Params
+
     res = {"world": name, "ranks": world, "truth_s": t_truth, "tune_s": t_tune,
            "tuned": len(profile.candidates), "profile": profile.id, "pick_regret": pick_regret(profile, truths["A"])}
     for w, truth in truths.items():
-        res[w] = {"uncalibrated": score(cluster, truth, Params()), "calibrated": score(cluster, truth, profile.params)}
+        res[w] = {"uncalibrated": score(cluster, truth, Params()),
+                  "calibrated": score(cluster, truth, profile.params, profile)}
     return res
+
+
+def rescore(folder: Path) -> list[dict]:
+    """``--rescore``: judge the truth and tune kept by ``--keep`` in ``folder`` again with this code (nothing run)."""
+    from sp_plan.planner.cluster import Cluster
+    from sp_plan.profiles.store import Store
+
+    out = []
+    for d in sorted(p for p in folder.iterdir() if (p / "store.db").exists()):
+        truths = {w: json.loads((d / f"truth-{w}.json").read_text()) for w in WORKLOADS}
+        profile = Store(f"sqlite:///{d / 'store.db'}").list_profiles()[0]
+        out.append(judge(d.name, WORLDS[d.name][0], Cluster.load(d / "cluster.yaml"), truths, profile,
+                         float("nan"), float("nan")))
+    return out
 
 
 def report(results: list[dict]) -> None:
     print(f"\n{'world':<9} {'wl':<3} {'model':<13} {'n':>3} {'Spearman':>17} {'step err':>15} {'mem err':>15} "
-          f"{'regret':>15} {'tuned':>5}")
+          f"{'regret':>15} {'plan':>6} {'tuned':>5}")
     for r in results:
         for w in WORKLOADS:
             u, c = r[w]["uncalibrated"], r[w]["calibrated"]
             tag = "A (tuned)" if w == "A" else "B (transfer)"
             print(f"{r['world']:<9} {w:<3} {WORKLOADS[w][0]:<13} {u['n']:>3} {u['spearman']:>7.2f} -> {c['spearman']:>5.2f}"
                   f" {u['step_err']:>6.1%} -> {c['step_err']:>5.1%} {u['mem_err']:>6.1%} -> {c['mem_err']:>5.1%}"
-                  f" {u['regret']:>6.1%} -> {c['regret']:>5.1%} {r['tuned'] if w == 'A' else '':>5}  {tag}")
-        print(f"{'':<9} ground truth {r['truth_s']:.0f} s, tune {r['tune_s']:.0f} s, profile {r['profile']}; "
+                  f" {u['regret']:>6.1%} -> {c['regret']:>5.1%} {c['plan_regret']:>6.1%}"
+                  f" {r['tuned'] if w == 'A' else '':>5}  {tag}")
+        took = "" if r["truth_s"] != r["truth_s"] else f"ground truth {r['truth_s']:.0f} s, tune {r['tune_s']:.0f} s, "
+        print(f"{'':<9} {took}profile {r['profile']}; "
               f"regret of tune's pick (its best measured of {r['tuned']}): {r['pick_regret']:.1%}")
-    print("columns: uncalibrated -> calibrated; regret: the model's predicted best over the whole truth; "
+    print("columns: uncalibrated -> calibrated; regret: the model's predicted best over the whole truth; plan: the "
+          "regret of `sp-plan plan`'s pick with the profile (layouts tune measured rank at their measurement); "
           "transfer error = B's calibrated step err (profile tuned on A)")
 
 
@@ -193,6 +224,8 @@ def main() -> None:
     ap.add_argument("--keep", default=None,
                     help="keep each world's cluster file, ground truth, tune log and store under this folder "
                          "(default: a temporary folder, removed)")
+    ap.add_argument("--rescore", default=None, help="judge the truth and tune a --keep folder holds again, "
+                    "with this code (nothing is measured)")
     ap.add_argument("--worker", default=None)
     ap.add_argument("--cluster")
     ap.add_argument("--model")
@@ -201,6 +234,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker == "truth":
         return worker_truth(args)
+    if args.rescore:
+        print(f"bench_tune --rescore {args.rescore}: the kept truth and tune judged by this code")
+        return report(rescore(Path(args.rescore)))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE.parent).stdout.strip() or "unknown"
     print(f"bench_tune at commit {commit}, {os.cpu_count()} CPU cores")

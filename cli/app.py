@@ -12,6 +12,7 @@ from rich.table import Table
 
 from sp_plan.planner.equivalent import group
 from sp_plan.planner.errors import PlanError
+from sp_plan.planner.measured import step_time
 from sp_plan.planner.model import Workload, parse_seq_len
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.search import largest_extra_cost, summarize
@@ -76,19 +77,25 @@ def presets() -> None:
 
 
 def _ranking(plans: list[Plan], title: str = "ranked layouts (fastest first)") -> Table:
-    t = Table(title=title)
-    for c in ("#", "layout", "step", "tokens/s", "MFU", "peak mem", "vs #1: largest extra cost"):
-        t.add_column(c, justify="right" if c in ("#", "step", "tokens/s", "MFU", "peak mem") else "left")
+    measured = any(p.measured for p in plans)  # planner/measured.py: a layout tune measured ranks by its measurement
+    t = Table(title=title, caption="ranked by the measured step where tune measured the layout" if measured else None)
+    cols = ("#", "layout", "step", "measured", "tokens/s", "MFU", "peak mem", "vs #1: largest extra cost")
+    for c in cols if measured else [c for c in cols if c != "measured"]:
+        t.add_column(c, justify="right" if c in ("#", "step", "measured", "tokens/s", "MFU", "peak mem") else "left")
     win = plans[0]
     for i, row in enumerate(group(plans)):  # equivalent candidates (planner/equivalent.py) share a row
         p = row.plan
         pr = p.predicted
         why = "-"
-        if i:
+        if i and (p.measured or win.measured):  # ranked by a measurement: the phases do not say why
+            why = f"{secs(step_time(p) - step_time(win))} slower" + (" (both measured)" if p.measured and win.measured else "")
+        elif i:
             name, extra = largest_extra_cost(p, win)
             why = f"{name} +{secs(extra)}" if extra > 0 else f"{secs(pr.step_time_s - win.predicted.step_time_s)} slower"
-        t.add_row(str(i + 1), row.label(), secs(pr.step_time_s), f"{pr.tokens_per_s:,.0f}", f"{pr.mfu:.1%}",
-                  gib(pr.peak_memory_bytes), why)
+        cells = [str(i + 1), row.label(), secs(pr.step_time_s)]
+        if measured:
+            cells.append(secs(p.measured.step_time_s) if p.measured else "-")
+        t.add_row(*cells, f"{pr.tokens_per_s:,.0f}", f"{pr.mfu:.1%}", gib(pr.peak_memory_bytes), why)
     return t
 
 

@@ -537,7 +537,8 @@ def plan(cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int = 5,
     """The ``top_k`` best plans for this cluster, model and workload, fastest first (deterministic).
 
     ``profile``: a Profile, a profile id or file (str), None (the cluster's profile in the store, if any)
-    or False (none); each Plan records the profile used (``Plan.profile``)."""
+    or False (none); each Plan records the profile used (``Plan.profile``). A layout the profile's tune measured
+    for this model and workload ranks by its measured step and carries it (``Plan.measured``, planner/measured.py)."""
     from .calibration import resolve_params
 
     params, line, prof = resolve_params(cluster, profile)
@@ -545,7 +546,11 @@ def plan(cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int = 5,
     res.profile, res.profile_line = profile_tag(prof), line
     if not res.ranked:
         raise no_plan_error(cluster, workload, res)
-    return finish(res, cluster, model, workload, top_k)
+    from .equivalent import Row
+    from .measured import rank_rows
+
+    rows = [Row(p, []) for p in finish(res, cluster, model, workload, top_k)]
+    return [r.plan for r in rank_rows(rows, cluster, prof, params, model, workload)][:top_k]
 
 
 def profile_tag(prof) -> str | None:

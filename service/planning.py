@@ -198,6 +198,7 @@ def search(req: PlanRequest, inputs: Inputs, storage: str | None = None, study: 
     """Rank the layouts (grid or optuna's TPE), finish the top ``req.top`` distinct rows (equivalent candidates
     share a row: planner/equivalent.py) and, if ``req.families``, the best of each algorithm variant."""
     from sp_plan.planner.equivalent import top_rows  # noqa: PLC0415
+    from sp_plan.planner.measured import rank_rows  # noqa: PLC0415
     from sp_plan.planner.search import finish, finish_each, grid_search, no_plan_error, profile_tag  # noqa: PLC0415
 
     c, m, w = inputs.cluster, inputs.model, inputs.workload
@@ -216,6 +217,7 @@ def search(req: PlanRequest, inputs: Inputs, storage: str | None = None, study: 
         return res
 
     res, rows = top_rows(run, lambda r, n: finish(r, c, m, w, n), req.top, complete=req.search == "bayes")
+    rows = rank_rows(rows, c, inputs.profile, inputs.params, m, w)[:req.top]  # what tune measured ranks as measured
     plans = [q for r in rows for q in [r.plan] + r.alternatives]
     info = SearchInfo(kind=req.search, space=res.space, evaluated=res.evaluated,
                       trials=getattr(res, "trials", None) if req.search == "bayes" else None,

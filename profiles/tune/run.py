@@ -24,7 +24,8 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.estimate import Estimator
 from sp_plan.planner.model import ModelSpec, Workload
 from sp_plan.planner.params import CURVES, Params
-from sp_plan.planner.plan import Measured, Plan
+from sp_plan.planner.measured import measured_plan
+from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import KernelSample, MeasuredCandidate, Profile
 from sp_plan.planner.search import grid_search
 
@@ -349,12 +350,4 @@ def best_measured(cluster: Cluster, profile: Profile, params: Params) -> Plan | 
     ok = [c for c in profile.candidates if c.status == "ok" and c.measured_s]
     if not ok:
         return None
-    c = min(ok, key=lambda m: m.measured_s)
-    plan = Plan.model_validate(c.plan)
-    est = Estimator(cluster, plan.model, plan.workload, params=params)
-    how = "; ".join(f"{k}: {v}" for k, v in c.detail.items() if isinstance(v, (str, int, float)))
-    return plan.model_copy(update={
-        "cluster": cluster.name, "cluster_fingerprint": cluster.fingerprint(), "profile": profile.id,
-        "predicted": est.predict(Candidate.from_plan(plan)),
-        "measured": Measured(step_time_s=c.measured_s, peak_memory_bytes=c.measured_memory or 0.0, profile=profile.id,
-                             measured_at=profile.created_at, how=how)}).with_groups()
+    return measured_plan(cluster, profile, params, min(ok, key=lambda m: m.measured_s))

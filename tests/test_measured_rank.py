@@ -1,0 +1,66 @@
+"""After a tune, the layouts it measured rank by their measured step (planner/measured.py), in the Python API,
+the CLI's planning call and the plan file; other workloads' measurements and other layouts are left alone."""
+from __future__ import annotations
+
+from sp_plan.planner.calibration import resolve_params
+from sp_plan.planner.measured import twins
+from sp_plan.planner.model import Workload
+from sp_plan.planner.profile import MeasuredCandidate, Profile
+from sp_plan.planner.search import plan
+from sp_plan.profiles import load_cluster, load_model
+from sp_plan.service.planning import PlanRequest, run_plan
+
+CLUSTER, MODEL = load_cluster("dgx-h100"), load_model("llama3-8b")
+WORK = Workload(seq_len=131072, batch=1)
+
+
+def _ran(p, seconds: float) -> MeasuredCandidate:
+    return MeasuredCandidate(summary=p.summary(), plan=p.model_dump(mode="json"), model=p.model.name,
+                             seq_len=p.workload.seq_len, measured_s=seconds, measured_memory=1e9)
+
+
+def _profile():
+    """The model's top plans, the first measured at twice its prediction, the second at its prediction, the 12th
+    (outside the top 5) at half the first's prediction, and one of another sequence length faster than all."""
+    params = resolve_params(CLUSTER, False)[0]
+    ranked = plan(CLUSTER, MODEL, WORK, top_k=12, profile=False)
+    other = plan(CLUSTER, MODEL, Workload(seq_len=65536, batch=1), top_k=1, profile=False)[0]
+    first, second, far = ranked[0], ranked[1], ranked[11]
+    step = first.predicted.step_time_s
+    cands = [_ran(first, 2 * step), _ran(second, second.predicted.step_time_s), _ran(far, step / 2),
+             _ran(other, step / 100)]
+    prof = Profile(id="p1", cluster_fingerprint=CLUSTER.topology_fingerprint(), params=params, candidates=cands)
+    return prof, ranked
+
+
+def test_twins_are_this_model_and_workload_only():
+    prof, ranked = _profile()
+    assert set(twins(prof, MODEL, WORK)) == {ranked[0].summary(), ranked[1].summary(), ranked[11].summary()}
+    assert twins(prof, load_model("llama3-70b"), WORK) == {}
+
+
+def test_plan_ranks_measured_layouts_by_their_measurement():
+    prof, ranked = _profile()
+    got = plan(CLUSTER, MODEL, WORK, top_k=5, profile=prof)
+    names = [p.summary() for p in got]
+    assert names[0] == ranked[11].summary()  # measured fastest, though the model put it 12th
+    assert got[0].measured.step_time_s == ranked[0].predicted.step_time_s / 2 and got[0].measured.profile == "p1"
+    assert ranked[0].summary() not in names  # measured at twice its prediction: behind the top 5 now
+    assert names.index(ranked[1].summary()) == 1 and got[1].measured is not None
+    assert all(p.measured is None for p in got[2:])
+    steps = [p.measured.step_time_s if p.measured else p.predicted.step_time_s for p in got]
+    assert steps == sorted(steps)
+
+
+def test_the_planning_call_of_cli_and_service_ranks_the_same(tmp_path):
+    prof, ranked = _profile()
+    path = tmp_path / "profile.yaml"
+    prof.save(path)
+    res = run_plan(PlanRequest(cluster="dgx-h100", model="llama3-8b", workload=WORK, top=3, profile=str(path)))
+    assert res.winner.summary() == ranked[11].summary() and res.winner.measured is not None
+    assert [p.summary() for p in res.plans][:2] == [ranked[11].summary(), ranked[1].summary()]
+
+
+def test_without_the_profile_nothing_is_measured():
+    got = plan(CLUSTER, MODEL, WORK, top_k=5, profile=False)
+    assert all(p.measured is None for p in got)
