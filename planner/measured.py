@@ -60,6 +60,14 @@ def step_time(plan: Plan) -> float:
     return plan.measured.step_time_s if plan.measured else plan.predicted.step_time_s
 
 
+def mark(plans: list[Plan], profile: Profile | None, model: ModelSpec, workload: Workload) -> list[Plan]:
+    """``plans`` with the figures of those tune measured (``Plan.measured``), sorted by ``step_time`` (stable)."""
+    found = twins(profile, model, workload)
+    out = [p.model_copy(update={"measured": measured_of(found[p.summary()], profile)}) if p.summary() in found else p
+           for p in plans]
+    return sorted(out, key=step_time)
+
+
 def rank_rows(rows: list[Row], cluster: Cluster, profile: Profile | None, params: Params, model: ModelSpec,
               workload: Workload) -> list[Row]:
     """Ranking rows with the profile's measured twins: each row's plan that tune measured carries its figures, the

@@ -198,7 +198,7 @@ def search(req: PlanRequest, inputs: Inputs, storage: str | None = None, study: 
     """Rank the layouts (grid or optuna's TPE), finish the top ``req.top`` distinct rows (equivalent candidates
     share a row: planner/equivalent.py) and, if ``req.families``, the best of each algorithm variant."""
     from sp_plan.planner.equivalent import top_rows  # noqa: PLC0415
-    from sp_plan.planner.measured import rank_rows  # noqa: PLC0415
+    from sp_plan.planner.measured import mark, rank_rows  # noqa: PLC0415
     from sp_plan.planner.search import finish, finish_each, grid_search, no_plan_error, profile_tag  # noqa: PLC0415
 
     c, m, w = inputs.cluster, inputs.model, inputs.workload
@@ -224,7 +224,8 @@ def search(req: PlanRequest, inputs: Inputs, storage: str | None = None, study: 
                       best_trial=getattr(res, "best_trial", None) if req.search == "bayes" else None)
     return PlanResponse(cluster=ClusterInfo.of(c), model=m, workload=w, search=info, profile=res.profile,
                         profile_line=inputs.line, plans=plans,
-                        families=finish_each(res, c, m, w) if req.families else [], winner=plans[0])
+                        families=mark(finish_each(res, c, m, w), inputs.profile, m, w) if req.families else [],
+                        winner=plans[0])
 
 
 def run_plan(req: PlanRequest, store=None, storage: str | None = None,
