@@ -245,8 +245,9 @@ MIN_FOR_COMPUTE = 3
 
 
 def _fit_time(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Params, list[str], list[str]]:
-    """Fit overlap in [0, 1], round_overhead_s >= 0, layer_overhead_s >= 0 and (from MIN_FOR_COMPUTE timed
-    candidates) the in-step compute_efficiency to measured step times (relative errors, scipy least_squares from
+    """Fit overlap in [0, 1], round_overhead_s >= 0 and (from MIN_FOR_COMPUTE timed candidates) layer_overhead_s
+    >= 0, tp_overhead_s >= 0 (where a candidate has TP-sp collectives) and the in-step compute_efficiency to
+    measured step times (relative errors, scipy least_squares from
     the best of a small grid); only parameters the cases move are fitted."""
     cases = [c for c in cases if c.time is not None]
     if not cases:
@@ -257,12 +258,14 @@ def _fit_time(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Params
         return base.model_copy(update={"overlap": float(min(max(x[0], 0.0), 1.0)),
                                        "round_overhead_s": float(max(x[1], 0.0)) * 1e-3,
                                        "compute_efficiency": float(min(max(x[2], 0.05), 1.5)),
-                                       "layer_overhead_s": float(max(x[3], 0.0)) * 1e-3})
+                                       "layer_overhead_s": float(max(x[3], 0.0)) * 1e-3,
+                                       "tp_overhead_s": float(max(x[4], 0.0)) * 1e-3})
 
     def pred(x):
         return pricer.times(with_(x), cases)
 
-    x0 = np.array([base.overlap, base.round_overhead_s * 1e3, base.compute_efficiency, base.layer_overhead_s * 1e3])
+    x0 = np.array([base.overlap, base.round_overhead_s * 1e3, base.compute_efficiency, base.layer_overhead_s * 1e3,
+                   base.tp_overhead_s * 1e3])
 
     def moves(i, a, b):
         lo, hi = x0.copy(), x0.copy()
@@ -270,15 +273,16 @@ def _fit_time(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Params
         return np.max(np.abs(pred(lo) - pred(hi)) / meas) > 1e-9
 
     free = [i for i, (a, b) in ((0, (0.0, 1.0)), (1, (0.0, 1.0))) if moves(i, a, b)]
+    tp = moves(4, 0.0, 1.0)  # a measured candidate with Megatron TP collectives
     notes = [] if 0 in free else ["overlap not fitted: no measured candidate has a double-buffered round with communication"]
     if len(cases) >= MIN_FOR_COMPUTE:
-        free += [2, 3]
+        free += [2, 3] + ([4] if tp else [])
     else:
         notes.append(f"compute efficiency and layer overhead not fitted: needs {MIN_FOR_COMPUTE} candidates with a "
                      "measured step time")
     if not free:
         return base, [], notes + ["round overhead not fitted: no measured candidate runs attention"]
-    neutral = np.array([1.0, 0.0, 1.0, 0.0])
+    neutral = np.array([1.0, 0.0, 1.0, 0.0, 0.0])
     reg = len(cases) < len(free)
 
     def resid(z):
@@ -288,12 +292,12 @@ def _fit_time(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Params
         return np.concatenate([r, TIME_REG * (z - neutral[free])]) if reg else r
 
     grid_axes = [np.array([0.0, 0.25, 0.5, 0.75, 1.0]), np.array([0.0, 0.1, 0.5, 2.0, 10.0]),
-                 np.array([0.25, 0.5, 1.0]), np.array([0.0, 1.0, 10.0, 50.0])]
+                 np.array([0.25, 0.5, 1.0]), np.array([0.0, 1.0, 10.0, 50.0]), np.array([0.0, 1.0, 5.0])]
     starts = np.array(np.meshgrid(*[grid_axes[i] for i in free])).reshape(len(free), -1).T
-    lo, hi = np.array([0.0, 0.0, 0.05, 0.0])[free], np.array([1.0, np.inf, 1.5, np.inf])[free]
+    lo, hi = np.array([0.0, 0.0, 0.05, 0.0, 0.0])[free], np.array([1.0, np.inf, 1.5, np.inf, np.inf])[free]
     # the step is piecewise linear in these (max of compute and communication): descend from the best few starts
     best_starts = sorted(starts, key=lambda z: float(np.sum(resid(z) ** 2)))[:4]
-    sol = min((least_squares(resid, z0, bounds=(lo, hi), x_scale=np.array([0.1, 1.0, 0.1, 1.0])[free],
+    sol = min((least_squares(resid, z0, bounds=(lo, hi), x_scale=np.array([0.1, 1.0, 0.1, 1.0, 1.0])[free],
                              diff_step=1e-6, xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=400) for z0 in best_starts),
               key=lambda r: float(r.cost))
     x = x0.copy()
@@ -309,6 +313,8 @@ def _fit_time(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Params
         words.append(f"compute efficiency in a step {out.compute_efficiency:.2f} of the timed kernels ({n})")
     if 3 in free:
         words.append(f"layer overhead {out.layer_overhead_s * 1e3:.2f} ms per layer and micro-batch ({n})")
+    if 4 in free:
+        words.append(f"TP overhead {out.tp_overhead_s * 1e3:.2f} ms per tensor-parallel collective ({n})")
     return out, words, notes
 
 

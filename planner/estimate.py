@@ -622,7 +622,7 @@ class Estimator:
                 if pp > 1:
                     parts.append((get("pp", c), 1, ""))
                 stage = sum(p.seconds * k for p, k, _ in parts)
-                overhead = self.layer_overhead(ckpt) * Lp
+                overhead = (self.layer_overhead(ckpt) + self.tp_overhead(c, ckpt)) * Lp
                 if overhead:
                     stage = stage + overhead
                 stages[ckpt, mbs] = (parts, stage, (m + pp - 1) * stage, bwd_compute)
@@ -646,6 +646,9 @@ class Estimator:
                 if self.layer_overhead(ckpt):
                     o = self.layer_overhead(ckpt) * Lp * m
                     rows.append(("layer overhead", "compute", None, 0.0, o, o))
+                if self.tp_overhead(c, ckpt):
+                    o = self.tp_overhead(c, ckpt) * Lp * m
+                    rows.append(("tp collective overhead", "communication", "tp", 0.0, o, o))
                 if pp > 1:
                     bubble = (pp - 1) * float(stage[0])
                     rows.append(("pipeline bubble", "bubble", "pp", 0.0, bubble, bubble))
@@ -662,6 +665,16 @@ class Estimator:
         if not self.work.training:
             return o / 3
         return o * (4 / 3 if ckpt == "full" else 1.0)
+
+    def tp_overhead(self, c: Shape, ckpt: str) -> float:
+        """Fixed seconds per layer and micro-batch of its TP-sp collectives (``Params.tp_overhead_s`` each): 2
+        all-gathers and 2 reduce-scatters a forward (schedules.linear_steps), as many a backward and a recomputed
+        forward; none without Megatron TP (tp 1, or METP's own)."""
+        o = self.params.tp_overhead_s
+        if not o or c.tp == 1 or not ALGORITHMS[c.algorithm].tp_sp:
+            return 0.0
+        passes = 1 + (1 + (ckpt != "none") if self.work.training else 0)
+        return 4 * passes * o
 
     def sync_exposed(self, c: Shape, zero: int, total, backward):
         """Seconds of a gradient sync of ``total`` seconds (an array per mesh order) left after ``backward`` seconds of

@@ -101,6 +101,10 @@ class Params(BaseModel):
                                     "training step beyond its kernels: the framework dispatching the layer's ops "
                                     "(norms, activations, residuals, autograd), exposed where the host waits on them "
                                     "(CPU ranks; hidden behind the kernels on a busy GPU: 0 in the presets)")
+    tp_overhead_s: float = Field(default=0.0, ge=0, description="fixed seconds per tensor-parallel collective of a "
+                                 "block's linear layers (Megatron TP-sp) beyond its transfer: the framework's "
+                                 "redistribution around it and the ranks' wait for the slowest at a blocking "
+                                 "collective (CPU ranks sharing cores; 0 in the presets)")
     memory_overhead_bytes: float = Field(default=0.0, ge=0, description="framework bytes per rank beyond the modelled "
                                          "parts (>= 0: the modelled parts are the floor)")
     activation_factor: float = Field(default=1.0, gt=0, description="measured / modelled activation bytes")

@@ -342,3 +342,35 @@ def test_a_comm_fit_key_outside_the_pattern_and_link_classes_is_refused(tmp_path
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") <= 1
     assert "profile.params.comm" in r.stderr and "'all_to_all/intr'" in r.stderr
+
+
+def test_tp_overhead_adds_its_collectives_by_hand_and_spares_metp():
+    cl, m, w = load_cluster("dgx-h100", 1), load_model("gpt-3b"), Workload(seq_len=32768, batch=2)
+    tp = Candidate("ring", tp=2, ring=4, order=("tp", "ring"), token_layout="zigzag")
+    ckpt = Candidate("ring", tp=2, ring=4, order=("tp", "ring"), token_layout="zigzag", checkpointing="full")
+    metp = Candidate("metp", tp=8, order=("tp",), token_layout="zigzag")
+    ring = Candidate("ring", ring=8, order=("ring",), token_layout="zigzag")
+    o = 1e-3
+    base, est = Estimator(cl, m, w), Estimator(cl, m, w, params=Params(tp_overhead_s=o))
+    # 2 all-gathers + 2 reduce-scatters a forward, as many a backward (and a recomputed forward), per layer and
+    # micro-batch (batch 2: two micro-batches of one)
+    assert est.evaluate(tp).step_time_s - base.evaluate(tp).step_time_s == pytest.approx(8 * o * m.layers * 2)
+    assert est.evaluate(ckpt).step_time_s - base.evaluate(ckpt).step_time_s == pytest.approx(12 * o * m.layers * 2)
+    rows = {r.name: r.seconds for r in est.predict(tp).breakdown}
+    assert rows["tp collective overhead"] == pytest.approx(8 * o * m.layers * 2)
+    for c in (metp, ring):  # METP's own TP and no TP: untouched
+        assert est.evaluate(c).step_time_s == base.evaluate(c).step_time_s
+    inf = Workload(seq_len=32768, batch=2, training=False)
+    assert Estimator(cl, m, inf, params=Params(tp_overhead_s=o)).evaluate(tp).step_time_s - \
+        Estimator(cl, m, inf).evaluate(tp).step_time_s == pytest.approx(4 * o * m.layers * 2)
+
+
+def test_tp_overhead_is_recovered_only_where_a_candidate_has_tp_collectives():
+    cl, m, w = load_cluster("dgx-h100", 1), load_model("gpt-3b"), Workload(seq_len=32768, batch=2)
+    truth = TRUTH.model_copy(update={"tp_overhead_s": 3e-3})
+    tp = [Candidate("ring", tp=2, ring=4, order=("tp", "ring"), token_layout="zigzag"),
+          Candidate("usp", tp=4, ulysses=2, order=("tp", "ulysses"), checkpointing="full")]
+    p = fit(cl, Params(), _measured(cl, m, w, truth, CANDS + tp)).params
+    assert p.tp_overhead_s == pytest.approx(3e-3, rel=0.02) and p.overlap == pytest.approx(0.6, rel=0.02)
+    r = fit(cl, Params(), _measured(cl, m, w, truth, CANDS))  # no TP candidate: nothing to tell it by
+    assert r.params.tp_overhead_s == 0.0 and not any(f.startswith("TP overhead") for f in r.fitted)

@@ -56,7 +56,7 @@ def _deg(alg, **d):
 
 def test_family_names_the_term_a_layout_exercises():
     assert family(_deg("ring", pp=2, ring=2)) == "pp"
-    assert family(_deg("metp", tp=4)) == "tp"
+    assert family(_deg("metp", tp=4)) == "metp"  # its own TP: no Megatron TP-sp collective to fit
     assert family(_deg("ring", tp=2, ring=2)) == "tp"
     assert family(_deg("usp", ulysses=2, ring=2)) == "ulysses"
     assert family(_deg("ring", ring=4)) == "ring"

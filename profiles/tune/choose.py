@@ -37,10 +37,12 @@ def diversity_key(plan) -> tuple:
 
 
 def family(plan) -> str:
-    """Which of the model's terms a layout exercises beyond the others: pipeline stages ("pp"), TP collectives
-    ("tp", METP included), all-to-all ("ulysses", USP included), ring rounds ("ring"), else data-parallel
-    sync or nothing ("dp")."""
+    """Which of the model's terms a layout exercises beyond the others: pipeline stages ("pp"), METP's own
+    tensor parallelism ("metp"), Megatron TP-sp collectives ("tp"), all-to-all ("ulysses", USP included), ring
+    rounds ("ring"), else data-parallel sync or nothing ("dp")."""
     d = plan.degrees
+    if d.get("pp", 1) == 1 and plan.algorithm == "metp" and d.get("tp", 1) > 1:
+        return "metp"
     for dim in ("pp", "tp", "ulysses", "ring"):
         if d.get(dim, 1) > 1:
             return dim
@@ -98,8 +100,9 @@ class Choice:
 
 #: families measured whatever their prediction: a pipeline stage holds fewer layers per rank than any other
 #: layout, the only measurement that tells a fixed cost per layer (Params.layer_overhead_s) from the compute's
-#: efficiency
-ALWAYS_EXPLORE = ("pp",)
+#: efficiency; a Megatron-TP layout is the only one whose TP collectives tell their fixed cost (Params.tp_overhead_s),
+#: which its prediction leaves out until measured
+ALWAYS_EXPLORE = ("pp", "tp")
 
 
 def unexplored(predicted: list[float], done: list[bool], families: list[str], factor: float = EXPLORE_FACTOR) -> int | None:
