@@ -86,3 +86,15 @@ def test_tune_explores_contender_families_then_chooses_the_likeliest_winner():
     assert next_candidate(preds, [True, False, False, False, False], 1.0, 0.3, families=fams, explore=0).index == 1
     # the model's best first, whatever the families
     assert next_candidate(preds, [False] * 5, None, 0.3, families=fams, explore=4).index == 0
+
+
+def test_families_that_alone_identify_a_parameter_are_explored_before_faster_contenders():
+    from sp_plan.profiles.tune.choose import unexplored
+
+    fams = ["ring", "ulysses", "tp", "pp", "metp"]
+    pred = [1.0, 1.1, 1.6, 1.9, 1.2]
+    done = [True, False, False, False, False]
+    assert fams[unexplored(pred, done, fams)] == "tp"  # tp and pp before the faster ulysses and metp
+    assert fams[unexplored(pred, [True, False, True, False, False], fams)] == "pp"
+    assert fams[unexplored(pred, [True, False, True, True, False], fams)] == "ulysses"
+    assert unexplored([1.0, 2.5], [True, False], ["ring", "ulysses"]) is None  # beyond 2x: not a contender

@@ -107,8 +107,9 @@ ALWAYS_EXPLORE = ("pp", "tp")
 
 def unexplored(predicted: list[float], done: list[bool], families: list[str], factor: float = EXPLORE_FACTOR) -> int | None:
     """The model's best plan of the contender family (best prediction within ``factor`` of the best of all, or a
-    family of ``ALWAYS_EXPLORE``) that has no measured plan yet, the family with the fastest such plan first; None
-    when every contender family was measured."""
+    family of ``ALWAYS_EXPLORE``) that has no measured plan yet: the families of ``ALWAYS_EXPLORE`` first (they
+    alone identify a parameter), then the family with the fastest such plan; None when every contender family was
+    measured."""
     if not predicted:
         return None
     top = min(predicted)
@@ -118,7 +119,7 @@ def unexplored(predicted: list[float], done: list[bool], families: list[str], fa
         contender = t <= factor * top or f in ALWAYS_EXPLORE
         if f not in measured and contender and (f not in best or (t, i) < (predicted[best[f]], best[f])):
             best[f] = i
-    return min(best.values(), key=lambda i: (predicted[i], i)) if best else None
+    return min(best.values(), key=lambda i: (families[i] not in ALWAYS_EXPLORE, predicted[i], i)) if best else None
 
 
 def next_candidate(predicted: list[float], done: list[bool], best_measured_s: float | None, sigma: float,
