@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -139,17 +140,25 @@ def bench_world(name: str, args, tmp: Path) -> dict:
     pair = pair_cm.__enter__() if pair_cm else None
     try:
         t0 = time.monotonic()
-        _run(["-m", "sp_plan.cli.app", "discover", "-o", "cluster.yaml"], world, per_node, cwd, pair)
+        kept = Path(args.truth) / name if args.truth else None
+        if kept:  # the cluster file and ground truth of an earlier run (the runtime they measured is unchanged)
+            for f in ["cluster.yaml"] + [f"truth-{w}.json" for w in WORKLOADS]:
+                shutil.copy(kept / f, cwd / f)
+        else:
+            _run(["-m", "sp_plan.cli.app", "discover", "-o", "cluster.yaml"], world, per_node, cwd, pair)
         cluster = Cluster.load(cwd / "cluster.yaml")
         truths = {}
         for w, (model, seq) in WORKLOADS.items():
             out = cwd / f"truth-{w}.json"
+            if kept:
+                truths[w] = json.loads(out.read_text())
+                continue
             _run([str(HERE), "--worker", "truth", "--cluster", "cluster.yaml", "--model", model, "--seq-len", seq,
                   "--out", str(out), "--repeats", str(args.repeats), "--timeout", str(args.timeout),
                   "--layers", str(args.layers), "--iters", str(args.iters), "--warmup", str(args.warmup)],
                  world, per_node, cwd, pair)
             truths[w] = json.loads(out.read_text())
-        t_truth = time.monotonic() - t0
+        t_truth = float("nan") if kept else time.monotonic() - t0
         store = f"sqlite:///{cwd / 'store.db'}"
         model, seq = WORKLOADS["A"]
         t1 = time.monotonic()
@@ -203,7 +212,9 @@ def report(results: list[dict]) -> None:
                   f" {u['step_err']:>6.1%} -> {c['step_err']:>5.1%} {u['mem_err']:>6.1%} -> {c['mem_err']:>5.1%}"
                   f" {u['regret']:>6.1%} -> {c['regret']:>5.1%} {c['plan_regret']:>6.1%}"
                   f" {r['tuned'] if w == 'A' else '':>5}  {tag}")
-        took = "" if r["truth_s"] != r["truth_s"] else f"ground truth {r['truth_s']:.0f} s, tune {r['tune_s']:.0f} s, "
+        took = "" if r["tune_s"] != r["tune_s"] else (
+            ("ground truth kept" if r["truth_s"] != r["truth_s"] else f"ground truth {r['truth_s']:.0f} s")
+            + f", tune {r['tune_s']:.0f} s, ")
         print(f"{'':<9} {took}profile {r['profile']}; "
               f"regret of tune's pick (its best measured of {r['tuned']}): {r['pick_regret']:.1%}")
     print("columns: uncalibrated -> calibrated; regret: the model's predicted best over the whole truth; plan: the "
@@ -224,6 +235,8 @@ def main() -> None:
     ap.add_argument("--keep", default=None,
                     help="keep each world's cluster file, ground truth, tune log and store under this folder "
                          "(default: a temporary folder, removed)")
+    ap.add_argument("--truth", default=None, help="take each world's cluster file and ground truth from this --keep "
+                    "folder of an earlier run instead of measuring them (then tune and judge with this code)")
     ap.add_argument("--rescore", default=None, help="judge the truth and tune a --keep folder holds again, "
                     "with this code (nothing is measured)")
     ap.add_argument("--worker", default=None)
