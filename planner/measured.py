@@ -50,7 +50,7 @@ def measured_plan(cluster: Cluster, profile: Profile, params: Params, c: Measure
     plan = Plan.model_validate(c.plan)
     est = Estimator(cluster, plan.model, plan.workload, params=params)
     return plan.model_copy(update={
-        "cluster": cluster.name, "cluster_fingerprint": cluster.fingerprint(), "profile": profile.id,
+        "cluster": cluster.name, "cluster_fingerprint": cluster.fingerprint(), "profile": profile.id or "file",
         "predicted": est.predict(Candidate.from_plan(plan)),
         "measured": measured_of(c, profile)}).with_groups()
 
