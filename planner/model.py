@@ -46,6 +46,14 @@ class ModelSpec(BaseModel):
                             "kv_heads must divide heads (GQA groups)")
         return self
 
+    def tp_problem(self, tp: int) -> str | None:
+        """Why tensor parallelism of degree ``tp`` cannot split this model's layers, or None: Megatron TP gives each
+        rank whole query heads, whole KV head groups and an even share of the FFN (Megatron-LM asserts the same).
+        The one rule the search, the estimate and the bundled runtime share."""
+        if tp > 1 and (self.heads % tp or self.kv_heads % tp or self.ffn_hidden % tp):
+            return f"tp {tp} must divide heads {self.heads}, kv heads {self.kv_heads} and ffn {self.ffn_hidden}"
+        return None
+
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]

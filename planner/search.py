@@ -67,7 +67,7 @@ class Space:
                     continue
                 rest = self.world // (dp * pp)
                 for tp in divisors(rest):
-                    if m.heads % tp or (self.tp_max and tp > self.tp_max):
+                    if m.tp_problem(tp) or (self.tp_max and tp > self.tp_max):
                         continue
                     for u in divisors(rest // tp):
                         if m.heads % (tp * u):

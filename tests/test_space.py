@@ -106,3 +106,16 @@ def test_bayes_reaches_the_grid_optimum_and_is_seeded(tmp_path):
     a = bayes_search(cl, m, w, trials=10, seed=1, storage=url, study_name="s")
     b = bayes_search(cl, m, w, trials=10, seed=1, storage=url, study_name="s")
     assert a.trials == 10 and b.trials == 20
+
+
+def test_tp_must_split_kv_heads_and_ffn_in_the_search_the_estimate_and_the_runtime_alike():
+    from sp_plan.planner import Candidate, Estimator, PlanError, Workload
+    from sp_plan.planner.search import Space
+    from sp_plan.profiles import load_cluster, load_model
+
+    m, w = load_model("tiny-llama"), Workload(seq_len=4096, batch=1)  # 8 heads, 4 KV heads
+    assert m.tp_problem(4) is None and "kv heads 4" in m.tp_problem(8)
+    assert {d.tp for d in Space(8, m, w).degrees()} == {1, 2, 4}  # tp 8 divides the heads, not the KV heads
+    with pytest.raises(PlanError, match="kv heads 4") as e:
+        Estimator(load_cluster("cpu-local", 2), m, w).check(Candidate("ring", tp=8, order=("tp",)))
+    assert e.value.field == "degrees.tp"
