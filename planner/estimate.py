@@ -486,8 +486,8 @@ class Estimator:
         if cand.world != self.cluster.world_size:
             raise PlanError("degrees", f"the plan uses {cand.world} ranks but the cluster has {self.cluster.world_size}",
                             "make degrees multiply to the cluster's device count")
-        if m.tp_problem(cand.tp):
-            raise PlanError("degrees.tp", m.tp_problem(cand.tp), "pick a tp degree that divides them")
+        if why := m.tp_problem(cand.tp):
+            raise PlanError("degrees.tp", why, "pick a tp degree that divides them")
         if m.heads % (cand.tp * cand.ulysses):
             raise PlanError("degrees.ulysses", f"tp {cand.tp} x ulysses {cand.ulysses} does not divide the "
                             f"{m.heads} query heads", "choose tp and ulysses whose product divides the heads")

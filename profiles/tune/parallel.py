@@ -162,8 +162,8 @@ def parallelize(stack: nn.Module, plan: Plan, mesh: DeviceMesh, *, lr: float = 1
     tp, stage = plan.degrees["tp"], plan.zero_stage
     notes: dict = {}
     if tp > 1:
-        if m.tp_problem(tp):
-            raise PlanError("degrees.tp", m.tp_problem(tp), "pick a tp degree that divides them")
+        if why := m.tp_problem(tp):
+            raise PlanError("degrees.tp", why, "pick a tp degree that divides them")
         from torch.distributed.tensor.parallel import parallelize_module
 
         for blk in stack.blocks:
