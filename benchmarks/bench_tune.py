@@ -97,6 +97,21 @@ def spearman(a, b) -> float:
     return float(pd.Series(a).corr(pd.Series(b), method="spearman")) if len(a) > 2 else float("nan")
 
 
+def self_agreement(truth: list[dict]) -> dict | None:
+    """How well the ground truth agrees with itself (None with one pass): Spearman of each pass's readings against
+    the median of the other passes (with two passes, of one against the other), over the layouts every pass read,
+    and the median spread of a layout's readings (max / min - 1). A model judged against this truth cannot be
+    expected to rank it much better than its own passes rank each other."""
+    rows = [t["detail"]["readings_s"] for t in truth if t["status"] == "ok" and "readings_s" in t.get("detail", {})]
+    k = max((len(r) for r in rows), default=0)
+    rows = [r for r in rows if len(r) == k]
+    if k < 2 or len(rows) < 3:
+        return None
+    rhos = [spearman([r[i] for r in rows], [statistics.median(r[:i] + r[i + 1:]) for r in rows]) for i in range(k)]
+    return {"passes": k, "n": len(rows), "spearman": rhos,
+            "spread": statistics.median(max(r) / min(r) - 1 for r in rows)}
+
+
 def score(cluster, truth: list[dict], params, profile=None) -> dict:
     """Spearman, median |error| of step time and memory, regret of the predicted best, under ``params``; with the
     ``profile``, also the regret of `sp-plan plan`'s pick (a layout tune measured ranks at its measurement,
@@ -183,7 +198,7 @@ def judge(name, world, cluster, truths, profile, t_truth, t_tune) -> dict:
            "tuned": len(profile.candidates), "profile": profile.id, "pick_regret": pick_regret(profile, truths["A"])}
     for w, truth in truths.items():
         res[w] = {"uncalibrated": score(cluster, truth, Params()),
-                  "calibrated": score(cluster, truth, profile.params, profile)}
+                  "calibrated": score(cluster, truth, profile.params, profile), "self": self_agreement(truth)}
     return res
 
 
@@ -217,6 +232,12 @@ def report(results: list[dict]) -> None:
             + f", tune {r['tune_s']:.0f} s, ")
         print(f"{'':<9} {took}profile {r['profile']}; "
               f"regret of tune's pick (its best measured of {r['tuned']}): {r['pick_regret']:.1%}")
+        agree = [(w, r[w].get("self")) for w in WORKLOADS if r[w].get("self")]
+        if agree:
+            print(f"{'':<9} the truth against itself: " + "; ".join(
+                f"{w}: Spearman of each of {a['passes']} passes vs the others' median "
+                + "/".join(f"{x:.2f}" for x in a["spearman"]) + f", readings of a layout spread {a['spread']:.0%}"
+                for w, a in agree))
     print("columns: uncalibrated -> calibrated; regret: the model's predicted best over the whole truth; plan: the "
           "regret of `sp-plan plan`'s pick with the profile (layouts tune measured rank at their measurement); "
           "transfer error = B's calibrated step err (profile tuned on A)")
