@@ -76,6 +76,8 @@ def tune_cmd(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the best measured plan here"),
     layers: int = typer.Option(2, "--layers", help="layers each candidate runs (the model's others are scaled)"),
     iters: int = typer.Option(3, "--iters", help="timed steps per candidate (median)"),
+    confirm: int = typer.Option(2, "--confirm", help="readings more of the best measured candidate and a runner-up "
+                                "within 10 % of it, each kept at its median (0: one reading each)"),
     warmup: int = typer.Option(1, "--warmup", help="untimed steps before them"),
     pool: int = typer.Option(12, "--pool", help="distinct layouts the choice draws from"),
     link_sizes: Optional[str] = typer.Option(None, "--link-sizes", help="message sizes for the link step, e.g. 64K,1M"),
@@ -95,8 +97,9 @@ def tune_cmd(
         for flag, v in (("--budget", budget), ("--iters", iters), ("--layers", layers), ("--pool", pool), ("--batch", batch)):
             if v < 1:
                 raise PlanError(flag, f"must be at least 1, got {v}", f"pass {flag} 1 or more")
-        if warmup < 0:
-            raise PlanError("--warmup", f"must be 0 or more, got {warmup}", "pass --warmup 0 or more")
+        for flag, v in (("--warmup", warmup), ("--confirm", confirm)):
+            if v < 0:
+                raise PlanError(flag, f"must be 0 or more, got {v}", f"pass {flag} 0 or more")
         if max_minutes <= 0 or candidate_timeout <= 0:
             raise PlanError("--max-minutes" if max_minutes <= 0 else "--candidate-timeout", "must be positive",
                             "pass a positive number")
@@ -107,7 +110,7 @@ def tune_cmd(
         from sp_plan.profiles.tune.run import TuneOptions, check_world, tune
 
         opts = TuneOptions(budget=budget, max_minutes=max_minutes, candidate_timeout=candidate_timeout, pool=pool,
-                           layers=layers, iters=iters, warmup=warmup, link_sizes=parse_sizes(link_sizes) if link_sizes else None)
+                           layers=layers, iters=iters, warmup=warmup, confirm=confirm, link_sizes=parse_sizes(link_sizes) if link_sizes else None)
         owned = _world()
         rank = probe.dist.get_rank()
         problem = None
@@ -137,8 +140,9 @@ def tune_cmd(
             with Progress(TextColumn("{task.fields[step]:>10}"), BarColumn(), MofNCompleteColumn(),
                           TextColumn("{task.description}"), TimeElapsedColumn(), console=err) as prog:
                 tasks = {s: prog.add_task("", total=None, step=s) for s in ("links", "kernels", "candidates")}
+                tasks["confirm"] = prog.add_task("", total=None, step="confirm", visible=False)
                 tick = lambda step, i, n, label: prog.update(tasks[step], completed=i, total=n,  # noqa: E731
-                                                             description=escape(label[:90]))
+                                                             description=escape(label[:90]), visible=True)
                 report = tune(c, m, w, st, opts, tick)
         else:
             report = tune(c, m, w, None, opts)

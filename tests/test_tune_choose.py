@@ -98,3 +98,20 @@ def test_families_that_alone_identify_a_parameter_are_explored_before_faster_con
     assert fams[unexplored(pred, [True, False, True, False, False], fams)] == "pp"
     assert fams[unexplored(pred, [True, False, True, True, False], fams)] == "ulysses"
     assert unexplored([1.0, 2.5], [True, False], ["ring", "ulysses"]) is None  # beyond 2x: not a contender
+
+
+def test_contenders_are_the_best_and_a_runner_up_within_reach():
+    from sp_plan.planner.profile import MeasuredCandidate
+    from sp_plan.profiles.tune.run import TuneOptions, confirmed, contenders
+
+    def mc(name, s, status="ok"):
+        return MeasuredCandidate(summary=name, plan={}, measured_s=s if status == "ok" else None, status=status)
+
+    opts = TuneOptions()
+    near = {n: mc(n, s) for n, s in (("a", 0.60), ("b", 0.568), ("c", 0.9))}
+    assert contenders(near, opts) == ["b", "a"]  # 0.60 is within 10 % of 0.568; c is not
+    assert contenders({n: mc(n, s) for n, s in (("a", 0.70), ("b", 0.568))}, opts) == []  # 23 % apart: one reading will do
+    assert contenders({"a": mc("a", 0.5), "x": mc("x", 0.0, "oom")}, opts) == []  # nothing to tell apart
+    assert contenders(near, TuneOptions(confirm=0)) == []
+    c = confirmed(near["a"], [0.60, 0.55, 0.70])
+    assert c.measured_s == 0.60 and c.detail["readings_s"] == [0.60, 0.55, 0.70] and near["a"].measured_s == 0.60
