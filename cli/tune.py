@@ -41,6 +41,9 @@ def candidates_table(profile) -> Table:
         t.add_column(c, justify="left" if c in ("layout", "status", "note") else "right")
     for i, c in enumerate(profile.candidates):
         note = c.reason if c.status != "ok" else "; ".join(str(v) for k, v in c.detail.items() if k == "fallbacks" and v)
+        if c.status == "ok" and len(c.detail.get("readings_s", ())) > 1:  # a contender read again (tune's confirm)
+            r = c.detail["readings_s"]
+            note = f"median of {len(r)}: " + ", ".join(_secs(x) for x in r) + (f"; {note}" if note else "")
         if c.status != "ok" and c.rank is not None:
             note = f"rank {c.rank}: {note}"
         t.add_row(str(i + 1), c.summary, c.status, _secs(c.predicted_before_s), _secs(c.predicted_after_s),
