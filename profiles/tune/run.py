@@ -73,6 +73,7 @@ class TuneReport:
     reused: list[str]
     stop_reason: str
     run_id: int | None = None
+    not_fitted: list[str] = field(default_factory=list)  # the fit's notes: what it left at its base value, and why
 
 
 def _bcast(obj, rank: int):
@@ -334,7 +335,7 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
         store.finish_run(run_id, "done")
         best_plan = best_measured(cluster, profile, params)
     profile, best_plan = _bcast((profile, best_plan), rank)
-    return TuneReport(profile, best_plan, resumed, reused, stop, run_id)
+    return TuneReport(profile, best_plan, resumed, reused, stop, run_id, list(result.notes) if result else [])
 
 
 def contenders(measured: dict[str, MeasuredCandidate], opts: TuneOptions) -> list[str]:
