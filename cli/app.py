@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -26,7 +27,7 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def fail(e: PlanError) -> None:
-    err.print(f"[bold red]error[/]: {e}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -341,7 +342,7 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)
     except PlanError as e:  # pragma: no cover - commands catch their own
-        err.print(f"error: {e}", highlight=False, soft_wrap=True)
+        err.print(f"error: {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except typer.Abort:
         err.print("aborted", highlight=False)

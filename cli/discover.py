@@ -33,7 +33,7 @@ DEFAULT_SIZES = {"cpu": "16K,128K,1M,4M", "cuda": "1M,8M,64M,256M"}
 
 def _fail(e: PlanError, rank: int = 0) -> None:
     if rank == 0:
-        err.print(f"[bold red]error[/]: {e}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -212,7 +212,7 @@ def links_cmd(
                 out.print(f"stored the link fit in {db.shown} (topology fingerprint {new.topology_fingerprint()})",
                           highlight=False)
             except PlanError as e:
-                err.print(f"[bold red]error[/]: {e}", highlight=False, soft_wrap=True)
+                err.print(f"[bold red]error[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
     probe.dist.barrier()
     probe.finish(owned)
 

@@ -131,7 +131,7 @@ def tune_cmd(
         check_world(c, probe.dist.get_world_size())
     except PlanError as e:
         if rank == 0:
-            err.print(f"[bold red]error[/]: {e}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]error[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
         probe.finish(owned)
         raise typer.Exit(2)
 
@@ -151,12 +151,13 @@ def tune_cmd(
             report = tune(c, m, w, None, opts)
     except PlanError as e:
         if rank == 0:
-            err.print(f"[bold red]error[/]: {e}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]error[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
         probe.finish(owned)
         raise typer.Exit(2)
     except Exception as e:  # noqa: BLE001 - a dead rank or broken world: what was measured is in the store
         if rank == 0:
-            err.print(f"[bold red]error[/]: the tune stopped: {type(e).__name__}: {str(e).splitlines()[0][:200]}; "
+            err.print(f"[bold red]error[/]: the tune stopped: {type(e).__name__}: "
+                      f"{escape((str(e).splitlines() or [''])[0][:200])}; "
                       "everything measured so far is stored: run the same command again to resume", highlight=False)
         raise typer.Exit(1)
     if rank == 0:
@@ -182,7 +183,7 @@ def tune_cmd(
             try:
                 out.print(f"uploaded profile {Client.from_env(server).upload_profile(p)} to {server}", highlight=False)
             except PlanError as e:  # the profile is stored locally: say so, and how to upload it later
-                err.print(f"[bold red]error[/]: {e} (the profile is in {st.shown}: upload it later with "
+                err.print(f"[bold red]error[/]: {escape(str(e))} (the profile is in {st.shown}: upload it later with "
                           f"`sp-plan profile export {p.id} -o p.yaml` and `sp-plan profile import p.yaml --server URL`)",
                           highlight=False, soft_wrap=True)
                 upload_failed = True
