@@ -79,8 +79,8 @@ def tune_cmd(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the best measured plan here"),
     layers: int = typer.Option(2, "--layers", help="layers each candidate runs (the model's others are scaled)"),
     iters: int = typer.Option(3, "--iters", help="timed steps per candidate (median)"),
-    confirm: int = typer.Option(2, "--confirm", help="readings more of the best measured candidate and a runner-up "
-                                "within 10 % of it, each kept at its median (0: one reading each)"),
+    confirm: int = typer.Option(2, "--confirm", help="readings more of the best measured candidate and the "
+                                "runners-up within 10 % of it (3 at most), each kept at its median (0: one reading each)"),
     warmup: int = typer.Option(1, "--warmup", help="untimed steps before them"),
     pool: int = typer.Option(12, "--pool", help="distinct layouts the choice draws from"),
     link_sizes: Optional[str] = typer.Option(None, "--link-sizes", help="message sizes for the link step, e.g. 64K,1M"),

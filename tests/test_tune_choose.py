@@ -100,7 +100,7 @@ def test_families_that_alone_identify_a_parameter_are_explored_before_faster_con
     assert unexplored([1.0, 2.5], [True, False], ["ring", "ulysses"]) is None  # beyond 2x: not a contender
 
 
-def test_contenders_are_the_best_and_a_runner_up_within_reach():
+def test_contenders_are_the_best_and_the_runners_up_within_reach():
     from sp_plan.planner.profile import MeasuredCandidate
     from sp_plan.profiles.tune.run import TuneOptions, confirmed, contenders
 
@@ -110,6 +110,8 @@ def test_contenders_are_the_best_and_a_runner_up_within_reach():
     opts = TuneOptions()
     near = {n: mc(n, s) for n, s in (("a", 0.60), ("b", 0.568), ("c", 0.9))}
     assert contenders(near, opts) == ["b", "a"]  # 0.60 is within 10 % of 0.568; c is not
+    crowd = {n: mc(n, s) for n, s in (("a", 0.907), ("b", 0.902), ("c", 0.944), ("d", 0.95), ("e", 1.2))}
+    assert contenders(crowd, opts) == ["b", "a", "c"]  # three at most, fastest first
     assert contenders({n: mc(n, s) for n, s in (("a", 0.70), ("b", 0.568))}, opts) == []  # 23 % apart: one reading will do
     assert contenders({"a": mc("a", 0.5), "x": mc("x", 0.0, "oom")}, opts) == []  # nothing to tell apart
     assert contenders(near, TuneOptions(confirm=0)) == []
