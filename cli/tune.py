@@ -173,8 +173,8 @@ def tune_cmd(
             out.print(f"leave-one-out peak-memory error: {p.loo_memory_error_before:.1%} uncalibrated -> "
                       f"{p.loo_memory_error_after:.1%} calibrated", highlight=False)
         out.print("fitted: " + ("; ".join(p.fitted) or "nothing (no candidate ran)"), highlight=False)
-        if report.not_fitted:
-            out.print("not fitted: " + "; ".join(report.not_fitted), highlight=False)
+        for note in report.not_fitted:  # "... not fitted: why"
+            out.print(note, highlight=False)
         out.print(f"stopped: {report.stop_reason}", highlight=False)
         out.print(f"stored profile [bold]{p.id}[/] in {st.shown}", highlight=False)
         if server:
