@@ -157,6 +157,8 @@ def test_bad_store_exits_2(tmp_path, url):
 def test_bad_budget_exits_2(tmp_path):
     p = _cli("tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512", "--budget", "0", cwd=tmp_path)
     assert p.returncode == 2 and "--budget" in p.stderr and "Traceback" not in p.stderr
+    p = _cli("tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512", "--confirm", "-1", cwd=tmp_path)
+    assert p.returncode == 2 and "--confirm: must be 0 or more, got -1" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_corrupted_profile_file_exits_2(tmp_path):
