@@ -10,7 +10,8 @@ by a veth shaped to 800 Mbit/s with `tc tbf`, two ranks each; runtime/netns.py):
    the bundled runtime (`profiles/tune/candidate.py`: stacks of 1 and ``--layers`` blocks, the median of
    ``--iters`` timed steps each, scaled to the model's layers; median of ``--repeats`` such runs, taken
    as whole passes over every layout so that a slow spell of the host is spread over many layouts), for two small workloads: tiny-llama at 1k tokens (A) and tiny-gpt at 512 (B);
-3. `sp-plan tune` on workload A with a fresh store (``--budget`` candidates at most);
+3. `sp-plan tune` on workload A with a fresh store (``--budget`` candidates at most; ``--kernel-timing``
+   passed on);
 4. against the ground truth, uncalibrated (the cluster file as discovered) and calibrated (the stored
    profile): Spearman of predicted vs measured step time, median absolute step-time and peak-memory
    error, the regret of the predicted best (its measured time over the measured best, minus 1), how
@@ -179,7 +180,8 @@ def bench_world(name: str, args, tmp: Path) -> dict:
         t1 = time.monotonic()
         log = _run(["-m", "sp_plan.cli.app", "tune", "--cluster", "cluster.yaml", "--model", model, "--seq-len", seq,
                     "--budget", str(args.budget), "--store", store, "--candidate-timeout", str(args.timeout),
-                    "--layers", str(args.layers), "--iters", str(args.iters), "--warmup", str(args.warmup)],
+                    "--layers", str(args.layers), "--iters", str(args.iters), "--warmup", str(args.warmup),
+                    "--kernel-timing", args.kernel_timing],
                    world, per_node, cwd, pair)
         t_tune = time.monotonic() - t1
         (cwd / "tune.log").write_text(log)
@@ -252,6 +254,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4, help="layers each candidate runs (1 and this many, then scaled)")
     ap.add_argument("--iters", type=int, default=5, help="timed steps per layer count (median)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (truth and tune alike)")
+    ap.add_argument("--kernel-timing", default="auto", choices=("auto", "each", "shared"),
+                    help="tune's --kernel-timing (how its kernel step times the kernels where ranks share cores)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--keep", default=None,
                     help="keep each world's cluster file, ground truth, tune log and store under this folder "
@@ -273,7 +277,7 @@ def main() -> None:
         return report(rescore(Path(args.rescore)))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE.parent).stdout.strip() or "unknown"
-    print(f"bench_tune at commit {commit}, {os.cpu_count()} CPU cores")
+    print(f"bench_tune at commit {commit}, {os.cpu_count()} CPU cores, tune --kernel-timing {args.kernel_timing}")
     results = []
     with tempfile.TemporaryDirectory(prefix="sp_plan_bench_tune_") as d:
         if args.keep:

@@ -83,6 +83,10 @@ def tune_cmd(
                                 "runners-up within 10 % of it (3 at most), each kept at its median (0: one reading each)"),
     warmup: int = typer.Option(1, "--warmup", help="untimed steps before them"),
     pool: int = typer.Option(12, "--pool", help="distinct layouts the choice draws from"),
+    kernel_timing: str = typer.Option("auto", "--kernel-timing", help="each: every rank times each kernel as it gets "
+                                      "there (median of 3); shared: all ranks time each kernel at once in one window "
+                                      "(full contention where ranks share cores); auto: shared on CPU ranks, each on "
+                                      "GPUs"),
     link_sizes: Optional[str] = typer.Option(None, "--link-sizes", help="message sizes for the link step, e.g. 64K,1M"),
     server: Optional[str] = typer.Option(None, "--server", help="also upload the profile to a planner service "
                                          "(`sp-plan serve`) at this URL (token: $SP_PLAN_TOKEN)"),
@@ -103,6 +107,8 @@ def tune_cmd(
         for flag, v in (("--warmup", warmup), ("--confirm", confirm)):
             if v < 0:
                 raise PlanError(flag, f"must be 0 or more, got {v}", f"pass {flag} 0 or more")
+        if kernel_timing not in ("auto", "each", "shared"):
+            raise PlanError("--kernel-timing", f"unknown timing {kernel_timing!r}", "pass auto, each or shared")
         if max_minutes <= 0 or candidate_timeout <= 0:
             raise PlanError("--max-minutes" if max_minutes <= 0 else "--candidate-timeout", "must be positive",
                             "pass a positive number")
@@ -113,7 +119,8 @@ def tune_cmd(
         from sp_plan.profiles.tune.run import TuneOptions, check_world, tune
 
         opts = TuneOptions(budget=budget, max_minutes=max_minutes, candidate_timeout=candidate_timeout, pool=pool,
-                           layers=layers, iters=iters, warmup=warmup, confirm=confirm, link_sizes=parse_sizes(link_sizes) if link_sizes else None)
+                           layers=layers, iters=iters, warmup=warmup, confirm=confirm, kernel_timing=kernel_timing,
+                           link_sizes=parse_sizes(link_sizes) if link_sizes else None)
         owned = _world()
         rank = probe.dist.get_rank()
         problem = None

@@ -244,14 +244,16 @@ TIME_REG = 0.05  # weight of the pull toward neutral (overlap 1, no overhead) wh
 MIN_FOR_COMPUTE = 3
 
 
-def _fit_time(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Params, list[str], list[str]]:
+def _fit_time(pricer: _Pricer, base: Params, cases: list[_Case], hold: frozenset = frozenset()
+              ) -> tuple[Params, list[str], list[str]]:
     """Fit overlap in [0, 1], round_overhead_s >= 0 and (from MIN_FOR_COMPUTE timed candidates) the in-step
     compute_efficiency, tp_overhead_s >= 0 (where a candidate has TP-sp collectives) and layer_overhead_s >= 0 to
     measured step times (relative errors, scipy least_squares from the best of a small grid); only parameters
     the cases move are fitted. The layer overhead only with more timed candidates than time parameters: like the
     compute efficiency it moves every layout's step by much the same share, so with no candidate to spare the
     two interpolate the noise of the measurements exactly (5 candidates for 5 parameters on 8 CPU ranks: compute
-    efficiency at its bound 1.5, a 44 ms layer overhead, Spearman 0.19 against the ground truth)."""
+    efficiency at its bound 1.5, a 44 ms layer overhead, Spearman 0.19 against the ground truth). A parameter named
+    in ``hold`` (measured directly: tune's round probe) keeps ``base``'s value."""
     cases = [c for c in cases if c.time is not None]
     if not cases:
         return base, [], ["overlap and round overhead not fitted: no candidate with a measured step time"]
@@ -275,7 +277,8 @@ def _fit_time(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Params
         lo[i], hi[i] = a, b
         return np.max(np.abs(pred(lo) - pred(hi)) / meas) > 1e-9
 
-    free = [i for i, (a, b) in ((0, (0.0, 1.0)), (1, (0.0, 1.0))) if moves(i, a, b)]
+    free = [i for i, (a, b) in ((0, (0.0, 1.0)), (1, (0.0, 1.0))) if moves(i, a, b)
+            and not (i == 1 and "round_overhead_s" in hold)]
     tp = moves(4, 0.0, 1.0)  # a measured candidate with Megatron TP collectives
     notes = [] if 0 in free else ["overlap not fitted: no measured candidate has a double-buffered round with communication"]
     if len(cases) >= MIN_FOR_COMPUTE:
@@ -289,7 +292,8 @@ def _fit_time(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Params
         notes.append(f"compute efficiency and layer overhead not fitted: needs {MIN_FOR_COMPUTE} candidates with a "
                      "measured step time")
     if not free:
-        return base, [], notes + ["round overhead not fitted: no measured candidate runs attention"]
+        return base, [], notes + ([] if "round_overhead_s" in hold else
+                                  ["round overhead not fitted: no measured candidate runs attention"])
     neutral = np.array([1.0, 0.0, 1.0, 0.0, 0.0])
     reg = len(cases) < len(free)
 
@@ -350,8 +354,9 @@ def _fit_memory(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Para
             ["activation factor not fitted: needs 2 measured candidates whose activations differ"])
 
 
-def _fit_all(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Params, list[str], list[str]]:
-    p, w1, n1 = _fit_time(pricer, base, cases)
+def _fit_all(pricer: _Pricer, base: Params, cases: list[_Case], hold: frozenset = frozenset()
+             ) -> tuple[Params, list[str], list[str]]:
+    p, w1, n1 = _fit_time(pricer, base, cases, hold)
     p, w2, n2 = _fit_memory(pricer, p, cases)
     return p, w1 + w2, n1 + n2
 
@@ -361,20 +366,22 @@ def _median_err(pred: list[float], meas: list[float]) -> float | None:
     return float(np.median(errs)) if errs else None
 
 
-def fit(cluster: Cluster, base: Params, candidates: list[MeasuredCandidate]) -> FitResult:
+def fit(cluster: Cluster, base: Params, candidates: list[MeasuredCandidate], hold: frozenset = frozenset()
+        ) -> FitResult:
     """Fit overlap, round overhead, compute efficiency, memory overhead and activation factor to the ok
-    candidates (kernel curves and comm fits already in ``base``), with leave-one-out errors before and after."""
+    candidates (kernel curves and comm fits already in ``base``), with leave-one-out errors before and after;
+    the parameters named in ``hold`` (measured directly) keep ``base``'s values."""
     cases = _cases(candidates)
     pricer = _Pricer(cluster, cases)
     _check_cases(pricer, cases)
-    params, fitted, notes = _fit_all(pricer, base, cases)
+    params, fitted, notes = _fit_all(pricer, base, cases, hold)
     before_t = pricer.times(base, cases) if cases else np.array([])
     before_m = pricer.memories(base, cases) if cases else np.array([])
     after_t = pricer.times(params, cases) if cases else np.array([])
     after_m = pricer.memories(params, cases) if cases else np.array([])
     loo_t, loo_m = {}, {}
     for c in cases:  # leave one out: fit without c, predict c
-        p, _, _ = _fit_all(pricer, base, [o for o in cases if o is not c])
+        p, _, _ = _fit_all(pricer, base, [o for o in cases if o is not c], hold)
         if c.time is not None:
             loo_t[c.index] = float(pricer.times(p, [c])[0])
         if c.memory is not None:

@@ -190,6 +190,21 @@ def test_calibration_recovers_known_parameters_from_synthetic_measurements():
         assert mc.predicted_after_s == t and mc.predicted_before_s < mc.measured_s
 
 
+def test_a_held_round_overhead_keeps_its_measured_value_and_the_rest_is_recovered():
+    cl, m, w = load_cluster("dgx-h100", 1), load_model("gpt-3b"), Workload(seq_len=32768, batch=2)
+    meas = _measured(cl, m, w, TRUTH, CANDS)
+    # the probe read 2 ms (TRUTH's): held, the other time parameters are recovered around it
+    r = fit(cl, Params(round_overhead_s=2e-3), meas, hold=frozenset({"round_overhead_s"}))
+    assert r.params.round_overhead_s == 2e-3 and not any(f.startswith("round overhead") for f in r.fitted)
+    assert r.params.overlap == pytest.approx(0.6, rel=0.02)
+    assert r.params.compute_efficiency == pytest.approx(0.8, rel=0.02)
+    # one parameter fewer: 4 candidates now leave one to spare for the layer overhead (none in TRUTH: ~0)
+    assert any(f.startswith("layer overhead") for f in r.fitted) and r.params.layer_overhead_s < 1e-5
+    # a wrong held value is kept too (the fit does not overrule a measurement), and the residual shows it
+    off = fit(cl, Params(round_overhead_s=20e-3), meas, hold=frozenset({"round_overhead_s"}))
+    assert off.params.round_overhead_s == 20e-3 and off.loo_error_after > r.loo_error_after
+
+
 def test_leave_one_out_error_is_honest_under_noise():
     """With noisy measurements the fit is not exact: the LOO error stays above zero but below the uncalibrated
     one. (Overlap moves these steps by only ~6% between 0 and 1, so the noise here is 1%.)"""

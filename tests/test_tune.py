@@ -41,7 +41,12 @@ def test_tune_then_plan_uses_the_profile(tmp_path):
     assert "measured candidates" in out and "leave-one-out step-time error" in out and "stored profile" in out
     # two candidates: what the fit left at its base value is said, and why
     assert "\ncompute efficiency and layer overhead not fitted: needs 3 candidates" in out
+    # the round overhead is the probe's (measured, held), not fitted; the kernels timed together on CPU ranks
+    flat = " ".join(out.split())
+    assert "per attention call, measured (Ring over every rank" in flat and "round overhead not fitted" not in flat
+    assert "kernels timed by every rank at once" in flat
     (prof,) = Store(store).list_profiles()
+    assert prof.measurements["rounds_s"] > 0 and prof.params.round_overhead_s > 0
     assert len(prof.candidates) == 2 and all(c.status == "ok" for c in prof.candidates)
     for c in prof.candidates:  # the table's columns: predicted before and after, measured; time and memory
         assert c.measured_s > 0 and c.measured_memory > 0 and c.predicted_before_s > 0 and c.predicted_after_s > 0
@@ -159,6 +164,9 @@ def test_bad_budget_exits_2(tmp_path):
     assert p.returncode == 2 and "--budget" in p.stderr and "Traceback" not in p.stderr
     p = _cli("tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512", "--confirm", "-1", cwd=tmp_path)
     assert p.returncode == 2 and "--confirm: must be 0 or more, got -1" in p.stderr and "Traceback" not in p.stderr
+    p = _cli("tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512", "--kernel-timing", "both",
+             cwd=tmp_path)
+    assert p.returncode == 2 and "--kernel-timing" in p.stderr and "auto, each or shared" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_corrupted_profile_file_exits_2(tmp_path):

@@ -58,19 +58,65 @@ def test_measure_kernels_agrees_on_windows_once_every_kernel_is_prepared(monkeyp
     monkeypatch.setattr(kernels, "time_window", lambda fn, dev, a, b: (events.append(("window", a, b)),
                                                                        real_window(fn, dev, a, b))[1])
 
-    def agree():
+    firsts = []
+
+    def agree(first_seconds):
         events.append("agree")
-        return time.time() + 0.01, 0.02
+        firsts.extend(first_seconds)
+        return time.time() + 0.01, [0.02 * (i + 1) for i in range(len(first_seconds))]
 
     s = measure_kernels(MODEL, [64], [2], torch.device("cpu"), torch.float32, causal=True, gemm_rows=[64],
                         windows=agree)
     assert len(s) == 2 * 2 + 4 and all(x.seconds > 0 for x in s)
+    assert len(firsts) == len(s) and all(t > 0 for t in firsts)  # every kernel's first call, timed
     i = events.index("agree")
     assert events.count("agree") == 1 and events[:i] == ["choose", "choose"]  # both masks chosen before the windows
     wins = [e for e in events[i + 1:]]
     assert len(wins) == len(s) and all(w[0] == "window" for w in wins)
-    starts = [w[1] for w in wins]
-    assert starts == sorted(starts) and all(b - a == pytest.approx(0.018, abs=1e-6) for _, a, b in wins)
+    # each kernel its own window, laid end to end: 90 % of its length timed, the next one starts where it ends
+    for k, (_, a, b) in enumerate(wins):
+        assert b - a == pytest.approx(0.9 * 0.02 * (k + 1), abs=1e-6)
+        if k:
+            assert a - wins[k - 1][1] == pytest.approx(0.02 * k, abs=1e-6)
+
+
+def test_shared_windows_are_calls_of_the_slowest_first_call_and_at_least_the_floor():
+    from sp_plan.profiles.tune.kernels import shared_windows
+
+    before = time.time()
+    start, lengths = shared_windows([0.001, 0.02, 0.5], calls=8, least=0.05)
+    assert before < start <= time.time() + 0.05
+    assert lengths == pytest.approx([0.05, 0.16, 4.0])
+
+
+def _kernel_step(rank, world, timing):
+    from sp_plan.profiles.tune import kernels, run
+
+    calls = []
+    real = kernels.shared_windows
+    kernels.shared_windows = lambda firsts: (calls.append(len(firsts)), real(firsts, calls=2, least=0.005))[1]
+    try:
+        samples = run.measure_kernels_step([Plan(algorithm="ring", degrees={"ring": 2})], MODEL, WORK,
+                                           run.TuneOptions(kernel_timing=timing, kernel_repeats=1))
+    finally:
+        kernels.shared_windows = real
+    return calls, len(samples), sorted({s["rank"] for s in samples})
+
+
+@pytest.mark.parametrize("timing", ["each", "shared", "auto"])
+def test_kernel_step_times_in_shared_windows_only_when_asked(timing):
+    for calls, n, ranks in run_world(_kernel_step, 2, timing, timeout=120):
+        assert ranks == [0, 1] and n > 0
+        # shared (auto on CPU ranks): one agreement over every kernel of the sweep (measure_alone keeps its own)
+        assert calls == ([n // 2 - 4] if timing != "each" else [])  # per rank: the sweep and 4 of measure_alone
+
+
+def test_auto_kernel_timing_is_shared_on_cpu_and_each_on_gpu():
+    from sp_plan.profiles.tune.run import TuneOptions, kernel_timing
+
+    assert kernel_timing(TuneOptions(), torch.device("cpu")) == "shared"
+    assert kernel_timing(TuneOptions(), torch.device("cuda", 0)) == "each"
+    assert kernel_timing(TuneOptions(kernel_timing="each"), torch.device("cpu")) == "each"
 
 
 def test_kernel_shapes_follow_the_schedules():

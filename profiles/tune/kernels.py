@@ -10,6 +10,7 @@ tokens. FLOPs follow ``KernelSample``: attention forward 4 b s^2 h d (half when 
 from __future__ import annotations
 
 import functools
+import time
 from typing import Callable
 
 import torch
@@ -46,17 +47,21 @@ def gemm_shapes(model: ModelSpec, rows: int) -> dict[str, tuple[int, int, int]]:
             "mlp_up": (rows, up, model.hidden), "mlp_down": (rows, model.hidden, model.ffn_hidden)}
 
 
+#: windows: a (start wall time, seconds each) pair, or a function of the kernels' first-call seconds (every kernel
+#: prepared) that agrees one start and a length per kernel across the ranks (``shared_windows``)
+Windows = tuple[float, float] | Callable[[list[float]], tuple[float, list[float]]]
+
+
 def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], device: torch.device,
                     dtype: torch.dtype, causal: bool, repeats: int = 5,
-                    gemm_rows: list[int] | None = None,
-                    windows: tuple[float, float] | Callable[[], tuple[float, float]] | None = None
-                    ) -> list[KernelSample]:
+                    gemm_rows: list[int] | None = None, windows: Windows | None = None) -> list[KernelSample]:
     """Attention block fwd/bwd over ``blocks`` x ``heads`` and the model's GEMMs over ``gemm_rows`` (default: blocks).
     Every kernel is prepared first (inputs, the runtime's backend choice, one untimed call), then timed.
-    ``windows`` (start wall time, seconds), or a function that agrees them once every kernel is prepared (so that
-    no rank is still choosing a backend when the others start): the i-th timed kernel runs back to back through
-    the window [start + i s, start + (i + 1) s) (``timing.time_window``), the same window on every rank that
-    passes the same start, instead of a median of ``repeats``."""
+    ``windows`` (start wall time, seconds each), or a function that agrees the start and each kernel's length once
+    every kernel is prepared (so that no rank is still choosing a backend when the others start), given the
+    kernels' first-call seconds: the i-th timed kernel runs back to back through its window, the windows laid end
+    to end from the start (``timing.time_window``), the same windows on every rank, instead of a median of
+    ``repeats``."""
     device = torch.device(device)
     d, name = model.head_dim, _DTYPE_NAMES.get(dtype, str(dtype))
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -84,19 +89,45 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
             jobs.append((functools.partial(torch.matmul, rnd(m, k), rnd(k, n)),
                          dict(kind="matmul", size=m, heads=0, head_dim=0, causal=False, flops=2.0 * m * n * k,
                               backend="torch.matmul", gemm=(m, n, k))))
-    if windows is not None:
-        for fn, _ in jobs:  # first calls (allocations, a backward's workspace) before any window opens
-            fn()
-        sync(device)
-        start, each = windows() if callable(windows) else windows
     out: list[KernelSample] = []
-    for i, (fn, fields) in enumerate(jobs):
-        if windows is None:
-            t = time_call(fn, device, repeats)
-        else:
-            t = time_window(fn, device, start + i * each, start + i * each + 0.9 * each)
+    if windows is None:
+        for fn, fields in jobs:
+            out.append(KernelSample(seconds=time_call(fn, device, repeats), dtype=name, batch=1, **fields))
+        return out
+    firsts = []
+    for fn, _ in jobs:  # first calls (allocations, a backward's workspace) before any window opens
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        firsts.append(time.perf_counter() - t0)
+    start, lengths = windows(firsts) if callable(windows) else (windows[0], [windows[1]] * len(jobs))
+    for (fn, fields), each in zip(jobs, lengths):
+        t = time_window(fn, device, start, start + 0.9 * each)
+        start += each
         out.append(KernelSample(seconds=t, dtype=name, batch=1, **fields))
     return out
+
+
+#: a kernel's shared window (``shared_windows``): this many calls of its slowest rank's first call, at least this long
+WINDOW_CALLS = 8
+WINDOW_MIN_S = 0.05
+
+
+def shared_windows(firsts: list[float], calls: int = WINDOW_CALLS, least: float = WINDOW_MIN_S
+                   ) -> tuple[float, list[float]]:
+    """One start (50 ms from now, rank 0's clock) and a window per kernel, ``calls`` times the slowest rank's first
+    call of it and at least ``least`` seconds, agreed by every rank of the default group (collective): where ranks
+    share cores each kernel is timed while all of them compute it (a median of calls each rank makes when it gets
+    there mixes kernels timed alone, fast, with kernels timed among busy peers)."""
+    import torch.distributed as dist
+
+    slowest = torch.tensor(firsts, dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    shared = [time.time() + 0.05]
+    if dist.is_initialized():
+        dist.broadcast_object_list(shared, src=0)
+    return float(shared[0]), [max(least, calls * float(t)) for t in slowest]
 
 
 def _shape(plan: Plan, model: ModelSpec, work: Workload):

@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 
 from sp_plan.planner.calibration import curve_of, fit, masked_split, measured_params
+from sp_plan.profiles.tune.rounds import LAYERS as PROBE_LAYERS, TOKENS_PER_RANK as PROBE_TOKENS
+from sp_plan.profiles.tune.rounds import round_overhead, time_rounds
 from sp_plan.planner.candidate import Candidate
 from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.errors import PlanError
@@ -55,6 +57,10 @@ class TuneOptions:
     link_sizes: list[int] | None = None
     link_timeout: float = 60.0
     kernel_repeats: int = 3
+    #: "each": every rank times each kernel (median of kernel_repeats) as it gets there; "shared": all ranks time each
+    #: kernel at once through one shared window (kernels.shared_windows: the kernels under full contention where
+    #: ranks share cores); "auto": shared on CPU ranks (they share the hosts' cores), each on GPUs (their own)
+    kernel_timing: str = "auto"
     #: readings more of each contender for the best (``contenders``): 0 reads every candidate once
     confirm: int = 2
     #: a measured candidate within this share of the best measured contends with it
@@ -131,14 +137,25 @@ def measure_links_step(cluster: Cluster, opts: TuneOptions) -> dict:
     return new.calibration["links"]
 
 
+def kernel_timing(opts: TuneOptions, dev: torch.device) -> str:
+    """``opts.kernel_timing`` with "auto" resolved: "shared" on CPU ranks, whose kernels run among the other ranks'
+    on the hosts' cores (timed as each rank gets there, short kernels meet idle peers and read up to the solo
+    speedup faster than in a step: a 3.7x fall in efficiency from 256 to 512 tokens on 8 ranks sharing 2 cores),
+    "each" on GPUs."""
+    if opts.kernel_timing != "auto":
+        return opts.kernel_timing
+    return "shared" if dev.type == "cpu" else "each"
+
+
 def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opts: TuneOptions) -> list[dict]:
     """Every rank times its own device's kernels for the pool's block shapes; all ranks' samples (collective)."""
-    from .kernels import kernel_shapes, measure_kernels, token_rows
+    from .kernels import kernel_shapes, measure_kernels, shared_windows, token_rows
 
     dev = _device()
     blocks, heads = kernel_shapes(pool, model, work)
+    shared = shared_windows if kernel_timing(opts, dev) == "shared" and dist.get_world_size() > 1 else None
     mine = measure_kernels(model, blocks, heads, dev, _dtype(model, dev), work.causal, repeats=opts.kernel_repeats,
-                           gemm_rows=token_rows(pool, work))
+                           gemm_rows=token_rows(pool, work), windows=shared)
     mine += measure_alone(model, max(blocks), max(heads), dev, _dtype(model, dev), work.causal, opts.kernel_repeats)
     return [dict(s, rank=r) for r, samples in enumerate(gather_objects([asdict(s) for s in mine])) for s in samples]
 
@@ -169,14 +186,14 @@ def measure_alone(model: ModelSpec, block: int, heads: int, dev: torch.device, d
         if r == rank:
             out = fwd(True)
 
-    def agree() -> tuple[float, float]:
+    def agree(firsts: list[float]) -> tuple[float, list[float]]:
         """Once every rank has prepared its kernels: one start and window length for all."""
         longest = torch.tensor([max((s.seconds for s in out), default=0.0)], dtype=torch.float64)
         dist.all_reduce(longest, op=dist.ReduceOp.MAX)
         # fwd and bwd of each mask are timed, so the bwd (about 2x) sets the window: 3x the forward
         shared = [time.time() + 0.05, max(TOGETHER_MIN_S, TOGETHER_CALLS * 3 * float(longest[0]))]
         dist.broadcast_object_list(shared, src=0)
-        return shared[0], shared[1]
+        return shared[0], [shared[1]] * len(firsts)
     return out + fwd(False, agree)
 
 
@@ -195,6 +212,18 @@ def base_params(cluster: Cluster, model: ModelSpec, kernels: list[dict], links: 
         said.append(f"solo speedup {params.solo_speedup:.2f} (a rank's attention block alone vs with every rank "
                     f"computing: uneven ring rounds cost their mean work where ranks share cores)")
     return params, said
+
+
+def with_round_probe(cluster: Cluster, model: ModelSpec, base: Params, rounds_s: float | None,
+                     said: list[str]) -> tuple[Params, frozenset]:
+    """``base`` with the round overhead the probe measured (``rounds.round_overhead``) and the parameters the fit
+    then holds; ``base`` and none where there is no probe (one rank, or a store of an older tune)."""
+    ro = round_overhead(cluster, model, base, rounds_s) if rounds_s else None
+    if ro is None:
+        return base, frozenset()
+    said.append(f"round overhead {ro * 1e3:.2f} ms per attention call, measured (Ring over every rank, "
+                f"{PROBE_LAYERS} layers of {PROBE_TOKENS} tokens a rank: {rounds_s * 1e3:.1f} ms)")
+    return base.model_copy(update={"round_overhead_s": ro}), frozenset({"round_overhead_s"})
 
 
 def check_world(cluster: Cluster, world: int) -> None:
@@ -248,15 +277,21 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
                         "tune a shorter --seq-len or a smaller model")
     if steps.get("kernels", ("", None))[0] == "ok":
         kernels = steps["kernels"][1]["samples"]
+        timing = steps["kernels"][1].get("timing", "each")
+        rounds_s = steps["kernels"][1].get("rounds_s")
         reused.append("kernels")
         tick("kernels", 1, 1, "kernels: stored timings reused")
     else:
         tick("kernels", 0, 1, "timing attention blocks and GEMMs")
-        kernels = measure_kernels_step(pool, model, work, opts)
+        kernels, timing = measure_kernels_step(pool, model, work, opts), kernel_timing(opts, _device())
+        rounds_s = time_rounds(model, _device(), _dtype(model, _device())) if world > 1 else None
         if rank == 0:
-            store.record_step(run_id, "kernels", "ok", {"samples": kernels})
+            store.record_step(run_id, "kernels", "ok", {"samples": kernels, "timing": timing, "rounds_s": rounds_s})
         tick("kernels", 1, 1, f"{len(kernels)} kernel timings")
     base, said = base_params(cluster, model, kernels, links)
+    base, hold = with_round_probe(cluster, model, base, rounds_s, said)
+    if timing == "shared":
+        said.append("kernels timed by every rank at once, one shared window each (kernel timing shared)")
 
     # ---- candidates: the pool under the measured kernels and links, chosen one at a time
     pool = _bcast(candidate_pool(cluster, model, work, base, opts.pool) if rank == 0 else None, rank)
@@ -278,7 +313,7 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
         if rank == 0:
             ok = [m for m in measured.values() if m.status == "ok"]
             if ok:
-                result = fit(cluster, base, ok)
+                result = fit(cluster, base, ok, hold)
                 params = result.params
             if len(measured) >= opts.budget:
                 choice = Choice(None, 0.0, f"budget of {opts.budget} candidate(s) reached")
@@ -325,12 +360,13 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
         measured[name] = confirmed(measured[name], readings)
         tick("confirm", (j + 1) * opts.confirm, len(todo) * opts.confirm, f"{name}: {len(readings)} readings")
     if todo and rank == 0:
-        result = fit(cluster, base, [m for m in measured.values() if m.status == "ok"])
+        result = fit(cluster, base, [m for m in measured.values() if m.status == "ok"], hold)
         params = result.params
 
     profile = best_plan = None
     if rank == 0:
-        profile = _profile(cluster, model, work, stack, base, said, result, list(measured.values()), links, kernels)
+        profile = _profile(cluster, model, work, stack, base, said, result, list(measured.values()), links, kernels,
+                           rounds_s)
         profile.id = store.save_profile(profile)
         store.finish_run(run_id, "done")
         best_plan = best_measured(cluster, profile, params)
@@ -369,7 +405,7 @@ def run_candidate(plan: Plan, model: ModelSpec, work: Workload, cluster: Cluster
                                   memory_limit_bytes=cluster.device(0).memory_bytes, fault=fault)
 
 
-def _profile(cluster, model, work, stack, base, said, result, measured, links, kernels) -> Profile:
+def _profile(cluster, model, work, stack, base, said, result, measured, links, kernels, rounds_s=None) -> Profile:
     """The Profile document: fitted parameters, what was fitted, every candidate before/after/measured."""
     params = result.params if result else base
     fitted = list(said) + (list(result.fitted) if result else [])
@@ -390,7 +426,8 @@ def _profile(cluster, model, work, stack, base, said, result, measured, links, k
                    loo_memory_error_before=result.memory_error_before if result else None,
                    loo_memory_error_after=result.memory_error_after if result else None,
                    measurements={"links": links or {}, "kernels": kernels,
-                                 "cluster_capacity_fingerprint": cluster.fingerprint()})
+                                 "cluster_capacity_fingerprint": cluster.fingerprint(),
+                                 **({"rounds_s": rounds_s} if rounds_s else {})})
 
 
 def best_measured(cluster: Cluster, profile: Profile, params: Params) -> Plan | None:

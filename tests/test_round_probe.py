@@ -1,0 +1,60 @@
+"""tune's round probe (profiles/tune/rounds.py): the fixed cost of a ring round measured, and read back through the
+model."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from sp_plan.planner import Estimator, ModelSpec, Workload
+from sp_plan.planner.params import Params
+from sp_plan.profiles import load_cluster
+from sp_plan.profiles.tune.rounds import LAYERS, TOKENS_PER_RANK, probe_plan, round_overhead, time_rounds
+from sp_plan.runtime.spawn import run_world
+
+MODEL = ModelSpec(name="tiny", layers=4, hidden=64, heads=4, kv_heads=2, vocab=128, dtype="fp32")
+
+
+def _probe_seconds(cluster, params):
+    """What the probe would measure if the model were exact: LAYERS x one layer's attention forward + backward."""
+    one = MODEL.model_copy(update={"layers": 1})
+    work = Workload(seq_len=TOKENS_PER_RANK * cluster.world_size, causal=True)
+    t, _ = Estimator(cluster, one, work, params=params).attention_time(probe_plan(cluster.world_size), backward=True)
+    return LAYERS * t
+
+
+@pytest.mark.parametrize("truth_ms", [0.0, 0.4, 2.5])
+def test_round_overhead_reads_back_the_overhead_a_probe_was_priced_with(truth_ms):
+    cl = load_cluster("cpu-local")
+    base = Params(solo_speedup=2.0)
+    seconds = _probe_seconds(cl, base.model_copy(update={"round_overhead_s": truth_ms * 1e-3}))
+    assert round_overhead(cl, MODEL, base, seconds) == pytest.approx(truth_ms * 1e-3, abs=1e-9)
+
+
+def test_round_overhead_by_hand_on_a_ring_of_four():
+    # zigzag ring of 4, training: 4 rounds forward and 4 backward, one block call each on every rank (balanced:
+    # no share); past the point where the blocks outlast the rounds' tiny messages, one more millisecond a call
+    # adds 8 ms a layer
+    cl = load_cluster("cpu-local")
+    t1 = _probe_seconds(cl, Params(round_overhead_s=1e-3))
+    assert _probe_seconds(cl, Params(round_overhead_s=2e-3)) - t1 == pytest.approx(LAYERS * 8e-3)
+    assert round_overhead(cl, MODEL, Params(), t1 + LAYERS * 8 * 2e-3) == pytest.approx(3e-3)
+    t0 = _probe_seconds(cl, Params())
+    assert round_overhead(cl, MODEL, Params(), t0 / 2) == 0.0  # faster than the blocks alone: no negative cost
+
+
+def test_no_probe_reading_without_a_measurement_or_a_ring(tmp_path):
+    assert round_overhead(load_cluster("cpu-local"), MODEL, Params(), 0.0) is None
+    spec = (Path(load_cluster.__code__.co_filename).parent / "clusters" / "cpu-local.yaml").read_text()
+    (tmp_path / "one.yaml").write_text(spec.replace("devices_per_node: 4", "devices_per_node: 1"))
+    one = load_cluster(str(tmp_path / "one.yaml"))
+    assert one.world_size == 1 and round_overhead(one, MODEL, Params(), 1.0) is None
+
+
+def _timed(rank, world):
+    torch.set_num_threads(1)
+    return time_rounds(MODEL, torch.device("cpu"), torch.float32, iters=2, warmup=1)
+
+
+def test_time_rounds_agrees_on_the_slowest_rank():
+    a, b = run_world(_timed, 2, timeout=120)
+    assert a == b > 0  # every rank returns the slowest rank's median
