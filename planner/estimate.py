@@ -175,8 +175,8 @@ class Orders:
 
 
 def shared_cores(balance: tuple, s: float) -> float:
-    """The busiest rank's share of an uneven attention phase's time (its kernels and their per-call overhead, both
-    work on the host where ranks share cores): per round it stands for, max(mean / max work, 1 / s) (as long as the
+    """The busiest rank's share of an uneven attention phase's time (its kernels, and their per-call overhead where
+    that follows the work, ``Compute.trimmed``: both work on the host where ranks share cores): per round it stands for, max(mean / max work, 1 / s) (as long as the
     host's total work on the cores, or the busiest rank's alone at s x its speed among busy peers:
     ``Params.solo_speedup``), averaged over the rounds; the rings pool the balance over their rounds
     (``layout.ring_balance``)."""
@@ -287,9 +287,11 @@ class Estimator:
         return self.compute_time(p) - o * self.calls(p) if o and p.kind == "attention" else self.compute_time(p)
 
     def calls(self, p: Compute) -> float:
-        """Attention calls of ``p`` that pay the per-call overhead: its calls, times its ``share`` (a rank without a
-        block in a round makes no call)."""
-        return p.calls * self.share(p)
+        """Attention calls of ``p`` that pay the per-call overhead on the busiest rank's time: its calls, times its
+        ``share`` where the round's fixed cost follows the work (``Compute.trimmed``: a rank with no block gets no
+        message), else all of them (a ring round passes K, V to every rank, which syncs and forwards it whether or
+        not it has a block to compute: runtime/ring.py)."""
+        return p.calls * self.share(p) if p.trimmed else p.calls
 
     def share(self, p: Compute) -> float:
         """``shared_cores`` of an attention phase's balance where ranks share cores, else 1."""
@@ -392,8 +394,7 @@ class Estimator:
         if p.kind == "attention":
             t = flops / (self._compute_peak * self.attention_efficiency(p.name.endswith("bwd"), p.block, p.fill,
                                                                         p.masked))
-            share = self.share(p)
-            return (t + pr.round_overhead_s * p.calls) * share if pr.round_overhead_s else t * share
+            return t * self.share(p) + pr.round_overhead_s * self.calls(p) if pr.round_overhead_s else t * self.share(p)
         if pr.matmul is not None:
             rows = p.rows * k
             eff = pr.matmul.at(rows) if rows > 0 else pr.matmul.points[-1][1]

@@ -34,6 +34,9 @@ class Compute(NamedTuple):
     balance: tuple = ()  # attention: per round, ranks' mean work over the busiest's (() = even; layout.ring_balance)
     masked: bool = False  # attention: one block under a causal mask (a diagonal, striped's shifted one), not dense
     calls: int = 1  # attention: kernel calls it stands for (each pays Params.round_overhead_s), ``block`` long each
+    # attention: the calls' fixed cost follows the work's balance (a rank with no block in a round gets no message
+    # either: TokenRing's trimmed Q); False: every rank pays every round's (Ring passes K, V to all each round)
+    trimmed: bool = False
 
 
 class Comm(NamedTuple):
@@ -108,7 +111,7 @@ def scaled(steps: list[Step], k: int) -> list[Step]:
     """``steps`` for k times the sequences of a micro-batch: every FLOP count, GEMM row count and byte volume
     of a schedule is linear in ``b`` (the sizes above), block lengths and repeats are not."""
     return [Step(tuple(Compute(p.name, p.flops * k, p.kind, p.block, p.rows * k, p.fill, p.nbytes * k, p.balance,
-                               p.masked, p.calls)
+                               p.masked, p.calls, p.trimmed)
                        if type(p) is Compute else Comm(p.name, p.pattern, p.dim, p.nbytes * k) for p in st.phases),
                  st.repeat, st.overlap)
             for st in steps]

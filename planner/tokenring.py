@@ -114,7 +114,8 @@ def tokenring_steps(c: Shape, backward: bool) -> list[Step]:
         b = balance.get((first, sends_q, sends_part, kv_across, dkv_across), ())
         phases: list = [Compute(f"attention {tag}", mult * blk * f, "attention", c.n_ring, fill=f,
                                 balance=b if b and min(b) < 1.0 else (),  # masked: the diagonal, striped's all
-                                masked=c.work.causal and (first or c.token_layout == "striped"))]
+                                masked=c.work.causal and (first or c.token_layout == "striped"),
+                                trimmed=True)]  # only the Q rows a later holder uses travel (runtime/tokenring.py)
         if P > 1:  # the owner folds a partial out + LSE into its accumulator (or dQ into its own)
             phases.append(Compute(f"tokenring merge {tag}", 0.0, "memory", nbytes=merge_bytes(c, backward)))
         if sends_q and sends_part:
