@@ -115,5 +115,10 @@ def test_contenders_are_the_best_and_the_runners_up_within_reach():
     assert contenders({n: mc(n, s) for n, s in (("a", 0.70), ("b", 0.568))}, opts) == []  # 23 % apart: one reading will do
     assert contenders({"a": mc("a", 0.5), "x": mc("x", 0.0, "oom")}, opts) == []  # nothing to tell apart
     assert contenders(near, TuneOptions(confirm=0)) == []
+    # one reading put a layout out of reach that the calibrated model puts within it: it contends too
+    apart = {n: mc(n, s) for n, s in (("u8", 0.833), ("t8", 0.905), ("usp", 0.993), ("pp", 1.26))}
+    assert contenders(apart, opts) == ["u8", "t8"]
+    assert contenders(apart, opts, {"usp": 0.910, "pp": 1.0, "u8": 0.888}) == ["u8", "t8", "usp"]
+    assert contenders({n: apart[n] for n in ("u8", "usp")}, opts, {"usp": 0.95}) == []  # predicted out of reach too
     c = confirmed(near["a"], [0.60, 0.55, 0.70])
     assert c.measured_s == 0.60 and c.detail["readings_s"] == [0.60, 0.55, 0.70] and near["a"].measured_s == 0.60

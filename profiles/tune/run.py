@@ -343,7 +343,8 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
 
     # ---- confirm: the best and the runners-up within opts.confirm_within read again, each kept at its median
     late = time.monotonic() - started > limit
-    todo = _bcast(contenders(measured, opts) if rank == 0 and not late else None, rank) or []
+    predicted = {c.summary: c.predicted_after_s for c in result.candidates if c.predicted_after_s} if result else {}
+    todo = _bcast(contenders(measured, opts, predicted) if rank == 0 and not late else None, rank) or []
     for j, name in enumerate(todo):
         readings = [measured[name].measured_s]
         for k in range(opts.confirm):
@@ -378,13 +379,20 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
 MAX_CONTENDERS = 3
 
 
-def contenders(measured: dict[str, MeasuredCandidate], opts: TuneOptions) -> list[str]:
-    """The best measured candidate and the runners-up within ``opts.confirm_within`` of it (MAX_CONTENDERS at most;
-    none when no runner-up is that close): one reading each decides between them. On 4 CPU ranks sharing two
+def contenders(measured: dict[str, MeasuredCandidate], opts: TuneOptions,
+               predicted: dict[str, float] | None = None) -> list[str]:
+    """The best measured candidate and the runners-up within ``opts.confirm_within`` of it, measured or as the
+    calibrated model predicts them (``predicted``: summary -> seconds), fastest measured first (MAX_CONTENDERS at
+    most; none when no runner-up is that close): one reading each decides between them. On 4 CPU ranks sharing two
     cores a tune read two layouts 568 and 596 ms whose medians of three passes are 598 and 554 ms; on 8, one at
-    944 ms (the third within 5 % of the best) whose median of two passes is the best of the five, 868 ms."""
+    944 ms (the third within 5 % of the best) whose median of two passes is the best of the five, 868 ms, and one
+    at 993 ms, predicted at 910 ms, within 10 % of the best's 833 ms, whose two passes read 845 and 809 ms."""
     ok = sorted((m for m in measured.values() if m.status == "ok" and m.measured_s), key=lambda m: m.measured_s)
-    near = [m.summary for m in ok if m.measured_s <= ok[0].measured_s * (1 + opts.confirm_within)]
+    if not ok:
+        return []
+    reach = ok[0].measured_s * (1 + opts.confirm_within)
+    pred = predicted or {}
+    near = [m.summary for m in ok if m.measured_s <= reach or pred.get(m.summary, float("inf")) <= reach]
     return near[:MAX_CONTENDERS] if opts.confirm >= 1 and len(near) >= 2 else []
 
 
