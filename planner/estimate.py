@@ -394,7 +394,10 @@ class Estimator:
         if p.kind == "attention":
             t = flops / (self._compute_peak * self.attention_efficiency(p.name.endswith("bwd"), p.block, p.fill,
                                                                         p.masked))
-            return t * self.share(p) + pr.round_overhead_s * self.calls(p) if pr.round_overhead_s else t * self.share(p)
+            share = self.share(p)
+            if not pr.round_overhead_s:
+                return t * share
+            return t * share + pr.round_overhead_s * p.calls * (share if p.trimmed else 1.0)  # as ``calls``
         if pr.matmul is not None:
             rows = p.rows * k
             eff = pr.matmul.at(rows) if rows > 0 else pr.matmul.points[-1][1]

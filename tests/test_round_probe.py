@@ -1,7 +1,5 @@
 """tune's round probe (profiles/tune/rounds.py): the fixed cost of a ring round measured, and read back through the
 model."""
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -42,11 +40,11 @@ def test_round_overhead_by_hand_on_a_ring_of_four():
     assert round_overhead(cl, MODEL, Params(), t0 / 2) == 0.0  # faster than the blocks alone: no negative cost
 
 
-def test_no_probe_reading_without_a_measurement_or_a_ring(tmp_path):
+def test_no_probe_reading_without_a_measurement_or_a_ring():
+    from sp_plan.profiles import preset_cluster
+
     assert round_overhead(load_cluster("cpu-local"), MODEL, Params(), 0.0) is None
-    spec = (Path(load_cluster.__code__.co_filename).parent / "clusters" / "cpu-local.yaml").read_text()
-    (tmp_path / "one.yaml").write_text(spec.replace("devices_per_node: 4", "devices_per_node: 1"))
-    one = load_cluster(str(tmp_path / "one.yaml"))
+    one = preset_cluster("cpu-local", devices_per_node=1)
     assert one.world_size == 1 and round_overhead(one, MODEL, Params(), 1.0) is None
 
 

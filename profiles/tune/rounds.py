@@ -5,9 +5,9 @@ out/LSE merge, posting and waiting for the K, V messages (seeds/003 Sec. 3; the 
 overhead"). The probe runs the bundled Ring attention (runtime/ring.py) over the whole world, zigzag, causal,
 forward and backward, at ``TOKENS_PER_RANK`` tokens a rank, where the blocks cost next to nothing and the rounds'
 fixed part is what is left; the overhead is the one at which the model prices the same probe at the
-measurement. Fitting it to a handful of
-candidates instead let it trade against compute efficiency: on 8 ranks sharing 2 cores the fit put 3.6-4.0 ms
-on each call, where the probe reads 2-3 ms, and ranked layouts of many rounds last.
+measurement. Fitting it to a handful of candidates instead let it trade against compute efficiency: on 8 ranks
+sharing 2 cores the fit put 3.6-4.0 ms on each call, where the probe reads 2-3 ms, and ranked layouts of many
+rounds last.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from sp_plan.planner.cluster import Cluster
+from sp_plan.planner.engine import LinkEngine
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.estimate import Estimator
 from sp_plan.planner.model import ModelSpec, Workload
@@ -72,9 +73,10 @@ def round_overhead(cluster: Cluster, model: ModelSpec, base: Params, seconds: fl
     one = model.model_copy(update={"layers": 1})
     plan = probe_plan(world)
     target = seconds / LAYERS
+    engine = LinkEngine(cluster)  # link costs do not depend on params: one for every price
 
     def price(ro: float) -> float:
-        est = Estimator(cluster, one, work, params=base.model_copy(update={"round_overhead_s": ro}))
+        est = Estimator(cluster, one, work, engine, params=base.model_copy(update={"round_overhead_s": ro}))
         return est.attention_time(plan, backward=True)[0]
 
     try:

@@ -19,8 +19,6 @@ import torch
 import torch.distributed as dist
 
 from sp_plan.planner.calibration import curve_of, fit, masked_split, measured_params
-from sp_plan.profiles.tune.rounds import LAYERS as PROBE_LAYERS, TOKENS_PER_RANK as PROBE_TOKENS
-from sp_plan.profiles.tune.rounds import round_overhead, time_rounds
 from sp_plan.planner.candidate import Candidate
 from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.errors import PlanError
@@ -37,6 +35,7 @@ from sp_plan.runtime.probe import gather_objects
 
 from .choose import Choice, diversify, family, next_candidate, sigma_from, with_families
 from .kernels import chosen_backends
+from .rounds import LAYERS as PROBE_LAYERS, TOKENS_PER_RANK as PROBE_TOKENS, round_overhead, time_rounds
 from .software import software_stack
 
 #: progress(step, done, total, label): step is "links", "kernels", "candidates" or "confirm"
@@ -172,7 +171,7 @@ def measure_alone(model: ModelSpec, block: int, heads: int, dev: torch.device, d
     (``alone`` True), then by every rank at once (``alone`` False): each kernel back to back through one wall-clock
     window that every rank shares, ``TOGETHER_CALLS`` times the slowest rank's time alone (at least
     ``TOGETHER_MIN_S``), so that the ranks compute together for all of it: calibration.solo_speedup."""
-    from .kernels import measure_kernels
+    from .kernels import measure_kernels, shared_windows
 
     def fwd(alone: bool, windows=None) -> list[KernelSample]:
         return [replace(s, alone=alone) for s in measure_kernels(model, [block], [heads], dev, dtype, causal,
@@ -187,13 +186,11 @@ def measure_alone(model: ModelSpec, block: int, heads: int, dev: torch.device, d
             out = fwd(True)
 
     def agree(firsts: list[float]) -> tuple[float, list[float]]:
-        """Once every rank has prepared its kernels: one start and window length for all."""
-        longest = torch.tensor([max((s.seconds for s in out), default=0.0)], dtype=torch.float64)
-        dist.all_reduce(longest, op=dist.ReduceOp.MAX)
-        # fwd and bwd of each mask are timed, so the bwd (about 2x) sets the window: 3x the forward
-        shared = [time.time() + 0.05, max(TOGETHER_MIN_S, TOGETHER_CALLS * 3 * float(longest[0]))]
-        dist.broadcast_object_list(shared, src=0)
-        return shared[0], [shared[1]] * len(firsts)
+        """Once every rank has prepared its kernels: one start and window length for all, from the slowest rank's
+        time alone (fwd and bwd of each mask are timed, so the bwd, about 2x, sets the window: 3x the forward)."""
+        longest = 3 * max((s.seconds for s in out), default=0.0)
+        start, (each,) = shared_windows([longest], calls=TOGETHER_CALLS, least=TOGETHER_MIN_S)
+        return start, [each] * len(firsts)
     return out + fwd(False, agree)
 
 
@@ -283,8 +280,9 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
         tick("kernels", 1, 1, "kernels: stored timings reused")
     else:
         tick("kernels", 0, 1, "timing attention blocks and GEMMs")
-        kernels, timing = measure_kernels_step(pool, model, work, opts), kernel_timing(opts, _device())
-        rounds_s = time_rounds(model, _device(), _dtype(model, _device())) if world > 1 else None
+        dev = _device()
+        kernels, timing = measure_kernels_step(pool, model, work, opts), kernel_timing(opts, dev)
+        rounds_s = time_rounds(model, dev, _dtype(model, dev)) if world > 1 else None
         if rank == 0:
             store.record_step(run_id, "kernels", "ok", {"samples": kernels, "timing": timing, "rounds_s": rounds_s})
         tick("kernels", 1, 1, f"{len(kernels)} kernel timings")
