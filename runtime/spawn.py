@@ -79,11 +79,12 @@ def _child(fn, rank, world, init_file, timeout, args, kwargs, conn):
         os._exit(0)
 
 
-def run_world(fn: Callable[..., Any], world: int, *args, timeout: float = 60.0, **kwargs) -> list[Any]:
+def run_world(fn: Callable[..., Any], world: int, *args, timeout: float = 60.0,
+              collective_timeout: float | None = None, **kwargs) -> list[Any]:
     """Run ``fn(rank, world, *args, **kwargs)`` on ``world`` forked gloo ranks; return their results.
 
     Raises WorldError naming the failing rank(s) if any rank raises, dies, or the world is not
-    done within ``timeout`` seconds (collectives also time out at ``timeout``).
+    done within ``timeout`` seconds (collectives also time out at ``timeout``, or at ``collective_timeout``).
     """
     fork_safe_c10d()  # for groups this process makes later, which forked worlds would inherit
     ctx = mp.get_context("fork")
@@ -92,7 +93,8 @@ def run_world(fn: Callable[..., Any], world: int, *args, timeout: float = 60.0, 
     pipes, procs = [], []
     for rank in range(world):
         parent, child = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_child, args=(fn, rank, world, init_file, timeout, args, kwargs, child), daemon=True)
+        p = ctx.Process(target=_child, args=(fn, rank, world, init_file, collective_timeout or timeout, args, kwargs,
+                                             child), daemon=True)
         p.start()
         child.close()
         pipes.append(parent)

@@ -353,3 +353,12 @@ def test_isolated_faults_are_results_and_the_world_survives():
     assert oom[:2] == ("oom", 0) and "out-of-memory" in oom[2]
     assert hang[:2] == ("timeout", 1) and "did not finish" in hang[2]
     assert all(r[4] == 2.0 for r in res[0])
+
+
+def test_a_child_stalled_after_its_peers_reported_is_waited_for_past_the_parent_worlds_timeout():
+    # rank 1's child hangs once the candidate ran; rank 0's has reported and its parent waits 8 s for rank 1's
+    # in a world whose collectives time out after 3 s: the parents agree in beats, never in one long collective
+    res = run_world(_isolated, 2, ["stall@1"], timeout=60, collective_timeout=3)
+    assert res[0] == res[1]
+    (stalled,) = res[0]
+    assert stalled[:2] == ("timeout", 1) and "did not finish" in stalled[2] and stalled[4] == 2.0

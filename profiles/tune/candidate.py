@@ -32,12 +32,12 @@ from .parallel import accumulate, parallelize, replica_mesh
 from .stack import build_stack, random_batch, token_loss
 from .timing import sync
 
-FAULTS = ("raise", "oom", "hang")
+FAULTS = ("raise", "oom", "hang", "stall")
 QUANTITIES = ("fwd_bwd_s", "optimizer_s", "peak_bytes", "static_bytes")
 
 
 def parse_fault(fault: str | None) -> tuple[str | None, int]:
-    """Test hook: "raise", "oom" or "hang", optionally "@rank" (default rank 0)."""
+    """Test hook: "raise", "oom", "hang" or "stall", optionally "@rank" (default rank 0)."""
     if not fault:
         return None, -1
     kind, _, rank = fault.partition("@")
@@ -49,13 +49,20 @@ def parse_fault(fault: str | None) -> tuple[str | None, int]:
 def inject(fault: str | None, rank: int) -> None:
     """Test hook: raise, run out of memory or hang on the fault's rank."""
     kind, at = parse_fault(fault)
-    if kind is None or rank != at:
+    if kind in (None, "stall") or rank != at:
         return
     if kind == "raise":
         raise RuntimeError(f"injected fault on rank {rank}")
     if kind == "oom":
         raise torch.OutOfMemoryError(f"injected out-of-memory on rank {rank}")
     while True:  # "hang"
+        time.sleep(3600)
+
+
+def stall(fault: str | None, rank: int) -> None:
+    """Test hook: "stall" hangs the fault's rank after the candidate ran (its peers have their results)."""
+    kind, at = parse_fault(fault)
+    while kind == "stall" and rank == at:
         time.sleep(3600)
 
 
@@ -256,7 +263,7 @@ def run_candidate(plan: Plan, model: ModelSpec, work: Workload, *, layers: int =
                   fault: str | None = None) -> MeasuredCandidate:
     """Measure ``plan`` on every rank of the initialized world (module docstring); the same result on every rank.
 
-    ``fault`` is a test hook ("raise", "oom" or "hang", optionally "@rank"). A failure on one rank
+    ``fault`` is a test hook ("raise", "oom", "hang" or "stall", optionally "@rank"). A failure on one rank
     that leaves its peers blocked in a collective only resolves at the process group's timeout;
     ``run_candidate_isolated`` runs this in a fresh child world instead.
     """

@@ -3,7 +3,8 @@
 Every rank starts one child process (os.fork on CPU, multiprocessing spawn with CUDA); the children join a fresh
 process group on their own TCPStore (rank 0's child hosts it on MASTER_ADDR at a port rank 0
 picks and broadcasts over the parent world) and run the candidate. Each parent waits up to
-``timeout_s`` for its child's report, kills it after that, and the parents agree through the
+``timeout_s`` for its child's report (agreeing with the others every second whether all have one, so
+that no parent blocks in one collective for longer), kills it after that, and the parents agree through the
 parent world: a timeout anywhere -> "timeout" (the ranks whose child never reported); else the
 earliest failure ("error"/"oom", with its rank and reason; a peer's "connection closed" comes
 after the failure that caused it); else the children's common result. The children's collectives
@@ -47,7 +48,7 @@ def forget_parent_world() -> None:
 
 def _child(plan, model, work, rank, world, addr, port, coll_timeout, cuda_index, forked, kw, conn):
     """The child rank: join the fresh world, measure, report (status, payload, time), exit at once."""
-    from .candidate import classify, measure
+    from .candidate import classify, measure, stall
 
     try:
         os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
@@ -58,7 +59,9 @@ def _child(plan, model, work, rank, world, addr, port, coll_timeout, cuda_index,
         backend = "cpu:gloo,cuda:nccl" if cuda_index is not None else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=coll_timeout))
-        conn.send(("ok", measure(plan, model, work, **kw), time.time()))
+        res = measure(plan, model, work, **kw)
+        stall(kw.get("fault"), rank)
+        conn.send(("ok", res, time.time()))
     except BaseException as e:  # noqa: BLE001 - report anything to the parent
         try:
             conn.send((classify(e), f"{type(e).__name__}: {e}", time.time()))
@@ -134,10 +137,31 @@ class Forked:
         os.close(self.fd)
 
 
-def _wait(proc, conn, rank: int, timeout_s: float) -> tuple[str, object, float]:
-    """The child's report, or why there is none (timeout, death by a signal)."""
+#: seconds between the parents' agreements while their children run (``_wait_together``)
+BEAT_S = 1.0
+
+
+def _wait_together(proc, conn, rank: int, timeout_s: float, beat_s: float = BEAT_S) -> tuple[str, object, float]:
+    """This rank's ``_wait``, while the parents agree every ``beat_s`` whether every child has reported (one
+    all-reduce of a flag per beat over the parent world). A child that hangs after its peers reported (on two
+    hosts shaped by tc, one rank's child stalled after the others' had sent their results) keeps its peers
+    waiting up to ``timeout_s``: in beats, never in one collective that the parent world's own timeout (the
+    tune's 120 s) would end before this one."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    outcome = None
+    while True:
+        if outcome is None:
+            outcome = _wait(proc, conn, rank, timeout_s, deadline, time.monotonic() + beat_s)
+        flag = torch.tensor([0 if outcome is None else 1])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if flag.item():
+            return outcome
+
+
+def _wait(proc, conn, rank: int, timeout_s: float, deadline: float, until: float) -> tuple[str, object, float] | None:
+    """The child's report, or why there is none (timeout at ``deadline``, death by a signal); None while the child
+    runs at ``until``."""
+    while time.monotonic() < min(deadline, until):
         if conn.poll(0.05):
             try:
                 return conn.recv()
@@ -146,6 +170,8 @@ def _wait(proc, conn, rank: int, timeout_s: float) -> tuple[str, object, float]:
         if not proc.is_alive() and not conn.poll(0):
             break
     else:
+        if time.monotonic() < deadline:
+            return None
         return "timeout", f"rank {rank}: no result within {timeout_s:.0f} s (child killed)", time.time()
     proc.join(5)
     code = proc.exitcode
@@ -208,7 +234,7 @@ def run_candidate_isolated(plan: Plan, model: ModelSpec, work: Workload, *, time
         proc.start()
         send.close()
     try:
-        status, payload, t = _wait(proc, recv, rank, timeout_s)
+        status, payload, t = _wait_together(proc, recv, rank, timeout_s)
     finally:
         if proc.is_alive():
             proc.kill()
