@@ -8,8 +8,9 @@ by a veth shaped to 800 Mbit/s with `tc tbf`, two ranks each; runtime/netns.py):
 2. ground truth: every distinct layout of the model's ranking that fits (each algorithm, degrees,
    placement and token layout with its best mesh order and memory policy) measured end to end with
    the bundled runtime (`profiles/tune/candidate.py`: stacks of 1 and ``--layers`` blocks, the median of
-   ``--iters`` timed steps each, scaled to the model's layers; median of ``--repeats`` such runs, taken
-   as whole passes over every layout so that a slow spell of the host is spread over many layouts), for two small workloads: tiny-llama at 1k tokens (A) and tiny-gpt at 512 (B);
+   ``--iters`` timed steps each, scaled to the model's layers; the fastest of ``--repeats`` such runs
+   (``--truth-estimator median``: their median), taken as whole passes over every layout, for two small
+   workloads: tiny-llama at 1k tokens (A) and tiny-gpt at 512 (B);
 3. `sp-plan tune` on workload A with a fresh store (``--budget`` candidates at most; ``--kernel-timing``
    passed on);
 4. against the ground truth, uncalibrated (the cluster file as discovered) and calibrated (the stored
@@ -52,6 +53,8 @@ def worker_truth(args) -> None:
     model = load_model(args.model)
     work = Workload(seq_len=args.seq_len, batch=1, causal=True, training=True)
     pool = diversify(ranked_plans(cluster, model, work, Params(), keep=None), 1000)
+    if args.only:  # --recheck: these layouts only
+        pool = [p for p in pool if p.summary() in args.only.split(";")]
     opts = TuneOptions(candidate_timeout=args.timeout, layers=args.layers, iters=args.iters, warmup=args.warmup)
     runs: list[list] = [[] for _ in pool]
     for rep in range(args.repeats):  # whole passes, interleaved: a slow spell of the host lands on several layouts
@@ -63,21 +66,27 @@ def worker_truth(args) -> None:
             if rank == 0:
                 print(f"[pass {rep + 1}/{args.repeats}, {i + 1}/{len(pool)}] {plan.summary()}: {r.status} "
                       f"{r.measured_s if r.measured_s is not None else '-'}", flush=True)
-    rows = [_median_row(rs).model_dump(mode="json") for rs in runs]
+    rows = [_truth_row(rs).model_dump(mode="json") for rs in runs]
     if rank == 0:
         Path(args.out).write_text(json.dumps(rows))
     probe.dist.barrier()
     probe.finish(owned)
 
 
-def _median_row(runs):
-    """One layout's truth: the median of its passes that ran (each reading kept in ``detail['readings_s']``)."""
+#: how a layout's passes make its truth: "fastest" (what tune keeps of a contender's readings: whatever else runs on
+#: the host only adds time) or "median"
+ESTIMATORS = {"fastest": min, "median": statistics.median}
+
+
+def _truth_row(runs):
+    """One layout's truth: its fastest pass that ran (each reading kept in ``detail['readings_s']``; ``judge``
+    takes the truth from them by ``--truth-estimator``)."""
     ok = [r for r in runs if r.status == "ok"]
     if not ok:
         return runs[0]
     readings = [r.measured_s for r in ok]
     return ok[0].model_copy(update={
-        "measured_s": statistics.median(readings),
+        "measured_s": min(readings),
         "measured_memory": statistics.median(r.measured_memory for r in ok),
         "detail": {**ok[0].detail, "readings_s": readings, "passes_failed": len(runs) - len(ok)}})
 
@@ -98,9 +107,9 @@ def spearman(a, b) -> float:
     return float(pd.Series(a).corr(pd.Series(b), method="spearman")) if len(a) > 2 else float("nan")
 
 
-def self_agreement(truth: list[dict]) -> dict | None:
+def self_agreement(truth: list[dict], estimator: str = "fastest") -> dict | None:
     """How well the ground truth agrees with itself (None with one pass): Spearman of each pass's readings against
-    the median of the other passes (with two passes, of one against the other), over the layouts every pass read,
+    ``estimator`` of the other passes (with two passes, of one against the other), over the layouts every pass read,
     and the median spread of a layout's readings (max / min - 1). A model judged against this truth cannot be
     expected to rank it much better than its own passes rank each other."""
     rows = [t["detail"]["readings_s"] for t in truth if t["status"] == "ok" and "readings_s" in t.get("detail", {})]
@@ -108,7 +117,7 @@ def self_agreement(truth: list[dict]) -> dict | None:
     rows = [r for r in rows if len(r) == k]
     if k < 2 or len(rows) < 3:
         return None
-    rhos = [spearman([r[i] for r in rows], [statistics.median(r[:i] + r[i + 1:]) for r in rows]) for i in range(k)]
+    rhos = [spearman([r[i] for r in rows], [ESTIMATORS[estimator](r[:i] + r[i + 1:]) for r in rows]) for i in range(k)]
     return {"passes": k, "n": len(rows), "spearman": rhos,
             "spread": statistics.median(max(r) / min(r) - 1 for r in rows)}
 
@@ -189,22 +198,43 @@ def bench_world(name: str, args, tmp: Path) -> dict:
     finally:
         if pair_cm:
             pair_cm.__exit__(None, None, None)
-    return judge(name, world, cluster, truths, profile, t_truth, t_tune)
+    return judge(name, world, cluster, truths, profile, t_truth, t_tune, args.truth_estimator)
 
 
-def judge(name, world, cluster, truths, profile, t_truth, t_tune) -> dict:
-    """One world's figures: each workload's truth scored uncalibrated and under the tuned profile."""
+def truth_by(truth: list[dict], estimator: str) -> list[dict]:
+    """The truth with each layout at ``estimator`` (``ESTIMATORS``) of its passes' readings (as written where a
+    row has none)."""
+    pick = ESTIMATORS[estimator]
+    return [dict(t, measured_s=pick(t["detail"]["readings_s"])) if t.get("detail", {}).get("readings_s") else t
+            for t in truth]
+
+
+def host_drift(profile, truth: list[dict]) -> float | None:
+    """The median ratio of tune's readings of the layouts it measured to the truth's of the same layouts (1.0: the
+    host ran as fast during the tune as during the truth; no model can be closer to the truth than this)."""
+    ok = {t["summary"]: t["measured_s"] for t in truth if t["status"] == "ok"}
+    r = [c.measured_s / ok[c.summary] for c in profile.candidates if c.status == "ok" and c.summary in ok]
+    return statistics.median(r) if r else None
+
+
+def judge(name, world, cluster, truths, profile, t_truth, t_tune, estimator: str = "fastest") -> dict:
+    """One world's figures: each workload's truth (``estimator`` of its passes) scored uncalibrated and under the
+    tuned profile, and calibrated under the other estimator too."""
     from sp_plan.planner.params import Params
 
-    res = {"world": name, "ranks": world, "truth_s": t_truth, "tune_s": t_tune,
-           "tuned": len(profile.candidates), "profile": profile.id, "pick_regret": pick_regret(profile, truths["A"])}
+    other = next(e for e in ESTIMATORS if e != estimator)
+    truths, raw = {w: truth_by(t, estimator) for w, t in truths.items()}, truths
+    res = {"world": name, "ranks": world, "truth_s": t_truth, "tune_s": t_tune, "estimator": estimator,
+           "other": other, "tuned": len(profile.candidates), "profile": profile.id,
+           "pick_regret": pick_regret(profile, truths["A"]), "drift": host_drift(profile, truths["A"])}
     for w, truth in truths.items():
         res[w] = {"uncalibrated": score(cluster, truth, Params()),
-                  "calibrated": score(cluster, truth, profile.params, profile), "self": self_agreement(truth)}
+                  "calibrated": score(cluster, truth, profile.params, profile), "self": self_agreement(truth, estimator),
+                  "other": score(cluster, truth_by(raw[w], other), profile.params, profile)}
     return res
 
 
-def rescore(folder: Path) -> list[dict]:
+def rescore(folder: Path, estimator: str = "fastest") -> list[dict]:
     """``--rescore``: judge the truth and tune kept by ``--keep`` in ``folder`` again with this code (nothing run)."""
     from sp_plan.planner.cluster import Cluster
     from sp_plan.profiles.store import Store
@@ -214,8 +244,46 @@ def rescore(folder: Path) -> list[dict]:
         truths = {w: json.loads((d / f"truth-{w}.json").read_text()) for w in WORKLOADS}
         profile = Store(f"sqlite:///{d / 'store.db'}").list_profiles()[0]
         out.append(judge(d.name, WORLDS[d.name][0], Cluster.load(d / "cluster.yaml"), truths, profile,
-                         float("nan"), float("nan")))
+                         float("nan"), float("nan"), estimator))
     return out
+
+
+def recheck(args, tmp: Path) -> None:
+    """``--recheck``: measure again, ``--repeats`` passes, the ``--layouts`` layouts of workload A whose kept passes
+    (``--truth``) disagree most, and print each one's kept passes, their fastest and median, and the new readings'
+    median: which of the two estimators a later measurement bears out."""
+    from sp_plan.runtime import netns
+
+    for name in args.worlds.split(","):
+        world, per_node, rate = WORLDS[name]
+        kept = Path(args.truth) / name
+        truth = [t for t in json.loads((kept / "truth-A.json").read_text())
+                 if t["status"] == "ok" and len(t.get("detail", {}).get("readings_s", ())) > 1]
+        spread = sorted(truth, key=lambda t: -statistics.median(t["detail"]["readings_s"]) / min(t["detail"]["readings_s"]))
+        pick = spread[:args.layouts] + spread[-2:]  # the most disputed, and two the passes agree on
+        cwd = tmp / name
+        cwd.mkdir(parents=True, exist_ok=False)
+        shutil.copy(kept / "cluster.yaml", cwd / "cluster.yaml")
+        pair_cm = netns.shaped_pair(rate) if rate else None
+        pair = pair_cm.__enter__() if pair_cm else None
+        try:
+            _run([str(HERE), "--worker", "truth", "--cluster", "cluster.yaml", "--model", WORKLOADS["A"][0],
+                  "--seq-len", WORKLOADS["A"][1], "--out", str(cwd / "again.json"), "--repeats", str(args.repeats),
+                  "--timeout", str(args.timeout), "--layers", str(args.layers), "--iters", str(args.iters),
+                  "--warmup", str(args.warmup), "--only", ";".join(t["summary"] for t in pick)],
+                 world, per_node, cwd, pair)
+        finally:
+            if pair_cm:
+                pair_cm.__exit__(None, None, None)
+        again = {t["summary"]: t["detail"].get("readings_s", []) for t in json.loads((cwd / "again.json").read_text())
+                 if t["status"] == "ok"}
+        print(f"\n{name}: kept passes ({args.truth}) against {args.repeats} new ones, workload A, seconds")
+        print(f"{'layout':<58} {'kept passes':<22} {'fastest':>7} {'median':>7} {'new median':>10} {'fastest':>8} {'median':>7}")
+        for t in pick:
+            r, new = t["detail"]["readings_s"], statistics.median(again.get(t["summary"]) or [float("nan")])
+            print(f"{t['summary'][:58]:<58} {', '.join(f'{x:.3f}' for x in r):<22} {min(r):>7.3f} "
+                  f"{statistics.median(r):>7.3f} {new:>10.3f} {min(r) / new - 1:>+8.1%} {statistics.median(r) / new - 1:>+7.1%}")
+        print("last two columns: the kept fastest and median pass against the new readings' median")
 
 
 def report(results: list[dict]) -> None:
@@ -234,10 +302,18 @@ def report(results: list[dict]) -> None:
             + f", tune {r['tune_s']:.0f} s, ")
         print(f"{'':<9} {took}profile {r['profile']}; "
               f"regret of tune's pick (its best measured of {r['tuned']}): {r['pick_regret']:.1%}")
+        if r.get("other"):
+            print(f"{'':<9} truth at each layout's {r['estimator']} pass; at its {r['other']} pass instead, calibrated: "
+                  + "; ".join(f"{w}: Spearman {r[w]['other']['spearman']:.2f}, step err {r[w]['other']['step_err']:.1%}, "
+                              f"regret {r[w]['other']['regret']:.1%}, plan {r[w]['other']['plan_regret']:.1%}"
+                              for w in WORKLOADS))
+        if r.get("drift"):
+            print(f"{'':<9} host speed: tune's readings of its layouts / the truth's of the same layouts, median "
+                  f"{r['drift']:.2f}")
         agree = [(w, r[w].get("self")) for w in WORKLOADS if r[w].get("self")]
         if agree:
             print(f"{'':<9} the truth against itself: " + "; ".join(
-                f"{w}: Spearman of each of {a['passes']} passes vs the others' median "
+                f"{w}: Spearman of each of {a['passes']} passes vs the others' {r.get('estimator', 'median')} "
                 + "/".join(f"{x:.2f}" for x in a["spearman"]) + f", readings of a layout spread {a['spread']:.0%}"
                 for w, a in agree))
     print("columns: uncalibrated -> calibrated; regret: the model's predicted best over the whole truth; plan: the "
@@ -256,6 +332,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (truth and tune alike)")
     ap.add_argument("--kernel-timing", default="auto", choices=("auto", "each", "shared"),
                     help="tune's --kernel-timing (how its kernel step times the kernels where ranks share cores)")
+    ap.add_argument("--truth-estimator", default="fastest", choices=tuple(ESTIMATORS),
+                    help="a layout's truth from its passes: the fastest (default; what tune keeps of a contender's "
+                         "readings) or the median; the other is printed beside it")
     ap.add_argument("--json", default=None)
     ap.add_argument("--keep", default=None,
                     help="keep each world's cluster file, ground truth, tune log and store under this folder "
@@ -264,6 +343,10 @@ def main() -> None:
                     "folder of an earlier run instead of measuring them (then tune and judge with this code)")
     ap.add_argument("--rescore", default=None, help="judge the truth and tune a --keep folder holds again, "
                     "with this code (nothing is measured)")
+    ap.add_argument("--recheck", action="store_true", help="measure again (--repeats passes) the --layouts layouts "
+                    "of --truth's workload A whose passes disagree most, and two they agree on (nothing is tuned)")
+    ap.add_argument("--layouts", type=int, default=8, help="--recheck: how many disputed layouts")
+    ap.add_argument("--only", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", default=None)
     ap.add_argument("--cluster")
     ap.add_argument("--model")
@@ -274,7 +357,12 @@ def main() -> None:
         return worker_truth(args)
     if args.rescore:
         print(f"bench_tune --rescore {args.rescore}: the kept truth and tune judged by this code")
-        return report(rescore(Path(args.rescore)))
+        return report(rescore(Path(args.rescore), args.truth_estimator))
+    if args.recheck:
+        if not args.truth:
+            ap.error("--recheck needs --truth DIR (a --keep folder of a run with --repeats 2 or more)")
+        with tempfile.TemporaryDirectory(prefix="sp_plan_bench_recheck_") as d:
+            return recheck(args, Path(d))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE.parent).stdout.strip() or "unknown"
     print(f"bench_tune at commit {commit}, {os.cpu_count()} CPU cores, tune --kernel-timing {args.kernel_timing}")

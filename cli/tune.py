@@ -43,7 +43,7 @@ def candidates_table(profile) -> Table:
         note = c.reason if c.status != "ok" else "; ".join(str(v) for k, v in c.detail.items() if k == "fallbacks" and v)
         if c.status == "ok" and len(c.detail.get("readings_s", ())) > 1:  # a contender read again (tune's confirm)
             r = c.detail["readings_s"]
-            note = f"median of {len(r)}: " + ", ".join(_secs(x) for x in r) + (f"; {note}" if note else "")
+            note = f"fastest of {len(r)}: " + ", ".join(_secs(x) for x in r) + (f"; {note}" if note else "")
         if c.status != "ok" and c.rank is not None:
             note = f"rank {c.rank}: {note}"
         t.add_row(str(i + 1), c.summary, c.status, _secs(c.predicted_before_s), _secs(c.predicted_after_s),
@@ -80,7 +80,7 @@ def tune_cmd(
     layers: int = typer.Option(2, "--layers", help="layers each candidate runs (the model's others are scaled)"),
     iters: int = typer.Option(3, "--iters", help="timed steps per candidate (median)"),
     confirm: int = typer.Option(2, "--confirm", help="readings more of the best measured candidate and the "
-                                "runners-up within 10 % of it (3 at most), each kept at its median (0: one reading each)"),
+                                "runners-up within 10 % of it (3 at most), each kept at its fastest reading (0: one reading each)"),
     warmup: int = typer.Option(1, "--warmup", help="untimed steps before them"),
     pool: int = typer.Option(12, "--pool", help="distinct layouts the choice draws from"),
     kernel_timing: str = typer.Option("auto", "--kernel-timing", help="each: every rank times each kernel as it gets "
