@@ -355,6 +355,23 @@ def test_isolated_faults_are_results_and_the_world_survives():
     assert all(r[4] == 2.0 for r in res[0])
 
 
+def _hung(rank, world):
+    t0 = time.monotonic()
+    res = run_candidate_isolated(Plan(algorithm="ring", degrees={"ring": 2}), MODEL, WORK, timeout_s=120,
+                                 collective_timeout_s=3, grace_s=2, fault="hang@1", iters=1)
+    return res.status, res.rank, res.reason, time.monotonic() - t0
+
+
+def test_a_child_whose_peer_failed_is_given_up_after_the_grace_not_the_timeout():
+    # rank 1's child hangs before its first collective; rank 0's gives up on it at 3 s and reports an error:
+    # rank 1's parent then kills its child 2 s later, not at the candidate's 120 s
+    res = run_world(_hung, 2, timeout=60)
+    assert [r[:3] for r in res] == [res[0][:3]] * 2
+    status, rank, reason, took = res[0]
+    assert (status, rank) == ("timeout", 1) and "after a peer's child failed" in reason and "rank 0:" in reason
+    assert took < 30
+
+
 def test_a_child_stalled_after_its_peers_reported_is_waited_for_past_the_parent_worlds_timeout():
     # rank 1's child hangs once the candidate ran; rank 0's has reported and its parent waits 8 s for rank 1's
     # in a world whose collectives time out after 3 s: the parents agree in beats, never in one long collective

@@ -4,13 +4,14 @@ Every rank starts one child process (os.fork on CPU, multiprocessing spawn with 
 process group on their own TCPStore (rank 0's child hosts it on MASTER_ADDR at a port rank 0
 picks and broadcasts over the parent world) and run the candidate. Each parent waits up to
 ``timeout_s`` for its child's report (agreeing with the others every second whether all have one, so
-that no parent blocks in one collective for longer), kills it after that, and the parents agree through the
-parent world: a timeout anywhere -> "timeout" (the ranks whose child never reported); else the
-earliest failure ("error"/"oom", with its rank and reason; a peer's "connection closed" comes
-after the failure that caused it); else the children's common result. The children's collectives
-time out after ``collective_timeout_s`` (default timeout_s / 2), so peers blocked on a hung rank
-report an error while the hung rank itself times out. A child killed by SIGKILL (the OS OOM
-killer, most often) is "oom"; by another signal "error".
+that no parent blocks in one collective for longer; ``grace_s`` once a peer's child has failed), kills it
+after that, and the parents agree through the parent world: a timeout anywhere -> "timeout" (the ranks whose
+child never reported); else the earliest failure ("error"/"oom", with its rank and reason; a peer's
+"connection closed" comes after the failure that caused it); else the children's common result. The
+children wait ``JOIN_S`` for each other to join and their collectives time out after
+``collective_timeout_s`` (default timeout_s / 2), so peers blocked on a hung rank report an error while the
+hung rank itself times out. A child killed by SIGKILL (the OS OOM killer, most often) is "oom"; by another
+signal "error".
 """
 from __future__ import annotations
 
@@ -57,8 +58,10 @@ def _child(plan, model, work, rank, world, addr, port, coll_timeout, cuda_index,
         if cuda_index is not None:
             torch.cuda.set_device(cuda_index)
         backend = "cpu:gloo,cuda:nccl" if cuda_index is not None else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=coll_timeout))
+        coll = datetime.timedelta(seconds=coll_timeout)
+        store = dist.TCPStore(addr, port, world, rank == 0, timeout=datetime.timedelta(seconds=min(JOIN_S, coll_timeout)))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=coll)
+        store.set_timeout(coll)  # joined: the candidate's own groups rendezvous on the collective timeout
         res = measure(plan, model, work, **kw)
         stall(kw.get("fault"), rank)
         conn.send(("ok", res, time.time()))
@@ -139,23 +142,36 @@ class Forked:
 
 #: seconds between the parents' agreements while their children run (``_wait_together``)
 BEAT_S = 1.0
+#: seconds the children wait for each other to join their world (a child starts in well under a second)
+JOIN_S = 60.0
+#: seconds a parent waits for its child's report once a peer's child has failed (``_wait_together``)
+GRACE_S = 60.0
 
 
-def _wait_together(proc, conn, rank: int, timeout_s: float, beat_s: float = BEAT_S) -> tuple[str, object, float]:
-    """This rank's ``_wait``, while the parents agree every ``beat_s`` whether every child has reported (one
-    all-reduce of a flag per beat over the parent world). A child that hangs after its peers reported (on two
-    hosts shaped by tc, one rank's child stalled after the others' had sent their results) keeps its peers
-    waiting up to ``timeout_s``: in beats, never in one collective that the parent world's own timeout (the
-    tune's 120 s) would end before this one."""
+def _wait_together(proc, conn, rank: int, timeout_s: float, beat_s: float = BEAT_S,
+                   grace_s: float = GRACE_S) -> tuple[str, object, float]:
+    """This rank's ``_wait``, while the parents agree every ``beat_s`` how many children have reported and
+    whether one failed (one all-reduce of two counts per beat over the parent world). A child that hangs while
+    its peers are done keeps them waiting in beats, never in one collective that the parent world's own timeout
+    (the tune's 120 s) would end first: on two hosts shaped by tc one rank's child never joined its child world,
+    its peers gave up on it at the children's collective timeout and waited for its parent in one gather, and the
+    tune's world timed out. Once a peer's child has failed, a child that has not reported within ``grace_s`` is
+    killed (a "timeout" of its rank): a world with a failed member cannot finish, and its members would
+    otherwise be waited for until ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    outcome = None
+    outcome, give_up = None, None
     while True:
+        if outcome is None and give_up is not None and time.monotonic() >= give_up:
+            outcome = ("timeout", f"rank {rank}: no result {grace_s:.0f} s after a peer's child failed (child killed)",
+                       time.time())
         if outcome is None:
             outcome = _wait(proc, conn, rank, timeout_s, deadline, time.monotonic() + beat_s)
-        flag = torch.tensor([0 if outcome is None else 1])
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        if flag.item():
+        counts = torch.tensor([0 if outcome is None else 1, 0 if outcome is None or outcome[0] == "ok" else 1])
+        dist.all_reduce(counts)
+        if counts[0].item() == dist.get_world_size():
             return outcome
+        if counts[1].item() and give_up is None:
+            give_up = time.monotonic() + grace_s
 
 
 def _wait(proc, conn, rank: int, timeout_s: float, deadline: float, until: float) -> tuple[str, object, float] | None:
@@ -189,7 +205,8 @@ def combine(outcomes: list[tuple]) -> tuple[str, int | None, object]:
     if late:
         ranks = [o[0] for o in late]
         others = [f"rank {o[0]}: {o[2]}" for o in outcomes if o[1] not in ("ok", "timeout")]
-        why = f"rank(s) {ranks} did not finish within the timeout" + ("; " + "; ".join(others) if others else "")
+        why = (f"rank(s) {ranks} did not finish ({'; '.join(str(o[2]) for o in late)})"
+               + ("; " + "; ".join(others) if others else ""))
         return "timeout", ranks[0], why
     failed = [o for o in outcomes if o[1] != "ok"]
     if failed:
@@ -206,11 +223,12 @@ def default_start_method(cuda_index: int | None) -> str:
 
 def run_candidate_isolated(plan: Plan, model: ModelSpec, work: Workload, *, timeout_s: float,
                            collective_timeout_s: float | None = None, start_method: str | None = None,
-                           **kw) -> MeasuredCandidate:
+                           grace_s: float = GRACE_S, **kw) -> MeasuredCandidate:
     """``run_candidate`` in a fresh child world with a deadline (module docstring); collective over the parent world.
 
     ``kw`` are run_candidate's keywords (layers, warmup, iters, device, dtype, memory_limit_bytes,
-    fault). The same MeasuredCandidate comes back on every rank; the parent world stays usable.
+    fault). ``grace_s``: how long a child may go on once a peer's child has failed (``_wait_together``). The
+    same MeasuredCandidate comes back on every rank; the parent world stays usable.
     """
     from .candidate import _candidate, agree
 
@@ -234,7 +252,7 @@ def run_candidate_isolated(plan: Plan, model: ModelSpec, work: Workload, *, time
         proc.start()
         send.close()
     try:
-        status, payload, t = _wait_together(proc, recv, rank, timeout_s)
+        status, payload, t = _wait_together(proc, recv, rank, timeout_s, grace_s=grace_s)
     finally:
         if proc.is_alive():
             proc.kill()
