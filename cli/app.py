@@ -7,7 +7,6 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -23,11 +22,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan sequence-parallel layouts (Ring, Ulysses, USP, ...) for long-context Transformers on your cluster.")
 _WIDTH = None if sys.stdout.isatty() else 160  # pipes and CI logs: wide enough for one-line rows
 out = Console(width=_WIDTH)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+from sp_plan.cli.console import err, print_error  # noqa: E402
 
 
 def fail(e: PlanError) -> None:
-    err.print(f"[bold red]error[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+    print_error(str(e))
     raise typer.Exit(2)
 
 
@@ -342,7 +341,7 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)
     except PlanError as e:  # pragma: no cover - commands catch their own
-        err.print(f"error: {escape(str(e))}", highlight=False, soft_wrap=True)
+        print_error(str(e))
         sys.exit(2)
     except typer.Abort:
         err.print("aborted", highlight=False)
@@ -353,7 +352,7 @@ def main() -> None:
             out.print(ctx.get_help(), highlight=False, markup=False)
             sys.exit(0)
         where = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
-        err.print(f"error: {e.format_message().rstrip('.')}{where}", highlight=False, soft_wrap=True, markup=False)
+        print_error(f"{e.format_message().rstrip('.')}{where}")
         sys.exit(getattr(e, "exit_code", 2))
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -25,7 +25,7 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.yamlio import check_writable
 
 out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+from sp_plan.cli.console import err, print_error  # noqa: E402
 profile_app = typer.Typer(no_args_is_help=True, help="Measure this cluster under torchrun and calibrate the cluster file; list, show, export, import and delete stored profiles.")
 
 DEFAULT_SIZES = {"cpu": "16K,128K,1M,4M", "cuda": "1M,8M,64M,256M"}
@@ -33,7 +33,7 @@ DEFAULT_SIZES = {"cpu": "16K,128K,1M,4M", "cuda": "1M,8M,64M,256M"}
 
 def _fail(e: PlanError, rank: int = 0) -> None:
     if rank == 0:
-        err.print(f"[bold red]error[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+        print_error(str(e))
     raise typer.Exit(2)
 
 
@@ -212,7 +212,7 @@ def links_cmd(
                 out.print(f"stored the link fit in {db.shown} (topology fingerprint {new.topology_fingerprint()})",
                           highlight=False)
             except PlanError as e:
-                err.print(f"[bold red]error[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+                print_error(str(e))
     probe.dist.barrier()
     probe.finish(owned)
 

@@ -16,7 +16,7 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.yamlio import check_writable
 
 out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+from sp_plan.cli.console import err, print_error  # noqa: E402
 
 
 def _secs(x: float | None) -> str:
@@ -138,7 +138,7 @@ def tune_cmd(
         check_world(c, probe.dist.get_world_size())
     except PlanError as e:
         if rank == 0:
-            err.print(f"[bold red]error[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+            print_error(str(e))
         probe.finish(owned)
         raise typer.Exit(2)
 
@@ -158,14 +158,13 @@ def tune_cmd(
             report = tune(c, m, w, None, opts)
     except PlanError as e:
         if rank == 0:
-            err.print(f"[bold red]error[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+            print_error(str(e))
         probe.finish(owned)
         raise typer.Exit(2)
     except Exception as e:  # noqa: BLE001 - a dead rank or broken world: what was measured is in the store
         if rank == 0:
-            err.print(f"[bold red]error[/]: the tune stopped: {type(e).__name__}: "
-                      f"{escape((str(e).splitlines() or [''])[0][:200])}; "
-                      "everything measured so far is stored: run the same command again to resume", highlight=False)
+            print_error(f"the tune stopped: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}; "
+                        "everything measured so far is stored: run the same command again to resume")
         raise typer.Exit(1)
     if rank == 0:
         p = report.profile
@@ -190,9 +189,8 @@ def tune_cmd(
             try:
                 out.print(f"uploaded profile {Client.from_env(server).upload_profile(p)} to {server}", highlight=False)
             except PlanError as e:  # the profile is stored locally: say so, and how to upload it later
-                err.print(f"[bold red]error[/]: {escape(str(e))} (the profile is in {st.shown}: upload it later with "
-                          f"`sp-plan profile export {p.id} -o p.yaml` and `sp-plan profile import p.yaml --server URL`)",
-                          highlight=False, soft_wrap=True)
+                print_error(f"{e} (the profile is in {st.shown}: upload it later with "
+                            f"`sp-plan profile export {p.id} -o p.yaml` and `sp-plan profile import p.yaml --server URL`)")
                 upload_failed = True
         if output and report.best is not None:
             report.best.save(output)
