@@ -23,6 +23,7 @@ measured candidates, transfer error <= 25 %.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -153,17 +154,30 @@ def pick_regret(profile, truth: list[dict]) -> float:
     return ok[pick.summary] / min(ok.values()) - 1
 
 
+def _hosts(rate):
+    """Two hosts shaped to ``rate`` Mbit/s (runtime/netns.py), or this host alone (None) when ``rate`` is None."""
+    from sp_plan.runtime import netns
+
+    return netns.shaped_pair(rate) if rate else contextlib.nullcontext()
+
+
+def _truth_argv(args, workload: str, out: Path, only: list[str] | None = None) -> list[str]:
+    """The truth worker's command line for ``workload`` (``WORKLOADS``), all layouts or ``only`` these."""
+    model, seq = WORKLOADS[workload]
+    return ([str(HERE), "--worker", "truth", "--cluster", "cluster.yaml", "--model", model, "--seq-len", seq,
+             "--out", str(out), "--repeats", str(args.repeats), "--timeout", str(args.timeout),
+             "--layers", str(args.layers), "--iters", str(args.iters), "--warmup", str(args.warmup)]
+            + (["--only", ";".join(only)] if only else []))
+
+
 def bench_world(name: str, args, tmp: Path) -> dict:
     from sp_plan.planner.cluster import Cluster
     from sp_plan.profiles.store import Store
-    from sp_plan.runtime import netns
 
     world, per_node, rate = WORLDS[name]
     cwd = tmp / name
     cwd.mkdir(exist_ok=False)
-    pair_cm = netns.shaped_pair(rate) if rate else None
-    pair = pair_cm.__enter__() if pair_cm else None
-    try:
+    with _hosts(rate) as pair:
         t0 = time.monotonic()
         kept = Path(args.truth) / name if args.truth else None
         if kept:  # the cluster file and ground truth of an earlier run (the runtime they measured is unchanged)
@@ -173,15 +187,10 @@ def bench_world(name: str, args, tmp: Path) -> dict:
             _run(["-m", "sp_plan.cli.app", "discover", "-o", "cluster.yaml"], world, per_node, cwd, pair)
         cluster = Cluster.load(cwd / "cluster.yaml")
         truths = {}
-        for w, (model, seq) in WORKLOADS.items():
+        for w in WORKLOADS:
             out = cwd / f"truth-{w}.json"
-            if kept:
-                truths[w] = json.loads(out.read_text())
-                continue
-            _run([str(HERE), "--worker", "truth", "--cluster", "cluster.yaml", "--model", model, "--seq-len", seq,
-                  "--out", str(out), "--repeats", str(args.repeats), "--timeout", str(args.timeout),
-                  "--layers", str(args.layers), "--iters", str(args.iters), "--warmup", str(args.warmup)],
-                 world, per_node, cwd, pair)
+            if not kept:
+                _run(_truth_argv(args, w, out), world, per_node, cwd, pair)
             truths[w] = json.loads(out.read_text())
         t_truth = float("nan") if kept else time.monotonic() - t0
         store = f"sqlite:///{cwd / 'store.db'}"
@@ -195,9 +204,6 @@ def bench_world(name: str, args, tmp: Path) -> dict:
         t_tune = time.monotonic() - t1
         (cwd / "tune.log").write_text(log)
         profile = Store(store).list_profiles()[0]
-    finally:
-        if pair_cm:
-            pair_cm.__exit__(None, None, None)
     return judge(name, world, cluster, truths, profile, t_truth, t_tune, args.truth_estimator)
 
 
@@ -252,29 +258,18 @@ def recheck(args, tmp: Path) -> None:
     """``--recheck``: measure again, ``--repeats`` passes, the ``--layouts`` layouts of workload A whose kept passes
     (``--truth``) disagree most, and print each one's kept passes, their fastest and median, and the new readings'
     median: which of the two estimators a later measurement bears out."""
-    from sp_plan.runtime import netns
-
     for name in args.worlds.split(","):
         world, per_node, rate = WORLDS[name]
         kept = Path(args.truth) / name
         truth = [t for t in json.loads((kept / "truth-A.json").read_text())
                  if t["status"] == "ok" and len(t.get("detail", {}).get("readings_s", ())) > 1]
         spread = sorted(truth, key=lambda t: -statistics.median(t["detail"]["readings_s"]) / min(t["detail"]["readings_s"]))
-        pick = spread[:args.layouts] + spread[-2:]  # the most disputed, and two the passes agree on
+        pick = spread[:args.layouts] + spread[max(args.layouts, len(spread) - 2):]  # the most disputed, two agreed
         cwd = tmp / name
         cwd.mkdir(parents=True, exist_ok=False)
         shutil.copy(kept / "cluster.yaml", cwd / "cluster.yaml")
-        pair_cm = netns.shaped_pair(rate) if rate else None
-        pair = pair_cm.__enter__() if pair_cm else None
-        try:
-            _run([str(HERE), "--worker", "truth", "--cluster", "cluster.yaml", "--model", WORKLOADS["A"][0],
-                  "--seq-len", WORKLOADS["A"][1], "--out", str(cwd / "again.json"), "--repeats", str(args.repeats),
-                  "--timeout", str(args.timeout), "--layers", str(args.layers), "--iters", str(args.iters),
-                  "--warmup", str(args.warmup), "--only", ";".join(t["summary"] for t in pick)],
-                 world, per_node, cwd, pair)
-        finally:
-            if pair_cm:
-                pair_cm.__exit__(None, None, None)
+        with _hosts(rate) as pair:
+            _run(_truth_argv(args, "A", cwd / "again.json", [t["summary"] for t in pick]), world, per_node, cwd, pair)
         again = {t["summary"]: t["detail"].get("readings_s", []) for t in json.loads((cwd / "again.json").read_text())
                  if t["status"] == "ok"}
         print(f"\n{name}: kept passes ({args.truth}) against {args.repeats} new ones, workload A, seconds")

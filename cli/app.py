@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sp_plan.planner.equivalent import group
+from sp_plan.cli.console import err, out, print_error
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.measured import step_time
 from sp_plan.planner.model import Workload, parse_seq_len
@@ -20,9 +20,6 @@ from sp_plan.planner.yamlio import check_writable
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan sequence-parallel layouts (Ring, Ulysses, USP, ...) for long-context Transformers on your cluster.")
-_WIDTH = None if sys.stdout.isatty() else 160  # pipes and CI logs: wide enough for one-line rows
-out = Console(width=_WIDTH)
-from sp_plan.cli.console import err, print_error  # noqa: E402
 
 
 def fail(e: PlanError) -> None:

@@ -1,4 +1,4 @@
-"""The CLI's standard-error console and its one error line (the caller exits 2, or 1 for a stopped tune)."""
+"""The CLI's consoles and its one error line (the caller exits 2, or 1 for a stopped tune)."""
 from __future__ import annotations
 
 import sys
@@ -6,7 +6,8 @@ import sys
 from rich.console import Console
 from rich.markup import escape
 
-#: stderr, as wide as the terminal (160 columns into a file or pipe, so that one error stays one line)
+#: stdout and stderr, as wide as the terminal (160 columns into a file, a pipe or a CI log: one-line rows and errors)
+out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 

@@ -8,24 +8,21 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.tree import Tree
 
 from sp_plan.planner.cluster import NET, Cluster
+from sp_plan.cli.console import err, out, print_error
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.yamlio import check_writable
 
-out = Console(width=None if sys.stdout.isatty() else 160)
-from sp_plan.cli.console import err, print_error  # noqa: E402
 profile_app = typer.Typer(no_args_is_help=True, help="Measure this cluster under torchrun and calibrate the cluster file; list, show, export, import and delete stored profiles.")
 
 DEFAULT_SIZES = {"cpu": "16K,128K,1M,4M", "cuda": "1M,8M,64M,256M"}

@@ -2,21 +2,18 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sp_plan.cli.console import err, out, print_error
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.yamlio import check_writable
 
-out = Console(width=None if sys.stdout.isatty() else 160)
-from sp_plan.cli.console import err, print_error  # noqa: E402
 
 
 def _secs(x: float | None) -> str:

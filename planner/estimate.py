@@ -286,12 +286,14 @@ class Estimator:
         o = self.params.round_overhead_s
         return self.compute_time(p) - o * self.calls(p) if o and p.kind == "attention" else self.compute_time(p)
 
-    def calls(self, p: Compute) -> float:
+    def calls(self, p: Compute, share: float | None = None) -> float:
         """Attention calls of ``p`` that pay the per-call overhead on the busiest rank's time: its calls, times its
-        ``share`` where the round's fixed cost follows the work (``Compute.trimmed``: a rank with no block gets no
-        message), else all of them (a ring round passes K, V to every rank, which syncs and forwards it whether or
-        not it has a block to compute: runtime/ring.py)."""
-        return p.calls * self.share(p) if p.trimmed else p.calls
+        ``share`` (``self.share(p)`` unless given) where the round's fixed cost follows the work (``Compute.trimmed``:
+        a rank with no block gets no message), else all of them (a ring round passes K, V to every rank, which syncs
+        and forwards it whether or not it has a block to compute: runtime/ring.py)."""
+        if not p.trimmed:
+            return p.calls
+        return p.calls * (self.share(p) if share is None else share)
 
     def share(self, p: Compute) -> float:
         """``shared_cores`` of an attention phase's balance where ranks share cores, else 1."""
@@ -397,7 +399,7 @@ class Estimator:
             share = self.share(p)
             if not pr.round_overhead_s:
                 return t * share
-            return t * share + pr.round_overhead_s * p.calls * (share if p.trimmed else 1.0)  # as ``calls``
+            return t * share + pr.round_overhead_s * self.calls(p, share)
         if pr.matmul is not None:
             rows = p.rows * k
             eff = pr.matmul.at(rows) if rows > 0 else pr.matmul.points[-1][1]
