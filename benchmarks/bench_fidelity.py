@@ -1,6 +1,6 @@
 """Fidelity of the default (uncalibrated) cost model against every measured table of the papers (issue 12).
 
-    python benchmarks/bench_fidelity.py [--model before|after|both] [--rows] [--ablate]
+    python benchmarks/bench_fidelity.py [--model before|after|both] [--rows] [--ablate] [--l20 pairs|quads]
 
 For each table in tests/data/paper_tables.json (USP Tables 3-7, WallFacer Fig. 9, TokenRing Fig. 6) it
 builds the cluster, model and workload the table describes, prices every measured configuration and prints
@@ -10,7 +10,9 @@ configuration the model ranks first is than the measured best (0 % = the model p
 default Params (sp_plan.profiles.kernels.default_params: kernel curves, collective efficiencies, round
 overheads, HBM traffic, partial overlap), what `sp-plan plan` uses when the cluster has no tuned profile.
 Nothing is fitted to these tables. ``--ablate`` prints the defaults less each term, one at a time (a term
-that helps one table and hurts the others is suspect).
+that helps one table and hurts the others is suspect). ``--l20 quads`` prices USP Table 4 on the earlier guess of
+its server's PCIe tree (one switch of four GPUs per socket) instead of the preset's (two GPUs per switch, read from
+the table's own Ulysses rows: profiles/clusters/l20-8-pcie.yaml), so that the one input taken from a table shows.
 """
 from __future__ import annotations
 
@@ -28,10 +30,12 @@ from sp_plan.planner.layout import PLACEMENTS
 from sp_plan.planner.params import Params
 from sp_plan.planner.schedules import Comm, Step, attention_steps
 from sp_plan.planner.search import fastest_policy
-from sp_plan.profiles import load_cluster, load_model
+from sp_plan.profiles import load_cluster, load_model, preset_spec, spec_cluster
 
 TABLES = Path(__file__).resolve().parent.parent / "tests" / "data" / "paper_tables.json"
 K = 1024
+#: the PCIe trees ``--l20`` chooses between for USP Table 4's server: the preset's, and the earlier guess
+L20_TREES = {"pairs": None, "quads": {"switches": [[0, 1, 2, 3], [4, 5, 6, 7]], "sockets": [[0], [1]]}}
 
 
 def load_tables() -> dict:
@@ -89,9 +93,18 @@ def usp_attention_plan(u: int, layout: str) -> Plan:
                 token_layout=layout if r > 1 else "contiguous")
 
 
-def price_usp_attention(table: dict, which: str) -> tuple[list[str], list[float], list[float]]:
+def table_cluster(name: str, l20: str = "pairs"):
+    """A table's cluster preset; the L20 server on the PCIe tree ``l20`` names (L20_TREES)."""
+    tree = L20_TREES[l20] if name == "l20-8-pcie" else None
+    if tree is None:
+        return load_cluster(name)
+    spec = preset_spec(name)
+    return spec_cluster({**spec, "pcie": {**spec["pcie"], **tree}}, 1)
+
+
+def price_usp_attention(table: dict, which: str, l20: str = "pairs") -> tuple[list[str], list[float], list[float]]:
     """Rows (seq, ulysses) x (basic ring, load-balanced ring): predicted and measured iterations per second."""
-    cluster = load_cluster(table["cluster"])
+    cluster = table_cluster(table["cluster"], l20)
     params = params_for(which, cluster)
     names, pred, meas = [], [], []
     est = Estimator(cluster, attention_model(table), Workload(seq_len=table["seq"], causal=True, training=False),
@@ -120,7 +133,7 @@ def megatron_flops(model: ModelSpec, work: Workload) -> float:
     return 3 * (dense + attn)
 
 
-def price_usp_training(table: dict, which: str) -> tuple[list[str], list[float], list[float]]:
+def price_usp_training(table: dict, which: str, l20: str = "pairs") -> tuple[list[str], list[float], list[float]]:
     """Rows (seq, batch, tp, ulysses, ring): predicted MFU (best fitting memory policy, FLOPs counted as the
     paper's Megatron-LM counts them, so that rows of different lengths compare alike) and measured MFU."""
     cluster, model = load_cluster("a800-8-nvlink", table["nodes"]), load_model(table["model"])
@@ -137,7 +150,7 @@ def price_usp_training(table: dict, which: str) -> tuple[list[str], list[float],
     return names, pred, meas
 
 
-def price_wallfacer(table: dict, which: str) -> tuple[list[str], list[float], list[float]]:
+def price_wallfacer(table: dict, which: str, l20: str = "pairs") -> tuple[list[str], list[float], list[float]]:
     """Ring vs the best WallFacer (teams of 2 and 4, both placements) on the whole ring: tokens per second."""
     cluster, model = load_cluster(table["cluster"], table["nodes"]), load_model(table["model"])
     params = params_for(which, cluster)
@@ -154,7 +167,7 @@ def price_wallfacer(table: dict, which: str) -> tuple[list[str], list[float], li
     return names, [pred[a] for a in names], [m for _, m in table["rows"]]
 
 
-def price_tokenring(table: dict, which: str) -> tuple[list[str], list[float], list[float]]:
+def price_tokenring(table: dict, which: str, l20: str = "pairs") -> tuple[list[str], list[float], list[float]]:
     """Step times (ms) of TokenRing's Q-only and Q + out steps and of a Ring round; scores are 1 / time."""
     cluster = load_cluster(table["cluster"], table["nodes"])
     params = params_for(which, cluster)
@@ -200,11 +213,11 @@ def tables() -> list[tuple[str, str, dict, callable]]:
 LABEL = {"usp_attention": "USP", "usp_training": "USP", "wallfacer": "WallFacer", "tokenring": "TokenRing"}
 
 
-def score(which: str, show_rows: bool = False) -> dict[str, tuple[float, float]]:
+def score(which: str, show_rows: bool = False, l20: str = "pairs") -> dict[str, tuple[float, float]]:
     """{table: (spearman, regret)} for one model ("before" or "after")."""
     out = {}
     for paper, name, t, pricer in tables():
-        names, pred, meas = pricer(t, which)
+        names, pred, meas = pricer(t, which, l20)
         key = f"{LABEL[paper]} {name}"
         out[key] = (spearman(pred, meas), regret(pred, meas))
         if show_rows:
@@ -214,10 +227,10 @@ def score(which: str, show_rows: bool = False) -> dict[str, tuple[float, float]]
     return out
 
 
-def ablation(show_rows: bool = False) -> None:
+def ablation(show_rows: bool = False, l20: str = "pairs") -> None:
     """Spearman / top-1 regret per table of the defaults and of the defaults less each term."""
-    runs = {"after": score("after", show_rows)}
-    runs.update({f"-{t}": score(f"after-{t}", show_rows) for t in TERMS})
+    runs = {"after": score("after", show_rows, l20)}
+    runs.update({f"-{t}": score(f"after-{t}", show_rows, l20) for t in TERMS})
     print("| table | " + " | ".join(runs) + " |")
     print("|---" * (1 + len(runs)) + "|")
     for key in runs["after"]:
@@ -229,12 +242,14 @@ def main() -> None:
     ap.add_argument("--model", choices=("before", "after", "both"), default="both")
     ap.add_argument("--rows", action="store_true", help="print every row's predicted and measured score")
     ap.add_argument("--ablate", action="store_true", help="also the defaults less each term, one at a time")
+    ap.add_argument("--l20", choices=tuple(L20_TREES), default="pairs",
+                    help="USP Table 4's server: the preset's PCIe tree (pairs) or the earlier guess (quads)")
     a = ap.parse_args()
     which = ["before", "after"] if a.model == "both" else [a.model]
     if a.ablate:
-        ablation(a.rows)
+        ablation(a.rows, a.l20)
         return
-    res = {w: score(w, a.rows) for w in which}
+    res = {w: score(w, a.rows, a.l20) for w in which}
     head = "".join(f" | {w} rho | {w} regret" for w in which)
     print(f"| table{head} |")
     print("|---" * (1 + 2 * len(which)) + "|")

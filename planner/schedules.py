@@ -128,16 +128,25 @@ def a2a_packing(p: Comm) -> Compute:
     return Compute(p.name.replace("a2a", "a2a packing"), 0.0, "memory", nbytes=4.0 * p.nbytes)
 
 
+#: device-memory bytes per element of the local out, beyond the block's out itself (e bytes), that one forward
+#: merge moves: sp-plan's runtime/kernels.merge runs eagerly, out.mul_(w_old) (read + write fp32), block_out *
+#: w_new (write fp32), out.add_ (read 2 x fp32 + write): 8 + 4 + 12 bytes. Not fused: zhuzilin/ring-flash-
+#: attention's torch.jit.script ``_update_out_and_lse`` runs "as several elementwise kernels (sigmoid/logsigmoid/
+#: sub/mul) plus a bf16 <-> fp32" cast too (vllm-project/vllm-omni#5187; zhuzilin/ring-flash-attention#87), 36
+MERGE_OUT_BYTES = 24.0
+#: bytes per fp32 LSE element of one forward merge (runtime/kernels.merge): logaddexp, the finite reference, two
+#: subtractions, two exps and the copy back, their arguments read and results written (counted per aten op)
+MERGE_LSE_BYTES = 86.0
+
+
 def merge_bytes(c: Shape, backward: bool) -> float:
-    """Device-memory bytes of one ring round's merge (zhuzilin/ring-flash-attention ``_update_out_and_lse``,
-    a torch.jit.script function whose elementwise ops fuse into one pass): forward, the block's out (e bytes)
-    read into the fp32 accumulator (read + write) plus the LSE (fp32, read twice and written); backward, dQ
-    into its fp32 accumulator and dK, dV into theirs (e + 4 + 4 bytes each)."""
+    """Device-memory bytes of one ring round's merge, eager elementwise passes (runtime/kernels.merge): forward,
+    the block's out (e bytes) plus MERGE_OUT_BYTES per local out element and MERGE_LSE_BYTES per LSE element;
+    backward, one accumulation each of dQ, dK, dV into fp32 (read e + 4, write 4 bytes per element)."""
     m, e = c.model, c.e
     q = c.b * c.n_ring * c.heads_local * m.head_dim
-    lse = c.b * c.n_ring * c.heads_local * 4.0 * 3
     if not backward:
-        return q * (e + 8.0) + lse
+        return q * (e + MERGE_OUT_BYTES) + c.b * c.n_ring * c.heads_local * MERGE_LSE_BYTES
     kv = c.b * c.n_ring * c.kv_local * m.head_dim
     return (q + 2 * kv) * (e + 8.0)
 

@@ -121,7 +121,7 @@ def load_cluster(name_or_file: str, nodes: int | None = None) -> Cluster:
     if p.suffix in (".yaml", ".yml", ".json") or p.exists():
         data = read_data(p, "cluster")
         if "devices_per_node" in data and "node_types" not in data:  # a preset-style spec file
-            return _spec_cluster(data, nodes or 1)
+            return spec_cluster(data, nodes or 1)
         c = load_yaml_model(Cluster, p, "cluster")
         if nodes is not None and nodes != c.num_nodes:
             raise PlanError("nodes", f"{p} describes {c.num_nodes} node(s), not {nodes}", "drop --nodes for a cluster file")
@@ -129,7 +129,7 @@ def load_cluster(name_or_file: str, nodes: int | None = None) -> Cluster:
     return preset_cluster(name_or_file, nodes or 1)
 
 
-def _spec_cluster(spec: dict, nodes: int) -> Cluster:
+def spec_cluster(spec: dict, nodes: int) -> Cluster:
     node = build_node_type(spec)
     name = spec.get("name", "custom")
     network = spec.get("nics", {}).get("network", "none") if nodes > 1 else "none"

@@ -8,7 +8,7 @@ from sp_plan.profiles.kernels import HOST_A2A_EFFICIENCY, comm_defaults, default
 
 
 def test_all_to_all_across_the_sockets_is_the_cpus_and_costs_its_efficiency():
-    """8 x L20, switches of 4 under two sockets: each GPU sends 1/8 of V to each of the 4 GPUs of the other
+    """8 x L20, switches of 2, two under each socket: each GPU sends 1/8 of V to each of the 4 GPUs of the other
     socket, so the socket link carries 4 x 4 x V/8 = 2 V each way at 20 GB/s: 2 V / 20e9 / (2/32) + latency."""
     cl = load_cluster("l20-8-pcie")
     eng, shape = LinkEngine(cl), GroupShape(((8, 1),), 8)
@@ -21,13 +21,19 @@ def test_all_to_all_across_the_sockets_is_the_cpus_and_costs_its_efficiency():
 
 
 def test_all_to_all_inside_a_switch_and_over_the_network_are_not_the_cpus():
-    """Ulysses 4 on the first switch (GPUs 0-3) never reaches the host bridge: the PCIe figure (0.89); a
-    16-wide all-to-all on two DGX H100s is limited by the NICs: the network's (0.96)."""
+    """Ulysses 2 on the first switch (GPUs 0, 1) never reaches the host bridge: the PCIe figure (0.89); Ulysses 4
+    (GPUs 0-3, two switches) goes up through the CPU: its figure; a 16-wide all-to-all on two DGX H100s is limited
+    by the NICs: the network's (0.96)."""
     cl = load_cluster("l20-8-pcie")
-    eng, shape = LinkEngine(cl), GroupShape(((4, 1),), 8)
+    eng, shape = LinkEngine(cl), GroupShape(((2, 1),), 8)
     c = eng.cost("all_to_all", shape)
     assert c.link_class == "intra"
     assert eng.time("all_to_all", shape, 1e9, default_params(cl)) == pytest.approx(1e9 * c.sec_per_byte / 0.89 + c.latency)
+    four = GroupShape(((4, 1),), 8)
+    c4 = eng.cost("all_to_all", four)
+    assert c4.link_class == "host" and "(pcie)" in c4.bottleneck
+    assert eng.time("all_to_all", four, 1e9, default_params(cl)) == pytest.approx(
+        1e9 * c4.sec_per_byte / (2 / 32) + c4.latency)
     dgx = LinkEngine(load_cluster("dgx-h100", 2))
     assert dgx.cost("all_to_all", GroupShape(((16, 1),), 16)).link_class == "inter"
     assert dgx.cost("all_to_all", GroupShape(((8, 1),), 16)).link_class == "intra"  # NVSwitch, no CPU on the path

@@ -38,10 +38,11 @@ def test_part_filled_block_reads_the_curve_at_the_square_block_of_as_many_pairs(
 
 def test_merge_bytes_per_round_by_hand():
     """b 1, 4096 tokens over ring 4 (1024 per block), 8 heads x 64, bf16: forward reads the block's out (2 B)
-    into the fp32 accumulator (4 + 4 B) plus 3 fp32 LSE passes; backward dQ, dK, dV likewise."""
+    and makes three eager fp32 passes over the accumulator (mul_: 4 + 4, block x weight: + 4, add_: 4 + 4 + 4),
+    plus 86 B per fp32 LSE; backward accumulates dQ, dK, dV into fp32 (2 + 4 + 4 B)."""
     c = Shape(MODEL, Workload(seq_len=4096), dp=1, ulysses=1, ring=4, token_layout="contiguous")
     elems = 1024 * 8 * 64
-    assert merge_bytes(c, False) == elems * 10 + 1024 * 8 * 12
+    assert merge_bytes(c, False) == elems * (2 + 24) + 1024 * 8 * 86
     assert merge_bytes(c, True) == 3 * elems * 10
     merges = [p for st in ring_steps(c, False) for p in st.phases if isinstance(p, Compute) and p.kind == "memory"]
     assert merges and all(p.nbytes == merge_bytes(c, False) for p in merges)
@@ -145,3 +146,33 @@ def test_pruning_stays_exact_under_the_default_params():
         assert [(t, variant_key(c)) for t, c in best_per_variant(pruned.ranked)] == \
             [(t, variant_key(c)) for t, c in best_per_variant(full.ranked)]
         assert np.isfinite(full.ranked[0][0])
+
+
+def test_merge_bytes_are_what_the_runtimes_merge_moves():
+    """Every aten op of runtime/kernels.merge (views aside) reads its tensor arguments and writes its outputs:
+    summed, the out-sized ones are (e + MERGE_OUT_BYTES) per out element (a fused merge would fail here, and
+    must lower the constant), the LSE-sized ones about MERGE_LSE_BYTES per LSE element."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from sp_plan.planner.schedules import MERGE_LSE_BYTES, MERGE_OUT_BYTES
+    from sp_plan.runtime.kernels import merge
+
+    b, n, h, d = 1, 256, 4, 64
+    out, lse = torch.randn(b, n, h, d), torch.randn(b, h, n)
+    block_out, block_lse = torch.randn(b, n, h, d, dtype=torch.bfloat16), torch.randn(b, h, n)
+    big, small = [0], [0]
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            res = func(*args, **(kwargs or {}))
+            if not func.is_view:
+                ts = [t for t in torch.utils._pytree.tree_leaves((args, kwargs, res)) if isinstance(t, torch.Tensor)]
+                for t in ts:
+                    (big if t.numel() == out.numel() else small)[0] += t.numel() * t.element_size()
+            return res
+
+    with Count():
+        merge(out, lse, block_out, block_lse)
+    assert big[0] == out.numel() * (block_out.element_size() + MERGE_OUT_BYTES)
+    assert small[0] == pytest.approx(lse.numel() * MERGE_LSE_BYTES, rel=0.05)
