@@ -1,6 +1,7 @@
 """Does `sp-plan tune` make predictions true? Ground truth against the model, uncalibrated and calibrated.
 
     python benchmarks/bench_tune.py [--worlds local4,local8,netns2x2] [--budget 5] [--repeats 2] [--json out.json]
+    python benchmarks/bench_tune.py --worlds local8 --truth DIR --reread 12 --repeats 2 --keep NEW   # settle the top
 
 For each world (4 and 8 gloo ranks on this host; two hosts simulated by network namespaces joined
 by a veth shaped to 800 Mbit/s with `tc tbf`, two ranks each; runtime/netns.py):
@@ -281,6 +282,43 @@ def recheck(args, tmp: Path) -> None:
         print("last two columns: the kept fastest and median pass against the new readings' median")
 
 
+def reread(args) -> list[dict]:
+    """``--reread N``: read again, ``--repeats`` passes, the N layouts of ``--truth``'s workload A that are fastest
+    (``--truth-estimator``) and the kept tune's calibrated 3 fastest, and keep the folder under ``--keep`` with those
+    readings added to the truth; then judge it (as ``--rescore`` would). A regret decided by layouts a few percent
+    apart is only as good as their readings: this reads them as often as a many-pass truth would, the rest once."""
+    from sp_plan.planner.cluster import Cluster
+    from sp_plan.planner.plan import Plan
+    from sp_plan.profiles.store import Store
+    from sp_plan.profiles.tune.run import predict
+
+    for name in args.worlds.split(","):
+        world, per_node, rate = WORLDS[name]
+        kept, out = Path(args.truth).resolve() / name, Path(args.keep).resolve() / name
+        out.mkdir(parents=True, exist_ok=False)
+        for f in ["cluster.yaml", "tune.log"] + [f"truth-{w}.json" for w in WORKLOADS] + [
+                f"store.db{x}" for x in ("", "-wal", "-shm")]:
+            if (kept / f).exists():
+                shutil.copy(kept / f, out / f)
+        truth = json.loads((kept / "truth-A.json").read_text())
+        ok = sorted(truth_by([t for t in truth if t["status"] == "ok"], args.truth_estimator), key=lambda t: t["measured_s"])
+        cluster = Cluster.load(kept / "cluster.yaml")
+        params = Store(f"sqlite:///{out / 'store.db'}").list_profiles()[0].params
+        model = sorted(ok, key=lambda t: predict(cluster, Plan.model_validate(t["plan"]), params)[0])
+        only = list(dict.fromkeys(t["summary"] for t in ok[:args.reread] + model[:3]))
+        with _hosts(rate) as pair:
+            _run(_truth_argv(args, "A", out / "reread-A.json", only), world, per_node, out, pair)
+        more = {t["summary"]: t["detail"].get("readings_s", []) for t in json.loads((out / "reread-A.json").read_text())
+                if t["status"] == "ok"}
+        for t in truth:
+            if more.get(t["summary"]):
+                d = t.setdefault("detail", {})
+                d["readings_s"] = d.get("readings_s", [t["measured_s"]]) + more[t["summary"]]
+        (out / "truth-A.json").write_text(json.dumps(truth))
+        print(f"{name}: {len(more)} of workload A's layouts read {args.repeats} more time(s), kept in {out}")
+    return rescore(Path(args.keep), args.truth_estimator)
+
+
 def report(results: list[dict]) -> None:
     print(f"\n{'world':<9} {'wl':<3} {'model':<13} {'n':>3} {'Spearman':>17} {'step err':>15} {'mem err':>15} "
           f"{'regret':>15} {'plan':>6} {'tuned':>5}")
@@ -341,6 +379,9 @@ def main() -> None:
     ap.add_argument("--recheck", action="store_true", help="measure again (--repeats passes) the --layouts layouts "
                     "of --truth's workload A whose passes disagree most, and two they agree on (nothing is tuned)")
     ap.add_argument("--layouts", type=int, default=8, help="--recheck: how many disputed layouts")
+    ap.add_argument("--reread", type=int, default=None, metavar="N",
+                    help="read again (--repeats passes) --truth's N fastest layouts of workload A and its tune's "
+                         "calibrated 3 fastest; keep the folder with the readings added under --keep, and judge it")
     ap.add_argument("--only", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", default=None)
     ap.add_argument("--cluster")
@@ -358,6 +399,10 @@ def main() -> None:
             ap.error("--recheck needs --truth DIR (a --keep folder of a run with --repeats 2 or more)")
         with tempfile.TemporaryDirectory(prefix="sp_plan_bench_recheck_") as d:
             return recheck(args, Path(d))
+    if args.reread:
+        if not (args.truth and args.keep):
+            ap.error("--reread N needs --truth DIR (a --keep folder with a tune) and --keep NEW")
+        return report(reread(args))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE.parent).stdout.strip() or "unknown"
     print(f"bench_tune at commit {commit}, {os.cpu_count()} CPU cores, tune --kernel-timing {args.kernel_timing}")
