@@ -282,6 +282,19 @@ def recheck(args, tmp: Path) -> None:
         print("last two columns: the kept fastest and median pass against the new readings' median")
 
 
+def add_readings(truth: list[dict], more: dict[str, list[float]]) -> list[dict]:
+    """``truth`` with each layout's readings in ``more`` (by summary) added after its own (a row without readings
+    counts its ``measured_s`` as one); ``measured_s`` is left as written (``truth_by`` reads the readings)."""
+    out = []
+    for t in truth:
+        extra = more.get(t["summary"])
+        if extra:
+            d = t.get("detail", {})
+            t = dict(t, detail=dict(d, readings_s=list(d.get("readings_s", [t["measured_s"]])) + list(extra)))
+        out.append(t)
+    return out
+
+
 def reread(args) -> list[dict]:
     """``--reread N``: read again, ``--repeats`` passes, the N layouts of ``--truth``'s workload A that are fastest
     (``--truth-estimator``) and the kept tune's calibrated 3 fastest, and keep the folder under ``--keep`` with those
@@ -310,11 +323,7 @@ def reread(args) -> list[dict]:
             _run(_truth_argv(args, "A", out / "reread-A.json", only), world, per_node, out, pair)
         more = {t["summary"]: t["detail"].get("readings_s", []) for t in json.loads((out / "reread-A.json").read_text())
                 if t["status"] == "ok"}
-        for t in truth:
-            if more.get(t["summary"]):
-                d = t.setdefault("detail", {})
-                d["readings_s"] = d.get("readings_s", [t["measured_s"]]) + more[t["summary"]]
-        (out / "truth-A.json").write_text(json.dumps(truth))
+        (out / "truth-A.json").write_text(json.dumps(add_readings(truth, more)))
         print(f"{name}: {len(more)} of workload A's layouts read {args.repeats} more time(s), kept in {out}")
     return rescore(Path(args.keep), args.truth_estimator)
 

@@ -1,0 +1,27 @@
+"""bench_tune --reread: the readings of a second measurement join a kept truth's, and the estimators read them."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def bt():
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_tune.py"
+    spec = importlib.util.spec_from_file_location("bench_tune", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_readings_join_the_kept_ones_and_decide_the_truth(bt):
+    truth = [{"summary": "a", "status": "ok", "measured_s": 1.0, "detail": {"readings_s": [1.0], "iters": 3}},
+             {"summary": "b", "status": "ok", "measured_s": 1.1},  # an older row: no readings kept
+             {"summary": "c", "status": "ok", "measured_s": 0.9, "detail": {"readings_s": [0.9, 0.95]}}]
+    more = {"a": [0.8, 1.2], "b": [1.3], "zzz": [0.1]}
+    out = bt.add_readings(truth, more)
+    assert [t["detail"]["readings_s"] for t in out[:2]] == [[1.0, 0.8, 1.2], [1.1, 1.3]]
+    assert out[0]["detail"]["iters"] == 3 and out[2] == truth[2]
+    assert truth[0]["detail"]["readings_s"] == [1.0]  # the kept truth is not changed in place
+    assert [t["measured_s"] for t in bt.truth_by(out, "fastest")] == [0.8, 1.1, 0.9]
+    assert [t["measured_s"] for t in bt.truth_by(out, "median")] == pytest.approx([1.0, 1.2, 0.925])
