@@ -93,18 +93,18 @@ def usp_attention_plan(u: int, layout: str) -> Plan:
                 token_layout=layout if r > 1 else "contiguous")
 
 
-def table_cluster(name: str, l20: str = "pairs"):
-    """A table's cluster preset; the L20 server on the PCIe tree ``l20`` names (L20_TREES)."""
-    tree = L20_TREES[l20] if name == "l20-8-pcie" else None
+def table_cluster(table: dict):
+    """A table's cluster preset, on the PCIe tree ``table["pcie_tree"]`` where ``score`` set one (``--l20``)."""
+    tree = table.get("pcie_tree")
     if tree is None:
-        return load_cluster(name)
-    spec = preset_spec(name)
+        return load_cluster(table["cluster"])
+    spec = preset_spec(table["cluster"])
     return spec_cluster({**spec, "pcie": {**spec["pcie"], **tree}}, 1)
 
 
-def price_usp_attention(table: dict, which: str, l20: str = "pairs") -> tuple[list[str], list[float], list[float]]:
+def price_usp_attention(table: dict, which: str) -> tuple[list[str], list[float], list[float]]:
     """Rows (seq, ulysses) x (basic ring, load-balanced ring): predicted and measured iterations per second."""
-    cluster = table_cluster(table["cluster"], l20)
+    cluster = table_cluster(table)
     params = params_for(which, cluster)
     names, pred, meas = [], [], []
     est = Estimator(cluster, attention_model(table), Workload(seq_len=table["seq"], causal=True, training=False),
@@ -133,7 +133,7 @@ def megatron_flops(model: ModelSpec, work: Workload) -> float:
     return 3 * (dense + attn)
 
 
-def price_usp_training(table: dict, which: str, l20: str = "pairs") -> tuple[list[str], list[float], list[float]]:
+def price_usp_training(table: dict, which: str) -> tuple[list[str], list[float], list[float]]:
     """Rows (seq, batch, tp, ulysses, ring): predicted MFU (best fitting memory policy, FLOPs counted as the
     paper's Megatron-LM counts them, so that rows of different lengths compare alike) and measured MFU."""
     cluster, model = load_cluster("a800-8-nvlink", table["nodes"]), load_model(table["model"])
@@ -150,7 +150,7 @@ def price_usp_training(table: dict, which: str, l20: str = "pairs") -> tuple[lis
     return names, pred, meas
 
 
-def price_wallfacer(table: dict, which: str, l20: str = "pairs") -> tuple[list[str], list[float], list[float]]:
+def price_wallfacer(table: dict, which: str) -> tuple[list[str], list[float], list[float]]:
     """Ring vs the best WallFacer (teams of 2 and 4, both placements) on the whole ring: tokens per second."""
     cluster, model = load_cluster(table["cluster"], table["nodes"]), load_model(table["model"])
     params = params_for(which, cluster)
@@ -167,7 +167,7 @@ def price_wallfacer(table: dict, which: str, l20: str = "pairs") -> tuple[list[s
     return names, [pred[a] for a in names], [m for _, m in table["rows"]]
 
 
-def price_tokenring(table: dict, which: str, l20: str = "pairs") -> tuple[list[str], list[float], list[float]]:
+def price_tokenring(table: dict, which: str) -> tuple[list[str], list[float], list[float]]:
     """Step times (ms) of TokenRing's Q-only and Q + out steps and of a Ring round; scores are 1 / time."""
     cluster = load_cluster(table["cluster"], table["nodes"])
     params = params_for(which, cluster)
@@ -217,7 +217,9 @@ def score(which: str, show_rows: bool = False, l20: str = "pairs") -> dict[str, 
     """{table: (spearman, regret)} for one model ("before" or "after")."""
     out = {}
     for paper, name, t, pricer in tables():
-        names, pred, meas = pricer(t, which, l20)
+        if t.get("cluster") == "l20-8-pcie" and L20_TREES[l20]:
+            t = {**t, "pcie_tree": L20_TREES[l20]}
+        names, pred, meas = pricer(t, which)
         key = f"{LABEL[paper]} {name}"
         out[key] = (spearman(pred, meas), regret(pred, meas))
         if show_rows:

@@ -411,6 +411,13 @@ def main() -> None:
     if args.reread:
         if not (args.truth and args.keep):
             ap.error("--reread N needs --truth DIR (a --keep folder with a tune) and --keep NEW")
+        for name in args.worlds.split(","):
+            kept, new = Path(args.truth) / name, Path(args.keep) / name
+            if not all((kept / f).exists() for f in ("cluster.yaml", "truth-A.json", "store.db")):
+                ap.error(f"--truth: {kept} holds no kept truth and tune (cluster.yaml, truth-A.json, store.db); "
+                         "name a --keep folder of an earlier run and its world with --worlds")
+            if new.exists():
+                ap.error(f"--keep: {new} exists; name a new folder")
         return report(reread(args))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE.parent).stdout.strip() or "unknown"

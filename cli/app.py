@@ -9,8 +9,8 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sp_plan.planner.equivalent import group
 from sp_plan.cli.console import err, out, print_error
+from sp_plan.planner.equivalent import group
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.measured import step_time
 from sp_plan.planner.model import Workload, parse_seq_len

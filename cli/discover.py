@@ -18,8 +18,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.tree import Tree
 
-from sp_plan.planner.cluster import NET, Cluster
 from sp_plan.cli.console import err, out, print_error
+from sp_plan.planner.cluster import NET, Cluster
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.yamlio import check_writable
 

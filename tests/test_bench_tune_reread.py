@@ -25,3 +25,21 @@ def test_readings_join_the_kept_ones_and_decide_the_truth(bt):
     assert truth[0]["detail"]["readings_s"] == [1.0]  # the kept truth is not changed in place
     assert [t["measured_s"] for t in bt.truth_by(out, "fastest")] == [0.8, 1.1, 0.9]
     assert [t["measured_s"] for t in bt.truth_by(out, "median")] == pytest.approx([1.0, 1.2, 0.925])
+
+
+def test_reread_refuses_a_folder_without_a_kept_tune_and_an_existing_keep(tmp_path):
+    import subprocess
+    import sys
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_tune.py"
+    run = lambda *a: subprocess.run([sys.executable, str(bench), "--worlds", "local4", "--reread", "2", *a],  # noqa: E731
+                                    capture_output=True, text=True, timeout=60)
+    r = run("--truth", str(tmp_path), "--keep", str(tmp_path / "new"))
+    assert r.returncode == 2 and "--truth:" in r.stderr and "holds no kept truth" in r.stderr
+    kept = tmp_path / "local4"
+    kept.mkdir()
+    for f in ("cluster.yaml", "truth-A.json", "store.db"):
+        (kept / f).write_text("")
+    r = run("--truth", str(tmp_path), "--keep", str(tmp_path))
+    assert r.returncode == 2 and "--keep:" in r.stderr and "exists" in r.stderr
+    assert "Traceback" not in r.stderr
