@@ -27,6 +27,7 @@ from sp_plan.planner import Estimator, ModelSpec, Plan, Workload
 from sp_plan.planner.algorithms import algorithm_for
 from sp_plan.planner.candidate import Candidate
 from sp_plan.planner.layout import PLACEMENTS
+from sp_plan.planner.merges import MERGES
 from sp_plan.planner.params import Params
 from sp_plan.planner.schedules import Comm, Step, attention_steps
 from sp_plan.planner.search import fastest_policy
@@ -49,14 +50,22 @@ TERMS = {"curves": {"attention_fwd": None, "attention_bwd": None}, "comm": {"com
          "host-a2a": lambda p: {"comm": {k: v for k, v in p.comm.items() if not k.endswith("/host")}}}
 
 
-def params_for(which: str, cluster) -> Params:
-    """Neutral Params ("before"), the presets' defaults for ``cluster`` ("after"), or the defaults less one
-    term ("after-curves", ...: ``TERMS``)."""
+#: the runtime whose ring merge each paper's runs ran (planner/merges.py; USP Sec. 5.1: yunchang, Sec. 5.2: Megatron-LM's
+#: context parallel, TransformerEngine); WallFacer's own code and TokenRing's xDiT code are not in the table: sp-plan's
+RUNTIMES = {"usp_attention": "yunchang", "usp_training": "transformer-engine"}
+
+
+def params_for(which: str, cluster, table: dict | None = None) -> Params:
+    """Neutral Params ("before"), the presets' defaults for ``cluster`` ("after") with the ring merge of the runtime
+    ``table`` ran (``table["ring_merge"]``, set by ``score``), or the defaults less one term ("after-curves", ...:
+    ``TERMS``)."""
     if which == "before":
         return Params()
     from sp_plan.profiles.kernels import default_params
 
     p = default_params(cluster)
+    if table and table.get("ring_merge"):
+        p = p.model_copy(update={"ring_merge": table["ring_merge"]})
     if not which.startswith("after-"):
         return p
     term = TERMS[which.removeprefix("after-")]
@@ -105,7 +114,7 @@ def table_cluster(table: dict):
 def price_usp_attention(table: dict, which: str) -> tuple[list[str], list[float], list[float]]:
     """Rows (seq, ulysses) x (basic ring, load-balanced ring): predicted and measured iterations per second."""
     cluster = table_cluster(table)
-    params = params_for(which, cluster)
+    params = params_for(which, cluster, table)
     names, pred, meas = [], [], []
     est = Estimator(cluster, attention_model(table), Workload(seq_len=table["seq"], causal=True, training=False),
                     params=params)
@@ -137,7 +146,7 @@ def price_usp_training(table: dict, which: str) -> tuple[list[str], list[float],
     """Rows (seq, batch, tp, ulysses, ring): predicted MFU (best fitting memory policy, FLOPs counted as the
     paper's Megatron-LM counts them, so that rows of different lengths compare alike) and measured MFU."""
     cluster, model = load_cluster("a800-8-nvlink", table["nodes"]), load_model(table["model"])
-    params = params_for(which, cluster)
+    params = params_for(which, cluster, table)
     peak = cluster.device(0).peak_flops[model.dtype]
     names, pred, meas = [], [], []
     for seq, batch, tp, u, r, mfu in table["rows"]:
@@ -153,7 +162,7 @@ def price_usp_training(table: dict, which: str) -> tuple[list[str], list[float],
 def price_wallfacer(table: dict, which: str) -> tuple[list[str], list[float], list[float]]:
     """Ring vs the best WallFacer (teams of 2 and 4, both placements) on the whole ring: tokens per second."""
     cluster, model = load_cluster(table["cluster"], table["nodes"]), load_model(table["model"])
-    params = params_for(which, cluster)
+    params = params_for(which, cluster, table)
     causal = table["causal"]
     est = Estimator(cluster, model, Workload(seq_len=table["seq"], causal=causal), params=params)
     P = cluster.world_size
@@ -170,7 +179,7 @@ def price_wallfacer(table: dict, which: str) -> tuple[list[str], list[float], li
 def price_tokenring(table: dict, which: str) -> tuple[list[str], list[float], list[float]]:
     """Step times (ms) of TokenRing's Q-only and Q + out steps and of a Ring round; scores are 1 / time."""
     cluster = load_cluster(table["cluster"], table["nodes"])
-    params = params_for(which, cluster)
+    params = params_for(which, cluster, table)
     model = ModelSpec(name="llama2-7b-attention", layers=1, hidden=4096, heads=32, head_dim=128, vocab=0)
     work = Workload(seq_len=table["seq"], causal=table["causal"], training=False)
     est = Estimator(cluster, model, work, params=params)
@@ -213,12 +222,15 @@ def tables() -> list[tuple[str, str, dict, callable]]:
 LABEL = {"usp_attention": "USP", "usp_training": "USP", "wallfacer": "WallFacer", "tokenring": "TokenRing"}
 
 
-def score(which: str, show_rows: bool = False, l20: str = "pairs") -> dict[str, tuple[float, float]]:
-    """{table: (spearman, regret)} for one model ("before" or "after")."""
+def score(which: str, show_rows: bool = False, l20: str = "pairs", merge: str = "papers"
+          ) -> dict[str, tuple[float, float]]:
+    """{table: (spearman, regret)} for one model ("before" or "after"); ``merge`` "papers": each table's ring merge
+    is its runtime's (``RUNTIMES``), else that runtime's for every table."""
     out = {}
     for paper, name, t, pricer in tables():
         if t.get("cluster") == "l20-8-pcie" and L20_TREES[l20]:
             t = {**t, "pcie_tree": L20_TREES[l20]}
+        t = {**t, "ring_merge": RUNTIMES.get(paper, "sp-plan") if merge == "papers" else merge}
         names, pred, meas = pricer(t, which)
         key = f"{LABEL[paper]} {name}"
         out[key] = (spearman(pred, meas), regret(pred, meas))
@@ -229,10 +241,10 @@ def score(which: str, show_rows: bool = False, l20: str = "pairs") -> dict[str, 
     return out
 
 
-def ablation(show_rows: bool = False, l20: str = "pairs") -> None:
+def ablation(show_rows: bool = False, l20: str = "pairs", merge: str = "papers") -> None:
     """Spearman / top-1 regret per table of the defaults and of the defaults less each term."""
-    runs = {"after": score("after", show_rows, l20)}
-    runs.update({f"-{t}": score(f"after-{t}", show_rows, l20) for t in TERMS})
+    runs = {"after": score("after", show_rows, l20, merge)}
+    runs.update({f"-{t}": score(f"after-{t}", show_rows, l20, merge) for t in TERMS})
     print("| table | " + " | ".join(runs) + " |")
     print("|---" * (1 + len(runs)) + "|")
     for key in runs["after"]:
@@ -246,12 +258,15 @@ def main() -> None:
     ap.add_argument("--ablate", action="store_true", help="also the defaults less each term, one at a time")
     ap.add_argument("--l20", choices=tuple(L20_TREES), default="pairs",
                     help="USP Table 4's server: the preset's PCIe tree (pairs) or the earlier guess (quads)")
+    ap.add_argument("--merge", choices=("papers", *MERGES), default="papers",
+                    help="the ring merge priced: each paper's runtime's (papers: USP Tables 3-4 yunchang, Tables 5-7 "
+                         "transformer-engine, the others sp-plan), or one runtime's for every table")
     a = ap.parse_args()
     which = ["before", "after"] if a.model == "both" else [a.model]
     if a.ablate:
-        ablation(a.rows, a.l20)
+        ablation(a.rows, a.l20, a.merge)
         return
-    res = {w: score(w, a.rows, a.l20) for w in which}
+    res = {w: score(w, a.rows, a.l20, a.merge) for w in which}
     head = "".join(f" | {w} rho | {w} regret" for w in which)
     print(f"| table{head} |")
     print("|---" * (1 + 2 * len(which)) + "|")

@@ -21,6 +21,7 @@ from .engine import GroupShape, LinkEngine
 from .errors import PlanError
 from .layout import chunks_needed, ring_split
 from .memory import activation_bytes, attention_buffer_bytes, weight_bytes
+from .merges import MERGES
 from .model import ModelSpec, Workload
 from .params import Params
 from .algorithms import ALGORITHMS
@@ -201,12 +202,13 @@ class Estimator:
             raise PlanError("model.dtype", f"{self.device.model or self.device.name} has no peak FLOP/s for {dt}",
                             f"use one of {sorted(self.device.peak_flops)}")
         self.peak = self.device.peak_flops[dt]
+        self._merge = MERGES[self.params.ring_merge]  # the ring merge the schedules price (Shape.merge)
         self._compute_peak = self.peak * self.params.compute_efficiency  # what compute phases achieve in a step
         self.capacity = self.device.memory_bytes * MEMORY_HEADROOM
         self.fingerprint = cluster.fingerprint()
         self._memory: dict = {}
         self.stats = SearchStats()
-        self._schedules: dict = {}  # schedule_key -> steps (params-independent)
+        self._schedules: dict = {}  # schedule_key -> steps (of params only the ring merge: Shape.merge)
         self._prices: dict = {}  # (Orders, schedule_key, rows) -> Priced
         self._busy: dict = {}  # schedule_key -> compute seconds of its steps
         self._shapes: dict = {}  # candidate sizes -> Shape
@@ -581,7 +583,7 @@ class Estimator:
 
     def _shape(self, key: tuple) -> Shape:
         """The Shape of ``key`` (Shape's own field order after model and workload), made and cached."""
-        c = self._shapes[key] = Shape(self.model, self.work, *key)
+        c = self._shapes[key] = Shape(self.model, self.work, *key, merge=self._merge)
         return c
 
     def evaluate_orders(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],

@@ -8,8 +8,11 @@ for calibration, it reads these fields (design.md, "Profile once per cluster").
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .merges import MERGES
 
 #: pattern classes of the engine's communication patterns (engine.pattern_steps)
 PATTERN_CLASS = {"shift": "p2p", "shift_back": "p2p", "shift_bi": "p2p_bidir", "all_gather": "all_gather",
@@ -111,6 +114,9 @@ class Params(BaseModel):
     hbm_bandwidth: float | None = Field(default=None, gt=0, description="achieved device-memory bytes/s of the "
                                         "memory-bound phases (ring out/LSE merges, all-to-all packing copies); "
                                         "None: those phases cost nothing (the uncalibrated engine)")
+    ring_merge: Literal[tuple(MERGES)] = Field(default="sp-plan", description="the runtime whose out/LSE merge a "
+                                                "ring round runs, as its device-memory bytes (planner/merges.py): "
+                                                "sp-plan's own (what tune measures), yunchang, transformer-engine")
 
     @field_validator("comm")
     @classmethod

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .algorithms import ALGORITHMS
+from .merges import MERGES, MergeBytes
 from .model import ModelSpec, Workload
 
 
@@ -75,12 +76,13 @@ class Shape:
     algorithm: str = "usp"
     team: int = 1
     placement: str | None = None
+    merge: MergeBytes = MERGES["sp-plan"]  # the ring merge of the runtime priced (Params.ring_merge)
 
     def __init__(self, model: ModelSpec, work: Workload, dp: int, ulysses: int, ring: int, token_layout: str,
                  tp: int = 1, pp: int = 1, mbs: int = 1, algorithm: str = "usp", team: int = 1,
-                 placement: str | None = None):
+                 placement: str | None = None, merge: MergeBytes = MERGES["sp-plan"]):
         self.__dict__.update(model=model, work=work, dp=dp, ulysses=ulysses, ring=ring, token_layout=token_layout,
-                             tp=tp, pp=pp, mbs=mbs, algorithm=algorithm, team=team, placement=placement)
+                             tp=tp, pp=pp, mbs=mbs, algorithm=algorithm, team=team, placement=placement, merge=merge)
         self.__post_init__()
 
     def __post_init__(self):
@@ -128,27 +130,16 @@ def a2a_packing(p: Comm) -> Compute:
     return Compute(p.name.replace("a2a", "a2a packing"), 0.0, "memory", nbytes=4.0 * p.nbytes)
 
 
-#: device-memory bytes per element of the local out, beyond the block's out itself (e bytes), that one forward
-#: merge moves: sp-plan's runtime/kernels.merge runs eagerly, out.mul_(w_old) (read + write fp32), block_out *
-#: w_new (write fp32), out.add_ (read 2 x fp32 + write): 8 + 4 + 12 bytes. Not fused: zhuzilin/ring-flash-
-#: attention's torch.jit.script ``_update_out_and_lse`` runs "as several elementwise kernels (sigmoid/logsigmoid/
-#: sub/mul) plus a bf16 <-> fp32" cast too (vllm-project/vllm-omni#5187; zhuzilin/ring-flash-attention#87), 36
-MERGE_OUT_BYTES = 24.0
-#: bytes per fp32 LSE element of one forward merge (runtime/kernels.merge): logaddexp, the finite reference, two
-#: subtractions, two exps and the copy back, their arguments read and results written (counted per aten op)
-MERGE_LSE_BYTES = 86.0
-
-
 def merge_bytes(c: Shape, backward: bool) -> float:
-    """Device-memory bytes of one ring round's merge, eager elementwise passes (runtime/kernels.merge): forward,
-    the block's out (e bytes) plus MERGE_OUT_BYTES per local out element and MERGE_LSE_BYTES per LSE element;
-    backward, one accumulation each of dQ, dK, dV into fp32 (read e + 4, write 4 bytes per element)."""
-    m, e = c.model, c.e
+    """Device-memory bytes of one ring round's merge as the shape's runtime runs it (planner/merges.MERGES,
+    ``Params.ring_merge``): forward, per local out element and per LSE element; backward, per dQ, dK, dV
+    element accumulated."""
+    m, e, mb = c.model, c.e, c.merge
     q = c.b * c.n_ring * c.heads_local * m.head_dim
     if not backward:
-        return q * (e + MERGE_OUT_BYTES) + c.b * c.n_ring * c.heads_local * MERGE_LSE_BYTES
+        return q * mb.forward(e) + c.b * c.n_ring * c.heads_local * mb.lse
     kv = c.b * c.n_ring * c.kv_local * m.head_dim
-    return (q + 2 * kv) * (e + 8.0)
+    return (q + 2 * kv) * mb.backward(e)
 
 
 def attention_blocks(c: Shape) -> tuple[float, ...]:

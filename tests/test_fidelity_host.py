@@ -81,3 +81,22 @@ def test_bench_fidelity_ablates_the_host_term_alone():
     assert "all_to_all/host" in full.comm and "all_to_all/host" not in less.comm
     assert less == full.model_copy(update={"comm": {k: v for k, v in full.comm.items() if k != "all_to_all/host"}})
     assert bf.params_for("after-round", cl).round_overhead_s == 0.0  # the static terms as before
+
+
+def test_bench_fidelity_prices_each_paper_with_its_runtimes_merge():
+    """USP Tables 3-4 ran yunchang, Tables 5-7 Megatron-LM's context parallel (TransformerEngine): "after" prices
+    each table with that runtime's ring merge, ``--merge NAME`` every table with one; "before" stays Params()."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_fidelity.py"
+    spec = importlib.util.spec_from_file_location("bench_fidelity", path)
+    bf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bf)
+    cl = load_cluster("l20-8-pcie")
+    assert bf.RUNTIMES == {"usp_attention": "yunchang", "usp_training": "transformer-engine"}
+    assert bf.params_for("after", cl, {"ring_merge": "yunchang"}) == default_params(cl).model_copy(
+        update={"ring_merge": "yunchang"})
+    assert bf.params_for("after-hbm", cl, {"ring_merge": "yunchang"}).ring_merge == "yunchang"
+    assert bf.params_for("before", cl, {"ring_merge": "yunchang"}) == Params()
+    assert default_params(cl).ring_merge == "sp-plan"  # what `sp-plan plan` prices: its own runtime

@@ -7,8 +7,9 @@ import pytest
 from sp_plan.planner import Estimator, ModelSpec, Workload
 from sp_plan.planner.calibration import resolve_params
 from sp_plan.planner.engine import GroupShape, LinkEngine
+from sp_plan.planner.merges import MERGES
 from sp_plan.planner.params import CommFit, Curve, Params
-from sp_plan.planner.schedules import Comm, Compute, Shape, Step, a2a_packing, merge_bytes
+from sp_plan.planner.schedules import Comm, Compute, Shape, Step, a2a_packing, attention_steps, merge_bytes
 from sp_plan.planner.usp import ring_steps, usp_steps
 from sp_plan.profiles import load_cluster
 from sp_plan.profiles.kernels import attention_curves, comm_defaults, default_params, device_key, h100_curves
@@ -48,6 +49,41 @@ def test_merge_bytes_per_round_by_hand():
     assert merges and all(p.nbytes == merge_bytes(c, False) for p in merges)
     one = Shape(MODEL, Workload(seq_len=4096), dp=1, ulysses=1, ring=1, token_layout="contiguous")
     assert not [p for st in ring_steps(one, False) for p in st.phases if isinstance(p, Compute) and p.kind == "memory"]
+
+
+def test_transformer_engine_merge_by_hand_is_one_pass_in_the_input_dtype():
+    """The same shape under TransformerEngine's fused correction: read the step's out and the accumulator, write
+    it, all bf16 (3 x 2 B), 28 B per LSE; backward dq.add_ / dkv.add_ in bf16 (3 x 2 B)."""
+    te = Shape(MODEL, Workload(seq_len=4096), dp=1, ulysses=1, ring=4, token_layout="contiguous",
+               merge=MERGES["transformer-engine"])
+    elems = 1024 * 8 * 64
+    assert merge_bytes(te, False) == elems * 6 + 1024 * 8 * 28
+    assert merge_bytes(te, True) == 3 * elems * 6
+
+
+def test_ring_merge_reaches_the_schedules_through_params():
+    """Params.ring_merge picks the merge the estimator's shapes price: every round of the same ring (8 rounds)
+    carries the runtime's merge bytes, and the ring costs less under TransformerEngine's fused merge than under
+    sp-plan's eager one, by at most the merges' bytes over the HBM bandwidth."""
+    from sp_plan.planner import Plan
+    from sp_plan.planner.candidate import Candidate
+
+    plan = Plan(algorithm="ring", degrees={"ring": 8}, order=["ring"])
+    hbm = 1e12
+    times, shapes = {}, {}
+    for name in ("sp-plan", "transformer-engine"):
+        est = estimator(Params(hbm_bandwidth=hbm, ring_merge=name))
+        times[name] = est.attention_time(plan)[0]
+        shapes[name] = est.shape(Candidate.from_plan(plan))
+        assert shapes[name].merge == MERGES[name]
+        merges = [p.nbytes for st in attention_steps(shapes[name], False) for p in st.phases
+                  if isinstance(p, Compute) and p.kind == "memory"]
+        assert merges and set(merges) == {merge_bytes(shapes[name], False)}
+    saved = 8 * (merge_bytes(shapes["sp-plan"], False) - merge_bytes(shapes["transformer-engine"], False)) / hbm
+    # the rounds overlap their compute with the K, V transfer, which hides part of the merge's cost
+    assert 0 < times["sp-plan"] - times["transformer-engine"] <= saved * (1 + 1e-9)
+    with pytest.raises(ValueError, match="ring_merge"):
+        Params(ring_merge="flash")
 
 
 def test_all_to_all_packing_is_two_read_write_passes_beside_each_all_to_all():
@@ -148,19 +184,12 @@ def test_pruning_stays_exact_under_the_default_params():
         assert np.isfinite(full.ranked[0][0])
 
 
-def test_merge_bytes_are_what_the_runtimes_merge_moves():
-    """Every aten op of runtime/kernels.merge (views aside) reads its tensor arguments and writes its outputs:
-    summed, the out-sized ones are (e + MERGE_OUT_BYTES) per out element (a fused merge would fail here, and
-    must lower the constant), the LSE-sized ones about MERGE_LSE_BYTES per LSE element."""
+def count_bytes(fn, big_numel: int) -> tuple[int, int]:
+    """Bytes that ``fn``'s aten ops (views aside) read and write, every tensor argument read and every result
+    written: (those of tensors of ``big_numel`` elements, those of the others)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from sp_plan.planner.schedules import MERGE_LSE_BYTES, MERGE_OUT_BYTES
-    from sp_plan.runtime.kernels import merge
-
-    b, n, h, d = 1, 256, 4, 64
-    out, lse = torch.randn(b, n, h, d), torch.randn(b, h, n)
-    block_out, block_lse = torch.randn(b, n, h, d, dtype=torch.bfloat16), torch.randn(b, h, n)
     big, small = [0], [0]
 
     class Count(TorchDispatchMode):
@@ -169,10 +198,48 @@ def test_merge_bytes_are_what_the_runtimes_merge_moves():
             if not func.is_view:
                 ts = [t for t in torch.utils._pytree.tree_leaves((args, kwargs, res)) if isinstance(t, torch.Tensor)]
                 for t in ts:
-                    (big if t.numel() == out.numel() else small)[0] += t.numel() * t.element_size()
+                    (big if t.numel() == big_numel else small)[0] += t.numel() * t.element_size()
             return res
 
     with Count():
-        merge(out, lse, block_out, block_lse)
-    assert big[0] == out.numel() * (block_out.element_size() + MERGE_OUT_BYTES)
-    assert small[0] == pytest.approx(lse.numel() * MERGE_LSE_BYTES, rel=0.05)
+        fn()
+    return big[0], small[0]
+
+
+def test_merge_bytes_are_what_the_runtimes_merge_moves():
+    """Every aten op of runtime/kernels.merge (views aside) reads its tensor arguments and writes its outputs:
+    summed, the out-sized ones are MERGES["sp-plan"].forward(e) per out element (a fused merge would fail here,
+    and must lower the entry), the LSE-sized ones about its ``lse`` per LSE element."""
+    import torch
+
+    from sp_plan.runtime.kernels import merge
+
+    b, n, h, d = 1, 256, 4, 64
+    out, lse = torch.randn(b, n, h, d), torch.randn(b, h, n)
+    block_out, block_lse = torch.randn(b, n, h, d, dtype=torch.bfloat16), torch.randn(b, h, n)
+    big, small = count_bytes(lambda: merge(out, lse, block_out, block_lse), out.numel())
+    mb = MERGES["sp-plan"]
+    assert big == out.numel() * mb.forward(block_out.element_size())
+    assert small == pytest.approx(lse.numel() * mb.lse, rel=0.05)
+
+
+def test_yunchang_merge_bytes_are_what_its_log_form_update_moves():
+    """The merge yunchang ran in May 2024 (USP Tables 3-4; ring-flash-attention's log-form update), op by op as
+    torch.jit.script runs it: block out to fp32; new_lse = lse + log(1 + exp(blse - lse)); out = exp(lse - new_lse)
+    out + exp(blse - new_lse) block_out. Counted like sp-plan's: MERGES["yunchang"] exactly."""
+    import torch
+
+    b, n, h, d = 1, 256, 4, 64
+    out, lse = torch.randn(b, n, h, d), torch.randn(b, n, h, 1)  # its LSE accumulator: (b, s, h, 1)
+    block_out, block_lse = torch.randn(b, n, h, d, dtype=torch.bfloat16), torch.randn(b, h, n)
+
+    def update():
+        bo = block_out.to(torch.float32)
+        bl = block_lse.transpose(-2, -1).unsqueeze(dim=-1)
+        new_lse = lse + torch.log(1 + torch.exp(bl - lse))
+        return torch.exp(lse - new_lse) * out + torch.exp(bl - new_lse) * bo
+
+    big, small = count_bytes(update, out.numel())
+    mb = MERGES["yunchang"]
+    assert big == out.numel() * mb.forward(block_out.element_size())
+    assert small == lse.numel() * mb.lse
