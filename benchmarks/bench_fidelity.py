@@ -1,6 +1,7 @@
 """Fidelity of the default (uncalibrated) cost model against every measured table of the papers (issue 12).
 
     python benchmarks/bench_fidelity.py [--model before|after|both] [--rows] [--ablate] [--l20 pairs|quads]
+                                        [--merge papers|sp-plan|yunchang|transformer-engine]
 
 For each table in tests/data/paper_tables.json (USP Tables 3-7, WallFacer Fig. 9, TokenRing Fig. 6) it
 builds the cluster, model and workload the table describes, prices every measured configuration and prints
@@ -13,6 +14,8 @@ Nothing is fitted to these tables. ``--ablate`` prints the defaults less each te
 that helps one table and hurts the others is suspect). ``--l20 quads`` prices USP Table 4 on the earlier guess of
 its server's PCIe tree (one switch of four GPUs per socket) instead of the preset's (two GPUs per switch, read from
 the table's own Ulysses rows: profiles/clusters/l20-8-pcie.yaml), so that the one input taken from a table shows.
+A ring round's out/LSE merge is priced as the runtime each paper ran runs it (``RUNTIMES``, planner/merges.py: USP
+Tables 3-4 yunchang, Tables 5-7 TransformerEngine); ``--merge NAME`` prices every table with one runtime's.
 """
 from __future__ import annotations
 
