@@ -44,7 +44,8 @@ MERGES: dict[str, MergeBytes] = {
     # their sum 12; LSE: log(1 + exp(blse - lse)) and the two weights' subtractions and exps, broadcast reads (96).
     # Backward: dq += block_dq into fp32 (read e + 4, write 4), dK and dV alike. Counted: tests/test_fidelity_terms.py
     "yunchang": MergeBytes(1, 32, 96, 1, 8),
-    # NVIDIA TransformerEngine v1.4 (March 2024; NeMo 24.03, the USP paper's Megatron-LM runs, Tables 5-7):
+    # NVIDIA TransformerEngine v1.4 (March 2024; NeMo 24.03, the USP paper's Megatron-LM runs, Tables 5-7; v1.2-v1.5
+    # alike):
     # AttnFuncWithCP keeps out in the input dtype and corrects it with flash_attn_fwd_out_correction under
     # jit_fuser = torch.compile (torch >= 2), one fused pass: read out_per_step and out, write out (3 e); LSE: that
     # pass reads two fp32 LSEs (8) and flash_attn_fwd_softmax_lse_correction, fused too, reads the fp64 LSE and the

@@ -82,9 +82,16 @@ def h100_curves() -> tuple[Curve, Curve]:
     return Curve(points=tuple(fwd)), Curve(points=tuple(bwd))
 
 
+def attention_plateaus(model: str, plateau: float) -> tuple[float, float]:
+    """(forward, backward) efficiency at 16k tokens: the published figures of profiles/kernels.yaml for the
+    device (FlashAttention-2's for A100-class), else the preset's ``attn_efficiency`` (``plateau``) for both."""
+    pub = _match({k: v for k, v in kernel_data()["attention"].items() if "fwd_plateau" in v}, model)
+    return (pub["fwd_plateau"], pub["bwd_plateau"]) if pub else (plateau, plateau)
+
+
 def attention_curves(model: str, plateau: float, peak: float) -> tuple[Curve, Curve]:
     """The device's (forward, backward) curves: measured for the H100; else the H100's shape, its 16k-token
-    efficiency moved to the preset's ``attn_efficiency`` (``plateau``) and its sizes shrunk by
+    efficiency moved to the device's plateau (``attention_plateaus``) and its sizes shrunk by
     sqrt(H100 plateau FLOP/s / this device's): what makes short blocks slow (fixed per-call costs, the last
     partial wave) is time, so a block reaches a given fraction of the plateau when its plateau-rate time
     does, and a block's FLOPs grow as its length squared."""
@@ -93,10 +100,10 @@ def attention_curves(model: str, plateau: float, peak: float) -> tuple[Curve, Cu
         return fwd, bwd
     h100 = kernel_data()["attention"]["H100"]["peak_flops"]
     out = []
-    for c in (fwd, bwd):
+    for c, level in zip((fwd, bwd), attention_plateaus(model, plateau)):
         top = c.at(16384)
-        k = math.sqrt(h100 * top / (peak * plateau))
-        out.append(Curve(points=tuple((s / k, e * plateau / top) for s, e in c.points)))
+        k = math.sqrt(h100 * top / (peak * level))
+        out.append(Curve(points=tuple((s / k, e * level / top) for s, e in c.points)))
     return out[0], out[1]
 
 

@@ -118,12 +118,32 @@ def test_h100_curves_come_from_the_measured_table():
 
 
 def test_other_devices_take_the_h100_shape_at_their_plateau_and_speed():
-    """A100 (312 TFLOP/s, plateau 0.65): sizes shrink by sqrt(989 x 0.36 / (312 x 0.65)) = 1.325 for forward."""
-    fwd, _ = attention_curves("A100-SXM4-80GB", 0.65, 312e12)
-    k = math.sqrt(356e12 / (312e12 * 0.65))
-    assert k == pytest.approx(1.3249, abs=1e-4)
-    assert fwd.at(16384 / k) == pytest.approx(0.65)
-    assert fwd.at(512 / k) == pytest.approx(0.65 * 108 / 356)
+    """L20 (119.5 TFLOP/s, no published figure: the preset's plateau, 0.6): sizes shrink by
+    sqrt(989 x 0.36 / (119.5 x 0.6)) = 2.223 for forward."""
+    fwd, bwd = attention_curves("L20-48GB", 0.6, 119.5e12)
+    k = math.sqrt(356e12 / (119.5e12 * 0.6))
+    assert k == pytest.approx(2.2283, abs=1e-4)
+    assert fwd.at(16384 / k) == pytest.approx(0.6)
+    kb = math.sqrt(989e12 * h100_curves()[1].at(16384) / (119.5e12 * 0.6))
+    assert bwd.at(16384 / kb) == pytest.approx(0.6)
+    assert fwd.at(512 / k) == pytest.approx(0.6 * 108 / 356)
+
+
+def test_a100_class_plateaus_are_flashattention2s_published_ones():
+    """FlashAttention-2 on A100: up to 73 % of peak forward, 63 % backward (at 16k, head dim 128); the preset's
+    attn_efficiency (0.65) no longer applies to A100 or A800; forward sizes shrink by sqrt(356 / (312 x 0.73))."""
+    from sp_plan.profiles.kernels import attention_plateaus
+
+    for model in ("A100-SXM4-80GB", "A100-SXM4-40GB", "A800-SXM4-80GB"):
+        assert attention_plateaus(model, 0.65) == (0.73, 0.63)
+        fwd, bwd = attention_curves(model, 0.65, 312e12)
+        k = math.sqrt(356e12 / (312e12 * 0.73))  # the H100's 16k point lands at 16k / k
+        assert fwd.at(16384 / k) == pytest.approx(0.73) and fwd.at(512 / k) == pytest.approx(0.73 * 108 / 356)
+        h_bwd = h100_curves()[1].at(16384)
+        kb = math.sqrt(989e12 * h_bwd / (312e12 * 0.63))
+        assert bwd.at(16384 / kb) == pytest.approx(0.63)
+    assert attention_plateaus("A10-24GB", 0.6) == (0.6, 0.6)  # not the A100's figures
+    assert attention_plateaus("L20-48GB", 0.6) == (0.6, 0.6)
 
 
 def test_device_models_match_their_data_at_a_word_boundary():
