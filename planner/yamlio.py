@@ -54,21 +54,32 @@ def _construct_mapping(loader: "_Loader", node: yaml.MappingNode, deep: bool = F
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
 
-_Loader.add_constructor("tag:yaml.org,2002:map", lambda loader, node: _construct_mapping(loader, node))
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+#: floats as sp-plan reads them: YAML 1.1's and scientific notation without a dot (1e9, 2.5e-6)
+FLOAT_RE = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
     |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
     |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
     |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."),
-)
+    |\.(?:nan|NaN|NAN))$""", re.X)
+
+
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper that quotes every string _Loader would read as something else (a profile id such as 123e4567
+    reads as a float there): what is written reads back as written."""
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", lambda loader, node: _construct_mapping(loader, node))
+for _cls in (_Loader, _Dumper):
+    _cls.add_implicit_resolver("tag:yaml.org,2002:float", FLOAT_RE, list("-+0123456789."))
 
 
 def yaml_load(text: str):
     """Parse YAML text with sp-plan's loader (scientific-notation floats)."""
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
+def yaml_dump(data: Any) -> str:
+    """YAML text of ``data`` that ``yaml_load`` reads back as it is (strings that look like numbers quoted)."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=None, width=120)
 
 
 def _cannot_write(path: Path, e: OSError, field: str) -> PlanError:
@@ -127,7 +138,7 @@ def dump_data(data: Any, path: str | Path, field: str = "--output") -> None:
     if str(path).endswith(".json"):
         atomic_write(path, json.dumps(data, indent=2) + "\n", field)
     else:
-        atomic_write(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120), field)
+        atomic_write(path, yaml_dump(data), field)
 
 
 def check_schema_version(data: Any, supported: int, what: str) -> None:

@@ -128,3 +128,17 @@ def test_plans_clusters_and_profiles_save_through_atomic_write(tmp_path, monkeyp
     for i, doc in enumerate(docs):
         doc.save(tmp_path / f"{i}{suffix}")
     assert [Path(p).name for p in calls] == [f"{i}{suffix}" for i in range(len(docs))]
+
+
+@pytest.mark.parametrize("pid", ["123e4567", "4e81", "0123", "1_000", ".5", "3e1bc8b43e38"])
+def test_a_written_string_reads_back_as_the_string_it_was(tmp_path, pid):
+    """sp-plan reads 1e9 as a float (plain YAML 1.1 does not): a string that looks like one, e.g. a profile id
+    of digits and one e such as 123e4567, must be written quoted, or a tune's plan file fails to load
+    ("plan.measured.profile: Input should be a valid string")."""
+    from sp_plan.planner.plan import Measured
+
+    plan = Plan(algorithm="ring", degrees={"ring": 8}, order=["ring"],
+                measured=Measured(step_time_s=1.0, peak_memory_bytes=1.0, profile=pid))
+    plan.save(tmp_path / "plan.yaml")
+    assert Plan.load(tmp_path / "plan.yaml").measured.profile == pid
+    assert yamlio.yaml_load(yamlio.yaml_dump({"id": pid, "x": 1e9})) == {"id": pid, "x": 1e9}
