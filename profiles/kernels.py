@@ -83,8 +83,9 @@ def h100_curves() -> tuple[Curve, Curve]:
 
 
 def attention_plateaus(model: str, plateau: float) -> tuple[float, float]:
-    """(forward, backward) efficiency at 16k tokens: the published figures of profiles/kernels.yaml for the
-    device (FlashAttention-2's for A100-class), else the preset's ``attn_efficiency`` (``plateau``) for both."""
+    """(forward, backward) plateau efficiency, where ``attention_curves`` puts the H100 curve's 16k-token level: the
+    published figures of profiles/kernels.yaml for the device (FlashAttention-2's at 16k for A100-class), else
+    the preset's ``attn_efficiency`` (``plateau``) for both."""
     pub = _match({k: v for k, v in kernel_data()["attention"].items() if "fwd_plateau" in v}, model)
     return (pub["fwd_plateau"], pub["bwd_plateau"]) if pub else (plateau, plateau)
 

@@ -49,3 +49,27 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("-", f"hypothesis: generated cases per property (profile {os.environ.get('HYPOTHESIS_PROFILE', 'ci')})")
         for key, n in sorted(_CASES.items()):
             terminalreporter.write_line(f"{n:6d}  {key}")
+
+
+import importlib.util  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def script():
+    """Load a script of the repository (``benchmarks/bench_tune.py``, ...) as a module, once per path."""
+    loaded: dict = {}
+
+    def load(relpath: str):
+        if relpath not in loaded:
+            spec = importlib.util.spec_from_file_location(Path(relpath).stem, ROOT / relpath)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            loaded[relpath] = mod
+        return loaded[relpath]
+
+    return load

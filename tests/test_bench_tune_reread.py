@@ -1,17 +1,12 @@
 """bench_tune --reread: the readings of a second measurement join a kept truth's, and the estimators read them."""
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 
 @pytest.fixture(scope="module")
-def bt():
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_tune.py"
-    spec = importlib.util.spec_from_file_location("bench_tune", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def bt(script):
+    return script("benchmarks/bench_tune.py")
 
 
 def test_readings_join_the_kept_ones_and_decide_the_truth(bt):

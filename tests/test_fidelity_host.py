@@ -67,15 +67,9 @@ def test_host_default_only_on_pcie_boxes():
         assert not [k for k in comm_defaults(load_cluster(preset, 2)) if k.endswith("/host")]
 
 
-def test_bench_fidelity_ablates_the_host_term_alone():
+def test_bench_fidelity_ablates_the_host_term_alone(script):
     """`bench_fidelity.py --ablate`'s "-host-a2a" column: the defaults less the host fit, the rest kept."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_fidelity.py"
-    spec = importlib.util.spec_from_file_location("bench_fidelity", path)
-    bf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bf)
+    bf = script("benchmarks/bench_fidelity.py")
     cl = load_cluster("l20-8-pcie")
     full, less = default_params(cl), bf.params_for("after-host-a2a", cl)
     assert "all_to_all/host" in full.comm and "all_to_all/host" not in less.comm
@@ -83,16 +77,10 @@ def test_bench_fidelity_ablates_the_host_term_alone():
     assert bf.params_for("after-round", cl).round_overhead_s == 0.0  # the static terms as before
 
 
-def test_bench_fidelity_prices_each_paper_with_its_runtimes_merge():
+def test_bench_fidelity_prices_each_paper_with_its_runtimes_merge(script):
     """USP Tables 3-4 ran yunchang, Tables 5-7 Megatron-LM's context parallel (TransformerEngine): "after" prices
     each table with that runtime's ring merge, ``--merge NAME`` every table with one; "before" stays Params()."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_fidelity.py"
-    spec = importlib.util.spec_from_file_location("bench_fidelity", path)
-    bf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bf)
+    bf = script("benchmarks/bench_fidelity.py")
     cl = load_cluster("l20-8-pcie")
     assert bf.RUNTIMES == {"usp_attention": "yunchang", "usp_training": "transformer-engine"}
     assert bf.params_for("after", cl, {"ring_merge": "yunchang"}) == default_params(cl).model_copy(

@@ -8,7 +8,7 @@ from sp_plan.planner import Estimator, ModelSpec, Workload
 from sp_plan.planner.calibration import resolve_params
 from sp_plan.planner.engine import GroupShape, LinkEngine
 from sp_plan.planner.merges import MERGES
-from sp_plan.planner.params import CommFit, Curve, Params
+from sp_plan.planner.params import Curve, Params
 from sp_plan.planner.schedules import Comm, Compute, Shape, Step, a2a_packing, attention_steps, merge_bytes
 from sp_plan.planner.usp import ring_steps, usp_steps
 from sp_plan.profiles import load_cluster
