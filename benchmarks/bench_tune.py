@@ -10,7 +10,8 @@ by a veth shaped to 800 Mbit/s with `tc tbf`, two ranks each; runtime/netns.py):
    placement and token layout with its best mesh order and memory policy) measured end to end with
    the bundled runtime (`profiles/tune/candidate.py`: stacks of 1 and ``--layers`` blocks, the median of
    ``--iters`` timed steps each, scaled to the model's layers; the fastest of ``--repeats`` such runs
-   (``--truth-estimator median``: their median), taken as whole passes over every layout, for two small
+   (``--truth-estimator median``: their median; ``blocked``: at a pass of median speed, the passes as blocks),
+   taken as whole passes over every layout, for two small
    workloads: tiny-llama at 1k tokens (A) and tiny-gpt at 512 (B);
 3. `sp-plan tune` on workload A with a fresh store (``--budget`` candidates at most; ``--kernel-timing``
    passed on);
@@ -75,9 +76,49 @@ def worker_truth(args) -> None:
     probe.finish(owned)
 
 
-#: how a layout's passes make its truth: "fastest" (what tune keeps of a contender's readings: whatever else runs on
-#: the host only adds time) or "median"
-ESTIMATORS = {"fastest": min, "median": statistics.median}
+def median_polish(table: list[list[float | None]], sweeps: int = 30) -> tuple[float, list[float], list[float]]:
+    """Tukey's median polish of a two-way table with gaps (None): ``table[l][p] = overall + row[l] + col[p] +
+    residual``, row and column effects each with median 0 (Tukey, Exploratory Data Analysis, 1977, ch. 11)."""
+    res = [list(r) for r in table]
+    row, col = [0.0] * len(res), [0.0] * max(len(r) for r in res)
+    overall = 0.0
+    for _ in range(sweeps):
+        for i, r in enumerate(res):
+            m = statistics.median(x for x in r if x is not None)
+            row[i] += m
+            res[i] = [None if x is None else x - m for x in r]
+        for j in range(len(col)):
+            cells = [r[j] for r in res if j < len(r) and r[j] is not None]
+            m = statistics.median(cells) if cells else 0.0
+            col[j] += m
+            for r in res:
+                if j < len(r) and r[j] is not None:
+                    r[j] -= m
+        for eff in (row, col):
+            m = statistics.median(eff)
+            overall += m
+            eff[:] = [e - m for e in eff]
+    return overall, row, col
+
+
+def blocked(rows: list[list[float]]) -> list[float]:
+    """Each layout's time with the passes as blocks: the median polish of the log readings (a layout's i-th reading
+    from pass i, as ``--repeats`` and ``--reread`` take them), each layout at a pass of median speed,
+    ``exp(overall + row)``. A pass that ran slow all through (the host's other work) then moves every layout read
+    in it, not the one whose fastest or median reading it happened to hold; the 8-rank truth's passes ran at
+    0.84-1.29 of the median pass's speed."""
+    import math
+
+    overall, row, _ = median_polish([[math.log(x) for x in r] for r in rows])
+    return [math.exp(overall + a) for a in row]
+
+
+#: how a layout's passes make its truth, each over every layout's readings (a list per layout, in pass order):
+#: "fastest" (what tune keeps of a contender's readings: whatever else runs on the host only adds time), "median",
+#: or "blocked" (the passes as blocks: ``blocked``)
+ESTIMATORS = {"fastest": lambda rows: [min(r) for r in rows],
+              "median": lambda rows: [statistics.median(r) for r in rows],
+              "blocked": blocked}
 
 
 def _truth_row(runs):
@@ -119,7 +160,7 @@ def self_agreement(truth: list[dict], estimator: str = "fastest") -> dict | None
     rows = [r for r in rows if len(r) == k]
     if k < 2 or len(rows) < 3:
         return None
-    rhos = [spearman([r[i] for r in rows], [ESTIMATORS[estimator](r[:i] + r[i + 1:]) for r in rows]) for i in range(k)]
+    rhos = [spearman([r[i] for r in rows], ESTIMATORS[estimator]([r[:i] + r[i + 1:] for r in rows])) for i in range(k)]
     return {"passes": k, "n": len(rows), "spearman": rhos,
             "spread": statistics.median(max(r) / min(r) - 1 for r in rows)}
 
@@ -211,9 +252,10 @@ def bench_world(name: str, args, tmp: Path) -> dict:
 def truth_by(truth: list[dict], estimator: str) -> list[dict]:
     """The truth with each layout at ``estimator`` (``ESTIMATORS``) of its passes' readings (as written where a
     row has none)."""
-    pick = ESTIMATORS[estimator]
-    return [dict(t, measured_s=pick(t["detail"]["readings_s"])) if t.get("detail", {}).get("readings_s") else t
-            for t in truth]
+    rows = [t.get("detail", {}).get("readings_s") or [t.get("measured_s")] for t in truth]
+    ok = [i for i, t in enumerate(truth) if t["status"] == "ok" and rows[i][0]]
+    times = dict(zip(ok, ESTIMATORS[estimator]([rows[i] for i in ok]))) if ok else {}
+    return [dict(t, measured_s=times[i]) if i in times else t for i, t in enumerate(truth)]
 
 
 def host_drift(profile, truth: list[dict]) -> float | None:
@@ -226,18 +268,18 @@ def host_drift(profile, truth: list[dict]) -> float | None:
 
 def judge(name, world, cluster, truths, profile, t_truth, t_tune, estimator: str = "fastest") -> dict:
     """One world's figures: each workload's truth (``estimator`` of its passes) scored uncalibrated and under the
-    tuned profile, and calibrated under the other estimator too."""
+    tuned profile, and calibrated under the other estimators too."""
     from sp_plan.planner.params import Params
 
-    other = next(e for e in ESTIMATORS if e != estimator)
+    others = [e for e in ESTIMATORS if e != estimator]
     truths, raw = {w: truth_by(t, estimator) for w, t in truths.items()}, truths
     res = {"world": name, "ranks": world, "truth_s": t_truth, "tune_s": t_tune, "estimator": estimator,
-           "other": other, "tuned": len(profile.candidates), "profile": profile.id,
+           "others": others, "tuned": len(profile.candidates), "profile": profile.id,
            "pick_regret": pick_regret(profile, truths["A"]), "drift": host_drift(profile, truths["A"])}
     for w, truth in truths.items():
         res[w] = {"uncalibrated": score(cluster, truth, Params()),
                   "calibrated": score(cluster, truth, profile.params, profile), "self": self_agreement(truth, estimator),
-                  "other": score(cluster, truth_by(raw[w], other), profile.params, profile)}
+                  "others": {e: score(cluster, truth_by(raw[w], e), profile.params, profile) for e in others}}
     return res
 
 
@@ -344,11 +386,11 @@ def report(results: list[dict]) -> None:
             + f", tune {r['tune_s']:.0f} s, ")
         print(f"{'':<9} {took}profile {r['profile']}; "
               f"regret of tune's pick (its best measured of {r['tuned']}): {r['pick_regret']:.1%}")
-        if r.get("other"):
-            print(f"{'':<9} truth at each layout's {r['estimator']} pass; at its {r['other']} pass instead, calibrated: "
-                  + "; ".join(f"{w}: Spearman {r[w]['other']['spearman']:.2f}, step err {r[w]['other']['step_err']:.1%}, "
-                              f"regret {r[w]['other']['regret']:.1%}, plan {r[w]['other']['plan_regret']:.1%}"
-                              for w in WORKLOADS))
+        for e in r.get("others", ()):
+            o = {w: r[w]["others"][e] for w in WORKLOADS}
+            print(f"{'':<9} truth by the {r['estimator']} estimator; by the {e} one instead, calibrated: "
+                  + "; ".join(f"{w}: Spearman {o[w]['spearman']:.2f}, step err {o[w]['step_err']:.1%}, "
+                              f"regret {o[w]['regret']:.1%}, plan {o[w]['plan_regret']:.1%}" for w in WORKLOADS))
         if r.get("drift"):
             print(f"{'':<9} host speed: tune's readings of its layouts / the truth's of the same layouts, median "
                   f"{r['drift']:.2f}")
@@ -376,7 +418,8 @@ def main() -> None:
                     help="tune's --kernel-timing (how its kernel step times the kernels where ranks share cores)")
     ap.add_argument("--truth-estimator", default="fastest", choices=tuple(ESTIMATORS),
                     help="a layout's truth from its passes: the fastest (default; what tune keeps of a contender's "
-                         "readings) or the median; the other is printed beside it")
+                         "readings), the median, or blocked (the passes as blocks: a median polish of the log "
+                         "readings); the others are printed beside it")
     ap.add_argument("--json", default=None)
     ap.add_argument("--keep", default=None,
                     help="keep each world's cluster file, ground truth, tune log and store under this folder "

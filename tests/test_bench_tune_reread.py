@@ -22,6 +22,27 @@ def test_readings_join_the_kept_ones_and_decide_the_truth(bt):
     assert [t["measured_s"] for t in bt.truth_by(out, "median")] == pytest.approx([1.0, 1.2, 0.925])
 
 
+def test_blocked_truth_takes_the_passes_as_blocks(bt):
+    # a first pass read a, b and c at the host's speed 1.0; a reread of b and c ran at 0.85, then at 1.2
+    speed, true = [1.0, 0.85, 1.2], {"a": 1.0, "b": 1.04, "c": 1.1}
+    truth = [{"summary": k, "status": "ok", "measured_s": 0.0,
+              "detail": {"readings_s": [true[k] * v for v in (speed[:1] if k == "a" else speed)]}} for k in "abc"]
+    fastest = {t["summary"]: t["measured_s"] for t in bt.truth_by(truth, "fastest")}
+    assert min(fastest, key=fastest.get) == "b"  # b's fastest reading is from a fast pass a was not read in
+    got = {t["summary"]: t["measured_s"] for t in bt.truth_by(truth, "blocked")}
+    assert got == pytest.approx(true)  # each layout at the median pass's speed (1.0): the passes' speeds taken out
+
+
+def test_median_polish_recovers_an_additive_table_with_gaps(bt):
+    row, col = [0.0, 0.3, -0.2, 0.5], [0.1, -0.4, 0.0, 0.25, 0.7]
+    table = [[2.0 + r + c for c in col] for r in row]
+    table[0][1] = table[2][4] = table[3][0] = None
+    overall, rows, cols = bt.median_polish(table)
+    fitted = [[overall + r + c for c in cols] for r in rows]
+    assert all(f == pytest.approx(t) for fr, tr in zip(fitted, table) for f, t in zip(fr, tr) if t is not None)
+    assert rows[1] - rows[0] == pytest.approx(0.3) and cols[4] - cols[2] == pytest.approx(0.7)
+
+
 def test_reread_refuses_a_folder_without_a_kept_tune_and_an_existing_keep(tmp_path):
     import subprocess
     import sys

@@ -122,3 +122,10 @@ def test_contenders_are_the_best_and_the_runners_up_within_reach():
     assert contenders({n: apart[n] for n in ("u8", "usp")}, opts, {"usp": 0.95}) == []  # predicted out of reach too
     c = confirmed(near["a"], [0.60, 0.55, 0.70])
     assert c.measured_s == 0.55 and c.detail["readings_s"] == [0.60, 0.55, 0.70] and near["a"].measured_s == 0.60
+
+
+def test_contenders_are_read_again_in_rounds():
+    from sp_plan.profiles.tune.run import confirm_order
+
+    assert confirm_order(["b", "a", "c"], 2) == [("b", 0), ("a", 0), ("c", 0), ("b", 1), ("a", 1), ("c", 1)]
+    assert confirm_order(["b", "a"], 0) == [] and confirm_order([], 3) == []

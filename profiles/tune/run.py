@@ -338,25 +338,27 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
         measured[name] = mc
         tick("candidates", len(measured), opts.budget, f"{name}: {mc.status}")
 
-    # ---- confirm: the best and the runners-up within opts.confirm_within read again, each kept at its fastest reading
+    # ---- confirm: the best and the runners-up within opts.confirm_within read again, in rounds (one reading of each
+    # contender a round), each kept at its fastest reading
     late = time.monotonic() - started > limit
     predicted = {c.summary: c.predicted_after_s for c in result.candidates if c.predicted_after_s} if result else {}
     todo = _bcast(contenders(measured, opts, predicted) if rank == 0 and not late else None, rank) or []
-    for j, name in enumerate(todo):
-        readings = [measured[name].measured_s]
-        for k in range(opts.confirm):
-            key = f"confirm:{name}:{k}"
-            tick("confirm", j * opts.confirm + k, len(todo) * opts.confirm, f"{name}: reading {k + 2}")
-            if steps.get(key, ("", None))[0] in ("ok", "failed"):
-                mc = MeasuredCandidate.model_validate(steps[key][1])
-            else:
-                mc = run_candidate(by_name[name], model, work, cluster, opts)
-                if rank == 0:
-                    store.record_step(run_id, key, "ok" if mc.status == "ok" else "failed", mc.model_dump(mode="json"))
-            if mc.status == "ok":
-                readings.append(mc.measured_s)
-        measured[name] = confirmed(measured[name], readings)
-        tick("confirm", (j + 1) * opts.confirm, len(todo) * opts.confirm, f"{name}: {len(readings)} readings")
+    readings = {name: [measured[name].measured_s] for name in todo}
+    order = confirm_order(todo, opts.confirm)
+    for j, (name, k) in enumerate(order):
+        key = f"confirm:{name}:{k}"
+        tick("confirm", j, len(order), f"{name}: reading {k + 2}")
+        if steps.get(key, ("", None))[0] in ("ok", "failed"):
+            mc = MeasuredCandidate.model_validate(steps[key][1])
+        else:
+            mc = run_candidate(by_name[name], model, work, cluster, opts)
+            if rank == 0:
+                store.record_step(run_id, key, "ok" if mc.status == "ok" else "failed", mc.model_dump(mode="json"))
+        if mc.status == "ok":
+            readings[name].append(mc.measured_s)
+        tick("confirm", j + 1, len(order), f"{name}: {len(readings[name])} readings")
+    for name in todo:
+        measured[name] = confirmed(measured[name], readings[name])
     if todo and rank == 0:
         result = fit(cluster, base, [m for m in measured.values() if m.status == "ok"], hold)
         params = result.params
@@ -391,6 +393,13 @@ def contenders(measured: dict[str, MeasuredCandidate], opts: TuneOptions,
     pred = predicted or {}
     near = [m.summary for m in ok if m.measured_s <= reach or pred.get(m.summary, float("inf")) <= reach]
     return near[:MAX_CONTENDERS] if opts.confirm >= 1 and len(near) >= 2 else []
+
+
+def confirm_order(todo: list[str], confirm: int) -> list[tuple[str, int]]:
+    """The confirm step's readings, (contender, k), in rounds: every contender's k-th reading before any one's
+    (k+1)-th, so that a slow spell of the hosts lands on several contenders' readings, not on one contender's
+    (a randomized-block design's blocks: the 8-rank ground truth's passes ran at 0.84-1.29 of their median speed)."""
+    return [(name, k) for k in range(confirm) for name in todo]
 
 
 def confirmed(mc: MeasuredCandidate, readings: list[float]) -> MeasuredCandidate:
