@@ -10,7 +10,7 @@ by a veth shaped to 800 Mbit/s with `tc tbf`, two ranks each; runtime/netns.py):
    placement and token layout with its best mesh order and memory policy) measured end to end with
    the bundled runtime (`profiles/tune/candidate.py`: stacks of 1 and ``--layers`` blocks, the median of
    ``--iters`` timed steps each, scaled to the model's layers; the fastest of ``--repeats`` such runs
-   (``--truth-estimator median``: their median; ``blocked``: at a pass of median speed, the passes as blocks),
+   (``--truth-estimator median``: their median; ``blocked``: the passes as blocks, a robust additive fit),
    taken as whole passes over every layout, for two small
    workloads: tiny-llama at 1k tokens (A) and tiny-gpt at 512 (B);
 3. `sp-plan tune` on workload A with a fresh store (``--budget`` candidates at most; ``--kernel-timing``
@@ -76,41 +76,52 @@ def worker_truth(args) -> None:
     probe.finish(owned)
 
 
-def median_polish(table: list[list[float | None]], sweeps: int = 30) -> tuple[float, list[float], list[float]]:
-    """Tukey's median polish of a two-way table with gaps (None): ``table[l][p] = overall + row[l] + col[p] +
-    residual``, row and column effects each with median 0 (Tukey, Exploratory Data Analysis, 1977, ch. 11)."""
-    res = [list(r) for r in table]
-    row, col = [0.0] * len(res), [0.0] * max(len(r) for r in res)
-    overall = 0.0
+def additive_fit(table: list[list[float | None]], c: float = 1.345, sweeps: int = 50) -> tuple[list[float], list[float]]:
+    """Robust two-way additive fit of a table with gaps (None): ``table[l][p] = row[l] + col[p] + residual``,
+    ``col[0] = 0``, by Huber's M-estimator (iteratively reweighted least squares, tuning constant ``c`` in units of
+    the residuals' MAD scale; Huber, Robust Statistics, 1981, ch. 7). A reading that met a slow spell weighs less
+    than a mean would let it; the fit is unique (two readings of a layout meet at their mean) and, unlike Tukey's
+    median polish, exact for an additive table whatever its gaps, so a pass read by a few layouts is compared
+    through exactly those layouts."""
+    import numpy as np
+
+    cells = [(i, j, x) for i, r in enumerate(table) for j, x in enumerate(r) if x is not None]
+    n_row, n_col = len(table), max(len(r) for r in table)
+    a = np.zeros((len(cells), n_row + n_col - 1))
+    for k, (i, j, _) in enumerate(cells):
+        a[k, i] = 1.0
+        if j:
+            a[k, n_row + j - 1] = 1.0
+    y = np.array([x for _, _, x in cells])
+    repeated = np.array([sum(x is not None for x in table[i]) > 1 for i, _, _ in cells])  # a row alone fits exactly
+    w = np.ones(len(cells))
     for _ in range(sweeps):
-        for i, r in enumerate(res):
-            m = statistics.median(x for x in r if x is not None)
-            row[i] += m
-            res[i] = [None if x is None else x - m for x in r]
-        for j in range(len(col)):
-            cells = [r[j] for r in res if j < len(r) and r[j] is not None]
-            m = statistics.median(cells) if cells else 0.0
-            col[j] += m
-            for r in res:
-                if j < len(r) and r[j] is not None:
-                    r[j] -= m
-        for eff in (row, col):
-            m = statistics.median(eff)
-            overall += m
-            eff[:] = [e - m for e in eff]
-    return overall, row, col
+        sw = np.sqrt(w)
+        sol = np.linalg.lstsq(a * sw[:, None], y * sw, rcond=None)[0]
+        r = y - a @ sol
+        scale = float(np.median(np.abs(r[repeated]))) / 0.6745 if repeated.any() else 0.0
+        if scale <= 1e-12:
+            break
+        new = np.minimum(1.0, c * scale / np.maximum(np.abs(r), 1e-300))
+        if np.allclose(new, w, atol=1e-9):
+            break
+        w = new
+    return [float(x) for x in sol[:n_row]], [0.0] + [float(x) for x in sol[n_row:]]
 
 
 def blocked(rows: list[list[float]]) -> list[float]:
-    """Each layout's time with the passes as blocks: the median polish of the log readings (a layout's i-th reading
-    from pass i, as ``--repeats`` and ``--reread`` take them), each layout at a pass of median speed,
-    ``exp(overall + row)``. A pass that ran slow all through (the host's other work) then moves every layout read
-    in it, not the one whose fastest or median reading it happened to hold; the 8-rank truth's passes ran at
-    0.84-1.29 of the median pass's speed."""
+    """Each layout's time with the passes as blocks: the additive fit of the log readings (a layout's i-th reading
+    from pass i, as ``--repeats`` and ``--reread`` take them; ``additive_fit``, Huber's), each layout at the speed of the pass
+    that holds the median reading (the passes weighted by the readings they hold: a reread pass of six layouts does
+    not set the level of a first pass of ninety). A pass that ran slow all through (the host's other work) then
+    moves every layout read in it, not the one whose fastest or median reading it happened to hold; the 8-rank
+    truth's passes ran at 0.84-1.29 of the median pass's speed."""
     import math
 
-    overall, row, _ = median_polish([[math.log(x) for x in r] for r in rows])
-    return [math.exp(overall + a) for a in row]
+    row, col = additive_fit([[math.log(x) for x in r] for r in rows])
+    cells = sorted(col[j] for r in rows for j in range(len(r)))
+    level = cells[(len(cells) - 1) // 2]
+    return [math.exp(level + a) for a in row]
 
 
 #: how a layout's passes make its truth, each over every layout's readings (a list per layout, in pass order):
@@ -418,7 +429,7 @@ def main() -> None:
                     help="tune's --kernel-timing (how its kernel step times the kernels where ranks share cores)")
     ap.add_argument("--truth-estimator", default="fastest", choices=tuple(ESTIMATORS),
                     help="a layout's truth from its passes: the fastest (default; what tune keeps of a contender's "
-                         "readings), the median, or blocked (the passes as blocks: a median polish of the log "
+                         "readings), the median, or blocked (the passes as blocks: a robust additive fit of the log "
                          "readings); the others are printed beside it")
     ap.add_argument("--json", default=None)
     ap.add_argument("--keep", default=None,

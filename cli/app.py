@@ -208,7 +208,7 @@ def plan_cmd(
     except PlanError as e:
         fail(e)
     c, w, plans = res.cluster, res.workload, res.plans
-    out.print(f"[bold]{c.name}[/] ({c.nodes} node(s), {c.world_size} x {c.device}, fingerprint {c.fingerprint}), "
+    out.print(f"[bold]{c.name}[/] ({c.nodes} node(s), {c.world_size} x {c.device}, fingerprint {c.fingerprint}, topology {c.topology_fingerprint}), "
               f"[bold]{res.model.name}[/], {w.seq_len:,} tokens x {w.batch}, {'causal' if w.causal else 'full'}, "
               f"{'training' if w.training else 'inference'}", highlight=False)
     out.print(res.profile_line, highlight=False)

@@ -58,8 +58,8 @@ def list_cmd(
         profiles = st.list_profiles(fp)
     except PlanError as e:
         _fail(e)
-    t = Table(title=f"profiles in {st.shown}" + (f" for fingerprint {fp}" if fp else ""))
-    for c in ("id", "cluster", "fingerprint", "created", "candidates measured", "LOO error after", "stack"):
+    t = Table(title=f"profiles in {st.shown}" + (f" for topology {fp}" if fp else ""))
+    for c in ("id", "cluster", "topology", "created", "candidates measured", "LOO error after", "stack"):
         t.add_column(c, justify="right" if c in ("candidates measured", "LOO error after") else "left")
     for p in profiles:
         ok = sum(1 for c in p.candidates if c.status == "ok")
@@ -83,7 +83,7 @@ def show_cmd(
     except PlanError as e:
         _fail(e)
     out.print(f"[bold]{escape(p.line())}[/]", highlight=False)
-    out.print(f"cluster {escape(p.cluster or '-')}, fingerprint {p.cluster_fingerprint}, stack {escape(_stack(p.stack))}, "
+    out.print(f"cluster {escape(p.cluster or '-')}, topology {p.cluster_fingerprint}, stack {escape(_stack(p.stack))}, "
               f"leave-one-out error {_pct(p.loo_error_before)} before -> {_pct(p.loo_error_after)} after", highlight=False,
               soft_wrap=True)
     if p.workloads:
@@ -148,7 +148,7 @@ def import_cmd(
             pid, shown = st.save_profile(p), st.shown
     except PlanError as e:
         _fail(e)
-    err.print(f"imported {path} as profile {pid} ({escape(p.cluster or '-')}, fingerprint {p.cluster_fingerprint}) "
+    err.print(f"imported {path} as profile {pid} ({escape(p.cluster or '-')}, topology {p.cluster_fingerprint}) "
               f"into {shown}", highlight=False)
     out.print(pid, highlight=False)
 

@@ -120,6 +120,7 @@ def tune_cmd(
                            link_sizes=parse_sizes(link_sizes) if link_sizes else None)
         owned = _world()
         rank = probe.dist.get_rank()
+        check_world(c, probe.dist.get_world_size())  # before the store: a refused tune creates no store file
         problem = None
         if rank == 0:
             try:
@@ -132,7 +133,6 @@ def tune_cmd(
         probe.dist.broadcast_object_list(box, src=0)
         if box[0]:
             raise PlanError(*box[0])
-        check_world(c, probe.dist.get_world_size())
     except PlanError as e:
         if rank == 0:
             print_error(str(e))

@@ -852,12 +852,14 @@ def _phases(rows: list) -> list[PhaseCost]:
             for n, (k, g, b, s, x) in merged.items()]
 
 
-def estimate(plan: Plan, cluster: Cluster, model: ModelSpec, workload: Workload, profile=None) -> Prediction:
+def estimate(plan: Plan, cluster: Cluster, model: ModelSpec, workload: Workload, profile=None,
+             store=None) -> Prediction:
     """Predict step_time_s, tokens_per_s, mfu, peak_memory_bytes and the per-phase breakdown of ``plan``.
 
     ``profile``: a Profile, a profile id or file (str), None (the cluster's profile in the store, if any)
-    or False (none); see calibration.resolve_params."""
+    or False (none); ``store``: where an id or None looks (a Store or a URL; None: ``$SP_PLAN_STORE``, else
+    the user data directory's); see calibration.resolve_params."""
     from .calibration import resolve_params
 
-    params, _, _ = resolve_params(cluster, profile)
+    params, _, _ = resolve_params(cluster, profile, store)
     return Estimator(cluster, model, workload, params=params)(plan)

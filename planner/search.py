@@ -533,15 +533,18 @@ def no_plan_error(cluster: Cluster, workload: Workload, result: SearchResult) ->
 
 
 def plan(cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int = 5,
-         progress: Callable[[int, int], None] | None = None, space: Space | None = None, profile=None) -> list[Plan]:
+         progress: Callable[[int, int], None] | None = None, space: Space | None = None, profile=None,
+         store=None) -> list[Plan]:
     """The ``top_k`` best plans for this cluster, model and workload, fastest first (deterministic).
 
     ``profile``: a Profile, a profile id or file (str), None (the cluster's profile in the store, if any)
-    or False (none); each Plan records the profile used (``Plan.profile``). A layout the profile's tune measured
-    for this model and workload ranks by its measured step and carries it (``Plan.measured``, planner/measured.py)."""
+    or False (none); ``store``: where an id or None looks (a Store or a URL; None: ``$SP_PLAN_STORE``, else the
+    user data directory's). Each Plan records the profile used (``Plan.profile``). A layout the profile's tune
+    measured for this model and workload ranks by its measured step and carries it (``Plan.measured``,
+    planner/measured.py)."""
     from .calibration import resolve_params
 
-    params, line, prof = resolve_params(cluster, profile)
+    params, line, prof = resolve_params(cluster, profile, store)
     res = grid_search(cluster, model, workload, space, progress, keep=top_k, params=params)
     res.profile, res.profile_line = profile_tag(prof), line
     if not res.ranked:

@@ -133,23 +133,31 @@ class Store:
     """Profiles, link fits and tune checkpoints in one database (see the module docstring)."""
 
     def __init__(self, url: str | None = None):
+        #: where the URL came from, named in errors: the caller's (``--store``) or the environment's
+        self.source = ENV_VAR if url is None and os.environ.get(ENV_VAR) else "--store"
+        if url is not None and not url.strip():
+            raise PlanError("--store", "the store URL is empty", "give a SQLAlchemy URL such as "
+                            "sqlite:////path/store.db, or leave --store out for $SP_PLAN_STORE or the default store")
         self.url = store_url(url)
         self.shown = redact(self.url)
         self._reader: sa.Engine | None = None
         try:
             self.engine = self._engine(self.url, default=url is None and not os.environ.get(ENV_VAR))
             self._open()
-        except PlanError:
-            raise
+        except PlanError as e:
+            raise PlanError(self.source, e.problem, e.fix) from None
         except (sa_exc.ArgumentError, ValueError) as e:
-            raise PlanError("--store", f"cannot open store {self.shown} ({_first_line(e)})",
+            raise PlanError(self.source, f"cannot open store {self.shown} ({_first_line(e)})",
                             "give a SQLAlchemy URL such as sqlite:////path/store.db or "
                             "postgresql+psycopg://user@host/db") from None
         except ImportError as e:
-            raise PlanError("--store", f"cannot open store {self.shown} (no database driver: {_first_line(e)})",
+            raise PlanError(self.source, f"cannot open store {self.shown} (no database driver: {_first_line(e)})",
                             "install it, for PostgreSQL: pip install 'sp-plan[postgres]'") from None
         except (sa_exc.SQLAlchemyError, OSError) as e:
-            raise PlanError("--store", f"cannot open store {self.shown} ({_first_line(e)})", STORE_FIX) from None
+            text = _first_line(e)
+            fix = (f"pass the URL of an sp-plan store (a SQLite file sp-plan wrote, or a new file) instead of "
+                   f"{self.shown}" if "not a database" in text else STORE_FIX)
+            raise PlanError(self.source, f"cannot open store {self.shown} ({text})", fix) from None
 
     # ---- opening
     @staticmethod
@@ -159,7 +167,10 @@ class Store:
             args = {"connect_timeout": 10} if u.get_driver_name() in ("psycopg", "psycopg2") else {}
             return sa.create_engine(u, pool_pre_ping=True, connect_args=args)
         path = u.database or ""
-        if path and path != ":memory:" and not path.startswith("file:"):
+        if not path or path == ":memory:" or "mode=memory" in str(u):
+            raise PlanError("--store", f"{url} is an in-memory SQLite database: a profile stored there is gone when "
+                            "the process ends", "give a file, e.g. sqlite:////path/store.db")
+        if not path.startswith("file:"):
             if default:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
             elif not Path(path).parent.is_dir():
@@ -511,7 +522,7 @@ def _check(profile: Profile, cluster) -> tuple[Profile | None, str]:
     fp = cluster.topology_fingerprint()
     name = profile.id or "(file)"
     if profile.cluster_fingerprint != fp:
-        return None, (f"profile {name} is for cluster fingerprint {profile.cluster_fingerprint}, this cluster is {fp}; "
+        return None, (f"profile {name} is for topology {profile.cluster_fingerprint}, this cluster's is {fp}; "
                       "not applied")
     try:
         check_params(profile.params, cluster)
@@ -560,9 +571,9 @@ def resolve_profile(spec: Profile | str | bool | None, cluster, store: Store | N
     if store is None:
         url = store_url()
         if url == default_store_url() and not Path(sa.engine.make_url(url).database or "").exists():
-            return None, f"profile: none stored for cluster fingerprint {fp}; make one with `sp-plan tune`"
+            return None, f"profile: none stored for topology {fp}; make one with `sp-plan tune`"
         store = Store(url)
     p = store.latest_profile(fp)
     if p is None:
-        return None, f"profile: none stored for cluster fingerprint {fp} in {store.shown}; make one with `sp-plan tune`"
+        return None, f"profile: none stored for topology {fp} in {store.shown}; make one with `sp-plan tune`"
     return _check(p, cluster)

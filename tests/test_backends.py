@@ -198,3 +198,10 @@ def test_tune_times_the_chosen_backend_and_records_it(monkeypatch):
                                                                                 (4096, "cpu_flash"))]
     assert chosen_backends(mixed) == "math for 64-token blocks, cpu_flash for 128, 4096-token blocks"
     assert chosen_backends(mixed[1:]) == "cpu_flash"
+    # timed under the causal mask and without it: each group says which (one size on two backends reads plainly)
+    masks = [dict(kind="attention_fwd", size=n, backend=b, causal=c, rank=0)
+             for n, b, c in ((256, "cpu_flash", True), (128, "cpu_flash", True), (256, "math", False),
+                             (128, "cpu_flash", False))]
+    assert chosen_backends(masks) == ("cpu_flash for 128, 256-token causal blocks, cpu_flash for 128-token dense "
+                                      "blocks, math for 256-token dense blocks")
+    assert chosen_backends([m for m in masks if m["backend"] == "cpu_flash"]) == "cpu_flash"

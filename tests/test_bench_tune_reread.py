@@ -31,16 +31,22 @@ def test_blocked_truth_takes_the_passes_as_blocks(bt):
     assert min(fastest, key=fastest.get) == "b"  # b's fastest reading is from a fast pass a was not read in
     got = {t["summary"]: t["measured_s"] for t in bt.truth_by(truth, "blocked")}
     assert got == pytest.approx(true)  # each layout at the median pass's speed (1.0): the passes' speeds taken out
+    # a first pass of many layouts (at 0.9) sets the level, not two reread passes of two layouts (at 1.3) beside it
+    first = {**true, **{f"x{i}": 2.0 + i / 10 for i in range(6)}}
+    reads = {k: [v * 0.9] + ([v * 1.3] * 2 if k in "bc" else []) for k, v in first.items()}
+    rows = [{"summary": k, "status": "ok", "measured_s": 0.0, "detail": {"readings_s": r}} for k, r in reads.items()]
+    got = {t["summary"]: t["measured_s"] for t in bt.truth_by(rows, "blocked")}
+    assert got == pytest.approx({k: v * 0.9 for k, v in first.items()})
 
 
-def test_median_polish_recovers_an_additive_table_with_gaps(bt):
-    row, col = [0.0, 0.3, -0.2, 0.5], [0.1, -0.4, 0.0, 0.25, 0.7]
+def test_additive_fit_recovers_an_additive_table_with_gaps(bt):
+    row, col = [0.0, 0.3, -0.2, 0.5], [0.0, -0.4, 0.1, 0.25, 0.7]
     table = [[2.0 + r + c for c in col] for r in row]
     table[0][1] = table[2][4] = table[3][0] = None
-    overall, rows, cols = bt.median_polish(table)
-    fitted = [[overall + r + c for c in cols] for r in rows]
-    assert all(f == pytest.approx(t) for fr, tr in zip(fitted, table) for f, t in zip(fr, tr) if t is not None)
-    assert rows[1] - rows[0] == pytest.approx(0.3) and cols[4] - cols[2] == pytest.approx(0.7)
+    table[1] = table[1][:2]  # a row read in the first two passes only
+    rows, cols = bt.additive_fit(table)
+    assert [r - rows[0] for r in rows] == pytest.approx([0.0, 0.3, -0.2, 0.5]) and cols == pytest.approx(col)
+    assert rows[0] == pytest.approx(2.0)
 
 
 def test_reread_refuses_a_folder_without_a_kept_tune_and_an_existing_keep(tmp_path):

@@ -317,6 +317,41 @@ def test_plan_with_a_profile_differs_from_no_profile_and_records_it(tmp_path):
     assert params == Params() and used is None and line.startswith("not using")
 
 
+def test_plan_and_estimate_look_profiles_up_in_the_store_they_are_given(tmp_path, monkeypatch):
+    from sp_plan.profiles.store import Store
+
+    monkeypatch.delenv("SP_PLAN_STORE", raising=False)
+    cl, m = load_cluster("cpu-local", 1), ModelSpec(name="t", layers=2, hidden=256, heads=4, ffn_hidden=512,
+                                                     vocab=1000, dtype="fp32")
+    w = Workload(seq_len=4096, batch=2)
+    url = f"sqlite:///{tmp_path / 'team.db'}"
+    st = Store(url)
+    pid = st.save_profile(Profile(cluster_fingerprint=cl.topology_fingerprint(), created_at="2026-11-24",
+                                  params=Params(round_overhead_s=5e-3, overlap=0.5)))
+    for store in (st, url):  # a Store or its URL
+        assert plan(cl, m, w, top_k=1, store=store)[0].profile == pid  # None: the cluster's newest profile there
+        pl = plan(cl, m, w, top_k=1, profile=pid, store=store)[0]
+        assert pl.profile == pid
+        assert estimate(pl, cl, m, w, profile=pid, store=store) == pl.predicted
+    with pytest.raises(PlanError) as e:  # not in the default store, which is not this one
+        plan(cl, m, w, top_k=1, profile=pid, store=f"sqlite:///{tmp_path / 'other.db'}")
+    assert e.value.field == "--profile" and "other.db" in e.value.problem
+
+
+def test_import_sp_plan_is_light_and_exports_the_api():
+    code = ("import sys, sp_plan; assert 'torch' not in sys.modules, 'import sp_plan pulled torch in'\n"
+            "from sp_plan import plan, estimate, Plan, Workload, load_cluster, load_model, Store, init\n"
+            "from sp_plan.planner import plan as p2, estimate as e2\n"
+            "assert plan is p2 and estimate is e2 and set(sp_plan.__all__) <= set(dir(sp_plan))\n"
+            "c, m = load_cluster('dgx-h100'), load_model('llama3-8b')\n"
+            "print(sp_plan.plan(c, m, sp_plan.Workload(seq_len=32768), top_k=1, profile=False)[0].summary())\n"
+            "try:\n    sp_plan.nonesuch\nexcept AttributeError as e:\n    print('no', e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] and "nonesuch" in lines[1]
+
+
 def test_cli_plan_and_estimate_apply_a_profile_file_and_say_so(tmp_path):
     cl = load_cluster("cpu-local", 1)
     prof = Profile(id="abc123", cluster_fingerprint=cl.topology_fingerprint(), created_at="2026-11-23",

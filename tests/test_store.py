@@ -115,12 +115,27 @@ def test_newer_schema_refused(url):
 
 
 @pytest.mark.parametrize("bad", ["nosuch://x", "not a url", "postgresql+psycopg://sp@127.0.0.1:1/db",
-                                 "sqlite:///{tmp}/missing/dir/store.db", "sqlite:///{tmp}/afile/store.db"])
+                                 "sqlite:///{tmp}/missing/dir/store.db", "sqlite:///{tmp}/afile/store.db", "",
+                                 "sqlite://", "sqlite:///:memory:", "sqlite:///{tmp}/afile"])
 def test_bad_store_url(bad, tmp_path):
-    (tmp_path / "afile").write_text("x")
+    (tmp_path / "afile").write_text("x" * 4096)
     with pytest.raises(PlanError) as e:
         Store(bad.format(tmp=tmp_path))
     assert e.value.field == "--store" and e.value.fix
+    if bad in ("", "sqlite://", "sqlite:///:memory:"):  # nothing to open, or nothing kept: refused as such
+        assert ("empty" if not bad else "in-memory") in e.value.problem
+    if bad.endswith("afile"):  # a file, not a database: the fix says so, not "is the server up"
+        assert "not a database" in e.value.problem and "sp-plan store" in e.value.fix
+
+
+def test_a_bad_store_from_the_environment_names_the_variable(monkeypatch):
+    monkeypatch.setenv("SP_PLAN_STORE", "nosuch://x")
+    with pytest.raises(PlanError) as e:
+        Store()
+    assert e.value.field == "SP_PLAN_STORE" and "nosuch://x" in e.value.problem
+    with pytest.raises(PlanError) as e:
+        Store("nosuch://y")  # the caller's URL wins, and is named as the caller's
+    assert e.value.field == "--store"
 
 
 def test_url_resolution(monkeypatch, tmp_path):
@@ -232,7 +247,7 @@ def test_resolve_refuses_other_fingerprint(cluster, tmp_path):
     for spec in (other.id, other):
         p, line = resolve_profile(spec, cluster, st)
         assert p is None
-        assert f"profile {other.id} is for cluster fingerprint {'1' * 16}, this cluster is {cluster.topology_fingerprint()}" in line
+        assert f"profile {other.id} is for topology {'1' * 16}, this cluster's is {cluster.topology_fingerprint()}" in line
     assert resolve_profile(None, cluster, st)[0] is None
 
 

@@ -173,11 +173,13 @@ def token_rows(plans: list[Plan], work: Workload) -> list[int]:
 
 def chosen_backends(samples: list[dict]) -> str:
     """The attention backend(s) the kernel samples ran on (the first rank's), e.g. "cpu_flash" or
-    "math for 64-token blocks, cpu_flash for 128, 4096-token blocks"."""
+    "math for 64-token blocks, cpu_flash for 128, 4096-token blocks"; where blocks were timed both under the causal
+    mask and without it, each group says which ("... 256-token causal blocks, math for 256-token dense blocks")."""
     att = [s for s in samples if s["kind"] == "attention_fwd" and s.get("rank", 0) == samples[0].get("rank", 0)]
-    by: dict[str, list[int]] = {}
-    for s in sorted(att, key=lambda s: s["size"]):
-        by.setdefault(s["backend"], []).append(s["size"])
-    if len(by) <= 1:
-        return next(iter(by), "")
-    return ", ".join(f"{b} for {', '.join(str(x) for x in sorted(set(n)))}-token blocks" for b, n in by.items())
+    both = len({bool(s.get("causal")) for s in att}) > 1
+    by: dict[tuple[str, str], list[int]] = {}
+    for s in sorted(att, key=lambda s: (not s.get("causal"), s["size"])):
+        by.setdefault((s["backend"], (" causal" if s.get("causal") else " dense") if both else ""), []).append(s["size"])
+    if len({b for b, _ in by}) <= 1:
+        return next(iter(by), ("", ""))[0]
+    return ", ".join(f"{b} for {', '.join(str(x) for x in sorted(set(n)))}-token{m} blocks" for (b, m), n in by.items())

@@ -1,0 +1,37 @@
+"""sp-plan: plan, tune and run sequence-parallel layouts of long-sequence Transformers on a measured cluster.
+
+    import sp_plan
+    cluster, model = sp_plan.load_cluster("dgx-h100", nodes=2), sp_plan.load_model("llama3-8b")
+    best = sp_plan.plan(cluster, model, sp_plan.Workload(seq_len="128k"))[0]
+    pred = sp_plan.estimate(best, cluster, model, sp_plan.Workload(seq_len="128k"), profile=False)
+    ctx = sp_plan.init("plan.yaml")        # on every rank of an initialized torch.distributed world
+
+The names below are loaded on first use, so ``import sp_plan`` stays light (no torch until the runtime is asked
+for); each lives in its subpackage (sp_plan.planner, sp_plan.profiles, sp_plan.runtime), which the README uses.
+"""
+from __future__ import annotations
+
+import importlib
+
+#: public name -> the module that defines it
+_EXPORTS = {
+    "plan": "sp_plan.planner.search", "estimate": "sp_plan.planner.estimate", "Plan": "sp_plan.planner.plan",
+    "Cluster": "sp_plan.planner.cluster", "ModelSpec": "sp_plan.planner.model", "Workload": "sp_plan.planner.model",
+    "PlanError": "sp_plan.planner.errors", "load_cluster": "sp_plan.profiles", "load_model": "sp_plan.profiles",
+    "Store": "sp_plan.profiles.store", "Profile": "sp_plan.planner.profile", "init": "sp_plan.runtime",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    """Load an exported name from its module on first use (PEP 562)."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'sp_plan' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
