@@ -50,7 +50,7 @@ def test_import_list_show_export_delete(store, tmp_path):
     r = cli("profile", "show", pid, "--store", store)
     assert r.exit_code == 0, r.output
     for text in (Store(store).get_profile(pid).line(), "ulysses8 x ring2", "2.360 s", "-2.1%", "oom (CUDA out of memory",
-                 "overlap", "all_to_all/inter", f"fingerprint {fp}"):
+                 "overlap", "all_to_all/inter", f"topology {fp}"):
         assert text in r.stdout, text
     out = tmp_path / "exported.yaml"
     r = cli("profile", "export", pid, "-o", out, "--store", store)
