@@ -114,8 +114,8 @@ def blocked(rows: list[list[float]]) -> list[float]:
     from pass i, as ``--repeats`` and ``--reread`` take them; ``additive_fit``, Huber's), each layout at the speed of the pass
     that holds the median reading (the passes weighted by the readings they hold: a reread pass of six layouts does
     not set the level of a first pass of ninety). A pass that ran slow all through (the host's other work) then
-    moves every layout read in it, not the one whose fastest or median reading it happened to hold; the 8-rank
-    truth's passes ran at 0.84-1.29 of the median pass's speed."""
+    moves every layout read in it, not the one whose fastest or median reading it happened to hold; the reread
+    passes of the kept 8-rank truth (benchmarks/truths/local8-s12) ran at 0.95-1.42 of its first pass's speed."""
     import math
 
     row, col = additive_fit([[math.log(x) for x in r] for r in rows])

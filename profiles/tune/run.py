@@ -398,7 +398,8 @@ def contenders(measured: dict[str, MeasuredCandidate], opts: TuneOptions,
 def confirm_order(todo: list[str], confirm: int) -> list[tuple[str, int]]:
     """The confirm step's readings, (contender, k), in rounds: every contender's k-th reading before any one's
     (k+1)-th, so that a slow spell of the hosts lands on several contenders' readings, not on one contender's
-    (a randomized-block design's blocks: the 8-rank ground truth's passes ran at 0.84-1.29 of their median speed)."""
+    (a randomized-block design's blocks: the reread passes of bench_tune's kept 8-rank truth ran at 0.95-1.42 of its
+    first pass's speed)."""
     return [(name, k) for k in range(confirm) for name in todo]
 
 
