@@ -76,6 +76,29 @@ def worker_truth(args) -> None:
     probe.finish(owned)
 
 
+def worker_head_to_head(args) -> None:
+    """(Inside the world) read the ``--only`` layouts head to head (profiles/tune/head_to_head.py); rank 0 writes
+    {"layouts": [...], "steps": [[seconds of each round] of each layout]}."""
+    from sp_plan.planner.params import Params
+    from sp_plan.profiles import load_cluster, load_model
+    from sp_plan.planner.model import Workload
+    from sp_plan.profiles.tune.choose import diversify
+    from sp_plan.profiles.tune.head_to_head import head_to_head
+    from sp_plan.profiles.tune.run import ranked_plans
+    from sp_plan.runtime import probe
+
+    owned = probe.init_world(300)
+    cluster, model = load_cluster(args.cluster), load_model(args.model)
+    work = Workload(seq_len=args.seq_len, batch=1, causal=True, training=True)
+    names = args.only.split(";")
+    pool = {p.summary(): p for p in diversify(ranked_plans(cluster, model, work, Params(), keep=None), 1000)}
+    steps = head_to_head([pool[n] for n in names], model, work, rounds=args.rounds, warmup=args.warmup)
+    if probe.dist.get_rank() == 0:
+        Path(args.out).write_text(json.dumps({"layouts": names, "steps": steps}))
+    probe.dist.barrier()
+    probe.finish(owned)
+
+
 def additive_fit(table: list[list[float | None]], c: float = 1.345, sweeps: int = 50) -> tuple[list[float], list[float]]:
     """Robust two-way additive fit of a table with gaps (None): ``table[l][p] = row[l] + col[p] + residual``,
     ``col[0] = 0``, by Huber's M-estimator (iteratively reweighted least squares, tuning constant ``c`` in units of
@@ -303,8 +326,10 @@ def rescore(folder: Path, estimator: str = "fastest") -> list[dict]:
     for d in sorted(p for p in folder.iterdir() if (p / "store.db").exists()):
         truths = {w: json.loads((d / f"truth-{w}.json").read_text()) for w in WORKLOADS}
         profile = Store(f"sqlite:///{d / 'store.db'}").list_profiles()[0]
-        out.append(judge(d.name, WORLDS[d.name][0], Cluster.load(d / "cluster.yaml"), truths, profile,
-                         float("nan"), float("nan"), estimator))
+        cluster = Cluster.load(d / "cluster.yaml")
+        out.append(judge(d.name, WORLDS[d.name][0], cluster, truths, profile, float("nan"), float("nan"), estimator))
+        if (d / H2H).exists():
+            out[-1]["head_to_head"] = judge_head_to_head(cluster, truths["A"], profile, json.loads((d / H2H).read_text()))
     return out
 
 
@@ -348,30 +373,122 @@ def add_readings(truth: list[dict], more: dict[str, list[float]]) -> list[dict]:
     return out
 
 
-def reread(args) -> list[dict]:
-    """``--reread N``: read again, ``--repeats`` passes, the N layouts of ``--truth``'s workload A that are fastest
-    (``--truth-estimator``) and the kept tune's calibrated 3 fastest, and keep the folder under ``--keep`` with those
-    readings added to the truth; then judge it (as ``--rescore`` would). A regret decided by layouts a few percent
-    apart is only as good as their readings: this reads them as often as a many-pass truth would, the rest once."""
+def copy_kept(kept: Path, out: Path) -> None:
+    """A kept world's folder (cluster file, truths, tune log, store, head-to-head readings) copied to ``out``."""
+    out.mkdir(parents=True, exist_ok=False)
+    for f in ["cluster.yaml", "tune.log", H2H] + [f"truth-{w}.json" for w in WORKLOADS] + [
+            f"store.db{x}" for x in ("", "-wal", "-shm")]:
+        if (kept / f).exists():
+            shutil.copy(kept / f, out / f)
+
+
+def decisive(folder: Path, truth: list[dict], n: int, estimator: str, pick: bool = False) -> list[str]:
+    """The layouts that decide a regret: the truth's ``n`` fastest (``estimator``), the kept tune's calibrated
+    3 fastest, and with ``pick`` the tune's pick (its best measured) and `sp-plan plan`'s with the profile."""
     from sp_plan.planner.cluster import Cluster
     from sp_plan.planner.plan import Plan
     from sp_plan.profiles.store import Store
     from sp_plan.profiles.tune.run import predict
 
+    ok = sorted(truth_by([t for t in truth if t["status"] == "ok"], estimator), key=lambda t: t["measured_s"])
+    cluster = Cluster.load(folder / "cluster.yaml")
+    profile = Store(f"sqlite:///{folder / 'store.db'}").list_profiles()[0]
+    model = sorted(ok, key=lambda t: predict(cluster, Plan.model_validate(t["plan"]), profile.params)[0])
+    names = [t["summary"] for t in ok[:n] + model[:3]]
+    if pick:
+        names += [p for p in picks(cluster, truth, profile).values() if p]
+    return list(dict.fromkeys(names))
+
+
+def picks(cluster, truth: list[dict], profile) -> dict[str, str | None]:
+    """The layouts each party would run, among the truth's that fit: the uncalibrated model's best, the calibrated
+    model's, `sp-plan plan`'s with the profile (a layout tune measured at its measurement) and tune's (its best
+    measured)."""
+    from sp_plan.planner.measured import twins
+    from sp_plan.planner.params import Params
+    from sp_plan.planner.plan import Plan
+    from sp_plan.profiles.tune.run import predict
+
+    ok = [t for t in truth if t["status"] == "ok"]
+    plans = {t["summary"]: Plan.model_validate(t["plan"]) for t in ok}
+    best = lambda key: min(plans, key=key)  # noqa: E731
+    first = next(iter(plans.values()))
+    ran = twins(profile, first.model, first.workload)
+    cal = {n: predict(cluster, p, profile.params)[0] for n, p in plans.items()}
+    mine = [c for c in profile.candidates if c.status == "ok" and c.summary in plans]
+    return {"model": best(lambda n: predict(cluster, plans[n], Params())[0]), "calibrated": best(cal.get),
+            "plan": best(lambda n: ran[n].measured_s if n in ran else cal[n]),
+            "tune": min(mine, key=lambda c: c.measured_s).summary if mine else None}
+
+
+#: the head-to-head readings of a kept world (``--head-to-head``), beside its truths
+H2H = "head-to-head-A.json"
+
+
+def head_to_head_times(readings: dict) -> dict:
+    """Each layout's head-to-head time (its median step over its round's median step, pooled over every launch's
+    rounds; profiles/tune/head_to_head.relative) and the same of each launch alone (its spread)."""
+    from sp_plan.profiles.tune.head_to_head import relative
+
+    names, launches = readings["layouts"], readings["launches"]
+    each = [relative(steps) for steps in launches]
+    pooled = {n: statistics.median(x for rel in each for x in rel[i]) for i, n in enumerate(names)}
+    per_launch = [{n: statistics.median(rel[i]) for i, n in enumerate(names)} for rel in each]
+    return {"pooled": pooled, "launches": per_launch,
+            "rounds": sum(len(steps[0]) for steps in launches),
+            "step_s": {n: statistics.median(x for steps in launches for x in steps[i]) for i, n in enumerate(names)}}
+
+
+def judge_head_to_head(cluster, truth: list[dict], profile, readings: dict) -> dict:
+    """The regret of each party's pick (``picks``) under the head-to-head times of the layouts read (None where its
+    pick was not read), pooled and launch by launch."""
+    from sp_plan.profiles.tune.head_to_head import regret
+
+    h = head_to_head_times(readings)
+    who = picks(cluster, truth, profile)
+    pooled = {k: regret(h["pooled"], n) if n in h["pooled"] else None for k, n in who.items()}
+    each = {k: [regret(t, n) for t in h["launches"]] if n in h["pooled"] else None for k, n in who.items()}
+    return {**h, "picks": who, "regret": pooled, "regret_launches": each,
+            "best": min(h["pooled"], key=h["pooled"].get)}
+
+
+def head_to_head_run(args) -> list[dict]:
+    """``--head-to-head K``: read the layouts that decide ``--truth``'s regret (``decisive``: its ``--reread`` N
+    fastest, default 4, the tune's calibrated 3 fastest, its pick and `sp-plan plan`'s) head to head, ``--rounds``
+    rounds in each of K launches of the world; keep the folder with the readings (``H2H``) under ``--keep`` and judge
+    it (as ``--rescore`` would)."""
     for name in args.worlds.split(","):
         world, per_node, rate = WORLDS[name]
         kept, out = Path(args.truth).resolve() / name, Path(args.keep).resolve() / name
-        out.mkdir(parents=True, exist_ok=False)
-        for f in ["cluster.yaml", "tune.log"] + [f"truth-{w}.json" for w in WORKLOADS] + [
-                f"store.db{x}" for x in ("", "-wal", "-shm")]:
-            if (kept / f).exists():
-                shutil.copy(kept / f, out / f)
+        copy_kept(kept, out)
         truth = json.loads((kept / "truth-A.json").read_text())
-        ok = sorted(truth_by([t for t in truth if t["status"] == "ok"], args.truth_estimator), key=lambda t: t["measured_s"])
-        cluster = Cluster.load(kept / "cluster.yaml")
-        params = Store(f"sqlite:///{out / 'store.db'}").list_profiles()[0].params
-        model = sorted(ok, key=lambda t: predict(cluster, Plan.model_validate(t["plan"]), params)[0])
-        only = list(dict.fromkeys(t["summary"] for t in ok[:args.reread] + model[:3]))
+        names = decisive(out, truth, args.reread or 4, args.truth_estimator, pick=True)
+        model, seq = WORKLOADS["A"]
+        launches = []
+        for k in range(args.head_to_head):
+            part = out / f"h2h-{k}.json"
+            with _hosts(rate) as pair:
+                _run([str(HERE), "--worker", "head-to-head", "--cluster", "cluster.yaml", "--model", model,
+                      "--seq-len", seq, "--out", str(part), "--rounds", str(args.rounds), "--warmup",
+                      str(args.warmup), "--only", ";".join(names)], world, per_node, out, pair)
+            launches.append(json.loads(part.read_text())["steps"])
+            part.unlink()
+            print(f"{name}: launch {k + 1}/{args.head_to_head}: {len(names)} layouts, {args.rounds} rounds", flush=True)
+        (out / H2H).write_text(json.dumps({"layouts": names, "launches": launches}))
+    return rescore(Path(args.keep), args.truth_estimator)
+
+
+def reread(args) -> list[dict]:
+    """``--reread N``: read again, ``--repeats`` passes, the N layouts of ``--truth``'s workload A that are fastest
+    (``--truth-estimator``) and the kept tune's calibrated 3 fastest, and keep the folder under ``--keep`` with those
+    readings added to the truth; then judge it (as ``--rescore`` would). A regret decided by layouts a few percent
+    apart is only as good as their readings: this reads them as often as a many-pass truth would, the rest once."""
+    for name in args.worlds.split(","):
+        world, per_node, rate = WORLDS[name]
+        kept, out = Path(args.truth).resolve() / name, Path(args.keep).resolve() / name
+        copy_kept(kept, out)
+        truth = json.loads((kept / "truth-A.json").read_text())
+        only = decisive(out, truth, args.reread, args.truth_estimator)
         with _hosts(rate) as pair:
             _run(_truth_argv(args, "A", out / "reread-A.json", only), world, per_node, out, pair)
         more = {t["summary"]: t["detail"].get("readings_s", []) for t in json.loads((out / "reread-A.json").read_text())
@@ -379,6 +496,20 @@ def reread(args) -> list[dict]:
         (out / "truth-A.json").write_text(json.dumps(add_readings(truth, more)))
         print(f"{name}: {len(more)} of workload A's layouts read {args.repeats} more time(s), kept in {out}")
     return rescore(Path(args.keep), args.truth_estimator)
+
+
+def report_head_to_head(h: dict) -> None:
+    """The head-to-head lines of a world's report: each layout read, pooled and per launch, and each party's regret."""
+    n = len(h["launches"])
+    print(f"{'':<9} workload A head to head ({n} launch(es), {h['rounds']} rounds in all; a layout's step over its "
+          f"round's median step, pooled, then launch by launch):")
+    for name, t in sorted(h["pooled"].items(), key=lambda kv: kv[1]):
+        who = ", ".join(k for k, v in h["picks"].items() if v == name)
+        print(f"{'':<11} {t:6.3f}  ({' '.join(f'{x[name]:.3f}' for x in h['launches'])})  step {h['step_s'][name]:.3f} s"
+              f"  {name}" + (f"   <- {who}" if who else ""))
+    print(f"{'':<11} regret head to head: " + "; ".join(
+        f"{k} {v:.1%} ({'/'.join(f'{x:.1%}' for x in h['regret_launches'][k])})" if v is not None else f"{k} not read"
+        for k, v in h["regret"].items()))
 
 
 def report(results: list[dict]) -> None:
@@ -405,6 +536,8 @@ def report(results: list[dict]) -> None:
         if r.get("drift"):
             print(f"{'':<9} host speed: tune's readings of its layouts / the truth's of the same layouts, median "
                   f"{r['drift']:.2f}")
+        if r.get("head_to_head"):
+            report_head_to_head(r["head_to_head"])
         agree = [(w, r[w].get("self")) for w in WORKLOADS if r[w].get("self")]
         if agree:
             print(f"{'':<9} the truth against itself: " + "; ".join(
@@ -445,6 +578,12 @@ def main() -> None:
     ap.add_argument("--reread", type=int, default=None, metavar="N",
                     help="read again (--repeats passes) --truth's N fastest layouts of workload A and its tune's "
                          "calibrated 3 fastest; keep the folder with the readings added under --keep, and judge it")
+    ap.add_argument("--head-to-head", type=int, default=None, metavar="K",
+                    help="read --truth's decisive layouts of workload A (its --reread N fastest, default 4, the tune's "
+                         "calibrated 3 fastest, its pick and `sp-plan plan`'s) head to head at full depth, --rounds "
+                         "rounds in each of K launches; keep the folder with the readings under --keep, and judge it")
+    ap.add_argument("--rounds", type=int, default=12, help="--head-to-head: rounds per launch (one step of each "
+                    "layout a round)")
     ap.add_argument("--only", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", default=None)
     ap.add_argument("--cluster")
@@ -454,6 +593,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker == "truth":
         return worker_truth(args)
+    if args.worker == "head-to-head":
+        return worker_head_to_head(args)
     if args.rescore:
         print(f"bench_tune --rescore {args.rescore}: the kept truth and tune judged by this code")
         return report(rescore(Path(args.rescore), args.truth_estimator))
@@ -462,9 +603,10 @@ def main() -> None:
             ap.error("--recheck needs --truth DIR (a --keep folder of a run with --repeats 2 or more)")
         with tempfile.TemporaryDirectory(prefix="sp_plan_bench_recheck_") as d:
             return recheck(args, Path(d))
-    if args.reread:
+    if args.reread or args.head_to_head:
+        flag = "--head-to-head K" if args.head_to_head else "--reread N"
         if not (args.truth and args.keep):
-            ap.error("--reread N needs --truth DIR (a --keep folder with a tune) and --keep NEW")
+            ap.error(f"{flag} needs --truth DIR (a --keep folder with a tune) and --keep NEW")
         for name in args.worlds.split(","):
             kept, new = Path(args.truth) / name, Path(args.keep) / name
             if not all((kept / f).exists() for f in ("cluster.yaml", "truth-A.json", "store.db")):
@@ -472,7 +614,7 @@ def main() -> None:
                          "name a --keep folder of an earlier run and its world with --worlds")
             if new.exists():
                 ap.error(f"--keep: {new} exists; name a new folder")
-        return report(reread(args))
+        return report(head_to_head_run(args) if args.head_to_head else reread(args))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE.parent).stdout.strip() or "unknown"
     print(f"bench_tune at commit {commit}, {os.cpu_count()} CPU cores, tune --kernel-timing {args.kernel_timing}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -80,8 +81,21 @@ def _device(device: str | torch.device) -> torch.device:
 
 
 
-def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, device, dtype, fault, notes):
-    """This rank's median seconds (fwd_bwd per micro-batch, optimizer per step) and memory for ``n_layers`` blocks."""
+@dataclass
+class Bench:
+    """One stack of ``layers`` blocks built for a plan on this rank, with its micro-batches, ready to step."""
+
+    par: object  # parallel.Parallel, or metp_stack's
+    data: list  # (inputs, targets) of each micro-batch run, this rank's shard
+    attend: object
+    micro_batches: int  # m = batch / (dp x micro_batch_size) in a step
+    micro_batches_run: int  # m, or 1 for pp > 1 (one stage's micro-batch; the step is composed)
+    notes: dict
+
+
+def build_bench(plan: Plan, model: ModelSpec, work: Workload, ctx, mesh, n_layers: int, *, device: torch.device,
+                dtype: torch.dtype) -> Bench:
+    """The plan's stack of ``n_layers`` blocks on this rank (TP, ZeRO, checkpointing as the plan says) and its data."""
     d, rank = plan.degrees, dist.get_rank()
     if plan.algorithm == "metp":
         par = build_metp(model, n_layers, plan, ctx, work.causal, seed=n_layers, device=device, dtype=dtype)
@@ -91,7 +105,6 @@ def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, dev
         par = parallelize(build_stack(model, n_layers, plan.checkpointing, seed=n_layers, device=device,
                                       dtype=dtype), plan, mesh)
         shard = lambda t: par.shard_tokens(ctx.shard(t, dim=1))  # noqa: E731  (TP-sp: this TP rank's 1/tp)
-    notes.update(par.notes)
     attend = lambda q, k, v: ctx.attention(q, k, v, causal=work.causal)  # noqa: E731
     m = max(work.batch // (d["dp"] * plan.micro_batch_size), 1)
     m_run = m if d["pp"] == 1 else 1
@@ -101,21 +114,36 @@ def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, dev
         x, y = random_batch(model, plan.micro_batch_size, work.seq_len, 1000 + 100 * dp_coord + j, device=device,
                             dtype=dtype)
         data.append((shard(x), shard(y)))
+    return Bench(par, data, attend, m, m_run, dict(par.notes))
+
+
+def train_step(bench: Bench, model: ModelSpec, device: torch.device, fault: str | None = None) -> tuple[float, float]:
+    """One training step of ``bench`` on this rank: (forward + backward of its micro-batches with the gradients'
+    synchronization, optimizer step) seconds; ``fault`` (test hook) is injected before the first micro-batch."""
+    par, rank = bench.par, dist.get_rank()
+    t0 = time.perf_counter()
+    for j, (x, y) in enumerate(bench.data):
+        if j == 0:
+            inject(fault, rank)
+        with accumulate(par.module, j == len(bench.data) - 1):
+            token_loss(par.module(x, bench.attend), y, model).backward()
+    par.sync_grads()
+    sync(device)
+    t1 = time.perf_counter()
+    par.optimizer.step()
+    par.optimizer.zero_grad(set_to_none=True)
+    sync(device)
+    return t1 - t0, time.perf_counter() - t1
+
+
+def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, device, dtype, fault, notes):
+    """This rank's median seconds (fwd_bwd per micro-batch, optimizer per step) and memory for ``n_layers`` blocks."""
+    bench = build_bench(plan, model, work, ctx, mesh, n_layers, device=device, dtype=dtype)
+    notes.update(bench.notes)
+    m, m_run = bench.micro_batches, bench.micro_batches_run
 
     def step(first: bool):
-        t0 = time.perf_counter()
-        for j, (x, y) in enumerate(data):
-            if first and j == 0:
-                inject(fault, rank)
-            with accumulate(par.module, j == len(data) - 1):
-                token_loss(par.module(x, attend), y, model).backward()
-        par.sync_grads()
-        sync(device)
-        t1 = time.perf_counter()
-        par.optimizer.step()
-        par.optimizer.zero_grad(set_to_none=True)
-        sync(device)
-        return t1 - t0, time.perf_counter() - t1
+        return train_step(bench, model, device, fault if first else None)
 
     for i in range(warmup):
         step(i == 0)
@@ -132,9 +160,10 @@ def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, dev
     if cuda:
         peak = torch.cuda.max_memory_allocated(device)
     else:  # one more step under the storage tracker (it slows ops down, so it is not timed)
+        par = bench.par
         tracker = PeakMemory()
         tracker.track(par.module, par.optimizer, getattr(par.optimizer, "optim", None),
-                      *[t for pair in data for t in pair])
+                      *[t for pair in bench.data for t in pair])
         static = tracker.live
         tracker.reset_peak()
         with tracker:
