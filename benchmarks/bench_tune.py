@@ -2,6 +2,7 @@
 
     python benchmarks/bench_tune.py [--worlds local4,local8,netns2x2] [--budget 5] [--repeats 2] [--json out.json]
     python benchmarks/bench_tune.py --worlds local8 --truth DIR --reread 12 --repeats 2 --keep NEW   # settle the top
+    python benchmarks/bench_tune.py --worlds local8 --truth DIR --head-to-head 6 --keep NEW   # the top, head to head
 
 For each world (4 and 8 gloo ranks on this host; two hosts simulated by network namespaces joined
 by a veth shaped to 800 Mbit/s with `tc tbf`, two ranks each; runtime/netns.py):
@@ -19,6 +20,9 @@ by a veth shaped to 800 Mbit/s with `tc tbf`, two ranks each; runtime/netns.py):
    profile): Spearman of predicted vs measured step time, median absolute step-time and peak-memory
    error, the regret of the predicted best (its measured time over the measured best, minus 1), how
    many candidates tune measured, and the transfer error: the profile tuned on A predicting B.
+``--head-to-head K`` reads a kept truth's decisive layouts (its fastest, the calibrated model's, tune's and
+`sp-plan plan`'s picks) head to head (profiles/tune/head_to_head.py: full depth, one step of each a round) in K
+launches, and judges each party's pick by those paired readings.
 Targets (issue 10): calibrated median step-time error <= 15 %, Spearman >= 0.8, regret <= 5 % with <= 5
 measured candidates, transfer error <= 25 %.
 """
@@ -441,14 +445,22 @@ def head_to_head_times(readings: dict) -> dict:
 
 def judge_head_to_head(cluster, truth: list[dict], profile, readings: dict) -> dict:
     """The regret of each party's pick (``picks``) under the head-to-head times of the layouts read (None where its
-    pick was not read), pooled and launch by launch."""
+    pick was not read), pooled and launch by launch; and the median error of the model's step time, uncalibrated and
+    calibrated, against the layouts' median head-to-head steps (full depth: no scaling from fewer layers)."""
     from sp_plan.profiles.tune.head_to_head import regret
+
+    from sp_plan.planner.params import Params
+    from sp_plan.planner.plan import Plan
+    from sp_plan.profiles.tune.run import predict
 
     h = head_to_head_times(readings)
     who = picks(cluster, truth, profile)
+    plans = {t["summary"]: Plan.model_validate(t["plan"]) for t in truth if t["summary"] in h["step_s"]}
+    err = {k: statistics.median(abs(predict(cluster, plans[n], params)[0] / h["step_s"][n] - 1) for n in plans)
+           for k, params in (("uncalibrated", Params()), ("calibrated", profile.params))}
     pooled = {k: regret(h["pooled"], n) if n in h["pooled"] else None for k, n in who.items()}
     each = {k: [regret(t, n) for t in h["launches"]] if n in h["pooled"] else None for k, n in who.items()}
-    return {**h, "picks": who, "regret": pooled, "regret_launches": each,
+    return {**h, "picks": who, "regret": pooled, "regret_launches": each, "step_err": err,
             "best": min(h["pooled"], key=h["pooled"].get)}
 
 
@@ -510,6 +522,8 @@ def report_head_to_head(h: dict) -> None:
     print(f"{'':<11} regret head to head: " + "; ".join(
         f"{k} {v:.1%} ({'/'.join(f'{x:.1%}' for x in h['regret_launches'][k])})" if v is not None else f"{k} not read"
         for k, v in h["regret"].items()))
+    print(f"{'':<11} step err against these steps (median over the layouts read): "
+          f"{h['step_err']['uncalibrated']:.1%} -> {h['step_err']['calibrated']:.1%}")
 
 
 def report(results: list[dict]) -> None:

@@ -37,7 +37,7 @@ def head_to_head(plans: list[Plan], model: ModelSpec, work: Workload, *, rounds:
     the max over ranks of each step; the same on every rank. Every rank of the world runs every plan."""
     for p in plans:
         if p.degrees["pp"] > 1:
-            raise PlanError(f"{p.summary()}: pp > 1 is composed from one stage, not read head to head; "
+            raise PlanError(p.summary(), "pp > 1 is composed from one stage, not read head to head",
                             "leave it out")
         p.check_world(dist.get_world_size())
     device = _device(device)
