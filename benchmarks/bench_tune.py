@@ -447,10 +447,9 @@ def judge_head_to_head(cluster, truth: list[dict], profile, readings: dict) -> d
     """The regret of each party's pick (``picks``) under the head-to-head times of the layouts read (None where its
     pick was not read), pooled and launch by launch; and the median error of the model's step time, uncalibrated and
     calibrated, against the layouts' median head-to-head steps (full depth: no scaling from fewer layers)."""
-    from sp_plan.profiles.tune.head_to_head import regret
-
     from sp_plan.planner.params import Params
     from sp_plan.planner.plan import Plan
+    from sp_plan.profiles.tune.head_to_head import regret
     from sp_plan.profiles.tune.run import predict
 
     h = head_to_head_times(readings)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from sp_plan.planner import ModelSpec, Plan, PlanError, Workload
+from sp_plan.planner import ModelSpec, Plan, Workload
 from sp_plan.profiles.tune.head_to_head import head_to_head, regret, relative, round_order
 from sp_plan.runtime.spawn import run_world
 
@@ -50,16 +50,38 @@ def test_head_to_head_reads_every_plan_every_round_the_same_on_every_rank():
     assert len(res[0]) == 3 and all(len(s) == 3 and all(x > 0 for x in s) for s in res[0])
 
 
-def _refused(rank, world, plans):
+def _pipeline(rank, world, plans):
+    from sp_plan.profiles.tune import candidate
+
+    parts = []
+    real = candidate.composed_step
+    candidate_step = lambda *a: (parts.append(a), real(*a))[1]  # noqa: E731
+    import sp_plan.profiles.tune.head_to_head as h2h
+
+    h2h.composed_step = candidate_step
     try:
-        head_to_head(plans, MODEL, WORK, rounds=1, warmup=0)
-    except PlanError as e:
-        return str(e)
+        steps = head_to_head(plans, MODEL, WORK, rounds=2, warmup=0)
+    finally:
+        h2h.composed_step = real
+    return steps, parts
 
 
-def test_a_pipeline_is_not_read_head_to_head():
-    why = run_world(_refused, 2, [Plan(algorithm="ring", degrees={"ring": 1, "pp": 2})], timeout=60)[0]
-    assert "pp > 1" in why and "leave it out" in why
+def test_a_pipeline_is_composed_from_one_stage_round_by_round():
+    plans = [Plan(algorithm="ring", degrees={"ring": 2, "pp": 2}), Plan(algorithm="ulysses", degrees={"ulysses": 4})]
+    steps, parts = run_world(_pipeline, 4, plans, timeout=120)[0]
+    assert len(steps) == 2 and all(len(s) == 2 and all(x > 0 for x in s) for s in steps)
+    pipe = [a for a in parts if a[1] == 2]
+    flat = [a for a in parts if a[1] == 1]
+    assert len(pipe) == len(flat) == 2  # one composed step of each plan a round
+    assert all(m >= 1 and sends > 0 for m, _, _, sends, _ in pipe)  # the stage-boundary round trip is timed
+    assert all(sends == 0.0 for *_, sends, _ in flat)
+
+
+def test_composed_step_is_1f1b():
+    from sp_plan.profiles.tune.candidate import composed_step
+
+    assert composed_step(4, 1, 0.5, 9.0, 0.1) == pytest.approx(4 * 0.5 + 0.1)  # no pipeline: no sends
+    assert composed_step(4, 2, 0.5, 0.2, 0.1) == pytest.approx((4 + 2 - 1) * (0.5 + 0.2) + 0.1)
 
 
 # ---------------------------------------------------------------- bench_tune's judgement

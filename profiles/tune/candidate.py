@@ -17,6 +17,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -173,11 +174,11 @@ def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, dev
             "peak_bytes": float(peak), "static_bytes": float(static), "micro_batches_run": m_run, "micro_batches": m}
 
 
-def stage_sends(plan: Plan, model: ModelSpec, work: Workload, *, iters: int, device: torch.device,
-                dtype: torch.dtype) -> float:
-    """This rank's median seconds of one micro-batch's stage-boundary traffic in 1F1B: its activations to the next
-    stage and their gradients back (schedules.pipeline_p2p: b x N/(sp tp) x H elements each way, shifted over the
-    pp group), every stage at once as in the pipeline's steady state."""
+def stage_round_trip(plan: Plan, model: ModelSpec, work: Workload, *, device: torch.device,
+                     dtype: torch.dtype) -> Callable[[], float]:
+    """A callable timing (seconds, this rank) one micro-batch's stage-boundary traffic in 1F1B: its activations to
+    the next stage and their gradients back (schedules.pipeline_p2p: b x N/(sp tp) x H elements each way, shifted
+    over the pp group), every stage at once as in the pipeline's steady state."""
     d, rank = plan.degrees, dist.get_rank()
     group = plan.layout().group_of(("pp",), rank)
     i, p = group.index(rank), len(group)
@@ -190,16 +191,34 @@ def stage_sends(plan: Plan, model: ModelSpec, work: Workload, *, iters: int, dev
         for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, out, to), dist.P2POp(dist.irecv, into, frm)]):
             w.wait()
 
-    times = []
-    for k in range(iters + 1):  # the first is a warm-up
-        dist.barrier()
+    def round_trip() -> float:
         t0 = time.perf_counter()
         exchange(nxt, prv)  # activations forward
         exchange(prv, nxt)  # their gradients back
         sync(device)
+        return time.perf_counter() - t0
+
+    return round_trip
+
+
+def stage_sends(plan: Plan, model: ModelSpec, work: Workload, *, iters: int, device: torch.device,
+                dtype: torch.dtype) -> float:
+    """This rank's median seconds of one micro-batch's stage-boundary traffic (``stage_round_trip``) over
+    ``iters`` round trips after one warm-up."""
+    round_trip = stage_round_trip(plan, model, work, device=device, dtype=dtype)
+    times = []
+    for k in range(iters + 1):  # the first is a warm-up
+        dist.barrier()
+        t = round_trip()
         if k:
-            times.append(time.perf_counter() - t0)
+            times.append(t)
     return statistics.median(times)
+
+
+def composed_step(m: int, p: int, fwd_bwd: float, sends: float, optimizer: float) -> float:
+    """Step seconds: pp = 1, m x fwd_bwd + optimizer (m micro-batches run); pp > 1, 1F1B composed from one stage's
+    micro-batch (Narayanan et al. 2021): (m + p - 1) x (fwd_bwd + sends) + optimizer."""
+    return m * fwd_bwd + optimizer if p == 1 else (m + p - 1) * (fwd_bwd + sends) + optimizer
 
 
 def extrapolate(values: dict[int, float], target: int) -> tuple[float, float, float, bool]:
@@ -254,8 +273,8 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
         "memory_method": CUDA_METHOD if device.type == "cuda" else CPU_METHOD,
         "checkpointing": plan.checkpointing, **notes, "fallbacks": fallbacks,
     }
+    step = composed_step(m, p, fb, sends, opt)
     if p > 1:
-        step = (m + p - 1) * (fb + sends) + opt
         act = max(peak - static, 0.0)
         memory = peak + (min(p, m) - 1) * act
         detail["stage_sends_s"] = sends
@@ -264,7 +283,7 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
                               f"once); step = (m + p - 1) x (fwd_bwd + sends) + optimizer = ({m} + {p} - 1) x "
                               f"({fb:.4g} + {sends:.4g}) + {opt:.4g} s; memory = peak + (min(p, m) - 1) x activations")
     else:
-        step, memory = m * fb + opt, peak
+        memory = peak
     return {"measured_s": step, "measured_memory": memory, "detail": detail}
 
 

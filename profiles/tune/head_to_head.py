@@ -6,23 +6,23 @@ by 32-74 % for one layout). Here each plan's stack is built at its full stage de
 alternate, one of each plan a round (the order reversed every other round), so that a slow spell of the hosts
 lands on a round, not on one plan. A round's steps divided by the round's median step are the plans' paired
 readings; a plan's head-to-head time is the median of them (``relative``), the round's speed cancelled.
-Pipelines (pp > 1) are composed from one stage by candidate.py and are not read here.
+A pipeline (pp > 1) is composed from one stage as candidate.py composes it, round by round: its stage (model
+layers / pp blocks) steps on one micro-batch, one stage-boundary round trip is timed beside it, and the step is
+(m + p - 1) x (forward + backward + sends) + optimizer (``candidate.composed_step``).
 """
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
-from sp_plan.planner.errors import PlanError
 from sp_plan.planner.model import ModelSpec, Workload
 from sp_plan.planner.plan import Plan
 from sp_plan.runtime import init
 from sp_plan.runtime.probe import gather_objects
 
-from .candidate import _device, build_bench, train_step
+from .candidate import _device, build_bench, composed_step, stage_round_trip, train_step
 from .parallel import replica_mesh
 
 
@@ -33,29 +33,32 @@ def round_order(n: int, k: int) -> list[int]:
 
 def head_to_head(plans: list[Plan], model: ModelSpec, work: Workload, *, rounds: int = 12, warmup: int = 2,
                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> list[list[float]]:
-    """Step seconds of each plan (full stage depth, forward + backward + optimizer) in each of ``rounds`` rounds,
-    the max over ranks of each step; the same on every rank. Every rank of the world runs every plan."""
+    """Step seconds of each plan (full stage depth, forward + backward + optimizer; pipelines composed) in each of
+    ``rounds`` rounds, the max over ranks of each rank's step; the same on every rank. Every rank runs every plan."""
     for p in plans:
-        if p.degrees["pp"] > 1:
-            raise PlanError(p.summary(), "pp > 1 is composed from one stage, not read head to head",
-                            "leave it out")
         p.check_world(dist.get_world_size())
     device = _device(device)
-    benches = []
+    benches, sends = [], []
     for p in plans:
         ctx = init(p, device_type=device.type)
-        benches.append(build_bench(p, model, work, ctx, replica_mesh(p, device.type), model.layers, device=device,
+        depth = max(model.layers // p.degrees["pp"], 1)
+        benches.append(build_bench(p, model, work, ctx, replica_mesh(p, device.type), depth, device=device,
                                    dtype=dtype))
-    for b in benches:
+        sends.append(stage_round_trip(p, model, work, device=device, dtype=dtype) if p.degrees["pp"] > 1 else None)
+
+    def step(i: int) -> float:
+        b, p = benches[i], plans[i].degrees["pp"]
+        fb, opt = train_step(b, model, device)
+        return composed_step(b.micro_batches, p, fb / b.micro_batches_run, sends[i]() if sends[i] else 0.0, opt)
+
+    for i in range(len(plans)):
         for _ in range(warmup):
-            train_step(b, model, device)
+            step(i)
     mine = [[0.0] * rounds for _ in plans]
     for k in range(rounds):
         for i in round_order(len(plans), k):
             dist.barrier()
-            t0 = time.perf_counter()
-            train_step(benches[i], model, device)
-            mine[i][k] = time.perf_counter() - t0
+            mine[i][k] = step(i)
     everyone = gather_objects(mine)
     return [[max(r[i][k] for r in everyone) for k in range(rounds)] for i in range(len(plans))]
 
