@@ -45,22 +45,29 @@ WORLDS = {"local4": (4, 4, None), "local8": (8, 8, None), "netns2x2": (4, 2, 800
 HERE = Path(__file__).resolve()
 
 
-def worker_truth(args) -> None:
-    """(Inside the world) measure every distinct layout that fits; rank 0 writes them as JSON."""
+def _world_pool(args):
+    """(Inside the world) join it; the cluster, model, workload and every distinct layout of the model's ranking."""
+    from sp_plan.planner.model import Workload
     from sp_plan.planner.params import Params
     from sp_plan.profiles import load_cluster, load_model
-    from sp_plan.planner.model import Workload
     from sp_plan.profiles.tune.choose import diversify
-    from sp_plan.profiles.tune.run import TuneOptions, ranked_plans, run_candidate
+    from sp_plan.profiles.tune.run import ranked_plans
     from sp_plan.runtime import probe
 
     owned = probe.init_world(300)
-    rank = probe.dist.get_rank()
-    cluster = load_cluster(args.cluster)
-    model = load_model(args.model)
+    cluster, model = load_cluster(args.cluster), load_model(args.model)
     work = Workload(seq_len=args.seq_len, batch=1, causal=True, training=True)
-    pool = diversify(ranked_plans(cluster, model, work, Params(), keep=None), 1000)
-    if args.only:  # --recheck: these layouts only
+    return owned, cluster, model, work, diversify(ranked_plans(cluster, model, work, Params(), keep=None), 1000)
+
+
+def worker_truth(args) -> None:
+    """(Inside the world) measure every distinct layout that fits; rank 0 writes them as JSON."""
+    from sp_plan.profiles.tune.run import TuneOptions, run_candidate
+    from sp_plan.runtime import probe
+
+    owned, cluster, model, work, pool = _world_pool(args)
+    rank = probe.dist.get_rank()
+    if args.only:  # --recheck, --reread: these layouts only
         pool = [p for p in pool if p.summary() in args.only.split(";")]
     opts = TuneOptions(candidate_timeout=args.timeout, layers=args.layers, iters=args.iters, warmup=args.warmup)
     runs: list[list] = [[] for _ in pool]
@@ -83,20 +90,12 @@ def worker_truth(args) -> None:
 def worker_head_to_head(args) -> None:
     """(Inside the world) read the ``--only`` layouts head to head (profiles/tune/head_to_head.py); rank 0 writes
     {"layouts": [...], "steps": [[seconds of each round] of each layout]}."""
-    from sp_plan.planner.params import Params
-    from sp_plan.profiles import load_cluster, load_model
-    from sp_plan.planner.model import Workload
-    from sp_plan.profiles.tune.choose import diversify
     from sp_plan.profiles.tune.head_to_head import head_to_head
-    from sp_plan.profiles.tune.run import ranked_plans
     from sp_plan.runtime import probe
 
-    owned = probe.init_world(300)
-    cluster, model = load_cluster(args.cluster), load_model(args.model)
-    work = Workload(seq_len=args.seq_len, batch=1, causal=True, training=True)
-    names = args.only.split(";")
-    pool = {p.summary(): p for p in diversify(ranked_plans(cluster, model, work, Params(), keep=None), 1000)}
-    steps = head_to_head([pool[n] for n in names], model, work, rounds=args.rounds, warmup=args.warmup)
+    owned, _, model, work, pool = _world_pool(args)
+    names, by_name = args.only.split(";"), {p.summary(): p for p in pool}
+    steps = head_to_head([by_name[n] for n in names], model, work, rounds=args.rounds, warmup=args.warmup)
     if probe.dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps({"layouts": names, "steps": steps}))
     probe.dist.barrier()
@@ -207,31 +206,46 @@ def score(cluster, truth: list[dict], params, profile=None) -> dict:
     """Spearman, median |error| of step time and memory, regret of the predicted best, under ``params``; with the
     ``profile``, also the regret of `sp-plan plan`'s pick (a layout tune measured ranks at its measurement,
     planner/measured.py)."""
-    from sp_plan.planner.measured import twins
     from sp_plan.planner.plan import Plan
+    from sp_plan.profiles.tune.head_to_head import regret
     from sp_plan.profiles.tune.run import predict
 
     ok = [t for t in truth if t["status"] == "ok"]
-    plans = [Plan.model_validate(t["plan"]) for t in ok]
-    pred = [predict(cluster, p, params) for p in plans]
-    ps, pm = [p[0] for p in pred], [p[1] for p in pred]
+    plans = {t["summary"]: Plan.model_validate(t["plan"]) for t in ok}
+    pred = {n: predict(cluster, p, params) for n, p in plans.items()}
+    ps, pm = [pred[n][0] for n in plans], [pred[n][1] for n in plans]
     ms, mm = [t["measured_s"] for t in ok], [t["measured_memory"] for t in ok]
-    pick = min(range(len(ok)), key=lambda i: ps[i])
-    ran = twins(profile, plans[0].model, plans[0].workload) if profile else {}
-    ranked = [ran[p.summary()].measured_s if p.summary() in ran else s for p, s in zip(plans, ps)]
-    plan_pick = min(range(len(ok)), key=lambda i: ranked[i])
+    measured = dict(zip(plans, ms))
+    ranked = plan_ranking(profile, plans, {n: p[0] for n, p in pred.items()})
     return {"n": len(ok), "failed": len(truth) - len(ok), "spearman": spearman(ps, ms),
             "step_err": statistics.median(abs(p - m) / m for p, m in zip(ps, ms)),
             "mem_err": statistics.median(abs(p - m) / m for p, m in zip(pm, mm)),
-            "regret": ms[pick] / min(ms) - 1, "plan_regret": ms[plan_pick] / min(ms) - 1}
+            "regret": regret(measured, min(plans, key=lambda n: pred[n][0])),
+            "plan_regret": regret(measured, min(ranked, key=ranked.get))}
+
+
+def plan_ranking(profile, plans: dict, predicted: dict[str, float]) -> dict[str, float]:
+    """What `sp-plan plan` ranks the layouts (summary -> Plan) by with ``profile``: a layout tune measured at its
+    measurement (planner/measured.py), the others at ``predicted`` (summary -> seconds); no profile, the prediction."""
+    from sp_plan.planner.measured import twins
+
+    first = next(iter(plans.values()))
+    ran = twins(profile, first.model, first.workload) if profile else {}
+    return {n: ran[n].measured_s if n in ran else predicted[n] for n in plans}
 
 
 def pick_regret(profile, truth: list[dict]) -> float:
     """Regret of the plan tune hands the user (its best measured candidate), judged by the ground truth."""
+    from sp_plan.profiles.tune.head_to_head import regret
+
     ok = {t["summary"]: t["measured_s"] for t in truth if t["status"] == "ok"}
-    mine = [c for c in profile.candidates if c.status == "ok" and c.summary in ok]
-    pick = min(mine, key=lambda c: c.measured_s)
-    return ok[pick.summary] / min(ok.values()) - 1
+    return regret(ok, tune_pick(profile, ok))
+
+
+def tune_pick(profile, fits) -> str | None:
+    """The layout tune hands the user: its best measured candidate among ``fits`` (summaries)."""
+    mine = [c for c in profile.candidates if c.status == "ok" and c.summary in fits]
+    return min(mine, key=lambda c: c.measured_s).summary if mine else None
 
 
 def _hosts(rate):
@@ -408,21 +422,16 @@ def picks(cluster, truth: list[dict], profile) -> dict[str, str | None]:
     """The layouts each party would run, among the truth's that fit: the uncalibrated model's best, the calibrated
     model's, `sp-plan plan`'s with the profile (a layout tune measured at its measurement) and tune's (its best
     measured)."""
-    from sp_plan.planner.measured import twins
     from sp_plan.planner.params import Params
     from sp_plan.planner.plan import Plan
     from sp_plan.profiles.tune.run import predict
 
-    ok = [t for t in truth if t["status"] == "ok"]
-    plans = {t["summary"]: Plan.model_validate(t["plan"]) for t in ok}
-    best = lambda key: min(plans, key=key)  # noqa: E731
-    first = next(iter(plans.values()))
-    ran = twins(profile, first.model, first.workload)
+    plans = {t["summary"]: Plan.model_validate(t["plan"]) for t in truth if t["status"] == "ok"}
     cal = {n: predict(cluster, p, profile.params)[0] for n, p in plans.items()}
-    mine = [c for c in profile.candidates if c.status == "ok" and c.summary in plans]
-    return {"model": best(lambda n: predict(cluster, plans[n], Params())[0]), "calibrated": best(cal.get),
-            "plan": best(lambda n: ran[n].measured_s if n in ran else cal[n]),
-            "tune": min(mine, key=lambda c: c.measured_s).summary if mine else None}
+    ranked = plan_ranking(profile, plans, cal)
+    return {"model": min(plans, key=lambda n: predict(cluster, plans[n], Params())[0]),
+            "calibrated": min(cal, key=cal.get), "plan": min(ranked, key=ranked.get),
+            "tune": tune_pick(profile, plans)}
 
 
 #: the head-to-head readings of a kept world (``--head-to-head``), beside its truths

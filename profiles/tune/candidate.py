@@ -74,6 +74,11 @@ def layer_counts(target: int, layers: int) -> list[int]:
     return [1] if l2 <= 1 else [1, l2]
 
 
+def stage_depth(model: ModelSpec, plan: Plan) -> int:
+    """Blocks one pipeline stage holds: L = model.layers / pp (at least 1)."""
+    return max(model.layers // plan.degrees["pp"], 1)
+
+
 def _device(device: str | torch.device) -> torch.device:
     d = torch.device(device)
     if d.type == "cuda" and d.index is None:
@@ -245,7 +250,7 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
     ctx = init(plan, device_type=device.type)
     mesh = replica_mesh(plan, device.type)
     d = plan.degrees
-    target = max(model.layers // d["pp"], 1)
+    target = stage_depth(model, plan)
     counts = layer_counts(target, layers)
     notes: dict = {}
     per_rank: dict[int, dict] = {}

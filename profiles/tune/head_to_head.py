@@ -22,7 +22,7 @@ from sp_plan.planner.plan import Plan
 from sp_plan.runtime import init
 from sp_plan.runtime.probe import gather_objects
 
-from .candidate import _device, build_bench, composed_step, stage_round_trip, train_step
+from .candidate import _device, build_bench, composed_step, stage_depth, stage_round_trip, train_step
 from .parallel import replica_mesh
 
 
@@ -41,9 +41,8 @@ def head_to_head(plans: list[Plan], model: ModelSpec, work: Workload, *, rounds:
     benches, sends = [], []
     for p in plans:
         ctx = init(p, device_type=device.type)
-        depth = max(model.layers // p.degrees["pp"], 1)
-        benches.append(build_bench(p, model, work, ctx, replica_mesh(p, device.type), depth, device=device,
-                                   dtype=dtype))
+        benches.append(build_bench(p, model, work, ctx, replica_mesh(p, device.type), stage_depth(model, p),
+                                   device=device, dtype=dtype))
         sends.append(stage_round_trip(p, model, work, device=device, dtype=dtype) if p.degrees["pp"] > 1 else None)
 
     def step(i: int) -> float:
