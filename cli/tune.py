@@ -38,7 +38,7 @@ def candidates_table(profile) -> Table:
         t.add_column(c, justify="left" if c in ("layout", "status", "note") else "right")
     for i, c in enumerate(profile.candidates):
         note = c.reason if c.status != "ok" else "; ".join(str(v) for k, v in c.detail.items() if k == "fallbacks" and v)
-        if c.status == "ok" and len(c.detail.get("readings_s", ())) > 1:  # a contender read again (tune's confirm)
+        if c.status == "ok" and len(c.detail.get("readings_s", ())) > 1:  # read again (tune's reread or confirm)
             r = c.detail["readings_s"]
             note = f"fastest of {len(r)}: " + ", ".join(_secs(x) for x in r) + (f"; {note}" if note else "")
         if c.status != "ok" and c.rank is not None:
@@ -78,6 +78,9 @@ def tune_cmd(
     iters: int = typer.Option(3, "--iters", help="timed steps per candidate (median)"),
     confirm: int = typer.Option(2, "--confirm", help="readings more of the best measured candidate and the "
                                 "runners-up within 10 % of it (3 at most), each kept at its fastest reading (0: one reading each)"),
+    reread: int = typer.Option(2, "--reread", help="candidates read once whose step reads far slower than the model "
+                               "fitted to the others predicts it (over max(10 %, 2 x the leave-one-out error)), read "
+                               "once more and kept at their faster reading, this many at most (0: none)"),
     warmup: int = typer.Option(1, "--warmup", help="untimed steps before them"),
     pool: int = typer.Option(12, "--pool", help="distinct layouts the choice draws from"),
     kernel_timing: str = typer.Option("auto", "--kernel-timing", help="each: every rank times each kernel as it gets "
@@ -101,7 +104,7 @@ def tune_cmd(
         for flag, v in (("--budget", budget), ("--iters", iters), ("--layers", layers), ("--pool", pool), ("--batch", batch)):
             if v < 1:
                 raise PlanError(flag, f"must be at least 1, got {v}", f"pass {flag} 1 or more")
-        for flag, v in (("--warmup", warmup), ("--confirm", confirm)):
+        for flag, v in (("--warmup", warmup), ("--confirm", confirm), ("--reread", reread)):
             if v < 0:
                 raise PlanError(flag, f"must be 0 or more, got {v}", f"pass {flag} 0 or more")
         if kernel_timing not in ("auto", "each", "shared"):
@@ -116,7 +119,8 @@ def tune_cmd(
         from sp_plan.profiles.tune.run import TuneOptions, check_world, tune
 
         opts = TuneOptions(budget=budget, max_minutes=max_minutes, candidate_timeout=candidate_timeout, pool=pool,
-                           layers=layers, iters=iters, warmup=warmup, confirm=confirm, kernel_timing=kernel_timing,
+                           layers=layers, iters=iters, warmup=warmup, confirm=confirm, reread=reread,
+                           kernel_timing=kernel_timing,
                            link_sizes=parse_sizes(link_sizes) if link_sizes else None)
         owned = _world()
         rank = probe.dist.get_rank()
@@ -147,7 +151,8 @@ def tune_cmd(
             with Progress(TextColumn("{task.fields[step]:>10}"), BarColumn(), MofNCompleteColumn(),
                           TextColumn("{task.description}"), TimeElapsedColumn(), console=err) as prog:
                 tasks = {s: prog.add_task("", total=None, step=s) for s in ("links", "kernels", "candidates")}
-                tasks["confirm"] = prog.add_task("", total=None, step="confirm", visible=False)
+                for later in ("reread", "confirm"):  # shown once they have something to read
+                    tasks[later] = prog.add_task("", total=None, step=later, visible=False)
                 tick = lambda step, i, n, label: prog.update(tasks[step], completed=i, total=n,  # noqa: E731
                                                              description=escape(label[:90]), visible=True)
                 report = tune(c, m, w, st, opts, tick)

@@ -210,6 +210,7 @@ class FitResult:
     predicted_after: list[tuple[float | None, float | None]] = field(default_factory=list)  # with the full fit
     notes: list[str] = field(default_factory=list)  # what was not fitted, and why
     candidates: list[MeasuredCandidate] = field(default_factory=list)  # copies with predicted_* filled in
+    loo_times: list[float | None] = field(default_factory=list)  # per candidate: its step by a fit without it
 
 
 def _cases(candidates: list[MeasuredCandidate]) -> list[_Case]:
@@ -397,6 +398,7 @@ def fit(cluster: Cluster, base: Params, candidates: list[MeasuredCandidate], hol
         memory_error_after=_median_err([loo_m[c.index] for c in sized], [c.memory for c in sized]))
     for i, mc in enumerate(candidates):
         j = pos.get(i)
+        res.loo_times.append(loo_t.get(i))
         if j is None:
             res.predicted_before.append((None, None))
             res.predicted_after.append((None, None))

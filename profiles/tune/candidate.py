@@ -34,12 +34,14 @@ from .parallel import accumulate, parallelize, replica_mesh
 from .stack import build_stack, random_batch, token_loss
 from .timing import sync
 
-FAULTS = ("raise", "oom", "hang", "stall")
+FAULTS = ("raise", "oom", "hang", "stall", "slow")
+#: seconds the "slow" fault adds to every step it is injected in (a slow spell of the host, as a test sees it)
+SLOW_S = 1.0
 QUANTITIES = ("fwd_bwd_s", "optimizer_s", "peak_bytes", "static_bytes")
 
 
 def parse_fault(fault: str | None) -> tuple[str | None, int]:
-    """Test hook: "raise", "oom", "hang" or "stall", optionally "@rank" (default rank 0)."""
+    """Test hook: "raise", "oom", "hang", "stall" or "slow", optionally "@rank" (default rank 0)."""
     if not fault:
         return None, -1
     kind, _, rank = fault.partition("@")
@@ -49,9 +51,12 @@ def parse_fault(fault: str | None) -> tuple[str | None, int]:
 
 
 def inject(fault: str | None, rank: int) -> None:
-    """Test hook: raise, run out of memory or hang on the fault's rank."""
+    """Test hook: raise, run out of memory, hang or take SLOW_S seconds longer on the fault's rank."""
     kind, at = parse_fault(fault)
     if kind in (None, "stall") or rank != at:
+        return
+    if kind == "slow":
+        time.sleep(SLOW_S)
         return
     if kind == "raise":
         raise RuntimeError(f"injected fault on rank {rank}")
@@ -148,19 +153,19 @@ def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, dev
     notes.update(bench.notes)
     m, m_run = bench.micro_batches, bench.micro_batches_run
 
-    def step(first: bool):
-        return train_step(bench, model, device, fault if first else None)
+    def step():  # a fault is injected in every step: "slow" slows each, the others end the first
+        return train_step(bench, model, device, fault)
 
-    for i in range(warmup):
-        step(i == 0)
+    for _ in range(warmup):
+        step()
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
         static = torch.cuda.memory_allocated(device)
     fb, opt = [], []
-    for i in range(iters):
+    for _ in range(iters):
         dist.barrier()
-        a, b = step(warmup == 0 and i == 0)
+        a, b = step()
         fb.append(a)
         opt.append(b)
     if cuda:
@@ -173,7 +178,7 @@ def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, dev
         static = tracker.live
         tracker.reset_peak()
         with tracker:
-            step(False)
+            step()
         peak = tracker.peak
     return {"fwd_bwd_s": statistics.median(fb) / m_run, "optimizer_s": statistics.median(opt),
             "peak_bytes": float(peak), "static_bytes": float(static), "micro_batches_run": m_run, "micro_batches": m}
