@@ -210,7 +210,9 @@ class FitResult:
     predicted_after: list[tuple[float | None, float | None]] = field(default_factory=list)  # with the full fit
     notes: list[str] = field(default_factory=list)  # what was not fitted, and why
     candidates: list[MeasuredCandidate] = field(default_factory=list)  # copies with predicted_* filled in
-    loo_times: list[float | None] = field(default_factory=list)  # per candidate: its step by a fit without it
+    #: per candidate: its step as a fit without it predicts it; None where that fit lacks a parameter only it moves
+    #: (``sole_witnesses``: such a prediction is short of the parameter, not of the reading)
+    loo_times: list[float | None] = field(default_factory=list)
 
 
 def _cases(candidates: list[MeasuredCandidate]) -> list[_Case]:
@@ -362,6 +364,27 @@ def _fit_all(pricer: _Pricer, base: Params, cases: list[_Case], hold: frozenset 
     return p, w1 + w2, n1 + n2
 
 
+#: the time parameters fitted where some candidates move them and not others: (field, two trial values)
+WITNESSED = (("tp_overhead_s", 0.0, 1e-3), ("overlap", 0.0, 1.0), ("round_overhead_s", 0.0, 1e-3))
+
+
+def sole_witnesses(pricer: _Pricer, base: Params, cases: list[_Case], hold: frozenset = frozenset()) -> set[int]:
+    """Indices of the timed candidates that alone move a fitted time parameter (the only one with Megatron TP
+    collectives moves the TP overhead): a fit without such a candidate cannot identify that parameter, so its
+    leave-one-out prediction falls short by whatever the parameter stands for."""
+    timed = [c for c in cases if c.time is not None]
+    out = set()
+    for name, a, b in WITNESSED:
+        if name in hold or not timed:
+            continue
+        lo = pricer.times(base.model_copy(update={name: a}), timed)
+        hi = pricer.times(base.model_copy(update={name: b}), timed)
+        moved = [c.index for c, x, y in zip(timed, lo, hi) if abs(x - y) > 1e-9 * max(abs(x), 1e-12)]
+        if len(moved) == 1:
+            out.add(moved[0])
+    return out
+
+
 def _median_err(pred: list[float], meas: list[float]) -> float | None:
     errs = [abs(p - m) / m for p, m in zip(pred, meas)]
     return float(np.median(errs)) if errs else None
@@ -381,6 +404,7 @@ def fit(cluster: Cluster, base: Params, candidates: list[MeasuredCandidate], hol
     after_t = pricer.times(params, cases) if cases else np.array([])
     after_m = pricer.memories(params, cases) if cases else np.array([])
     loo_t, loo_m = {}, {}
+    alone = sole_witnesses(pricer, base, cases, hold)
     for c in cases:  # leave one out: fit without c, predict c
         p, _, _ = _fit_all(pricer, base, [o for o in cases if o is not c], hold)
         if c.time is not None:
@@ -398,7 +422,7 @@ def fit(cluster: Cluster, base: Params, candidates: list[MeasuredCandidate], hol
         memory_error_after=_median_err([loo_m[c.index] for c in sized], [c.memory for c in sized]))
     for i, mc in enumerate(candidates):
         j = pos.get(i)
-        res.loo_times.append(loo_t.get(i))
+        res.loo_times.append(None if i in alone else loo_t.get(i))
         if j is None:
             res.predicted_before.append((None, None))
             res.predicted_after.append((None, None))

@@ -426,3 +426,16 @@ def test_tp_overhead_is_recovered_only_where_a_candidate_has_tp_collectives():
     assert p.tp_overhead_s == pytest.approx(3e-3, rel=0.02) and p.overlap == pytest.approx(0.6, rel=0.02)
     r = fit(cl, Params(), _measured(cl, m, w, truth, CANDS))  # no TP candidate: nothing to tell it by
     assert r.params.tp_overhead_s == 0.0 and not any(f.startswith("TP overhead") for f in r.fitted)
+
+
+def test_a_candidate_that_alone_moves_a_parameter_has_no_leave_one_out_time():
+    cl, m, w = load_cluster("dgx-h100", 1), load_model("gpt-3b"), Workload(seq_len=32768, batch=2)
+    truth = TRUTH.model_copy(update={"tp_overhead_s": 3e-3})
+    one_tp = CANDS + [Candidate("ring", tp=2, ring=4, order=("tp", "ring"), token_layout="zigzag")]
+    r = fit(cl, Params(), _measured(cl, m, w, truth, one_tp))
+    # the fit without the TP candidate cannot know the TP overhead: no leave-one-out time for it (tune's reread
+    # would take the missing parameter for a slow reading); the others have theirs, as the fit without them says
+    assert r.params.tp_overhead_s == pytest.approx(3e-3, rel=0.05)
+    assert r.loo_times[-1] is None and all(t is not None and t > 0 for t in r.loo_times[:-1])
+    two_tp = one_tp + [Candidate("usp", tp=4, ulysses=2, order=("tp", "ulysses"), checkpointing="full")]
+    assert all(t is not None for t in fit(cl, Params(), _measured(cl, m, w, truth, two_tp)).loo_times)

@@ -1,5 +1,6 @@
 """Tune's choice of what to measure: diversified pool, chance to beat the best measured, stopping rule."""
 import math
+import statistics
 
 from sp_plan.planner.plan import Plan
 from sp_plan.profiles.tune.choose import (PRIOR_SIGMA, chance_to_beat, diversify, family, next_candidate, sigma_from,
@@ -122,6 +123,28 @@ def test_contenders_are_the_best_and_the_runners_up_within_reach():
     assert contenders({n: apart[n] for n in ("u8", "usp")}, opts, {"usp": 0.95}) == []  # predicted out of reach too
     c = confirmed(near["a"], [0.60, 0.55, 0.70])
     assert c.measured_s == 0.55 and c.detail["readings_s"] == [0.60, 0.55, 0.70] and near["a"].measured_s == 0.60
+
+
+def test_runners_up_within_the_spread_the_contenders_readings_showed_contend_next():
+    from sp_plan.planner.profile import MeasuredCandidate
+    from sp_plan.profiles.tune.run import TuneOptions, confirmed, contenders, reading_spread
+
+    def mc(name, s, readings=None):
+        return MeasuredCandidate(summary=name, plan={}, measured_s=s, status="ok",
+                                 detail={"readings_s": readings} if readings else {})
+
+    # two hosts (session 15): two contenders read thrice, the head-to-head fastest once, 15 % behind
+    read = {"ring4": confirmed(mc("ring4", 1.352), [1.352, 1.381, 1.707]),
+            "usp": confirmed(mc("usp", 1.434), [1.434, 1.631, 1.433]),
+            "pp2": mc("pp2", 1.552), "tp": mc("tp", 1.818, [1.914, 1.818])}
+    spread = reading_spread(read, ["ring4", "usp"])
+    assert abs(spread - statistics.median([1.707 / 1.352 - 1, 1.631 / 1.433 - 1])) < 1e-12
+    opts = TuneOptions()
+    assert contenders(read, opts, None, opts.confirm_within, ["ring4", "usp"]) == []  # within 10 %: no one new
+    assert contenders(read, opts, None, spread, ["ring4", "usp"]) == ["pp2"]  # within 20 %: read it too
+    assert contenders(read, opts, None, 1.0, ["ring4", "usp"]) == ["pp2"]  # three in all at most
+    assert contenders(read, opts, None, 1.0, ["ring4", "usp", "tp"]) == []
+    assert reading_spread(read, ["pp2"]) is None and reading_spread(read, []) is None
 
 
 def test_contenders_are_read_again_in_rounds():

@@ -10,6 +10,7 @@ result; the tune goes on (design.md, "Profile once per cluster").
 from __future__ import annotations
 
 import datetime
+import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
@@ -356,24 +357,32 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
         params = result.params
 
     # ---- confirm: the best and the runners-up within opts.confirm_within read again, in rounds (one reading of each
-    # contender a round), each kept at its fastest reading
-    late = time.monotonic() - started > limit
-    predicted = {c.summary: c.predicted_after_s for c in result.candidates if c.predicted_after_s} if result else {}
-    todo = _bcast(contenders(measured, opts, predicted) if rank == 0 and not late else None, rank) or []
-    readings = {name: list(measured[name].detail.get("readings_s") or [measured[name].measured_s]) for name in todo}
-    order = confirm_order(todo, opts.confirm)
-    for j, (name, k) in enumerate(order):
-        key = f"confirm:{name}:{k}"
-        tick("confirm", j, len(order), f"{name}: reading {len(readings[name]) + 1}")
-        mc = _reading(steps, key, by_name[name], model, work, cluster, opts, store, run_id, rank)
-        if mc.status == "ok":
-            readings[name].append(mc.measured_s)
-        tick("confirm", j + 1, len(order), f"{name}: {len(readings[name])} readings")
-    for name in todo:
-        measured[name] = confirmed(measured[name], readings[name])
-    if todo and rank == 0:
-        result = fit(cluster, base, [m for m in measured.values() if m.status == "ok"], hold)
-        params = result.params
+    # contender a round), each kept at its fastest reading; then those within the spread their readings showed
+    done: list[str] = []
+    for _ in range(2):
+        late = time.monotonic() - started > limit
+        predicted = {c.summary: c.predicted_after_s for c in result.candidates if c.predicted_after_s} if result else {}
+        reach = max(opts.confirm_within, reading_spread(measured, done) or 0.0)
+        todo = _bcast(contenders(measured, opts, predicted, reach, done) if rank == 0 and not late else None,
+                      rank) or []
+        if not todo:
+            break
+        readings = {name: list(measured[name].detail.get("readings_s") or [measured[name].measured_s])
+                    for name in todo}
+        order = confirm_order(todo, opts.confirm)
+        for j, (name, k) in enumerate(order):
+            key = f"confirm:{name}:{k}"
+            tick("confirm", j, len(order), f"{name}: reading {len(readings[name]) + 1}")
+            mc = _reading(steps, key, by_name[name], model, work, cluster, opts, store, run_id, rank)
+            if mc.status == "ok":
+                readings[name].append(mc.measured_s)
+            tick("confirm", j + 1, len(order), f"{name}: {len(readings[name])} readings")
+        for name in todo:
+            measured[name] = confirmed(measured[name], readings[name])
+        done += todo
+        if rank == 0:
+            result = fit(cluster, base, [m for m in measured.values() if m.status == "ok"], hold)
+            params = result.params
 
     profile = best_plan = None
     if rank == 0:
@@ -428,20 +437,35 @@ MAX_CONTENDERS = 3
 
 
 def contenders(measured: dict[str, MeasuredCandidate], opts: TuneOptions,
-               predicted: dict[str, float] | None = None) -> list[str]:
-    """The best measured candidate and the runners-up within ``opts.confirm_within`` of it, measured or as the
-    calibrated model predicts them (``predicted``: summary -> seconds), fastest measured first (MAX_CONTENDERS at
-    most; none when no runner-up is that close): one reading each decides between them. On 4 CPU ranks sharing two
-    cores a tune read two layouts 568 and 596 ms whose medians of three passes are 598 and 554 ms; on 8, one at
-    944 ms (the third within 5 % of the best) whose median of two passes is the best of the five, 868 ms, and one
-    at 993 ms, predicted at 910 ms, within 10 % of the best's 833 ms, whose two passes read 845 and 809 ms."""
+               predicted: dict[str, float] | None = None, reach: float | None = None,
+               done: list[str] | tuple = ()) -> list[str]:
+    """The best measured candidate and the runners-up within ``reach`` (default ``opts.confirm_within``) of it,
+    measured or as the calibrated model predicts them (``predicted``: summary -> seconds), fastest measured first,
+    those in ``done`` (read again already) left out, MAX_CONTENDERS in all at most; none when no runner-up is that
+    close: one reading each decides between them. On 4 CPU ranks sharing two cores a tune read two layouts 568 and
+    596 ms whose medians of three passes are 598 and 554 ms; on 8, one at 944 ms (the third within 5 % of the best)
+    whose median of two passes is the best of the five, 868 ms, and one at 993 ms, predicted at 910 ms, within 10 %
+    of the best's 833 ms, whose two passes read 845 and 809 ms."""
     ok = sorted((m for m in measured.values() if m.status == "ok" and m.measured_s), key=lambda m: m.measured_s)
-    if not ok:
+    if not ok or opts.confirm < 1:
         return []
-    reach = ok[0].measured_s * (1 + opts.confirm_within)
+    top = ok[0].measured_s * (1 + (opts.confirm_within if reach is None else reach))
     pred = predicted or {}
-    near = [m.summary for m in ok if m.measured_s <= reach or pred.get(m.summary, float("inf")) <= reach]
-    return near[:MAX_CONTENDERS] if opts.confirm >= 1 and len(near) >= 2 else []
+    near = [m.summary for m in ok if m.measured_s <= top or pred.get(m.summary, float("inf")) <= top]
+    if len(near) < 2:
+        return []
+    return [n for n in near if n not in done][:max(MAX_CONTENDERS - len(done), 0)]
+
+
+def reading_spread(measured: dict[str, MeasuredCandidate], names: list[str]) -> float | None:
+    """The median over ``names`` (read more than once) of a candidate's slowest reading over its fastest, less 1:
+    the noise of one reading on these hosts, as the tune itself read it (None without such candidates). The
+    confirm step reads the runners-up within it too: on two hosts of 2 CPU ranks a tune read its contenders
+    `ring ring4 contiguous` at 1.352, 1.381 and 1.707 s and `usp ulysses2 ring2` at 1.434, 1.631 and 1.433 s (a
+    spread of 20 %), and the head-to-head fastest layout, `tokenring ring2 pp2`, once at 1.552 s, 15 % behind."""
+    spreads = [max(r) / min(r) - 1 for r in (measured[n].detail.get("readings_s") or [] for n in names if n in measured)
+               if len(r) > 1 and min(r) > 0]
+    return float(statistics.median(spreads)) if spreads else None
 
 
 def confirm_order(todo: list[str], confirm: int) -> list[tuple[str, int]]:
