@@ -147,6 +147,20 @@ def test_runners_up_within_the_spread_the_contenders_readings_showed_contend_nex
     assert reading_spread(read, ["pp2"]) is None and reading_spread(read, []) is None
 
 
+def test_with_a_wide_leave_one_out_error_the_likeliest_runners_up_contend():
+    from sp_plan.planner.profile import MeasuredCandidate
+    from sp_plan.profiles.tune.run import TuneOptions, contenders
+
+    # two hosts (session 15): the head-to-head fastest layout read 1.726 s once, predicted 1.450 s; the calibrated
+    # model's leave-one-out error 24.5 %
+    read = {n: MeasuredCandidate(summary=n, plan={}, measured_s=s, status="ok") for n, s in
+            (("u2pp2", 1.299), ("ring4", 1.437), ("usp", 1.518), ("trpp2", 1.726), ("tp", 1.954))}
+    pred = {"u2pp2": 1.460, "ring4": 1.470, "usp": 1.476, "trpp2": 1.450, "tp": 1.954}
+    assert contenders(read, TuneOptions(), pred) == []  # within 10 %: none, by reading or prediction
+    # within 24.5 % (1.617 s): four, the likeliest three by the faster of reading and prediction
+    assert contenders(read, TuneOptions(), pred, 0.245) == ["u2pp2", "ring4", "trpp2"]
+
+
 def test_contenders_are_read_again_in_rounds():
     from sp_plan.profiles.tune.run import confirm_order
 

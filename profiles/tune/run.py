@@ -356,13 +356,15 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
         result = fit(cluster, base, [m for m in measured.values() if m.status == "ok"], hold)
         params = result.params
 
-    # ---- confirm: the best and the runners-up within opts.confirm_within read again, in rounds (one reading of each
-    # contender a round), each kept at its fastest reading; then those within the spread their readings showed
+    # ---- confirm: the best and the runners-up within opts.confirm_within (or the model's leave-one-out error, if
+    # wider) read again, in rounds (one reading of each contender a round), each kept at its fastest reading; then
+    # those within the spread their readings showed
     done: list[str] = []
     for _ in range(2):
         late = time.monotonic() - started > limit
         predicted = {c.summary: c.predicted_after_s for c in result.candidates if c.predicted_after_s} if result else {}
-        reach = max(opts.confirm_within, reading_spread(measured, done) or 0.0)
+        noise = reading_spread(measured, done) if done else (result.loo_error_after if result else None)
+        reach = max(opts.confirm_within, noise or 0.0)
         todo = _bcast(contenders(measured, opts, predicted, reach, done) if rank == 0 and not late else None,
                       rank) or []
         if not todo:
@@ -440,18 +442,21 @@ def contenders(measured: dict[str, MeasuredCandidate], opts: TuneOptions,
                predicted: dict[str, float] | None = None, reach: float | None = None,
                done: list[str] | tuple = ()) -> list[str]:
     """The best measured candidate and the runners-up within ``reach`` (default ``opts.confirm_within``) of it,
-    measured or as the calibrated model predicts them (``predicted``: summary -> seconds), fastest measured first,
-    those in ``done`` (read again already) left out, MAX_CONTENDERS in all at most; none when no runner-up is that
-    close: one reading each decides between them. On 4 CPU ranks sharing two cores a tune read two layouts 568 and
-    596 ms whose medians of three passes are 598 and 554 ms; on 8, one at 944 ms (the third within 5 % of the best)
-    whose median of two passes is the best of the five, 868 ms, and one at 993 ms, predicted at 910 ms, within 10 %
-    of the best's 833 ms, whose two passes read 845 and 809 ms."""
+    measured or as the calibrated model predicts them (``predicted``: summary -> seconds), the likeliest first (by the
+    faster of the two: whatever else runs on the hosts only adds time to a reading), those in ``done`` (read again
+    already) left out, MAX_CONTENDERS in all at most; none when no runner-up is that close: one reading each decides
+    between them. On 4 CPU ranks sharing two cores a tune read two layouts 568 and 596 ms whose medians of three
+    passes are 598 and 554 ms; on 8, one at 944 ms (the third within 5 % of the best) whose median of two passes is
+    the best of the five, 868 ms, and one at 993 ms, predicted at 910 ms, within 10 % of the best's 833 ms, whose two
+    passes read 845 and 809 ms. tune passes as ``reach`` the model's leave-one-out error where it is wider than 10 %
+    (a reading or a prediction is off by as much), then the spread of the contenders' readings."""
     ok = sorted((m for m in measured.values() if m.status == "ok" and m.measured_s), key=lambda m: m.measured_s)
     if not ok or opts.confirm < 1:
         return []
     top = ok[0].measured_s * (1 + (opts.confirm_within if reach is None else reach))
     pred = predicted or {}
-    near = [m.summary for m in ok if m.measured_s <= top or pred.get(m.summary, float("inf")) <= top]
+    likely = {m.summary: min(m.measured_s, pred.get(m.summary, float("inf"))) for m in ok}
+    near = sorted((n for n in likely if likely[n] <= top), key=lambda n: likely[n])
     if len(near) < 2:
         return []
     return [n for n in near if n not in done][:max(MAX_CONTENDERS - len(done), 0)]
