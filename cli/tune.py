@@ -77,7 +77,8 @@ def tune_cmd(
     layers: int = typer.Option(2, "--layers", help="layers each candidate runs (the model's others are scaled)"),
     iters: int = typer.Option(3, "--iters", help="timed steps per candidate (median)"),
     confirm: int = typer.Option(2, "--confirm", help="readings more of the best measured candidate and the "
-                                "runners-up within 10 % of it (3 at most), each kept at its fastest reading (0: one reading each)"),
+                                "runners-up within 10 % of it, or within the model's leave-one-out error and then the spread of their "
+                                "readings where wider (3 at most), each kept at its fastest reading (0: one reading each)"),
     reread: int = typer.Option(2, "--reread", help="candidates read once whose step reads far slower than the model "
                                "fitted to the others predicts it (over max(10 %, 2 x the leave-one-out error)), read "
                                "once more and kept at their faster reading, this many at most (0: none)"),

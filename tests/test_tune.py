@@ -190,6 +190,8 @@ def test_bad_budget_exits_2(tmp_path):
     assert p.returncode == 2 and "--budget" in p.stderr and "Traceback" not in p.stderr
     p = _cli("tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512", "--confirm", "-1", cwd=tmp_path)
     assert p.returncode == 2 and "--confirm: must be 0 or more, got -1" in p.stderr and "Traceback" not in p.stderr
+    p = _cli("tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512", "--reread", "-2", cwd=tmp_path)
+    assert p.returncode == 2 and "--reread: must be 0 or more, got -2" in p.stderr and len(p.stderr.splitlines()) == 1
     p = _cli("tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512", "--kernel-timing", "both",
              cwd=tmp_path)
     assert p.returncode == 2 and "--kernel-timing" in p.stderr and "auto, each or shared" in p.stderr and "Traceback" not in p.stderr
