@@ -349,9 +349,9 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
     for j, name in enumerate(again):
         tick("reread", j, len(again), f"{name}: read again (slower than predicted)")
         mc = _reading(steps, f"reread:{name}", by_name[name], model, work, cluster, opts, store, run_id, rank)
-        readings = list(measured[name].detail.get("readings_s") or [measured[name].measured_s])
-        measured[name] = confirmed(measured[name], readings + ([mc.measured_s] if mc.status == "ok" else []))
-        tick("reread", j + 1, len(again), f"{name}: {len(measured[name].detail['readings_s'])} readings")
+        more = [mc.measured_s] if mc.status == "ok" else []
+        measured[name] = confirmed(measured[name], readings_of(measured[name]) + more)
+        tick("reread", j + 1, len(again), f"{name}: {len(readings_of(measured[name]))} readings")
     if again and rank == 0:
         result = fit(cluster, base, [m for m in measured.values() if m.status == "ok"], hold)
         params = result.params
@@ -369,8 +369,7 @@ def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: T
                       rank) or []
         if not todo:
             break
-        readings = {name: list(measured[name].detail.get("readings_s") or [measured[name].measured_s])
-                    for name in todo}
+        readings = {name: readings_of(measured[name]) for name in todo}
         order = confirm_order(todo, opts.confirm)
         for j, (name, k) in enumerate(order):
             key = f"confirm:{name}:{k}"
@@ -428,7 +427,7 @@ def surprises(result: FitResult | None, measured: list[MeasuredCandidate], most:
     reach = max(SURPRISE_FLOOR, SURPRISE_SPREAD * result.loo_error_after)
     excess = {}
     for mc, loo in zip(measured, result.loo_times):
-        once = len(mc.detail.get("readings_s") or [None]) == 1
+        once = len(readings_of(mc)) == 1
         if mc.status == "ok" and mc.measured_s and loo and once and mc.measured_s / loo - 1 > reach:
             excess[mc.summary] = mc.measured_s / loo - 1
     return sorted(excess, key=lambda n: -excess[n])[:most]
@@ -468,7 +467,7 @@ def reading_spread(measured: dict[str, MeasuredCandidate], names: list[str]) -> 
     confirm step reads the runners-up within it too: on two hosts of 2 CPU ranks a tune read its contenders
     `ring ring4 contiguous` at 1.352, 1.381 and 1.707 s and `usp ulysses2 ring2` at 1.434, 1.631 and 1.433 s (a
     spread of 20 %), and the head-to-head fastest layout, `tokenring ring2 pp2`, once at 1.552 s, 15 % behind."""
-    spreads = [max(r) / min(r) - 1 for r in (measured[n].detail.get("readings_s") or [] for n in names if n in measured)
+    spreads = [max(r) / min(r) - 1 for r in (readings_of(measured[n]) for n in names if n in measured)
                if len(r) > 1 and min(r) > 0]
     return float(statistics.median(spreads)) if spreads else None
 
@@ -479,6 +478,11 @@ def confirm_order(todo: list[str], confirm: int) -> list[tuple[str, int]]:
     (a randomized-block design's blocks: the reread passes of bench_tune's kept 8-rank truth ran at 0.95-1.42 of its
     first pass's speed)."""
     return [(name, k) for k in range(confirm) for name in todo]
+
+
+def readings_of(mc: MeasuredCandidate) -> list[float]:
+    """A measured candidate's step readings: those kept in ``detail['readings_s']`` (``confirmed``), else its one."""
+    return list(mc.detail.get("readings_s") or [mc.measured_s])
 
 
 def confirmed(mc: MeasuredCandidate, readings: list[float]) -> MeasuredCandidate:
