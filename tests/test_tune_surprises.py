@@ -30,8 +30,14 @@ def test_only_readings_slower_than_the_reach_are_surprises_largest_first():
 
 
 def test_the_floor_holds_where_the_fit_is_close():
-    ms = [_mc("a", 1.0 + SURPRISE_FLOOR / 2), _mc("b", 1.0 + 2 * SURPRISE_FLOOR)]
-    assert surprises(_fit(0.01, [1.0, 1.0]), ms, 5) == ["b"]
+    ms = [_mc("a", 1.0 + SURPRISE_FLOOR / 2), _mc("b", 1.0 + 2 * SURPRISE_FLOOR), _mc("c", 1.0)]
+    assert surprises(_fit(0.01, [1.0, 1.0, 1.0]), ms, 5) == ["b"]
+
+
+def test_nothing_is_a_surprise_before_a_leave_one_out_error_means_anything():
+    ms = [_mc("a", 1.0), _mc("b", 3.0), _mc("failed", 0.0, status="oom")]  # two timed: fewer than MIN_MEASURED
+    assert surprises(_fit(0.05, [1.0, 1.0, None]), ms, 5) == []
+    assert surprises(_fit(0.05, [1.0, 1.0, 1.0, None]), ms[:2] + [_mc("c", 1.0)] + ms[2:], 5) == ["b"]
 
 
 def test_read_again_failed_or_unpredicted_candidates_are_not_surprises():

@@ -33,7 +33,7 @@ from sp_plan.planner.search import grid_search
 from sp_plan.profiles.store import run_key
 from sp_plan.runtime.probe import gather_objects
 
-from .choose import Choice, diversify, family, next_candidate, sigma_from, with_families
+from .choose import MIN_MEASURED, Choice, diversify, family, next_candidate, sigma_from, with_families
 from .kernels import chosen_backends
 from .rounds import LAYERS as PROBE_LAYERS, TOKENS_PER_RANK as PROBE_TOKENS, round_overhead, time_rounds
 from .software import software_stack
@@ -421,8 +421,10 @@ def surprises(result: FitResult | None, measured: list[MeasuredCandidate], most:
     likeliest to hold a slow spell, and being one of a few it moves the whole fit: on two hosts of 2 CPU ranks a
     tune read `ring ring2 pp2 contiguous` at 2.08 s, 50 % over its leave-one-out prediction (ground truth 1.26 s);
     the fit priced the pipelines' compute by it, and ranked the ground truth's layouts at Spearman 0.67 (0.84 fitted
-    without that reading). A reading faster than predicted is not a surprise of this kind: it is left as read."""
-    if result is None or most < 1 or result.loo_error_after is None:
+    without that reading). A reading faster than predicted is not a surprise of this kind: it is left as read. With
+    fewer than MIN_MEASURED timed candidates the leave-one-out error means nothing, and nothing is a surprise."""
+    timed = [mc for mc in measured if mc.status == "ok" and mc.measured_s]
+    if result is None or most < 1 or result.loo_error_after is None or len(timed) < MIN_MEASURED:
         return []
     reach = max(SURPRISE_FLOOR, SURPRISE_SPREAD * result.loo_error_after)
     excess = {}
