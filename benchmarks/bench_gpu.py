@@ -11,10 +11,14 @@ backward through autograd with ``enable_gqa``); then world-1 ``init(plan)`` + ``
 forward + backward beside plain SDPA; then the fastest backend's efficiency curves in the format of a
 profile's ``params`` (``attention_fwd`` / ``attention_bwd``: [block length, achieved / peak]).
 FLOPs: 4 b s^2 h d forward (half when causal), 2.5x that for the backward (``KernelSample``).
+The ``math`` backend and SDPA's math path hold the whole score matrix in float32: they are skipped above
+``--max-math-seq`` tokens. ``--json`` writes every figure to a file.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import tempfile
 
 import torch
@@ -55,7 +59,11 @@ def block_times(name, n, heads, kv, d, causal, device, dtype, repeats):
     return t_f, time_call(both, device, repeats)
 
 
-def sdpa_best(n, heads, kv, d, causal, device, dtype, repeats) -> tuple[str, float, float]:
+SDPA_KINDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+              "math": "MATH"}
+
+
+def sdpa_best(n, heads, kv, d, causal, device, dtype, repeats, math_ok=True, only=None) -> tuple[str, float, float]:
     """(backend, forward s, forward + backward s) of the fastest SDPA backend (forward + backward)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -63,6 +71,8 @@ def sdpa_best(n, heads, kv, d, causal, device, dtype, repeats) -> tuple[str, flo
     leaves = [x.requires_grad_() for x in (q, k, v)]
     kinds = ([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
               SDPBackend.MATH] if device.type == "cuda" else [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
+    kinds = [kd for kd in kinds if (math_ok or kd != SDPBackend.MATH)
+             and (only is None or kd in [getattr(SDPBackend, SDPA_KINDS[o]) for o in only])]
     best = None
     for kind in kinds:
         def fwd():
@@ -86,8 +96,11 @@ def _world1(args, device, dtype):
     """World 1 (a gloo group in this process): init(plan) + ctx.attention fwd+bwd vs plain SDPA fwd+bwd, per S."""
     from sp_plan.runtime import init
 
-    dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/init", rank=0, world_size=1)
-    ctx = init(Plan(algorithm="ring", degrees={"ring": 1}, order=["ring"]))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29535")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            init_method=f"file://{tempfile.mkdtemp()}/init", rank=0, world_size=1)
+    ctx = init(Plan(algorithm="ring", degrees={"ring": 1}, order=["ring"]), device_type=device.type)
     out = []
     for n in args.seqs:
         q, k, v, do = (x.requires_grad_(i < 3) for i, x in enumerate(_inputs(n, args.heads, args.kv_heads,
@@ -99,6 +112,7 @@ def _world1(args, device, dtype):
                                                                   enable_gqa=args.kv_heads != args.heads).backward(dot),
                            device, args.repeats)
         out.append((n, ctx.attention_backend, t_ours, t_sdpa))
+    dist.destroy_process_group()
     return out
 
 
@@ -111,47 +125,73 @@ def main(argv=None):
     p.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--peak-tflops", type=float, default=None, help="for the curves (default: 989 on CUDA, 1 on CPU)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--max-math-seq", type=int, default=8192, help="skip the float32 score-matrix paths above this")
+    p.add_argument("--json", default=None, help="write every figure to this file")
+    p.add_argument("--backends", default=None, help="time only these of the runtime's backends (comma-separated)")
+    p.add_argument("--sdpa-kinds", default=None,
+                   help="SDPA backends to take the fastest of (comma-separated: cudnn,flash,efficient,math; default all)")
     args = p.parse_args(argv)
     args.seqs = _sizes(args.seqs)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     peak = 1e12 * (args.peak_tflops or (989.0 if device.type == "cuda" else 1.0))
     d = args.head_dim
-    names = B.available(device.type, dtype, d)
+    names = [n for n in B.available(device.type, dtype, d) if not args.backends or n in args.backends.split(",")]
     print(f"# {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}, "
           f"{str(dtype).replace('torch.', '')}, batch 1, {args.heads} heads (GQA: {args.kv_heads} KV heads) of {d}")
     for n in B.PRIORITY:
         why = B.BACKENDS[n].unavailable(device.type, dtype, d)
-        if why is None:
+        if why is None and n not in names:
+            print(f"{n:10s} available, not timed (--backends)")
+        elif why is None:
             bad = check_exact(n, device, dtype, d, args.heads, args.kv_heads, True)
             print(f"{n:10s} available" + (f", but NOT EXACT: {bad}" if bad else ", exact against float64"))
             if bad:
                 names.remove(n)
         else:
             print(f"{n:10s} unavailable: {why}")
-    print("\n## block TFLOP/s: forward | forward + backward (SDPA: its fastest backend)")
-    print(f"{'S':>6s} {'mask':6s} {'heads':5s} " + " ".join(f"{n:>17s}" for n in names) + f" {'sdpa best':>26s}")
+    print("\n## block TFLOP/s: forward | forward + backward (SDPA: its fastest backend); best / sdpa: the fastest "
+          "backend's forward + backward against SDPA's (target >= 0.90 at S >= 4k)")
+    print(f"{'S':>6s} {'mask':6s} {'heads':5s} " + " ".join(f"{n:>17s}" for n in names) + f" {'sdpa best':>26s}"
+          + f" {'best / sdpa':>11s}")
     samples: dict[str, list[KernelSample]] = {n: [] for n in names}
+    rows = []
     for n_tok in args.seqs:
         for causal in (False, True):
             for kv in sorted({args.heads, args.kv_heads}, reverse=True):
                 f_f = attention_flops(n_tok, args.heads, d, causal)
                 f_b = f_f * 3.5
-                cells = []
+                cells, row = [], {"S": n_tok, "causal": causal, "kv_heads": kv, "heads": args.heads, "backends": {}}
                 for name in names:
-                    t_f, t_fb = block_times(name, n_tok, args.heads, kv, d, causal, device, dtype, args.repeats)
+                    if name == "math" and n_tok > args.max_math_seq:
+                        cells.append("skipped")
+                        continue
+                    try:
+                        t_f, t_fb = block_times(name, n_tok, args.heads, kv, d, causal, device, dtype, args.repeats)
+                    except torch.OutOfMemoryError:
+                        cells.append("oom")
+                        torch.cuda.empty_cache()
+                        continue
+                    row["backends"][name] = [t_f, t_fb]
                     cells.append(f"{f_f / t_f / 1e12:7.3g} | {f_b / t_fb / 1e12:7.3g}")
                     if kv == args.kv_heads and causal:
                         for kind, t, fl in (("attention_fwd", t_f, f_f), ("attention_bwd", t_fb - t_f, f_f * 2.5)):
                             samples[name].append(KernelSample(kind=kind, size=n_tok, heads=args.heads, head_dim=d,
                                                               causal=True, flops=fl, seconds=max(t, 1e-9),
                                                               dtype=str(dtype).replace("torch.", ""), batch=1, backend=name))
-                sb = sdpa_best(n_tok, args.heads, kv, d, causal, device, dtype, args.repeats)
+                sb = sdpa_best(n_tok, args.heads, kv, d, causal, device, dtype, args.repeats,
+                               math_ok=n_tok <= args.max_math_seq,
+                               only=args.sdpa_kinds.split(",") if args.sdpa_kinds else None)
                 sdpa = f"{sb[0]:>9s} {f_f / sb[1] / 1e12:7.3g} | {f_b / sb[2] / 1e12:7.3g}" if sb else "none"
+                ours = min((t[1] for t in row["backends"].values()), default=None)
+                ratio = f"{sb[2] / ours:11.2f}" if sb and ours else f"{'-':>11s}"
+                row.update(sdpa=list(sb) if sb else None, flops_fwd=f_f)
+                rows.append(row)
                 print(f"{n_tok:6d} {'causal' if causal else 'full':6s} {'gqa' if kv < args.heads else 'mha':5s} "
-                      + " ".join(f"{c:>17s}" for c in cells) + f" {sdpa:>26s}", flush=True)
+                      + " ".join(f"{c:>17s}" for c in cells) + f" {sdpa:>26s}" + ratio, flush=True)
     w1 = _world1(args, device, dtype)
-    print("\n## world 1, causal, GQA: init(plan) + ctx.attention vs plain SDPA, forward + backward (ms)")
+    print("\n## world 1, causal, GQA: init(plan) + ctx.attention vs plain SDPA, forward + backward (ms); "
+          "target ratio <= 1.10")
     for n_tok, chosen, t_ours, t_sdpa in w1:
         print(f"{n_tok:6d} ctx.attention ({chosen}) {1e3 * t_ours:9.2f}  sdpa {1e3 * t_sdpa:9.2f}  "
               f"ratio {t_ours / t_sdpa:5.2f}x")
@@ -161,6 +201,13 @@ def main(argv=None):
         for kind in ("attention_fwd", "attention_bwd"):
             pts = ", ".join(f"[{int(x)}, {y:.3f}]" for x, y in curves[kind].points)
             print(f"{name}: {kind}: {{points: [{pts}]}}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                       "torch": torch.__version__, "cuda": torch.version.cuda,
+                       "cudnn": torch.backends.cudnn.version(), "dtype": str(dtype).removeprefix("torch."),
+                       "head_dim": d, "rows": rows,
+                       "world1": [dict(S=n, backend=c, ours=a, sdpa=b) for n, c, a, b in w1]}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -289,13 +289,14 @@ def _cudnn_forward(q, k, v, scale, causal, mask):  # pragma: no cover - needs CU
     return _t(res[0]), (lse.squeeze(-1) if lse.dim() == 4 else lse)  # [B, H, S, 1] in torch 2.11
 
 
-def _cudnn_backward(dout, q, k, v, out, lse, scale, causal, mask):  # pragma: no cover
+def _cudnn_backward(dout, q, k, v, out, lse, scale, causal, mask):
+    # attn_bias, cum_seq_q and cum_seq_k go in undefined (None), as autograd passes them for dense inputs: a
+    # defined tensor there, even an empty one, is read as a bias or as nested (varlen) offsets.
     n_q, n_k = q.shape[1], k.shape[1]
-    empty = q.new_empty(0)
     seed = torch.zeros((), dtype=torch.long, device=q.device)
     dq, dk, dv = _op("_scaled_dot_product_cudnn_attention_backward")(
         _t(dout), _t(q), _t(k), _t(v), _t(out), lse.to(torch.float32).unsqueeze(-1).contiguous(), seed, seed,
-        empty, empty, empty, n_q, n_k, 0.0, causal, scale=scale)
+        None, None, None, n_q, n_k, 0.0, causal, scale=scale)
     return _t(dq), _t(dk), _t(dv)
 
 
@@ -318,12 +319,12 @@ def _flash_forward(q, k, v, scale, causal, mask):  # pragma: no cover - needs CU
     return _t(out), lse  # lse [B, H, S]
 
 
-def _flash_backward(dout, q, k, v, out, lse, scale, causal, mask):  # pragma: no cover
+def _flash_backward(dout, q, k, v, out, lse, scale, causal, mask):
+    # cum_seq_q and cum_seq_k go in undefined (None) for dense inputs: defined ones select the varlen kernel.
     n_q, n_k = q.shape[1], k.shape[1]
-    empty = q.new_empty(0, dtype=torch.long)
     seed = torch.zeros(2, dtype=torch.long, device=q.device)
     dq, dk, dv = _op("_scaled_dot_product_flash_attention_backward")(
-        _t(dout), _t(q), _t(k), _t(v), _t(out), lse.to(torch.float32).contiguous(), empty, empty, n_q, n_k, 0.0,
+        _t(dout), _t(q), _t(k), _t(v), _t(out), lse.to(torch.float32).contiguous(), None, None, n_q, n_k, 0.0,
         causal, seed, seed, scale=scale)
     return _t(dq), _t(dk), _t(dv)
 

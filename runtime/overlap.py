@@ -76,19 +76,27 @@ def run_rounds(schedule: DoubleBuffer, first: tuple, compute, transfer, trace: l
                 trace.append(("wait", rd.index))
 
 
+#: CUDA stream priority of the transfer stream: the highest there is (CUDA clamps it into its range). A
+#: transfer that runs beside a kernel filling every SM gets SMs only as that kernel's blocks retire; at the
+#: highest priority the block scheduler gives them to the transfer first, so the copy finishes under the kernel.
+HIGH_PRIORITY = -100
+
+
 class LocalTransfer:
     """A stand-in for a ring transfer on one device: a copy of the same size, on its own CUDA stream on CUDA.
 
     The side stream first waits for the compute stream (the sent block is ready), copies, and records
     an event; ``wait`` makes the compute stream wait for that event (no host synchronization). On
     CPU the copy runs at once. ``serial`` waits right after posting: the non-overlapped baseline.
+    ``priority``: the side stream's CUDA priority (default ``HIGH_PRIORITY``; 0 is the default stream's).
     """
 
-    def __init__(self, device, serial: bool = False):
+    def __init__(self, device, serial: bool = False, priority: int = HIGH_PRIORITY):
         import torch
 
         self.torch, self.serial = torch, serial
-        self.stream = torch.cuda.Stream(device) if torch.device(device).type == "cuda" else None
+        self.stream = (torch.cuda.Stream(device, priority=priority) if torch.device(device).type == "cuda"
+                       else None)
 
     def post(self, send: list, recv: list):
         if self.stream is None:

@@ -205,3 +205,28 @@ def test_tune_times_the_chosen_backend_and_records_it(monkeypatch):
     assert chosen_backends(masks) == ("cpu_flash for 128, 256-token causal blocks, cpu_flash for 128-token dense "
                                       "blocks, math for 256-token dense blocks")
     assert chosen_backends([m for m in masks if m["backend"] == "cpu_flash"]) == "cpu_flash"
+
+
+def _recording_op(calls):
+    """A stand-in for a fused op: records its arguments, returns gradients shaped like q, k, v (B, H, S, D)."""
+    def op(*args, **kwargs):
+        calls.append(args)
+        return args[1].clone(), args[2].clone(), args[3].clone()
+    return op
+
+
+@pytest.mark.parametrize("name, undefined", [("cudnn", (8, 9, 10)), ("flash", (6, 7))])
+def test_fused_backward_passes_dense_inputs_undefined_bias_and_offsets(monkeypatch, name, undefined):
+    """cuDNN's and flash's backward read a defined bias / cum_seq tensor, even an empty one, as a bias or as varlen
+    offsets (on CUDA: 'Dimension out of range', 'cu_seqlens_q must have dtype int32'): dense blocks pass None."""
+    from sp_plan.runtime import backends as B
+
+    calls = []
+    monkeypatch.setattr(B, "_op", lambda op_name: _recording_op(calls))
+    q = torch.randn(1, 16, 2, 8)
+    lse = torch.zeros(1, 2, 16)
+    dq, dk, dv = B.get(name).backward(q, q, q, q, q, lse, 0.5, True, None)
+    assert dq.shape == q.shape
+    args = calls[0]
+    assert all(args[i] is None for i in undefined), [type(args[i]) for i in undefined]
+    assert args[5].dtype == torch.float32  # lse goes in float32
