@@ -1,4 +1,4 @@
-"""Fidelity of the default (uncalibrated) cost model against every measured table of the papers (issue 12).
+"""Fidelity of the default (uncalibrated) cost model against every measured table of the papers.
 
     python benchmarks/bench_fidelity.py [--model before|after|both] [--rows] [--ablate] [--l20 pairs|quads]
                                         [--merge papers|sp-plan|yunchang|transformer-engine]
@@ -7,7 +7,7 @@ For each table in tests/data/paper_tables.json (USP Tables 3-7, WallFacer Fig. 9
 builds the cluster, model and workload the table describes, prices every measured configuration and prints
 Spearman's rho between predicted and measured, and the top-1 regret: how much slower (measured) the
 configuration the model ranks first is than the measured best (0 % = the model picks the best).
-"before" prices with neutral Params() (the model at main before issue 12); "after" with the presets'
+"before" prices with neutral Params() (the physical terms alone: efficiencies 1, no fixed costs); "after" with the presets'
 default Params (sp_plan.profiles.kernels.default_params: kernel curves, collective efficiencies, round
 overheads, HBM traffic, partial overlap), what `sp-plan plan` uses when the cluster has no tuned profile.
 Nothing is fitted to these tables. ``--ablate`` prints the defaults less each term, one at a time (a term

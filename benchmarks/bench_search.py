@@ -1,11 +1,11 @@
-"""Search speed at cluster scale (issue 15): grid wall and CPU time at 1,024 / 16,384 / 131,072 GPUs for batch 1
+"""Search speed at cluster scale: grid wall and CPU time at 1,024 / 16,384 / 131,072 GPUs for batch 1
 and 16, the best layout of every algorithm, the schedules and link evaluations the search built, the resident
 memory of a 131,072-GPU plan, and how many optuna trials reach within 1 % of the grid optimum at 4,096 GPUs.
 
     python benchmarks/bench_search.py [--gpus 1024,16384,131072] [--batches 1,16] [--models llama3-70b,llama3-405b]
                                       [--seeds 5] [--trials 200] [--bayes-gpus 4096] [--bayes-batch 16]
 
-Workload: dgx-h100 preset, 1M-token sequences, causal training. Targets (issue 15), full grid with every
+Workload: dgx-h100 preset, 1M-token sequences, causal training. Targets, full grid with every
 algorithm on a 2-core machine: <= 0.3 s at 1,024 GPUs, <= 1 s at 16,384, <= 10 s at 131,072; a 131,072-GPU
 plan under 2 GiB resident. "Candidates" is the size of the space (degrees x algorithm variants x token
 layouts x mesh orders x memory policies); "priced" is how many the engine costed after the memory filter,

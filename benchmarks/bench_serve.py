@@ -1,4 +1,4 @@
-"""The planner service under load (issue 13), on loopback with a bounded number of requests.
+"""The planner service under load, on loopback with a bounded number of requests.
 
     python benchmarks/bench_serve.py [--processes N] [--cached 640] [--rounds 4] [--mix 200]
 

@@ -23,7 +23,7 @@ by a veth shaped to 800 Mbit/s with `tc tbf`, two ranks each; runtime/netns.py):
 ``--head-to-head K`` reads a kept truth's decisive layouts (its fastest, the calibrated model's, tune's and
 `sp-plan plan`'s picks) head to head (profiles/tune/head_to_head.py: full depth, one step of each a round) in K
 launches, and judges each party's pick by those paired readings.
-Targets (issue 10): calibrated median step-time error <= 15 %, Spearman >= 0.8, regret <= 5 % with <= 5
+Targets: calibrated median step-time error <= 15 %, Spearman >= 0.8, regret <= 5 % with <= 5
 measured candidates, transfer error <= 25 %.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The presets' default cost parameters: what `sp-plan plan` prices with before a cluster is tuned (issue 12).
+"""The presets' default cost parameters: what `sp-plan plan` prices with before a cluster is tuned.
 
 Every term comes from a kernel or link measurement or from first principles, never from the papers' tables
 (benchmarks/bench_fidelity.py judges them against those): attention efficiency curves by block length

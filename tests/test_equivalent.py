@@ -58,7 +58,7 @@ def test_top_k_means_k_distinct_rows_and_the_search_keeps_more_when_rows_merge()
 
 
 def test_plan_command_shows_equivalent_layouts_as_one_row():
-    """Under the presets' default model (issue 12) two mesh orders of tp2 x ulysses4 x ring2 cost the same."""
+    """Under the presets' default model two mesh orders of tp2 x ulysses4 x ring2 cost the same."""
     r = subprocess.run([sys.executable, "-m", "sp_plan.cli.app", "plan", "--cluster", "dgx-h100", "--nodes", "2",
                         "--model", "llama3-8b", "--seq-len", "128k", "--top", "3"],
                        capture_output=True, text=True, timeout=300)

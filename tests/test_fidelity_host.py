@@ -1,4 +1,4 @@
-"""The all-to-all through the CPU (issue 12): link class "host" and its default efficiency, by hand."""
+"""The all-to-all through the CPU: link class "host" and its default efficiency, by hand."""
 import pytest
 
 from sp_plan.planner.engine import GroupShape, LinkEngine

@@ -1,4 +1,4 @@
-"""The default model's physical terms (issue 12), each against a hand-computed case, and the presets' defaults."""
+"""The default model's physical terms, each against a hand-computed case, and the presets' defaults."""
 import math
 
 import numpy as np
@@ -131,7 +131,7 @@ def test_other_devices_take_the_h100_shape_at_their_plateau_and_speed():
 
 def test_a100_class_plateaus_are_flashattention2s_published_ones():
     """FlashAttention-2 on A100: up to 73 % of peak forward, 63 % backward (at 16k, head dim 128); the preset's
-    attn_efficiency (0.65) no longer applies to A100 or A800; forward sizes shrink by sqrt(356 / (312 x 0.73))."""
+    attn_efficiency (0.65) is not what A100 or A800 are priced by; forward sizes shrink by sqrt(356 / (312 x 0.73))."""
     from sp_plan.profiles.kernels import attention_plateaus
 
     for model in ("A100-SXM4-80GB", "A100-SXM4-40GB", "A800-SXM4-80GB"):

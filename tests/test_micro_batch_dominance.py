@@ -1,4 +1,4 @@
-"""The largest micro-batch under the presets' default params (issue 15, batch 16): what the search drops is never
+"""The largest micro-batch under the presets' default params (batch 16): what the search drops is never
 faster, on every mesh order, and the grid's top K equals brute-force pricing of every candidate."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One algorithm registry without import cycles (issue 12): the registry imports no algorithm, each algorithm
+"""One algorithm registry without import cycles: the registry imports no algorithm, each algorithm
 module registers itself, and the schedule and memory modules read the registry without late imports."""
 import ast
 from pathlib import Path

@@ -1,4 +1,5 @@
-"""The planner at cluster scale (issue 15): same predictions as before the per-shape schedules, bounded work."""
+"""The planner at cluster scale: every candidate predicts as recorded in the golden file (a change of the search's
+bookkeeping must not move a prediction), pruning never drops the true top K, and the work stays bounded."""
 from __future__ import annotations
 
 import gzip

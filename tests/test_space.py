@@ -1,4 +1,4 @@
-"""Issue 6: TP-sp, PP, ZeRO, checkpointing in the schedules and memory model; grid and Bayesian search."""
+"""TP-sp, PP, ZeRO and checkpointing in the schedules and the memory model; grid and Bayesian search over them."""
 import pytest
 
 from sp_plan.planner import Estimator, ModelSpec, Workload

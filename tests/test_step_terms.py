@@ -1,4 +1,4 @@
-"""Step terms of round 2 session 5: the all-reduce priced from the reduce-scatter and all-gather fits, DDP's gradient
+"""Step terms: the all-reduce priced from the reduce-scatter and all-gather fits, DDP's gradient
 buckets, and a fixed cost per layer (Params.layer_overhead_s), each against a hand-computed case."""
 from __future__ import annotations
 

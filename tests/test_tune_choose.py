@@ -133,7 +133,7 @@ def test_runners_up_within_the_spread_the_contenders_readings_showed_contend_nex
         return MeasuredCandidate(summary=name, plan={}, measured_s=s, status="ok",
                                  detail={"readings_s": readings} if readings else {})
 
-    # two hosts (session 15): two contenders read thrice, the head-to-head fastest once, 15 % behind
+    # readings of a tune on two hosts: two contenders read thrice, the head-to-head fastest once, 15 % behind
     read = {"ring4": confirmed(mc("ring4", 1.352), [1.352, 1.381, 1.707]),
             "usp": confirmed(mc("usp", 1.434), [1.434, 1.631, 1.433]),
             "pp2": mc("pp2", 1.552), "tp": mc("tp", 1.818, [1.914, 1.818])}
@@ -151,7 +151,7 @@ def test_with_a_wide_leave_one_out_error_the_likeliest_runners_up_contend():
     from sp_plan.planner.profile import MeasuredCandidate
     from sp_plan.profiles.tune.run import TuneOptions, contenders
 
-    # two hosts (session 15): the head-to-head fastest layout read 1.726 s once, predicted 1.450 s; the calibrated
+    # readings of a tune on two hosts: the head-to-head fastest layout read 1.726 s once, predicted 1.450 s; the calibrated
     # model's leave-one-out error 24.5 %
     read = {n: MeasuredCandidate(summary=n, plan={}, measured_s=s, status="ok") for n, s in
             (("u2pp2", 1.299), ("ring4", 1.437), ("usp", 1.518), ("trpp2", 1.726), ("tp", 1.954))}

@@ -11,8 +11,7 @@ their measured time, and a tune of five ring layouts never learned it); it keeps
 candidate of the budget for the choice below. After each measurement the model is refitted; its
 leave-one-out error is the uncertainty sigma of a prediction (log-normal: ln t ~ N(ln pred, sigma)).
 The next candidate is the one most likely to beat the best measured step by ``margin``; tune stops
-when none has a ``min_chance`` of doing so, at the budget, or at the time limit (issue 10, "choice of
-what to measure").
+when none has a ``min_chance`` of doing so, at the budget, or at the time limit.
 """
 from __future__ import annotations
 

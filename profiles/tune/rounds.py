@@ -1,8 +1,8 @@
 """Tune's round probe: the fixed cost of a ring round (``Params.round_overhead_s``), measured, not fitted.
 
 A ring round costs its block's FLOPs, its messages' bytes and a fixed part besides: launching the block, the
-out/LSE merge, posting and waiting for the K, V messages (seeds/003 Sec. 3; the issue's "per-round fixed
-overhead"). The probe runs the bundled Ring attention (runtime/ring.py) over the whole world, zigzag, causal,
+out/LSE merge, posting and waiting for the K, V messages (seeds/003 Sec. 3).
+The probe runs the bundled Ring attention (runtime/ring.py) over the whole world, zigzag, causal,
 forward and backward, at ``TOKENS_PER_RANK`` tokens a rank, where the blocks cost next to nothing and the rounds'
 fixed part is what is left; the overhead is the one at which the model prices the same probe at the
 measurement. Fitting it to a handful of candidates instead let it trade against compute efficiency: on 8 ranks
