@@ -76,9 +76,9 @@ def run_rounds(schedule: DoubleBuffer, first: tuple, compute, transfer, trace: l
                 trace.append(("wait", rd.index))
 
 
-#: CUDA stream priority of the transfer stream: the highest there is (CUDA clamps it into its range). A
-#: transfer that runs beside a kernel filling every SM gets SMs only as that kernel's blocks retire; at the
-#: highest priority the block scheduler gives them to the transfer first, so the copy finishes under the kernel.
+#: CUDA stream priority meaning "the highest there is" (CUDA clamps it into its range). A transfer beside a kernel
+#: that fills every SM gets SMs only as that kernel's blocks retire; a high-priority stream is first in line for
+#: them (what Megatron gives its communication). On an H200 it moved a stand-in round by 2 % (bench_overlap).
 HIGH_PRIORITY = -100
 
 
@@ -88,10 +88,10 @@ class LocalTransfer:
     The side stream first waits for the compute stream (the sent block is ready), copies, and records
     an event; ``wait`` makes the compute stream wait for that event (no host synchronization). On
     CPU the copy runs at once. ``serial`` waits right after posting: the non-overlapped baseline.
-    ``priority``: the side stream's CUDA priority (default ``HIGH_PRIORITY``; 0 is the default stream's).
+    ``priority``: the side stream's CUDA priority (0, the default, is the default stream's; ``HIGH_PRIORITY``).
     """
 
-    def __init__(self, device, serial: bool = False, priority: int = HIGH_PRIORITY):
+    def __init__(self, device, serial: bool = False, priority: int = 0):
         import torch
 
         self.torch, self.serial = torch, serial

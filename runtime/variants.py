@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import torch.distributed as dist
@@ -50,10 +51,16 @@ def variant_modules() -> list[str]:
                   if not m.name.startswith("_") and m.name not in INFRASTRUCTURE)
 
 
-def load_all() -> dict[str, Variant]:
-    """Import the variant modules (each registers itself); the registry."""
+@lru_cache(maxsize=None)
+def _import_variants() -> None:
+    """Import every variant module once: listing the package reads its folder, which every attention call would pay."""
     for mod in variant_modules():
         importlib.import_module(f"{__package__}.{mod}")
+
+
+def load_all() -> dict[str, Variant]:
+    """Import the variant modules (each registers itself); the registry."""
+    _import_variants()
     return VARIANTS
 
 

@@ -64,3 +64,14 @@ def test_unknown_algorithm_lists_the_registered_ones():
     q = torch.randn(1, 4, 2, 8)
     with pytest.raises(PlanError, match=r"use one of \['metp', 'ring', 'tokenring', 'tokenring_ring', 'ulysses', 'usp', 'wallfacer'\]"):
         attention(q, q, q, algorithm="nope", groups={})
+
+
+def test_load_all_lists_the_package_once(monkeypatch):
+    """Every attention call asks for the registry: listing the package's folder each time cost a GPU world-1 call
+    most of its fixed overhead, so the variant modules are imported once and later calls read no folder."""
+    V.load_all()
+
+    def listing_again(*a, **k):
+        raise AssertionError("load_all listed the runtime package again")
+    monkeypatch.setattr(V.pkgutil, "iter_modules", listing_again)
+    assert "ring" in V.load_all()
