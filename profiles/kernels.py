@@ -70,16 +70,21 @@ def _match(table: dict, model: str) -> dict | None:
     return table[key] if key else None
 
 
-def h100_curves() -> tuple[Curve, Curve]:
-    """(forward, backward) efficiency curves of the measured H100 table; backward = 2.5 F over the
-    forward + backward time less the forward time (h100-attention.md counts backward as 2.5 x forward)."""
-    h = kernel_data()["attention"]["H100"]
+def measured_curves(key: str) -> tuple[Curve, Curve]:
+    """(forward, backward) efficiency curves of a measured table of profiles/kernels.yaml; backward = 2.5 F over the
+    forward + backward time less the forward time (the tables count backward as 2.5 x forward)."""
+    h = kernel_data()["attention"][key]
     peak = h["peak_flops"] / 1e12
     fwd, bwd = [], []
     for s, f, fb in zip(h["seq"], h["fwd_tflops"], h["fwd_bwd_tflops"]):
         fwd.append((s, f / peak))
         bwd.append((s, 2.5 / (3.5 / fb - 1.0 / f) / peak))
     return Curve(points=tuple(fwd)), Curve(points=tuple(bwd))
+
+
+def h100_curves() -> tuple[Curve, Curve]:
+    """(forward, backward) efficiency curves of the measured H100 table: the shape other devices borrow."""
+    return measured_curves("H100")
 
 
 def attention_plateaus(model: str, plateau: float) -> tuple[float, float]:
@@ -91,14 +96,15 @@ def attention_plateaus(model: str, plateau: float) -> tuple[float, float]:
 
 
 def attention_curves(model: str, plateau: float, peak: float) -> tuple[Curve, Curve]:
-    """The device's (forward, backward) curves: measured for the H100; else the H100's shape, its 16k-token
+    """The device's (forward, backward) curves: its measured table if it has one (H100, H200); else the H100's shape, its 16k-token
     efficiency moved to the device's plateau (``attention_plateaus``) and its sizes shrunk by
     sqrt(H100 plateau FLOP/s / this device's): what makes short blocks slow (fixed per-call costs, the last
     partial wave) is time, so a block reaches a given fraction of the plateau when its plateau-rate time
     does, and a block's FLOPs grow as its length squared."""
+    measured = device_key(model, [k for k, v in kernel_data()["attention"].items() if "fwd_tflops" in v])
+    if measured:
+        return measured_curves(measured)
     fwd, bwd = h100_curves()
-    if device_key(model, ("H100",)):
-        return fwd, bwd
     h100 = kernel_data()["attention"]["H100"]["peak_flops"]
     out = []
     for c, level in zip((fwd, bwd), attention_plateaus(model, plateau)):

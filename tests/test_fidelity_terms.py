@@ -263,3 +263,12 @@ def test_yunchang_merge_bytes_are_what_its_log_form_update_moves():
     mb = MERGES["yunchang"]
     assert big == out.numel() * mb.forward(block_out.element_size())
     assert small == lse.numel() * mb.lse
+
+
+def test_a_device_with_a_measured_table_uses_it():
+    """The H200's curve is the runtime's measured block kernel (profiles/kernels.yaml), not the H100's shape moved
+    to a plateau: its 16k-token forward efficiency is the table's 677 of 989 TFLOP/s."""
+    fwd, bwd = attention_curves("H200-SXM-141GB", 0.55, 989e12)
+    assert fwd.at(16384) == pytest.approx(677 / 989)
+    assert bwd.at(16384) == pytest.approx(2.5 / (3.5 / 616 - 1 / 677) / 989)
+    assert attention_curves("H100-SXM5-80GB", 0.55, 989e12)[0].at(16384) == pytest.approx(h100_curves()[0].at(16384))
