@@ -3,6 +3,8 @@
     python benchmarks/bench_tune.py [--worlds local4,local8,netns2x2] [--budget 5] [--repeats 2] [--json out.json]
     python benchmarks/bench_tune.py --worlds local8 --truth DIR --reread 12 --repeats 2 --keep NEW   # settle the top
     python benchmarks/bench_tune.py --worlds local8 --truth DIR --head-to-head 6 --keep NEW   # the top, head to head
+    python benchmarks/bench_tune.py --rescore benchmarks/truths/local8   # judge a kept truth and tune again
+    python benchmarks/bench_tune.py --pack DIR   # a --keep folder as kept in the repository (benchmarks/truths)
 
 For each world (4 and 8 gloo ranks on this host; two hosts simulated by network namespaces joined
 by a veth shaped to 800 Mbit/s with `tc tbf`, two ranks each; runtime/netns.py):
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import json
 import os
 import shutil
@@ -140,8 +143,8 @@ def blocked(rows: list[list[float]]) -> list[float]:
     from pass i, as ``--repeats`` and ``--reread`` take them; ``additive_fit``, Huber's), each layout at the speed of the pass
     that holds the median reading (the passes weighted by the readings they hold: a reread pass of six layouts does
     not set the level of a first pass of ninety). A pass that ran slow all through (the host's other work) then
-    moves every layout read in it, not the one whose fastest or median reading it happened to hold; the reread
-    passes of the kept 8-rank truth (benchmarks/truths/local8-s12) ran at 0.95-1.42 of its first pass's speed."""
+    moves every layout read in it, not the one whose fastest or median reading it happened to hold: the four reread
+    passes of the kept 8-rank truth (benchmarks/truths/local8) took 1.06-1.30 times as long as its first pass."""
     import math
 
     row, col = additive_fit([[math.log(x) for x in r] for r in rows])
@@ -275,8 +278,9 @@ def bench_world(name: str, args, tmp: Path) -> dict:
         t0 = time.monotonic()
         kept = Path(args.truth) / name if args.truth else None
         if kept:  # the cluster file and ground truth of an earlier run (the runtime they measured is unchanged)
-            for f in ["cluster.yaml"] + [f"truth-{w}.json" for w in WORKLOADS]:
-                shutil.copy(kept / f, cwd / f)
+            shutil.copy(kept / "cluster.yaml", cwd / "cluster.yaml")
+            for w in WORKLOADS:
+                (cwd / f"truth-{w}.json").write_bytes(kept_bytes(kept, f"truth-{w}.json"))
         else:
             _run(["-m", "sp_plan.cli.app", "discover", "-o", "cluster.yaml"], world, per_node, cwd, pair)
         cluster = Cluster.load(cwd / "cluster.yaml")
@@ -341,13 +345,13 @@ def rescore(folder: Path, estimator: str = "fastest") -> list[dict]:
     from sp_plan.profiles.store import Store
 
     out = []
-    for d in sorted(p for p in folder.iterdir() if (p / "store.db").exists()):
-        truths = {w: json.loads((d / f"truth-{w}.json").read_text()) for w in WORKLOADS}
-        profile = Store(f"sqlite:///{d / 'store.db'}").list_profiles()[0]
+    for d in sorted(p for p in folder.iterdir() if p.name in WORLDS and has_tune(p)):
+        truths = {w: read_json(d, f"truth-{w}.json") for w in WORKLOADS}
+        profile = kept_profile(d)
         cluster = Cluster.load(d / "cluster.yaml")
         out.append(judge(d.name, WORLDS[d.name][0], cluster, truths, profile, float("nan"), float("nan"), estimator))
-        if (d / H2H).exists():
-            out[-1]["head_to_head"] = judge_head_to_head(cluster, truths["A"], profile, json.loads((d / H2H).read_text()))
+        if has_json(d, H2H):
+            out[-1]["head_to_head"] = judge_head_to_head(cluster, truths["A"], profile, read_json(d, H2H))
     return out
 
 
@@ -358,7 +362,7 @@ def recheck(args, tmp: Path) -> None:
     for name in args.worlds.split(","):
         world, per_node, rate = WORLDS[name]
         kept = Path(args.truth) / name
-        truth = [t for t in json.loads((kept / "truth-A.json").read_text())
+        truth = [t for t in read_json(kept, "truth-A.json")
                  if t["status"] == "ok" and len(t.get("detail", {}).get("readings_s", ())) > 1]
         spread = sorted(truth, key=lambda t: -statistics.median(t["detail"]["readings_s"]) / min(t["detail"]["readings_s"]))
         pick = spread[:args.layouts] + spread[max(args.layouts, len(spread) - 2):]  # the most disputed, two agreed
@@ -391,13 +395,79 @@ def add_readings(truth: list[dict], more: dict[str, list[float]]) -> list[dict]:
     return out
 
 
+#: a kept world's tune as packed (``--pack``): the stored profile exported as YAML, gzipped
+PROFILE = "profile.yaml.gz"
+
+
+def has_json(folder: Path, name: str) -> bool:
+    """Whether ``folder`` holds ``name`` (a --keep folder) or ``name``.gz (packed)."""
+    return (folder / name).exists() or (folder / f"{name}.gz").exists()
+
+
+def kept_bytes(folder: Path, name: str) -> bytes:
+    """``name`` of a kept world's folder, as written by --keep (plain) or by --pack (gzipped)."""
+    plain = folder / name
+    return plain.read_bytes() if plain.exists() else gzip.decompress((folder / f"{name}.gz").read_bytes())
+
+
+def read_json(folder: Path, name: str):
+    """``name`` of a kept world's folder (``kept_bytes``), parsed."""
+    return json.loads(kept_bytes(folder, name))
+
+
+def has_tune(folder: Path) -> bool:
+    """Whether a kept world's folder holds a tune: its store (--keep) or its profile (packed)."""
+    return (folder / "store.db").exists() or (folder / PROFILE).exists()
+
+
+def kept_profile(folder: Path):
+    """The profile of a kept world's tune: the one in its store (--keep), or its packed profile."""
+    from sp_plan.planner.profile import Profile
+    from sp_plan.planner.yamlio import model_from_data, yaml_load
+    from sp_plan.profiles.store import Store
+
+    if (folder / "store.db").exists():
+        return Store(f"sqlite:///{folder / 'store.db'}").list_profiles()[0]
+    return model_from_data(Profile, yaml_load(gzip.decompress((folder / PROFILE).read_bytes()).decode()), "profile",
+                           str(folder / PROFILE))
+
+
 def copy_kept(kept: Path, out: Path) -> None:
-    """A kept world's folder (cluster file, truths, tune log, store, head-to-head readings) copied to ``out``."""
+    """A kept world's folder (cluster file, truths, head-to-head readings, tune log, store or packed profile) copied
+    to ``out``, its JSON as --keep writes it (plain), so that a reread's readings replace the truth there."""
     out.mkdir(parents=True, exist_ok=False)
-    for f in ["cluster.yaml", "tune.log", H2H] + [f"truth-{w}.json" for w in WORKLOADS] + [
-            f"store.db{x}" for x in ("", "-wal", "-shm")]:
+    for f in [H2H] + [f"truth-{w}.json" for w in WORKLOADS]:
+        if has_json(kept, f):
+            (out / f).write_bytes(kept_bytes(kept, f))
+    for f in ["cluster.yaml", "tune.log", PROFILE] + [f"store.db{x}" for x in ("", "-wal", "-shm")]:
         if (kept / f).exists():
             shutil.copy(kept / f, out / f)
+
+
+def pack(folder: Path) -> list[Path]:
+    """``--pack``: each world of a --keep folder as benchmarks/truths keeps it: its JSON gzipped, its store's profile
+    exported as gzipped YAML (``PROFILE``) in place of the SQLite store; the cluster file and tune log left as they
+    are. Returns the files written."""
+    from sp_plan.planner.yamlio import yaml_dump
+
+    written = []
+    for d in sorted(p for p in folder.iterdir() if p.name in WORLDS):
+        for f in sorted(d.glob("*.json")):
+            written.append(_gzip_to(d / f"{f.name}.gz", f.read_bytes()))
+            f.unlink()
+        if (d / "store.db").exists():
+            profile = kept_profile(d)
+            text = yaml_dump(profile.model_dump(mode="json", exclude_none=True))
+            written.append(_gzip_to(d / PROFILE, text.encode()))
+            for x in ("", "-wal", "-shm"):
+                (d / f"store.db{x}").unlink(missing_ok=True)
+    return written
+
+
+def _gzip_to(path: Path, data: bytes) -> Path:
+    """``data`` gzipped to ``path``, byte for byte the same for the same data (no timestamp)."""
+    path.write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+    return path
 
 
 def decisive(folder: Path, truth: list[dict], n: int, estimator: str, pick: bool = False) -> list[str]:
@@ -410,7 +480,7 @@ def decisive(folder: Path, truth: list[dict], n: int, estimator: str, pick: bool
 
     ok = sorted(truth_by([t for t in truth if t["status"] == "ok"], estimator), key=lambda t: t["measured_s"])
     cluster = Cluster.load(folder / "cluster.yaml")
-    profile = Store(f"sqlite:///{folder / 'store.db'}").list_profiles()[0]
+    profile = kept_profile(folder)
     model = sorted(ok, key=lambda t: predict(cluster, Plan.model_validate(t["plan"]), profile.params)[0])
     names = [t["summary"] for t in ok[:n] + model[:3]]
     if pick:
@@ -481,7 +551,7 @@ def head_to_head_run(args) -> list[dict]:
         world, per_node, rate = WORLDS[name]
         kept, out = Path(args.truth).resolve() / name, Path(args.keep).resolve() / name
         copy_kept(kept, out)
-        truth = json.loads((kept / "truth-A.json").read_text())
+        truth = read_json(kept, "truth-A.json")
         names = decisive(out, truth, args.reread or 4, args.truth_estimator, pick=True)
         model, seq = WORKLOADS["A"]
         launches = []
@@ -507,7 +577,7 @@ def reread(args) -> list[dict]:
         world, per_node, rate = WORLDS[name]
         kept, out = Path(args.truth).resolve() / name, Path(args.keep).resolve() / name
         copy_kept(kept, out)
-        truth = json.loads((kept / "truth-A.json").read_text())
+        truth = read_json(kept, "truth-A.json")
         only = decisive(out, truth, args.reread, args.truth_estimator)
         with _hosts(rate) as pair:
             _run(_truth_argv(args, "A", out / "reread-A.json", only), world, per_node, out, pair)
@@ -594,6 +664,8 @@ def main() -> None:
                     "folder of an earlier run instead of measuring them (then tune and judge with this code)")
     ap.add_argument("--rescore", default=None, help="judge the truth and tune a --keep folder holds again, "
                     "with this code (nothing is measured)")
+    ap.add_argument("--pack", default=None, metavar="DIR", help="turn a --keep folder into the form "
+                    "benchmarks/truths keeps (JSON gzipped, the store's profile as gzipped YAML); nothing is measured")
     ap.add_argument("--recheck", action="store_true", help="measure again (--repeats passes) the --layouts layouts "
                     "of --truth's workload A whose passes disagree most, and two they agree on (nothing is tuned)")
     ap.add_argument("--layouts", type=int, default=8, help="--recheck: how many disputed layouts")
@@ -617,6 +689,12 @@ def main() -> None:
         return worker_truth(args)
     if args.worker == "head-to-head":
         return worker_head_to_head(args)
+    if args.pack:
+        if not Path(args.pack).is_dir() or not any(p.name in WORLDS for p in Path(args.pack).iterdir()):
+            ap.error(f"--pack: {args.pack} holds no world's folder ({', '.join(WORLDS)}); name a --keep folder")
+        for f in pack(Path(args.pack)):
+            print(f"wrote {f}")
+        return None
     if args.rescore:
         print(f"bench_tune --rescore {args.rescore}: the kept truth and tune judged by this code")
         return report(rescore(Path(args.rescore), args.truth_estimator))
@@ -631,9 +709,9 @@ def main() -> None:
             ap.error(f"{flag} needs --truth DIR (a --keep folder with a tune) and --keep NEW")
         for name in args.worlds.split(","):
             kept, new = Path(args.truth) / name, Path(args.keep) / name
-            if not all((kept / f).exists() for f in ("cluster.yaml", "truth-A.json", "store.db")):
-                ap.error(f"--truth: {kept} holds no kept truth and tune (cluster.yaml, truth-A.json, store.db); "
-                         "name a --keep folder of an earlier run and its world with --worlds")
+            if not ((kept / "cluster.yaml").exists() and has_json(kept, "truth-A.json") and has_tune(kept)):
+                ap.error(f"--truth: {kept} holds no kept truth and tune (cluster.yaml, truth-A.json, store.db or "
+                         f"{PROFILE}); name a --keep folder of an earlier run and its world with --worlds")
             if new.exists():
                 ap.error(f"--keep: {new} exists; name a new folder")
         return report(head_to_head_run(args) if args.head_to_head else reread(args))

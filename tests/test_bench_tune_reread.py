@@ -65,3 +65,43 @@ def test_reread_refuses_a_folder_without_a_kept_tune_and_an_existing_keep(tmp_pa
     r = run("--truth", str(tmp_path), "--keep", str(tmp_path))
     assert r.returncode == 2 and "--keep:" in r.stderr and "exists" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+KEPT = Path(__file__).resolve().parent.parent / "benchmarks" / "truths" / "local4"
+
+
+def test_pack_keeps_what_rescore_reads(bt, tmp_path):
+    """A --keep folder (plain JSON, a SQLite store) packed for benchmarks/truths judges the same: the repository keeps
+    compressed text, not a database, and must not change a figure by it."""
+    import gzip
+    import json
+
+    from sp_plan.profiles.store import Store
+
+    keep = tmp_path / "keep"
+    bt.copy_kept(KEPT / "local4", keep / "local4")
+    world = keep / "local4"
+    profile = bt.kept_profile(world)
+    (world / bt.PROFILE).unlink()
+    Store(f"sqlite:///{world / 'store.db'}").save_profile(profile)
+    assert json.loads((world / "truth-A.json").read_text()) == bt.read_json(KEPT / "local4", "truth-A.json")
+    before = json.dumps(bt.rescore(keep, "blocked"))  # as text: the times not run are NaN
+
+    written = bt.pack(keep)
+    assert sorted(f.name for f in written) == sorted(["head-to-head-A.json.gz", "truth-A.json.gz", "truth-B.json.gz",
+                                                      bt.PROFILE])
+    assert sorted(f.name for f in world.iterdir()) == sorted([f.name for f in written] + ["cluster.yaml"])
+    assert bt.kept_profile(world) == profile
+    assert gzip.decompress((world / bt.PROFILE).read_bytes()).decode().startswith("schema_version: 1\n")  # YAML text
+    assert json.dumps(bt.rescore(keep, "blocked")) == before
+    assert (world / "truth-A.json.gz").read_bytes() == (KEPT / "local4" / "truth-A.json.gz").read_bytes()  # no mtime
+
+
+def test_pack_refuses_a_folder_without_a_world(tmp_path):
+    import subprocess
+    import sys
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_tune.py"
+    r = subprocess.run([sys.executable, str(bench), "--pack", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--pack:" in r.stderr and "holds no world's folder" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -11,7 +11,7 @@ from sp_plan.runtime.spawn import run_world
 
 MODEL = ModelSpec(name="tiny", layers=3, hidden=64, heads=4, kv_heads=2, vocab=128, dtype="fp32", gated_mlp=True)
 WORK = Workload(seq_len=128)
-KEPT = Path(__file__).resolve().parent.parent / "benchmarks" / "truths" / "local4-s12" / "local4"
+KEPT = Path(__file__).resolve().parent.parent / "benchmarks" / "truths" / "local4" / "local4"
 
 
 def test_rounds_alternate_the_order():
@@ -105,10 +105,9 @@ def test_head_to_head_times_pool_the_launches(bt):
 
 def test_each_partys_pick_is_judged_by_the_head_to_head_readings(bt, tmp_path):
     from sp_plan.planner.cluster import Cluster
-    from sp_plan.profiles.store import Store
 
-    truth = json.loads((KEPT / "truth-A.json").read_text())
-    profile = Store(f"sqlite:///{KEPT / 'store.db'}").list_profiles()[0]
+    truth = bt.read_json(KEPT, "truth-A.json")
+    profile = bt.kept_profile(KEPT)
     cluster = Cluster.load(KEPT / "cluster.yaml")
     who = bt.picks(cluster, truth, profile)
     assert set(who) == {"model", "calibrated", "plan", "tune"}
@@ -135,14 +134,13 @@ def test_each_partys_pick_is_judged_by_the_head_to_head_readings(bt, tmp_path):
 
 def test_decisive_layouts_hold_the_truths_fastest_and_every_pick(bt, tmp_path):
     from sp_plan.planner.cluster import Cluster
-    from sp_plan.profiles.store import Store
 
     shutil.copytree(KEPT, tmp_path / "w")
-    truth = json.loads((KEPT / "truth-A.json").read_text())
+    truth = bt.read_json(KEPT, "truth-A.json")
     names = bt.decisive(tmp_path / "w", truth, 2, "fastest", pick=True)
     ok = sorted((t for t in truth if t["status"] == "ok"), key=lambda t: min(t["detail"]["readings_s"]))
     assert {t["summary"] for t in ok[:2]} <= set(names)
-    who = bt.picks(Cluster.load(KEPT / "cluster.yaml"), truth, Store(f"sqlite:///{KEPT / 'store.db'}").list_profiles()[0])
+    who = bt.picks(Cluster.load(KEPT / "cluster.yaml"), truth, bt.kept_profile(KEPT))
     assert set(who.values()) <= set(names) and len(names) == len(set(names))
 
 
