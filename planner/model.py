@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -108,6 +108,135 @@ def parse_seq_len(text: str | int) -> int:
     return value
 
 
+_FROZEN = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+#: lengths given one by one, at most (the workload is hashed per priced layout): a file's are summarised as a histogram
+MAX_INLINE_LENGTHS = 10_000
+
+
+def _positive_lengths(field: str, values, fix: str) -> None:
+    """Lengths are whole tokens, at least one each: a zero or negative one is named with its position."""
+    for i, x in enumerate(values):
+        if isinstance(x, (int, float)) and x < 1:  # other types: pydantic names them
+            raise PlanError(f"{field}[{i}]", f"a document length must be at least 1 token, got {x}", fix)
+
+
+class DocumentLengths(BaseModel):
+    """Document lengths given one by one (a sample of the user's data): packs draw from them with replacement."""
+
+    model_config = _FROZEN
+    kind: Literal["lengths"] = "lengths"
+    lengths: tuple[int, ...] = Field(description="document lengths in tokens, a sample of the data")
+    source: str = Field(default="inline", description="where the lengths came from: inline or a file's name")
+    sha256: str | None = Field(default=None, description="of the source file, when the lengths were read from one")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if not self.lengths:
+            raise PlanError("workload.documents.lengths", "is empty", "give at least one document length")
+        if len(self.lengths) > MAX_INLINE_LENGTHS:
+            raise PlanError("workload.documents.lengths", f"{len(self.lengths):,} lengths inline",
+                            "summarise a large sample as a histogram (planner.documents.histogram_of)")
+        _positive_lengths("workload.documents.lengths", self.lengths, "drop empty documents from the sample")
+        return self
+
+
+class Lognormal(BaseModel):
+    """Document lengths exp(N(mu, sigma^2)) with mu = ln(mean) - sigma^2/2, clipped to [min, max] and floored
+    (Megatron-LM's MockVarlenLowLevelDataset: ``mean`` is the untruncated distribution's mean)."""
+
+    model_config = _FROZEN
+    kind: Literal["lognormal"] = "lognormal"
+    mean: float = Field(gt=0, description="mean length of the distribution before clipping, tokens")
+    sigma: float = Field(gt=0, description="standard deviation of ln(length)")
+    min: int = Field(ge=1, description="shortest document, tokens (shorter draws are raised to it)")
+    max: int = Field(ge=1, description="longest document, tokens (longer draws are cut to it)")
+    name: str = ""
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.min > self.max:
+            raise PlanError("workload.documents.min", f"min {self.min} is above max {self.max}", "give min <= max")
+        return self
+
+
+class Histogram(BaseModel):
+    """Document lengths by bins: bin i is chosen with probability weights[i] / sum(weights), then a length uniform
+    over the integers max(edges[i], 1) <= L < edges[i+1] (MagiAttention's generate_seqlens draws randint(a, b), both
+    ends included: the same to within one token per bin)."""
+
+    model_config = _FROZEN
+    kind: Literal["histogram"] = "histogram"
+    edges: tuple[int, ...] = Field(description="bin edges in tokens, increasing")
+    weights: tuple[float, ...] = Field(description="one weight per bin (any scale, not all zero)")
+    name: str = ""
+    source: str = Field(default="", description="where the histogram comes from: a citation or a file's name")
+    sha256: str | None = Field(default=None, description="of the source file, when it was summarised from one")
+
+    @model_validator(mode="after")
+    def _check(self):
+        e, w = self.edges, self.weights
+        if len(e) < 2 or len(w) != len(e) - 1:
+            raise PlanError("workload.documents.weights", f"{len(w)} weights for {len(e)} edges",
+                            "give one weight per bin: len(weights) = len(edges) - 1 >= 1")
+        if e[0] < 0 or any(b <= a for a, b in zip(e, e[1:])):
+            raise PlanError("workload.documents.edges", f"{list(e)} is not increasing from >= 0",
+                            "list bin edges in tokens, increasing")
+        if any(x < 0 for x in w) or not sum(w) > 0:
+            raise PlanError("workload.documents.weights", f"{list(w)} has a negative weight or sums to zero",
+                            "give non-negative weights, at least one positive")
+        for i, x in enumerate(w):
+            if x > 0 and e[i + 1] <= max(e[i], 1):
+                raise PlanError("workload.documents.edges", f"bin {e[i]}..{e[i + 1]} holds no length of 1 token or more",
+                                "start the bins at 0 or 1 and give each weighted bin at least one length")
+        return self
+
+
+Documents = Annotated[Union[DocumentLengths, Lognormal, Histogram], Field(discriminator="kind")]
+
+PATTERN_RE = re.compile(r"^\s*([0-9]+)\s*:\s*([0-9]+)\s*$", re.ASCII)
+
+
+class Window(BaseModel):
+    """A sliding window of ``size`` tokens: a query attends keys less than ``size`` positions away (causal: itself and
+    the size - 1 before, as transformers' ``sliding_window``), on every layer or on the local layers of ``pattern``
+    ("5:1": five windowed layers, then one global, repeating, as Gemma 3)."""
+
+    model_config = _FROZEN
+    size: int = Field(description="window in tokens, at least 1")
+    pattern: str | None = Field(default=None, description="local:global layers, e.g. 5:1; absent: every layer")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.size < 1:
+            raise PlanError("workload.window", f"must be at least 1 token, got {self.size}",
+                            "give a window size W >= 1 (or no window for full attention)")
+        if self.pattern is not None:
+            self.local_global()
+        return self
+
+    def local_global(self) -> tuple[int, int]:
+        """(windowed, global) layers of one repeat of the pattern; (1, 0) without one (every layer windowed)."""
+        if self.pattern is None:
+            return 1, 0
+        m = PATTERN_RE.match(self.pattern)
+        if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+            raise PlanError("workload.window.pattern", f"cannot read {self.pattern!r}",
+                            "write local:global layer counts, both at least 1, e.g. 5:1")
+        return int(m.group(1)), int(m.group(2))
+
+    def layer_window(self, layer: int) -> int | None:
+        """The window of layer ``layer`` (0-based), or None where the pattern puts a global layer."""
+        local, glob = self.local_global()
+        return self.size if layer % (local + glob) < local else None
+
+    def windowed_layers(self, layers: int) -> int:
+        """How many of ``layers`` layers are windowed."""
+        local, glob = self.local_global()
+        full, rest = divmod(layers, local + glob)
+        return full * local + min(rest, local)
+
+
 class Workload(BaseModel):
     """One step: ``batch`` sequences of ``seq_len`` tokens, causal or not, training or inference."""
 
@@ -117,11 +246,58 @@ class Workload(BaseModel):
     batch: int = Field(default=1, gt=0, description="global batch: sequences per optimizer step")
     causal: bool = True
     training: bool = True
+    documents: Documents | None = Field(default=None, description="lengths of the documents packed into each "
+                                        "sequence (a list, a lognormal or a histogram); absent: one per sequence")
+    window: Window | None = Field(default=None, description="sliding window (an integer: on every layer)")
+    seed: int | None = Field(default=None, ge=0, description="seed of the packs drawn from documents (default 0)")
 
     @field_validator("seq_len", mode="before")
     @classmethod
     def _seq(cls, v):
         return parse_seq_len(v)
+
+    @field_validator("documents", mode="before")
+    @classmethod
+    def _documents(cls, v):
+        """A list of lengths is a DocumentLengths; a name needs its definition, which the application looks up."""
+        if isinstance(v, str):
+            raise PlanError("workload.documents", f"{v!r} names a distribution, and the planner takes definitions",
+                            "resolve the name with sp_plan.profiles.documents.load_documents (the CLI and API do)")
+        if isinstance(v, (list, tuple)):
+            _positive_lengths("workload.documents", v, "give document lengths of at least 1 token")
+            return {"kind": "lengths", "lengths": tuple(v)}
+        return v
+
+    @field_validator("window", mode="before")
+    @classmethod
+    def _window(cls, v):
+        """An integer window applies to every layer."""
+        if isinstance(v, bool):
+            raise PlanError("workload.window", f"must be a size in tokens, got {v!r}", "give a window size W >= 1")
+        if isinstance(v, int):
+            if v < 1:
+                raise PlanError("workload.window", f"must be at least 1 token, got {v}",
+                                "give a window size W >= 1 (or no window for full attention)")
+            return {"size": v}
+        return v
+
+    @model_validator(mode="after")
+    def _pack_seed(self):
+        if self.documents is None and self.seed is not None:
+            raise PlanError("workload.seed", "seeds the packs drawn from documents, and there are none",
+                            "give documents, or drop seed")
+        if self.documents is not None and self.seed is None:
+            object.__setattr__(self, "seed", 0)  # recorded: the same inputs give the same packs
+        return self
+
+    @property
+    def notes(self) -> list[str]:
+        """What the workload means that its fields do not say outright (a window that covers the sequence)."""
+        out = []
+        w = self.window
+        if w is not None and w.size >= self.seq_len:
+            out.append(f"window {w.size} covers the {self.seq_len}-token sequence: full attention on its layers")
+        return out
 
     @property
     def tokens(self) -> int:

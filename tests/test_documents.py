@@ -1,0 +1,240 @@
+"""Packed documents: the workload's documents, window and seed, the cited distributions, and packs drawn from them."""
+import hashlib
+
+import numpy as np
+import pytest
+
+from sp_plan.planner import PlanError
+from sp_plan.planner.documents import (batch_cu_seqlens, check_cu_seqlens, draw_packs, histogram_of, mean_length,
+                                       pack, sample_lengths, workload_packs)
+from sp_plan.planner.model import DocumentLengths, Histogram, Lognormal, Window, Workload
+from sp_plan.planner.yamlio import yaml_dump, yaml_load
+from sp_plan.profiles.documents import (document_presets, documents_from_file, load_documents, read_lengths,
+                                        resolve_documents)
+
+
+# ---------------------------------------------------------------- the workload's fields
+
+def test_a_workload_without_documents_loads_and_dumps_as_before():
+    old = {"seq_len": 131072, "batch": 4, "causal": True, "training": True}
+    w = Workload.model_validate(old)
+    assert w.documents is None and w.window is None and w.seed is None
+    assert w.model_dump(mode="json", exclude_none=True) == old
+
+
+def test_documents_window_and_seed_round_trip_through_yaml():
+    w = Workload(seq_len="32k", documents=load_documents("magi-short"), window={"size": 4096, "pattern": "5:1"},
+                 seed=7)
+    again = Workload.model_validate(yaml_load(yaml_dump(w.model_dump(mode="json", exclude_none=True))))
+    assert again == w and hash(again) == hash(w)
+    assert again.documents.name == "magi-short" and again.window.pattern == "5:1" and again.seed == 7
+
+
+def test_a_list_of_lengths_is_a_sample_and_the_seed_defaults_to_zero_recorded():
+    w = Workload(seq_len=1024, documents=[100, 300, 50])
+    assert w.documents == DocumentLengths(lengths=(100, 300, 50)) and w.documents.source == "inline"
+    assert w.seed == 0 and w.model_dump(exclude_none=True)["seed"] == 0
+
+
+def test_an_integer_window_applies_to_every_layer():
+    w = Workload(seq_len=8192, window=4096)
+    assert w.window == Window(size=4096)
+    assert w.window.windowed_layers(32) == 32 and w.window.layer_window(5) == 4096
+
+
+def test_a_5_to_1_pattern_windows_five_layers_then_one_global():
+    win = Window(size=1024, pattern="5:1")
+    assert [win.layer_window(i) for i in range(12)] == [1024] * 5 + [None] + [1024] * 5 + [None]
+    assert win.windowed_layers(62) == 52  # Gemma 3 27B: 62 layers, 10 full repeats + 2 local
+
+
+def test_a_window_covering_the_sequence_is_full_attention_with_a_note():
+    assert Workload(seq_len=4096, window=4096).notes == [
+        "window 4096 covers the 4096-token sequence: full attention on its layers"]
+    assert Workload(seq_len=4096, window=4095).notes == []
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"documents": [100, 0]}, "workload.documents[1]"),
+    ({"documents": [-5]}, "workload.documents[0]"),
+    ({"documents": []}, "workload.documents.lengths"),
+    ({"documents": "magi-short"}, "workload.documents"),
+    ({"window": 0}, "workload.window"),
+    ({"window": -3}, "workload.window"),
+    ({"window": {"size": 0}}, "workload.window"),
+    ({"window": {"size": 64, "pattern": "5-1"}}, "workload.window.pattern"),
+    ({"window": {"size": 64, "pattern": "0:1"}}, "workload.window.pattern"),
+    ({"seed": 3}, "workload.seed"),
+    ({"documents": {"kind": "lognormal", "mean": 10, "sigma": 1, "min": 50, "max": 20}}, "workload.documents.min"),
+    ({"documents": {"kind": "histogram", "edges": [0, 10, 5], "weights": [1, 1]}}, "workload.documents.edges"),
+    ({"documents": {"kind": "histogram", "edges": [0, 10], "weights": [1, 1]}}, "workload.documents.weights"),
+    ({"documents": {"kind": "histogram", "edges": [0, 10], "weights": [0]}}, "workload.documents.weights"),
+    ({"documents": {"kind": "histogram", "edges": [0, 1, 10], "weights": [1, 1]}}, "workload.documents.edges"),
+])
+def test_bad_documents_or_window_name_the_field_and_the_fix(fields, field):
+    with pytest.raises(PlanError) as e:
+        Workload(seq_len=1024, **fields)
+    assert e.value.field == field and e.value.fix
+
+
+def test_unknown_fields_are_refused():
+    with pytest.raises(Exception, match="extra"):
+        Workload(seq_len=1024, window={"size": 8, "layers": 3})
+
+
+# ---------------------------------------------------------------- the cited distributions
+
+def test_the_named_distributions_are_defined_and_cite_their_source():
+    assert {"megatron-dcp", "magi-short", "magi-long"} <= set(document_presets())
+    for name in document_presets():
+        d = load_documents(name)
+        assert d.name == name and len(d.source) > 40
+    meg = load_documents("megatron-dcp")
+    assert (meg.kind, meg.min, meg.max, meg.mean, meg.sigma) == ("lognormal", 128, 8192, 1024, 1.5)
+    assert "Megatron-LM" in meg.source and "MagiAttention" in load_documents("magi-long").source
+    assert sum(load_documents("magi-long").weights) == pytest.approx(1.31)
+    with pytest.raises(PlanError, match="magi-short"):
+        load_documents("magi-shrt")
+
+
+def _share_at_least(h: Histogram, cut: int) -> tuple[float, float, float]:
+    """Exact shares of documents, tokens and L^2 work in documents of at least ``cut`` tokens under ``h``."""
+    docs = toks = work = 0.0
+    tot = [0.0, 0.0, 0.0]
+    for lo, hi, w in zip(h.edges, h.edges[1:], h.weights):
+        L = np.arange(max(lo, 1), hi, dtype=float)
+        p = w / len(L)
+        part = (p * len(L), p * L.sum(), p * (L ** 2).sum())
+        tot = [a + b for a, b in zip(tot, part)]
+        if lo >= cut:
+            docs, toks, work = docs + part[0], toks + part[1], work + part[2]
+    return docs / tot[0], toks / tot[1], work / tot[2]
+
+
+def test_magi_short_puts_most_of_the_work_in_a_few_long_documents():
+    """The shares the masks work rests on (derived from MagiAttention's short histogram, uniform within bins)."""
+    h = load_documents("magi-short")
+    assert _share_at_least(h, 4096) == pytest.approx((0.123, 0.503, 0.900), abs=0.001)
+    assert _share_at_least(h, 8192) == pytest.approx((0.037, 0.287, 0.777), abs=0.001)
+
+
+# ---------------------------------------------------------------- drawing lengths and packs
+
+def test_lognormal_draws_follow_megatron_clipped_and_floored():
+    d = load_documents("megatron-dcp")
+    x = sample_lengths(d, 200_000, np.random.default_rng(1))
+    assert x.dtype == np.int64 and x.min() == 128 and x.max() == 8192
+    mu = np.log(1024) - 1.5 ** 2 / 2  # P(raw draw < 128) and P(> 8192) land on the clip values
+    from scipy.stats import lognorm
+    dist = lognorm(s=1.5, scale=np.exp(mu))
+    assert (x == 128).mean() == pytest.approx(dist.cdf(129), abs=0.005)  # floored: [128, 129) -> 128
+    assert (x == 8192).mean() == pytest.approx(dist.sf(8192), abs=0.003)
+
+
+def test_histogram_draws_stay_in_their_bins_with_the_bins_weights():
+    h = Histogram(edges=(0, 10, 100), weights=(3.0, 1.0))
+    x = sample_lengths(h, 100_000, np.random.default_rng(2))
+    assert x.min() == 1 and x.max() == 99
+    assert (x < 10).mean() == pytest.approx(0.75, abs=0.01)
+    assert mean_length(h) == pytest.approx(0.75 * 5 + 0.25 * 54.5)
+
+
+def test_a_list_is_drawn_with_replacement():
+    x = sample_lengths(DocumentLengths(lengths=(5, 7)), 1000, np.random.default_rng(3))
+    assert set(x.tolist()) == {5, 7}
+
+
+def test_packing_cuts_the_stream_and_long_documents_into_sequence_pieces():
+    packs = pack([3, 10, 2, 9], seq_len=8, sequences=3)
+    assert [p.tolist() for p in packs] == [[0, 3, 8], [0, 5, 7, 8], [0, 8]]
+    assert all(p[-1] == 8 for p in packs)
+
+
+def test_a_document_longer_than_the_sequence_becomes_sequence_length_pieces():
+    packs = pack([20, 5], seq_len=8, sequences=3)
+    assert [p.tolist() for p in packs] == [[0, 8], [0, 8], [0, 4, 8]]
+
+
+def test_too_few_tokens_to_pack_is_an_error():
+    with pytest.raises(PlanError, match="covering 16"):
+        pack([3, 4], seq_len=8, sequences=2)
+
+
+def test_the_same_seed_gives_the_same_packs_and_another_seed_others():
+    d = load_documents("magi-short")
+    a, b = draw_packs(d, 16384, 4, seed=0), draw_packs(d, 16384, 4, seed=0)
+    c = draw_packs(d, 16384, 4, seed=1)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not all(len(x) == len(y) and np.array_equal(x, y) for x, y in zip(a, c))
+    for cu in a:
+        assert cu[0] == 0 and cu[-1] == 16384 and np.all(np.diff(cu) > 0)
+        assert np.diff(cu).max() <= 65535  # magi-short's longest bin stops below 64k
+
+
+def test_workload_packs_follow_the_workload_and_default_to_one_document():
+    assert [p.tolist() for p in workload_packs(Workload(seq_len=64, batch=2), 2)] == [[0, 64], [0, 64]]
+    w = Workload(seq_len=4096, documents=load_documents("megatron-dcp"), seed=5)
+    assert all(np.array_equal(x, y) for x, y in zip(workload_packs(w, 3), draw_packs(w.documents, 4096, 3, 5)))
+
+
+def test_batch_cu_seqlens_lays_the_sequences_end_to_end():
+    cu = batch_cu_seqlens([np.array([0, 3, 8]), np.array([0, 8]), np.array([0, 2, 8])])
+    assert cu.dtype == np.int32 and cu.tolist() == [0, 3, 8, 16, 18, 24]
+
+
+@pytest.mark.parametrize("cu", [[0], [1, 4], [0, 3, 3, 8], [0, 5, 4]])
+def test_bad_cu_seqlens_are_named(cu):
+    with pytest.raises(PlanError, match="cu_seqlens"):
+        check_cu_seqlens(cu)
+    with pytest.raises(PlanError, match="ends at 8"):
+        check_cu_seqlens([0, 8], seq_len=16)
+
+
+# ---------------------------------------------------------------- files of lengths (the application layer)
+
+def test_a_file_of_lengths_becomes_a_histogram_with_its_name_and_sha256(tmp_path):
+    f = tmp_path / "lengths.txt"
+    lengths = [1, 3, 7, 100, 129, 4000, 4000, 70000]
+    f.write_text("\n".join(map(str, lengths)) + "\n")
+    h = documents_from_file(f)
+    assert h.source == "lengths.txt" and h.sha256 == hashlib.sha256(f.read_bytes()).hexdigest()
+    assert sum(h.weights) == len(lengths) and h.edges[-1] == 70001
+    assert len(h.edges) < 150  # compact: a plan records bins, never the raw lengths
+    x = sample_lengths(h, 20_000, np.random.default_rng(0))
+    assert x.min() >= 1 and x.max() <= 70000
+    for v in (1, 3, 7):  # short lengths keep bins of one token
+        assert (x == v).mean() == pytest.approx(1 / 8, abs=0.01)
+    assert resolve_documents(str(f)) == h
+
+
+def test_csv_and_parquet_files_give_their_length_column(tmp_path):
+    import pandas as pd
+    pd.DataFrame({"id": [1, 2, 3], "length": [10, 20, 30]}).to_csv(tmp_path / "l.csv", index=False)
+    assert read_lengths(tmp_path / "l.csv").tolist() == [10, 20, 30]
+    try:
+        pd.DataFrame({"length": [5, 6]}).to_parquet(tmp_path / "l.parquet")
+    except ImportError:
+        pytest.skip("no parquet engine")
+    assert read_lengths(tmp_path / "l.parquet").tolist() == [5, 6]
+
+
+@pytest.mark.parametrize("name, text, problem", [
+    ("missing.txt", None, "cannot read"),
+    ("empty.txt", "", "holds no lengths"),
+    ("neg.txt", "5\n-1\n", "row 2: length -1"),
+    ("zero.txt", "0\n", "row 1: length 0"),
+    ("frac.txt", "5\n2.5\n", "row 2"),
+    ("word.txt", "5\nten\n", "row 2"),
+    ("nocol.csv", "len\n5\n", "no column 'length'"),
+])
+def test_bad_files_of_lengths_are_one_line_errors(tmp_path, name, text, problem):
+    if text is not None:
+        (tmp_path / name).write_text(text)
+    with pytest.raises(PlanError, match=problem) as e:
+        read_lengths(tmp_path / name)
+    assert e.value.field == "documents" and "\n" not in str(e.value)
+
+
+def test_histogram_of_refuses_an_empty_sample():
+    with pytest.raises(PlanError, match="no lengths"):
+        histogram_of([], "x.txt")
