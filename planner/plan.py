@@ -69,7 +69,7 @@ class Plan(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     schema_version: int = PLAN_SCHEMA_VERSION
-    algorithm: Literal["ring", "ulysses", "usp", "wallfacer", "tokenring", "tokenring_ring", "metp"]
+    algorithm: Literal["ring", "ulysses", "usp", "wallfacer", "tokenring", "tokenring_ring", "metp", "allgather"]
     degrees: dict[str, int]
     order: list[str] = Field(default_factory=list, description="mesh dimensions, innermost (fastest rank) first")
     token_layout: Literal["contiguous", "zigzag", "striped"] = "contiguous"
@@ -101,8 +101,8 @@ class Plan(BaseModel):
             self.order = [n for n in ("tp", "ulysses", "ring", "dp", "pp") if self.degrees.get(n, 1) > 1] or ["dp"]
         check_degrees(self.degrees, self.order)
         a, u, r = self.algorithm, self.degrees["ulysses"], self.degrees["ring"]
-        if a == "ring" and u != 1:
-            raise PlanError("degrees.ulysses", f"algorithm ring needs ulysses 1, got {u}", "use algorithm usp for ulysses x ring")
+        if a in ("ring", "allgather") and u != 1:
+            raise PlanError("degrees.ulysses", f"algorithm {a} needs ulysses 1, got {u}", "use algorithm usp for ulysses x ring")
         if a == "ulysses" and r != 1:
             raise PlanError("degrees.ring", f"algorithm ulysses needs ring 1, got {r}", "use algorithm usp for ulysses x ring")
         if self.degrees.get("team", 1) > 1 and a not in TEAM_ALGORITHMS:

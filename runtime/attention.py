@@ -9,22 +9,32 @@ from sp_plan.planner.layout import check_token_layout
 
 from .variants import VARIANTS, load_all, register  # noqa: F401 - register: the registry's, re-exported
 
+#: the variants that take packed documents (cu_seqlens) and sliding windows
+MASKED = ("allgather",)
+
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: str,
               groups: dict[str, dist.ProcessGroup] | None, ranks: dict[str, list[int]] | None = None,
               causal: bool = False, token_layout: str = "contiguous", scale: float | None = None,
-              backend: str | None = None) -> torch.Tensor:
+              backend: str | None = None, cu_seqlens=None, window: int | None = None) -> torch.Tensor:
     """Sequence-parallel attention of (batch, local seq, heads, dim) shards by algorithm name.
 
     ``groups`` maps "ring" and "ulysses" to process groups (missing or None = degree 1);
     ``ranks`` may give the ring's global ranks in ring order under "ring", and the ulysses
     group's ranks under "ulysses" (checked: the all-to-all follows the group's rank order, which
     must be the ulysses coordinate). With every degree 1 this is plain local attention.
-    ``backend`` names the block kernel (``runtime.backends``; None = the unmeasured default).
+    ``backend`` names the block kernel (``runtime.backends``; None = the unmeasured default). ``cu_seqlens``
+    (packed documents over the global sequence) and ``window`` (a sliding window) go to the variants that take
+    them (``MASKED``).
     """
     variants = load_all()
     if algorithm not in variants:
         raise PlanError("algorithm", f"unknown algorithm {algorithm!r}", f"use one of {sorted(variants)}")
     check_token_layout(token_layout)
+    masks = {n: x for n, x in (("cu_seqlens", cu_seqlens), ("window", window)) if x is not None}
+    if masks and algorithm not in MASKED:
+        name = next(iter(masks))
+        raise PlanError(name, f"algorithm {algorithm} does not take {name} yet",
+                        f"use a plan with algorithm {' or '.join(MASKED)} for packed documents and windows")
     return variants[algorithm].fn(q, k, v, groups=groups or {}, ranks=ranks or {}, causal=causal,
-                                  token_layout=token_layout, scale=scale, backend=backend)
+                                  token_layout=token_layout, scale=scale, backend=backend, **masks)

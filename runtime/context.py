@@ -76,8 +76,9 @@ class Context:
         return out
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | None = None,
-                  scale: float | None = None) -> torch.Tensor:
-        """The plan's attention on local (batch, local seq, heads, head dim) tensors in the token layout."""
+                  scale: float | None = None, cu_seqlens=None, window: int | None = None) -> torch.Tensor:
+        """The plan's attention on local (batch, local seq, heads, head dim) tensors in the token layout;
+        ``cu_seqlens`` (0, ..., global length) packs documents, ``window`` is a sliding window (all-gather plans)."""
         from .attention import attention
 
         if causal is None:
@@ -89,7 +90,8 @@ class Context:
             ranks["team"] = self.layout.group_of("team", self.rank)
         backend = self.backends.choose(q, k, causal)  # keyed by the local block: device, dtype, head dim, length
         return attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,
-                         token_layout=self.plan.token_layout, scale=scale, backend=backend)
+                         token_layout=self.plan.token_layout, scale=scale, backend=backend, cu_seqlens=cu_seqlens,
+                         window=window)
 
 
 def _as_plan(plan_or_path: Plan | str | Path) -> Plan:

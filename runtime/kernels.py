@@ -74,14 +74,39 @@ def _span(any_: np.ndarray) -> tuple[int, int]:
 
 
 def causal_block_mask(q_tokens, k_tokens) -> BlockMask | None:
-    """Causal mask (query token >= key token) of two global token lists, reduced; None if empty.
+    """Causal mask (query token >= key token) of two global token lists, reduced; None if empty."""
+    return reduce_mask(np.asarray(q_tokens).reshape(-1, 1) >= np.asarray(k_tokens).reshape(1, -1))
+
+
+def document_ids(cu_seqlens, seq_len: int) -> np.ndarray:
+    """Document index of each of ``seq_len`` global tokens from ``cu_seqlens`` (0, l0, l0 + l1, ..., seq_len)."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    if cu[0] != 0 or cu[-1] != seq_len or (np.diff(cu) <= 0).any():
+        raise ValueError(f"cu_seqlens must rise from 0 to the sequence length {seq_len}, got {cu.tolist()}")
+    return np.searchsorted(cu, np.arange(seq_len), side="right") - 1
+
+
+def attended(q_tokens, k_tokens, *, causal: bool, documents: np.ndarray | None = None,
+             window: int | None = None) -> np.ndarray:
+    """Which keys each query sees (True = attend), from global token indices: causal (key <= query), the same
+    document (``documents``: ``document_ids`` of every token), and a sliding window (query - key < window;
+    both ways when not causal)."""
+    q_t = np.asarray(q_tokens).reshape(-1, 1)
+    k_t = np.asarray(k_tokens).reshape(1, -1)
+    ok = (q_t >= k_t) if causal else np.ones((q_t.shape[0], k_t.shape[1]), dtype=bool)
+    if documents is not None:
+        ok &= documents[q_t] == documents[k_t]
+    if window is not None:
+        ok &= (q_t - k_t < window) & (k_t - q_t < (1 if causal else window))
+    return ok
+
+
+def reduce_mask(allowed: np.ndarray) -> BlockMask | None:
+    """A boolean (query, key) mask reduced to what a kernel needs; None if empty.
 
     Rows and columns that see nothing are cut off; what is left is described as full, as a
     diagonal offset, or as an explicit boolean mask, whichever is exact.
     """
-    q_t = np.asarray(q_tokens).reshape(-1, 1)
-    k_t = np.asarray(k_tokens).reshape(1, -1)
-    allowed = q_t >= k_t
     if not allowed.any():
         return None
     r0, r1 = _span(allowed.any(axis=1))

@@ -124,12 +124,45 @@ def _wait(rd, reqs, trace) -> None:
         trace.append(("wait", rd.index))
 
 
+def attend_block(q, k, v, bm: BlockMask | None, out, lse, scale, backend=None):
+    """Fold one K,V block's attention (mask ``bm``; None = skip) into the (out, lse) accumulators (None: none yet)."""
+    if bm is None:
+        return out, lse
+    n = q.shape[1]
+    rows, cols = _rows_cols(bm)
+    b_out, b_lse = block_attention(q[:, rows], k[:, cols], v[:, cols], scale=scale, causal_offset=bm.causal_offset,
+                                   mask=bm.mask, backend=backend)
+    if out is None and bm.full_rows(n):  # the first block starts the accumulators
+        return b_out.to(lse_dtype(q.dtype)), b_lse.to(lse_dtype(q.dtype))
+    if out is None:
+        out = q.new_zeros(*q.shape[:3], v.shape[-1], dtype=lse_dtype(q.dtype))
+        lse = torch.full((q.shape[0], q.shape[2], n), float("-inf"), dtype=out.dtype, device=q.device)
+    merge(out[:, rows], lse[..., rows], b_out, b_lse)
+    return out, lse
+
+
+def attend_block_backward(dout, q, k, v, out, lse, bm: BlockMask | None, dq, scale, backend=None):
+    """One K,V block's backward (mask ``bm``; None = nothing): dq accumulated (None: none yet), the block's dk, dv
+    on its columns (``bm``'s), or None."""
+    if bm is None:
+        return dq, None
+    rows, cols = _rows_cols(bm)
+    grads = block_attention_backward(dout[:, rows], q[:, rows], k[:, cols], v[:, cols], out[:, rows],
+                                     lse[..., rows], scale=scale, causal_offset=bm.causal_offset, mask=bm.mask,
+                                     backend=backend)
+    if dq is None and bm.full_rows(q.shape[1]):
+        return grads[0].to(lse_dtype(q.dtype)), grads
+    if dq is None:
+        dq = torch.zeros(q.shape, dtype=lse_dtype(q.dtype), device=q.device)
+    dq[:, rows] += grads[0]
+    return dq, grads
+
+
 def ring_forward(q, k, v, ring: Ring, masks, scale, backend=None, trace=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Ring attention forward, zhuzilin/ring-flash-attention scheme: K,V go round, (out, lse) merge.
 
     The transfers follow ``overlap.DoubleBuffer``; ``trace`` (a list) records its events in order.
     """
-    n = q.shape[1]
     out = lse = None
     bufs: list = [(k, v), None, None]
     for rd in DoubleBuffer(ring.size).rounds:
@@ -138,18 +171,7 @@ def ring_forward(q, k, v, ring: Ring, masks, scale, backend=None, trace=None) ->
         cur_k, cur_v = bufs[rd.compute]
         if trace is not None:
             trace.append(("compute", i, rd.compute, cur_k.data_ptr()))
-        bm = masks[i]
-        if bm is not None:
-            rows, cols = _rows_cols(bm)
-            b_out, b_lse = block_attention(q[:, rows], cur_k[:, cols], cur_v[:, cols], scale=scale,
-                                           causal_offset=bm.causal_offset, mask=bm.mask, backend=backend)
-            if out is None and bm.full_rows(n):  # the first block starts the accumulators
-                out, lse = b_out.to(lse_dtype(q.dtype)), b_lse.to(lse_dtype(q.dtype))
-            else:
-                if out is None:
-                    out = q.new_zeros(*q.shape[:3], v.shape[-1], dtype=lse_dtype(q.dtype))
-                    lse = torch.full((q.shape[0], q.shape[2], n), float("-inf"), dtype=out.dtype, device=q.device)
-                merge(out[:, rows], lse[..., rows], b_out, b_lse)
+        out, lse = attend_block(q, cur_k, cur_v, masks[i], out, lse, scale, backend)
         _wait(rd, reqs, trace)
     return out.to(q.dtype), lse
 
@@ -170,18 +192,8 @@ def ring_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale, backend=Non
         if trace is not None:
             trace.append(("compute", i, rd.compute, cur_k.data_ptr()))
         bm = masks[i]
-        grads = None
-        if bm is not None:
-            rows, cols = _rows_cols(bm)
-            grads = block_attention_backward(dout[:, rows], q[:, rows], cur_k[:, cols], cur_v[:, cols],
-                                             out[:, rows], lse[..., rows], scale=scale,
-                                             causal_offset=bm.causal_offset, mask=bm.mask, backend=backend)
-            if dq is None and bm.full_rows(q.shape[1]):
-                dq = grads[0].to(acc)
-            else:
-                if dq is None:
-                    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-                dq[:, rows] += grads[0]
+        dq, grads = attend_block_backward(dout, q, cur_k, cur_v, out, lse, bm, dq, scale, backend)
+        cols = None if bm is None else _rows_cols(bm)[1]
         # the dk, dv accumulator of the block held this round
         if i == 0:
             if grads is not None and bm.col_start == 0 and bm.col_stop == k.shape[1]:

@@ -1,6 +1,6 @@
 """Registry of the runtime's attention variants by plan algorithm name (the planner's registry's shape).
 
-Each variant module (ring, ulysses, usp, wallfacer, tokenring, metp) calls ``register`` at import;
+Each variant module (ring, ulysses, usp, wallfacer, tokenring, metp, allgather) calls ``register`` at import;
 this module imports none of them, so there is no import cycle. ``load_all`` is the one explicit
 import of the variant modules: every module of the runtime package that is not one of its
 ``INFRASTRUCTURE`` modules. A new variant is one new module in the package that calls ``register``.
@@ -34,7 +34,7 @@ VARIANTS: dict[str, Variant] = {}
 INFRASTRUCTURE = ("attention", "backends", "choice", "context", "kernels", "netns", "overlap", "probe", "spawn",
                   "variants")
 #: the modules that register the built-in variants (what ``variant_modules`` finds in this tree)
-BUILTIN_MODULES = ("ring", "ulysses", "usp", "wallfacer", "tokenring", "metp")
+BUILTIN_MODULES = ("ring", "ulysses", "usp", "wallfacer", "tokenring", "metp", "allgather")
 
 
 def register(name: str, fn) -> Variant:

@@ -34,6 +34,7 @@ PLANS = [
     _p("tokenring", {"ring": 4}, ["ring"], "zigzag"),
     _p("tokenring_ring", {"ring": 4, "team": 2}, ["ring"], "zigzag"),
     _p("ring", {"ring": 2, "dp": 2}, ["ring", "dp"], "zigzag"),  # data parallel beside the ring
+    _p("allgather", {"ring": 4}, ["ring"], "zigzag"),
 ]
 #: METP shards the layer's weights; the integration refuses it (test below)
 REFUSED = {"metp"}

@@ -40,7 +40,8 @@ def test_registry_imports_no_variant_and_each_variant_imports_alone():
                  "    print(m, sorted(set(V.VARIANTS) - before))")
     got = dict(line.split(" ", 1) for line in out.strip().splitlines())
     assert got == {"ring": "['ring']", "ulysses": "['ulysses']", "usp": "['usp']", "wallfacer": "['wallfacer']",
-                   "tokenring": "['tokenring', 'tokenring_ring']", "metp": "['metp']"}
+                   "tokenring": "['tokenring', 'tokenring_ring']", "metp": "['metp']",
+                   "allgather": "['allgather']"}
 
 
 def test_a_new_variant_is_dispatched_by_attention(monkeypatch):
@@ -62,7 +63,7 @@ def test_a_new_variant_is_dispatched_by_attention(monkeypatch):
 
 def test_unknown_algorithm_lists_the_registered_ones():
     q = torch.randn(1, 4, 2, 8)
-    with pytest.raises(PlanError, match=r"use one of \['metp', 'ring', 'tokenring', 'tokenring_ring', 'ulysses', 'usp', 'wallfacer'\]"):
+    with pytest.raises(PlanError, match=r"use one of \['allgather', 'metp', 'ring', 'tokenring', 'tokenring_ring', 'ulysses', 'usp', 'wallfacer'\]"):
         attention(q, q, q, algorithm="nope", groups={})
 
 
