@@ -11,6 +11,11 @@ Token layouts split a sequence of ``seq_len`` tokens over the ``ring`` ranks of 
 With Ulysses inside (USP), each ring rank's token list is split contiguously over the ulysses
 ranks, so the Ulysses all-to-all hands every ring rank exactly its ring-level tokens in order.
 
+With documents (a sequence's ``cu_seqlens``), the token layout is a balancing policy (``document_ring_tokens``):
+contiguous as above; zigzag per document (each document's 2P chunks, Megatron's THD layout without its padding
+to a multiple of 2P); striped per document; ``balanced``, a greedy assignment of documents and zigzag chunk pairs
+to ranks by their work, tokens per rank within BALANCED_TOKEN_BOUND x S/P. Local lengths may differ between ranks.
+
 WallFacer (Liu et al. 2024, Sec. 3.3) splits a ring of P into P/C teams of C and C x P/C^2
 sub-rings of P/C^2 (``team_position`` and below); the token layout stays the ring's.
 """
@@ -26,6 +31,12 @@ from .errors import PlanError
 
 DIMENSIONS = ("tp", "ulysses", "ring", "team", "dp", "pp")
 TOKEN_LAYOUTS = ("contiguous", "zigzag", "striped")
+#: token layouts of a sequence with documents: TOKEN_LAYOUTS per document, and a greedy assignment by work
+BALANCE_POLICIES = TOKEN_LAYOUTS + ("balanced",)
+#: ``balanced`` keeps each rank's tokens within this factor of S/P (the linear layers' memory follows the tokens)
+BALANCED_TOKEN_BOUND = 1.1
+#: ``balanced`` cuts a document into P zigzag chunk pairs when its work is over this share of a rank's mean work
+BALANCED_SPLIT_SHARE = 0.1
 #: WallFacer eq. 8: teams inside a node (collective_intra) or sub-rings inside a node (p2p_intra)
 PLACEMENTS = ("collective_intra", "p2p_intra")
 #: dimensions that split the sequence; their product is the sequence-parallel degree.
@@ -102,8 +113,18 @@ def _offsets(chosen: list[tuple[str, int]], st: dict[str, int]) -> list[int]:
 # ---------------------------------------------------------------- token permutations
 
 def check_token_layout(token_layout: str) -> None:
+    """A layout of a sequence without documents; ``balanced`` needs the documents' boundaries."""
+    if token_layout == "balanced":
+        raise PlanError("token_layout", "balanced assigns documents by their work, and needs their boundaries",
+                        "pass the batch's cu_seqlens (Layout.document_tokens), or use contiguous, zigzag or striped")
     if token_layout not in TOKEN_LAYOUTS:
         raise PlanError("token_layout", f"unknown layout {token_layout!r}", f"use one of {list(TOKEN_LAYOUTS)}")
+
+
+def check_balance_policy(token_layout: str) -> None:
+    """A layout of a sequence with documents: one of BALANCE_POLICIES."""
+    if token_layout not in BALANCE_POLICIES:
+        raise PlanError("token_layout", f"unknown layout {token_layout!r}", f"use one of {list(BALANCE_POLICIES)}")
 
 
 def chunks_needed(token_layout: str, ring: int, ulysses: int = 1) -> int:
@@ -150,6 +171,143 @@ def sp_tokens(token_layout: str, ulysses: int, ring: int, seq_len: int) -> np.nd
     return rt.reshape(ring, ulysses, seq_len // (ring * ulysses))
 
 
+# ---------------------------------------------------------------- token permutations with documents
+
+def _document_bounds(cu_seqlens) -> np.ndarray:
+    """``cu_seqlens`` of one sequence as int64, checked: 0, then strictly increasing document ends."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    if cu.ndim != 1 or len(cu) < 2 or cu[0] != 0 or np.any(np.diff(cu) <= 0):
+        raise PlanError("cu_seqlens", f"{cu.tolist()[:8]} is not 0 then increasing document ends",
+                        "give one sequence's document boundaries: 0, the end of each document")
+    return cu
+
+
+def _even_pieces(n: int, parts: int) -> np.ndarray:
+    """Sizes of ``parts`` contiguous pieces of n tokens, the first n mod parts one longer (numpy.array_split)."""
+    q, rem = divmod(n, parts)
+    return np.array([q + 1] * rem + [q] * (parts - rem), dtype=np.int64)
+
+
+def _contiguous(seq_len: int, ring: int) -> list[np.ndarray]:
+    """Rank r holds the r-th of P contiguous pieces of the sequence, whatever its documents."""
+    ends = np.cumsum(_even_pieces(seq_len, ring))
+    return [np.arange(e - n, e) for e, n in zip(ends, _even_pieces(seq_len, ring))]
+
+
+def _striped(seq_len: int, ring: int) -> list[np.ndarray]:
+    """Token t on rank t mod P: every document's tokens go round the ranks from where the last one stopped, so each
+    document is striped and the ranks' counts differ by at most one."""
+    return [np.arange(r, seq_len, ring) for r in range(ring)]
+
+
+def _zigzag_chunk_sizes(length: int, ring: int, held: np.ndarray) -> np.ndarray:
+    """Sizes of one document's 2P zigzag chunks (rank r holds chunks r and 2P-1-r): L // 2P each, and the L mod 2P
+    tokens over go one per rank to the ranks holding fewest tokens so far (``held``, updated), so every rank's
+    count stays within one of the others' without padding a document to a multiple of 2P."""
+    q, rem = divmod(length, 2 * ring)
+    size = np.full(2 * ring, q, dtype=np.int64)
+    held += 2 * q
+    for second in (False, True):  # a first extra token on chunk r, a second (rem > P) on chunk 2P-1-r
+        take = min(rem, ring)
+        rem -= take
+        for r in np.argsort(held, kind="stable")[:take]:
+            size[2 * ring - 1 - r if second else r] += 1
+            held[r] += 1
+    return size
+
+
+def _zigzag(cu: np.ndarray, ring: int) -> list[np.ndarray]:
+    """Per-document zigzag: each document cut into 2P chunks (``_zigzag_chunk_sizes``), rank r holds chunks r and
+    2P-1-r of every document, in token order."""
+    held = np.zeros(ring, dtype=np.int64)
+    owner = np.empty(int(cu[-1]), dtype=np.int64)
+    chunk_rank = np.concatenate([np.arange(ring), np.arange(ring)[::-1]])
+    for start, end in zip(cu[:-1], cu[1:]):
+        size = _zigzag_chunk_sizes(int(end - start), ring, held)
+        owner[start:end] = np.repeat(chunk_rank, size)
+    return [np.flatnonzero(owner == r) for r in range(ring)]
+
+
+def _balanced_units(cu: np.ndarray, ring: int, weights: np.ndarray) -> list[np.ndarray]:
+    """The pieces ``balanced`` assigns: whole documents, and P zigzag chunk pairs (2P chunks, pair k = chunks k and
+    2P-1-k: even work under a causal mask) of each document whose work is over BALANCED_SPLIT_SHARE of a rank's
+    mean work."""
+    doc_work = np.add.reduceat(weights, cu[:-1])
+    share = BALANCED_SPLIT_SHARE * weights.sum() / ring
+    units = []
+    for start, end, w in zip(cu[:-1], cu[1:], doc_work):
+        if w > share and end - start >= 2 * ring:
+            bounds = start + np.concatenate([[0], np.cumsum(_even_pieces(int(end - start), 2 * ring))])
+            units += [np.concatenate([np.arange(bounds[k], bounds[k + 1]),
+                                      np.arange(bounds[2 * ring - 1 - k], bounds[2 * ring - k])]) for k in range(ring)]
+        else:
+            units.append(np.arange(start, end))
+    return units
+
+
+def _balanced(cu: np.ndarray, ring: int, weights, bound: float = BALANCED_TOKEN_BOUND) -> list[np.ndarray]:
+    """Greedy balancing by work (longest processing time first): the heaviest piece (``_balanced_units``) goes to the
+    least-loaded rank with room for its tokens under ``bound`` x S/P; a piece no rank has room for is poured,
+    in token order, into the least-loaded ranks' room. Each rank's tokens in token order."""
+    seq_len = int(cu[-1])
+    if weights is None:
+        raise PlanError("weights", "balanced assigns documents by their work, and was given none",
+                        "pass each token's work (planner.masks.row_pairs)")
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (seq_len,):
+        raise PlanError("weights", f"{w.shape} weights for a sequence of {seq_len} tokens", "give one per token")
+    cap = max(-(-seq_len // ring), int(bound * seq_len / ring))
+    units = _balanced_units(cu, ring, w)
+    unit_work = np.array([w[u].sum() for u in units])
+    load, held = np.zeros(ring), np.zeros(ring, dtype=np.int64)
+    parts: list[list[np.ndarray]] = [[] for _ in range(ring)]
+    for i in np.argsort(-unit_work, kind="stable"):
+        u = units[i]
+        room = np.flatnonzero(held + len(u) <= cap)
+        if len(room):
+            r = room[np.argmin(load[room])]
+            parts[r].append(u)
+            load[r] += unit_work[i]
+            held[r] += len(u)
+            continue
+        for r in np.argsort(load, kind="stable"):  # pour: the piece's tokens in order into the room left
+            take = min(cap - held[r], len(u))
+            if take > 0:
+                parts[r].append(u[:take])
+                load[r] += w[u[:take]].sum()
+                held[r] += take
+                u = u[take:]
+            if not len(u):
+                break
+    return [np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64) for p in parts]
+
+
+def document_ring_tokens(token_layout: str, ring: int, cu_seqlens, weights=None) -> list[np.ndarray]:
+    """Global token indices each of ``ring`` ranks holds of one sequence whose documents end at ``cu_seqlens``, in
+    local (token) order; ``weights`` (each token's work) only for ``balanced``. A single document whose length
+    ``ring_tokens`` accepts gives its tokens exactly."""
+    check_balance_policy(token_layout)
+    cu = _document_bounds(cu_seqlens)
+    if token_layout == "contiguous":
+        return _contiguous(int(cu[-1]), ring)
+    if token_layout == "striped":
+        return _striped(int(cu[-1]), ring)
+    if token_layout == "zigzag":
+        return _zigzag(cu, ring)
+    return _balanced(cu, ring, weights)
+
+
+def document_sp_tokens(token_layout: str, ulysses: int, ring: int, cu_seqlens, weights=None
+                       ) -> list[list[np.ndarray]]:
+    """[ring rank][ulysses rank] tokens of one sequence with documents: each ring rank's tokens
+    (``document_ring_tokens``) cut into ``ulysses`` contiguous pieces, as ``sp_tokens``."""
+    out = []
+    for t in document_ring_tokens(token_layout, ring, cu_seqlens, weights):
+        ends = np.cumsum(_even_pieces(len(t), ulysses))
+        out.append([t[e - n:e] for e, n in zip(ends, _even_pieces(len(t), ulysses))])
+    return out
+
+
 @dataclass(frozen=True)
 class Layout:
     """Everything a rank needs to know about a plan's placement: groups and its tokens."""
@@ -162,7 +320,7 @@ class Layout:
 
     def __post_init__(self):
         check_degrees(self.degrees, list(self.order))
-        check_token_layout(self.token_layout)
+        check_balance_policy(self.token_layout)
         check_team(self.degree("ring"), self.degree("team"), self.placement, wallfacer=self.placement is not None)
 
     @property
@@ -226,6 +384,19 @@ class Layout:
         t = sp_tokens(self.token_layout, self.degree("ulysses"), self.degree("ring"), seq_len)
         # sequence rank index = u + U * r  -> order ring-major with ulysses inner
         return t.reshape(-1)
+
+    def document_tokens(self, rank: int, cu_seqlens, weights=None) -> np.ndarray:
+        """Tokens of one sequence with documents at ``cu_seqlens`` that this rank holds, in local order
+        (``weights``: each token's work, which ``balanced`` needs; planner.masks.row_pairs gives it)."""
+        c = self.coords(rank)
+        t = document_sp_tokens(self.token_layout, self.degree("ulysses"), self.degree("ring"), cu_seqlens, weights)
+        return t[c.get("ring", 0)][c.get("ulysses", 0)]
+
+    def document_permutation(self, cu_seqlens, weights=None) -> np.ndarray:
+        """Concatenation of the tokens of sequence ranks 0..sp-1 for a sequence with documents (the all-gather
+        order; ranks' local lengths may differ)."""
+        t = document_sp_tokens(self.token_layout, self.degree("ulysses"), self.degree("ring"), cu_seqlens, weights)
+        return np.concatenate([piece for ring_rank in t for piece in ring_rank])
 
 
 # ---------------------------------------------------------------- causal work per ring round
