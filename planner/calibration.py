@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import least_squares, lsq_linear
 
 from .candidate import Candidate
 from .cluster import NET, Cluster
@@ -38,6 +37,10 @@ def resolve_params(cluster: Cluster, profile=None, store=None) -> tuple[Params, 
 
     Delegates to sp_plan.profiles.store.resolve_profile (imported here: profiles imports the planner);
     ``store`` is a Store or a URL."""
+    if profile is False:  # no store to open (SQLAlchemy stays unimported)
+        from sp_plan.profiles.kernels import default_params
+
+        return default_params(cluster), "not using a profile: none (--no-profile)", None
     from sp_plan.profiles import store as store_mod
 
     if isinstance(store, str):
@@ -312,6 +315,8 @@ def _fit_time(pricer: _Pricer, base: Params, cases: list[_Case], hold: frozenset
     lo, hi = np.array([0.0, 0.0, 0.05, 0.0, 0.0])[free], np.array([1.0, np.inf, 1.5, np.inf, np.inf])[free]
     # the step is piecewise linear in these (max of compute and communication): descend from the best few starts
     best_starts = sorted(starts, key=lambda z: float(np.sum(resid(z) ** 2)))[:4]
+    from scipy.optimize import least_squares  # noqa: PLC0415 - only a fit needs SciPy (a plan does not)
+
     sol = min((least_squares(resid, z0, bounds=(lo, hi), x_scale=np.array([0.1, 1.0, 0.1, 1.0, 1.0])[free],
                              diff_step=1e-6, xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=400) for z0 in best_starts),
               key=lambda r: float(r.cost))
@@ -346,6 +351,8 @@ def _fit_memory(pricer: _Pricer, base: Params, cases: list[_Case]) -> tuple[Para
     n = f"from {len(cases)} candidate{'s' if len(cases) != 1 else ''}"
     if both:  # rows: (act/meas) k + (GiB/meas) o = 1 - rest/meas
         a = np.stack([act / meas, GIB / meas], axis=1)
+        from scipy.optimize import lsq_linear  # noqa: PLC0415 - only a fit needs SciPy (a plan does not)
+
         # overhead >= 0: a framework adds memory; a negative constant would price small plans below zero bytes
         sol = lsq_linear(a, 1.0 - rest / meas, bounds=([0.05, 0.0], [20.0, np.inf]))
         k, over = float(sol.x[0]), float(sol.x[1]) * GIB
