@@ -20,11 +20,10 @@ from functools import lru_cache
 import torch
 import torch.distributed as dist
 
-from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import check_token_layout, ring_tokens
 
 from .kernels import BlockMask, attended, document_ids, lse_dtype, reduce_mask
-from .ring import Ring, attend_block, attend_block_backward, make_ring
+from .ring import Ring, attend_block, attend_block_backward, check_masks, make_ring
 from .variants import degree, register
 
 
@@ -122,13 +121,6 @@ class _AllGatherAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
-def _check_masks(cu_seqlens, window) -> tuple[tuple[int, ...] | None, int | None]:
-    if window is not None and int(window) < 1:
-        raise PlanError("window", f"window {window} is not a positive number of tokens", "pass window >= 1 or None")
-    return (None if cu_seqlens is None else tuple(int(x) for x in cu_seqlens),
-            None if window is None else int(window))
-
-
 def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None = None,
                         *, causal: bool = False, token_layout: str = "contiguous", scale: float | None = None,
                         ranks=None, backend: str | None = None, cu_seqlens=None,
@@ -139,9 +131,7 @@ def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group
     of a sequence of S = P * local seq tokens. ``cu_seqlens`` (0, ..., S) packs documents that attend only to
     themselves; ``window`` limits each query to the ``window`` keys before it (itself included).
     """
-    cu, w = _check_masks(cu_seqlens, window)
-    if cu is not None:
-        document_ids(cu, q.shape[1] * degree(group))  # checks it now, with the sequence length in the message
+    cu, w = check_masks(cu_seqlens, window, q.shape[1] * degree(group))
     return _AllGatherAttention.apply(q, k, v, group, None if ranks is None else tuple(int(r) for r in ranks),
                                      causal, token_layout, scale, backend, cu, w)
 

@@ -10,7 +10,7 @@ from sp_plan.planner.layout import check_token_layout
 from .variants import VARIANTS, load_all, register  # noqa: F401 - register: the registry's, re-exported
 
 #: the variants that take packed documents (cu_seqlens) and sliding windows
-MASKED = ("allgather",)
+MASKED = ("allgather", "ring")
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: str,

@@ -30,7 +30,8 @@ import torch.distributed as dist
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import check_token_layout, ring_tokens
 
-from .kernels import BlockMask, block_attention, block_attention_backward, causal_block_mask, full_block, lse_dtype, merge
+from .kernels import (BlockMask, attended, block_attention, block_attention_backward, causal_block_mask, document_ids,
+                      full_block, lse_dtype, merge, reduce_mask)
 from .kernels import local_attention
 from .overlap import DoubleBuffer
 from .variants import degree, register
@@ -90,17 +91,23 @@ def make_ring(group: dist.ProcessGroup | None = None, ranks=None) -> Ring:
 
 
 @lru_cache(maxsize=1024)
-def round_masks(token_layout: str, ring: int, seq_len: int, position: int, causal: bool) -> tuple[BlockMask | None, ...]:
+def round_masks(token_layout: str, ring: int, seq_len: int, position: int, causal: bool,
+                cu_seqlens: tuple[int, ...] | None = None, window: int | None = None) -> tuple[BlockMask | None, ...]:
     """Mask of each round i (K,V of ring rank (position - i) mod ring); None = fully masked, skip.
 
-    Derived from the global token indices of ``ring_tokens``: query t sees key t' iff t >= t'.
+    Derived from the global token indices of ``ring_tokens``: query t sees key t' iff t >= t' (causal), both lie
+    in one packed document of ``cu_seqlens`` and t - t' < ``window`` (``kernels.attended``).
     """
     check_token_layout(token_layout)
     tokens = ring_tokens(token_layout, ring, seq_len)
     n = tokens.shape[1]
-    if not causal:
-        return tuple(full_block(n, n) for _ in range(ring))
-    return tuple(causal_block_mask(tokens[position], tokens[(position - i) % ring]) for i in range(ring))
+    if cu_seqlens is None and window is None:
+        if not causal:
+            return tuple(full_block(n, n) for _ in range(ring))
+        return tuple(causal_block_mask(tokens[position], tokens[(position - i) % ring]) for i in range(ring))
+    docs = None if cu_seqlens is None else document_ids(cu_seqlens, seq_len)
+    return tuple(reduce_mask(attended(tokens[position], tokens[(position - i) % ring], causal=causal, documents=docs,
+                                      window=window)) for i in range(ring))
 
 
 def _rows_cols(bm: BlockMask) -> tuple[slice, slice]:
@@ -228,10 +235,11 @@ class _RingAttention(torch.autograd.Function):
     """Autograd wrapper: ring forward, and the ring backward with circulating dk, dv."""
 
     @staticmethod
-    def forward(ctx, q, k, v, group, causal, token_layout, scale, ranks, backend):
+    def forward(ctx, q, k, v, group, causal, token_layout, scale, ranks, backend, cu_seqlens=None, window=None):
         ring = make_ring(group, ranks)
         k, v = k.contiguous(), v.contiguous()  # sent as they are
-        masks = round_masks(token_layout, ring.size, q.shape[1] * ring.size, ring.position, bool(causal))
+        masks = round_masks(token_layout, ring.size, q.shape[1] * ring.size, ring.position, bool(causal),
+                            cu_seqlens, window)
         out, lse = ring_forward(q, k, v, ring, masks, scale, backend)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.ring, ctx.masks, ctx.scale, ctx.backend = ring, masks, scale, backend
@@ -241,29 +249,42 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = ring_backward(dout, q, k, v, out, lse, ctx.ring, ctx.masks, ctx.scale, ctx.backend)
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None = None, *,
                    causal: bool = False, token_layout: str = "contiguous", scale: float | None = None,
-                   ranks=None, backend: str | None = None) -> torch.Tensor:
+                   ranks=None, backend: str | None = None, cu_seqlens=None, window: int | None = None) -> torch.Tensor:
     """Ring attention (zhuzilin/ring-flash-attention scheme) on (batch, local seq, heads, dim) blocks.
 
     Ring rank p holds the tokens ``ring_tokens(token_layout, P, S)[p]`` of a sequence of
     S = P * local seq tokens; ``ranks`` lists the group's global ranks in ring order (default:
-    sorted). K/V may have fewer heads than Q (GQA); only the K/V heads circulate.
+    sorted). K/V may have fewer heads than Q (GQA); only the K/V heads circulate. ``cu_seqlens`` (0, ..., S)
+    packs documents that attend only to themselves, ``window`` is a sliding window; rounds they empty are skipped.
     """
+    cu, w = check_masks(cu_seqlens, window, q.shape[1] * degree(group))
     return _RingAttention.apply(q, k, v, group, causal, token_layout, scale,
-                                None if ranks is None else tuple(int(r) for r in ranks), backend)
+                                None if ranks is None else tuple(int(r) for r in ranks), backend, cu, w)
 
 
-def _registered_ring(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None):
-    """The registry's entry: ring attention over groups["ring"] (degree 1: local attention)."""
+def check_masks(cu_seqlens, window, seq_len: int) -> tuple[tuple[int, ...] | None, int | None]:
+    """``cu_seqlens`` as a tuple (checked against the global ``seq_len``) and ``window`` as an int, or None."""
+    if window is not None and int(window) < 1:
+        raise PlanError("window", f"window {window} is not a positive number of tokens", "pass window >= 1 or None")
+    cu = None if cu_seqlens is None else tuple(int(x) for x in cu_seqlens)
+    if cu is not None:
+        document_ids(cu, seq_len)  # raises with the sequence length in the message
+    return cu, None if window is None else int(window)
+
+
+def _registered_ring(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None, cu_seqlens=None,
+                     window=None):
+    """The registry's entry: ring attention over groups["ring"] (degree 1: local attention unless masked)."""
     group = groups.get("ring")
-    if degree(group) == 1:
+    if degree(group) == 1 and cu_seqlens is None and window is None:
         return local_attention(q, k, v, causal=causal, scale=scale, backend=backend)
     return ring_attention(q, k, v, group, causal=causal, token_layout=token_layout, scale=scale,
-                          ranks=ranks.get("ring"), backend=backend)
+                          ranks=ranks.get("ring"), backend=backend, cu_seqlens=cu_seqlens, window=window)
 
 
 register("ring", _registered_ring)

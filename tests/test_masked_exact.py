@@ -1,5 +1,5 @@
-"""All-gather K/V attention against single-process attention: output and every gradient, with document masks and
-sliding windows.
+"""All-gather K/V and ring attention against single-process attention: output and every gradient, with document
+masks and sliding windows.
 
 On worlds of 1, 2 and 4 gloo ranks, each token layout, causal and not, MHA and GQA (8 query heads with 2 and 1 KV
 heads), no mask / packed documents whose lengths are not multiples of anything (7, 23, 1, 33: what per-document
@@ -23,6 +23,7 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import TOKEN_LAYOUTS, ring_tokens
 from sp_plan.runtime.allgather import allgather_attention
 from sp_plan.runtime.kernels import attended, document_ids
+from sp_plan.runtime.ring import ring_attention
 from sp_plan.runtime.spawn import run_world
 
 BATCH, SEQ, HEADS, HEAD_DIM = 2, 64, 8, 8
@@ -30,8 +31,11 @@ DOCS = (0, 7, 30, 31, 64)
 MASKS = {"none": (None, None), "documents": (DOCS, None), "window": (None, 9), "documents+window": (DOCS, 9)}
 
 
+ALGORITHMS = {"allgather": allgather_attention, "ring": ring_attention}
+
+
 def configs():
-    return list(itertools.product(TOKEN_LAYOUTS, (True, False), (8, 2, 1), MASKS, DTYPES))
+    return list(itertools.product(ALGORITHMS, TOKEN_LAYOUTS, (True, False), (8, 2, 1), MASKS, DTYPES))
 
 
 def full_inputs(kv: int, dtype: torch.dtype, seed: int):
@@ -43,12 +47,12 @@ def full_inputs(kv: int, dtype: torch.dtype, seed: int):
 def _worker(rank: int, world: int):
     group = dist.group.WORLD if world > 1 else None
     out = []
-    for i, (layout, causal, kv, mask, dt) in enumerate(configs()):
+    for i, (alg, layout, causal, kv, mask, dt) in enumerate(configs()):
         tok = ring_tokens(layout, world, SEQ)[rank]
         q, k, v, do = (x[:, torch.as_tensor(tok)].clone() for x in full_inputs(kv, DTYPES[dt], i))
         q, k, v = (x.requires_grad_() for x in (q, k, v))
         cu, window = MASKS[mask]
-        o = allgather_attention(q, k, v, group, causal=causal, token_layout=layout, cu_seqlens=cu, window=window)
+        o = ALGORITHMS[alg](q, k, v, group, causal=causal, token_layout=layout, cu_seqlens=cu, window=window)
         o.backward(do)
         out.append((tok, [t.detach() for t in (o, q.grad, k.grad, v.grad)]))
     return out
@@ -65,15 +69,24 @@ def reference(q, k, v, do, causal: bool, cu, window):
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
-def test_allgather_matches_single_process_attention(world):
-    results = run_world(_worker, world, timeout=240)
-    for i, (layout, causal, kv, mask, dt) in enumerate(configs()):
+def test_masked_attention_matches_single_process_attention(world):
+    results = run_world(_worker, world, timeout=300)
+    for i, (alg, layout, causal, kv, mask, dt) in enumerate(configs()):
         full = full_inputs(kv, DTYPES[dt], i)
         want = reference(*full, causal, *MASKS[mask])
         got = assemble(want, [r[i] for r in results], SEQ, f"config {i}")
         for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
             err = float((g - w).abs().max())
-            assert err <= TOLERANCE[dt], (world, layout, causal, kv, mask, dt, name, err)
+            assert err <= TOLERANCE[dt], (world, alg, layout, causal, kv, mask, dt, name, err)
+
+
+def test_a_window_leaves_a_ring_only_its_neighbours():
+    """A sliding window shorter than a rank's block: each rank's queries need only its own and its predecessor's
+    keys, so the ring's other rounds are skipped (``round_masks`` None)."""
+    from sp_plan.runtime.ring import round_masks
+
+    masks = round_masks("contiguous", 4, 64, 2, True, None, 9)
+    assert [m is not None for m in masks] == [True, True, False, False]
 
 
 def test_a_mask_that_empties_a_chunk_skips_it():
@@ -103,7 +116,8 @@ def _ctx_worker(rank: int, world: int):
     out = ctx.attention(q, k, v, causal=True, cu_seqlens=DOCS, window=9)
     out.backward(do)
     try:
-        init(Plan(algorithm="ring", degrees={"ring": world}, order=["ring"])).attention(q, k, v, cu_seqlens=DOCS)
+        init(Plan(algorithm="ulysses", degrees={"ulysses": world}, order=["ulysses"])).attention(q, k, v,
+                                                                                               cu_seqlens=DOCS)
         refused = None
     except PlanError as e:
         refused = e.field

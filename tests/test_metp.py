@@ -146,7 +146,9 @@ def test_exact_against_single_device_layer(case: Case):
     (got, _), ref = world_results(case.world)[case.id], reference(case)
     tol = TOLERANCE[case.dtype]
     for name, g, r in zip(("out", "dX", "dW_in/dW_qkv", "dW_out/dW_proj"), got, ref):
-        err = (g - r).abs().max().item()
+        # relative to the tensor's scale where it exceeds 1: a weight gradient sums every token's product, and
+        # float32 rounds such a sum to about 1e-7 of its size whichever order the ranks add it in
+        err = (g - r).abs().max().item() / max(1.0, r.abs().max().item())
         assert err <= tol, f"{case.id}: {name} differs from the single-device layer by {err:.3g} > {tol}"
 
 
