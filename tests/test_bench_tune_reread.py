@@ -102,6 +102,7 @@ def test_pack_refuses_a_folder_without_a_world(tmp_path):
     import sys
 
     bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_tune.py"
-    r = subprocess.run([sys.executable, str(bench), "--pack", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, str(bench), "--pack", str(tmp_path)], capture_output=True, text=True,
+                       timeout=60)
     assert r.returncode == 2 and "--pack:" in r.stderr and "holds no world's folder" in r.stderr
     assert "Traceback" not in r.stderr
