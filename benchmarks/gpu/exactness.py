@@ -158,6 +158,7 @@ WORLD1 = {  # plans that run at world 1: every degree 1
     "ring": dict(degrees={"ring": 1}), "ulysses": dict(degrees={"ulysses": 1}),
     "usp": dict(degrees={"ulysses": 1, "ring": 1}), "wallfacer": dict(degrees={"ring": 1, "team": 1}),
     "tokenring": dict(degrees={"ring": 1}), "tokenring_ring": dict(degrees={"ring": 1}),
+    "allgather": dict(degrees={"ring": 1}),
 }  # METP replaces the whole attention layer (projections included): it has no ctx.attention to check
 
 
