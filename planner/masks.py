@@ -155,3 +155,12 @@ def layer_windows(work: Workload, layers: int) -> tuple[tuple[int | None, int], 
         return ((None, layers),)
     local = w.windowed_layers(layers)
     return tuple((win, n) for win, n in ((w.size, local), (None, layers - local)) if n)
+
+
+@lru_cache(maxsize=1024)
+def mask_fraction(work: Workload, layers: int) -> float:
+    """The mask's expected score entries per sequence over its S^2, averaged over the layers' windows."""
+    mix = layer_windows(work, layers)
+    S = work.seq_len
+    pairs = sum(n * busiest_rank_pairs(work, "contiguous", 1, w).pairs for w, n in mix) / sum(n for _, n in mix)
+    return pairs / (S * S)

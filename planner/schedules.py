@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .algorithms import ALGORITHMS
+from .masks import mask_fraction
 from .merges import MERGES, MergeBytes
 from .model import ModelSpec, Workload
 
@@ -144,8 +145,8 @@ def merge_bytes(c: Shape, backward: bool) -> float:
 
 def attention_blocks(c: Shape) -> tuple[float, ...]:
     """Every block length a registered attention schedule runs at for these degrees: the ring block N/R
-    times a team size C dividing R (Ring, USP, TokenRing: C = 1; WallFacer's team block C N/R), and
-    METP's N/tp."""
+    times a team size C dividing R (Ring, USP, TokenRing: C = 1; WallFacer's team block C N/R; all-gather's N,
+    C = R), and METP's N/tp."""
     return _blocks(c.ring, c.work.seq_len, c.tp)
 
 
@@ -159,9 +160,13 @@ def balanced_attention(c: Shape, backward: bool, block: float) -> Compute:
     N(N+1)/2 of N^2 pairs) shared evenly over the tp x ulysses x ring ranks, as one call at ``block``.
     Every schedule's busiest rank computes at least its even share (each round's busiest rank is at least
     the average; WallFacer eqs. 2-4, TokenRing and METP move the same pairs); priced at the most
-    efficient of ``attention_blocks`` it costs no more than any of them."""
+    efficient of ``attention_blocks`` it costs no more than any of them. With documents or a window, the mask's
+    expected pairs over the layers (``masks.mask_fraction``) replace the causal N(N+1)/2."""
     N = c.work.seq_len
-    frac = (N + 1) / (2 * N) if c.work.causal else 1.0
+    if c.work.documents is None and c.work.window is None:
+        frac = (N + 1) / (2 * N) if c.work.causal else 1.0
+    else:  # the mask's share of the N^2 pairs: documents and windows cut it (planner/masks.py)
+        frac = mask_fraction(c.work, c.model.layers)
     mult = 2.5 if backward else 1.0  # FlashAttention backward: 5 block matmuls vs 2
     flops = mult * attention_flops(N, N, c.model.heads / c.tp, c.model.head_dim, c.b) * frac / (c.ulysses * c.ring)
     return Compute(f"attention {'bwd' if backward else 'fwd'}", flops, "attention", block)
