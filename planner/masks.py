@@ -164,3 +164,55 @@ def mask_fraction(work: Workload, layers: int) -> float:
     S = work.seq_len
     pairs = sum(n * busiest_rank_pairs(work, "contiguous", 1, w).pairs for w, n in mix) / sum(n for _, n in mix)
     return pairs / (S * S)
+
+
+class RoundWork(NamedTuple):
+    """Per ring round i (rank r holds the K, V of rank r - i), in expectation over the workload's packs: the busiest
+    rank's score entries, the ranks' mean, and the share of packs in which no rank has work (a transfer to skip)."""
+
+    busiest: tuple[float, ...]
+    mean: tuple[float, ...]
+    empty: tuple[float, ...]
+    samples: int
+
+
+def round_pairs(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(P,) busiest and mean score entries of each ring round of a ``pair_matrix``: round i pairs rank r's queries
+    with rank (r - i) mod P's keys."""
+    P = len(matrix)
+    r = np.arange(P)
+    rounds = np.stack([matrix[r, (r - i) % P] for i in range(P)])
+    return rounds.max(axis=1), rounds.mean(axis=1)
+
+
+@lru_cache(maxsize=1024)
+def ring_round_pairs(work: Workload, token_layout: str, ring: int, window: int | None = None) -> RoundWork:
+    """Each ring round's busiest rank's and mean score entries per sequence, and how often the mask empties the
+    round, in expectation over PACK_SAMPLES seeded packs (one without documents) under ``window``: a ring round
+    waits on its busiest rank, and a round the mask empties needs no transfer (a windowed ring's far ranks)."""
+    samples = PACK_SAMPLES if work.documents is not None else 1
+    busiest, mean, empty = np.zeros(ring), np.zeros(ring), np.zeros(ring)
+    for cu in workload_packs(work, samples):
+        tokens = layout_tokens(token_layout, ring, cu, work.causal, window)
+        hi, avg = round_pairs(pair_matrix(tokens, cu, work.causal, window))
+        busiest += hi
+        mean += avg
+        empty += hi == 0
+    as_tuple = lambda x: tuple(float(v) / samples for v in x)  # noqa: E731
+    return RoundWork(as_tuple(busiest), as_tuple(mean), as_tuple(empty), samples)
+
+
+class SampleWork(NamedTuple):
+    """One sample pack's documents and, per ring rank, its tokens and score entries (what ``sp-plan show`` prints)."""
+
+    cu_seqlens: np.ndarray
+    tokens: np.ndarray
+    pairs: np.ndarray
+
+
+def sample_rank_work(work: Workload, token_layout: str, ring: int, window: int | None = None,
+                     sample: int = 0) -> SampleWork:
+    """Tokens and score entries per ring rank of the workload's ``sample``-th pack under a balancing policy."""
+    cu = workload_packs(work, sample + 1)[sample]
+    tokens = layout_tokens(token_layout, ring, cu, work.causal, window)
+    return SampleWork(cu, np.array([len(t) for t in tokens]), rank_pairs(tokens, cu, work.causal, window))

@@ -9,7 +9,8 @@ from sp_plan.planner.layout import (BALANCE_POLICIES, BALANCED_TOKEN_BOUND, TOKE
                                     document_ring_tokens, document_sp_tokens, ring_tokens)
 from sp_plan.planner.masks import (PACK_SAMPLES, busiest_rank_pairs, causal_pairs, causal_window_pairs,
                                    document_pairs, full_pairs, full_window_pairs, imbalance, layer_windows,
-                                   layout_pairs, layout_tokens, mask_pairs, pair_matrix, rank_pairs, row_pairs)
+                                   layout_pairs, layout_tokens, mask_pairs, pair_matrix, rank_pairs, ring_round_pairs,
+                                   row_pairs, sample_rank_work)
 from sp_plan.planner.model import Workload
 from sp_plan.profiles.documents import load_documents
 
@@ -220,3 +221,43 @@ def test_layer_windows_split_the_layers_by_the_pattern():
     assert layer_windows(Workload(seq_len=8192, window=4096), 32) == ((4096, 32),)
     assert layer_windows(Workload(seq_len=8192, window={"size": 1024, "pattern": "5:1"}), 62) == ((1024, 52),
                                                                                                   (None, 10))
+
+
+# ---------------------------------------------------------------- ring rounds under a mask
+
+@pytest.mark.parametrize("token_layout", TOKEN_LAYOUTS)
+def test_ring_rounds_of_one_document_are_todays_causal_work(token_layout):
+    """Without documents, the pair matrix is layout.causal_work's block fractions of c^2, and a round's busiest
+    rank is layout.round_work's."""
+    from sp_plan.planner.layout import causal_work, round_work
+    S, P = 256, 4
+    c = S // P
+    m = pair_matrix(document_ring_tokens(token_layout, P, [0, S]), [0, S])
+    np.testing.assert_allclose(m / c ** 2, causal_work(token_layout, P, S))
+    got = ring_round_pairs(Workload(seq_len=S), token_layout, P)
+    np.testing.assert_allclose(np.array(got.busiest) / c ** 2, round_work(token_layout, P, S, True))
+    assert got.samples == 1 and sum(got.mean) * P == causal_pairs(S)
+
+
+def test_a_window_empties_the_far_rounds_of_a_contiguous_ring():
+    S, P = 8192, 8  # 1024 tokens per rank: a window of 1024 reaches only the rank before
+    got = ring_round_pairs(Workload(seq_len=S), "contiguous", P, window=1024)
+    assert got.empty == (0.0, 0.0) + (1.0,) * (P - 2)
+    # zigzag's chunks of 512: rank r's chunk r sees ranks r-1, r-2; its chunk 2P-1-r sees ranks r+1, r+2
+    assert ring_round_pairs(Workload(seq_len=S), "zigzag", P, window=1024).empty == (0.0,) * 3 + (1.0,) * 3 + (0.0,) * 2
+
+
+def test_documents_leave_rounds_idle_on_a_contiguous_ring_and_balanced_rounds_on_zigzag():
+    w = Workload(seq_len=16384, documents=load_documents("magi-short"))
+    contiguous, zigzag = ring_round_pairs(w, "contiguous", 8), ring_round_pairs(w, "zigzag", 8)
+    assert sum(contiguous.busiest) > 1.5 * sum(zigzag.busiest)  # the ring waits on its busiest rank each round
+    assert sum(zigzag.busiest) / sum(zigzag.mean) < 1.05
+    assert sum(contiguous.empty) > 0 and sum(zigzag.empty) == 0
+
+
+def test_a_sample_packs_rank_work_for_show():
+    w = Workload(seq_len=16384, documents=load_documents("megatron-dcp"), seed=2)
+    s = sample_rank_work(w, "balanced", 8, sample=1)
+    assert s.tokens.sum() == 16384 and s.pairs.sum() == mask_pairs(s.cu_seqlens)
+    assert np.array_equal(s.cu_seqlens, draw_packs(w.documents, 16384, 2, 2)[1])
+    assert s.tokens.max() <= 1.1 * 16384 / 8
