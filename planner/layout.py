@@ -209,10 +209,12 @@ def _zigzag_chunk_sizes(length: int, ring: int, held: np.ndarray) -> np.ndarray:
     held += 2 * q
     for second in (False, True):  # a first extra token on chunk r, a second (rem > P) on chunk 2P-1-r
         take = min(rem, ring)
+        if not take:
+            break
         rem -= take
-        for r in np.argsort(held, kind="stable")[:take]:
-            size[2 * ring - 1 - r if second else r] += 1
-            held[r] += 1
+        r = np.argsort(held, kind="stable")[:take]
+        size[2 * ring - 1 - r if second else r] += 1
+        held[r] += 1
     return size
 
 
@@ -225,30 +227,21 @@ def _zigzag(cu: np.ndarray, ring: int) -> list[np.ndarray]:
     for start, end in zip(cu[:-1], cu[1:]):
         size = _zigzag_chunk_sizes(int(end - start), ring, held)
         owner[start:end] = np.repeat(chunk_rank, size)
-    return [np.flatnonzero(owner == r) for r in range(ring)]
+    return tokens_by_owner(owner, ring)
 
 
-def _balanced_units(cu: np.ndarray, ring: int, weights: np.ndarray) -> list[np.ndarray]:
-    """The pieces ``balanced`` assigns: whole documents, and P zigzag chunk pairs (2P chunks, pair k = chunks k and
-    2P-1-k: even work under a causal mask) of each document whose work is over BALANCED_SPLIT_SHARE of a rank's
-    mean work."""
-    doc_work = np.add.reduceat(weights, cu[:-1])
-    share = BALANCED_SPLIT_SHARE * weights.sum() / ring
-    units = []
-    for start, end, w in zip(cu[:-1], cu[1:], doc_work):
-        if w > share and end - start >= 2 * ring:
-            bounds = start + np.concatenate([[0], np.cumsum(_even_pieces(int(end - start), 2 * ring))])
-            units += [np.concatenate([np.arange(bounds[k], bounds[k + 1]),
-                                      np.arange(bounds[2 * ring - 1 - k], bounds[2 * ring - k])]) for k in range(ring)]
-        else:
-            units.append(np.arange(start, end))
-    return units
+def tokens_by_owner(owner: np.ndarray, ring: int) -> list[np.ndarray]:
+    """Each rank's tokens in token order, from the rank that owns each token (a stable sort: O(S), not O(P S))."""
+    order = np.argsort(owner.astype(np.int32 if ring > 32767 else np.int16), kind="stable")
+    return np.split(order, np.cumsum(np.bincount(owner, minlength=ring))[:-1])
 
 
 def _balanced(cu: np.ndarray, ring: int, weights, bound: float = BALANCED_TOKEN_BOUND) -> list[np.ndarray]:
-    """Greedy balancing by work (longest processing time first): the heaviest piece (``_balanced_units``) goes to the
-    least-loaded rank with room for its tokens under ``bound`` x S/P; a piece no rank has room for is poured,
-    in token order, into the least-loaded ranks' room. Each rank's tokens in token order."""
+    """Greedy balancing by work. A document whose work is over BALANCED_SPLIT_SHARE of a rank's mean is spread as
+    zigzag (2P chunks; rank r holds chunks r and 2P-1-r, rotated by the document's index so no rank always gets the
+    longer chunks): even work under a causal mask. The other documents go whole, heaviest first (longest processing
+    time), to the least-loaded rank with room for their tokens under ``bound`` x S/P; a document no rank has room
+    for is poured, in token order, into the least-loaded ranks' room. Each rank's tokens in token order."""
     seq_len = int(cu[-1])
     if weights is None:
         raise PlanError("weights", "balanced assigns documents by their work, and was given none",
@@ -257,29 +250,37 @@ def _balanced(cu: np.ndarray, ring: int, weights, bound: float = BALANCED_TOKEN_
     if w.shape != (seq_len,):
         raise PlanError("weights", f"{w.shape} weights for a sequence of {seq_len} tokens", "give one per token")
     cap = max(-(-seq_len // ring), int(bound * seq_len / ring))
-    units = _balanced_units(cu, ring, w)
-    unit_work = np.array([w[u].sum() for u in units])
-    load, held = np.zeros(ring), np.zeros(ring, dtype=np.int64)
-    parts: list[list[np.ndarray]] = [[] for _ in range(ring)]
-    for i in np.argsort(-unit_work, kind="stable"):
-        u = units[i]
-        room = np.flatnonzero(held + len(u) <= cap)
+    prefix = np.concatenate([[0.0], np.cumsum(w)])
+    starts, ends = cu[:-1], cu[1:]
+    doc_work = prefix[ends] - prefix[starts]
+    spread = (doc_work > BALANCED_SPLIT_SHARE * prefix[-1] / ring) & (ends - starts >= 2 * ring)
+    owner = np.empty(seq_len, dtype=np.int64)
+    chunk_rank = np.concatenate([np.arange(ring), np.arange(ring)[::-1]])
+    for d in np.flatnonzero(spread):
+        owner[starts[d]:ends[d]] = np.repeat((chunk_rank + d) % ring, _even_pieces(int(ends[d] - starts[d]), 2 * ring))
+    spread_tokens = np.concatenate([np.arange(starts[d], ends[d]) for d in np.flatnonzero(spread)] or
+                                   [np.zeros(0, dtype=np.int64)])
+    load = np.bincount(owner[spread_tokens], weights=w[spread_tokens], minlength=ring)
+    held = np.bincount(owner[spread_tokens], minlength=ring).astype(np.int64)
+    for d in sorted(np.flatnonzero(~spread), key=lambda d: (-doc_work[d], d)):
+        start, end = int(starts[d]), int(ends[d])
+        room = np.flatnonzero(held + (end - start) <= cap)
         if len(room):
             r = room[np.argmin(load[room])]
-            parts[r].append(u)
-            load[r] += unit_work[i]
-            held[r] += len(u)
+            owner[start:end] = r
+            load[r] += doc_work[d]
+            held[r] += end - start
             continue
-        for r in np.argsort(load, kind="stable"):  # pour: the piece's tokens in order into the room left
-            take = min(cap - held[r], len(u))
+        for r in np.argsort(load, kind="stable"):  # pour: the document's tokens in order into the room left
+            take = min(cap - int(held[r]), end - start)
             if take > 0:
-                parts[r].append(u[:take])
-                load[r] += w[u[:take]].sum()
+                owner[start:start + take] = r
+                load[r] += prefix[start + take] - prefix[start]
                 held[r] += take
-                u = u[take:]
-            if not len(u):
+                start += take
+            if start == end:
                 break
-    return [np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64) for p in parts]
+    return tokens_by_owner(owner, ring)
 
 
 def document_ring_tokens(token_layout: str, ring: int, cu_seqlens, weights=None) -> list[np.ndarray]:
