@@ -238,3 +238,13 @@ def test_bad_files_of_lengths_are_one_line_errors(tmp_path, name, text, problem)
 def test_histogram_of_refuses_an_empty_sample():
     with pytest.raises(PlanError, match="no lengths"):
         histogram_of([], "x.txt")
+
+
+def test_a_plan_records_the_documents_compactly_and_reads_them_back(tmp_path):
+    from sp_plan.planner.plan import Plan
+    w = Workload(seq_len="64k", documents=load_documents("magi-short"), window={"size": 4096, "pattern": "5:1"},
+                 seed=11)
+    Plan(algorithm="ring", degrees={"ring": 2}, workload=w).save(tmp_path / "plan.yaml")
+    text = (tmp_path / "plan.yaml").read_text()
+    assert "magi-short" in text and "MagiAttention" in text and len(text) < 4000
+    assert Plan.load(tmp_path / "plan.yaml").workload == w
