@@ -128,7 +128,10 @@ def check_balance_policy(token_layout: str) -> None:
 
 
 def chunks_needed(token_layout: str, ring: int, ulysses: int = 1) -> int:
-    """How many equal parts the sequence must split into for this layout (seq_len % n == 0)."""
+    """How many equal parts the sequence must split into for this layout (seq_len % n == 0); ``balanced`` cuts
+    nothing into equal parts (its ranks' lengths differ, ``document_ring_tokens``): 1."""
+    if token_layout == "balanced":
+        return 1
     check_token_layout(token_layout)
     per_ring = {"contiguous": 1, "zigzag": 2, "striped": 1}[token_layout]
     return ring * per_ring * ulysses

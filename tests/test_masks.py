@@ -168,6 +168,11 @@ def test_balanced_keeps_short_documents_whole():
     assert whole == 40 and len(set(owner[cu[-2]:])) == 4  # the long one in zigzag pairs on every rank
 
 
+def test_balanced_needs_no_length_divisible_by_its_ranks():
+    from sp_plan.planner.layout import chunks_needed
+    assert chunks_needed("balanced", 8, 2) == 1 and chunks_needed("zigzag", 8, 2) == 32
+
+
 def test_balanced_needs_documents_and_weights():
     with pytest.raises(PlanError, match="cu_seqlens") as e:
         Layout({"ring": 4}, ("ring",), "balanced").tokens(0, 64)
