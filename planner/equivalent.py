@@ -59,28 +59,24 @@ def group(plans: list[Plan]) -> list[Row]:
     return rows
 
 
-def exact_prefix(ranked: list, keep: int) -> int:
-    """How many of a ranking's first entries are exact: the first ``keep`` and any after them at the same time
-    (a best-first search keeps every candidate no slower than its keep-th best)."""
-    if len(ranked) <= keep:
-        return len(ranked)
-    n, last = keep, ranked[keep - 1][0]
-    while n < len(ranked) and math.isclose(ranked[n][0], last, rel_tol=REL_TOL):
+def distinct_prefix(ranked: list, k: int) -> int:
+    """How many of a ranking's first entries hold its first ``k`` distinct step times (a time within REL_TOL of
+    the first time of its class belongs to that class): what a search keeping ``k`` distinct times ranks exactly
+    (``grid_search(distinct=True)``)."""
+    n, classes, first = 0, 0, None
+    for t, *_ in ranked:
+        if first is None or not math.isclose(t, first, rel_tol=REL_TOL):
+            classes += 1
+            if classes > k:
+                break
+            first = t
         n += 1
     return n
 
 
-def top_rows(search, finish, top: int, complete: bool = False):
-    """(search result, the first ``top`` distinct rows): ``search(keep)`` ranks with its best ``keep`` exact,
-    ``finish(result, n)`` makes Plans of the first n; ``keep`` doubles (a new search unless ``complete``, a
-    ranking that is exact throughout) until the rows number ``top`` or the ranking ends."""
-    keep = top
-    res = search(keep)
-    while True:
-        n = exact_prefix(res.ranked, keep)
-        rows = group(finish(res, n))
-        if len(rows) >= top or n >= len(res.ranked) and (complete or len(res.ranked) < keep):
-            return res, rows[:top]
-        keep *= 2
-        if not complete:
-            res = search(keep)
+def top_rows(result, finish, top: int) -> list[Row]:
+    """The first ``top`` distinct rows of ``result``, a ranking whose first ``top`` distinct step times are exact
+    (``grid_search(..., keep=top, distinct=True)``, or a complete ranking): the plans of those times, finished
+    once by ``finish(result, n)``, grouped. Distinct times never share a row, so there are ``top`` rows unless the
+    ranking holds fewer."""
+    return group(finish(result, distinct_prefix(result.ranked, top)))[:top]

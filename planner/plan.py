@@ -1,7 +1,9 @@
 """Plan: the layout a user runs (algorithm, degrees, mesh order, token layout) and its predictions.
 
 A Plan can be written by hand with only algorithm, degrees, order and token layout; the search
-fills in the cluster fingerprint, model, workload, every group's ranks and the predictions.
+fills in the cluster fingerprint, model, workload and the predictions. A plan stores the mesh, not its expansion:
+every group's rank list follows from the degrees and the mesh order (planner/layout.py), so no file or response
+carries them (``Plan.with_groups`` derives them for a caller who wants them).
 """
 from __future__ import annotations
 
@@ -81,7 +83,10 @@ class Plan(BaseModel):
     cluster_fingerprint: str | None = None
     model: ModelSpec | None = None
     workload: Workload | None = None
-    groups: dict[str, list[list[int]]] = {}
+    groups: dict[str, list[list[int]]] = Field(
+        default_factory=dict, exclude=True,
+        description="every group's rank lists, by dimension: never written (derived from degrees and order, "
+                    "Plan.with_groups()); an older file's are read and must match the layout")
     predicted: Prediction | None = None
     measured: Measured | None = None
     profile: str | None = Field(default=None, description="the calibration profile that priced the prediction: "
@@ -133,7 +138,7 @@ class Plan(BaseModel):
         return Layout({k: v for k, v in self.degrees.items()}, tuple(self.order), self.token_layout, self.placement)
 
     def with_groups(self) -> "Plan":
-        """A copy with every group's rank lists filled in from the layout."""
+        """A copy with every group's rank lists filled in from the layout (``groups``; never written to a file)."""
         return self.model_copy(update={"groups": self.layout().all_groups()})
 
     def summary(self) -> str:
@@ -164,7 +169,7 @@ class Plan(BaseModel):
 
     # ---- io
     def save(self, path: str | Path) -> None:
-        """Write the plan as YAML (or JSON for a .json path), atomically."""
+        """Write the plan as YAML (or JSON for a .json path), atomically: the mesh, without its groups."""
         data = self.model_dump(mode="json", exclude_none=True)
         dump_data(data, path)
 

@@ -9,9 +9,8 @@ found once per degrees; per-layer costs are cached by group shape (estimate.py).
 """
 from __future__ import annotations
 
-import gc
 import heapq
-from contextlib import contextmanager
+from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import permutations
 from typing import Callable, Iterator
@@ -22,6 +21,7 @@ from .algorithms import ALGORITHMS, algorithm_for, variants
 from .candidate import Candidate
 from .cluster import Cluster
 from .errors import PlanError
+from .equivalent import REL_TOL
 from .estimate import Estimator, Orders
 from .layout import TOKEN_LAYOUTS, chunks_needed
 from .model import ModelSpec, Workload
@@ -296,26 +296,9 @@ def degree_size(space: Space, d: Degrees, vs: list | None = None) -> int:
                for v in (vs if vs is not None else variants(d, space.model, space.work)))
 
 
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for a block, as it was after: the search's caches hold ~10^5 acyclic
-    objects that each full collection would walk again (measured: 40 % of a 1,024-GPU batch-16 search).
-    On the way out they are promoted to the oldest generation (``gc.freeze`` then ``gc.unfreeze``), where a
-    young collection would have moved them after walking them all once more (measured: 0.1 s at 1,024 GPUs)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.freeze()
-            gc.unfreeze()
-            gc.enable()
-
-
 def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: Space | None = None,
                 progress: Callable[[int, int], None] | None = None, keep: int | None = 5,
-                params: Params | None = None) -> SearchResult:
+                params: Params | None = None, distinct: bool = False) -> SearchResult:
     """Rank the valid layouts; for each (degrees, order, token layout) its fastest fitting policy.
 
     Memory fits are found once per degrees and dominated policies dropped; all mesh orders of a
@@ -335,17 +318,13 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     pipeline a smaller micro-batch is dropped where a larger one of the same ZeRO stage and checkpointing is
     never slower (``larger_micro_batch_wins``; under per-call costs, ``hidden_sync_micro_batches``, once the
     group's sync is routed), and bounds are shared down from the largest micro-batch (``shared_bounds``).
-    ``keep=None`` prices all.
+    ``keep=None`` prices all. With ``distinct``, K counts distinct step times (times equal within
+    ``equivalent.REL_TOL`` count once): every layout no slower than the K-th distinct time is ranked, so the
+    equivalent layouts of the first K rows are all there (``equivalent.top_rows``) from this one pass.
     ``params``: calibrated physical parameters (planner/params.py); None: the uncalibrated engine.
+    The search allocates ~10^5 acyclic objects at large worlds; a process that owns its garbage collector (the CLI,
+    the service's search processes) may pause it around the call (``service.planning.collector_paused``).
     """
-    with gc_paused():
-        return _grid_search(cluster, model, workload, space, progress, keep, params)
-
-
-def _grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: Space | None,
-                 progress: Callable[[int, int], None] | None, keep: int | None, params: Params | None
-                 ) -> SearchResult:
-    """grid_search's body (the collector paused around it)."""
     est = Estimator(cluster, model, workload, params=params)
     space = space or Space(cluster.world_size, model, workload)
     queue: list = []  # (bound, kind, sequence number, payload); kind 0: degrees; a group of one variant and token
@@ -363,7 +342,7 @@ def _grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: 
     heapq.heapify(queue)
     ranked, evaluated, kth, batches, pushed, done = [], 0, float("inf"), {}, len(queue), 0
     best_of: dict[tuple, float] = {}  # best time per algorithm variant, so each variant's best is exact too
-    top: list[float] = []  # the K smallest times so far, negated (a max-heap): top[0] is minus the K-th best
+    top = Fastest(keep or 0, distinct)  # the K smallest (distinct) times so far
 
     def beyond(bound: float, vkeys: list) -> bool:
         return bool(keep) and bound > kth and all(bound > best_of.get(v, float("inf")) for v in vkeys)
@@ -459,16 +438,39 @@ def _grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: 
         best_of[vkey] = min(best_of.get(vkey, float("inf")), min(t for t, _ in priced))
         if keep:
             for t, _ in priced:
-                if len(top) < keep:
-                    heapq.heappush(top, -t)
-                elif t < -top[0]:
-                    heapq.heapreplace(top, -t)
-            if len(top) == keep:
-                kth = -top[0]
+                top.add(t)
+            kth = top.kth()
     if progress:
         progress(pushed, pushed)
     ranked.sort(key=lambda tc: (round(tc[0], 12), _sort_key(tc[1])))
     return SearchResult(ranked, evaluated, total, rejected, est)
+
+
+class Fastest:
+    """The ``k`` smallest step times seen, or with ``distinct`` the ``k`` smallest distinct ones (times within
+    ``REL_TOL`` of a kept one count as it); ``kth`` is the threshold above which nothing can enter them."""
+
+    def __init__(self, k: int, distinct: bool = False):
+        self.k, self.distinct, self.times = k, distinct, []  # ascending
+
+    def add(self, t: float) -> None:
+        """Count a priced time."""
+        ts = self.times
+        if len(ts) == self.k and t >= ts[-1]:
+            return
+        i = bisect_left(ts, t)
+        if self.distinct and any(abs(t - ts[j]) <= REL_TOL * max(abs(t), abs(ts[j]))
+                                 for j in (i - 1, i) if 0 <= j < len(ts)):
+            return  # an equivalent time: the same row's cost
+        ts.insert(i, t)
+        if len(ts) > self.k:
+            ts.pop()
+
+    def kth(self) -> float:
+        """The K-th time (distinct: widened by REL_TOL, so its equivalents are kept), or inf before K are seen."""
+        if len(self.times) < self.k:
+            return float("inf")
+        return self.times[-1] * (1 + REL_TOL) if self.distinct else self.times[-1]
 
 
 def fastest_policy(est: Estimator, base: Candidate, policies: list[tuple[int, str]] | None = None):
@@ -505,13 +507,11 @@ def _sort_key(c: Candidate) -> tuple:
 
 
 def finish(result: SearchResult, cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int) -> list[Plan]:
-    """Full Plans (predictions with breakdown, cluster fingerprint) for the ``top_k`` best; the winner, the plan a
-    user writes and runs, also with its groups (every group's rank list: at 131,072 ranks, ~10^5 lists a plan,
-    which the runners-up's table rows never read; ``Plan.with_groups`` adds them to any plan)."""
+    """Full Plans (predictions with breakdown, cluster fingerprint) for the ``top_k`` best; as plan files hold
+    them, without groups (``Plan.with_groups`` derives them)."""
     est = result.estimator
-    plans = [c.to_plan(cluster=cluster.name, cluster_fingerprint=est.fingerprint, model=model, workload=workload,
-                       predicted=est.predict(c), profile=result.profile) for _, c in result.ranked[:top_k]]
-    return [p.with_groups() if i == 0 else p for i, p in enumerate(plans)]
+    return [c.to_plan(cluster=cluster.name, cluster_fingerprint=est.fingerprint, model=model, workload=workload,
+                      predicted=est.predict(c), profile=result.profile) for _, c in result.ranked[:top_k]]
 
 
 def finish_each(result: SearchResult, cluster: Cluster, model: ModelSpec, workload: Workload) -> list[Plan]:

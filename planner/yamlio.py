@@ -62,7 +62,12 @@ FLOAT_RE = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
     |\.(?:nan|NaN|NAN))$""", re.X)
 
 
-class _Dumper(yaml.SafeDumper):
+#: libyaml's emitter where PyYAML was built with it (the pure-Python one is ~20x slower); reading stays with
+#: the Python loader, whose nesting-depth guard the C parser would skip
+_SafeDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class _Dumper(_SafeDumper):
     """SafeDumper that quotes every string _Loader would read as something else (a profile id such as 123e4567
     reads as a float there): what is written reads back as written."""
 

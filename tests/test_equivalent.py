@@ -3,9 +3,9 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-from sp_plan.planner import Plan
+from sp_plan.planner import Plan, Workload
 from sp_plan.planner.candidate import Candidate
-from sp_plan.planner.equivalent import differing, exact_prefix, group, top_rows
+from sp_plan.planner.equivalent import differing, distinct_prefix, group, top_rows
 from sp_plan.planner.plan import Prediction
 
 
@@ -41,20 +41,36 @@ def test_alternatives_of_a_row_differ_in_the_same_parameter():
     assert "(same: order ring<ulysses)" in group([plans[0], plans[2]])[0].label()
 
 
-def test_top_k_means_k_distinct_rows_and_the_search_keeps_more_when_rows_merge():
-    # ranked: three equivalent teams first, then distinct layouts; a search keeping `keep` exact entries
+def test_top_k_means_k_distinct_rows_from_one_ranking():
+    """Rows merging equivalent layouts still number --top: the plans of the first K distinct step times are
+    finished once, from the one ranking (a search that keeps K distinct times ranks them all exactly)."""
     cands = [(2.478, Candidate(**TR, team=t)) for t in (2, 4, 8)] + \
             [(3.0 + i, Candidate("ring", ring=16, order=("ring",), token_layout="zigzag", zero_stage=z))
              for i, z in enumerate((0, 1, 2, 3))]
-    keeps = []
+    finished = []
 
-    def search(keep):
-        keeps.append(keep)
-        return SimpleNamespace(ranked=cands[:keep + 1])  # a best-first search returns a little beyond keep
+    def finish(r, n):
+        finished.append(n)
+        return [priced(c, t) for t, c in r.ranked[:n]]
 
-    res, rows = top_rows(search, lambda r, n: [priced(c, t) for t, c in r.ranked[:n]], 3)
+    rows = top_rows(SimpleNamespace(ranked=cands), finish, 3)
     assert [r.label().split()[0] for r in rows] == ["tokenring_ring", "ring", "ring"] and len(rows) == 3
-    assert keeps == [3, 6] and rows[0].alternatives and exact_prefix(cands, 3) == 3
+    assert finished == [5] and rows[0].alternatives and distinct_prefix(cands, 3) == 5
+    assert distinct_prefix([(1.0, None), (1.0 + 1e-12, None), (2.0, None)], 1) == 2  # equal to rounding: one time
+
+
+def test_grid_search_keeping_distinct_times_ranks_every_equivalent_of_the_top_rows():
+    """``distinct``: the K fastest distinct step times, each with all its equivalent layouts, in one pass."""
+    from sp_plan.planner.search import grid_search
+    from sp_plan.profiles import load_cluster, load_model
+    from sp_plan.profiles.kernels import default_params
+
+    c, m, w = load_cluster("dgx-h100", 2), load_model("llama3-8b"), Workload(seq_len=131072)
+    full = grid_search(c, m, w, keep=None, params=default_params(c))
+    res = grid_search(c, m, w, keep=3, distinct=True, params=default_params(c))
+    n = distinct_prefix(full.ranked, 3)
+    assert [(round(t, 12), x) for t, x in res.ranked[:n]] == [(round(t, 12), x) for t, x in full.ranked[:n]]
+    assert n > 3  # the presets' model prices two mesh orders alike: more layouts than rows
 
 
 def test_plan_command_shows_equivalent_layouts_as_one_row():

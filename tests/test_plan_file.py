@@ -1,0 +1,79 @@
+"""The plan file stores the mesh, not its expansion: no groups written, any size; older files with groups still load."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sp_plan.planner import Plan, PlanError
+from sp_plan.planner import yamlio
+from sp_plan.service.planning import PlanRequest, run_plan
+
+OLD = Path(__file__).parent / "fixtures" / "plans" / "usp-16-with-groups.yaml"
+
+
+def test_a_131072_gpu_plan_file_holds_no_groups_and_stays_small(tmp_path):
+    """At 131,072 ranks the expansion was ~655,000 integers (5 MB, most of the command's time); the mesh is a few
+    lines, and every group follows from it (Plan.with_groups, `init`, `show`)."""
+    req = PlanRequest(cluster="dgx-h100", nodes=16384, model="llama3-70b", workload={"seq_len": "1m", "batch": 16},
+                      use_profile=False, top=1)
+    winner = run_plan(req).winner
+    for path in (tmp_path / "plan.yaml", tmp_path / "plan.json"):
+        winner.save(path)
+        text = path.read_text()
+        assert "groups" not in yamlio.yaml_load(text) and path.stat().st_size <= 50_000
+        back = Plan.load(path)
+        assert back == winner and back.world_size == 131072 and not back.groups
+    full = back.with_groups()
+    assert full.groups == back.layout().all_groups() and len(full.groups["sp"][0]) == back.sp
+
+
+def test_a_file_with_groups_loads_and_its_groups_are_checked(tmp_path):
+    """Files written before carry every group's rank lists: they load, their lists must match the layout, and
+    saving the plan again writes the mesh only."""
+    p = Plan.load(OLD)
+    assert p.world_size == 16 and p.groups == p.layout().all_groups()
+    p.save(tmp_path / "again.yaml")
+    assert "groups" not in (tmp_path / "again.yaml").read_text()
+    assert Plan.load(tmp_path / "again.yaml") == p.model_copy(update={"groups": {}})
+
+    data = yamlio.yaml_load(OLD.read_text())
+    data["groups"]["ring"][0] = [0, 9]  # a rank list the degrees and order do not make
+    (tmp_path / "bad.yaml").write_text(yamlio.yaml_dump(data))
+    with pytest.raises(PlanError) as e:
+        Plan.load(tmp_path / "bad.yaml")
+    assert e.value.field == "groups" and "do not match the degrees and order" in e.value.problem
+
+
+def test_plans_returned_to_callers_carry_no_groups_until_asked():
+    """`POST /v1/plan`, `sp_plan.plan()` and the CLI return plans as the file holds them."""
+    res = run_plan(PlanRequest(cluster="dgx-h100", nodes=2, model="llama3-8b", workload={"seq_len": "128k"},
+                               use_profile=False, top=2))
+    assert all(not p.groups for p in res.plans) and res.winner == res.plans[0]
+    assert "groups" not in res.model_dump(mode="json")["winner"]
+    assert res.winner.with_groups().groups["ulysses"] == res.winner.layout().groups("ulysses")
+
+
+def test_the_c_emitter_writes_what_the_python_one_did():
+    """libyaml's emitter (where PyYAML has it) writes the same text, and the Python loader reads it back as it was."""
+    class PyDumper(yaml.SafeDumper):
+        pass
+
+    PyDumper.add_implicit_resolver("tag:yaml.org,2002:float", yamlio.FLOAT_RE, list("-+0123456789."))
+    data = yamlio.yaml_load(OLD.read_text())
+    data["profile"] = "123e4567"  # reads as a float unless quoted
+    text = yamlio.yaml_dump(data)
+    assert text == yaml.dump(data, Dumper=PyDumper, sort_keys=False, default_flow_style=None, width=120)
+    assert yamlio.yaml_load(text) == data
+    if hasattr(yaml, "CSafeDumper"):
+        assert issubclass(yamlio._Dumper, yaml.CSafeDumper)
+
+
+def test_reading_keeps_the_nesting_guard(tmp_path):
+    """The Python loader refuses a document nested deeper than MAX_DEPTH (the C parser would not)."""
+    path = tmp_path / "deep.yaml"
+    path.write_text("a: " + "[" * (yamlio.MAX_DEPTH + 5) + "]" * (yamlio.MAX_DEPTH + 5) + "\n")
+    with pytest.raises(PlanError) as e:
+        Plan.load(path)
+    assert "nesting deeper than" in e.value.problem
