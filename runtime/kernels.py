@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sp_plan.planner.documents import check_cu_seqlens
+
 from . import backends as B
 from .backends import bias as _bias  # noqa: F401 - kept importable from here
 from .backends import finite as _finite
@@ -80,9 +82,7 @@ def causal_block_mask(q_tokens, k_tokens) -> BlockMask | None:
 
 def document_ids(cu_seqlens, seq_len: int) -> np.ndarray:
     """Document index of each of ``seq_len`` global tokens from ``cu_seqlens`` (0, l0, l0 + l1, ..., seq_len)."""
-    cu = np.asarray(cu_seqlens, dtype=np.int64)
-    if cu[0] != 0 or cu[-1] != seq_len or (np.diff(cu) <= 0).any():
-        raise ValueError(f"cu_seqlens must rise from 0 to the sequence length {seq_len}, got {cu.tolist()}")
+    cu = check_cu_seqlens(cu_seqlens, seq_len)
     return np.searchsorted(cu, np.arange(seq_len), side="right") - 1
 
 

@@ -102,7 +102,7 @@ def test_bad_masks_name_their_field():
     q = torch.randn(1, 8, 2, 4)
     with pytest.raises(PlanError, match="window"):
         allgather_attention(q, q, q, window=0)
-    with pytest.raises(ValueError, match="cu_seqlens"):
+    with pytest.raises(PlanError, match="cu_seqlens"):
         allgather_attention(q, q, q, cu_seqlens=[0, 5, 7])
 
 
