@@ -34,7 +34,7 @@ from sp_plan.service.cache import LRU, Coalescer
 from sp_plan.service.limits import BodyLimit, TooLarge
 from sp_plan.service.metrics import Metrics
 from sp_plan.service.planning import (MAX_WORLD, EstimateRequest, EstimateResponse, PlanRequest, PlanResponse,
-                                      build_cluster, request_key, resolve, run_estimate, search)
+                                      build_cluster, collector_paused, request_key, resolve, run_estimate, search)
 
 SETTINGS_ENV = "SP_PLAN_SERVE_SETTINGS"
 JSON = "application/json"
@@ -117,10 +117,13 @@ def encoded(response: dict) -> tuple[bytes, bytes]:
 
 
 def _search_job(req: PlanRequest, inputs, storage: str | None, study: str | None):
-    """In a pool process: the search, or the PlanError as plain fields (it does not pickle by itself)."""
+    """In a pool process: the search, or the PlanError as plain fields (it does not pickle by itself); the pool
+    process owns its garbage collector, paused around the search (``collector_paused``)."""
     t0 = time.perf_counter()
     try:
-        return "ok", search(req, inputs, storage=storage, study=study), time.perf_counter() - t0
+        with collector_paused():
+            res = search(req, inputs, storage=storage, study=study)
+        return "ok", res, time.perf_counter() - t0
     except PlanError as e:
         return "error", (e.field, e.problem, e.fix), time.perf_counter() - t0
 
