@@ -1,25 +1,45 @@
-"""The `sp-plan` command: presets, plan, show."""
+"""The `sp-plan` command: presets, plan, show.
+
+Each command imports what it uses when it runs (the cost engine, the store, SciPy, torch), so a command pays only
+for its own work: `presets` and `--help` load no search, `plan --no-profile` no store.
+"""
 from __future__ import annotations
 
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sp_plan.cli.console import err, out, print_error
-from sp_plan.planner.equivalent import group
+from sp_plan.cli.examples import add_examples
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.measured import step_time
-from sp_plan.planner.model import Workload, parse_seq_len
-from sp_plan.planner.plan import Plan
-from sp_plan.planner.search import largest_extra_cost, summarize
-from sp_plan.planner.yamlio import check_writable
+
+if TYPE_CHECKING:
+    from sp_plan.planner.plan import Plan
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Plan sequence-parallel layouts (Ring, Ulysses, USP, ...) for long-context Transformers on your cluster.")
+                  help="Plan sequence-parallel layouts (Ring, Ulysses, USP, ...) for long-context Transformers on your "
+                       "cluster, tune the plan's model on it, and serve plans over HTTP.")
+
+
+def _version(value: bool) -> None:
+    """`sp-plan --version`: the installed package's version, then exit."""
+    if value:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        out.print(f"sp-plan {version('sp-plan')}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print sp-plan's version and exit")) -> None:
+    """Plan sequence-parallel layouts (Ring, Ulysses, USP, ...) for long-context Transformers on your cluster,
+    tune the plan's model on it, and serve plans over HTTP."""
 
 
 def fail(e: PlanError) -> None:
@@ -38,9 +58,11 @@ def _profile_options(profile: Optional[str], no_profile: bool) -> object:
     return False if no_profile else profile
 
 
-PROFILE_HELP = "calibration profile: a stored profile id or a profile file (default: the cluster's newest stored profile)"
-NO_PROFILE_HELP = "price with the uncalibrated model (no profile)"
-STORE_HELP = "profile store URL, e.g. sqlite:////path/store.db (default: SP_PLAN_STORE or the user data directory)"
+PROFILE_HELP = "calibration profile: a stored profile id or a profile file"
+PROFILE_DEFAULT = "the cluster's newest stored profile"
+NO_PROFILE_HELP = "price with the presets' default model terms, without a profile (opens no store)"
+STORE_HELP = "profile store URL, e.g. sqlite:////path/store.db"
+STORE_DEFAULT = "$SP_PLAN_STORE, else SQLite in the user data directory"
 
 
 def secs(x: float) -> str:
@@ -49,8 +71,8 @@ def secs(x: float) -> str:
 
 @app.command()
 def presets() -> None:
-    """List the cluster and model presets."""
-    from sp_plan.profiles import cluster_presets, model_presets, preset_cluster, load_model
+    """List the cluster and model presets: devices per node, memory and links; model sizes."""
+    from sp_plan.profiles import cluster_presets, load_model, model_presets, preset_cluster
 
     t = Table(title="cluster presets (per node)")
     for c in ("name", "devices", "device", "memory", "intra-node", "network"):
@@ -74,6 +96,10 @@ def presets() -> None:
 
 
 def _ranking(plans: list[Plan], title: str = "ranked layouts (fastest first)") -> Table:
+    from sp_plan.planner.equivalent import group  # noqa: PLC0415
+    from sp_plan.planner.measured import step_time  # noqa: PLC0415
+    from sp_plan.planner.search import largest_extra_cost  # noqa: PLC0415
+
     measured = any(p.measured for p in plans)  # planner/measured.py: a layout tune measured ranks by its measurement
     t = Table(title=title, caption="ranked by the measured step where tune measured the layout" if measured else None)
     cols = ("#", "layout", "step", "measured", "tokens/s", "MFU", "peak mem", "vs #1: largest extra cost")
@@ -98,6 +124,8 @@ def _ranking(plans: list[Plan], title: str = "ranked layouts (fastest first)") -
 
 def _explain(p: Plan, label: str = "winner's step") -> str:
     """A step in a line: compute, exposed communication per dimension, pipeline bubble."""
+    from sp_plan.planner.search import summarize  # noqa: PLC0415
+
     parts = summarize(p)
     total = p.predicted.step_time_s
     items = sorted(parts.items(), key=lambda kv: -kv[1])
@@ -152,29 +180,34 @@ def _request(cls, server: Optional[str], **fields):
 @app.command("plan")
 def plan_cmd(
     cluster: str = typer.Option(..., "--cluster", help="preset name (see `sp-plan presets`) or cluster YAML file"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a preset (default 1)"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a preset", show_default="1"),
     model: str = typer.Option(..., "--model", help="model preset name or model YAML file"),
     seq_len: str = typer.Option(..., "--seq-len", help="tokens per sequence: 131072, 128k or 1m"),
     batch: int = typer.Option(1, "--batch", help="global batch (sequences per step)"),
     causal: bool = typer.Option(True, "--causal/--no-causal", help="causal (decoder) or full attention"),
     inference: bool = typer.Option(False, "--inference", help="forward only (prefill), no gradients or optimizer"),
-    top: int = typer.Option(5, "--top", help="how many ranked layouts to print"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the best plan here (.yaml or .json)"),
+    top: int = typer.Option(5, "--top", help="how many ranked layouts to print (equivalent ones share a row)"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the best plan here (.yaml or .json)",
+                                          show_default="print only"),
     search: str = typer.Option("grid", "--search", help="grid (every layout) or bayes (optuna TPE over the degrees)"),
     trials: int = typer.Option(200, "--trials", help="optuna trials for --search bayes"),
     seed: int = typer.Option(0, "--seed", help="sampler seed for --search bayes"),
-    storage: Optional[str] = typer.Option(None, "--storage", help="optuna storage to resume a study, e.g. sqlite:///study.db"),
-    profile: Optional[str] = typer.Option(None, "--profile", help=PROFILE_HELP),
+    storage: Optional[str] = typer.Option(None, "--storage", help="optuna storage to resume a study, e.g. "
+                                          "sqlite:///study.db", show_default="in memory"),
+    profile: Optional[str] = typer.Option(None, "--profile", help=PROFILE_HELP, show_default=PROFILE_DEFAULT),
     no_profile: bool = typer.Option(False, "--no-profile", help=NO_PROFILE_HELP),
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
-    server: Optional[str] = typer.Option(None, "--server", help=SERVER_HELP),
-    report: Optional[Path] = typer.Option(None, "--report", help="also write the HTML report here (see `sp-plan report`)"),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP, show_default=STORE_DEFAULT),
+    server: Optional[str] = typer.Option(None, "--server", help=SERVER_HELP, show_default="plan here"),
+    report: Optional[Path] = typer.Option(None, "--report", help="also write the HTML report here (see `sp-plan report`)",
+                                          show_default="none"),
     sensitivity: bool = typer.Option(False, "--sensitivity", help="re-rank with each link class's bandwidth halved "
                                      "and doubled and compute efficiency at 80 %: does the winner hold?"),
 ) -> None:
     """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
-    from sp_plan.service.planning import PlanRequest, resolve
-    from sp_plan.service.planning import search as run_search
+    from sp_plan.planner.model import Workload, parse_seq_len  # noqa: PLC0415
+    from sp_plan.planner.yamlio import check_writable  # noqa: PLC0415
+    from sp_plan.service.planning import PlanRequest, collector_paused, resolve  # noqa: PLC0415
+    from sp_plan.service.planning import search as run_search  # noqa: PLC0415
 
     try:
         if batch < 1:
@@ -200,10 +233,7 @@ def plan_cmd(
             res = _client(server).plan(req)
         else:
             inputs = resolve(req, store, max_world=None)
-            with Progress(TextColumn(f"{search} search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          console=err, transient=True) as prog:
-                task = prog.add_task("search", total=None)
-                tick = lambda i, n: prog.update(task, completed=i, total=n)  # noqa: E731
+            with _search_progress(search) as tick, collector_paused():  # this process owns its collector
                 res = run_search(req, inputs, storage=storage, progress=tick)  # = service.planning.run_plan
     except PlanError as e:
         fail(e)
@@ -228,8 +258,32 @@ def plan_cmd(
             fail(e)
         out.print(f"wrote {output}")
     if sensitivity or report:
+        from sp_plan.planner.equivalent import group  # noqa: PLC0415
+
         _sensitivity_and_report(inputs.cluster, inputs.model, inputs.workload, inputs.params, inputs.profile,
                                 inputs.line, [r.plan for r in group(plans)], res.families, sensitivity, report)
+
+
+@contextmanager
+def _search_progress(kind: str) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar of the search on a terminal (rich draws on a terminal only); elsewhere no callback at all."""
+    if not err.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+    with Progress(TextColumn(f"{kind} search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as prog:
+        task = prog.add_task("search", total=None)
+        last = [0.0]
+
+        def tick(i: int, n: int) -> None:  # the search calls this per queue item: redraw at most 20 times a second
+            now = time.monotonic()
+            if now - last[0] >= 0.05 or i >= n:
+                last[0] = now
+                prog.update(task, completed=i, total=n)
+
+        yield tick
 
 
 def _sensitivity_and_report(c, m, w, params, prof, line, plans, families, sensitivity, report) -> None:
@@ -253,19 +307,22 @@ def _sensitivity_and_report(c, m, w, params, prof, line, plans, families, sensit
 def estimate(
     path: Path = typer.Argument(..., help="a plan file (written by `sp-plan plan -o` or by hand)"),
     cluster: str = typer.Option(..., "--cluster", help="preset name or cluster YAML file to price the plan on"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a preset"),
-    model: Optional[str] = typer.Option(None, "--model", help="model preset or file (default: the plan's)"),
-    seq_len: Optional[str] = typer.Option(None, "--seq-len", help="tokens per sequence (default: the plan's)"),
-    batch: Optional[int] = typer.Option(None, "--batch", help="global batch (default: the plan's, else 1)"),
-    causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help="default: the plan's, else causal"),
-    inference: bool = typer.Option(False, "--inference", help="forward only"),
-    profile: Optional[str] = typer.Option(None, "--profile", help=PROFILE_HELP),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a preset", show_default="1"),
+    model: Optional[str] = typer.Option(None, "--model", help="model preset or file", show_default="the plan's"),
+    seq_len: Optional[str] = typer.Option(None, "--seq-len", help="tokens per sequence", show_default="the plan's"),
+    batch: Optional[int] = typer.Option(None, "--batch", help="global batch", show_default="the plan's, else 1"),
+    causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help="causal (decoder) or full attention",
+                                          show_default="the plan's, else causal"),
+    inference: bool = typer.Option(False, "--inference", help="forward only (prefill), no gradients or optimizer"),
+    profile: Optional[str] = typer.Option(None, "--profile", help=PROFILE_HELP, show_default=PROFILE_DEFAULT),
     no_profile: bool = typer.Option(False, "--no-profile", help=NO_PROFILE_HELP),
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
-    server: Optional[str] = typer.Option(None, "--server", help=SERVER_HELP),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP, show_default=STORE_DEFAULT),
+    server: Optional[str] = typer.Option(None, "--server", help=SERVER_HELP, show_default="price here"),
 ) -> None:
     """Price one plan on a cluster: step time, MFU, memory and the per-phase breakdown."""
-    from sp_plan.service.planning import EstimateRequest, run_estimate
+    from sp_plan.planner.model import Workload, parse_seq_len  # noqa: PLC0415
+    from sp_plan.planner.plan import Plan  # noqa: PLC0415
+    from sp_plan.service.planning import EstimateRequest, run_estimate  # noqa: PLC0415
 
     try:
         p = Plan.load(path)
@@ -295,9 +352,15 @@ def estimate(
     out.print(_breakdown(p))
 
 
+#: rank lists `show` prints per dimension (the rest are elided)
+SHOWN_GROUPS = 4
+
+
 @app.command()
-def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan plan -o`")) -> None:
-    """Print a plan file: layout, groups and predictions."""
+def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan plan -o` (or by hand)")) -> None:
+    """Print a plan file: layout, the groups its mesh makes (derived from degrees and order) and predictions."""
+    from sp_plan.planner.plan import Plan  # noqa: PLC0415
+
     try:
         p = Plan.load(path)
     except PlanError as e:
@@ -307,10 +370,9 @@ def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan 
     t.add_column("dimension")
     t.add_column("degree", justify="right")
     t.add_column("rank lists")
-    groups = p.groups or p.layout().all_groups()
-    for name, gs in groups.items():
+    for name, gs in p.layout().all_groups().items():  # the layout module's groups: as `init` builds them
         if len(gs[0]) > 1:
-            shown = " ".join(str(g) for g in gs[:4]) + (" ..." if len(gs) > 4 else "")
+            shown = " ".join(str(g) for g in gs[:SHOWN_GROUPS]) + (" ..." if len(gs) > SHOWN_GROUPS else "")
             t.add_row(name, str(len(gs[0])), shown)
     out.print(t)
     if p.predicted:
@@ -330,6 +392,7 @@ _register_report(app)
 _register_export(app)
 from sp_plan.cli.serve import register as _register_serve  # noqa: E402
 _register_serve(app)
+add_examples(app)
 
 
 def main() -> None:

@@ -12,16 +12,19 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
+from typing import TYPE_CHECKING
+
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from rich.tree import Tree
 
 from sp_plan.cli.console import err, out, print_error
-from sp_plan.planner.cluster import NET, Cluster
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.yamlio import check_writable
+
+if TYPE_CHECKING:
+    from rich.tree import Tree
+
+    from sp_plan.planner.cluster import Cluster
 
 profile_app = typer.Typer(no_args_is_help=True, help="Measure this cluster under torchrun and calibrate the cluster file; list, show, export, import and delete stored profiles.")
 
@@ -55,6 +58,10 @@ def rate(x: float) -> str:
 
 
 def _node_tree(cluster: Cluster, k: int, host) -> Tree:
+    from rich.tree import Tree  # noqa: PLC0415
+
+    from sp_plan.planner.cluster import NET  # noqa: PLC0415
+
     t = cluster.nodes[k]
     nt = cluster.node_types[t]
     name = host.hostname if host else f"node {k}"
@@ -86,6 +93,8 @@ def _node_tree(cluster: Cluster, k: int, host) -> Tree:
 
 def print_cluster(cluster: Cluster, hosts: list | None = None) -> None:
     """A tree of what discovery found: nodes, devices, links, NICs, sources, then the warnings."""
+    from rich.tree import Tree  # noqa: PLC0415
+
     hosts = hosts or []
     root = Tree(f"[bold]{cluster.name}[/]: {cluster.num_nodes} node(s), {cluster.world_size} device(s), "
                 f"network {cluster.network}, fingerprint {cluster.fingerprint()}")
@@ -119,15 +128,18 @@ def _describe_local(sysfs_root: str, topo_file: Optional[Path], no_nvml: bool):
 
 
 def discover_cmd(
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the Cluster here (.yaml or .json)"),
-    topo_file: Optional[Path] = typer.Option(None, "--topo-file", help="a saved `nvidia-smi topo -m` output to use instead of running it"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the Cluster here (.yaml or .json)",
+                                          show_default="print only"),
+    topo_file: Optional[Path] = typer.Option(None, "--topo-file", help="a saved `nvidia-smi topo -m` output to use "
+                                             "instead of running it", show_default="run nvidia-smi where there is one"),
     no_nvml: bool = typer.Option(False, "--no-nvml", help="do not use NVML (nvidia-ml-py)"),
     sysfs_root: str = typer.Option("/", "--sysfs-root", hidden=True, help="root of /sys (tests)"),
-    name: Optional[str] = typer.Option(None, "--name", help="name of the cluster"),
+    name: Optional[str] = typer.Option(None, "--name", help="name of the cluster", show_default="discovered-HOSTNAME"),
     timeout: float = typer.Option(120.0, "--timeout", help="seconds any rank waits for the others"),
 ) -> None:
     """Find this cluster's devices, links and NICs (alone: this host; under torchrun: every node)."""
     from sp_plan.planner.discover import build_cluster  # noqa: PLC0415
+    from sp_plan.planner.yamlio import check_writable  # noqa: PLC0415
 
     rank, owned, probe = 0, False, None
     try:
@@ -162,14 +174,20 @@ def discover_cmd(
 
 @profile_app.command("links")
 def links_cmd(
-    cluster_file: Optional[Path] = typer.Option(None, "--cluster", help="cluster file from `sp-plan discover` (default: discover now)"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the calibrated Cluster here (default: --cluster, else cluster.yaml)"),
-    sizes: Optional[str] = typer.Option(None, "--sizes", help="message sizes, e.g. 64K,1M,16M (default: 16K..4M on CPU, 1M..256M on GPU)"),
+    cluster_file: Optional[Path] = typer.Option(None, "--cluster", help="cluster file from `sp-plan discover`",
+                                                show_default="discover now"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the calibrated Cluster here",
+                                          show_default="--cluster, else cluster.yaml"),
+    sizes: Optional[str] = typer.Option(None, "--sizes", help="message sizes, e.g. 64K,1M,16M",
+                                        show_default="16K..4M on CPU, 1M..256M on GPU"),
     timeout: float = typer.Option(60.0, "--timeout", help="seconds any one measurement may wait"),
-    store: Optional[str] = typer.Option(None, "--store", help="also save the link fit in this store (SQLAlchemy URL; "
-                                        "default $SP_PLAN_STORE, else the user data dir)"),
+    store: Optional[str] = typer.Option(None, "--store", help="also save the link fit in this store (SQLAlchemy URL)",
+                                        show_default="$SP_PLAN_STORE, else SQLite in the user data directory"),
 ) -> None:
     """Time send/recv, all-gather, reduce-scatter and all-to-all within and across nodes; fit and store the links."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+    from sp_plan.planner.cluster import Cluster  # noqa: PLC0415
     from sp_plan.runtime import probe  # noqa: PLC0415
 
     rank, owned, db = 0, False, None

@@ -5,10 +5,14 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.plan import Plan
+
+if TYPE_CHECKING:
+    from sp_plan.planner.plan import Plan
 
 
 def _cluster(p: Plan, path: Path, cluster: str | None, nodes: int | None):
@@ -39,21 +43,27 @@ def _cluster(p: Plan, path: Path, cluster: str | None, nodes: int | None):
 def export_cmd(
     path: Path = typer.Argument(..., help="a plan file (written by `sp-plan plan -o`)"),
     to: str = typer.Option(..., "--to", help="megatron|torchtitan|deepspeed|yunchang|xdit|accelerate"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the export here (default: print it)"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the export here",
+                                          show_default="print it"),
     nearest_: bool = typer.Option(False, "--nearest", help="if the target cannot express the plan, export the nearest "
                                   "plan it can express instead"),
-    cluster: Optional[str] = typer.Option(None, "--cluster", help="cluster to search the nearest plan on "
-                                          "(default: the plan's preset)"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a --cluster preset"),
-    profile: Optional[str] = typer.Option(None, "--profile", help="calibration profile for the nearest plan's search"),
-    no_profile: bool = typer.Option(False, "--no-profile", help="price the nearest plan uncalibrated"),
-    store: Optional[str] = typer.Option(None, "--store", help="profile store URL"),
+    cluster: Optional[str] = typer.Option(None, "--cluster", help="cluster to search the nearest plan on",
+                                          show_default="the plan's preset"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a --cluster preset",
+                                        show_default="the plan's world"),
+    profile: Optional[str] = typer.Option(None, "--profile", help="calibration profile for the nearest plan's search",
+                                          show_default="the cluster's newest stored profile"),
+    no_profile: bool = typer.Option(False, "--no-profile", help="price the nearest plan with the presets' default "
+                                    "model terms, without a profile"),
+    store: Optional[str] = typer.Option(None, "--store", help="profile store URL",
+                                        show_default="$SP_PLAN_STORE, else SQLite in the user data directory"),
 ) -> None:
     """Write what a framework reads for a plan; a plan it cannot express exits 2 naming the nearest one it can."""
     from sp_plan.cli.app import _profile_options, err, fail, out
     from sp_plan.integrations.export import target
     from sp_plan.integrations.export.nearest import nearest
     from sp_plan.planner.calibration import resolve_params
+    from sp_plan.planner.plan import Plan
     from sp_plan.planner.yamlio import atomic_write
 
     try:

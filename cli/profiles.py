@@ -14,9 +14,9 @@ from rich.table import Table
 
 from sp_plan.cli.discover import _fail, err, out, profile_app
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.profile import Profile
 
-STORE_HELP = "store URL (SQLAlchemy: sqlite:///FILE, postgresql+psycopg://...; default $SP_PLAN_STORE, else the user data dir)"
+STORE_HELP = "store URL (SQLAlchemy: sqlite:///FILE, postgresql+psycopg://...)"
+STORE_DEFAULT = "$SP_PLAN_STORE, else SQLite in the user data directory"
 
 
 def _store(url: Optional[str]):
@@ -41,9 +41,10 @@ def _stack(stack: dict) -> str:
 
 @profile_app.command("list")
 def list_cmd(
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
-    cluster: Optional[str] = typer.Option(None, "--cluster", help="only profiles of this cluster (preset name or cluster file)"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a --cluster preset"),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP, show_default=STORE_DEFAULT),
+    cluster: Optional[str] = typer.Option(None, "--cluster", help="only profiles of this cluster (preset name or "
+                                          "cluster file)", show_default="every cluster"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a --cluster preset", show_default="1"),
 ) -> None:
     """List the stored profiles, newest first."""
     try:
@@ -75,7 +76,7 @@ def list_cmd(
 @profile_app.command("show")
 def show_cmd(
     id: str = typer.Argument(..., help="profile id (see `sp-plan profile list`)"),
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP, show_default=STORE_DEFAULT),
 ) -> None:
     """Print one profile: what was fitted, and each candidate predicted before / after and measured."""
     try:
@@ -113,7 +114,7 @@ def show_cmd(
 def export_cmd(
     id: str = typer.Argument(..., help="profile id"),
     output: Path = typer.Option(..., "-o", "--output", help="write the profile here (.yaml or .json)"),
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP, show_default=STORE_DEFAULT),
 ) -> None:
     """Write a stored profile to a file (to share it, or to pass as `--profile FILE`)."""
     try:
@@ -130,12 +131,14 @@ def export_cmd(
 @profile_app.command("import")
 def import_cmd(
     path: Path = typer.Argument(..., help="a profile file (from `sp-plan profile export` or `sp-plan tune -o`)"),
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP, show_default=STORE_DEFAULT),
     server: Optional[str] = typer.Option(None, "--server", help="upload to a planner service (`sp-plan serve`) at "
-                                         "this URL instead (token: $SP_PLAN_TOKEN)"),
+                                         "this URL instead (token: $SP_PLAN_TOKEN)", show_default="the local store"),
 ) -> None:
     """Store a profile file; prints its id (kept from the file unless another profile holds it)."""
     try:
+        from sp_plan.planner.profile import Profile  # noqa: PLC0415
+
         p = Profile.load(path)
         if server:
             from sp_plan.client import Client  # noqa: PLC0415
@@ -156,7 +159,7 @@ def import_cmd(
 @profile_app.command("delete")
 def delete_cmd(
     id: str = typer.Argument(..., help="profile id"),
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP, show_default=STORE_DEFAULT),
 ) -> None:
     """Remove a profile from the store."""
     try:

@@ -6,13 +6,17 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from typing import TYPE_CHECKING
+
 import typer
 from rich.table import Table
 
-from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.plan import Plan
-from sp_plan.planner.sensitivity import Sensitivity
+
+if TYPE_CHECKING:
+    from sp_plan.planner.cluster import Cluster
+    from sp_plan.planner.plan import Plan
+    from sp_plan.planner.sensitivity import Sensitivity
 
 
 def _secs(x: float) -> str:
@@ -80,26 +84,31 @@ def report_cmd(
     path: Optional[Path] = typer.Argument(None, help="a plan file (its cluster, model and workload are used); "
                                           "or leave it out and pass --cluster, --model and --seq-len"),
     output: Path = typer.Option(..., "-o", "--output", help="the HTML file to write"),
-    cluster: Optional[str] = typer.Option(None, "--cluster", help="preset name or cluster YAML file "
-                                          "(default with a plan file: the preset it names)"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a preset"),
-    model: Optional[str] = typer.Option(None, "--model", help="model preset or file (default: the plan's)"),
-    seq_len: Optional[str] = typer.Option(None, "--seq-len", help="tokens per sequence (default: the plan's)"),
-    batch: Optional[int] = typer.Option(None, "--batch", help="global batch (default: the plan's, else 1)"),
-    causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help="default: the plan's, else causal"),
+    cluster: Optional[str] = typer.Option(None, "--cluster", help="preset name or cluster YAML file",
+                                          show_default="the preset the plan file names"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a preset", show_default="1"),
+    model: Optional[str] = typer.Option(None, "--model", help="model preset or file", show_default="the plan's"),
+    seq_len: Optional[str] = typer.Option(None, "--seq-len", help="tokens per sequence", show_default="the plan's"),
+    batch: Optional[int] = typer.Option(None, "--batch", help="global batch", show_default="the plan's, else 1"),
+    causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help="causal (decoder) or full attention",
+                                          show_default="the plan's, else causal"),
     inference: bool = typer.Option(False, "--inference", help="forward only (prefill)"),
     top: int = typer.Option(8, "--top", help="how many ranked layouts to show (plus the best of each algorithm variant)"),
     sensitivity: bool = typer.Option(True, "--sensitivity/--no-sensitivity",
                                      help="re-rank with each link class halved and doubled and compute at 80 %"),
-    profile: Optional[str] = typer.Option(None, "--profile", help="calibration profile: a stored id or a file"),
-    no_profile: bool = typer.Option(False, "--no-profile", help="price with the uncalibrated model"),
-    store: Optional[str] = typer.Option(None, "--store", help="profile store URL"),
+    profile: Optional[str] = typer.Option(None, "--profile", help="calibration profile: a stored id or a file",
+                                          show_default="the cluster's newest stored profile"),
+    no_profile: bool = typer.Option(False, "--no-profile", help="price with the presets' default model terms, "
+                                    "without a profile"),
+    store: Optional[str] = typer.Option(None, "--store", help="profile store URL",
+                                        show_default="$SP_PLAN_STORE, else SQLite in the user data directory"),
 ) -> None:
     """Write one self-contained HTML page with figures: ranked layouts, memory, predicted against measured, the
     cluster graph with the plan's groups, and its sensitivity."""
     from sp_plan.cli.app import _profile_options, err, fail, out
     from sp_plan.planner.calibration import resolve_params
     from sp_plan.planner.model import Workload, parse_seq_len
+    from sp_plan.planner.plan import Plan
     from sp_plan.planner.search import finish, finish_each, grid_search, no_plan_error, profile_tag
     from sp_plan.planner.sensitivity import sensitivity as rerank
     from sp_plan.profiles import load_cluster, load_model
@@ -133,7 +142,7 @@ def report_cmd(
         if given is not None:
             extra = given.model_copy(update={"model": m, "workload": w, "predicted": res.estimator(given),
                                              "profile": profile_tag(prof), "cluster": c.name,
-                                             "cluster_fingerprint": c.fingerprint()}).with_groups()
+                                             "cluster_fingerprint": c.fingerprint()})
         rows, chosen = report_plans(plans, families, extra)
         sen = None
         if sensitivity:

@@ -9,7 +9,7 @@ import typer
 from sp_plan.cli.discover import _fail as fail, err
 from sp_plan.planner.errors import PlanError
 
-STORE_HELP = "profile store URL, e.g. sqlite:////path/store.db (default: SP_PLAN_STORE or the user data directory)"
+STORE_HELP = "profile store URL, e.g. sqlite:////path/store.db"
 
 
 def server_parts() -> str:
@@ -26,15 +26,16 @@ def server_parts() -> str:
 def serve_cmd(
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
     port: int = typer.Option(8000, "--port", help="TCP port"),
-    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP),
+    store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP,
+                                        show_default="$SP_PLAN_STORE, else SQLite in the user data directory"),
     workers: int = typer.Option(1, "--workers", help="uvicorn worker processes (each with its own search pool)"),
-    token_file: Optional[str] = typer.Option(None, "--token-file", help="bearer tokens for writes, one per line "
-                                             "(default: $SP_PLAN_TOKENS, comma-separated)"),
+    token_file: Optional[str] = typer.Option(None, "--token-file", help="bearer tokens for writes, one per line",
+                                             show_default="$SP_PLAN_TOKENS, comma-separated"),
     private: bool = typer.Option(False, "--private", help="reads need a token too"),
     max_world: int = typer.Option(65536, "--max-world", help="largest world (ranks) a request may ask for"),
     max_body: int = typer.Option(4 * 2**20, "--max-body", help="largest request body in bytes (413 above)"),
-    processes: Optional[int] = typer.Option(None, "--processes", help="search processes per worker "
-                                            "(default: the cores / workers)"),
+    processes: Optional[int] = typer.Option(None, "--processes", help="search processes per worker",
+                                            show_default="the cores / workers"),
 ) -> None:
     """Serve plans over HTTP: /v1/plan, /v1/estimate, /v1/profiles, ... (OpenAPI at /docs)."""
     import uvicorn

@@ -7,7 +7,6 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sp_plan.cli.console import err, out, print_error
@@ -62,7 +61,7 @@ def _world() -> bool:
 
 def tune_cmd(
     cluster: str = typer.Option(..., "--cluster", help="cluster file from `sp-plan discover` (or a preset name)"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a preset"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a preset", show_default="1"),
     model: str = typer.Option(..., "--model", help="model preset name or model YAML file"),
     seq_len: str = typer.Option(..., "--seq-len", help="tokens per sequence: 131072, 128k or 1m"),
     batch: int = typer.Option(1, "--batch", help="global batch (sequences per step)"),
@@ -71,9 +70,10 @@ def tune_cmd(
     budget: int = typer.Option(5, "--budget", help="candidates to measure at most"),
     max_minutes: float = typer.Option(30.0, "--max-minutes", help="stop choosing candidates after this long"),
     candidate_timeout: float = typer.Option(600.0, "--candidate-timeout", help="seconds one candidate may run"),
-    store: Optional[str] = typer.Option(None, "--store", help="SQLAlchemy URL of the profile store (default: "
-                                        "$SP_PLAN_STORE, else SQLite in the user data directory)"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the best measured plan here"),
+    store: Optional[str] = typer.Option(None, "--store", help="SQLAlchemy URL of the profile store",
+                                        show_default="$SP_PLAN_STORE, else SQLite in the user data directory"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the best measured plan here",
+                                          show_default="store the profile only"),
     layers: int = typer.Option(2, "--layers", help="layers each candidate runs (the model's others are scaled)"),
     iters: int = typer.Option(3, "--iters", help="timed steps per candidate (median)"),
     confirm: int = typer.Option(2, "--confirm", help="readings more of the best measured candidate and the "
@@ -88,11 +88,15 @@ def tune_cmd(
                                       "there (median of 3); shared: all ranks time each kernel at once in one window "
                                       "(full contention where ranks share cores); auto: shared on CPU ranks, each on "
                                       "GPUs"),
-    link_sizes: Optional[str] = typer.Option(None, "--link-sizes", help="message sizes for the link step, e.g. 64K,1M"),
+    link_sizes: Optional[str] = typer.Option(None, "--link-sizes", help="message sizes for the link step, e.g. 64K,1M",
+                                             show_default="16K..4M on CPU, 1M..256M on GPU"),
     server: Optional[str] = typer.Option(None, "--server", help="also upload the profile to a planner service "
-                                         "(`sp-plan serve`) at this URL (token: $SP_PLAN_TOKEN)"),
+                                         "(`sp-plan serve`) at this URL (token: $SP_PLAN_TOKEN)",
+                                         show_default="store locally only"),
 ) -> None:
     """Measure links, kernels and the best candidates on this cluster; calibrate; store the profile."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
     from sp_plan.runtime import probe
 
     from sp_plan.planner.model import Workload, parse_seq_len

@@ -1,0 +1,76 @@
+"""A command pays only for what it uses: the modules a fresh `sp-plan` process imports, read from sys.modules."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+#: runs the console entry point with the given arguments, then prints the imported top-level modules as JSON
+WRAPPER = """import json, sys
+sys.argv = ["sp-plan", *sys.argv[1:]]
+from sp_plan.cli.app import main
+try:
+    main()
+except SystemExit:
+    pass
+print("MODULES=" + json.dumps(sorted(sys.modules)), file=sys.stderr)
+"""
+#: what no command below needs: the store, the fits, figures, torch, the service, optuna
+HEAVY = ("sqlalchemy", "alembic", "scipy", "matplotlib", "torch", "fastapi", "optuna", "pandas")
+
+
+def imported(*args: str, cwd=None) -> set[str]:
+    """The modules `sp-plan ARGS` had imported when it finished (it must exit 0)."""
+    r = subprocess.run([sys.executable, "-c", WRAPPER, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+    line = next(x for x in r.stderr.splitlines() if x.startswith("MODULES="))
+    assert "error" not in r.stderr.replace(line, ""), r.stderr
+    return set(json.loads(line.removeprefix("MODULES=")))
+
+
+def top(mods: set[str]) -> set[str]:
+    return {m.split(".")[0] for m in mods}
+
+
+def test_plan_without_a_profile_imports_no_store_and_no_scipy(tmp_path):
+    """`--no-profile` prices with the presets' defaults: no SQLAlchemy (the store), no SciPy (the fits)."""
+    mods = imported("plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "128k",
+                    "--no-profile", "-o", str(tmp_path / "plan.yaml"))
+    assert "sp_plan.planner.search" in mods and (tmp_path / "plan.yaml").exists()  # it did plan
+    assert not top(mods) & set(HEAVY), sorted(top(mods) & set(HEAVY))
+
+
+def test_plan_with_the_default_store_imports_no_scipy(tmp_path, monkeypatch):
+    """Looking a profile up needs the store, not the fitting code."""
+    monkeypatch.setenv("SP_PLAN_STORE", f"sqlite:///{tmp_path / 'store.db'}")
+    mods = imported("plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "128k")
+    assert "sqlalchemy" in top(mods)
+    assert not top(mods) & {"scipy", "matplotlib", "torch", "fastapi", "optuna"}
+
+
+@pytest.mark.parametrize("args", [["presets"], ["--help"], ["--version"], ["plan", "--help"]])
+def test_listing_and_help_load_no_engine(args):
+    """Presets, help and version read files and text: no cost engine, no search, no networkx for help."""
+    mods = imported(*args)
+    assert not top(mods) & set(HEAVY)
+    assert not {"sp_plan.planner.estimate", "sp_plan.planner.search", "rich.progress"} & mods
+    if args != ["presets"]:
+        assert "networkx" not in mods
+
+
+def test_show_derives_groups_without_the_engine(tmp_path):
+    """`show` prints the groups from degrees and order (planner/layout.py) and needs no search."""
+    from sp_plan.planner import Plan
+
+    Plan(algorithm="usp", degrees={"ulysses": 4, "ring": 2}, order=["ulysses", "ring"]).save(tmp_path / "p.yaml")
+    mods = imported("show", str(tmp_path / "p.yaml"))
+    assert not top(mods) & set(HEAVY) and not {"sp_plan.planner.search", "networkx"} & mods
+
+
+def test_importing_sp_plan_and_its_planner_is_light():
+    """The package and the planner package load their names on first use."""
+    code = ("import sys, sp_plan, sp_plan.planner; print(sorted(m for m in ('networkx', 'sp_plan.planner.search', "
+            "'sp_plan.planner.estimate', 'torch', 'scipy', 'sqlalchemy') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
