@@ -20,19 +20,18 @@ from functools import lru_cache
 import torch
 import torch.distributed as dist
 
-from sp_plan.planner.layout import check_token_layout, ring_tokens
+from sp_plan.planner.errors import PlanError
 
 from .kernels import BlockMask, attended, document_ids, lse_dtype, reduce_mask
-from .ring import Ring, attend_block, attend_block_backward, check_masks, make_ring
-from .variants import degree, register
+from .ring import Ring, attend_block, attend_block_backward, check_masks, make_ring, member_tokens, pad_tokens
+from .variants import register
 
 
 @lru_cache(maxsize=256)
 def chunk_masks(token_layout: str, size: int, seq_len: int, position: int, causal: bool,
                 cu_seqlens: tuple[int, ...] | None, window: int | None) -> tuple[BlockMask | None, ...]:
     """Mask of this rank's queries against each member's key chunk (member order); None = fully masked, skip."""
-    check_token_layout(token_layout)
-    tokens = ring_tokens(token_layout, size, seq_len)
+    tokens = member_tokens(token_layout, size, seq_len, causal, cu_seqlens, window)
     docs = None if cu_seqlens is None else document_ids(cu_seqlens, seq_len)
     return tuple(reduce_mask(attended(tokens[position], tokens[r], causal=causal, documents=docs, window=window))
                  for r in range(size))
@@ -43,30 +42,35 @@ def _slot(ring: Ring, r: int) -> int:
     return sorted(ring.ranks).index(ring.ranks[r])
 
 
-def gather_kv(k: torch.Tensor, v: torch.Tensor, ring: Ring) -> tuple[list, list]:
-    """Every member's K and V chunk, in ring order (one all-gather each)."""
+def gather_kv(k: torch.Tensor, v: torch.Tensor, ring: Ring, lengths: list[int]) -> tuple[list, list]:
+    """Every member's K and V chunk (``lengths[r]`` tokens each), in ring order: one all-gather each, at the
+    longest chunk's length."""
     if ring.size == 1:
         return [k], [v]
+    n = max(lengths)
+    k, v = pad_tokens(k, n), pad_tokens(v, n)
     ks, vs = [torch.empty_like(k) for _ in ring.ranks], [torch.empty_like(v) for _ in ring.ranks]
     dist.all_gather(ks, k, group=ring.group)
     dist.all_gather(vs, v, group=ring.group)
-    return [ks[_slot(ring, r)] for r in range(ring.size)], [vs[_slot(ring, r)] for r in range(ring.size)]
+    return ([ks[_slot(ring, r)][:, :lengths[r]] for r in range(ring.size)],
+            [vs[_slot(ring, r)][:, :lengths[r]] for r in range(ring.size)])
 
 
 def reduce_scatter_chunks(chunks: list[torch.Tensor], ring: Ring) -> torch.Tensor:
     """This rank's chunk of the sum over members of ``chunks`` (ring order): reduce-scatter, or on a backend
-    without it (gloo) an all-reduce of all of them."""
+    without it (gloo) an all-reduce of all of them; chunks of different lengths travel padded."""
     if ring.size == 1:
         return chunks[0]
-    by_slot = [chunks[ring.ranks.index(g)] for g in sorted(ring.ranks)]
-    mine = by_slot[sorted(ring.ranks).index(ring.ranks[ring.position])]
+    n, mine = max(c.shape[1] for c in chunks), chunks[ring.position].shape[1]
+    by_slot = [pad_tokens(chunks[ring.ranks.index(g)], n) for g in sorted(ring.ranks)]
+    slot = sorted(ring.ranks).index(ring.ranks[ring.position])
     if dist.get_backend(ring.group) == "nccl":  # pragma: no cover - needs GPUs
-        out = torch.empty_like(mine)
+        out = torch.empty_like(by_slot[slot])
         dist.reduce_scatter(out, by_slot, group=ring.group)
-        return out
+        return out[:, :mine]
     flat = torch.stack(by_slot)
     dist.all_reduce(flat, group=ring.group)
-    return flat[sorted(ring.ranks).index(ring.ranks[ring.position])]
+    return flat[slot][:, :mine]
 
 
 def allgather_forward(q, ks, vs, masks, scale, backend=None):
@@ -104,9 +108,13 @@ class _AllGatherAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, ranks, causal, token_layout, scale, backend, cu_seqlens, window):
         ring = make_ring(group, ranks) if group is not None else Ring((0,), 0, None)
-        masks = chunk_masks(token_layout, ring.size, q.shape[1] * ring.size, ring.position, bool(causal),
-                            cu_seqlens, window)
-        ks, vs = gather_kv(k.contiguous(), v.contiguous(), ring)
+        seq_len = q.shape[1] * ring.size if cu_seqlens is None else cu_seqlens[-1]
+        tokens = member_tokens(token_layout, ring.size, seq_len, bool(causal), cu_seqlens, window)
+        if len(tokens[ring.position]) != q.shape[1]:
+            raise PlanError("q", f"this rank holds {q.shape[1]} tokens; the {token_layout} layout of these documents "
+                            f"gives it {len(tokens[ring.position])}", "shard the inputs with ctx.shard(x, cu_seqlens=...)")
+        masks = chunk_masks(token_layout, ring.size, seq_len, ring.position, bool(causal), cu_seqlens, window)
+        ks, vs = gather_kv(k.contiguous(), v.contiguous(), ring, [len(t) for t in tokens])
         out, lse = allgather_forward(q, ks, vs, masks, scale, backend)
         ctx.save_for_backward(q, out, lse, *ks, *vs)
         ctx.ring, ctx.masks, ctx.scale, ctx.backend = ring, masks, scale, backend
@@ -129,9 +137,10 @@ def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group
 
     Member p of the group (``ranks`` order, default sorted) holds the tokens ``ring_tokens(token_layout, P, S)[p]``
     of a sequence of S = P * local seq tokens. ``cu_seqlens`` (0, ..., S) packs documents that attend only to
-    themselves; ``window`` limits each query to the ``window`` keys before it (itself included).
+    themselves, laid out per document (``member_tokens``; members may then hold different numbers of tokens);
+    ``window`` limits each query to the ``window`` keys before it (itself included).
     """
-    cu, w = check_masks(cu_seqlens, window, q.shape[1] * degree(group))
+    cu, w = check_masks(cu_seqlens, window, None)
     return _AllGatherAttention.apply(q, k, v, group, None if ranks is None else tuple(int(r) for r in ranks),
                                      causal, token_layout, scale, backend, cu, w)
 

@@ -56,10 +56,24 @@ class Context:
             raise PlanError("group", f"unknown group {name!r}", f"use one of {sorted(self._groups)}")
         return self.layout.group_of("sp" if name == "sp" else name, self.rank)
 
-    def shard(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
-        """This rank's tokens of a full-sequence tensor, in the plan's token layout (layout.tokens)."""
-        idx = torch.tensor(self.layout.tokens(self.rank, x.size(dim)), device=x.device)
-        return x.index_select(dim, idx)
+    def shard(self, x: torch.Tensor, dim: int = 1, cu_seqlens=None, window: int | None = None) -> torch.Tensor:
+        """This rank's tokens of a full-sequence tensor, in the plan's token layout (layout.tokens); with packed
+        documents (``cu_seqlens``, and the ``window`` the attention will use) laid out per document as
+        ``ctx.attention`` expects them (``ring.member_tokens``: ranks may hold different numbers of tokens)."""
+        if cu_seqlens is None:
+            tokens = self.layout.tokens(self.rank, x.size(dim))
+        elif self.plan.degrees["ulysses"] > 1:
+            raise PlanError("cu_seqlens", "packed documents are laid out per ring rank; this plan has ulysses "
+                            f"{self.plan.degrees['ulysses']}", "use a ring or allgather plan for packed documents")
+        else:
+            from .ring import member_tokens
+
+            causal = self.plan.workload.causal if self.plan.workload else True
+            cu = tuple(int(c) for c in cu_seqlens)
+            members = member_tokens(self.plan.token_layout, self.plan.degrees["ring"], x.size(dim), causal, cu,
+                                    window)
+            tokens = members[self.layout.coords(self.rank).get("ring", 0)]
+        return x.index_select(dim, torch.tensor(tokens, device=x.device))
 
     def gather(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """Inverse of ``shard``: all-gather the local shards over the sequence group and undo the permutation."""

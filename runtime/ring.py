@@ -24,11 +24,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from sp_plan.planner.documents import check_cu_seqlens
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.layout import check_token_layout, ring_tokens
+from sp_plan.planner.layout import check_token_layout, document_ring_tokens, ring_tokens
+from sp_plan.planner.masks import row_pairs
 
 from .kernels import (BlockMask, attended, block_attention, block_attention_backward, causal_block_mask, document_ids,
                       full_block, lse_dtype, merge, reduce_mask)
@@ -90,24 +93,45 @@ def make_ring(group: dist.ProcessGroup | None = None, ranks=None) -> Ring:
     return Ring(order, order.index(me), group)
 
 
+@lru_cache(maxsize=256)
+def member_tokens(token_layout: str, size: int, seq_len: int, causal: bool, cu_seqlens: tuple[int, ...] | None,
+                  window: int | None) -> tuple:
+    """Global tokens each member holds (ring order): the layout over the whole sequence, or with packed documents
+    the layout per document (``layout.document_ring_tokens``: zigzag per document, ``balanced`` by work), whose
+    members may hold different numbers of tokens."""
+    if cu_seqlens is None:
+        check_token_layout(token_layout)
+        return tuple(ring_tokens(token_layout, size, seq_len))
+    weights = row_pairs(cu_seqlens, causal, window) if token_layout == "balanced" else None
+    return tuple(document_ring_tokens(token_layout, size, cu_seqlens, weights))
+
+
+def _padded(allowed: np.ndarray, n: int) -> np.ndarray:
+    """A (queries, keys) mask with False columns for a key block padded to ``n`` tokens."""
+    return allowed if allowed.shape[1] == n else np.pad(allowed, ((0, 0), (0, n - allowed.shape[1])))
+
+
 @lru_cache(maxsize=1024)
 def round_masks(token_layout: str, ring: int, seq_len: int, position: int, causal: bool,
                 cu_seqlens: tuple[int, ...] | None = None, window: int | None = None) -> tuple[BlockMask | None, ...]:
     """Mask of each round i (K,V of ring rank (position - i) mod ring); None = fully masked, skip.
 
-    Derived from the global token indices of ``ring_tokens``: query t sees key t' iff t >= t' (causal), both lie
-    in one packed document of ``cu_seqlens`` and t - t' < ``window`` (``kernels.attended``).
+    Derived from the global token indices of ``member_tokens``: query t sees key t' iff t >= t' (causal), both lie
+    in one packed document of ``cu_seqlens`` and t - t' < ``window`` (``kernels.attended``). Key blocks of members
+    holding fewer tokens travel padded to the longest; the padding is never attended.
     """
-    check_token_layout(token_layout)
-    tokens = ring_tokens(token_layout, ring, seq_len)
-    n = tokens.shape[1]
     if cu_seqlens is None and window is None:
+        check_token_layout(token_layout)
+        tokens = ring_tokens(token_layout, ring, seq_len)
+        n = tokens.shape[1]
         if not causal:
             return tuple(full_block(n, n) for _ in range(ring))
         return tuple(causal_block_mask(tokens[position], tokens[(position - i) % ring]) for i in range(ring))
+    tokens = member_tokens(token_layout, ring, seq_len, causal, cu_seqlens, window)
+    n = max(len(t) for t in tokens)
     docs = None if cu_seqlens is None else document_ids(cu_seqlens, seq_len)
-    return tuple(reduce_mask(attended(tokens[position], tokens[(position - i) % ring], causal=causal, documents=docs,
-                                      window=window)) for i in range(ring))
+    return tuple(reduce_mask(_padded(attended(tokens[position], tokens[(position - i) % ring], causal=causal,
+                                              documents=docs, window=window), n)) for i in range(ring))
 
 
 def _rows_cols(bm: BlockMask) -> tuple[slice, slice]:
@@ -237,19 +261,36 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, causal, token_layout, scale, ranks, backend, cu_seqlens=None, window=None):
         ring = make_ring(group, ranks)
-        k, v = k.contiguous(), v.contiguous()  # sent as they are
-        masks = round_masks(token_layout, ring.size, q.shape[1] * ring.size, ring.position, bool(causal),
-                            cu_seqlens, window)
+        seq_len = q.shape[1] * ring.size if cu_seqlens is None else cu_seqlens[-1]
+        n = _local_lengths(token_layout, ring, seq_len, q.shape[1], bool(causal), cu_seqlens, window)
+        k, v = pad_tokens(k, n).contiguous(), pad_tokens(v, n).contiguous()  # sent at the longest member's length
+        masks = round_masks(token_layout, ring.size, seq_len, ring.position, bool(causal), cu_seqlens, window)
         out, lse = ring_forward(q, k, v, ring, masks, scale, backend)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ring, ctx.masks, ctx.scale, ctx.backend = ring, masks, scale, backend
+        ctx.ring, ctx.masks, ctx.scale, ctx.backend, ctx.n_kv = ring, masks, scale, backend, q.shape[1]
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = ring_backward(dout, q, k, v, out, lse, ctx.ring, ctx.masks, ctx.scale, ctx.backend)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        return dq, dk[:, :ctx.n_kv], dv[:, :ctx.n_kv], None, None, None, None, None, None, None, None
+
+
+def pad_tokens(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x`` with its token dimension (1) padded with zeros to ``n`` (a member holding fewer tokens than another)."""
+    return x if x.shape[1] == n else torch.cat([x, x.new_zeros(x.shape[0], n - x.shape[1], *x.shape[2:])], dim=1)
+
+
+def _local_lengths(token_layout, ring: Ring, seq_len: int, n_local: int, causal, cu_seqlens, window) -> int:
+    """The longest member's token count, after checking that this rank holds what the layout gives it."""
+    if cu_seqlens is None:
+        return n_local
+    tokens = member_tokens(token_layout, ring.size, seq_len, causal, cu_seqlens, window)
+    if len(tokens[ring.position]) != n_local:
+        raise PlanError("q", f"this rank holds {n_local} tokens; the {token_layout} layout of these documents gives "
+                        f"it {len(tokens[ring.position])}", "shard the inputs with ctx.shard(x, cu_seqlens=...)")
+    return max(len(t) for t in tokens)
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None = None, *,
@@ -262,18 +303,17 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dis
     sorted). K/V may have fewer heads than Q (GQA); only the K/V heads circulate. ``cu_seqlens`` (0, ..., S)
     packs documents that attend only to themselves, ``window`` is a sliding window; rounds they empty are skipped.
     """
-    cu, w = check_masks(cu_seqlens, window, q.shape[1] * degree(group))
+    cu, w = check_masks(cu_seqlens, window, None)
     return _RingAttention.apply(q, k, v, group, causal, token_layout, scale,
                                 None if ranks is None else tuple(int(r) for r in ranks), backend, cu, w)
 
 
-def check_masks(cu_seqlens, window, seq_len: int) -> tuple[tuple[int, ...] | None, int | None]:
-    """``cu_seqlens`` as a tuple (checked against the global ``seq_len``) and ``window`` as an int, or None."""
+def check_masks(cu_seqlens, window, seq_len: int | None) -> tuple[tuple[int, ...] | None, int | None]:
+    """``cu_seqlens`` as a tuple (checked, against the global ``seq_len`` where given) and ``window`` as an int, or
+    None."""
     if window is not None and int(window) < 1:
         raise PlanError("window", f"window {window} is not a positive number of tokens", "pass window >= 1 or None")
-    cu = None if cu_seqlens is None else tuple(int(x) for x in cu_seqlens)
-    if cu is not None:
-        document_ids(cu, seq_len)  # raises with the sequence length in the message
+    cu = None if cu_seqlens is None else tuple(int(x) for x in check_cu_seqlens(cu_seqlens, seq_len))
     return cu, None if window is None else int(window)
 
 

@@ -4,7 +4,8 @@ masks and sliding windows.
 On worlds of 1, 2 and 4 gloo ranks, each token layout, causal and not, MHA and GQA (8 query heads with 2 and 1 KV
 heads), no mask / packed documents whose lengths are not multiples of anything (7, 23, 1, 33: what per-document
 zigzag in other stacks must pad) / a sliding window / both, float64 and float32. Each rank takes its tokens of
-the global sequence (``ring_tokens``), runs forward and backward, and returns output and gradients of its tokens;
+the global sequence (``member_tokens``: with documents, laid out per document, so ranks may hold different
+numbers of tokens), runs forward and backward, and returns output and gradients of its tokens;
 the parent puts them back and compares with F.scaled_dot_product_attention in float64 under the same boolean
 mask. One world per size; the configurations loop inside it.
 """
@@ -20,10 +21,10 @@ import torch.nn.functional as F
 
 from exact import DTYPES, TOLERANCE, assemble
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.layout import TOKEN_LAYOUTS, ring_tokens
+from sp_plan.planner.layout import TOKEN_LAYOUTS
 from sp_plan.runtime.allgather import allgather_attention
 from sp_plan.runtime.kernels import attended, document_ids
-from sp_plan.runtime.ring import ring_attention
+from sp_plan.runtime.ring import member_tokens, ring_attention
 from sp_plan.runtime.spawn import run_world
 
 BATCH, SEQ, HEADS, HEAD_DIM = 2, 64, 8, 8
@@ -35,7 +36,15 @@ ALGORITHMS = {"allgather": allgather_attention, "ring": ring_attention}
 
 
 def configs():
-    return list(itertools.product(ALGORITHMS, TOKEN_LAYOUTS, (True, False), (8, 2, 1), MASKS, DTYPES))
+    """Every algorithm, token layout (``balanced`` with documents), causality, KV heads, mask and dtype."""
+    return [c for c in itertools.product(ALGORITHMS, TOKEN_LAYOUTS + ("balanced",), (True, False), (8, 2, 1), MASKS,
+                                         DTYPES) if c[1] != "balanced" or MASKS[c[4]][0] is not None]
+
+
+def tokens_of(layout: str, world: int, causal: bool, mask: str, rank: int):
+    """The tokens a rank holds: the layout over the whole sequence, or per document (members' lengths may differ)."""
+    cu, window = MASKS[mask]
+    return member_tokens(layout, world, SEQ, causal, cu, window)[rank]
 
 
 def full_inputs(kv: int, dtype: torch.dtype, seed: int):
@@ -48,7 +57,7 @@ def _worker(rank: int, world: int):
     group = dist.group.WORLD if world > 1 else None
     out = []
     for i, (alg, layout, causal, kv, mask, dt) in enumerate(configs()):
-        tok = ring_tokens(layout, world, SEQ)[rank]
+        tok = tokens_of(layout, world, causal, mask, rank)
         q, k, v, do = (x[:, torch.as_tensor(tok)].clone() for x in full_inputs(kv, DTYPES[dt], i))
         q, k, v = (x.requires_grad_() for x in (q, k, v))
         cu, window = MASKS[mask]
@@ -103,6 +112,8 @@ def test_bad_masks_name_their_field():
     with pytest.raises(PlanError, match="window"):
         allgather_attention(q, q, q, window=0)
     with pytest.raises(PlanError, match="cu_seqlens"):
+        allgather_attention(q, q, q, cu_seqlens=[0, 5, 5, 8])
+    with pytest.raises(PlanError, match="holds 8 tokens"):
         allgather_attention(q, q, q, cu_seqlens=[0, 5, 7])
 
 
@@ -110,8 +121,8 @@ def _ctx_worker(rank: int, world: int):
     from sp_plan.planner import Plan
     from sp_plan.runtime import init
 
-    ctx = init(Plan(algorithm="allgather", degrees={"ring": world}, order=["ring"], token_layout="striped"))
-    q, k, v, do = (x[:, torch.as_tensor(ctx.layout.tokens(rank, SEQ))] for x in full_inputs(2, torch.float64, 7))
+    ctx = init(Plan(algorithm="allgather", degrees={"ring": world}, order=["ring"], token_layout="zigzag"))
+    q, k, v, do = (ctx.shard(x, cu_seqlens=DOCS, window=9) for x in full_inputs(2, torch.float64, 7))
     q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
     out = ctx.attention(q, k, v, causal=True, cu_seqlens=DOCS, window=9)
     out.backward(do)
@@ -121,12 +132,13 @@ def _ctx_worker(rank: int, world: int):
         refused = None
     except PlanError as e:
         refused = e.field
-    return ctx.layout.tokens(rank, SEQ), [t.detach() for t in (out, q.grad, k.grad, v.grad)], refused
+    return (member_tokens("zigzag", world, SEQ, True, DOCS, 9)[rank], [t.detach() for t in (out, q.grad, k.grad, v.grad)],
+            refused)
 
 
 def test_an_allgather_plan_runs_through_ctx_attention_with_its_masks():
-    """init(plan) + ctx.attention(..., cu_seqlens, window) of an allgather plan is exact; a plan whose algorithm
-    takes no masks yet refuses them by name rather than ignoring them."""
+    """init(plan) + ctx.shard / ctx.attention(..., cu_seqlens, window) of an allgather plan (zigzag per document) is
+    exact; a plan whose algorithm takes no masks yet refuses them by name rather than ignoring them."""
     results = run_world(_ctx_worker, 2, timeout=120)
     want = reference(*full_inputs(2, torch.float64, 7), True, DOCS, 9)
     got = assemble(want, [(t, vals) for t, vals, _ in results], SEQ)
