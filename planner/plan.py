@@ -20,7 +20,7 @@ from .yamlio import check_schema_version, dump_data, load_yaml_model
 PLAN_SCHEMA_VERSION = 1
 #: more ranks than any cluster has: a typo in the degrees, refused before any rank list is built
 MAX_WORLD = 2**20
-ALGORITHMS = ("ring", "ulysses", "usp", "wallfacer", "tokenring", "tokenring_ring", "metp")
+ALGORITHMS = ("ring", "ulysses", "usp", "wallfacer", "tokenring", "tokenring_ring", "metp", "allgather")
 #: algorithms that cut the ring into teams (degrees["team"])
 TEAM_ALGORITHMS = ("wallfacer", "tokenring_ring")
 CHECKPOINTING = ("none", "full", "attention_boundary")
