@@ -13,7 +13,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 #: the acceptance check's pattern: session numbers and session-suffixed names say nothing to a user
-HISTORY = re.compile(r"session [0-9]|\(session|session-[0-9]|-s1[0-9]", re.I)
+HISTORY = re.compile(r"session [0-9]|[(]session|session-[0-9]|-s1[0-9]", re.I)
 #: the benchmarks whose page the GPU run owns
 GPU_SCRIPTS = {"bench_gpu.py", "bench_overlap.py"}
 
