@@ -67,7 +67,7 @@ class Measured(BaseModel):
 
 
 class Plan(BaseModel):
-    """A sequence-parallel layout; see the README for the file format."""
+    """A sequence-parallel layout: algorithm, degrees and mesh order (docs/reference/file-formats.md)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     schema_version: int = PLAN_SCHEMA_VERSION
