@@ -74,7 +74,7 @@ class Plan(BaseModel):
     algorithm: Literal["ring", "ulysses", "usp", "wallfacer", "tokenring", "tokenring_ring", "metp", "allgather"]
     degrees: dict[str, int]
     order: list[str] = Field(default_factory=list, description="mesh dimensions, innermost (fastest rank) first")
-    token_layout: Literal["contiguous", "zigzag", "striped"] = "contiguous"
+    token_layout: Literal["contiguous", "zigzag", "striped", "balanced"] = "contiguous"
     zero_stage: int = Field(default=0, ge=0, le=3)
     checkpointing: Literal["none", "full", "attention_boundary"] = "none"
     micro_batch_size: int = Field(default=1, ge=1, description="sequences per micro-batch (per data-parallel rank)")
@@ -119,6 +119,9 @@ class Plan(BaseModel):
         if self.groups and self.groups != self.layout().all_groups():
             raise PlanError("groups", "the rank lists do not match the degrees and order",
                             "drop groups (sp-plan fills them in from the layout) or fix them")
+        if self.token_layout == "balanced" and (self.workload is None or self.workload.documents is None):
+            raise PlanError("token_layout", "balanced assigns packed documents to ranks by their work, and the "
+                            "workload has no documents", "use zigzag, or give the workload documents")
         if a == "ulysses" and self.token_layout != "contiguous":
             raise PlanError("token_layout", "ulysses attends the whole sequence after its all-to-all",
                             "use token_layout contiguous with algorithm ulysses")

@@ -145,3 +145,15 @@ def test_an_allgather_plan_runs_through_ctx_attention_with_its_masks():
     for g, w in zip(got, want):
         assert float((g - w).abs().max()) <= 1e-10
     assert {r for _, _, r in results} == {"cu_seqlens"}
+
+
+def test_a_balanced_plan_needs_documents():
+    """``balanced`` assigns packed documents by their work: a plan without documents cannot use it, and says so."""
+    from sp_plan.planner import Plan
+    from sp_plan.planner.model import Workload
+
+    with pytest.raises(PlanError, match="token_layout"):
+        Plan(algorithm="allgather", degrees={"ring": 4}, order=["ring"], token_layout="balanced")
+    plan = Plan(algorithm="allgather", degrees={"ring": 4}, order=["ring"], token_layout="balanced",
+                workload=Workload(seq_len=4096, documents=[100, 900, 3000]))
+    assert plan.token_layout == "balanced"
