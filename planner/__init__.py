@@ -2,8 +2,8 @@
 
     from sp_plan.planner import Cluster, ModelSpec, Workload, Plan, plan, estimate
 
-The algorithms register on import, in this order; the names below are loaded on first use (PEP 562), so a
-command that reads a preset or a plan file does not import the cost engine, the search or networkx.
+The names below are loaded on first use (PEP 562) and the algorithms register on the registry's first read, so a
+command that reads a preset or a plan file imports neither the cost engine, the search, the schedules nor numpy.
 """
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import importlib
 import sys
 import types
 
-from . import usp, metp, tokenring, wallfacer  # noqa: F401 (each registers its algorithm, in this order)
+#: the modules that register the built-in algorithms, in this order (planner/algorithms.py imports them on the
+#: registry's first read)
+ALGORITHM_MODULES = ("usp", "metp", "tokenring", "wallfacer")
 
 #: public name -> the planner module that defines it
 _EXPORTS = {

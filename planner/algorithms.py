@@ -3,11 +3,13 @@
 Each algorithm gives the attention phases of one layer (a schedule), its transient buffers, the
 variants it adds to the search for a choice of degrees (team sizes, placements, token layouts),
 and its own constraints. Each lives in one module that registers itself here (planner/usp.py for
-ring, ulysses and usp; wallfacer, tokenring, metp); the package imports them (planner/__init__.py), so
-adding an algorithm is one new module and its line there.
+ring, ulysses and usp; wallfacer, tokenring, metp); the package lists them (planner/__init__.py's
+ALGORITHM_MODULES) and the registry imports them on its first read, so adding an algorithm is one new
+module and its name there, and importing the planner to read a preset loads no schedule.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from importlib import import_module
 from typing import TYPE_CHECKING, Callable
@@ -39,11 +41,67 @@ class Algorithm:
     # weight slices are not): the planner builds them for one sequence and scales them (schedules.scaled)
 
 
-ALGORITHMS: dict[str, Algorithm] = {}
+_LOAD_LOCK = threading.RLock()
+
+
+class Registry(dict):
+    """name -> Algorithm, the built-in algorithms' modules imported on the first read; the built-in ones listed in
+    the package's order (a module's own in its order), then any registered later, whichever module was imported
+    first."""
+
+    loaded = loading = False
+
+    def load(self) -> "Registry":
+        if not self.loaded:
+            with _LOAD_LOCK:  # another thread's first read waits; the importing thread's register() calls pass
+                if not self.loaded and not self.loading:
+                    self.loading = True
+                    try:
+                        for name in import_module(__package__).ALGORITHM_MODULES:
+                            import_module(f"{__package__}.{name}")
+                        self.loaded = True
+                    finally:
+                        self.loading = False
+        return self
+
+    def add(self, alg: Algorithm) -> None:
+        """Register ``alg`` in its place in the order."""
+        dict.__setitem__(self.load(), alg.name, alg)
+        rank = {f"{__package__}.{m}": i for i, m in enumerate(import_module(__package__).ALGORITHM_MODULES)}
+        ordered = sorted(dict.items(self), key=lambda kv: rank.get(kv[1].steps.__module__, len(rank)))  # stable
+        dict.clear(self)
+        dict.update(self, ordered)
+
+    def __getitem__(self, name: str) -> Algorithm:
+        return dict.__getitem__(self.load(), name)
+
+    def __contains__(self, name: object) -> bool:
+        return dict.__contains__(self.load(), name)
+
+    def __iter__(self):
+        return dict.__iter__(self.load())
+
+    def __len__(self) -> int:
+        return dict.__len__(self.load())
+
+    def get(self, name: str, default=None):
+        return dict.get(self.load(), name, default)
+
+    def keys(self):
+        return dict.keys(self.load())
+
+    def values(self):
+        return dict.values(self.load())
+
+    def items(self):
+        return dict.items(self.load())
+
+
+ALGORITHMS: Registry = Registry()
 
 
 def register(alg: Algorithm) -> Algorithm:
-    ALGORITHMS[alg.name] = alg
+    ALGORITHMS.add(alg)
     return alg
 
 
@@ -61,5 +119,5 @@ def variants(d, model, work) -> list[Variant]:
 
 
 def load_all() -> None:
-    """Every algorithm registered (kept for callers): importing the package registers them all."""
-    import_module(__package__)
+    """Every built-in algorithm registered (the registry's first read does it too)."""
+    ALGORITHMS.load()

@@ -14,7 +14,6 @@ import numpy as np
 
 from .candidate import Candidate
 from .cluster import NET, Cluster
-from .discover.calibrate import bus_factor
 from .engine import GroupShape, LinkEngine, StepCost, pattern_steps
 from .errors import PlanError
 from .estimate import Estimator
@@ -119,6 +118,8 @@ def comm_fits(cluster: Cluster, links: dict) -> dict[str, CommFit]:
     efficiency = measured busbw / the engine's busbw for the same op and placement, with busbw =
     bytes x bus_factor / time (nccl-tests); alpha per step = measured alpha / steps - the engine's path
     latency (the engine already charges that), at least 0."""
+    from .discover.calibrate import bus_factor  # noqa: PLC0415 - the discover package: link fits only
+
     classes = links.get("classes", links)
     engine = LinkEngine(cluster)
     out: dict[str, CommFit] = {}

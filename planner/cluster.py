@@ -11,16 +11,19 @@ node index * devices per node + the device's index in its node type (torchrun's 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import PlanError
 from .plausible import check_finite
 from .yamlio import check_schema_version, dump_data, load_yaml_model
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 SCHEMA_VERSION = 1
 NET = "net"
@@ -65,6 +68,73 @@ class Link(BaseModel):
     bidirectional: bool = True
 
 
+class LinkGraph:
+    """A node's directed link graph without a graph library (importing networkx costs a command a quarter of a
+    second): endpoints and edges with their attributes, successors in insertion order, as networkx's DiGraph keeps
+    them, and its weighted shortest path with the same ties."""
+
+    def __init__(self):
+        self.nodes: dict[str, dict] = {}
+        self.edges: dict[tuple[str, str], dict] = {}
+        self.succ: dict[str, dict[str, dict]] = {}
+
+    def add_node(self, name: str, **attrs) -> None:
+        self.nodes.setdefault(name, {}).update(attrs)
+        self.succ.setdefault(name, {})
+
+    def add_edge(self, src: str, dst: str, **attrs) -> None:
+        """An edge, or new attributes for an existing one (networkx's add_edge)."""
+        for n in (src, dst):
+            if n not in self.nodes:
+                self.add_node(n)
+        d = self.edges.get((src, dst))
+        if d is None:
+            d = self.edges[src, dst] = self.succ[src][dst] = {}
+        d.update(attrs)
+
+    def reachable(self, a: str) -> set[str]:
+        """Every endpoint a path from ``a`` reaches (``a`` included)."""
+        seen, todo = {a}, [a]
+        while todo:
+            for b in self.succ.get(todo.pop(), ()):
+                if b not in seen:
+                    seen.add(b)
+                    todo.append(b)
+        return seen
+
+    def shortest_path(self, a: str, b: str, weight: str = "weight") -> list[str]:
+        """The least-weight path from ``a`` to ``b``: Dijkstra as networkx.shortest_path runs it (a heap of (distance,
+        push count, endpoint), successors in insertion order, a path replaced only by a strictly shorter one), so
+        equal-weight routes tie the same way."""
+        dist: dict[str, float] = {}
+        seen, paths, fringe, count = {a: 0.0}, {a: [a]}, [(0.0, 0, a)], 1
+        while fringe:
+            d, _, v = heapq.heappop(fringe)
+            if v in dist:
+                continue
+            dist[v] = d
+            if v == b:
+                return paths[v]
+            for u, e in self.succ.get(v, {}).items():
+                du = d + e.get(weight, 1)
+                if u not in dist and (u not in seen or du < seen[u]):
+                    seen[u], paths[u] = du, paths[v] + [u]
+                    heapq.heappush(fringe, (du, count, u))
+                    count += 1
+        raise PlanError("links", f"no path from {a} to {b} inside the node", f"add the link(s) that connect {a} and {b}")
+
+    def to_networkx(self) -> nx.DiGraph:
+        """The same graph as a networkx DiGraph (figures draw it)."""
+        import networkx as nx  # noqa: PLC0415
+
+        g = nx.DiGraph()
+        for n, attrs in self.nodes.items():
+            g.add_node(n, **attrs)
+        for (u, v), attrs in self.edges.items():
+            g.add_edge(u, v, **attrs)
+        return g
+
+
 class NodeType(BaseModel):
     """The template of one kind of node: its devices (in rank order), switches and links."""
 
@@ -87,18 +157,18 @@ class NodeType(BaseModel):
                 if end not in known:
                     raise PlanError(f"links[{i}]", f"endpoint {end!r} is not a device or switch of this node",
                                     f"declare {end!r} under devices or switches, or fix the link")
-        g = self.local_graph()
-        devs = [d.name for d in self.devices]
+        g, devs = self.link_graph(), [d.name for d in self.devices]
         for a in devs:
+            reach = g.reachable(a)
             for b in devs:
-                if a != b and not nx.has_path(g, a, b):
+                if b not in reach:
                     raise PlanError("links", f"no path from {a} to {b} inside the node (missing link)",
                                     f"add the link(s) that connect {a} and {b}")
         return self
 
-    def local_graph(self) -> nx.DiGraph:
-        """The node's own directed graph, with ``net`` standing for the fabric."""
-        g = nx.DiGraph()
+    def link_graph(self) -> LinkGraph:
+        """The node's own directed graph, with ``net`` standing for the fabric: what the engine routes on."""
+        g = LinkGraph()
         for d in self.devices:
             g.add_node(d.name, role="device", kind=d.kind)
         for s in self.switches:
@@ -109,6 +179,10 @@ class NodeType(BaseModel):
             if l.bidirectional:
                 g.add_edge(l.dst, l.src, **attrs)
         return g
+
+    def local_graph(self) -> nx.DiGraph:
+        """``link_graph`` as a networkx DiGraph (the same nodes, edges and attributes, in the same order)."""
+        return self.link_graph().to_networkx()
 
     @property
     def has_network(self) -> bool:
@@ -210,6 +284,8 @@ class Cluster(BaseModel):
     # ---- graph
     def graph(self) -> nx.DiGraph:
         """The whole cluster as a networkx DiGraph (every node expanded; ``net`` is the fabric)."""
+        import networkx as nx  # noqa: PLC0415
+
         g = nx.DiGraph()
         if self.num_nodes > 1:
             g.add_node(NET, role="switch", kind="network_switch")

@@ -15,8 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
-import networkx as nx
-
 from .cluster import NET, Cluster
 
 
@@ -129,7 +127,7 @@ class LinkEngine:
         self.cluster = cluster
         self.gpn = cluster.devices_per_node
         node = cluster.node_type(0)
-        self.local = node.local_graph()
+        self.local = node.link_graph()  # routing needs no networkx (cluster.LinkGraph)
         self.names = [d.name for d in node.devices]
         self.nics = {d.name: d.nic for d in node.devices}
         self.multi_node = cluster.num_nodes > 1
@@ -140,7 +138,7 @@ class LinkEngine:
 
     # ---- routing (node-0 part of a path)
     def _path(self, a: str, b: str) -> list[str]:
-        return nx.shortest_path(self.local, a, b, weight="weight")
+        return self.local.shortest_path(a, b, weight="weight")
 
     def _route_uncached(self, a: int, b: int, remote: int) -> tuple[tuple[tuple[str, str], ...], float]:
         """Node-0 edges and latency of a flow from local device a to local device b.

@@ -39,6 +39,7 @@ def test_plan_without_a_profile_imports_no_store_and_no_scipy(tmp_path):
                     "--no-profile", "-o", str(tmp_path / "plan.yaml"))
     assert "sp_plan.planner.search" in mods and (tmp_path / "plan.yaml").exists()  # it did plan
     assert not top(mods) & set(HEAVY), sorted(top(mods) & set(HEAVY))
+    assert "networkx" not in mods  # the engine routes on cluster.LinkGraph
 
 
 def test_plan_with_the_default_store_imports_no_scipy(tmp_path, monkeypatch):
@@ -51,12 +52,12 @@ def test_plan_with_the_default_store_imports_no_scipy(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("args", [["presets"], ["--help"], ["--version"], ["plan", "--help"]])
 def test_listing_and_help_load_no_engine(args):
-    """Presets, help and version read files and text: no cost engine, no search, no networkx for help."""
+    """Presets, help and version read files and text: no cost engine, schedules, search, numpy or networkx (a
+    cluster file is checked without a graph library)."""
     mods = imported(*args)
-    assert not top(mods) & set(HEAVY)
-    assert not {"sp_plan.planner.estimate", "sp_plan.planner.search", "rich.progress"} & mods
-    if args != ["presets"]:
-        assert "networkx" not in mods
+    assert not top(mods) & (set(HEAVY) | {"numpy", "networkx"})
+    assert not {"sp_plan.planner.estimate", "sp_plan.planner.schedules", "sp_plan.planner.search",
+                "rich.progress"} & mods
 
 
 def test_show_derives_groups_without_the_engine(tmp_path):
@@ -70,7 +71,7 @@ def test_show_derives_groups_without_the_engine(tmp_path):
 
 def test_importing_sp_plan_and_its_planner_is_light():
     """The package and the planner package load their names on first use."""
-    code = ("import sys, sp_plan, sp_plan.planner; print(sorted(m for m in ('networkx', 'sp_plan.planner.search', "
-            "'sp_plan.planner.estimate', 'torch', 'scipy', 'sqlalchemy') if m in sys.modules))")
+    code = ("import sys, sp_plan, sp_plan.planner; print(sorted(m for m in ('networkx', 'numpy', 'sp_plan.planner.search', "
+            "'sp_plan.planner.estimate', 'sp_plan.planner.usp', 'torch', 'scipy', 'sqlalchemy') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
