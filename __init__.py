@@ -25,7 +25,11 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    """Load an exported name from its module on first use (PEP 562)."""
+    """Load an exported name from its module on first use (PEP 562); ``__version__`` from the installed package."""
+    if name == "__version__":
+        from importlib.metadata import version  # noqa: PLC0415
+
+        return version("sp-plan")
     if name not in _EXPORTS:
         raise AttributeError(f"module 'sp_plan' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)

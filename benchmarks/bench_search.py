@@ -1,23 +1,29 @@
 """Search speed at cluster scale: grid wall and CPU time at 1,024 / 16,384 / 131,072 GPUs for batch 1
-and 16, the best layout of every algorithm, the schedules and link evaluations the search built, the resident
-memory of a 131,072-GPU plan, and how many optuna trials reach within 1 % of the grid optimum at 4,096 GPUs.
+and 16, the best layout of every algorithm, the schedules and link evaluations the search built; the whole
+`sp-plan plan -o plan.yaml` command as a user runs it (a fresh process: imports, search, tables, the plan file),
+its time net of `sp-plan presets`, its peak resident memory and the plan file's size; and how many optuna trials
+reach within 1 % of the grid optimum at 4,096 GPUs.
 
     python benchmarks/bench_search.py [--gpus 1024,16384,131072] [--batches 1,16] [--models llama3-70b,llama3-405b]
-                                      [--seeds 5] [--trials 200] [--bayes-gpus 4096] [--bayes-batch 16]
+                                      [--repeats 5] [--seeds 5] [--trials 200] [--bayes-gpus 4096] [--bayes-batch 16]
 
-Workload: dgx-h100 preset, 1M-token sequences, causal training. Targets, full grid with every
-algorithm on a 2-core machine: <= 0.3 s at 1,024 GPUs, <= 1 s at 16,384, <= 10 s at 131,072; a 131,072-GPU
-plan under 2 GiB resident. "Candidates" is the size of the space (degrees x algorithm variants x token
-layouts x mesh orders x memory policies); "priced" is how many the engine costed after the memory filter,
-the Pareto policy filter and the lower bounds (the top 5 and each variant's best are exact).
+Workload: dgx-h100 preset, 1M-token sequences, causal training. Targets on a quiet 2-core machine: the in-process
+grid with every algorithm <= 0.3 s at 1,024 GPUs, <= 1 s at 16,384, <= 10 s at 131,072; the whole command
+(`--no-profile`, llama3-70b) net of `sp-plan presets` <= 0.3 s at 1,024 GPUs, <= 1 s at 16,384, <= 3 s at
+131,072, with `sp-plan presets` <= 0.5 s, <= 400 MiB resident and a plan file <= 50 kB at 131,072. "Candidates"
+is the size of the space (degrees x algorithm variants x token layouts x mesh orders x memory policies); "priced"
+is how many the engine costed after the memory filter, the Pareto policy filter and the lower bounds (the top 5 and
+each variant's best are exact). Whole-process figures are medians of ``--repeats`` runs (wall clock: other
+processes on the machine slow them; the CPU column says how much of the wall was this process's own work).
 """
 from __future__ import annotations
 
 import argparse
-import resource
+import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +32,7 @@ from sp_plan.planner.bayes import bayes_search, trials_to_reach
 from sp_plan.planner.search import best_per_variant, grid_search
 from sp_plan.profiles import load_cluster, load_model
 from sp_plan.profiles.kernels import default_params
+from sp_plan.service.planning import collector_paused
 
 
 def commit() -> str:
@@ -54,7 +61,8 @@ def run_grid(model_name: str, gpus: int, batch: int, each: bool, which: str) -> 
     model, cluster = load_model(model_name), load_cluster("dgx-h100", gpus // 8)
     work = Workload(seq_len="1m", batch=batch, causal=True, training=True)
     w0, c0 = time.perf_counter(), time.process_time()
-    res = grid_search(cluster, model, work, params=params_for(cluster, which))
+    with collector_paused():  # as `sp-plan plan` runs it
+        res = grid_search(cluster, model, work, params=params_for(cluster, which))
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     t, best = res.ranked[0]
     st, est = res.estimator.stats, res.estimator
@@ -72,15 +80,45 @@ def run_grid(model_name: str, gpus: int, batch: int, each: bool, which: str) -> 
     return t
 
 
-def plan_rss(model_name: str, gpus: int, batch: int) -> tuple[float, float]:
-    """Max resident MiB and wall seconds of ``sp-plan plan`` for one world, in a fresh process."""
-    code = ("import resource, sys; from sp_plan.cli.app import app; sys.argv = ['sp-plan', 'plan', '--cluster', "
-            f"'dgx-h100', '--nodes', '{gpus // 8}', '--model', '{model_name}', '--seq-len', '1m', '--batch', "
-            f"'{batch}']\ntry:\n    app()\nexcept SystemExit:\n    pass")
-    w0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
-    wall = time.perf_counter() - w0
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, wall
+#: runs one command and prints its wall seconds, CPU seconds and peak resident KiB as JSON (getrusage of its child)
+CHILD = """import json, resource, subprocess, sys, time
+t = time.perf_counter()
+rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE).returncode
+wall = time.perf_counter() - t
+ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"rc": rc, "wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "maxrss_kib": ru.ru_maxrss}))
+"""
+
+
+def sp_plan_command() -> list[str]:
+    """The `sp-plan` console script installed beside this Python (what a user's shell runs), else its entry point."""
+    script = Path(sys.executable).with_name("sp-plan")
+    return [str(script)] if script.exists() else [sys.executable, "-c", "from sp_plan.cli.app import main; main()"]
+
+
+def whole_process(args: list[str], repeats: int) -> dict:
+    """Median wall and CPU seconds and the largest peak RSS (MiB) of `sp-plan ARGS` over ``repeats`` fresh processes."""
+    runs = []
+    for _ in range(repeats):
+        r = subprocess.run([sys.executable, "-c", CHILD, *sp_plan_command(), *args], capture_output=True, text=True,
+                           timeout=600, check=True)
+        run = json.loads(r.stdout)
+        if run["rc"] != 0:
+            raise SystemExit(f"sp-plan {' '.join(args)} exited {run['rc']}")
+        runs.append(run)
+    return {"wall": statistics.median(r["wall"] for r in runs), "cpu": statistics.median(r["cpu"] for r in runs),
+            "rss": max(r["maxrss_kib"] for r in runs) / 1024, "walls": [r["wall"] for r in runs]}
+
+
+def run_command(model_name: str, gpus: int, batch: int, base: dict, repeats: int, folder: Path) -> None:
+    """`sp-plan plan --no-profile -o plan.yaml` for one world as a user runs it, net of `sp-plan presets`."""
+    out = folder / f"plan-{model_name}-{gpus}-{batch}.yaml"
+    args = ["plan", "--cluster", "dgx-h100", "--nodes", str(gpus // 8), "--model", model_name, "--seq-len", "1m",
+            "--batch", str(batch), "--no-profile", "-o", str(out)]
+    w = whole_process(args, repeats)
+    print(f"{model_name:>11} {gpus:>7} {batch:>5} {w['wall']:>7.2f} {w['cpu']:>7.2f} {w['wall'] - base['wall']:>7.2f} "
+          f"{w['rss']:>7.0f} {out.stat().st_size / 1e3:>8.1f}   " + " ".join(f"{x:.2f}" for x in w["walls"]),
+          flush=True)
 
 
 def main() -> None:
@@ -88,6 +126,8 @@ def main() -> None:
     ap.add_argument("--gpus", default="1024,16384,131072")
     ap.add_argument("--batches", default="1,16", help="global batches of 1M-token sequences")
     ap.add_argument("--models", default="llama3-70b,llama3-405b")
+    ap.add_argument("--repeats", type=int, default=5, help="fresh `sp-plan` processes per whole-process figure "
+                    "(0: none)")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--bayes-gpus", type=int, default=4096)
@@ -105,10 +145,17 @@ def main() -> None:
         for n in gpus:
             for b in (int(x) for x in args.batches.split(",")):
                 run_grid(name, n, b, each=(name == args.models.split(",")[0] and n == max(gpus)), which=args.params)
-    n = max(gpus)
-    rss, wall = plan_rss(args.models.split(",")[-1], n, 16)
-    print(f"sp-plan plan --nodes {n // 8} --model {args.models.split(',')[-1]} --seq-len 1m --batch 16: "
-          f"max RSS {rss:.0f} MiB, {wall:.1f} s wall (fresh process, imports included)")
+    if args.repeats:
+        base = whole_process(["presets"], args.repeats)
+        print(f"\nwhole process: {' '.join(Path(x).name for x in sp_plan_command()[:1])} ... as a user runs it, "
+              f"fresh processes, median of {args.repeats}; `sp-plan presets` {base['wall']:.2f} s wall, "
+              f"{base['cpu']:.2f} s CPU, {base['rss']:.0f} MiB (" + " ".join(f"{x:.2f}" for x in base["walls"]) + ")")
+        print(f"{'model':>11} {'GPUs':>7} {'batch':>5} {'wall s':>7} {'cpu s':>7} {'net s':>7} {'RSS MiB':>7} "
+              f"{'file kB':>8}   walls")
+        with tempfile.TemporaryDirectory() as d:
+            for n in gpus:
+                for b in (int(x) for x in args.batches.split(",")):
+                    run_command(args.models.split(",")[0], n, b, base, args.repeats, Path(d))
     if args.seeds:
         model, work = load_model("llama3-70b"), Workload(seq_len="1m", batch=args.bayes_batch)
         cluster = load_cluster("dgx-h100", args.bayes_gpus // 8)

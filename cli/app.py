@@ -29,9 +29,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 def _version(value: bool) -> None:
     """`sp-plan --version`: the installed package's version, then exit."""
     if value:
-        from importlib.metadata import version  # noqa: PLC0415
+        import sp_plan  # noqa: PLC0415
 
-        out.print(f"sp-plan {version('sp-plan')}", highlight=False)
+        out.print(f"sp-plan {sp_plan.__version__}", highlight=False)
         raise typer.Exit()
 
 

@@ -75,3 +75,26 @@ def test_importing_sp_plan_and_its_planner_is_light():
             "'sp_plan.planner.estimate', 'sp_plan.planner.usp', 'torch', 'scipy', 'sqlalchemy') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_routes_without_networkx_are_the_routes_networkx_finds(nodes):
+    """The engine routes on cluster.LinkGraph so that planning needs no networkx: on every preset, each pair of
+    endpoints gets the path networkx's Dijkstra returns (ties included), and local_graph is the same graph."""
+    import networkx as nx
+
+    from sp_plan.profiles import cluster_presets, preset_cluster
+
+    pairs = 0
+    for name in cluster_presets():
+        for nt in preset_cluster(name, nodes).node_types.values():
+            lg, g = nt.link_graph(), nt.local_graph()
+            assert list(g.nodes(data=True)) == list(lg.nodes.items())
+            assert all(list(g.succ[v].items()) == list(lg.succ[v].items()) for v in g.nodes)
+            for a in g.nodes:
+                for b in g.nodes:
+                    want = nx.shortest_path(g, a, b, weight="weight") if nx.has_path(g, a, b) else None
+                    got = lg.shortest_path(a, b) if b in lg.reachable(a) else None
+                    assert got == want, (name, a, b)
+                    pairs += 1
+    assert pairs > 1000
