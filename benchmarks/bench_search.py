@@ -32,7 +32,7 @@ from sp_plan.planner.bayes import bayes_search, trials_to_reach
 from sp_plan.planner.search import best_per_variant, grid_search
 from sp_plan.profiles import load_cluster, load_model
 from sp_plan.profiles.kernels import default_params
-from sp_plan.service.planning import collector_paused
+from sp_plan.service.collector import collector_paused
 
 
 def commit() -> str:

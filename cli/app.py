@@ -5,6 +5,7 @@ for its own work: `presets` and `--help` load no search, `plan --no-profile` no 
 """
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from rich.table import Table
 from sp_plan.cli.console import err, out, print_error
 from sp_plan.cli.examples import add_examples
 from sp_plan.planner.errors import PlanError
+from sp_plan.service.collector import collector_paused, skip_final_collection
 
 if TYPE_CHECKING:
     from sp_plan.planner.plan import Plan
@@ -177,7 +179,19 @@ def _request(cls, server: Optional[str], **fields):
         raise PlanError(f"--{str(x['loc'][0]).replace('_', '-')}", x["msg"], "fix that option") from None
 
 
+def owns_collector(command: Callable) -> Callable:
+    """A command run with the garbage collector paused (``service.collector.collector_paused``): this process owns its
+    collector, and a command that plans allocates ~10^5 objects a collection would walk again and again."""
+    @functools.wraps(command)  # typer reads the options from the wrapped function's signature
+    def run(*args, **kwargs):
+        with collector_paused():
+            return command(*args, **kwargs)
+
+    return run
+
+
 @app.command("plan")
+@owns_collector
 def plan_cmd(
     cluster: str = typer.Option(..., "--cluster", help="preset name (see `sp-plan presets`) or cluster YAML file"),
     nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a preset", show_default="1"),
@@ -206,7 +220,7 @@ def plan_cmd(
     """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
     from sp_plan.planner.model import Workload, parse_seq_len  # noqa: PLC0415
     from sp_plan.planner.yamlio import check_writable  # noqa: PLC0415
-    from sp_plan.service.planning import PlanRequest, collector_paused, resolve  # noqa: PLC0415
+    from sp_plan.service.planning import PlanRequest, resolve  # noqa: PLC0415
     from sp_plan.service.planning import search as run_search  # noqa: PLC0415
 
     try:
@@ -233,7 +247,7 @@ def plan_cmd(
             res = _client(server).plan(req)
         else:
             inputs = resolve(req, store, max_world=None)
-            with _search_progress(search) as tick, collector_paused():  # this process owns its collector
+            with _search_progress(search) as tick:
                 res = run_search(req, inputs, storage=storage, progress=tick)  # = service.planning.run_plan
     except PlanError as e:
         fail(e)
@@ -414,6 +428,7 @@ def main() -> None:
         where = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
         print_error(f"{e.format_message().rstrip('.')}{where}")
         sys.exit(getattr(e, "exit_code", 2))
+    skip_final_collection()  # the process ends here
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -323,7 +323,7 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     equivalent layouts of the first K rows are all there (``equivalent.top_rows``) from this one pass.
     ``params``: calibrated physical parameters (planner/params.py); None: the uncalibrated engine.
     The search allocates ~10^5 acyclic objects at large worlds; a process that owns its garbage collector (the CLI,
-    the service's search processes) may pause it around the call (``service.planning.collector_paused``).
+    the service's search processes) may pause it around the call (``service.collector.collector_paused``).
     """
     est = Estimator(cluster, model, workload, params=params)
     space = space or Space(cluster.world_size, model, workload)

@@ -31,10 +31,11 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.profile import Profile
 from sp_plan.service import auth
 from sp_plan.service.cache import LRU, Coalescer
+from sp_plan.service.collector import collector_paused
 from sp_plan.service.limits import BodyLimit, TooLarge
 from sp_plan.service.metrics import Metrics
 from sp_plan.service.planning import (MAX_WORLD, EstimateRequest, EstimateResponse, PlanRequest, PlanResponse,
-                                      build_cluster, collector_paused, request_key, resolve, run_estimate, search)
+                                      build_cluster, request_key, resolve, run_estimate, search)
 
 SETTINGS_ENV = "SP_PLAN_SERVE_SETTINGS"
 JSON = "application/json"

@@ -7,12 +7,10 @@ the models plan files already use (Cluster, ModelSpec, Workload, Plan, Profile):
 """
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Literal
+from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -228,24 +226,6 @@ def search(req: PlanRequest, inputs: Inputs, storage: str | None = None, study: 
                         profile_line=inputs.line, plans=plans,
                         families=mark(finish_each(res, c, m, w), inputs.profile, m, w) if req.families else [],
                         winner=plans[0])
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for a block, as it was after: for a process that owns its GC policy (the
-    CLI, the service's search processes) around the pipeline call. The search's caches hold ~10^5 acyclic objects
-    that each full collection would walk again (measured: 40 % of a 1,024-GPU batch-16 search); on the way out
-    they are promoted to the oldest generation (``gc.freeze`` then ``gc.unfreeze``), where a young collection
-    would have moved them after walking them all once more. The library itself leaves the collector alone."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.freeze()
-            gc.unfreeze()
-            gc.enable()
 
 
 def run_plan(req: PlanRequest, store=None, storage: str | None = None,
