@@ -541,7 +541,8 @@ def plan(cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int = 5,
     or False (none); ``store``: where an id or None looks (a Store or a URL; None: ``$SP_PLAN_STORE``, else the
     user data directory's). Each Plan records the profile used (``Plan.profile``). A layout the profile's tune
     measured for this model and workload ranks by its measured step and carries it (``Plan.measured``,
-    planner/measured.py)."""
+    planner/measured.py). Plans come as a plan file holds them: the mesh (degrees, order) without its groups;
+    ``Plan.with_groups()`` derives every group's ranks."""
     from .calibration import resolve_params
 
     params, line, prof = resolve_params(cluster, profile, store)
