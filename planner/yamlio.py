@@ -62,8 +62,7 @@ FLOAT_RE = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
     |\.(?:nan|NaN|NAN))$""", re.X)
 
 
-#: libyaml's emitter where PyYAML was built with it (the pure-Python one is ~20x slower); reading stays with
-#: the Python loader, whose nesting-depth guard the C parser would skip
+#: libyaml's emitter and parser where PyYAML was built with them (the pure-Python ones are ~10-20x slower)
 _SafeDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
@@ -72,13 +71,41 @@ class _Dumper(_SafeDumper):
     reads as a float there): what is written reads back as written."""
 
 
-_Loader.add_constructor("tag:yaml.org,2002:map", lambda loader, node: _construct_mapping(loader, node))
-for _cls in (_Loader, _Dumper):
+class _CLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """_Loader's constructors and resolvers on libyaml's parser; its composer has no depth guard, so ``yaml_load``
+    reads the nesting from the parser's events first (``_check_depth``)."""
+
+
+_LOADERS = (_Loader, _CLoader) if hasattr(yaml, "CSafeLoader") else (_Loader,)
+for _cls in _LOADERS:
+    _cls.add_constructor("tag:yaml.org,2002:map", lambda loader, node: _construct_mapping(loader, node))
+for _cls in (*_LOADERS, _Dumper):
     _cls.add_implicit_resolver("tag:yaml.org,2002:float", FLOAT_RE, list("-+0123456789."))
 
 
+def _check_depth(text: str) -> None:
+    """Refuse a node nested deeper than MAX_DEPTH, as _Loader.compose_node does, from libyaml's events."""
+    depth = 0
+    for ev in yaml.parse(text, Loader=_CLoader):
+        if isinstance(ev, yaml.NodeEvent):
+            if depth >= MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nesting deeper than {MAX_DEPTH} levels", ev.start_mark)
+            if isinstance(ev, yaml.CollectionStartEvent):
+                depth += 1
+        elif isinstance(ev, yaml.CollectionEndEvent):
+            depth -= 1
+
+
 def yaml_load(text: str):
-    """Parse YAML text with sp-plan's loader (scientific-notation floats)."""
+    """Parse YAML text with sp-plan's loader (scientific-notation floats, no duplicate keys, at most MAX_DEPTH
+    levels): on libyaml where PyYAML has it; text libyaml refuses is read (or refused, with its message) by the
+    Python loader, which reads a few inputs libyaml does not (odd line breaks, tabs)."""
+    if len(_LOADERS) > 1:
+        try:
+            _check_depth(text)
+            return yaml.load(text, Loader=_CLoader)  # noqa: S506 - a CSafeLoader subclass
+        except yaml.YAMLError:
+            pass
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
