@@ -129,7 +129,8 @@ def main(argv=None):
     p.add_argument("--json", default=None, help="write every figure to this file")
     p.add_argument("--backends", default=None, help="time only these of the runtime's backends (comma-separated)")
     p.add_argument("--sdpa-kinds", default=None,
-                   help="SDPA backends to take the fastest of (comma-separated: cudnn,flash,efficient,math; default all)")
+                   help="SDPA backends to take the fastest of (comma-separated: cudnn,flash,efficient,math; "
+                        "default all)")
     args = p.parse_args(argv)
     args.seqs = _sizes(args.seqs)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

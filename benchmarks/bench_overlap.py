@@ -7,9 +7,9 @@ Runs ``overlap.run_rounds`` over ``--rounds`` rounds of one block forward + back
 (``kernels.block_attention`` on the measured backend) while the next K, V block arrives by
 ``overlap.LocalTransfer``: a device-to-device copy of the block, ``--copy-scale`` times (to stand in for
 a slower link; by default as many times as make the transfer take the round's compute), on its own
-CUDA stream (at the default priority, and for comparison at the highest). Prints the round time of compute alone, transfer alone,
-both serialized, and both overlapped; overlapped close to max(compute, transfer) is the overlap
-working. On CPU the copy runs inline, so overlapped equals serialized there.
+CUDA stream (at the default priority, and for comparison at the highest). Prints the round time of compute
+alone, transfer alone, both serialized, and both overlapped; overlapped close to max(compute, transfer) is the
+overlap working. On CPU the copy runs inline, so overlapped equals serialized there.
 """
 from __future__ import annotations
 

@@ -193,7 +193,8 @@ def main(argv=None) -> int:
         if rank == 0:
             print(f"plan: {plan.summary()} on {dist.get_world_size()} ranks ({dist.get_backend()}); Llama "
                   f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, {cfg.num_attention_heads} heads, "
-                  f"{cfg.num_key_value_heads} KV heads, vocab {cfg.vocab_size}; {args.batch} x {args.seq_len} tokens, {args.dtype}",
+                  f"{cfg.num_key_value_heads} KV heads, vocab {cfg.vocab_size}; {args.batch} x {args.seq_len} tokens, "
+                  f"{args.dtype}",
                   flush=True)
         history = train(ctx, cfg, args, device)
         ok = True

@@ -96,8 +96,8 @@ def attention_plateaus(model: str, plateau: float) -> tuple[float, float]:
 
 
 def attention_curves(model: str, plateau: float, peak: float) -> tuple[Curve, Curve]:
-    """The device's (forward, backward) curves: its measured table if it has one (H100, H200); else the H100's shape, its 16k-token
-    efficiency moved to the device's plateau (``attention_plateaus``) and its sizes shrunk by
+    """The device's (forward, backward) curves: its measured table if it has one (H100, H200); else the H100's
+    shape, its 16k-token efficiency moved to the device's plateau (``attention_plateaus``) and its sizes shrunk by
     sqrt(H100 plateau FLOP/s / this device's): what makes short blocks slow (fixed per-call costs, the last
     partial wave) is time, so a block reaches a given fraction of the plateau when its plateau-rate time
     does, and a block's FLOPs grow as its length squared."""

@@ -112,7 +112,8 @@ class _AllGatherAttention(torch.autograd.Function):
         tokens = member_tokens(token_layout, ring.size, seq_len, bool(causal), cu_seqlens, window)
         if len(tokens[ring.position]) != q.shape[1]:
             raise PlanError("q", f"this rank holds {q.shape[1]} tokens; the {token_layout} layout of these documents "
-                            f"gives it {len(tokens[ring.position])}", "shard the inputs with ctx.shard(x, cu_seqlens=...)")
+                            f"gives it {len(tokens[ring.position])}",
+                            "shard the inputs with ctx.shard(x, cu_seqlens=...)")
         masks = chunk_masks(token_layout, ring.size, seq_len, ring.position, bool(causal), cu_seqlens, window)
         ks, vs = gather_kv(k.contiguous(), v.contiguous(), ring, [len(t) for t in tokens])
         out, lse = allgather_forward(q, ks, vs, masks, scale, backend)

@@ -132,8 +132,8 @@ def _ctx_worker(rank: int, world: int):
         refused = None
     except PlanError as e:
         refused = e.field
-    return (member_tokens("zigzag", world, SEQ, True, DOCS, 9)[rank], [t.detach() for t in (out, q.grad, k.grad, v.grad)],
-            refused)
+    grads = [t.detach() for t in (out, q.grad, k.grad, v.grad)]
+    return member_tokens("zigzag", world, SEQ, True, DOCS, 9)[rank], grads, refused
 
 
 def test_an_allgather_plan_runs_through_ctx_attention_with_its_masks():

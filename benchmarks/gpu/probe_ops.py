@@ -102,7 +102,8 @@ def profile(args, device) -> None:
     qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
     dot = do.transpose(1, 2)
     ours = lambda: ctx.attention(q, k, v, causal=True).backward(do)  # noqa: E731
-    sdpa = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True).backward(dot)  # noqa: E731
+    sdpa = lambda: F.scaled_dot_product_attention(  # noqa: E731
+        qt, kt, vt, is_causal=True, enable_gqa=True).backward(dot)
     for name, fn in (("ctx.attention", ours), ("sdpa", sdpa)):
         fn()
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
