@@ -13,13 +13,15 @@ grid with every algorithm <= 0.3 s at 1,024 GPUs, <= 1 s at 16,384, <= 10 s at 1
 131,072, with `sp-plan presets` <= 0.5 s, <= 400 MiB resident and a plan file <= 50 kB at 131,072. "Candidates"
 is the size of the space (degrees x algorithm variants x token layouts x mesh orders x memory policies); "priced"
 is how many the engine costed after the memory filter, the Pareto policy filter and the lower bounds (the top 5 and
-each variant's best are exact). Whole-process figures are medians of ``--repeats`` runs (wall clock: other
-processes on the machine slow them; the CPU column says how much of the wall was this process's own work).
+each variant's best are exact). Whole-process figures are the median and the least of ``--repeats`` runs (wall
+clock: other processes on the machine slow them, and the least reading is the nearest to a quiet machine's; the CPU
+column says how much of the wall was the command's own work).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -116,9 +118,9 @@ def run_command(model_name: str, gpus: int, batch: int, base: dict, repeats: int
     args = ["plan", "--cluster", "dgx-h100", "--nodes", str(gpus // 8), "--model", model_name, "--seq-len", "1m",
             "--batch", str(batch), "--no-profile", "-o", str(out)]
     w = whole_process(args, repeats)
-    print(f"{model_name:>11} {gpus:>7} {batch:>5} {w['wall']:>7.2f} {w['cpu']:>7.2f} {w['wall'] - base['wall']:>7.2f} "
-          f"{w['rss']:>7.0f} {out.stat().st_size / 1e3:>8.1f}   " + " ".join(f"{x:.2f}" for x in w["walls"]),
-          flush=True)
+    print(f"{model_name:>11} {gpus:>7} {batch:>5} {w['wall']:>7.2f} {min(w['walls']):>7.2f} {w['cpu']:>7.2f} "
+          f"{w['wall'] - base['wall']:>7.2f} {min(w['walls']) - min(base['walls']):>7.2f} {w['rss']:>7.0f} "
+          f"{out.stat().st_size / 1e3:>8.1f}   " + " ".join(f"{x:.2f}" for x in w["walls"]), flush=True)
 
 
 def main() -> None:
@@ -148,10 +150,11 @@ def main() -> None:
     if args.repeats:
         base = whole_process(["presets"], args.repeats)
         print(f"\nwhole process: {' '.join(Path(x).name for x in sp_plan_command()[:1])} ... as a user runs it, "
-              f"fresh processes, median of {args.repeats}; `sp-plan presets` {base['wall']:.2f} s wall, "
-              f"{base['cpu']:.2f} s CPU, {base['rss']:.0f} MiB (" + " ".join(f"{x:.2f}" for x in base["walls"]) + ")")
-        print(f"{'model':>11} {'GPUs':>7} {'batch':>5} {'wall s':>7} {'cpu s':>7} {'net s':>7} {'RSS MiB':>7} "
-              f"{'file kB':>8}   walls")
+              f"fresh processes, median and least of {args.repeats} (load average {os.getloadavg()[0]:.2f} before); "
+              f"`sp-plan presets` {base['wall']:.2f} s wall (least {min(base['walls']):.2f}), {base['cpu']:.2f} s CPU, "
+              f"{base['rss']:.0f} MiB (" + " ".join(f"{x:.2f}" for x in base["walls"]) + ")")
+        print(f"{'model':>11} {'GPUs':>7} {'batch':>5} {'wall s':>7} {'least':>7} {'cpu s':>7} {'net s':>7} "
+              f"{'least':>7} {'RSS MiB':>7} {'file kB':>8}   walls (net: minus `sp-plan presets`)")
         with tempfile.TemporaryDirectory() as d:
             for n in gpus:
                 for b in (int(x) for x in args.batches.split(",")):
