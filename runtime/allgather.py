@@ -2,8 +2,8 @@
 
 Forward. The context group all-gathers K and V (only the K/V heads travel: GQA keeps them small). Each rank
 attends its local queries to the gathered K/V one chunk at a time, a chunk per group member in the plan's token
-layout (``planner.layout.ring_tokens``), skipping the chunks its mask empties and folding the others into
-(out, lse) with the online-softmax merge (``ring.attend_block``).
+layout (``ring.member_tokens``: over the whole sequence, or per packed document), skipping the chunks its mask
+empties and folding the others into (out, lse) with the online-softmax merge (``ring.attend_block``).
 
 Backward. Each chunk's FlashAttention-2 block backward runs against the global out and lse; dq stays local, and
 the dk, dv of every chunk are accumulated and reduce-scattered to the chunk's owner.
@@ -20,10 +20,9 @@ from functools import lru_cache
 import torch
 import torch.distributed as dist
 
-from sp_plan.planner.errors import PlanError
-
 from .kernels import BlockMask, attended, document_ids, lse_dtype, reduce_mask
-from .ring import Ring, attend_block, attend_block_backward, check_masks, make_ring, member_tokens, pad_tokens
+from .ring import (Ring, attend_block, attend_block_backward, check_masks, held_tokens, make_ring, member_tokens,
+                   pad_tokens)
 from .variants import register
 
 
@@ -109,11 +108,7 @@ class _AllGatherAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, group, ranks, causal, token_layout, scale, backend, cu_seqlens, window):
         ring = make_ring(group, ranks) if group is not None else Ring((0,), 0, None)
         seq_len = q.shape[1] * ring.size if cu_seqlens is None else cu_seqlens[-1]
-        tokens = member_tokens(token_layout, ring.size, seq_len, bool(causal), cu_seqlens, window)
-        if len(tokens[ring.position]) != q.shape[1]:
-            raise PlanError("q", f"this rank holds {q.shape[1]} tokens; the {token_layout} layout of these documents "
-                            f"gives it {len(tokens[ring.position])}",
-                            "shard the inputs with ctx.shard(x, cu_seqlens=...)")
+        tokens = held_tokens(token_layout, ring, seq_len, q.shape[1], bool(causal), cu_seqlens, window)
         masks = chunk_masks(token_layout, ring.size, seq_len, ring.position, bool(causal), cu_seqlens, window)
         ks, vs = gather_kv(k.contiguous(), v.contiguous(), ring, [len(t) for t in tokens])
         out, lse = allgather_forward(q, ks, vs, masks, scale, backend)

@@ -92,7 +92,8 @@ class Context:
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | None = None,
                   scale: float | None = None, cu_seqlens=None, window: int | None = None) -> torch.Tensor:
         """The plan's attention on local (batch, local seq, heads, head dim) tensors in the token layout;
-        ``cu_seqlens`` (0, ..., global length) packs documents, ``window`` is a sliding window (all-gather plans)."""
+        ``cu_seqlens`` (0, ..., global length) packs documents, ``window`` is a sliding window (ring and all-gather
+        plans; ``attention.MASKED``)."""
         from .attention import attention
 
         if causal is None:

@@ -262,7 +262,8 @@ class _RingAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, group, causal, token_layout, scale, ranks, backend, cu_seqlens=None, window=None):
         ring = make_ring(group, ranks)
         seq_len = q.shape[1] * ring.size if cu_seqlens is None else cu_seqlens[-1]
-        n = _local_lengths(token_layout, ring, seq_len, q.shape[1], bool(causal), cu_seqlens, window)
+        n = max(len(t) for t in held_tokens(token_layout, ring, seq_len, q.shape[1], bool(causal), cu_seqlens,
+                                            window))
         k, v = pad_tokens(k, n).contiguous(), pad_tokens(v, n).contiguous()  # sent at the longest member's length
         masks = round_masks(token_layout, ring.size, seq_len, ring.position, bool(causal), cu_seqlens, window)
         out, lse = ring_forward(q, k, v, ring, masks, scale, backend)
@@ -282,15 +283,13 @@ def pad_tokens(x: torch.Tensor, n: int) -> torch.Tensor:
     return x if x.shape[1] == n else torch.cat([x, x.new_zeros(x.shape[0], n - x.shape[1], *x.shape[2:])], dim=1)
 
 
-def _local_lengths(token_layout, ring: Ring, seq_len: int, n_local: int, causal, cu_seqlens, window) -> int:
-    """The longest member's token count, after checking that this rank holds what the layout gives it."""
-    if cu_seqlens is None:
-        return n_local
+def held_tokens(token_layout, ring: Ring, seq_len: int, n_local: int, causal, cu_seqlens, window) -> tuple:
+    """Every member's tokens (``member_tokens``), after checking that this rank holds what the layout gives it."""
     tokens = member_tokens(token_layout, ring.size, seq_len, causal, cu_seqlens, window)
     if len(tokens[ring.position]) != n_local:
-        raise PlanError("q", f"this rank holds {n_local} tokens; the {token_layout} layout of these documents gives "
-                        f"it {len(tokens[ring.position])}", "shard the inputs with ctx.shard(x, cu_seqlens=...)")
-    return max(len(t) for t in tokens)
+        raise PlanError("q", f"this rank holds {n_local} tokens; the {token_layout} layout gives it "
+                        f"{len(tokens[ring.position])}", "shard the inputs with ctx.shard(x, cu_seqlens=...)")
+    return tokens
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None = None, *,
