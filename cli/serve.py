@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from sp_plan.cli.discover import _fail as fail, err
-from sp_plan.planner.errors import PlanError
+from sp_plan.planner.errors import PlanError, require_extra
 
 STORE_HELP = "profile store URL, e.g. sqlite:////path/store.db"
 
@@ -38,6 +38,11 @@ def serve_cmd(
                                             show_default="the cores / workers"),
 ) -> None:
     """Serve plans over HTTP: /v1/plan, /v1/estimate, /v1/profiles, ... (OpenAPI at /docs)."""
+    try:
+        for module in ("uvicorn", "fastapi", "prometheus_client"):
+            require_extra(module, "service", "sp-plan serve")
+    except PlanError as e:
+        fail(e)
     import uvicorn
 
     from sp_plan.profiles.store import Store

@@ -11,10 +11,15 @@ import io
 from dataclasses import dataclass
 
 import networkx as nx
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.collections import LineCollection
-from matplotlib.figure import Figure
-from matplotlib.patches import FancyArrowPatch, Rectangle
+
+from sp_plan.planner.errors import require_extra
+
+# matplotlib comes with the report extra: name it before the imports below would fail without a fix
+require_extra("matplotlib", "report", "the report's figures")
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.collections import LineCollection  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
 
 from sp_plan.planner.cluster import NET, Cluster
 from sp_plan.planner.plan import Plan

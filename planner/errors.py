@@ -11,3 +11,23 @@ class PlanError(Exception):
     def __init__(self, field: str, problem: str, fix: str):
         self.field, self.problem, self.fix = field, problem, fix
         super().__init__(f"{field}: {problem}; {fix}")
+
+
+class MissingExtra(PlanError, ImportError):
+    """A command needs an optional dependency that is not installed: a PlanError (the CLI exits 2 with one line)
+    and an ImportError (what a library caller expects of a missing module)."""
+
+    def __init__(self, module: str, extra: str, needed_by: str):
+        PlanError.__init__(self, needed_by, f"needs {module}, which is not installed",
+                           f"pip install 'sp-plan[{extra}]'")
+        self.name = module
+
+
+def require_extra(module: str, extra: str, needed_by: str) -> None:
+    """Import ``module`` or raise MissingExtra naming the extra that brings it (pyproject's optional-dependencies)."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise MissingExtra(module, extra, needed_by) from None

@@ -51,6 +51,8 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{n:6d}  {key}")
 
 
+pytest_plugins = ["markers"]  # tests/markers.py: slow, multiprocess, postgres, browser, netns
+
 import importlib.util  # noqa: E402
 from pathlib import Path  # noqa: E402
 
