@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from sp_plan.planner.layout import Layout, ring_tokens
+from sp_plan.planner.layout import Layout
 from sp_plan.runtime import kernels, ring as ring_mod, ulysses as ulysses_mod
 from sp_plan.runtime.attention import attention
 from sp_plan.runtime.spawn import run_world

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from sp_plan.planner.cluster import NET, Cluster
 from sp_plan.planner.errors import require_extra
+from sp_plan.planner.plan import Plan
+from sp_plan.planner.profile import MeasuredCandidate
+from sp_plan.planner.search import summarize
+from sp_plan.planner.sensitivity import Sensitivity
 
 # matplotlib comes with the report extra: name it before the imports below would fail without a fix
 require_extra("matplotlib", "report", "the report's figures")
@@ -20,12 +25,6 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.collections import LineCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
-
-from sp_plan.planner.cluster import NET, Cluster
-from sp_plan.planner.plan import Plan
-from sp_plan.planner.profile import MeasuredCandidate
-from sp_plan.planner.search import summarize
-from sp_plan.planner.sensitivity import Sensitivity
 
 GIB = 2.0 ** 30
 COMPUTE, BUBBLE = "#4c72b0", "#9e9e9e"

@@ -227,7 +227,8 @@ def _cases(candidates: list[MeasuredCandidate]) -> list[_Case]:
         try:
             plan = Plan.model_validate(mc.plan)
         except (PlanError, ValueError) as e:
-            raise PlanError(f"candidates[{i}].plan", f"not a valid plan document: {e}", "store the whole Plan that ran")
+            raise PlanError(f"candidates[{i}].plan", f"not a valid plan document: {e}",
+                            "store the whole Plan that ran") from None
         if plan.model is None or plan.workload is None:
             raise PlanError(f"candidates[{i}].plan", "the plan document has no model or workload",
                             "store the Plan with its model and workload (search.finish fills them)")

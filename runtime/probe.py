@@ -214,7 +214,6 @@ def _run_op(p: Probe, rank: int, nbytes: int, dev: torch.device, timeout: dateti
     """One operation of probe ``p`` as seen by ``rank`` (a member of one of its groups)."""
     g_idx = next(i for i, g in enumerate(p.groups) if rank in g)
     group = p.groups[g_idx]
-    n = len(group)
     if p.op in ("p2p", "p2p_bidir"):
         peer = group[1] if rank == group[0] else group[0]
         send, recv = bufs["a"], bufs["b"]

@@ -4,7 +4,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from sp_plan.planner import Candidate, Estimator, ModelSpec, PlanError, Workload, estimate, plan

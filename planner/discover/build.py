@@ -261,7 +261,7 @@ def cpu_node(host: HostReport, slots: int) -> NodeBuild:
         switches.append(Switch(name=f"nic{k}", kind="nic", rate=rate, network=kind))
         links.append(Link(src=f"nic{k}", dst="host", kind="shm", capacity=rate * 4, latency=SHM_LATENCY / 5))
         links.append(Link(src=f"nic{k}", dst=NET, kind=kind, capacity=rate, latency=NET_LATENCY[kind]))
-    warns.append(f"CPU rank slots: peak FLOP/s and shared-memory bandwidth are placeholders until `sp-plan tune` measures them")
+    warns.append("CPU rank slots: peak FLOP/s and shared-memory bandwidth are placeholders until `sp-plan tune` measures them")
     return NodeBuild(NodeType(devices=devices, switches=switches, links=links), _nic_kind(nics[0]),
                      {f"nic{k}": n.name for k, n in enumerate(nics)}, warns)
 
