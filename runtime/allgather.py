@@ -12,6 +12,9 @@ Masks. Each (local queries, key chunk) pair's mask comes from the global token i
 document (``cu_seqlens`` over the global sequence) and a sliding window (``kernels.attended``), reduced to the
 region the kernel needs (``kernels.reduce_mask``). All-gather is indifferent to the mask: no rank waits on
 another's work in lock step, as a ring round does.
+
+Hybrid. With a ulysses degree over 1, Ulysses' all-to-all wraps the all-gather (``usp.usp_attention`` with the
+all-gather inside): each context-group member then holds its whole token list for H/U heads.
 """
 from __future__ import annotations
 
@@ -20,10 +23,12 @@ from functools import lru_cache
 import torch
 import torch.distributed as dist
 
-from .kernels import BlockMask, attended, document_ids, lse_dtype, reduce_mask
-from .ring import (Ring, attend_block, attend_block_backward, check_masks, held_tokens, make_ring, member_tokens,
+from .kernels import BlockMask, attended, document_ids, reduce_mask
+from .ring import (Ring, attend_chunks, attend_chunks_backward, check_masks, held_tokens, make_ring, member_tokens,
                    pad_tokens)
-from .variants import register
+from .ulysses import check_ulysses_ranks
+from .usp import usp_attention
+from .variants import degree, register
 
 
 @lru_cache(maxsize=256)
@@ -72,31 +77,9 @@ def reduce_scatter_chunks(chunks: list[torch.Tensor], ring: Ring) -> torch.Tenso
     return flat[slot][:, :mine]
 
 
-def allgather_forward(q, ks, vs, masks, scale, backend=None):
-    """Local queries against every gathered K/V chunk: (out, lse)."""
-    out = lse = None
-    for k, v, bm in zip(ks, vs, masks):
-        out, lse = attend_block(q, k, v, bm, out, lse, scale, backend)
-    if out is None:  # every key masked: rows see nothing
-        out = q.new_zeros(*q.shape[:3], vs[0].shape[-1], dtype=lse_dtype(q.dtype))
-        lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=out.dtype, device=q.device)
-    return out.to(q.dtype), lse
-
-
 def allgather_backward(dout, q, ks, vs, out, lse, masks, ring: Ring, scale, backend=None):
     """dq from every chunk; each chunk's dk, dv reduce-scattered to its owner."""
-    acc = lse_dtype(q.dtype)
-    dq, dks, dvs = None, [], []
-    for k, v, bm in zip(ks, vs, masks):
-        dq, grads = attend_block_backward(dout, q, k, v, out, lse, bm, dq, scale, backend)
-        dk, dv = torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device)
-        if grads is not None:
-            dk[:, bm.col_start:bm.col_stop] += grads[1]
-            dv[:, bm.col_start:bm.col_stop] += grads[2]
-        dks.append(dk)
-        dvs.append(dv)
-    if dq is None:
-        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    dq, dks, dvs = attend_chunks_backward(dout, q, ks, vs, out, lse, masks, scale, backend)
     dk, dv = reduce_scatter_chunks(dks, ring), reduce_scatter_chunks(dvs, ring)
     return dq.to(q.dtype), dk.to(ks[0].dtype), dv.to(vs[0].dtype)
 
@@ -111,7 +94,7 @@ class _AllGatherAttention(torch.autograd.Function):
         tokens = held_tokens(token_layout, ring, seq_len, q.shape[1], bool(causal), cu_seqlens, window)
         masks = chunk_masks(token_layout, ring.size, seq_len, ring.position, bool(causal), cu_seqlens, window)
         ks, vs = gather_kv(k.contiguous(), v.contiguous(), ring, [len(t) for t in tokens])
-        out, lse = allgather_forward(q, ks, vs, masks, scale, backend)
+        out, lse = attend_chunks(q, ks, vs, masks, scale, backend)
         ctx.save_for_backward(q, out, lse, *ks, *vs)
         ctx.ring, ctx.masks, ctx.scale, ctx.backend = ring, masks, scale, backend
         return out
@@ -143,9 +126,18 @@ def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group
 
 def _registered_allgather(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None, cu_seqlens=None,
                           window=None):
-    """The registry's entry: all-gather K/V over the context (ring) group; degree 1 attends locally with the masks."""
-    return allgather_attention(q, k, v, groups.get("ring"), causal=causal, token_layout=token_layout, scale=scale,
-                               ranks=ranks.get("ring"), backend=backend, cu_seqlens=cu_seqlens, window=window)
+    """The registry's entry: all-gather K/V over the context (ring) group, inside Ulysses' all-to-all where the
+    ulysses degree is over 1 (the hybrid); degree 1 attends locally with the masks."""
+    uly = groups.get("ulysses")
+    if degree(uly) == 1:
+        return allgather_attention(q, k, v, groups.get("ring"), causal=causal, token_layout=token_layout,
+                                   scale=scale, ranks=ranks.get("ring"), backend=backend, cu_seqlens=cu_seqlens,
+                                   window=window)
+    check_ulysses_ranks(uly, ranks.get("ulysses"))
+    ring = groups.get("ring")
+    return usp_attention(q, k, v, uly, ring if degree(ring) > 1 else None, causal=causal, token_layout=token_layout,
+                         scale=scale, ring_ranks=ranks.get("ring"), backend=backend, cu_seqlens=cu_seqlens,
+                         window=window, inner=allgather_attention)
 
 
 register("allgather", _registered_allgather)

@@ -5,12 +5,12 @@ import torch
 import torch.distributed as dist
 
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.layout import check_token_layout
+from sp_plan.planner.layout import check_balance_policy, check_token_layout
 
 from .variants import VARIANTS, load_all, register  # noqa: F401 - register: the registry's, re-exported
 
-#: the variants that take packed documents (cu_seqlens) and sliding windows
-MASKED = ("allgather", "ring")
+#: the variants that honour packed documents (cu_seqlens) and sliding windows exactly; the others refuse them
+MASKED = ("ring", "ulysses", "usp", "allgather")
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: str,
@@ -30,11 +30,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: s
     variants = load_all()
     if algorithm not in variants:
         raise PlanError("algorithm", f"unknown algorithm {algorithm!r}", f"use one of {sorted(variants)}")
-    check_token_layout(token_layout)
+    (check_token_layout if cu_seqlens is None else check_balance_policy)(token_layout)  # balanced needs documents
     masks = {n: x for n, x in (("cu_seqlens", cu_seqlens), ("window", window)) if x is not None}
     if masks and algorithm not in MASKED:
         name = next(iter(masks))
-        raise PlanError(name, f"algorithm {algorithm} does not take {name} yet",
-                        f"use a plan with algorithm {' or '.join(MASKED)} for packed documents and windows")
+        raise PlanError(name, f"algorithm {algorithm} does not honour {name} (packed documents and sliding windows)",
+                        f"use a plan with algorithm {', '.join(MASKED[:-1])} or {MASKED[-1]}, which do")
     return variants[algorithm].fn(q, k, v, groups=groups or {}, ranks=ranks or {}, causal=causal,
                                   token_layout=token_layout, scale=scale, backend=backend, **masks)

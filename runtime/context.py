@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
@@ -59,41 +60,61 @@ class Context:
     def shard(self, x: torch.Tensor, dim: int = 1, cu_seqlens=None, window: int | None = None) -> torch.Tensor:
         """This rank's tokens of a full-sequence tensor, in the plan's token layout (layout.tokens); with packed
         documents (``cu_seqlens``, and the ``window`` the attention will use) laid out per document as
-        ``ctx.attention`` expects them (``ring.member_tokens``: ranks may hold different numbers of tokens)."""
+        ``ctx.attention`` expects them (``ring.member_pieces``: ranks may hold different numbers of tokens)."""
         if cu_seqlens is None:
             tokens = self.layout.tokens(self.rank, x.size(dim))
-        elif self.plan.degrees["ulysses"] > 1:
-            raise PlanError("cu_seqlens", "packed documents are laid out per ring rank; this plan has ulysses "
-                            f"{self.plan.degrees['ulysses']}", "use a ring or allgather plan for packed documents")
         else:
-            from .ring import member_tokens
-
-            causal = self.plan.workload.causal if self.plan.workload else True
-            cu = tuple(int(c) for c in cu_seqlens)
-            members = member_tokens(self.plan.token_layout, self.plan.degrees["ring"], x.size(dim), causal, cu,
-                                    window)
-            tokens = members[self.layout.coords(self.rank).get("ring", 0)]
+            tokens = self._document_tokens(x.size(dim), cu_seqlens, window)[self.rank]
         return x.index_select(dim, torch.tensor(tokens, device=x.device))
 
-    def gather(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
-        """Inverse of ``shard``: all-gather the local shards over the sequence group and undo the permutation."""
+    def _document_tokens(self, seq_len: int, cu_seqlens, window) -> dict:
+        """Global tokens each rank of this rank's sequence group holds, with packed documents (``member_pieces``)."""
+        from .ring import check_masks, member_pieces
+
+        cu, w = check_masks(cu_seqlens, window, seq_len)
+        causal = self.plan.workload.causal if self.plan.workload else True
+        pieces = member_pieces(self.plan.token_layout, self.plan.degrees["ulysses"], self.plan.degrees["ring"],
+                               seq_len, causal, cu, w)
+        coords = {m: self.layout.coords(m) for m in self.ranks("sp")}
+        return {m: pieces[c.get("ring", 0)][c.get("ulysses", 0)] for m, c in coords.items()}
+
+    def gather(self, x: torch.Tensor, dim: int = 1, cu_seqlens=None, window: int | None = None) -> torch.Tensor:
+        """Inverse of ``shard`` (with the same ``cu_seqlens`` and ``window``): all-gather the local shards over the
+        sequence group and put every token back at its place; shards of different lengths travel padded."""
         members = self.ranks("sp")
         if len(members) == 1:
             return x
-        parts = [torch.empty_like(x) for _ in members]
-        dist.all_gather(parts, x.contiguous(), group=self.group("sp"))
+        if cu_seqlens is None:
+            seq_len = x.size(dim) * len(members)
+            perm = self.layout.sequence_permutation(seq_len)
+            lengths = [x.size(dim)] * len(members)
+        else:
+            seq_len = int(cu_seqlens[-1])
+            held = self._document_tokens(seq_len, cu_seqlens, window)
+            perm = np.concatenate([held[m] for m in members])
+            lengths = [len(held[m]) for m in members]
+        parts = self._all_gather(x, dim, max(lengths))
         by_group_rank = sorted(members)  # all_gather fills in group-rank order (sorted global ranks)
-        ordered = torch.cat([parts[by_group_rank.index(m)] for m in members], dim=dim)
-        perm = torch.tensor(self.layout.sequence_permutation(ordered.size(dim)), device=x.device)
+        ordered = torch.cat([parts[by_group_rank.index(m)].narrow(dim, 0, n) for m, n in zip(members, lengths)], dim)
         out = torch.empty_like(ordered)
-        out.index_copy_(dim, perm, ordered)
+        out.index_copy_(dim, torch.tensor(perm, device=x.device), ordered)
         return out
+
+    def _all_gather(self, x: torch.Tensor, dim: int, n: int) -> list[torch.Tensor]:
+        """Every sequence-group member's ``x`` padded along ``dim`` to ``n``, in group-rank order."""
+        if x.size(dim) < n:
+            pad = list(x.shape)
+            pad[dim] = n - x.size(dim)
+            x = torch.cat([x, x.new_zeros(pad)], dim=dim)
+        parts = [torch.empty_like(x) for _ in self.ranks("sp")]
+        dist.all_gather(parts, x.contiguous(), group=self.group("sp"))
+        return parts
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | None = None,
                   scale: float | None = None, cu_seqlens=None, window: int | None = None) -> torch.Tensor:
         """The plan's attention on local (batch, local seq, heads, head dim) tensors in the token layout;
-        ``cu_seqlens`` (0, ..., global length) packs documents, ``window`` is a sliding window (ring and all-gather
-        plans; ``attention.MASKED``)."""
+        ``cu_seqlens`` (0, ..., global length) packs documents, ``window`` is a sliding window (ring, Ulysses, USP
+        and all-gather plans, ``attention.MASKED``; the others refuse them)."""
         from .attention import attention
 
         if causal is None:

@@ -21,6 +21,7 @@ ranges plus a diagonal offset or explicit mask (``kernels.causal_block_mask``).
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -40,6 +41,8 @@ from .overlap import DoubleBuffer
 from .variants import degree, register
 
 _TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 0, 1, 2, 3
+#: blocks the kernels ran on in this process, by pass ("forward", "backward"); a block its mask empties never counts
+BLOCKS: Counter = Counter()
 
 
 def p2p(group, sends: list, recvs: list) -> list:
@@ -106,6 +109,16 @@ def member_tokens(token_layout: str, size: int, seq_len: int, causal: bool, cu_s
     return tuple(document_ring_tokens(token_layout, size, cu_seqlens, weights))
 
 
+@lru_cache(maxsize=256)
+def member_pieces(token_layout: str, ulysses: int, ring: int, seq_len: int, causal: bool,
+                  cu_seqlens: tuple[int, ...] | None, window: int | None) -> tuple[tuple[np.ndarray, ...], ...]:
+    """[ring member][ulysses member] tokens (USP Algorithm 2): each ring member's tokens (``member_tokens``) cut
+    into ``ulysses`` contiguous pieces, the first (length mod ulysses) one token longer (``layout.sp_tokens``,
+    ``layout.document_sp_tokens``)."""
+    members = member_tokens(token_layout, ring, seq_len, causal, cu_seqlens, window)
+    return tuple(tuple(np.array_split(t, ulysses)) for t in members)
+
+
 def _padded(allowed: np.ndarray, n: int) -> np.ndarray:
     """A (queries, keys) mask with False columns for a key block padded to ``n`` tokens."""
     return allowed if allowed.shape[1] == n else np.pad(allowed, ((0, 0), (0, n - allowed.shape[1])))
@@ -159,6 +172,7 @@ def attend_block(q, k, v, bm: BlockMask | None, out, lse, scale, backend=None):
     """Fold one K,V block's attention (mask ``bm``; None = skip) into the (out, lse) accumulators (None: none yet)."""
     if bm is None:
         return out, lse
+    BLOCKS["forward"] += 1
     n = q.shape[1]
     rows, cols = _rows_cols(bm)
     b_out, b_lse = block_attention(q[:, rows], k[:, cols], v[:, cols], scale=scale, causal_offset=bm.causal_offset,
@@ -177,6 +191,7 @@ def attend_block_backward(dout, q, k, v, out, lse, bm: BlockMask | None, dq, sca
     on its columns (``bm``'s), or None."""
     if bm is None:
         return dq, None
+    BLOCKS["backward"] += 1
     rows, cols = _rows_cols(bm)
     grads = block_attention_backward(dout[:, rows], q[:, rows], k[:, cols], v[:, cols], out[:, rows],
                                      lse[..., rows], scale=scale, causal_offset=bm.causal_offset, mask=bm.mask,
@@ -187,6 +202,36 @@ def attend_block_backward(dout, q, k, v, out, lse, bm: BlockMask | None, dq, sca
         dq = torch.zeros(q.shape, dtype=lse_dtype(q.dtype), device=q.device)
     dq[:, rows] += grads[0]
     return dq, grads
+
+
+def attend_chunks(q, ks, vs, masks, scale, backend=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries against a list of K/V chunks (masks[j] for chunk j; None = skip), folded by the lse merge: (out, lse).
+    Rows that see no key get out 0 and lse -inf."""
+    out = lse = None
+    for k, v, bm in zip(ks, vs, masks):
+        out, lse = attend_block(q, k, v, bm, out, lse, scale, backend)
+    if out is None:  # every key masked: rows see nothing
+        out = q.new_zeros(*q.shape[:3], vs[0].shape[-1], dtype=lse_dtype(q.dtype))
+        lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=out.dtype, device=q.device)
+    return out.to(q.dtype), lse
+
+
+def attend_chunks_backward(dout, q, ks, vs, out, lse, masks, scale, backend=None):
+    """Backward of ``attend_chunks`` from the global (out, lse) (FlashAttention-2 Alg. 2 per chunk): dq and every
+    chunk's dk, dv, in the accumulation dtype."""
+    acc = lse_dtype(q.dtype)
+    dq, dks, dvs = None, [], []
+    for k, v, bm in zip(ks, vs, masks):
+        dq, grads = attend_block_backward(dout, q, k, v, out, lse, bm, dq, scale, backend)
+        dk, dv = torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device)
+        if grads is not None:
+            dk[:, bm.col_start:bm.col_stop] += grads[1]
+            dv[:, bm.col_start:bm.col_stop] += grads[2]
+        dks.append(dk)
+        dvs.append(dv)
+    if dq is None:
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    return dq, dks, dvs
 
 
 def ring_forward(q, k, v, ring: Ring, masks, scale, backend=None, trace=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,7 +260,7 @@ def ring_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale, backend=Non
     acc = lse_dtype(q.dtype)
     dq = None
     bufs: list = [(k, v), None, None]
-    dkv_reqs, recv, dkv_spare = None, None, None
+    dkv_reqs, recv, dkv_spare, sent = None, None, None, None
     for rd in DoubleBuffer(ring.size).rounds:
         i = rd.index
         kv_reqs = _post(ring, rd, bufs, (k, v), _TAG_K, trace)

@@ -7,9 +7,16 @@ output to the sequence shards. Both all-to-alls are autograd functions whose bac
 reverse all-to-all. GQA: when the KV heads do not split evenly over U (fewer KV heads than U),
 KV heads are replicated so that each rank receives the ones its query heads need, and the
 gradients of the replicas are summed back onto their KV head.
+
+Masks. With packed documents (``cu_seqlens``) the members' local lengths may differ (``ring.member_pieces``): the
+all-to-alls then exchange pieces of different lengths (all_to_all_single with split sizes, exact both ways). After
+the all-to-all a rank holds its ring member's whole token list in the layout's order, so each (query piece, key
+piece) pair gets its mask from the global token indices (``kernels.attended``) and a pair the mask empties is not
+computed (``piecewise_attention``).
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import torch
@@ -17,7 +24,8 @@ import torch.distributed as dist
 
 from sp_plan.planner.errors import PlanError
 
-from .kernels import local_attention
+from .kernels import BlockMask, attended, document_ids, local_attention, reduce_mask
+from .ring import attend_chunks, attend_chunks_backward, check_masks, member_pieces
 from .variants import degree, register
 
 
@@ -55,11 +63,39 @@ def all_to_all(send: torch.Tensor, group) -> torch.Tensor:
     return recv
 
 
+def exchange(pieces: list[torch.Tensor], shapes: list[tuple[int, ...]], group) -> list[torch.Tensor]:
+    """All-to-all of one piece to each member (group rank order) and one piece shaped ``shapes[u]`` from each:
+    all_to_all_single with split sizes, so pieces may differ in length."""
+    sizes = [math.prod(s) for s in shapes]
+    send = torch.cat([p.reshape(-1) for p in pieces])
+    recv = send.new_empty(sum(sizes))
+    dist.all_to_all_single(recv, send, output_split_sizes=sizes, input_split_sizes=[p.numel() for p in pieces],
+                           group=group)
+    return [r.view(s) for r, s in zip(recv.split(sizes), shapes)]
+
+
+def gather_sequence(send: torch.Tensor, group, lengths) -> torch.Tensor:
+    """(degree, b, s, h, d) head slices of this rank's tokens, one per member -> (b, S, h, d): every member's
+    tokens of this rank's heads, in member order (``lengths``: each member's tokens, or None if all are s)."""
+    degree, b, s, h, d = send.shape
+    if lengths is None:
+        return all_to_all(send, group).transpose(0, 1).reshape(b, degree * s, h, d)
+    return torch.cat(exchange(list(send.unbind(0)), [(b, n, h, d) for n in lengths], group), dim=1)
+
+
+def scatter_sequence(full: torch.Tensor, group, lengths, s: int) -> torch.Tensor:
+    """Inverse of ``gather_sequence``: (b, S, h, d) -> (degree, b, s, h, d), member u's tokens sent back to u."""
+    b, _, h, d = full.shape
+    degree = len(lengths)
+    pieces = [p.contiguous() for p in full.split(list(lengths), dim=1)]
+    return torch.stack(exchange(pieces, [(b, s, h, d)] * degree, group))
+
+
 class _SeqToHeads(torch.autograd.Function):
     """Ulysses all-to-all: q, k, v from (B, S/U, H, D) sequence shards to (B, S, H/U, D) head shards."""
 
     @staticmethod
-    def forward(ctx, q, k, v, group, degree):
+    def forward(ctx, q, k, v, group, degree, lengths=None):
         b, s, q_heads, d = q.shape
         kv_heads = k.shape[2]
         kv_local, kv_index = kv_split(q_heads, kv_heads, degree)
@@ -71,8 +107,8 @@ class _SeqToHeads(torch.autograd.Function):
             x = x if idx is None else x.index_select(2, idx)
             lo = hq + j * kv_local
             send[..., lo:lo + kv_local, :].copy_(x.reshape(b, s, degree, kv_local, d).permute(2, 0, 1, 3, 4))
-        full = all_to_all(send, group).transpose(0, 1).reshape(b, degree * s, hq + 2 * kv_local, d)
-        ctx.group, ctx.degree, ctx.idx, ctx.shapes = group, degree, idx, (q.shape, k.shape)
+        full = gather_sequence(send, group, lengths)
+        ctx.group, ctx.degree, ctx.idx, ctx.shapes, ctx.lengths = group, degree, idx, (q.shape, k.shape), lengths
         return full[..., :hq, :], full[..., hq:hq + kv_local, :], full[..., hq + kv_local:, :]
 
     @staticmethod
@@ -83,11 +119,19 @@ class _SeqToHeads(torch.autograd.Function):
         kv_local = k_shape[2] // degree if idx is None else len(idx) // degree
         ref = next(g for g in (dq, dk, dv) if g is not None)
         alloc = torch.empty if all(g is not None for g in (dq, dk, dv)) else torch.zeros
-        send = alloc(degree, b, s, hq + 2 * kv_local, d, dtype=ref.dtype, device=ref.device)
-        for lo, n, g in ((0, hq, dq), (hq, kv_local, dk), (hq + kv_local, kv_local, dv)):
-            if g is not None:
+        grads = [(lo, n, g) for lo, n, g in ((0, hq, dq), (hq, kv_local, dk), (hq + kv_local, kv_local, dv))
+                 if g is not None]
+        if ctx.lengths is None:  # straight into the all-to-all's (degree, b, s, ...) layout: one copy
+            send = alloc(degree, b, s, hq + 2 * kv_local, d, dtype=ref.dtype, device=ref.device)
+            for lo, n, g in grads:
                 send[..., lo:lo + n, :].copy_(g.reshape(b, degree, s, n, d).transpose(0, 1))
-        recv = all_to_all(send, ctx.group).permute(1, 2, 0, 3, 4)  # (b, s, degree, heads, d)
+            recv = all_to_all(send, ctx.group)
+        else:
+            full = alloc(b, sum(ctx.lengths), hq + 2 * kv_local, d, dtype=ref.dtype, device=ref.device)
+            for lo, n, g in grads:
+                full[..., lo:lo + n, :].copy_(g)
+            recv = scatter_sequence(full, ctx.group, ctx.lengths, s)
+        recv = recv.permute(1, 2, 0, 3, 4)  # (b, s, degree, heads, d)
         grad_q = recv[..., :hq, :].reshape(b, s, q_heads, d)
         grads_kv = []
         for lo in (hq, hq + kv_local):
@@ -95,53 +139,134 @@ class _SeqToHeads(torch.autograd.Function):
             if idx is not None:  # sum the gradients of replicated KV heads onto their head
                 g = g.new_zeros(k_shape).index_add_(2, idx, g)
             grads_kv.append(g)
-        return grad_q, grads_kv[0], grads_kv[1], None, None
+        return grad_q, grads_kv[0], grads_kv[1], None, None, None
 
 
 class _HeadsToSeq(torch.autograd.Function):
     """Ulysses all-to-all back: output from (B, S, H/U, D) head shards to (B, S/U, H, D) sequence shards."""
 
     @staticmethod
-    def forward(ctx, out, group, degree):
+    def forward(ctx, out, group, degree, lengths=None):
         b, n, h, d = out.shape
-        s = n // degree
-        send = out.reshape(b, degree, s, h, d).transpose(0, 1).contiguous()
-        ctx.group, ctx.degree = group, degree
-        return all_to_all(send, group).permute(1, 2, 0, 3, 4).reshape(b, s, degree * h, d)
+        ctx.group, ctx.degree, ctx.lengths = group, degree, lengths
+        if lengths is None:
+            s = n // degree
+            recv = all_to_all(out.reshape(b, degree, s, h, d).transpose(0, 1).contiguous(), group)
+        else:
+            s = lengths[dist.get_rank(group)]
+            recv = scatter_sequence(out, group, lengths, s)
+        return recv.permute(1, 2, 0, 3, 4).reshape(b, s, degree * h, d)
 
     @staticmethod
     def backward(ctx, dout):
         b, s, heads, d = dout.shape
         degree = ctx.degree
         send = dout.reshape(b, s, degree, heads // degree, d).permute(2, 0, 1, 3, 4).contiguous()
-        recv = all_to_all(send, ctx.group)
-        return recv.transpose(0, 1).reshape(b, degree * s, heads // degree, d), None, None
+        return gather_sequence(send, ctx.group, ctx.lengths), None, None, None
 
 
 def _degree(group) -> int:
     return dist.get_world_size(group) if group is not None else dist.get_world_size()
 
 
-def seq_to_heads(q, k, v, group):
-    """Ulysses all-to-all of q, k, v (one exchange); returns the head shards of the full sequence."""
+def _even(lengths) -> tuple[int, ...] | None:
+    """``lengths`` as a tuple, or None where every member holds as many tokens (the equal all-to-all)."""
+    return None if lengths is None or len(set(lengths)) == 1 else tuple(int(n) for n in lengths)
+
+
+def seq_to_heads(q, k, v, group, lengths=None):
+    """Ulysses all-to-all of q, k, v (one exchange); returns the head shards of the full sequence. ``lengths``:
+    every member's local tokens (group rank order) where they differ."""
     degree = _degree(group)
     check_heads(q.shape[2], k.shape[2], degree)
     if degree == 1:
         return q, k, v
-    return _SeqToHeads.apply(q, k, v, group, degree)
+    return _SeqToHeads.apply(q, k, v, group, degree, _even(lengths))
 
 
-def heads_to_seq(out, group):
-    """Ulysses all-to-all of the attention output back to sequence shards."""
+def heads_to_seq(out, group, lengths=None):
+    """Ulysses all-to-all of the attention output back to sequence shards (``lengths`` as ``seq_to_heads``)."""
     degree = _degree(group)
-    return out if degree == 1 else _HeadsToSeq.apply(out, group, degree)
+    return out if degree == 1 else _HeadsToSeq.apply(out, group, degree, _even(lengths))
+
+
+@lru_cache(maxsize=256)
+def piece_masks(token_layout: str, ulysses: int, ring: int, position: int, seq_len: int, causal: bool,
+                cu_seqlens: tuple[int, ...] | None, window: int | None) -> tuple[tuple[BlockMask | None, ...], ...]:
+    """[query piece][key piece] masks of ring member ``position``'s token list after the all-to-all (its ulysses
+    pieces in order, ``ring.member_pieces``); None = the mask empties the pair, skip it."""
+    pieces = member_pieces(token_layout, ulysses, ring, seq_len, causal, cu_seqlens, window)[position]
+    docs = None if cu_seqlens is None else document_ids(cu_seqlens, seq_len)
+    return tuple(tuple(reduce_mask(attended(tq, tk, causal=causal, documents=docs, window=window)) for tk in pieces)
+                 for tq in pieces)
+
+
+class _PiecewiseAttention(torch.autograd.Function):
+    """Attention of a token list cut into pieces, pair by pair under ``masks`` (lse merge per query piece; the
+    FlashAttention-2 backward per pair from the global out and lse), skipping the pairs the mask empties."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, lengths, masks, scale, backend):
+        ks, vs = k.split(lengths, dim=1), v.split(lengths, dim=1)
+        parts = [attend_chunks(qi, ks, vs, masks[i], scale, backend) for i, qi in enumerate(q.split(lengths, dim=1))]
+        out, lse = torch.cat([o for o, _ in parts], dim=1), torch.cat([m for _, m in parts], dim=-1)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.lengths, ctx.masks, ctx.scale, ctx.backend = lengths, masks, scale, backend
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        n = ctx.lengths
+        ks, vs = k.split(n, dim=1), v.split(n, dim=1)
+        dqs, dk, dv = [], None, None
+        for i, (do, qi, oi, li) in enumerate(zip(dout.split(n, 1), q.split(n, 1), out.split(n, 1), lse.split(n, -1))):
+            dq, dks, dvs = attend_chunks_backward(do, qi, ks, vs, oi, li, ctx.masks[i], ctx.scale, ctx.backend)
+            dqs.append(dq)
+            dk = torch.cat(dks, dim=1) if dk is None else dk.add_(torch.cat(dks, dim=1))
+            dv = torch.cat(dvs, dim=1) if dv is None else dv.add_(torch.cat(dvs, dim=1))
+        return torch.cat(dqs, dim=1).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+
+def piecewise_attention(q, k, v, lengths, masks, scale=None, backend=None) -> torch.Tensor:
+    """Masked attention of a (batch, sum(lengths), heads, dim) token list in pieces of ``lengths``; ``masks``
+    [query piece][key piece] (``piece_masks``)."""
+    return _PiecewiseAttention.apply(q, k, v, tuple(int(n) for n in lengths), masks, scale, backend)
+
+
+def check_local_tokens(n_local: int, lengths, me: int, token_layout: str) -> None:
+    """This rank holds the tokens the layout gives it (``lengths[me]``), or a clear error."""
+    if n_local != lengths[me]:
+        raise PlanError("q", f"this rank holds {n_local} tokens; the {token_layout} layout gives it {lengths[me]}",
+                        "shard the inputs with ctx.shard(x, cu_seqlens=...)")
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None = None, *,
-                      causal: bool = False, scale: float | None = None, backend: str | None = None) -> torch.Tensor:
-    """DeepSpeed-Ulysses attention on contiguous sequence shards (batch, seq/U, heads, dim)."""
-    q_l, k_l, v_l = seq_to_heads(q, k, v, group)
-    return heads_to_seq(local_attention(q_l, k_l, v_l, causal=causal, scale=scale, backend=backend), group)
+                      causal: bool = False, scale: float | None = None, backend: str | None = None,
+                      token_layout: str = "contiguous", cu_seqlens=None, window: int | None = None) -> torch.Tensor:
+    """DeepSpeed-Ulysses attention on contiguous sequence shards (batch, seq/U, heads, dim). ``cu_seqlens`` (0, ...,
+    S) packs documents, laid out per document (``ring.member_pieces`` with one ring member: local lengths may
+    differ); ``window`` is a sliding window."""
+    cu, w = check_masks(cu_seqlens, window, None)
+    if cu is None and w is None:
+        q_l, k_l, v_l = seq_to_heads(q, k, v, group)
+        return heads_to_seq(local_attention(q_l, k_l, v_l, causal=causal, scale=scale, backend=backend), group)
+    return masked_ulysses(q, k, v, group if _degree(group) > 1 else None, causal=causal, scale=scale,
+                          backend=backend, token_layout=token_layout, cu_seqlens=cu, window=w)
+
+
+def masked_ulysses(q, k, v, group, *, causal, scale, backend, token_layout, cu_seqlens, window) -> torch.Tensor:
+    """Ulysses under checked masks (``check_masks``) over ``group`` (None = degree 1: no all-to-all): the pieces'
+    all-to-all, ``piecewise_attention`` of the whole token list, the all-to-all back."""
+    u = 1 if group is None else dist.get_world_size(group)
+    seq_len = q.shape[1] * u if cu_seqlens is None else cu_seqlens[-1]
+    lengths = [len(p) for p in member_pieces(token_layout, u, 1, seq_len, bool(causal), cu_seqlens, window)[0]]
+    check_local_tokens(q.shape[1], lengths, 0 if group is None else dist.get_rank(group), token_layout)
+    masks = piece_masks(token_layout, u, 1, 0, seq_len, bool(causal), cu_seqlens, window)
+    if group is None:
+        return piecewise_attention(q, k, v, lengths, masks, scale, backend)
+    q_l, k_l, v_l = seq_to_heads(q, k, v, group, lengths)
+    return heads_to_seq(piecewise_attention(q_l, k_l, v_l, lengths, masks, scale, backend), group, lengths)
 
 
 def check_ulysses_ranks(group, ranks) -> None:
@@ -154,13 +279,20 @@ def check_ulysses_ranks(group, ranks) -> None:
                         f"{members}", "list the ulysses group's ranks by ulysses coordinate, as the layout does")
 
 
-def _registered_ulysses(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None):
-    """The registry's entry: Ulysses over groups["ulysses"] (degree 1: local attention)."""
+def _registered_ulysses(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None, cu_seqlens=None,
+                        window=None):
+    """The registry's entry: Ulysses over groups["ulysses"] (degree 1: local attention, under the masks if any)."""
     group = groups.get("ulysses")
-    if degree(group) == 1:
+    masked = cu_seqlens is not None or window is not None
+    if degree(group) == 1 and not masked:
         return local_attention(q, k, v, causal=causal, scale=scale, backend=backend)
     check_ulysses_ranks(group, ranks.get("ulysses"))
-    return ulysses_attention(q, k, v, group, causal=causal, scale=scale, backend=backend)
+    if degree(group) == 1:
+        cu, w = check_masks(cu_seqlens, window, None)
+        return masked_ulysses(q, k, v, None, causal=causal, scale=scale, backend=backend, token_layout=token_layout,
+                              cu_seqlens=cu, window=w)
+    return ulysses_attention(q, k, v, group, causal=causal, scale=scale, backend=backend, token_layout=token_layout,
+                             cu_seqlens=cu_seqlens, window=window)
 
 
 register("ulysses", _registered_ulysses)

@@ -1,17 +1,20 @@
-"""All-gather K/V and ring attention against single-process attention: output and every gradient, with document
-masks and sliding windows.
+"""Every algorithm that honours masks against single-device masked attention: output and every gradient.
 
-On worlds of 1, 2 and 4 gloo ranks, each token layout, causal and not, MHA and GQA (8 query heads with 2 and 1 KV
-heads), no mask / packed documents whose lengths are not multiples of anything (7, 23, 1, 33: what per-document
-zigzag in other stacks must pad) / a sliding window / both, float64 and float32. Each rank takes its tokens of
-the global sequence (``member_tokens``: with documents, laid out per document, so ranks may hold different
-numbers of tokens), runs forward and backward, and returns output and gradients of its tokens;
-the parent puts them back and compares with F.scaled_dot_product_attention in float64 under the same boolean
-mask. One world per size; the configurations loop inside it.
+The matrix: ring (contiguous, zigzag, striped, balanced), Ulysses, USP, all-gather and its hybrid with Ulysses x
+{causal, full, window, document, document + window, a single document, bidirectional document + window} x {MHA,
+GQA} on worlds of 1, 2, 4 and 8 gloo ranks, in float64 (and a float32 slice). The packed documents are 3, 37, 1, 17
+and 19 tokens (77 in all, odd, no padding to a multiple of anything): shorter than one rank's chunk, spanning many
+ranks, a single token. Each rank takes its tokens of the global sequence (``ring.member_pieces``: with documents
+laid out per document, so ranks may hold different numbers of tokens), runs forward and backward through the
+runtime's entry point (``attention.attention``, as ``ctx.attention`` calls it), and returns output, gradients and
+how many blocks its kernels ran (``ring.BLOCKS``); the parent puts the shards back and compares with
+F.scaled_dot_product_attention in float64 under the same boolean mask, and counts the blocks the mask leaves
+non-empty. One world per size; the cases loop inside it.
 """
 from __future__ import annotations
 
-import itertools
+from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import pytest
@@ -21,72 +24,197 @@ import torch.nn.functional as F
 
 from exact import DTYPES, TOLERANCE, assemble
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.layout import TOKEN_LAYOUTS
+from sp_plan.planner.layout import TOKEN_LAYOUTS, Layout
 from sp_plan.runtime.allgather import allgather_attention
+from sp_plan.runtime.attention import MASKED, attention
 from sp_plan.runtime.kernels import attended, document_ids
-from sp_plan.runtime.ring import member_tokens, ring_attention
+from sp_plan.runtime.ring import BLOCKS, member_pieces, member_tokens
 from sp_plan.runtime.spawn import run_world
 
-BATCH, SEQ, HEADS, HEAD_DIM = 2, 64, 8, 8
-DOCS = (0, 7, 30, 31, 64)
-MASKS = {"none": (None, None), "documents": (DOCS, None), "window": (None, 9), "documents+window": (DOCS, 9)}
+BATCH, HEADS, HEAD_DIM = 2, 8, 4
+DOCS = (0, 3, 40, 41, 58, 77)
+#: name -> (sequence length, causal, cu_seqlens, window)
+MASKS = {"causal": (64, True, None, None), "full": (64, False, None, None), "window": (64, True, None, 9),
+         "document": (77, True, DOCS, None), "document+window": (77, True, DOCS, 9),
+         "single document": (77, True, (0, 77), None), "document+window bidirectional": (77, False, DOCS, 6)}
+DOCUMENT_MASKS = tuple(m for m, spec in MASKS.items() if spec[2] is not None)
+KV_HEADS = {"MHA": 8, "GQA": 2}
+WORLDS = (1, 2, 4, 8)
 
 
-ALGORITHMS = {"allgather": allgather_attention, "ring": ring_attention}
+@dataclass(frozen=True)
+class Case:
+    algorithm: str
+    ulysses: int
+    ring: int
+    token_layout: str
+    mask: str
+    heads: str
+    dtype: str = "float64"
+
+    @property
+    def spec(self):
+        return MASKS[self.mask]
+
+    @property
+    def layout(self) -> Layout:
+        return Layout({"ulysses": self.ulysses, "ring": self.ring}, ("ulysses", "ring"), self.token_layout)
+
+    def pieces(self):
+        """[ring member][ulysses member] tokens, as the runtime lays them out."""
+        seq, causal, cu, window = self.spec
+        return member_pieces(self.token_layout, self.ulysses, self.ring, seq, causal, cu, window)
 
 
-def configs():
-    """Every algorithm, token layout (``balanced`` with documents), causality, KV heads, mask and dtype."""
-    return [c for c in itertools.product(ALGORITHMS, TOKEN_LAYOUTS + ("balanced",), (True, False), (8, 2, 1), MASKS,
-                                         DTYPES) if c[1] != "balanced" or MASKS[c[4]][0] is not None]
-
-
-def tokens_of(layout: str, world: int, causal: bool, mask: str, rank: int):
-    """The tokens a rank holds: the layout over the whole sequence, or per document (members' lengths may differ)."""
-    cu, window = MASKS[mask]
-    return member_tokens(layout, world, SEQ, causal, cu, window)[rank]
-
-
-def full_inputs(kv: int, dtype: torch.dtype, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(BATCH, SEQ, h, HEAD_DIM, generator=g, dtype=torch.float64).to(dtype)
-            for h in (HEADS, kv, kv, HEADS)]
-
-
-def _worker(rank: int, world: int):
-    group = dist.group.WORLD if world > 1 else None
-    out = []
-    for i, (alg, layout, causal, kv, mask, dt) in enumerate(configs()):
-        tok = tokens_of(layout, world, causal, mask, rank)
-        q, k, v, do = (x[:, torch.as_tensor(tok)].clone() for x in full_inputs(kv, DTYPES[dt], i))
-        q, k, v = (x.requires_grad_() for x in (q, k, v))
-        cu, window = MASKS[mask]
-        o = ALGORITHMS[alg](q, k, v, group, causal=causal, token_layout=layout, cu_seqlens=cu, window=window)
-        o.backward(do)
-        out.append((tok, [t.detach() for t in (o, q.grad, k.grad, v.grad)]))
+def variants(world: int) -> list[tuple[str, int, int, tuple[str, ...]]]:
+    """(algorithm, ulysses, ring, token layouts) on ``world`` ranks; ``balanced`` runs where documents are given."""
+    out = [("ring", 1, world, TOKEN_LAYOUTS + ("balanced",)), ("ulysses", world, 1, ("contiguous",)),
+           ("allgather", 1, world, ("contiguous", "zigzag", "balanced"))]
+    for u in (2, 4):
+        if world % u == 0 and world // u > 1:
+            out += [(a, u, world // u, ("zigzag", "balanced")) for a in ("usp", "allgather")]
+    if world == 2:  # the degree-1 sides of USP and of the hybrid
+        out += [("usp", 1, 2, ("zigzag",)), ("usp", 2, 1, ("contiguous",)), ("allgather", 2, 1, ("contiguous",))]
     return out
 
 
-def reference(q, k, v, do, causal: bool, cu, window):
-    """float64 single-process attention under the boolean mask of (causal, documents, window)."""
-    docs = None if cu is None else document_ids(cu, SEQ)
-    allowed = torch.from_numpy(attended(np.arange(SEQ), np.arange(SEQ), causal=causal, documents=docs, window=window))
+def cases(world: int) -> list[Case]:
+    """The float64 matrix of ``world``, and at world 2 a float32 slice (document + window, GQA)."""
+    out = [Case(a, u, r, t, m, h) for a, u, r, layouts in variants(world) for t in layouts for m in MASKS
+           for h in KV_HEADS if t != "balanced" or MASKS[m][2] is not None]
+    if world == 2:
+        out += [Case(a, u, r, layouts[0], "document+window", "GQA", "float32") for a, u, r, layouts in variants(2)]
+    return out
+
+
+def inputs(case: Case, seed: int):
+    """Global q, k, v and upstream gradient of ``case``, the same in parent and children."""
+    g = torch.Generator().manual_seed(seed)
+    seq, kv = case.spec[0], KV_HEADS[case.heads]
+    return [torch.randn(BATCH, seq, h, HEAD_DIM, generator=g, dtype=torch.float64).to(DTYPES[case.dtype])
+            for h in (HEADS, kv, kv, HEADS)]
+
+
+def _groups(world: int, rank: int, todo: list[Case]) -> dict:
+    """Every ulysses and ring group the cases need (all ranks make all of them, in the same order)."""
+    made = {tuple(range(world)): dist.group.WORLD}
+    for case in todo:
+        for dim in ("ulysses", "ring"):
+            for g in case.layout.groups(dim):
+                if len(g) > 1 and tuple(g) not in made:
+                    made[tuple(g)] = dist.new_group(g)
+    return made
+
+
+def _run(rank: int, world: int, todo: list[Case]):
+    made = _groups(world, rank, todo)
+    results = []
+    for i, case in enumerate(todo):
+        lay, c = case.layout, case.layout.coords(rank)
+        tok = case.pieces()[c.get("ring", 0)][c.get("ulysses", 0)]
+        q, k, v, do = (x[:, torch.as_tensor(tok)].clone() for x in inputs(case, i))
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
+        groups = {d: made.get(tuple(lay.group_of(d, rank))) for d in ("ulysses", "ring")}
+        ranks = {d: lay.group_of(d, rank) for d in ("ulysses", "ring")}
+        _, causal, cu, window = case.spec
+        before = dict(BLOCKS)
+        o = attention(q, k, v, algorithm=case.algorithm, groups=groups, ranks=ranks, causal=causal,
+                      token_layout=case.token_layout, cu_seqlens=cu, window=window)
+        o.backward(do)
+        blocks = tuple(BLOCKS[p] - before.get(p, 0) for p in ("forward", "backward"))
+        results.append((tok, [t.detach() for t in (o, q.grad, k.grad, v.grad)], blocks))
+    return results
+
+
+def reference(q, k, v, do, seq: int, causal: bool, cu, window):
+    """float64 single-device attention under the boolean mask of (causal, documents, window)."""
+    docs = None if cu is None else document_ids(cu, seq)
+    allowed = torch.from_numpy(attended(np.arange(seq), np.arange(seq), causal=causal, documents=docs, window=window))
     qt, kt, vt = (x.to(torch.float64).transpose(1, 2).clone().requires_grad_() for x in (q, k, v))
     o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=allowed, enable_gqa=True)
     o.backward(do.to(torch.float64).transpose(1, 2))
     return [x.transpose(1, 2) for x in (o.detach(), qt.grad, kt.grad, vt.grad)]
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
-def test_masked_attention_matches_single_process_attention(world):
-    results = run_world(_worker, world, timeout=300)
-    for i, (alg, layout, causal, kv, mask, dt) in enumerate(configs()):
-        full = full_inputs(kv, DTYPES[dt], i)
-        want = reference(*full, causal, *MASKS[mask])
-        got = assemble(want, [r[i] for r in results], SEQ, f"config {i}")
+def _nonempty(q_tokens, key_lists, case: Case) -> int:
+    """How many key blocks a query block sees anything of under the case's mask."""
+    seq, causal, cu, window = case.spec
+    docs = None if cu is None else document_ids(cu, seq)
+    return sum(bool(attended(q_tokens, t, causal=causal, documents=docs, window=window).any()) for t in key_lists)
+
+
+def expected_blocks(case: Case, rank: int) -> int | None:
+    """Blocks the rank's kernels must run in each pass: one per non-empty (query block, key block) pair. The
+    blocks are the ring members' token lists (ring, all-gather, USP and the hybrid after the all-to-all), or with
+    one ring member the ulysses pieces of the whole list; unmasked attention with one ring member runs one local
+    kernel (None), but all-gather on its own attends its one chunk as all-gather does."""
+    seq, causal, cu, window = case.spec
+    c = case.layout.coords(rank)
+    if case.ring == 1:
+        if cu is None and window is None and (case.algorithm, case.ulysses) != ("allgather", 1):
+            return None
+        pieces = case.pieces()[0]
+        return sum(_nonempty(p, pieces, case) for p in pieces)
+    members = member_tokens(case.token_layout, case.ring, seq, causal, cu, window)
+    return _nonempty(members[c.get("ring", 0)], members, case)
+
+
+@lru_cache(maxsize=None)
+def world_results(world: int):
+    return run_world(_run, world, cases(world), timeout=240)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_every_masked_algorithm_matches_single_device_attention(world):
+    results, wrong = world_results(world), []
+    for i, case in enumerate(cases(world)):
+        full = inputs(case, i)
+        want = reference(*full, *case.spec)
+        got = assemble(want, [(r[i][0], r[i][1]) for r in results], case.spec[0], str(case))
         for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
             err = float((g - w).abs().max())
-            assert err <= TOLERANCE[dt], (world, alg, layout, causal, kv, mask, dt, name, err)
+            if not err <= TOLERANCE[case.dtype]:
+                wrong.append(f"{case} {name}: {err:.3g}")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_blocks_the_mask_empties_are_not_computed(world):
+    """Each rank runs exactly one kernel per non-empty block in forward and in backward, so a mask that empties
+    blocks saves their compute; documents and windows do empty some at every world over 1."""
+    results, wrong, skipped = world_results(world), [], 0
+    for i, case in enumerate(cases(world)):
+        for rank, r in enumerate(results):
+            want = expected_blocks(case, rank)
+            if want is not None and r[i][2] != (want, want):
+                wrong.append(f"{case} rank {rank}: ran {r[i][2]}, non-empty {want}")
+            if want is not None and case.spec[2] is not None:
+                skipped += (case.ring if case.ring > 1 else case.ulysses ** 2) - want
+    assert not wrong, "\n".join(wrong)
+    assert skipped > 0 or world == 1
+
+
+def test_the_matrix_covers_every_masked_algorithm():
+    """Every algorithm that honours masks (and its hybrid), every policy of ring, every mask and both head shapes
+    at every world size over 1."""
+    for world in WORLDS[1:]:
+        have = {(c.algorithm, c.ulysses > 1 and c.ring > 1, c.token_layout, c.mask, c.heads) for c in cases(world)}
+        assert {a for a, *_ in have} == set(MASKED)
+        for t in TOKEN_LAYOUTS + ("balanced",):
+            assert all(("ring", False, t, m, h) in have for m in DOCUMENT_MASKS for h in KV_HEADS)
+        for m in MASKS:
+            assert all(any(x[0] == a and x[3] == m and x[4] == h for x in have) for a in MASKED for h in KV_HEADS)
+        if world > 2:
+            assert any(a == "allgather" and hybrid for a, hybrid, *_ in have)
+
+
+def test_unequal_shards_are_exercised():
+    """The documents leave ranks with different numbers of tokens in every layout, and Ulysses pieces too."""
+    for world in WORLDS[1:]:
+        for case in cases(world):
+            if case.spec[2] is DOCS and case.token_layout == "contiguous" and world == 8:
+                lengths = {len(p) for ring in case.pieces() for p in ring}
+                assert len(lengths) > 1, case
 
 
 def test_a_window_leaves_a_ring_only_its_neighbours():
@@ -115,36 +243,49 @@ def test_bad_masks_name_their_field():
         allgather_attention(q, q, q, cu_seqlens=[0, 5, 5, 8])
     with pytest.raises(PlanError, match="holds 8 tokens"):
         allgather_attention(q, q, q, cu_seqlens=[0, 5, 7])
+    with pytest.raises(PlanError, match="holds 8 tokens"):
+        attention(q, q, q, algorithm="ulysses", groups={}, cu_seqlens=[0, 5, 7])
 
 
-def _ctx_worker(rank: int, world: int):
+@pytest.mark.parametrize("algorithm", ["wallfacer", "tokenring", "tokenring_ring", "metp"])
+@pytest.mark.parametrize("mask", [{"cu_seqlens": (0, 3, 8)}, {"window": 4}])
+def test_algorithms_that_cannot_honour_masks_refuse_them_naming_those_that_can(algorithm, mask):
+    q = torch.randn(1, 8, 2, 4)
+    with pytest.raises(PlanError) as e:
+        attention(q, q, q, algorithm=algorithm, groups={}, **mask)
+    assert e.value.field == next(iter(mask))
+    assert all(a in str(e.value) for a in ("ring", "ulysses", "usp", "allgather"))
+    assert algorithm not in MASKED
+
+
+def _ctx_worker(rank: int, world: int, algorithm: str, degrees: dict, token_layout: str):
     from sp_plan.planner import Plan
+    from sp_plan.planner.model import Workload
     from sp_plan.runtime import init
 
-    ctx = init(Plan(algorithm="allgather", degrees={"ring": world}, order=["ring"], token_layout="zigzag"))
-    q, k, v, do = (ctx.shard(x, cu_seqlens=DOCS, window=9) for x in full_inputs(2, torch.float64, 7))
+    order = [d for d in ("ulysses", "ring") if d in degrees]
+    workload = Workload(seq_len=DOCS[-1], documents=list(np.diff(DOCS)))
+    ctx = init(Plan(algorithm=algorithm, degrees=degrees, order=order, token_layout=token_layout, workload=workload))
+    case = Case("ring", 1, 1, token_layout, "document+window", "GQA")
+    q, k, v, do = (ctx.shard(x, cu_seqlens=DOCS, window=9) for x in inputs(case, 7))
     q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
     out = ctx.attention(q, k, v, causal=True, cu_seqlens=DOCS, window=9)
     out.backward(do)
-    try:
-        init(Plan(algorithm="ulysses", degrees={"ulysses": world}, order=["ulysses"])).attention(q, k, v,
-                                                                                               cu_seqlens=DOCS)
-        refused = None
-    except PlanError as e:
-        refused = e.field
-    grads = [t.detach() for t in (out, q.grad, k.grad, v.grad)]
-    return member_tokens("zigzag", world, SEQ, True, DOCS, 9)[rank], grads, refused
+    return [ctx.gather(t.detach(), cu_seqlens=DOCS, window=9) for t in (out, q.grad, k.grad, v.grad)]
 
 
-def test_an_allgather_plan_runs_through_ctx_attention_with_its_masks():
-    """init(plan) + ctx.shard / ctx.attention(..., cu_seqlens, window) of an allgather plan (zigzag per document) is
-    exact; a plan whose algorithm takes no masks yet refuses them by name rather than ignoring them."""
-    results = run_world(_ctx_worker, 2, timeout=120)
-    want = reference(*full_inputs(2, torch.float64, 7), True, DOCS, 9)
-    got = assemble(want, [(t, vals) for t, vals, _ in results], SEQ)
-    for g, w in zip(got, want):
-        assert float((g - w).abs().max()) <= 1e-10
-    assert {r for _, _, r in results} == {"cu_seqlens"}
+@pytest.mark.parametrize("algorithm, degrees, token_layout", [
+    ("allgather", {"ring": 4}, "zigzag"), ("ulysses", {"ulysses": 4}, "contiguous"),
+    ("usp", {"ulysses": 2, "ring": 2}, "balanced")])
+def test_a_plan_runs_through_ctx_with_its_masks(algorithm, degrees, token_layout):
+    """init(plan) + ctx.shard / ctx.attention(..., cu_seqlens, window) / ctx.gather of a masked plan is exact, and
+    every rank gathers the whole sequence back."""
+    results = run_world(_ctx_worker, 4, algorithm, degrees, token_layout, timeout=120)
+    case = Case("ring", 1, 1, token_layout, "document+window", "GQA")
+    want = reference(*inputs(case, 7), *case.spec)
+    for got in results:
+        for g, w in zip(got, want):
+            assert float((g - w).abs().max()) <= 1e-10
 
 
 def test_a_balanced_plan_needs_documents():
