@@ -51,6 +51,8 @@ class Case:
     mask: str
     heads: str
     dtype: str = "float64"
+    order: tuple[str, ...] = ("ulysses", "ring")  # mesh order, innermost first
+
 
     @property
     def spec(self):
@@ -58,7 +60,7 @@ class Case:
 
     @property
     def layout(self) -> Layout:
-        return Layout({"ulysses": self.ulysses, "ring": self.ring}, ("ulysses", "ring"), self.token_layout)
+        return Layout({"ulysses": self.ulysses, "ring": self.ring}, self.order, self.token_layout)
 
     def pieces(self):
         """[ring member][ulysses member] tokens, as the runtime lays them out."""
@@ -79,11 +81,15 @@ def variants(world: int) -> list[tuple[str, int, int, tuple[str, ...]]]:
 
 
 def cases(world: int) -> list[Case]:
-    """The float64 matrix of ``world``, and at world 2 a float32 slice (document + window, GQA)."""
+    """The float64 matrix of ``world``; at world 2 a float32 slice (document + window, GQA), at world 8 USP and the
+    hybrid with the ring innermost in the mesh."""
     out = [Case(a, u, r, t, m, h) for a, u, r, layouts in variants(world) for t in layouts for m in MASKS
            for h in KV_HEADS if t != "balanced" or MASKS[m][2] is not None]
     if world == 2:
         out += [Case(a, u, r, layouts[0], "document+window", "GQA", "float32") for a, u, r, layouts in variants(2)]
+    if world == 8:
+        out += [Case(a, 2, 4, "zigzag", m, "GQA", order=("ring", "ulysses")) for a in ("usp", "allgather")
+                for m in ("causal", "document+window")]
     return out
 
 
