@@ -106,8 +106,9 @@ class Plan(BaseModel):
             self.order = [n for n in ("tp", "ulysses", "ring", "dp", "pp") if self.degrees.get(n, 1) > 1] or ["dp"]
         check_degrees(self.degrees, self.order)
         a, u, r = self.algorithm, self.degrees["ulysses"], self.degrees["ring"]
-        if a in ("ring", "allgather") and u != 1:
-            raise PlanError("degrees.ulysses", f"algorithm {a} needs ulysses 1, got {u}", "use algorithm usp for ulysses x ring")
+        if a == "ring" and u != 1:  # allgather with ulysses > 1 is the all-gather x Ulysses hybrid
+            raise PlanError("degrees.ulysses", f"algorithm {a} needs ulysses 1, got {u}",
+                            "use algorithm usp (or allgather) for ulysses x ring")
         if a == "ulysses" and r != 1:
             raise PlanError("degrees.ring", f"algorithm ulysses needs ring 1, got {r}", "use algorithm usp for ulysses x ring")
         if self.degrees.get("team", 1) > 1 and a not in TEAM_ALGORITHMS:

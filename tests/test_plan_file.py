@@ -93,3 +93,12 @@ def test_libyaml_reads_every_file_as_the_python_loader_does():
     with pytest.raises(yaml.YAMLError) as py:
         yaml.load("a: [1, 2\nb: 3\n", Loader=yamlio._Loader)  # noqa: S506
     assert str(e.value) == str(py.value)
+
+
+def test_allgather_with_ulysses_is_the_hybrid_and_ring_with_ulysses_is_refused(tmp_path):
+    """All-gather x Ulysses is algorithm allgather with ulysses > 1; ring with ulysses still points at usp."""
+    p = Plan(algorithm="allgather", degrees={"ulysses": 2, "ring": 4}, token_layout="zigzag")
+    p.save(tmp_path / "hybrid.yaml")
+    assert Plan.load(tmp_path / "hybrid.yaml") == p and p.sp == 8
+    with pytest.raises(PlanError, match="degrees.ulysses.*ring needs ulysses 1"):
+        Plan(algorithm="ring", degrees={"ulysses": 2, "ring": 4})
