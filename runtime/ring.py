@@ -43,6 +43,8 @@ from .variants import degree, register
 _TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 0, 1, 2, 3
 #: blocks the kernels ran on in this process, by pass ("forward", "backward"); a block its mask empties never counts
 BLOCKS: Counter = Counter()
+#: K, V blocks a ring rank sent on in this process, by pass ("forward", "backward"): none past the rounds a mask needs
+SENT: Counter = Counter()
 
 
 def p2p(group, sends: list, recvs: list) -> list:
@@ -77,10 +79,12 @@ class Ring:
     def prev(self) -> int:
         return self.ranks[(self.position - 1) % self.size]
 
-    def shift(self, send: list[torch.Tensor], recv: list[torch.Tensor], tag: int) -> list:
-        """Send tensors to the next rank and receive as many from the previous one (batched p2p)."""
-        return p2p(self.group, [(t, self.next, tag + j) for j, t in enumerate(send)],
-                   [(t, self.prev, tag + j) for j, t in enumerate(recv)])
+    def shift(self, send: list[torch.Tensor], recv: list[torch.Tensor], tag: int, hops: int = 1) -> list:
+        """Send tensors ``hops`` ranks on (default: the next rank) and receive as many from as far back (batched
+        p2p)."""
+        dst, src = self.ranks[(self.position + hops) % self.size], self.ranks[(self.position - hops) % self.size]
+        return p2p(self.group, [(t, dst, tag + j) for j, t in enumerate(send)],
+                   [(t, src, tag + j) for j, t in enumerate(recv)])
 
 
 def make_ring(group: dist.ProcessGroup | None = None, ranks=None) -> Ring:
@@ -117,6 +121,34 @@ def member_pieces(token_layout: str, ulysses: int, ring: int, seq_len: int, caus
     ``layout.document_sp_tokens``)."""
     members = member_tokens(token_layout, ring, seq_len, causal, cu_seqlens, window)
     return tuple(tuple(np.array_split(t, ulysses)) for t in members)
+
+
+def sees(q_tokens, k_tokens, causal: bool, cu_seqlens, window: int | None, seq_len: int) -> bool:
+    """Whether any query of ``q_tokens`` attends any key of ``k_tokens`` (``kernels.attended``'s mask) without the
+    pair matrix: key t' is seen by queries in [t', t' + W) causal, (t' - W, t' + W) not, within its document."""
+    k = np.asarray(k_tokens, dtype=np.int64)
+    q = np.sort(np.asarray(q_tokens, dtype=np.int64))
+    if cu_seqlens is None:
+        start, end = np.zeros_like(k), np.full_like(k, seq_len)
+    else:
+        cu = np.asarray(cu_seqlens, dtype=np.int64)
+        doc = np.searchsorted(cu, k, side="right") - 1
+        start, end = cu[doc], cu[doc + 1]
+    lo = k if causal else (start if window is None else np.maximum(start, k - window + 1))
+    hi = end if window is None else np.minimum(end, k + window)
+    return bool(np.any(np.searchsorted(q, lo) < np.searchsorted(q, hi)))
+
+
+@lru_cache(maxsize=256)
+def needed_rounds(token_layout: str, ring: int, seq_len: int, causal: bool, cu_seqlens: tuple[int, ...] | None,
+                  window: int | None) -> int:
+    """How many leading rounds some member's mask needs (1 + the last round i in which a member p sees the keys of
+    member p - i): the ring's K, V go no further, so a windowed ring talks to its near neighbours only."""
+    tokens = member_tokens(token_layout, ring, seq_len, causal, cu_seqlens, window)
+    for i in range(ring - 1, 0, -1):
+        if any(sees(tokens[p], tokens[(p - i) % ring], causal, cu_seqlens, window, seq_len) for p in range(ring)):
+            return i + 1
+    return 1
 
 
 def _padded(allowed: np.ndarray, n: int) -> np.ndarray:
@@ -234,16 +266,19 @@ def attend_chunks_backward(dout, q, ks, vs, out, lse, masks, scale, backend=None
     return dq, dks, dvs
 
 
-def ring_forward(q, k, v, ring: Ring, masks, scale, backend=None, trace=None) -> tuple[torch.Tensor, torch.Tensor]:
+def ring_forward(q, k, v, ring: Ring, masks, scale, backend=None, trace=None,
+                 rounds: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Ring attention forward, zhuzilin/ring-flash-attention scheme: K,V go round, (out, lse) merge.
 
-    The transfers follow ``overlap.DoubleBuffer``; ``trace`` (a list) records its events in order.
+    The transfers follow ``overlap.DoubleBuffer``; ``trace`` (a list) records its events in order. ``rounds``: the
+    first rounds any member's mask needs (``needed_rounds``; default all), so K, V go no further than they feed.
     """
     out = lse = None
     bufs: list = [(k, v), None, None]
-    for rd in DoubleBuffer(ring.size).rounds:
+    for rd in DoubleBuffer(rounds or ring.size).rounds:
         i = rd.index
         reqs = _post(ring, rd, bufs, (k, v), _TAG_K, trace)
+        SENT["forward"] += rd.recv is not None
         cur_k, cur_v = bufs[rd.compute]
         if trace is not None:
             trace.append(("compute", i, rd.compute, cur_k.data_ptr()))
@@ -252,18 +287,22 @@ def ring_forward(q, k, v, ring: Ring, masks, scale, backend=None, trace=None) ->
     return out.to(q.dtype), lse
 
 
-def ring_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale, backend=None, trace=None):
+def ring_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale, backend=None, trace=None,
+                  rounds: int | None = None):
     """Ring attention backward, zhuzilin/ring-flash-attention scheme: dk, dv travel home behind K, V.
 
-    K, V go round as in the forward (``overlap.DoubleBuffer``; ``trace`` records its events).
+    K, V go round as in the forward (``overlap.DoubleBuffer``; ``trace`` records its events). Over fewer
+    ``rounds`` than ranks the last hop sends each dk, dv accumulator straight back to its block's owner.
     """
     acc = lse_dtype(q.dtype)
+    n = rounds or ring.size
     dq = None
     bufs: list = [(k, v), None, None]
     dkv_reqs, recv, dkv_spare, sent = None, None, None, None
-    for rd in DoubleBuffer(ring.size).rounds:
+    for rd in DoubleBuffer(n).rounds:
         i = rd.index
         kv_reqs = _post(ring, rd, bufs, (k, v), _TAG_K, trace)
+        SENT["backward"] += rd.recv is not None
         cur_k, cur_v = bufs[rd.compute]
         if trace is not None:
             trace.append(("compute", i, rd.compute, cur_k.data_ptr()))
@@ -285,13 +324,13 @@ def ring_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale, backend=Non
         if grads is not None:
             dk[:, cols] += grads[1]
             dv[:, cols] += grads[2]
-        if ring.size > 1:
+        if n > 1:
             recv = dkv_spare if dkv_spare is not None else (torch.empty(dk.shape, dtype=acc, device=dk.device),
                                                             torch.empty(dv.shape, dtype=acc, device=dv.device))
-            sent = (dk, dv)
-            dkv_reqs = ring.shift([dk, dv], list(recv), _TAG_DK)
+            sent = (dk, dv)  # the last round's hop takes the accumulator home: n - 1 ranks back (1 on for n = P)
+            dkv_reqs = ring.shift([dk, dv], list(recv), _TAG_DK, 1 if i < n - 1 else 1 - n)
         _wait(rd, kv_reqs, trace)
-    if ring.size > 1:
+    if n > 1:
         for r in dkv_reqs:
             r.wait()
         dk, dv = recv
@@ -311,15 +350,19 @@ class _RingAttention(torch.autograd.Function):
                                             window))
         k, v = pad_tokens(k, n).contiguous(), pad_tokens(v, n).contiguous()  # sent at the longest member's length
         masks = round_masks(token_layout, ring.size, seq_len, ring.position, bool(causal), cu_seqlens, window)
-        out, lse = ring_forward(q, k, v, ring, masks, scale, backend)
+        rounds = ring.size if cu_seqlens is None and window is None else needed_rounds(
+            token_layout, ring.size, seq_len, bool(causal), cu_seqlens, window)
+        out, lse = ring_forward(q, k, v, ring, masks, scale, backend, rounds=rounds)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.ring, ctx.masks, ctx.scale, ctx.backend, ctx.n_kv = ring, masks, scale, backend, q.shape[1]
+        ctx.rounds = rounds
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ring_backward(dout, q, k, v, out, lse, ctx.ring, ctx.masks, ctx.scale, ctx.backend)
+        dq, dk, dv = ring_backward(dout, q, k, v, out, lse, ctx.ring, ctx.masks, ctx.scale, ctx.backend,
+                                   rounds=ctx.rounds)
         return dq, dk[:, :ctx.n_kv], dv[:, :ctx.n_kv], None, None, None, None, None, None, None, None
 
 

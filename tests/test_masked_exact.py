@@ -28,7 +28,7 @@ from sp_plan.planner.layout import TOKEN_LAYOUTS, Layout
 from sp_plan.runtime.allgather import allgather_attention
 from sp_plan.runtime.attention import MASKED, attention
 from sp_plan.runtime.kernels import attended, document_ids
-from sp_plan.runtime.ring import BLOCKS, member_pieces, member_tokens
+from sp_plan.runtime.ring import BLOCKS, SENT, member_pieces, member_tokens, needed_rounds, sees
 from sp_plan.runtime.spawn import run_world
 
 BATCH, HEADS, HEAD_DIM = 2, 8, 4
@@ -123,12 +123,13 @@ def _run(rank: int, world: int, todo: list[Case]):
         groups = {d: made.get(tuple(lay.group_of(d, rank))) for d in ("ulysses", "ring")}
         ranks = {d: lay.group_of(d, rank) for d in ("ulysses", "ring")}
         _, causal, cu, window = case.spec
-        before = dict(BLOCKS)
+        before, sent = dict(BLOCKS), dict(SENT)
         o = attention(q, k, v, algorithm=case.algorithm, groups=groups, ranks=ranks, causal=causal,
                       token_layout=case.token_layout, cu_seqlens=cu, window=window)
         o.backward(do)
         blocks = tuple(BLOCKS[p] - before.get(p, 0) for p in ("forward", "backward"))
-        results.append((tok, [t.detach() for t in (o, q.grad, k.grad, v.grad)], blocks))
+        hops = tuple(SENT[p] - sent.get(p, 0) for p in ("forward", "backward"))
+        results.append((tok, [t.detach() for t in (o, q.grad, k.grad, v.grad)], blocks, hops))
     return results
 
 
@@ -198,6 +199,52 @@ def test_blocks_the_mask_empties_are_not_computed(world):
                 skipped += (case.ring if case.ring > 1 else case.ulysses ** 2) - want
     assert not wrong, "\n".join(wrong)
     assert skipped > 0 or world == 1
+
+
+def expected_hops(case: Case) -> int:
+    """K, V blocks a ring member sends on per pass: one per round up to the last round any member's mask needs
+    (member p seeing member p - i's keys), minus the last, which receives nothing; 0 where no ring runs."""
+    if case.algorithm not in ("ring", "usp") or case.ring == 1:
+        return 0
+    seq, causal, cu, window = case.spec
+    members = member_tokens(case.token_layout, case.ring, seq, causal, cu, window)
+    docs = None if cu is None else document_ids(cu, seq)
+    need = [i for i in range(case.ring) for p in range(case.ring) if attended(
+        members[p], members[(p - i) % case.ring], causal=causal, documents=docs, window=window).any()]
+    return max(need)
+
+
+@pytest.mark.parametrize("world", WORLDS[1:])
+def test_a_ring_sends_keys_only_as_far_as_the_mask_needs(world):
+    """A ring's K, V stop at the last round any member's mask needs (a window talks to near neighbours only, short
+    documents to the ranks holding them); without a mask they go all the way round."""
+    results, wrong, saved = world_results(world), [], 0
+    for i, case in enumerate(cases(world)):
+        want = expected_hops(case)
+        for rank, r in enumerate(results):
+            if r[i][3] != (want, want):
+                wrong.append(f"{case} rank {rank}: sent {r[i][3]}, needed {want}")
+        if case.algorithm in ("ring", "usp") and case.ring > 1:
+            saved += case.ring - 1 - want
+            assert case.spec[2:] != (None, None) or want == case.ring - 1, case
+    assert not wrong, "\n".join(wrong)
+    assert saved > 0 or world == 2  # a ring of 2 needs both rounds under every mask here
+
+
+def test_sees_agrees_with_the_pair_mask():
+    """``ring.sees`` decides a pair of token lists without the pair matrix; it agrees with ``kernels.attended``."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        seq = int(rng.integers(2, 40))
+        cu = tuple(sorted({0, seq, *rng.integers(1, seq, int(rng.integers(0, 4))).tolist()}))
+        cu = cu if rng.random() < 0.7 else None
+        window = int(rng.integers(1, 12)) if rng.random() < 0.6 else None
+        causal = bool(rng.random() < 0.5)
+        a, b = (np.flatnonzero(rng.random(seq) < 0.2) for _ in range(2))
+        docs = None if cu is None else document_ids(cu, seq)
+        want = bool(attended(a, b, causal=causal, documents=docs, window=window).any())
+        assert sees(a, b, causal, cu, window, seq) == want, (a, b, causal, cu, window)
+    assert needed_rounds("contiguous", 8, 64, True, None, 9) == 2
 
 
 def test_the_matrix_covers_every_masked_algorithm():
