@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Callable, Literal
+from pathlib import Path
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -38,6 +39,81 @@ def _inference_alias(data):
     return data
 
 
+def documents_definition(spec, files: bool = True):
+    """A documents spec as the planner takes it: a named distribution, a file of lengths (only where ``files``: read
+    here and kept as a histogram with the file's name and sha256), a list of lengths or a definition, as it is."""
+    from sp_plan.profiles.documents import documents_from_file, load_documents, resolve_documents  # noqa: PLC0415
+
+    if isinstance(spec, (str, Path)) and files:
+        return documents_from_file(spec) if isinstance(spec, Path) else resolve_documents(spec)
+    if isinstance(spec, Path):
+        raise PlanError("documents", "a file is read where the request is made",
+                        "send its histogram or lengths inline (the CLI and Client do)")
+    return _named(spec) if isinstance(spec, str) else spec
+
+
+def _named(name: str):
+    """A named distribution for a request that cannot read files (the service): names only."""
+    from sp_plan.profiles.documents import document_presets, load_documents  # noqa: PLC0415
+
+    if name not in document_presets():
+        raise PlanError("workload.documents", f"unknown distribution {name!r}",
+                        f"use one of {document_presets()}, a histogram or a list of lengths")
+    return load_documents(name)
+
+
+def mask_fields(documents=None, window: int | None = None, window_pattern: str | None = None,
+                seed: int | None = None, base: Workload | None = None, files: bool = True) -> dict[str, Any]:
+    """A workload's documents, window and seed from the options given (None: as in ``base``), as Workload fields."""
+    if window_pattern is not None and window is None:
+        raise PlanError("window_pattern", "a layer pattern needs a window size", "give the window too, e.g. "
+                        "window 4096 with window_pattern 5:1")
+    if isinstance(window, bool) or (window is not None and (not isinstance(window, int) or window < 1)):
+        raise PlanError("window", f"must be a size of at least 1 token, got {window!r}",
+                        "give a window size W >= 1 (or no window for full attention)")
+    if isinstance(seed, bool) or (seed is not None and (not isinstance(seed, int) or seed < 0)):
+        raise PlanError("seed", f"must be a whole number of at least 0, got {seed!r}", "give a seed of 0 or more")
+    fields = {k: getattr(base, k) for k in ("documents", "window", "seed")} if base is not None else {}
+    if documents is not None:
+        fields["documents"] = documents_definition(documents, files)
+    if window is not None:
+        fields["window"] = {"size": window, "pattern": window_pattern}
+    if seed is not None:
+        fields["seed"] = seed
+    return fields
+
+
+def with_masks(workload: Workload, documents=None, window: int | None = None, window_pattern: str | None = None,
+               seed: int | None = None) -> Workload:
+    """``workload`` with the documents, window and seed given (a name, a file or a list of lengths; None: its own)."""
+    if documents is None and window is None and window_pattern is None and seed is None:
+        return workload
+    fields = mask_fields(documents, window, window_pattern, seed, base=workload)
+    return Workload.model_validate({**workload.model_dump(exclude={"documents", "window", "seed"}), **fields})
+
+
+def _inline_masks(data):
+    """A request's ``workload.documents`` given as a distribution's name, and ``workload.window_pattern`` beside an
+    integer ``workload.window``, as the CLI's flags are: resolved here (names only; a file is sent inline)."""
+    if not (isinstance(data, dict) and isinstance(data.get("workload"), dict)):
+        return data
+    w = dict(data["workload"])
+    if isinstance(w.get("documents"), str):
+        w["documents"] = _named(w["documents"])
+    if "window_pattern" in w:
+        pattern = w.pop("window_pattern")
+        if not isinstance(w.get("window"), int) or isinstance(w.get("window"), bool):
+            raise PlanError("workload.window_pattern", "a layer pattern needs an integer window beside it",
+                            "send window: W with window_pattern, or window: {size: W, pattern: '5:1'}")
+        w["window"] = {"size": w["window"], "pattern": pattern}
+    return {**data, "workload": w}
+
+
+def _workload_aliases(data):
+    """The request's workload as the CLI spells it: ``inference``, a documents name and ``window_pattern``."""
+    return _inline_masks(_inference_alias(data))
+
+
 class PlanRequest(BaseModel):
     """What `sp-plan plan`, ``Client.plan`` and ``POST /v1/plan`` ask for."""
 
@@ -46,7 +122,8 @@ class PlanRequest(BaseModel):
     nodes: int | None = Field(default=None, description="node count for a preset (default 1)")
     model: str | ModelSpec = Field(description="a model preset name or an inline model")
     workload: Workload = Field(description="seq_len (an integer or '128k'), batch, causal, training "
-                               "(or inference: true)")
+                               "(or inference: true); documents (a distribution's name, a histogram or a list of "
+                               "lengths), window (W, with window_pattern '5:1'), seed")
     search: Literal["grid", "bayes"] = "grid"
     trials: int = Field(default=200, ge=1, description="optuna trials for search bayes")
     seed: int = Field(default=0, description="sampler seed for search bayes")
@@ -57,7 +134,7 @@ class PlanRequest(BaseModel):
     families: bool = Field(default=False, description="also return the fastest layout of every algorithm variant "
                            "(what `sp-plan plan` prints as its second table; most of a large answer's bytes)")
 
-    _alias = model_validator(mode="before")(_inference_alias)
+    _alias = model_validator(mode="before")(_workload_aliases)
 
 
 class EstimateRequest(BaseModel):
@@ -72,7 +149,7 @@ class EstimateRequest(BaseModel):
     use_profile: bool = True
     profile: str | None = None
 
-    _alias = model_validator(mode="before")(_inference_alias)
+    _alias = model_validator(mode="before")(_workload_aliases)
 
 
 class ClusterInfo(BaseModel):
@@ -191,9 +268,13 @@ def resolve(req: PlanRequest | EstimateRequest, store=None, max_world: int | Non
 
 
 def study_name(inputs: Inputs) -> str:
-    """The optuna study of a CLI bayes search (resumable with --storage)."""
+    """The optuna study of a CLI bayes search (resumable with --storage); a masked workload's names its mask too."""
     w = inputs.workload
-    return f"{inputs.cluster.fingerprint()}-{inputs.model.name}-{w.seq_len}-{w.batch}"
+    name = f"{inputs.cluster.fingerprint()}-{inputs.model.name}-{w.seq_len}-{w.batch}"
+    if w.documents is None and w.window is None:
+        return name
+    mask = w.model_dump_json(include={"documents", "window", "seed", "causal"})
+    return f"{name}-{hashlib.sha256(mask.encode()).hexdigest()[:12]}"
 
 
 def search(req: PlanRequest, inputs: Inputs, storage: str | None = None, study: str | None = None,
@@ -232,6 +313,27 @@ def run_plan(req: PlanRequest, store=None, storage: str | None = None,
              progress: Callable[[int, int], None] | None = None, max_world: int | None = None) -> PlanResponse:
     """Plan in one call (the Python API and `sp-plan plan`): resolve the request, then search."""
     return search(req, resolve(req, store, max_world), storage=storage, progress=progress)
+
+
+def plan(cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int = 5,
+         progress: Callable[[int, int], None] | None = None, space=None, profile=None, store=None, *,
+         documents=None, window: int | None = None, window_pattern: str | None = None,
+         seed: int | None = None) -> list[Plan]:
+    """The ``top_k`` best plans (``sp_plan.planner.search.plan``) for ``workload`` with ``documents`` (a named
+    distribution, a file of lengths or a list of lengths), ``window``, ``window_pattern`` ('5:1') and ``seed``."""
+    from sp_plan.planner.search import plan as rank_layouts  # noqa: PLC0415
+
+    w = with_masks(workload, documents, window, window_pattern, seed)
+    return rank_layouts(cluster, model, w, top_k, progress, space, profile, store)
+
+
+def estimate(plan: Plan, cluster: Cluster, model: ModelSpec, workload: Workload, profile=None, store=None, *,
+             documents=None, window: int | None = None, window_pattern: str | None = None, seed: int | None = None):
+    """The prediction of ``plan`` (``sp_plan.planner.estimate.estimate``) for ``workload`` with the documents,
+    window and seed given as ``plan`` takes them."""
+    from sp_plan.planner.estimate import estimate as price  # noqa: PLC0415
+
+    return price(plan, cluster, model, with_masks(workload, documents, window, window_pattern, seed), profile, store)
 
 
 def run_estimate(req: EstimateRequest, store=None, max_world: int | None = None,
