@@ -10,21 +10,22 @@ gradients of the replicas are summed back onto their KV head.
 
 Masks. With packed documents (``cu_seqlens``) the members' local lengths may differ (``ring.member_pieces``): the
 all-to-alls then exchange pieces of different lengths (all_to_all_single with split sizes, exact both ways). After
-the all-to-all a rank holds its ring member's whole token list in the layout's order, so each (query piece, key
-piece) pair gets its mask from the global token indices (``kernels.attended``) and a pair the mask empties is not
-computed (``piecewise_attention``).
+the all-to-all a rank holds the whole sequence in token order for its heads, so the mask applies directly: each
+document is cut into tiles, and only the tile pairs inside one document and within the window's reach are computed
+(``tiled_attention``), with no mask matrix but for a window's band.
 """
 from __future__ import annotations
 
 import math
 from functools import lru_cache
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from sp_plan.planner.errors import PlanError
 
-from .kernels import BlockMask, attended, document_ids, local_attention, reduce_mask
+from .kernels import BlockMask, attended, local_attention, lse_dtype, reduce_mask
 from .ring import attend_chunks, attend_chunks_backward, check_masks, member_pieces
 from .variants import degree, register
 
@@ -190,48 +191,91 @@ def heads_to_seq(out, group, lengths=None):
     return out if degree == 1 else _HeadsToSeq.apply(out, group, degree, _even(lengths))
 
 
-@lru_cache(maxsize=256)
-def piece_masks(token_layout: str, ulysses: int, ring: int, position: int, seq_len: int, causal: bool,
-                cu_seqlens: tuple[int, ...] | None, window: int | None) -> tuple[tuple[BlockMask | None, ...], ...]:
-    """[query piece][key piece] masks of ring member ``position``'s token list after the all-to-all (its ulysses
-    pieces in order, ``ring.member_pieces``); None = the mask empties the pair, skip it."""
-    pieces = member_pieces(token_layout, ulysses, ring, seq_len, causal, cu_seqlens, window)[position]
-    docs = None if cu_seqlens is None else document_ids(cu_seqlens, seq_len)
-    return tuple(tuple(reduce_mask(attended(tq, tk, causal=causal, documents=docs, window=window)) for tk in pieces)
-                 for tq in pieces)
+#: the fewest tokens a tile of a windowed sequence holds (tiles follow the window, not below this)
+MIN_TILE = 16
 
 
-class _PiecewiseAttention(torch.autograd.Function):
-    """Attention of a token list cut into pieces, pair by pair under ``masks`` (lse merge per query piece; the
-    FlashAttention-2 backward per pair from the global out and lse), skipping the pairs the mask empties."""
+@lru_cache(maxsize=64)
+def span_tiles(seq_len: int, ulysses: int, cu_seqlens: tuple[int, ...] | None,
+               window: int | None) -> tuple[tuple[int, int], ...]:
+    """Tiles [start, stop) of a whole sequence in token order: each document cut into tiles of at most S/U tokens
+    (the window's length where shorter, so a windowed tile's mask stays small); no tile crosses a document."""
+    size = max(1, -(-seq_len // ulysses))
+    if window is not None:
+        size = min(size, max(window, MIN_TILE))
+    bounds = cu_seqlens or (0, seq_len)
+    return tuple((a, min(a + size, e)) for s, e in zip(bounds[:-1], bounds[1:]) for a in range(s, e, size))
+
+
+def tile_mask(q: tuple[int, int], k: tuple[int, int], causal: bool, window: int | None) -> BlockMask | None:
+    """Mask of two tiles of one document: full, the causal diagonal, or (windowed) the band from
+    ``kernels.attended`` over the two tiles alone; None = empty."""
+    (a, b), (c0, c1) = q, k
+    if window is None:
+        if not causal or c1 <= a + 1:
+            return BlockMask(0, b - a, 0, c1 - c0)
+        return BlockMask(0, b - a, 0, c1 - c0, causal_offset=a - c0) if c0 <= a else None
+    return reduce_mask(attended(np.arange(a, b), np.arange(c0, c1), causal=causal, window=window))
+
+
+@lru_cache(maxsize=64)
+def span_masks(seq_len: int, ulysses: int, causal: bool, cu_seqlens: tuple[int, ...] | None,
+               window: int | None) -> tuple[tuple[tuple[int, BlockMask], ...], ...]:
+    """For each query tile (``span_tiles``), the key tiles of its document within causal and window reach with their
+    masks (``tile_mask``); pairs across documents or out of reach are never visited, empty ones are dropped."""
+    tiles = span_tiles(seq_len, ulysses, cu_seqlens, window)
+    starts, stops = np.array(tiles).T
+    doc = np.searchsorted(np.asarray(cu_seqlens or (0, seq_len)), starts, side="right")
+    reach = seq_len if window is None else window - 1
+    out = []
+    for i, (a, b) in enumerate(tiles):
+        near = np.flatnonzero((doc == doc[i]) & (stops > a - reach) & (starts < (b if causal else b + reach)))
+        masks = ((int(j), tile_mask((a, b), tiles[j], causal, window)) for j in near)
+        out.append(tuple((j, m) for j, m in masks if m is not None))
+    return tuple(out)
+
+
+class _TiledAttention(torch.autograd.Function):
+    """Attention of a whole sequence in token order, tile by tile under ``span_masks`` (lse merge per query tile;
+    the FlashAttention-2 backward per pair from the global out and lse): only the pairs the mask leaves are computed."""
 
     @staticmethod
-    def forward(ctx, q, k, v, lengths, masks, scale, backend):
-        ks, vs = k.split(lengths, dim=1), v.split(lengths, dim=1)
-        parts = [attend_chunks(qi, ks, vs, masks[i], scale, backend) for i, qi in enumerate(q.split(lengths, dim=1))]
-        out, lse = torch.cat([o for o, _ in parts], dim=1), torch.cat([m for _, m in parts], dim=-1)
+    def forward(ctx, q, k, v, tiles, masks, scale, backend):
+        outs, lses = [], []
+        for (a, b), pairs in zip(tiles, masks):
+            ks, vs = [k[:, slice(*tiles[j])] for j, _ in pairs], [v[:, slice(*tiles[j])] for j, _ in pairs]
+            o, m = attend_chunks(q[:, a:b], ks, vs, [bm for _, bm in pairs], scale, backend)
+            outs.append(o)
+            lses.append(m)
+        out, lse = torch.cat(outs, dim=1), torch.cat(lses, dim=-1)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.lengths, ctx.masks, ctx.scale, ctx.backend = lengths, masks, scale, backend
+        ctx.tiles, ctx.masks, ctx.scale, ctx.backend = tiles, masks, scale, backend
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        n = ctx.lengths
-        ks, vs = k.split(n, dim=1), v.split(n, dim=1)
-        dqs, dk, dv = [], None, None
-        for i, (do, qi, oi, li) in enumerate(zip(dout.split(n, 1), q.split(n, 1), out.split(n, 1), lse.split(n, -1))):
-            dq, dks, dvs = attend_chunks_backward(do, qi, ks, vs, oi, li, ctx.masks[i], ctx.scale, ctx.backend)
+        tiles, acc = ctx.tiles, lse_dtype(q.dtype)
+        dk, dv = torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device)
+        dqs = []
+        for (a, b), pairs in zip(tiles, ctx.masks):
+            ks, vs = [k[:, slice(*tiles[j])] for j, _ in pairs], [v[:, slice(*tiles[j])] for j, _ in pairs]
+            dq, dks, dvs = attend_chunks_backward(dout[:, a:b], q[:, a:b], ks, vs, out[:, a:b], lse[..., a:b],
+                                                  [bm for _, bm in pairs], ctx.scale, ctx.backend)
             dqs.append(dq)
-            dk = torch.cat(dks, dim=1) if dk is None else dk.add_(torch.cat(dks, dim=1))
-            dv = torch.cat(dvs, dim=1) if dv is None else dv.add_(torch.cat(dvs, dim=1))
+            for (j, _), gk, gv in zip(pairs, dks, dvs):
+                dk[:, slice(*tiles[j])] += gk
+                dv[:, slice(*tiles[j])] += gv
         return torch.cat(dqs, dim=1).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
-def piecewise_attention(q, k, v, lengths, masks, scale=None, backend=None) -> torch.Tensor:
-    """Masked attention of a (batch, sum(lengths), heads, dim) token list in pieces of ``lengths``; ``masks``
-    [query piece][key piece] (``piece_masks``)."""
-    return _PiecewiseAttention.apply(q, k, v, tuple(int(n) for n in lengths), masks, scale, backend)
+def tiled_attention(q, k, v, *, causal: bool, cu_seqlens, window, ulysses: int = 1, scale=None,
+                    backend=None) -> torch.Tensor:
+    """Masked attention of a whole (batch, S, heads, dim) sequence in token order, by ``span_tiles`` of at most S/U
+    tokens, computing only the tile pairs the mask leaves (``span_masks``)."""
+    seq_len = q.shape[1]
+    return _TiledAttention.apply(q, k, v, span_tiles(seq_len, ulysses, cu_seqlens, window),
+                                 span_masks(seq_len, ulysses, bool(causal), cu_seqlens, window), scale, backend)
 
 
 def check_local_tokens(n_local: int, lengths, me: int, token_layout: str) -> None:
@@ -257,16 +301,19 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: 
 
 def masked_ulysses(q, k, v, group, *, causal, scale, backend, token_layout, cu_seqlens, window) -> torch.Tensor:
     """Ulysses under checked masks (``check_masks``) over ``group`` (None = degree 1: no all-to-all): the pieces'
-    all-to-all, ``piecewise_attention`` of the whole token list, the all-to-all back."""
+    all-to-all, ``tiled_attention`` of the whole sequence, the all-to-all back."""
     u = 1 if group is None else dist.get_world_size(group)
     seq_len = q.shape[1] * u if cu_seqlens is None else cu_seqlens[-1]
-    lengths = [len(p) for p in member_pieces(token_layout, u, 1, seq_len, bool(causal), cu_seqlens, window)[0]]
+    pieces = member_pieces(token_layout, u, 1, seq_len, bool(causal), cu_seqlens, window)[0]
+    lengths = [len(p) for p in pieces]
     check_local_tokens(q.shape[1], lengths, 0 if group is None else dist.get_rank(group), token_layout)
-    masks = piece_masks(token_layout, u, 1, 0, seq_len, bool(causal), cu_seqlens, window)
-    if group is None:
-        return piecewise_attention(q, k, v, lengths, masks, scale, backend)
-    q_l, k_l, v_l = seq_to_heads(q, k, v, group, lengths)
-    return heads_to_seq(piecewise_attention(q_l, k_l, v_l, lengths, masks, scale, backend), group, lengths)
+    if not np.array_equal(np.concatenate(pieces), np.arange(seq_len)):  # every policy keeps one member's in order
+        raise PlanError("token_layout", f"{token_layout} does not keep a single ring member's tokens in order",
+                        "use contiguous, zigzag, striped or balanced")
+    q_l, k_l, v_l = (q, k, v) if group is None else seq_to_heads(q, k, v, group, lengths)
+    out = tiled_attention(q_l, k_l, v_l, causal=causal, cu_seqlens=cu_seqlens, window=window, ulysses=u,
+                          scale=scale, backend=backend)
+    return out if group is None else heads_to_seq(out, group, lengths)
 
 
 def check_ulysses_ranks(group, ranks) -> None:

@@ -30,6 +30,7 @@ from sp_plan.runtime.attention import MASKED, attention
 from sp_plan.runtime.kernels import attended, document_ids
 from sp_plan.runtime.ring import BLOCKS, SENT, member_pieces, member_tokens, needed_rounds, sees
 from sp_plan.runtime.spawn import run_world
+from sp_plan.runtime.ulysses import span_masks, span_tiles
 
 BATCH, HEADS, HEAD_DIM = 2, 8, 4
 DOCS = (0, 3, 40, 41, 58, 77)
@@ -152,18 +153,29 @@ def _nonempty(q_tokens, key_lists, case: Case) -> int:
 
 def expected_blocks(case: Case, rank: int) -> int | None:
     """Blocks the rank's kernels must run in each pass: one per non-empty (query block, key block) pair. The
-    blocks are the ring members' token lists (ring, all-gather, USP and the hybrid after the all-to-all), or with
-    one ring member the ulysses pieces of the whole list; unmasked attention with one ring member runs one local
-    kernel (None), but all-gather on its own attends its one chunk as all-gather does."""
+    blocks are the ring members' token lists (ring, all-gather, USP and the hybrid after the all-to-all), or where
+    Ulysses runs with one ring member the tiles of the whole sequence (``ulysses.span_tiles``). Unmasked attention
+    with one ring member is one local kernel (None), but all-gather on its own attends its one chunk as it does."""
     seq, causal, cu, window = case.spec
     c = case.layout.coords(rank)
-    if case.ring == 1:
-        if cu is None and window is None and (case.algorithm, case.ulysses) != ("allgather", 1):
-            return None
-        pieces = case.pieces()[0]
-        return sum(_nonempty(p, pieces, case) for p in pieces)
+    if case.ring == 1 and cu is None and window is None and (case.algorithm, case.ulysses) != ("allgather", 1):
+        return None
+    if _tiled(case):
+        tiles = [np.arange(a, b) for a, b in span_tiles(seq, case.ulysses, cu, window)]
+        return sum(_nonempty(t, tiles, case) for t in tiles)
     members = member_tokens(case.token_layout, case.ring, seq, causal, cu, window)
     return _nonempty(members[c.get("ring", 0)], members, case)
+
+
+def _tiled(case: Case) -> bool:
+    """Whether Ulysses attends the whole sequence in tiles (one ring member), rather than a ring or all-gather."""
+    return case.ring == 1 and (case.algorithm in ("ulysses", "usp") or case.ulysses > 1)
+
+
+def _all_blocks(case: Case) -> int:
+    """Blocks a rank would run if it skipped none."""
+    seq, _, cu, window = case.spec
+    return len(span_tiles(seq, case.ulysses, cu, window)) ** 2 if _tiled(case) else case.ring
 
 
 @lru_cache(maxsize=None)
@@ -196,7 +208,7 @@ def test_blocks_the_mask_empties_are_not_computed(world):
             if want is not None and r[i][2] != (want, want):
                 wrong.append(f"{case} rank {rank}: ran {r[i][2]}, non-empty {want}")
             if want is not None and case.spec[2] is not None:
-                skipped += (case.ring if case.ring > 1 else case.ulysses ** 2) - want
+                skipped += _all_blocks(case) - want
     assert not wrong, "\n".join(wrong)
     assert skipped > 0 or world == 1
 
@@ -245,6 +257,36 @@ def test_sees_agrees_with_the_pair_mask():
         want = bool(attended(a, b, causal=causal, documents=docs, window=window).any())
         assert sees(a, b, causal, cu, window, seq) == want, (a, b, causal, cu, window)
     assert needed_rounds("contiguous", 8, 64, True, None, 9) == 2
+
+
+def _dense(tiles, masks, seq: int) -> np.ndarray:
+    """The (query, key) mask that ``span_masks`` describes, tile pair by tile pair; each pair non-empty, none twice."""
+    out = np.zeros((seq, seq), dtype=bool)
+    for (a, b), pairs in zip(tiles, masks):
+        for j, bm in pairs:
+            c0, c1 = tiles[j]
+            n_r, n_c = bm.row_stop - bm.row_start, bm.col_stop - bm.col_start
+            sub = np.ones((n_r, n_c), dtype=bool) if bm.mask is None else bm.mask.numpy()
+            if bm.causal_offset is not None:
+                sub = np.arange(n_c)[None, :] <= np.arange(n_r)[:, None] + bm.causal_offset
+            assert sub.any() and not out[a:b, c0:c1].any()
+            out[a + bm.row_start:a + bm.row_stop, c0 + bm.col_start:c0 + bm.col_stop] = sub
+    return out
+
+
+def test_ulysses_tiles_cover_the_mask_exactly():
+    """Ulysses' tiles of the whole sequence visit only pairs inside one document and the window's reach, and their
+    masks put together are the sequence's mask (random documents, windows, causality, degrees)."""
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        seq, u = int(rng.integers(1, 60)), int(rng.integers(1, 5))
+        cu = tuple(sorted({0, seq, *rng.integers(1, seq, int(rng.integers(0, 4))).tolist()})) if seq > 1 else None
+        window = int(rng.integers(1, 20)) if rng.random() < 0.6 else None
+        causal = bool(rng.random() < 0.5)
+        tiles = span_tiles(seq, u, cu, window)
+        docs = None if cu is None else document_ids(cu, seq)
+        want = attended(np.arange(seq), np.arange(seq), causal=causal, documents=docs, window=window)
+        assert np.array_equal(_dense(tiles, span_masks(seq, u, causal, cu, window), seq), want)
 
 
 def test_the_matrix_covers_every_masked_algorithm():
