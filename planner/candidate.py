@@ -23,6 +23,7 @@ class Candidate:
     micro_batch_size: int = 1
     team: int = 1
     placement: str | None = None
+    stage_layers: tuple[int, ...] | None = None  # layers per pipeline stage; None: even, or balanced (planner/stages.py)
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -45,9 +46,10 @@ class Candidate:
         return cls(algorithm=p.algorithm, dp=d["dp"], pp=d["pp"], tp=d["tp"], ulysses=d["ulysses"], ring=d["ring"],
                    order=tuple(p.order), token_layout=p.token_layout, zero_stage=p.zero_stage,
                    checkpointing=p.checkpointing, micro_batch_size=p.micro_batch_size, team=d.get("team", 1),
-                   placement=p.placement)
+                   placement=p.placement, stage_layers=tuple(p.stage_layers) if p.stage_layers is not None else None)
 
     def to_plan(self, **extra) -> Plan:
         return Plan(algorithm=self.algorithm, degrees=self.degrees, order=list(self.order),
                     token_layout=self.token_layout, zero_stage=self.zero_stage, checkpointing=self.checkpointing,
-                    micro_batch_size=self.micro_batch_size, placement=self.placement, **extra)
+                    micro_batch_size=self.micro_batch_size, placement=self.placement,
+                    stage_layers=list(self.stage_layers) if self.stage_layers is not None else None, **extra)

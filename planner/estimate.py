@@ -2,7 +2,9 @@
 
 Step (training, 1F1B over pp stages, m micro-batches): (m + pp - 1) x stage + exposed gradient
 sync, where stage = layers/pp x (forward + recompute + backward of a block) + lm head + stage
-sends. The pipeline bubble is (pp - 1) x stage, i.e. (p-1)/(m+p-1) of the pipeline time.
+sends. The pipeline bubble is (pp - 1) x stage, i.e. (p-1)/(m+p-1) of the pipeline time. Uneven stages
+(``stage_layers``, planner/stages.py) run at the pace of the busiest: the most layers before the last stage, or
+the last's layers and the lm head; memory is the largest stage's.
 
 Per-layer costs are cached by the schedule's shape and the group shapes of the dimensions it
 communicates on, so the grid search prices most candidates with a few dictionary lookups.
@@ -21,6 +23,7 @@ from .engine import GroupShape, LinkEngine
 from .errors import PlanError
 from .layout import chunks_needed, ring_split
 from .memory import activation_bytes, attention_buffer_bytes, weight_bytes
+from .masks import mask_fraction
 from .merges import MERGES
 from .model import ModelSpec, Workload
 from .params import Params
@@ -29,6 +32,7 @@ from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction
 from .schedules import (DDP_BUCKET_BYTES, Comm, Compute, Shape, Step, attention_blocks, attention_steps,
                         balanced_attention, bucket_share, bucketed_exposure, grad_sync, head_steps, layer_schedule,
                         pipeline_p2p, scaled, shard_params)
+from .stages import balanced_stage_layers, resolve_stage_layers
 
 
 #: fraction of device memory a plan may use (the rest: CUDA context, allocator fragmentation)
@@ -182,6 +186,12 @@ def shared_cores(balance: tuple, s: float) -> float:
     ``Params.solo_speedup``), averaged over the rounds; the rings pool the balance over their rounds
     (``layout.ring_balance``)."""
     return sum(b if b > 1 / s else 1 / s for b in balance) / len(balance)
+
+
+def busiest_stage(stage_layers: tuple[int, ...], layer, head):
+    """Seconds of the busiest of uneven pipeline stages: the most layers before the last, or the last's layers and
+    the LM head (``layer``, ``head``: floats or arrays per mesh order)."""
+    return np.maximum(max(stage_layers[:-1]) * layer, stage_layers[-1] * layer + head)
 
 
 def _scaled(priced: Priced, k: float, i: int = 0) -> list:
@@ -502,9 +512,11 @@ class Estimator:
         if w.batch % (cand.dp * cand.micro_batch_size):
             raise PlanError("degrees.dp", f"dp {cand.dp} x micro_batch_size {cand.micro_batch_size} does not divide "
                             f"the global batch {w.batch}", "choose dp and micro-batch size dividing --batch")
-        if m.layers % cand.pp:
+        if plan is not None and plan.stage_layers is None and m.layers % cand.pp:
             raise PlanError("degrees.pp", f"pp {cand.pp} does not divide the {m.layers} layers",
-                            "choose a pipeline degree that divides the layers")
+                            f"give stage_layers (balanced: {list(balanced_stage_layers(m, cand.pp, w))}) or choose a "
+                            "pipeline degree that divides the layers")
+        self.stages_of(cand)  # stage_layers given: pp entries of at least one layer, summing to the layers
         if cand.team != 1 and cand.algorithm not in TEAM_ALGORITHMS:
             raise PlanError("degrees.team", f"team > 1 belongs to WallFacer (and tokenring_ring), not {cand.algorithm}",
                             "set team to 1")
@@ -517,12 +529,12 @@ class Estimator:
     def memory(self, cand: Candidate) -> dict[str, float]:
         """Per-rank bytes at the peak; depends on degrees and memory policy, not on the mesh order."""
         key = (cand.dp, cand.pp, cand.tp, cand.ulysses, cand.ring, cand.zero_stage, cand.checkpointing,
-               cand.micro_batch_size, cand.algorithm, cand.team)
+               cand.micro_batch_size, cand.algorithm, cand.team, self.stages_of(cand))
         mem = self._memory.get(key)
         if mem is None:
             c = self.shape(cand)
-            mem = weight_bytes(shard_params(self.model, cand.tp, cand.pp), cand.zero_stage, cand.dp * cand.sp,
-                               self.work.training)
+            mem = weight_bytes(shard_params(self.model, cand.tp, cand.pp, c.stage_layers), cand.zero_stage,
+                               cand.dp * cand.sp, self.work.training)
             mem.update(self._activations(c, cand.checkpointing))
             mem["attention buffers"] = attention_buffer_bytes(c, self.work.training)
             if self.params.memory_overhead_bytes:
@@ -541,7 +553,7 @@ class Estimator:
         """The sum of ``_activations``, once per value: activation_bytes reads the sizes alone (not the algorithm,
         team, placement or token layout) but for algorithms with their own ``Algorithm.activations``."""
         hook = ALGORITHMS[c.algorithm].activations is not None
-        key = (c.key if hook else (c.dp, c.ulysses, c.ring, c.tp, c.pp, c.mbs), checkpointing)
+        key = (c.key if hook else (c.dp, c.ulysses, c.ring, c.tp, c.pp, c.mbs, c.stage_layers), checkpointing)
         t = self._acts.get(key)
         if t is None:
             t = self._acts[key] = sum(self._activations(c, checkpointing).values())
@@ -549,7 +561,7 @@ class Estimator:
 
     def fits(self, cand: Candidate) -> bool:
         key = (cand.dp, cand.pp, cand.tp, cand.ulysses, cand.ring, cand.zero_stage, cand.checkpointing,
-               cand.micro_batch_size, cand.algorithm, cand.team)
+               cand.micro_batch_size, cand.algorithm, cand.team, self.stages_of(cand))
         if key not in self._memory:
             self.memory(cand)
         return self._memory[key]["total"] <= self.capacity
@@ -560,10 +572,11 @@ class Estimator:
         Peak memory separates into weights (by ZeRO stage), activations (by checkpointing and
         micro-batch) and buffers (by micro-batch), so each part is computed once per value."""
         train = self.work.training
-        wkey = ("weights", probe.tp, probe.pp, probe.dp * probe.sp)  # the same for every variant of the degrees
+        stages = self.stages_of(probe)
+        wkey = ("weights", probe.tp, probe.pp, probe.dp * probe.sp, stages)  # the same for every variant of the degrees
         weights = self._acts.get(wkey)
         if weights is None:
-            params = shard_params(self.model, probe.tp, probe.pp)
+            params = shard_params(self.model, probe.tp, probe.pp, stages)
             weights = self._acts[wkey] = {z: sum(weight_bytes(params, z, probe.dp * probe.sp, train).values())
                                           for z in (0, 1, 2, 3)}
         shapes = {mbs: self.shape(probe, mbs) for mbs in {p[2] for p in policies}}
@@ -578,8 +591,19 @@ class Estimator:
     def shape(self, cand: Candidate, mbs: int | None = None) -> Shape:
         """The schedules' sizes of ``cand`` (with micro-batch ``mbs``), made once per distinct value."""
         key = (cand.dp, cand.ulysses, cand.ring, cand.token_layout, cand.tp, cand.pp, mbs or cand.micro_batch_size,
-               cand.algorithm, cand.team, cand.placement)
+               cand.algorithm, cand.team, cand.placement, self.stages_of(cand))
         return self._shapes.get(key) or self._shape(key)
+
+    def stages_of(self, cand: Candidate) -> tuple[int, ...] | None:
+        """Layers per stage of ``cand``: its own, else even where pp divides the layers (None), else balanced
+        (``stages.resolve_stage_layers``), once per value."""
+        if cand.stage_layers is None and self.model.layers % cand.pp == 0:
+            return None
+        key = ("stages", cand.pp, cand.stage_layers)
+        s = self._acts.get(key, False)
+        if s is False:
+            s = self._acts[key] = resolve_stage_layers(self.model, cand.pp, cand.stage_layers, self.work)
+        return s
 
     def _shape(self, key: tuple) -> Shape:
         """The Shape of ``key`` (Shape's own field order after model and workload), made and cached."""
@@ -628,15 +652,20 @@ class Estimator:
                     bwd = get("bwd", c)
                     parts.append((bwd, Lp, ""))
                     bwd_compute = bwd.compute * Lp * m
-                parts.append((get("head", c), 1, ""))
+                head = get("head", c)
+                parts.append((head, 1, ""))
                 if pp > 1:
                     parts.append((get("pp", c), 1, ""))
-                stage = sum(p.seconds * k for p, k, _ in parts)
-                overhead = (self.layer_overhead(ckpt) + self.tp_overhead(c, ckpt)) * Lp
-                if overhead:
-                    stage = stage + overhead
-                stages[ckpt, mbs] = (parts, stage, (m + pp - 1) * stage, bwd_compute)
-            parts, stage, t, bwd_compute = stages[ckpt, mbs]
+                if c.stage_layers is None:
+                    stage = sum(p.seconds * k for p, k, _ in parts)
+                    overhead = (self.layer_overhead(ckpt) + self.tp_overhead(c, ckpt)) * Lp
+                    if overhead:
+                        stage = stage + overhead
+                    n_rows = Lp
+                else:  # uneven stages: the pipeline runs at its busiest stage's pace
+                    stage, parts, n_rows = self.uneven_stage(c, ckpt, parts, head)
+                stages[ckpt, mbs] = (parts, stage, (m + pp - 1) * stage, bwd_compute, n_rows)
+            parts, stage, t, bwd_compute, n_rows = stages[ckpt, mbs]
             sync_rows = []
             if train and (sync or not bound):  # bucketed sync overlaps the backward pass; its last bucket cannot
                 if zero not in syncs_of:
@@ -654,16 +683,28 @@ class Estimator:
                 for p, k, pre in parts:
                     rows += [(pre + n, *rest) for n, *rest in _scaled(p, k * m)]
                 if self.layer_overhead(ckpt):
-                    o = self.layer_overhead(ckpt) * Lp * m
+                    o = self.layer_overhead(ckpt) * n_rows * m
                     rows.append(("layer overhead", "compute", None, 0.0, o, o))
                 if self.tp_overhead(c, ckpt):
-                    o = self.tp_overhead(c, ckpt) * Lp * m
+                    o = self.tp_overhead(c, ckpt) * n_rows * m
                     rows.append(("tp collective overhead", "communication", "tp", 0.0, o, o))
                 if pp > 1:
                     bubble = (pp - 1) * float(stage[0])
                     rows.append(("pipeline bubble", "bubble", "pp", 0.0, bubble, bubble))
                 rows += sync_rows
         return out, rows
+
+    def uneven_stage(self, c: Shape, ckpt: str, parts: list, head: Priced) -> tuple:
+        """Per mesh order, the busiest of ``c``'s uneven stages (``busiest_stage``) plus its sends; and the parts
+        and layers of the busiest stage under the first order, for the breakdown (the LM head only if the last)."""
+        layer_parts = parts[:-2]  # the layer parts come first, then the head and the stage sends (pp > 1)
+        per_layer = sum(p.seconds for p, _, _ in layer_parts) + (self.layer_overhead(ckpt) + self.tp_overhead(c, ckpt))
+        stage = busiest_stage(c.stage_layers, per_layer, head.seconds) + parts[-1][0].seconds
+        mid, last = max(c.stage_layers[:-1]), c.stage_layers[-1]
+        if mid * float(per_layer[0]) > last * float(per_layer[0]) + float(head.seconds[0]):
+            rows = [(p, mid, pre) for p, _, pre in layer_parts] + [parts[-1]]
+            return stage, rows, mid
+        return stage, [(p, last, pre) for p, _, pre in layer_parts] + parts[-2:], last
 
     def layer_overhead(self, ckpt: str) -> float:
         """Fixed seconds per layer and micro-batch beyond its kernels (``Params.layer_overhead_s``, a training step's
@@ -690,20 +731,21 @@ class Estimator:
         """Seconds of a gradient sync of ``total`` seconds (an array per mesh order) left after ``backward`` seconds of
         backward compute (``schedules.bucketed_exposure``): ZeRO-0 runs on DDP's buckets, ZeRO 1-3 on a sharded
         wrapper per block (FSDP), a bucket per stage layer."""
-        key = ("sync bucket", c.tp, c.pp, zero == 0)
+        key = ("sync bucket", c.tp, c.pp, zero == 0, c.stage_layers)
         f = self._busy.get(key)
         if f is None:
-            grads = shard_params(self.model, c.tp, c.pp) * c.e
+            grads = shard_params(self.model, c.tp, c.pp, c.stage_layers) * c.e
             f = self._busy[key] = bucket_share(grads, c.layers_per_stage, DDP_BUCKET_BYTES if zero == 0 else None)
         return bucketed_exposure(total, backward, f)
 
     def grad_syncs(self, c: Shape, zero: int, orders: Orders) -> tuple[list, np.ndarray]:
         """The gradient sync phases of a step with their seconds per order, and their total: the volumes depend on
         the ZeRO stage and the tp x pp sharding alone, the groups on the mesh (once per mesh and stage)."""
-        key = ("grad sync", orders.mesh_key, zero)
+        key = ("grad sync", orders.mesh_key, zero, c.stage_layers)
         out = self._prices.get(key)
         if out is None:
-            syncs = [(p, orders.time(p)) for p in grad_sync(c, zero, shard_params(self.model, c.tp, c.pp))]
+            syncs = [(p, orders.time(p)) for p in grad_sync(c, zero, shard_params(self.model, c.tp, c.pp,
+                                                                                  c.stage_layers))]
             out = self._prices[key] = (syncs, sum(s for _, s in syncs))
         return out
 
@@ -726,7 +768,10 @@ class Estimator:
                         layer += fwd
                     elif ckpt == "attention_boundary":
                         layer += busy("fwd-linear", c)
-                stage = c.layers_per_stage * layer + busy("head", c)
+                if c.stage_layers is None:
+                    stage = c.layers_per_stage * layer + busy("head", c)
+                else:
+                    stage = float(busiest_stage(c.stage_layers, layer, busy("head", c)))
                 seen[key] = (c.micro_batches + base.pp - 1) * stage * (1 - 1e-9)  # a hair below: sums' rounding
             best = min(best, seen[key])
         return best
@@ -758,7 +803,8 @@ class Estimator:
         degrees under one memory policy: ``micro_batch_bounds`` plus the recomputation its checkpointing adds
         (full: the forward again, attention at its even share; attention_boundary: the forward's linear part)."""
         _, ckpt, mbs = policy
-        key = ("policy floor", probe.dp, probe.pp, probe.tp, probe.ulysses, probe.ring, ckpt, mbs)
+        stages = self.stages_of(probe)
+        key = ("policy floor", probe.dp, probe.pp, probe.tp, probe.ulysses, probe.ring, ckpt, mbs, stages)
         t = self._busy.get(key)
         if t is None:
             lkey = ("policy layer", probe.tp, probe.ulysses, probe.ring, ckpt, mbs)  # its parts read no dp, no pp
@@ -776,7 +822,10 @@ class Estimator:
                 parts = self._busy[lkey] = (layer, self.busy("head", c))
             layer, head = parts
             m = max(self.work.batch // (probe.dp * mbs), 1)  # Shape.micro_batches and layers_per_stage
-            t = self._busy[key] = (m + probe.pp - 1) * (self.model.layers // probe.pp * layer + head)
+            if stages is None:
+                t = self._busy[key] = (m + probe.pp - 1) * (self.model.layers // probe.pp * layer + head)
+            else:
+                t = self._busy[key] = (m + probe.pp - 1) * float(busiest_stage(stages, layer, head))
         return t
 
     def balanced_time(self, c: Shape, backward: bool) -> float:
@@ -818,19 +867,27 @@ class Estimator:
         priced = self.price(steps, self.orders(cand.degrees, [cand.order], cand.placement), rows=True)
         return float(priced.seconds[0]), _phases(_scaled(priced, 1.0))
 
-    def model_flops(self) -> float:
-        """Model FLOPs of one step (for MFU): 2 per weight per token, attention 4 N^2 a d (x0.5 causal); x3 to train."""
+    def model_flops(self, mask: bool = False) -> float:
+        """Model FLOPs of one step (for MFU): 2 per weight per token, attention 4 N^2 a d (x0.5 causal: the count
+        papers use, Llama 3's included); with ``mask``, the attention pairs the documents and window leave
+        (``masks.mask_fraction``) instead; x3 to train."""
         m, w = self.model, self.work
         dense = 2.0 * w.tokens * (m.layers * m.layer_params() + m.vocab * m.hidden)
-        attn = 4.0 * w.batch * w.seq_len ** 2 * m.heads * m.head_dim * m.layers * (0.5 if w.causal else 1.0)
+        frac = mask_fraction(w, m.layers) if mask else (0.5 if w.causal else 1.0)
+        attn = 4.0 * w.batch * w.seq_len ** 2 * m.heads * m.head_dim * m.layers * frac
         return (dense + attn) * (3 if w.training else 1)
 
     def predict(self, cand: Candidate) -> Prediction:
-        """Full prediction (with breakdown) of a valid candidate."""
+        """Full prediction (with breakdown) of a valid candidate: MFU on the FLOPs the mask leaves where the workload
+        has documents or a window (and ``mfu_causal`` on full causal attention, as papers count), else on full
+        attention."""
         ev = self.evaluate(cand, detail=True)
         t = ev.step_time_s
+        masked = self.work.documents is not None or self.work.window is not None
+        per_second = t * cand.world * self.peak
         return Prediction(step_time_s=t, tokens_per_s=self.work.tokens / t,
-                          mfu=self.model_flops() / (t * cand.world * self.peak),
+                          mfu=self.model_flops(mask=masked) / per_second,
+                          mfu_causal=self.model_flops() / per_second if masked else None,
                           peak_memory_bytes=ev.peak_memory_bytes, memory_capacity_bytes=self.capacity,
                           memory=dict(ev.memory), breakdown=_phases(ev.rows))
 

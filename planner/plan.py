@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import PlanError
+from .stages import check_stage_layers
 from .layout import DIMENSIONS, Layout, check_degrees, check_team, world_size
 from .model import ModelSpec, Workload
 from .yamlio import check_schema_version, dump_data, load_yaml_model
@@ -44,7 +45,9 @@ class Prediction(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     step_time_s: float = Field(gt=0)
     tokens_per_s: float = Field(ge=0)
-    mfu: float = Field(ge=0)
+    mfu: float = Field(ge=0, description="model FLOPs over peak: attention counted as the mask leaves it")
+    mfu_causal: float | None = Field(default=None, ge=0, description="MFU with full causal attention FLOPs, as "
+                                     "papers count it (Llama 3's): set where documents or a window cut the mask")
     peak_memory_bytes: float = Field(ge=0)
     memory_capacity_bytes: float = Field(default=0.0, ge=0)
     memory: dict[str, float] = {}
@@ -66,6 +69,17 @@ class Measured(BaseModel):
     how: str = Field(default="", description="layers run and scaled, memory method, fallbacks")
 
 
+def stage_list(stage_layers) -> str:
+    """Layers per stage, runs of equal counts folded: [7, 8, 8, 8, 7] -> '7,8x3,7'."""
+    runs: list[list[int]] = []
+    for n in stage_layers:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return ",".join(f"{n}x{k}" if k > 1 else str(n) for n, k in runs)
+
+
 class Plan(BaseModel):
     """A sequence-parallel layout: algorithm, degrees and mesh order (docs/reference/file-formats.md)."""
 
@@ -78,6 +92,9 @@ class Plan(BaseModel):
     zero_stage: int = Field(default=0, ge=0, le=3)
     checkpointing: Literal["none", "full", "attention_boundary"] = "none"
     micro_batch_size: int = Field(default=1, ge=1, description="sequences per micro-batch (per data-parallel rank)")
+    stage_layers: list[int] | None = Field(
+        default=None, description="layers on each pipeline stage, first to last (pp entries summing to the model's "
+                                  "layers); absent: an even split")
     placement: Literal["collective_intra", "p2p_intra"] | None = None
     cluster: str | None = Field(default=None, description="name of the cluster the plan was made for")
     cluster_fingerprint: str | None = None
@@ -114,6 +131,8 @@ class Plan(BaseModel):
         if self.degrees.get("team", 1) > 1 and a not in TEAM_ALGORITHMS:
             raise PlanError("degrees.team", f"team {self.degrees['team']} is WallFacer's; {a} has no teams", "set team to 1")
         check_team(r, self.degrees["team"], self.placement, wallfacer=self.placement is not None)  # as layout() will
+        if self.stage_layers is not None:
+            check_stage_layers(self.stage_layers, self.degrees["pp"], self.model.layers if self.model else None)
         if self.world_size > MAX_WORLD:
             raise PlanError("degrees", f"{self.world_size:,} ranks is more than any cluster has (at most {MAX_WORLD:,})",
                             "check the degrees")
@@ -156,6 +175,8 @@ class Plan(BaseModel):
             parts.append(self.token_layout)
         if self.placement:
             parts.append(self.placement)
+        if self.stage_layers is not None:
+            parts.append("stages:" + stage_list(self.stage_layers))
         parts.append("<".join(o for o in self.order if d.get(o, 1) > 1) or "-")
         parts.append(f"zero{self.zero_stage}")
         if self.checkpointing != "none":

@@ -77,13 +77,16 @@ class Shape:
     algorithm: str = "usp"
     team: int = 1
     placement: str | None = None
+    stage_layers: tuple[int, ...] | None = None  # layers per pipeline stage; None: layers / pp on each
     merge: MergeBytes = MERGES["sp-plan"]  # the ring merge of the runtime priced (Params.ring_merge)
 
     def __init__(self, model: ModelSpec, work: Workload, dp: int, ulysses: int, ring: int, token_layout: str,
                  tp: int = 1, pp: int = 1, mbs: int = 1, algorithm: str = "usp", team: int = 1,
-                 placement: str | None = None, merge: MergeBytes = MERGES["sp-plan"]):
+                 placement: str | None = None, stage_layers: tuple[int, ...] | None = None,
+                 merge: MergeBytes = MERGES["sp-plan"]):
         self.__dict__.update(model=model, work=work, dp=dp, ulysses=ulysses, ring=ring, token_layout=token_layout,
-                             tp=tp, pp=pp, mbs=mbs, algorithm=algorithm, team=team, placement=placement, merge=merge)
+                             tp=tp, pp=pp, mbs=mbs, algorithm=algorithm, team=team, placement=placement,
+                             stage_layers=stage_layers, merge=merge)
         self.__post_init__()
 
     def __post_init__(self):
@@ -94,7 +97,8 @@ class Shape:
         d["micro_batches"] = max(w.batch // (self.dp * self.mbs), 1)
         d["e"] = m.dtype_bytes
         d["sp"] = self.ulysses * self.ring
-        d["layers_per_stage"] = m.layers // self.pp
+        # the largest stage's layers (memory; the step prices each stage: Estimator.pipeline_stage)
+        d["layers_per_stage"] = m.layers // self.pp if self.stage_layers is None else max(self.stage_layers)
         d["n_local"] = w.seq_len / d["sp"]  # tokens per sequence rank per sequence
         d["n_ring"] = w.seq_len / self.ring  # tokens per ring rank after the Ulysses all-to-all (one ring block)
         d["heads_local"] = m.heads / (self.tp * self.ulysses)
@@ -106,7 +110,7 @@ class Shape:
         d["hidden_bytes"] = self.mbs * d["n_local"] * m.hidden * d["e"]
         # the fields after model and workload, in order (the Estimator's cache key of this shape)
         d["key"] = (self.dp, self.ulysses, self.ring, self.token_layout, self.tp, self.pp, self.mbs, self.algorithm,
-                    self.team, self.placement)
+                    self.team, self.placement, self.stage_layers)
         d["keys"] = {}  # schedule part -> the Estimator's schedule key of this shape (estimate.schedule_key)
 
 
@@ -213,10 +217,14 @@ def pipeline_p2p(c: Shape, training: bool) -> list[Step]:
     return steps
 
 
-def shard_params(model: ModelSpec, tp: int, pp: int) -> float:
-    """Weights on the most loaded rank (Megatron): its 1/pp of the blocks plus the embedding, over tp."""
+def shard_params(model: ModelSpec, tp: int, pp: int, stage_layers: tuple[int, ...] | None = None) -> float:
+    """Weights on the most loaded rank (Megatron): its 1/pp of the blocks plus the embedding, over tp; with
+    ``stage_layers``, the largest stage's blocks with the embedding on the first and the LM head on the last."""
     emb = model.vocab * model.hidden
-    return (model.layers * model.layer_params() / pp + emb * (2 if pp == 1 else 1)) / tp
+    if stage_layers is None:
+        return (model.layers * model.layer_params() / pp + emb * (2 if pp == 1 else 1)) / tp
+    last = len(stage_layers) - 1
+    return max(n * model.layer_params() + emb * ((i == 0) + (i == last)) for i, n in enumerate(stage_layers)) / tp
 
 
 #: torch DistributedDataParallel's gradient bucket, which ZeRO-0 runs on (bucket_cap_mb=25): a bucket is all-reduced
