@@ -31,6 +31,7 @@ from .algorithms import Algorithm, Variant, register
 from .memory import layer_activation_bytes_per_token
 from .errors import PlanError
 from .layout import round_work_runs
+from .masks import has_mask, refuse_masks
 from .schedules import Comm, Compute, Shape, Step, attention_flops
 
 METHODS = ("megatron", "rsa", "fsdp_ulysses", "metp")
@@ -195,7 +196,8 @@ def metp_activations(c: Shape, checkpointing: str, training: bool) -> dict[str, 
 
 
 def _variants(d, model, work) -> list[Variant]:
-    if d.tp < 2 or d.ulysses != 1 or d.ring != 1:
+    """METP on a tp group of two or more alone, without documents or a window."""
+    if d.tp < 2 or d.ulysses != 1 or d.ring != 1 or has_mask(work):
         return []
     if model is not None and model.kv_heads % d.tp:
         return []
@@ -203,6 +205,8 @@ def _variants(d, model, work) -> list[Variant]:
 
 
 def _check(cand, model, work) -> None:
+    """No documents or window, ulysses and ring 1, and tp dividing the KV heads."""
+    refuse_masks(cand.algorithm, work)
     if cand.ulysses != 1 or cand.ring != 1:
         raise PlanError("degrees", f"metp splits tokens over its tp group alone, got ulysses {cand.ulysses} and "
                         f"ring {cand.ring}", "set ulysses and ring to 1 and give METP's degree as tp")

@@ -30,6 +30,7 @@ from functools import lru_cache
 from .algorithms import Algorithm, Variant, register
 from .errors import PlanError
 from .layout import BALANCE_MAX_RING, ring_balance, tokenring_step_work
+from .masks import has_mask, refuse_masks
 from .schedules import Comm, Compute, Shape, Step, attention_flops, merge_bytes
 
 
@@ -150,18 +151,22 @@ def tokenring_buffers(c: Shape, training: bool) -> float:
 
 
 def _variants(d, model, work) -> list[Variant]:
-    if d.ring < 2 or d.ulysses != 1:
+    """TokenRing on a ring of two or more without Ulysses, documents or a window."""
+    if d.ring < 2 or d.ulysses != 1 or has_mask(work):
         return []
     return [Variant("tokenring")]
 
 
 def _hybrid_variants(d, model, work) -> list[Variant]:
-    if d.ring < 4 or d.ulysses != 1:
+    """TokenRing x Ring: every proper team size of a ring of four or more, without Ulysses, documents or a window."""
+    if d.ring < 4 or d.ulysses != 1 or has_mask(work):
         return []
     return [Variant("tokenring_ring", team=t) for t in _divisors(d.ring) if 1 < t < d.ring]
 
 
 def _check(cand, model, work) -> None:
+    """No documents or window, ulysses 1, and for the hybrid a proper team size of the ring."""
+    refuse_masks(cand.algorithm, work)
     if cand.ulysses != 1:
         raise PlanError("degrees.ulysses", f"{cand.algorithm} runs on the ring alone, got ulysses {cand.ulysses}",
                         "set ulysses to 1 (or use usp for ulysses x ring)")

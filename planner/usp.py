@@ -5,8 +5,12 @@ around the ring rounds (USP Sec. 3), the rounds double-buffered (WallFacer eq. 2
 """
 from __future__ import annotations
 
+from functools import lru_cache
+from typing import NamedTuple
+
 from .algorithms import Algorithm, Variant, algorithm_for, register
 from .layout import BALANCE_MAX_RING, ring_balance, round_work_runs
+from .masks import has_mask, layer_windows, ring_round_pairs
 from .schedules import Comm, Compute, Shape, Step, a2a_packing, attention_flops, merge_bytes
 
 
@@ -28,8 +32,11 @@ def ring_steps(c: Shape, backward: bool) -> list[Step]:
     """Ring attention: R rounds of [block | send K,V to the next rank], double-buffered (WallFacer eq. 2).
 
     Backward (zhuzilin/ring-flash-attention): K, V and their gradient accumulators dK, dV travel
-    together; after the last round dK, dV take one more hop home.
+    together; after the last round dK, dV take one more hop home. With documents or a window the rounds
+    follow the mask (``masked_ring_steps``).
     """
+    if has_mask(c.work):
+        return masked_ring_steps(c, backward)
     R = c.ring
     blk = attention_flops(c.n_ring, c.n_ring, c.heads_local, c.model.head_dim, c.b)
     mult = 2.5 if backward else 1.0  # FlashAttention backward: 5 block matmuls vs 2
@@ -58,6 +65,66 @@ def ring_steps(c: Shape, backward: bool) -> list[Step]:
             steps.append(Step(comp, 1))
     if backward and R > 1:
         steps.append(Step((Comm("ring p2p dk,dv home", "shift", ("ring",), 2 * kv_block),)))
+    return steps
+
+
+class MaskedRounds(NamedTuple):
+    """Per ring round, over the layers' windows weighted by their layer counts: the busiest rank's score entries per
+    sequence, the ranks' mean, and the share of layers whose K, V travel on to the next round."""
+
+    busiest: tuple[float, ...]
+    mean: tuple[float, ...]
+    sends: tuple[float, ...]
+
+
+@lru_cache(maxsize=1024)
+def masked_rounds(work, token_layout: str, ring: int, layers: int) -> MaskedRounds:
+    """``masks.ring_round_pairs`` averaged over ``masks.layer_windows``; a layer's K, V go no further than its last
+    round that some pack's mask fills (runtime ring.needed_rounds): the far rounds of a window send nothing."""
+    busiest, mean, sends = [0.0] * ring, [0.0] * ring, [0.0] * ring
+    mix = layer_windows(work, layers)
+    total = sum(n for _, n in mix)
+    for w, n in mix:
+        rr = ring_round_pairs(work, token_layout, ring, w)
+        last = max((i for i in range(ring) if rr.empty[i] < 1.0), default=0)  # the last round any pack fills
+        for i in range(ring):
+            busiest[i] += n * rr.busiest[i] / total
+            mean[i] += n * rr.mean[i] / total
+            sends[i] += n / total if i < last else 0.0
+    return MaskedRounds(tuple(busiest), tuple(mean), tuple(sends))
+
+
+def masked_ring_steps(c: Shape, backward: bool) -> list[Step]:
+    """Ring (and Ulysses, R = 1) attention under documents or a window: round i costs its busiest rank's score
+    entries under the mask and the token layout (``masked_rounds``: 4 b pairs h d FLOPs forward, 2.5x backward),
+    a round no layer's mask fills computes nothing, and K, V (with dK, dV backward) travel only as far as the
+    layers' masks need them; dK, dV go home from the last round reached."""
+    R, tag = c.ring, "bwd" if backward else "fwd"
+    mr = masked_rounds(c.work, c.token_layout, R, c.model.layers)
+    mult = 2.5 if backward else 1.0  # FlashAttention backward: 5 block matmuls vs 2
+    kv_block = c.b * c.n_ring * c.kv_local * c.model.head_dim * c.e
+    send = (4 if backward else 2) * kv_block
+    full = attention_flops(c.n_ring, c.n_ring, c.heads_local, c.model.head_dim, c.b)
+    pooled = sum(mr.mean) / sum(mr.busiest) if sum(mr.busiest) else 1.0  # shared cores (layout.ring_balance)
+    balance = (pooled,) if pooled < 1.0 and R <= BALANCE_MAX_RING else ()
+    merge = Compute(f"ring merge {tag}", 0.0, "memory", nbytes=merge_bytes(c, backward))
+    striped = c.token_layout == "striped"  # every round a shifted diagonal under a causal mask
+    steps: list[Step] = []
+    for i, (pairs, s) in enumerate(zip(mr.busiest, mr.sends)):
+        f = pairs / (c.n_ring * c.n_ring)
+        comp = () if not pairs else (Compute(f"attention {tag}", mult * full * f, "attention", c.n_ring, fill=f,
+                                             balance=balance, masked=c.work.causal and (i == 0 or striped)),) + \
+            ((merge,) if R > 1 else ())
+        phases = comp + ((Comm(f"ring p2p {tag}", "shift", ("ring",), s * send),) if s else ())
+        if not phases:
+            continue
+        last = steps[-1] if steps and i > 1 else None  # round 0 (the diagonal) stands alone
+        if last is not None and last.phases == phases:
+            steps[-1] = Step(phases, last.repeat + 1, last.overlap)
+        else:
+            steps.append(Step(phases, 1, overlap=bool(s)))
+    if backward and mr.sends[0] > 0:  # the layers whose K, V left home
+        steps.append(Step((Comm("ring p2p dk,dv home", "shift", ("ring",), mr.sends[0] * 2 * kv_block),)))
     return steps
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from .algorithms import Algorithm, Variant, register
 from .errors import PlanError
 from .layout import PLACEMENTS, check_team, team_group_size, wallfacer_round_runs
+from .masks import has_mask, refuse_masks
 from .schedules import Comm, Compute, Shape, Step, attention_flops, merge_bytes
 
 TEAM, SUB_RING, RING = ("team",), ("sub_ring",), ("ring",)
@@ -111,15 +112,16 @@ def wallfacer_buffer_bytes(c: Shape, training: bool) -> float:
 
 
 def wallfacer_variants(d, model, work) -> list[Variant]:
-    """WallFacer eq. 8's space: every C >= 2 with C^2 | P (C = 1 is Ring), both placements; no Ulysses."""
-    if d.ulysses != 1 or d.ring < 4:
+    """WallFacer eq. 8's space: every C >= 2 with C^2 | P (C = 1 is Ring), both placements; no Ulysses, no masks."""
+    if d.ulysses != 1 or d.ring < 4 or has_mask(work):
         return []
     return [Variant("wallfacer", team=C, placement=pl)
             for C in range(2, d.ring + 1) if C * C <= d.ring and d.ring % (C * C) == 0 for pl in PLACEMENTS]
 
 
 def check_wallfacer(cand, model, work) -> None:
-    """WallFacer's constraints: ulysses 1, 1 <= C with C^2 | P, a placement of eq. 8."""
+    """WallFacer's constraints: no documents or window, ulysses 1, 1 <= C with C^2 | P, a placement of eq. 8."""
+    refuse_masks(cand.algorithm, work)
     if cand.ulysses != 1:
         raise PlanError("degrees.ulysses", f"wallfacer runs on a ring, got ulysses {cand.ulysses}",
                         "set ulysses 1 (WallFacer x Ulysses is future work in the paper)")
