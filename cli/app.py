@@ -17,6 +17,7 @@ from rich.table import Table
 
 from sp_plan.cli.console import err, out, print_error
 from sp_plan.cli.examples import add_examples
+from sp_plan.cli.workload import mask_line, masked_workload, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.errors import PlanError
 from sp_plan.service.collector import collector_paused, skip_final_collection
 
@@ -190,6 +191,9 @@ def owns_collector(command: Callable) -> Callable:
     return run
 
 
+_PLAN_MASK = workload_mask_options()
+
+
 @app.command("plan")
 @owns_collector
 def plan_cmd(
@@ -205,7 +209,8 @@ def plan_cmd(
                                           show_default="print only"),
     search: str = typer.Option("grid", "--search", help="grid (every layout) or bayes (optuna TPE over the degrees)"),
     trials: int = typer.Option(200, "--trials", help="optuna trials for --search bayes"),
-    seed: int = typer.Option(0, "--seed", help="sampler seed for --search bayes"),
+    seed: int = typer.Option(0, "--seed", help="seed of the --search bayes sampler and of the packs drawn from "
+                             "--documents (recorded in the plan)"),
     storage: Optional[str] = typer.Option(None, "--storage", help="optuna storage to resume a study, e.g. "
                                           "sqlite:///study.db", show_default="in memory"),
     profile: Optional[str] = typer.Option(None, "--profile", help=PROFILE_HELP, show_default=PROFILE_DEFAULT),
@@ -216,9 +221,12 @@ def plan_cmd(
                                           show_default="none"),
     sensitivity: bool = typer.Option(False, "--sensitivity", help="re-rank with each link class's bandwidth halved "
                                      "and doubled and compute efficiency at 80 %: does the winner hold?"),
+    documents: Optional[str] = _PLAN_MASK.documents,
+    window: Optional[int] = _PLAN_MASK.window,
+    window_pattern: Optional[str] = _PLAN_MASK.window_pattern,
 ) -> None:
     """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
-    from sp_plan.planner.model import Workload, parse_seq_len  # noqa: PLC0415
+    from sp_plan.planner.model import parse_seq_len  # noqa: PLC0415
     from sp_plan.planner.yamlio import check_writable  # noqa: PLC0415
     from sp_plan.service.planning import PlanRequest, resolve  # noqa: PLC0415
     from sp_plan.service.planning import search as run_search  # noqa: PLC0415
@@ -240,7 +248,9 @@ def plan_cmd(
         if server and (report or sensitivity):
             raise PlanError("--report" if report else "--sensitivity", "needs the cluster's profile here, not on a server",
                             "run without --server (the service's report is at URL/v1/plans/ID/report)")
-        w = Workload(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference)
+        w = masked_workload(dict(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference),
+                            documents, window, window_pattern, seed if documents is not None else None)
+        print_notes(w)
         req = _request(PlanRequest, server, cluster=cluster, nodes=nodes, model=model, workload=w, search=search,
                        trials=trials, seed=seed, top=top, use_profile=not no_profile, profile=profile, families=True)
         if server:
@@ -254,7 +264,8 @@ def plan_cmd(
     c, w, plans = res.cluster, res.workload, res.plans
     out.print(f"[bold]{c.name}[/] ({c.nodes} node(s), {c.world_size} x {c.device}, fingerprint {c.fingerprint}, topology {c.topology_fingerprint}), "
               f"[bold]{res.model.name}[/], {w.seq_len:,} tokens x {w.batch}, {'causal' if w.causal else 'full'}, "
-              f"{'training' if w.training else 'inference'}", highlight=False)
+              f"{'training' if w.training else 'inference'}" + (f", {mask_line(w)}" if mask_line(w) else ""),
+              highlight=False)
     out.print(res.profile_line, highlight=False)
     s = res.search
     how = (f"grid: {s.space:,} candidates, {s.evaluated:,} priced" if s.kind == "grid" else
@@ -265,6 +276,7 @@ def plan_cmd(
                        title="best layout of each algorithm variant (team C, placement)"))
     out.print(_explain(plans[0]))
     out.print(_breakdown(plans[0]))
+    print_rank_work(plans[0])
     if output:
         try:
             plans[0].save(output)
@@ -317,6 +329,9 @@ def _sensitivity_and_report(c, m, w, params, prof, line, plans, families, sensit
         fail(e)
 
 
+_ESTIMATE_MASK = workload_mask_options("the plan's, else 0")
+
+
 @app.command()
 def estimate(
     path: Path = typer.Argument(..., help="a plan file (written by `sp-plan plan -o` or by hand)"),
@@ -332,9 +347,13 @@ def estimate(
     no_profile: bool = typer.Option(False, "--no-profile", help=NO_PROFILE_HELP),
     store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP, show_default=STORE_DEFAULT),
     server: Optional[str] = typer.Option(None, "--server", help=SERVER_HELP, show_default="price here"),
+    documents: Optional[str] = _ESTIMATE_MASK.documents,
+    window: Optional[int] = _ESTIMATE_MASK.window,
+    window_pattern: Optional[str] = _ESTIMATE_MASK.window_pattern,
+    seed: Optional[int] = _ESTIMATE_MASK.seed,
 ) -> None:
     """Price one plan on a cluster: step time, MFU, memory and the per-phase breakdown."""
-    from sp_plan.planner.model import Workload, parse_seq_len  # noqa: PLC0415
+    from sp_plan.planner.model import parse_seq_len  # noqa: PLC0415
     from sp_plan.planner.plan import Plan  # noqa: PLC0415
     from sp_plan.service.planning import EstimateRequest, run_estimate  # noqa: PLC0415
 
@@ -345,10 +364,12 @@ def estimate(
         base = p.workload
         if seq_len is None and base is None:
             raise PlanError("--seq-len", f"{path} names no workload", "pass --seq-len N")
-        w = Workload(seq_len=parse_seq_len(seq_len) if seq_len else base.seq_len,
-                     batch=batch or (base.batch if base else 1),
-                     causal=causal if causal is not None else (base.causal if base else True),
-                     training=not inference and (base.training if base else True))
+        w = masked_workload(dict(seq_len=parse_seq_len(seq_len) if seq_len else base.seq_len,
+                                 batch=batch or (base.batch if base else 1),
+                                 causal=causal if causal is not None else (base.causal if base else True),
+                                 training=not inference and (base.training if base else True)),
+                            documents, window, window_pattern, seed, base)
+        print_notes(w)
         _profile_options(profile, no_profile)
         req = _request(EstimateRequest, server, plan=p, cluster=cluster, nodes=nodes, model=model, workload=w,
                        use_profile=not no_profile, profile=profile)
@@ -356,14 +377,15 @@ def estimate(
     except PlanError as e:
         fail(e)
     p, c, w, pred = res.plan, res.cluster, res.workload, res.plan.predicted
-    out.print(f"[bold]{p.summary()}[/] on {c.name} ({c.world_size} ranks), {res.model.name}, {w.seq_len:,} tokens x {w.batch}",
-              highlight=False)
+    out.print(f"[bold]{p.summary()}[/] on {c.name} ({c.world_size} ranks), {res.model.name}, {w.seq_len:,} tokens x {w.batch}"
+              + (f", {mask_line(w)}" if mask_line(w) else ""), highlight=False)
     out.print(res.profile_line, highlight=False)
     out.print(f"step {secs(pred.step_time_s)}, {pred.tokens_per_s:,.0f} tokens/s, MFU {pred.mfu:.1%}, peak memory "
               f"{gib(pred.peak_memory_bytes)} of {gib(pred.memory_capacity_bytes)}"
               + ("" if pred.fits else "  [bold red]does not fit[/]"))
     out.print(_explain(p, "step"))
     out.print(_breakdown(p))
+    print_rank_work(p.model_copy(update={"workload": w}))
 
 
 #: rank lists `show` prints per dimension (the rest are elided)
@@ -394,6 +416,13 @@ def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan 
         out.print(f"step {secs(pr.step_time_s)}, {pr.tokens_per_s:,.0f} tokens/s, MFU {pr.mfu:.1%}, "
                   f"peak memory {gib(pr.peak_memory_bytes)} of {gib(pr.memory_capacity_bytes)}")
         out.print(_breakdown(p))
+    if p.workload is not None and mask_line(p.workload):
+        out.print(f"workload: {p.workload.seq_len:,} tokens x {p.workload.batch}, {mask_line(p.workload)}",
+                  highlight=False)
+    try:
+        print_rank_work(p)
+    except PlanError as e:
+        fail(e)
 
 
 from sp_plan.cli.discover import register as _register_discover

@@ -356,6 +356,47 @@ def run_estimate(req: EstimateRequest, store=None, max_world: int | None = None,
                             profile_line=inputs.line, plan=p.model_copy(update={"predicted": pred, "profile": tag}))
 
 
+class RankWork(BaseModel):
+    """Per ring rank of a plan, one sample pack of its workload: tokens and score entries (attention work) under the
+    plan's token layout; ``global_pairs`` on a window pattern's global layers (``pairs``: its windowed ones)."""
+
+    token_layout: str
+    documents: int = Field(description="documents in the sample pack (a document cut at the sequence's end counts)")
+    tokens: list[int]
+    pairs: list[int]
+    global_pairs: list[int] | None = None
+
+    @property
+    def imbalance(self) -> float:
+        """The busiest rank's score entries over the mean (1.0: even), on the windowed layers where there is a window."""
+        from sp_plan.planner.masks import imbalance  # noqa: PLC0415
+
+        return imbalance(self.pairs)
+
+    @property
+    def global_imbalance(self) -> float | None:
+        """The same on a window pattern's global layers (None without a pattern)."""
+        from sp_plan.planner.masks import imbalance  # noqa: PLC0415
+
+        return None if self.global_pairs is None else imbalance(self.global_pairs)
+
+
+def rank_work(p: Plan) -> RankWork | None:
+    """The plan's per-rank work on its workload's first sample pack, or None when the workload has no mask to show."""
+    from sp_plan.planner.masks import sample_rank_work  # noqa: PLC0415
+
+    w = p.workload
+    if w is None or (w.documents is None and w.window is None):
+        return None
+    ring = p.degrees["ring"]
+    local = sample_rank_work(w, p.token_layout, ring, w.window.size if w.window else None)
+    glob = None
+    if w.window is not None and w.window.pattern is not None:
+        glob = [int(x) for x in sample_rank_work(w, p.token_layout, ring, None).pairs]
+    return RankWork(token_layout=p.token_layout, documents=len(local.cu_seqlens) - 1,
+                    tokens=[int(x) for x in local.tokens], pairs=[int(x) for x in local.pairs], global_pairs=glob)
+
+
 def profile_version(prof: Profile | None) -> str | None:
     """A hash of the profile document: a new or replaced profile changes it."""
     if prof is None:

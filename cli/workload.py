@@ -1,0 +1,146 @@
+"""The workload's mask on the command line: --documents, --window, --window-pattern and --seed, shared by every command
+that takes a workload (plan, estimate, report, tune), and the per-rank work table `show` and `report` print.
+
+A command declares the options from ``workload_mask_options()`` and builds its Workload with ``masked_workload`` (or
+takes the fields from ``resolve_mask``); both resolve through the application pipeline
+(``service.planning.mask_fields``), and their errors name the flag.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
+
+import typer
+from rich.table import Table
+
+from sp_plan.planner.errors import PlanError
+
+if TYPE_CHECKING:
+    from sp_plan.planner.model import Workload
+    from sp_plan.planner.plan import Plan
+
+DOCUMENTS_HELP = ("lengths of the documents packed into each sequence: a file of lengths (one integer a line, or a "
+                  "CSV/Parquet column 'length') or a named distribution: magi-short, magi-long, megatron-dcp, "
+                  "megatron-dcp-skewed")
+WINDOW_HELP = "sliding window W in tokens: a query attends keys less than W positions away (every layer, or the pattern's)"
+PATTERN_HELP = "windowed:global layers, repeating, e.g. 5:1 (Gemma 3); needs --window"
+SEED_HELP = "seed of the packs drawn from --documents (recorded in the plan)"
+#: ring ranks `show` lists one by one; a larger ring shows its first and last ranks (the imbalance counts them all)
+SHOWN_RANKS = 16
+
+#: a domain field of the workload's mask -> the flag that sets it
+_FLAGS = (("workload.window_pattern", "--window-pattern"), ("workload.window.pattern", "--window-pattern"),
+          ("window_pattern", "--window-pattern"), ("workload.documents", "--documents"), ("documents", "--documents"),
+          ("workload.window", "--window"), ("window", "--window"), ("workload.seed", "--seed"), ("seed", "--seed"))
+
+
+class MaskOptions(NamedTuple):
+    """The typer options of a workload's mask, one set per command (use each as a parameter's default)."""
+
+    documents: Any
+    window: Any
+    window_pattern: Any
+    seed: Any
+
+
+def workload_mask_options(seed_default: str = "0") -> MaskOptions:
+    """Fresh --documents, --window, --window-pattern and --seed options for one command's signature."""
+    return MaskOptions(
+        typer.Option(None, "--documents", help=DOCUMENTS_HELP, show_default="one document per sequence"),
+        typer.Option(None, "--window", help=WINDOW_HELP, show_default="full attention"),
+        typer.Option(None, "--window-pattern", help=PATTERN_HELP, show_default="every layer windowed"),
+        typer.Option(None, "--seed", help=SEED_HELP, show_default=seed_default))
+
+
+def as_flag(e: PlanError) -> PlanError:
+    """The error with a mask field named by its flag (the domain name where no flag sets it)."""
+    for field, flag in _FLAGS:
+        if e.field == field or e.field.startswith(field + "[") or e.field.startswith(field + "."):
+            return PlanError(flag, e.problem, e.fix)
+    return e
+
+
+def resolve_mask(documents: Optional[str], window: Optional[int], window_pattern: Optional[str],
+                 seed: Optional[int], base: Optional[Workload] = None) -> dict[str, Any]:
+    """Workload fields documents, window and seed from the flags (a file read here, a name looked up); None: base's."""
+    from sp_plan.service.planning import mask_fields  # noqa: PLC0415
+
+    try:
+        return mask_fields(documents, window, window_pattern, seed, base=base)
+    except PlanError as e:
+        raise as_flag(e) from None
+
+
+def masked_workload(fields: dict[str, Any], documents: Optional[str] = None, window: Optional[int] = None,
+                    window_pattern: Optional[str] = None, seed: Optional[int] = None,
+                    base: Optional[Workload] = None) -> Workload:
+    """A Workload of ``fields`` (seq_len, batch, ...) with the mask flags; errors name the flag."""
+    from sp_plan.planner.model import Workload  # noqa: PLC0415
+
+    mask = resolve_mask(documents, window, window_pattern, seed, base)
+    try:
+        return Workload(**fields, **mask)
+    except PlanError as e:
+        raise as_flag(e) from None
+
+
+def print_notes(w: Workload) -> None:
+    """One line per note of the workload (a window that covers the sequence is full attention)."""
+    from sp_plan.cli.console import out  # noqa: PLC0415
+
+    for n in w.notes:
+        out.print(f"note: {n}", highlight=False)
+
+
+def mask_line(w: Workload) -> str:
+    """The workload's mask in a few words, for a header line ('' without documents or a window)."""
+    parts = []
+    if w.documents is not None:
+        d = w.documents
+        name = getattr(d, "name", "") or getattr(d, "source", "") or d.kind
+        parts.append(f"documents {name} (seed {w.seed})")
+    if w.window is not None:
+        parts.append(f"window {w.window.size}" + (f" on {w.window.pattern} layers" if w.window.pattern else ""))
+    return ", ".join(parts)
+
+
+def _shown(n: int) -> list[int | None]:
+    """Rank indices to list (None: the elided middle)."""
+    if n <= SHOWN_RANKS:
+        return list(range(n))
+    half = SHOWN_RANKS // 2
+    return [*range(half), None, *range(n - half, n)]
+
+
+def rank_work_table(p: Plan) -> tuple[Table, str] | None:
+    """The per-ring-rank table of a sample pack (tokens, score entries) and its imbalance line; None without a mask."""
+    from sp_plan.service.planning import rank_work  # noqa: PLC0415
+
+    rw = rank_work(p)
+    if rw is None:
+        return None
+    t = Table(title=f"per-rank work ({rw.token_layout})")
+    cols = ["ring rank", "tokens", "score entries" if rw.global_pairs is None else "score entries (windowed layers)"]
+    for c in cols + (["score entries (global layers)"] if rw.global_pairs is not None else []):
+        t.add_column(c, justify="right")
+    for r in _shown(len(rw.tokens)):
+        if r is None:
+            t.add_row("...", "", "", *([""] if rw.global_pairs is not None else []))
+            continue
+        extra = [f"{rw.global_pairs[r]:,}"] if rw.global_pairs is not None else []
+        t.add_row(str(r), f"{rw.tokens[r]:,}", f"{rw.pairs[r]:,}", *extra)
+    line = f"a sample pack of {rw.documents} document(s): imbalance (busiest rank / mean) {rw.imbalance:.3f}"
+    if rw.global_pairs is not None:
+        line += f" on the windowed layers, {rw.global_imbalance:.3f} on the global ones"
+    if len(rw.tokens) == 1:
+        line += " (one ring rank: every rank attends the whole pack on its heads)"
+    return t, line
+
+
+def print_rank_work(p: Plan) -> None:
+    """Print the plan's per-rank work table and imbalance where its workload has documents or a window."""
+    from sp_plan.cli.console import out  # noqa: PLC0415
+
+    shown = rank_work_table(p)
+    if shown is not None:
+        out.print(shown[0])
+        out.print(shown[1], highlight=False)
