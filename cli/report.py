@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.table import Table
 
+from sp_plan.cli.workload import masked_workload, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.errors import PlanError
 
 if TYPE_CHECKING:
@@ -80,6 +81,9 @@ def plan_cluster(plan: Plan, path: Path) -> Cluster:
     return c
 
 
+_REPORT_MASK = workload_mask_options("the plan's, else 0")
+
+
 def report_cmd(
     path: Optional[Path] = typer.Argument(None, help="a plan file (its cluster, model and workload are used); "
                                           "or leave it out and pass --cluster, --model and --seq-len"),
@@ -102,12 +106,16 @@ def report_cmd(
                                     "without a profile"),
     store: Optional[str] = typer.Option(None, "--store", help="profile store URL",
                                         show_default="$SP_PLAN_STORE, else SQLite in the user data directory"),
+    documents: Optional[str] = _REPORT_MASK.documents,
+    window: Optional[int] = _REPORT_MASK.window,
+    window_pattern: Optional[str] = _REPORT_MASK.window_pattern,
+    seed: Optional[int] = _REPORT_MASK.seed,
 ) -> None:
     """Write one self-contained HTML page with figures: ranked layouts, memory, predicted against measured, the
     cluster graph with the plan's groups, and its sensitivity."""
     from sp_plan.cli.app import _profile_options, err, fail, out
     from sp_plan.planner.calibration import resolve_params
-    from sp_plan.planner.model import Workload, parse_seq_len
+    from sp_plan.planner.model import parse_seq_len
     from sp_plan.planner.plan import Plan
     from sp_plan.planner.search import finish, finish_each, grid_search, no_plan_error, profile_tag
     from sp_plan.planner.sensitivity import sensitivity as rerank
@@ -127,10 +135,12 @@ def report_cmd(
         base = given.workload if given else None
         if seq_len is None and base is None:
             raise PlanError("--seq-len", f"{path} names no workload", "pass --seq-len N")
-        w = Workload(seq_len=parse_seq_len(seq_len) if seq_len else base.seq_len,
-                     batch=batch or (base.batch if base else 1),
-                     causal=causal if causal is not None else (base.causal if base else True),
-                     training=not inference and (base.training if base else True))
+        w = masked_workload(dict(seq_len=parse_seq_len(seq_len) if seq_len else base.seq_len,
+                                 batch=batch or (base.batch if base else 1),
+                                 causal=causal if causal is not None else (base.causal if base else True),
+                                 training=not inference and (base.training if base else True)),
+                            documents, window, window_pattern, seed, base)
+        print_notes(w)
         params, line, prof = resolve_params(c, _profile_options(profile, no_profile), store)
         with err.status("ranking every layout"):
             res = grid_search(c, m, w, keep=top, params=params)
@@ -154,6 +164,7 @@ def report_cmd(
     out.print(line, highlight=False)
     out.print(f"{rows[chosen].summary()}: #{chosen + 1} of the {len(rows)} layouts shown, "
               f"step {_secs(rows[chosen].predicted.step_time_s)}", highlight=False)
+    print_rank_work(rows[chosen])
     if sen is not None:
         out.print(sensitivity_table(sen))
     out.print(f"wrote {output}")

@@ -91,16 +91,11 @@ def print_notes(w: Workload) -> None:
         out.print(f"note: {n}", highlight=False)
 
 
-def mask_line(w: Workload) -> str:
-    """The workload's mask in a few words, for a header line ('' without documents or a window)."""
-    parts = []
-    if w.documents is not None:
-        d = w.documents
-        name = getattr(d, "name", "") or getattr(d, "source", "") or d.kind
-        parts.append(f"documents {name} (seed {w.seed})")
-    if w.window is not None:
-        parts.append(f"window {w.window.size}" + (f" on {w.window.pattern} layers" if w.window.pattern else ""))
-    return ", ".join(parts)
+def mask_line(w: Optional[Workload]) -> str:
+    """The workload's documents and window in a few words ('' without them): ``service.planning.mask_line``."""
+    from sp_plan.service.planning import mask_line as line  # noqa: PLC0415
+
+    return line(w)
 
 
 def _shown(n: int) -> list[int | None]:

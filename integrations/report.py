@@ -15,6 +15,7 @@ from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import MeasuredCandidate, Profile
 from sp_plan.planner.search import largest_extra_cost
 from sp_plan.planner.sensitivity import Sensitivity
+from sp_plan.service.planning import mask_line
 
 GIB = 2.0 ** 30
 STYLE = """
@@ -90,6 +91,25 @@ def _sensitivity(sen: Sensitivity) -> str:
             "<th>what keeping the winner loses</th></tr>" + "".join(rows) + "</table>")
 
 
+def _rank_work(plan: Plan) -> str:
+    """The plan's per-rank tokens and score entries on a sample pack, and the imbalance ('' without a mask)."""
+    from sp_plan.service.planning import rank_work
+
+    rw = rank_work(plan)
+    if rw is None:
+        return ""
+    pattern = rw.global_pairs is not None
+    head = "<th>score entries (windowed layers)</th><th>score entries (global layers)</th>" if pattern else \
+        "<th>score entries</th>"
+    rows = "".join(f"<tr><td class=num>{r}</td><td class=num>{t:,}</td><td class=num>{x:,}</td>"
+                   + (f"<td class=num>{rw.global_pairs[r]:,}</td>" if pattern else "") + "</tr>"
+                   for r, (t, x) in enumerate(zip(rw.tokens, rw.pairs)))
+    extra = f"; {rw.global_imbalance:.3f} on the global layers" if pattern else ""
+    return (f"<h2>Per-rank work</h2><p>A sample pack of {rw.documents} document(s) under token layout "
+            f"<code>{_e(rw.token_layout)}</code>: imbalance (busiest ring rank / mean) <b>{rw.imbalance:.3f}</b>"
+            f"{extra}.</p><table id=rank-work><tr><th>ring rank</th><th>tokens</th>{head}</tr>{rows}</table>")
+
+
 def _failed(candidates: list[MeasuredCandidate]) -> str:
     bad = [c for c in candidates if c.status != "ok"]
     if not bad:
@@ -118,7 +138,7 @@ def render_report(plans: list[Plan], cluster: Cluster, profile: Profile | None =
     what = ", ".join(x for x in (
         m.name if m else "",
         f"{w.seq_len:,} tokens x {w.batch}, {'causal' if w.causal else 'full'}, {'training' if w.training else 'inference'}"
-        if w else "") if x)
+        if w else "", mask_line(w)) if x)
     candidates = list(profile.candidates if profile else []) + list(measured or [])
     points = measured_points(plans, candidates)
     parts = [
@@ -134,6 +154,7 @@ def render_report(plans: list[Plan], cluster: Cluster, profile: Profile | None =
         f"{pr.tokens_per_s:,.0f} tokens/s, MFU {pr.mfu:.1%}, peak memory {pr.peak_memory_bytes / GIB:.1f} GiB of "
         f"{pr.memory_capacity_bytes / GIB:.1f} GiB usable.</p>",
         "<h2>Ranked layouts</h2>", _ranking(plans, chosen),
+        _rank_work(plan),
         _figure(step_bars(plans, chosen), "fig-steps"),
         "<h2>Memory</h2>", _figure(memory_bars(plans, chosen), "fig-memory"),
         "<h2>Predicted against measured</h2>",

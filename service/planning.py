@@ -356,6 +356,19 @@ def run_estimate(req: EstimateRequest, store=None, max_world: int | None = None,
                             profile_line=inputs.line, plan=p.model_copy(update={"predicted": pred, "profile": tag}))
 
 
+def mask_line(w: Workload | None) -> str:
+    """The workload's documents and window in a few words, for header lines ('' without them)."""
+    if w is None:
+        return ""
+    parts = []
+    if w.documents is not None:
+        d = w.documents
+        parts.append(f"documents {getattr(d, 'name', '') or d.source or d.kind} (seed {w.seed})")
+    if w.window is not None:
+        parts.append(f"window {w.window.size}" + (f" on {w.window.pattern} layers" if w.window.pattern else ""))
+    return ", ".join(parts)
+
+
 class RankWork(BaseModel):
     """Per ring rank of a plan, one sample pack of its workload: tokens and score entries (attention work) under the
     plan's token layout; ``global_pairs`` on a window pattern's global layers (``pairs``: its windowed ones)."""
