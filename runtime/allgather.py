@@ -8,6 +8,10 @@ empties and folding the others into (out, lse) with the online-softmax merge (``
 Backward. Each chunk's FlashAttention-2 block backward runs against the global out and lse; dq stays local, and
 the dk, dv of every chunk are accumulated and reduce-scattered to the chunk's owner.
 
+Overlap (optional, ``kv_chunks``). The KV heads may be gathered in chunks, as ring-flash-attention's llama3 variant
+strides them: the gather of chunk c + 1 is in flight while chunk c's query heads attend, and in backward chunk c's
+reduce-scatter while chunk c + 1 computes. One chunk (the default) gathers once, exposed.
+
 Masks. Each (local queries, key chunk) pair's mask comes from the global token indices: causal, the same packed
 document (``cu_seqlens`` over the global sequence) and a sliding window (``kernels.attended``), reduced to the
 region the kernel needs (``kernels.reduce_mask``). All-gather is indifferent to the mask: no rank waits on
@@ -22,6 +26,8 @@ from functools import lru_cache
 
 import torch
 import torch.distributed as dist
+
+from sp_plan.planner.errors import PlanError
 
 from .kernels import BlockMask, attended, document_ids, reduce_mask
 from .ring import (Ring, attend_chunks, attend_chunks_backward, check_masks, held_tokens, make_ring, member_tokens,
@@ -46,82 +52,144 @@ def _slot(ring: Ring, r: int) -> int:
     return sorted(ring.ranks).index(ring.ranks[r])
 
 
-def gather_kv(k: torch.Tensor, v: torch.Tensor, ring: Ring, lengths: list[int]) -> tuple[list, list]:
-    """Every member's K and V chunk (``lengths[r]`` tokens each), in ring order: one all-gather each, at the
-    longest chunk's length."""
+class Pending:
+    """Collectives in flight and what to take from their buffers once they are done."""
+
+    def __init__(self, reqs: list, take):
+        self.reqs, self.take = reqs, take
+
+    def result(self):
+        """Wait for the collectives (NCCL: the compute stream waits, no host sync) and take the result."""
+        for r in self.reqs:
+            r.wait()
+        return self.take()
+
+
+def post_gather_kv(k: torch.Tensor, v: torch.Tensor, ring: Ring, lengths: list[int]) -> Pending:
+    """Start gathering every member's K and V chunk (``lengths[r]`` tokens each): one all-gather each, at the longest
+    chunk's length; the result is the chunks in ring order."""
     if ring.size == 1:
-        return [k], [v]
+        return Pending([], lambda: ([k], [v]))
     n = max(lengths)
-    k, v = pad_tokens(k, n), pad_tokens(v, n)
+    k, v = pad_tokens(k, n).contiguous(), pad_tokens(v, n).contiguous()
     ks, vs = [torch.empty_like(k) for _ in ring.ranks], [torch.empty_like(v) for _ in ring.ranks]
-    dist.all_gather(ks, k, group=ring.group)
-    dist.all_gather(vs, v, group=ring.group)
-    return ([ks[_slot(ring, r)][:, :lengths[r]] for r in range(ring.size)],
-            [vs[_slot(ring, r)][:, :lengths[r]] for r in range(ring.size)])
+    reqs = [dist.all_gather(ks, k, group=ring.group, async_op=True),
+            dist.all_gather(vs, v, group=ring.group, async_op=True)]
+    return Pending(reqs, lambda: ([ks[_slot(ring, r)][:, :lengths[r]] for r in range(ring.size)],
+                                  [vs[_slot(ring, r)][:, :lengths[r]] for r in range(ring.size)]))
 
 
-def reduce_scatter_chunks(chunks: list[torch.Tensor], ring: Ring) -> torch.Tensor:
-    """This rank's chunk of the sum over members of ``chunks`` (ring order): reduce-scatter, or on a backend
+def gather_kv(k: torch.Tensor, v: torch.Tensor, ring: Ring, lengths: list[int]) -> tuple[list, list]:
+    """Every member's K and V chunk (``lengths[r]`` tokens each), in ring order (``post_gather_kv``, waited)."""
+    return post_gather_kv(k, v, ring, lengths).result()
+
+
+def post_reduce_scatter(chunks: list[torch.Tensor], ring: Ring) -> Pending:
+    """Start this rank's chunk of the sum over members of ``chunks`` (ring order): reduce-scatter, or on a backend
     without it (gloo) an all-reduce of all of them; chunks of different lengths travel padded."""
     if ring.size == 1:
-        return chunks[0]
+        return Pending([], lambda: chunks[0])
     n, mine = max(c.shape[1] for c in chunks), chunks[ring.position].shape[1]
-    by_slot = [pad_tokens(chunks[ring.ranks.index(g)], n) for g in sorted(ring.ranks)]
+    by_slot = [pad_tokens(chunks[ring.ranks.index(g)], n).contiguous() for g in sorted(ring.ranks)]
     slot = sorted(ring.ranks).index(ring.ranks[ring.position])
     if dist.get_backend(ring.group) == "nccl":  # pragma: no cover - needs GPUs
         out = torch.empty_like(by_slot[slot])
-        dist.reduce_scatter(out, by_slot, group=ring.group)
-        return out[:, :mine]
+        return Pending([dist.reduce_scatter(out, by_slot, group=ring.group, async_op=True)], lambda: out[:, :mine])
     flat = torch.stack(by_slot)
-    dist.all_reduce(flat, group=ring.group)
-    return flat[slot][:, :mine]
+    return Pending([dist.all_reduce(flat, group=ring.group, async_op=True)], lambda: flat[slot][:, :mine])
 
 
-def allgather_backward(dout, q, ks, vs, out, lse, masks, ring: Ring, scale, backend=None):
-    """dq from every chunk; each chunk's dk, dv reduce-scattered to its owner."""
-    dq, dks, dvs = attend_chunks_backward(dout, q, ks, vs, out, lse, masks, scale, backend)
-    dk, dv = reduce_scatter_chunks(dks, ring), reduce_scatter_chunks(dvs, ring)
-    return dq.to(q.dtype), dk.to(ks[0].dtype), dv.to(vs[0].dtype)
+def reduce_scatter_chunks(chunks: list[torch.Tensor], ring: Ring) -> torch.Tensor:
+    """This rank's chunk of the sum over members of ``chunks`` (``post_reduce_scatter``, waited)."""
+    return post_reduce_scatter(chunks, ring).result()
+
+
+def head_chunks(q_heads: int, kv_heads: int, n: int) -> list[tuple[slice, slice]]:
+    """(query heads, KV heads) of each of ``n`` chunks: the KV heads in n equal groups and the query heads that use
+    them (GQA: query head h uses KV head h // (q_heads / kv_heads))."""
+    if n < 1 or kv_heads % n:
+        raise PlanError("kv_chunks", f"{kv_heads} KV heads do not split into {n} chunks",
+                        "use a kv_chunks that divides the KV heads (1: one gather)")
+    g, m = q_heads // kv_heads, kv_heads // n
+    return [(slice(c * m * g, (c + 1) * m * g), slice(c * m, (c + 1) * m)) for c in range(n)]
+
+
+def _heads(x: torch.Tensor, h: slice) -> torch.Tensor:
+    """Heads ``h`` of a (batch, seq, heads, dim) tensor, contiguous (the whole tensor as is)."""
+    return x if h.start == 0 and h.stop == x.shape[2] else x[:, :, h].contiguous()
+
+
+def allgather_forward(q, k, v, ring: Ring, lengths, masks, heads, scale, backend=None):
+    """Local queries against the gathered K, V, one KV-head chunk at a time (``heads``): chunk c + 1's gather is in
+    flight while chunk c attends (ring-flash-attention's llama3 heads stride). (out, lse, every chunk's K, V)."""
+    pending = post_gather_kv(_heads(k, heads[0][1]), _heads(v, heads[0][1]), ring, lengths)
+    outs, lses, kept = [], [], []
+    for c, (qh, _) in enumerate(heads):
+        ks, vs = pending.result()
+        if c + 1 < len(heads):
+            pending = post_gather_kv(_heads(k, heads[c + 1][1]), _heads(v, heads[c + 1][1]), ring, lengths)
+        o, m = attend_chunks(_heads(q, qh), ks, vs, masks, scale, backend)
+        outs.append(o)
+        lses.append(m)
+        kept.append((ks, vs))
+    return torch.cat(outs, dim=2), torch.cat(lses, dim=1), kept
+
+
+def allgather_backward(dout, q, kept, out, lse, masks, ring: Ring, heads, scale, backend=None):
+    """dq from every chunk; each chunk's dk, dv reduce-scattered to its owner, one KV-head chunk's reduce-scatter in
+    flight while the next chunk computes."""
+    dq, pending = torch.empty_like(q), []
+    for (qh, _), (ks, vs) in zip(heads, kept):
+        lse_h = lse if qh.start == 0 and qh.stop == lse.shape[1] else lse[:, qh].contiguous()
+        g, dks, dvs = attend_chunks_backward(_heads(dout, qh), _heads(q, qh), ks, vs, _heads(out, qh), lse_h, masks,
+                                             scale, backend)
+        dq[:, :, qh] = g
+        pending.append((post_reduce_scatter(dks, ring), post_reduce_scatter(dvs, ring)))
+    dk = torch.cat([p.result() for p, _ in pending], dim=2)
+    dv = torch.cat([p.result() for _, p in pending], dim=2)
+    return dq, dk.to(kept[0][0][0].dtype), dv.to(kept[0][1][0].dtype)
 
 
 class _AllGatherAttention(torch.autograd.Function):
     """Autograd wrapper: gather K/V, attend chunk by chunk; backward reduce-scatters dk, dv."""
 
     @staticmethod
-    def forward(ctx, q, k, v, group, ranks, causal, token_layout, scale, backend, cu_seqlens, window):
+    def forward(ctx, q, k, v, group, ranks, causal, token_layout, scale, backend, cu_seqlens, window, kv_chunks):
         ring = make_ring(group, ranks) if group is not None else Ring((0,), 0, None)
         seq_len = q.shape[1] * ring.size if cu_seqlens is None else cu_seqlens[-1]
         tokens = held_tokens(token_layout, ring, seq_len, q.shape[1], bool(causal), cu_seqlens, window)
         masks = chunk_masks(token_layout, ring.size, seq_len, ring.position, bool(causal), cu_seqlens, window)
-        ks, vs = gather_kv(k.contiguous(), v.contiguous(), ring, [len(t) for t in tokens])
-        out, lse = attend_chunks(q, ks, vs, masks, scale, backend)
-        ctx.save_for_backward(q, out, lse, *ks, *vs)
-        ctx.ring, ctx.masks, ctx.scale, ctx.backend = ring, masks, scale, backend
+        heads = head_chunks(q.shape[2], k.shape[2], kv_chunks)
+        out, lse, kept = allgather_forward(q, k, v, ring, [len(t) for t in tokens], masks, heads, scale, backend)
+        ctx.save_for_backward(q, out, lse, *(t for ks, vs in kept for t in (*ks, *vs)))
+        ctx.ring, ctx.masks, ctx.heads, ctx.scale, ctx.backend = ring, masks, heads, scale, backend
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, out, lse, *kv = ctx.saved_tensors
         n = ctx.ring.size
-        dq, dk, dv = allgather_backward(dout, q, kv[:n], kv[n:], out, lse, ctx.masks, ctx.ring, ctx.scale,
+        kept = [(kv[i:i + n], kv[i + n:i + 2 * n]) for i in range(0, len(kv), 2 * n)]
+        dq, dk, dv = allgather_backward(dout, q, kept, out, lse, ctx.masks, ctx.ring, ctx.heads, ctx.scale,
                                         ctx.backend)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None = None,
                         *, causal: bool = False, token_layout: str = "contiguous", scale: float | None = None,
                         ranks=None, backend: str | None = None, cu_seqlens=None,
-                        window: int | None = None) -> torch.Tensor:
+                        window: int | None = None, kv_chunks: int = 1) -> torch.Tensor:
     """All-gather K/V attention on (batch, local seq, heads, dim) blocks (Llama 3 Sec. 3.3.2).
 
     Member p of the group (``ranks`` order, default sorted) holds the tokens ``ring_tokens(token_layout, P, S)[p]``
     of a sequence of S = P * local seq tokens. ``cu_seqlens`` (0, ..., S) packs documents that attend only to
     themselves, laid out per document (``member_tokens``; members may then hold different numbers of tokens);
-    ``window`` limits each query to the ``window`` keys before it (itself included).
+    ``window`` limits each query to the ``window`` keys before it (itself included). ``kv_chunks`` > 1 gathers the
+    KV heads in that many chunks, each chunk's gather (backward: reduce-scatter) beside the previous one's compute.
     """
     cu, w = check_masks(cu_seqlens, window, None)
     return _AllGatherAttention.apply(q, k, v, group, None if ranks is None else tuple(int(r) for r in ranks),
-                                     causal, token_layout, scale, backend, cu, w)
+                                     causal, token_layout, scale, backend, cu, w, int(kv_chunks))
 
 
 def _registered_allgather(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None, cu_seqlens=None,
