@@ -53,10 +53,11 @@ def _slot(ring: Ring, r: int) -> int:
 
 
 class Pending:
-    """Collectives in flight and what to take from their buffers once they are done."""
+    """Collectives in flight and what to take from their buffers once they are done; ``keep`` holds their inputs
+    until then (a freed input could be reused by the caching allocator while NCCL still reads it)."""
 
-    def __init__(self, reqs: list, take):
-        self.reqs, self.take = reqs, take
+    def __init__(self, reqs: list, take, keep=()):
+        self.reqs, self.take, self.keep = reqs, take, keep
 
     def result(self):
         """Wait for the collectives (NCCL: the compute stream waits, no host sync) and take the result."""
@@ -76,7 +77,7 @@ def post_gather_kv(k: torch.Tensor, v: torch.Tensor, ring: Ring, lengths: list[i
     reqs = [dist.all_gather(ks, k, group=ring.group, async_op=True),
             dist.all_gather(vs, v, group=ring.group, async_op=True)]
     return Pending(reqs, lambda: ([ks[_slot(ring, r)][:, :lengths[r]] for r in range(ring.size)],
-                                  [vs[_slot(ring, r)][:, :lengths[r]] for r in range(ring.size)]))
+                                  [vs[_slot(ring, r)][:, :lengths[r]] for r in range(ring.size)]), keep=(k, v))
 
 
 def gather_kv(k: torch.Tensor, v: torch.Tensor, ring: Ring, lengths: list[int]) -> tuple[list, list]:
@@ -94,7 +95,8 @@ def post_reduce_scatter(chunks: list[torch.Tensor], ring: Ring) -> Pending:
     slot = sorted(ring.ranks).index(ring.ranks[ring.position])
     if dist.get_backend(ring.group) == "nccl":  # pragma: no cover - needs GPUs
         out = torch.empty_like(by_slot[slot])
-        return Pending([dist.reduce_scatter(out, by_slot, group=ring.group, async_op=True)], lambda: out[:, :mine])
+        return Pending([dist.reduce_scatter(out, by_slot, group=ring.group, async_op=True)], lambda: out[:, :mine],
+                       keep=by_slot)
     flat = torch.stack(by_slot)
     return Pending([dist.all_reduce(flat, group=ring.group, async_op=True)], lambda: flat[slot][:, :mine])
 
