@@ -18,6 +18,11 @@ are skipped, but their accumulators still travel so the schedule is the same on 
 Causal masks. Each round's mask is derived from the global token indices of the query and the
 K,V owner (``planner.layout.ring_tokens``: contiguous, zigzag, striped) and reduced to row/column
 ranges plus a diagonal offset or explicit mask (``kernels.causal_block_mask``).
+
+Documents and windows. With ``cu_seqlens`` or a ``window`` the rounds' masks come from ``kernels.attended`` over
+each member's tokens (``member_tokens``, per document). A round the mask empties runs no kernel, and K, V travel
+only as many rounds as some member's mask needs (``needed_rounds``): a windowed ring talks to its near neighbours;
+the backward's last hop then takes each dk, dv accumulator straight back to its owner.
 """
 from __future__ import annotations
 
