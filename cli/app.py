@@ -17,7 +17,7 @@ from rich.table import Table
 
 from sp_plan.cli.console import err, out, print_error
 from sp_plan.cli.examples import add_examples
-from sp_plan.cli.workload import mask_line, masked_workload, print_notes, print_rank_work, workload_mask_options
+from sp_plan.cli.workload import masked_workload, print_mask, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.errors import PlanError
 from sp_plan.service.collector import collector_paused, skip_final_collection
 
@@ -264,8 +264,8 @@ def plan_cmd(
     c, w, plans = res.cluster, res.workload, res.plans
     out.print(f"[bold]{c.name}[/] ({c.nodes} node(s), {c.world_size} x {c.device}, fingerprint {c.fingerprint}, topology {c.topology_fingerprint}), "
               f"[bold]{res.model.name}[/], {w.seq_len:,} tokens x {w.batch}, {'causal' if w.causal else 'full'}, "
-              f"{'training' if w.training else 'inference'}" + (f", {mask_line(w)}" if mask_line(w) else ""),
-              highlight=False)
+              f"{'training' if w.training else 'inference'}", highlight=False)
+    print_mask(w)
     out.print(res.profile_line, highlight=False)
     s = res.search
     how = (f"grid: {s.space:,} candidates, {s.evaluated:,} priced" if s.kind == "grid" else
@@ -377,8 +377,9 @@ def estimate(
     except PlanError as e:
         fail(e)
     p, c, w, pred = res.plan, res.cluster, res.workload, res.plan.predicted
-    out.print(f"[bold]{p.summary()}[/] on {c.name} ({c.world_size} ranks), {res.model.name}, {w.seq_len:,} tokens x {w.batch}"
-              + (f", {mask_line(w)}" if mask_line(w) else ""), highlight=False)
+    out.print(f"[bold]{p.summary()}[/] on {c.name} ({c.world_size} ranks), {res.model.name}, {w.seq_len:,} tokens x {w.batch}",
+              highlight=False)
+    print_mask(w)
     out.print(res.profile_line, highlight=False)
     out.print(f"step {secs(pred.step_time_s)}, {pred.tokens_per_s:,.0f} tokens/s, MFU {pred.mfu:.1%}, peak memory "
               f"{gib(pred.peak_memory_bytes)} of {gib(pred.memory_capacity_bytes)}"
@@ -416,9 +417,8 @@ def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan 
         out.print(f"step {secs(pr.step_time_s)}, {pr.tokens_per_s:,.0f} tokens/s, MFU {pr.mfu:.1%}, "
                   f"peak memory {gib(pr.peak_memory_bytes)} of {gib(pr.memory_capacity_bytes)}")
         out.print(_breakdown(p))
-    if p.workload is not None and mask_line(p.workload):
-        out.print(f"workload: {p.workload.seq_len:,} tokens x {p.workload.batch}, {mask_line(p.workload)}",
-                  highlight=False)
+    if p.workload is not None:
+        print_mask(p.workload)
     try:
         print_rank_work(p)
     except PlanError as e:

@@ -98,6 +98,14 @@ def mask_line(w: Optional[Workload]) -> str:
     return line(w)
 
 
+def print_mask(w: Workload) -> None:
+    """The workload's documents and window on a line of their own (nothing without them)."""
+    from sp_plan.cli.console import out  # noqa: PLC0415
+
+    if mask_line(w):
+        out.print(f"mask: {mask_line(w)}", highlight=False, soft_wrap=True)
+
+
 def _shown(n: int) -> list[int | None]:
     """Rank indices to list (None: the elided middle)."""
     if n <= SHOWN_RANKS:
@@ -138,4 +146,4 @@ def print_rank_work(p: Plan) -> None:
     shown = rank_work_table(p)
     if shown is not None:
         out.print(shown[0])
-        out.print(shown[1], highlight=False)
+        out.print(shown[1], highlight=False, soft_wrap=True)

@@ -1,0 +1,144 @@
+"""Packed documents and sliding windows at the front door: the CLI as a user runs it (fresh processes), the plan file,
+`show` and reports, the Python API and the service, all through the one application pipeline."""
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sp_plan.planner.model import Histogram, Workload
+from sp_plan.planner.plan import Plan
+from sp_plan.profiles import load_cluster, load_model
+from sp_plan.service.planning import PlanRequest, mask_fields, rank_work, request_key, resolve, with_masks
+from sp_plan.service.planning import plan as api_plan
+
+SP = [sys.executable, "-m", "sp_plan.cli.app"]
+PLAN = ["plan", "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "16k", "--no-profile", "--top", "2"]
+LENGTHS = [37, 512, 1900, 3000, 250, 7000, 64, 1024, 4444, 129] * 5
+
+
+def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(SP + list(args), capture_output=True, text=True, timeout=180, cwd=cwd)
+
+
+@pytest.fixture
+def lengths_file(tmp_path: Path) -> Path:
+    p = tmp_path / "lengths.txt"
+    p.write_text("".join(f"{x}\n" for x in LENGTHS))
+    return p
+
+
+def test_plan_records_a_file_as_its_histogram_and_estimate_and_show_read_it_back(tmp_path, lengths_file):
+    out = tmp_path / "plan.yaml"
+    r = run(*PLAN, "--documents", str(lengths_file), "--window", "2048", "--window-pattern", "5:1", "--seed", "7",
+            "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "mask: documents lengths.txt (seed 7), window 2048 on 5:1 layers\n" in r.stdout and "per-rank work" in r.stdout
+    text = out.read_text()
+    docs = yaml.safe_load(text)["workload"]["documents"]
+    assert docs["kind"] == "histogram" and docs["source"] == "lengths.txt" and "lengths" not in docs
+    assert docs["sha256"] == hashlib.sha256(lengths_file.read_bytes()).hexdigest()
+    p = Plan.load(out)
+    assert p.workload.window.size == 2048 and p.workload.window.pattern == "5:1" and p.workload.seed == 7
+
+    est = run("estimate", str(out), "--cluster", "dgx-h100", "--no-profile")
+    assert est.returncode == 0, est.stderr
+    assert "mask: documents lengths.txt (seed 7), window 2048 on 5:1 layers\n" in est.stdout
+    show = run("show", str(out))
+    assert show.returncode == 0, show.stderr
+    assert "score entries (windowed layers)" in show.stdout and "imbalance (busiest rank / mean)" in show.stdout
+
+
+def test_show_prints_each_ring_rank_of_a_packed_ring_plan(tmp_path):
+    p = tmp_path / "ring.yaml"
+    p.write_text("algorithm: ring\ndegrees: {ring: 4}\ntoken_layout: contiguous\n"
+                 "workload: {seq_len: 8192, documents: [100, 300, 5000, 2000], seed: 3}\n")
+    r = run("show", str(p))
+    assert r.returncode == 0, r.stderr
+    rw = rank_work(Plan.load(p))
+    assert rw.tokens == [2048] * 4 and sum(rw.pairs) > 0
+    table = r.stdout[r.stdout.index("per-rank work (contiguous)"):]
+    rows = [line.split("│")[1:4] for line in table.splitlines() if line.count("│") == 4]
+    assert [[c.strip() for c in row] for row in rows] == [[str(i), "2,048", f"{x:,}"] for i, x in enumerate(rw.pairs)]
+    assert f"imbalance (busiest rank / mean) {rw.imbalance:.3f}" in r.stdout and rw.imbalance > 1.05
+
+
+def test_old_plan_files_load_and_show_no_rank_table(tmp_path):
+    p = tmp_path / "old.yaml"
+    p.write_text("algorithm: ring\ndegrees: {ring: 8}\ntoken_layout: zigzag\n"
+                 "workload: {seq_len: 65536, batch: 1, causal: true, training: true}\n")
+    r = run("show", str(p))
+    assert r.returncode == 0 and "per-rank work" not in r.stdout, r.stderr
+    assert rank_work(Plan.load(p)) is None
+
+
+def test_a_window_covering_the_sequence_is_full_attention_with_a_note():
+    r = run(*PLAN, "--window", "100000")
+    assert r.returncode == 0, r.stderr
+    assert "note: window 100000 covers the 16384-token sequence: full attention" in r.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--documents", "no-such-distribution"], "--documents: unknown distribution 'no-such-distribution'"),
+    (["--documents", "missing.txt"], "--documents: cannot read missing.txt"),
+    (["--documents", "empty.txt"], "--documents: empty.txt holds no lengths"),
+    (["--documents", "zero.txt"], "--documents: zero.txt row 2: length 0; lengths must be at least 1 token"),
+    (["--window", "0"], "--window: must be a size of at least 1 token, got 0"),
+    (["--window-pattern", "5:1"], "--window-pattern: a layer pattern needs a window size"),
+    (["--window", "64", "--window-pattern", "5-1"], "--window-pattern: cannot read '5-1'"),
+])
+def test_bad_mask_input_exits_2_with_one_line_naming_the_flag(tmp_path, args, needle):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "zero.txt").write_text("12\n0\n")
+    r = run(*PLAN, *args, cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert needle in r.stderr and "Traceback" not in r.stderr
+    assert len([line for line in r.stderr.splitlines() if line.strip()]) == 1
+
+
+def test_estimate_seed_without_documents_names_the_flag(tmp_path):
+    p = tmp_path / "p.yaml"
+    p.write_text("algorithm: ring\ndegrees: {ring: 8}\nworkload: {seq_len: 16384}\n")
+    r = run("estimate", str(p), "--cluster", "dgx-h100", "--model", "llama3-8b", "--no-profile", "--seed", "3")
+    assert r.returncode == 2 and r.stderr.startswith("error: --seed: seeds the packs drawn from documents"), r.stderr
+
+
+def test_python_api_takes_a_name_a_path_or_a_list_like_the_cli(tmp_path, lengths_file):
+    c, m, w = load_cluster("dgx-h100", 1), load_model("llama3-8b"), Workload(seq_len=16384)
+    by_file = with_masks(w, documents=str(lengths_file), window=2048, window_pattern="5:1", seed=7)
+    assert by_file.documents == with_masks(w, documents=lengths_file).documents  # a str path or a Path
+    assert isinstance(by_file.documents, Histogram) and by_file.documents.source == "lengths.txt"
+    assert with_masks(w, documents="magi-short").documents.name == "magi-short"
+    assert with_masks(w, documents=LENGTHS).documents.lengths == tuple(LENGTHS)
+    r = run(*PLAN[:-2], "--top", "1", "--documents", str(lengths_file), "--window", "2048", "--window-pattern", "5:1",
+            "--seed", "7", "-o", str(tmp_path / "cli.yaml"))
+    assert r.returncode == 0, r.stderr
+    best = api_plan(c, m, w, top_k=1, profile=False, documents=lengths_file, window=2048, window_pattern="5:1", seed=7)[0]
+    assert best == Plan.load(tmp_path / "cli.yaml")
+
+
+def test_requests_take_masks_inline_and_the_cache_key_tells_them_apart():
+    base = {"cluster": "dgx-h100", "model": "llama3-8b", "workload": {"seq_len": "16k"}}
+    keys = set()
+    for extra in ({}, {"documents": "magi-short"}, {"documents": "magi-short", "seed": 1},
+                  {"documents": [100, 2000, 700]}, {"documents": {"kind": "histogram", "edges": [1, 10, 100],
+                                                                  "weights": [1, 3]}},
+                  {"window": 512}, {"window": 512, "window_pattern": "5:1"}):
+        req = PlanRequest.model_validate({**base, "workload": {**base["workload"], **extra}})
+        keys.add(request_key(req, _inputs(req)))
+    assert len(keys) == 7
+
+
+def _inputs(req):
+    """The resolved inputs of a request, priced without a profile."""
+    return resolve(req.model_copy(update={"use_profile": False}))
+
+
+def test_mask_fields_keep_what_is_not_given():
+    base = Workload(seq_len=4096, documents=[10, 20], window=64, seed=2)
+    assert mask_fields(base=base) == {"documents": base.documents, "window": base.window, "seed": 2}
+    assert mask_fields(window=32, base=base)["window"] == {"size": 32, "pattern": None}
