@@ -21,27 +21,41 @@ transformers would silently drop the mask of an attention name its mask interfac
 (masking_utils' ``_preprocess_mask_arguments`` returns None), so ``register`` also registers a mask
 function that checks the user's 2D ``attention_mask`` and builds nothing; a 4D mask reaches the
 attention as is. None or all ones is honoured (the runtime builds the causal mask from global token
-indices); anything else (padding, packed documents, a custom 4D mask) is a PlanError. Right
-padding needs no mask in a causal model: give the padding labels -100.
+indices); anything else (padding, a custom 4D mask) is a PlanError. Right padding needs no mask in a
+causal model: give the padding labels -100.
+
+Packed documents follow transformers' padding-free convention: ``position_ids`` restart at each document (a
+new document wherever a position is not the previous one plus one, as ``masking_utils.find_packed_sequence_indices``
+reads them). ``shard_inputs`` turns them into ``cu_seqlens`` over the batch's sequences laid end to end, shards the
+tokens per document (ranks may hold different numbers of them, so the batch comes back as one row) and attaches
+the documents to the position_ids it returns; the attention reads them there and passes them to ``ctx.attention``.
+Sliding-window layers (Mistral's ``config.sliding_window``, Gemma 3's, Qwen 2's and gpt-oss's per-layer
+``layer_types``) pass each layer's ``sliding_window`` on as that layer's ``window``. Algorithms that cannot honour
+documents or windows refuse them with the runtime's error.
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from sp_plan.planner.documents import batch_cu_seqlens
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.plan import Plan
 
 NAME = "sp_plan"
 IGNORE_INDEX = -100
 #: keyword arguments of transformers' attention call that change the result and the runtime cannot honour
-_UNSUPPORTED = ("sliding_window", "softcap", "s_aux", "position_bias", "head_mask")
+_UNSUPPORTED = ("softcap", "s_aux", "position_bias", "head_mask")
+#: attribute of shard_inputs' position_ids holding their packed documents: (cu_seqlens, the window sharded for)
+DOCUMENTS_ATTR = "_sp_plan_documents"
 
 
 class ShardedInputs(NamedTuple):
-    """This rank's input_ids, global position_ids and shifted labels, (batch, local seq) in the token layout."""
+    """This rank's input_ids, global position_ids and shifted labels, (batch, local seq) in the token layout; packed
+    inputs come back as one row (1, local tokens) whose position_ids carry the documents (``documents_of``)."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -111,16 +125,34 @@ def attention_forward(ctx, module, query: torch.Tensor, key: torch.Tensor, value
                         "or cross attention", "train or prefill over whole sequences without a cache "
                         "(use_cache=False); generate with attn_implementation='sdpa'")
     check_mask(attention_mask)
-    pos = kwargs.get("position_ids")
-    if pos is not None and (checked is None or pos is not checked[0]):
-        check_layout_positions(ctx, pos, query.shape[2])
-        if checked is not None:
-            checked[0] = pos
+    cu, window = check_documents(ctx, kwargs.get("position_ids"), query.shape[2], kwargs.get("sliding_window"),
+                                 checked)
     if is_causal is None:
         is_causal = getattr(module, "is_causal", None)
     out = ctx.attention(query.transpose(1, 2).contiguous(), key.transpose(1, 2).contiguous(),
-                        value.transpose(1, 2).contiguous(), causal=is_causal, scale=scaling)
+                        value.transpose(1, 2).contiguous(), causal=is_causal, scale=scaling, cu_seqlens=cu,
+                        window=window)
     return out, None
+
+
+def documents_of(position_ids) -> tuple[tuple[int, ...] | None, int | None]:
+    """(cu_seqlens, the window the tokens were sharded for) that ``shard_inputs`` attached; (None, None) if unpacked."""
+    return getattr(position_ids, DOCUMENTS_ATTR, (None, None))
+
+
+def check_documents(ctx, position_ids, local_len: int, window: int | None, checked: list | None
+                    ) -> tuple[tuple[int, ...] | None, int | None]:
+    """The layer's (cu_seqlens, window) for ``ctx.attention``, after checking the position ids once per forward."""
+    cu, sharded_for = documents_of(position_ids)
+    if cu is not None and ctx.plan.token_layout == "balanced" and window != sharded_for:
+        raise PlanError("sliding_window", f"the balanced layout placed the tokens by the work of window "
+                        f"{sharded_for}, this layer attends with window {window}", "pass shard_inputs(..., window=) "
+                        "the window every layer uses, or use a zigzag, striped or contiguous plan for mixed layers")
+    if cu is None and position_ids is not None and (checked is None or position_ids is not checked[0]):
+        check_layout_positions(ctx, position_ids, local_len)
+        if checked is not None:
+            checked[0] = position_ids
+    return cu, window
 
 
 def check_mask(attention_mask) -> None:
@@ -134,7 +166,8 @@ def check_mask(attention_mask) -> None:
             else f"a {type(attention_mask).__name__} mask")
     raise PlanError("attention_mask", f"the sp_plan attention applies only the plan's causal mask, got {what}",
                     "pass attention_mask=None: pad on the right and give the padding labels -100 (a causal model never "
-                    "attends forward), or trim the batch to sequences of equal length")
+                    "attends forward), pack documents with position_ids that restart at each one, or trim the batch "
+                    "to sequences of equal length")
 
 
 def check_layout_positions(ctx, position_ids: torch.Tensor, local_len: int) -> None:
@@ -152,14 +185,20 @@ def check_layout_positions(ctx, position_ids: torch.Tensor, local_len: int) -> N
 
 
 def check_positions(position_ids: torch.Tensor, seq_len: int) -> None:
-    """Position ids must count up by one along each sequence (packed or left-padded rows need a mask)."""
+    """One position per token of the full sequence."""
     if position_ids.shape[-1] != seq_len:
         raise PlanError("position_ids", f"{position_ids.shape[-1]} positions for {seq_len} tokens",
                         "give one position per token of the full sequence")
-    if seq_len > 1 and not bool((position_ids.diff(dim=-1) == 1).all()):
-        raise PlanError("position_ids", "positions do not count up by one (packed documents or left padding need "
-                        "a document mask the sp_plan attention cannot apply)",
-                        "pass position_ids=None or consecutive positions; pack without resets or pad on the right")
+
+
+def packed_cu_seqlens(position_ids: torch.Tensor) -> list[np.ndarray] | None:
+    """Each row's document ends (a document starts wherever a position is not the previous one plus one, as
+    transformers reads packed position_ids); None if every row is one document."""
+    starts = position_ids.diff(dim=-1) != 1
+    if not bool(starts.any()):
+        return None
+    s = position_ids.shape[-1]
+    return [np.concatenate([[0], np.flatnonzero(row.cpu().numpy()) + 1, [s]]) for row in starts]
 
 
 def shift_labels(labels: torch.Tensor) -> torch.Tensor:
@@ -175,11 +214,13 @@ def count_loss_tokens(labels: torch.Tensor) -> int:
 
 
 def shard_inputs(ctx, input_ids: torch.Tensor, labels: torch.Tensor | None,
-                 position_ids: torch.Tensor | None = None) -> ShardedInputs:
+                 position_ids: torch.Tensor | None = None, window: int | None = None) -> ShardedInputs:
     """This rank's input_ids, global position_ids and already shifted labels, in the plan's token layout.
 
     Inputs are full sequences (batch, seq); labels are unshifted (HF convention, usually input_ids)
     and are shifted on the full sequence first, then sharded (``ctx.shard``: planner.layout's tokens).
+    ``position_ids`` that restart at each document pack documents (``shard_packed``); ``window`` is the sliding
+    window a ``balanced`` plan weighs their work by (the one every layer uses; None for global layers).
     """
     if input_ids.ndim != 2:
         raise PlanError("input_ids", f"expected (batch, seq), got shape {tuple(input_ids.shape)}",
@@ -193,8 +234,21 @@ def shard_inputs(ctx, input_ids: torch.Tensor, labels: torch.Tensor | None,
     else:
         check_positions(position_ids, s)
         position_ids = position_ids.expand(b, s)
+        packs = packed_cu_seqlens(position_ids)
+        if packs is not None:
+            return shard_packed(ctx, input_ids, labels, position_ids, packs, window)
     return ShardedInputs(ctx.shard(input_ids, dim=1), ctx.shard(position_ids, dim=1),
                          None if labels is None else ctx.shard(shift_labels(labels), dim=1))
+
+
+def shard_packed(ctx, input_ids: torch.Tensor, labels: torch.Tensor | None, position_ids: torch.Tensor,
+                 packs: list[np.ndarray], window: int | None) -> ShardedInputs:
+    """Packed rows laid end to end as one row, sharded per document; the position_ids carry the documents."""
+    cu = tuple(int(x) for x in batch_cu_seqlens(packs))
+    row = lambda x: ctx.shard(x.reshape(1, -1), dim=1, cu_seqlens=cu, window=window)  # noqa: E731
+    pos = row(position_ids)
+    setattr(pos, DOCUMENTS_ATTR, (cu, window))
+    return ShardedInputs(row(input_ids), pos, None if labels is None else row(shift_labels(labels)))
 
 
 def all_reduce_grads(ctx, model: torch.nn.Module) -> None:

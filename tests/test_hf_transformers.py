@@ -1,4 +1,5 @@
-"""The transformers integration: a 2-layer Llama under 4 gloo ranks, every runtime algorithm, against one process."""
+"""The transformers integration: a 2-layer Llama under 4 gloo ranks, every runtime algorithm, against one process;
+packed documents and sliding-window layers (Mistral, Qwen 2's per-layer types) for every algorithm that takes them."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,6 +8,7 @@ import transformers  # the `test` extra installs it
 from sp_plan.integrations.transformers import (
     NAME, all_reduce_grads, count_loss_tokens, register, shard_inputs, shift_labels)
 from sp_plan.planner import Plan, PlanError
+from sp_plan.planner.model import Workload
 from sp_plan.runtime.variants import load_all
 from sp_plan.runtime import init
 from sp_plan.runtime.spawn import run_world
@@ -44,10 +46,10 @@ def _batch():
     return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
 
 
-def _model(attn, causal=True):
-    """The 2-layer Llama; a scaling other than head_dim^-0.5 checks that the module's reaches the runtime."""
+def _model(attn, causal=True, config=CONFIG):
+    """The 2-layer model; a scaling other than head_dim^-0.5 checks that the module's reaches the runtime."""
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(CONFIG, attn_implementation=attn)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn)
     for layer in model.model.layers:
         layer.self_attn.scaling, layer.self_attn.is_causal = SCALING, causal
     return model
@@ -150,8 +152,9 @@ def _errors(rank, world):
         except PlanError as e:
             msgs[key] = str(e)
     packed = torch.cat([torch.arange(SEQ // 2), torch.arange(SEQ // 2)]).view(1, SEQ)
-    try:
-        shard_inputs(ctx, ids, ids, position_ids=packed)
+    px, ppos, _ = shard_inputs(ctx, ids, ids, position_ids=packed)
+    try:  # packed positions that lost shard_inputs' documents
+        model(input_ids=px, position_ids=ppos.clone())
     except PlanError as e:
         msgs["packed"] = str(e)
     try:
@@ -172,13 +175,12 @@ def test_unsupported_inputs_are_clear_errors():
     assert msgs["mask4d"].startswith("attention_mask:") and "4D mask" in msgs["mask4d"]
     assert msgs["cache"].startswith("past_key_values:")
     assert msgs["local_positions"].startswith("position_ids: rank 0's position ids are not the global positions")
-    assert msgs["packed"].startswith("position_ids:") and "packed" in msgs["packed"]
+    assert msgs["packed"].startswith("position_ids: rank 0's position ids are not the global positions")
     assert msgs["seq_len"].startswith("seq_len: 60 is not divisible by 8")
 
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    (dict(sliding_window=16), "sliding_window"),
     (dict(softcap=30.0), "softcap"),
     (dict(dropout=0.1), "attention_dropout"),
     (dict(output_attentions=True), "output_attentions"),
@@ -189,3 +191,103 @@ def test_attention_call_refuses_what_it_cannot_honour(kwargs, field):
     q = torch.zeros(1, 4, 8, 16)
     with pytest.raises(PlanError, match=f"^{field}: "):
         attention_forward(None, None, q, q, q, None, **kwargs)  # refused before any communication
+
+
+WINDOW = 8
+#: a window on every layer (Mistral) and a sliding then a global layer (Qwen 2's layer_types, as Gemma 3 and gpt-oss)
+MODELS = {
+    "llama": CONFIG,
+    "mistral": transformers.MistralConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                          num_key_value_heads=2, head_dim=16, num_hidden_layers=2, vocab_size=VOCAB,
+                                          max_position_embeddings=256, sliding_window=WINDOW),
+    "qwen2": transformers.Qwen2Config(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                      num_key_value_heads=2, num_hidden_layers=2, vocab_size=VOCAB,
+                                      max_position_embeddings=256, use_sliding_window=True, sliding_window=WINDOW,
+                                      layer_types=["sliding_attention", "full_attention"]),
+}
+#: documents per row: shorter than a rank's share (32 tokens of the 128), spanning ranks, and one whole row
+DOCUMENTS = ([5, 20, 3, 36], [SEQ])
+MASKED_PLANS = [
+    _p("ring", {"ring": 4}, ["ring"], "contiguous"),
+    _p("ring", {"ring": 4}, ["ring"], "zigzag"),
+    _p("ring", {"ring": 4}, ["ring"], "striped"),
+    _p("allgather", {"ring": 4}, ["ring"], "striped"),
+    _p("ulysses", {"ulysses": 4}, ["ulysses"]),
+    _p("usp", {"ulysses": 2, "ring": 2}, ["ring", "ulysses"], "zigzag"),
+]
+BALANCED = Plan(algorithm="ring", degrees={"ring": 4}, order=["ring"], token_layout="balanced",
+                workload=Workload(seq_len=SEQ, documents=DOCUMENTS[0]))  # balanced needs a workload of documents
+
+
+def _packed_positions():
+    """Positions that restart at each document (transformers' padding-free packing), (BATCH, SEQ)."""
+    return torch.stack([torch.cat([torch.arange(n) for n in row]) for row in DOCUMENTS])
+
+
+def _packed_step(plan, config, window=None):
+    """One packed forward and backward under ``plan``: the summed loss and the all-reduced gradients."""
+    ctx = init(plan)
+    model = _model(register(ctx), config=config)
+    ids = _batch()
+    x, pos, labels = shard_inputs(ctx, ids, ids, position_ids=_packed_positions(), window=window)
+    logits = model(input_ids=x, position_ids=pos).logits
+    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / count_loss_tokens(ids)
+    loss.backward()
+    all_reduce_grads(ctx, model)
+    torch.distributed.all_reduce(total := loss.detach().clone())
+    return total.item(), {n: p.grad for n, p in model.named_parameters()}, tuple(x.shape)
+
+
+def _packed_world(rank, world):
+    """Every masked plan on every model, balanced where every layer has one window; then the refusals."""
+    out = {(name, plan.summary()): _packed_step(plan, cfg) for name, cfg in MODELS.items() for plan in MASKED_PLANS}
+    out[("llama", BALANCED.summary())] = _packed_step(BALANCED, CONFIG)
+    out[("mistral", BALANCED.summary())] = _packed_step(BALANCED, MODELS["mistral"], WINDOW)
+    errors = {}
+    for key, plan, cfg in [("wallfacer", _p("wallfacer", {"ring": 4, "team": 2}, ["ring"], "zigzag",
+                                             "collective_intra"), CONFIG),
+                           ("tokenring", _p("tokenring", {"ring": 4}, ["ring"], "zigzag"), MODELS["mistral"]),
+                           ("balanced_mixed", BALANCED, MODELS["qwen2"])]:
+        try:
+            if key == "tokenring":  # one document per row: only the window is refused
+                ctx = init(plan)
+                x, pos, _ = shard_inputs(ctx, _batch(), None)
+                _model(register(ctx), config=cfg)(input_ids=x, position_ids=pos)
+            else:
+                _packed_step(plan, cfg)
+        except PlanError as e:
+            errors[key] = str(e)
+    return out, errors
+
+
+def _packed_reference(config):
+    """transformers' own sdpa on the packed rows in one process (no cache: it reads packing from position_ids)."""
+    model = _model("sdpa", config=config)
+    ids = _batch()
+    loss = model(input_ids=ids, position_ids=_packed_positions(), labels=ids, use_cache=False).loss
+    loss.backward()
+    return loss.item(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_packed_documents_and_sliding_windows_match_one_process():
+    results, errors = run_world(_packed_world, 4, timeout=300)[0]
+    refs = {name: _packed_reference(cfg) for name, cfg in MODELS.items()}
+    assert abs(refs["llama"][0] - _reference()[0]) > 1e-3  # the reference really masks the documents
+    assert abs(refs["mistral"][0] - refs["llama"][0]) > 1e-3 and abs(refs["qwen2"][0] - refs["mistral"][0]) > 1e-3
+    for (name, summary), (loss, grads, shape) in results.items():
+        assert shape[0] == 1, summary  # packed rows come back as one row
+        assert loss == pytest.approx(refs[name][0], abs=1e-5), (name, summary)
+        for n, g in refs[name][1].items():
+            torch.testing.assert_close(grads[n], g, rtol=1e-4, atol=1e-6, msg=f"{name} {summary}: {n}")
+    assert errors["wallfacer"].startswith("cu_seqlens: algorithm wallfacer does not honour cu_seqlens")
+    assert errors["tokenring"].startswith("window: algorithm tokenring does not honour window")
+    assert errors["balanced_mixed"].startswith("sliding_window: the balanced layout placed the tokens by the work "
+                                               "of window None, this layer attends with window 8")
+
+
+def test_packed_positions_become_cu_seqlens_of_rows_end_to_end():
+    from sp_plan.integrations.transformers import packed_cu_seqlens
+
+    cus = packed_cu_seqlens(_packed_positions())
+    assert [c.tolist() for c in cus] == [[0, 5, 25, 28, 64], [0, 64]]
+    assert packed_cu_seqlens(torch.arange(10).view(1, 10) + 3) is None  # one document with an offset
