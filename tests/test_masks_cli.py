@@ -142,3 +142,73 @@ def test_mask_fields_keep_what_is_not_given():
     base = Workload(seq_len=4096, documents=[10, 20], window=64, seed=2)
     assert mask_fields(base=base) == {"documents": base.documents, "window": base.window, "seed": 2}
     assert mask_fields(window=32, base=base)["window"] == {"size": 32, "pattern": None}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """`sp-plan serve` on SQLite in a subprocess (tests/test_serve.py's Server)."""
+    from test_serve import Server  # noqa: PLC0415
+
+    tmp = tmp_path_factory.mktemp("serve-masks")
+    srv = Server(f"sqlite:///{tmp}/store.db", tmp)
+    yield srv
+    srv.stop()
+
+
+def test_server_plans_masks_sent_inline_as_the_cli_does_here(server, tmp_path, lengths_file):
+    import httpx  # noqa: PLC0415
+
+    mask = ["--documents", str(lengths_file), "--window", "1024", "--seed", "5"]
+    local = run(*PLAN, *mask, "-o", str(tmp_path / "local.yaml"))
+    remote = run(*PLAN[:-3], "--top", "2", *mask, "--server", server.url, "-o", str(tmp_path / "remote.yaml"))
+    assert local.returncode == 0 and remote.returncode == 0, local.stderr + remote.stderr
+    here, there = Plan.load(tmp_path / "local.yaml"), Plan.load(tmp_path / "remote.yaml")
+    assert there.workload == here.workload and there.workload.documents.sha256 and there.summary() == here.summary()
+    assert "per-rank work" in remote.stdout
+
+    body = {"cluster": "dgx-h100", "model": "llama3-8b", "use_profile": False, "top": 1,
+            "workload": {"seq_len": "16k", "documents": "megatron-dcp", "window": 1024, "window_pattern": "5:1"}}
+    a = httpx.post(f"{server.url}/v1/plan", json=body, timeout=120)
+    b = httpx.post(f"{server.url}/v1/plan", json={**body, "workload": {**body["workload"], "seed": 9}}, timeout=120)
+    assert a.status_code == b.status_code == 200, a.text + b.text
+    assert a.json()["id"] != b.json()["id"]  # the seed is part of the cache key
+    w = a.json()["winner"]["workload"]
+    assert w["documents"]["name"] == "megatron-dcp" and w["window"] == {"size": 1024, "pattern": "5:1"} and w["seed"] == 0
+    est = httpx.post(f"{server.url}/v1/estimate", json={"plan": a.json()["winner"], "cluster": "dgx-h100",
+                                                       "use_profile": False,
+                                                       "workload": {"seq_len": "16k", "documents": [300, 9000, 42]}})
+    assert est.status_code == 200 and est.json()["workload"]["documents"]["lengths"] == [300, 9000, 42], est.text
+
+
+@pytest.mark.parametrize("workload,field", [
+    ({"documents": "no-such"}, "workload.documents"),
+    ({"documents": "/etc/passwd"}, "workload.documents"),  # a name only: the service reads no files
+    ({"documents": [100, 0]}, "workload.documents[1]"),
+    ({"documents": []}, "workload.documents.lengths"),
+    ({"documents": {"kind": "histogram", "edges": [5, 1], "weights": [1]}}, "workload.documents.edges"),
+    ({"window": 0}, "workload.window"),
+    ({"window_pattern": "5:1"}, "workload.window_pattern"),
+    ({"window": 64, "window_pattern": "five"}, "workload.window.pattern"),
+    ({"seed": 3}, "workload.seed"),
+])
+def test_service_refuses_bad_masks_with_a_4xx_naming_the_field(server, workload, field):
+    import httpx  # noqa: PLC0415
+
+    body = {"cluster": "dgx-h100", "model": "llama3-8b", "workload": {"seq_len": "16k", **workload}}
+    r = httpx.post(f"{server.url}/v1/plan", json=body, timeout=60)
+    assert 400 <= r.status_code < 500, r.text
+    assert r.json()["error"]["field"] == field and r.json()["error"]["fix"], r.json()
+
+
+def test_report_shows_the_plans_per_rank_work(tmp_path):
+    p = tmp_path / "ring.yaml"
+    p.write_text("algorithm: ring\ndegrees: {ring: 8}\ntoken_layout: zigzag\ncluster: dgx-h100\n"
+                 "workload: {seq_len: 16384, documents: {kind: lognormal, mean: 1024, sigma: 1.5, min: 128, max: 8192}}\n")
+    r = run("report", str(p), "--model", "llama3-8b", "--no-profile", "--no-sensitivity", "--top", "2",
+            "--window", "4096", "-o", str(tmp_path / "r.html"))
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "r.html").read_text()
+    rw = rank_work(Plan.load(p).model_copy(update={"workload": with_masks(Plan.load(p).workload, window=4096)}))
+    assert "<table id=rank-work>" in page and f"<b>{rw.imbalance:.3f}</b>" in page
+    assert all(f"<td class=num>{x:,}</td>" in page for x in rw.pairs) and "window 4096" in page
+    assert f"imbalance (busiest rank / mean) {rw.imbalance:.3f}" in r.stdout
