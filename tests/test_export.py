@@ -16,6 +16,7 @@ import pytest
 
 from sp_plan.integrations.export import TARGETS, target
 from sp_plan.integrations.export.nearest import nearest
+from sp_plan.integrations.export.torchtitan import stage_split
 from sp_plan.planner import Plan
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.estimate import Estimator
@@ -28,6 +29,7 @@ FIX = Path(__file__).parent / "fixtures" / "export"
 SP = [sys.executable, "-m", "sp_plan.cli.app"]
 MODEL = load_model("llama3-8b")
 TRAIN = Workload(seq_len=131072, batch=2)
+PACKED = Workload(seq_len=131072, batch=2, documents=[3000, 20000, 500])
 
 
 def plan(algorithm, order, token_layout="zigzag", work=TRAIN, **kw) -> Plan:
@@ -67,6 +69,11 @@ MEGATRON = [
           zero_stage=3),
      {"--tensor-model-parallel-size": 2, "--sequence-parallel": True, "--use-tp-pp-dp-mapping": True,
       "--recompute-granularity": "full", "--global-batch-size": 2}),
+    (plan("allgather", ["tp", "ring", "pp", "dp"], tp=2, ring=2, pp=4, dp=2, stage_layers=[7, 9, 9, 7],
+          work=PACKED),
+     {"--cp-comm-type": ["all_gather"], "--decoder-first-pipeline-num-layers": 7,
+      "--decoder-last-pipeline-num-layers": 7, "--reset-position-ids": True, "--reset-attention-mask": True,
+      "--dataloader-inter-document-masking": True}),
 ]
 
 
@@ -90,15 +97,30 @@ def test_megatron_args_parse_with_megatron_lm_parser_and_build_megatron_core_con
         hierarchical_context_parallel_sizes=ns["--hierarchical-context-parallel-sizes"],
         cp_comm_type=(ns["--cp-comm-type"] or [None])[0], sequence_parallel=ns["--sequence-parallel"],
         recompute_granularity=ns["--recompute-granularity"], recompute_method=ns["--recompute-method"],
-        recompute_num_layers=ns["--recompute-num-layers"], pipeline_dtype=__import__("torch").bfloat16)
+        recompute_num_layers=ns["--recompute-num-layers"], pipeline_dtype=__import__("torch").bfloat16,
+        num_layers_in_first_pipeline_stage=ns["--decoder-first-pipeline-num-layers"],
+        num_layers_in_last_pipeline_stage=ns["--decoder-last-pipeline-num-layers"])
     assert cfg.context_parallel_size == d["ulysses"] * d["ring"]
+    if p.stage_layers:  # Megatron's split: the first and last as given, the rest even
+        middle = (MODEL.layers - p.stage_layers[0] - p.stage_layers[-1]) // (d["pp"] - 2)
+        assert [cfg.num_layers_in_first_pipeline_stage, *[middle] * (d["pp"] - 2),
+                cfg.num_layers_in_last_pipeline_stage] == p.stage_layers
+
+
+def test_megatron_notes_that_it_pads_packed_documents():
+    p = plan("ring", ["ring", "dp"], ring=8, dp=2, work=PACKED)
+    text = target("megatron").export(p)
+    assert "pads it to a multiple of 16 tokens" in text and "--dataloader-inter-document-masking" in text
+    assert "--reset-attention-mask" not in target("megatron").export(plan("ring", ["ring", "dp"], ring=8, dp=2))
 
 
 # ---------------------------------------------------------------- torchtitan (recorded config fields)
 
-@pytest.mark.parametrize("p", [plan("ring", ["tp", "ring", "dp"], tp=2, ring=4, dp=2, zero_stage=3),
-                               plan("ring", ["ring", "pp"], "contiguous", ring=8, pp=2, zero_stage=2,
-                                    checkpointing="full")], ids=lambda p: p.summary())
+@pytest.mark.parametrize("p", [plan("allgather", ["tp", "ring", "dp"], tp=2, ring=4, dp=2, zero_stage=3),
+                               plan("allgather", ["ring", "pp"], "contiguous", ring=8, pp=2, zero_stage=2,
+                                    checkpointing="full"),
+                               plan("allgather", ["ring", "pp"], ring=4, pp=4, zero_stage=3,
+                                    stage_layers=[7, 9, 9, 7])], ids=lambda p: p.summary())
 def test_torchtitan_overrides_name_its_config_fields_with_valid_values(p):
     rec = json.loads((FIX / "torchtitan_config.json").read_text())
     words, sections, ac = argv(target("torchtitan").export(p)), {}, None
@@ -124,7 +146,18 @@ def test_torchtitan_overrides_name_its_config_fields_with_valid_values(p):
     assert sections["context_parallel_load_balancer"] == ("headtail" if p.token_layout == "zigzag" else "None")
     assert sections["fsdp_reshard_after_forward"] == ("never" if p.zero_stage == 2 else "default")
     assert sections["global_batch_size"] == 2 and d["ring"] == sections["context_parallel_degree"]
+    if d["pp"] > 1:  # torchtitan's split of the layers with these weights is the plan's
+        split = stage_split(MODEL.layers, d["pp"], sections["pipeline_parallel_first_stage_less_layers"],
+                            sections["pipeline_parallel_last_stage_less_layers"])
+        assert split == (p.stage_layers or [MODEL.layers // d["pp"]] * d["pp"])
 
+
+def test_torchtitan_stage_split_mirrors_its_generator():
+    """generate_llm_fqn_per_model_part: layers + the embedding's and output's weights split evenly, the remainder on
+    the first stages; its defaults (1, 1) would leave an even plan uneven, so the export writes (0, 0)."""
+    assert stage_split(126, 16, 1, 1) == [7] + [8] * 14 + [7]  # Llama 3 405B
+    assert stage_split(32, 4, 1, 1) == [8, 9, 8, 7] and stage_split(32, 4, 0, 0) == [8] * 4
+    assert stage_split(6, 3, 1, 1) == [2, 3, 1]  # torchtitan's own test: embed + 2, 3, 1 + output
 
 # ---------------------------------------------------------------- DeepSpeed (its own config class)
 
@@ -201,6 +234,7 @@ def test_xdit_args_parse_with_recorded_xfuser_flags():
 
 @pytest.mark.parametrize("p,mesh", [
     (plan("ring", ["tp", "ring", "dp"], tp=2, ring=4, dp=2, zero_stage=3), (("dp_shard", "cp", "tp"), (2, 4, 2))),
+    (plan("allgather", ["ring", "dp"], ring=8, dp=2, zero_stage=3), (("dp_shard", "cp"), (2, 8))),
     (plan("ulysses", ["ulysses", "dp"], "contiguous", ulysses=8, dp=2, zero_stage=2, checkpointing="full"),
      (("sp",), (8,))),
     (plan("ring", ["dp"], dp=16, zero_stage=0, work=Workload(seq_len=8192, batch=16)), (("dp_replicate",), (16,))),
@@ -211,6 +245,8 @@ def test_accelerate_snippet_builds_its_parallelism_config(p, mesh):
     pc = ns["parallelism_config"]
     assert pc._get_mesh() == (mesh[1], mesh[0]) or tuple(pc._get_mesh()) == (mesh[0], mesh[1])
     assert callable(ns["make_accelerator"])
+    if p.degrees["ring"] > 1:  # torch's rotate methods: all-to-all passes K, V round by round (a ring)
+        assert pc.cp_handler.cp_comm_strategy == {"ring": "alltoall", "allgather": "allgather"}[p.algorithm]
 
 
 # ---------------------------------------------------------------- what a target cannot express
@@ -227,9 +263,21 @@ INEXPRESSIBLE = [
      "megatron has no attention_boundary checkpointing"),
     ("torchtitan", plan("ulysses", ["ulysses"], "contiguous", ulysses=16, zero_stage=3), "algorithm",
      "torchtitan has no Ulysses"),
-    ("torchtitan", plan("ring", ["ring"], "striped", ring=16, zero_stage=3), "token_layout", "has no striped"),
-    ("torchtitan", plan("ring", ["dp", "ring"], ring=8, dp=2, zero_stage=3), "order",
+    ("torchtitan", plan("allgather", ["ring"], "striped", ring=16, zero_stage=3), "token_layout", "has no striped"),
+    ("torchtitan", plan("allgather", ["dp", "ring"], ring=8, dp=2, zero_stage=3), "order",
      "cannot place the mesh order dp<ring"),
+    ("torchtitan", plan("ring", ["ring"], ring=16, zero_stage=3), "algorithm", "it runs allgather, not a ring"),
+    ("torchtitan", plan("allgather", ["ring"], ring=16, zero_stage=3, work=PACKED), "documents", "torchtitan#2536"),
+    ("torchtitan", plan("allgather", ["ring", "pp"], ring=4, pp=4, zero_stage=3, stage_layers=[8, 8, 9, 7]),
+     "stage_layers", "first stages taking the remainder"),
+    ("megatron", plan("allgather", ["ulysses", "ring"], ulysses=2, ring=8), "ulysses",
+     "no all-gather x Ulysses hierarchy"),
+    ("megatron", plan("ring", ["ring", "pp"], ring=4, pp=4, stage_layers=[7, 8, 10, 7]), "stage_layers",
+     "stages between hold equal counts"),
+    ("megatron", plan("ring", ["ring"], ring=16, work=Workload(seq_len=131072, window=4096)), "window",
+     "carries no sliding window"),
+    ("accelerate", plan("ring", ["ring"], ring=16, zero_stage=3, work=PACKED), "documents", "no packed documents"),
+    ("yunchang", plan("allgather", ["ring"], ring=16), "algorithm", "yunchang has no all-gather K/V"),
     ("deepspeed", plan("ring", ["ring"], ring=16), "algorithm", "deepspeed has no Ring attention"),
     ("yunchang", plan("usp", ["tp", "ulysses", "ring"], tp=2, ulysses=2, ring=4), "tp", "yunchang has no tp"),
     ("yunchang", plan("usp", ["ring", "ulysses"], "striped", ulysses=2, ring=2), "order", "assumes use_ulysses_low"),

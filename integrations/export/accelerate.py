@@ -4,8 +4,11 @@ Targets accelerate 1.15.0 (huggingface/accelerate): accelerate/parallelism_confi
 (dp_replicate_size, dp_shard_size, tp_size, cp_size + TorchContextParallelConfig, sp_size with
 sp_backend "deepspeed" + DeepSpeedSequenceParallelConfig; mesh ['dp_replicate', 'dp_shard', 'cp',
 'sp', 'tp'] outermost first; cp and sp exclusive; tp/cp with data parallelism only over FSDP2's
-dp_shard). Context parallelism is PyTorch's Ring attention (load-balanced: zigzag); sequence parallelism
-is DeepSpeed Ulysses (ZeRO from DeepSpeedPlugin). No pipeline parallelism.
+dp_shard). Context parallelism is PyTorch's context_parallel (load-balanced: zigzag) with
+TorchContextParallelConfig.cp_comm_strategy handed to torch's set_rotate_method (accelerator.py):
+"allgather" all-gathers K and V once (sp-plan allgather), "alltoall" passes them one rank each round (sp-plan
+ring; torch 2.13 torch/distributed/tensor/experimental/_context_parallel/_attention.py). Sequence parallelism
+is DeepSpeed Ulysses (ZeRO from DeepSpeedPlugin). Packed documents do not reach either. No pipeline parallelism.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from sp_plan.planner.plan import Plan
 from .target import Target, header
 
 VERSION = "1.15.0"
+#: sp-plan algorithm -> TorchContextParallelConfig.cp_comm_strategy (torch's rotate method)
+CP_COMM_STRATEGY = {"ring": "alltoall", "allgather": "allgather"}
 
 
 def _rules(p: Plan) -> list[tuple[str, str]]:
@@ -48,7 +53,8 @@ plugin = DeepSpeedPlugin(zero_stage={p.zero_stage})  # {d["dp"]} data-parallel r
     else:
         fsdp = d["tp"] > 1 or d["ring"] > 1 or p.zero_stage >= 2
         sizes = (f"dp_replicate_size=1, dp_shard_size={d['dp']}" if fsdp else f"dp_replicate_size={d['dp']}, dp_shard_size=1")
-        cp = (f', cp_size={d["ring"]}, cp_handler=TorchContextParallelConfig(cp_comm_strategy="allgather")'
+        cp = (f', cp_size={d["ring"]}, '
+              f'cp_handler=TorchContextParallelConfig(cp_comm_strategy="{CP_COMM_STRATEGY[p.algorithm]}")'
               if d["ring"] > 1 else "")
         body = f'''from accelerate import Accelerator
 from accelerate.parallelism_config import ParallelismConfig
@@ -74,8 +80,9 @@ def make_accelerator() -> Accelerator:
 
 TARGET = Target(
     name="accelerate", title=f"Hugging Face accelerate {VERSION} (accelerate/parallelism_config.py ParallelismConfig)",
-    render=render, suffix=".py", algorithms=("ring", "ulysses"),
+    render=render, suffix=".py", algorithms=("ring", "ulysses", "allgather"),
     orders=(("tp", "ring", "dp"), ("ulysses", "dp")), token_layouts=("zigzag",),
     checkpointing=("none", "full"), extra=_rules,
-    notes={"usp": "accelerate has no USP (its cp (Ring) and sp (Ulysses) are exclusive)"},
+    notes={"usp": "accelerate has no USP (its cp (Ring) and sp (Ulysses) are exclusive)",
+           "documents": "accelerate's context and sequence parallelism take no packed documents"},
 )

@@ -3,11 +3,20 @@
 Targets NVIDIA/Megatron-LM at commit d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22),
 megatron/training/arguments.py (flags recorded in tests/fixtures/export/megatron_flags.json), and
 Megatron-Core 0.16.1 (ModelParallelConfig, TransformerConfig). Context parallelism: ``--cp-comm-type``
-p2p (Ring), a2a (Ulysses) or a2a+p2p (USP) with ``--hierarchical-context-parallel-sizes`` listing the
-inner (a2a) level first (parallel_state.create_hierarchical_groups); get_batch_on_this_cp_rank splits
-the sequence into 2 x cp chunks, so a causal ring is always zigzag. Rank order 'tp-cp-ep-dp-pp', or
-'tp-cp-ep-pp-dp' with ``--use-tp-pp-dp-mapping`` (training/initialize.py). ZeRO-1 is the distributed
-optimizer; ZeRO-2/3 are Megatron-FSDP's optim_grads / optim_grads_params sharding.
+p2p (Ring), a2a (Ulysses), a2a+p2p (USP) with ``--hierarchical-context-parallel-sizes`` listing the
+inner (a2a) level first (parallel_state.create_hierarchical_groups), or all_gather (all-gather K/V). The
+all-gather value is written ``all_gather``: arguments.py's help lists "allgather", but Megatron hands the string
+unchanged to TransformerEngine's DotProductAttention (core/extensions/transformer_engine.py), whose
+attn_forward_func_with_cp accepts "all_gather" and raises "Unsupported communication type" on anything else
+(TransformerEngine d0067d0, attention/dot_product_attention/context_parallel.py). There is no all-gather x
+Ulysses hierarchy. get_batch_on_this_cp_rank splits the sequence into 2 x cp chunks, so a causal ring is always
+zigzag. Packed documents: ``--reset-position-ids --reset-attention-mask --dataloader-inter-document-masking``
+give each sample's cu_seqlens (core/datasets/gpt_dataset.py) and the THD path splits each document zigzag over
+the cp ranks, padded to a multiple of 2 x cp (pretrain_gpt.py get_batch). Uneven pipeline stages:
+``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``, the stages between them even
+(TransformerConfig). Rank order 'tp-cp-ep-dp-pp', or 'tp-cp-ep-pp-dp' with ``--use-tp-pp-dp-mapping``
+(training/initialize.py). ZeRO-1 is the distributed optimizer; ZeRO-2/3 are Megatron-FSDP's optim_grads /
+optim_grads_params sharding.
 """
 from __future__ import annotations
 
@@ -16,8 +25,22 @@ from sp_plan.planner.plan import Plan
 from .target import Target, batch_split, header
 
 COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
-CP_COMM = {"ring": "p2p", "ulysses": "a2a", "usp": "a2a+p2p"}
+CP_COMM = {"ring": "p2p", "ulysses": "a2a", "usp": "a2a+p2p", "allgather": "all_gather"}
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
+DOCUMENT_FLAGS = ["--reset-position-ids", "--reset-attention-mask", "--dataloader-inter-document-masking"]
+
+
+def placeable_stages(stage_layers: list[int]) -> bool:
+    """Megatron sets the first and the last stage's layers; the stages between hold equal counts."""
+    return len(set(stage_layers[1:-1])) <= 1
+
+
+def stage_arguments(p: Plan) -> list[str]:
+    """The first and last stage's layers of an uneven plan (none for an even one)."""
+    s = p.stage_layers
+    if s is None or len(set(s)) == 1:
+        return []
+    return ["--decoder-first-pipeline-num-layers", str(s[0]), "--decoder-last-pipeline-num-layers", str(s[-1])]
 
 
 def arguments(p: Plan) -> list[str]:
@@ -30,6 +53,7 @@ def arguments(p: Plan) -> list[str]:
         args += ["--cp-comm-type", CP_COMM[p.algorithm]]
         if p.algorithm == "usp":
             args += ["--hierarchical-context-parallel-sizes", str(d["ulysses"]), str(d["ring"])]
+    args += stage_arguments(p)
     if d["tp"] > 1:
         args.append("--sequence-parallel")
     if p.zero_stage >= 1:
@@ -44,7 +68,18 @@ def arguments(p: Plan) -> list[str]:
     args += ["--micro-batch-size", str(mbs), "--global-batch-size", str(batch)]
     if p.workload:
         args += ["--seq-length", str(p.workload.seq_len)]
+        if p.workload.documents is not None:
+            args += DOCUMENT_FLAGS
     return args
+
+
+def notes(p: Plan) -> str:
+    """Comment lines on what Megatron runs differently from the plan."""
+    cp = p.degrees["ulysses"] * p.degrees["ring"]
+    if p.workload is None or p.workload.documents is None or cp == 1:
+        return ""
+    return (f"# packed documents: Megatron splits each document zigzag over the {cp} cp ranks and pads it to a "
+            f"multiple of {2 * cp} tokens\n")
 
 
 def render(p: Plan) -> str:
@@ -56,12 +91,23 @@ def render(p: Plan) -> str:
             cur = []
         cur.append(w)
     lines.append(" ".join(cur))
-    return header(p, TARGET) + " \\\n".join(lines) + "\n"
+    return header(p, TARGET) + notes(p) + " \\\n".join(lines) + "\n"
+
+
+def _rules(p: Plan) -> list[tuple[str, str]]:
+    """Megatron's hierarchical context parallelism is a2a inside p2p; no all-gather inside or around Ulysses."""
+    if p.algorithm == "allgather" and p.degrees["ulysses"] > 1:
+        return [("ulysses", "megatron has no all-gather x Ulysses hierarchy (its hierarchical context parallelism "
+                 "is a2a+p2p)")]
+    return []
 
 
 TARGET = Target(
     name="megatron", title=f"Megatron-LM (NVIDIA/Megatron-LM {COMMIT[:7]}, megatron/training/arguments.py)",
-    render=render, suffix=".args", algorithms=("ring", "ulysses", "usp"),
+    render=render, suffix=".args", algorithms=("ring", "ulysses", "usp", "allgather"),
     orders=(("tp", "ulysses", "ring", "dp", "pp"), ("tp", "ulysses", "ring", "pp", "dp")),
-    token_layouts=("zigzag",), checkpointing=("none", "full"),
+    token_layouts=("zigzag",), checkpointing=("none", "full"), extra=_rules,
+    documents=("ring", "ulysses", "usp", "allgather"), stages=placeable_stages,
+    notes={"stage_layers": "megatron sets the first and the last stage's layers only; the stages between hold "
+                           "equal counts"},
 )

@@ -11,7 +11,7 @@ from sp_plan.planner.plan import Plan
 #: the papers' names, for messages ("megatron has no WallFacer")
 ALGORITHM_NAMES = {"ring": "Ring attention", "ulysses": "Ulysses", "usp": "USP (Ulysses x Ring)",
                    "wallfacer": "WallFacer", "tokenring": "TokenRing", "tokenring_ring": "TokenRing x Ring",
-                   "metp": "METP"}
+                   "metp": "METP", "allgather": "all-gather K/V context parallelism"}
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,11 @@ class Target:
     training: bool | None = None  # True: training only, False: inference only, None: both
     notes: dict[str, str] = field(default_factory=dict)  # reason overrides, keyed like problems()' keys
     extra: Callable[[Plan], list[tuple[str, str]]] | None = None  # the target's own rules: (key, reason)
+    #: algorithms whose context parallelism the target runs on packed documents (sp > 1); a plan without
+    #: context parallelism packs documents anywhere
+    documents: tuple[str, ...] = ()
+    #: whether the target places these uneven layers per pipeline stage (None: it splits the layers evenly)
+    stages: Callable[[list[int]], bool] | None = None
 
     def dims(self) -> set[str]:
         return {d for o in self.orders for d in o}
@@ -65,8 +70,25 @@ class Target:
         if p.checkpointing not in self.checkpointing:
             out.append(("checkpointing", f"{self.name} has no {p.checkpointing} checkpointing "
                         f"(it has {'/'.join(self.checkpointing)})"))
+        out += self.mask_problems(p)
         if not out and self.extra:
             out += self.extra(p)
+        return out
+
+    def mask_problems(self, p: Plan) -> list[tuple[str, str]]:
+        """Packed documents, a sliding window and uneven stages the target cannot carry: (key, reason)."""
+        out = []
+        w = p.workload
+        if w is not None and w.documents is not None and p.sp > 1 and p.algorithm not in self.documents:
+            out.append(("documents", self.notes.get("documents") or f"{self.name} cannot split packed documents "
+                        f"over its {ALGORITHM_NAMES[p.algorithm]} context parallelism"))
+        if w is not None and w.window is not None:
+            out.append(("window", f"the {self.name} export carries no sliding window: its layers would attend "
+                        "in full"))
+        uneven = p.stage_layers is not None and len(set(p.stage_layers)) > 1
+        if uneven and not (self.stages and self.stages(p.stage_layers)):
+            out.append(("stage_layers", self.notes.get("stage_layers") or f"{self.name} cannot place the stages' "
+                        f"layers {p.stage_layers}"))
         return out
 
     def check_workload(self, p: Plan) -> None:

@@ -3,8 +3,16 @@
 Targets torchtitan 0.3.0 (pytorch/torchtitan): torchtitan/config/configs.py ParallelismConfig and
 TrainingConfig, set from the command line as ``--parallelism.<field> <value>`` (tyro, fields recorded in
 tests/fixtures/export/torchtitan_config.json), and the ``activation_checkpoint:{full,none}`` subcommand
-(torchtitan/distributed/activation_checkpoint.py). Context parallelism is Ring attention (PyTorch's
-context_parallel) with the "headtail" load balancer (zigzag) or none (contiguous); no Ulysses. Mesh
+(torchtitan/distributed/activation_checkpoint.py). Context parallelism is PyTorch's context_parallel with the
+"headtail" load balancer (zigzag) or none (contiguous); no Ulysses. torchtitan 0.3.0 sets no rotate method, so
+PyTorch's default runs: "allgather" (torch 2.13 torch/distributed/tensor/experimental/_context_parallel/
+_attention.py, _cp_options.rotate_method), which all-gathers K and V once and attends the local queries against
+them, sp-plan's allgather; its "alltoall" passes K and V one rank on each round, sp-plan's ring, which torchtitan
+cannot select (a ring plan exports through --nearest). Packed documents do not reach its context parallelism
+(varlen attention with cp > 1 raises NotImplementedError, torchtitan#2536). Pipeline stages: the layers plus
+pipeline_parallel_first_stage_less_layers (the embedding's weight) and ..._last_stage_less_layers (the output's)
+are split evenly, the first stages taking the remainder (distributed/pipeline_parallel.py
+generate_llm_fqn_per_model_part); both default to 1, so an even plan writes 0 and 0. Mesh
 ['pp', 'dp_replicate', 'dp_shard', 'cp', 'tp'] outermost first (distributed/parallel_dims.py); data
 parallelism is FSDP2 (ZeRO-3, ZeRO-2 with fsdp_reshard_after_forward "never").
 """
@@ -15,6 +23,28 @@ from sp_plan.planner.plan import Plan
 from .target import Target, batch_split, header
 
 VERSION = "0.3.0"
+
+
+def stage_split(layers: int, pp: int, first_less: int, last_less: int) -> list[int] | None:
+    """The layers torchtitan puts on each stage for these weights of the embedding and the output (None: refused)."""
+    eff = layers + first_less + last_less
+    base, extra = divmod(eff, pp)
+    if base < 1 or first_less > base or last_less > base:
+        return None
+    out = [base + (i < extra) for i in range(pp)]
+    out[0] -= first_less
+    out[-1] -= last_less
+    return out if min(out) >= 0 else None
+
+
+def stage_weights(stage_layers: list[int]) -> tuple[int, int] | None:
+    """(first_stage_less_layers, last_stage_less_layers) that give ``stage_layers``, or None."""
+    layers, pp = sum(stage_layers), len(stage_layers)
+    for a in range(max(stage_layers) + 1):
+        for b in range(max(stage_layers) + 1):
+            if stage_split(layers, pp, a, b) == list(stage_layers):
+                return a, b
+    return None
 
 
 def arguments(p: Plan) -> list[str]:
@@ -32,6 +62,9 @@ def arguments(p: Plan) -> list[str]:
                  "headtail" if p.token_layout == "zigzag" else "None"]
     if d["pp"] > 1:  # the pipeline's micro-batches split the local batch
         args += ["--parallelism.pipeline_parallel_microbatch_size", str(mbs)]
+        a, b = stage_weights(p.stage_layers) if p.stage_layers is not None else (0, 0)
+        args += ["--parallelism.pipeline_parallel_first_stage_less_layers", str(a),
+                 "--parallelism.pipeline_parallel_last_stage_less_layers", str(b)]
     local = batch // d["dp"] if d["pp"] > 1 else mbs  # without pp, one local batch per accumulation step
     args += ["--training.local_batch_size", str(local), "--training.global_batch_size", str(batch)]
     if p.workload:
@@ -52,9 +85,16 @@ def render(p: Plan) -> str:
 
 TARGET = Target(
     name="torchtitan", title=f"torchtitan {VERSION} (torchtitan/config/configs.py ParallelismConfig, TrainingConfig)",
-    render=render, suffix=".args", algorithms=("ring",),
+    render=render, suffix=".args", algorithms=("allgather",),
     orders=(("tp", "ring", "dp", "pp"),), token_layouts=("contiguous", "zigzag"),
     zero_stages=(2, 3), checkpointing=("none", "full"), training=True,
-    notes={"ulysses": "torchtitan has no Ulysses (its context parallelism is Ring attention)",
+    stages=lambda s: stage_weights(s) is not None,
+    notes={"ulysses": "torchtitan has no Ulysses (its context parallelism all-gathers K and V)",
+           "ring": "torchtitan's context parallelism all-gathers K and V (PyTorch's default rotate method, which "
+                   "torchtitan does not set): it runs allgather, not a ring",
+           "documents": "torchtitan's context parallelism takes no packed documents (varlen with cp > 1 raises "
+                        "NotImplementedError, torchtitan#2536)",
+           "stage_layers": "torchtitan splits the layers plus the embedding's and the output's weights evenly, the "
+                           "first stages taking the remainder",
            "zero_stage": "torchtitan's data parallelism is FSDP2 (ZeRO-2 or ZeRO-3)"},
 )
