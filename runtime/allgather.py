@@ -32,7 +32,7 @@ from sp_plan.planner.errors import PlanError
 from .kernels import BlockMask, attended, document_ids, reduce_mask
 from .ring import (Ring, attend_chunks, attend_chunks_backward, check_masks, held_tokens, make_ring, member_tokens,
                    pad_tokens)
-from .ulysses import check_ulysses_ranks
+from .ulysses import check_ulysses_ranks, masked_ulysses
 from .usp import usp_attention
 from .variants import degree, register
 
@@ -197,14 +197,17 @@ def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group
 def _registered_allgather(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None, cu_seqlens=None,
                           window=None):
     """The registry's entry: all-gather K/V over the context (ring) group, inside Ulysses' all-to-all where the
-    ulysses degree is over 1 (the hybrid); degree 1 attends locally with the masks."""
-    uly = groups.get("ulysses")
+    ulysses degree is over 1 (the hybrid); degree 1 attends locally, under masks in tiles (``masked_ulysses``)."""
+    uly, ring = groups.get("ulysses"), groups.get("ring")
+    if degree(uly) == 1 and degree(ring) == 1 and (cu_seqlens is not None or window is not None):
+        cu, w = check_masks(cu_seqlens, window, None)
+        return masked_ulysses(q, k, v, None, causal=causal, scale=scale, backend=backend, token_layout=token_layout,
+                              cu_seqlens=cu, window=w)
     if degree(uly) == 1:
         return allgather_attention(q, k, v, groups.get("ring"), causal=causal, token_layout=token_layout,
                                    scale=scale, ranks=ranks.get("ring"), backend=backend, cu_seqlens=cu_seqlens,
                                    window=window)
     check_ulysses_ranks(uly, ranks.get("ulysses"))
-    ring = groups.get("ring")
     return usp_attention(q, k, v, uly, ring if degree(ring) > 1 else None, causal=causal, token_layout=token_layout,
                          scale=scale, ring_ranks=ranks.get("ring"), backend=backend, cu_seqlens=cu_seqlens,
                          window=window, inner=allgather_attention)

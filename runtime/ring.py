@@ -320,7 +320,8 @@ def ring_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale, backend=Non
                 dk, dv = grads[1].to(acc).contiguous(), grads[2].to(acc).contiguous()
                 grads = None
             else:
-                dk, dv = torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device)
+                dk = torch.zeros(k.shape, dtype=acc, device=k.device)
+                dv = torch.zeros(v.shape, dtype=acc, device=v.device)
         else:
             for r in dkv_reqs:
                 r.wait()
@@ -411,10 +412,16 @@ def check_masks(cu_seqlens, window, seq_len: int | None) -> tuple[tuple[int, ...
 
 def _registered_ring(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None, cu_seqlens=None,
                      window=None):
-    """The registry's entry: ring attention over groups["ring"] (degree 1: local attention unless masked)."""
+    """The registry's entry: ring attention over groups["ring"] (degree 1: local attention, in tiles under masks)."""
     group = groups.get("ring")
     if degree(group) == 1 and cu_seqlens is None and window is None:
         return local_attention(q, k, v, causal=causal, scale=scale, backend=backend)
+    if degree(group) == 1:
+        from .ulysses import masked_ulysses  # ulysses imports this module
+
+        cu, w = check_masks(cu_seqlens, window, None)
+        return masked_ulysses(q, k, v, None, causal=causal, scale=scale, backend=backend, token_layout=token_layout,
+                              cu_seqlens=cu, window=w)
     return ring_attention(q, k, v, group, causal=causal, token_layout=token_layout, scale=scale,
                           ranks=ranks.get("ring"), backend=backend, cu_seqlens=cu_seqlens, window=window)
 

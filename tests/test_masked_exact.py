@@ -168,8 +168,10 @@ def expected_blocks(case: Case, rank: int) -> int | None:
 
 
 def _tiled(case: Case) -> bool:
-    """Whether Ulysses attends the whole sequence in tiles (one ring member), rather than a ring or all-gather."""
-    return case.ring == 1 and (case.algorithm in ("ulysses", "usp") or case.ulysses > 1)
+    """Whether the whole sequence is attended in tiles (one ring member: Ulysses, or any algorithm on one rank under a
+    mask), rather than by a ring or all-gather."""
+    masked = case.spec[2:] != (None, None)
+    return case.ring == 1 and (case.algorithm in ("ulysses", "usp") or case.ulysses > 1 or masked)
 
 
 def _all_blocks(case: Case) -> int:
