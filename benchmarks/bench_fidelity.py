@@ -2,6 +2,7 @@
 
     python benchmarks/bench_fidelity.py [--model before|after|both] [--rows] [--ablate] [--l20 pairs|quads]
                                         [--merge papers|sp-plan|yunchang|transformer-engine]
+    python benchmarks/bench_fidelity.py --masks [--rows]
 
 For each table in tests/data/paper_tables.json (USP Tables 3-7, WallFacer Fig. 9, TokenRing Fig. 6) it
 builds the cluster, model and workload the table describes, prices every measured configuration and prints
@@ -16,13 +17,22 @@ its server's PCIe tree (one switch of four GPUs per socket) instead of the prese
 the table's own Ulysses rows: profiles/clusters/l20-8-pcie.yaml), so that the one input taken from a table shows.
 A ring round's out/LSE merge is priced as the runtime each paper ran runs it (``RUNTIMES``, planner/merges.py: USP
 Tables 3-4 yunchang, Tables 5-7 TransformerEngine); ``--merge NAME`` prices every table with one runtime's.
+
+``--masks`` judges the planner under masks instead, against the published figures of
+benchmarks/truths/published-masks.yaml: MagiAttention's H100 CP 8-64 ring P2P against all-gather (full, causal,
+varlen full, varlen causal; forward and backward) and ring-flash-attention's README table (8 x H800 and 8 x A100:
+ring, zigzag and llama3's all-gather on its four packs; ring, zigzag and stripe on one document). Each setup is
+priced with the presets' default Params (``after``) on its cluster, model shape, documents and token layouts, and
+prints the measured and predicted rankings, whether they agree, and predicted / measured per layout.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 from scipy.stats import spearmanr
 
@@ -31,6 +41,7 @@ from sp_plan.planner.algorithms import algorithm_for
 from sp_plan.planner.candidate import Candidate
 from sp_plan.planner.layout import PLACEMENTS
 from sp_plan.planner.merges import MERGES
+from sp_plan.planner.model import Histogram
 from sp_plan.planner.params import Params
 from sp_plan.planner.schedules import Comm, Step, attention_steps
 from sp_plan.planner.search import fastest_policy
@@ -254,6 +265,205 @@ def ablation(show_rows: bool = False, l20: str = "pairs", merge: str = "papers")
         print(f"| {key} | " + " | ".join(f"{r[key][0]:.2f} / {100 * r[key][1]:.1f} %" for r in runs.values()) + " |")
 
 
+# ---- masks: published setups under document masks (benchmarks/truths/published-masks.yaml)
+MASK_TRUTHS = Path(__file__).resolve().parent / "truths" / "published-masks.yaml"
+#: MagiAttention's figure names -> (causal, documents)
+MAGI_MASKS = {"full": (False, False), "causal": (True, False), "varlen_full": (False, True),
+              "varlen_causal": (True, True)}
+#: each published layout as an sp-plan algorithm and token layout (the truths file says what each one ran)
+MAGI_LAYOUTS = {"ring_p2p": ("ring", "zigzag"), "ring_allgather": ("allgather", "zigzag")}
+RFA_LAYOUTS = {"ring": ("ring", "contiguous"), "zigzag": ("ring", "zigzag"), "llama3": ("allgather", "contiguous"),
+               "stripe": ("ring", "striped")}
+#: the ring merge each runtime runs (planner/merges.py): MagiAttention's ring baseline is TransformerEngine's,
+#: ring-flash-attention runs its own log-form update, as yunchang did
+MASK_MERGES = {"magi_attention": "transformer-engine", "ring_flash_attention": "yunchang"}
+
+
+def load_mask_truths() -> dict:
+    """The published figures under masks and their setups (benchmarks/truths/published-masks.yaml)."""
+    from sp_plan.planner.yamlio import yaml_load
+
+    return yaml_load(MASK_TRUTHS.read_text())
+
+
+class MaskSetup(NamedTuple):
+    """One published setup: its layouts' predicted and measured scores (higher is better)."""
+
+    name: str
+    layouts: list[str]
+    pred: list[float]
+    meas: list[float]
+
+
+def attention_model(heads: int, kv_heads: int, head_dim: int, name: str) -> ModelSpec:
+    """One attention layer of the benchmark's shape."""
+    return ModelSpec(name=name, layers=1, hidden=heads * head_dim, heads=heads, kv_heads=kv_heads,
+                     head_dim=head_dim, vocab=0)
+
+
+def pass_seconds(est: Estimator, plan: Plan, which: str) -> float:
+    """Predicted seconds of one attention call: forward ("fwd"), backward alone ("bwd") or both ("fwd_bwd")."""
+    if which == "fwd_bwd":
+        return est.attention_time(plan, backward=True)[0]
+    cand = Candidate.from_plan(plan)
+    est.check(cand, plan)
+    steps = attention_steps(est.shape(cand), backward=which == "bwd")
+    return float(est.price(steps, est.orders(cand.degrees, [cand.order], cand.placement)).seconds[0])
+
+
+def cp_plan(algorithm: str, layout: str, cp: int) -> Plan:
+    """Context parallelism over ``cp`` ranks (the context dimension is ``ring`` for every algorithm)."""
+    return Plan(algorithm=algorithm, degrees={"ring": cp}, order=["ring"], token_layout=layout)
+
+
+def magi_pieces(docs: dict, seq_len: int) -> dict[int, int]:
+    """{document length: count} MagiAttention's DatasetSampler packs: each bin of the dataset histogram at its
+    midpoint (left + right) // 2, every sample longer than chunk_ratio x the pack cut into chunks of that length
+    and its remainder."""
+    chunk = int(seq_len * docs["chunk_ratio"])
+    out: dict[int, int] = {}
+    for (lo, hi), n in zip(docs["bins"], docs["counts"]):
+        length = (lo + hi) // 2
+        full, tail = divmod(length, chunk)
+        if full:
+            out[chunk] = out.get(chunk, 0) + full * n
+        if tail:
+            out[tail] = out.get(tail, 0) + n
+    return out
+
+
+def magi_documents(docs: dict, seq_len: int) -> Histogram:
+    """The pieces of ``magi_pieces`` as a Histogram whose every weighted bin holds one length (empty bins between)."""
+    pieces = sorted(magi_pieces(docs, seq_len).items())
+    edges, weights = [], []
+    for length, n in pieces:
+        if edges and edges[-1] < length:
+            weights.append(0.0)  # the lengths between two pieces: never drawn
+        if not edges or edges[-1] < length:
+            edges.append(length)
+        edges.append(length + 1)
+        weights.append(float(n))
+    return Histogram(edges=tuple(edges), weights=tuple(weights), name="magi-dataset",
+                     source=f"MagiAttention {docs['file']}, chunk_ratio {docs['chunk_ratio']} of {seq_len}")
+
+
+def mask_flops(est: Estimator, which: str) -> float:
+    """FLOPs of the mask as MagiAttention counts them: 4 x expected score entries x heads x head_dim per sequence,
+    x2.5 backward."""
+    from sp_plan.planner.masks import busiest_rank_pairs
+
+    pairs = busiest_rank_pairs(est.work, "contiguous", 1).pairs
+    return (2.5 if which == "bwd" else 1.0) * 4.0 * pairs * est.model.heads * est.model.head_dim
+
+
+def magi_setups(truth: dict) -> list[MaskSetup]:
+    """MagiAttention's H100 figures: per mask, pass and CP, ring P2P against all-gather in TFLOP/s per GPU."""
+    from sp_plan.profiles.kernels import default_params
+
+    s, out = truth["setup"], []
+    model = attention_model(s["heads"], s["kv_heads"], s["head_dim"], "magi-attention")
+    for mask, (causal, documents) in MAGI_MASKS.items():
+        for which, figures in truth["tflops"][mask].items():
+            for i, cp in enumerate(truth["cp"]):
+                seq = s["seq_per_rank"] * cp
+                cluster = load_cluster(s["cluster"], cp // s["devices_per_node"])
+                params = default_params(cluster).model_copy(update={"ring_merge": MASK_MERGES["magi_attention"]})
+                docs = magi_documents(truth["documents"], seq) if documents else None
+                work = Workload(seq_len=seq, causal=causal, training=False, documents=docs)
+                est = Estimator(cluster, model, work, params=params)
+                flops = mask_flops(est, which)
+                names = list(MAGI_LAYOUTS)
+                pred = [flops / (pass_seconds(est, cp_plan(*MAGI_LAYOUTS[n], cp), which) * cp) / 1e12 for n in names]
+                out.append(MaskSetup(f"Magi {mask} {which} CP{cp}", names, pred, [figures[n][i] for n in names]))
+    return out
+
+
+@contextmanager
+def fixed_pack(cu_seqlens):
+    """Price with one given pack instead of the seeded draws: masks.workload_packs returns ``cu_seqlens`` for every
+    sample (the mask caches are cleared on entry and exit, since they are keyed by the workload)."""
+    import numpy as np
+
+    from sp_plan.planner import masks, usp
+
+    caches = (masks.busiest_rank_pairs, masks.ring_round_pairs, masks.mask_fraction, usp.masked_rounds)
+    drawn = masks.workload_packs
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    for c in caches:
+        c.cache_clear()
+    masks.workload_packs = lambda work, sequences: [cu] * sequences
+    try:
+        yield
+    finally:
+        masks.workload_packs = drawn
+        for c in caches:
+            c.cache_clear()
+
+
+def rfa_seconds(cluster, model, packs: list, causal: bool, plan: Plan, which: str, merge: str) -> float:
+    """Predicted seconds of one benchmark iteration averaged over ``packs`` (the benchmark cycles through them):
+    each pack priced as the workload's only pack, its lengths as the workload's documents."""
+    import numpy as np
+
+    from sp_plan.profiles.kernels import default_params
+
+    params = default_params(cluster).model_copy(update={"ring_merge": merge})
+    total = 0.0
+    for cu in packs:
+        lengths = tuple(int(x) for x in np.diff(cu))
+        work = Workload(seq_len=int(cu[-1]), causal=causal, training=False, documents=lengths)
+        with fixed_pack(cu):
+            total += pass_seconds(Estimator(cluster, model, work, params=params), plan, which)
+    return total / len(packs)
+
+
+def rfa_setups(truth: dict) -> list[MaskSetup]:
+    """ring-flash-attention's README: per api, GPU and pass, the layouts' iterations per second."""
+    s, out = truth["setup"], []
+    model = attention_model(s["heads"], s["kv_heads"], s["head_dim"], "llama3-8b-attention")
+    seq = s["seq_per_rank"] * s["world"]
+    packs = {"varlen": truth["packs"], "batch": [[0, seq]]}
+    for api, gpus in truth["iters_per_s"].items():
+        for gpu, passes in gpus.items():
+            cluster = load_cluster(s["clusters"][gpu], 1)
+            for which, figures in passes.items():
+                names = list(figures)
+                pred = [1.0 / rfa_seconds(cluster, model, packs[api], s["causal"], cp_plan(*RFA_LAYOUTS[n], s["world"]),
+                                          which, MASK_MERGES["ring_flash_attention"]) for n in names]
+                out.append(MaskSetup(f"RFA {api} {gpu} {which}", names, pred, [figures[n] for n in names]))
+    return out
+
+
+def ranking(names: list[str], scores: list[float]) -> str:
+    """Layouts best first: "zigzag > llama3 > ring"."""
+    return " > ".join(n for _, n in sorted(zip(scores, names), key=lambda x: -x[0]))
+
+
+def mask_setups() -> list[MaskSetup]:
+    """Every published setup under masks, priced."""
+    truths = load_mask_truths()
+    return magi_setups(truths["magi_attention"]) + rfa_setups(truths["ring_flash_attention"])
+
+
+def print_masks(setups: list[MaskSetup], show_rows: bool = False) -> None:
+    """Per setup: the measured and predicted rankings, whether they agree, predicted / measured per layout; then
+    how many agree and the top-1 regret's median."""
+    print("| setup | measured | predicted | agree | predicted / measured | top-1 regret |")
+    print("|---|---|---|---|---|---|")
+    agree = 0
+    for st in setups:
+        m, p = ranking(st.layouts, st.meas), ranking(st.layouts, st.pred)
+        agree += m == p
+        ratios = ", ".join(f"{n} {pr / me:.2f}" for n, pr, me in zip(st.layouts, st.pred, st.meas))
+        print(f"| {st.name} | {m} | {p} | {'yes' if m == p else 'NO'} | {ratios} | "
+              f"{100 * regret(st.pred, st.meas):.1f} % |")
+        if show_rows:
+            for n, pr, me in zip(st.layouts, st.pred, st.meas):
+                print(f"|   {n} | {me:.4g} | {pr:.4g} | | | |")
+    print(f"rankings agree on {agree} of {len(setups)} setups; "
+          f"top-1 within 5 % on {sum(regret(s.pred, s.meas) <= 0.05 for s in setups)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=("before", "after", "both"), default="both")
@@ -264,7 +474,12 @@ def main() -> None:
     ap.add_argument("--merge", choices=("papers", *MERGES), default="papers",
                     help="the ring merge priced: each paper's runtime's (papers: USP Tables 3-4 yunchang, Tables 5-7 "
                          "transformer-engine, the others sp-plan), or one runtime's for every table")
+    ap.add_argument("--masks", action="store_true",
+                    help="the published setups under masks instead (benchmarks/truths/published-masks.yaml)")
     a = ap.parse_args()
+    if a.masks:
+        print_masks(mask_setups(), a.rows)
+        return
     which = ["before", "after"] if a.model == "both" else [a.model]
     if a.ablate:
         ablation(a.rows, a.l20, a.merge)
