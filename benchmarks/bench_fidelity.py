@@ -24,6 +24,8 @@ varlen full, varlen causal; forward and backward) and ring-flash-attention's REA
 ring, zigzag and llama3's all-gather on its four packs; ring, zigzag and stripe on one document). Each setup is
 priced with the presets' default Params (``after``) on its cluster, model shape, documents and token layouts, and
 prints the measured and predicted rankings, whether they agree, and predicted / measured per layout.
+``--whatif rail`` adds a term the defaults lack (inter-node ring collectives over every NIC of the node) to show
+which misses it accounts for.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ from sp_plan.planner.candidate import Candidate
 from sp_plan.planner.layout import PLACEMENTS
 from sp_plan.planner.merges import MERGES
 from sp_plan.planner.model import Histogram
-from sp_plan.planner.params import Params
+from sp_plan.planner.params import CommFit, Params
 from sp_plan.planner.schedules import Comm, Step, attention_steps
 from sp_plan.planner.search import fastest_policy
 from sp_plan.profiles import load_cluster, load_model, preset_spec, spec_cluster
@@ -279,6 +281,22 @@ RFA_LAYOUTS = {"ring": ("ring", "contiguous"), "zigzag": ("ring", "zigzag"), "ll
 MASK_MERGES = {"magi_attention": "transformer-engine", "ring_flash_attention": "yunchang"}
 
 
+def rail_collectives(params: Params, cluster) -> Params:
+    """What if a ring all-gather / reduce-scatter across nodes ran over every NIC of the node, as NCCL's channels do
+    on a rail-optimized fabric (one ring per channel, each crossing nodes through a different NIC), instead of the
+    engine's one ring through one NIC: the inter-node fits' efficiency times the NICs per node."""
+    nics = len({d.nic for d in cluster.node_type(0).devices if d.nic})
+    comm = dict(params.comm)
+    for kind in ("all_gather", "reduce_scatter"):
+        fit = comm.get(f"{kind}/inter", CommFit())
+        comm[f"{kind}/inter"] = fit.model_copy(update={"efficiency": fit.efficiency * max(nics, 1)})
+    return params.model_copy(update={"comm": comm})
+
+
+#: ``--whatif``: a term the presets' defaults lack, added to judge which term a miss comes from
+WHATIFS = {"none": lambda params, cluster: params, "rail": rail_collectives}
+
+
 def load_mask_truths() -> dict:
     """The published figures under masks and their setups (benchmarks/truths/published-masks.yaml)."""
     from sp_plan.planner.yamlio import yaml_load
@@ -356,7 +374,7 @@ def mask_flops(est: Estimator, which: str) -> float:
     return (2.5 if which == "bwd" else 1.0) * 4.0 * pairs * est.model.heads * est.model.head_dim
 
 
-def magi_setups(truth: dict) -> list[MaskSetup]:
+def magi_setups(truth: dict, whatif: str = "none") -> list[MaskSetup]:
     """MagiAttention's H100 figures: per mask, pass and CP, ring P2P against all-gather in TFLOP/s per GPU."""
     from sp_plan.profiles.kernels import default_params
 
@@ -367,7 +385,8 @@ def magi_setups(truth: dict) -> list[MaskSetup]:
             for i, cp in enumerate(truth["cp"]):
                 seq = s["seq_per_rank"] * cp
                 cluster = load_cluster(s["cluster"], cp // s["devices_per_node"])
-                params = default_params(cluster).model_copy(update={"ring_merge": MASK_MERGES["magi_attention"]})
+                params = WHATIFS[whatif](default_params(cluster), cluster).model_copy(
+                    update={"ring_merge": MASK_MERGES["magi_attention"]})
                 docs = magi_documents(truth["documents"], seq) if documents else None
                 work = Workload(seq_len=seq, causal=causal, training=False, documents=docs)
                 est = Estimator(cluster, model, work, params=params)
@@ -400,14 +419,15 @@ def fixed_pack(cu_seqlens):
             c.cache_clear()
 
 
-def rfa_seconds(cluster, model, packs: list, causal: bool, plan: Plan, which: str, merge: str) -> float:
+def rfa_seconds(cluster, model, packs: list, causal: bool, plan: Plan, which: str, merge: str,
+                whatif: str = "none") -> float:
     """Predicted seconds of one benchmark iteration averaged over ``packs`` (the benchmark cycles through them):
     each pack priced as the workload's only pack, its lengths as the workload's documents."""
     import numpy as np
 
     from sp_plan.profiles.kernels import default_params
 
-    params = default_params(cluster).model_copy(update={"ring_merge": merge})
+    params = WHATIFS[whatif](default_params(cluster), cluster).model_copy(update={"ring_merge": merge})
     total = 0.0
     for cu in packs:
         lengths = tuple(int(x) for x in np.diff(cu))
@@ -417,7 +437,7 @@ def rfa_seconds(cluster, model, packs: list, causal: bool, plan: Plan, which: st
     return total / len(packs)
 
 
-def rfa_setups(truth: dict) -> list[MaskSetup]:
+def rfa_setups(truth: dict, whatif: str = "none") -> list[MaskSetup]:
     """ring-flash-attention's README: per api, GPU and pass, the layouts' iterations per second."""
     s, out = truth["setup"], []
     model = attention_model(s["heads"], s["kv_heads"], s["head_dim"], "llama3-8b-attention")
@@ -429,7 +449,7 @@ def rfa_setups(truth: dict) -> list[MaskSetup]:
             for which, figures in passes.items():
                 names = list(figures)
                 pred = [1.0 / rfa_seconds(cluster, model, packs[api], s["causal"], cp_plan(*RFA_LAYOUTS[n], s["world"]),
-                                          which, MASK_MERGES["ring_flash_attention"]) for n in names]
+                                          which, MASK_MERGES["ring_flash_attention"], whatif) for n in names]
                 out.append(MaskSetup(f"RFA {api} {gpu} {which}", names, pred, [figures[n] for n in names]))
     return out
 
@@ -439,10 +459,10 @@ def ranking(names: list[str], scores: list[float]) -> str:
     return " > ".join(n for _, n in sorted(zip(scores, names), key=lambda x: -x[0]))
 
 
-def mask_setups() -> list[MaskSetup]:
-    """Every published setup under masks, priced."""
+def mask_setups(whatif: str = "none") -> list[MaskSetup]:
+    """Every published setup under masks, priced (with the ``WHATIFS`` term ``whatif``)."""
     truths = load_mask_truths()
-    return magi_setups(truths["magi_attention"]) + rfa_setups(truths["ring_flash_attention"])
+    return magi_setups(truths["magi_attention"], whatif) + rfa_setups(truths["ring_flash_attention"], whatif)
 
 
 def print_masks(setups: list[MaskSetup], show_rows: bool = False) -> None:
@@ -476,9 +496,12 @@ def main() -> None:
                          "transformer-engine, the others sp-plan), or one runtime's for every table")
     ap.add_argument("--masks", action="store_true",
                     help="the published setups under masks instead (benchmarks/truths/published-masks.yaml)")
+    ap.add_argument("--whatif", choices=tuple(WHATIFS), default="none",
+                    help="with --masks: add a term the defaults lack (rail: inter-node ring collectives over every "
+                         "NIC of the node)")
     a = ap.parse_args()
     if a.masks:
-        print_masks(mask_setups(), a.rows)
+        print_masks(mask_setups(a.whatif), a.rows)
         return
     which = ["before", "after"] if a.model == "both" else [a.model]
     if a.ablate:
