@@ -314,6 +314,22 @@ def test_unequal_shards_are_exercised():
                 assert len(lengths) > 1, case
 
 
+def test_the_runtime_places_tokens_as_the_layout_module_does():
+    """``member_pieces`` (what shard, the all-to-all and the masks use) is the shared layout module's placement,
+    ``Layout.document_tokens`` weighted by ``masks.row_pairs`` with documents and ``Layout.tokens`` without."""
+    from sp_plan.planner.masks import row_pairs
+
+    for world in WORLDS[1:]:
+        for case in cases(world):
+            seq, causal, cu, window = case.spec
+            lay, pieces = case.layout, case.pieces()
+            weights = row_pairs(cu, causal, window) if case.token_layout == "balanced" else None
+            for rank in range(world):
+                c = lay.coords(rank)
+                want = lay.tokens(rank, seq) if cu is None else lay.document_tokens(rank, cu, weights)
+                assert np.array_equal(pieces[c.get("ring", 0)][c.get("ulysses", 0)], want), (case, rank)
+
+
 def test_a_window_leaves_a_ring_only_its_neighbours():
     """A sliding window shorter than a rank's block: each rank's queries need only its own and its predecessor's
     keys, so the ring's other rounds are skipped (``round_masks`` None)."""
