@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 from scipy.stats import spearmanr
-
 from sp_plan.planner import Estimator, ModelSpec, Plan, Workload
 from sp_plan.planner.algorithms import algorithm_for
 from sp_plan.planner.candidate import Candidate
@@ -313,7 +312,7 @@ class MaskSetup(NamedTuple):
     meas: list[float]
 
 
-def attention_model(heads: int, kv_heads: int, head_dim: int, name: str) -> ModelSpec:
+def attention_layer(heads: int, kv_heads: int, head_dim: int, name: str) -> ModelSpec:
     """One attention layer of the benchmark's shape."""
     return ModelSpec(name=name, layers=1, hidden=heads * head_dim, heads=heads, kv_heads=kv_heads,
                      head_dim=head_dim, vocab=0)
@@ -374,27 +373,32 @@ def mask_flops(est: Estimator, which: str) -> float:
     return (2.5 if which == "bwd" else 1.0) * 4.0 * pairs * est.model.heads * est.model.head_dim
 
 
-def magi_setups(truth: dict, whatif: str = "none") -> list[MaskSetup]:
-    """MagiAttention's H100 figures: per mask, pass and CP, ring P2P against all-gather in TFLOP/s per GPU."""
+def magi_setup(truth: dict, mask: str, which: str, cp: int, whatif: str = "none") -> MaskSetup:
+    """One of MagiAttention's H100 figures' setups: ring P2P against all-gather in TFLOP/s per GPU."""
     from sp_plan.profiles.kernels import default_params
 
-    s, out = truth["setup"], []
-    model = attention_model(s["heads"], s["kv_heads"], s["head_dim"], "magi-attention")
-    for mask, (causal, documents) in MAGI_MASKS.items():
-        for which, figures in truth["tflops"][mask].items():
-            for i, cp in enumerate(truth["cp"]):
-                seq = s["seq_per_rank"] * cp
-                cluster = load_cluster(s["cluster"], cp // s["devices_per_node"])
-                params = WHATIFS[whatif](default_params(cluster), cluster).model_copy(
-                    update={"ring_merge": MASK_MERGES["magi_attention"]})
-                docs = magi_documents(truth["documents"], seq) if documents else None
-                work = Workload(seq_len=seq, causal=causal, training=False, documents=docs)
-                est = Estimator(cluster, model, work, params=params)
-                flops = mask_flops(est, which)
-                names = list(MAGI_LAYOUTS)
-                pred = [flops / (pass_seconds(est, cp_plan(*MAGI_LAYOUTS[n], cp), which) * cp) / 1e12 for n in names]
-                out.append(MaskSetup(f"Magi {mask} {which} CP{cp}", names, pred, [figures[n][i] for n in names]))
-    return out
+    s = truth["setup"]
+    causal, documents = MAGI_MASKS[mask]
+    model = attention_layer(s["heads"], s["kv_heads"], s["head_dim"], "magi-attention")
+    seq = s["seq_per_rank"] * cp
+    cluster = load_cluster(s["cluster"], cp // s["devices_per_node"])
+    params = WHATIFS[whatif](default_params(cluster), cluster).model_copy(
+        update={"ring_merge": MASK_MERGES["magi_attention"]})
+    docs = magi_documents(truth["documents"], seq) if documents else None
+    est = Estimator(cluster, model, Workload(seq_len=seq, causal=causal, training=False, documents=docs),
+                    params=params)
+    flops = mask_flops(est, which)
+    names = list(MAGI_LAYOUTS)
+    pred = [flops / (pass_seconds(est, cp_plan(*MAGI_LAYOUTS[n], cp), which) * cp) / 1e12 for n in names]
+    figures = truth["tflops"][mask][which]
+    i = truth["cp"].index(cp)
+    return MaskSetup(f"Magi {mask} {which} CP{cp}", names, pred, [figures[n][i] for n in names])
+
+
+def magi_setups(truth: dict, whatif: str = "none") -> list[MaskSetup]:
+    """MagiAttention's H100 figures: per mask, pass and CP."""
+    return [magi_setup(truth, mask, which, cp, whatif) for mask in MAGI_MASKS for which in truth["tflops"][mask]
+            for cp in truth["cp"]]
 
 
 @contextmanager
@@ -402,7 +406,6 @@ def fixed_pack(cu_seqlens):
     """Price with one given pack instead of the seeded draws: masks.workload_packs returns ``cu_seqlens`` for every
     sample (the mask caches are cleared on entry and exit, since they are keyed by the workload)."""
     import numpy as np
-
     from sp_plan.planner import masks, usp
 
     caches = (masks.busiest_rank_pairs, masks.ring_round_pairs, masks.mask_fraction, usp.masked_rounds)
@@ -424,7 +427,6 @@ def rfa_seconds(cluster, model, packs: list, causal: bool, plan: Plan, which: st
     """Predicted seconds of one benchmark iteration averaged over ``packs`` (the benchmark cycles through them):
     each pack priced as the workload's only pack, its lengths as the workload's documents."""
     import numpy as np
-
     from sp_plan.profiles.kernels import default_params
 
     params = WHATIFS[whatif](default_params(cluster), cluster).model_copy(update={"ring_merge": merge})
@@ -437,21 +439,23 @@ def rfa_seconds(cluster, model, packs: list, causal: bool, plan: Plan, which: st
     return total / len(packs)
 
 
+def rfa_setup(truth: dict, api: str, gpu: str, which: str, whatif: str = "none") -> MaskSetup:
+    """One row of ring-flash-attention's README table: its layouts' iterations per second."""
+    s = truth["setup"]
+    model = attention_layer(s["heads"], s["kv_heads"], s["head_dim"], "llama3-8b-attention")
+    packs = truth["packs"] if api == "varlen" else [[0, s["seq_per_rank"] * s["world"]]]
+    cluster = load_cluster(s["clusters"][gpu], 1)
+    figures = truth["iters_per_s"][api][gpu][which]
+    names = list(figures)
+    pred = [1.0 / rfa_seconds(cluster, model, packs, s["causal"], cp_plan(*RFA_LAYOUTS[n], s["world"]), which,
+                              MASK_MERGES["ring_flash_attention"], whatif) for n in names]
+    return MaskSetup(f"RFA {api} {gpu} {which}", names, pred, [figures[n] for n in names])
+
+
 def rfa_setups(truth: dict, whatif: str = "none") -> list[MaskSetup]:
-    """ring-flash-attention's README: per api, GPU and pass, the layouts' iterations per second."""
-    s, out = truth["setup"], []
-    model = attention_model(s["heads"], s["kv_heads"], s["head_dim"], "llama3-8b-attention")
-    seq = s["seq_per_rank"] * s["world"]
-    packs = {"varlen": truth["packs"], "batch": [[0, seq]]}
-    for api, gpus in truth["iters_per_s"].items():
-        for gpu, passes in gpus.items():
-            cluster = load_cluster(s["clusters"][gpu], 1)
-            for which, figures in passes.items():
-                names = list(figures)
-                pred = [1.0 / rfa_seconds(cluster, model, packs[api], s["causal"], cp_plan(*RFA_LAYOUTS[n], s["world"]),
-                                          which, MASK_MERGES["ring_flash_attention"], whatif) for n in names]
-                out.append(MaskSetup(f"RFA {api} {gpu} {which}", names, pred, [figures[n] for n in names]))
-    return out
+    """ring-flash-attention's README: per api, GPU and pass."""
+    return [rfa_setup(truth, api, gpu, which, whatif) for api, gpus in truth["iters_per_s"].items()
+            for gpu, passes in gpus.items() for which in passes]
 
 
 def ranking(names: list[str], scores: list[float]) -> str:
