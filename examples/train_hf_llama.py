@@ -1,7 +1,9 @@
 """Train a small Hugging Face Llama sequence-parallel under a plan from sp-plan (CPU gloo or NCCL on GPUs).
 
-    torchrun --nproc-per-node 4 examples/train_hf_llama.py [plan.yaml] [--steps 3] [--seq-len 128] [--check]
-                                                           [--dtype float32|bfloat16]
+    torchrun --nproc-per-node 4 examples/train_hf_llama.py [plan.yaml ...] [--steps 3] [--seq-len 128] [--check]
+                                                           [--dtype float32|bfloat16] [--documents FILE|NAME]
+
+Several plan files run one after another in the same launch (each checked on its own with ``--check``).
 
 Without a plan file, rank 0 runs the search of ``sp-plan plan --cluster cpu-local --model tiny-llama
 --seq-len N --no-profile`` restricted to what the integration runs (tp = pp = 1) and broadcasts the
@@ -16,8 +18,14 @@ summing the gradients over all ranks (``all_reduce_grads``) gives its exact grad
 takes the same AdamW step on the same replicated weights. ZeRO and checkpointing fields of the plan
 are not applied by this example.
 
+``--documents`` packs every sequence with documents drawn from a distribution (a file of lengths or a name of
+profiles/documents.yaml; the plan's own documents if it has some and the flag is absent), seeded by ``--seed``
+(``planner.documents.workload_packs``): position ids restart at each document (transformers' padding-free
+convention, which ``shard_inputs`` turns into ``cu_seqlens``) and each document's first token gets label -100,
+as transformers' ``DataCollatorWithFlattening`` does, so no token predicts across documents.
+
 ``--check`` reruns the same steps on rank 0 in one process (transformers' sdpa attention and its own
-loss with ``labels``) and asserts that the loss and the gradient norm of every step agree: to 1e-5 (relative)
+loss with ``labels``; without a cache, so it reads packed documents from the position ids) and asserts that the loss and the gradient norm of every step agree: to 1e-5 (relative)
 in float32, to 2e-2 in bfloat16 and float16 (weights and activations in that dtype; the two runs round in
 different places, and bfloat16 keeps 8 bits of mantissa: 2e-2 is about five of its units in the last place).
 """
@@ -29,11 +37,13 @@ import os
 import sys
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from sp_plan.integrations.transformers import all_reduce_grads, check_plan, count_loss_tokens, register, shard_inputs
+from sp_plan.integrations.transformers import (IGNORE_INDEX, all_reduce_grads, check_plan, count_loss_tokens, register,
+                                               shard_inputs)
 from sp_plan.planner import Plan, PlanError
 from sp_plan.runtime import init
 
@@ -44,7 +54,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("plan", nargs="?", help="plan file from `sp-plan plan -o` (default: plan now on --cluster)")
+    p.add_argument("plan", nargs="*", help="plan files from `sp-plan plan -o`, run in turn (default: plan now on "
+                   "--cluster)")
     p.add_argument("--cluster", default="cpu-local", help="cluster preset or file for the search (no plan file)")
     p.add_argument("--model", default="tiny-llama", help="model preset or file for the search and the Llama sizes")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
@@ -52,7 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=2, help="decoder layers of the Llama (the plan's model has more)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights, the token ids and the packs")
+    p.add_argument("--documents", help="pack sequences with documents: a file of lengths or a named distribution")
     p.add_argument("--check", action="store_true", help="rerun in one process; loss and grad norm agree (TOLERANCE)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="weights and activations (default float32)")
     return p.parse_args(argv)
@@ -63,9 +75,12 @@ def search(args) -> Plan:
     from sp_plan.planner.model import Workload
     from sp_plan.planner.search import Space, plan as ranked_plans
     from sp_plan.profiles import load_cluster, load_model
+    from sp_plan.profiles.documents import resolve_documents
 
     cluster, model = load_cluster(args.cluster), load_model(args.model)
-    work = Workload(seq_len=args.seq_len, batch=args.batch, causal=True, training=True)
+    docs = resolve_documents(args.documents) if args.documents else None
+    work = Workload(seq_len=args.seq_len, batch=args.batch, causal=True, training=True, documents=docs,
+                    seed=None if docs is None else args.seed)
     plans = ranked_plans(cluster, model, work, top_k=50, space=Space(cluster.world_size, model, work, tp_max=1),
                          profile=False)
     for plan in plans:
@@ -77,13 +92,41 @@ def search(args) -> Plan:
     raise PlanError("plan", f"no plan of the {len(plans)} fastest runs with tp = pp = 1", "pass a plan file")
 
 
-def get_plan(args, rank: int) -> Plan:
-    """The plan file, or rank 0's search broadcast to every rank."""
+def get_plans(args, rank: int) -> list[Plan]:
+    """The plan files, or rank 0's search broadcast to every rank."""
     if args.plan:
-        return Plan.load(args.plan)
+        return [Plan.load(p) for p in args.plan]
     box = [search(args).model_dump(mode="json") if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    return Plan.model_validate(box[0])
+    return [Plan.model_validate(box[0])]
+
+
+def packs(plan: Plan, args) -> list | None:
+    """cu_seqlens of every step's sequences (batch x steps, seeded), or None without documents."""
+    from sp_plan.planner.documents import workload_packs
+    from sp_plan.planner.model import Workload
+    from sp_plan.profiles.documents import resolve_documents
+
+    if args.documents:
+        docs = resolve_documents(args.documents)
+    else:
+        docs = plan.workload.documents if plan.workload else None
+    if docs is None:
+        return None
+    work = Workload(seq_len=args.seq_len, batch=args.batch, documents=docs, seed=args.seed)
+    return workload_packs(work, args.batch * args.steps)
+
+
+def step_inputs(cfg, args, step: int, cus: list | None, device):
+    """Step ``step``'s token ids, position ids (None unpacked) and labels of the whole global batch."""
+    ids = global_batch(cfg, args, step, device)
+    if cus is None:
+        return ids, None, ids
+    rows = cus[step * args.batch:(step + 1) * args.batch]
+    pos = torch.stack([torch.cat([torch.arange(n) for n in np.diff(cu).tolist()]) for cu in rows]).to(device)
+    labels = ids.clone()
+    labels[pos == 0] = IGNORE_INDEX  # a document's first token is no prediction of the one before
+    return ids, pos, labels
 
 
 def llama_config(plan: Plan, args):
@@ -116,8 +159,8 @@ def grad_norm(model) -> float:
     return torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1).float() for p in model.parameters()])).item()
 
 
-def train(ctx, cfg, args, device) -> list[tuple[float, float]]:
-    """Sequence-parallel steps; returns (loss, grad norm) per step, the same on every rank."""
+def train(ctx, cfg, args, device, cus=None) -> list[tuple[float, float]]:
+    """Sequence-parallel steps (packed with ``cus``); returns (loss, grad norm) per step, the same on every rank."""
     model = build_model(cfg, register(ctx), args.seed, device, DTYPES[args.dtype])
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     dp, dp_rank = ctx.plan.degrees["dp"], ctx.layout.coords(ctx.rank).get("dp", 0)
@@ -126,11 +169,12 @@ def train(ctx, cfg, args, device) -> list[tuple[float, float]]:
     history = []
     for step in range(args.steps):
         t0 = time.perf_counter()
-        ids = global_batch(cfg, args, step, device)
-        rows = ids.chunk(dp)[dp_rank]  # this data-parallel rank's sequences
-        x, pos, labels = shard_inputs(ctx, rows, rows)
+        ids, positions, targets = step_inputs(cfg, args, step, cus, device)
+        mine = slice(dp_rank * (args.batch // dp), (dp_rank + 1) * (args.batch // dp))  # this data rank's sequences
+        x, pos, labels = shard_inputs(ctx, ids[mine], targets[mine], None if positions is None else positions[mine])
         logits = model(input_ids=x, position_ids=pos).logits
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum") / count_loss_tokens(ids)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum") / count_loss_tokens(
+            targets)
         opt.zero_grad(set_to_none=False)
         loss.backward()
         all_reduce_grads(ctx, model)
@@ -145,15 +189,15 @@ def train(ctx, cfg, args, device) -> list[tuple[float, float]]:
     return history
 
 
-def reference(cfg, args, device) -> list[tuple[float, float]]:
+def reference(cfg, args, device, cus=None) -> list[tuple[float, float]]:
     """The same steps in one process: transformers' sdpa attention and its own causal-LM loss."""
     model = build_model(cfg, "sdpa", args.seed, device, DTYPES[args.dtype])
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     history = []
     for step in range(args.steps):
-        ids = global_batch(cfg, args, step, device)
+        ids, pos, labels = step_inputs(cfg, args, step, cus, device)
         opt.zero_grad(set_to_none=False)
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = model(input_ids=ids, position_ids=pos, labels=labels, use_cache=False).loss
         loss.backward()
         history.append((loss.item(), grad_norm(model)))
         opt.step()
@@ -172,6 +216,27 @@ def check(got, want, tolerance: float = TOLERANCE["float32"]) -> bool:
     return ok
 
 
+def run_plan(plan: Plan, args, rank: int, device) -> bool:
+    """Train under one plan (and with --check compare with one process); True unless the check failed."""
+    check_plan(plan)
+    ctx = init(plan)
+    cfg = llama_config(plan, args)
+    cus = packs(plan, args)
+    if rank == 0:
+        docs = "" if cus is None else f", {sum(len(c) - 1 for c in cus)} packed documents"
+        print(f"plan: {plan.summary()} on {dist.get_world_size()} ranks ({dist.get_backend()}); Llama "
+              f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, {cfg.num_attention_heads} heads, "
+              f"{cfg.num_key_value_heads} KV heads, vocab {cfg.vocab_size}; {args.batch} x {args.seq_len} tokens"
+              f"{docs}, {args.dtype}", flush=True)
+    history = train(ctx, cfg, args, device, cus)
+    ok = True
+    if args.check and rank == 0:
+        ok = check(history, reference(cfg, args, device, cus), TOLERANCE[args.dtype])
+    flag = torch.tensor([int(ok)], device=device)
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if "RANK" not in os.environ:
@@ -186,23 +251,7 @@ def main(argv=None) -> int:
     rank = dist.get_rank()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     try:
-        plan = get_plan(args, rank)
-        check_plan(plan)
-        ctx = init(plan)
-        cfg = llama_config(plan, args)
-        if rank == 0:
-            print(f"plan: {plan.summary()} on {dist.get_world_size()} ranks ({dist.get_backend()}); Llama "
-                  f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, {cfg.num_attention_heads} heads, "
-                  f"{cfg.num_key_value_heads} KV heads, vocab {cfg.vocab_size}; {args.batch} x {args.seq_len} tokens, "
-                  f"{args.dtype}",
-                  flush=True)
-        history = train(ctx, cfg, args, device)
-        ok = True
-        if args.check and rank == 0:
-            ok = check(history, reference(cfg, args, device), TOLERANCE[args.dtype])
-        flag = torch.tensor([int(ok)], device=device)
-        dist.broadcast(flag, src=0)
-        ok = bool(flag.item())
+        ok = all([run_plan(plan, args, rank, device) for plan in get_plans(args, rank)])
     except PlanError as e:
         if rank == 0:
             print(f"error: {e}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""examples/train_hf_llama.py under torchrun with 4 gloo ranks: per-step losses, and --check against one process."""
+"""examples/train_hf_llama.py under torchrun with 4 gloo ranks: per-step losses, and --check against one process,
+unpacked and with packed documents for every algorithm that honours them."""
 import importlib.util
 import os
 import re
@@ -6,9 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import transformers  # noqa: F401 - the `test` extra installs it; the example needs it
+import pytest
+import torch
+import transformers  # the `test` extra installs it; the example needs it
 
-from sp_plan.planner import Plan
+from sp_plan.planner import Plan, PlanError
 from sp_plan.runtime.spawn import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_hf_llama.py"
@@ -59,3 +62,60 @@ def test_example_without_torchrun_says_how_to_launch():
     run = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
     assert "launch with torchrun" in run.stderr
+
+
+#: every plan that honours packed documents, run one after another in one launch
+DOCUMENT_PLANS = {
+    "ring-contiguous": dict(algorithm="ring", degrees={"ring": 4}, order=["ring"], token_layout="contiguous"),
+    "ring-zigzag": dict(algorithm="ring", degrees={"ring": 4}, order=["ring"], token_layout="zigzag"),
+    "ring-striped": dict(algorithm="ring", degrees={"ring": 4}, order=["ring"], token_layout="striped"),
+    "ring-balanced": dict(algorithm="ring", degrees={"ring": 4}, order=["ring"], token_layout="balanced"),
+    "allgather": dict(algorithm="allgather", degrees={"ring": 4}, order=["ring"], token_layout="zigzag"),
+    "ulysses": dict(algorithm="ulysses", degrees={"ulysses": 4}, order=["ulysses"]),
+    "usp": dict(algorithm="usp", degrees={"ulysses": 2, "ring": 2}, order=["ring", "ulysses"], token_layout="striped"),
+}
+#: document lengths from a file: shorter than a rank's share, spanning ranks, longer than a sequence
+LENGTHS = [5, 40, 130, 17, 300, 3, 64, 9, 200, 71]
+
+
+def test_example_packs_documents_and_matches_one_process_for_every_masked_algorithm(tmp_path):
+    from sp_plan.planner.model import Workload
+
+    (tmp_path / "lengths.txt").write_text("\n".join(map(str, LENGTHS)) + "\n")
+    work = Workload(seq_len=128, documents=LENGTHS)  # balanced plans need a workload of documents
+    files = []
+    for name, fields in DOCUMENT_PLANS.items():
+        Plan(**fields, workload=work).save(tmp_path / f"{name}.yaml")
+        files.append(str(tmp_path / f"{name}.yaml"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", str(free_port()),
+           str(EXAMPLE), *files, "--steps", "1", "--seq-len", "128", "--batch", "2", "--check",
+           "--documents", "lengths.txt", "--seed", "3"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = run.stdout
+    plans = re.findall(r"^plan: (\S+) .* 2 x 128 tokens, (\d+) packed documents, float32$", out, re.M)
+    assert [p[0] for p in plans] == [f["algorithm"] for f in DOCUMENT_PLANS.values()]
+    assert all(int(n) > 4 for _, n in plans)  # several documents in each of the 2 sequences
+    diffs = re.findall(r"^check step \d: .*\(rel diff (\S+)\), .*\(rel diff (\S+)\) ok$", out, re.M)
+    assert len(diffs) == len(DOCUMENT_PLANS)
+    assert max(float(d) for pair in diffs for d in pair) <= 1e-5
+    assert "check passed" in out
+
+
+def test_example_packs_restart_positions_and_mask_document_starts(tmp_path):
+    mod = _example()
+    (tmp_path / "lengths.txt").write_text("\n".join(map(str, LENGTHS)))
+    args = mod.parse_args(["--documents", str(tmp_path / "lengths.txt"), "--seq-len", "128", "--batch", "2",
+                           "--steps", "2", "--seed", "3"])
+    cus = mod.packs(Plan(algorithm="ring", degrees={"ring": 4}, order=["ring"]), args)
+    assert len(cus) == 4 and all(cu[0] == 0 and cu[-1] == 128 for cu in cus)
+    cfg = transformers.LlamaConfig(vocab_size=64)
+    ids, pos, labels = mod.step_inputs(cfg, args, 1, cus, "cpu")
+    starts = [list(cu[:-1]) for cu in cus[2:]]
+    assert [torch.nonzero(row == 0).flatten().tolist() for row in pos] == starts
+    assert [torch.nonzero(row == -100).flatten().tolist() for row in labels] == starts
+    assert mod.packs(Plan(algorithm="ring", degrees={"ring": 4}, order=["ring"]), mod.parse_args([])) is None
+    with pytest.raises(PlanError, match="^documents: cannot read"):
+        mod.packs(Plan(algorithm="ring", degrees={"ring": 4}, order=["ring"]),
+                  mod.parse_args(["--documents", str(tmp_path / "missing.txt")]))
