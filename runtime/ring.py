@@ -247,10 +247,15 @@ def attend_chunks(q, ks, vs, masks, scale, backend=None) -> tuple[torch.Tensor, 
     out = lse = None
     for k, v, bm in zip(ks, vs, masks):
         out, lse = attend_block(q, k, v, bm, out, lse, scale, backend)
-    if out is None:  # every key masked: rows see nothing
-        out = q.new_zeros(*q.shape[:3], vs[0].shape[-1], dtype=lse_dtype(q.dtype))
-        lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=out.dtype, device=q.device)
+    if out is None:
+        out, lse = seen_nothing(q, vs[0])
     return out.to(q.dtype), lse
+
+
+def seen_nothing(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of queries that see no key (every block masked, or no queries at all): 0 and -inf."""
+    out = q.new_zeros(*q.shape[:3], v.shape[-1], dtype=lse_dtype(q.dtype))
+    return out, torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=out.dtype, device=q.device)
 
 
 def attend_chunks_backward(dout, q, ks, vs, out, lse, masks, scale, backend=None):
@@ -289,6 +294,8 @@ def ring_forward(q, k, v, ring: Ring, masks, scale, backend=None, trace=None,
             trace.append(("compute", i, rd.compute, cur_k.data_ptr()))
         out, lse = attend_block(q, cur_k, cur_v, masks[i], out, lse, scale, backend)
         _wait(rd, reqs, trace)
+    if out is None:  # a member holding no tokens of a packed sequence
+        out, lse = seen_nothing(q, v)
     return out.to(q.dtype), lse
 
 

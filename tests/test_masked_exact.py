@@ -37,8 +37,11 @@ DOCS = (0, 3, 40, 41, 58, 77)
 #: name -> (sequence length, causal, cu_seqlens, window)
 MASKS = {"causal": (64, True, None, None), "full": (64, False, None, None), "window": (64, True, None, 9),
          "document": (77, True, DOCS, None), "document+window": (77, True, DOCS, 9),
-         "single document": (77, True, (0, 77), None), "document+window bidirectional": (77, False, DOCS, 6)}
-DOCUMENT_MASKS = tuple(m for m, spec in MASKS.items() if spec[2] is not None)
+         "single document": (77, True, (0, 77), None), "document+window bidirectional": (77, False, DOCS, 6),
+         "fewer tokens than ranks": (5, True, (0, 2, 5), None)}
+#: the masks of every world's matrix; "fewer tokens than ranks" runs at world 8 only (some ranks hold nothing)
+MATRIX_MASKS = tuple(m for m in MASKS if m != "fewer tokens than ranks")
+DOCUMENT_MASKS = tuple(m for m in MATRIX_MASKS if MASKS[m][2] is not None)
 KV_HEADS = {"MHA": 8, "GQA": 2}
 WORLDS = (1, 2, 4, 8)
 
@@ -82,15 +85,16 @@ def variants(world: int) -> list[tuple[str, int, int, tuple[str, ...]]]:
 
 
 def cases(world: int) -> list[Case]:
-    """The float64 matrix of ``world``; at world 2 a float32 slice (document + window, GQA), at world 8 USP and the
-    hybrid with the ring innermost in the mesh."""
-    out = [Case(a, u, r, t, m, h) for a, u, r, layouts in variants(world) for t in layouts for m in MASKS
+    """The float64 matrix of ``world``; at world 2 a float32 slice (document + window, GQA); at world 8 USP and the
+    hybrid with the ring innermost in the mesh, and every algorithm on fewer tokens than ranks."""
+    out = [Case(a, u, r, t, m, h) for a, u, r, layouts in variants(world) for t in layouts for m in MATRIX_MASKS
            for h in KV_HEADS if t != "balanced" or MASKS[m][2] is not None]
     if world == 2:
         out += [Case(a, u, r, layouts[0], "document+window", "GQA", "float32") for a, u, r, layouts in variants(2)]
     if world == 8:
         out += [Case(a, 2, 4, "zigzag", m, "GQA", order=("ring", "ulysses")) for a in ("usp", "allgather")
                 for m in ("causal", "document+window")]
+        out += [Case(a, u, r, t, "fewer tokens than ranks", "GQA") for a, u, r, layouts in variants(8) for t in layouts]
     return out
 
 
@@ -299,7 +303,7 @@ def test_the_matrix_covers_every_masked_algorithm():
         assert {a for a, *_ in have} == set(MASKED)
         for t in TOKEN_LAYOUTS + ("balanced",):
             assert all(("ring", False, t, m, h) in have for m in DOCUMENT_MASKS for h in KV_HEADS)
-        for m in MASKS:
+        for m in MATRIX_MASKS:
             assert all(any(x[0] == a and x[3] == m and x[4] == h for x in have) for a in MASKED for h in KV_HEADS)
         if world > 2:
             assert any(a == "allgather" and hybrid for a, hybrid, *_ in have)
