@@ -143,3 +143,22 @@ def test_sp_plan_estimate_reads_stage_layers_from_the_plan_file(tmp_path):
     r = _cli("estimate", str(tmp_path / "even.yaml"), "--cluster", "dgx-h100", "--no-profile")
     assert r.returncode == 2 and "pp 8 does not divide the 126 layers; give stage_layers" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_candidate_without_stages_whose_pp_divides_no_layers_is_priced_balanced():
+    """The search's candidates carry no stage list: where pp divides no layers the estimator balances them, and
+    prices them as the plan that writes that split."""
+    from sp_plan.planner.candidate import Candidate
+
+    est = Estimator(load_cluster("dgx-h100", 1), LLAMA3_405B, Workload(seq_len=4096, batch=8))
+    cand = Candidate("ring", pp=8, order=("pp",))
+    split = est.stages_of(cand)
+    assert split == balanced_stage_layers(LLAMA3_405B, 8, est.work) and sum(split) == 126
+    plan = Plan(algorithm="ring", degrees={"pp": 8}, stage_layers=list(split))
+    assert est.predict(cand).step_time_s == est(plan).step_time_s
+
+
+def test_the_estimator_checks_stage_layers_against_the_model_a_plan_does_not_name():
+    est = _estimator()
+    with pytest.raises(PlanError, match="stage_layers: the stages hold 9 layers, the model has 8"):
+        est(_plan([3, 2, 2, 2]))
