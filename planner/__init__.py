@@ -13,7 +13,7 @@ import types
 
 #: the modules that register the built-in algorithms, in this order (planner/algorithms.py imports them on the
 #: registry's first read)
-ALGORITHM_MODULES = ("usp", "metp", "tokenring", "wallfacer")
+ALGORITHM_MODULES = ("usp", "metp", "tokenring", "wallfacer", "allgather")
 
 #: public name -> the planner module that defines it
 _EXPORTS = {

@@ -3,7 +3,7 @@
 Each algorithm gives the attention phases of one layer (a schedule), its transient buffers, the
 variants it adds to the search for a choice of degrees (team sizes, placements, token layouts),
 and its own constraints. Each lives in one module that registers itself here (planner/usp.py for
-ring, ulysses and usp; wallfacer, tokenring, metp); the package lists them (planner/__init__.py's
+ring, ulysses and usp; wallfacer, tokenring, metp, allgather); the package lists them (planner/__init__.py's
 ALGORITHM_MODULES) and the registry imports them on its first read, so adding an algorithm is one new
 module and its name there, and importing the planner to read a preset loads no schedule.
 """

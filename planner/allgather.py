@@ -92,8 +92,8 @@ def allgather_buffer_bytes(c: Shape, training: bool) -> float:
 
 
 def allgather_variants(d, model, work) -> list[Variant]:
-    """All-gather on every context group of two or more ranks (a Plan holds it with ulysses 1 today)."""
-    if d.ring < 2 or d.ulysses != 1:
+    """All-gather on every context group of two or more ranks, alone or with Ulysses inside (ulysses U > 1)."""
+    if d.ring < 2:
         return []
     return [Variant("allgather")]
 

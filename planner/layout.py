@@ -21,6 +21,7 @@ sub-rings of P/C^2 (``team_position`` and below); the token layout stays the rin
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from functools import lru_cache
 from math import prod
@@ -203,34 +204,44 @@ def _striped(seq_len: int, ring: int) -> list[np.ndarray]:
     return [np.arange(r, seq_len, ring) for r in range(ring)]
 
 
-def _zigzag_chunk_sizes(length: int, ring: int, held: np.ndarray) -> np.ndarray:
-    """Sizes of one document's 2P zigzag chunks (rank r holds chunks r and 2P-1-r): L // 2P each, and the L mod 2P
-    tokens over go one per rank to the ranks holding fewest tokens so far (``held``, updated), so every rank's
-    count stays within one of the others' without padding a document to a multiple of 2P."""
-    q, rem = divmod(length, 2 * ring)
-    size = np.full(2 * ring, q, dtype=np.int64)
-    held += 2 * q
-    for second in (False, True):  # a first extra token on chunk r, a second (rem > P) on chunk 2P-1-r
-        take = min(rem, ring)
-        if not take:
-            break
-        rem -= take
-        r = np.argsort(held, kind="stable")[:take]
-        size[2 * ring - 1 - r if second else r] += 1
-        held[r] += 1
-    return size
+def _zigzag_extras(remainders: list[int], ring: int) -> tuple[list[int], list[int]]:
+    """Where each document's L mod 2P tokens over L // 2P per chunk go, one per rank to the ranks holding fewest
+    tokens so far (ties: the lowest rank), a first extra on chunk r, a second (more than P over) on chunk 2P-1-r,
+    so every rank's count stays within one of the others' without padding a document to a multiple of 2P.
+    Returns (document, chunk) index lists of the extra tokens. Ranks hold one of two counts (the extras keep them
+    within one), so the ranks holding fewest are those not ``ahead``."""
+    ahead = [False] * ring
+    docs, chunks = [], []
+    for d, rem in enumerate(remainders):
+        for second in (False, True):
+            take = min(rem, ring)
+            if not take:
+                break
+            rem -= take
+            behind = [r for r in range(ring) if not ahead[r]]
+            order = behind + [r for r in range(ring) if ahead[r]]
+            chosen = order[:take]
+            docs += [d] * take
+            chunks += [2 * ring - 1 - r if second else r for r in chosen]
+            if take < len(behind):
+                for r in chosen:
+                    ahead[r] = True
+            else:  # every rank behind caught up; the ones past them are now ahead
+                ahead = [False] * ring
+                for r in chosen[len(behind):]:
+                    ahead[r] = True
+    return docs, chunks
 
 
-def _zigzag(cu: np.ndarray, ring: int) -> list[np.ndarray]:
-    """Per-document zigzag: each document cut into 2P chunks (``_zigzag_chunk_sizes``), rank r holds chunks r and
-    2P-1-r of every document, in token order."""
-    held = np.zeros(ring, dtype=np.int64)
-    owner = np.empty(int(cu[-1]), dtype=np.int64)
+def _zigzag(cu: np.ndarray, ring: int) -> np.ndarray:
+    """Per-document zigzag, the rank of each token: each document cut into 2P chunks of L // 2P tokens and its
+    extras (``_zigzag_extras``), rank r holds chunks r and 2P-1-r of every document."""
+    q, rem = np.divmod(np.diff(cu), 2 * ring)
+    sizes = np.repeat(q[:, None], 2 * ring, axis=1)
+    docs, chunks = _zigzag_extras(rem.tolist(), ring)
+    np.add.at(sizes, (np.array(docs, dtype=np.int64), np.array(chunks, dtype=np.int64)), 1)
     chunk_rank = np.concatenate([np.arange(ring), np.arange(ring)[::-1]])
-    for start, end in zip(cu[:-1], cu[1:]):
-        size = _zigzag_chunk_sizes(int(end - start), ring, held)
-        owner[start:end] = np.repeat(chunk_rank, size)
-    return tokens_by_owner(owner, ring)
+    return np.repeat(np.tile(chunk_rank, len(q)), sizes.ravel())
 
 
 def tokens_by_owner(owner: np.ndarray, ring: int) -> list[np.ndarray]:
@@ -239,12 +250,12 @@ def tokens_by_owner(owner: np.ndarray, ring: int) -> list[np.ndarray]:
     return np.split(order, np.cumsum(np.bincount(owner, minlength=ring))[:-1])
 
 
-def _balanced(cu: np.ndarray, ring: int, weights, bound: float = BALANCED_TOKEN_BOUND) -> list[np.ndarray]:
-    """Greedy balancing by work. A document whose work is over BALANCED_SPLIT_SHARE of a rank's mean is spread as
+def _balanced(cu: np.ndarray, ring: int, weights, bound: float = BALANCED_TOKEN_BOUND) -> np.ndarray:
+    """Greedy balancing by work, the rank of each token. A document whose work is over BALANCED_SPLIT_SHARE of a rank's mean is spread as
     zigzag (2P chunks; rank r holds chunks r and 2P-1-r, rotated by the document's index so no rank always gets the
     longer chunks): even work under a causal mask. The other documents go whole, heaviest first (longest processing
     time), to the least-loaded rank with room for their tokens under ``bound`` x S/P; a document no rank has room
-    for is poured, in token order, into the least-loaded ranks' room. Each rank's tokens in token order."""
+    for is poured, in token order, into the least-loaded ranks' room."""
     seq_len = int(cu[-1])
     if weights is None:
         raise PlanError("weights", "balanced assigns documents by their work, and was given none",
@@ -263,27 +274,45 @@ def _balanced(cu: np.ndarray, ring: int, weights, bound: float = BALANCED_TOKEN_
         owner[starts[d]:ends[d]] = np.repeat((chunk_rank + d) % ring, _even_pieces(int(ends[d] - starts[d]), 2 * ring))
     spread_tokens = np.concatenate([np.arange(starts[d], ends[d]) for d in np.flatnonzero(spread)] or
                                    [np.zeros(0, dtype=np.int64)])
-    load = np.bincount(owner[spread_tokens], weights=w[spread_tokens], minlength=ring)
-    held = np.bincount(owner[spread_tokens], minlength=ring).astype(np.int64)
-    for d in sorted(np.flatnonzero(~spread), key=lambda d: (-doc_work[d], d)):
-        start, end = int(starts[d]), int(ends[d])
-        room = np.flatnonzero(held + (end - start) <= cap)
-        if len(room):
-            r = room[np.argmin(load[room])]
+    load = np.bincount(owner[spread_tokens], weights=w[spread_tokens], minlength=ring).tolist()
+    held = np.bincount(owner[spread_tokens], minlength=ring).tolist()
+    whole = np.flatnonzero(~spread)
+    order = whole[np.lexsort((whole, -doc_work[whole]))]  # heaviest first, ties by index
+    _place_whole(order, starts.tolist(), ends.tolist(), doc_work.tolist(), prefix, owner, load, held, cap)
+    return owner
+
+
+def _place_whole(order, starts, ends, doc_work, prefix, owner, load, held, cap) -> None:
+    """``_balanced``'s longest-processing-time pass: each document (in ``order``) to the least-loaded rank with room
+    (ties: the lowest rank), a heap of (load, rank) with the ranks without room set aside; where none has room, its
+    tokens poured in order into the least-loaded ranks' room (``load`` and ``held``: per-rank lists, updated)."""
+    heap = [(x, r) for r, x in enumerate(load)]
+    heapq.heapify(heap)
+    for d in order.tolist():
+        start, end = starts[d], ends[d]
+        aside = []
+        while heap and held[heap[0][1]] + (end - start) > cap:
+            aside.append(heapq.heappop(heap))
+        if heap:
+            _, r = heapq.heappop(heap)
             owner[start:end] = r
             load[r] += doc_work[d]
             held[r] += end - start
+            heapq.heappush(heap, (load[r], r))
+            for x in aside:
+                heapq.heappush(heap, x)
             continue
-        for r in np.argsort(load, kind="stable"):  # pour: the document's tokens in order into the room left
-            take = min(cap - int(held[r]), end - start)
+        for r in sorted(range(len(load)), key=load.__getitem__):  # pour: the tokens in order into the room left
+            take = min(cap - held[r], end - start)
             if take > 0:
                 owner[start:start + take] = r
-                load[r] += prefix[start + take] - prefix[start]
+                load[r] += float(prefix[start + take] - prefix[start])
                 held[r] += take
                 start += take
             if start == end:
                 break
-    return tokens_by_owner(owner, ring)
+        heap = [(x, r) for r, x in enumerate(load)]
+        heapq.heapify(heap)
 
 
 def document_ring_tokens(token_layout: str, ring: int, cu_seqlens, weights=None) -> list[np.ndarray]:
@@ -296,9 +325,19 @@ def document_ring_tokens(token_layout: str, ring: int, cu_seqlens, weights=None)
         return _contiguous(int(cu[-1]), ring)
     if token_layout == "striped":
         return _striped(int(cu[-1]), ring)
-    if token_layout == "zigzag":
-        return _zigzag(cu, ring)
-    return _balanced(cu, ring, weights)
+    return tokens_by_owner(document_owners(token_layout, ring, cu, weights), ring)
+
+
+def document_owners(token_layout: str, ring: int, cu_seqlens, weights=None) -> np.ndarray:
+    """(S,) int64: the ring rank holding each token under a balancing policy (``document_ring_tokens``' inverse)."""
+    check_balance_policy(token_layout)
+    cu = _document_bounds(cu_seqlens)
+    S = int(cu[-1])
+    if token_layout == "contiguous":
+        return np.repeat(np.arange(ring, dtype=np.int64), _even_pieces(S, ring))
+    if token_layout == "striped":
+        return np.arange(S, dtype=np.int64) % ring
+    return _zigzag(cu, ring) if token_layout == "zigzag" else _balanced(cu, ring, weights)
 
 
 def document_sp_tokens(token_layout: str, ulysses: int, ring: int, cu_seqlens, weights=None

@@ -16,7 +16,7 @@ import numpy as np
 
 from .documents import workload_packs
 from .errors import PlanError
-from .layout import document_ring_tokens
+from .layout import document_owners, document_ring_tokens
 from .model import Workload
 
 #: packs drawn per priced layout: the expected busiest rank is the mean over this many seeded sequences
@@ -161,13 +161,7 @@ def busiest_rank_pairs(work: Workload, token_layout: str, ring: int, window: int
     """Score entries of the busiest of ``ring`` ranks per sequence, in expectation over PACK_SAMPLES seeded packs of
     the workload's documents (one pack without documents: it is the same every time), under ``window`` (a layer's:
     the workload's window applies per layer, ``layer_windows``)."""
-    samples = PACK_SAMPLES if work.documents is not None else 1
-    total = busiest = 0.0
-    for cu in workload_packs(work, samples):
-        p = layout_pairs(token_layout, ring, cu, work.causal, window)
-        total += float(p.sum())
-        busiest += float(p.max())
-    return RankWork(total / samples, busiest / samples, busiest * ring / total if total else 1.0, samples)
+    return layout_work(work, token_layout, ring, window)[0]
 
 
 def layer_windows(work: Workload, layers: int) -> tuple[tuple[int | None, int], ...]:
@@ -212,16 +206,168 @@ def ring_round_pairs(work: Workload, token_layout: str, ring: int, window: int |
     """Each ring round's busiest rank's and mean score entries per sequence, and how often the mask empties the
     round, in expectation over PACK_SAMPLES seeded packs (one without documents) under ``window``: a ring round
     waits on its busiest rank, and a round the mask empties needs no transfer (a windowed ring's far ranks)."""
+    return layout_work(work, token_layout, ring, window)[1]
+
+
+@lru_cache(maxsize=1024)
+def layout_work(work: Workload, token_layout: str, ring: int, window: int | None = None) -> tuple[RankWork, RoundWork]:
+    """``busiest_rank_pairs`` and ``ring_round_pairs`` in one pass over the packs (the layout is built once for both:
+    ring and all-gather price the same layouts)."""
     samples = PACK_SAMPLES if work.documents is not None else 1
+    total = top = 0.0
     busiest, mean, empty = np.zeros(ring), np.zeros(ring), np.zeros(ring)
     for cu in workload_packs(work, samples):
-        tokens = layout_tokens(token_layout, ring, cu, work.causal, window)
-        hi, avg = round_pairs(pair_matrix(tokens, cu, work.causal, window))
-        busiest += hi
-        mean += avg
-        empty += hi == 0
+        rows = row_pairs(cu, work.causal, window)
+        owner = document_owners(token_layout, ring, cu, rows if token_layout == "balanced" else None)
+        p = np.bincount(owner, weights=rows, minlength=ring)  # float64: exact below 2^53 entries per rank
+        total, top = total + float(p.sum()), top + float(p.max())
+        rounds = layout_rounds(token_layout, ring, cu, work.causal, window, owner)
+        hi = rounds.max(axis=1)
+        busiest, mean, empty = busiest + hi, mean + rounds.mean(axis=1), empty + (hi == 0)
     as_tuple = lambda x: tuple(float(v) / samples for v in x)  # noqa: E731
-    return RoundWork(as_tuple(busiest), as_tuple(mean), as_tuple(empty), samples)
+    return (RankWork(total / samples, top / samples, top * ring / total if total else 1.0, samples),
+            RoundWork(as_tuple(busiest), as_tuple(mean), as_tuple(empty), samples))
+
+
+def _ramp(n, nb):
+    """sum_{u=1..n} min(u, nb), 0 for n <= 0 (int64 arrays)."""
+    n = np.maximum(n, 0)
+    m = np.minimum(n, nb)
+    return m * (m + 1) // 2 + (n - m) * nb
+
+
+def _pairs_at_least(y, a0, a1, b0, nb):
+    """Pairs (t, k) of query run [a0, a1) and key run [b0, b0 + nb) with t - k >= y: sum_t clamp(t - y - b0 + 1, 0,
+    nb) = ramp(a1 - y - b0) - ramp(a0 - y - b0)."""
+    return _ramp(a1 - y - b0, nb) - _ramp(a0 - y - b0, nb)
+
+
+def _runs(owner: np.ndarray, cu: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Maximal runs of one rank's tokens inside one document: (start, stop, rank, document start, document end)."""
+    S = len(owner)
+    cut = np.zeros(S + 1, dtype=bool)
+    cut[[0, S]] = True
+    cut[1:S] = owner[1:] != owner[:-1]
+    cut[cu] = True
+    b = np.flatnonzero(cut)
+    start, stop = b[:-1], b[1:]
+    doc = np.searchsorted(cu, start, side="right") - 1
+    return start, stop, owner[start], cu[doc], cu[doc + 1]
+
+
+#: rows of runs x ranks built at once by ``_causal_run_matrix`` (its memory: 8 bytes each)
+RUN_BLOCK_CELLS = 1 << 22
+
+
+def _doc_counts(doc: np.ndarray, rank: np.ndarray, n: np.ndarray, docs: int, ring: int) -> np.ndarray:
+    """(documents, P) tokens of each rank in each document."""
+    return np.bincount(doc * ring + rank, weights=n, minlength=docs * ring).reshape(docs, ring)
+
+
+def _causal_run_matrix(start, stop, rank, doc, docs: int, ring: int) -> np.ndarray:
+    """(P, P) float causal pairs without a window: run A's n_A queries see the keys of its document before it, K(a0) -
+    K(document start) per rank (K: keys before a position), and n_A(n_A + 1)/2 of its own. The K(a0) term is built
+    over runs in blocks of RUN_BLOCK_CELLS; the document-start term is C^T (C's exclusive cumsum), C the documents'
+    rank counts. O(runs x P) in all."""
+    n = (stop - start).astype(np.float64)
+    out = np.zeros((ring, ring))
+    carry = np.zeros(ring)
+    step = max(1, RUN_BLOCK_CELLS // ring)
+    for i in range(0, len(n), step):
+        nb, rb = n[i:i + step], rank[i:i + step]
+        y = np.zeros((len(nb), ring))
+        y[np.arange(len(nb)), rb] = nb
+        k = np.cumsum(y, axis=0) - y + carry  # keys of each rank before each run
+        carry = carry + y.sum(axis=0)
+        order = np.argsort(rb, kind="stable")
+        present, first = np.unique(rb[order], return_index=True)
+        out[present] += np.add.reduceat(nb[order, None] * k[order], first, axis=0)
+    c = _doc_counts(doc, rank, n, docs, ring)
+    out -= c.T @ (np.cumsum(c, axis=0) - c)  # the keys before each document's start
+    out[np.diag_indices(ring)] += np.bincount(rank, weights=n * (n + 1) / 2, minlength=ring)
+    return out
+
+
+def _windowed_run_matrix(start, stop, rank, ds, de, ring: int, causal: bool, window: int) -> np.ndarray:
+    """(P, P) float pairs under a window: every pair of runs A (queries) and B (keys) of one document within the
+    window's reach, its pairs with offset t - k in the mask's range in closed form (``_pairs_at_least``)."""
+    reach = window - 1
+    lo = np.maximum(ds, start - reach)  # the first key any query of the run sees
+    hi = stop - 1 if causal else np.minimum(de - 1, stop - 1 + reach)  # the last
+    first = np.searchsorted(stop, lo, side="right")
+    n = np.searchsorted(start, hi, side="right") - first
+    a = np.repeat(np.arange(len(start)), n)
+    b = first[a] + np.arange(len(a)) - np.repeat(np.cumsum(n) - n, n)
+    a0, a1, b0, nb = start[a], stop[a], start[b], stop[b] - start[b]
+    pairs = _pairs_at_least(0 if causal else -reach, a0, a1, b0, nb) - _pairs_at_least(window, a0, a1, b0, nb)
+    return np.bincount(rank[a] * ring + rank[b], weights=pairs, minlength=ring * ring).reshape(ring, ring)
+
+
+def run_pair_matrix(owner: np.ndarray, cu_seqlens, ring: int, causal: bool = True, window: int | None = None
+                    ) -> np.ndarray:
+    """(P, P) ``pair_matrix`` from runs of one rank's tokens in one document instead of tokens: causal without a
+    window by prefix counts (``_causal_run_matrix``), bidirectional without one C^T C (C: the documents' rank
+    counts), under a window by pairs of runs in reach (``_windowed_run_matrix``). A window no shorter than the longest
+    document is none. Sums in float64: exact below 2^53 score entries per rank pair."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    start, stop, rank, ds, de = _runs(owner, cu)
+    if window is not None and window >= int(np.diff(cu).max()):
+        window = None
+    if window is not None:
+        m = _windowed_run_matrix(start, stop, rank, ds, de, ring, causal, window)
+    else:
+        doc = np.searchsorted(cu, start, side="right") - 1
+        if causal:
+            m = _causal_run_matrix(start, stop, rank, doc, len(cu) - 1, ring)
+        else:
+            c = _doc_counts(doc, rank, (stop - start).astype(np.float64), len(cu) - 1, ring)
+            m = c.T @ c
+    return np.rint(m).astype(np.int64)
+
+
+def _residue_counts(reach: np.ndarray, rank: np.ndarray, P: int) -> np.ndarray:
+    """(P, P) [i, r]: over rank r's queries, how many offsets d in [0, reach] have d = i (mod P): with reach = qP +
+    rho, q + [i <= rho] each, so the q's summed per rank plus the ranks' counts of rho >= i."""
+    q, rho = np.divmod(reach, P)
+    at_least = np.bincount(rank * P + rho, minlength=P * P).reshape(P, P)[:, ::-1].cumsum(axis=1)[:, ::-1]
+    return (np.bincount(rank, weights=q, minlength=P)[:, None] + at_least).T
+
+
+def striped_rounds(cu_seqlens, ring: int, causal: bool = True, window: int | None = None) -> np.ndarray:
+    """(P rounds, P ranks) score entries of ring round i on rank r when token t lives on rank t mod P: in round i
+    rank r holds the keys k = t - d with d = i (mod P), so each query counts the offsets of that residue in its
+    reach, behind (d in [0, min(offset, W - 1)]) and, bidirectional, ahead (-d in [1, min(L - 1 - offset, W - 1)]):
+    O(S + P^2) for every round at once."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    lengths = np.diff(cu)
+    t = np.arange(int(cu[-1]), dtype=np.int64)
+    offset = t - np.repeat(cu[:-1], lengths)
+    rank = t % ring
+    far = (window - 1) if window is not None else None
+    out = _residue_counts(offset if far is None else np.minimum(offset, far), rank, ring)
+    if not causal:
+        ahead = np.repeat(lengths, lengths) - 1 - offset
+        fwd = _residue_counts(ahead if far is None else np.minimum(ahead, far), rank, ring)
+        out = out + fwd[(-np.arange(ring)) % ring]
+        out[0] -= np.bincount(rank, minlength=ring)  # offset 0 counted on both sides
+    return np.rint(out).astype(np.int64)
+
+
+def layout_rounds(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None,
+                  owner: np.ndarray | None = None) -> np.ndarray:
+    """(P rounds, P ranks): score entries of ring rank r's queries on the K, V of rank (r - i) mod P in round i, under
+    a balancing policy (``round_pairs`` of the ``pair_matrix``, counted from runs of tokens, or for striped from
+    offsets' residues); ``owner``: the layout's ``document_owners``, if known."""
+    if ring == 1:
+        return np.array([[mask_pairs(cu_seqlens, causal, window)]], dtype=np.int64)
+    if token_layout == "striped":
+        return striped_rounds(cu_seqlens, ring, causal, window)
+    if owner is None:
+        weights = row_pairs(cu_seqlens, causal, window) if token_layout == "balanced" else None
+        owner = document_owners(token_layout, ring, cu_seqlens, weights)
+    m = run_pair_matrix(owner, cu_seqlens, ring, causal, window)
+    r = np.arange(ring)
+    return m[r[None, :], (r[None, :] - r[:, None]) % ring]
 
 
 class SampleWork(NamedTuple):

@@ -2,7 +2,8 @@
 
 Space: degrees dp x pp x tp x ulysses x ring = world (tp x ulysses divides the query heads, pp the
 layers, dp x micro-batch the batch, the sequence the layout's chunks), the algorithm they imply
-(ring, ulysses or usp), the token layout (contiguous, zigzag, striped when causal), the mesh order
+(ring, ulysses or usp) and the variants the algorithms add (all-gather, WallFacer, TokenRing, METP), the token
+layout (contiguous, zigzag, striped when causal; with documents also balanced, the balancing policies), the mesh order
 of the dimensions of degree > 1, and the memory policy (ZeRO stage, checkpointing, micro-batch
 size). Memory does not depend on the mesh order or the token layout, so the policies that fit are
 found once per degrees; per-layer costs are cached by group shape (estimate.py).
@@ -23,7 +24,7 @@ from .cluster import Cluster
 from .errors import PlanError
 from .equivalent import REL_TOL
 from .estimate import Estimator, Orders
-from .layout import TOKEN_LAYOUTS, chunks_needed
+from .layout import BALANCE_POLICIES, TOKEN_LAYOUTS, chunks_needed
 from .model import ModelSpec, Workload
 from .params import Params
 from .plan import Plan
@@ -78,9 +79,13 @@ class Space:
                         yield Degrees(dp, pp, tp, u, r)
 
     def layouts(self, d: Degrees) -> list[str]:
-        if not (self.work.causal and d.ring > 1):
+        """Token layouts of a ring of the degrees: with documents the balancing policies (their work is uneven
+        causal or not), else contiguous, zigzag and striped under a causal mask; those the length divides."""
+        documents = self.work.documents is not None
+        if d.ring == 1 or not (self.work.causal or documents):
             return ["contiguous"]
-        return [t for t in TOKEN_LAYOUTS if self.work.seq_len % (chunks_needed(t, d.ring, d.ulysses) * d.tp) == 0]
+        return [t for t in (BALANCE_POLICIES if documents else TOKEN_LAYOUTS)
+                if self.work.seq_len % (chunks_needed(t, d.ring, d.ulysses) * d.tp) == 0]
 
     def orders(self, d: Degrees) -> list[tuple[str, ...]]:
         return list(permutations(d.dims()))
@@ -332,10 +337,11 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     # 3: + the variant's own compute (compute_bound), 4: + the attention's communication floor, 5: + the gradient
     # sync (priced when popped)
     total = rejected = 0
+    by_layout = by_policy(workload)  # with documents each balancing policy's best is exact too
     for d in space.degrees():
         vs = variants(d, model, workload)
         total += degree_size(space, d, vs)
-        vkeys = [(v.algorithm, v.team, v.placement) for v in vs]
+        vkeys = variant_keys(space, d, vs, by_layout)
         probe = Candidate(algorithm_for(d.ulysses, d.ring), d.dp, d.pp, d.tp, d.ulysses, d.ring)
         by_mbs = est.micro_batch_bounds(probe, space._mbs(d)) if keep else {}
         queue.append((min(by_mbs.values(), default=0.0), 0, len(queue), (d, vkeys, by_mbs, vs)))
@@ -355,16 +361,16 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
             progress(done, pushed)
         if kind == 0:  # degrees: expand into the groups of its variants still worth pricing
             d, vkeys, by_mbs, vs = payload
-            if beyond(bound, vkeys):
+            if beyond(bound, [k for keys in vkeys.values() for k in keys]):
                 continue
-            found, _, r = degree_groups(est, space, d, lambda v, mbs: not beyond(by_mbs.get(mbs, bound), [v]), vs)
+            found, _, r = degree_groups(est, space, d, lambda v, mbs: not beyond(by_mbs.get(mbs, bound), vkeys[v]), vs)
             rejected += r
             if larger_micro_batch_wins(est, d.pp):  # ties go to the larger micro-batch, pruned or not
                 found = [(base, orders, largest_micro_batches(fitting)) for base, orders, fitting in found]
             outside_of[d] = found
             floors: dict = {}  # (checkpointing, micro-batch) -> Estimator.policy_floor (the same for every group)
             for base, orders, fitting in found:
-                vkey = variant_key(base)
+                vkey = variant_key(base, by_layout)
                 cut = min((b for b in by_mbs.values() if beyond(b, [vkey])), default=float("inf"))
                 if keep:  # each policy's compute with the recomputation it needs to fit (Estimator.policy_floor)
                     bounds = []
@@ -379,7 +385,7 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
                 pushed += 1
             continue
         base, orders, fitting, bounds, cut, d = payload
-        vkey = variant_key(base)
+        vkey = variant_key(base, by_layout)
         if beyond(bound, [vkey]):
             continue
         # policies whose own bound is out of reach are dropped; cut: below it, the kept ones hold each order's best
@@ -486,17 +492,35 @@ def fastest_policy(est: Estimator, base: Candidate, policies: list[tuple[int, st
     return best
 
 
-def variant_key(c: Candidate) -> tuple:
-    """Which algorithm variant a layout is: algorithm, WallFacer/TokenRing team size, placement."""
-    return (c.algorithm, c.team, c.placement)
+def variant_key(c: Candidate, by_layout: bool = False) -> tuple:
+    """Which algorithm variant a layout is: algorithm, WallFacer/TokenRing team size, placement (``by_layout``: and
+    its token layout, the balancing policy of a workload with documents)."""
+    return (c.algorithm, c.team, c.placement, c.token_layout) if by_layout else (c.algorithm, c.team, c.placement)
 
 
-def best_per_variant(ranked: list[tuple[float, Candidate]]) -> list[tuple[float, Candidate]]:
-    """The fastest layout of every algorithm variant, fastest first (from a ranked list)."""
+def by_policy(work: Workload) -> bool:
+    """Whether the best of each algorithm is per balancing policy too: with documents, the policy is the choice."""
+    return work.documents is not None
+
+
+def variant_keys(space: Space, d: Degrees, vs: list, by_layout: bool) -> dict[tuple, list[tuple]]:
+    """Per variant of the degrees ``d`` (algorithm, team, placement), the variant keys its groups are ranked under."""
+    out = {}
+    for v in vs:
+        key = (v.algorithm, v.team, v.placement)
+        layouts = v.layouts if v.layouts is not None else space.layouts(d)
+        out[key] = [key + (t,) for t in layouts] if by_layout else [key]
+    return out
+
+
+def best_per_variant(ranked: list[tuple[float, Candidate]], by_layout: bool = False) -> list[tuple[float, Candidate]]:
+    """The fastest layout of every algorithm variant (``by_layout``: and token layout), fastest first (from a ranked
+    list)."""
     seen, out = set(), []
     for t, c in ranked:
-        if variant_key(c) not in seen:
-            seen.add(variant_key(c))
+        key = variant_key(c, by_layout)
+        if key not in seen:
+            seen.add(key)
             out.append((t, c))
     return out
 
@@ -515,11 +539,12 @@ def finish(result: SearchResult, cluster: Cluster, model: ModelSpec, workload: W
 
 
 def finish_each(result: SearchResult, cluster: Cluster, model: ModelSpec, workload: Workload) -> list[Plan]:
-    """Full Plans for the fastest layout of every algorithm variant (exact under grid pruning too)."""
+    """Full Plans for the fastest layout of every algorithm variant, with documents of every balancing policy too
+    (exact under grid pruning too)."""
     est = result.estimator
     return [c.to_plan(cluster=cluster.name, cluster_fingerprint=est.fingerprint, model=model, workload=workload,
                       predicted=est.predict(c), profile=result.profile)
-            for _, c in best_per_variant(result.ranked)]
+            for _, c in best_per_variant(result.ranked, by_policy(workload))]
 
 
 def no_plan_error(cluster: Cluster, workload: Workload, result: SearchResult) -> PlanError:

@@ -3,7 +3,8 @@
 ``python tests/golden_predictions.py`` records them in tests/data/golden_predictions.json.gz (run it only
 when a change of the cost model is intended); tests/test_search_scale.py recomputes and compares.
 The cases cover every algorithm: ring (contiguous, zigzag, striped), ulysses, usp, wallfacer (both
-placements), tokenring, tokenring_ring and metp, causal and not, training and inference.
+placements), tokenring, tokenring_ring, metp and allgather, causal and not, training and inference; and masks:
+packed documents (every balancing policy), a local:global window pattern, documents under a bidirectional window.
 """
 from __future__ import annotations
 
@@ -16,23 +17,34 @@ from sp_plan.planner import Workload
 from sp_plan.planner.estimate import Estimator, Orders
 from sp_plan.planner.search import Space, degree_groups
 from sp_plan.profiles import load_cluster, load_model
+from sp_plan.profiles.documents import load_documents
 
 PATH = Path(__file__).parent / "data" / "golden_predictions.json.gz"
 
-#: (name, cluster preset, nodes, model preset, seq_len, batch, causal, training)
+#: (name, cluster preset, nodes, model preset, seq_len, batch, causal, training[, workload's documents and window])
 CASES = [
     ("dgx-h100x2 llama3-8b 128k", "dgx-h100", 2, "llama3-8b", "128k", 2, True, True),
     ("a100-16-eth100x4 gpt-7b 64k", "a100-16-eth100", 4, "gpt-7b", "64k", 1, True, True),
     ("ascend-910b-8x2 llama3-8b 128k inference", "ascend-910b-8", 2, "llama3-8b", "128k", 1, True, False),
     ("a10-4-pcie x2 gpt-3b 32k non-causal", "a10-4-pcie", 2, "gpt-3b", "32k", 2, False, True),
     ("dgx-h100x16 llama3-8b 256k", "dgx-h100", 16, "llama3-8b", "256k", 1, True, True),  # rings > 64
+    ("dgx-h100x2 llama3-8b 64k megatron-dcp documents", "dgx-h100", 2, "llama3-8b", "64k", 2, True, True,
+     {"documents": "megatron-dcp"}),
+    ("dgx-h100x2 llama3-8b 64k window 4096 5:1", "dgx-h100", 2, "llama3-8b", "64k", 2, True, True,
+     {"window": {"size": 4096, "pattern": "5:1"}}),
+    ("a10-4-pcie x2 gpt-3b 32k magi-short window 1024 non-causal", "a10-4-pcie", 2, "gpt-3b", "32k", 2, False, True,
+     {"documents": "magi-short", "window": 1024}),
 ]
 
 
 def case_inputs(case):
-    _, cl, nodes, model, seq, batch, causal, training = case
+    """(cluster, model, workload) of a case; a named document distribution resolved from the presets."""
+    _, cl, nodes, model, seq, batch, causal, training, *masks = case
+    extra = dict(masks[0]) if masks else {}
+    if "documents" in extra:
+        extra["documents"] = load_documents(extra["documents"])
     return (load_cluster(cl, nodes), load_model(model),
-            Workload(seq_len=seq, batch=batch, causal=causal, training=training))
+            Workload(seq_len=seq, batch=batch, causal=causal, training=training, **extra))
 
 
 def candidate_times(case) -> dict[str, float]:
