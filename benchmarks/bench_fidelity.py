@@ -404,11 +404,12 @@ def magi_setups(truth: dict, whatif: str = "none") -> list[MaskSetup]:
 @contextmanager
 def fixed_pack(cu_seqlens):
     """Price with one given pack instead of the seeded draws: masks.workload_packs returns ``cu_seqlens`` for every
-    sample (the mask caches are cleared on entry and exit, since they are keyed by the workload)."""
+    sample (every cache of the mask and schedule modules is cleared on entry and exit: they are keyed by the
+    workload, not its packs)."""
     import numpy as np
-    from sp_plan.planner import masks, usp
+    from sp_plan.planner import allgather, masks, usp
 
-    caches = (masks.busiest_rank_pairs, masks.ring_round_pairs, masks.mask_fraction, usp.masked_rounds)
+    caches = [f for m in (masks, usp, allgather) for f in vars(m).values() if callable(getattr(f, "cache_clear", None))]
     drawn = masks.workload_packs
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     for c in caches:
