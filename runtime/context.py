@@ -67,11 +67,19 @@ class Context:
             tokens = self._document_tokens(x.size(dim), cu_seqlens, window)[self.rank]
         return x.index_select(dim, torch.tensor(tokens, device=x.device))
 
+    def window(self, window: int | None = None) -> int | None:
+        """``window``, or where None the plan's window on every layer (a local:global pattern has none: its caller
+        passes each layer's, as transformers does)."""
+        planned = self.plan.workload.window if self.plan.workload else None
+        if window is None and planned is not None and planned.pattern is None:
+            return planned.size
+        return window
+
     def _document_tokens(self, seq_len: int, cu_seqlens, window) -> dict:
         """Global tokens each rank of this rank's sequence group holds, with packed documents (``member_pieces``)."""
         from .ring import check_masks, member_pieces
 
-        cu, w = check_masks(cu_seqlens, window, seq_len)
+        cu, w = check_masks(cu_seqlens, self.window(window), seq_len)
         causal = self.plan.workload.causal if self.plan.workload else True
         pieces = member_pieces(self.plan.token_layout, self.plan.degrees["ulysses"], self.plan.degrees["ring"],
                                seq_len, causal, cu, w)
@@ -113,8 +121,8 @@ class Context:
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | None = None,
                   scale: float | None = None, cu_seqlens=None, window: int | None = None) -> torch.Tensor:
         """The plan's attention on local (batch, local seq, heads, head dim) tensors in the token layout;
-        ``cu_seqlens`` (0, ..., global length) packs documents, ``window`` is a sliding window (ring, Ulysses, USP
-        and all-gather plans, ``attention.MASKED``; the others refuse them)."""
+        ``cu_seqlens`` (0, ..., global length) packs documents, ``window`` is a sliding window (None: the plan's,
+        ``window``) for ring, Ulysses, USP and all-gather plans (``attention.MASKED``; the others refuse them)."""
         from .attention import attention
 
         if causal is None:
@@ -127,7 +135,7 @@ class Context:
         backend = self.backends.choose(q, k, causal)  # keyed by the local block: device, dtype, head dim, length
         return attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,
                          token_layout=self.plan.token_layout, scale=scale, backend=backend, cu_seqlens=cu_seqlens,
-                         window=window)
+                         window=self.window(window))
 
 
 def _as_plan(plan_or_path: Plan | str | Path) -> Plan:

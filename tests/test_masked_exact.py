@@ -386,29 +386,30 @@ def test_algorithms_that_cannot_honour_masks_refuse_them_naming_those_that_can(a
     assert algorithm not in MASKED
 
 
-def _ctx_worker(rank: int, world: int, algorithm: str, degrees: dict, token_layout: str):
+def _ctx_worker(rank: int, world: int, algorithm: str, degrees: dict, token_layout: str, planned: bool):
     from sp_plan.planner import Plan
     from sp_plan.planner.model import Workload
     from sp_plan.runtime import init
 
     order = [d for d in ("ulysses", "ring") if d in degrees]
-    workload = Workload(seq_len=DOCS[-1], documents=list(np.diff(DOCS)))
+    workload = Workload(seq_len=DOCS[-1], documents=list(np.diff(DOCS)), window=9 if planned else None)
     ctx = init(Plan(algorithm=algorithm, degrees=degrees, order=order, token_layout=token_layout, workload=workload))
+    window = None if planned else 9  # None: the plan's window
     case = Case("ring", 1, 1, token_layout, "document+window", "GQA")
-    q, k, v, do = (ctx.shard(x, cu_seqlens=DOCS, window=9) for x in inputs(case, 7))
+    q, k, v, do = (ctx.shard(x, cu_seqlens=DOCS, window=window) for x in inputs(case, 7))
     q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
-    out = ctx.attention(q, k, v, causal=True, cu_seqlens=DOCS, window=9)
+    out = ctx.attention(q, k, v, causal=True, cu_seqlens=DOCS, window=window)
     out.backward(do)
-    return [ctx.gather(t.detach(), cu_seqlens=DOCS, window=9) for t in (out, q.grad, k.grad, v.grad)]
+    return [ctx.gather(t.detach(), cu_seqlens=DOCS, window=window) for t in (out, q.grad, k.grad, v.grad)]
 
 
-@pytest.mark.parametrize("algorithm, degrees, token_layout", [
-    ("allgather", {"ring": 4}, "zigzag"), ("ulysses", {"ulysses": 4}, "contiguous"),
-    ("usp", {"ulysses": 2, "ring": 2}, "balanced")])
-def test_a_plan_runs_through_ctx_with_its_masks(algorithm, degrees, token_layout):
+@pytest.mark.parametrize("algorithm, degrees, token_layout, planned", [
+    ("allgather", {"ring": 4}, "zigzag", False), ("ulysses", {"ulysses": 4}, "contiguous", False),
+    ("usp", {"ulysses": 2, "ring": 2}, "balanced", False), ("ring", {"ring": 4}, "balanced", True)])
+def test_a_plan_runs_through_ctx_with_its_masks(algorithm, degrees, token_layout, planned):
     """init(plan) + ctx.shard / ctx.attention(..., cu_seqlens, window) / ctx.gather of a masked plan is exact, and
-    every rank gathers the whole sequence back."""
-    results = run_world(_ctx_worker, 4, algorithm, degrees, token_layout, timeout=120)
+    every rank gathers the whole sequence back; a window the plan's workload gives applies where none is passed."""
+    results = run_world(_ctx_worker, 4, algorithm, degrees, token_layout, planned, timeout=120)
     case = Case("ring", 1, 1, token_layout, "document+window", "GQA")
     want = reference(*inputs(case, 7), *case.spec)
     for got in results:
