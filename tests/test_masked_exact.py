@@ -405,7 +405,8 @@ def _ctx_worker(rank: int, world: int, algorithm: str, degrees: dict, token_layo
 
 @pytest.mark.parametrize("algorithm, degrees, token_layout, planned", [
     ("allgather", {"ring": 4}, "zigzag", False), ("ulysses", {"ulysses": 4}, "contiguous", False),
-    ("usp", {"ulysses": 2, "ring": 2}, "balanced", False), ("ring", {"ring": 4}, "balanced", True)])
+    ("usp", {"ulysses": 2, "ring": 2}, "balanced", False), ("ring", {"ring": 4}, "balanced", True),
+    ("allgather", {"ulysses": 2, "ring": 2}, "zigzag", True)])
 def test_a_plan_runs_through_ctx_with_its_masks(algorithm, degrees, token_layout, planned):
     """init(plan) + ctx.shard / ctx.attention(..., cu_seqlens, window) / ctx.gather of a masked plan is exact, and
     every rank gathers the whole sequence back; a window the plan's workload gives applies where none is passed."""
