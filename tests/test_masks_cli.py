@@ -165,6 +165,10 @@ def test_server_plans_masks_sent_inline_as_the_cli_does_here(server, tmp_path, l
     here, there = Plan.load(tmp_path / "local.yaml"), Plan.load(tmp_path / "remote.yaml")
     assert there.workload == here.workload and there.workload.documents.sha256 and there.summary() == here.summary()
     assert "per-rank work" in remote.stdout
+    est = ["estimate", str(tmp_path / "local.yaml"), "--cluster", "dgx-h100", "--no-profile", "--window", "512"]
+    est_here, est_there = run(*est), run(*est, "--server", server.url)
+    assert est_here.returncode == est_there.returncode == 0, est_here.stderr + est_there.stderr
+    assert est_there.stdout == est_here.stdout and "window 512" in est_here.stdout
 
     body = {"cluster": "dgx-h100", "model": "llama3-8b", "use_profile": False, "top": 1,
             "workload": {"seq_len": "16k", "documents": "megatron-dcp", "window": 1024, "window_pattern": "5:1"}}
