@@ -251,9 +251,9 @@ def tokens_by_owner(owner: np.ndarray, ring: int) -> list[np.ndarray]:
 
 
 def _balanced(cu: np.ndarray, ring: int, weights, bound: float = BALANCED_TOKEN_BOUND) -> np.ndarray:
-    """Greedy balancing by work, the rank of each token. A document whose work is over BALANCED_SPLIT_SHARE of a rank's mean is spread as
-    zigzag (2P chunks; rank r holds chunks r and 2P-1-r, rotated by the document's index so no rank always gets the
-    longer chunks): even work under a causal mask. The other documents go whole, heaviest first (longest processing
+    """Greedy balancing by work, the rank of each token. A document whose work is over BALANCED_SPLIT_SHARE of a
+    rank's mean is spread as zigzag (2P chunks; rank r holds chunks r and 2P-1-r, rotated by the document's index so
+    no rank always gets the longer chunks): even work under a causal mask. The other documents go whole, heaviest first (longest processing
     time), to the least-loaded rank with room for their tokens under ``bound`` x S/P; a document no rank has room
     for is poured, in token order, into the least-loaded ranks' room."""
     seq_len = int(cu[-1])
@@ -270,12 +270,14 @@ def _balanced(cu: np.ndarray, ring: int, weights, bound: float = BALANCED_TOKEN_
     spread = (doc_work > BALANCED_SPLIT_SHARE * prefix[-1] / ring) & (ends - starts >= 2 * ring)
     owner = np.empty(seq_len, dtype=np.int64)
     chunk_rank = np.concatenate([np.arange(ring), np.arange(ring)[::-1]])
+    load, held = np.zeros(ring), np.zeros(ring, dtype=np.int64)
     for d in np.flatnonzero(spread):
-        owner[starts[d]:ends[d]] = np.repeat((chunk_rank + d) % ring, _even_pieces(int(ends[d] - starts[d]), 2 * ring))
-    spread_tokens = np.concatenate([np.arange(starts[d], ends[d]) for d in np.flatnonzero(spread)] or
-                                   [np.zeros(0, dtype=np.int64)])
-    load = np.bincount(owner[spread_tokens], weights=w[spread_tokens], minlength=ring).tolist()
-    held = np.bincount(owner[spread_tokens], minlength=ring).tolist()
+        ranks, sizes = (chunk_rank + d) % ring, _even_pieces(int(ends[d] - starts[d]), 2 * ring)
+        owner[starts[d]:ends[d]] = np.repeat(ranks, sizes)
+        bounds = starts[d] + np.concatenate([[0], np.cumsum(sizes)])
+        np.add.at(load, ranks, prefix[bounds[1:]] - prefix[bounds[:-1]])  # exact: sums of integer work
+        np.add.at(held, ranks, sizes)
+    load, held = load.tolist(), held.tolist()
     whole = np.flatnonzero(~spread)
     order = whole[np.lexsort((whole, -doc_work[whole]))]  # heaviest first, ties by index
     _place_whole(order, starts.tolist(), ends.tolist(), doc_work.tolist(), prefix, owner, load, held, cap)

@@ -217,11 +217,9 @@ def layout_work(work: Workload, token_layout: str, ring: int, window: int | None
     total = top = 0.0
     busiest, mean, empty = np.zeros(ring), np.zeros(ring), np.zeros(ring)
     for cu in workload_packs(work, samples):
-        rows = row_pairs(cu, work.causal, window)
-        owner = document_owners(token_layout, ring, cu, rows if token_layout == "balanced" else None)
-        p = np.bincount(owner, weights=rows, minlength=ring)  # float64: exact below 2^53 entries per rank
+        rounds = layout_rounds(token_layout, ring, cu, work.causal, window)
+        p = rounds.sum(axis=0)  # a rank's rounds add up to its queries' whole work
         total, top = total + float(p.sum()), top + float(p.max())
-        rounds = layout_rounds(token_layout, ring, cu, work.causal, window, owner)
         hi = rounds.max(axis=1)
         busiest, mean, empty = busiest + hi, mean + rounds.mean(axis=1), empty + (hi == 0)
     as_tuple = lambda x: tuple(float(v) / samples for v in x)  # noqa: E731
@@ -325,47 +323,54 @@ def run_pair_matrix(owner: np.ndarray, cu_seqlens, ring: int, causal: bool = Tru
     return np.rint(m).astype(np.int64)
 
 
-def _residue_counts(reach: np.ndarray, rank: np.ndarray, P: int) -> np.ndarray:
-    """(P, P) [i, r]: over rank r's queries, how many offsets d in [0, reach] have d = i (mod P): with reach = qP +
-    rho, q + [i <= rho] each, so the q's summed per rank plus the ranks' counts of rho >= i."""
-    q, rho = np.divmod(reach, P)
-    at_least = np.bincount(rank * P + rho, minlength=P * P).reshape(P, P)[:, ::-1].cumsum(axis=1)[:, ::-1]
-    return (np.bincount(rank, weights=q, minlength=P)[:, None] + at_least).T
+def _residues(n, P: int):
+    """(D, P): how many x in [0, n) have x = c (mod P), for each row's n and each residue c."""
+    return np.maximum(0, (np.asarray(n)[:, None] - np.arange(P) + P - 1) // P)
+
+
+def _striped_side(first: np.ndarray, step: int, lengths: np.ndarray, window: int | None, P: int) -> np.ndarray:
+    """(P rounds, P ranks) of one side of each query's reach when a document's offset o lives on rank (first + step
+    o) mod P: the offsets d in [0, reach(o)] with d = i (mod P), reach(o) = min(o, W - 1). Per residue c of o, the
+    offsets below a = min(L, W) reach o itself (qP + c for q = 0..K-1: sum q = K(K-1)/2, each at residue c), those
+    from a on reach W - 1 (q_W P + rho_W each): O(D P) for D documents."""
+    a = lengths if window is None else np.minimum(lengths, window)
+    below = _residues(a, P)
+    beyond = _residues(lengths, P) - below
+    q_far, rho_far = divmod(window - 1, P) if window is not None else (0, 0)
+    rank = (first[:, None] + step * np.arange(P)) % P
+    flat = rank.ravel()
+    q = np.bincount(flat, weights=(below * (below - 1) // 2 + beyond * q_far).ravel(), minlength=P)
+    hist = np.bincount((rank * P + np.arange(P)).ravel(), weights=below.ravel(), minlength=P * P).reshape(P, P)
+    hist[:, rho_far] += np.bincount(flat, weights=beyond.ravel(), minlength=P)
+    at_least = hist[:, ::-1].cumsum(axis=1)[:, ::-1]  # [r, i]: queries of rank r whose reach's residue is >= i
+    return (q[:, None] + at_least).T
 
 
 def striped_rounds(cu_seqlens, ring: int, causal: bool = True, window: int | None = None) -> np.ndarray:
     """(P rounds, P ranks) score entries of ring round i on rank r when token t lives on rank t mod P: in round i
     rank r holds the keys k = t - d with d = i (mod P), so each query counts the offsets of that residue in its
-    reach, behind (d in [0, min(offset, W - 1)]) and, bidirectional, ahead (-d in [1, min(L - 1 - offset, W - 1)]):
-    O(S + P^2) for every round at once."""
+    reach, behind (d in [0, min(offset, W - 1)]) and, bidirectional, ahead (-d in [1, min(L - 1 - offset, W - 1)]),
+    per document in closed form (``_striped_side``)."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     lengths = np.diff(cu)
-    t = np.arange(int(cu[-1]), dtype=np.int64)
-    offset = t - np.repeat(cu[:-1], lengths)
-    rank = t % ring
-    far = (window - 1) if window is not None else None
-    out = _residue_counts(offset if far is None else np.minimum(offset, far), rank, ring)
-    if not causal:
-        ahead = np.repeat(lengths, lengths) - 1 - offset
-        fwd = _residue_counts(ahead if far is None else np.minimum(ahead, far), rank, ring)
-        out = out + fwd[(-np.arange(ring)) % ring]
-        out[0] -= np.bincount(rank, minlength=ring)  # offset 0 counted on both sides
+    out = _striped_side(cu[:-1] % ring, 1, lengths, window, ring)
+    if not causal:  # ahead: offset o' = L - 1 - o on rank (start + L - 1 - o') mod P
+        out = out + _striped_side((cu[1:] - 1) % ring, -1, lengths, window, ring)[(-np.arange(ring)) % ring]
+        out[0] -= _residues(cu[-1:], ring)[0]  # offset 0 counted on both sides: each rank's tokens
     return np.rint(out).astype(np.int64)
 
 
-def layout_rounds(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None,
-                  owner: np.ndarray | None = None) -> np.ndarray:
+def layout_rounds(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None
+                  ) -> np.ndarray:
     """(P rounds, P ranks): score entries of ring rank r's queries on the K, V of rank (r - i) mod P in round i, under
     a balancing policy (``round_pairs`` of the ``pair_matrix``, counted from runs of tokens, or for striped from
-    offsets' residues); ``owner``: the layout's ``document_owners``, if known."""
+    offsets' residues)."""
     if ring == 1:
         return np.array([[mask_pairs(cu_seqlens, causal, window)]], dtype=np.int64)
     if token_layout == "striped":
         return striped_rounds(cu_seqlens, ring, causal, window)
-    if owner is None:
-        weights = row_pairs(cu_seqlens, causal, window) if token_layout == "balanced" else None
-        owner = document_owners(token_layout, ring, cu_seqlens, weights)
-    m = run_pair_matrix(owner, cu_seqlens, ring, causal, window)
+    weights = row_pairs(cu_seqlens, causal, window) if token_layout == "balanced" else None
+    m = run_pair_matrix(document_owners(token_layout, ring, cu_seqlens, weights), cu_seqlens, ring, causal, window)
     r = np.arange(ring)
     return m[r[None, :], (r[None, :] - r[:, None]) % ring]
 
