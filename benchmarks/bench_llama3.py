@@ -108,7 +108,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-search", action="store_true", help="price the published layout only")
     args = ap.parse_args()
-    import sp_plan.planner.allgather  # noqa: F401  (registers allgather where the package does not yet)
 
     print(f"Llama 3 405B, {SEQ_LEN:,} tokens x {BATCH} sequences ({SEQ_LEN * BATCH / 2**20:.0f}M tokens a step), "
           f"documents {DOCUMENTS}, {CLUSTER} x {NODES} nodes ({NODES * 8:,} GPUs), uncalibrated\n")
