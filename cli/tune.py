@@ -48,6 +48,21 @@ def candidates_table(profile) -> Table:
     return t
 
 
+def attention_table(profile) -> Table:
+    """Packed candidates: one layer's attention (forward + backward) under the mask, measured against predicted."""
+    t = Table(title="attention under the mask, one layer forward + backward (measured on packed batches)")
+    for c in ("layout", "predicted before", "predicted after", "measured", "err after", "work max/mean"):
+        t.add_column(c, justify="left" if c == "layout" else "right")
+    for c in profile.candidates:
+        a = c.detail.get("attention")
+        if not a:
+            continue
+        t.add_row(escape(c.summary), _secs(a.get("predicted_before_s")), _secs(a.get("predicted_after_s")),
+                  _secs(a.get("measured_s")), _err(a.get("predicted_after_s"), a.get("measured_s")),
+                  "-" if a.get("imbalance") is None else f"{a['imbalance']:.2f}")
+    return t
+
+
 def _world() -> bool:
     """Join torchrun's world, or make a world of one on this host when not under torchrun."""
     from sp_plan.runtime import probe
@@ -59,6 +74,164 @@ def _world() -> bool:
     return probe.init_world(120.0)
 
 
+def workload_of(seq_len: str, batch: int, causal: bool, inference: bool, documents: str | None, window: int | None,
+                pattern: str | None, seed: int | None):
+    """The tuned Workload from the flags: packed ``--documents`` (a file of lengths or a named distribution) and a
+    sliding ``--window`` (on every layer, or the local layers of ``--window-pattern``)."""
+    from sp_plan.planner.model import Window, Workload, parse_seq_len
+
+    if window is not None and window < 1:
+        raise PlanError("--window", f"must be at least 1 token, got {window}", "pass --window 1 or more")
+    if pattern is not None and window is None:
+        raise PlanError("--window-pattern", "patterns the windowed layers, and there is no --window",
+                        "add --window W, or drop --window-pattern")
+    if seed is not None and documents is None:
+        raise PlanError("--seed", "seeds the packs drawn from --documents, and there are none",
+                        "add --documents FILE|NAME, or drop --seed")
+    docs = None
+    if documents is not None:
+        from sp_plan.profiles.documents import resolve_documents
+
+        docs = resolve_documents(documents)
+    win = None if window is None else Window(size=window, pattern=pattern)
+    return Workload(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference,
+                    documents=docs, window=win, seed=seed)
+
+
+def _check_flags(output, counts: dict, zeros: dict, kernel_timing: str, max_minutes: float,
+                 candidate_timeout: float, quiet: bool, as_json: bool) -> None:
+    """Every flag in range, or a PlanError naming it."""
+    if output:
+        check_writable(output)
+    for flag, v in counts.items():
+        if v < 1:
+            raise PlanError(flag, f"must be at least 1, got {v}", f"pass {flag} 1 or more")
+    for flag, v in zeros.items():
+        if v < 0:
+            raise PlanError(flag, f"must be 0 or more, got {v}", f"pass {flag} 0 or more")
+    if kernel_timing not in ("auto", "each", "shared"):
+        raise PlanError("--kernel-timing", f"unknown timing {kernel_timing!r}", "pass auto, each or shared")
+    if max_minutes <= 0 or candidate_timeout <= 0:
+        raise PlanError("--max-minutes" if max_minutes <= 0 else "--candidate-timeout", "must be positive",
+                        "pass a positive number")
+    if quiet and as_json:
+        raise PlanError("--quiet", "and --json both say what to print", "pass one of them")
+
+
+def _open_store(store: Optional[str], rank: int):
+    """Rank 0's store, every rank learning whether it opened (a refused store is exit 2 everywhere)."""
+    from sp_plan.runtime import probe
+
+    st, problem = None, None
+    if rank == 0:
+        try:
+            from sp_plan.profiles.store import Store
+
+            st = Store(store)
+        except PlanError as e:
+            problem = (e.field, e.problem, e.fix)
+    box = [problem]
+    probe.dist.broadcast_object_list(box, src=0)
+    if box[0]:
+        raise PlanError(*box[0])
+    return st
+
+
+def _fail(rank: int, prog, e: PlanError | str, owned: bool | None = None, code: int = 2):
+    """The one error line (rank 0; and the JSON error event), the world left, exit ``code``."""
+    from sp_plan.runtime import probe
+
+    if rank == 0:
+        print_error(str(e))
+        if prog is not None:
+            prog.error(str(e))
+    if owned is not None:
+        probe.finish(owned)
+    raise typer.Exit(code)
+
+
+def _header(c, m, w, st) -> str:
+    """The first line a tune prints: what it tunes, where it stores."""
+    masks = ""
+    if w.documents is not None:
+        masks += f", packed documents ({getattr(w.documents, 'name', None) or w.documents.kind}, seed {w.seed})"
+    if w.window is not None:
+        masks += f", window {w.window.size}" + (f" on {w.window.pattern}" if w.window.pattern else "")
+    return (f"[bold]tune[/] {c.name} ({c.world_size} ranks, topology {c.topology_fingerprint()}), {m.name}, "
+            f"{w.seq_len:,} tokens x {w.batch}{masks}, {'training' if w.training else 'inference'}; store {st.shown}")
+
+
+def _after_header(prog, head: str | None):
+    """``prog`` that prints ``head`` before its first tick (a tune refused before measuring prints only its error)."""
+    said = [head is None]
+
+    def tick(*a) -> None:
+        if not said[0]:
+            said[0] = True
+            out.print(head, highlight=False)
+        prog(*a)
+    return tick
+
+
+def result_event(report, st, output: Optional[Path]) -> dict:
+    """The tune's result as one JSON-ready dict (``--json``'s final event)."""
+    p, best = report.profile, report.best
+    cands = [{"layout": c.summary, "status": c.status, "measured_s": c.measured_s,
+              "predicted_after_s": c.predicted_after_s, "reason": c.reason or None,
+              **({"attention": c.detail["attention"]} if c.detail.get("attention") else {})} for c in p.candidates]
+    return {"profile": p.id, "store": st.shown, "stop": report.stop_reason, "candidates": cands,
+            "loo_error_before": p.loo_error_before, "loo_error_after": p.loo_error_after, "fitted": list(p.fitted),
+            "not_fitted": report.not_fitted, "skipped": report.skipped, "budget": report.budget_notes,
+            "best": None if best is None else {"layout": best.summary(), "measured_s": best.measured.step_time_s,
+                                               "predicted_s": best.predicted.step_time_s},
+            "output": str(output) if output and best is not None else None}
+
+
+def _print_report(report, st) -> None:
+    """The tune's story on stdout: candidates, fits, what the budget left out, the stored profile."""
+    p = report.profile
+    if report.resumed:
+        out.print(f"resumed run {report.run_id}: reused {', '.join(report.reused) or 'nothing'}")
+    out.print("software stack: " + ", ".join(f"{k} {v}" for k, v in p.stack.items() if v), highlight=False)
+    out.print(candidates_table(p))
+    if any(c.detail.get("attention") for c in p.candidates):
+        out.print(attention_table(p))
+    before = "n/a" if p.loo_error_before is None else f"{p.loo_error_before:.1%}"
+    after = "n/a" if p.loo_error_after is None else f"{p.loo_error_after:.1%}"
+    out.print(f"leave-one-out step-time error: {before} uncalibrated -> {after} calibrated", highlight=False)
+    if p.loo_memory_error_after is not None:
+        out.print(f"leave-one-out peak-memory error: {p.loo_memory_error_before:.1%} uncalibrated -> "
+                  f"{p.loo_memory_error_after:.1%} calibrated", highlight=False)
+    out.print("fitted: " + ("; ".join(p.fitted) or "nothing (no candidate ran)"), highlight=False)
+    for note in [*report.not_fitted, *report.skipped, *report.budget_notes]:
+        out.print(escape(note), highlight=False)
+    out.print(f"stopped: {report.stop_reason}", highlight=False)
+
+
+def _upload(p, st, server: str) -> bool:
+    """Upload the profile to a planner service; False (said, with how to upload later) where that fails."""
+    from sp_plan.client import Client  # noqa: PLC0415
+
+    try:
+        out.print(f"uploaded profile {Client.from_env(server).upload_profile(p)} to {server}", highlight=False)
+        return True
+    except PlanError as e:  # the profile is stored locally: say so, and how to upload it later
+        print_error(f"{e} (the profile is in {st.shown}: upload it later with "
+                    f"`sp-plan profile export {p.id} -o p.yaml` and `sp-plan profile import p.yaml --server URL`)")
+        return False
+
+
+def _write_best(report, output: Path, loud: bool) -> None:
+    """The best measured plan into ``output`` (said unless ``loud`` is False, where there is none)."""
+    if report.best is None:
+        err.print("[yellow]no candidate ran successfully; no plan written[/]")
+        return
+    report.best.save(output)
+    if loud:
+        out.print(f"wrote {output}: {report.best.summary()} measured {_secs(report.best.measured.step_time_s)}, "
+                  f"predicted {_secs(report.best.predicted.step_time_s)}", highlight=False)
+
+
 def tune_cmd(
     cluster: str = typer.Option(..., "--cluster", help="cluster file from `sp-plan discover` (or a preset name)"),
     nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a preset", show_default="1"),
@@ -67,8 +240,20 @@ def tune_cmd(
     batch: int = typer.Option(1, "--batch", help="global batch (sequences per step)"),
     causal: bool = typer.Option(True, "--causal/--no-causal", help="causal (decoder) or full attention"),
     inference: bool = typer.Option(False, "--inference", help="forward only"),
+    documents: Optional[str] = typer.Option(None, "--documents", help="packed documents: a file of lengths (one a "
+                                            "line, or a CSV/Parquet column 'length') or a named distribution; "
+                                            "candidates run on packed batches drawn from it",
+                                            show_default="one document per sequence"),
+    window: Optional[int] = typer.Option(None, "--window", help="sliding window W in tokens",
+                                         show_default="full attention"),
+    window_pattern: Optional[str] = typer.Option(None, "--window-pattern", help="windowed:global layers, e.g. 5:1",
+                                                 show_default="every layer windowed"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="seed of the packs drawn from --documents",
+                                       show_default="0"),
     budget: int = typer.Option(5, "--budget", help="candidates to measure at most"),
-    max_minutes: float = typer.Option(30.0, "--max-minutes", help="stop choosing candidates after this long"),
+    max_minutes: float = typer.Option(30.0, "--max-minutes", help="the whole tune's time: links, kernels, the round "
+                                      "probe, candidates, reread and confirm; a candidate whose estimate does not fit "
+                                      "what is left is skipped, one running past it is stopped"),
     candidate_timeout: float = typer.Option(600.0, "--candidate-timeout", help="seconds one candidate may run"),
     store: Optional[str] = typer.Option(None, "--store", help="SQLAlchemy URL of the profile store",
                                         show_default="$SP_PLAN_STORE, else SQLite in the user data directory"),
@@ -93,33 +278,24 @@ def tune_cmd(
     server: Optional[str] = typer.Option(None, "--server", help="also upload the profile to a planner service "
                                          "(`sp-plan serve`) at this URL (token: $SP_PLAN_TOKEN)",
                                          show_default="store locally only"),
+    quiet: bool = typer.Option(False, "--quiet", help="print only the result (the stored profile, the plan written)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON events, one object a line (rank 0): progress "
+                                 "(event, step, done, total, elapsed_s, eta_s, message), then a result or an error"),
 ) -> None:
     """Measure links, kernels and the best candidates on this cluster; calibrate; store the profile."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
-
+    from sp_plan.cli.progress import JsonReporter, reporter
     from sp_plan.runtime import probe
 
-    from sp_plan.planner.model import Workload, parse_seq_len
     from sp_plan.profiles import load_cluster, load_model
 
-    rank, owned, st, upload_failed = 0, False, None, False
+    rank, owned, prog = 0, None, JsonReporter("tune") if as_json else None
     try:
-        if output:
-            check_writable(output)
-        for flag, v in (("--budget", budget), ("--iters", iters), ("--layers", layers), ("--pool", pool), ("--batch", batch)):
-            if v < 1:
-                raise PlanError(flag, f"must be at least 1, got {v}", f"pass {flag} 1 or more")
-        for flag, v in (("--warmup", warmup), ("--confirm", confirm), ("--reread", reread)):
-            if v < 0:
-                raise PlanError(flag, f"must be 0 or more, got {v}", f"pass {flag} 0 or more")
-        if kernel_timing not in ("auto", "each", "shared"):
-            raise PlanError("--kernel-timing", f"unknown timing {kernel_timing!r}", "pass auto, each or shared")
-        if max_minutes <= 0 or candidate_timeout <= 0:
-            raise PlanError("--max-minutes" if max_minutes <= 0 else "--candidate-timeout", "must be positive",
-                            "pass a positive number")
+        _check_flags(output, {"--budget": budget, "--iters": iters, "--layers": layers, "--pool": pool,
+                              "--batch": batch}, {"--warmup": warmup, "--confirm": confirm, "--reread": reread},
+                     kernel_timing, max_minutes, candidate_timeout, quiet, as_json)
         c = load_cluster(cluster, nodes)
         m = load_model(model)
-        w = Workload(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference)
+        w = workload_of(seq_len, batch, causal, inference, documents, window, window_pattern, seed)
         from sp_plan.cli.discover import parse_sizes
         from sp_plan.profiles.tune.run import TuneOptions, check_world, tune
 
@@ -130,81 +306,37 @@ def tune_cmd(
         owned = _world()
         rank = probe.dist.get_rank()
         check_world(c, probe.dist.get_world_size())  # before the store: a refused tune creates no store file
-        problem = None
-        if rank == 0:
-            try:
-                from sp_plan.profiles.store import Store
-
-                st = Store(store)
-            except PlanError as e:
-                problem = (e.field, e.problem, e.fix)
-        box = [problem]
-        probe.dist.broadcast_object_list(box, src=0)
-        if box[0]:
-            raise PlanError(*box[0])
+        st = _open_store(store, rank)
     except PlanError as e:
-        if rank == 0:
-            print_error(str(e))
-        probe.finish(owned)
-        raise typer.Exit(2)
-
+        _fail(rank, prog, e, owned if owned is not None else False)
     try:
         if rank == 0:
-            out.print(f"[bold]tune[/] {c.name} ({c.world_size} ranks, topology {c.topology_fingerprint()}), {m.name}, "
-                      f"{w.seq_len:,} tokens x {w.batch}, {'training' if w.training else 'inference'}; store {st.shown}",
-                      highlight=False)
-            with Progress(TextColumn("{task.fields[step]:>10}"), BarColumn(), MofNCompleteColumn(),
-                          TextColumn("{task.description}"), TimeElapsedColumn(), console=err) as prog:
-                tasks = {s: prog.add_task("", total=None, step=s) for s in ("links", "kernels", "candidates")}
-                for later in ("reread", "confirm"):  # shown once they have something to read
-                    tasks[later] = prog.add_task("", total=None, step=later, visible=False)
-                tick = lambda step, i, n, label: prog.update(tasks[step], completed=i, total=n,  # noqa: E731
-                                                             description=escape(label[:90]), visible=True)
-                report = tune(c, m, w, st, opts, tick)
+            steps = ("links", "kernels", "rounds", "candidates", "reread", "confirm")
+            with reporter("tune", steps, err, quiet, as_json) as prog:
+                head = None if quiet or as_json else _header(c, m, w, st)
+                report = tune(c, m, w, st, opts, _after_header(prog, head))
         else:
             report = tune(c, m, w, None, opts)
     except PlanError as e:
-        if rank == 0:
-            print_error(str(e))
-        probe.finish(owned)
-        raise typer.Exit(2)
+        _fail(rank, prog, e, owned)
     except Exception as e:  # noqa: BLE001 - a dead rank or broken world: what was measured is in the store
-        if rank == 0:
-            print_error(f"the tune stopped: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}; "
-                        "everything measured so far is stored: run the same command again to resume")
-        raise typer.Exit(1)
+        _fail(rank, prog, f"the tune stopped: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}; "
+              "everything measured so far is stored: run the same command again to resume", code=1)
+    upload_failed = False
     if rank == 0:
-        p = report.profile
-        if report.resumed:
-            out.print(f"resumed run {report.run_id}: reused {', '.join(report.reused) or 'nothing'}")
-        out.print("software stack: " + ", ".join(f"{k} {v}" for k, v in p.stack.items() if v), highlight=False)
-        out.print(candidates_table(p))
-        before = "n/a" if p.loo_error_before is None else f"{p.loo_error_before:.1%}"
-        after = "n/a" if p.loo_error_after is None else f"{p.loo_error_after:.1%}"
-        out.print(f"leave-one-out step-time error: {before} uncalibrated -> {after} calibrated", highlight=False)
-        if p.loo_memory_error_after is not None:
-            out.print(f"leave-one-out peak-memory error: {p.loo_memory_error_before:.1%} uncalibrated -> "
-                      f"{p.loo_memory_error_after:.1%} calibrated", highlight=False)
-        out.print("fitted: " + ("; ".join(p.fitted) or "nothing (no candidate ran)"), highlight=False)
-        for note in report.not_fitted:  # "... not fitted: why"
-            out.print(note, highlight=False)
-        out.print(f"stopped: {report.stop_reason}", highlight=False)
-        out.print(f"stored profile [bold]{p.id}[/] in {st.shown}", highlight=False)
-        if server:
-            from sp_plan.client import Client  # noqa: PLC0415
-
-            try:
-                out.print(f"uploaded profile {Client.from_env(server).upload_profile(p)} to {server}", highlight=False)
-            except PlanError as e:  # the profile is stored locally: say so, and how to upload it later
-                print_error(f"{e} (the profile is in {st.shown}: upload it later with "
-                            f"`sp-plan profile export {p.id} -o p.yaml` and `sp-plan profile import p.yaml --server URL`)")
-                upload_failed = True
-        if output and report.best is not None:
-            report.best.save(output)
-            out.print(f"wrote {output}: {report.best.summary()} measured {_secs(report.best.measured.step_time_s)}, "
-                      f"predicted {_secs(report.best.predicted.step_time_s)}", highlight=False)
-        elif output:
-            err.print("[yellow]no candidate ran successfully; no plan written[/]")
+        loud = not (quiet or as_json)
+        if loud:
+            _print_report(report, st)
+            out.print(f"stored profile [bold]{report.profile.id}[/] in {st.shown}", highlight=False)
+        if server and not _upload(report.profile, st, server):
+            upload_failed = True
+        if output:
+            _write_best(report, output, loud)
+        if as_json:
+            prog.result(result_event(report, st, output))
+        elif quiet:
+            out.print(f"stored profile {report.profile.id} in {st.shown}" + (
+                f"; wrote {output}: {report.best.summary()}" if output and report.best else ""), highlight=False)
     probe.dist.barrier()
     probe.finish(owned)
     if upload_failed:

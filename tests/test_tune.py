@@ -39,6 +39,10 @@ def test_tune_then_plan_uses_the_profile(tmp_path):
     store = f"sqlite:///{tmp_path / 'store.db'}"
     out = _ok(netns.launch([*TUNE, "--budget", "2", "--store", store, "-o", "plan.yaml"], 4, 4, tmp_path, timeout=400))
     assert "measured candidates" in out and "leave-one-out step-time error" in out and "stored profile" in out
+    # into a file (not a terminal): plain progress lines, each step's start and end at least
+    for step in ("links", "kernels", "rounds", "candidates"):
+        assert f"[tune] {step} 0/" in out and f"[tune] {step} 1/" in out, step
+    assert "[tune] candidates 2/2 elapsed " in out and "spent " in out and "of --max-minutes 30" in out
     # two candidates: what the fit left at its base value is said, and why
     assert "\ncompute efficiency and layer overhead not fitted: needs 3 candidates" in out
     # the round overhead is the probe's (measured, held), not fitted; the kernels timed together on CPU ranks

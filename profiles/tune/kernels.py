@@ -52,55 +52,102 @@ def gemm_shapes(model: ModelSpec, rows: int) -> dict[str, tuple[int, int, int]]:
 Windows = tuple[float, float] | Callable[[list[float]], tuple[float, list[float]]]
 
 
+def _attention_jobs(model: ModelSpec, n: int, h: int, rnd, choice, causal: bool, name_backend=None) -> list:
+    """The block attention forward and backward of ``n`` tokens on ``h`` heads (causal: masked and dense), ready."""
+    d, kv = model.head_dim, kv_heads_for(model, h)
+    q, k, v = rnd(1, n, h, d), rnd(1, n, kv, d), rnd(1, n, kv, d)
+    dout = rnd(1, n, h, d)
+    jobs = []
+    # causal work: blocks under the causal mask (a ring's diagonal, striped's) and dense ones (the rest)
+    for masked in ((True, False) if causal else (False,)):
+        offset = 0 if masked else None
+        backend = choice.choose(q, k, masked)
+        o, lse = block_attention(q, k, v, causal_offset=offset, backend=backend)
+        fwd = functools.partial(block_attention, q, k, v, causal_offset=offset, backend=backend)
+        bwd = functools.partial(block_attention_backward, dout, q, k, v, o, lse, causal_offset=offset,
+                                backend=backend)
+        for kind, fn, back in (("attention_fwd", fwd, False), ("attention_bwd", bwd, True)):
+            jobs.append((fn, dict(kind=kind, size=n, heads=h, head_dim=d, causal=masked, backend=backend,
+                                  flops=attention_flops(n, h, d, masked, backward=back))))
+    return jobs
+
+
+def _gemm_jobs(model: ModelSpec, rows: int, rnd) -> list:
+    """The block's linear layers for ``rows`` tokens, ready."""
+    return [(functools.partial(torch.matmul, rnd(m, k), rnd(k, n)),
+             dict(kind="matmul", size=m, heads=0, head_dim=0, causal=False, flops=2.0 * m * n * k,
+                  backend="torch.matmul", gemm=(m, n, k))) for m, n, k in gemm_shapes(model, rows).values()]
+
+
+def _unique(xs) -> list:
+    """``xs`` without repeats, first seen first."""
+    return list(dict.fromkeys(xs))
+
+
+def sweep_groups(blocks: list[int], heads: list[int], gemm_rows: list[int], shapes=None) -> list[tuple]:
+    """The sweep's kernel groups in the order they are timed: ("attention", n, h) of ``shapes`` (the candidates'
+    most needed first) else every block x head count ascending, with ("matmul", rows) after the first."""
+    att = [("attention", n, h) for n, h in _unique(shapes)] if shapes else \
+        [("attention", n, h) for h in sorted(set(heads)) for n in sorted(set(blocks))]
+    mm = [("matmul", r) for r in (_unique(gemm_rows) if shapes else sorted(set(gemm_rows)))]
+    return (att[:1] + mm + att[1:]) if shapes else att + mm
+
+
+def _agreed(value: float, collective: bool) -> float:
+    """The largest ``value`` over the ranks of the default group (collective), or this rank's."""
+    import torch.distributed as dist
+
+    if not collective or not dist.is_initialized():
+        return value
+
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t[0])
+
+
+#: the share of the kernel sweep's budget its preparation (inputs, backend choices, first calls) may take
+PREPARE_SHARE = 0.5
+
+
 def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], device: torch.device,
                     dtype: torch.dtype, causal: bool, repeats: int = 5,
-                    gemm_rows: list[int] | None = None, windows: Windows | None = None) -> list[KernelSample]:
-    """Attention block fwd/bwd over ``blocks`` x ``heads`` and the model's GEMMs over ``gemm_rows`` (default: blocks).
-    Every kernel is prepared first (inputs, the runtime's backend choice, one untimed call), then timed.
-    ``windows`` (start wall time, seconds each), or a function that agrees the start and each kernel's length once
-    every kernel is prepared (so that no rank is still choosing a backend when the others start), given the
-    kernels' first-call seconds: the i-th timed kernel runs back to back through its window, the windows laid end
-    to end from the start (``timing.time_window``), the same windows on every rank, instead of a median of
-    ``repeats``."""
+                    gemm_rows: list[int] | None = None, windows: Windows | None = None,
+                    budget_s: float | None = None, shapes: list[tuple[int, int]] | None = None,
+                    clock: Callable[[], float] = time.monotonic, skipped: list | None = None) -> list[KernelSample]:
+    """Attention block fwd/bwd over ``blocks`` x ``heads`` (or the (block, heads) ``shapes``, most needed first) and
+    the model's GEMMs over ``gemm_rows`` (default: blocks). Every kernel is prepared first (inputs, the runtime's
+    backend choice, one untimed call), then timed. ``windows`` (start wall time, seconds each), or a function that
+    agrees the start and each kernel's length once every kernel is prepared (so that no rank is still choosing a
+    backend when the others start), given the kernels' first-call seconds: the i-th timed kernel runs back to back
+    through its window, the windows laid end to end from the start (``timing.time_window``), the same windows on
+    every rank, instead of a median of ``repeats``. With ``budget_s`` (on ``clock``) the sweep prepares kernel
+    groups in order while PREPARE_SHARE of it lasts (agreed by every rank when windows are shared), sizes the windows
+    to what is left, and appends the groups it left out to ``skipped``."""
     device = torch.device(device)
-    d, name = model.head_dim, _DTYPE_NAMES.get(dtype, str(dtype))
+    name = _DTYPE_NAMES.get(dtype, str(dtype))
     gen = torch.Generator(device="cpu").manual_seed(0)
     rnd = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
     choice = BackendChoice.from_env()
+    groups = sweep_groups(blocks, heads, gemm_rows if gemm_rows is not None else blocks, shapes)
+    started, collective = clock(), windows is not None and callable(windows)
     jobs: list[tuple[Callable[[], object], dict]] = []  # (the kernel, its sample's fields but the seconds)
-    for h in sorted(set(heads)):
-        kv = kv_heads_for(model, h)
-        for n in sorted(set(blocks)):
-            q, k, v = rnd(1, n, h, d), rnd(1, n, kv, d), rnd(1, n, kv, d)
-            dout = rnd(1, n, h, d)
-            # causal work: blocks under the causal mask (a ring's diagonal, striped's) and dense ones (the rest)
-            for masked in ((True, False) if causal else (False,)):
-                offset = 0 if masked else None
-                backend = choice.choose(q, k, masked)
-                o, lse = block_attention(q, k, v, causal_offset=offset, backend=backend)
-                fwd = functools.partial(block_attention, q, k, v, causal_offset=offset, backend=backend)
-                bwd = functools.partial(block_attention_backward, dout, q, k, v, o, lse, causal_offset=offset,
-                                        backend=backend)
-                for kind, fn, back in (("attention_fwd", fwd, False), ("attention_bwd", bwd, True)):
-                    jobs.append((fn, dict(kind=kind, size=n, heads=h, head_dim=d, causal=masked, backend=backend,
-                                          flops=attention_flops(n, h, d, masked, backward=back))))
-    for rows in sorted(set(gemm_rows if gemm_rows is not None else blocks)):
-        for m, n, k in gemm_shapes(model, rows).values():
-            jobs.append((functools.partial(torch.matmul, rnd(m, k), rnd(k, n)),
-                         dict(kind="matmul", size=m, heads=0, head_dim=0, causal=False, flops=2.0 * m * n * k,
-                              backend="torch.matmul", gemm=(m, n, k))))
-    out: list[KernelSample] = []
+    firsts: list[float] = []
+    for i, g in enumerate(groups):
+        if budget_s is not None and i and _agreed(clock() - started, collective) > PREPARE_SHARE * budget_s:
+            (skipped if skipped is not None else []).extend(groups[i:])
+            break
+        new = _attention_jobs(model, g[1], g[2], rnd, choice, causal) if g[0] == "attention" else \
+            _gemm_jobs(model, g[1], rnd)
+        jobs += new
+        firsts += [_first_call(fn, device) for fn, _ in new] if windows is not None else []
     if windows is None:
-        for fn, fields in jobs:
-            out.append(KernelSample(seconds=time_call(fn, device, repeats), dtype=name, batch=1, **fields))
-        return out
-    firsts = []
-    for fn, _ in jobs:  # first calls (allocations, a backward's workspace) before any window opens
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        firsts.append(time.perf_counter() - t0)
-    start, lengths = windows(firsts) if callable(windows) else (windows[0], [windows[1]] * len(jobs))
+        return [KernelSample(seconds=time_call(fn, device, repeats), dtype=name, batch=1, **f) for fn, f in jobs]
+    if callable(windows):
+        left = None if budget_s is None else max(budget_s - _agreed(clock() - started, True), 0.0)
+        start, lengths = windows(firsts) if left is None else windows(firsts, total_s=left)
+    else:
+        start, lengths = windows[0], [windows[1]] * len(jobs)
+    out: list[KernelSample] = []
     for (fn, fields), each in zip(jobs, lengths):
         t = time_window(fn, device, start, start + 0.9 * each)
         start += each
@@ -108,17 +155,30 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
     return out
 
 
+def _first_call(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds of one untimed-before call (allocations, a backward's workspace), before any window opens."""
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
 #: a kernel's shared window (``shared_windows``): this many calls of its slowest rank's first call, at least this long
 WINDOW_CALLS = 8
 WINDOW_MIN_S = 0.05
 
 
-def shared_windows(firsts: list[float], calls: int = WINDOW_CALLS, least: float = WINDOW_MIN_S
-                   ) -> tuple[float, list[float]]:
+#: fewest calls of a kernel's first call a budgeted window holds (``shared_windows`` with ``total_s``)
+WINDOW_MIN_CALLS = 2
+
+
+def shared_windows(firsts: list[float], calls: int = WINDOW_CALLS, least: float = WINDOW_MIN_S,
+                   total_s: float | None = None) -> tuple[float, list[float]]:
     """One start (50 ms from now, rank 0's clock) and a window per kernel, ``calls`` times the slowest rank's first
     call of it and at least ``least`` seconds, agreed by every rank of the default group (collective): where ranks
     share cores each kernel is timed while all of them compute it (a median of calls each rank makes when it gets
-    there mixes kernels timed alone, fast, with kernels timed among busy peers)."""
+    there mixes kernels timed alone, fast, with kernels timed among busy peers). With ``total_s`` the calls shrink
+    (to WINDOW_MIN_CALLS at least) until the windows together fit it."""
     import torch.distributed as dist
 
     slowest = torch.tensor(firsts, dtype=torch.float64)
@@ -127,6 +187,8 @@ def shared_windows(firsts: list[float], calls: int = WINDOW_CALLS, least: float 
     shared = [time.time() + 0.05]
     if dist.is_initialized():
         dist.broadcast_object_list(shared, src=0)
+    if total_s is not None and float(slowest.sum()) > 0:
+        calls = max(WINDOW_MIN_CALLS, min(calls, int(total_s / float(slowest.sum()))))
     return float(shared[0]), [max(least, calls * float(t)) for t in slowest]
 
 
@@ -138,6 +200,23 @@ def _shape(plan: Plan, model: ModelSpec, work: Workload):
                  plan.micro_batch_size, plan.algorithm, d.get("team", 1), plan.placement)
 
 
+def plan_shapes(plan: Plan, model: ModelSpec, work: Workload) -> list[tuple[int, int]]:
+    """(block length, head count) pairs one candidate's attention runs on (``kernel_shapes``), largest block first."""
+    from sp_plan.planner.schedules import attention_steps
+
+    c = _shape(plan, model, work)
+    h = max(1, int(round(model.heads / plan.degrees["tp"] if plan.algorithm == "metp" else c.heads_local)))
+    blocks = set()
+    for backward in (False, True):
+        for step in attention_steps(c, backward):
+            for ph in step.phases:
+                if getattr(ph, "kind", "") == "attention" and ph.block:
+                    blocks.add(int(round(ph.block)))
+                    if plan.token_layout == "zigzag":
+                        blocks.add(max(1, int(round(ph.block / 2))))
+    return [(n, h) for n in sorted(blocks, reverse=True)]
+
+
 def kernel_shapes(plans: list[Plan], model: ModelSpec, work: Workload) -> tuple[list[int], list[int]]:
     """Block lengths and head counts the candidates' attention runs on (read off the planner's schedules).
 
@@ -145,21 +224,14 @@ def kernel_shapes(plans: list[Plan], model: ModelSpec, work: Workload) -> tuple[
     halves seq/(2 ring) (the runtime computes the two chunks separately); WallFacer: team blocks
     C seq/ring; METP: seq/tp on heads/tp heads. Block lengths are rounded to whole tokens.
     """
-    from sp_plan.planner.schedules import attention_steps
+    pairs = [s for p in plans for s in plan_shapes(p, model, work)]
+    return sorted({n for n, _ in pairs}), sorted({h for _, h in pairs})
 
-    blocks, heads = set(), set()
-    for p in plans:
-        c = _shape(p, model, work)
-        h = model.heads / p.degrees["tp"] if p.algorithm == "metp" else c.heads_local
-        heads.add(max(1, int(round(h))))
-        for backward in (False, True):
-            for step in attention_steps(c, backward):
-                for ph in step.phases:
-                    if getattr(ph, "kind", "") == "attention" and ph.block:
-                        blocks.add(int(round(ph.block)))
-                        if p.token_layout == "zigzag":
-                            blocks.add(max(1, int(round(ph.block / 2))))
-    return sorted(blocks), sorted(heads)
+
+def kernel_priority(plans: list[Plan], model: ModelSpec, work: Workload) -> list[tuple[int, int]]:
+    """The (block, heads) pairs of ``plans`` (the model's best first) in the order a budgeted sweep times them:
+    each plan's shapes before the next plan's, so a trimmed sweep keeps what the likeliest candidates run."""
+    return _unique(s for p in plans for s in plan_shapes(p, model, work))
 
 
 def token_rows(plans: list[Plan], work: Workload) -> list[int]:

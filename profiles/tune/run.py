@@ -33,12 +33,14 @@ from sp_plan.planner.search import grid_search
 from sp_plan.profiles.store import run_key
 from sp_plan.runtime.probe import gather_objects
 
+from .budget import Budget, candidate_seconds, fmt, kernel_budget, learned_ratio, scaled
+from .candidate import layer_counts, stage_depth
 from .choose import MIN_MEASURED, Choice, diversify, family, next_candidate, sigma_from, with_families
 from .kernels import chosen_backends
 from .rounds import LAYERS as PROBE_LAYERS, TOKENS_PER_RANK as PROBE_TOKENS, round_overhead, time_rounds
 from .software import software_stack
 
-#: progress(step, done, total, label): step is "links", "kernels", "candidates", "reread" or "confirm"
+#: progress(step, done, total, label): step is "links", "kernels", "rounds", "candidates", "reread" or "confirm"
 Progress = Callable[[str, int, int, str], None]
 
 
@@ -68,6 +70,8 @@ class TuneOptions:
     confirm_within: float = 0.10
     #: test hook: candidate summary, or "#i" for the i-th candidate measured, -> fault ("raise", "oom", "hang", "@rank")
     faults: dict[str, str] = field(default_factory=dict)
+    #: the clock --max-minutes is read on (a test passes its own)
+    clock: Callable[[], float] = time.monotonic
 
 
 @dataclass
@@ -81,6 +85,8 @@ class TuneReport:
     stop_reason: str
     run_id: int | None = None
     not_fitted: list[str] = field(default_factory=list)  # the fit's notes: what it left at its base value, and why
+    skipped: list[str] = field(default_factory=list)  # what the time budget left out, and why
+    budget_notes: list[str] = field(default_factory=list)  # the tune's estimate against --max-minutes, what was spent
 
 
 def _bcast(obj, rank: int):
@@ -148,17 +154,45 @@ def kernel_timing(opts: TuneOptions, dev: torch.device) -> str:
     return "shared" if dev.type == "cpu" else "each"
 
 
-def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opts: TuneOptions) -> list[dict]:
-    """Every rank times its own device's kernels for the pool's block shapes; all ranks' samples (collective)."""
-    from .kernels import kernel_shapes, measure_kernels, shared_windows, token_rows
+def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opts: TuneOptions,
+                         budget_s: float | None = None, clock: Callable[[], float] = time.monotonic,
+                         skipped: list | None = None) -> list[dict]:
+    """Every rank times its own device's kernels for the pool's block shapes; all ranks' samples (collective).
+    With ``budget_s`` the sweep takes the shapes the model's best candidates run first and stops where the budget
+    does (``kernels.measure_kernels``; what it left out goes to ``skipped``); the solo-speedup timing is run on
+    the largest block timed whose cost fits what is left."""
+    from .kernels import kernel_priority, kernel_shapes, measure_kernels, shared_windows, token_rows
 
-    dev = _device()
+    dev, t0 = _device(), clock()
     blocks, heads = kernel_shapes(pool, model, work)
+    shapes = kernel_priority(pool, model, work) if budget_s is not None else None
     shared = shared_windows if kernel_timing(opts, dev) == "shared" and dist.get_world_size() > 1 else None
     mine = measure_kernels(model, blocks, heads, dev, _dtype(model, dev), work.causal, repeats=opts.kernel_repeats,
-                           gemm_rows=token_rows(pool, work), windows=shared)
-    mine += measure_alone(model, max(blocks), max(heads), dev, _dtype(model, dev), work.causal, opts.kernel_repeats)
+                           gemm_rows=token_rows(pool, work), windows=shared, budget_s=budget_s, shapes=shapes,
+                           clock=clock, skipped=skipped)
+    alone = alone_shape(mine, dist.get_world_size(), opts.kernel_repeats,
+                        None if budget_s is None else budget_s - (clock() - t0))
+    if alone is not None:
+        mine += measure_alone(model, *alone, dev, _dtype(model, dev), work.causal, opts.kernel_repeats)
+    elif skipped is not None:
+        skipped.append(("solo speedup",))
     return [dict(s, rank=r) for r, samples in enumerate(gather_objects([asdict(s) for s in mine])) for s in samples]
+
+
+def alone_shape(samples: list[KernelSample], world: int, repeats: int, left_s: float | None) -> tuple[int, int] | None:
+    """(block, heads) for measure_alone: the largest timed attention block, or with ``left_s`` the largest whose
+    timings (each rank alone in turn, then together) fit it, agreed by every rank; None where none does."""
+    from .kernels import _agreed
+
+    cost: dict[tuple[int, int], float] = {}
+    for s in samples:
+        if s.kind.startswith("attention"):
+            cost[(s.size, s.heads)] = cost.get((s.size, s.heads), 0.0) + s.seconds
+    fits = [k for k, c in cost.items() if left_s is None or
+            _agreed(c * (world * (repeats + 1) + TOGETHER_CALLS), True) <= left_s]
+    if not fits:
+        return None
+    return max(fits) if left_s is None else max(fits, key=lambda k: (k[0], k[1]))
 
 
 #: the shared window of measure_alone's together timing: this many calls of the slowest rank's time alone, at least
@@ -233,167 +267,348 @@ def check_world(cluster: Cluster, world: int) -> None:
                         "again with `sp-plan discover`")
 
 
-def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: TuneOptions | None = None,
-         progress: Progress | None = None) -> TuneReport:
-    """Profile this cluster on the running world (collective; ``store`` is used on rank 0 only)."""
-    opts = opts or TuneOptions()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    check_world(cluster, world)
-    tick = progress or (lambda *a: None)
-    started = time.monotonic()
-    dev = _device()
-    stack = software_stack(dev.type)
-    fp = cluster.topology_fingerprint()
-    key = run_key(fp, stack, model, work, {"layers": opts.layers, "iters": opts.iters})
+@dataclass
+class _Run:
+    """One tune's state on this rank: the world, its store checkpoints, its budget, what was measured."""
 
-    # ---- resume: what the store already holds for this run (rank 0 reads, all learn)
+    cluster: Cluster
+    model: ModelSpec
+    work: Workload
+    store: object
+    opts: TuneOptions
+    tick: Progress
+    budget: Budget
+    rank: int
+    run_id: int | None = None
+    steps: dict = field(default_factory=dict)
+    measured: dict = field(default_factory=dict)
+    skipped: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    candidates_s: float = 0.0  # the first estimate of the budget's candidates (the kernel sweep leaves them this)
+
+    def record(self, key: str, status: str, payload: dict) -> None:
+        """A checkpoint in the store (rank 0)."""
+        if self.rank == 0:
+            self.store.record_step(self.run_id, key, status, payload)
+
+    def skip(self, key: str, what: str, need: float) -> None:
+        """Leave ``what`` out: its estimate ``need`` seconds does not fit the time left (recorded and said)."""
+        why = f"{what} skipped: estimated {fmt(need)}, {fmt(self.budget.left())} of --max-minutes " \
+              f"{self.opts.max_minutes:g} left"
+        self.skipped.append(why)
+        self.record(f"skip:{key}", "skipped", {"what": what, "estimate_s": need, "left_s": self.budget.left()})
+
+
+def first_estimate(cluster: Cluster, plan: Plan, params: Params, opts: TuneOptions) -> float:
+    """Seconds measuring ``plan`` should take, from its predicted step (budget.candidate_seconds)."""
+    depth = stage_depth(plan.model, plan)
+    d = plan.degrees
+    m = max(plan.workload.batch // (d["dp"] * plan.micro_batch_size), 1)
+    return candidate_seconds(predict(cluster, plan, params)[0], depth, layer_counts(depth, opts.layers), opts.warmup,
+                             opts.iters, d["pp"], m)
+
+
+def estimates(cluster: Cluster, pool: list[Plan], params: Params, opts: TuneOptions,
+              measured: dict[str, MeasuredCandidate]) -> dict[str, float]:
+    """Each pool plan's estimated seconds, corrected by what the measured candidates took against theirs."""
+    first = {p.summary(): first_estimate(cluster, p, params, opts) for p in pool}
+    done = [m for m in measured.values() if m.status == "ok" and m.detail.get("wall_s") and m.summary in first]
+    ratio = learned_ratio([m.detail["wall_s"] for m in done], [first[m.summary] for m in done])
+    return {n: scaled(e, ratio) for n, e in first.items()}
+
+
+def _minutes(seconds: float) -> str:
+    """Seconds as whole-tenth minutes, rounded up (a flag's value)."""
+    return f"{-(-seconds // 6) / 10:g}"
+
+
+def budget_check(first: list[float], left: float, opts: TuneOptions) -> tuple[str | None, str | None]:
+    """(a one-line error when not even the quickest candidate fits beside the least kernel sweep, the estimate and
+    the flags that would fit where the whole budget of candidates does not) from ``first``: the pool's estimates,
+    the model's best first."""
+    from .budget import KERNEL_MIN_S, KERNEL_SHARE
+
+    least = min(first) + KERNEL_MIN_S
+    if least > left:
+        return (f"{opts.max_minutes:g} minute(s) cannot measure one candidate: the quickest is estimated at "
+                f"{fmt(least)} with the least kernel sweep", f"pass --max-minutes {_minutes(least)} or more"), None
+    need = [sum(first[:k]) / (1 - KERNEL_SHARE) for k in range(1, len(first) + 1)]
+    if need[min(opts.budget, len(need)) - 1] <= left:
+        return None, None
+    fits = max((k + 1 for k, n in enumerate(need) if n <= left), default=1)
+    return None, (f"estimated {fmt(need[min(opts.budget, len(need)) - 1])} for --budget {opts.budget}, over "
+                  f"--max-minutes {opts.max_minutes:g}: fits --budget {fits}, or --max-minutes "
+                  f"{_minutes(need[min(opts.budget, len(need)) - 1])}; running a trimmed sweep")
+
+
+def _start(r: _Run, work: Workload) -> tuple[bool, dict | None]:
+    """Open (or resume) this run in the store; (resumed, the stored link fit) on every rank."""
+    fp = r.cluster.topology_fingerprint()
+    stack = software_stack(_device().type)
+    key = run_key(fp, stack, r.model, work, {"layers": r.opts.layers, "iters": r.opts.iters})
     state = None
-    if rank == 0:
-        run_id, resumed = store.start_run(key, {"cluster": cluster.name, "fingerprint": fp, "stack": stack,
-                                                "model": model.name, "workload": work.model_dump(mode="json")})
-        state = (run_id, resumed, store.steps(run_id), store.link_fit(fp))
-    run_id, resumed, steps, links = _bcast(state, rank)
-    reused: list[str] = []
+    if r.rank == 0:
+        run_id, resumed = r.store.start_run(key, {"cluster": r.cluster.name, "fingerprint": fp, "stack": stack,
+                                                  "model": r.model.name, "workload": work.model_dump(mode="json")})
+        state = (run_id, resumed, r.store.steps(run_id), r.store.link_fit(fp))
+    r.run_id, resumed, r.steps, links = _bcast(state, r.rank)
+    return resumed, links
 
-    # ---- links: the stored fit for this cluster, else measure as `profile links` does
-    if links is None and steps.get("links", ("", None))[0] == "ok":
-        links = steps["links"][1]
+
+def _first_pool(r: _Run) -> list[Plan]:
+    """The uncalibrated pool (the kernel sweep's shapes); PlanError on every rank where nothing fits the world or the
+    time; the budget's estimate noted."""
+    out = None
+    if r.rank == 0:
+        pool = candidate_pool(r.cluster, r.model, r.work, Params(), r.opts.pool)
+        first = list(estimates(r.cluster, pool, Params(), r.opts, {}).values())
+        err, note = budget_check(first, r.budget.left(), r.opts) if pool else (None, None)
+        out = (pool, err, note, sum(first[:r.opts.budget]))
+    pool, err, note, need = _bcast(out, r.rank)
+    if not pool:
+        raise PlanError("workload", f"no layout of {r.cluster.world_size} ranks fits {r.model.name} at "
+                        f"{r.work.seq_len} tokens", "tune a shorter --seq-len or a smaller model")
+    if err and not r.steps:
+        raise PlanError("--max-minutes", *err)
+    r.notes += [note] if note else []
+    r.candidates_s = need
+    return pool
+
+
+def _links(r: _Run, links: dict | None, reused: list[str]) -> dict | None:
+    """The stored link fit for this cluster, else measured as `profile links` does (collective)."""
+    if links is None and r.steps.get("links", ("", None))[0] == "ok":
+        links = r.steps["links"][1]
     if links is not None:
         reused.append("links")
-        tick("links", 1, 1, "links: stored fit reused")
-    elif world > 1:
-        tick("links", 0, 1, "measuring links")
-        links = measure_links_step(cluster, opts)
-        if rank == 0:
-            store.save_link_fit(fp, links)
-            store.record_step(run_id, "links", "ok", links)
-        tick("links", 1, 1, "links measured")
+        r.tick("links", 1, 1, "links: stored fit reused")
+    elif dist.get_world_size() > 1:
+        r.tick("links", 0, 1, "measuring links")
+        links = measure_links_step(r.cluster, r.opts)
+        if r.rank == 0:
+            r.store.save_link_fit(r.cluster.topology_fingerprint(), links)
+        r.record("links", "ok", links)
+        r.tick("links", 1, 1, "links measured")
+    return links
 
-    # ---- kernels: the block shapes the model's best candidates run
-    pool = _bcast(candidate_pool(cluster, model, work, Params(), opts.pool) if rank == 0 else None, rank)
-    if not pool:
-        raise PlanError("workload", f"no layout of {world} ranks fits {model.name} at {work.seq_len} tokens",
-                        "tune a shorter --seq-len or a smaller model")
-    if steps.get("kernels", ("", None))[0] == "ok":
-        kernels = steps["kernels"][1]["samples"]
-        timing = steps["kernels"][1].get("timing", "each")
-        rounds_s = steps["kernels"][1].get("rounds_s")
+
+def _kernels(r: _Run, pool: list[Plan], reused: list[str]) -> tuple[list[dict], str, float | None]:
+    """(samples, timing, round-probe seconds): stored, else a sweep planned from the time left, and the probe."""
+    if r.steps.get("kernels", ("", None))[0] == "ok":
+        got = r.steps["kernels"][1]
         reused.append("kernels")
-        tick("kernels", 1, 1, "kernels: stored timings reused")
-    else:
-        tick("kernels", 0, 1, "timing attention blocks and GEMMs")
-        dev = _device()
-        kernels, timing = measure_kernels_step(pool, model, work, opts), kernel_timing(opts, dev)
-        rounds_s = time_rounds(model, dev, _dtype(model, dev)) if world > 1 else None
-        if rank == 0:
-            store.record_step(run_id, "kernels", "ok", {"samples": kernels, "timing": timing, "rounds_s": rounds_s})
-        tick("kernels", 1, 1, f"{len(kernels)} kernel timings")
+        r.tick("kernels", 1, 1, "kernels: stored timings reused")
+        return got["samples"], got.get("timing", "each"), got.get("rounds_s")
+    dev, t0 = _device(), r.budget.elapsed()
+    share = kernel_budget(r.budget.left(), r.candidates_s)
+    r.tick("kernels", 0, 1, f"timing attention blocks and GEMMs (planned for {fmt(share)})")
+    skipped: list = []
+    kernels = measure_kernels_step(pool, r.model, r.work, r.opts, share, r.budget.clock, skipped)
+    if skipped:
+        r.notes.append(f"kernel sweep trimmed to its {fmt(share)}: left out {shown_groups(skipped)} (the "
+                       "planner's curves extrapolate to them)")
+    r.tick("kernels", 1, 1, f"{len(kernels)} kernel timings")
+    rounds_s = None
+    if dist.get_world_size() > 1 and not r.budget.spent():
+        r.tick("rounds", 0, 1, "timing ring rounds")
+        rounds_s = time_rounds(r.model, dev, _dtype(r.model, dev))
+        r.tick("rounds", 1, 1, f"ring rounds: {rounds_s * 1e3:.1f} ms")
+    r.record("kernels", "ok", {"samples": kernels, "timing": kernel_timing(r.opts, dev), "rounds_s": rounds_s,
+                               "skipped": [list(g) for g in skipped], "seconds": r.budget.elapsed() - t0})
+    return kernels, kernel_timing(r.opts, dev), rounds_s
+
+
+def shown_groups(groups: list) -> str:
+    """Kernel groups as said: "4096-token blocks on 8 heads", "GEMMs of 1024 rows", "the solo-speedup timing"."""
+    said = {"attention": lambda g: f"{g[1]}-token blocks on {g[2]} heads", "matmul": lambda g: f"GEMMs of {g[1]} rows"}
+    return ", ".join(said[g[0]](g) if g[0] in said else f"the {g[0]} timing" for g in groups)
+
+
+def _resumed(r: _Run, pool: list[Plan], by_name: dict[str, Plan], reused: list[str]) -> None:
+    """The candidates an interrupted run of this tune measured, into ``r.measured`` (and the pool)."""
+    for name, (status, payload) in r.steps.items():
+        if name.startswith("candidate:") and status in ("ok", "failed"):
+            mc = MeasuredCandidate.model_validate(payload)
+            r.measured[mc.summary] = mc
+            if mc.summary not in by_name:  # measured under an earlier ranking: keep it in the pool
+                by_name[mc.summary] = Plan.model_validate(mc.plan)
+                pool.append(by_name[mc.summary])
+    if r.measured:
+        reused.append(f"{len(r.measured)} candidate(s)")
+        spent = sum(m.detail.get("wall_s", 0.0) for m in r.measured.values())
+        spent += (r.steps.get("kernels", ("", {}))[1] or {}).get("seconds", 0.0)
+        r.notes.append(f"the earlier run spent {fmt(spent)} on what is reused; --max-minutes counts from the resume")
+
+
+def _choose(r: _Run, pool: list[Plan], params: Params, result: FitResult | None) -> tuple[Choice, float]:
+    """Rank 0: the next candidate that fits the time left (those that do not are skipped), and its estimate."""
+    opts, measured = r.opts, r.measured
+    ok = [m for m in measured.values() if m.status == "ok"]
+    est = estimates(r.cluster, pool, params, opts, measured)
+    preds = [predict(r.cluster, p, params)[0] for p in pool]
+    left_out = {w.split(" skipped")[0] for w in r.skipped}
+    while True:
+        if len(measured) >= opts.budget:
+            return Choice(None, 0.0, f"budget of {opts.budget} candidate(s) reached"), 0.0
+        if r.budget.spent():
+            return Choice(None, 0.0, f"--max-minutes {opts.max_minutes:g} reached"), 0.0
+        done = [p.summary() in measured or p.summary() in left_out for p in pool]
+        best = min((m.measured_s for m in ok), default=None)
+        sigma = sigma_from(result.loo_error_after if result else None, len(ok))
+        skipped = sum(1 for p in pool if p.summary() in left_out and p.summary() not in measured)
+        choice = next_candidate(preds, done, best, sigma, families=[family(p) for p in pool],
+                                explore=opts.budget - 1 - len(measured), min_measured=MIN_MEASURED + skipped)
+        if choice.index is None:
+            return choice, 0.0
+        name = pool[choice.index].summary()
+        if est[name] <= r.budget.left():
+            return choice, est[name]
+        r.skip(f"candidate:{name}", name, est[name])
+        left_out.add(name)
+        if all(p.summary() in measured or p.summary() in left_out for p in pool):
+            return Choice(None, 0.0, "no candidate left fits the time left of --max-minutes"), 0.0
+
+
+def _candidates(r: _Run, pool: list[Plan], base: Params, hold) -> tuple[Params, FitResult | None, str]:
+    """Measure candidates one at a time, refitting after each, until the budget, the time or the choice stops."""
+    params, result = base, None
+    while True:  # rank 0 refits, checks the limits and chooses; every rank runs the chosen candidate
+        out = None
+        if r.rank == 0:
+            ok = [m for m in r.measured.values() if m.status == "ok"]
+            if ok:
+                result = fit(r.cluster, base, ok, hold)
+                params = result.params
+            out = (*_choose(r, pool, params, result), r.skipped)
+        choice, need, r.skipped = _bcast(out, r.rank)
+        if choice.index is None:
+            return params, result, choice.why
+        plan = pool[choice.index]
+        name, n = plan.summary(), len(r.measured)
+        r.tick("candidates", n, r.opts.budget, f"{name} ({choice.why}; estimated {fmt(need)})")
+        r.record(f"candidate:{name}", "running", {"summary": name})
+        mc = _timed(r, plan, r.opts.faults.get(name) or r.opts.faults.get(f"#{n}"), need)
+        r.record(f"candidate:{name}", "ok" if mc.status == "ok" else "failed", mc.model_dump(mode="json"))
+        r.measured[name] = mc
+        r.tick("candidates", len(r.measured), r.opts.budget, f"{name}: {mc.status}")
+
+
+def _timed(r: _Run, plan: Plan, fault: str | None, need: float) -> MeasuredCandidate:
+    """``plan`` measured, stopped where it would run past the time left; its wall seconds and estimate kept."""
+    t0 = r.budget.elapsed()
+    left = _bcast(r.budget.left(), r.rank)  # one deadline for every rank
+    opts = replace(r.opts, candidate_timeout=max(min(r.opts.candidate_timeout, left), 1.0))
+    mc = run_candidate(plan, r.model, r.work, r.cluster, opts, fault)
+    wall = _bcast(r.budget.elapsed() - t0, r.rank)
+    if mc.status == "timeout" and left < r.opts.candidate_timeout:
+        mc = mc.model_copy(update={"reason": f"{mc.reason}; stopped at the end of --max-minutes "
+                                              f"{r.opts.max_minutes:g}"})
+    return mc.model_copy(update={"detail": {**mc.detail, "wall_s": wall, "estimate_s": need}})
+
+
+def _again(r: _Run, key: str, plan: Plan, need: float) -> MeasuredCandidate | None:
+    """One more reading (``_reading``) where it fits the time left, else None (skipped, said)."""
+    fits = _bcast(r.steps.get(key, ("", None))[0] in ("ok", "failed") or need <= r.budget.left(), r.rank)
+    if not fits:
+        r.skip(key, f"{key.split(':')[0]} of {plan.summary()}", need)
+        return None
+    return _reading(r.steps, key, plan, r.model, r.work, r.cluster, r.opts, r.store, r.run_id, r.rank)
+
+
+def _reread(r: _Run, by_name: dict, result: FitResult | None, base: Params, hold) -> FitResult | None:
+    """A candidate read once and far slower than the others predict it is read once more (noise only adds time),
+    kept at its faster reading, and the model refitted."""
+    late = r.budget.spent()
+    again = _bcast(surprises(result, list(r.measured.values()), r.opts.reread) if r.rank == 0 and not late else None,
+                   r.rank) or []
+    for j, name in enumerate(again):
+        r.tick("reread", j, len(again), f"{name}: read again (slower than predicted)")
+        mc = _again(r, f"reread:{name}", by_name[name], _need(r, name))
+        more = [mc.measured_s] if mc is not None and mc.status == "ok" else []
+        r.measured[name] = confirmed(r.measured[name], readings_of(r.measured[name]) + more)
+        r.tick("reread", j + 1, len(again), f"{name}: {len(readings_of(r.measured[name]))} readings")
+    if again and r.rank == 0:
+        result = fit(r.cluster, base, [m for m in r.measured.values() if m.status == "ok"], hold)
+    return result
+
+
+def _need(r: _Run, name: str) -> float:
+    """Seconds one more reading of a measured candidate should take: its own first reading's."""
+    return float(r.measured[name].detail.get("wall_s") or 0.0)
+
+
+def _confirm(r: _Run, by_name: dict, result: FitResult | None, base: Params, hold) -> FitResult | None:
+    """The best and the runners-up within opts.confirm_within (or the model's leave-one-out error, if wider) read
+    again, in rounds (one reading of each contender a round), each kept at its fastest reading; then those within
+    the spread their readings showed."""
+    done: list[str] = []
+    for _ in range(2):
+        late = r.budget.spent()
+        predicted = {c.summary: c.predicted_after_s for c in result.candidates if c.predicted_after_s} if result else {}
+        noise = reading_spread(r.measured, done) if done else (result.loo_error_after if result else None)
+        reach = max(r.opts.confirm_within, noise or 0.0)
+        todo = _bcast(contenders(r.measured, r.opts, predicted, reach, done) if r.rank == 0 and not late else None,
+                      r.rank) or []
+        if not todo:
+            break
+        readings = {name: readings_of(r.measured[name]) for name in todo}
+        order = confirm_order(todo, r.opts.confirm)
+        for j, (name, k) in enumerate(order):
+            r.tick("confirm", j, len(order), f"{name}: reading {len(readings[name]) + 1}")
+            mc = _again(r, f"confirm:{name}:{k}", by_name[name], _need(r, name))
+            if mc is not None and mc.status == "ok":
+                readings[name].append(mc.measured_s)
+            r.tick("confirm", j + 1, len(order), f"{name}: {len(readings[name])} readings")
+        for name in todo:
+            r.measured[name] = confirmed(r.measured[name], readings[name])
+        done += todo
+        if r.rank == 0:
+            result = fit(r.cluster, base, [m for m in r.measured.values() if m.status == "ok"], hold)
+    return result
+
+
+def tune(cluster: Cluster, model: ModelSpec, work: Workload, store=None, opts: TuneOptions | None = None,
+         progress: Progress | None = None) -> TuneReport:
+    """Profile this cluster on the running world within ``opts.max_minutes`` (collective; ``store`` is used on rank
+    0 only)."""
+    opts = opts or TuneOptions()
+    rank = dist.get_rank()
+    check_world(cluster, dist.get_world_size())
+    r = _Run(cluster, model, work, store, opts, progress or (lambda *a: None), Budget(opts.max_minutes * 60.0,
+                                                                                      opts.clock), rank)
+    resumed, links = _start(r, work)
+    reused: list[str] = []
+    pool = _first_pool(r)
+    links = _links(r, links, reused)
+    kernels, timing, rounds_s = _kernels(r, pool, reused)
     base, said = base_params(cluster, model, kernels, links)
     base, hold = with_round_probe(cluster, model, base, rounds_s, said)
     if timing == "shared":
         said.append("kernels timed by every rank at once, one shared window each (kernel timing shared)")
-
-    # ---- candidates: the pool under the measured kernels and links, chosen one at a time
     pool = _bcast(candidate_pool(cluster, model, work, base, opts.pool) if rank == 0 else None, rank)
     by_name = {p.summary(): p for p in pool}
-    measured: dict[str, MeasuredCandidate] = {}
-    for name, (status, payload) in steps.items():
-        if name.startswith("candidate:") and status in ("ok", "failed"):
-            mc = MeasuredCandidate.model_validate(payload)
-            measured[mc.summary] = mc
-            if mc.summary not in by_name:  # measured under an earlier ranking: keep it in the pool
-                by_name[mc.summary] = Plan.model_validate(mc.plan)
-                pool.append(by_name[mc.summary])
-    if measured:
-        reused.append(f"{len(measured)} candidate(s)")
-    params, result = base, None
-    limit = opts.max_minutes * 60.0
-    while True:  # rank 0 refits, checks the limits and chooses; every rank runs the chosen candidate
-        choice = None
-        if rank == 0:
-            ok = [m for m in measured.values() if m.status == "ok"]
-            if ok:
-                result = fit(cluster, base, ok, hold)
-                params = result.params
-            if len(measured) >= opts.budget:
-                choice = Choice(None, 0.0, f"budget of {opts.budget} candidate(s) reached")
-            elif time.monotonic() - started > limit:
-                choice = Choice(None, 0.0, f"--max-minutes {opts.max_minutes:g} reached")
-            else:
-                preds = [predict(cluster, p, params)[0] for p in pool]
-                best = min((m.measured_s for m in ok), default=None)
-                sigma = sigma_from(result.loo_error_after if result else None, len(ok))
-                choice = next_candidate(preds, [p.summary() in measured for p in pool], best, sigma,
-                                        families=[family(p) for p in pool], explore=opts.budget - 1 - len(measured))
-        choice = _bcast(choice, rank)
-        if choice.index is None:
-            stop = choice.why
-            break
-        plan = pool[choice.index]
-        name = plan.summary()
-        tick("candidates", len(measured), opts.budget, f"{name} ({choice.why})")
-        if rank == 0:
-            store.record_step(run_id, f"candidate:{name}", "running", {"summary": name})
-        mc = run_candidate(plan, model, work, cluster, opts, opts.faults.get(name) or opts.faults.get(f"#{len(measured)}"))
-        if rank == 0:
-            store.record_step(run_id, f"candidate:{name}", "ok" if mc.status == "ok" else "failed",
-                              mc.model_dump(mode="json"))
-        measured[name] = mc
-        tick("candidates", len(measured), opts.budget, f"{name}: {mc.status}")
+    _resumed(r, pool, by_name, reused)
+    _, result, stop = _candidates(r, pool, base, hold)
+    result = _reread(r, by_name, result, base, hold)
+    result = _confirm(r, by_name, result, base, hold)
+    return _finish(r, base, said, result, links, kernels, rounds_s, resumed, reused, stop)
 
-    # ---- reread: a candidate read once and far slower than the others predict it is read once more (noise only
-    # adds time), kept at its faster reading, and the model refitted
-    late = time.monotonic() - started > limit
-    again = _bcast(surprises(result, list(measured.values()), opts.reread) if rank == 0 and not late else None,
-                   rank) or []
-    for j, name in enumerate(again):
-        tick("reread", j, len(again), f"{name}: read again (slower than predicted)")
-        mc = _reading(steps, f"reread:{name}", by_name[name], model, work, cluster, opts, store, run_id, rank)
-        more = [mc.measured_s] if mc.status == "ok" else []
-        measured[name] = confirmed(measured[name], readings_of(measured[name]) + more)
-        tick("reread", j + 1, len(again), f"{name}: {len(readings_of(measured[name]))} readings")
-    if again and rank == 0:
-        result = fit(cluster, base, [m for m in measured.values() if m.status == "ok"], hold)
-        params = result.params
 
-    # ---- confirm: the best and the runners-up within opts.confirm_within (or the model's leave-one-out error, if
-    # wider) read again, in rounds (one reading of each contender a round), each kept at its fastest reading; then
-    # those within the spread their readings showed
-    done: list[str] = []
-    for _ in range(2):
-        late = time.monotonic() - started > limit
-        predicted = {c.summary: c.predicted_after_s for c in result.candidates if c.predicted_after_s} if result else {}
-        noise = reading_spread(measured, done) if done else (result.loo_error_after if result else None)
-        reach = max(opts.confirm_within, noise or 0.0)
-        todo = _bcast(contenders(measured, opts, predicted, reach, done) if rank == 0 and not late else None,
-                      rank) or []
-        if not todo:
-            break
-        readings = {name: readings_of(measured[name]) for name in todo}
-        order = confirm_order(todo, opts.confirm)
-        for j, (name, k) in enumerate(order):
-            key = f"confirm:{name}:{k}"
-            tick("confirm", j, len(order), f"{name}: reading {len(readings[name]) + 1}")
-            mc = _reading(steps, key, by_name[name], model, work, cluster, opts, store, run_id, rank)
-            if mc.status == "ok":
-                readings[name].append(mc.measured_s)
-            tick("confirm", j + 1, len(order), f"{name}: {len(readings[name])} readings")
-        for name in todo:
-            measured[name] = confirmed(measured[name], readings[name])
-        done += todo
-        if rank == 0:
-            result = fit(cluster, base, [m for m in measured.values() if m.status == "ok"], hold)
-            params = result.params
-
+def _finish(r: _Run, base, said, result, links, kernels, rounds_s, resumed, reused, stop) -> TuneReport:
+    """Store the profile (rank 0) and return the report on every rank."""
     profile = best_plan = None
-    if rank == 0:
-        profile = _profile(cluster, model, work, stack, base, said, result, list(measured.values()), links, kernels,
-                           rounds_s)
-        profile.id = store.save_profile(profile)
-        store.finish_run(run_id, "done")
-        best_plan = best_measured(cluster, profile, params)
-    profile, best_plan = _bcast((profile, best_plan), rank)
-    return TuneReport(profile, best_plan, resumed, reused, stop, run_id, list(result.notes) if result else [])
+    r.notes.append(f"spent {fmt(r.budget.elapsed())} of --max-minutes {r.opts.max_minutes:g}")
+    if r.rank == 0:
+        profile = _profile(r.cluster, r.model, r.work, software_stack(_device().type), base, said, result,
+                           list(r.measured.values()), links, kernels, rounds_s)
+        if r.skipped:
+            profile.measurements["skipped"] = list(r.skipped)
+        profile.id = r.store.save_profile(profile)
+        r.store.finish_run(r.run_id, "done")
+        best_plan = best_measured(r.cluster, profile, result.params if result else base)
+    profile, best_plan = _bcast((profile, best_plan), r.rank)
+    return TuneReport(profile, best_plan, resumed, reused, stop, r.run_id, list(result.notes) if result else [],
+                      list(r.skipped), list(r.notes))
 
 
 def _reading(steps: dict, key: str, plan: Plan, model: ModelSpec, work: Workload, cluster: Cluster,

@@ -1,0 +1,87 @@
+"""The time budget of `sp-plan tune` (``--max-minutes``): what is left of it, and what a step or candidate costs.
+
+The whole tune keeps to it: links, the kernel sweep, the round probe, candidates, reread and confirm. The clock is
+a callable (``time.monotonic`` unless a caller passes another), so a test drives the budget deterministically.
+A candidate's run time is estimated from the model's predicted step (the runs its measurement takes: warm-up,
+timed steps and a memory step, at each block count it builds) plus a child world's start; once candidates have run,
+from what they took against their predictions.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+Clock = Callable[[], float]
+
+#: seconds a candidate costs beyond its steps: its child world's start (fork, rendezvous) and its stacks' builds
+CANDIDATE_OVERHEAD_S = 5.0
+#: the kernel sweep's share of the time left when it starts (the rest is for candidates, reread and confirm)
+KERNEL_SHARE = 0.3
+#: the kernel sweep gets at least this long, whatever is left (one block shape at least must be timed)
+KERNEL_MIN_S = 5.0
+
+
+@dataclass
+class Budget:
+    """``limit_s`` seconds from the moment it is made, read on ``clock``."""
+
+    limit_s: float
+    clock: Clock = time.monotonic
+    start: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.start = self.clock()
+
+    def elapsed(self) -> float:
+        """Seconds spent since the budget started."""
+        return self.clock() - self.start
+
+    def left(self) -> float:
+        """Seconds left (0 once spent)."""
+        return max(self.limit_s - self.elapsed(), 0.0)
+
+    def spent(self) -> bool:
+        """Whether nothing is left."""
+        return self.left() <= 0.0
+
+
+def runs_per_candidate(layer_counts: list[int], warmup: int, iters: int) -> float:
+    """Block-count-weighted steps a measurement runs: (warm-up + timed + one memory step) at each block count."""
+    return float(sum(layer_counts)) * (warmup + iters + 1)
+
+
+def candidate_seconds(predicted_step_s: float, stage_layers: int, layer_counts: list[int], warmup: int, iters: int,
+                      pp: int = 1, micro_batches: int = 1) -> float:
+    """A first estimate of a candidate's wall seconds: its runs of ``layer_counts`` blocks out of the stage's
+    ``stage_layers`` (a pipeline runs one stage's micro-batch of the (m + pp - 1) the step composes), plus
+    CANDIDATE_OVERHEAD_S."""
+    per_block = predicted_step_s / max(stage_layers, 1) / (micro_batches + pp - 1 if pp > 1 else 1)
+    return CANDIDATE_OVERHEAD_S + runs_per_candidate(layer_counts, warmup, iters) * per_block
+
+
+def learned_ratio(walls: list[float], first_estimates: list[float]) -> float | None:
+    """The median of measured wall seconds over the first estimate, beyond the fixed overhead (None before any)."""
+    ratios = [(w - CANDIDATE_OVERHEAD_S) / (e - CANDIDATE_OVERHEAD_S) for w, e in zip(walls, first_estimates)
+              if e > CANDIDATE_OVERHEAD_S and w > 0]
+    return max(statistics.median(ratios), 0.1) if ratios else None
+
+
+def scaled(first_estimate: float, ratio: float | None) -> float:
+    """``first_estimate`` corrected by what the measured candidates took against theirs."""
+    if ratio is None:
+        return first_estimate
+    return CANDIDATE_OVERHEAD_S + ratio * max(first_estimate - CANDIDATE_OVERHEAD_S, 0.0)
+
+
+def kernel_budget(left_s: float, candidates_s: float) -> float:
+    """Seconds the kernel sweep may take: KERNEL_SHARE of what is left, less where the candidates need more, at
+    least KERNEL_MIN_S."""
+    return max(KERNEL_MIN_S, min(KERNEL_SHARE * left_s, left_s - candidates_s))
+
+
+def fmt(seconds: float) -> str:
+    """Seconds as m:ss."""
+    s = max(int(round(seconds)), 0)
+    return f"{s // 60}:{s % 60:02d}"

@@ -1,0 +1,152 @@
+"""`sp-plan tune --max-minutes` bounds the whole tune: the kernel sweep planned from the time left, candidates that
+do not fit skipped, exit 2 only where not one candidate fits. Driven by an injected clock, never by wall time."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from sp_plan.planner.model import Workload
+from sp_plan.planner.params import Params
+from sp_plan.profiles import load_cluster, load_model
+from sp_plan.profiles.store import Store
+from sp_plan.profiles.tune import budget
+from sp_plan.profiles.tune.budget import Budget, candidate_seconds, kernel_budget, learned_ratio, scaled
+from sp_plan.profiles.tune.kernels import kernel_priority, plan_shapes, sweep_groups
+from sp_plan.profiles.tune.run import TuneOptions, budget_check, candidate_pool
+from sp_plan.runtime import netns
+from sp_plan.runtime.spawn import run_world
+
+TUNE = ["-m", "sp_plan.cli.app", "tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512",
+        "--link-sizes", "16K", "--iters", "2", "--candidate-timeout", "120"]
+
+
+class Clock:
+    """A clock the test moves: real seconds since it was made plus the seconds ``advance`` added."""
+
+    def __init__(self) -> None:
+        self.t0, self.extra = time.monotonic(), 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() - self.t0 + self.extra
+
+    def advance(self, seconds: float) -> None:
+        self.extra += seconds
+
+
+def test_budget_reads_its_clock():
+    clock = Clock()
+    b = Budget(100.0, clock)
+    clock.advance(60)
+    assert 60 <= b.elapsed() < 61 and 39 < b.left() <= 40 and not b.spent()
+    clock.advance(50)
+    assert b.left() == 0 and b.spent()
+
+
+def test_candidate_estimates_scale_by_what_measured_ones_took():
+    # 1 and 2 blocks of a 4-block stage, warm-up 1 + 3 timed + 1 memory step: 15 block-runs of a quarter step
+    assert candidate_seconds(4.0, 4, [1, 2], 1, 3) == pytest.approx(budget.CANDIDATE_OVERHEAD_S + 15.0)
+    # a pipeline runs one stage's micro-batch of the (m + p - 1) its step composes
+    assert candidate_seconds(4.0, 4, [1, 2], 1, 3, pp=2, micro_batches=3) == pytest.approx(
+        budget.CANDIDATE_OVERHEAD_S + 15.0 / 4)
+    first = budget.CANDIDATE_OVERHEAD_S + 10.0
+    ratio = learned_ratio([budget.CANDIDATE_OVERHEAD_S + 30.0], [first])
+    assert ratio == pytest.approx(3.0) and scaled(first, ratio) == pytest.approx(budget.CANDIDATE_OVERHEAD_S + 30.0)
+    assert learned_ratio([], []) is None and scaled(first, None) == first
+
+
+def test_kernel_budget_leaves_the_candidates_their_time():
+    assert kernel_budget(1000.0, 100.0) == pytest.approx(300.0)  # the share
+    assert kernel_budget(1000.0, 900.0) == pytest.approx(100.0)  # what the candidates leave
+    assert kernel_budget(10.0, 900.0) == budget.KERNEL_MIN_S  # never below the least sweep
+
+
+def test_budget_check_refuses_only_when_not_one_candidate_fits():
+    opts = TuneOptions(budget=3, max_minutes=1)
+    err, note = budget_check([20.0, 30.0, 40.0], 20.0, opts)  # 20 s + the least kernel sweep > 20 s
+    assert note is None and err[0].startswith("1 minute(s) cannot measure one candidate") and "--max-minutes" in err[1]
+    err, note = budget_check([20.0, 30.0, 40.0], 80.0, opts)
+    assert err is None and "fits --budget 2" in note and "--budget 3" in note and "trimmed" in note
+    assert budget_check([10.0, 10.0, 10.0], 1000.0, opts) == (None, None)
+
+
+def test_the_sweep_times_what_the_likeliest_candidates_run_first():
+    cluster, model, work = load_cluster("cpu-local"), load_model("tiny-llama"), Workload(seq_len=512)
+    pool = candidate_pool(cluster, model, work, Params(), 6)
+    order = kernel_priority(pool, model, work)
+    assert order[:len(plan_shapes(pool[0], model, work))] == plan_shapes(pool[0], model, work)
+    assert len(order) == len(set(order))
+    groups = sweep_groups([], [], [256, 128], order)
+    assert groups[0] == ("attention", *order[0]) and groups[1:3] == [("matmul", 256), ("matmul", 128)]
+    assert [g[1:] for g in groups[3:]] == order[1:]
+
+
+def test_budgeted_windows_shrink_to_fit():
+    from sp_plan.profiles.tune.kernels import WINDOW_MIN_CALLS, shared_windows
+
+    _, full = shared_windows([0.1, 0.2], calls=8, least=0.0)
+    _, fit = shared_windows([0.1, 0.2], calls=8, least=0.0, total_s=1.25)
+    _, least = shared_windows([0.1, 0.2], calls=8, least=0.0, total_s=0.0)
+    assert full == pytest.approx([0.8, 1.6]) and fit == pytest.approx([0.4, 0.8])
+    assert least == pytest.approx([0.1 * WINDOW_MIN_CALLS, 0.2 * WINDOW_MIN_CALLS])
+
+
+#: seconds the test's clock says each kernel's first call and each candidate take
+FIRST_CALL_S = 15.0
+CANDIDATE_S = 250.0
+
+
+def _budget_rank(rank, world, url):
+    from sp_plan.profiles.tune import kernels, run
+
+    clock = Clock()
+    first, measure = kernels._first_call, run.run_candidate
+    kernels._first_call = lambda fn, dev: (clock.advance(FIRST_CALL_S), first(fn, dev))[1]
+    run.run_candidate = lambda *a, **k: (clock.advance(CANDIDATE_S), measure(*a, **k))[1]
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      GROUP_RANK="0")
+    cluster, model, work = load_cluster("cpu-local"), load_model("tiny-llama"), Workload(seq_len=512)
+    opts = TuneOptions(budget=4, max_minutes=10, candidate_timeout=120, iters=2, link_sizes=[16384], clock=clock)
+    ticks: list = []
+    rep = run.tune(cluster, model, work, Store(url) if rank == 0 else None, opts,
+                   lambda *a: ticks.append(a))
+    order = kernels.kernel_priority(candidate_pool(cluster, model, work, Params(), opts.pool), model, work)
+    return rep, order, sorted({t[0] for t in ticks})
+
+
+def test_a_tune_whose_sweep_and_candidates_would_overrun_keeps_to_its_minutes(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    out = run_world(_budget_rank, 4, url, timeout=500)
+    rep, order, steps = out[0]
+    assert steps == ["candidates", "kernels", "links", "rounds"]
+    st = Store(url)
+    (run_,) = st.runs()
+    saved = st.steps(run_["id"])
+    # the sweep: 10 minutes, 3 of them for kernels, half of that to prepare: the first groups of the planned order
+    # (the best candidate's largest block, the GEMMs, ...) until ~90 s of first calls, the rest left out and said
+    swept = saved["kernels"][1]
+    timed = {(s["size"], s["heads"]) for s in swept["samples"] if s["kind"].startswith("attention") and not s["alone"]}
+    left_out = [tuple(g) for g in swept["skipped"]]
+    # 60 s a group by this clock: the best candidate's largest block and one GEMM row count, then the budget's over
+    assert timed == {order[0]} and left_out[0][0] == "matmul"
+    assert [g[1:] for g in left_out if g[0] == "attention"] == order[-len([g for g in left_out if g[0] == "attention"]):]
+    assert any("kernel sweep trimmed" in n for n in rep.budget_notes)
+    # the first candidate ran (250 s by this clock); the rest, estimated as long, no longer fit: skipped, said
+    (prof,) = st.list_profiles()
+    assert len(prof.candidates) == 1 and prof.candidates[0].status == "ok" and prof.id == rep.profile.id
+    assert rep.skipped and all("skipped: estimated" in s and "--max-minutes 10" in s for s in rep.skipped)
+    assert prof.measurements["skipped"] == rep.skipped
+    assert "fits the time left" in rep.stop_reason
+    assert any(k.startswith("skip:candidate:") and v[0] == "skipped" for k, v in saved.items())
+    assert all(o[0].profile.id == prof.id for o in out)
+
+
+def test_a_tune_that_cannot_fit_one_candidate_exits_2_before_measuring(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    res = netns.launch([*TUNE, "--max-minutes", "0.05", "--store", url], 4, 4, tmp_path, timeout=180)
+    assert all(code == 2 for code, _ in res), res
+    lines = [ln for ln in res[0][1].splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--max-minutes" in lines[0] and "cannot measure one candidate" in lines[0], lines
+    st = Store(url)
+    assert st.list_profiles() == [] and not any(st.steps(r["id"]) for r in st.runs())
