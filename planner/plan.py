@@ -13,9 +13,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import PlanError
-from .stages import check_stage_layers
 from .layout import DIMENSIONS, Layout, check_degrees, check_team, world_size
 from .model import ModelSpec, Workload
+from .stages import check_stage_layers
 from .yamlio import check_schema_version, dump_data, load_yaml_model
 
 PLAN_SCHEMA_VERSION = 1
