@@ -233,15 +233,20 @@ def _zigzag_extras(remainders: list[int], ring: int) -> tuple[list[int], list[in
     return docs, chunks
 
 
-def _zigzag(cu: np.ndarray, ring: int) -> np.ndarray:
-    """Per-document zigzag, the rank of each token: each document cut into 2P chunks of L // 2P tokens and its
-    extras (``_zigzag_extras``), rank r holds chunks r and 2P-1-r of every document."""
+def _zigzag_sizes(cu: np.ndarray, ring: int) -> tuple[np.ndarray, np.ndarray]:
+    """(documents x 2P chunk sizes, the rank of each chunk) of the per-document zigzag: L // 2P tokens a chunk and
+    the extras (``_zigzag_extras``), rank r holding chunks r and 2P-1-r of every document."""
     q, rem = np.divmod(np.diff(cu), 2 * ring)
     sizes = np.repeat(q[:, None], 2 * ring, axis=1)
     docs, chunks = _zigzag_extras(rem.tolist(), ring)
     np.add.at(sizes, (np.array(docs, dtype=np.int64), np.array(chunks, dtype=np.int64)), 1)
-    chunk_rank = np.concatenate([np.arange(ring), np.arange(ring)[::-1]])
-    return np.repeat(np.tile(chunk_rank, len(q)), sizes.ravel())
+    return sizes, np.concatenate([np.arange(ring), np.arange(ring)[::-1]])
+
+
+def _zigzag(cu: np.ndarray, ring: int) -> np.ndarray:
+    """Per-document zigzag, the rank of each token (``_zigzag_sizes``)."""
+    sizes, chunk_rank = _zigzag_sizes(cu, ring)
+    return np.repeat(np.tile(chunk_rank, len(sizes)), sizes.ravel())
 
 
 def tokens_by_owner(owner: np.ndarray, ring: int) -> list[np.ndarray]:
@@ -328,6 +333,35 @@ def document_ring_tokens(token_layout: str, ring: int, cu_seqlens, weights=None)
     if token_layout == "striped":
         return _striped(int(cu[-1]), ring)
     return tokens_by_owner(document_owners(token_layout, ring, cu, weights), ring)
+
+
+def owner_runs(owner: np.ndarray, cu: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Maximal runs of one rank's tokens inside one document: (start, stop, rank)."""
+    S = len(owner)
+    cut = np.zeros(S + 1, dtype=bool)
+    cut[[0, S]] = True
+    cut[1:S] = owner[1:] != owner[:-1]
+    cut[cu] = True
+    b = np.flatnonzero(cut)
+    return b[:-1], b[1:], owner[b[:-1]]
+
+
+def document_runs(token_layout: str, ring: int, cu_seqlens, weights=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, stop, rank) of intervals of one rank's tokens inside one document, in token order, covering the
+    sequence under a balancing policy (``document_owners``): contiguous and zigzag from their piece sizes without a
+    per-token array, the others from their owners."""
+    cu = _document_bounds(cu_seqlens)
+    if token_layout == "contiguous":
+        ends = np.cumsum(_even_pieces(int(cu[-1]), ring))
+        bounds = np.union1d(cu, ends)
+        return bounds[:-1], bounds[1:], np.searchsorted(ends, bounds[:-1], side="right")
+    if token_layout == "zigzag":
+        sizes, chunk_rank = _zigzag_sizes(cu, ring)
+        flat = sizes.ravel()
+        keep = flat > 0
+        stop = np.cumsum(flat)[keep]
+        return stop - flat[keep], stop, np.tile(chunk_rank, len(sizes))[keep]
+    return owner_runs(document_owners(token_layout, ring, cu, weights), cu)
 
 
 def document_owners(token_layout: str, ring: int, cu_seqlens, weights=None) -> np.ndarray:

@@ -16,7 +16,7 @@ import numpy as np
 
 from .documents import workload_packs
 from .errors import PlanError
-from .layout import document_owners, document_ring_tokens
+from .layout import document_ring_tokens, document_runs
 from .model import Workload
 
 #: packs drawn per priced layout: the expected busiest rank is the mean over this many seeded sequences
@@ -240,19 +240,6 @@ def _pairs_at_least(y, a0, a1, b0, nb):
     return _ramp(a1 - y - b0, nb) - _ramp(a0 - y - b0, nb)
 
 
-def _runs(owner: np.ndarray, cu: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Maximal runs of one rank's tokens inside one document: (start, stop, rank, document start, document end)."""
-    S = len(owner)
-    cut = np.zeros(S + 1, dtype=bool)
-    cut[[0, S]] = True
-    cut[1:S] = owner[1:] != owner[:-1]
-    cut[cu] = True
-    b = np.flatnonzero(cut)
-    start, stop = b[:-1], b[1:]
-    doc = np.searchsorted(cu, start, side="right") - 1
-    return start, stop, owner[start], cu[doc], cu[doc + 1]
-
-
 #: rows of runs x ranks built at once by ``_causal_run_matrix`` (its memory: 8 bytes each)
 RUN_BLOCK_CELLS = 1 << 22
 
@@ -301,20 +288,21 @@ def _windowed_run_matrix(start, stop, rank, ds, de, ring: int, causal: bool, win
     return np.bincount(rank[a] * ring + rank[b], weights=pairs, minlength=ring * ring).reshape(ring, ring)
 
 
-def run_pair_matrix(owner: np.ndarray, cu_seqlens, ring: int, causal: bool = True, window: int | None = None
-                    ) -> np.ndarray:
-    """(P, P) ``pair_matrix`` from runs of one rank's tokens in one document instead of tokens: causal without a
-    window by prefix counts (``_causal_run_matrix``), bidirectional without one C^T C (C: the documents' rank
-    counts), under a window by pairs of runs in reach (``_windowed_run_matrix``). A window no shorter than the longest
-    document is none. Sums in float64: exact below 2^53 score entries per rank pair."""
+def run_pair_matrix(runs: tuple[np.ndarray, np.ndarray, np.ndarray], cu_seqlens, ring: int, causal: bool = True,
+                    window: int | None = None) -> np.ndarray:
+    """(P, P) ``pair_matrix`` from ``runs`` (start, stop, rank: intervals of one rank's tokens inside one document,
+    layout.document_runs) instead of tokens: causal without a window by prefix counts (``_causal_run_matrix``),
+    bidirectional without one C^T C (C: the documents' rank counts), under a window by pairs of runs in reach
+    (``_windowed_run_matrix``). A window no shorter than the longest document is none. Sums in float64: exact below
+    2^53 score entries per rank pair."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
-    start, stop, rank, ds, de = _runs(owner, cu)
+    start, stop, rank = runs
+    doc = np.searchsorted(cu, start, side="right") - 1
     if window is not None and window >= int(np.diff(cu).max()):
         window = None
     if window is not None:
-        m = _windowed_run_matrix(start, stop, rank, ds, de, ring, causal, window)
+        m = _windowed_run_matrix(start, stop, rank, cu[doc], cu[doc + 1], ring, causal, window)
     else:
-        doc = np.searchsorted(cu, start, side="right") - 1
         if causal:
             m = _causal_run_matrix(start, stop, rank, doc, len(cu) - 1, ring)
         else:
@@ -370,7 +358,7 @@ def layout_rounds(token_layout: str, ring: int, cu_seqlens, causal: bool = True,
     if token_layout == "striped":
         return striped_rounds(cu_seqlens, ring, causal, window)
     weights = row_pairs(cu_seqlens, causal, window) if token_layout == "balanced" else None
-    m = run_pair_matrix(document_owners(token_layout, ring, cu_seqlens, weights), cu_seqlens, ring, causal, window)
+    m = run_pair_matrix(document_runs(token_layout, ring, cu_seqlens, weights), cu_seqlens, ring, causal, window)
     r = np.arange(ring)
     return m[r[None, :], (r[None, :] - r[:, None]) % ring]
 
