@@ -329,7 +329,7 @@ def _sensitivity_and_report(c, m, w, params, prof, line, plans, families, sensit
         fail(e)
 
 
-_ESTIMATE_MASK = workload_mask_options("the plan's, else 0")
+_ESTIMATE_MASK = workload_mask_options(from_plan=True)
 
 
 @app.command()

@@ -81,7 +81,7 @@ def plan_cluster(plan: Plan, path: Path) -> Cluster:
     return c
 
 
-_REPORT_MASK = workload_mask_options("the plan's, else 0")
+_REPORT_MASK = workload_mask_options(from_plan=True)
 
 
 def report_cmd(

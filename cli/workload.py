@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 DOCUMENTS_HELP = ("lengths of the documents packed into each sequence: a file of lengths (one integer a line, or a "
                   "CSV/Parquet column 'length') or a named distribution: magi-short, magi-long, megatron-dcp, "
                   "megatron-dcp-skewed")
-WINDOW_HELP = "sliding window W in tokens: a query attends keys less than W positions away (every layer, or the pattern's)"
+WINDOW_HELP = ("sliding window W in tokens: a query attends keys less than W positions away (on every layer, or the "
+               "pattern's)")
 PATTERN_HELP = "windowed:global layers, repeating, e.g. 5:1 (Gemma 3); needs --window"
 SEED_HELP = "seed of the packs drawn from --documents (recorded in the plan)"
 #: ring ranks `show` lists one by one; a larger ring shows its first and last ranks (the imbalance counts them all)
@@ -42,13 +43,17 @@ class MaskOptions(NamedTuple):
     seed: Any
 
 
-def workload_mask_options(seed_default: str = "0") -> MaskOptions:
-    """Fresh --documents, --window, --window-pattern and --seed options for one command's signature."""
+def workload_mask_options(from_plan: bool = False) -> MaskOptions:
+    """Fresh --documents, --window, --window-pattern and --seed options for one command's signature (``from_plan``:
+    a command that reads a plan file, whose mask they replace)."""
+    plan = "the plan's, else "
     return MaskOptions(
-        typer.Option(None, "--documents", help=DOCUMENTS_HELP, show_default="one document per sequence"),
-        typer.Option(None, "--window", help=WINDOW_HELP, show_default="full attention"),
-        typer.Option(None, "--window-pattern", help=PATTERN_HELP, show_default="every layer windowed"),
-        typer.Option(None, "--seed", help=SEED_HELP, show_default=seed_default))
+        typer.Option(None, "--documents", help=DOCUMENTS_HELP,
+                     show_default=(plan if from_plan else "") + "one document per sequence"),
+        typer.Option(None, "--window", help=WINDOW_HELP, show_default=(plan if from_plan else "") + "full attention"),
+        typer.Option(None, "--window-pattern", help=PATTERN_HELP,
+                     show_default=(plan if from_plan else "") + "every layer windowed"),
+        typer.Option(None, "--seed", help=SEED_HELP, show_default=(plan if from_plan else "") + "0"))
 
 
 def as_flag(e: PlanError) -> PlanError:

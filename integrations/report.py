@@ -103,7 +103,7 @@ def _rank_work(plan: Plan) -> str:
         "<th>score entries</th>"
     rows = "".join(f"<tr><td class=num>{r}</td><td class=num>{t:,}</td><td class=num>{x:,}</td>"
                    + (f"<td class=num>{rw.global_pairs[r]:,}</td>" if pattern else "") + "</tr>"
-                   for r, (t, x) in enumerate(zip(rw.tokens, rw.pairs)))
+                   for r, (t, x) in enumerate(zip(rw.tokens, rw.pairs, strict=True)))
     extra = f"; {rw.global_imbalance:.3f} on the global layers" if pattern else ""
     return (f"<h2>Per-rank work</h2><p>A sample pack of {rw.documents} document(s) under token layout "
             f"<code>{_e(rw.token_layout)}</code>: imbalance (busiest ring rank / mean) <b>{rw.imbalance:.3f}</b>"

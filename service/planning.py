@@ -42,7 +42,7 @@ def _inference_alias(data):
 def documents_definition(spec, files: bool = True):
     """A documents spec as the planner takes it: a named distribution, a file of lengths (only where ``files``: read
     here and kept as a histogram with the file's name and sha256), a list of lengths or a definition, as it is."""
-    from sp_plan.profiles.documents import documents_from_file, load_documents, resolve_documents  # noqa: PLC0415
+    from sp_plan.profiles.documents import documents_from_file, resolve_documents  # noqa: PLC0415
 
     if isinstance(spec, (str, Path)) and files:
         return documents_from_file(spec) if isinstance(spec, Path) else resolve_documents(spec)
@@ -381,7 +381,7 @@ class RankWork(BaseModel):
 
     @property
     def imbalance(self) -> float:
-        """The busiest rank's score entries over the mean (1.0: even), on the windowed layers where there is a window."""
+        """The busiest rank's score entries over the mean (1.0: even); on the windowed layers with a window."""
         from sp_plan.planner.masks import imbalance  # noqa: PLC0415
 
         return imbalance(self.pairs)
