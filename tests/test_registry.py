@@ -12,7 +12,7 @@ from sp_plan.planner.candidate import Candidate
 from sp_plan.profiles import load_cluster
 
 PLANNER = Path(planner.__file__).parent
-ALGORITHM_MODULES = {"usp", "metp", "tokenring", "wallfacer", "schedules", "memory", "estimate", "search"}
+ALGORITHM_MODULES = {"usp", "metp", "tokenring", "wallfacer", "allgather", "schedules", "memory", "estimate", "search"}
 
 
 def runtime_imports(path: Path) -> tuple[set[str], set[str]]:
@@ -47,9 +47,10 @@ def test_schedules_and_memory_read_the_registry_without_late_imports(module):
 
 
 def test_every_algorithm_module_registers_itself_in_a_stable_order():
-    assert list(ALGORITHMS) == ["ring", "ulysses", "usp", "metp", "tokenring", "tokenring_ring", "wallfacer"]
+    assert list(ALGORITHMS) == ["ring", "ulysses", "usp", "metp", "tokenring", "tokenring_ring", "wallfacer",
+                                "allgather"]
     for name, module in (("ring", "usp"), ("usp", "usp"), ("metp", "metp"), ("tokenring_ring", "tokenring"),
-                         ("wallfacer", "wallfacer")):
+                         ("wallfacer", "wallfacer"), ("allgather", "allgather")):
         assert ALGORITHMS[name].steps.__module__ == f"sp_plan.planner.{module}"
 
 
