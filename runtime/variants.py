@@ -7,7 +7,8 @@ import of the variant modules: every module of the runtime package that is not o
 
 Entry signature: fn(q, k, v, *, groups, ranks, causal, token_layout, scale, backend) -> out, with
 ``groups`` / ``ranks`` as ``runtime.context`` passes them (missing or None group = degree 1) and
-``backend`` the block kernel's name for ``kernels.block_attention`` (None = its default).
+``backend`` the block kernel's name for ``kernels.block_attention`` (None = its default). The variants that honour
+masks (``attention.MASKED``: ring, ulysses, usp, allgather) also take ``cu_seqlens`` and ``window``.
 """
 from __future__ import annotations
 
