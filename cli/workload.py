@@ -80,10 +80,11 @@ def masked_workload(fields: dict[str, Any], documents: Optional[str] = None, win
                     base: Optional[Workload] = None) -> Workload:
     """A Workload of ``fields`` (seq_len, batch, ...) with the mask flags; errors name the flag."""
     from sp_plan.planner.model import Workload  # noqa: PLC0415
+    from sp_plan.service.planning import check_mask_sizes  # noqa: PLC0415
 
     mask = resolve_mask(documents, window, window_pattern, seed, base)
     try:
-        return Workload(**fields, **mask)
+        return check_mask_sizes(Workload(**fields, **mask))
     except PlanError as e:
         raise as_flag(e) from None
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.model import ModelSpec, Workload
+from sp_plan.planner.model import MAX_SEQ_LEN, ModelSpec, Workload
 from sp_plan.planner.params import Params
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import Profile
@@ -248,6 +248,23 @@ def _profile_spec(use_profile: bool, profile: str | Profile | None):
     return False if not use_profile else profile
 
 
+def check_mask_sizes(w: Workload | None) -> Workload | None:
+    """``w``, its window and document lengths checked to be at most MAX_SEQ_LEN tokens (what a sequence may hold):
+    beyond it the packs' int64 arithmetic would overflow."""
+    if w is None:
+        return w
+    d, top = w.documents, MAX_SEQ_LEN
+    if w.window is not None and w.window.size > top:
+        raise PlanError("workload.window", f"{w.window.size:,} tokens is more than any sequence ({top:,})",
+                        "give a window of at most the sequence length (that is full attention)")
+    longest = {"lengths": lambda: max(d.lengths), "lognormal": lambda: max(d.max, d.mean),
+               "histogram": lambda: d.edges[-1] - 1}[d.kind]() if d is not None else 0
+    if longest > top:
+        raise PlanError("workload.documents", f"a document of {longest:,.0f} tokens is more than any sequence "
+                        f"({top:,})", f"give document lengths of at most {top:,} tokens")
+    return w
+
+
 def build_cluster(req: PlanRequest | EstimateRequest, max_world: int | None = MAX_WORLD) -> Cluster:
     """The request's cluster: the inline one, or the preset with ``nodes``; at most ``max_world`` ranks."""
     return _cluster(req.cluster, req.nodes, max_world)
@@ -264,7 +281,7 @@ def resolve(req: PlanRequest | EstimateRequest, store=None, max_world: int | Non
     c = cluster or build_cluster(req, max_world)
     m = req.model if isinstance(req.model, ModelSpec) or req.model is None else load_model(req.model)
     params, line, prof = resolve_params(c, _profile_spec(req.use_profile, profile or req.profile), store)
-    return Inputs(c, m, req.workload, params, line, prof)
+    return Inputs(c, m, check_mask_sizes(req.workload), params, line, prof)
 
 
 def study_name(inputs: Inputs) -> str:
@@ -347,7 +364,7 @@ def run_estimate(req: EstimateRequest, store=None, max_world: int | None = None,
     m = inputs.model or p.model
     if m is None:
         raise PlanError("model", "the plan names no model", "pass a model (preset name or inline)")
-    w = inputs.workload or p.workload
+    w = check_mask_sizes(inputs.workload or p.workload)
     if w is None:
         raise PlanError("workload", "the plan names no workload", "pass a workload (seq_len, batch, ...)")
     pred = Estimator(inputs.cluster, m, w, params=inputs.params)(p)

@@ -89,6 +89,7 @@ def test_a_window_covering_the_sequence_is_full_attention_with_a_note():
     (["--documents", "empty.txt"], "--documents: empty.txt holds no lengths"),
     (["--documents", "zero.txt"], "--documents: zero.txt row 2: length 0; lengths must be at least 1 token"),
     (["--window", "0"], "--window: must be a size of at least 1 token, got 0"),
+    (["--window", str(2**70)], "--window: 1,180,591,620,717,411,303,424 tokens is more than any sequence"),
     (["--window-pattern", "5:1"], "--window-pattern: a layer pattern needs a window size"),
     (["--window", "64", "--window-pattern", "5-1"], "--window-pattern: cannot read '5-1'"),
 ])
@@ -197,6 +198,8 @@ def test_server_plans_masks_sent_inline_as_the_cli_does_here(server, tmp_path, l
     ({"window_pattern": "5:1"}, "workload.window_pattern"),
     ({"window": 64, "window_pattern": "five"}, "workload.window.pattern"),
     ({"seed": 3}, "workload.seed"),
+    ({"documents": [2**70]}, "workload.documents"),  # beyond any sequence: refused before int64 arithmetic
+    ({"documents": {"kind": "lognormal", "mean": 1e308, "sigma": 50, "min": 1, "max": 2**62}}, "workload.documents"),
 ])
 def test_service_refuses_bad_masks_with_a_4xx_naming_the_field(server, workload, field):
     import httpx
