@@ -12,7 +12,7 @@ communicates on, so the grid search prices most candidates with a few dictionary
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import reduce
 
 import numpy as np
@@ -593,6 +593,11 @@ class Estimator:
         key = (cand.dp, cand.ulysses, cand.ring, cand.token_layout, cand.tp, cand.pp, mbs or cand.micro_batch_size,
                cand.algorithm, cand.team, cand.placement, self.stages_of(cand))
         return self._shapes.get(key) or self._shape(key)
+
+    def with_stages(self, cand: Candidate) -> Candidate:
+        """``cand`` with the stage split it is priced with written out (a plan file records it; None: even)."""
+        stages = self.stages_of(cand)
+        return cand if stages == cand.stage_layers else replace(cand, stage_layers=stages)
 
     def stages_of(self, cand: Candidate) -> tuple[int, ...] | None:
         """Layers per stage of ``cand``: its own, else even where pp divides the layers (None), else balanced

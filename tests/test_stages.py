@@ -156,6 +156,9 @@ def test_a_candidate_without_stages_whose_pp_divides_no_layers_is_priced_balance
     assert split == balanced_stage_layers(LLAMA3_405B, 8, est.work) and sum(split) == 126
     plan = Plan(algorithm="ring", degrees={"pp": 8}, stage_layers=list(split))
     assert est.predict(cand).step_time_s == est(plan).step_time_s
+    assert est.with_stages(cand).to_plan().stage_layers == list(split)  # what the search's winners write
+    even = Candidate("ring", pp=2, order=("pp",))
+    assert est.with_stages(even) is even and even.to_plan().stage_layers is None
 
 
 def test_the_estimator_checks_stage_layers_against_the_model_a_plan_does_not_name():

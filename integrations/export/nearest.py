@@ -1,7 +1,7 @@
 """The nearest plan a target can express: the best-ranked layout of the same search space restricted to it."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.errors import PlanError
@@ -65,7 +65,7 @@ def nearest(target: Target, original: Plan, cluster: Cluster, model: ModelSpec, 
     space = TargetSpace(cluster.world_size, model, workload, target=target)
     res = grid_search(cluster, model, workload, space=space, keep=1, params=params)
     for _, c in best_per_variant(res.ranked):
-        c = replace(c, stage_layers=res.estimator.stages_of(c))  # uneven stages, written where pp divides no layers
+        c = res.estimator.with_stages(c)  # uneven stages, written where pp divides no layers
         p = c.to_plan(cluster=cluster.name, cluster_fingerprint=res.estimator.fingerprint, model=model,
                       workload=workload, profile=profile_tag(profile))
         if not target.problems(p):
