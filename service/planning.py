@@ -415,7 +415,7 @@ def rank_work(p: Plan) -> RankWork | None:
     """The plan's per-rank work on its workload's first sample pack, or None when the workload has no mask to show."""
     from sp_plan.planner.masks import sample_rank_work  # noqa: PLC0415
 
-    w = p.workload
+    w = check_mask_sizes(p.workload)
     if w is None or (w.documents is None and w.window is None):
         return None
     ring = p.degrees["ring"]
