@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -102,30 +103,54 @@ class Bench:
     micro_batches: int  # m = batch / (dp x micro_batch_size) in a step
     micro_batches_run: int  # m, or 1 for pp > 1 (one stage's micro-batch; the step is composed)
     notes: dict
+    attends: list = field(default_factory=list)  # each micro-batch's attention (its mask), else ``attend``
+
+
+def packed_masks(work: Workload, sequences: int) -> list[tuple[tuple[int, ...] | None, int | None]]:
+    """(cu_seqlens, window) of each of ``sequences`` micro-batches run: packs drawn from the workload's documents with
+    its seed (planner.documents.workload_packs), the window of the stack's first layers (every measured layer is
+    windowed where a pattern's first layers are); (None, None) each without masks."""
+    from sp_plan.planner.documents import workload_packs
+
+    win = None if work.window is None else work.window.layer_window(0)
+    if work.documents is None:
+        return [(None, win)] * sequences
+    return [(tuple(int(x) for x in cu), win) for cu in workload_packs(work, sequences)]
 
 
 def build_bench(plan: Plan, model: ModelSpec, work: Workload, ctx, mesh, n_layers: int, *, device: torch.device,
                 dtype: torch.dtype) -> Bench:
-    """The plan's stack of ``n_layers`` blocks on this rank (TP, ZeRO, checkpointing as the plan says) and its data."""
+    """The plan's stack of ``n_layers`` blocks on this rank (TP, ZeRO, checkpointing as the plan says) and its data;
+    with packed documents or a window each micro-batch is a packed batch (every row of it the same pack), sharded
+    and attended under its mask."""
     d, rank = plan.degrees, dist.get_rank()
+    m = max(work.batch // (d["dp"] * plan.micro_batch_size), 1)
+    m_run = m if d["pp"] == 1 else 1
+    masks = packed_masks(work, m_run)
     if plan.algorithm == "metp":
         par = build_metp(model, n_layers, plan, ctx, work.causal, seed=n_layers, device=device, dtype=dtype)
         idx = metp_tokens(plan, ctx.ranks("tp"), rank, work.seq_len).to(device)
-        shard = lambda t: t.index_select(1, idx)  # noqa: E731
+        shard = lambda t, cu, win: t.index_select(1, idx)  # noqa: E731
     else:
         par = parallelize(build_stack(model, n_layers, plan.checkpointing, seed=n_layers, device=device,
                                       dtype=dtype), plan, mesh)
-        shard = lambda t: par.shard_tokens(ctx.shard(t, dim=1))  # noqa: E731  (TP-sp: this TP rank's 1/tp)
-    attend = lambda q, k, v: ctx.attention(q, k, v, causal=work.causal)  # noqa: E731
-    m = max(work.batch // (d["dp"] * plan.micro_batch_size), 1)
-    m_run = m if d["pp"] == 1 else 1
+        # TP-sp: this TP rank's 1/tp
+        shard = lambda t, cu, win: par.shard_tokens(ctx.shard(t, dim=1, cu_seqlens=cu, window=win))  # noqa: E731
+    attends = [functools.partial(_attend, ctx, work.causal, cu, win) for cu, win in masks]
     dp_coord = plan.layout().coords(rank).get("dp", 0)
     data = []
-    for j in range(m_run):
+    for j, (cu, win) in enumerate(masks):
         x, y = random_batch(model, plan.micro_batch_size, work.seq_len, 1000 + 100 * dp_coord + j, device=device,
                             dtype=dtype)
-        data.append((shard(x), shard(y)))
-    return Bench(par, data, attend, m, m_run, dict(par.notes))
+        data.append((shard(x, cu, win), shard(y, cu, win)))
+    return Bench(par, data, attends[0], m, m_run, dict(par.notes), attends)
+
+
+def _attend(ctx, causal: bool, cu_seqlens, window, q, k, v):
+    """The plan's attention under a micro-batch's mask (none: as a single document)."""
+    if cu_seqlens is None and window is None:
+        return ctx.attention(q, k, v, causal=causal)
+    return ctx.attention(q, k, v, causal=causal, cu_seqlens=cu_seqlens, window=window)
 
 
 def train_step(bench: Bench, model: ModelSpec, device: torch.device, fault: str | None = None) -> tuple[float, float]:
@@ -137,7 +162,8 @@ def train_step(bench: Bench, model: ModelSpec, device: torch.device, fault: str 
         if j == 0:
             inject(fault, rank)
         with accumulate(par.module, j == len(bench.data) - 1):
-            token_loss(par.module(x, bench.attend), y, model).backward()
+            attend = bench.attends[j] if bench.attends else bench.attend
+            token_loss(par.module(x, attend), y, model).backward()
     par.sync_grads()
     sync(device)
     t1 = time.perf_counter()
@@ -182,6 +208,40 @@ def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, dev
         peak = tracker.peak
     return {"fwd_bwd_s": statistics.median(fb) / m_run, "optimizer_s": statistics.median(opt),
             "peak_bytes": float(peak), "static_bytes": float(static), "micro_batches_run": m_run, "micro_batches": m}
+
+
+def masked_attention(plan: Plan, model: ModelSpec, work: Workload, ctx, *, iters: int, device: torch.device,
+                     dtype: torch.dtype) -> float | None:
+    """This rank's median seconds of one layer's attention forward + backward under the first micro-batch's mask
+    (``packed_masks``), over ``iters`` runs after one warm-up; None without masks."""
+    ((cu, win),) = packed_masks(work, 1)
+    if cu is None and win is None:
+        return None
+    tp = plan.degrees["tp"]
+    gen = torch.Generator().manual_seed(7)
+    full = lambda h: torch.randn(plan.micro_batch_size, work.seq_len, h, model.head_dim, generator=gen)  # noqa: E731
+    q, k, v = (ctx.shard(full(h), dim=1, cu_seqlens=cu, window=win).to(device=device, dtype=dtype).requires_grad_()
+               for h in (model.heads // tp, max(model.kv_heads // tp, 1), max(model.kv_heads // tp, 1)))
+    times = []
+    for i in range(iters + 1):  # the first is a warm-up
+        dist.barrier()
+        t0 = time.perf_counter()
+        out = _attend(ctx, work.causal, cu, win, q, k, v)
+        out.backward(torch.ones_like(out))
+        sync(device)
+        if i:
+            times.append(time.perf_counter() - t0)
+        q.grad = k.grad = v.grad = None
+    return statistics.median(times)
+
+
+def attention_detail(per_rank: list[float | None]) -> dict | None:
+    """The slowest rank's masked attention seconds, every rank's, and their max over mean (the mask's imbalance)."""
+    if not per_rank or any(t is None for t in per_rank):
+        return None
+    mean = sum(per_rank) / len(per_rank)
+    return {"measured_s": max(per_rank), "per_rank_s": list(per_rank),
+            "imbalance": max(per_rank) / mean if mean > 0 else None}
 
 
 def stage_round_trip(plan: Plan, model: ModelSpec, work: Workload, *, device: torch.device,
@@ -263,9 +323,11 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
         per_rank[n] = _measure_stack(plan, model, work, ctx, mesh, n, warmup=warmup, iters=iters, device=device,
                                      dtype=dtype, fault=fault, notes=notes)
     sends = stage_sends(plan, model, work, iters=iters, device=device, dtype=dtype) if d["pp"] > 1 else 0.0
-    everyone = gather_objects(({n: {q: per_rank[n][q] for q in QUANTITIES} for n in counts}, sends))
-    sends = max(s for _, s in everyone)
-    everyone = [r for r, _ in everyone]
+    att = masked_attention(plan, model, work, ctx, iters=iters, device=device, dtype=dtype)
+    everyone = gather_objects(({n: {q: per_rank[n][q] for q in QUANTITIES} for n in counts}, sends, att))
+    sends = max(s for _, s, _ in everyone)
+    attention = attention_detail([a for _, _, a in everyone])
+    everyone = [r for r, _, _ in everyone]
     worst = {n: {q: max(r[n][q] for r in everyone) for q in QUANTITIES} for n in counts}
     fit = {q: extrapolate({n: worst[n][q] for n in counts}, target) for q in QUANTITIES}
     fb, opt, peak, static = (fit[q][0] for q in QUANTITIES)
@@ -282,6 +344,7 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
         "per_rank_fwd_bwd_s": [r[counts[-1]]["fwd_bwd_s"] for r in everyone],
         "memory_method": CUDA_METHOD if device.type == "cuda" else CPU_METHOD,
         "checkpointing": plan.checkpointing, **notes, "fallbacks": fallbacks,
+        **({"attention": attention} if attention else {}),
     }
     step = composed_step(m, p, fb, sends, opt)
     if p > 1:

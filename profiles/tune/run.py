@@ -110,8 +110,30 @@ def ranked_plans(cluster: Cluster, model: ModelSpec, work: Workload, params: Par
 def candidate_pool(cluster: Cluster, model: ModelSpec, work: Workload, params: Params, size: int) -> list[Plan]:
     """What tune may measure: the diversified ranking under ``params`` plus the best layout of every family its
     top left out (choose.with_families; the kernel step times their blocks too, the choice may measure them)."""
-    ranked = ranked_plans(cluster, model, work, params)
+    ranked = [p for p in ranked_plans(cluster, model, work, params) if measurable(p, work)]
     return with_families(diversify(ranked, size), diversify(ranked, len(ranked)))
+
+
+def masked(work: Workload) -> bool:
+    """Whether the workload packs documents or slides a window (candidates run on packed batches)."""
+    return work.documents is not None or work.window is not None
+
+
+def measurable(plan: Plan, work: Workload) -> bool:
+    """Whether tune can run ``plan`` on the workload: with masks, an algorithm that honours them
+    (runtime.attention.MASKED) without TP (its sequence sharding takes equal shards; packed shards are not)."""
+    from sp_plan.runtime.attention import MASKED
+
+    return not masked(work) or (plan.algorithm in MASKED and plan.degrees["tp"] == 1)
+
+
+def attention_predicted(cluster: Cluster, plan: Plan, params: Params) -> float | None:
+    """One layer's attention (forward + backward when training) as the model prices it under the plan's mask."""
+    try:
+        est = Estimator(cluster, plan.model, plan.workload, params=params)
+        return est.attention_time(plan, backward=plan.workload.training)[0]
+    except PlanError:
+        return None
 
 
 def predict(cluster: Cluster, plan: Plan, params: Params) -> tuple[float, float]:
@@ -732,8 +754,14 @@ def _profile(cluster, model, work, stack, base, said, result, measured, links, k
         plan = Plan.model_validate(mc.plan)
         b_s, b_m = predict(cluster, plan, Params())
         a_s, a_m = predict(cluster, plan, params)
+        detail = mc.detail
+        if detail.get("attention"):  # measured under the mask: the model's price of the same, before and after
+            detail = {**detail, "attention": {**detail["attention"],
+                                              "predicted_before_s": attention_predicted(cluster, plan, Params()),
+                                              "predicted_after_s": attention_predicted(cluster, plan, params)}}
         cands.append(mc.model_copy(update={"predicted_before_s": b_s, "predicted_memory_before": b_m,
-                                           "predicted_after_s": a_s, "predicted_memory_after": a_m}))
+                                           "predicted_after_s": a_s, "predicted_memory_after": a_m,
+                                           "detail": detail}))
     if kernels and chosen_backends(kernels):  # the block kernel the runtime chose (the stack's is the default)
         stack = {**stack, "attention_backend_chosen": chosen_backends(kernels)}
     return Profile(cluster=cluster.name, cluster_fingerprint=cluster.topology_fingerprint(), stack=stack,
