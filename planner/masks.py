@@ -16,7 +16,7 @@ import numpy as np
 
 from .documents import workload_packs
 from .errors import PlanError
-from .layout import document_ring_tokens, document_runs
+from .layout import document_owners, document_ring_tokens, document_runs
 from .model import Workload
 
 #: packs drawn per priced layout: the expected busiest rank is the mean over this many seeded sequences
@@ -348,17 +348,36 @@ def striped_rounds(cu_seqlens, ring: int, causal: bool = True, window: int | Non
     return np.rint(out).astype(np.int64)
 
 
+#: runs x ranks past which a layout's rounds are taken as even (``even_rounds``): per-document zigzag and the
+#: balancer cut long documents into 2P pieces, so at rings of hundreds their runs approach one per token
+ROUND_CELLS = 1 << 22
+
+
+def even_rounds(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None,
+                weights=None) -> np.ndarray:
+    """(P rounds, P ranks) float: each rank's exact work (``rank_pairs``) spread evenly over the P rounds, none empty.
+    The layouts that cut documents into 2P pieces (zigzag, balanced) aim at even rounds; this takes them as even
+    where counting the rounds would cost more than ROUND_CELLS (a lower estimate of their rounds' busiest rank)."""
+    rows = row_pairs(cu_seqlens, causal, window)
+    owner = document_owners(token_layout, ring, cu_seqlens, weights)
+    totals = np.bincount(owner, weights=rows, minlength=ring)
+    return np.tile(totals / ring, (ring, 1))
+
+
 def layout_rounds(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None
                   ) -> np.ndarray:
     """(P rounds, P ranks): score entries of ring rank r's queries on the K, V of rank (r - i) mod P in round i, under
     a balancing policy (``round_pairs`` of the ``pair_matrix``, counted from runs of tokens, or for striped from
-    offsets' residues)."""
+    offsets' residues; past ROUND_CELLS, ``even_rounds``)."""
     if ring == 1:
         return np.array([[mask_pairs(cu_seqlens, causal, window)]], dtype=np.int64)
     if token_layout == "striped":
         return striped_rounds(cu_seqlens, ring, causal, window)
     weights = row_pairs(cu_seqlens, causal, window) if token_layout == "balanced" else None
-    m = run_pair_matrix(document_runs(token_layout, ring, cu_seqlens, weights), cu_seqlens, ring, causal, window)
+    runs = document_runs(token_layout, ring, cu_seqlens, weights)
+    if len(runs[0]) * ring > ROUND_CELLS:
+        return even_rounds(token_layout, ring, cu_seqlens, causal, window, weights)
+    m = run_pair_matrix(runs, cu_seqlens, ring, causal, window)
     r = np.arange(ring)
     return m[r[None, :], (r[None, :] - r[:, None]) % ring]
 

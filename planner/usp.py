@@ -98,34 +98,39 @@ def masked_ring_steps(c: Shape, backward: bool) -> list[Step]:
     """Ring (and Ulysses, R = 1) attention under documents or a window: round i costs its busiest rank's score
     entries under the mask and the token layout (``masked_rounds``: 4 b pairs h d FLOPs forward, 2.5x backward),
     a round no layer's mask fills computes nothing, and K, V (with dK, dV backward) travel only as far as the
-    layers' masks need them; dK, dV go home from the last round reached."""
-    R, tag = c.ring, "bwd" if backward else "fwd"
-    mr = masked_rounds(c.work, c.token_layout, R, c.model.layers)
-    mult = 2.5 if backward else 1.0  # FlashAttention backward: 5 block matmuls vs 2
-    kv_block = c.b * c.n_ring * c.kv_local * c.model.head_dim * c.e
-    send = (4 if backward else 2) * kv_block
-    full = attention_flops(c.n_ring, c.n_ring, c.heads_local, c.model.head_dim, c.b)
-    pooled = sum(mr.mean) / sum(mr.busiest) if sum(mr.busiest) else 1.0  # shared cores (layout.ring_balance)
-    balance = (pooled,) if pooled < 1.0 and R <= BALANCE_MAX_RING else ()
-    merge = Compute(f"ring merge {tag}", 0.0, "memory", nbytes=merge_bytes(c, backward))
-    striped = c.token_layout == "striped"  # every round a shifted diagonal under a causal mask
+    layers' masks need them; dK, dV go home from the last round reached. Equal rounds after the first run as one
+    step."""
+    mr = masked_rounds(c.work, c.token_layout, c.ring, c.model.layers)
     steps: list[Step] = []
-    for i, (pairs, s) in enumerate(zip(mr.busiest, mr.sends)):
-        f = pairs / (c.n_ring * c.n_ring)
-        comp = () if not pairs else (Compute(f"attention {tag}", mult * full * f, "attention", c.n_ring, fill=f,
-                                             balance=balance, masked=c.work.causal and (i == 0 or striped)),) + \
-            ((merge,) if R > 1 else ())
-        phases = comp + ((Comm(f"ring p2p {tag}", "shift", ("ring",), s * send),) if s else ())
-        if not phases:
-            continue
+    for i, phases in enumerate(_round_phases(c, backward, mr)):
         last = steps[-1] if steps and i > 1 else None  # round 0 (the diagonal) stands alone
         if last is not None and last.phases == phases:
             steps[-1] = Step(phases, last.repeat + 1, last.overlap)
-        else:
-            steps.append(Step(phases, 1, overlap=bool(s)))
+        elif phases:
+            steps.append(Step(phases, 1, overlap=any(type(p) is Comm for p in phases)))
     if backward and mr.sends[0] > 0:  # the layers whose K, V left home
+        kv_block = c.b * c.n_ring * c.kv_local * c.model.head_dim * c.e
         steps.append(Step((Comm("ring p2p dk,dv home", "shift", ("ring",), mr.sends[0] * 2 * kv_block),)))
     return steps
+
+
+def _round_phases(c: Shape, backward: bool, mr: MaskedRounds) -> list[tuple]:
+    """Each masked ring round's phases: its busiest rank's block (and merge) where the mask fills it, beside the
+    send of K, V (dK, dV backward) onward, scaled by the share of layers whose K, V travel on."""
+    tag, mult = ("bwd", 2.5) if backward else ("fwd", 1.0)  # FlashAttention backward: 5 block matmuls vs 2
+    send = (4 if backward else 2) * c.b * c.n_ring * c.kv_local * c.model.head_dim * c.e
+    full = attention_flops(c.n_ring, c.n_ring, c.heads_local, c.model.head_dim, c.b)
+    pooled = sum(mr.mean) / sum(mr.busiest) if sum(mr.busiest) else 1.0  # shared cores (layout.ring_balance)
+    balance = (pooled,) if pooled < 1.0 and c.ring <= BALANCE_MAX_RING else ()
+    merge = (Compute(f"ring merge {tag}", 0.0, "memory", nbytes=merge_bytes(c, backward)),) if c.ring > 1 else ()
+    out = []
+    for i, (pairs, share) in enumerate(zip(mr.busiest, mr.sends)):
+        f = pairs / (c.n_ring * c.n_ring)
+        masked = c.work.causal and (i == 0 or c.token_layout == "striped")  # a (shifted) diagonal
+        comp = (Compute(f"attention {tag}", mult * full * f, "attention", c.n_ring, fill=f, balance=balance,
+                        masked=masked),) + merge if pairs else ()
+        out.append(comp + ((Comm(f"ring p2p {tag}", "shift", ("ring",), share * send),) if share else ()))
+    return out
 
 
 def usp_steps(c: Shape, backward: bool) -> list[Step]:

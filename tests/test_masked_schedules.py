@@ -196,3 +196,15 @@ def test_on_a_packed_batch_allgather_computes_no_more_than_the_ring_and_exposes_
     for part in ("attention fwd", "attention bwd"):
         assert rows["allgather"][part] <= rows["ring"][part]
     assert rows["allgather"]["allgather k,v fwd"] > 0 and rows["ring"]["ring p2p fwd"] == 0  # hidden by the rounds
+
+
+def test_past_the_counting_bound_zigzag_and_balanced_rounds_are_taken_as_even(monkeypatch):
+    """Where counting a layout's rounds would cost more than ROUND_CELLS, each rank's exact work is spread evenly
+    over its rounds: the ranks' totals stay exact, every round its busiest rank's share."""
+    import sp_plan.planner.masks as masks
+    cu = draw_packs(load_documents("magi-short"), 8192, 1, 0)[0]
+    exact = layout_rounds("zigzag", 8, cu)
+    monkeypatch.setattr(masks, "ROUND_CELLS", 1)
+    even = layout_rounds("zigzag", 8, cu)
+    np.testing.assert_allclose(even.sum(axis=0), exact.sum(axis=0))
+    np.testing.assert_allclose(even, np.tile(exact.sum(axis=0) / 8, (8, 1)))
