@@ -13,9 +13,9 @@ strides them: the gather of chunk c + 1 is in flight while chunk c's query heads
 reduce-scatter while chunk c + 1 computes. One chunk (the default) gathers once, exposed.
 
 Masks. Each (local queries, key chunk) pair's mask comes from the global token indices: causal, the same packed
-document (``cu_seqlens`` over the global sequence) and a sliding window (``kernels.attended``), reduced to the
-region the kernel needs (``kernels.reduce_mask``). All-gather is indifferent to the mask: no rank waits on
-another's work in lock step, as a ring round does.
+document (``cu_seqlens`` over the global sequence) and a sliding window, as tiles of runs inside one document
+(``tiles.block_tiles``): full or diagonal, with a small explicit mask only where a window's edge crosses a tile.
+All-gather is indifferent to the mask: no rank waits on another's work in lock step, as a ring round does.
 
 Hybrid. With a ulysses degree over 1, Ulysses' all-to-all wraps the all-gather (``usp.usp_attention`` with the
 all-gather inside): each context-group member then holds its whole token list for H/U heads.
@@ -29,8 +29,8 @@ import torch.distributed as dist
 
 from sp_plan.planner.errors import PlanError
 
-from .kernels import BlockMask, attended, document_ids, reduce_mask
-from .ring import (Ring, attend_chunks, attend_chunks_backward, check_masks, held_tokens, make_ring, member_tokens,
+from .kernels import BlockMask
+from .ring import (Ring, attend_chunks, attend_chunks_backward, check_masks, held_tokens, make_ring, member_block,
                    pad_tokens)
 from .ulysses import check_ulysses_ranks, masked_ulysses
 from .usp import usp_attention
@@ -39,11 +39,10 @@ from .variants import degree, register
 
 @lru_cache(maxsize=256)
 def chunk_masks(token_layout: str, size: int, seq_len: int, position: int, causal: bool,
-                cu_seqlens: tuple[int, ...] | None, window: int | None) -> tuple[BlockMask | None, ...]:
-    """Mask of this rank's queries against each member's key chunk (member order); None = fully masked, skip."""
-    tokens = member_tokens(token_layout, size, seq_len, causal, cu_seqlens, window)
-    docs = None if cu_seqlens is None else document_ids(cu_seqlens, seq_len)
-    return tuple(reduce_mask(attended(tokens[position], tokens[r], causal=causal, documents=docs, window=window))
+                cu_seqlens: tuple[int, ...] | None, window: int | None) -> tuple[tuple[BlockMask, ...] | None, ...]:
+    """Tiles of this rank's queries against each member's key chunk (member order, ``ring.member_block``), no
+    matrix over a chunk; None = fully masked, skip."""
+    return tuple(member_block(token_layout, size, seq_len, causal, cu_seqlens, window, position, r)
                  for r in range(size))
 
 

@@ -19,10 +19,11 @@ Causal masks. Each round's mask is derived from the global token indices of the 
 K,V owner (``planner.layout.ring_tokens``: contiguous, zigzag, striped) and reduced to row/column
 ranges plus a diagonal offset or explicit mask (``kernels.causal_block_mask``).
 
-Documents and windows. With ``cu_seqlens`` or a ``window`` the rounds' masks come from ``kernels.attended`` over
-each member's tokens (``member_tokens``, per document). A round the mask empties runs no kernel, and K, V travel
-only as many rounds as some member's mask needs (``needed_rounds``): a windowed ring talks to its near neighbours;
-the backward's last hop then takes each dk, dv accumulator straight back to its owner.
+Documents and windows. With ``cu_seqlens`` or a ``window`` each round is a set of tiles over each member's tokens
+(``member_tokens``, per document): pairs of runs inside one document within the window's reach, full or diagonal,
+with a small explicit mask only at a window's edge (``tiles.block_tiles``). A round the mask empties runs no
+kernel, and K, V travel only as many rounds as some member's mask needs (``needed_rounds``): a windowed ring talks
+to its near neighbours; the backward's last hop then takes each dk, dv accumulator straight back to its owner.
 """
 from __future__ import annotations
 
@@ -39,10 +40,10 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import check_token_layout, document_ring_tokens, ring_tokens
 from sp_plan.planner.masks import row_pairs
 
-from .kernels import (BlockMask, attended, block_attention, block_attention_backward, causal_block_mask, document_ids,
-                      full_block, lse_dtype, merge, reduce_mask)
-from .kernels import local_attention
+from .kernels import (BlockMask, block_attention, block_attention_backward, causal_block_mask, full_block,
+                      local_attention, lse_dtype, merge)
 from .overlap import DoubleBuffer
+from .tiles import block_tiles, layout_step, member_runs
 from .variants import degree, register
 
 _TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 0, 1, 2, 3
@@ -156,19 +157,32 @@ def needed_rounds(token_layout: str, ring: int, seq_len: int, causal: bool, cu_s
     return 1
 
 
-def _padded(allowed: np.ndarray, n: int) -> np.ndarray:
-    """A (queries, keys) mask with False columns for a key block padded to ``n`` tokens."""
-    return allowed if allowed.shape[1] == n else np.pad(allowed, ((0, 0), (0, n - allowed.shape[1])))
+@lru_cache(maxsize=256)
+def runs_of_members(token_layout: str, ring: int, seq_len: int, causal: bool, cu_seqlens: tuple[int, ...] | None,
+                    window: int | None) -> tuple[np.ndarray, ...]:
+    """Every member's runs of tokens (``tiles.member_runs``), in ring order."""
+    tokens = member_tokens(token_layout, ring, seq_len, causal, cu_seqlens, window)
+    step = layout_step(token_layout, ring)
+    return tuple(member_runs(t, cu_seqlens, step, window) for t in tokens)
+
+
+def member_block(token_layout: str, ring: int, seq_len: int, causal: bool, cu_seqlens: tuple[int, ...] | None,
+                 window: int | None, queries: int, keys: int) -> tuple[BlockMask, ...] | None:
+    """The tiles of member ``queries``' tokens against member ``keys``' (``tiles.block_tiles``); None = skip."""
+    runs = runs_of_members(token_layout, ring, seq_len, causal, cu_seqlens, window)
+    return block_tiles(runs[queries], runs[keys], layout_step(token_layout, ring), causal, window)
 
 
 @lru_cache(maxsize=1024)
 def round_masks(token_layout: str, ring: int, seq_len: int, position: int, causal: bool,
-                cu_seqlens: tuple[int, ...] | None = None, window: int | None = None) -> tuple[BlockMask | None, ...]:
+                cu_seqlens: tuple[int, ...] | None = None, window: int | None = None) -> tuple:
     """Mask of each round i (K,V of ring rank (position - i) mod ring); None = fully masked, skip.
 
-    Derived from the global token indices of ``member_tokens``: query t sees key t' iff t >= t' (causal), both lie
-    in one packed document of ``cu_seqlens`` and t - t' < ``window`` (``kernels.attended``). Key blocks of members
-    holding fewer tokens travel padded to the longest; the padding is never attended.
+    Derived from the global token indices of ``member_tokens``. Without documents or a window, a round is one
+    ``BlockMask`` (``kernels.causal_block_mask``). With them, query t sees key t' iff t >= t' (causal), both lie in
+    one packed document of ``cu_seqlens`` and t - t' < ``window``, and a round is a tuple of tiles inside one
+    document each (``member_block``), with no matrix over the block. Key blocks of members holding fewer tokens
+    travel padded to the longest; the padding is never attended.
     """
     if cu_seqlens is None and window is None:
         check_token_layout(token_layout)
@@ -177,11 +191,8 @@ def round_masks(token_layout: str, ring: int, seq_len: int, position: int, causa
         if not causal:
             return tuple(full_block(n, n) for _ in range(ring))
         return tuple(causal_block_mask(tokens[position], tokens[(position - i) % ring]) for i in range(ring))
-    tokens = member_tokens(token_layout, ring, seq_len, causal, cu_seqlens, window)
-    n = max(len(t) for t in tokens)
-    docs = None if cu_seqlens is None else document_ids(cu_seqlens, seq_len)
-    return tuple(reduce_mask(_padded(attended(tokens[position], tokens[(position - i) % ring], causal=causal,
-                                              documents=docs, window=window), n)) for i in range(ring))
+    return tuple(member_block(token_layout, ring, seq_len, causal, cu_seqlens, window, position, (position - i) % ring)
+                 for i in range(ring))
 
 
 def _rows_cols(bm: BlockMask) -> tuple[slice, slice]:
@@ -205,40 +216,56 @@ def _wait(rd, reqs, trace) -> None:
         trace.append(("wait", rd.index))
 
 
-def attend_block(q, k, v, bm: BlockMask | None, out, lse, scale, backend=None):
-    """Fold one K,V block's attention (mask ``bm``; None = skip) into the (out, lse) accumulators (None: none yet)."""
-    if bm is None:
-        return out, lse
-    BLOCKS["forward"] += 1
+def tiles_of(bm) -> tuple[BlockMask, ...]:
+    """A block's mask as its tiles: a ``BlockMask`` alone, a tuple of tiles as is, None (skipped) none."""
+    return () if bm is None else (bm,) if isinstance(bm, BlockMask) else tuple(bm)
+
+
+def attend_block(q, k, v, bm, out, lse, scale, backend=None):
+    """Fold one K,V block's attention (mask ``bm``: a ``BlockMask`` or a tuple of tiles; None = skip) into the (out,
+    lse) accumulators (None: none yet), tile by tile. A block counts once in ``BLOCKS``, whatever its tiles."""
+    tiles = tiles_of(bm)
+    if tiles:
+        BLOCKS["forward"] += 1
     n = q.shape[1]
-    rows, cols = _rows_cols(bm)
-    b_out, b_lse = block_attention(q[:, rows], k[:, cols], v[:, cols], scale=scale, causal_offset=bm.causal_offset,
-                                   mask=bm.mask, backend=backend)
-    if out is None and bm.full_rows(n):  # the first block starts the accumulators
-        return b_out.to(lse_dtype(q.dtype)), b_lse.to(lse_dtype(q.dtype))
-    if out is None:
-        out = q.new_zeros(*q.shape[:3], v.shape[-1], dtype=lse_dtype(q.dtype))
-        lse = torch.full((q.shape[0], q.shape[2], n), float("-inf"), dtype=out.dtype, device=q.device)
-    merge(out[:, rows], lse[..., rows], b_out, b_lse)
+    for tile in tiles:
+        rows, cols = _rows_cols(tile)
+        b_out, b_lse = block_attention(q[:, rows], k[:, cols], v[:, cols], scale=scale,
+                                       causal_offset=tile.causal_offset, mask=tile.mask, backend=backend)
+        if out is None and tile.full_rows(n):  # the first tile over every row starts the accumulators
+            out, lse = b_out.to(lse_dtype(q.dtype)), b_lse.to(lse_dtype(q.dtype))
+            continue
+        if out is None:
+            out = q.new_zeros(*q.shape[:3], v.shape[-1], dtype=lse_dtype(q.dtype))
+            lse = torch.full((q.shape[0], q.shape[2], n), float("-inf"), dtype=out.dtype, device=q.device)
+        merge(out[:, rows], lse[..., rows], b_out, b_lse)
     return out, lse
 
 
-def attend_block_backward(dout, q, k, v, out, lse, bm: BlockMask | None, dq, scale, backend=None):
-    """One K,V block's backward (mask ``bm``; None = nothing): dq accumulated (None: none yet), the block's dk, dv
-    on its columns (``bm``'s), or None."""
-    if bm is None:
-        return dq, None
-    BLOCKS["backward"] += 1
-    rows, cols = _rows_cols(bm)
-    grads = block_attention_backward(dout[:, rows], q[:, rows], k[:, cols], v[:, cols], out[:, rows],
-                                     lse[..., rows], scale=scale, causal_offset=bm.causal_offset, mask=bm.mask,
-                                     backend=backend)
-    if dq is None and bm.full_rows(q.shape[1]):
-        return grads[0].to(lse_dtype(q.dtype)), grads
-    if dq is None:
-        dq = torch.zeros(q.shape, dtype=lse_dtype(q.dtype), device=q.device)
-    dq[:, rows] += grads[0]
-    return dq, grads
+def attend_block_backward(dout, q, k, v, out, lse, bm, dq, dkv=None, scale=None, backend=None):
+    """One K,V block's backward (mask ``bm`` as ``attend_block``; None = nothing), tile by tile: dq accumulated
+    (None: none yet), and the block's dk, dv added into ``dkv`` (accumulators of K's and V's shape; None: made here
+    where a tile runs). Returns (dq, dkv)."""
+    tiles = tiles_of(bm)
+    if tiles:
+        BLOCKS["backward"] += 1
+    acc = lse_dtype(q.dtype)
+    for tile in tiles:
+        rows, cols = _rows_cols(tile)
+        g_q, g_k, g_v = block_attention_backward(dout[:, rows], q[:, rows], k[:, cols], v[:, cols], out[:, rows],
+                                                 lse[..., rows], scale=scale, causal_offset=tile.causal_offset,
+                                                 mask=tile.mask, backend=backend)
+        if dq is None and tile.full_rows(q.shape[1]):
+            dq = g_q.to(acc)
+        else:
+            if dq is None:
+                dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+            dq[:, rows] += g_q
+        if dkv is None:
+            dkv = (torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device))
+        dkv[0][:, cols] += g_k
+        dkv[1][:, cols] += g_v
+    return dq, dkv
 
 
 def attend_chunks(q, ks, vs, masks, scale, backend=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -264,13 +291,10 @@ def attend_chunks_backward(dout, q, ks, vs, out, lse, masks, scale, backend=None
     acc = lse_dtype(q.dtype)
     dq, dks, dvs = None, [], []
     for k, v, bm in zip(ks, vs, masks):
-        dq, grads = attend_block_backward(dout, q, k, v, out, lse, bm, dq, scale, backend)
-        dk, dv = torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device)
-        if grads is not None:
-            dk[:, bm.col_start:bm.col_stop] += grads[1]
-            dv[:, bm.col_start:bm.col_stop] += grads[2]
-        dks.append(dk)
-        dvs.append(dv)
+        dkv = (torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device))
+        dq, _ = attend_block_backward(dout, q, k, v, out, lse, bm, dq, dkv, scale, backend)
+        dks.append(dkv[0])
+        dvs.append(dkv[1])
     if dq is None:
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     return dq, dks, dvs
@@ -318,25 +342,14 @@ def ring_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale, backend=Non
         cur_k, cur_v = bufs[rd.compute]
         if trace is not None:
             trace.append(("compute", i, rd.compute, cur_k.data_ptr()))
-        bm = masks[i]
-        dq, grads = attend_block_backward(dout, q, cur_k, cur_v, out, lse, bm, dq, scale, backend)
-        cols = None if bm is None else _rows_cols(bm)[1]
-        # the dk, dv accumulator of the block held this round
-        if i == 0:
-            if grads is not None and bm.col_start == 0 and bm.col_stop == k.shape[1]:
-                dk, dv = grads[1].to(acc).contiguous(), grads[2].to(acc).contiguous()
-                grads = None
-            else:
-                dk = torch.zeros(k.shape, dtype=acc, device=k.device)
-                dv = torch.zeros(v.shape, dtype=acc, device=v.device)
+        if i == 0:  # the accumulator of this rank's own block starts here
+            dkv = (torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device))
         else:
             for r in dkv_reqs:
                 r.wait()
             dkv_spare = sent
-            dk, dv = recv
-        if grads is not None:
-            dk[:, cols] += grads[1]
-            dv[:, cols] += grads[2]
+            dkv = recv
+        dq, (dk, dv) = attend_block_backward(dout, q, cur_k, cur_v, out, lse, masks[i], dq, dkv, scale, backend)
         if n > 1:
             recv = dkv_spare if dkv_spare is not None else (torch.empty(dk.shape, dtype=acc, device=dk.device),
                                                             torch.empty(dv.shape, dtype=acc, device=dv.device))

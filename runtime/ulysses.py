@@ -27,6 +27,7 @@ from sp_plan.planner.errors import PlanError
 
 from .kernels import BlockMask, attended, local_attention, lse_dtype, reduce_mask
 from .ring import attend_chunks, attend_chunks_backward, check_masks, member_pieces
+from .tiles import MIN_TILE
 from .variants import degree, register
 
 
@@ -191,8 +192,6 @@ def heads_to_seq(out, group, lengths=None):
     return out if degree == 1 else _HeadsToSeq.apply(out, group, degree, _even(lengths))
 
 
-#: the fewest tokens a tile of a windowed sequence holds (tiles follow the window, not below this)
-MIN_TILE = 16
 
 
 @lru_cache(maxsize=64)
