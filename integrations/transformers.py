@@ -31,7 +31,8 @@ tokens per document (ranks may hold different numbers of them, so the batch come
 the documents to the position_ids it returns; the attention reads them there and passes them to ``ctx.attention``.
 Sliding-window layers (Mistral's ``config.sliding_window``, Gemma 3's, Qwen 2's and gpt-oss's per-layer
 ``layer_types``) pass each layer's ``sliding_window`` on as that layer's ``window``. Algorithms that cannot honour
-documents or windows refuse them with the runtime's error. Packing and windows are tested with transformers 5.24.
+documents or windows refuse them with the runtime's error; gpt-oss's attention sinks (``s_aux``) stay refused.
+Packing and windows are tested with transformers 5.24.
 """
 from __future__ import annotations
 
