@@ -4,8 +4,11 @@ A sequence's mask is its documents (``cu_seqlens``: each document attends only t
 optional window W (a query attends keys less than W positions away: causal, itself and the W - 1 before it;
 bidirectional, W - 1 on each side). Counts are exact integers: per document (closed forms below), per query token
 (``row_pairs``), per rank of a token layout (``rank_pairs``, the layout from planner/layout.py), per pair of ranks
-(``pair_matrix``: what a ring round between them computes). ``busiest_rank_pairs`` is what a schedule prices: the
-busiest rank's pairs, in expectation over seeded packs of the workload's documents.
+(``pair_matrix``: what a ring round between them computes). ``busiest_rank_pairs`` and ``ring_round_pairs`` are
+what the schedules price (all-gather; ring, Ulysses and USP): the busiest rank's pairs, and each ring round's, in
+expectation over seeded packs of the workload's documents. They count from runs of one rank's tokens in one document
+in closed form (``layout_rounds``), not token by token, so a search can price every layout; ``pair_matrix`` is the
+token-by-token reference the tests hold them to. The algorithms outside MASKED_ALGORITHMS refuse masks.
 """
 from __future__ import annotations
 
