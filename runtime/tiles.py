@@ -9,6 +9,8 @@ length, so it stays small. A block costs O(its attended work), not (S/P)^2.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from .kernels import BlockMask, attended, reduce_mask
@@ -55,6 +57,13 @@ def diagonal_tile(rows: tuple[int, int], cols: tuple[int, int], offset: int | No
     return BlockMask(r0 + skip, r1, c0, c0 + stop, causal_offset=None if offset >= stop - 1 else offset)
 
 
+@lru_cache(maxsize=4096)
+def window_band(n: int, m: int, shift: int, step: int, causal: bool, window: int) -> BlockMask | None:
+    """The window's band of ``n`` queries at ``shift`` + step * i against ``m`` keys at step * j, reduced
+    (``kernels.reduce_mask``); one per geometry, shared by the tiles that have it. None = empty."""
+    return reduce_mask(attended(shift + step * np.arange(n), step * np.arange(m), causal=causal, window=window))
+
+
 def pair_tile(q_run, k_run, step: int, causal: bool, window: int | None) -> BlockMask | None:
     """Mask of a query run against a key run of one document and one ``step``, in local positions: full or diagonal
     where the window does not bind, else the window's band over the two tiles alone; None = empty."""
@@ -64,8 +73,7 @@ def pair_tile(q_run, k_run, step: int, causal: bool, window: int | None) -> Bloc
         return None
     if window is None or high < window and (causal or low > -window):
         return diagonal_tile((r0, r1), (c0, c1), (a - c) // step if causal else None)
-    band = reduce_mask(attended(a + step * np.arange(r1 - r0), c + step * np.arange(c1 - c0), causal=causal,
-                                window=window))
+    band = window_band(r1 - r0, c1 - c0, a - c, step, causal, window)
     if band is None:
         return None
     return BlockMask(r0 + band.row_start, r0 + band.row_stop, c0 + band.col_start, c0 + band.col_stop,

@@ -3,6 +3,8 @@ exactly the mask (``kernels.attended``) of a member's queries against another me
 once, and a 128k-token packed sequence's tiles at world 8 are built without any matrix over a block."""
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 from sp_plan.runtime import tiles as T
@@ -68,30 +70,34 @@ def test_striped_runs_are_progressions_not_single_tokens():
 
 def test_a_128k_packed_sequence_builds_its_tiles_without_a_block_matrix(monkeypatch):
     """World 8, 128k tokens of packed documents (short ones and one spanning several ranks), with and without a
-    window: every rank's ring rounds and all-gather chunks are built, and the largest mask tensor built is a window's
-    band, far below one S/P x S/P block matrix (16k x 16k)."""
+    window: every rank's ring rounds and all-gather chunks are built, the largest mask built is a window's band,
+    and the memory traced while building one layout's blocks stays far below one S/P x S/P boolean matrix."""
     seq, world, window = 131072, 8, 1024
-    rng = np.random.default_rng(0)
-    lengths = list(rng.integers(64, 3000, size=40)) + [40000]
-    cu = tuple(int(x) for x in np.concatenate([[0], np.cumsum(lengths)]))
-    cu = cu[:-1] + (seq,) if cu[-1] <= seq else tuple(x for x in cu if x < seq) + (seq,)
-    largest = [0]
-    built = T.attended
+    lengths = np.random.default_rng(0).integers(64, 3000, size=40)
+    cu = tuple(int(x) for x in np.concatenate([[0], np.cumsum(lengths)])) + (seq,)
+    largest, built = [0], T.attended
 
     def spy(q, k, **kw):
         largest[0] = max(largest[0], len(q) * len(k))
         return built(q, k, **kw)
 
     monkeypatch.setattr(T, "attended", spy)
+    for cached in (T.window_band, round_masks, chunk_masks, runs_of_members, member_tokens):
+        cached.cache_clear()
     bound = max(window, T.MIN_TILE) ** 2  # a band over two tiles of at most a window's reach each
-    for layout in LAYOUTS:
-        for w in (None, window):
-            for p in range(world):
-                for masks in (round_masks(layout, world, seq, p, True, cu, w), chunk_masks(layout, world, seq, p,
-                                                                                           True, cu, w)):
-                    assert any(m is not None for m in masks)
-                    for m in masks:
-                        for bm in m or ():
-                            if bm.mask is not None:
-                                assert bm.mask.numel() <= bound
-    assert 0 < largest[0] <= bound < (seq // world) ** 2
+    block = (seq // world) ** 2  # bytes of one S/P x S/P boolean matrix: 256 MiB
+    tracemalloc.start()
+    try:
+        for layout in LAYOUTS:
+            for w in (None, window):
+                base = tracemalloc.get_traced_memory()[0]
+                tracemalloc.reset_peak()
+                for p in range(world):
+                    for masks in (round_masks(layout, world, seq, p, True, cu, w),
+                                  chunk_masks(layout, world, seq, p, True, cu, w)):
+                        assert any(m is not None for m in masks)
+                        assert all(bm.mask is None or bm.mask.numel() <= bound for m in masks for bm in m or ())
+                assert tracemalloc.get_traced_memory()[1] - base < block // 4, (layout, w)
+    finally:
+        tracemalloc.stop()
+    assert 0 < largest[0] <= bound < block
