@@ -15,7 +15,8 @@ import importlib
 
 #: public name -> the module that defines it
 _EXPORTS = {
-    "plan": "sp_plan.planner.search", "estimate": "sp_plan.planner.estimate", "Plan": "sp_plan.planner.plan",
+    # the application pipeline's plan and estimate (the planner's pure functions with the workload's masks resolved)
+    "plan": "sp_plan.service.planning", "estimate": "sp_plan.service.planning", "Plan": "sp_plan.planner.plan",
     "Cluster": "sp_plan.planner.cluster", "ModelSpec": "sp_plan.planner.model", "Workload": "sp_plan.planner.model",
     "PlanError": "sp_plan.planner.errors", "load_cluster": "sp_plan.profiles", "load_model": "sp_plan.profiles",
     "Store": "sp_plan.profiles.store", "Profile": "sp_plan.planner.profile", "init": "sp_plan.runtime",
