@@ -122,18 +122,19 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
     through its window, the windows laid end to end from the start (``timing.time_window``), the same windows on
     every rank, instead of a median of ``repeats``. With ``budget_s`` (on ``clock``) the sweep prepares kernel
     groups in order while PREPARE_SHARE of it lasts (agreed by every rank when windows are shared), sizes the windows
-    to what is left, and appends the groups it left out to ``skipped``."""
+    to what is left, and appends the groups it left out to ``skipped``; every rank of the default group stops at the
+    same group (collective)."""
     device = torch.device(device)
     name = _DTYPE_NAMES.get(dtype, str(dtype))
     gen = torch.Generator(device="cpu").manual_seed(0)
     rnd = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
     choice = BackendChoice.from_env()
     groups = sweep_groups(blocks, heads, gemm_rows if gemm_rows is not None else blocks, shapes)
-    started, collective = clock(), windows is not None and callable(windows)
+    started = clock()
     jobs: list[tuple[Callable[[], object], dict]] = []  # (the kernel, its sample's fields but the seconds)
     firsts: list[float] = []
     for i, g in enumerate(groups):
-        if budget_s is not None and i and _agreed(clock() - started, collective) > PREPARE_SHARE * budget_s:
+        if budget_s is not None and i and _agreed(clock() - started, True) > PREPARE_SHARE * budget_s:
             (skipped if skipped is not None else []).extend(groups[i:])
             break
         new = _attention_jobs(model, g[1], g[2], rnd, choice, causal) if g[0] == "attention" else \
