@@ -282,6 +282,21 @@ class Workload(BaseModel):
         return v
 
     @model_validator(mode="after")
+    def _mask_sizes(self):
+        """Window and document lengths at most MAX_SEQ_LEN tokens (what a sequence may hold): beyond it the packs'
+        int64 arithmetic would overflow."""
+        w, d, top = self.window, self.documents, MAX_SEQ_LEN
+        if w is not None and w.size > top:
+            raise PlanError("workload.window", f"{w.size:,} tokens is more than any sequence ({top:,})",
+                            "give a window of at most the sequence length (that is full attention)")
+        longest = {"lengths": lambda: max(d.lengths), "lognormal": lambda: max(d.max, d.mean),
+                   "histogram": lambda: d.edges[-1] - 1}[d.kind]() if d is not None else 0
+        if longest > top:
+            raise PlanError("workload.documents", f"a document of {longest:,.0f} tokens is more than any sequence "
+                            f"({top:,})", f"give document lengths of at most {top:,} tokens")
+        return self
+
+    @model_validator(mode="after")
     def _pack_seed(self):
         if self.documents is None and self.seed is not None:
             raise PlanError("workload.seed", "seeds the packs drawn from documents, and there are none",

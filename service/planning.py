@@ -249,19 +249,8 @@ def _profile_spec(use_profile: bool, profile: str | Profile | None):
 
 
 def check_mask_sizes(w: Workload | None) -> Workload | None:
-    """``w``, its window and document lengths checked to be at most MAX_SEQ_LEN tokens (what a sequence may hold):
-    beyond it the packs' int64 arithmetic would overflow."""
-    if w is None:
-        return w
-    d, top = w.documents, MAX_SEQ_LEN
-    if w.window is not None and w.window.size > top:
-        raise PlanError("workload.window", f"{w.window.size:,} tokens is more than any sequence ({top:,})",
-                        "give a window of at most the sequence length (that is full attention)")
-    longest = {"lengths": lambda: max(d.lengths), "lognormal": lambda: max(d.max, d.mean),
-               "histogram": lambda: d.edges[-1] - 1}[d.kind]() if d is not None else 0
-    if longest > top:
-        raise PlanError("workload.documents", f"a document of {longest:,.0f} tokens is more than any sequence "
-                        f"({top:,})", f"give document lengths of at most {top:,} tokens")
+    """``w`` as it is: the Workload itself refuses a window or document longer than any sequence (its
+    ``_mask_sizes``); kept for callers of the application layer."""
     return w
 
 
