@@ -336,7 +336,8 @@ def tune_cmd(
             prog.result(result_event(report, st, output))
         elif quiet:
             out.print(f"stored profile {report.profile.id} in {st.shown}" + (
-                f"; wrote {output}: {report.best.summary()}" if output and report.best else ""), highlight=False)
+                f"; wrote {output}: {report.best.summary()}" if output and report.best else ""), highlight=False,
+                soft_wrap=True)
     probe.dist.barrier()
     probe.finish(owned)
     if upload_failed:

@@ -37,3 +37,15 @@ def test_a_packed_tune_measures_masked_candidates_and_prints_json_events(tmp_pat
         assert att["predicted_before_s"] > 0 and att["predicted_after_s"] > 0
     assert [c["attention"]["measured_s"] for c in result["candidates"]] == \
         [c.detail["attention"]["measured_s"] for c in prof.candidates]
+
+
+def test_a_quiet_tune_prints_only_its_result(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    res = netns.launch([*TUNE, "--seq-len", "512", "--budget", "1", "--quiet", "--store", url, "-o", "plan.yaml"],
+                       4, 4, tmp_path, timeout=400)
+    for rank, (code, text) in enumerate(res):
+        assert code == 0, f"rank {rank} exited {code}:\n{text[-4000:]}"
+    (prof,) = Store(url).list_profiles()
+    lines = [ln for ln in res[0][1].splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"stored profile {prof.id} in ") and "wrote plan.yaml" in lines[0]
+    assert (tmp_path / "plan.yaml").exists()
