@@ -14,7 +14,7 @@ reduce-scatter while chunk c + 1 computes. One chunk (the default) gathers once,
 
 Masks. Each (local queries, key chunk) pair's mask comes from the global token indices: causal, the same packed
 document (``cu_seqlens`` over the global sequence) and a sliding window, as tiles of runs inside one document
-(``tiles.block_tiles``): full or diagonal, with a small explicit mask only where a window's edge crosses a tile.
+(``kernels.block_tiles``): full or diagonal, with a small explicit mask only where a window's edge crosses a tile.
 All-gather is indifferent to the mask: no rank waits on another's work in lock step, as a ring round does.
 
 Hybrid. With a ulysses degree over 1, Ulysses' all-to-all wraps the all-gather (``usp.usp_attention`` with the

@@ -21,7 +21,7 @@ ranges plus a diagonal offset or explicit mask (``kernels.causal_block_mask``).
 
 Documents and windows. With ``cu_seqlens`` or a ``window`` each round is a set of tiles over each member's tokens
 (``member_tokens``, per document): pairs of runs inside one document within the window's reach, full or diagonal,
-with a small explicit mask only at a window's edge (``tiles.block_tiles``). A round the mask empties runs no
+with a small explicit mask only at a window's edge (``kernels.block_tiles``). A round the mask empties runs no
 kernel, and K, V travel only as many rounds as some member's mask needs (``needed_rounds``): a windowed ring talks
 to its near neighbours; the backward's last hop then takes each dk, dv accumulator straight back to its owner.
 """
@@ -40,10 +40,9 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import check_token_layout, document_ring_tokens, ring_tokens
 from sp_plan.planner.masks import row_pairs
 
-from .kernels import (BlockMask, block_attention, block_attention_backward, causal_block_mask, full_block,
-                      local_attention, lse_dtype, merge)
+from .kernels import (BlockMask, block_attention, block_attention_backward, block_tiles, causal_block_mask, full_block,
+                      layout_step, local_attention, lse_dtype, member_runs, merge)
 from .overlap import DoubleBuffer
-from .tiles import block_tiles, layout_step, member_runs
 from .variants import degree, register
 
 _TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 0, 1, 2, 3
@@ -160,7 +159,7 @@ def needed_rounds(token_layout: str, ring: int, seq_len: int, causal: bool, cu_s
 @lru_cache(maxsize=256)
 def runs_of_members(token_layout: str, ring: int, seq_len: int, causal: bool, cu_seqlens: tuple[int, ...] | None,
                     window: int | None) -> tuple[np.ndarray, ...]:
-    """Every member's runs of tokens (``tiles.member_runs``), in ring order."""
+    """Every member's runs of tokens (``kernels.member_runs``), in ring order."""
     tokens = member_tokens(token_layout, ring, seq_len, causal, cu_seqlens, window)
     step = layout_step(token_layout, ring)
     return tuple(member_runs(t, cu_seqlens, step, window) for t in tokens)
@@ -168,7 +167,7 @@ def runs_of_members(token_layout: str, ring: int, seq_len: int, causal: bool, cu
 
 def member_block(token_layout: str, ring: int, seq_len: int, causal: bool, cu_seqlens: tuple[int, ...] | None,
                  window: int | None, queries: int, keys: int) -> tuple[BlockMask, ...] | None:
-    """The tiles of member ``queries``' tokens against member ``keys``' (``tiles.block_tiles``); None = skip."""
+    """The tiles of member ``queries``' tokens against member ``keys``' (``kernels.block_tiles``); None = skip."""
     runs = runs_of_members(token_layout, ring, seq_len, causal, cu_seqlens, window)
     return block_tiles(runs[queries], runs[keys], layout_step(token_layout, ring), causal, window)
 

@@ -7,9 +7,8 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from sp_plan.runtime import tiles as T
+from sp_plan.runtime import kernels as T
 from sp_plan.runtime.allgather import chunk_masks
-from sp_plan.runtime.kernels import attended, document_ids
 from sp_plan.runtime.ring import member_tokens, round_masks, runs_of_members
 
 LAYOUTS = ("contiguous", "zigzag", "striped", "balanced")
@@ -48,12 +47,12 @@ def test_tiles_cover_every_block_mask_exactly(layout):
         if lay != layout:
             continue
         tokens = member_tokens(layout, world, seq, causal, cu, window)
-        docs = None if cu is None else document_ids(cu, seq)
+        docs = None if cu is None else T.document_ids(cu, seq)
         for p in range(world):
             masks = chunk_masks(layout, world, seq, p, causal, cu, window)
             rounds = round_masks(layout, world, seq, p, causal, cu, window)
             for r in range(world):
-                want = attended(tokens[p], tokens[r], causal=causal, documents=docs, window=window)
+                want = T.attended(tokens[p], tokens[r], causal=causal, documents=docs, window=window)
                 case = (layout, world, causal, cu, window, p, r)
                 for block in (masks[r], rounds[(p - r) % world]):
                     got = sum((_tile_dense(bm, *want.shape) for bm in block or ()), np.zeros(want.shape, np.int64))
