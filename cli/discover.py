@@ -183,10 +183,12 @@ def links_cmd(
     timeout: float = typer.Option(60.0, "--timeout", help="seconds any one measurement may wait"),
     store: Optional[str] = typer.Option(None, "--store", help="also save the link fit in this store (SQLAlchemy URL)",
                                         show_default="$SP_PLAN_STORE, else SQLite in the user data directory"),
+    quiet: bool = typer.Option(False, "--quiet", help="print no progress, only what was written"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON event per line (progress, then the result "
+                                 "or the error) instead of tables"),
 ) -> None:
     """Time send/recv, all-gather, reduce-scatter and all-to-all within and across nodes; fit and store the links."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
-
+    from sp_plan.cli.progress import reporter  # noqa: PLC0415
     from sp_plan.planner.cluster import Cluster  # noqa: PLC0415
     from sp_plan.runtime import probe  # noqa: PLC0415
 
@@ -207,29 +209,41 @@ def links_cmd(
         probe.check_world(cluster, hosts)
     except PlanError as e:
         probe.finish(owned)
+        if as_json and rank == 0:
+            reporter("profile links", ("links",), err, as_json=True).error(str(e))
         _fail(e, rank)
     dest = output or cluster_file or Path("cluster.yaml")
-    if rank == 0:
-        with Progress(TextColumn("measuring links"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                      TimeElapsedColumn(), console=err, transient=True) as prog:
-            task = prog.add_task("", total=None)
-            new, samples = probe.profile_links(cluster, hosts, size_list, timeout,
-                                               lambda i, n, lab: prog.update(task, completed=i, total=n, description=lab))
-    else:
+    if rank != 0:
         new, samples = probe.profile_links(cluster, hosts, size_list, timeout)
-    if rank == 0:
-        print_links(new)
-        new.save(dest)
-        out.print(f"wrote {dest} (fingerprint {new.fingerprint()})")
-        if db is not None:
-            try:
-                db.save_link_fit(new.topology_fingerprint(), new.calibration.get("links", {}))
-                out.print(f"stored the link fit in {db.shown} (topology fingerprint {new.topology_fingerprint()})",
-                          highlight=False)
-            except PlanError as e:
-                print_error(str(e))
+    else:
+        with reporter("profile links", ("links",), err, quiet, as_json) as prog:
+            new, samples = probe.profile_links(cluster, hosts, size_list, timeout,
+                                               lambda i, n, lab: prog("links", i, n, lab))
+        prog.result(_save_links(new, dest, db, tables=not (quiet or as_json), quiet=as_json))
     probe.dist.barrier()
     probe.finish(owned)
+
+
+def _save_links(new: Cluster, dest: Path, db, tables: bool, quiet: bool) -> dict:
+    """Write the calibrated cluster and store its link fit; print the fit's tables (``tables``) and what was written
+    (unless ``quiet``); the result event's fields."""
+    if tables:
+        print_links(new)
+    new.save(dest)
+    result = {"cluster_file": str(dest), "fingerprint": new.fingerprint(), "store": None,
+              "topology_fingerprint": new.topology_fingerprint()}
+    if not quiet:
+        out.print(f"wrote {dest} (fingerprint {new.fingerprint()})")
+    if db is not None:
+        try:
+            db.save_link_fit(new.topology_fingerprint(), new.calibration.get("links", {}))
+            result["store"] = db.shown
+            if not quiet:
+                out.print(f"stored the link fit in {db.shown} (topology fingerprint {new.topology_fingerprint()})",
+                          highlight=False)
+        except PlanError as e:
+            print_error(str(e))
+    return result
 
 
 def print_links(cluster: Cluster) -> None:

@@ -1,6 +1,7 @@
 """`sp-plan profile list|show|export|import|delete` through typer's CliRunner and a real subprocess."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -106,11 +107,17 @@ def test_subprocess(tmp_path):
         f"error: profile: no profile 'nope' in store {store}; see the stored ids with `sp-plan profile list --store {store}`"]
 
 
-def test_profile_links_stores_its_fit(tmp_path, monkeypatch):
-    """`profile links` (probe faked: no torchrun world here) writes the cluster file and saves the fit in the store."""
+def _fake_links_world(tmp_path, monkeypatch):
+    """A faked probe (no torchrun world here) whose measurement reports three steps; (cluster, its fit)."""
     from types import SimpleNamespace
 
     from sp_plan.runtime import probe
+
+    def measure(c, h, s, t, cb=None):
+        for i in range(3):
+            if cb is not None:
+                cb(i + 1, 3, f"all_gather {i}")
+        return calibrated, []
 
     cluster = load_cluster("dgx-h100", 1)
     cluster.save(tmp_path / "c.yaml")
@@ -122,12 +129,35 @@ def test_profile_links_stores_its_fit(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     for name, fn in {"under_torchrun": lambda: True, "use_cuda": lambda: False, "init_world": lambda t: False,
                      "gather_hosts": lambda: [], "check_world": lambda c, h: None, "finish": lambda owned: None,
-                     "profile_links": lambda c, h, s, t, cb=None: (calibrated, [])}.items():
+                     "profile_links": measure}.items():
         monkeypatch.setattr(probe, name, fn)
     monkeypatch.setattr(probe, "dist", SimpleNamespace(get_rank=lambda: 0, barrier=lambda: None))
+    return cluster, links
+
+
+def test_profile_links_stores_its_fit(tmp_path, monkeypatch):
+    """`profile links` writes the cluster file and saves the fit in the store."""
+    cluster, links = _fake_links_world(tmp_path, monkeypatch)
     store = f"sqlite:///{tmp_path}/store.db"
     r = cli("profile", "links", "--cluster", tmp_path / "c.yaml", "-o", tmp_path / "cal.yaml", "--store", store)
     assert r.exit_code == 0, r.output
     assert "stored the link fit" in r.stdout and (tmp_path / "cal.yaml").exists()
     assert Store(store).link_fit(cluster.topology_fingerprint()) == links
     one_error_line(cli("profile", "links", "--cluster", tmp_path / "c.yaml", "--store", "nosuch://x"), "--store")
+
+
+def test_profile_links_json_prints_events_then_the_result(tmp_path, monkeypatch):
+    cluster, _ = _fake_links_world(tmp_path, monkeypatch)
+    store = f"sqlite:///{tmp_path}/store.db"
+    r = cli("profile", "links", "--cluster", tmp_path / "c.yaml", "-o", tmp_path / "cal.yaml", "--store", store,
+            "--json")
+    assert r.exit_code == 0, r.output
+    events = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    progress, last = events[:-1], events[-1]
+    assert progress and all(e["step"] == "links" and {"event", "done", "total", "elapsed_s", "eta_s", "message"} <= set(e)
+                            for e in progress)
+    assert last["event"] == "result" and last["cluster_file"] == str(tmp_path / "cal.yaml")
+    assert last["store"] and last["topology_fingerprint"] == cluster.topology_fingerprint()
+    quiet = cli("profile", "links", "--cluster", tmp_path / "c.yaml", "-o", tmp_path / "cal.yaml", "--store", store,
+                "--quiet")
+    assert quiet.exit_code == 0 and quiet.stdout.startswith("wrote ") and "latency" not in quiet.stdout
