@@ -76,26 +76,14 @@ def _world() -> bool:
 
 def workload_of(seq_len: str, batch: int, causal: bool, inference: bool, documents: str | None, window: int | None,
                 pattern: str | None, seed: int | None):
-    """The tuned Workload from the flags: packed ``--documents`` (a file of lengths or a named distribution) and a
-    sliding ``--window`` (on every layer, or the local layers of ``--window-pattern``)."""
-    from sp_plan.planner.model import Window, Workload, parse_seq_len
+    """The tuned Workload from the flags, through the mask resolution plan and estimate use (cli/workload.py):
+    packed ``--documents`` (a file of lengths or a named distribution) and a sliding ``--window`` (on every layer,
+    or the local layers of ``--window-pattern``); errors name the flag."""
+    from sp_plan.cli.workload import masked_workload
+    from sp_plan.planner.model import parse_seq_len
 
-    if window is not None and window < 1:
-        raise PlanError("--window", f"must be at least 1 token, got {window}", "pass --window 1 or more")
-    if pattern is not None and window is None:
-        raise PlanError("--window-pattern", "patterns the windowed layers, and there is no --window",
-                        "add --window W, or drop --window-pattern")
-    if seed is not None and documents is None:
-        raise PlanError("--seed", "seeds the packs drawn from --documents, and there are none",
-                        "add --documents FILE|NAME, or drop --seed")
-    docs = None
-    if documents is not None:
-        from sp_plan.profiles.documents import resolve_documents
-
-        docs = resolve_documents(documents)
-    win = None if window is None else Window(size=window, pattern=pattern)
-    return Workload(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference,
-                    documents=docs, window=win, seed=seed)
+    fields = {"seq_len": parse_seq_len(seq_len), "batch": batch, "causal": causal, "training": not inference}
+    return masked_workload(fields, documents, window, pattern, seed)
 
 
 def _check_flags(output, counts: dict, zeros: dict, kernel_timing: str, max_minutes: float,
