@@ -342,7 +342,6 @@ def judge(name, world, cluster, truths, profile, t_truth, t_tune, estimator: str
 def rescore(folder: Path, estimator: str = "fastest") -> list[dict]:
     """``--rescore``: judge the truth and tune kept by ``--keep`` in ``folder`` again with this code (nothing run)."""
     from sp_plan.planner.cluster import Cluster
-    from sp_plan.profiles.store import Store
 
     out = []
     for d in sorted(p for p in folder.iterdir() if p.name in WORLDS and has_tune(p)):
@@ -475,7 +474,6 @@ def decisive(folder: Path, truth: list[dict], n: int, estimator: str, pick: bool
     3 fastest, and with ``pick`` the tune's pick (its best measured) and `sp-plan plan`'s with the profile."""
     from sp_plan.planner.cluster import Cluster
     from sp_plan.planner.plan import Plan
-    from sp_plan.profiles.store import Store
     from sp_plan.profiles.tune.run import predict
 
     ok = sorted(truth_by([t for t in truth if t["status"] == "ok"], estimator), key=lambda t: t["measured_s"])

@@ -425,10 +425,11 @@ def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan 
         fail(e)
 
 
-from sp_plan.cli.discover import register as _register_discover
-from sp_plan.cli.tune import register as _register_tune
-from sp_plan.cli.report import register as _register_report
-from sp_plan.cli.export import register as _register_export
+# the other command modules register on the app defined above (they import its helpers)
+from sp_plan.cli.discover import register as _register_discover  # noqa: E402
+from sp_plan.cli.tune import register as _register_tune  # noqa: E402
+from sp_plan.cli.report import register as _register_report  # noqa: E402
+from sp_plan.cli.export import register as _register_export  # noqa: E402
 _register_discover(app)
 _register_tune(app)
 _register_report(app)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.model import MAX_SEQ_LEN, ModelSpec, Workload
+from sp_plan.planner.model import ModelSpec, Workload
 from sp_plan.planner.params import Params
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import Profile

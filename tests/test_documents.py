@@ -7,7 +7,7 @@ import pytest
 from sp_plan.planner import PlanError
 from sp_plan.planner.documents import (batch_cu_seqlens, check_cu_seqlens, draw_packs, histogram_of, mean_length,
                                        pack, sample_lengths, workload_packs)
-from sp_plan.planner.model import DocumentLengths, Histogram, Lognormal, Window, Workload
+from sp_plan.planner.model import DocumentLengths, Histogram, Window, Workload
 from sp_plan.planner.yamlio import yaml_dump, yaml_load
 from sp_plan.profiles.documents import (document_presets, documents_from_file, load_documents, read_lengths,
                                         resolve_documents)

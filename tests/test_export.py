@@ -11,7 +11,6 @@ import sys
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from sp_plan.integrations.export import TARGETS, target

@@ -66,7 +66,7 @@ def test_tune_then_plan_uses_the_profile(tmp_path):
     assert used.returncode == 0, used.stderr
     assert f"using profile {prof.id}" in used.stdout
     plain = _cli(*args, "--no-profile")
-    assert plain.returncode == 0 and f"using profile" not in plain.stdout and "--no-profile" in plain.stdout
+    assert plain.returncode == 0 and "using profile" not in plain.stdout and "--no-profile" in plain.stdout
 
     # the exported profile, carried to a laptop with its own (empty) store, plans there as on the cluster
     exp = _cli("profile", "export", prof.id, "-o", str(tmp_path / "p.yaml"), "--store", store)
@@ -173,7 +173,7 @@ def test_a_killed_tune_resumes_and_loses_at_most_the_candidate_in_flight(tmp_pat
     (prof,) = Store(url).list_profiles()
     assert len(prof.candidates) == 3
     kept = {c.summary: c for c in prof.candidates}
-    for name, (_, payload) in done.items():  # measured before the kill: kept, not measured again (its first reading)
+    for _, (_, payload) in done.items():  # measured before the kill: kept, not measured again (its first reading)
         c = kept[payload["summary"]]
         assert c.detail.get("readings_s", [c.measured_s])[0] == payload["measured_s"]
 
