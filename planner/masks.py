@@ -100,7 +100,9 @@ def rank_pairs(tokens: list[np.ndarray], cu_seqlens, causal: bool = True, window
     """(P,) int64: score entries of the queries each rank holds (``tokens``: its global token indices) against every
     key their documents let them see: a rank's work when it has all the K, V it needs (all-gather, Ulysses)."""
     rows = row_pairs(cu_seqlens, causal, window)
-    return np.array([int(rows[t].sum()) for t in tokens], dtype=np.int64)
+    owner = np.repeat(np.arange(len(tokens)), [len(t) for t in tokens])
+    # float64 sums of int counts: exact below 2^53 score entries per rank
+    return np.rint(np.bincount(owner, weights=rows[np.concatenate(tokens)], minlength=len(tokens))).astype(np.int64)
 
 
 def _key_ranges(cu: np.ndarray, causal: bool, window: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -164,7 +166,12 @@ def busiest_rank_pairs(work: Workload, token_layout: str, ring: int, window: int
     """Score entries of the busiest of ``ring`` ranks per sequence, in expectation over PACK_SAMPLES seeded packs of
     the workload's documents (one pack without documents: it is the same every time), under ``window`` (a layer's:
     the workload's window applies per layer, ``layer_windows``)."""
-    return layout_work(work, token_layout, ring, window)[0]
+    samples = PACK_SAMPLES if work.documents is not None else 1
+    total = top = 0.0
+    for cu in workload_packs(work, samples):  # per rank only: O(S), where the rounds' matrix is O(P^2)
+        p = layout_pairs(token_layout, ring, cu, work.causal, window)
+        total, top = total + float(p.sum()), top + float(p.max())
+    return RankWork(total / samples, top / samples, top * ring / total if total else 1.0, samples)
 
 
 def layer_windows(work: Workload, layers: int) -> tuple[tuple[int | None, int], ...]:
