@@ -38,7 +38,7 @@ def _choices(space: Space) -> dict[str, list[int]]:
     """Fixed categorical choices per degree (optuna's TPE needs the same distribution every trial)."""
     W, m, w = space.world, space.model, space.work
     return {"dp": [d for d in divisors(W) if w.batch % d == 0],
-            "pp": [d for d in divisors(W) if m.layers % d == 0],
+            "pp": [d for d in divisors(W) if d <= m.layers],
             "tp": [d for d in divisors(W) if not m.tp_problem(d) and (not space.tp_max or d <= space.tp_max)],
             "ulysses": [d for d in divisors(W) if m.heads % d == 0]}
 

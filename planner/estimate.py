@@ -761,7 +761,7 @@ class Estimator:
         best = float("inf")
         busy, att = self.busy, self.attention_busy
         seen: dict = {}
-        for zero, ckpt, mbs in policies:
+        for _zero, ckpt, mbs in policies:
             c = self.shape(base, mbs)
             key = (ckpt, mbs)
             if key not in seen:  # each part: its linear compute and its attention's (read from the bound unit)

@@ -64,7 +64,7 @@ class Space:
             if w.batch % dp:
                 continue
             for pp in divisors(self.world // dp):
-                if m.layers % pp:
+                if pp > m.layers:  # uneven stages where pp does not divide the layers (Estimator.stages_of)
                     continue
                 rest = self.world // (dp * pp)
                 for tp in divisors(rest):
@@ -534,16 +534,17 @@ def finish(result: SearchResult, cluster: Cluster, model: ModelSpec, workload: W
     """Full Plans (predictions with breakdown, cluster fingerprint) for the ``top_k`` best; as plan files hold
     them, without groups (``Plan.with_groups`` derives them)."""
     est = result.estimator
-    return [c.to_plan(cluster=cluster.name, cluster_fingerprint=est.fingerprint, model=model, workload=workload,
-                      predicted=est.predict(c), profile=result.profile) for _, c in result.ranked[:top_k]]
+    return [est.with_stages(c).to_plan(cluster=cluster.name, cluster_fingerprint=est.fingerprint, model=model,
+                                       workload=workload, predicted=est.predict(c), profile=result.profile)
+            for _, c in result.ranked[:top_k]]
 
 
 def finish_each(result: SearchResult, cluster: Cluster, model: ModelSpec, workload: Workload) -> list[Plan]:
     """Full Plans for the fastest layout of every algorithm variant, with documents of every balancing policy too
     (exact under grid pruning too)."""
     est = result.estimator
-    return [c.to_plan(cluster=cluster.name, cluster_fingerprint=est.fingerprint, model=model, workload=workload,
-                      predicted=est.predict(c), profile=result.profile)
+    return [est.with_stages(c).to_plan(cluster=cluster.name, cluster_fingerprint=est.fingerprint, model=model,
+                                       workload=workload, predicted=est.predict(c), profile=result.profile)
             for _, c in best_per_variant(result.ranked, by_policy(workload))]
 
 

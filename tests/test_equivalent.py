@@ -67,19 +67,19 @@ def test_grid_search_keeping_distinct_times_ranks_every_equivalent_of_the_top_ro
 
     c, m, w = load_cluster("dgx-h100", 2), load_model("llama3-8b"), Workload(seq_len=131072)
     full = grid_search(c, m, w, keep=None, params=default_params(c))
-    res = grid_search(c, m, w, keep=3, distinct=True, params=default_params(c))
-    n = distinct_prefix(full.ranked, 3)
+    res = grid_search(c, m, w, keep=5, distinct=True, params=default_params(c))
+    n = distinct_prefix(full.ranked, 5)
     assert [(round(t, 12), x) for t, x in res.ranked[:n]] == [(round(t, 12), x) for t, x in full.ranked[:n]]
-    assert n > 3  # the presets' model prices two mesh orders alike: more layouts than rows
+    assert n > 5  # the presets' model prices two mesh orders alike: more layouts than rows
 
 
 def test_plan_command_shows_equivalent_layouts_as_one_row():
     """Under the presets' default model two mesh orders of tp2 x ulysses4 x ring2 cost the same."""
     r = subprocess.run([sys.executable, "-m", "sp_plan.cli.app", "plan", "--cluster", "dgx-h100", "--nodes", "2",
-                        "--model", "llama3-8b", "--seq-len", "128k", "--top", "3"],
+                        "--model", "llama3-8b", "--seq-len", "128k", "--top", "5"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "usp tp2 ulysses4 ring2 zigzag tp<ulysses<ring zero1 (same: order ulysses<tp<ring)" in r.stdout
     assert "usp tp2 ulysses4 ring2 zigzag ulysses<tp<ring" not in r.stdout  # no row of its own
     ranked = r.stdout.split("ranked layouts")[1].split("best layout of each")[0]
-    assert sum(1 for l in ranked.splitlines() if l.startswith("│")) == 3
+    assert sum(1 for l in ranked.splitlines() if l.startswith("│")) == 5
