@@ -17,7 +17,7 @@ from rich.table import Table
 
 from sp_plan.cli.console import err, out, print_error
 from sp_plan.cli.examples import add_examples
-from sp_plan.cli.workload import masked_workload, print_mask, print_notes, print_rank_work, workload_mask_options
+from sp_plan.cli.workload import masked_workload, plan_workload, print_mask, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.errors import PlanError
 from sp_plan.service.collector import collector_paused, skip_final_collection
 
@@ -353,7 +353,6 @@ def estimate(
     seed: Optional[int] = _ESTIMATE_MASK.seed,
 ) -> None:
     """Price one plan on a cluster: step time, MFU, memory and the per-phase breakdown."""
-    from sp_plan.planner.model import parse_seq_len  # noqa: PLC0415
     from sp_plan.planner.plan import Plan  # noqa: PLC0415
     from sp_plan.service.planning import EstimateRequest, run_estimate  # noqa: PLC0415
 
@@ -364,11 +363,7 @@ def estimate(
         base = p.workload
         if seq_len is None and base is None:
             raise PlanError("--seq-len", f"{path} names no workload", "pass --seq-len N")
-        w = masked_workload(dict(seq_len=parse_seq_len(seq_len) if seq_len else base.seq_len,
-                                 batch=batch or (base.batch if base else 1),
-                                 causal=causal if causal is not None else (base.causal if base else True),
-                                 training=not inference and (base.training if base else True)),
-                            documents, window, window_pattern, seed, base)
+        w = plan_workload(base, seq_len, batch, causal, inference, documents, window, window_pattern, seed)
         print_notes(w)
         _profile_options(profile, no_profile)
         req = _request(EstimateRequest, server, plan=p, cluster=cluster, nodes=nodes, model=model, workload=w,

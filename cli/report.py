@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.table import Table
 
-from sp_plan.cli.workload import masked_workload, print_notes, print_rank_work, workload_mask_options
+from sp_plan.cli.workload import plan_workload, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.errors import PlanError
 
 if TYPE_CHECKING:
@@ -115,7 +115,6 @@ def report_cmd(
     cluster graph with the plan's groups, and its sensitivity."""
     from sp_plan.cli.app import _profile_options, err, fail, out
     from sp_plan.planner.calibration import resolve_params
-    from sp_plan.planner.model import parse_seq_len
     from sp_plan.planner.plan import Plan
     from sp_plan.planner.search import finish, finish_each, grid_search, no_plan_error, profile_tag
     from sp_plan.planner.sensitivity import sensitivity as rerank
@@ -135,11 +134,7 @@ def report_cmd(
         base = given.workload if given else None
         if seq_len is None and base is None:
             raise PlanError("--seq-len", f"{path} names no workload", "pass --seq-len N")
-        w = masked_workload(dict(seq_len=parse_seq_len(seq_len) if seq_len else base.seq_len,
-                                 batch=batch or (base.batch if base else 1),
-                                 causal=causal if causal is not None else (base.causal if base else True),
-                                 training=not inference and (base.training if base else True)),
-                            documents, window, window_pattern, seed, base)
+        w = plan_workload(base, seq_len, batch, causal, inference, documents, window, window_pattern, seed)
         print_notes(w)
         params, line, prof = resolve_params(c, _profile_options(profile, no_profile), store)
         with err.status("ranking every layout"):

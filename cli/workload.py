@@ -89,6 +89,20 @@ def masked_workload(fields: dict[str, Any], documents: Optional[str] = None, win
         raise as_flag(e) from None
 
 
+def plan_workload(base: Optional[Workload], seq_len: Optional[str], batch: Optional[int], causal: Optional[bool],
+                  inference: bool, documents: Optional[str] = None, window: Optional[int] = None,
+                  window_pattern: Optional[str] = None, seed: Optional[int] = None) -> Workload:
+    """A plan file's workload (``base``) with the flags that replace its fields (None: the plan's, else the
+    defaults); ``base`` None needs ``seq_len``."""
+    from sp_plan.planner.model import parse_seq_len  # noqa: PLC0415
+
+    fields = dict(seq_len=parse_seq_len(seq_len) if seq_len else base.seq_len,
+                  batch=batch or (base.batch if base else 1),
+                  causal=causal if causal is not None else (base.causal if base else True),
+                  training=not inference and (base.training if base else True))
+    return masked_workload(fields, documents, window, window_pattern, seed, base)
+
+
 def print_notes(w: Workload) -> None:
     """One line per note of the workload (a window that covers the sequence is full attention)."""
     from sp_plan.cli.console import out  # noqa: PLC0415
