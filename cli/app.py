@@ -68,6 +68,14 @@ STORE_HELP = "profile store URL, e.g. sqlite:////path/store.db"
 STORE_DEFAULT = "$SP_PLAN_STORE, else SQLite in the user data directory"
 
 
+def mfu_text(pred) -> str:
+    """'MFU 20.7%', and where a mask cuts the attention the MFU counted with full causal attention, as papers count
+    it ('MFU 20.7% (23.3% counting full causal attention)')."""
+    if pred.mfu_causal is None:
+        return f"MFU {pred.mfu:.1%}"
+    return f"MFU {pred.mfu:.1%} ({pred.mfu_causal:.1%} counting full causal attention)"
+
+
 def secs(x: float) -> str:
     return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
 
@@ -376,7 +384,7 @@ def estimate(
               highlight=False)
     print_mask(w)
     out.print(res.profile_line, highlight=False)
-    out.print(f"step {secs(pred.step_time_s)}, {pred.tokens_per_s:,.0f} tokens/s, MFU {pred.mfu:.1%}, peak memory "
+    out.print(f"step {secs(pred.step_time_s)}, {pred.tokens_per_s:,.0f} tokens/s, {mfu_text(pred)}, peak memory "
               f"{gib(pred.peak_memory_bytes)} of {gib(pred.memory_capacity_bytes)}"
               + ("" if pred.fits else "  [bold red]does not fit[/]"))
     out.print(_explain(p, "step"))
@@ -409,7 +417,7 @@ def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan 
     out.print(t)
     if p.predicted:
         pr = p.predicted
-        out.print(f"step {secs(pr.step_time_s)}, {pr.tokens_per_s:,.0f} tokens/s, MFU {pr.mfu:.1%}, "
+        out.print(f"step {secs(pr.step_time_s)}, {pr.tokens_per_s:,.0f} tokens/s, {mfu_text(pr)}, "
                   f"peak memory {gib(pr.peak_memory_bytes)} of {gib(pr.memory_capacity_bytes)}")
         out.print(_breakdown(p))
     if p.workload is not None:
