@@ -33,10 +33,11 @@ def test_neutral_params_give_bit_identical_predictions_to_the_uncalibrated_engin
     golden = json.loads((FIX / "params_identity.json").read_text())
     now = json.loads(json.dumps(snapshot()))
     assert now.keys() == golden.keys()
-    for case in golden:
-        assert len(now[case]) == len(golden[case]) > 10, case
-        for a, b in zip(now[case], golden[case]):
-            assert a == b, (case, a[0])
+    for case in golden:  # every candidate of the snapshot, bit for bit; the search may price new ones beside them
+        rows = {r[0]: r for r in now[case]}
+        assert len(golden[case]) > 10 and len(rows) >= len(golden[case]), case
+        for b in golden[case]:
+            assert rows.get(b[0]) == b, (case, b[0])
 
 
 # ---- kernel curves
@@ -340,7 +341,7 @@ def test_plan_and_estimate_look_profiles_up_in_the_store_they_are_given(tmp_path
 def test_import_sp_plan_is_light_and_exports_the_api():
     code = ("import sys, sp_plan; assert 'torch' not in sys.modules, 'import sp_plan pulled torch in'\n"
             "from sp_plan import plan, estimate, Plan, Workload, load_cluster, load_model, Store, init\n"
-            "from sp_plan.planner import plan as p2, estimate as e2\n"
+            "from sp_plan.service.planning import plan as p2, estimate as e2\n"
             "assert plan is p2 and estimate is e2 and set(sp_plan.__all__) <= set(dir(sp_plan))\n"
             "c, m = load_cluster('dgx-h100'), load_model('llama3-8b')\n"
             "print(sp_plan.plan(c, m, sp_plan.Workload(seq_len=32768), top_k=1, profile=False)[0].summary())\n"
