@@ -81,10 +81,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Apply the recorded marks (a parametrized case's, or its function's where the case is new)."""
+    """Apply the recorded marks (a new test has none until the next recording; the summary names one that starts a
+    process)."""
     marks = load_marks()
     for item in items:
-        for kind in marks.get(item.nodeid) or marks.get(item.nodeid.split("[")[0], ()):
+        for kind in marks.get(item.nodeid, ()):
             item.add_marker(getattr(pytest.mark, kind))
 
 
@@ -112,15 +113,10 @@ def pytest_sessionfinish(session):
     """With --record-markers: every test that ran gets its marks (any kind implies slow)."""
     if not session.config.getoption("--record-markers"):
         return
-    marks = load_marks()
-    functions: dict[str, set[str]] = {}
+    marks = {k: v for k, v in load_marks().items() if "::" in k}
     for node in (i.nodeid for i in session.items):
         kinds = _seen.get(node, set())
-        kinds = kinds | ({"slow"} if kinds else set())
-        marks[node] = sorted(kinds)
-        if "[" in node:  # a new case of a parametrized test takes what its recorded cases did
-            functions.setdefault(node.split("[")[0], set()).update(kinds)
-    marks.update({f: sorted(k) for f, k in functions.items()})
+        marks[node] = sorted(kinds | ({"slow"} if kinds else set()))
     rows = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(marks.items()) if v]
     MARKERS_FILE.write_text("{\n" + ",\n".join(rows) + "\n}\n")
 
