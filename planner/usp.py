@@ -103,7 +103,7 @@ def masked_ring_steps(c: Shape, backward: bool) -> list[Step]:
     mr = masked_rounds(c.work, c.token_layout, c.ring, c.model.layers)
     steps: list[Step] = []
     for i, phases in enumerate(_round_phases(c, backward, mr)):
-        last = steps[-1] if steps and i > 1 else None  # round 0 (the diagonal) stands alone
+        last = steps[-1] if steps and i > 1 else None  # the first ring round (the diagonal) stands alone
         if last is not None and last.phases == phases:
             steps[-1] = Step(phases, last.repeat + 1, last.overlap)
         elif phases:

@@ -28,7 +28,7 @@ def test_needed_keys_are_the_seen_keys_a_rank_does_not_hold(bench):
 def test_imbalance_of_a_contiguous_ring_and_ulysses(bench):
     S, cu = 64, (0, 64)
     ring = bench.Candidate("ring", 1, 2, "contiguous")
-    # round 0: both diagonals (528 entries each); round 1: rank 1 sees all of rank 0's keys (1024), rank 0 none
+    # first ring round: both diagonals (528 entries each); second: rank 1 sees all of rank 0's keys (1024), rank 0 none
     assert bench.imbalance(ring, S, cu) == pytest.approx((528 + 1024) / (528 + 1024 / 2), rel=1e-12)
     assert bench.imbalance(bench.Candidate("ulysses", 2, 1, "contiguous"), S, cu) == 1.0
 

@@ -85,7 +85,7 @@ def test_rounds_beyond_a_window_of_s_over_r_carry_no_transfer():
 
 
 def test_a_window_pattern_sends_the_far_rounds_for_its_global_layers_only():
-    """5:1 over 6 layers: 5 windowed layers stop after round 1, the global one goes round the ring; the rounds'
+    """5:1 over 6 layers: 5 windowed layers stop after the second ring round, the global one goes round the ring; the rounds'
     work is the layers' average."""
     S, R = 65536, 8
     work = Workload(seq_len=S, window={"size": S // R, "pattern": "5:1"})
@@ -101,7 +101,7 @@ def test_documents_shorter_than_a_chunk_make_the_contiguous_rings_busiest_rounds
     work = Workload(seq_len=65536, documents=[200, 300, 100, 400, 500])  # chunks of 8192 tokens
     contiguous, balanced = (ring_steps(shape(work, layout=t), False) for t in ("contiguous", "balanced"))
     assert attention_flops(contiguous) > 1.05 * attention_flops(balanced)
-    assert max(masked_rounds(work, "balanced", 8, 4).busiest[1:]) == 0  # no document is spread: round 0 alone
+    assert max(masked_rounds(work, "balanced", 8, 4).busiest[1:]) == 0  # no document is spread: the diagonal ring round alone
     assert sends(balanced) == (0.0, 0)
     assert sends(contiguous)[1] == 1  # a document across a boundary needs the rank before, no further
 
