@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from sp_plan.cli.console import err, out, print_error
+from sp_plan.cli.workload import workload_mask_options
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.yamlio import check_writable
 
@@ -220,6 +221,10 @@ def _write_best(report, output: Path, loud: bool) -> None:
                   f"predicted {_secs(report.best.predicted.step_time_s)}", highlight=False)
 
 
+# the mask flags of plan and estimate (cli/workload.py); tune runs its candidates on packs drawn from them
+_TUNE_MASK = workload_mask_options()
+
+
 def tune_cmd(
     cluster: str = typer.Option(..., "--cluster", help="cluster file from `sp-plan discover` (or a preset name)"),
     nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a preset", show_default="1"),
@@ -228,16 +233,10 @@ def tune_cmd(
     batch: int = typer.Option(1, "--batch", help="global batch (sequences per step)"),
     causal: bool = typer.Option(True, "--causal/--no-causal", help="causal (decoder) or full attention"),
     inference: bool = typer.Option(False, "--inference", help="forward only"),
-    documents: Optional[str] = typer.Option(None, "--documents", help="packed documents: a file of lengths (one a "
-                                            "line, or a CSV/Parquet column 'length') or a named distribution; "
-                                            "candidates run on packed batches drawn from it",
-                                            show_default="one document per sequence"),
-    window: Optional[int] = typer.Option(None, "--window", help="sliding window W in tokens",
-                                         show_default="full attention"),
-    window_pattern: Optional[str] = typer.Option(None, "--window-pattern", help="windowed:global layers, e.g. 5:1",
-                                                 show_default="every layer windowed"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="seed of the packs drawn from --documents",
-                                       show_default="0"),
+    documents: Optional[str] = _TUNE_MASK.documents,
+    window: Optional[int] = _TUNE_MASK.window,
+    window_pattern: Optional[str] = _TUNE_MASK.window_pattern,
+    seed: Optional[int] = _TUNE_MASK.seed,
     budget: int = typer.Option(5, "--budget", help="candidates to measure at most"),
     max_minutes: float = typer.Option(30.0, "--max-minutes", help="the whole tune's time: links, kernels, the round "
                                       "probe, candidates, reread and confirm; a candidate whose estimate does not fit "
