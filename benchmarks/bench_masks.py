@@ -13,7 +13,7 @@ backward through ``runtime.init(plan).attention`` between barriers; the candidat
 - the median time over the repeats and their spread (min-max);
 - the work imbalance, max / mean over ranks of the score entries of the blocks each rank runs (``planner.masks``);
   a ring waits on its busiest rank every round, so its figure is the sum over rounds of the busiest rank's
-  entries over the mean rank's; and the blocks run (``runtime.ring.BLOCKS``, counted in each rank) max / mean;
+  entries over the mean rank's; and the blocks run (``runtime.variants.ring.BLOCKS``, counted in each rank) max / mean;
 - the bytes each rank received (counted in the collectives and point-to-point batches it posted; gloo has no
   reduce-scatter, so the all-gather's backward all-reduces: counted as a ring all-reduce, 2 (P-1)/P of the buffer)
   against the needed-KV lower bound: the K, V of keys a rank's queries see and it does not hold, there and (dK, dV)
@@ -153,7 +153,7 @@ def _once(ctx, tensors, cu) -> tuple[float, int, int]:
     """One forward + backward between barriers: (seconds, blocks run, bytes received) on this rank."""
     import torch.distributed as dist
 
-    from sp_plan.runtime.ring import BLOCKS
+    from sp_plan.runtime.variants.ring import BLOCKS
 
     q, k, v, dout = tensors
     blocks, received = sum(BLOCKS.values()), RECEIVED[0]
@@ -192,7 +192,7 @@ def measure_rank(rank: int, world: int, cands: list[Candidate], work, cu, head_d
 
 def ring_members(c: Candidate, S: int, cu) -> list[np.ndarray]:
     """Tokens of each ring member (for Ulysses, each rank) as the runtime places them."""
-    from sp_plan.runtime.ring import member_pieces
+    from sp_plan.runtime.variants.ring import member_pieces
 
     pieces = member_pieces(c.token_layout, c.ulysses, c.ring, S, True, cu, None)
     if c.algorithm == "ulysses":

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_ring_rounds.py [--world 4] [--seqs 64,1024,4096] [--iters 5]
 
-Ring and TokenRing attention (runtime/ring.py, runtime/tokenring.py), causal, contiguous and zigzag,
+Ring and TokenRing attention (runtime/variants/ring.py, runtime/variants/tokenring.py), causal, contiguous and zigzag,
 forward + backward through 8 layers of tiny-llama's attention shape (8 query heads, 4 KV heads, 32 wide,
 fp32) on a local gloo world (runtime/spawn.py), every rank one thread: the median over ``--iters`` timed
 runs, after two, of rank 0's wall time between barriers. At a few tokens the blocks cost next to nothing
@@ -21,9 +21,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from sp_plan.runtime.ring import ring_attention
+from sp_plan.runtime.variants.ring import ring_attention
 from sp_plan.runtime.spawn import run_world
-from sp_plan.runtime.tokenring import tokenring_attention
+from sp_plan.runtime.variants.tokenring import tokenring_attention
 
 VARIANTS = {"ring": ring_attention, "tokenring": tokenring_attention}
 LAYOUTS = ("contiguous", "zigzag")

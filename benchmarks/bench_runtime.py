@@ -22,7 +22,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from sp_plan.planner.layout import Layout
-from sp_plan.runtime import kernels, ring as ring_mod, ulysses as ulysses_mod
+from sp_plan.runtime import kernels
+from sp_plan.runtime.variants import ring as ring_mod, ulysses as ulysses_mod
 from sp_plan.runtime.attention import attention
 from sp_plan.runtime.spawn import run_world
 

@@ -58,8 +58,8 @@ def _bench(rank, world, seq, heads, head_dim, steps):
 
 def _bench_metp(rank, world, seq, heads, head_dim, steps):
     """METP MHA and FFN modules (tokens split over the world) vs a Ring MHA layer with full weights."""
-    from sp_plan.runtime.metp import METPAttention, METPFeedForward
-    from sp_plan.runtime.ring import ring_attention
+    from sp_plan.runtime.variants.metp import METPAttention, METPFeedForward
+    from sp_plan.runtime.variants.ring import ring_attention
 
     hidden = heads * head_dim
     torch.manual_seed(1)

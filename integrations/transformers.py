@@ -67,7 +67,7 @@ def check_plan(plan: Plan) -> None:
     """The integration shards the sequence (ulysses, ring) and the batch (dp); weights stay whole."""
     if plan.algorithm == "metp":
         raise PlanError("algorithm", "METP shards the attention and MLP weights (it replaces the whole layer)",
-                        "use sp_plan.runtime.metp's modules, or a ring/ulysses/usp/wallfacer/tokenring plan")
+                        "use sp_plan.runtime.variants.metp's modules, or a ring/ulysses/usp/wallfacer/tokenring plan")
     for dim in ("tp", "pp"):
         if plan.degrees.get(dim, 1) > 1:
             raise PlanError(f"degrees.{dim}", f"the transformers integration keeps every weight whole; the plan has "

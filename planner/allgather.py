@@ -1,5 +1,5 @@
 """All-gather K/V context parallelism (Llama 3, arXiv 2407.21783, Sec. 3.3.2) in the planner: schedule, volume,
-buffers, variants and checks (runtime/allgather.py runs it).
+buffers, variants and checks (runtime/variants/allgather.py runs it).
 
 Forward: the context (``ring``) group all-gathers K and V, exposed; each rank then attends its local queries, in
 any token layout, to the K, V their documents and window let them see, in one call. Backward, as

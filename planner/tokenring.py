@@ -1,6 +1,6 @@
 """TokenRing (seeds/001) and TokenRing x Ring across nodes in the planner: schedule, buffers, variants, checks.
 
-Schedule of one layer's attention (runtime/tokenring.py has the algorithm). A ring of P ranks is
+Schedule of one layer's attention (runtime/variants/tokenring.py has the algorithm). A ring of P ranks is
 cut into N = P / C teams of C consecutive ranks (``degrees["team"]`` = C for ``tokenring_ring``;
 plain ``tokenring`` is C = P). Each of the N rounds runs C TokenRing steps on the ``team`` group
 (the ``ring`` group for plain TokenRing); in step i every rank computes one block (the busiest
@@ -116,7 +116,7 @@ def tokenring_steps(c: Shape, backward: bool) -> list[Step]:
         phases: list = [Compute(f"attention {tag}", mult * blk * f, "attention", c.n_ring, fill=f,
                                 balance=b if b and min(b) < 1.0 else (),  # masked: the diagonal, striped's all
                                 masked=c.work.causal and (first or c.token_layout == "striped"),
-                                trimmed=True)]  # only the Q rows a later holder uses travel (runtime/tokenring.py)
+                                trimmed=True)]  # only the Q rows a later holder uses travel (runtime/variants/tokenring.py)
         if P > 1:  # the owner folds a partial out + LSE into its accumulator (or dQ into its own)
             phases.append(Compute(f"tokenring merge {tag}", 0.0, "memory", nbytes=merge_bytes(c, backward)))
         if sends_q and sends_part:

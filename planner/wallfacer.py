@@ -60,7 +60,7 @@ def wallfacer_steps(c: Shape, backward: bool) -> list[Step]:
     runs[-1:] = ([(f_last, k_last - 1)] if k_last > 1 else []) + [(f_last, 0)]  # the last round sends nothing
     merge = ((Compute(f"wallfacer merge {tag}", 0.0, "memory", nbytes=C * merge_bytes(c, backward)),)  # team block
              if c.ring > 1 else ())
-    # causal: the runtime reduces a team block as its C^2 ring blocks (runtime.wallfacer.round_masks), one kernel
+    # causal: the runtime reduces a team block as its C^2 ring blocks (runtime.variants.wallfacer.round_masks), one kernel
     # call each, n_team / C long; full attention: the whole team block in one call
     pieces = C * C if c.work.causal else 1
     for f, k in runs:

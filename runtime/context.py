@@ -77,7 +77,7 @@ class Context:
 
     def _document_tokens(self, seq_len: int, cu_seqlens, window) -> dict:
         """Global tokens each rank of this rank's sequence group holds, with packed documents (``member_pieces``)."""
-        from .ring import check_masks, member_pieces
+        from .variants.ring import check_masks, member_pieces
 
         cu, w = check_masks(cu_seqlens, self.window(window), seq_len)
         causal = self.plan.workload.causal if self.plan.workload else True

@@ -8,8 +8,8 @@ import torch.distributed as dist
 
 from exact import assemble
 from sp_plan.planner.errors import PlanError
-from sp_plan.runtime import allgather as ag
-from sp_plan.runtime.ring import member_tokens
+from sp_plan.runtime.variants import allgather as ag
+from sp_plan.runtime.variants.ring import member_tokens
 from sp_plan.runtime.spawn import run_world
 from test_masked_exact import Case, inputs, reference
 

@@ -25,12 +25,12 @@ import torch.nn.functional as F
 from exact import DTYPES, TOLERANCE, assemble
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import TOKEN_LAYOUTS, Layout
-from sp_plan.runtime.allgather import allgather_attention
+from sp_plan.runtime.variants.allgather import allgather_attention
 from sp_plan.runtime.attention import MASKED, attention
 from sp_plan.runtime.kernels import attended, document_ids
-from sp_plan.runtime.ring import BLOCKS, SENT, member_pieces, member_tokens, needed_rounds, sees
+from sp_plan.runtime.variants.ring import BLOCKS, SENT, member_pieces, member_tokens, needed_rounds, sees
 from sp_plan.runtime.spawn import run_world
-from sp_plan.runtime.ulysses import span_masks, span_tiles
+from sp_plan.runtime.variants.ulysses import span_masks, span_tiles
 
 BATCH, HEADS, HEAD_DIM = 2, 8, 4
 DOCS = (0, 3, 40, 41, 58, 77)
@@ -348,7 +348,7 @@ def test_the_runtime_places_tokens_as_the_layout_module_does():
 def test_a_window_leaves_a_ring_only_its_neighbours():
     """A sliding window shorter than a rank's block: each rank's queries need only its own and its predecessor's
     keys, so the ring's other rounds are skipped (``round_masks`` None)."""
-    from sp_plan.runtime.ring import round_masks
+    from sp_plan.runtime.variants.ring import round_masks
 
     masks = round_masks("contiguous", 4, 64, 2, True, None, 9)
     assert [m is not None for m in masks] == [True, True, False, False]
@@ -357,7 +357,7 @@ def test_a_window_leaves_a_ring_only_its_neighbours():
 def test_a_mask_that_empties_a_chunk_skips_it():
     """Packed documents that stay inside one rank's tokens leave the other chunks fully masked: no kernel runs on
     them (``chunk_masks`` gives None), which is what makes all-gather cheap on short documents."""
-    from sp_plan.runtime.allgather import chunk_masks
+    from sp_plan.runtime.variants.allgather import chunk_masks
 
     masks = chunk_masks("contiguous", 4, 64, 1, True, (0, 16, 32, 48, 64), None)
     assert [m is not None for m in masks] == [False, True, False, False]

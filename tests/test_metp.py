@@ -72,7 +72,7 @@ def _inputs(case: Case):
 
 
 def _module(case: Case, w1, w2):
-    from sp_plan.runtime.metp import METPAttention, METPFeedForward
+    from sp_plan.runtime.variants.metp import METPAttention, METPFeedForward
 
     if case.layer == "ffn":
         mod = METPFeedForward.from_full(w1, w2, dist.group.WORLD)

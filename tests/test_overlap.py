@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from sp_plan.runtime.overlap import DoubleBuffer, Round
-from sp_plan.runtime.ring import make_ring, ring_backward, ring_forward, round_masks
+from sp_plan.runtime.variants.ring import make_ring, ring_backward, ring_forward, round_masks
 from sp_plan.runtime.spawn import run_world
 
 

@@ -8,8 +8,8 @@ import tracemalloc
 import numpy as np
 import pytest
 from sp_plan.runtime import kernels as T
-from sp_plan.runtime.allgather import chunk_masks
-from sp_plan.runtime.ring import member_tokens, round_masks, runs_of_members
+from sp_plan.runtime.variants.allgather import chunk_masks
+from sp_plan.runtime.variants.ring import member_tokens, round_masks, runs_of_members
 
 LAYOUTS = ("contiguous", "zigzag", "striped", "balanced")
 

@@ -23,10 +23,10 @@ import torch.nn.functional as F
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import TOKEN_LAYOUTS, Layout, ring_tokens, sp_tokens
 from sp_plan.runtime.attention import attention
-from sp_plan.runtime.ring import ring_attention
+from sp_plan.runtime.variants.ring import ring_attention
 from exact import DTYPES, TOLERANCE, assemble, sdpa_reference
 from sp_plan.runtime.spawn import WorldError, run_world
-from sp_plan.runtime.ulysses import ulysses_attention
+from sp_plan.runtime.variants.ulysses import ulysses_attention
 
 BATCH, SEQ, HEADS, HEAD_DIM = 2, 64, 8, 8
 KV_HEADS = (8, 2, 1)

@@ -125,7 +125,7 @@ def test_exact_against_single_process(case: Case):
 
 def test_schedule_q_one_way_partials_to_owner_and_zigzag_drops_early_chunks():
     """Step i of position p computes Q_(p+i) on its own K, V; zigzag stops sending a Q's early chunk after position 0."""
-    from sp_plan.runtime.tokenring import tokenring_schedule
+    from sp_plan.runtime.variants.tokenring import tokenring_schedule
 
     P, S = 4, 64
     n = S // P
@@ -148,7 +148,7 @@ def test_schedule_q_one_way_partials_to_owner_and_zigzag_drops_early_chunks():
 
 
 def test_hybrid_schedule_holds_outer_ring_blocks():
-    from sp_plan.runtime.tokenring import tokenring_schedule
+    from sp_plan.runtime.variants.tokenring import tokenring_schedule
 
     steps = tokenring_schedule("contiguous", 8, 2, 64, 5, False)  # node 2, inner 1, N = 4 rounds of 2 steps
     assert [(s.j, s.i, s.owner, s.kv) for s in steps] == [
@@ -156,7 +156,7 @@ def test_hybrid_schedule_holds_outer_ring_blocks():
 
 
 def _bad_team(rank, world):
-    from sp_plan.runtime.tokenring import tokenring_ring_attention
+    from sp_plan.runtime.variants.tokenring import tokenring_ring_attention
 
     q = torch.randn(1, 4, 2, 4)
     try:
@@ -292,7 +292,7 @@ def test_tokenring_plan_needs_ulysses_one():
 
 
 def test_team_size_from_ranks_entry():
-    from sp_plan.runtime.tokenring import _team_from
+    from sp_plan.runtime.variants.tokenring import _team_from
 
     assert _team_from({"ring": [0, 1, 2, 3], "team": 2}, None) == 2
     assert _team_from({"ring": [0, 1, 2, 3], "team": [2, 3]}, None) == 2

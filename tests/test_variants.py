@@ -21,7 +21,7 @@ def test_load_all_registers_every_variant_from_its_own_module():
              "tokenring_ring": "tokenring", "metp": "metp"}
     for name, mod in owner.items():
         assert reg[name].name == name
-        assert reg[name].fn.__module__ == f"sp_plan.runtime.{mod}", name
+        assert reg[name].fn.__module__ == f"sp_plan.runtime.variants.{mod}", name
 
 
 def _fresh(code: str) -> str:
@@ -30,13 +30,13 @@ def _fresh(code: str) -> str:
 
 def test_registry_imports_no_variant_and_each_variant_imports_alone():
     out = _fresh("import sys, sp_plan.runtime.variants as V, sp_plan.runtime.attention\n"
-                 "print(sorted(m for m in sys.modules if m.startswith('sp_plan.runtime.') and "
+                 "print(sorted(m for m in sys.modules if m.startswith('sp_plan.runtime.variants.') and "
                  "m.split('.')[-1] in V.BUILTIN_MODULES), sorted(V.VARIANTS))")
     assert out.strip() == "[] []"
     # each variant module imports on its own (no cycle through the registry) and registers only itself
     out = _fresh("import importlib, sp_plan.runtime.variants as V\n"
                  "for m in V.BUILTIN_MODULES:\n"
-                 "    before = set(V.VARIANTS); importlib.import_module('sp_plan.runtime.' + m)\n"
+                 "    before = set(V.VARIANTS); importlib.import_module('sp_plan.runtime.variants.' + m)\n"
                  "    print(m, sorted(set(V.VARIANTS) - before))")
     got = dict(line.split(" ", 1) for line in out.strip().splitlines())
     assert got == {"ring": "['ring']", "ulysses": "['ulysses']", "usp": "['usp']", "wallfacer": "['wallfacer']",

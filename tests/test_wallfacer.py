@@ -488,7 +488,7 @@ def test_matrix_covers_the_contract():
 
 
 def _bad_team(rank, world):
-    from sp_plan.runtime.wallfacer import wallfacer_attention
+    from sp_plan.runtime.variants.wallfacer import wallfacer_attention
 
     q = torch.randn(1, 8, 2, 4)
     team = [rank - rank % 2, rank - rank % 2 + 1]

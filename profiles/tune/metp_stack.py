@@ -1,4 +1,4 @@
-"""METP blocks (runtime/metp.py modules) for tune's stack: tokens and weights split over the tp group.
+"""METP blocks (runtime/variants/metp.py modules) for tune's stack: tokens and weights split over the tp group.
 
 Each block: x + METPAttention(RMSNorm(x)) (two-level METP MHA, Algorithms 3-6), then
 x + METPFeedForward(RMSNorm(x)) with SiLU (Algorithms 1-2: f(X W_in) W_out; METP has no gated
@@ -17,7 +17,7 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import ring_tokens
 from sp_plan.planner.model import ModelSpec
 from sp_plan.planner.plan import Plan
-from sp_plan.runtime.metp import METPAttention, METPFeedForward
+from sp_plan.runtime.variants.metp import METPAttention, METPFeedForward
 
 from .parallel import Parallel, _manual_sync
 from .stack import Stack
@@ -81,7 +81,7 @@ def build_metp(model: ModelSpec, layers: int, plan: Plan, ctx, causal: bool, *, 
                 g = pg
         if g is not None:
             syncs.append(_manual_sync(params, g))
-    notes = {"metp": "runtime.metp METPAttention + METPFeedForward (SiLU, two matrices); tokens by ring_tokens "
+    notes = {"metp": "runtime.variants.metp METPAttention + METPFeedForward (SiLU, two matrices); tokens by ring_tokens "
                      "over tp; gradients all-reduced by hand (METP shards over dp, replicated weights over dp x tp)"}
     if plan.zero_stage:
         notes["zero"] = f"zero{plan.zero_stage}: FALLBACK not applied to METP (its weights are already split over tp)"

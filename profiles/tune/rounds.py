@@ -2,7 +2,7 @@
 
 A ring round costs its block's FLOPs, its messages' bytes and a fixed part besides: launching the block, the
 out/LSE merge, posting and waiting for the K, V messages (seeds/003 Sec. 3).
-The probe runs the bundled Ring attention (runtime/ring.py) over the whole world, zigzag, causal,
+The probe runs the bundled Ring attention (runtime/variants/ring.py) over the whole world, zigzag, causal,
 forward and backward, at ``TOKENS_PER_RANK`` tokens a rank, where the blocks cost next to nothing and the rounds'
 fixed part is what is left; the overhead is the one at which the model prices the same probe at the
 measurement. Fitting it to a handful of candidates instead let it trade against compute efficiency: on 8 ranks
@@ -39,7 +39,7 @@ def probe_plan(world: int) -> Plan:
 def time_rounds(model: ModelSpec, device: torch.device, dtype: torch.dtype, iters: int = 5, warmup: int = 2) -> float:
     """Seconds of ``LAYERS`` Ring attention forwards + backwards over the default group (collective): per run the
     slowest rank's wall time between barriers, the median of ``iters`` runs after ``warmup``."""
-    from sp_plan.runtime.ring import ring_attention
+    from sp_plan.runtime.variants.ring import ring_attention
 
     n = TOKENS_PER_RANK
     gen = torch.Generator(device="cpu").manual_seed(dist.get_rank())

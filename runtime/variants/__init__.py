@@ -1,9 +1,9 @@
 """Registry of the runtime's attention variants by plan algorithm name (the planner's registry's shape).
 
-Each variant module (ring, ulysses, usp, wallfacer, tokenring, metp, allgather) calls ``register`` at import;
-this module imports none of them, so there is no import cycle. ``load_all`` is the one explicit
-import of the variant modules: every module of the runtime package that is not one of its
-``INFRASTRUCTURE`` modules. A new variant is one new module in the package that calls ``register``.
+Each module of this subpackage (ring, ulysses, usp, wallfacer, tokenring, metp, allgather) is one variant and
+calls ``register`` at import; this module imports none of them at its own import, so there is no import cycle.
+``load_all`` is the one explicit import of the variant modules: every module of this subpackage. A new variant is
+one new module here that calls ``register``.
 
 Entry signature: fn(q, k, v, *, groups, ranks, causal, token_layout, scale, backend) -> out, with
 ``groups`` / ``ranks`` as ``runtime.context`` passes them (missing or None group = degree 1) and
@@ -31,9 +31,6 @@ class Variant:
 
 VARIANTS: dict[str, Variant] = {}
 
-#: the modules of the runtime package that are not variants (``load_all`` imports every other one)
-INFRASTRUCTURE = ("attention", "backends", "choice", "context", "kernels", "netns", "overlap", "probe", "spawn",
-                  "variants")
 #: the modules that register the built-in variants (what ``variant_modules`` finds in this tree)
 BUILTIN_MODULES = ("ring", "ulysses", "usp", "wallfacer", "tokenring", "metp", "allgather")
 
@@ -46,17 +43,15 @@ def register(name: str, fn) -> Variant:
 
 
 def variant_modules() -> list[str]:
-    """Names of the runtime package's variant modules: every public module but ``INFRASTRUCTURE``."""
-    pkg = importlib.import_module(__package__)
-    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)
-                  if not m.name.startswith("_") and m.name not in INFRASTRUCTURE)
+    """Names of the variant modules: every public module of this subpackage."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
 
 @lru_cache(maxsize=None)
 def _import_variants() -> None:
     """Import every variant module once: listing the package reads its folder, which every attention call would pay."""
     for mod in variant_modules():
-        importlib.import_module(f"{__package__}.{mod}")
+        importlib.import_module(f"{__name__}.{mod}")
 
 
 def load_all() -> dict[str, Variant]:

@@ -29,12 +29,12 @@ import torch.distributed as dist
 
 from sp_plan.planner.errors import PlanError
 
-from .kernels import BlockMask
+from ..kernels import BlockMask
 from .ring import (Ring, attend_chunks, attend_chunks_backward, check_masks, held_tokens, make_ring, member_block,
                    pad_tokens)
 from .ulysses import check_ulysses_ranks, masked_ulysses
 from .usp import usp_attention
-from .variants import degree, register
+from . import degree, register
 
 
 @lru_cache(maxsize=256)

@@ -35,8 +35,8 @@ from torch import nn
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import check_token_layout
 
-from .variants import register
-from .kernels import block_attention_backward, lse_dtype
+from . import register
+from ..kernels import block_attention_backward, lse_dtype
 from .ring import Ring, make_ring, p2p, ring_attention, ring_forward, round_masks, wait_all
 
 _TAG_W, _TAG_DW, _TAG_KV, _TAG_DKV = 200, 210, 220, 230
@@ -367,7 +367,7 @@ def _registered_metp(q, k, v, *, groups, ranks, causal, token_layout, scale, bac
     if group is None:
         raise PlanError("algorithm", "METP replaces the whole attention layer (projections included); "
                         "runtime.attention gets no tp group",
-                        "use sp_plan.runtime.metp.METPAttention(hidden, heads, ctx.group('tp'), "
+                        "use sp_plan.runtime.variants.metp.METPAttention(hidden, heads, ctx.group('tp'), "
                         "ranks=ctx.ranks('tp')) and METPFeedForward on the plan's tp group")
     return ring_attention(q, k, v, group, causal=causal, token_layout=token_layout, scale=scale,
                           ranks=ranks.get("tp"), backend=backend)

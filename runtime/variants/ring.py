@@ -40,10 +40,10 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import check_token_layout, document_ring_tokens, ring_tokens
 from sp_plan.planner.masks import row_pairs
 
-from .kernels import (BlockMask, block_attention, block_attention_backward, block_tiles, causal_block_mask, full_block,
+from ..kernels import (BlockMask, block_attention, block_attention_backward, block_tiles, causal_block_mask, full_block,
                       layout_step, local_attention, lse_dtype, member_runs, merge)
-from .overlap import DoubleBuffer
-from .variants import degree, register
+from ..overlap import DoubleBuffer
+from . import degree, register
 
 _TAG_K, _TAG_V, _TAG_DK, _TAG_DV = 0, 1, 2, 3
 #: blocks the kernels ran on in this process, by pass ("forward", "backward"); a block its mask empties never counts

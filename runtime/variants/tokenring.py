@@ -60,9 +60,9 @@ import torch.distributed as dist
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import check_token_layout, ring_tokens
 
-from .variants import register
-from .kernels import BlockMask, block_attention, block_attention_backward, causal_block_mask, full_block, local_attention
-from .kernels import lse_dtype, merge
+from . import register
+from ..kernels import BlockMask, block_attention, block_attention_backward, causal_block_mask, full_block, local_attention
+from ..kernels import lse_dtype, merge
 from .ring import Ring, make_ring, p2p, wait_all
 
 _TAG_Q, _TAG_PART, _TAG_KV, _TAG_DKV = 100, 110, 120, 130

@@ -25,9 +25,9 @@ import torch.distributed as dist
 
 from sp_plan.planner.errors import PlanError
 
-from .kernels import MIN_TILE, BlockMask, attended, local_attention, lse_dtype, reduce_mask
+from ..kernels import MIN_TILE, BlockMask, attended, local_attention, lse_dtype, reduce_mask
 from .ring import attend_chunks, attend_chunks_backward, check_masks, member_pieces
-from .variants import degree, register
+from . import degree, register
 
 
 def check_heads(q_heads: int, kv_heads: int, degree: int) -> None:

@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .kernels import local_attention
+from ..kernels import local_attention
 from .ring import check_masks, make_ring, member_pieces, ring_attention
 from .ulysses import check_local_tokens, check_ulysses_ranks, heads_to_seq, masked_ulysses, seq_to_heads
-from .variants import degree, register
+from . import degree, register
 
 
 def usp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ulysses_group: dist.ProcessGroup | None,

@@ -42,8 +42,8 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import (check_team, init_recv, init_send, p2p_neighbours, sub_ring_coords,
                                     team_coords, team_positions, team_tokens, wallfacer_pairs)
 
-from .variants import register
-from .kernels import (BlockMask, block_attention, block_attention_backward, causal_block_mask, full_block, lse_dtype,
+from . import register
+from ..kernels import (BlockMask, block_attention, block_attention_backward, causal_block_mask, full_block, lse_dtype,
                       local_attention, merge)
 from .ring import Ring
 
