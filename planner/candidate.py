@@ -24,6 +24,7 @@ class Candidate:
     team: int = 1
     placement: str | None = None
     stage_layers: tuple[int, ...] | None = None  # layers per pipeline stage; None: even, or balanced (planner/stages.py)
+    virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B); 1: plain 1F1B
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -46,10 +47,12 @@ class Candidate:
         return cls(algorithm=p.algorithm, dp=d["dp"], pp=d["pp"], tp=d["tp"], ulysses=d["ulysses"], ring=d["ring"],
                    order=tuple(p.order), token_layout=p.token_layout, zero_stage=p.zero_stage,
                    checkpointing=p.checkpointing, micro_batch_size=p.micro_batch_size, team=d.get("team", 1),
-                   placement=p.placement, stage_layers=tuple(p.stage_layers) if p.stage_layers is not None else None)
+                   placement=p.placement, stage_layers=tuple(p.stage_layers) if p.stage_layers is not None else None,
+                   virtual_stages=p.virtual_stages or 1)
 
     def to_plan(self, **extra) -> Plan:
         return Plan(algorithm=self.algorithm, degrees=self.degrees, order=list(self.order),
                     token_layout=self.token_layout, zero_stage=self.zero_stage, checkpointing=self.checkpointing,
                     micro_batch_size=self.micro_batch_size, placement=self.placement,
-                    stage_layers=list(self.stage_layers) if self.stage_layers is not None else None, **extra)
+                    stage_layers=list(self.stage_layers) if self.stage_layers is not None else None,
+                    virtual_stages=self.virtual_stages if self.virtual_stages != 1 else None, **extra)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .errors import PlanError
 from .layout import DIMENSIONS, Layout, check_degrees, check_team, world_size
 from .model import ModelSpec, Workload
-from .stages import check_stage_layers
+from .stages import check_stage_layers, check_virtual_stages, stage_list
 from .yamlio import check_schema_version, dump_data, load_yaml_model
 
 PLAN_SCHEMA_VERSION = 1
@@ -69,17 +69,6 @@ class Measured(BaseModel):
     how: str = Field(default="", description="layers run and scaled, memory method, fallbacks")
 
 
-def stage_list(stage_layers) -> str:
-    """Layers per stage, runs of equal counts folded: [7, 8, 8, 8, 7] -> '7,8x3,7'."""
-    runs: list[list[int]] = []
-    for n in stage_layers:
-        if runs and runs[-1][0] == n:
-            runs[-1][1] += 1
-        else:
-            runs.append([n, 1])
-    return ",".join(f"{n}x{k}" if k > 1 else str(n) for n, k in runs)
-
-
 class Plan(BaseModel):
     """A sequence-parallel layout: algorithm, degrees and mesh order (docs/reference/file-formats.md)."""
 
@@ -95,6 +84,10 @@ class Plan(BaseModel):
     stage_layers: list[int] | None = Field(
         default=None, description="layers on each pipeline stage, first to last (pp entries summing to the model's "
                                   "layers); absent: an even split")
+    virtual_stages: int | None = Field(
+        default=None, ge=1, description="model chunks on each pipeline rank (interleaved 1F1B, Narayanan et al. "
+                                        "2021 §2.2.2): each stage's layers split into this many equal chunks; "
+                                        "absent or 1: plain 1F1B")
     placement: Literal["collective_intra", "p2p_intra"] | None = None
     cluster: str | None = Field(default=None, description="name of the cluster the plan was made for")
     cluster_fingerprint: str | None = None
@@ -133,6 +126,11 @@ class Plan(BaseModel):
         check_team(r, self.degrees["team"], self.placement, wallfacer=self.placement is not None)  # as layout() will
         if self.stage_layers is not None:
             check_stage_layers(self.stage_layers, self.degrees["pp"], self.model.layers if self.model else None)
+        if self.virtual_stages == 1:
+            self.virtual_stages = None  # plain 1F1B, written as before: absent
+        if self.virtual_stages is not None:
+            check_virtual_stages(self.virtual_stages, self.degrees["pp"], self.model.layers if self.model else None,
+                                 self.stage_layers)
         if self.world_size > MAX_WORLD:
             raise PlanError("degrees", f"{self.world_size:,} ranks is more than any cluster has (at most {MAX_WORLD:,})",
                             "check the degrees")
@@ -177,6 +175,8 @@ class Plan(BaseModel):
             parts.append(self.placement)
         if self.stage_layers is not None:
             parts.append("stages:" + stage_list(self.stage_layers))
+        if self.virtual_stages is not None:
+            parts.append(f"virtual:{self.virtual_stages}")
         parts.append("<".join(o for o in self.order if d.get(o, 1) > 1) or "-")
         parts.append(f"zero{self.zero_stage}")
         if self.checkpointing != "none":

@@ -75,3 +75,86 @@ def resolve_stage_layers(model: ModelSpec, pp: int, stage_layers=None, workload:
     check_stage_layers(stage_layers, pp, model.layers)
     s = tuple(int(x) for x in stage_layers)
     return None if len(set(s)) == 1 else s
+
+
+#: the most virtual stages a pipeline rank holds in the search: each one adds a round of stage sends per micro-batch
+MAX_VIRTUAL_STAGES = 8
+
+
+def chunk_layers(n: int, v: int, first: bool = False, last: bool = False) -> list[int] | None:
+    """Layers in each of the ``v`` equal chunks of a stage of ``n`` layers, first to last, or None where they do not
+    split: ``n`` a multiple of v, or on the first stage n + 1 with the embedding counted as a layer (its first chunk
+    one layer short), on the last n + 1 with the LM head (its last chunk one short). Llama 3 405B put one layer
+    fewer on the first and the last stage so that "the first model chunk on the first stage has only the embedding,
+    and the last model chunk on the last stage has only output projection and loss calculation" (arXiv 2407.21783,
+    §3.3.2), as Megatron's --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split count."""
+    if n % v == 0:
+        return [n // v] * v
+    if (first or last) and not (first and last) and (n + 1) % v == 0 and (n + 1) // v >= 1:
+        k = (n + 1) // v
+        return [k - 1] + [k] * (v - 1) if first else [k] * (v - 1) + [k - 1]
+    return None
+
+
+def stage_chunks(stage_layers, v: int) -> list[list[int]] | None:
+    """Each stage's chunk layers (``chunk_layers``), or None where a stage does not split into ``v``."""
+    pp = len(stage_layers)
+    out = [chunk_layers(n, v, i == 0, i == pp - 1) for i, n in enumerate(stage_layers)]
+    return None if any(c is None for c in out) else out
+
+
+def check_virtual_stages(v: int, pp: int, layers: int | None = None, stage_layers=None,
+                         field: str = "virtual_stages") -> None:
+    """An interleaved schedule needs a pipeline and stages that split into v equal chunks (PlanError naming the
+    field); the layers are checked where known (the model's, or ``stage_layers``)."""
+    if v == 1:
+        return
+    if v < 1:
+        raise PlanError(field, f"{v} virtual stages", "give 1 (plain 1F1B) or more virtual stages a pipeline rank")
+    if pp < 2:
+        raise PlanError(field, f"{v} virtual stages need a pipeline, and pp is {pp}",
+                        "set virtual_stages to 1, or give pp 2 or more")
+    if stage_layers is None:
+        if layers is None or layers % pp:
+            return  # the even split is unknown here (no model), or an uneven one is resolved later
+        stage_layers = [layers // pp] * pp
+    if stage_chunks(stage_layers, v) is None:
+        fits = [k for k in range(2, max(stage_layers) + 2) if stage_chunks(stage_layers, k) is not None]
+        raise PlanError(field, f"the stages' layers {stage_list(stage_layers)} do not split into {v} equal "
+                        "chunks a stage (each stage's layers a multiple of it, or with the embedding on the first "
+                        "and the LM head on the last counted as a layer)",
+                        f"use virtual_stages {' or '.join(map(str, fits[:4]))}" if fits
+                        else "use virtual_stages 1 (plain 1F1B)")
+
+
+def stage_list(stage_layers) -> str:
+    """Layers per stage, runs of equal counts folded: [7, 8, 8, 8, 7] -> '7,8x3,7'."""
+    runs: list[list[int]] = []
+    for n in stage_layers:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return ",".join(f"{n}x{k}" if k > 1 else str(n) for n, k in runs)
+
+
+def check_interleaved_micro_batches(v: int, pp: int, micro_batches: int, field: str = "virtual_stages") -> None:
+    """An interleaved schedule runs the micro-batches in groups of pp (Narayanan et al. 2021, §2.2.2: "the number
+    of microbatches in a batch [must be] an integer multiple of the degree of pipeline parallelism"; Megatron's
+    default --microbatch-group-size-per-virtual-pipeline-stage is pp, and a last group of fewer than pp is refused:
+    core/pipeline_parallel/schedules.py)."""
+    if v > 1 and (micro_batches < pp or micro_batches % pp):
+        raise PlanError(field, f"{v} virtual stages run the micro-batches in groups of pp {pp}, and a step has "
+                        f"{micro_batches} micro-batches", f"make the micro-batches a multiple of {pp} (batch / "
+                        "(dp x micro_batch_size)), or set virtual_stages to 1")
+
+
+def virtual_stage_options(pp: int, micro_batches: int, layers: int, stage_layers=None) -> list[int]:
+    """The virtual stages a search offers for a pipeline: 1, and each v up to ``MAX_VIRTUAL_STAGES`` whose chunks
+    split the stages (``stage_chunks``) where the micro-batches come in groups of pp."""
+    if pp < 2 or micro_batches < pp or micro_batches % pp:
+        return [1]
+    stages = list(stage_layers) if stage_layers is not None else ([layers // pp] * pp if layers % pp == 0 else None)
+    if stages is None:
+        return [1]
+    return [1] + [v for v in range(2, MAX_VIRTUAL_STAGES + 1) if stage_chunks(stages, v) is not None]
