@@ -262,7 +262,7 @@ def spearman(a, b) -> float:
 
 def run_batch(name: str, tokens: int, cands: list[Candidate], args) -> list[dict]:
     """Measure the candidates on one packed batch and add what the layout and the planner say of them."""
-    from sp_plan.runtime.spawn import run_world
+    from harness.worlds import run_world
 
     work = workload(name, tokens, args.seed)
     cu = pack(work)

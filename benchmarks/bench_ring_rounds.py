@@ -4,7 +4,7 @@
 
 Ring and TokenRing attention (runtime/variants/ring.py, runtime/variants/tokenring.py), causal, contiguous and zigzag,
 forward + backward through 8 layers of tiny-llama's attention shape (8 query heads, 4 KV heads, 32 wide,
-fp32) on a local gloo world (runtime/spawn.py), every rank one thread: the median over ``--iters`` timed
+fp32) on a local gloo world (benchmarks/harness/worlds.py), every rank one thread: the median over ``--iters`` timed
 runs, after two, of rank 0's wall time between barriers. At a few tokens the blocks cost next to nothing
 and what is left is the rounds' fixed cost: launching the block, the merge, posting and waiting for the
 messages. On a contiguous causal ring most ranks skip most blocks; if the fixed cost were the skipped
@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from sp_plan.runtime.variants.ring import ring_attention
-from sp_plan.runtime.spawn import run_world
+from harness.worlds import run_world
 from sp_plan.runtime.variants.tokenring import tokenring_attention
 
 VARIANTS = {"ring": ring_attention, "tokenring": tokenring_attention}

@@ -25,7 +25,7 @@ from sp_plan.planner.layout import Layout
 from sp_plan.runtime import kernels
 from sp_plan.runtime.variants import ring as ring_mod, ulysses as ulysses_mod
 from sp_plan.runtime.attention import attention
-from sp_plan.runtime.spawn import run_world
+from harness.worlds import run_world
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 

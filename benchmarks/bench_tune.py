@@ -7,7 +7,7 @@
     python benchmarks/bench_tune.py --pack DIR   # a --keep folder as kept in the repository (benchmarks/truths)
 
 For each world (4 and 8 gloo ranks on this host; two hosts simulated by network namespaces joined
-by a veth shaped to 800 Mbit/s with `tc tbf`, two ranks each; runtime/netns.py):
+by a veth shaped to 800 Mbit/s with `tc tbf`, two ranks each; benchmarks/harness/netns.py):
 1. `sp-plan discover -o cluster.yaml` under the world, as a user starts;
 2. ground truth: every distinct layout of the model's ranking that fits (each algorithm, degrees,
    placement and token layout with its best mesh order and memory policy) measured end to end with
@@ -175,7 +175,7 @@ def _truth_row(runs):
 
 
 def _run(argv, world, per_node, cwd, pair, timeout=3600) -> str:
-    from sp_plan.runtime import netns
+    from harness import netns
 
     res = netns.launch(argv, world, per_node, cwd, pair, timeout)
     for r, (code, out) in enumerate(res):
@@ -252,8 +252,8 @@ def tune_pick(profile, fits) -> str | None:
 
 
 def _hosts(rate):
-    """Two hosts shaped to ``rate`` Mbit/s (runtime/netns.py), or this host alone (None) when ``rate`` is None."""
-    from sp_plan.runtime import netns
+    """Two hosts shaped to ``rate`` Mbit/s (benchmarks/harness/netns.py), or this host alone (None) when ``rate`` is None."""
+    from harness import netns
 
     return netns.shaped_pair(rate) if rate else contextlib.nullcontext()
 
@@ -723,7 +723,7 @@ def main() -> None:
             Path(d).mkdir(parents=True, exist_ok=True)
         for name in args.worlds.split(","):
             if WORLDS[name][2]:
-                from sp_plan.runtime import netns
+                from harness import netns
 
                 why = netns.unavailable()
                 if why:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from sp_plan.planner import Plan
 from sp_plan.runtime import init
-from sp_plan.runtime.spawn import run_world
+from harness.worlds import run_world
 
 
 def plans(world: int) -> dict[str, Plan]:

@@ -10,7 +10,7 @@ from exact import assemble
 from sp_plan.planner.errors import PlanError
 from sp_plan.runtime.variants import allgather as ag
 from sp_plan.runtime.variants.ring import member_tokens
-from sp_plan.runtime.spawn import run_world
+from harness.worlds import run_world
 from test_masked_exact import Case, inputs, reference
 
 #: (mask, KV heads, chunks): MHA in 4 chunks, GQA in 2, and one chunk

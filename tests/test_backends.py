@@ -8,7 +8,7 @@ from sp_plan.runtime import backends as B
 from sp_plan.runtime import choice as C
 from sp_plan.runtime import init
 from sp_plan.runtime import kernels as K
-from sp_plan.runtime.spawn import run_world
+from harness.worlds import run_world
 
 CPU_BACKENDS = [n for n in B.PRIORITY if B.BACKENDS[n].available("cpu", torch.float32, 8)]
 

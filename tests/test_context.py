@@ -5,7 +5,7 @@ import torch.distributed as dist
 
 from sp_plan.planner import Plan, PlanError
 from sp_plan.runtime import init
-from sp_plan.runtime.spawn import WorldError, run_world
+from harness.worlds import WorldError, run_world
 
 PLANS = [
     Plan(algorithm="usp", degrees={"ulysses": 2, "ring": 2, "dp": 2}, order=["ulysses", "ring", "dp"], token_layout="zigzag"),

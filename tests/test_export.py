@@ -22,7 +22,7 @@ from sp_plan.planner.estimate import Estimator
 from sp_plan.planner.model import Workload
 from sp_plan.planner.search import Space, grid_search
 from sp_plan.profiles import load_model, preset_cluster
-from sp_plan.runtime.spawn import run_world
+from harness.worlds import run_world
 
 FIX = Path(__file__).parent / "fixtures" / "export"
 SP = [sys.executable, "-m", "sp_plan.cli.app"]

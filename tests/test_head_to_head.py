@@ -7,7 +7,7 @@ import pytest
 
 from sp_plan.planner import ModelSpec, Plan, Workload
 from sp_plan.profiles.tune.head_to_head import head_to_head, regret, relative, round_order
-from sp_plan.runtime.spawn import run_world
+from harness.worlds import run_world
 
 MODEL = ModelSpec(name="tiny", layers=3, hidden=64, heads=4, kv_heads=2, vocab=128, dtype="fp32", gated_mlp=True)
 WORK = Workload(seq_len=128)

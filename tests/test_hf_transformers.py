@@ -11,7 +11,7 @@ from sp_plan.planner import Plan, PlanError
 from sp_plan.planner.model import Workload
 from sp_plan.runtime.variants import load_all
 from sp_plan.runtime import init
-from sp_plan.runtime.spawn import run_world
+from harness.worlds import run_world
 
 SEQ, BATCH, VOCAB = 64, 2, 256
 SCALING = 0.2  # head_dim 16: the default would be 0.25

@@ -29,7 +29,7 @@ from sp_plan.runtime.variants.allgather import allgather_attention
 from sp_plan.runtime.attention import MASKED, attention
 from sp_plan.runtime.kernels import attended, document_ids
 from sp_plan.runtime.variants.ring import BLOCKS, SENT, member_pieces, member_tokens, needed_rounds, sees
-from sp_plan.runtime.spawn import run_world
+from harness.worlds import run_world
 from sp_plan.runtime.variants.ulysses import span_masks, span_tiles
 
 BATCH, HEADS, HEAD_DIM = 2, 8, 4

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from sp_plan.planner.algorithms import ALGORITHMS, load_all
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import ring_tokens
-from sp_plan.runtime.spawn import run_world
+from harness.worlds import run_world
 
 BATCH, SEQ, HEADS, HEAD_DIM = 2, 64, 8, 8
 HIDDEN = HEADS * HEAD_DIM

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from sp_plan.planner.cluster import Cluster
-from sp_plan.runtime import netns
+from harness import netns
 
 RATE_MBIT = 200  # tbf rate each way; 25e6 bytes/s
 RATE = RATE_MBIT * 1e6 / 8

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from sp_plan.runtime.overlap import DoubleBuffer, Round
 from sp_plan.runtime.variants.ring import make_ring, ring_backward, ring_forward, round_masks
-from sp_plan.runtime.spawn import run_world
+from harness.worlds import run_world
 
 
 def test_rounds_of_a_ring_of_four():

@@ -10,7 +10,7 @@ from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.discover import build_cluster, describe_host
 from sp_plan.planner.errors import PlanError
 from sp_plan.runtime import probe
-from sp_plan.runtime.spawn import run_world
+from harness.worlds import run_world
 
 SIZES = [4096, 65536, 262144]
 

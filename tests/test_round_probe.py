@@ -7,7 +7,7 @@ from sp_plan.planner import Estimator, ModelSpec, Workload
 from sp_plan.planner.params import Params
 from sp_plan.profiles import load_cluster
 from sp_plan.profiles.tune.rounds import LAYERS, TOKENS_PER_RANK, probe_plan, round_overhead, time_rounds
-from sp_plan.runtime.spawn import run_world
+from harness.worlds import run_world
 
 MODEL = ModelSpec(name="tiny", layers=4, hidden=64, heads=4, kv_heads=2, vocab=128, dtype="fp32")
 

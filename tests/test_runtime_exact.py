@@ -25,7 +25,7 @@ from sp_plan.planner.layout import TOKEN_LAYOUTS, Layout, ring_tokens, sp_tokens
 from sp_plan.runtime.attention import attention
 from sp_plan.runtime.variants.ring import ring_attention
 from exact import DTYPES, TOLERANCE, assemble, sdpa_reference
-from sp_plan.runtime.spawn import WorldError, run_world
+from harness.worlds import WorldError, run_world
 from sp_plan.runtime.variants.ulysses import ulysses_attention
 
 BATCH, SEQ, HEADS, HEAD_DIM = 2, 64, 8, 8

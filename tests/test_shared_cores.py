@@ -187,7 +187,7 @@ def _alone_and_together(rank, world):
 
 
 def test_measure_alone_times_each_rank_alone_then_all_together():
-    from sp_plan.runtime.spawn import run_world
+    from harness.worlds import run_world
 
     for got in run_world(_alone_and_together, 2, timeout=60):
         assert sorted(got) == [(False, False, "attention_fwd"), (False, True, "attention_fwd"),
@@ -203,7 +203,7 @@ def _agreed_windows(rank, world):
 
 
 def test_shared_windows_agree_one_start_and_the_slowest_ranks_lengths():
-    from sp_plan.runtime.spawn import run_world
+    from harness.worlds import run_world
 
     (s0, l0), (s1, l1) = run_world(_agreed_windows, 2, timeout=60)
     assert s0 == s1  # rank 0's clock: one start for every rank

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from sp_plan.runtime.spawn import WorldError, run_world
+from harness.worlds import WorldError, run_world
 
 
 def _sum(rank, world):

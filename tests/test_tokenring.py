@@ -22,7 +22,7 @@ from sp_plan.planner.algorithms import ALGORITHMS, load_all
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import TOKEN_LAYOUTS, ring_tokens
 from sp_plan.runtime.attention import attention
-from sp_plan.runtime.spawn import run_world
+from harness.worlds import run_world
 
 BATCH, SEQ, HEADS, HEAD_DIM = 2, 64, 8, 8
 KV_HEADS = (8, 2, 1)

@@ -1,7 +1,7 @@
 """`sp-plan tune` end to end on 4 CPU ranks: the command as a user runs it, faults, a SIGKILL and resume, bad input.
 
-Every world here is a real one: torchrun's variables on 4 processes (runtime/netns.py ``start``), or
-the shared gloo helper (runtime/spawn.py) for the in-process fault test.
+Every world here is a real one: torchrun's variables on 4 processes (benchmarks/harness/netns.py ``start``), or
+the shared gloo helper (benchmarks/harness/worlds.py) for the in-process fault test.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from sp_plan.planner.model import Workload
 from sp_plan.planner.plan import Plan
 from sp_plan.profiles import load_cluster, load_model
 from sp_plan.profiles.store import Store
-from sp_plan.runtime import netns
-from sp_plan.runtime.spawn import run_world
+from harness import netns
+from harness.worlds import run_world
 
 TUNE = ["-m", "sp_plan.cli.app", "tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512",
         "--link-sizes", "16K,64K", "--iters", "2", "--candidate-timeout", "120"]

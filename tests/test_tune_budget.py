@@ -15,8 +15,8 @@ from sp_plan.profiles.tune import budget
 from sp_plan.profiles.tune.budget import Budget, candidate_seconds, kernel_budget, learned_ratio, scaled
 from sp_plan.profiles.tune.kernels import kernel_priority, plan_shapes, sweep_groups
 from sp_plan.profiles.tune.run import TuneOptions, budget_check, candidate_pool
-from sp_plan.runtime import netns
-from sp_plan.runtime.spawn import run_world
+from harness import netns
+from harness.worlds import run_world
 
 TUNE = ["-m", "sp_plan.cli.app", "tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512",
         "--link-sizes", "16K", "--iters", "2", "--candidate-timeout", "120"]

@@ -16,7 +16,7 @@ from sp_plan.profiles.tune.parallel import parallelize, replica_mesh
 from sp_plan.profiles.tune.stack import build_stack, random_batch
 from sp_plan.runtime import init
 from sp_plan.runtime.kernels import local_attention
-from sp_plan.runtime.spawn import run_world
+from harness.worlds import run_world
 
 MODEL = ModelSpec(name="tiny", layers=4, hidden=64, heads=4, kv_heads=2, vocab=128, dtype="fp32", gated_mlp=True)
 WORK = Workload(seq_len=256)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from sp_plan.profiles.store import Store
-from sp_plan.runtime import netns
+from harness import netns
 from sp_plan.runtime.attention import MASKED
 
 TUNE = ["-m", "sp_plan.cli.app", "tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "1024",

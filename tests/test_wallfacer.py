@@ -30,7 +30,7 @@ from sp_plan.planner.search import Degrees, grid_search
 from sp_plan.planner.wallfacer import buffer_parts, sizes
 from sp_plan.profiles import load_cluster, load_model
 from sp_plan.runtime.attention import attention
-from sp_plan.runtime.spawn import run_world
+from harness.worlds import run_world
 
 GiB = 2**30
 
