@@ -2,12 +2,13 @@
 
     import sp_plan
     cluster, model = sp_plan.load_cluster("dgx-h100", nodes=2), sp_plan.load_model("llama3-8b")
-    best = sp_plan.plan(cluster, model, sp_plan.Workload(seq_len="128k"))[0]
+    ranked = sp_plan.plan(cluster, model, sp_plan.Workload(seq_len="128k"))   # RankedPlans: .to_pandas()
+    best = ranked[0]
     pred = sp_plan.estimate(best, cluster, model, sp_plan.Workload(seq_len="128k"), profile=False)
     ctx = sp_plan.init("plan.yaml")        # on every rank of an initialized torch.distributed world
 
 The names below are loaded on first use, so ``import sp_plan`` stays light (no torch until the runtime is asked
-for); each lives in its subpackage (sp_plan.planner, sp_plan.profiles, sp_plan.runtime), which the README uses.
+for); each lives in its layer (sp_plan.planner, sp_plan.profiles, sp_plan.runtime, sp_plan.pipeline), which the README uses.
 """
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import importlib
 
 #: public name -> the module that defines it
 _EXPORTS = {
-    # the application pipeline's plan and estimate (the planner's pure functions with the workload's masks resolved)
-    "plan": "sp_plan.service.planning", "estimate": "sp_plan.service.planning", "Plan": "sp_plan.planner.plan",
+    # the application pipeline's plan and estimate: the profile looked up, then the planner's pure functions
+    "plan": "sp_plan.pipeline", "estimate": "sp_plan.pipeline", "RankedPlans": "sp_plan.planner.ranking",
+    "Plan": "sp_plan.planner.plan",
     "Cluster": "sp_plan.planner.cluster", "ModelSpec": "sp_plan.planner.model", "Workload": "sp_plan.planner.model",
     "PlanError": "sp_plan.planner.errors", "load_cluster": "sp_plan.profiles", "load_model": "sp_plan.profiles",
     "Store": "sp_plan.profiles.store", "Profile": "sp_plan.planner.profile", "init": "sp_plan.runtime",

@@ -1,9 +1,16 @@
-"""The one planning function the CLI, the Python API and HTTP all call: a request in, ranked plans out.
+"""The application pipeline: plan, estimate, report and tune, the one path the CLI, the Python API and HTTP call.
 
-``run_plan(PlanRequest)`` = ``resolve`` (cluster, model, workload, profile) then ``search`` (grid or
-bayes, finished plans); the service runs the two halves apart (resolve beside the store, search in its
-process pool), the CLI and Python callers in one go. The request and response bodies are built from
-the models plan files already use (Cluster, ModelSpec, Workload, Plan, Profile): no copies.
+Each step resolves the profile (the store and discovery layer: ``profiles.resolve``), searches and ranks (the pure
+planner, given ``Params``), and explains (the rows with their equivalent plans, the per-rank work of a mask).
+``run_plan(PlanRequest)`` = ``resolve`` (cluster, model, workload, profile) then ``search`` (grid or bayes, finished
+plans); the service runs the two halves apart (resolve beside the store, search in its process pool), the CLI and
+Python callers in one go. The request and response bodies are built from the models plan files already use
+(Cluster, ModelSpec, Workload, Plan, Profile): no copies.
+
+    import sp_plan
+    ranked = sp_plan.plan(sp_plan.load_cluster("dgx-h100", nodes=2), sp_plan.load_model("llama3-8b"),
+                          sp_plan.Workload(seq_len="128k"))
+    ranked.to_pandas()        # one row per plan, the columns `sp-plan plan` prints
 """
 from __future__ import annotations
 
@@ -17,10 +24,20 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.errors import PlanError
+from sp_plan.planner.estimate import Estimator
+from sp_plan.planner.masks import imbalance, sample_rank_work
+from sp_plan.planner.measured import mark
 from sp_plan.planner.model import ModelSpec, Workload
 from sp_plan.planner.params import Params
-from sp_plan.planner.plan import Plan
+from sp_plan.planner.plan import Plan, Prediction
 from sp_plan.planner.profile import Profile
+from sp_plan.planner.ranking import RankedPlans
+from sp_plan.planner.search import (SearchResult, Space, finish, finish_each, grid_search, no_plan_error,
+                                    profile_tag, ranked_rows)
+from sp_plan.planner.sensitivity import Sensitivity
+from sp_plan.planner.sensitivity import sensitivity as rerank
+from sp_plan.profiles import load_cluster, load_model
+from sp_plan.profiles.resolve import resolve_params
 
 MAX_WORLD = 65536
 
@@ -42,6 +59,7 @@ def _inference_alias(data):
 def documents_definition(spec, files: bool = True):
     """A documents spec as the planner takes it: a named distribution, a file of lengths (only where ``files``: read
     here and kept as a histogram with the file's name and sha256), a list of lengths or a definition, as it is."""
+    # pandas reads a file of lengths (~0.5 s to import): a workload without documents does not pay for it
     from sp_plan.profiles.documents import documents_from_file, resolve_documents  # noqa: PLC0415
 
     if isinstance(spec, (str, Path)) and files:
@@ -54,7 +72,7 @@ def documents_definition(spec, files: bool = True):
 
 def _named(name: str):
     """A named distribution for a request that cannot read files (the service): names only."""
-    from sp_plan.profiles.documents import document_presets, load_documents  # noqa: PLC0415
+    from sp_plan.profiles.documents import document_presets, load_documents  # noqa: PLC0415 - pandas, as above
 
     if name not in document_presets():
         raise PlanError("workload.documents", f"unknown distribution {name!r}",
@@ -221,8 +239,7 @@ class Inputs:
 
 
 def _cluster(spec: str | Cluster, nodes: int | None, max_world: int | None) -> Cluster:
-    from sp_plan.profiles import load_cluster  # noqa: PLC0415 - profiles imports the planner
-
+    """The inline cluster, or the preset (or file) with ``nodes``; at most ``max_world`` ranks."""
     if isinstance(spec, Cluster):
         if nodes is not None and nodes != spec.num_nodes:
             raise PlanError("nodes", f"the inline cluster lists {spec.num_nodes} node(s), not {nodes}",
@@ -264,9 +281,6 @@ def resolve(req: PlanRequest | EstimateRequest, store=None, max_world: int | Non
     """Build cluster, model and workload and find the profile (``store``: a Store, a URL or None for the default);
     ``profile`` overrides ``req.profile`` with an already loaded Profile, ``cluster`` the request's cluster with
     the one ``build_cluster`` built for it."""
-    from sp_plan.planner.calibration import resolve_params  # noqa: PLC0415
-    from sp_plan.profiles import load_model  # noqa: PLC0415
-
     c = cluster or build_cluster(req, max_world)
     m = req.model if isinstance(req.model, ModelSpec) or req.model is None else load_model(req.model)
     params, line, prof = resolve_params(c, _profile_spec(req.use_profile, profile or req.profile), store)
@@ -283,32 +297,45 @@ def study_name(inputs: Inputs) -> str:
     return f"{name}-{hashlib.sha256(mask.encode()).hexdigest()[:12]}"
 
 
-def search(req: PlanRequest, inputs: Inputs, storage: str | None = None, study: str | None = None,
-           progress: Callable[[int, int], None] | None = None) -> PlanResponse:
-    """Rank the layouts once (grid or optuna's TPE), finish the top ``req.top`` distinct rows (equivalent
-    candidates share a row: planner/equivalent.py) and, if ``req.families``, the best of each algorithm variant,
-    all from that one ranking."""
-    from sp_plan.planner.equivalent import top_rows  # noqa: PLC0415
-    from sp_plan.planner.measured import mark, rank_rows  # noqa: PLC0415
-    from sp_plan.planner.search import finish, finish_each, grid_search, no_plan_error, profile_tag  # noqa: PLC0415
-
+def _searched(inputs: Inputs, top: int, kind: str, trials: int, seed: int, storage: str | None, study: str | None,
+              progress: Callable[[int, int], None] | None, space: Space | None) -> SearchResult:
+    """The search's result: the grid's first ``top`` distinct step times exact (every row's equivalents are in it),
+    or a complete ranking of the bayes trials' layouts; a search that ranks nothing is a PlanError."""
     c, m, w = inputs.cluster, inputs.model, inputs.workload
-    if req.search == "grid":  # the first `top` distinct step times exact: every row's equivalents are in it
-        res = grid_search(c, m, w, progress=progress, keep=req.top, params=inputs.params, distinct=True)
-    else:  # a complete ranking of the trials' layouts
-        from sp_plan.planner.bayes import bayes_search  # noqa: PLC0415
+    if kind == "grid":
+        res = grid_search(c, m, w, space, progress=progress, keep=top, params=inputs.params, distinct=True)
+    else:
+        from sp_plan.planner.bayes import bayes_search  # noqa: PLC0415 - optuna (~1 s): only a bayes search loads it
 
-        res = bayes_search(c, m, w, trials=req.trials, seed=req.seed, storage=storage,
+        res = bayes_search(c, m, w, trials=trials, seed=seed, storage=storage, space=space,
                            study_name=study or study_name(inputs), progress=progress, params=inputs.params)
     res.profile, res.profile_line = profile_tag(inputs.profile), inputs.line
     if not res.ranked:
         raise no_plan_error(c, w, res)
-    rows = top_rows(res, lambda r, n: finish(r, c, m, w, n), req.top)
-    rows = rank_rows(rows, c, inputs.profile, inputs.params, m, w)[:req.top]  # what tune measured ranks as measured
-    plans = [q for r in rows for q in [r.plan] + r.alternatives]
+    return res
+
+
+def rank(inputs: Inputs, top: int = 5, kind: Literal["grid", "bayes"] = "grid", trials: int = 200, seed: int = 0,
+         storage: str | None = None, study: str | None = None, progress: Callable[[int, int], None] | None = None,
+         space: Space | None = None) -> tuple[RankedPlans, SearchResult]:
+    """Search once (grid, or ``trials`` of optuna's TPE) and rank: the top ``top`` rows (equivalent candidates
+    share a row: planner/equivalent.py), the layouts tune measured ranked by their measurement (planner/measured.py)."""
+    res = _searched(inputs, top, kind, trials, seed, storage, study, progress, space)
+    c, m, w = inputs.cluster, inputs.model, inputs.workload
+    return ranked_rows(res, c, m, w, top, inputs.profile, inputs.params), res
+
+
+def search(req: PlanRequest, inputs: Inputs, storage: str | None = None, study: str | None = None,
+           progress: Callable[[int, int], None] | None = None) -> PlanResponse:
+    """The response to a plan request: ``rank``'s rows, each followed by its equivalent plans, and, if
+    ``req.families``, the best of each algorithm variant, all from that one ranking."""
+    ranked, res = rank(inputs, req.top, req.search, req.trials, req.seed, storage, study, progress)
+    c, m, w = inputs.cluster, inputs.model, inputs.workload
+    plans = ranked.flat()
+    bayes = req.search == "bayes"
     info = SearchInfo(kind=req.search, space=res.space, evaluated=res.evaluated,
-                      trials=getattr(res, "trials", None) if req.search == "bayes" else None,
-                      best_trial=getattr(res, "best_trial", None) if req.search == "bayes" else None)
+                      trials=getattr(res, "trials", None) if bayes else None,
+                      best_trial=getattr(res, "best_trial", None) if bayes else None)
     return PlanResponse(cluster=ClusterInfo.of(c), model=m, workload=w, search=info, profile=res.profile,
                         profile_line=inputs.line, plans=plans,
                         families=mark(finish_each(res, c, m, w), inputs.profile, m, w) if req.families else [],
@@ -322,32 +349,36 @@ def run_plan(req: PlanRequest, store=None, storage: str | None = None,
 
 
 def plan(cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int = 5,
-         progress: Callable[[int, int], None] | None = None, space=None, profile=None, store=None, *,
-         documents=None, window: int | None = None, window_pattern: str | None = None,
-         seed: int | None = None) -> list[Plan]:
-    """The ``top_k`` best plans (``sp_plan.planner.search.plan``) for ``workload`` with ``documents`` (a named
-    distribution, a file of lengths or a list of lengths), ``window``, ``window_pattern`` ('5:1') and ``seed``."""
-    from sp_plan.planner.search import plan as rank_layouts  # noqa: PLC0415
+         progress: Callable[[int, int], None] | None = None, space: Space | None = None, profile=None, store=None,
+         *, documents=None, window: int | None = None, window_pattern: str | None = None,
+         seed: int | None = None) -> RankedPlans:
+    """The ``top_k`` best rows for this cluster, model and workload, fastest first (deterministic), each with its
+    equivalent plans (``RankedPlans.equivalents``); ``RankedPlans.to_pandas()`` is the CLI's table.
 
+    ``profile``: a Profile, a profile id or file (str), None (the cluster's profile in the store, if any) or False
+    (none: opens no store); ``store``: where an id or None looks (a Store or a URL; None: ``$SP_PLAN_STORE``, else
+    the user data directory's). Each Plan records the profile used (``Plan.profile``); a layout the profile's tune
+    measured for this model and workload ranks by its measured step and carries it (``Plan.measured``). The
+    workload takes ``documents`` (a named distribution, a file of lengths or a list of lengths), ``window``,
+    ``window_pattern`` ('5:1') and ``seed``. Plans come as a plan file holds them: the mesh (degrees, order)
+    without its groups; ``Plan.with_groups()`` derives every group's ranks."""
     w = with_masks(workload, documents, window, window_pattern, seed)
-    return rank_layouts(cluster, model, w, top_k, progress, space, profile, store)
+    params, line, prof = resolve_params(cluster, profile, store)
+    return rank(Inputs(cluster, model, w, params, line, prof), top_k, progress=progress, space=space)[0]
 
 
 def estimate(plan: Plan, cluster: Cluster, model: ModelSpec, workload: Workload, profile=None, store=None, *,
-             documents=None, window: int | None = None, window_pattern: str | None = None, seed: int | None = None):
-    """The prediction of ``plan`` (``sp_plan.planner.estimate.estimate``) for ``workload`` with the documents,
-    window and seed given as ``plan`` takes them."""
-    from sp_plan.planner.estimate import estimate as price  # noqa: PLC0415
-
-    return price(plan, cluster, model, with_masks(workload, documents, window, window_pattern, seed), profile, store)
+             documents=None, window: int | None = None, window_pattern: str | None = None,
+             seed: int | None = None) -> Prediction:
+    """The prediction of ``plan`` (step time, tokens/s, MFU, peak memory, the per-phase breakdown) for ``workload``
+    with the documents, window and seed given, priced with ``profile`` as ``plan`` (this module's) takes it."""
+    params, _, _ = resolve_params(cluster, profile, store)
+    return Estimator(cluster, model, with_masks(workload, documents, window, window_pattern, seed), params=params)(plan)
 
 
 def run_estimate(req: EstimateRequest, store=None, max_world: int | None = None,
                  profile: Profile | None = None) -> EstimateResponse:
     """Price one plan (the Python API, `sp-plan estimate` and POST /v1/estimate)."""
-    from sp_plan.planner.estimate import Estimator  # noqa: PLC0415
-    from sp_plan.planner.search import profile_tag  # noqa: PLC0415
-
     p = req.plan
     inputs = resolve(req, store, max_world, profile)
     m = inputs.model or p.model
@@ -360,6 +391,64 @@ def run_estimate(req: EstimateRequest, store=None, max_world: int | None = None,
     tag = profile_tag(inputs.profile)
     return EstimateResponse(cluster=ClusterInfo.of(inputs.cluster), model=m, workload=w, profile=tag,
                             profile_line=inputs.line, plan=p.model_copy(update={"predicted": pred, "profile": tag}))
+
+
+# ---- report: the rows, the plan it is about, the sensitivity
+@dataclass
+class Report:
+    """What the HTML report shows (integrations/report.py renders it): the rows fastest first, the index of the
+    plan it is about, the profile and its line, and the winner's sensitivity (None: not asked)."""
+
+    rows: list[Plan]
+    chosen: int
+    cluster: Cluster
+    profile: Profile | None
+    line: str
+    sensitivity: Sensitivity | None = None
+
+
+def report_plans(plans: list[Plan], families: list[Plan], extra: Plan | None = None) -> tuple[list[Plan], int]:
+    """The report's rows: the top plans, the best of every other algorithm variant and ``extra`` (a plan file's
+    plan), each once, fastest first; and the index of the plan the report is about (``extra``, else the winner)."""
+    rows, seen = [], set()
+    for p in [*plans, *families, *([extra] if extra else [])]:
+        if p.summary() not in seen:
+            seen.add(p.summary())
+            rows.append(p)
+    rows.sort(key=lambda p: p.predicted.step_time_s)
+    about = (extra or plans[0]).summary()
+    return rows, next(i for i, p in enumerate(rows) if p.summary() == about)
+
+
+def report(cluster: Cluster, model: ModelSpec, workload: Workload, given: Plan | None = None, top: int = 8,
+           sensitivity: bool = True, profile=None, store=None) -> Report:
+    """The report of a fresh search (the ``top`` plans and the best of each algorithm variant), with ``given`` (a
+    plan file's plan, priced here) among its rows and chosen; ``sensitivity``: the winner re-ranked under each
+    changed input. ``profile`` and ``store`` as ``plan`` takes them."""
+    if top < 1:
+        raise PlanError("top", f"must be at least 1, got {top}", "ask for 1 or more plans")
+    params, line, prof = resolve_params(cluster, profile, store)
+    res = grid_search(cluster, model, workload, keep=top, params=params)
+    res.profile, res.profile_line = profile_tag(prof), line
+    if not res.ranked:
+        raise no_plan_error(cluster, workload, res)
+    plans, families = finish(res, cluster, model, workload, top), finish_each(res, cluster, model, workload)
+    extra = None
+    if given is not None:
+        extra = given.model_copy(update={"model": model, "workload": workload, "predicted": res.estimator(given),
+                                         "profile": profile_tag(prof), "cluster": cluster.name,
+                                         "cluster_fingerprint": cluster.fingerprint()})
+    rows, chosen = report_plans(plans, families, extra)
+    sen = rerank(cluster, model, workload, plans[0], params) if sensitivity else None
+    return Report(rows, chosen, cluster, prof, line, sen)
+
+
+def tune(cluster: Cluster, model: ModelSpec, workload: Workload, store=None, opts=None, progress=None):
+    """Profile this cluster on the running torch.distributed world (``sp_plan.profiles.tune.run.tune``): measure
+    links and kernels, run the candidates most likely to win, fit and store the profile; collective."""
+    from sp_plan.profiles.tune.run import tune as run_tune  # noqa: PLC0415 - torch: only a tune loads it
+
+    return run_tune(cluster, model, workload, store, opts, progress)
 
 
 def mask_line(w: Workload | None) -> str:
@@ -388,22 +477,16 @@ class RankWork(BaseModel):
     @property
     def imbalance(self) -> float:
         """The busiest rank's score entries over the mean (1.0: even); on the windowed layers with a window."""
-        from sp_plan.planner.masks import imbalance  # noqa: PLC0415
-
         return imbalance(self.pairs)
 
     @property
     def global_imbalance(self) -> float | None:
         """The same on a window pattern's global layers (None without a pattern)."""
-        from sp_plan.planner.masks import imbalance  # noqa: PLC0415
-
         return None if self.global_pairs is None else imbalance(self.global_pairs)
 
 
 def rank_work(p: Plan) -> RankWork | None:
     """The plan's per-rank work on its workload's first sample pack, or None when the workload has no mask to show."""
-    from sp_plan.planner.masks import sample_rank_work  # noqa: PLC0415
-
     w = check_mask_sizes(p.workload)
     if w is None or (w.documents is None and w.window is None):
         return None

@@ -17,8 +17,12 @@ from rich.table import Table
 
 from sp_plan.cli.console import err, out, print_error
 from sp_plan.cli.examples import add_examples
+from sp_plan.cli.options import (JSON_HELP, NO_PROFILE_HELP, PROFILE_DEFAULT, PROFILE_HELP, STORE_DEFAULT, STORE_HELP,
+                                 fail, profile_options)
 from sp_plan.cli.workload import masked_workload, plan_workload, print_mask, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.errors import PlanError
+from sp_plan.planner.ranking import secs, summarize, versus_first
+from sp_plan.planner.yamlio import check_writable
 from sp_plan.service.collector import collector_paused, skip_final_collection
 
 if TYPE_CHECKING:
@@ -45,27 +49,16 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
     tune the plan's model on it, and serve plans over HTTP."""
 
 
-def fail(e: PlanError) -> None:
-    print_error(str(e))
-    raise typer.Exit(2)
+def print_json(model) -> None:
+    """A response model as JSON on stdout, unwrapped (what the service answers the same request with)."""
+    sys.stdout.write(model.model_dump_json(indent=2) + "\n")
 
 
 def gib(x: float) -> str:
     return f"{x / 2**30:.1f} GiB"
 
 
-def _profile_options(profile: Optional[str], no_profile: bool) -> object:
-    """The profile spec for calibration.resolve_params: False (--no-profile), an id or file, or None (the store's)."""
-    if no_profile and profile:
-        raise PlanError("--profile", "both --profile and --no-profile given", "pass one of them")
-    return False if no_profile else profile
-
-
-PROFILE_HELP = "calibration profile: a stored profile id or a profile file"
-PROFILE_DEFAULT = "the cluster's newest stored profile"
-NO_PROFILE_HELP = "price with the presets' default model terms, without a profile (opens no store)"
-STORE_HELP = "profile store URL, e.g. sqlite:////path/store.db"
-STORE_DEFAULT = "$SP_PLAN_STORE, else SQLite in the user data directory"
+_profile_options = profile_options  # the name cli/export.py imports
 
 
 def mfu_text(pred) -> str:
@@ -74,10 +67,6 @@ def mfu_text(pred) -> str:
     if pred.mfu_causal is None:
         return f"MFU {pred.mfu:.1%}"
     return f"MFU {pred.mfu:.1%} ({pred.mfu_causal:.1%} counting full causal attention)"
-
-
-def secs(x: float) -> str:
-    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
 
 
 @app.command()
@@ -107,36 +96,27 @@ def presets() -> None:
 
 
 def _ranking(plans: list[Plan], title: str = "ranked layouts (fastest first)") -> Table:
-    from sp_plan.planner.equivalent import group  # noqa: PLC0415
-    from sp_plan.planner.measured import step_time  # noqa: PLC0415
-    from sp_plan.planner.search import largest_extra_cost  # noqa: PLC0415
+    """The ranking table: equivalent candidates (planner/equivalent.py) share a row; with a layout tune measured,
+    the measured column (planner/measured.py ranks it by its measurement)."""
+    from sp_plan.planner.equivalent import group  # noqa: PLC0415 - the equivalence test reads Candidate (numpy)
 
-    measured = any(p.measured for p in plans)  # planner/measured.py: a layout tune measured ranks by its measurement
+    measured = any(p.measured for p in plans)
     t = Table(title=title, caption="ranked by the measured step where tune measured the layout" if measured else None)
     cols = ("#", "layout", "step", "measured", "tokens/s", "MFU", "peak mem", "vs #1: largest extra cost")
     for c in cols if measured else [c for c in cols if c != "measured"]:
         t.add_column(c, justify="right" if c in ("#", "step", "measured", "tokens/s", "MFU", "peak mem") else "left")
-    win = plans[0]
-    for i, row in enumerate(group(plans)):  # equivalent candidates (planner/equivalent.py) share a row
-        p = row.plan
-        pr = p.predicted
-        why = "-"
-        if i and (p.measured or win.measured):  # ranked by a measurement: the phases do not say why
-            why = f"{secs(step_time(p) - step_time(win))} slower" + (" (both measured)" if p.measured and win.measured else "")
-        elif i:
-            name, extra = largest_extra_cost(p, win)
-            why = f"{name} +{secs(extra)}" if extra > 0 else f"{secs(pr.step_time_s - win.predicted.step_time_s)} slower"
+    for i, row in enumerate(group(plans)):
+        pr = row.plan.predicted
         cells = [str(i + 1), row.label(), secs(pr.step_time_s)]
         if measured:
-            cells.append(secs(p.measured.step_time_s) if p.measured else "-")
-        t.add_row(*cells, f"{pr.tokens_per_s:,.0f}", f"{pr.mfu:.1%}", gib(pr.peak_memory_bytes), why)
+            cells.append(secs(row.plan.measured.step_time_s) if row.plan.measured else "-")
+        t.add_row(*cells, f"{pr.tokens_per_s:,.0f}", f"{pr.mfu:.1%}", gib(pr.peak_memory_bytes),
+                  versus_first(row.plan, plans[0], first=i == 0))
     return t
 
 
 def _explain(p: Plan, label: str = "winner's step") -> str:
     """A step in a line: compute, exposed communication per dimension, pipeline bubble."""
-    from sp_plan.planner.search import summarize  # noqa: PLC0415
-
     parts = summarize(p)
     total = p.predicted.step_time_s
     items = sorted(parts.items(), key=lambda kv: -kv[1])
@@ -232,47 +212,71 @@ def plan_cmd(
     documents: Optional[str] = _PLAN_MASK.documents,
     window: Optional[int] = _PLAN_MASK.window,
     window_pattern: Optional[str] = _PLAN_MASK.window_pattern,
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
-    from sp_plan.planner.model import parse_seq_len  # noqa: PLC0415
-    from sp_plan.planner.yamlio import check_writable  # noqa: PLC0415
-    from sp_plan.service.planning import PlanRequest, resolve  # noqa: PLC0415
-    from sp_plan.service.planning import search as run_search  # noqa: PLC0415
+    from sp_plan.planner.model import parse_seq_len  # noqa: PLC0415 - numpy: `presets` and --help do without it
 
     try:
-        if batch < 1:
-            raise PlanError("--batch", f"must be at least 1, got {batch}", "pass --batch 1 or more")
-        if top < 1:
-            raise PlanError("--top", f"must be at least 1, got {top}", "pass --top 1 or more")
-        if trials < 1:
-            raise PlanError("trials", f"must be at least 1, got {trials}", "pass --trials 1 or more")
-        if output:
-            check_writable(output)
-        if report:
-            check_writable(report, "--report")
-        if search not in ("grid", "bayes"):
-            raise PlanError("--search", f"unknown search {search!r}", "use grid or bayes")
-        _profile_options(profile, no_profile)
-        if server and (report or sensitivity):
-            raise PlanError("--report" if report else "--sensitivity", "needs the cluster's profile here, not on a server",
-                            "run without --server (the service's report is at URL/v1/plans/ID/report)")
+        _check_plan_options(batch, top, trials, output, report, search, profile, no_profile, server, sensitivity)
         w = masked_workload(dict(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference),
                             documents, window, window_pattern, seed if documents is not None else None)
-        print_notes(w)
-        req = _request(PlanRequest, server, cluster=cluster, nodes=nodes, model=model, workload=w, search=search,
-                       trials=trials, seed=seed, top=top, use_profile=not no_profile, profile=profile, families=True)
-        if server:
-            res = _client(server).plan(req)
-        else:
-            inputs = resolve(req, store, max_world=None)
-            with _search_progress(search) as tick:
-                res = run_search(req, inputs, storage=storage, progress=tick)  # = service.planning.run_plan
+        if not as_json:
+            print_notes(w)
+        res, inputs = _planned(server, store, storage, cluster=cluster, nodes=nodes, model=model, workload=w,
+                               search=search, trials=trials, seed=seed, top=top, use_profile=not no_profile,
+                               profile=profile, families=True)
     except PlanError as e:
         fail(e)
+    if as_json:
+        print_json(res)
+    else:
+        _print_plans(res)
+    _write_plan(res.plans[0], output, quiet=as_json)
+    if sensitivity or report:
+        from sp_plan.planner.equivalent import group  # noqa: PLC0415 - as in _ranking
+
+        _sensitivity_and_report(inputs, [r.plan for r in group(res.plans)], res.families, sensitivity, report)
+
+
+def _check_plan_options(batch: int, top: int, trials: int, output: Optional[Path], report: Optional[Path],
+                        search: str, profile: Optional[str], no_profile: bool, server: Optional[str],
+                        sensitivity: bool) -> None:
+    """`plan`'s options that no model checks: ranges, choices, writable outputs, options that exclude each other."""
+    for flag, value in (("--batch", batch), ("--top", top), ("--trials", trials)):
+        if value < 1:
+            raise PlanError(flag, f"must be at least 1, got {value}", f"pass {flag} 1 or more")
+    if output:
+        check_writable(output)
+    if report:
+        check_writable(report, "--report")
+    if search not in ("grid", "bayes"):
+        raise PlanError("--search", f"unknown search {search!r}", "use grid or bayes")
+    profile_options(profile, no_profile)
+    if server and (report or sensitivity):
+        raise PlanError("--report" if report else "--sensitivity", "needs the cluster's profile here, not on a server",
+                        "run without --server (the service's report is at URL/v1/plans/ID/report)")
+
+
+def _planned(server: Optional[str], store: Optional[str], storage: Optional[str], **fields):
+    """(PlanResponse, the resolved inputs or None) of the pipeline here, or of the service at ``server``."""
+    # the pipeline loads the cost engine (numpy): `presets` and --help do without it
+    from sp_plan.pipeline import PlanRequest, resolve, search  # noqa: PLC0415
+
+    req = _request(PlanRequest, server, **fields)
+    if server:
+        return _client(server).plan(req), None
+    inputs = resolve(req, store, max_world=None)
+    with _search_progress(req.search) as tick:
+        return search(req, inputs, storage=storage, progress=tick), inputs
+
+
+def _print_plans(res) -> None:
+    """`plan`'s report on the terminal: the header, the profile line, the search, both rankings and the winner."""
     c, w, plans = res.cluster, res.workload, res.plans
-    out.print(f"[bold]{c.name}[/] ({c.nodes} node(s), {c.world_size} x {c.device}, fingerprint {c.fingerprint}, topology {c.topology_fingerprint}), "
-              f"[bold]{res.model.name}[/], {w.seq_len:,} tokens x {w.batch}, {'causal' if w.causal else 'full'}, "
-              f"{'training' if w.training else 'inference'}", highlight=False)
+    out.print(f"[bold]{c.name}[/] ({c.nodes} node(s), {c.world_size} x {c.device}, fingerprint {c.fingerprint}, "
+              f"topology {c.topology_fingerprint}), [bold]{res.model.name}[/], {w.seq_len:,} tokens x {w.batch}, "
+              f"{'causal' if w.causal else 'full'}, {'training' if w.training else 'inference'}", highlight=False)
     print_mask(w)
     out.print(res.profile_line, highlight=False)
     s = res.search
@@ -285,17 +289,18 @@ def plan_cmd(
     out.print(_explain(plans[0]))
     out.print(_breakdown(plans[0]))
     print_rank_work(plans[0])
-    if output:
-        try:
-            plans[0].save(output)
-        except PlanError as e:
-            fail(e)
-        out.print(f"wrote {output}")
-    if sensitivity or report:
-        from sp_plan.planner.equivalent import group  # noqa: PLC0415
 
-        _sensitivity_and_report(inputs.cluster, inputs.model, inputs.workload, inputs.params, inputs.profile,
-                                inputs.line, [r.plan for r in group(plans)], res.families, sensitivity, report)
+
+def _write_plan(p: Plan, output: Optional[Path], quiet: bool = False) -> None:
+    """Write the winner to ``output`` (if given) and say so (unless ``quiet``: --json prints the response only)."""
+    if not output:
+        return
+    try:
+        p.save(output)
+    except PlanError as e:
+        fail(e)
+    if not quiet:
+        out.print(f"wrote {output}")
 
 
 @contextmanager
@@ -320,18 +325,20 @@ def _search_progress(kind: str) -> Iterator[Callable[[int, int], None]]:
         yield tick
 
 
-def _sensitivity_and_report(c, m, w, params, prof, line, plans, families, sensitivity, report) -> None:
-    """`plan --sensitivity` and `plan --report` (cli/report.py)."""
-    from sp_plan.cli.report import report_plans, sensitivity_table, write_report
-    from sp_plan.planner.sensitivity import sensitivity as rerank
+def _sensitivity_and_report(inputs, plans: list[Plan], families: list[Plan], sensitivity: bool,
+                            report: Optional[Path]) -> None:
+    """`plan --sensitivity` and `plan --report` (cli/report.py) from the search's inputs and rows."""
+    from sp_plan.cli.report import sensitivity_table, write_report  # noqa: PLC0415 - matplotlib: --report only
+    from sp_plan.pipeline import report_plans  # noqa: PLC0415 - as in _planned
+    from sp_plan.planner.sensitivity import sensitivity as rerank  # noqa: PLC0415 - as in _planned
 
     try:
-        sen = rerank(c, m, w, plans[0], params) if sensitivity else None
+        sen = rerank(inputs.cluster, inputs.model, inputs.workload, plans[0], inputs.params) if sensitivity else None
         if sen is not None:
             out.print(sensitivity_table(sen))
         if report:
             rows, chosen = report_plans(plans, families)
-            write_report(report, rows, c, chosen, prof, sen, [line], field="--report")
+            write_report(report, rows, inputs.cluster, chosen, inputs.profile, sen, [inputs.line], field="--report")
             out.print(f"wrote {report}")
     except PlanError as e:
         fail(e)
@@ -359,29 +366,35 @@ def estimate(
     window: Optional[int] = _ESTIMATE_MASK.window,
     window_pattern: Optional[str] = _ESTIMATE_MASK.window_pattern,
     seed: Optional[int] = _ESTIMATE_MASK.seed,
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Price one plan on a cluster: step time, MFU, memory and the per-phase breakdown."""
-    from sp_plan.planner.plan import Plan  # noqa: PLC0415
-    from sp_plan.service.planning import EstimateRequest, run_estimate  # noqa: PLC0415
+    from sp_plan.pipeline import EstimateRequest, run_estimate  # noqa: PLC0415 - as in _planned
+    from sp_plan.planner.plan import Plan  # noqa: PLC0415 - numpy: `presets` and --help do without it
 
     try:
         p = Plan.load(path)
         if model is None and p.model is None:
             raise PlanError("--model", f"{path} names no model", "pass --model NAME|FILE")
-        base = p.workload
-        if seq_len is None and base is None:
+        if seq_len is None and p.workload is None:
             raise PlanError("--seq-len", f"{path} names no workload", "pass --seq-len N")
-        w = plan_workload(base, seq_len, batch, causal, inference, documents, window, window_pattern, seed)
-        print_notes(w)
-        _profile_options(profile, no_profile)
+        w = plan_workload(p.workload, seq_len, batch, causal, inference, documents, window, window_pattern, seed)
+        if not as_json:
+            print_notes(w)
+        profile_options(profile, no_profile)
         req = _request(EstimateRequest, server, plan=p, cluster=cluster, nodes=nodes, model=model, workload=w,
                        use_profile=not no_profile, profile=profile)
         res = _client(server).estimate(req) if server else run_estimate(req, store)
     except PlanError as e:
         fail(e)
+    print_json(res) if as_json else _print_estimate(res)
+
+
+def _print_estimate(res) -> None:
+    """`estimate`'s report on the terminal: the plan, the profile line, the step's figures and breakdown."""
     p, c, w, pred = res.plan, res.cluster, res.workload, res.plan.predicted
-    out.print(f"[bold]{p.summary()}[/] on {c.name} ({c.world_size} ranks), {res.model.name}, {w.seq_len:,} tokens x {w.batch}",
-              highlight=False)
+    out.print(f"[bold]{p.summary()}[/] on {c.name} ({c.world_size} ranks), {res.model.name}, {w.seq_len:,} tokens "
+              f"x {w.batch}", highlight=False)
     print_mask(w)
     out.print(res.profile_line, highlight=False)
     out.print(f"step {secs(pred.step_time_s)}, {pred.tokens_per_s:,.0f} tokens/s, {mfu_text(pred)}, peak memory "

@@ -1,4 +1,8 @@
-"""The CLI's consoles and its one error line (the caller exits 2, or 1 for a stopped tune)."""
+"""The CLI's consoles and its one error line (the caller exits 2, or 1 for a stopped tune).
+
+The planner, the store and the pipeline name the domain field an error is about ("store", "profile"); the CLI
+prints the flag that sets it (``FLAGS``), so a user reads the option to change.
+"""
 from __future__ import annotations
 
 import sys
@@ -6,11 +10,30 @@ import sys
 from rich.console import Console
 from rich.markup import escape
 
+from sp_plan.planner.errors import PlanError
+
 #: stdout and stderr, as wide as the terminal (160 columns into a file, a pipe or a CI log: one-line rows and errors)
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
+#: a domain field an error names -> the flag that sets it; fields no flag sets (a plan file's, the environment's
+#: SP_PLAN_STORE) are printed as they are
+FLAGS = {
+    "store": "--store", "profile": "--profile", "storage": "--storage", "server": "--server", "trials": "--trials",
+    "to": "--to", "token_file": "--token-file", "max_minutes": "--max-minutes", "output": "--output",
+    "report": "--report", "sizes": "--sizes", "topo_file": "--topo-file",
+}
 
-def print_error(text: str) -> None:
-    """``error: TEXT`` on stderr (the word in red on a terminal); TEXT is escaped, never read as rich markup."""
+
+def as_flag(e: PlanError) -> PlanError:
+    """``e`` with its domain field named by the flag that sets it (``e`` itself where no flag does)."""
+    flag = FLAGS.get(e.field)
+    return e if flag is None else PlanError(flag, e.problem, e.fix)
+
+
+def print_error(text: str | PlanError) -> None:
+    """``error: TEXT`` on stderr (the word in red on a terminal); TEXT is escaped, never read as rich markup; a
+    PlanError is printed with its field's flag (``as_flag``)."""
+    if isinstance(text, PlanError):
+        text = str(as_flag(text))
     err.print(f"[bold red]error[/]: {escape(text)}", highlight=False, soft_wrap=True)

@@ -33,7 +33,7 @@ DEFAULT_SIZES = {"cpu": "16K,128K,1M,4M", "cuda": "1M,8M,64M,256M"}
 
 def _fail(e: PlanError, rank: int = 0) -> None:
     if rank == 0:
-        print_error(str(e))
+        print_error(e)
     raise typer.Exit(2)
 
 

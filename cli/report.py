@@ -2,39 +2,30 @@
 `plan --sensitivity` share with it."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
-from typing import Optional
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.table import Table
 
+from sp_plan.cli.console import err, out
+from sp_plan.cli.options import STORE_DEFAULT, fail, profile_options
 from sp_plan.cli.workload import plan_workload, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.errors import PlanError
+from sp_plan.planner.ranking import secs
 
 if TYPE_CHECKING:
     from sp_plan.planner.cluster import Cluster
+    from sp_plan.planner.model import ModelSpec, Workload
     from sp_plan.planner.plan import Plan
     from sp_plan.planner.sensitivity import Sensitivity
 
 
-def _secs(x: float) -> str:
-    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
-
-
 def report_plans(plans: list[Plan], families: list[Plan], extra: Plan | None = None) -> tuple[list[Plan], int]:
-    """The report's rows: the top plans, the best of every other algorithm variant and ``extra`` (a plan file's
-    plan), each once, fastest first; and the index of the plan the report is about (``extra``, else the winner)."""
-    rows, seen = [], set()
-    for p in [*plans, *families, *([extra] if extra else [])]:
-        if p.summary() not in seen:
-            seen.add(p.summary())
-            rows.append(p)
-    rows.sort(key=lambda p: p.predicted.step_time_s)
-    about = (extra or plans[0]).summary()
-    return rows, next(i for i, p in enumerate(rows) if p.summary() == about)
+    """The report's rows and the index of the plan it is about: ``sp_plan.pipeline.report_plans``."""
+    from sp_plan.pipeline import report_plans as rows  # noqa: PLC0415 - the pipeline loads numpy; --help does not
+
+    return rows(plans, families, extra)
 
 
 def sensitivity_table(sen: Sensitivity) -> Table:
@@ -47,8 +38,8 @@ def sensitivity_table(sen: Sensitivity) -> Table:
         right = c in ("winner's step under it", "winner loses")
         t.add_column(c, justify="right" if right else "left", no_wrap=not right)
     for s in sen.scenarios:
-        verdict = "holds" if s.holds else f"changes to {s.winner.summary()} ({_secs(s.winner.predicted.step_time_s)})"
-        t.add_row(s.what, verdict, f"{_secs(s.old_winner_s)} ({s.old_winner_s / s.base_s - 1:+.1%})",
+        verdict = "holds" if s.holds else f"changes to {s.winner.summary()} ({secs(s.winner.predicted.step_time_s)})"
+        t.add_row(s.what, verdict, f"{secs(s.old_winner_s)} ({s.old_winner_s / s.base_s - 1:+.1%})",
                   "-" if s.holds else f"{s.loss:.1%}")
     return t
 
@@ -56,28 +47,32 @@ def sensitivity_table(sen: Sensitivity) -> Table:
 def write_report(path: Path, plans: list[Plan], cluster: Cluster, chosen: int = 0, profile=None,
                  sensitivity: Sensitivity | None = None, notes: list[str] | None = None, field: str = "--output") -> None:
     """Render the report and write it atomically (an unwritable path is a PlanError naming ``--report``/``-o``)."""
-    from sp_plan.integrations.report import render_report
-    from sp_plan.planner.yamlio import atomic_write
+    from sp_plan.integrations.report import render_report  # noqa: PLC0415 - matplotlib: only a report loads it
+    from sp_plan.planner.yamlio import atomic_write  # noqa: PLC0415 - beside render_report, which needs the planner
 
     html = render_report(plans, cluster, profile=profile, sensitivity=sensitivity, chosen=chosen, notes=notes)
     atomic_write(path, html, field)  # an unwritable path is a PlanError naming ``field``
 
 
 def plan_cluster(plan: Plan, path: Path) -> Cluster:
-    """The cluster a plan file names: a preset ``NAME`` or ``NAMExN`` (as `plan` writes it), checked against the
-    plan's fingerprint."""
-    from sp_plan.profiles import cluster_presets, load_cluster
+    """The preset cluster a plan file was made for: the preset it names (``plan.cluster``, as `plan` writes it) with
+    as many nodes as the plan's world fills (``plan.world_size``), checked against the plan's fingerprint."""
+    from sp_plan.profiles import cluster_presets, load_cluster, preset_cluster  # noqa: PLC0415 - as in report_plans
 
     name = plan.cluster or ""
-    m = re.fullmatch(r"(.+)x(\d+)", name)
-    preset, nodes = (m.group(1), int(m.group(2))) if m and m.group(1) in cluster_presets() else (name, 1)
-    if preset not in cluster_presets():
+    for preset in sorted(cluster_presets(), key=len, reverse=True):  # the longest preset the name starts with
+        per_node = preset_cluster(preset, 1).devices_per_node
+        nodes = max(1, plan.world_size // per_node)
+        if name == preset or (name == f"{preset}x{nodes}" and plan.world_size % per_node == 0):
+            break
+    else:
         raise PlanError("--cluster", f"{path} names cluster {name or '(none)'!r}, which is not a preset",
                         "pass --cluster NAME|FILE (and --nodes) for the cluster the plan was made for")
     c = load_cluster(preset, nodes)
     if plan.cluster_fingerprint and plan.cluster_fingerprint != c.fingerprint():
-        raise PlanError("--cluster", f"{path} was made for a cluster {name!r} with fingerprint {plan.cluster_fingerprint}, "
-                        f"not the preset's {c.fingerprint()}", "pass --cluster FILE with the cluster the plan was made for")
+        raise PlanError("--cluster", f"{path} was made for a cluster {name!r} with fingerprint "
+                        f"{plan.cluster_fingerprint}, not the preset's {c.fingerprint()}",
+                        "pass --cluster FILE with the cluster the plan was made for")
     return c
 
 
@@ -104,8 +99,7 @@ def report_cmd(
                                           show_default="the cluster's newest stored profile"),
     no_profile: bool = typer.Option(False, "--no-profile", help="price with the presets' default model terms, "
                                     "without a profile"),
-    store: Optional[str] = typer.Option(None, "--store", help="profile store URL",
-                                        show_default="$SP_PLAN_STORE, else SQLite in the user data directory"),
+    store: Optional[str] = typer.Option(None, "--store", help="profile store URL", show_default=STORE_DEFAULT),
     documents: Optional[str] = _REPORT_MASK.documents,
     window: Optional[int] = _REPORT_MASK.window,
     window_pattern: Optional[str] = _REPORT_MASK.window_pattern,
@@ -113,56 +107,50 @@ def report_cmd(
 ) -> None:
     """Write one self-contained HTML page with figures: ranked layouts, memory, predicted against measured, the
     cluster graph with the plan's groups, and its sensitivity."""
-    from sp_plan.cli.app import _profile_options, err, fail, out
-    from sp_plan.planner.calibration import resolve_params
-    from sp_plan.planner.plan import Plan
-    from sp_plan.planner.search import finish, finish_each, grid_search, no_plan_error, profile_tag
-    from sp_plan.planner.sensitivity import sensitivity as rerank
-    from sp_plan.profiles import load_cluster, load_model
+    from sp_plan.pipeline import report  # noqa: PLC0415 - as in report_plans
 
     try:
         if top < 1:
             raise PlanError("--top", f"must be at least 1, got {top}", "pass --top 1 or more")
-        given = Plan.load(path) if path else None
-        if given is None and (cluster is None or model is None or seq_len is None):
-            raise PlanError("plan", "no plan file and not all of --cluster, --model, --seq-len",
-                            "pass a plan file, or --cluster NAME --model NAME --seq-len N")
-        c = load_cluster(cluster, nodes) if cluster else plan_cluster(given, path)
-        if model is None and given.model is None:
-            raise PlanError("--model", f"{path} names no model", "pass --model NAME|FILE")
-        m = load_model(model) if model else given.model
-        base = given.workload if given else None
-        if seq_len is None and base is None:
-            raise PlanError("--seq-len", f"{path} names no workload", "pass --seq-len N")
-        w = plan_workload(base, seq_len, batch, causal, inference, documents, window, window_pattern, seed)
-        print_notes(w)
-        params, line, prof = resolve_params(c, _profile_options(profile, no_profile), store)
-        with err.status("ranking every layout"):
-            res = grid_search(c, m, w, keep=top, params=params)
-            res.profile, res.profile_line = profile_tag(prof), line
-            if not res.ranked:
-                raise no_plan_error(c, w, res)
-            plans, families = finish(res, c, m, w, top), finish_each(res, c, m, w)
-        extra = None
-        if given is not None:
-            extra = given.model_copy(update={"model": m, "workload": w, "predicted": res.estimator(given),
-                                             "profile": profile_tag(prof), "cluster": c.name,
-                                             "cluster_fingerprint": c.fingerprint()})
-        rows, chosen = report_plans(plans, families, extra)
-        sen = None
-        if sensitivity:
-            with err.status("sensitivity: ranking again under each changed input"):
-                sen = rerank(c, m, w, plans[0], params)
-        write_report(output, rows, c, chosen, prof, sen, [line])
+        given, c, m, w = _report_inputs(path, cluster, nodes, model, seq_len, batch, causal, inference, documents,
+                                        window, window_pattern, seed)
+        spec = profile_options(profile, no_profile)
+        with err.status("ranking every layout" + (", then again under each changed input" if sensitivity else "")):
+            rep = report(c, m, w, given, top, sensitivity, spec, store)
+        write_report(output, rep.rows, c, rep.chosen, rep.profile, rep.sensitivity, [rep.line])
     except PlanError as e:
         fail(e)
-    out.print(line, highlight=False)
-    out.print(f"{rows[chosen].summary()}: #{chosen + 1} of the {len(rows)} layouts shown, "
-              f"step {_secs(rows[chosen].predicted.step_time_s)}", highlight=False)
-    print_rank_work(rows[chosen])
-    if sen is not None:
-        out.print(sensitivity_table(sen))
+    shown = rep.rows[rep.chosen]
+    out.print(rep.line, highlight=False)
+    out.print(f"{shown.summary()}: #{rep.chosen + 1} of the {len(rep.rows)} layouts shown, "
+              f"step {secs(shown.predicted.step_time_s)}", highlight=False)
+    print_rank_work(shown)
+    if rep.sensitivity is not None:
+        out.print(sensitivity_table(rep.sensitivity))
     out.print(f"wrote {output}")
+
+
+def _report_inputs(path: Optional[Path], cluster: Optional[str], nodes: Optional[int], model: Optional[str],
+                   seq_len: Optional[str], batch: Optional[int], causal: Optional[bool], inference: bool,
+                   documents: Optional[str], window: Optional[int], window_pattern: Optional[str],
+                   seed: Optional[int]) -> tuple[Optional[Plan], Cluster, ModelSpec, Workload]:
+    """The plan file (if any), cluster, model and workload a report is about: the flags, else the plan file's."""
+    from sp_plan.planner.plan import Plan  # noqa: PLC0415 - as in report_plans
+    from sp_plan.profiles import load_cluster, load_model  # noqa: PLC0415 - as in report_plans
+
+    given = Plan.load(path) if path else None
+    if given is None and (cluster is None or model is None or seq_len is None):
+        raise PlanError("plan", "no plan file and not all of --cluster, --model, --seq-len",
+                        "pass a plan file, or --cluster NAME --model NAME --seq-len N")
+    c = load_cluster(cluster, nodes) if cluster else plan_cluster(given, path)
+    if model is None and given.model is None:
+        raise PlanError("--model", f"{path} names no model", "pass --model NAME|FILE")
+    base = given.workload if given else None
+    if seq_len is None and base is None:
+        raise PlanError("--seq-len", f"{path} names no workload", "pass --seq-len N")
+    w = plan_workload(base, seq_len, batch, causal, inference, documents, window, window_pattern, seed)
+    print_notes(w)
+    return given, c, load_model(model) if model else given.model, w
 
 
 def register(app: typer.Typer) -> None:

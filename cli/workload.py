@@ -3,7 +3,8 @@ that takes a workload (plan, estimate, report, tune), and the per-rank work tabl
 
 A command declares the options from ``workload_mask_options()`` and builds its Workload with ``masked_workload`` (or
 takes the fields from ``resolve_mask``); both resolve through the application pipeline
-(``service.planning.mask_fields``), and their errors name the flag.
+(``sp_plan.pipeline.mask_fields``), and their errors name the flag. The pipeline is imported where a command uses it:
+it loads the cost engine (numpy), which `presets` and --help do without.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 import typer
 from rich.table import Table
 
+from sp_plan.cli.console import out
 from sp_plan.planner.errors import PlanError
 
 if TYPE_CHECKING:
@@ -67,7 +69,7 @@ def as_flag(e: PlanError) -> PlanError:
 def resolve_mask(documents: Optional[str], window: Optional[int], window_pattern: Optional[str],
                  seed: Optional[int], base: Optional[Workload] = None) -> dict[str, Any]:
     """Workload fields documents, window and seed from the flags (a file read here, a name looked up); None: base's."""
-    from sp_plan.service.planning import mask_fields  # noqa: PLC0415
+    from sp_plan.pipeline import mask_fields  # noqa: PLC0415 - see the module docstring
 
     try:
         return mask_fields(documents, window, window_pattern, seed, base=base)
@@ -79,12 +81,11 @@ def masked_workload(fields: dict[str, Any], documents: Optional[str] = None, win
                     window_pattern: Optional[str] = None, seed: Optional[int] = None,
                     base: Optional[Workload] = None) -> Workload:
     """A Workload of ``fields`` (seq_len, batch, ...) with the mask flags; errors name the flag."""
-    from sp_plan.planner.model import Workload  # noqa: PLC0415
-    from sp_plan.service.planning import check_mask_sizes  # noqa: PLC0415
+    from sp_plan.planner.model import Workload  # noqa: PLC0415 - numpy, as the pipeline (module docstring)
 
     mask = resolve_mask(documents, window, window_pattern, seed, base)
     try:
-        return check_mask_sizes(Workload(**fields, **mask))
+        return Workload(**fields, **mask)
     except PlanError as e:
         raise as_flag(e) from None
 
@@ -94,7 +95,7 @@ def plan_workload(base: Optional[Workload], seq_len: Optional[str], batch: Optio
                   window_pattern: Optional[str] = None, seed: Optional[int] = None) -> Workload:
     """A plan file's workload (``base``) with the flags that replace its fields (None: the plan's, else the
     defaults); ``base`` None needs ``seq_len``."""
-    from sp_plan.planner.model import parse_seq_len  # noqa: PLC0415
+    from sp_plan.planner.model import parse_seq_len  # noqa: PLC0415 - numpy, as the pipeline (module docstring)
 
     fields = dict(seq_len=parse_seq_len(seq_len) if seq_len else base.seq_len,
                   batch=batch or (base.batch if base else 1),
@@ -105,23 +106,19 @@ def plan_workload(base: Optional[Workload], seq_len: Optional[str], batch: Optio
 
 def print_notes(w: Workload) -> None:
     """One line per note of the workload (a window that covers the sequence is full attention)."""
-    from sp_plan.cli.console import out  # noqa: PLC0415
-
     for n in w.notes:
         out.print(f"note: {n}", highlight=False)
 
 
 def mask_line(w: Optional[Workload]) -> str:
-    """The workload's documents and window in a few words ('' without them): ``service.planning.mask_line``."""
-    from sp_plan.service.planning import mask_line as line  # noqa: PLC0415
+    """The workload's documents and window in a few words ('' without them): ``sp_plan.pipeline.mask_line``."""
+    from sp_plan.pipeline import mask_line as line  # noqa: PLC0415 - see the module docstring
 
     return line(w)
 
 
 def print_mask(w: Workload) -> None:
     """The workload's documents and window on a line of their own (nothing without them)."""
-    from sp_plan.cli.console import out  # noqa: PLC0415
-
     if mask_line(w):
         out.print(f"mask: {mask_line(w)}", highlight=False, soft_wrap=True)
 
@@ -136,7 +133,7 @@ def _shown(n: int) -> list[int | None]:
 
 def rank_work_table(p: Plan) -> tuple[Table, str] | None:
     """The per-ring-rank table of a sample pack (tokens, score entries) and its imbalance line; None without a mask."""
-    from sp_plan.service.planning import rank_work  # noqa: PLC0415
+    from sp_plan.pipeline import rank_work  # noqa: PLC0415 - see the module docstring
 
     rw = rank_work(p)
     if rw is None:
@@ -161,8 +158,6 @@ def rank_work_table(p: Plan) -> tuple[Table, str] | None:
 
 def print_rank_work(p: Plan) -> None:
     """Print the plan's per-rank work table and imbalance where its workload has documents or a window."""
-    from sp_plan.cli.console import out  # noqa: PLC0415
-
     shown = rank_work_table(p)
     if shown is not None:
         out.print(shown[0])

@@ -6,7 +6,7 @@
     res.winner.save("plan.yaml")
 
 A 4xx answer is raised as the PlanError the service sent (field, problem, fix), so callers print the
-same one line as a local run; an unreachable service is a PlanError("--server").
+same one line as a local run; an unreachable service is a PlanError("server").
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import httpx
 
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.profile import Profile
-from sp_plan.service.planning import EstimateRequest, EstimateResponse, PlanRequest, PlanResponse
+from sp_plan.pipeline import EstimateRequest, EstimateResponse, PlanRequest, PlanResponse
 
 __all__ = ["Client", "TOKEN_ENV"]
 TOKEN_ENV = "SP_PLAN_TOKEN"
@@ -49,14 +49,14 @@ class Client:
         try:
             r = self._http.request(method, path, **kw)
         except httpx.HTTPError as e:
-            raise PlanError("--server", f"cannot reach the planner service at {self.url} ({type(e).__name__}: {e})",
+            raise PlanError("server", f"cannot reach the planner service at {self.url} ({type(e).__name__}: {e})",
                             "start it with `sp-plan serve` or check the URL") from None
         if r.status_code >= 400:
             try:
                 e = r.json()["error"]
                 raise PlanError(e["field"], e["problem"], e["fix"])
             except (ValueError, KeyError, TypeError):
-                raise PlanError("--server", f"{self.url}{path} answered {r.status_code} {r.text[:200]!r}",
+                raise PlanError("server", f"{self.url}{path} answered {r.status_code} {r.text[:200]!r}",
                                 "check the service's log") from None
         return r
 

@@ -8,14 +8,16 @@ import base64
 import html
 from datetime import datetime, timezone
 
+from sp_plan.pipeline import mask_line, rank_work
 from sp_plan.planner.cluster import Cluster
-from .figures import (Figure_, cluster_groups, measured_points, measured_scatter, memory_bars, sensitivity_bars,
-                      step_bars)
+from sp_plan.planner.errors import PlanError
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import MeasuredCandidate, Profile
-from sp_plan.planner.search import largest_extra_cost
+from sp_plan.planner.ranking import largest_extra_cost
 from sp_plan.planner.sensitivity import Sensitivity
-from sp_plan.service.planning import mask_line
+
+from .figures import (Figure_, cluster_groups, measured_points, measured_scatter, memory_bars, sensitivity_bars,
+                      step_bars)
 
 GIB = 2.0 ** 30
 STYLE = """
@@ -93,8 +95,6 @@ def _sensitivity(sen: Sensitivity) -> str:
 
 def _rank_work(plan: Plan) -> str:
     """The plan's per-rank tokens and score entries on a sample pack, and the imbalance ('' without a mask)."""
-    from sp_plan.service.planning import rank_work
-
     rw = rank_work(plan)
     if rw is None:
         return ""
@@ -128,8 +128,6 @@ def render_report(plans: list[Plan], cluster: Cluster, profile: Profile | None =
     measured figure); ``measured``: more measured candidates; ``sensitivity``: planner.sensitivity's result;
     ``chosen``: the index of the plan the report is about (the winner by default; its groups are drawn);
     ``notes``: lines shown under the title (e.g. the profile line)."""
-    from sp_plan.planner.errors import PlanError
-
     if not plans or any(p.predicted is None for p in plans):
         raise PlanError("plans", "a report needs ranked plans with predictions", "pass the plans a search returned")
     plan = plans[chosen if chosen is not None else 0]

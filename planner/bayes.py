@@ -52,7 +52,7 @@ def _open_study(sampler, storage: str | None, study_name: str | None) -> optuna.
                                    study_name=study_name, load_if_exists=storage is not None)
     except (SQLAlchemyError, ImportError, ValueError, OSError) as e:
         first = (str(e).splitlines() or [type(e).__name__])[0]
-        raise PlanError("--storage", f"cannot open optuna storage {storage!r} ({first})",
+        raise PlanError("storage", f"cannot open optuna storage {storage!r} ({first})",
                         "pass a database URL such as sqlite:///study.db (its directory must exist)") from None
 
 

@@ -17,6 +17,7 @@ from .model import ModelSpec, Workload
 from .params import Params
 from .plan import Measured, Plan
 from .profile import MeasuredCandidate, Profile
+from .ranking import step_time
 
 
 def twins(profile: Profile | None, model: ModelSpec, workload: Workload) -> dict[str, MeasuredCandidate]:
@@ -53,11 +54,6 @@ def measured_plan(cluster: Cluster, profile: Profile, params: Params, c: Measure
         "cluster": cluster.name, "cluster_fingerprint": cluster.fingerprint(), "profile": profile.id or "file",
         "predicted": est.predict(Candidate.from_plan(plan)),
         "measured": measured_of(c, profile)}).with_groups()
-
-
-def step_time(plan: Plan) -> float:
-    """What a plan is ranked by: its measured step where tune measured it, else its predicted step."""
-    return plan.measured.step_time_s if plan.measured else plan.predicted.step_time_s
 
 
 def mark(plans: list[Plan], profile: Profile | None, model: ModelSpec, workload: Workload) -> list[Plan]:

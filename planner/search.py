@@ -22,12 +22,15 @@ from .algorithms import ALGORITHMS, algorithm_for, variants
 from .candidate import Candidate
 from .cluster import Cluster
 from .errors import PlanError
-from .equivalent import REL_TOL
+from .equivalent import REL_TOL, top_rows
 from .estimate import Estimator, Orders
 from .layout import BALANCE_POLICIES, TOKEN_LAYOUTS, chunks_needed
 from .model import ModelSpec, Workload
 from .params import Params
+from .measured import rank_rows
 from .plan import Plan
+from .profile import Profile
+from .ranking import RankedPlans, largest_extra_cost, summarize  # noqa: F401 - their names here are public
 
 CHECKPOINTING = ("none", "attention_boundary", "full")
 
@@ -558,49 +561,33 @@ def no_plan_error(cluster: Cluster, workload: Workload, result: SearchResult) ->
                      "use more nodes, a shorter --seq-len or a smaller --batch")
 
 
+def ranked_rows(result: SearchResult, cluster: Cluster, model: ModelSpec, workload: Workload, top: int,
+                profile: Profile | None = None, params: Params | None = None) -> RankedPlans:
+    """The first ``top`` rows of a ranking whose first ``top`` distinct step times are exact (equivalent plans share
+    a row: equivalent.top_rows), finished as plan files hold them; with a ``profile``, the layouts its tune measured
+    for this model and workload rank by their measured step (planner/measured.py)."""
+    rows = top_rows(result, lambda r, n: finish(r, cluster, model, workload, n), top)
+    return RankedPlans(rank_rows(rows, cluster, profile, params or Params(), model, workload)[:top])
+
+
 def plan(cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int = 5,
-         progress: Callable[[int, int], None] | None = None, space: Space | None = None, profile=None,
-         store=None) -> list[Plan]:
-    """The ``top_k`` best plans for this cluster, model and workload, fastest first (deterministic).
-
-    ``profile``: a Profile, a profile id or file (str), None (the cluster's profile in the store, if any)
-    or False (none); ``store``: where an id or None looks (a Store or a URL; None: ``$SP_PLAN_STORE``, else the
-    user data directory's). Each Plan records the profile used (``Plan.profile``). A layout the profile's tune
-    measured for this model and workload ranks by its measured step and carries it (``Plan.measured``,
-    planner/measured.py). Plans come as a plan file holds them: the mesh (degrees, order) without its groups;
-    ``Plan.with_groups()`` derives every group's ranks."""
-    from .calibration import resolve_params
-
-    params, line, prof = resolve_params(cluster, profile, store)
-    res = grid_search(cluster, model, workload, space, progress, keep=top_k, params=params)
-    res.profile, res.profile_line = profile_tag(prof), line
+         progress: Callable[[int, int], None] | None = None, space: Space | None = None,
+         profile: Profile | None = None, *, params: Params | None = None) -> RankedPlans:
+    """The ``top_k`` best rows for this cluster, model and workload, fastest first (deterministic), each with its
+    equivalent plans; pure: it prices with ``params`` (None: the ``profile``'s, else the uncalibrated engine) and
+    opens no store. ``profile``, a loaded Profile: the layouts its tune measured rank by their measured step.
+    ``sp_plan.plan`` (the pipeline) looks the cluster's profile up and calls this."""
+    if profile is not None and not isinstance(profile, Profile):
+        raise PlanError("profile", f"the planner takes a loaded Profile, not {type(profile).__name__}",
+                        "pass params= and a Profile, or call sp_plan.plan, which looks profiles up")
+    params = params if params is not None else (profile.params if profile is not None else None)
+    res = grid_search(cluster, model, workload, space, progress, keep=top_k, params=params, distinct=True)
+    res.profile = profile_tag(profile)
     if not res.ranked:
         raise no_plan_error(cluster, workload, res)
-    from .equivalent import Row
-    from .measured import rank_rows
-
-    rows = [Row(p, []) for p in finish(res, cluster, model, workload, top_k)]
-    return [r.plan for r in rank_rows(rows, cluster, prof, params, model, workload)][:top_k]
+    return ranked_rows(res, cluster, model, workload, top_k, profile, params)
 
 
 def profile_tag(prof) -> str | None:
     """What a Plan records of the profile that priced it: its id, "file" for one without, None for none."""
     return None if prof is None else (prof.id or "file")
-
-
-def largest_extra_cost(p: Plan, winner: Plan) -> tuple[str, float]:
-    """The phase whose exposed time grows most from the winner to ``p`` (name, extra seconds)."""
-    w = {x.name: x.exposed_seconds for x in winner.predicted.breakdown}
-    q = {x.name: x.exposed_seconds for x in p.predicted.breakdown}
-    diffs = {n: q.get(n, 0.0) - w.get(n, 0.0) for n in set(w) | set(q)}
-    name = max(sorted(diffs), key=lambda n: diffs[n])
-    return name, diffs[name]
-
-
-def summarize(p: Plan) -> dict[str, float]:
-    """Exposed seconds by category: compute, communication per dimension, pipeline bubble."""
-    out: dict[str, float] = {}
-    for ph in p.predicted.breakdown:
-        key = "compute" if ph.kind == "compute" else ("pipeline bubble" if ph.kind == "bubble" else f"comm {ph.group}")
-        out[key] = out.get(key, 0.0) + ph.exposed_seconds
-    return out

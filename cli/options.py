@@ -1,0 +1,30 @@
+"""What the commands share: the profile and store options' help, the profile choice, and the exit on bad input."""
+from __future__ import annotations
+
+from typing import NoReturn, Optional
+
+import typer
+
+from sp_plan.cli.console import print_error
+from sp_plan.planner.errors import PlanError
+
+PROFILE_HELP = "calibration profile: a stored profile id or a profile file"
+PROFILE_DEFAULT = "the cluster's newest stored profile"
+NO_PROFILE_HELP = "price with the presets' default model terms, without a profile (opens no store)"
+STORE_HELP = "profile store URL, e.g. sqlite:////path/store.db"
+STORE_DEFAULT = "$SP_PLAN_STORE, else SQLite in the user data directory"
+JSON_HELP = "print the answer as JSON: the HTTP response model (what POST /v1/plan or /v1/estimate returns)"
+
+
+def fail(e: PlanError) -> NoReturn:
+    """Print the error's one line (its field named by the flag: console.as_flag) and exit 2."""
+    print_error(e)
+    raise typer.Exit(2)
+
+
+def profile_options(profile: Optional[str], no_profile: bool) -> object:
+    """The profile spec for profiles.resolve.resolve_params: False (--no-profile), an id or file, or None (the
+    store's)."""
+    if no_profile and profile:
+        raise PlanError("--profile", "both --profile and --no-profile given", "pass one of them")
+    return False if no_profile else profile
