@@ -2,7 +2,9 @@
 
 Step (training, 1F1B over pp stages, m micro-batches): (m + pp - 1) x stage + exposed gradient
 sync, where stage = layers/pp x (forward + recompute + backward of a block) + lm head + stage
-sends. The pipeline bubble is (pp - 1) x stage, i.e. (p-1)/(m+p-1) of the pipeline time. Uneven stages
+sends. The pipeline bubble is (pp - 1) x stage, i.e. (p-1)/(m+p-1) of the pipeline time. Interleaved 1F1B
+(``virtual_stages`` v, Narayanan et al. 2021 §2.2.2) runs each stage as v chunks: the bubble is (pp - 1) x stage / v
+and the stage sends v times as many (each micro-batch crosses v boundaries a rank). Uneven stages
 (``stage_layers``, planner/stages.py) run at the pace of the busiest: the most layers before the last stage, or
 the last's layers and the lm head; memory is the largest stage's.
 
@@ -32,7 +34,8 @@ from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction
 from .schedules import (DDP_BUCKET_BYTES, Comm, Compute, Shape, Step, attention_blocks, attention_steps,
                         balanced_attention, bucket_share, bucketed_exposure, grad_sync, head_steps, layer_schedule,
                         pipeline_p2p, scaled, shard_params)
-from .stages import balanced_stage_layers, resolve_stage_layers
+from .stages import (balanced_stage_layers, check_interleaved_micro_batches, check_virtual_stages,
+                     resolve_stage_layers)
 
 
 #: fraction of device memory a plan may use (the rest: CUDA context, allocator fragmentation)
@@ -194,6 +197,19 @@ def busiest_stage(stage_layers: tuple[int, ...], layer, head):
     return np.maximum(max(stage_layers[:-1]) * layer, stage_layers[-1] * layer + head)
 
 
+def pipeline_time(m: int, pp: int, v: int, stage):
+    """Seconds of m micro-batches through pp stages of ``stage`` seconds each: m stages and the bubble."""
+    if v == 1:
+        return (m + pp - 1) * stage
+    return m * stage + bubble_time(pp, v, stage)
+
+
+def bubble_time(pp: int, v: int, stage):
+    """The pipeline's idle time: (pp - 1) stages under 1F1B, (pp - 1) chunks of 1/v stage interleaved (Narayanan et
+    al. 2021, §2.2.2: bubble (p - 1) (t_f + t_b) / v)."""
+    return (pp - 1) * stage if v == 1 else (pp - 1) * stage / v
+
+
 def _scaled(priced: Priced, k: float, i: int = 0) -> list:
     return [(n, kind, g, b * k, float(s[i]) * k, float(x[i]) * k) for n, kind, g, b, s, x in priced.rows]
 
@@ -302,7 +318,7 @@ class Estimator:
         """Attention calls of ``p`` that pay the per-call overhead on the busiest rank's time: its calls, times its
         ``share`` (``self.share(p)`` unless given) where the round's fixed cost follows the work (``Compute.trimmed``:
         a rank with no block gets no message), else all of them (a ring round passes K, V to every rank, which syncs
-        and forwards it whether or not it has a block to compute: runtime/variants/ring.py)."""
+        and forwards it whether or not it has a block to compute: runtime/ring.py)."""
         if not p.trimmed:
             return p.calls
         return p.calls * (self.share(p) if share is None else share)
@@ -516,7 +532,10 @@ class Estimator:
             raise PlanError("degrees.pp", f"pp {cand.pp} does not divide the {m.layers} layers",
                             f"give stage_layers (balanced: {list(balanced_stage_layers(m, cand.pp, w))}) or choose a "
                             "pipeline degree that divides the layers")
-        self.stages_of(cand)  # stage_layers given: pp entries of at least one layer, summing to the layers
+        stages = self.stages_of(cand)  # stage_layers given: pp entries of at least one layer, summing to the layers
+        if cand.virtual_stages != 1:
+            check_virtual_stages(cand.virtual_stages, cand.pp, m.layers, stages)
+            check_interleaved_micro_batches(cand.virtual_stages, cand.pp, max(w.batch // (cand.dp * cand.micro_batch_size), 1))
         if cand.team != 1 and cand.algorithm not in TEAM_ALGORITHMS:
             raise PlanError("degrees.team", f"team > 1 belongs to WallFacer (and tokenring_ring), not {cand.algorithm}",
                             "set team to 1")
@@ -529,13 +548,13 @@ class Estimator:
     def memory(self, cand: Candidate) -> dict[str, float]:
         """Per-rank bytes at the peak; depends on degrees and memory policy, not on the mesh order."""
         key = (cand.dp, cand.pp, cand.tp, cand.ulysses, cand.ring, cand.zero_stage, cand.checkpointing,
-               cand.micro_batch_size, cand.algorithm, cand.team, self.stages_of(cand))
+               cand.micro_batch_size, cand.algorithm, cand.team, self.stages_of(cand), cand.virtual_stages)
         mem = self._memory.get(key)
         if mem is None:
             c = self.shape(cand)
             mem = weight_bytes(shard_params(self.model, cand.tp, cand.pp, c.stage_layers), cand.zero_stage,
                                cand.dp * cand.sp, self.work.training)
-            mem.update(self._activations(c, cand.checkpointing))
+            mem.update(self._activations(c, cand.checkpointing, cand.virtual_stages))
             mem["attention buffers"] = attention_buffer_bytes(c, self.work.training)
             if self.params.memory_overhead_bytes:
                 mem["framework overhead"] = self.params.memory_overhead_bytes
@@ -543,25 +562,26 @@ class Estimator:
             self._memory[key] = mem
         return {k: v for k, v in mem.items() if k != "total"}
 
-    def _activations(self, c: Shape, checkpointing: str) -> dict[str, float]:
+    def _activations(self, c: Shape, checkpointing: str, virtual_stages: int = 1) -> dict[str, float]:
         """Activation bytes by kind (memory.activation_bytes) x params.activation_factor (measured / modelled)."""
-        act = activation_bytes(c, checkpointing, self.work.training)
+        act = activation_bytes(c, checkpointing, self.work.training, virtual_stages)
         k = self.params.activation_factor
         return act if k == 1.0 else {n: v * k for n, v in act.items()}
 
-    def _activation_total(self, c: Shape, checkpointing: str) -> float:
+    def _activation_total(self, c: Shape, checkpointing: str, virtual_stages: int = 1) -> float:
         """The sum of ``_activations``, once per value: activation_bytes reads the sizes alone (not the algorithm,
         team, placement or token layout) but for algorithms with their own ``Algorithm.activations``."""
         hook = ALGORITHMS[c.algorithm].activations is not None
-        key = (c.key if hook else (c.dp, c.ulysses, c.ring, c.tp, c.pp, c.mbs, c.stage_layers), checkpointing)
+        key = (c.key if hook else (c.dp, c.ulysses, c.ring, c.tp, c.pp, c.mbs, c.stage_layers), checkpointing,
+               virtual_stages)
         t = self._acts.get(key)
         if t is None:
-            t = self._acts[key] = sum(self._activations(c, checkpointing).values())
+            t = self._acts[key] = sum(self._activations(c, checkpointing, virtual_stages).values())
         return t
 
     def fits(self, cand: Candidate) -> bool:
         key = (cand.dp, cand.pp, cand.tp, cand.ulysses, cand.ring, cand.zero_stage, cand.checkpointing,
-               cand.micro_batch_size, cand.algorithm, cand.team, self.stages_of(cand))
+               cand.micro_batch_size, cand.algorithm, cand.team, self.stages_of(cand), cand.virtual_stages)
         if key not in self._memory:
             self.memory(cand)
         return self._memory[key]["total"] <= self.capacity
@@ -580,7 +600,8 @@ class Estimator:
             weights = self._acts[wkey] = {z: sum(weight_bytes(params, z, probe.dp * probe.sp, train).values())
                                           for z in (0, 1, 2, 3)}
         shapes = {mbs: self.shape(probe, mbs) for mbs in {p[2] for p in policies}}
-        acts = {(ck, mbs): self._activation_total(shapes[mbs], ck) for ck, mbs in {p[1:] for p in policies}}
+        acts = {(ck, mbs): self._activation_total(shapes[mbs], ck, probe.virtual_stages)
+                for ck, mbs in {p[1:] for p in policies}}
         bufs = {mbs: attention_buffer_bytes(c, train) for mbs, c in shapes.items()}
         over = self.params.memory_overhead_bytes  # same parts and order of sums as memory(): same fit decisions
         if over:
@@ -659,8 +680,8 @@ class Estimator:
                     bwd_compute = bwd.compute * Lp * m
                 head = get("head", c)
                 parts.append((head, 1, ""))
-                if pp > 1:
-                    parts.append((get("pp", c), 1, ""))
+                if pp > 1:  # a boundary a chunk: v sends a micro-batch each way
+                    parts.append((get("pp", c), base.virtual_stages, ""))
                 if c.stage_layers is None:
                     stage = sum(p.seconds * k for p, k, _ in parts)
                     overhead = (self.layer_overhead(ckpt) + self.tp_overhead(c, ckpt)) * Lp
@@ -669,7 +690,8 @@ class Estimator:
                     n_rows = Lp
                 else:  # uneven stages: the pipeline runs at its busiest stage's pace
                     stage, parts, n_rows = self.uneven_stage(c, ckpt, parts, head)
-                stages[ckpt, mbs] = (parts, stage, (m + pp - 1) * stage, bwd_compute, n_rows)
+                stages[ckpt, mbs] = (parts, stage, pipeline_time(m, pp, base.virtual_stages, stage), bwd_compute,
+                                     n_rows)
             parts, stage, t, bwd_compute, n_rows = stages[ckpt, mbs]
             sync_rows = []
             if train and (sync or not bound):  # bucketed sync overlaps the backward pass; its last bucket cannot
@@ -694,7 +716,7 @@ class Estimator:
                     o = self.tp_overhead(c, ckpt) * n_rows * m
                     rows.append(("tp collective overhead", "communication", "tp", 0.0, o, o))
                 if pp > 1:
-                    bubble = (pp - 1) * float(stage[0])
+                    bubble = bubble_time(pp, base.virtual_stages, float(stage[0]))
                     rows.append(("pipeline bubble", "bubble", "pp", 0.0, bubble, bubble))
                 rows += sync_rows
         return out, rows
@@ -704,7 +726,7 @@ class Estimator:
         and layers of the busiest stage under the first order, for the breakdown (the LM head only if the last)."""
         layer_parts = parts[:-2]  # the layer parts come first, then the head and the stage sends (pp > 1)
         per_layer = sum(p.seconds for p, _, _ in layer_parts) + (self.layer_overhead(ckpt) + self.tp_overhead(c, ckpt))
-        stage = busiest_stage(c.stage_layers, per_layer, head.seconds) + parts[-1][0].seconds
+        stage = busiest_stage(c.stage_layers, per_layer, head.seconds) + parts[-1][0].seconds * parts[-1][1]
         mid, last = max(c.stage_layers[:-1]), c.stage_layers[-1]
         if mid * float(per_layer[0]) > last * float(per_layer[0]) + float(head.seconds[0]):
             rows = [(p, mid, pre) for p, _, pre in layer_parts] + [parts[-1]]
@@ -777,7 +799,8 @@ class Estimator:
                     stage = c.layers_per_stage * layer + busy("head", c)
                 else:
                     stage = float(busiest_stage(c.stage_layers, layer, busy("head", c)))
-                seen[key] = (c.micro_batches + base.pp - 1) * stage * (1 - 1e-9)  # a hair below: sums' rounding
+                # a hair below: sums' rounding
+                seen[key] = pipeline_time(c.micro_batches, base.pp, base.virtual_stages, stage) * (1 - 1e-9)
             best = min(best, seen[key])
         return best
 
@@ -809,7 +832,8 @@ class Estimator:
         (full: the forward again, attention at its even share; attention_boundary: the forward's linear part)."""
         _, ckpt, mbs = policy
         stages = self.stages_of(probe)
-        key = ("policy floor", probe.dp, probe.pp, probe.tp, probe.ulysses, probe.ring, ckpt, mbs, stages)
+        key = ("policy floor", probe.dp, probe.pp, probe.tp, probe.ulysses, probe.ring, ckpt, mbs, stages,
+               probe.virtual_stages)
         t = self._busy.get(key)
         if t is None:
             lkey = ("policy layer", probe.tp, probe.ulysses, probe.ring, ckpt, mbs)  # its parts read no dp, no pp
@@ -828,9 +852,10 @@ class Estimator:
             layer, head = parts
             m = max(self.work.batch // (probe.dp * mbs), 1)  # Shape.micro_batches and layers_per_stage
             if stages is None:
-                t = self._busy[key] = (m + probe.pp - 1) * (self.model.layers // probe.pp * layer + head)
+                stage = self.model.layers // probe.pp * layer + head
             else:
-                t = self._busy[key] = (m + probe.pp - 1) * float(busiest_stage(stages, layer, head))
+                stage = float(busiest_stage(stages, layer, head))
+            t = self._busy[key] = pipeline_time(m, probe.pp, probe.virtual_stages, stage)
         return t
 
     def balanced_time(self, c: Shape, backward: bool) -> float:

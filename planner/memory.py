@@ -40,13 +40,23 @@ def layer_activation_bytes_per_token(c: Shape) -> float:
     return per * e + 4.0 * m.heads  # + fp32 log-sum-exp per head
 
 
-def in_flight_micro_batches(c: Shape) -> int:
-    """1F1B: the first stage holds the activations of min(pp, m) micro-batches (Megatron)."""
-    return min(c.pp, c.micro_batches) if c.pp > 1 else 1
+def in_flight_micro_batches(c: Shape, virtual_stages: int = 1) -> float:
+    """Micro-batches whose activations the first stage holds, in whole stages' worth. 1F1B: min(pp, m) (Megatron).
+    Interleaved over v chunks a rank (groups of pp micro-batches): the first rank warms up 2 (pp - 1) + (v - 1) pp
+    chunk passes and holds one more before its first backward, at most all m v (Megatron's
+    get_pp_rank_microbatches, core/pipeline_parallel/schedules.py), each chunk 1/v of the stage's layers: min(pp +
+    (pp - 1) / v, m) stages, pp (1 + (pp - 1) / (pp v)) for m > pp as Korthikanti et al. (2022) §4.2.3 count it."""
+    if c.pp == 1:
+        return 1
+    p, m, v = c.pp, c.micro_batches, virtual_stages
+    if v == 1:
+        return min(p, m)
+    return min(2 * (p - 1) + (v - 1) * p + 1, m * v) / v
 
 
-def activation_bytes(c: Shape, checkpointing: str, training: bool) -> dict[str, float]:
-    """Activations held at the peak on the most loaded stage; TP-sp divides them by tp.
+def activation_bytes(c: Shape, checkpointing: str, training: bool, virtual_stages: int = 1) -> dict[str, float]:
+    """Activations held at the peak on the most loaded stage (``virtual_stages``: its model chunks, interleaved
+    1F1B, ``in_flight_micro_batches``); TP-sp divides them by tp.
 
     none: every layer's saved tensors; full: each layer's input plus one layer recomputed;
     attention_boundary (DistFlashAttn / WallFacer): each layer's input, attention output and LSE
@@ -69,7 +79,7 @@ def activation_bytes(c: Shape, checkpointing: str, training: bool) -> dict[str, 
     else:
         saved = Lp * layer
     logits = tokens * m.vocab / c.tp * (c.e + 4)  # bf16 logits and their fp32 softmax
-    return {"activations": saved * in_flight_micro_batches(c), "logits": logits}
+    return {"activations": saved * in_flight_micro_batches(c, virtual_stages), "logits": logits}
 
 
 def attention_buffer_bytes(c: Shape, training: bool) -> float:
