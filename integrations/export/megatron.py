@@ -14,13 +14,23 @@ zigzag. Packed documents: ``--reset-position-ids --reset-attention-mask --datalo
 give each sample's cu_seqlens (core/datasets/gpt_dataset.py) and the THD path splits each document zigzag over
 the cp ranks, padded to a multiple of 2 x cp (pretrain_gpt.py get_batch). Uneven pipeline stages:
 ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``, the stages between them even
-(TransformerConfig). Rank order 'tp-cp-ep-dp-pp', or 'tp-cp-ep-pp-dp' with ``--use-tp-pp-dp-mapping``
+(TransformerConfig). Interleaved 1F1B (``virtual_stages`` v): ``--num-virtual-stages-per-pipeline-rank`` where
+every stage's layers divide by v (the flag Megatron asks for with uneven stages; ``--num-layers-per-virtual-pipeline-
+stage`` refuses them), else ``--pipeline-model-parallel-layout``, which lists the pp x v chunks in pipeline order
+(chunk k on rank k mod pp; E the embedding, t a layer, L the loss: transformer/pipeline_parallel_layer_layout.py) and
+takes the place of the first and last stage flags; Megatron's interleaved schedule needs the micro-batches in groups
+of pp (core/pipeline_parallel/schedules.py), as the plan does. Rank order 'tp-cp-ep-dp-pp', or 'tp-cp-ep-pp-dp' with ``--use-tp-pp-dp-mapping``
 (training/initialize.py). ZeRO-1 is the distributed optimizer; ZeRO-2/3 are Megatron-FSDP's optim_grads /
 optim_grads_params sharding.
 """
 from __future__ import annotations
 
+import shlex
+
+from sp_plan.planner.errors import PlanError
 from sp_plan.planner.plan import Plan
+
+from sp_plan.planner.stages import stage_chunks
 
 from .target import Target, batch_split, header
 
@@ -36,11 +46,41 @@ def placeable_stages(stage_layers: list[int]) -> bool:
 
 
 def stage_arguments(p: Plan) -> list[str]:
-    """The first and last stage's layers of an uneven plan (none for an even one)."""
-    s = p.stage_layers
-    if s is None or len(set(s)) == 1:
-        return []
-    return ["--decoder-first-pipeline-num-layers", str(s[0]), "--decoder-last-pipeline-num-layers", str(s[-1])]
+    """The first and last stage's layers of an uneven plan (none for an even one), and its virtual stages."""
+    s, v = p.stage_layers, p.virtual_stages or 1
+    if v > 1 and any(n % v for n in plan_stages(p)):  # a chunk with the embedding or the loss: the layout string
+        return ["--pipeline-model-parallel-layout", pipeline_layout(plan_stages(p), v)]
+    out = [] if s is None or len(set(s)) == 1 else ["--decoder-first-pipeline-num-layers", str(s[0]),
+                                                    "--decoder-last-pipeline-num-layers", str(s[-1])]
+    return out + (["--num-virtual-stages-per-pipeline-rank", str(v)] if v > 1 else [])
+
+
+def plan_stages(p: Plan) -> list[int]:
+    """Layers per stage of ``p``: its own, else the even split (the model's layers over pp)."""
+    if p.stage_layers is not None:
+        return list(p.stage_layers)
+    if p.model is None:
+        raise PlanError("model", "the plan has virtual stages and no model, so its chunks' layers are unknown",
+                        "give the plan its model (sp-plan plan writes it)")
+    return [p.model.layers // p.degrees["pp"]] * p.degrees["pp"]
+
+
+def pipeline_layout(stage_layers: list[int], v: int) -> str:
+    """Megatron's --pipeline-model-parallel-layout for these stages in v chunks: the pp x v chunks in pipeline order
+    (chunk j of every rank, then chunk j + 1), the embedding before the first layer and the loss after the last,
+    runs of equal chunks folded as "(t|)*n"."""
+    pp, chunks = len(stage_layers), stage_chunks(stage_layers, v)
+    cells = ["t" * chunks[k % pp][k // pp] for k in range(pp * v)]
+    cells[0], cells[-1] = "E" + cells[0], cells[-1] + "L"
+    out, i = [], 0
+    while i < len(cells):
+        j = i
+        while j + 1 < len(cells) - 1 and cells[j + 1] == cells[i] and i > 0:
+            j += 1
+        run = j - i + 1
+        out.append(f"({cells[i]}|)*{run}" if run > 1 else cells[i] + ("|" if i < len(cells) - 1 else ""))
+        i = j + 1
+    return "".join(out)
 
 
 def arguments(p: Plan) -> list[str]:
@@ -89,7 +129,7 @@ def render(p: Plan) -> str:
         if w.startswith("--") and cur:
             lines.append(" ".join(cur))
             cur = []
-        cur.append(w)
+        cur.append(shlex.quote(w))  # a layout string's "|", "(" and "*" are the shell's
     lines.append(" ".join(cur))
     return header(p, TARGET) + notes(p) + " \\\n".join(lines) + "\n"
 
@@ -107,7 +147,7 @@ TARGET = Target(
     render=render, suffix=".args", algorithms=("ring", "ulysses", "usp", "allgather"),
     orders=(("tp", "ulysses", "ring", "dp", "pp"), ("tp", "ulysses", "ring", "pp", "dp")),
     token_layouts=("zigzag",), checkpointing=("none", "full"), extra=_rules,
-    documents=("ring", "ulysses", "usp", "allgather"), stages=placeable_stages,
+    documents=("ring", "ulysses", "usp", "allgather"), stages=placeable_stages, virtual_stages=True,
     notes={"stage_layers": "megatron sets the first and the last stage's layers only; the stages between hold "
                            "equal counts"},
 )

@@ -38,6 +38,8 @@ class Target:
     documents: tuple[str, ...] = ()
     #: whether the target places these uneven layers per pipeline stage (None: it splits the layers evenly)
     stages: Callable[[list[int]], bool] | None = None
+    #: whether the target runs an interleaved 1F1B schedule (a plan's virtual_stages > 1)
+    virtual_stages: bool = False
 
     def dims(self) -> set[str]:
         return {d for o in self.orders for d in o}
@@ -76,7 +78,8 @@ class Target:
         return out
 
     def mask_problems(self, p: Plan) -> list[tuple[str, str]]:
-        """Packed documents, a sliding window and uneven stages the target cannot carry: (key, reason)."""
+        """Packed documents, a sliding window, uneven stages and virtual stages the target cannot carry: (key,
+        reason)."""
         out = []
         w = p.workload
         if w is not None and w.documents is not None and p.sp > 1 and p.algorithm not in self.documents:
@@ -89,6 +92,9 @@ class Target:
         if uneven and not (self.stages and self.stages(p.stage_layers)):
             out.append(("stage_layers", self.notes.get("stage_layers") or f"{self.name} cannot place the stages' "
                         f"layers {p.stage_layers}"))
+        if (p.virtual_stages or 1) > 1 and not self.virtual_stages:
+            out.append(("virtual_stages", self.notes.get("virtual_stages") or f"{self.name} runs plain 1F1B: its "
+                        f"export has no interleaved schedule for {p.virtual_stages} virtual stages a pipeline rank"))
         return out
 
     def check_workload(self, p: Plan) -> None:

@@ -1,0 +1,140 @@
+"""Interleaved pipeline stages in the exports: Megatron-LM's flags (checked by its recorded argument parser and by
+Megatron-Core 0.16.1's TransformerConfig and PipelineParallelLayerLayout), and the targets that run plain 1F1B
+refusing them or taking the nearest plan."""
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from sp_plan.integrations.export import TARGETS, target
+from sp_plan.integrations.export.megatron import pipeline_layout
+from sp_plan.integrations.export.nearest import nearest
+from sp_plan.planner import Plan
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.model import Workload
+from sp_plan.profiles import load_model, preset_cluster
+
+FIX = Path(__file__).parent / "fixtures" / "export"
+MODEL = load_model("llama3-8b")  # 32 layers
+LLAMA3_405B = load_model("llama3-405b")  # 126 layers
+PUBLISHED = [7] + [8] * 14 + [7]
+TRAIN = Workload(seq_len=131072, batch=32)
+
+
+def argv(text: str) -> list[str]:
+    """The words of an exported command line as a shell reads them (comments dropped, continuations joined)."""
+    return shlex.split("\n".join(l for l in text.splitlines() if not l.startswith("#")).replace("\\\n", " "))
+
+
+def parsed(text: str) -> dict:
+    """The export's flags through Megatron-LM's argument parser, rebuilt from its recorded fixture."""
+    flags = json.loads((FIX / "megatron_flags.json").read_text())["flags"]
+    ap = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
+    types = {"int": int, "str": str, "float": float}
+    for name, f in flags.items():
+        if f.get("nargs") == 0 or f.get("action") in ("store_true", "store_false"):
+            ap.add_argument(name, action="store_true", dest=name)
+        else:
+            ap.add_argument(name, dest=name, nargs=f.get("nargs"), type=types.get(f.get("type"), str))
+    return vars(ap.parse_args(argv(text)))
+
+
+def megatron_layout(layout: str, pp: int):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+    return PipelineParallelLayerLayout(layout, pp)
+
+
+def llama3(v: int) -> Plan:
+    return Plan(algorithm="allgather", degrees={"tp": 8, "ring": 16, "pp": 16, "dp": 8},
+                order=["tp", "ring", "pp", "dp"], token_layout="zigzag", zero_stage=2, stage_layers=PUBLISHED,
+                virtual_stages=v, model=LLAMA3_405B, workload=Workload(seq_len=131072, batch=128))
+
+
+@pytest.mark.parametrize("v", [2, 4, 8])
+def test_llama3s_chunks_go_to_megatron_as_a_pipeline_layout_it_parses_rank_by_rank(v):
+    """The first and last stage's layers do not divide by v, the embedding and loss take their place: Megatron's
+    layout string, whose chunk j of rank i holds the layers the plan's chunks do."""
+    ns = parsed(target("megatron").export(llama3(v)))
+    assert ns["--num-virtual-stages-per-pipeline-rank"] is None and ns["--decoder-first-pipeline-num-layers"] is None
+    layout = megatron_layout(ns["--pipeline-model-parallel-layout"], ns["--pipeline-model-parallel-size"])
+    layout.validate_layer_layout(num_layers=LLAMA3_405B.layers, mtp_num_layers=None)
+    assert layout.virtual_pipeline_model_parallel_size == v
+    assert [sum(str(t).endswith("decoder") for c in rank for t in c) for rank in layout.layout] == PUBLISHED
+    first, last = layout.layout[0][0], layout.layout[-1][-1]
+    assert str(first[0]).endswith("embedding") and str(last[-1]).endswith("loss")
+    if v == 8:  # the paper's words: the first chunk only the embedding, the last only the output and loss
+        assert len(first) == 1 and len(last) == 1
+        assert ns["--pipeline-model-parallel-layout"] == "E|(t|)*126L"
+
+
+@pytest.mark.parametrize("stages,v,first", [(None, 2, None), (None, 4, None), ([6, 10, 10, 6], 2, 6)])
+def test_stages_that_divide_by_v_go_to_megatron_as_virtual_stages_per_rank(stages, v, first):
+    p = Plan(algorithm="ring", degrees={"pp": 4, "ring": 2, "dp": 1}, order=["ring", "pp"], token_layout="zigzag",
+             stage_layers=stages, virtual_stages=v, model=MODEL, workload=TRAIN)
+    ns = parsed(target("megatron").export(p))
+    assert ns["--num-virtual-stages-per-pipeline-rank"] == v and ns["--pipeline-model-parallel-layout"] is None
+    assert ns["--decoder-first-pipeline-num-layers"] == first
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    cfg = TransformerConfig(num_layers=MODEL.layers, hidden_size=MODEL.hidden, num_attention_heads=MODEL.heads,
+                            pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=v,
+                            num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=first,
+                            pipeline_dtype=__import__("torch").bfloat16)
+    assert cfg.virtual_pipeline_model_parallel_size == v
+
+
+def test_layout_strings_fold_runs_and_keep_the_embedding_and_loss_at_the_ends():
+    assert pipeline_layout([3, 4, 4, 3], 2) == "Et|(tt|)*6tL"
+    assert pipeline_layout([2, 2], 3) == "E|(t|)*4L"
+    layout = megatron_layout(pipeline_layout([5, 10, 10, 7], 2), 4)
+    layout.validate_layer_layout(num_layers=32, mtp_num_layers=None)
+    assert [[len(c) for c in rank] for rank in layout.layout] == [[3, 3], [5, 5], [5, 5], [4, 4]]
+
+
+def test_plain_1f1b_exports_as_before():
+    p = llama3(1)
+    text = target("megatron").export(p)
+    assert "virtual" not in text and "--pipeline-model-parallel-layout" not in text
+    assert "--decoder-first-pipeline-num-layers 7" in text
+
+
+@pytest.mark.parametrize("name", sorted(set(TARGETS) - {"megatron"}))
+def test_targets_without_an_interleaved_schedule_name_virtual_stages(name):
+    p = Plan(algorithm="ulysses", degrees={"pp": 4, "ulysses": 2}, order=["ulysses", "pp"], token_layout="contiguous",
+             virtual_stages=2, model=MODEL, workload=TRAIN)
+    probs = dict(target(name).problems(p))
+    assert "plain 1F1B" in probs["virtual_stages"] and "2 virtual stages" in probs["virtual_stages"]
+    with pytest.raises(PlanError):
+        target(name).export(p)
+
+
+def test_the_nearest_plan_of_an_interleaved_one_runs_plain_1f1b():
+    c = preset_cluster("dgx-h100", 1)
+    w = Workload(seq_len=65536, batch=8)
+    p = Plan(algorithm="ring", degrees={"pp": 2, "ring": 4}, order=["ring", "pp"], token_layout="zigzag",
+             virtual_stages=2, model=MODEL, workload=w)
+    t = target("torchtitan")
+    assert "virtual_stages" in dict(t.problems(p))
+    near = nearest(t, p, c, MODEL, w)
+    assert near.plan.virtual_stages is None and not t.problems(near.plan)
+
+
+def test_sp_plan_export_writes_the_layout_quoted_for_the_shell(tmp_path):
+    p = llama3(8)
+    p.save(tmp_path / "l3.yaml")
+    r = subprocess.run([sys.executable, "-m", "sp_plan.cli.app", "export", str(tmp_path / "l3.yaml"), "--to",
+                        "megatron", "-o", str(tmp_path / "l3.args")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "l3.args").read_text()
+    assert "--pipeline-model-parallel-layout 'E|(t|)*126L'" in text
+    words = "\n".join(l for l in text.splitlines() if not l.startswith("#")).replace("\\\n", " ")
+    out = subprocess.run(["bash", "-c", f"set -- {words}; echo $#"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and int(out.stdout) == len(argv(text))  # bash reads the words shlex does
