@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 from dataclasses import dataclass
+from enum import IntEnum
 from itertools import permutations
 from typing import Callable, Iterator
 
@@ -304,6 +305,187 @@ def degree_size(space: Space, d: Degrees, vs: list | None = None) -> int:
                for v in (vs if vs is not None else variants(d, space.model, space.work)))
 
 
+class Stage(IntEnum):
+    """What a queue item's bound covers, each stage tighter than the one before (``grid_search``)."""
+
+    DEGREES = 0  # a degrees choice: compute only, the attention at its even share (Estimator.micro_batch_bounds)
+    RECOMPUTE = 1  # a group: its compute with the recomputation each policy needs to fit (Estimator.policy_floor)
+    OUTSIDE = 2  # + every cost outside the attention but the gradient sync, exact (outside_bounds)
+    COMPUTE = 3  # + the variant's own compute (Estimator.compute_bound)
+    COMMUNICATION = 4  # + the attention's communication floor (Estimator.comm_bounds)
+    SYNC = 5  # + the gradient sync; priced when popped
+
+
+@dataclass
+class DegreesItem:
+    """A degrees choice in the queue: its variants, the variant keys they rank under and the bound per micro-batch."""
+
+    degrees: Degrees
+    vkeys: dict[tuple, list[tuple]]
+    by_mbs: dict[int, float]
+    variants: list
+
+
+@dataclass
+class GroupItem:
+    """A group in the queue (one algorithm variant and token layout of a degrees choice): its mesh orders, its
+    fitting policies with a bound each, and ``cut``, below which its priced orders are each order's best."""
+
+    base: Candidate
+    orders: list
+    fitting: list
+    bounds: list[float]
+    cut: float
+    degrees: Degrees
+
+
+class _Grid:
+    """The state of one best-first grid search (``grid_search``): the queue, the ranking, the K-th time."""
+
+    def __init__(self, est: Estimator, space: Space, keep: int | None, distinct: bool,
+                 progress: Callable[[int, int], None] | None):
+        self.est, self.space, self.keep, self.progress = est, space, keep, progress
+        self.queue: list = []  # (bound, stage, sequence number, item)
+        self.pushed = self.done = self.total = self.rejected = self.evaluated = 0
+        self.ranked: list[tuple[float, Candidate]] = []
+        self.kth, self.batches = float("inf"), {}
+        self.best_of: dict[tuple, float] = {}  # best time per algorithm variant: each variant's best is exact too
+        self.top = Fastest(keep or 0, distinct)  # the K smallest (distinct) times so far
+        self.outside_of: dict[Degrees, list | dict] = {}  # per expanded degrees, its groups, then outside_bounds
+        self.by_layout = by_policy(space.work)  # with documents each balancing policy's best is exact too
+
+    def push(self, bound: float, stage: Stage, item) -> None:
+        heapq.heappush(self.queue, (bound, stage, self.pushed, item))
+        self.pushed += 1
+
+    def beyond(self, bound: float, vkeys: list) -> bool:
+        """Whether a bound can neither enter the top K nor change the best of any variant in ``vkeys``."""
+        return bool(self.keep) and bound > self.kth and all(bound > self.best_of.get(v, float("inf")) for v in vkeys)
+
+    def seed(self) -> None:
+        """Every degrees choice in the queue under its compute-only bound."""
+        est, space = self.est, self.space
+        for d in space.degrees():
+            vs = variants(d, space.model, space.work)
+            self.total += degree_size(space, d, vs)
+            vkeys = variant_keys(space, d, vs, self.by_layout)
+            probe = Candidate(algorithm_for(d.ulysses, d.ring), d.dp, d.pp, d.tp, d.ulysses, d.ring)
+            by_mbs = est.micro_batch_bounds(probe, space._mbs(d)) if self.keep else {}
+            self.queue.append((min(by_mbs.values(), default=0.0), Stage.DEGREES, len(self.queue),
+                               DegreesItem(d, vkeys, by_mbs, vs)))
+        heapq.heapify(self.queue)
+        self.pushed = len(self.queue)
+
+    def expand(self, bound: float, item: DegreesItem) -> None:
+        """A degrees choice into the groups of its variants still worth pricing, each under its policy floors."""
+        est, d = self.est, item.degrees
+        if self.beyond(bound, [k for keys in item.vkeys.values() for k in keys]):
+            return
+        found, _, r = degree_groups(est, self.space, d, lambda v, mbs: not self.beyond(item.by_mbs.get(mbs, bound),
+                                                                                      item.vkeys[v]), item.variants)
+        self.rejected += r
+        if larger_micro_batch_wins(est, d.pp):  # ties go to the larger micro-batch, pruned or not
+            found = [(base, orders, largest_micro_batches(fitting)) for base, orders, fitting in found]
+        self.outside_of[d] = found
+        floors: dict = {}  # (checkpointing, micro-batch) -> Estimator.policy_floor (the same for every group)
+        for base, orders, fitting in found:
+            vkey = variant_key(base, self.by_layout)
+            cut = min((b for b in item.by_mbs.values() if self.beyond(b, [vkey])), default=float("inf"))
+            if not self.keep:
+                self.push(bound, Stage.COMMUNICATION, GroupItem(base, orders, fitting, [bound] * len(fitting), cut, d))
+                continue
+            bounds = []  # each policy's compute with the recomputation it needs to fit
+            for p in fitting:
+                if p[1:] not in floors:
+                    floors[p[1:]] = max(bound, est.policy_floor(base, p))
+                bounds.append(floors[p[1:]])
+            self.push(min(bounds), Stage.RECOMPUTE, GroupItem(base, orders, fitting, bounds, cut, d))
+
+    def prune(self, bound: float, g: GroupItem) -> bool:
+        """Drop ``g``'s policies whose bound is out of reach (their least bound lowers ``cut``); False: none left."""
+        vkey = variant_key(g.base, self.by_layout)
+        if self.beyond(bound, [vkey]):
+            return False
+        dropped = [b for b in g.bounds if self.beyond(b, [vkey])]
+        if dropped:
+            g.cut = min(g.cut, *dropped)
+            kept = [(p, b) for p, b in zip(g.fitting, g.bounds) if not self.beyond(b, [vkey])]
+            if not kept:
+                return False
+            g.fitting, g.bounds = [p for p, _ in kept], [b for _, b in kept]
+        return True
+
+    def tighten(self, bound: float, stage: Stage, g: GroupItem) -> None:
+        """Queue ``g`` again under the next stage's bound (``Stage``)."""
+        est, d, base = self.est, g.degrees, g.base
+        if stage == Stage.RECOMPUTE:  # every cost outside the attention, exact (outside_bounds, once per degrees)
+            if isinstance(self.outside_of[d], list):
+                self.outside_of[d] = outside_bounds(est, self.outside_of[d], self.batches)
+            tp_sp = ALGORITHMS[base.algorithm].tp_sp
+            g.bounds = [max(b, self.outside_of[d][tp_sp, p]) for p, b in zip(g.fitting, g.bounds)]
+            return self.push(max(bound, min(g.bounds)), Stage.OUTSIDE, g)
+        if stage == Stage.OUTSIDE:  # the compute-only bound
+            rep = shared_bounds(est, d.pp, (base.algorithm,), g.fitting)
+            floor = (est.compute_bound(base, g.fitting) if rep is None  # a hair below: K's ties with smaller ones
+                     else est.compute_bound(base, list(rep.values())) * (1 - 1e-12))
+            return self.push(max(bound, min(g.bounds), floor), Stage.COMPUTE, g)
+        batch = order_batch(est, base, g.orders, self.batches)
+        if stage == Stage.COMPUTE:  # per policy: all but the attention's communication, exact (comm_bounds)
+            rep = shared_bounds(est, d.pp, (base.algorithm,), g.fitting)
+            whole = single_micro_batch(est, base)
+            if rep is None or whole:
+                tight = est.comm_bounds(base, batch, g.fitting, sync=whole)
+            else:  # per checkpointing, at its largest micro-batch (shared_bounds)
+                at = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()), sync=False)))
+                tight = [at[p[1]] for p in g.fitting]
+            g.bounds = [max(b, c) for b, c in zip(g.bounds, tight)]
+            return self.push(max(bound, min(g.bounds)), Stage.COMMUNICATION, g)
+        # about to be priced: the gradient sync (routed now, pricing needs it) in the bound
+        if per_sequence_costs_never_grow(est, d.pp):  # the same where the gradient sync stays hidden
+            kept = hidden_sync_micro_batches(est, base, batch, g.fitting)
+            g.bounds = [b for p, b in zip(g.fitting, g.bounds) if p in kept]
+            g.fitting = kept
+        g.bounds = [max(b, c) for b, c in zip(g.bounds, est.comm_bounds(base, batch, g.fitting))]
+        self.push(max(bound, min(g.bounds)), Stage.SYNC, g)
+
+    def price(self, g: GroupItem) -> None:
+        """Price ``g``'s orders under its fitting policies; rank those no slower than its cut."""
+        est, base = self.est, g.base
+        if not self.keep and per_sequence_costs_never_grow(est, g.degrees.pp):  # an exhaustive search's last stage
+            g.fitting = hidden_sync_micro_batches(est, base, order_batch(est, base, g.orders, self.batches), g.fitting)
+        priced = [(t, c) for t, c in price_group(est, base, g.orders, g.fitting, self.batches) if t <= g.cut]
+        self.evaluated += len(g.orders) * len(g.fitting)
+        if not priced:
+            return
+        self.ranked += priced
+        vkey = variant_key(base, self.by_layout)
+        self.best_of[vkey] = min(self.best_of.get(vkey, float("inf")), min(t for t, _ in priced))
+        if self.keep:
+            for t, _ in priced:
+                self.top.add(t)
+            self.kth = self.top.kth()
+
+    def run(self) -> SearchResult:
+        """Pop the least bound until the queue is empty; every ranked time is exact."""
+        self.seed()
+        while self.queue:
+            bound, stage, _, item = heapq.heappop(self.queue)
+            self.done += 1
+            if self.progress:
+                self.progress(self.done, self.pushed)
+            if stage == Stage.DEGREES:
+                self.expand(bound, item)
+            elif self.prune(bound, item):
+                if stage == Stage.SYNC or (stage == Stage.COMMUNICATION and not self.keep):
+                    self.price(item)
+                else:
+                    self.tighten(bound, stage, item)
+        if self.progress:
+            self.progress(self.pushed, self.pushed)
+        self.ranked.sort(key=lambda tc: (round(tc[0], 12), _sort_key(tc[1])))
+        return SearchResult(self.ranked, self.evaluated, self.total, self.rejected, self.est)
+
+
 def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: Space | None = None,
                 progress: Callable[[int, int], None] | None = None, keep: int | None = 5,
                 params: Params | None = None, distinct: bool = False) -> SearchResult:
@@ -334,125 +516,7 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     the service's search processes) may pause it around the call (``service.collector.collector_paused``).
     """
     est = Estimator(cluster, model, workload, params=params)
-    space = space or Space(cluster.world_size, model, workload)
-    queue: list = []  # (bound, kind, sequence number, payload); kind 0: degrees; a group of one variant and token
-    # layout with a bound per policy: 1: its compute with recomputation, 2: + communication outside the attention,
-    # 3: + the variant's own compute (compute_bound), 4: + the attention's communication floor, 5: + the gradient
-    # sync (priced when popped)
-    total = rejected = 0
-    by_layout = by_policy(workload)  # with documents each balancing policy's best is exact too
-    for d in space.degrees():
-        vs = variants(d, model, workload)
-        total += degree_size(space, d, vs)
-        vkeys = variant_keys(space, d, vs, by_layout)
-        probe = Candidate(algorithm_for(d.ulysses, d.ring), d.dp, d.pp, d.tp, d.ulysses, d.ring)
-        by_mbs = est.micro_batch_bounds(probe, space._mbs(d)) if keep else {}
-        queue.append((min(by_mbs.values(), default=0.0), 0, len(queue), (d, vkeys, by_mbs, vs)))
-    heapq.heapify(queue)
-    ranked, evaluated, kth, batches, pushed, done = [], 0, float("inf"), {}, len(queue), 0
-    best_of: dict[tuple, float] = {}  # best time per algorithm variant, so each variant's best is exact too
-    top = Fastest(keep or 0, distinct)  # the K smallest (distinct) times so far
-
-    def beyond(bound: float, vkeys: list) -> bool:
-        return bool(keep) and bound > kth and all(bound > best_of.get(v, float("inf")) for v in vkeys)
-
-    outside_of: dict[Degrees, dict] = {}  # per expanded degrees, outside_bounds of its groups (made on first use)
-    while queue:
-        bound, kind, _, payload = heapq.heappop(queue)
-        done += 1
-        if progress:
-            progress(done, pushed)
-        if kind == 0:  # degrees: expand into the groups of its variants still worth pricing
-            d, vkeys, by_mbs, vs = payload
-            if beyond(bound, [k for keys in vkeys.values() for k in keys]):
-                continue
-            found, _, r = degree_groups(est, space, d, lambda v, mbs: not beyond(by_mbs.get(mbs, bound), vkeys[v]), vs)
-            rejected += r
-            if larger_micro_batch_wins(est, d.pp):  # ties go to the larger micro-batch, pruned or not
-                found = [(base, orders, largest_micro_batches(fitting)) for base, orders, fitting in found]
-            outside_of[d] = found
-            floors: dict = {}  # (checkpointing, micro-batch) -> Estimator.policy_floor (the same for every group)
-            for base, orders, fitting in found:
-                vkey = variant_key(base, by_layout)
-                cut = min((b for b in by_mbs.values() if beyond(b, [vkey])), default=float("inf"))
-                if keep:  # each policy's compute with the recomputation it needs to fit (Estimator.policy_floor)
-                    bounds = []
-                    for p in fitting:
-                        f = floors.get(p[1:])
-                        if f is None:
-                            f = floors[p[1:]] = max(bound, est.policy_floor(base, p))
-                        bounds.append(f)
-                    heapq.heappush(queue, (min(bounds), 1, pushed, (base, orders, fitting, bounds, cut, d)))
-                else:
-                    heapq.heappush(queue, (bound, 4, pushed, (base, orders, fitting, [bound] * len(fitting), cut, d)))
-                pushed += 1
-            continue
-        base, orders, fitting, bounds, cut, d = payload
-        vkey = variant_key(base, by_layout)
-        if beyond(bound, [vkey]):
-            continue
-        # policies whose own bound is out of reach are dropped; cut: below it, the kept ones hold each order's best
-        dropped = [b for b in bounds if beyond(b, [vkey])]
-        if dropped:
-            cut = min(cut, *dropped)
-            kept = [(p, b) for p, b in zip(fitting, bounds) if not beyond(b, [vkey])]
-            if not kept:
-                continue
-            fitting, bounds = [p for p, _ in kept], [b for _, b in kept]
-        if kind == 1:  # every cost outside the attention, exact (outside_bounds, once per degrees)
-            outside = outside_of[d]
-            if isinstance(outside, list):
-                outside = outside_of[d] = outside_bounds(est, outside, batches)
-            tp_sp = ALGORITHMS[base.algorithm].tp_sp
-            bounds = [max(b, outside[tp_sp, p]) for p, b in zip(fitting, bounds)]
-            heapq.heappush(queue, (max(bound, min(bounds)), 2, pushed, (base, orders, fitting, bounds, cut, d)))
-            pushed += 1
-            continue
-        rep = shared_bounds(est, d.pp, (base.algorithm,), fitting) if kind in (2, 3) else None
-        if kind == 2:  # a group under its outside bound: tighten it (compute-only bound) and queue it again
-            floor = (est.compute_bound(base, fitting) if rep is None  # a hair below: K's ties with smaller ones
-                     else est.compute_bound(base, list(rep.values())) * (1 - 1e-12))
-            heapq.heappush(queue, (max(bound, min(bounds), floor), 3, pushed, (base, orders, fitting, bounds, cut, d)))
-            pushed += 1
-            continue
-        if kind == 3:  # tighten again, per policy: all but the attention's communication, exact (comm_bounds)
-            batch = order_batch(est, base, orders, batches)
-            whole = single_micro_batch(est, base)
-            if rep is None or whole:
-                tight = est.comm_bounds(base, batch, fitting, sync=whole)
-            else:  # per checkpointing, at its largest micro-batch (shared_bounds)
-                at = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()), sync=False)))
-                tight = [at[p[1]] for p in fitting]
-            bounds = [max(b, c) for b, c in zip(bounds, tight)]
-            heapq.heappush(queue, (max(bound, min(bounds)), 4, pushed, (base, orders, fitting, bounds, cut, d)))
-            pushed += 1
-            continue
-        if kind == 4 and keep:  # about to be priced: the gradient sync (routed now, pricing needs it) in the bound
-            batch = order_batch(est, base, orders, batches)
-            if per_sequence_costs_never_grow(est, d.pp):  # the same where the gradient sync stays hidden
-                kept = hidden_sync_micro_batches(est, base, batch, fitting)
-                bounds = [b for p, b in zip(fitting, bounds) if p in kept]
-                fitting = kept
-            bounds = [max(b, c) for b, c in zip(bounds, est.comm_bounds(base, batch, fitting))]
-            heapq.heappush(queue, (max(bound, min(bounds)), 5, pushed, (base, orders, fitting, bounds, cut, d)))
-            pushed += 1
-            continue
-        if not keep and per_sequence_costs_never_grow(est, d.pp):  # kind 4 of an exhaustive search
-            fitting = hidden_sync_micro_batches(est, base, order_batch(est, base, orders, batches), fitting)
-        priced = [(t, c) for t, c in price_group(est, base, orders, fitting, batches) if t <= cut]
-        evaluated += len(orders) * len(fitting)
-        if not priced:
-            continue
-        ranked += priced
-        best_of[vkey] = min(best_of.get(vkey, float("inf")), min(t for t, _ in priced))
-        if keep:
-            for t, _ in priced:
-                top.add(t)
-            kth = top.kth()
-    if progress:
-        progress(pushed, pushed)
-    ranked.sort(key=lambda tc: (round(tc[0], 12), _sort_key(tc[1])))
-    return SearchResult(ranked, evaluated, total, rejected, est)
+    return _Grid(est, space or Space(cluster.world_size, model, workload), keep, distinct, progress).run()
 
 
 class Fastest:
