@@ -85,9 +85,9 @@ def chunk_layers(n: int, v: int, first: bool = False, last: bool = False) -> lis
     """Layers in each of the ``v`` equal chunks of a stage of ``n`` layers, first to last, or None where they do not
     split: ``n`` a multiple of v, or on the first stage n + 1 with the embedding counted as a layer (its first chunk
     one layer short), on the last n + 1 with the LM head (its last chunk one short). Llama 3 405B put one layer
-    fewer on the first and the last stage so that "the first model chunk on the first stage has only the embedding,
-    and the last model chunk on the last stage has only output projection and loss calculation" (arXiv 2407.21783,
-    §3.3.2), as Megatron's --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split count."""
+    fewer on the first and the last stage, which leaves the first chunk of the first stage the embedding alone and
+    the last chunk of the last stage the output projection and loss alone (arXiv 2407.21783, §3.3.2), as Megatron's
+    --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split count them."""
     if n % v == 0:
         return [n // v] * v
     if (first or last) and not (first and last) and (n + 1) % v == 0 and (n + 1) // v >= 1:
