@@ -2,8 +2,8 @@
 
 On a terminal the bars draw on stderr as before. Where stdout is not a terminal (torchrun into a file, Slurm,
 Kubernetes) each step prints plain lines on stdout instead: the step, done/total, the command's elapsed time and an
-estimate of the step's time left, at most one line every ``LINE_EVERY_S`` seconds per step and at every step's
-start and end. ``--json`` prints the same as one JSON object per line (``event`` "progress"), then one "result"
+estimate of the step's time left, at its first tick and its end (done = total), else at most one line every
+``LINE_EVERY_S`` seconds per step (a step that runs long ticks about every second; the latest tick is printed). ``--json`` prints the same as one JSON object per line (``event`` "progress"), then one "result"
 or "error" event; ``--quiet`` prints nothing but the result. The caller makes one on rank 0 only.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ class Reporter:
         now = self.clock()
         first = step not in self._step_start
         begun = self._step_start.setdefault(step, now)
-        boundary = first or done == 0 or (total is not None and done >= total)
+        boundary = first or (total is not None and done >= total)
         if not boundary and now - self._last.get(step, begun) < self.every_s:
             return None
         self._last[step] = now

@@ -1,7 +1,9 @@
 """`sp-plan tune`: profile the running cluster once (under torchrun), store the profile, write the best measured plan."""
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -9,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from sp_plan.cli.console import err, out, print_error
+from sp_plan.cli.console import as_flag, err, out, print_error
 from sp_plan.cli.workload import workload_mask_options
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.yamlio import check_writable
@@ -131,9 +133,9 @@ def _fail(rank: int, prog, e: PlanError | str, owned: bool | None = None, code: 
     from sp_plan.runtime import probe
 
     if rank == 0:
-        print_error(str(e))
+        print_error(e)
         if prog is not None:
-            prog.error(str(e))
+            prog.error(str(as_flag(e)) if isinstance(e, PlanError) else e)
     if owned is not None:
         probe.finish(owned)
     raise typer.Exit(code)
@@ -225,109 +227,154 @@ def _write_best(report, output: Path, loud: bool) -> None:
 _TUNE_MASK = workload_mask_options()
 
 
+class Flag:
+    """tune's options, one per flag, declared once (tune_cmd's signature names them)."""
+
+    cluster = typer.Option(..., "--cluster", help="cluster file from `sp-plan discover` (or a preset name)")
+    nodes = typer.Option(None, "--nodes", help="node count for a preset", show_default="1")
+    model = typer.Option(..., "--model", help="model preset name or model YAML file")
+    seq_len = typer.Option(..., "--seq-len", help="tokens per sequence: 131072, 128k or 1m")
+    batch = typer.Option(1, "--batch", help="global batch (sequences per step)")
+    causal = typer.Option(True, "--causal/--no-causal", help="causal (decoder) or full attention")
+    inference = typer.Option(False, "--inference", help="forward only")
+    budget = typer.Option(5, "--budget", help="candidates to measure at most")
+    max_minutes = typer.Option(30.0, "--max-minutes", help="the whole tune's time: links, kernels, the round probe, "
+                               "candidates, reread and confirm; a candidate whose estimate does not fit what is left "
+                               "is skipped, one running past it is stopped")
+    candidate_timeout = typer.Option(600.0, "--candidate-timeout", help="seconds one candidate may run")
+    store = typer.Option(None, "--store", help="SQLAlchemy URL of the profile store",
+                         show_default="$SP_PLAN_STORE, else SQLite in the user data directory")
+    output = typer.Option(None, "-o", "--output", help="write the best measured plan here",
+                          show_default="store the profile only")
+    layers = typer.Option(2, "--layers", help="layers each candidate runs (the model's others are scaled)")
+    iters = typer.Option(3, "--iters", help="timed steps per candidate (median)")
+    confirm = typer.Option(2, "--confirm", help="readings more of the best measured candidate and the runners-up "
+                           "within 10 % of it, or within the model's leave-one-out error and then the spread of their "
+                           "readings where wider (3 at most), each kept at its fastest reading (0: one reading each)")
+    reread = typer.Option(2, "--reread", help="candidates read once whose step reads far slower than the model fitted "
+                          "to the others predicts it (over max(10 %, 2 x the leave-one-out error)), read once more "
+                          "and kept at their faster reading, this many at most (0: none)")
+    warmup = typer.Option(1, "--warmup", help="untimed steps before them")
+    pool = typer.Option(12, "--pool", help="distinct layouts the choice draws from")
+    kernel_timing = typer.Option("auto", "--kernel-timing", help="each: every rank times each kernel as it gets "
+                                 "there (median of 3); shared: all ranks time each kernel at once in one window (full "
+                                 "contention where ranks share cores); auto: shared on CPU ranks, each on GPUs")
+    link_sizes = typer.Option(None, "--link-sizes", help="message sizes for the link step, e.g. 64K,1M",
+                              show_default="16K..4M on CPU, 1M..256M on GPU")
+    server = typer.Option(None, "--server", help="also upload the profile to a planner service (`sp-plan serve`) at "
+                          "this URL (token: $SP_PLAN_TOKEN)", show_default="store locally only")
+    quiet = typer.Option(False, "--quiet", help="print only the result (the stored profile, the plan written)")
+    as_json = typer.Option(False, "--json", help="print JSON events, one object a line (rank 0): progress (event, "
+                           "step, done, total, elapsed_s, eta_s, message), then a result or an error")
+
+
+def process_started(clock=time.monotonic) -> float | None:
+    """The reading of ``clock`` (monotonic) when this process started, where /proc says (else None): --max-minutes
+    counts from there, so the imports and the world's start are inside it."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        age = float(Path("/proc/uptime").read_text().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return clock() - max(age, 0.0)
+
+
+def _options(a: dict):
+    """The TuneOptions of the flags (``a``: tune_cmd's arguments), every flag checked first (PlanError)."""
+    from sp_plan.cli.discover import parse_sizes
+    from sp_plan.profiles.tune.run import TuneOptions
+
+    _check_flags(a["output"], {f"--{k}": a[k] for k in ("budget", "iters", "layers", "pool", "batch")},
+                 {f"--{k}": a[k] for k in ("warmup", "confirm", "reread")}, a["kernel_timing"], a["max_minutes"],
+                 a["candidate_timeout"], a["quiet"], a["as_json"])
+    return TuneOptions(**{k: a[k] for k in ("budget", "max_minutes", "candidate_timeout", "pool", "layers", "iters",
+                                            "warmup", "confirm", "reread", "kernel_timing")},
+                       link_sizes=parse_sizes(a["link_sizes"]) if a["link_sizes"] else None, started=process_started())
+
+
+def _prepare(a: dict, early):
+    """(cluster, model, workload, options, world owned, rank, store) from the flags, the world joined and checked
+    before the store opens (a refused tune creates no store file); an error's line (and ``early``'s JSON event) and
+    exit 2 otherwise."""
+    from sp_plan.profiles import load_cluster, load_model
+    from sp_plan.profiles.tune.run import check_world
+    from sp_plan.runtime import probe
+
+    rank, owned = 0, False
+    try:
+        opts = _options(a)
+        c, m = load_cluster(a["cluster"], a["nodes"]), load_model(a["model"])
+        w = workload_of(a["seq_len"], a["batch"], a["causal"], a["inference"], a["documents"], a["window"],
+                        a["window_pattern"], a["seed"])
+        owned = _world()
+        rank = probe.dist.get_rank()
+        check_world(c, probe.dist.get_world_size())
+        return c, m, w, opts, owned, rank, _open_store(a["store"], rank)
+    except PlanError as e:
+        _fail(rank, early, e, owned)
+
+
+def _measure(c, m, w, opts, st, rank: int, prog, a: dict):
+    """The tune on this rank, rank 0's progress on ``prog``."""
+    from sp_plan.profiles.tune import run
+
+    if rank != 0:
+        return run.tune(c, m, w, None, opts)
+    head = None if a["quiet"] or a["as_json"] else _header(c, m, w, st)
+    return run.tune(c, m, w, st, opts, _after_header(prog, head))
+
+
+def _tell(report, st, prog, a: dict) -> bool:
+    """Rank 0: the report, the upload, the plan written and the result line or event; False where the upload
+    failed."""
+    loud = not (a["quiet"] or a["as_json"])
+    if loud:
+        _print_report(report, st)
+        out.print(f"stored profile [bold]{report.profile.id}[/] in {st.shown}", highlight=False)
+    uploaded = not a["server"] or _upload(report.profile, st, a["server"])
+    if a["output"]:
+        _write_best(report, a["output"], loud)
+    if a["as_json"]:
+        prog.result(result_event(report, st, a["output"]))
+    elif a["quiet"]:
+        out.print(f"stored profile {report.profile.id} in {st.shown}" + (
+            f"; wrote {a['output']}: {report.best.summary()}" if a["output"] and report.best else ""),
+            highlight=False, soft_wrap=True)
+    return uploaded
+
+
 def tune_cmd(
-    cluster: str = typer.Option(..., "--cluster", help="cluster file from `sp-plan discover` (or a preset name)"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a preset", show_default="1"),
-    model: str = typer.Option(..., "--model", help="model preset name or model YAML file"),
-    seq_len: str = typer.Option(..., "--seq-len", help="tokens per sequence: 131072, 128k or 1m"),
-    batch: int = typer.Option(1, "--batch", help="global batch (sequences per step)"),
-    causal: bool = typer.Option(True, "--causal/--no-causal", help="causal (decoder) or full attention"),
-    inference: bool = typer.Option(False, "--inference", help="forward only"),
-    documents: Optional[str] = _TUNE_MASK.documents,
-    window: Optional[int] = _TUNE_MASK.window,
-    window_pattern: Optional[str] = _TUNE_MASK.window_pattern,
-    seed: Optional[int] = _TUNE_MASK.seed,
-    budget: int = typer.Option(5, "--budget", help="candidates to measure at most"),
-    max_minutes: float = typer.Option(30.0, "--max-minutes", help="the whole tune's time: links, kernels, the round "
-                                      "probe, candidates, reread and confirm; a candidate whose estimate does not fit "
-                                      "what is left is skipped, one running past it is stopped"),
-    candidate_timeout: float = typer.Option(600.0, "--candidate-timeout", help="seconds one candidate may run"),
-    store: Optional[str] = typer.Option(None, "--store", help="SQLAlchemy URL of the profile store",
-                                        show_default="$SP_PLAN_STORE, else SQLite in the user data directory"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the best measured plan here",
-                                          show_default="store the profile only"),
-    layers: int = typer.Option(2, "--layers", help="layers each candidate runs (the model's others are scaled)"),
-    iters: int = typer.Option(3, "--iters", help="timed steps per candidate (median)"),
-    confirm: int = typer.Option(2, "--confirm", help="readings more of the best measured candidate and the "
-                                "runners-up within 10 % of it, or within the model's leave-one-out error and then the spread of their "
-                                "readings where wider (3 at most), each kept at its fastest reading (0: one reading each)"),
-    reread: int = typer.Option(2, "--reread", help="candidates read once whose step reads far slower than the model "
-                               "fitted to the others predicts it (over max(10 %, 2 x the leave-one-out error)), read "
-                               "once more and kept at their faster reading, this many at most (0: none)"),
-    warmup: int = typer.Option(1, "--warmup", help="untimed steps before them"),
-    pool: int = typer.Option(12, "--pool", help="distinct layouts the choice draws from"),
-    kernel_timing: str = typer.Option("auto", "--kernel-timing", help="each: every rank times each kernel as it gets "
-                                      "there (median of 3); shared: all ranks time each kernel at once in one window "
-                                      "(full contention where ranks share cores); auto: shared on CPU ranks, each on "
-                                      "GPUs"),
-    link_sizes: Optional[str] = typer.Option(None, "--link-sizes", help="message sizes for the link step, e.g. 64K,1M",
-                                             show_default="16K..4M on CPU, 1M..256M on GPU"),
-    server: Optional[str] = typer.Option(None, "--server", help="also upload the profile to a planner service "
-                                         "(`sp-plan serve`) at this URL (token: $SP_PLAN_TOKEN)",
-                                         show_default="store locally only"),
-    quiet: bool = typer.Option(False, "--quiet", help="print only the result (the stored profile, the plan written)"),
-    as_json: bool = typer.Option(False, "--json", help="print JSON events, one object a line (rank 0): progress "
-                                 "(event, step, done, total, elapsed_s, eta_s, message), then a result or an error"),
+    cluster: str = Flag.cluster, nodes: Optional[int] = Flag.nodes, model: str = Flag.model,
+    seq_len: str = Flag.seq_len, batch: int = Flag.batch, causal: bool = Flag.causal,
+    inference: bool = Flag.inference, documents: Optional[str] = _TUNE_MASK.documents,
+    window: Optional[int] = _TUNE_MASK.window, window_pattern: Optional[str] = _TUNE_MASK.window_pattern,
+    seed: Optional[int] = _TUNE_MASK.seed, budget: int = Flag.budget, max_minutes: float = Flag.max_minutes,
+    candidate_timeout: float = Flag.candidate_timeout, store: Optional[str] = Flag.store,
+    output: Optional[Path] = Flag.output, layers: int = Flag.layers, iters: int = Flag.iters,
+    confirm: int = Flag.confirm, reread: int = Flag.reread, warmup: int = Flag.warmup, pool: int = Flag.pool,
+    kernel_timing: str = Flag.kernel_timing, link_sizes: Optional[str] = Flag.link_sizes,
+    server: Optional[str] = Flag.server, quiet: bool = Flag.quiet, as_json: bool = Flag.as_json,
 ) -> None:
     """Measure links, kernels and the best candidates on this cluster; calibrate; store the profile."""
     from sp_plan.cli.progress import JsonReporter, reporter
     from sp_plan.runtime import probe
 
-    from sp_plan.profiles import load_cluster, load_model
-
-    rank, owned, prog = 0, None, JsonReporter("tune") if as_json else None
+    a = dict(locals())
+    c, m, w, opts, owned, rank, st = _prepare(a, JsonReporter("tune") if as_json else None)
+    steps = ("links", "kernels", "rounds", "candidates", "reread", "confirm")
+    prog = reporter("tune", steps, err, quiet, as_json) if rank == 0 else None
     try:
-        _check_flags(output, {"--budget": budget, "--iters": iters, "--layers": layers, "--pool": pool,
-                              "--batch": batch}, {"--warmup": warmup, "--confirm": confirm, "--reread": reread},
-                     kernel_timing, max_minutes, candidate_timeout, quiet, as_json)
-        c = load_cluster(cluster, nodes)
-        m = load_model(model)
-        w = workload_of(seq_len, batch, causal, inference, documents, window, window_pattern, seed)
-        from sp_plan.cli.discover import parse_sizes
-        from sp_plan.profiles.tune.run import TuneOptions, check_world, tune
-
-        opts = TuneOptions(budget=budget, max_minutes=max_minutes, candidate_timeout=candidate_timeout, pool=pool,
-                           layers=layers, iters=iters, warmup=warmup, confirm=confirm, reread=reread,
-                           kernel_timing=kernel_timing,
-                           link_sizes=parse_sizes(link_sizes) if link_sizes else None)
-        owned = _world()
-        rank = probe.dist.get_rank()
-        check_world(c, probe.dist.get_world_size())  # before the store: a refused tune creates no store file
-        st = _open_store(store, rank)
-    except PlanError as e:
-        _fail(rank, prog, e, owned if owned is not None else False)
-    try:
-        if rank == 0:
-            steps = ("links", "kernels", "rounds", "candidates", "reread", "confirm")
-            with reporter("tune", steps, err, quiet, as_json) as prog:
-                head = None if quiet or as_json else _header(c, m, w, st)
-                report = tune(c, m, w, st, opts, _after_header(prog, head))
-        else:
-            report = tune(c, m, w, None, opts)
+        with prog or contextlib.nullcontext():
+            report = _measure(c, m, w, opts, st, rank, prog, a)
     except PlanError as e:
         _fail(rank, prog, e, owned)
     except Exception as e:  # noqa: BLE001 - a dead rank or broken world: what was measured is in the store
         _fail(rank, prog, f"the tune stopped: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}; "
               "everything measured so far is stored: run the same command again to resume", code=1)
-    upload_failed = False
-    if rank == 0:
-        loud = not (quiet or as_json)
-        if loud:
-            _print_report(report, st)
-            out.print(f"stored profile [bold]{report.profile.id}[/] in {st.shown}", highlight=False)
-        if server and not _upload(report.profile, st, server):
-            upload_failed = True
-        if output:
-            _write_best(report, output, loud)
-        if as_json:
-            prog.result(result_event(report, st, output))
-        elif quiet:
-            out.print(f"stored profile {report.profile.id} in {st.shown}" + (
-                f"; wrote {output}: {report.best.summary()}" if output and report.best else ""), highlight=False,
-                soft_wrap=True)
+    uploaded = _tell(report, st, prog, a) if rank == 0 else True
     probe.dist.barrier()
     probe.finish(owned)
-    if upload_failed:
+    if not uploaded:
         raise typer.Exit(2)
 
 

@@ -11,7 +11,7 @@ from sp_plan.planner.model import Workload
 from sp_plan.planner.params import Params
 from sp_plan.profiles import load_cluster, load_model
 from sp_plan.profiles.store import Store
-from sp_plan.profiles.tune import budget
+from sp_plan.profiles.tune.settings import SETTINGS
 from sp_plan.profiles.tune.budget import Budget, candidate_seconds, kernel_budget, learned_ratio, scaled
 from sp_plan.profiles.tune.kernels import kernel_priority, plan_shapes, sweep_groups
 from sp_plan.profiles.tune.run import TuneOptions, budget_check, candidate_pool
@@ -46,20 +46,20 @@ def test_budget_reads_its_clock():
 
 def test_candidate_estimates_scale_by_what_measured_ones_took():
     # 1 and 2 blocks of a 4-block stage, warm-up 1 + 3 timed + 1 memory step: 15 block-runs of a quarter step
-    assert candidate_seconds(4.0, 4, [1, 2], 1, 3) == pytest.approx(budget.CANDIDATE_OVERHEAD_S + 15.0)
+    assert candidate_seconds(4.0, 4, [1, 2], 1, 3) == pytest.approx(SETTINGS.candidate_overhead_s + 15.0)
     # a pipeline runs one stage's micro-batch of the (m + p - 1) its step composes
     assert candidate_seconds(4.0, 4, [1, 2], 1, 3, pp=2, micro_batches=3) == pytest.approx(
-        budget.CANDIDATE_OVERHEAD_S + 15.0 / 4)
-    first = budget.CANDIDATE_OVERHEAD_S + 10.0
-    ratio = learned_ratio([budget.CANDIDATE_OVERHEAD_S + 30.0], [first])
-    assert ratio == pytest.approx(3.0) and scaled(first, ratio) == pytest.approx(budget.CANDIDATE_OVERHEAD_S + 30.0)
+        SETTINGS.candidate_overhead_s + 15.0 / 4)
+    first = SETTINGS.candidate_overhead_s + 10.0
+    ratio = learned_ratio([SETTINGS.candidate_overhead_s + 30.0], [first])
+    assert ratio == pytest.approx(3.0) and scaled(first, ratio) == pytest.approx(SETTINGS.candidate_overhead_s + 30.0)
     assert learned_ratio([], []) is None and scaled(first, None) == first
 
 
 def test_kernel_budget_leaves_the_candidates_their_time():
     assert kernel_budget(1000.0, 100.0) == pytest.approx(300.0)  # the share
     assert kernel_budget(1000.0, 900.0) == pytest.approx(100.0)  # what the candidates leave
-    assert kernel_budget(10.0, 900.0) == budget.KERNEL_MIN_S  # never below the least sweep
+    assert kernel_budget(10.0, 900.0) == SETTINGS.kernel_min_s  # never below the least sweep
 
 
 def test_budget_check_refuses_only_when_not_one_candidate_fits():
@@ -83,13 +83,13 @@ def test_the_sweep_times_what_the_likeliest_candidates_run_first():
 
 
 def test_budgeted_windows_shrink_to_fit():
-    from sp_plan.profiles.tune.kernels import WINDOW_MIN_CALLS, shared_windows
+    from sp_plan.profiles.tune.kernels import shared_windows
 
     _, full = shared_windows([0.1, 0.2], calls=8, least=0.0)
     _, fit = shared_windows([0.1, 0.2], calls=8, least=0.0, total_s=1.25)
     _, least = shared_windows([0.1, 0.2], calls=8, least=0.0, total_s=0.0)
     assert full == pytest.approx([0.8, 1.6]) and fit == pytest.approx([0.4, 0.8])
-    assert least == pytest.approx([0.1 * WINDOW_MIN_CALLS, 0.2 * WINDOW_MIN_CALLS])
+    assert least == pytest.approx([0.1 * SETTINGS.window_min_calls, 0.2 * SETTINGS.window_min_calls])
 
 
 #: seconds the test's clock says each kernel's first call and each candidate take

@@ -4,7 +4,8 @@ from __future__ import annotations
 from sp_plan.planner.calibration import FitResult
 from sp_plan.planner.params import Params
 from sp_plan.planner.profile import MeasuredCandidate
-from sp_plan.profiles.tune.run import SURPRISE_FLOOR, surprises
+from sp_plan.profiles.tune.readings import surprises
+from sp_plan.profiles.tune.settings import SETTINGS
 
 
 def _mc(name: str, seconds: float, readings: list[float] | None = None, status: str = "ok") -> MeasuredCandidate:
@@ -30,7 +31,7 @@ def test_only_readings_slower_than_the_reach_are_surprises_largest_first():
 
 
 def test_the_floor_holds_where_the_fit_is_close():
-    ms = [_mc("a", 1.0 + SURPRISE_FLOOR / 2), _mc("b", 1.0 + 2 * SURPRISE_FLOOR), _mc("c", 1.0)]
+    ms = [_mc("a", 1.0 + SETTINGS.surprise_floor / 2), _mc("b", 1.0 + 2 * SETTINGS.surprise_floor), _mc("c", 1.0)]
     assert surprises(_fit(0.01, [1.0, 1.0, 1.0]), ms, 5) == ["b"]
 
 

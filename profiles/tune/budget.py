@@ -13,26 +13,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-Clock = Callable[[], float]
+from .settings import SETTINGS, TuneSettings
 
-#: seconds a candidate costs beyond its steps: its child world's start (fork, rendezvous) and its stacks' builds
-CANDIDATE_OVERHEAD_S = 5.0
-#: the kernel sweep's share of the time left when it starts (the rest is for candidates, reread and confirm)
-KERNEL_SHARE = 0.3
-#: the kernel sweep gets at least this long, whatever is left (one block shape at least must be timed)
-KERNEL_MIN_S = 5.0
+Clock = Callable[[], float]
 
 
 @dataclass
 class Budget:
-    """``limit_s`` seconds from the moment it is made, read on ``clock``."""
+    """``limit_s`` seconds from ``start`` (a reading of ``clock``; default: the moment it is made)."""
 
     limit_s: float
     clock: Clock = time.monotonic
-    start: float = field(init=False)
+    start: float | None = field(default=None)
 
     def __post_init__(self) -> None:
-        self.start = self.clock()
+        if self.start is None:
+            self.start = self.clock()
 
     def elapsed(self) -> float:
         """Seconds spent since the budget started."""
@@ -53,32 +49,32 @@ def runs_per_candidate(layer_counts: list[int], warmup: int, iters: int) -> floa
 
 
 def candidate_seconds(predicted_step_s: float, stage_layers: int, layer_counts: list[int], warmup: int, iters: int,
-                      pp: int = 1, micro_batches: int = 1) -> float:
+                      pp: int = 1, micro_batches: int = 1, overhead_s: float = SETTINGS.candidate_overhead_s) -> float:
     """A first estimate of a candidate's wall seconds: its runs of ``layer_counts`` blocks out of the stage's
     ``stage_layers`` (a pipeline runs one stage's micro-batch of the (m + pp - 1) the step composes), plus
-    CANDIDATE_OVERHEAD_S."""
+    ``overhead_s`` (its child world's start and its stacks' builds)."""
     per_block = predicted_step_s / max(stage_layers, 1) / (micro_batches + pp - 1 if pp > 1 else 1)
-    return CANDIDATE_OVERHEAD_S + runs_per_candidate(layer_counts, warmup, iters) * per_block
+    return overhead_s + runs_per_candidate(layer_counts, warmup, iters) * per_block
 
 
-def learned_ratio(walls: list[float], first_estimates: list[float]) -> float | None:
+def learned_ratio(walls: list[float], first_estimates: list[float],
+                  overhead_s: float = SETTINGS.candidate_overhead_s) -> float | None:
     """The median of measured wall seconds over the first estimate, beyond the fixed overhead (None before any)."""
-    ratios = [(w - CANDIDATE_OVERHEAD_S) / (e - CANDIDATE_OVERHEAD_S) for w, e in zip(walls, first_estimates)
-              if e > CANDIDATE_OVERHEAD_S and w > 0]
+    ratios = [(w - overhead_s) / (e - overhead_s) for w, e in zip(walls, first_estimates) if e > overhead_s and w > 0]
     return max(statistics.median(ratios), 0.1) if ratios else None
 
 
-def scaled(first_estimate: float, ratio: float | None) -> float:
+def scaled(first_estimate: float, ratio: float | None, overhead_s: float = SETTINGS.candidate_overhead_s) -> float:
     """``first_estimate`` corrected by what the measured candidates took against theirs."""
     if ratio is None:
         return first_estimate
-    return CANDIDATE_OVERHEAD_S + ratio * max(first_estimate - CANDIDATE_OVERHEAD_S, 0.0)
+    return overhead_s + ratio * max(first_estimate - overhead_s, 0.0)
 
 
-def kernel_budget(left_s: float, candidates_s: float) -> float:
-    """Seconds the kernel sweep may take: KERNEL_SHARE of what is left, less where the candidates need more, at
-    least KERNEL_MIN_S."""
-    return max(KERNEL_MIN_S, min(KERNEL_SHARE * left_s, left_s - candidates_s))
+def kernel_budget(left_s: float, candidates_s: float, settings: TuneSettings = SETTINGS) -> float:
+    """Seconds the kernel sweep may take: ``settings.kernel_share`` of what is left, less where the candidates need
+    more, at least ``settings.kernel_min_s``."""
+    return max(settings.kernel_min_s, min(settings.kernel_share * left_s, left_s - candidates_s))
 
 
 def fmt(seconds: float) -> str:

@@ -22,6 +22,7 @@ import pickle
 import select
 import signal
 import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -149,7 +150,7 @@ GRACE_S = 60.0
 
 
 def _wait_together(proc, conn, rank: int, timeout_s: float, beat_s: float = BEAT_S,
-                   grace_s: float = GRACE_S) -> tuple[str, object, float]:
+                   grace_s: float = GRACE_S, beat: Callable[[float], None] | None = None) -> tuple[str, object, float]:
     """This rank's ``_wait``, while the parents agree every ``beat_s`` how many children have reported and
     whether one failed (one all-reduce of two counts per beat over the parent world). A child that hangs while
     its peers are done keeps them waiting in beats, never in one collective that the parent world's own timeout
@@ -157,8 +158,10 @@ def _wait_together(proc, conn, rank: int, timeout_s: float, beat_s: float = BEAT
     its peers gave up on it at the children's collective timeout and waited for its parent in one gather, and the
     tune's world timed out. Once a peer's child has failed, a child that has not reported within ``grace_s`` is
     killed (a "timeout" of its rank): a world with a failed member cannot finish, and its members would
-    otherwise be waited for until ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
+    otherwise be waited for until ``timeout_s``. ``beat`` (seconds since the wait began) is called every beat: a
+    long candidate's progress."""
+    began = time.monotonic()
+    deadline = began + timeout_s
     outcome, give_up = None, None
     while True:
         if outcome is None and give_up is not None and time.monotonic() >= give_up:
@@ -172,6 +175,8 @@ def _wait_together(proc, conn, rank: int, timeout_s: float, beat_s: float = BEAT
             return outcome
         if counts[1].item() and give_up is None:
             give_up = time.monotonic() + grace_s
+        if beat is not None:
+            beat(time.monotonic() - began)
 
 
 def _wait(proc, conn, rank: int, timeout_s: float, deadline: float, until: float) -> tuple[str, object, float] | None:
@@ -223,11 +228,13 @@ def default_start_method(cuda_index: int | None) -> str:
 
 def run_candidate_isolated(plan: Plan, model: ModelSpec, work: Workload, *, timeout_s: float,
                            collective_timeout_s: float | None = None, start_method: str | None = None,
-                           grace_s: float = GRACE_S, **kw) -> MeasuredCandidate:
+                           grace_s: float = GRACE_S, beat: Callable[[float], None] | None = None,
+                           **kw) -> MeasuredCandidate:
     """``run_candidate`` in a fresh child world with a deadline (module docstring); collective over the parent world.
 
     ``kw`` are run_candidate's keywords (layers, warmup, iters, device, dtype, memory_limit_bytes,
-    fault). ``grace_s``: how long a child may go on once a peer's child has failed (``_wait_together``). The
+    fault). ``grace_s``: how long a child may go on once a peer's child has failed (``_wait_together``); ``beat``:
+    called with the seconds since the children started, about every second while they run. The
     same MeasuredCandidate comes back on every rank; the parent world stays usable.
     """
     from .candidate import _candidate, agree
@@ -252,7 +259,7 @@ def run_candidate_isolated(plan: Plan, model: ModelSpec, work: Workload, *, time
         proc.start()
         send.close()
     try:
-        status, payload, t = _wait_together(proc, recv, rank, timeout_s, grace_s=grace_s)
+        status, payload, t = _wait_together(proc, recv, rank, timeout_s, grace_s=grace_s, beat=beat)
     finally:
         if proc.is_alive():
             proc.kill()

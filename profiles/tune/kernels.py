@@ -21,6 +21,7 @@ from sp_plan.planner.profile import KernelSample
 from sp_plan.runtime.choice import BackendChoice
 from sp_plan.runtime.kernels import block_attention, block_attention_backward
 
+from .settings import SETTINGS, TuneSettings
 from .timing import sync, time_call, time_window
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
@@ -105,42 +106,77 @@ def _agreed(value: float, collective: bool) -> float:
     return float(t[0])
 
 
-#: the share of the kernel sweep's budget its preparation (inputs, backend choices, first calls) may take
-PREPARE_SHARE = 0.5
+def group_flops(model: ModelSpec, group: tuple, causal: bool) -> float:
+    """FLOPs one call of each kernel of a sweep group runs: an attention group's forward and backward (causal: under
+    the mask and dense), a GEMM group's four linear layers."""
+    if group[0] == "attention":
+        n, h, d = group[1], group[2], model.head_dim
+        return sum(attention_flops(n, h, d, m) + attention_flops(n, h, d, m, backward=True)
+                   for m in ((True, False) if causal else (False,)))
+    return sum(2.0 * m * n * k for m, n, k in gemm_shapes(model, group[1]).values())
+
+
+class Forecast:
+    """Seconds a sweep group's preparation should take, from the groups prepared so far: each kind's seconds per
+    FLOP (an attention group's from the attention groups, a GEMM group's from the GEMMs, else from the attention:
+    the slower of the two on every device measured)."""
+
+    def __init__(self) -> None:
+        self.rate: dict[str, float] = {}
+
+    def learn(self, group: tuple, flops: float, seconds: float) -> None:
+        """One prepared group's FLOPs and seconds (the slowest rate a kind showed is kept)."""
+        if flops > 0:
+            self.rate[group[0]] = max(self.rate.get(group[0], 0.0), seconds / flops)
+
+    def seconds(self, group: tuple, flops: float) -> float:
+        """The group's forecast (0 before any group is prepared)."""
+        rate = self.rate.get(group[0]) or self.rate.get("attention") or max(self.rate.values(), default=0.0)
+        return rate * flops
 
 
 def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], device: torch.device,
                     dtype: torch.dtype, causal: bool, repeats: int = 5,
                     gemm_rows: list[int] | None = None, windows: Windows | None = None,
                     budget_s: float | None = None, shapes: list[tuple[int, int]] | None = None,
-                    clock: Callable[[], float] = time.monotonic, skipped: list | None = None) -> list[KernelSample]:
+                    clock: Callable[[], float] = time.monotonic, skipped: list | None = None,
+                    tick: Callable[[int, int, str], None] | None = None,
+                    settings: TuneSettings = SETTINGS) -> list[KernelSample]:
     """Attention block fwd/bwd over ``blocks`` x ``heads`` (or the (block, heads) ``shapes``, most needed first) and
     the model's GEMMs over ``gemm_rows`` (default: blocks). Every kernel is prepared first (inputs, the runtime's
     backend choice, one untimed call), then timed. ``windows`` (start wall time, seconds each), or a function that
     agrees the start and each kernel's length once every kernel is prepared (so that no rank is still choosing a
     backend when the others start), given the kernels' first-call seconds: the i-th timed kernel runs back to back
     through its window, the windows laid end to end from the start (``timing.time_window``), the same windows on
-    every rank, instead of a median of ``repeats``. With ``budget_s`` (on ``clock``) the sweep prepares kernel
-    groups in order while PREPARE_SHARE of it lasts (agreed by every rank when windows are shared), sizes the windows
-    to what is left, and appends the groups it left out to ``skipped``; every rank of the default group stops at the
-    same group (collective)."""
+    every rank, instead of a median of ``repeats``. With ``budget_s`` (on ``clock``) the first group is always
+    prepared; a later one only where its forecast preparation and its least timing (``Forecast``: the groups
+    prepared so far, scaled by FLOPs) fit what is left, agreed by every rank of the default group (collective);
+    the windows shrink to what is left, and the groups left out go to ``skipped``. ``tick(done, total, message)``
+    says each group prepared."""
     device = torch.device(device)
     name = _DTYPE_NAMES.get(dtype, str(dtype))
     gen = torch.Generator(device="cpu").manual_seed(0)
     rnd = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
     choice = BackendChoice.from_env()
     groups = sweep_groups(blocks, heads, gemm_rows if gemm_rows is not None else blocks, shapes)
-    started = clock()
+    started, forecast = clock(), Forecast()
+    least = 1 + (settings.window_min_calls if windows is not None else repeats + 1)  # preparing, then timing
     jobs: list[tuple[Callable[[], object], dict]] = []  # (the kernel, its sample's fields but the seconds)
     firsts: list[float] = []
     for i, g in enumerate(groups):
-        if budget_s is not None and i and _agreed(clock() - started, True) > PREPARE_SHARE * budget_s:
-            (skipped if skipped is not None else []).extend(groups[i:])
-            break
+        flops = group_flops(model, g, causal)
+        if budget_s is not None and i and \
+                _agreed(clock() - started + least * forecast.seconds(g, flops), True) > budget_s:
+            (skipped if skipped is not None else []).append(g)
+            continue
+        t0 = clock()
         new = _attention_jobs(model, g[1], g[2], rnd, choice, causal) if g[0] == "attention" else \
             _gemm_jobs(model, g[1], rnd)
         jobs += new
         firsts += [_first_call(fn, device) for fn, _ in new] if windows is not None else []
+        forecast.learn(g, flops, clock() - t0)
+        if tick is not None:
+            tick(i + 1, len(groups), f"prepared {shown_group(g)}")
     if windows is None:
         return [KernelSample(seconds=time_call(fn, device, repeats), dtype=name, batch=1, **f) for fn, f in jobs]
     if callable(windows):
@@ -156,6 +192,13 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
     return out
 
 
+def shown_group(g: tuple) -> str:
+    """A sweep group as said: "4096-token blocks on 8 heads", "GEMMs of 1024 rows", "the solo-speedup timing"."""
+    if g[0] == "attention":
+        return f"{g[1]}-token blocks on {g[2]} heads"
+    return f"GEMMs of {g[1]} rows" if g[0] == "matmul" else f"the {g[0]} timing"
+
+
 def _first_call(fn: Callable[[], object], device: torch.device) -> float:
     """Seconds of one untimed-before call (allocations, a backward's workspace), before any window opens."""
     t0 = time.perf_counter()
@@ -164,22 +207,13 @@ def _first_call(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-#: a kernel's shared window (``shared_windows``): this many calls of its slowest rank's first call, at least this long
-WINDOW_CALLS = 8
-WINDOW_MIN_S = 0.05
-
-
-#: fewest calls of a kernel's first call a budgeted window holds (``shared_windows`` with ``total_s``)
-WINDOW_MIN_CALLS = 2
-
-
-def shared_windows(firsts: list[float], calls: int = WINDOW_CALLS, least: float = WINDOW_MIN_S,
-                   total_s: float | None = None) -> tuple[float, list[float]]:
+def shared_windows(firsts: list[float], calls: int = SETTINGS.window_calls, least: float = SETTINGS.window_min_s,
+                   total_s: float | None = None, fewest: int = SETTINGS.window_min_calls) -> tuple[float, list[float]]:
     """One start (50 ms from now, rank 0's clock) and a window per kernel, ``calls`` times the slowest rank's first
     call of it and at least ``least`` seconds, agreed by every rank of the default group (collective): where ranks
     share cores each kernel is timed while all of them compute it (a median of calls each rank makes when it gets
     there mixes kernels timed alone, fast, with kernels timed among busy peers). With ``total_s`` the calls shrink
-    (to WINDOW_MIN_CALLS at least) until the windows together fit it."""
+    (to ``fewest`` at least) until the windows together fit it."""
     import torch.distributed as dist
 
     slowest = torch.tensor(firsts, dtype=torch.float64)
@@ -189,7 +223,7 @@ def shared_windows(firsts: list[float], calls: int = WINDOW_CALLS, least: float 
     if dist.is_initialized():
         dist.broadcast_object_list(shared, src=0)
     if total_s is not None and float(slowest.sum()) > 0:
-        calls = max(WINDOW_MIN_CALLS, min(calls, int(total_s / float(slowest.sum()))))
+        calls = max(fewest, min(calls, int(total_s / float(slowest.sum()))))
     return float(shared[0]), [max(least, calls * float(t)) for t in slowest]
 
 

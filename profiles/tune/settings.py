@@ -1,0 +1,45 @@
+"""What `sp-plan tune` holds fixed: its budget's estimates, the kernel sweep's windows, the choice and the readings.
+
+One frozen dataclass instead of module constants: a tune reads them from ``TuneOptions.settings`` (``SETTINGS``
+unless a caller passes others), so a test or a benchmark changes one value for one tune without patching a module.
+The flags a user passes are ``run.TuneOptions``; these are the values behind them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """The tune's fixed values, each with why it is what it is."""
+
+    #: seconds a candidate costs beyond its steps: its child world's start (fork, rendezvous) and its stacks' builds
+    candidate_overhead_s: float = 5.0
+    #: the kernel sweep's share of the time left when it starts (the rest is for candidates, reread and confirm)
+    kernel_share: float = 0.3
+    #: the kernel sweep gets at least this long, whatever is left (one block shape at least must be timed)
+    kernel_min_s: float = 5.0
+    #: a kernel's shared window: this many calls of its slowest rank's first call, at least ``window_min_s``
+    window_calls: int = 8
+    window_min_s: float = 0.05
+    #: fewest calls of a kernel's first call a budgeted window holds (windows shrink to this to fit the sweep)
+    window_min_calls: int = 2
+    #: the solo-speedup timing's together window: this many calls of the slowest rank's time alone, at least this long
+    together_calls: int = 8
+    together_min_s: float = 0.2
+    #: the candidates the budget should leave room for beside the kernel sweep: a step-time fit needs this many
+    #: (``choose.MIN_MEASURED``: a leave-one-out error of fewer means nothing)
+    fit_candidates: int = 3
+    #: a reading over its leave-one-out prediction by more than max(surprise_floor, surprise_spread x the fit's
+    #: median leave-one-out error) is a surprise, read once more (``run.surprises``)
+    surprise_floor: float = 0.10
+    surprise_spread: float = 2.0
+    #: contenders read again at most in the confirm step: the best measured and two runners-up
+    max_contenders: int = 3
+    #: seconds of --max-minutes kept after the measurements: the last fit, storing the profile, the report, leaving
+    #: the world (the measurements stop this long before the end)
+    finish_s: float = 10.0
+
+
+#: the settings a tune uses unless its options carry others
+SETTINGS = TuneSettings()

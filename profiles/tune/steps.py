@@ -1,0 +1,380 @@
+"""The steps of `sp-plan tune`, in order: links, kernels (with the round probe), candidates, reread, confirm.
+
+Every rank runs every step. Two helpers carry what the steps share: ``TuneRun.decide`` (rank 0 alone reads the
+store, refits and chooses; every rank gets its decision) and ``TuneRun.checkpoint`` (a step's result in the store
+under its key, so that a tune killed at any moment resumes and loses at most what was in flight). The keys are
+``links``, ``kernels``, ``candidate:<layout>`` (recorded "running" first), ``reread:<layout>``,
+``confirm:<layout>:<k>`` and ``skip:<what>``.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Callable, TypeVar
+
+import torch.distributed as dist
+
+from sp_plan.planner.calibration import FitResult, fit
+from sp_plan.planner.cluster import Cluster
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.model import ModelSpec, Workload
+from sp_plan.planner.params import Params
+from sp_plan.planner.plan import Plan
+from sp_plan.planner.profile import KernelSample, MeasuredCandidate
+from sp_plan.profiles.store import run_key
+
+from . import measure, readings
+from .budget import Budget, fmt, kernel_budget
+from .choose import MIN_MEASURED, Choice, family, next_candidate, sigma_from
+from .kernels import kernel_priority, shown_group, sweep_groups, token_rows
+from .pool import budget_check, candidate_pool, estimates, fit_need, predict
+from .rounds import time_rounds
+from .software import software_stack
+
+if TYPE_CHECKING:
+    from .run import Progress, TuneOptions
+
+T = TypeVar("T")
+
+
+@dataclass
+class TuneRun:
+    """One tune's state on this rank: the world, its store checkpoints, its budget, what was measured."""
+
+    cluster: Cluster
+    model: ModelSpec
+    work: Workload
+    store: object
+    opts: TuneOptions
+    tick: Progress
+    budget: Budget
+    rank: int
+    run_id: int | None = None
+    steps: dict = field(default_factory=dict)
+    measured: dict = field(default_factory=dict)
+    skipped: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    reused: list = field(default_factory=list)
+    candidates_s: float = 0.0  # the first estimate of the candidates a fit needs (the kernel sweep leaves them this)
+
+    def decide(self, choose: Callable[[], T]) -> T:
+        """Rank 0's ``choose()``, the same on every rank (collective: the others receive it)."""
+        box = [choose() if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def record(self, key: str, status: str, payload: dict) -> None:
+        """A checkpoint in the store (rank 0)."""
+        if self.rank == 0:
+            self.store.record_step(self.run_id, key, status, payload)
+
+    def stored(self, key: str) -> dict | None:
+        """The payload an earlier run of this tune finished under ``key`` ("ok" or "failed"), else None."""
+        status, payload = self.steps.get(key, ("", None))
+        return payload if status in ("ok", "failed") else None
+
+    def checkpoint(self, key: str, measure_it: Callable[[], T], dump: Callable[[T], dict] = lambda x: x,
+                   load: Callable[[dict], T] = lambda x: x, status: Callable[[T], str] = lambda x: "ok") -> T:
+        """What is stored under ``key``, else ``measure_it()`` (collective) recorded under it on rank 0."""
+        got = self.stored(key)
+        if got is not None:
+            return load(got)
+        value = measure_it()
+        self.record(key, status(value), dump(value))
+        return value
+
+    def skip(self, key: str, what: str, need: float) -> None:
+        """Leave ``what`` out: its estimate ``need`` seconds does not fit the time left (recorded and said)."""
+        why = f"{what} skipped: estimated {fmt(need)}, {fmt(self.budget.left())} of --max-minutes " \
+              f"{self.opts.max_minutes:g} left"
+        self.skipped.append(why)
+        self.record(f"skip:{key}", "skipped", {"what": what, "estimate_s": need, "left_s": self.budget.left()})
+
+    def refit(self, base: Params, hold) -> FitResult | None:
+        """Rank 0: the model fitted to every timed candidate (None before any)."""
+        ok = [m for m in self.measured.values() if m.status == "ok"]
+        return fit(self.cluster, base, ok, hold) if ok else None
+
+
+def check_world(cluster: Cluster, world: int) -> None:
+    """The cluster file must describe the running world."""
+    if world != cluster.world_size:
+        raise PlanError("--cluster", f"the cluster file has {cluster.world_size} devices but the world has {world} ranks",
+                        f"launch {cluster.world_size} ranks (torchrun --nnodes/--nproc-per-node) or discover this world "
+                        "again with `sp-plan discover`")
+
+
+def start(r: TuneRun) -> tuple[bool, dict | None]:
+    """Open (or resume) this run in the store; (resumed, the stored link fit) on every rank."""
+    fp = r.cluster.topology_fingerprint()
+    stack = software_stack(measure.device().type)
+    key = run_key(fp, stack, r.model, r.work, {"layers": r.opts.layers, "iters": r.opts.iters})
+
+    def opened():
+        run_id, resumed = r.store.start_run(key, {"cluster": r.cluster.name, "fingerprint": fp, "stack": stack,
+                                                  "model": r.model.name, "workload": r.work.model_dump(mode="json")})
+        return run_id, resumed, r.store.steps(run_id), r.store.link_fit(fp)
+    r.run_id, resumed, r.steps, links = r.decide(opened)
+    return resumed, links
+
+
+def first_pool(r: TuneRun) -> list[Plan]:
+    """The uncalibrated pool (the kernel sweep's shapes); PlanError on every rank where nothing fits the world or the
+    time; the budget's estimate noted."""
+    def planned():
+        pool = candidate_pool(r.cluster, r.model, r.work, Params(), r.opts.pool)
+        first = list(estimates(r.cluster, pool, Params(), r.opts, {}).values())
+        err, note = budget_check(first, r.budget.left(), r.opts) if pool else (None, None)
+        return pool, err, note, fit_need(first, r.opts)
+    pool, err, note, need = r.decide(planned)
+    if not pool:
+        raise PlanError("workload", f"no layout of {r.cluster.world_size} ranks fits {r.model.name} at "
+                        f"{r.work.seq_len} tokens", "tune a shorter --seq-len or a smaller model")
+    if err and not r.steps:
+        raise PlanError("max_minutes", *err)
+    r.notes += [note] if note else []
+    r.candidates_s = need
+    return pool
+
+
+def links_step(r: TuneRun, links: dict | None) -> dict | None:
+    """The stored link fit for this cluster, else measured as `profile links` does (collective)."""
+    links = links if links is not None else r.stored("links")
+    if links is not None:
+        r.reused.append("links")
+        r.tick("links", 1, 1, "links: stored fit reused")
+        return links
+    if dist.get_world_size() == 1:
+        return None
+    r.tick("links", 0, 1, "measuring links")
+    links = r.checkpoint("links", lambda: measure.measure_links(r.cluster, r.opts))
+    if r.rank == 0:
+        r.store.save_link_fit(r.cluster.topology_fingerprint(), links)
+    r.tick("links", 1, 1, "links measured")
+    return links
+
+
+@dataclass
+class Kernels:
+    """The kernel step's result: every rank's samples, how they were timed, the round probe's seconds."""
+
+    samples: list[dict]
+    timing: str
+    rounds_s: float | None = None
+
+
+def kernels_step(r: TuneRun, pool: list[Plan], links: dict | None) -> Kernels:
+    """The kernels and the round probe: stored, else a sweep planned from the time left (collective)."""
+    got = r.stored("kernels")
+    if got is not None:
+        r.reused.append("kernels")
+        r.tick("kernels", 1, 1, "kernels: stored timings reused")
+        return Kernels(got["samples"], got.get("timing", "each"), got.get("rounds_s"))
+    dev, t0 = measure.device(), r.budget.elapsed()
+    share = kernel_budget(r.budget.left(), r.candidates_s, r.opts.settings)
+    r.tick("kernels", 0, None, f"timing attention blocks and GEMMs (planned for {fmt(share)})")
+    skipped: list = []
+    total, count = len(sweep_groups([], [], token_rows(pool, r.work), kernel_priority(pool, r.model, r.work))) + 1, [0]
+
+    def group(_done: int, _groups: int, message: str) -> None:
+        count[0] += 1
+        r.tick("kernels", count[0], total, message)
+    samples = measure.measure_kernels_step(pool, r.model, r.work, r.opts, share, r.budget.clock, skipped,
+                                           replan=lambda least: r.decide(lambda: sweep_left(r, pool, least, links)),
+                                           tick=group)
+    if skipped:
+        r.notes.append(f"kernel sweep trimmed to its {fmt(share)}: left out "
+                       f"{', '.join(shown_group(g) for g in skipped)} (the planner's curves extrapolate to them)")
+    r.tick("kernels", total, total, f"{len(samples)} kernel timings in {fmt(r.budget.elapsed() - t0)}")
+    rounds_s = None
+    if dist.get_world_size() > 1 and not r.budget.spent():
+        r.tick("rounds", 0, 1, "timing ring rounds")
+        rounds_s = time_rounds(r.model, dev, measure.dtype_of(r.model, dev))
+        r.tick("rounds", 1, 1, f"ring rounds: {rounds_s * 1e3:.1f} ms")
+    timing = measure.kernel_timing(r.opts, dev)
+    r.record("kernels", "ok", {"samples": samples, "timing": timing, "rounds_s": rounds_s,
+                               "skipped": [list(g) for g in skipped], "seconds": r.budget.elapsed() - t0})
+    return Kernels(samples, timing, rounds_s)
+
+
+def sweep_left(r: TuneRun, pool: list[Plan], least: list[KernelSample], links: dict | None) -> float:
+    """Rank 0: seconds the rest of the kernel sweep may take once its least part is timed: what is left after the
+    candidates a fit needs, as the model prices them with the kernels timed so far."""
+    params = measure.base_params(r.cluster, r.model, [asdict(s) for s in least], links)[0]
+    need = fit_need(list(estimates(r.cluster, pool, params, r.opts, {}).values()), r.opts)
+    r.candidates_s = need
+    return r.budget.left() - need
+
+
+def calibrate(r: TuneRun, kernels: Kernels, links: dict | None) -> Calibration:
+    """The parameters measured before any candidate (kernels, links, round probe) and the pool they rank."""
+    base, said = measure.base_params(r.cluster, r.model, kernels.samples, links)
+    base, hold = measure.with_round_probe(r.cluster, r.model, base, kernels.rounds_s, said)
+    if kernels.timing == "shared":
+        said.append("kernels timed by every rank at once, one shared window each (kernel timing shared)")
+    pool = r.decide(lambda: candidate_pool(r.cluster, r.model, r.work, base, r.opts.pool))
+    cal = Calibration(base, hold, said, pool, {p.summary(): p for p in pool})
+    resumed_candidates(r, cal)
+    return cal
+
+
+@dataclass
+class Calibration:
+    """What the candidates calibrate: the measured base parameters, those the fit holds, what was said of them, the
+    pool (by layout too) and the latest fit."""
+
+    base: Params
+    hold: frozenset
+    said: list[str]
+    pool: list[Plan]
+    by_name: dict[str, Plan]
+    result: FitResult | None = None
+    stop: str = ""
+
+
+def resumed_candidates(r: TuneRun, cal: Calibration) -> None:
+    """The candidates an interrupted run of this tune measured, into ``r.measured`` (and the pool)."""
+    for name, (status, payload) in r.steps.items():
+        if name.startswith("candidate:") and status in ("ok", "failed"):
+            mc = MeasuredCandidate.model_validate(payload)
+            r.measured[mc.summary] = mc
+            if mc.summary not in cal.by_name:  # measured under an earlier ranking: keep it in the pool
+                cal.by_name[mc.summary] = Plan.model_validate(mc.plan)
+                cal.pool.append(cal.by_name[mc.summary])
+    if r.measured:
+        r.reused.append(f"{len(r.measured)} candidate(s)")
+        spent = sum(m.detail.get("wall_s", 0.0) for m in r.measured.values())
+        spent += (r.steps.get("kernels", ("", {}))[1] or {}).get("seconds", 0.0)
+        r.notes.append(f"the earlier run spent {fmt(spent)} on what is reused; --max-minutes counts from the resume")
+
+
+def candidates_step(r: TuneRun, cal: Calibration) -> None:
+    """Measure candidates one at a time, refitting after each, until the budget, the time or the choice stops."""
+    while True:  # rank 0 refits, checks the limits and chooses; every rank runs the chosen candidate
+        def chosen():
+            cal.result = r.refit(cal.base, cal.hold)
+            return (*choose(r, cal), r.skipped)
+        choice, need, r.skipped = r.decide(chosen)
+        if choice.index is None:
+            cal.stop = choice.why
+            r.tick("candidates", len(r.measured), len(r.measured), f"stopped: {choice.why}")
+            return
+        plan = cal.pool[choice.index]
+        name, n = plan.summary(), len(r.measured)
+        r.tick("candidates", n, r.opts.budget, f"{name} ({choice.why}; estimated {fmt(need)})")
+        r.record(f"candidate:{name}", "running", {"summary": name})
+        fault = r.opts.faults.get(name) or r.opts.faults.get(f"#{n}")
+        mc = timed(r, plan, fault, need, lambda m: r.tick("candidates", n, r.opts.budget, m))
+        r.record(f"candidate:{name}", "ok" if mc.status == "ok" else "failed", mc.model_dump(mode="json"))
+        r.measured[name] = mc
+        r.tick("candidates", len(r.measured), r.opts.budget, f"{name}: {mc.status}")
+
+
+def choose(r: TuneRun, cal: Calibration) -> tuple[Choice, float]:
+    """Rank 0: the next candidate that fits the time left (those that do not are skipped), and its estimate."""
+    opts, measured, pool = r.opts, r.measured, cal.pool
+    params = cal.result.params if cal.result else cal.base
+    ok = [m for m in measured.values() if m.status == "ok"]
+    est = estimates(r.cluster, pool, params, opts, measured)
+    preds = [predict(r.cluster, p, params)[0] for p in pool]
+    left_out = {w.split(" skipped")[0] for w in r.skipped}
+    while True:
+        if len(measured) >= opts.budget:
+            return Choice(None, 0.0, f"budget of {opts.budget} candidate(s) reached"), 0.0
+        if r.budget.spent():
+            return Choice(None, 0.0, f"--max-minutes {opts.max_minutes:g} reached"), 0.0
+        done = [p.summary() in measured or p.summary() in left_out for p in pool]
+        best = min((m.measured_s for m in ok), default=None)
+        sigma = sigma_from(cal.result.loo_error_after if cal.result else None, len(ok))
+        skipped = sum(1 for p in pool if p.summary() in left_out and p.summary() not in measured)
+        choice = next_candidate(preds, done, best, sigma, families=[family(p) for p in pool],
+                                explore=opts.budget - 1 - len(measured), min_measured=MIN_MEASURED + skipped)
+        if choice.index is None:
+            return choice, 0.0
+        name = pool[choice.index].summary()
+        if est[name] <= r.budget.left():
+            return choice, est[name]
+        r.skip(f"candidate:{name}", name, est[name])
+        left_out.add(name)
+        if all(p.summary() in measured or p.summary() in left_out for p in pool):
+            return Choice(None, 0.0, "no candidate left fits the time left of --max-minutes"), 0.0
+
+
+def timed(r: TuneRun, plan: Plan, fault: str | None, need: float,
+          say: Callable[[str], None]) -> MeasuredCandidate:
+    """``plan`` measured, stopped where it would run past the time left; its wall seconds and estimate kept; while it
+    runs, ``say`` (rank 0) gets how long it has run, about every second (the reporter prints one line in ten)."""
+    t0 = r.budget.elapsed()
+    left = r.decide(r.budget.left)  # one deadline for every rank
+    opts = replace(r.opts, candidate_timeout=max(min(r.opts.candidate_timeout, left), 1.0))
+
+    def beat(seconds: float) -> None:
+        say(f"{plan.summary()}: running {fmt(seconds)} of an estimated {fmt(need)}")
+    mc = measure.run_candidate(plan, r.model, r.work, r.cluster, opts, fault, beat=beat if r.rank == 0 else None)
+    wall = r.decide(lambda: r.budget.elapsed() - t0)
+    if mc.status == "timeout" and left < r.opts.candidate_timeout:
+        mc = mc.model_copy(update={"reason": f"{mc.reason}; stopped at the end of --max-minutes "
+                                             f"{r.opts.max_minutes:g}"})
+    return mc.model_copy(update={"detail": {**mc.detail, "wall_s": wall, "estimate_s": need}})
+
+
+def again(r: TuneRun, key: str, plan: Plan, say: Callable[[str], None]) -> MeasuredCandidate | None:
+    """One more reading of a measured candidate: the store's, kept under ``key`` by an interrupted tune, else a
+    fresh run (fault-free) where it fits the time left (its first reading's seconds), else None (skipped, said)."""
+    need = float(r.measured[plan.summary()].detail.get("wall_s") or 0.0)
+    if not r.decide(lambda: r.stored(key) is not None or need <= r.budget.left()):
+        r.skip(key, f"{key.split(':')[0]} of {plan.summary()}", need)
+        return None
+    return r.checkpoint(key, lambda: timed(r, plan, None, need, say), dump=lambda mc: mc.model_dump(mode="json"),
+                        load=MeasuredCandidate.model_validate, status=lambda mc: "ok" if mc.status == "ok" else "failed")
+
+
+def reread_step(r: TuneRun, cal: Calibration) -> None:
+    """A candidate read once and far slower than the others predict it is read once more (noise only adds time),
+    kept at its faster reading, and the model refitted."""
+    todo = r.decide(lambda: [] if r.budget.spent() else readings.surprises(
+        cal.result, list(r.measured.values()), r.opts.reread, r.opts.settings))
+    for j, name in enumerate(todo):
+        r.tick("reread", j, len(todo), f"{name}: read again (slower than predicted)")
+        mc = again(r, f"reread:{name}", cal.by_name[name], lambda m: r.tick("reread", j, len(todo), m))
+        more = [mc.measured_s] if mc is not None and mc.status == "ok" else []
+        r.measured[name] = readings.confirmed(r.measured[name], readings.readings_of(r.measured[name]) + more)
+        r.tick("reread", j + 1, len(todo), f"{name}: {len(readings.readings_of(r.measured[name]))} readings")
+    if todo and r.rank == 0:
+        cal.result = r.refit(cal.base, cal.hold)
+
+
+def confirm_step(r: TuneRun, cal: Calibration) -> None:
+    """The best and the runners-up within opts.confirm_within (or the model's leave-one-out error, if wider) read
+    again, in rounds (one reading of each contender a round), each kept at its fastest reading; then those within
+    the spread their readings showed."""
+    done: list[str] = []
+    for _ in range(2):
+        todo = r.decide(lambda: [] if r.budget.spent() else readings.contenders(
+            r.measured, r.opts, predicted_after(cal), confirm_reach(r, cal, done), done))
+        if not todo:
+            return
+        got = {name: readings.readings_of(r.measured[name]) for name in todo}
+        order = readings.confirm_order(todo, r.opts.confirm)
+        for j, (name, k) in enumerate(order):
+            r.tick("confirm", j, len(order), f"{name}: reading {len(got[name]) + 1}")
+            mc = again(r, f"confirm:{name}:{k}", cal.by_name[name], lambda m: r.tick("confirm", j, len(order), m))
+            if mc is not None and mc.status == "ok":
+                got[name].append(mc.measured_s)
+            r.tick("confirm", j + 1, len(order), f"{name}: {len(got[name])} readings")
+        for name in todo:
+            r.measured[name] = readings.confirmed(r.measured[name], got[name])
+        done += todo
+        if r.rank == 0:
+            cal.result = r.refit(cal.base, cal.hold)
+
+
+def predicted_after(cal: Calibration) -> dict[str, float]:
+    """Each measured candidate's step as the latest fit predicts it."""
+    return {c.summary: c.predicted_after_s for c in cal.result.candidates if c.predicted_after_s} if cal.result else {}
+
+
+def confirm_reach(r: TuneRun, cal: Calibration, done: list[str]) -> float:
+    """How far behind the best a contender may be: opts.confirm_within, or wider the readings' spread (once read
+    again) or the model's leave-one-out error."""
+    noise = readings.reading_spread(r.measured, done) if done else (cal.result.loo_error_after if cal.result else None)
+    return max(r.opts.confirm_within, noise or 0.0)
