@@ -5,6 +5,7 @@
     python benchmarks/bench_tune.py --worlds local8 --truth DIR --head-to-head 6 --keep NEW   # the top, head to head
     python benchmarks/bench_tune.py --rescore benchmarks/truths/local8   # judge a kept truth and tune again
     python benchmarks/bench_tune.py --pack DIR   # a --keep folder as kept in the repository (benchmarks/truths)
+    python benchmarks/bench_tune.py --budget-check [--worlds local4,netns2x2] [--keep DIR]   # tune keeps its time
 
 For each world (4 and 8 gloo ranks on this host; two hosts simulated by network namespaces joined
 by a veth shaped to 800 Mbit/s with `tc tbf`, two ranks each; benchmarks/harness/netns.py):
@@ -27,6 +28,10 @@ by a veth shaped to 800 Mbit/s with `tc tbf`, two ranks each; benchmarks/harness
 launches, and judges each party's pick by those paired readings.
 Targets: calibrated median step-time error <= 15 %, Spearman >= 0.8, regret <= 5 % with <= 5
 measured candidates, transfer error <= 25 %.
+``--budget-check`` runs `sp-plan tune` as a user does (``BUDGET_CHECKS``: discover, then tune with a fresh store,
+its output into a file) and reports the whole wall time against ``--max-minutes`` (target: within 30 s of it), each
+step's time from its progress lines, the longest silence of the log, the candidates measured, what the budget left
+out, and whether the step-time fit used at least 3 candidates.
 """
 from __future__ import annotations
 
@@ -46,6 +51,11 @@ from pathlib import Path
 WORKLOADS = {"A": ("tiny-llama", "1k"), "B": ("tiny-gpt", "512")}
 WORLDS = {"local4": (4, 4, None), "local8": (8, 8, None), "netns2x2": (4, 2, 800)}
 HERE = Path(__file__).resolve()
+#: --budget-check's runs: world -> (model, sequence length, --budget, --max-minutes)
+BUDGET_CHECKS = {"local4": ("bert-large", "4k", 3, 9.0), "local8": ("bert-large", "4k", 3, 9.0),
+                 "netns2x2": ("bert-large", "8k", 5, 12.0)}
+#: the whole command may take this long beyond --max-minutes (the launcher's start and the world's end)
+BUDGET_SLACK_S = 30.0
 
 
 def _world_pool(args):
@@ -639,6 +649,119 @@ def report(results: list[dict]) -> None:
           "transfer error = B's calibrated step err (profile tuned on A)")
 
 
+def _launch_logged(argv: list[str], name: str, cwd: Path, pair, timeout: float) -> tuple[int, str, float]:
+    """(exit code, rank 0's output, wall seconds) of ``python argv`` on world ``name``: under torchrun on this host
+    as a user starts it, or on the two namespace hosts (``harness.netns``); the output goes into a file, never a
+    terminal."""
+    world, per_node, _ = WORLDS[name]
+    t0 = time.monotonic()
+    if pair is None:
+        with open(cwd / "run.log", "w") as log:
+            code = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                   str(world), *argv], cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=timeout).returncode
+        return code, (cwd / "run.log").read_text(), time.monotonic() - t0
+    from harness import netns
+
+    res = netns.launch(argv, world, per_node, cwd, pair, timeout)
+    return max(abs(c) for c, _ in res), res[0][1], time.monotonic() - t0
+
+
+def progress_lines(log: str) -> list[tuple[str, int, str, float, str]]:
+    """The plain progress lines of a tune's log: (step, done, total, elapsed seconds, message)."""
+    import re
+
+    out = []
+    for m in re.finditer(r"^\[tune\] (\w+) (\d+)/(\S+) elapsed (\d+):(\d\d) eta \S+: (.*)$", log, re.M):
+        out.append((m[1], int(m[2]), m[3], int(m[4]) * 60 + int(m[5]), m[6]))
+    return out
+
+
+def step_times(lines: list[tuple]) -> dict[str, float]:
+    """Each step's seconds, from its first progress line to its last."""
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    for step, _, _, t, _ in lines:
+        first.setdefault(step, t)
+        last[step] = t
+    return {s: last[s] - first[s] for s in first}
+
+
+def budget_check_world(name: str, tmp: Path) -> dict:
+    """One --budget-check run: discover, then tune as ``BUDGET_CHECKS`` says, judged from its log and its store."""
+    from sp_plan.profiles.store import Store
+
+    model, seq, budget, minutes = BUDGET_CHECKS[name]
+    cwd = tmp / name
+    cwd.mkdir(parents=True, exist_ok=False)
+    store = f"sqlite:///{cwd / 'store.db'}"
+    load = [os.getloadavg()[0]]
+    with _hosts(WORLDS[name][2]) as pair:
+        code, log, _ = _launch_logged(["-m", "sp_plan.cli.app", "discover", "-o", "cluster.yaml"], name, cwd, pair, 600)
+        if code:
+            raise RuntimeError(f"discover on {name} exited {code}:\n{log[-3000:]}")
+        code, log, wall = _launch_logged(["-m", "sp_plan.cli.app", "tune", "--cluster", "cluster.yaml", "--model",
+                                          model, "--seq-len", seq, "--budget", str(budget), "--max-minutes",
+                                          f"{minutes:g}", "--store", store], name, cwd, pair, minutes * 60 + 600)
+    load.append(os.getloadavg()[0])
+    (cwd / "tune.log").write_text(log)
+    lines = progress_lines(log)
+    profiles = Store(store).list_profiles() if (cwd / "store.db").exists() else []
+    prof = profiles[0] if profiles else None
+    ok = [c for c in prof.candidates if c.status == "ok" and c.measured_s] if prof else []
+    gaps = [b[3] - a[3] for a, b in zip(lines, lines[1:])]
+    return {"world": name, "model": model, "seq_len": seq, "budget": budget, "max_minutes": minutes, "exit": code,
+            "wall_s": wall, "within": wall <= minutes * 60 + BUDGET_SLACK_S, "load": load,
+            "steps": step_times(lines), "progress_lines": len(lines), "longest_silence_s": max(gaps, default=None),
+            "profile": prof.id if prof else None,
+            "candidates": [{"layout": c.summary, "status": c.status, "measured_s": c.measured_s,
+                            "wall_s": c.detail.get("wall_s"), "estimate_s": c.detail.get("estimate_s"),
+                            "readings": len(c.detail.get("readings_s") or [1])} for c in (prof.candidates if prof else [])],
+            "fit_candidates": len(ok), "step_fit": bool(prof) and any("compute efficiency" in f for f in prof.fitted),
+            "skipped": [ln for ln in log.splitlines() if " skipped: estimated" in ln or "kernel sweep trimmed" in ln
+                        or ln.startswith("estimated ")],
+            "spent": next((ln for ln in log.splitlines() if ln.startswith("spent ")), None)}
+
+
+def report_budget_check(r: dict) -> None:
+    """One --budget-check run as read."""
+    mm = r["max_minutes"]
+    print(f"\n{r['world']}: tune {r['model']} {r['seq_len']} --budget {r['budget']} --max-minutes {mm:g}: exit "
+          f"{r['exit']}, whole command {r['wall_s'] / 60:.2f} min ({'within' if r['within'] else 'OVER'} "
+          f"{mm:g} min + {BUDGET_SLACK_S:.0f} s); load average {r['load'][0]:.1f} before, {r['load'][1]:.1f} after")
+    print("  steps (first to last progress line): " + ", ".join(f"{s} {t:.0f} s" for s, t in r["steps"].items()))
+    print(f"  {r['progress_lines']} progress lines in the log, the longest silence {r['longest_silence_s']} s; "
+          f"{r['spent'] or 'no spent line'}")
+    for c in r["candidates"]:
+        est = "-" if c["estimate_s"] is None else f"{c['estimate_s']:.0f} s"
+        took = "-" if c["wall_s"] is None else f"{c['wall_s']:.0f} s"
+        step = "-" if not c["measured_s"] else f"{c['measured_s']:.2f} s"
+        print(f"  candidate {c['layout']}: {c['status']}, step {step}, took {took} (estimated {est}), "
+              f"{c['readings']} reading(s)")
+    for s in r["skipped"]:
+        print(f"  left out: {s}")
+    print(f"  profile {r['profile']}; step-time fit from {r['fit_candidates']} candidates: "
+          f"{'yes' if r['step_fit'] and r['fit_candidates'] >= 3 else 'NO'} (at least 3, compute efficiency fitted)")
+
+
+def budget_check(args) -> list[dict]:
+    """--budget-check over ``args.worlds`` (those of ``BUDGET_CHECKS``); namespaces skipped where unavailable."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="sp_plan_bench_budget_") as d:
+        tmp = Path(args.keep or d)
+        for name in args.worlds.split(","):
+            if WORLDS[name][2]:
+                from harness import netns
+
+                why = netns.unavailable()
+                if why:
+                    print(f"{name}: skipped ({why})")
+                    continue
+            results.append(budget_check_world(name, tmp))
+            report_budget_check(results[-1])
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", default="local4,local8,netns2x2")
@@ -676,6 +799,8 @@ def main() -> None:
                          "rounds in each of K launches; keep the folder with the readings under --keep, and judge it")
     ap.add_argument("--rounds", type=int, default=12, help="--head-to-head: rounds per launch (one step of each "
                     "layout a round)")
+    ap.add_argument("--budget-check", action="store_true", help="run tune as a user does on each of --worlds "
+                    f"(local4, local8, netns2x2: {BUDGET_CHECKS}) and judge whether it keeps --max-minutes")
     ap.add_argument("--only", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", default=None)
     ap.add_argument("--cluster")
@@ -692,6 +817,16 @@ def main() -> None:
             ap.error(f"--pack: {args.pack} holds no world's folder ({', '.join(WORLDS)}); name a --keep folder")
         for f in pack(Path(args.pack)):
             print(f"wrote {f}")
+        return None
+    if args.budget_check:
+        if args.worlds == ap.get_default("worlds"):
+            args.worlds = "local4,netns2x2"
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=HERE.parent).stdout.strip() or "unknown"
+        print(f"bench_tune --budget-check at commit {commit}, {os.cpu_count()} CPU cores, {os.uname().nodename}")
+        results = budget_check(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
         return None
     if args.rescore:
         print(f"bench_tune --rescore {args.rescore}: the kept truth and tune judged by this code")
