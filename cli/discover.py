@@ -7,28 +7,28 @@ group, open for more subcommands (a later `sp-plan profile run`).
 from __future__ import annotations
 
 import os
-import re
 from collections import Counter
 from pathlib import Path
-from typing import Optional
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.markup import escape
 from rich.table import Table
+from rich.tree import Tree
 
-from sp_plan.cli.console import err, out, print_error
+from sp_plan.cli.console import as_flag, err, out, print_error
+from sp_plan.planner.cluster import NET
 from sp_plan.planner.errors import PlanError
+from sp_plan.planner.yamlio import check_writable
+from sp_plan.profiles.discover import build_cluster, describe_host, nic_names
+from sp_plan.profiles.discover import sizes as link_sizes
+from sp_plan.profiles.discover.sizes import DEFAULT_SIZES
 
 if TYPE_CHECKING:
-    from rich.tree import Tree
-
     from sp_plan.planner.cluster import Cluster
 
 profile_app = typer.Typer(no_args_is_help=True, help="Measure this cluster under torchrun and calibrate the cluster file; list, show, export, import and delete stored profiles.")
 
-DEFAULT_SIZES = {"cpu": "16K,128K,1M,4M", "cuda": "1M,8M,64M,256M"}
 
 
 def _fail(e: PlanError, rank: int = 0) -> None:
@@ -38,19 +38,12 @@ def _fail(e: PlanError, rank: int = 0) -> None:
 
 
 def parse_sizes(text: str) -> list[int]:
-    """``16K,1M,64m,1G`` or plain byte counts -> bytes (binary units)."""
-    sizes = []
-    for tok in [t.strip() for t in text.split(",") if t.strip()]:
-        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKmMgG]?)[bB]?", tok)
-        if not m:
-            raise PlanError("--sizes", f"cannot read size {tok!r}", "give sizes like 64K,1M,16M (bytes, binary units)")
-        n = int(float(m.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[m.group(2).lower()])
-        if n < 8:
-            raise PlanError("--sizes", f"size {tok!r} is below 8 bytes", "use sizes of at least 8 bytes")
-        sizes.append(n)
-    if not sizes:
-        raise PlanError("--sizes", "no sizes given", "give sizes like 64K,1M,16M")
-    return sorted(set(sizes))
+    """``--sizes``: ``16K,1M,64m,1G`` or plain byte counts -> bytes (``profiles.discover.sizes``; errors name the
+    flag)."""
+    try:
+        return link_sizes.parse_sizes(text)
+    except PlanError as e:
+        raise as_flag(e) from None
 
 
 def rate(x: float) -> str:
@@ -58,10 +51,6 @@ def rate(x: float) -> str:
 
 
 def _node_tree(cluster: Cluster, k: int, host) -> Tree:
-    from rich.tree import Tree  # noqa: PLC0415
-
-    from sp_plan.planner.cluster import NET  # noqa: PLC0415
-
     t = cluster.nodes[k]
     nt = cluster.node_types[t]
     name = host.hostname if host else f"node {k}"
@@ -74,10 +63,7 @@ def _node_tree(cluster: Cluster, k: int, host) -> Tree:
     for (kind, cap), n in sorted(kinds.items()):
         intra.add(f"{kind}: {n} x {rate(cap)}")
     nics = node.add("NICs")
-    real = {}
-    if host is not None:
-        m = re.search(r"NICs of node 0: (.*)$", cluster.source)
-        real = dict(x.split("=", 1) for x in m.group(1).split(", ")) if m and k == 0 else {}
+    real = nic_names(host, cluster.num_nodes > 1) if host is not None else {}
     users = Counter(d.nic for d in nt.devices)
     for s in nt.switches:
         if s.kind == "nic":
@@ -93,8 +79,6 @@ def _node_tree(cluster: Cluster, k: int, host) -> Tree:
 
 def print_cluster(cluster: Cluster, hosts: list | None = None) -> None:
     """A tree of what discovery found: nodes, devices, links, NICs, sources, then the warnings."""
-    from rich.tree import Tree  # noqa: PLC0415
-
     hosts = hosts or []
     root = Tree(f"[bold]{cluster.name}[/]: {cluster.num_nodes} node(s), {cluster.world_size} device(s), "
                 f"network {cluster.network}, fingerprint {cluster.fingerprint()}")
@@ -112,8 +96,6 @@ def print_cluster(cluster: Cluster, hosts: list | None = None) -> None:
 
 
 def _describe_local(sysfs_root: str, topo_file: Optional[Path], no_nvml: bool):
-    from sp_plan.planner.discover import describe_host  # noqa: PLC0415
-
     topo = None
     if topo_file is not None:
         if not topo_file.is_file():
@@ -138,9 +120,6 @@ def discover_cmd(
     timeout: float = typer.Option(120.0, "--timeout", help="seconds any rank waits for the others"),
 ) -> None:
     """Find this cluster's devices, links and NICs (alone: this host; under torchrun: every node)."""
-    from sp_plan.planner.discover import build_cluster  # noqa: PLC0415
-    from sp_plan.planner.yamlio import check_writable  # noqa: PLC0415
-
     rank, owned, probe = 0, False, None
     try:
         if output:
@@ -204,7 +183,6 @@ def links_cmd(
         owned = probe.init_world(max(timeout, 60.0))
         rank = probe.dist.get_rank()
         hosts = probe.gather_hosts()
-        from sp_plan.planner.discover import build_cluster  # noqa: PLC0415
         cluster = Cluster.load(cluster_file) if cluster_file else build_cluster(hosts)
         probe.check_world(cluster, hosts)
     except PlanError as e:

@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 
 from sp_plan.cli.app import app
 from sp_plan.planner.cluster import NET, Cluster
-from sp_plan.planner.discover import build_cluster, describe_host, parse_topo
-from sp_plan.planner.discover.calibrate import Sample, apply_fits, bus_factor, fit_alpha_beta, fit_samples
-from sp_plan.planner.discover.report import RankInfo
-from sp_plan.planner.discover.sysfs import norm_bdf, pci_level, pci_of, read_gpus, read_nics
+from sp_plan.profiles.discover import build_cluster, describe_host, nic_names, parse_topo
+from sp_plan.profiles.discover.calibrate import Sample, apply_fits, bus_factor, fit_alpha_beta, fit_samples
+from sp_plan.profiles.discover.report import RankInfo
+from sp_plan.profiles.discover.sysfs import norm_bdf, pci_level, pci_of, read_gpus, read_nics
 from sp_plan.planner.errors import PlanError
 
 FIX = Path(__file__).parent / "fixtures"
@@ -224,7 +224,8 @@ def test_dgx_h100_nvml_topo_ndr():
     nics = [s for s in nt.switches if s.kind == "nic"]
     assert len(nics) == 8 and all(s.rate == 50e9 and s.network == "ib" for s in nics)
     assert [d.nic for d in nt.devices] == [f"nic{i}" for i in range(8)]  # rail-optimized: one NIC per GPU
-    assert "nic1=mlx5_3" in c.source and "nic7=mlx5_11" in c.source
+    assert "nic1=mlx5_3" in c.source and "nic7=mlx5_11" in c.source  # the provenance line, for people
+    assert nic_names(r)["nic1"] == "mlx5_3" and nic_names(r)["nic7"] == "mlx5_11"  # the same, as data
     assert len(links(nt, "ib", dst=NET)) == 8
     assert {s.name for s in nt.switches if s.kind == "host_bridge"} == {"cpu0", "cpu1"}
     home = {l.src: l.dst for l in links(nt, "pcie") if l.src.startswith(("gpu", "nic"))}
@@ -272,6 +273,7 @@ def test_l20_pcie_server_on_100gbe():
     assert home[home["gpu0"]] == "cpu0" and home[home["gpu4"]] == "cpu1" and home["nic0"] == "cpu0"
     assert links(nt, "smp")
     assert [s.rate for s in nt.switches if s.kind == "nic"] == [12.5e9] and "nic0=ens1f0" in c.source
+    assert nic_names(r) == {"nic0": "ens1f0"}
     assert all(d.nic == "nic0" for d in nt.devices)
     assert any("eno1" in w and "left out" in w for w in c.warnings)
 
@@ -405,7 +407,7 @@ def test_apply_fits_scales_the_bottleneck_kind():
     r = describe_host(SYSFS / "eth100", nvml=False, smi=fake_smi("l20-8-pcie"))
     one = build_cluster([r])
     c = Cluster.model_validate(one.model_dump() | {"nodes": one.nodes * 2, "network": "ethernet"})
-    from sp_plan.planner.discover.calibrate import Fit
+    from sp_plan.profiles.discover.calibrate import Fit
     fits = [Fit("inter:ethernet", "p2p", 2, 30e-6, 10e9, 9e9, 4), Fit("intra:pcie", "p2p", 2, 8e-6, 20e9, 19e9, 4)]
     new, applied = apply_fits(c, fits, {"inter:ethernet": (0, 8), "intra:pcie": (0, 1)})
     nt = node(new)

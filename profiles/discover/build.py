@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..cluster import NET, Cluster, Device, Link, NodeType, Switch
-from ..errors import PlanError
+from sp_plan.planner.cluster import NET, Cluster, Device, Link, NodeType, Switch
+from sp_plan.planner.errors import PlanError
 from .checks import RATE_PEER_FRACTION, gbit
 from .report import HostReport, NicInfo
 from .specs import gpu_spec, peak_flops
@@ -286,6 +286,11 @@ def _type_name(nt: NodeType) -> str:
     d = nt.devices[0]
     base = re.sub(r"[^a-z0-9]+", "-", (d.model or d.kind).lower()).strip("-")
     return f"{base}-x{len(nt.devices)}"
+
+
+def nic_names(host: HostReport, multi: bool = False) -> dict[str, str]:
+    """The cluster's NICs of ``host`` by their real names (``nic<k>`` -> ``mlx5_0``); ``multi``: a node of several."""
+    return node_build(host, multi).nic_names
 
 
 def build_cluster(hosts: list[HostReport], name: str | None = None) -> Cluster:

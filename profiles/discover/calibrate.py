@@ -13,21 +13,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..cluster import NET, Cluster
-from ..engine import LinkEngine
+from sp_plan.planner.calibration import bus_factor  # noqa: F401 - the link fits' factors, public here too
+from sp_plan.planner.cluster import NET, Cluster
+from sp_plan.planner.engine import LinkEngine
 
 OPS = ("p2p", "p2p_bidir", "all_gather", "reduce_scatter", "all_to_all")
-
-
-def bus_factor(op: str, n: int) -> float:
-    """nccl-tests' busbw / algbw for ``op`` on ``n`` ranks."""
-    if op in ("p2p", "p2p_bidir", "sendrecv"):
-        return 1.0
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    if op == "all_reduce":
-        return 2 * (n - 1) / n
-    raise ValueError(f"unknown op {op!r}")
 
 
 @dataclass

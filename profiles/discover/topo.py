@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from ..errors import PlanError
+from sp_plan.planner.errors import PlanError
 
 LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")  # PCIe distance, nearest first (nvidia-smi's legend)
 LEVEL_RANK = {lv: i for i, lv in enumerate(LEVELS)}
