@@ -1,13 +1,15 @@
 """Calibration: fit the engine's physical parameters (planner/params.py) to measurements of one cluster.
 
 design.md, "Profile once per cluster": kernel samples give the attention and GEMM efficiency curves,
-link fits (planner/discover/calibrate.py) give each collective's efficiency and fixed cost per link
+link fits (profiles/discover/calibrate.py) give each collective's efficiency and fixed cost per link
 class, and the candidates tune ran give what the schedules cannot see: how much of a double-buffered
 round really overlaps, a fixed cost per attention block call, the framework's memory overhead and how
-far the activation formulas are off. Pure numpy/scipy; the engine itself prices every trial.
+far the activation formulas are off. Pure numpy/scipy; the engine itself prices every trial. Which profile prices a
+plan is the store layer's question (``sp_plan.profiles.resolve``).
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +22,7 @@ from .estimate import Estimator
 from .params import PATTERN_CLASS, CommFit, Curve, Params
 from .plan import Plan
 from .plausible import check_params, check_samples, has_datasheet
-from .profile import KernelSample, MeasuredCandidate, Profile
+from .profile import KernelSample, MeasuredCandidate
 
 #: link-measurement op (runtime/probe.py) -> engine pattern (engine.pattern_steps)
 OP_PATTERN = {"p2p": "shift", "p2p_bidir": "shift_bi", "all_gather": "all_gather",
@@ -28,29 +30,24 @@ OP_PATTERN = {"p2p": "shift", "p2p_bidir": "shift_bi", "all_gather": "all_gather
 GIB = 2.0 ** 30
 
 
-# ---- profile resolution
-def resolve_params(cluster: Cluster, profile=None, store=None) -> tuple[Params, str, Profile | None]:
-    """(Params to price with, one line for the user, the Profile applied or None) for ``profile``:
-    a Profile, an id or file (str), None (the cluster's newest stored profile) or False (none: the
-    presets' defaults, sp_plan.profiles.kernels.default_params).
+def __getattr__(name: str):
+    """``resolve_params`` where callers of this module's old name import it: it looks profiles up in the store, so it
+    lives in the store layer (``sp_plan.profiles.resolve``); the planner itself never calls it."""
+    if name == "resolve_params":
+        return getattr(importlib.import_module("sp_plan.profiles.resolve"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    Delegates to sp_plan.profiles.store.resolve_profile (imported here: profiles imports the planner);
-    ``store`` is a Store or a URL."""
-    if profile is False:  # no store to open (SQLAlchemy stays unimported)
-        from sp_plan.profiles.kernels import default_params
 
-        return default_params(cluster), "not using a profile: none (--no-profile)", None
-    from sp_plan.profiles import store as store_mod
-
-    if isinstance(store, str):
-        store = store_mod.Store(store)
-    prof, line = store_mod.resolve_profile(profile, cluster, store=store)
-    if prof is None:  # the presets' default terms (kernel curves, collective efficiencies, overheads)
-        from sp_plan.profiles.kernels import default_params
-
-        why = line.removeprefix("profile: ")
-        return default_params(cluster), (why if why.startswith("not using") else f"not using a profile: {why}"), None
-    return prof.params, (line if line.startswith("using") else f"using {line}"), prof
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw for ``op`` on ``n`` ranks (PERFORMANCE.md): 1 for send/recv, (n-1)/n for all-gather,
+    reduce-scatter and all-to-all, 2(n-1)/n for all-reduce."""
+    if op in ("p2p", "p2p_bidir", "sendrecv"):
+        return 1.0
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    raise ValueError(f"unknown op {op!r}")
 
 
 # ---- kernel curves
@@ -118,8 +115,6 @@ def comm_fits(cluster: Cluster, links: dict) -> dict[str, CommFit]:
     efficiency = measured busbw / the engine's busbw for the same op and placement, with busbw =
     bytes x bus_factor / time (nccl-tests); alpha per step = measured alpha / steps - the engine's path
     latency (the engine already charges that), at least 0."""
-    from .discover.calibrate import bus_factor  # noqa: PLC0415 - the discover package: link fits only
-
     classes = links.get("classes", links)
     engine = LinkEngine(cluster)
     out: dict[str, CommFit] = {}
@@ -252,91 +247,135 @@ TIME_REG = 0.05  # weight of the pull toward neutral (overlap 1, no overhead) wh
 MIN_FOR_COMPUTE = 3
 
 
+@dataclass(frozen=True)
+class TimeParam:
+    """A step-time parameter the fit moves: its Params field, its fit coordinate (seconds as milliseconds, ``ms``, so
+    the solver's steps are of one scale), the coordinate's bounds, neutral value and starting grid, the solver's
+    scale for it, and how the fitted value is said."""
+
+    field: str
+    ms: bool
+    lo: float
+    hi: float
+    neutral: float
+    grid: tuple[float, ...]
+    scale: float
+    words: str
+
+    def value(self, coordinate: float) -> float:
+        """The Params value of a fit coordinate (clamped to the bounds)."""
+        v = float(min(max(coordinate, self.lo), self.hi))
+        return v * 1e-3 if self.ms else v
+
+    def coordinate(self, params: Params) -> float:
+        """The fit coordinate of the parameter's value in ``params``."""
+        v = getattr(params, self.field)
+        return v * 1e3 if self.ms else v
+
+
+#: the time parameters, in the order of the fit's coordinates
+TIME_PARAMS = (
+    TimeParam("overlap", False, 0.0, 1.0, 1.0, (0.0, 0.25, 0.5, 0.75, 1.0), 0.1, "overlap {:.2f}"),
+    TimeParam("round_overhead_s", True, 0.0, np.inf, 0.0, (0.0, 0.1, 0.5, 2.0, 10.0), 1.0,
+              "round overhead {:.2f} ms per attention call"),
+    TimeParam("compute_efficiency", False, 0.05, 1.5, 1.0, (0.25, 0.5, 1.0), 0.1,
+              "compute efficiency in a step {:.2f} of the timed kernels"),
+    TimeParam("layer_overhead_s", True, 0.0, np.inf, 0.0, (0.0, 1.0, 10.0, 50.0), 1.0,
+              "layer overhead {:.2f} ms per layer and micro-batch"),
+    TimeParam("tp_overhead_s", True, 0.0, np.inf, 0.0, (0.0, 1.0, 5.0), 1.0,
+              "TP overhead {:.2f} ms per tensor-parallel collective"),
+)
+_AT = {p.field: i for i, p in enumerate(TIME_PARAMS)}
+
+
+class _TimeFit:
+    """Measured step times against the engine's under trial coordinates of TIME_PARAMS (the rest of ``base`` kept)."""
+
+    def __init__(self, pricer: _Pricer, base: Params, cases: list[_Case]):
+        self.pricer, self.base, self.cases = pricer, base, cases
+        self.meas = np.array([c.time for c in cases])
+        self.x0 = np.array([p.coordinate(base) for p in TIME_PARAMS])
+
+    def params(self, x) -> Params:
+        return self.base.model_copy(update={p.field: p.value(x[i]) for i, p in enumerate(TIME_PARAMS)})
+
+    def pred(self, x) -> np.ndarray:
+        return self.pricer.times(self.params(x), self.cases)
+
+    def moves(self, name: str, a: float, b: float) -> bool:
+        """Whether the parameter moves some case's predicted step between coordinates ``a`` and ``b``."""
+        lo, hi = self.x0.copy(), self.x0.copy()
+        lo[_AT[name]], hi[_AT[name]] = a, b
+        return bool(np.max(np.abs(self.pred(lo) - self.pred(hi)) / self.meas) > 1e-9)
+
+    def free(self, hold: frozenset) -> tuple[list[str], list[str]]:
+        """The parameters to fit, and notes on those left out: overlap and round overhead where a case moves them;
+        from MIN_FOR_COMPUTE timed cases the compute efficiency and the TP overhead (where a case has TP-sp
+        collectives); the layer overhead only with a case to spare (it moves every layout's step alike, as the
+        compute efficiency does: with none to spare the two interpolate the measurements' noise)."""
+        n = len(self.cases)
+        free = [name for name in ("overlap", "round_overhead_s") if self.moves(name, 0.0, 1.0)
+                and not (name == "round_overhead_s" and name in hold)]
+        tp = self.moves("tp_overhead_s", 0.0, 1.0)
+        notes = [] if "overlap" in free else [
+            "overlap not fitted: no measured candidate has a double-buffered round with communication"]
+        if n < MIN_FOR_COMPUTE:
+            return free, notes + [f"compute efficiency and layer overhead not fitted: needs {MIN_FOR_COMPUTE} "
+                                  "candidates with a measured step time"]
+        free += ["compute_efficiency"] + (["tp_overhead_s"] if tp else [])
+        if n > len(free) + 1:
+            return free + ["layer_overhead_s"], notes
+        return free, notes + [f"layer overhead not fitted: {n} timed candidates for {len(free) + 1} time "
+                              "parameters with it (it is fitted with a candidate to spare)"]
+
+    def solve(self, free: list[str]) -> np.ndarray:
+        """The coordinates of least relative error (scipy least_squares from the best few of a small grid), pulled
+        toward neutral (TIME_REG) when the cases are fewer than the parameters."""
+        idx = [_AT[name] for name in free]
+        ps = [TIME_PARAMS[i] for i in idx]
+        neutral = np.array([p.neutral for p in ps])
+        reg = len(self.cases) < len(free)
+
+        def resid(z):
+            x = self.x0.copy()
+            x[idx] = z
+            r = self.pred(x) / self.meas - 1.0
+            return np.concatenate([r, TIME_REG * (z - neutral)]) if reg else r
+
+        starts = np.array(np.meshgrid(*[np.array(p.grid) for p in ps])).reshape(len(free), -1).T
+        lo, hi = np.array([p.lo for p in ps]), np.array([p.hi for p in ps])
+        # the step is piecewise linear in these (max of compute and communication): descend from the best few starts
+        best_starts = sorted(starts, key=lambda z: float(np.sum(resid(z) ** 2)))[:4]
+        from scipy.optimize import least_squares  # noqa: PLC0415 - SciPy (~0.5 s): only a fit needs it, a plan not
+
+        sol = min((least_squares(resid, z0, bounds=(lo, hi), x_scale=np.array([p.scale for p in ps]),
+                                 diff_step=1e-6, xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=400)
+                   for z0 in best_starts), key=lambda r: float(r.cost))
+        x = self.x0.copy()
+        x[idx] = sol.x
+        return x
+
+
 def _fit_time(pricer: _Pricer, base: Params, cases: list[_Case], hold: frozenset = frozenset()
               ) -> tuple[Params, list[str], list[str]]:
-    """Fit overlap in [0, 1], round_overhead_s >= 0 and (from MIN_FOR_COMPUTE timed candidates) the in-step
-    compute_efficiency, tp_overhead_s >= 0 (where a candidate has TP-sp collectives) and layer_overhead_s >= 0 to
-    measured step times (relative errors, scipy least_squares from the best of a small grid); only parameters
-    the cases move are fitted. The layer overhead only with more timed candidates than time parameters: like the
-    compute efficiency it moves every layout's step by much the same share, so with no candidate to spare the
-    two interpolate the noise of the measurements exactly (5 candidates for 5 parameters on 8 CPU ranks: compute
-    efficiency at its bound 1.5, a 44 ms layer overhead, Spearman 0.19 against the ground truth). A parameter named
-    in ``hold`` (measured directly: tune's round probe) keeps ``base``'s value."""
+    """Fit TIME_PARAMS to measured step times (relative errors): overlap in [0, 1], round_overhead_s >= 0 and (from
+    MIN_FOR_COMPUTE timed candidates) the in-step compute_efficiency, tp_overhead_s >= 0 (where a candidate has TP-sp
+    collectives) and layer_overhead_s >= 0; only parameters the cases move are fitted (``_TimeFit.free``: with no
+    candidate to spare, 5 candidates for 5 parameters on 8 CPU ranks put the compute efficiency at its bound 1.5, a
+    44 ms layer overhead, Spearman 0.19 against the ground truth). A parameter named in ``hold`` (measured directly:
+    tune's round probe) keeps ``base``'s value."""
     cases = [c for c in cases if c.time is not None]
     if not cases:
         return base, [], ["overlap and round overhead not fitted: no candidate with a measured step time"]
-    meas = np.array([c.time for c in cases])
-
-    def with_(x):
-        return base.model_copy(update={"overlap": float(min(max(x[0], 0.0), 1.0)),
-                                       "round_overhead_s": float(max(x[1], 0.0)) * 1e-3,
-                                       "compute_efficiency": float(min(max(x[2], 0.05), 1.5)),
-                                       "layer_overhead_s": float(max(x[3], 0.0)) * 1e-3,
-                                       "tp_overhead_s": float(max(x[4], 0.0)) * 1e-3})
-
-    def pred(x):
-        return pricer.times(with_(x), cases)
-
-    x0 = np.array([base.overlap, base.round_overhead_s * 1e3, base.compute_efficiency, base.layer_overhead_s * 1e3,
-                   base.tp_overhead_s * 1e3])
-
-    def moves(i, a, b):
-        lo, hi = x0.copy(), x0.copy()
-        lo[i], hi[i] = a, b
-        return np.max(np.abs(pred(lo) - pred(hi)) / meas) > 1e-9
-
-    free = [i for i, (a, b) in ((0, (0.0, 1.0)), (1, (0.0, 1.0))) if moves(i, a, b)
-            and not (i == 1 and "round_overhead_s" in hold)]
-    tp = moves(4, 0.0, 1.0)  # a measured candidate with Megatron TP collectives
-    notes = [] if 0 in free else ["overlap not fitted: no measured candidate has a double-buffered round with communication"]
-    if len(cases) >= MIN_FOR_COMPUTE:
-        free += [2] + ([4] if tp else [])
-        if len(cases) > len(free) + 1:
-            free.append(3)
-        else:
-            notes.append(f"layer overhead not fitted: {len(cases)} timed candidates for {len(free) + 1} time "
-                         "parameters with it (it is fitted with a candidate to spare)")
-    else:
-        notes.append(f"compute efficiency and layer overhead not fitted: needs {MIN_FOR_COMPUTE} candidates with a "
-                     "measured step time")
+    tf = _TimeFit(pricer, base, cases)
+    free, notes = tf.free(hold)
     if not free:
         return base, [], notes + ([] if "round_overhead_s" in hold else
                                   ["round overhead not fitted: no measured candidate runs attention"])
-    neutral = np.array([1.0, 0.0, 1.0, 0.0, 0.0])
-    reg = len(cases) < len(free)
-
-    def resid(z):
-        x = x0.copy()
-        x[free] = z
-        r = pred(x) / meas - 1.0
-        return np.concatenate([r, TIME_REG * (z - neutral[free])]) if reg else r
-
-    grid_axes = [np.array([0.0, 0.25, 0.5, 0.75, 1.0]), np.array([0.0, 0.1, 0.5, 2.0, 10.0]),
-                 np.array([0.25, 0.5, 1.0]), np.array([0.0, 1.0, 10.0, 50.0]), np.array([0.0, 1.0, 5.0])]
-    starts = np.array(np.meshgrid(*[grid_axes[i] for i in free])).reshape(len(free), -1).T
-    lo, hi = np.array([0.0, 0.0, 0.05, 0.0, 0.0])[free], np.array([1.0, np.inf, 1.5, np.inf, np.inf])[free]
-    # the step is piecewise linear in these (max of compute and communication): descend from the best few starts
-    best_starts = sorted(starts, key=lambda z: float(np.sum(resid(z) ** 2)))[:4]
-    from scipy.optimize import least_squares  # noqa: PLC0415 - only a fit needs SciPy (a plan does not)
-
-    sol = min((least_squares(resid, z0, bounds=(lo, hi), x_scale=np.array([0.1, 1.0, 0.1, 1.0, 1.0])[free],
-                             diff_step=1e-6, xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=400) for z0 in best_starts),
-              key=lambda r: float(r.cost))
-    x = x0.copy()
-    x[free] = sol.x
-    out = with_(x)
-    n = f"from {len(cases)} candidate{'s' if len(cases) != 1 else ''}" + (", regularized toward neutral" if reg else "")
-    words = []
-    if 0 in free:
-        words.append(f"overlap {out.overlap:.2f} ({n})")
-    if 1 in free:
-        words.append(f"round overhead {out.round_overhead_s * 1e3:.2f} ms per attention call ({n})")
-    if 2 in free:
-        words.append(f"compute efficiency in a step {out.compute_efficiency:.2f} of the timed kernels ({n})")
-    if 3 in free:
-        words.append(f"layer overhead {out.layer_overhead_s * 1e3:.2f} ms per layer and micro-batch ({n})")
-    if 4 in free:
-        words.append(f"TP overhead {out.tp_overhead_s * 1e3:.2f} ms per tensor-parallel collective ({n})")
+    out = tf.params(tf.solve(free))
+    n = f"from {len(cases)} candidate{'s' if len(cases) != 1 else ''}" + (
+        ", regularized toward neutral" if len(cases) < len(free) else "")
+    words = [f"{p.words.format(p.coordinate(out))} ({n})" for p in TIME_PARAMS if p.field in free]
     return out, words, notes
 
 

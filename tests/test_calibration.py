@@ -6,14 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from sp_plan.planner import Candidate, Estimator, ModelSpec, PlanError, Workload, estimate, plan
-from sp_plan.planner.calibration import comm_fits, fit, kernel_curves, measured_params, resolve_params
+from sp_plan.pipeline import estimate, plan
+from sp_plan.planner import Candidate, Estimator, ModelSpec, PlanError, Workload
+from sp_plan.planner import plan as pure_plan
+from sp_plan.planner.calibration import comm_fits, fit, kernel_curves, measured_params
 from sp_plan.planner.engine import GroupShape, LinkEngine
 from sp_plan.planner.params import CommFit, Curve, Params
 from sp_plan.planner.profile import KernelSample, MeasuredCandidate, Profile
 from sp_plan.planner.schedules import Comm, Compute, Step
 from sp_plan.planner.search import grid_search
 from sp_plan.profiles import load_cluster, load_model
+from sp_plan.profiles.resolve import resolve_params
 
 FIX = Path(__file__).parent / "fixtures" / "calibration"
 GIB = 2.0 ** 30
@@ -311,6 +314,9 @@ def test_plan_with_a_profile_differs_from_no_profile_and_records_it(tmp_path):
     assert estimate(pl, cl, m, w, profile=False) == pl.predicted
     res = grid_search(cl, m, w, params=prof.params)
     assert res.ranked[0][0] == pytest.approx(on[0].predicted.step_time_s)
+    # the pipeline looked the profile up; the planner prices with what it is given
+    assert [p.summary() for p in pure_plan(cl, m, w, top_k=2, profile=prof)] == [p.summary() for p in on]
+    assert pure_plan(cl, m, w, top_k=2, params=prof.params)[0].predicted == on[0].predicted
     # a profile of another cluster is not applied, and says so
     other = prof.model_copy(update={"cluster_fingerprint": "0" * 16})
     params, line, used = resolve_params(cl, other)
@@ -341,7 +347,7 @@ def test_plan_and_estimate_look_profiles_up_in_the_store_they_are_given(tmp_path
 def test_import_sp_plan_is_light_and_exports_the_api():
     code = ("import sys, sp_plan; assert 'torch' not in sys.modules, 'import sp_plan pulled torch in'\n"
             "from sp_plan import plan, estimate, Plan, Workload, load_cluster, load_model, Store, init\n"
-            "from sp_plan.service.planning import plan as p2, estimate as e2\n"
+            "from sp_plan.pipeline import plan as p2, estimate as e2\n"
             "assert plan is p2 and estimate is e2 and set(sp_plan.__all__) <= set(dir(sp_plan))\n"
             "c, m = load_cluster('dgx-h100'), load_model('llama3-8b')\n"
             "print(sp_plan.plan(c, m, sp_plan.Workload(seq_len=32768), top_k=1, profile=False)[0].summary())\n"
