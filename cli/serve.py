@@ -39,42 +39,61 @@ def serve_cmd(
 ) -> None:
     """Serve plans over HTTP: /v1/plan, /v1/estimate, /v1/profiles, ... (OpenAPI at /docs)."""
     try:
-        for module in ("uvicorn", "fastapi", "prometheus_client"):
+        for module in ("uvicorn", "fastapi", "prometheus_client", "pydantic_settings"):
             require_extra(module, "service", "sp-plan serve")
     except PlanError as e:
         fail(e)
     import uvicorn
 
-    from sp_plan.profiles.store import Store
-    from sp_plan.service import auth
-    from sp_plan.service.app import SETTINGS_ENV, Settings, create_app, settings_env
+    from sp_plan.service.app import create_app
+    from sp_plan.service.settings import SETTINGS_ENV, Settings, settings_env
 
     try:
-        for flag, v in (("--workers", workers), ("--max-world", max_world), ("--max-body", max_body),
-                        ("--processes", processes or 1)):
-            if v < 1:
-                raise PlanError(flag, f"must be at least 1, got {v}", f"pass {flag} 1 or more")
-        tokens = auth.load_tokens(token_file)  # a bad token file fails here, once, not in every worker
-        if private and not tokens:
-            raise PlanError("--private", "reads need a token but no token is configured",
-                            f"pass --token-file FILE or set ${auth.ENV_VAR}")
-        st = Store(store)  # migrate (and check) the store before the workers open it
-        url = st.url
-        st.close()
+        check_at_least_one(workers=workers, max_world=max_world, max_body=max_body, processes=processes or 1)
+        settings = Settings(store=store, token_file=token_file, private=private, max_world=max_world,
+                            max_body=max_body, processes=processes or max(1, (os.cpu_count() or 1) // workers),
+                            freeze_gc=True)
+        tokens = checked_tokens(settings)
+        url, shown = opened_store(settings.store)
+        settings.store = url  # the workers open the URL checked here, whatever their environment says
     except PlanError as e:
         fail(e)
-    settings = Settings(store=url, token_file=token_file, private=private, max_world=max_world, max_body=max_body,
-                        processes=processes or max(1, (os.cpu_count() or 1) // workers), freeze_gc=True)
-    err.print(f"sp-plan serve on http://{host}:{port} (store {st.shown}, {workers} worker(s) x {settings.processes} "
-              f"search process(es), {len(tokens)} token(s){', private' if private else ''}, {server_parts()}); "
-              "API docs at /docs",
-              highlight=False, soft_wrap=True)
+    err.print(f"sp-plan serve on http://{host}:{port} (store {shown}, {workers} worker(s) x "
+              f"{settings.processes} search process(es), {len(tokens)} token(s){', private' if private else ''}, "
+              f"{server_parts()}); API docs at /docs", highlight=False, soft_wrap=True)
     if workers == 1:
         uvicorn.run(create_app(settings), host=host, port=port, loop="auto", http="auto", log_level="info")
     else:
         os.environ[SETTINGS_ENV] = settings_env(settings)
         uvicorn.run("sp_plan.service.app:app_from_env", factory=True, host=host, port=port, workers=workers,
                     loop="auto", http="auto", log_level="info")
+
+
+def check_at_least_one(**flags: int) -> None:
+    """Each flag (by its Python name) at least 1, else PlanError naming the flag."""
+    for name, v in flags.items():
+        flag = "--" + name.replace("_", "-")
+        if v < 1:
+            raise PlanError(flag, f"must be at least 1, got {v}", f"pass {flag} 1 or more")
+
+
+def opened_store(url: str | None) -> tuple[str, str]:
+    """(URL, URL as shown) of the store, once it is migrated and checked here, before the workers open it."""
+    from sp_plan.profiles.store import Store
+
+    with Store(url) as st:
+        return st.url, st.shown
+
+
+def checked_tokens(settings) -> tuple[bytes, ...]:
+    """The accepted tokens: a bad token file fails here, once, not in every worker; --private needs one."""
+    from sp_plan.service import auth
+
+    tokens = auth.load_tokens(settings.token_file, settings.listed_tokens())
+    if settings.private and not tokens:
+        raise PlanError("--private", "reads need a token but no token is configured",
+                        f"pass --token-file FILE or set ${auth.ENV_VAR}")
+    return tokens
 
 
 def register(app: typer.Typer) -> None:

@@ -13,6 +13,18 @@ class PlanError(Exception):
         super().__init__(f"{field}: {problem}; {fix}")
 
 
+class NotFound(PlanError):
+    """The input names something that does not exist: an unknown preset, stored profile or computed plan."""
+
+
+class Unavailable(PlanError):
+    """The input is fine but something it needs is down or broke (the service's search process, the store)."""
+
+
+class StoreError(Unavailable):
+    """The profile store cannot be opened or used: unreachable, unwritable, a bad URL or a newer schema."""
+
+
 class MissingExtra(PlanError, ImportError):
     """A command needs an optional dependency that is not installed: a PlanError (the CLI exits 2 with one line)
     and an ImportError (what a library caller expects of a missing module)."""

@@ -1,5 +1,9 @@
 """The profile store: profiles, link fits and tune checkpoints in one SQLAlchemy database.
 
+``Database`` opens the database and keeps its schema (one alembic history for every table in it); ``Store`` holds
+the profiles, link fits and tune checkpoints. The service keeps its answers in the same database through its own
+object (service/answers.py). Failures of the database raise ``StoreError``, unknown profiles ``NotFound``.
+
 SQLite in the user data directory by default, any SQLAlchemy URL (PostgreSQL included) through
 ``--store URL`` or ``SP_PLAN_STORE``. The schema is kept by alembic (profiles/migrations/), upgraded
 on open; a database written by a newer sp-plan is refused. Every write is one transaction: SQLite
@@ -23,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql as sa_pg, sqlite as sa_sqlite
 
-from sp_plan.planner.errors import PlanError
+from sp_plan.planner.errors import NotFound, PlanError, StoreError
 from sp_plan.planner.plausible import check_params
 from sp_plan.planner.profile import STACK_KEYS, Profile
 from sp_plan.planner.yamlio import model_from_data
@@ -79,13 +83,6 @@ steps_t = sa.Table(
     sa.Column("updated_at", sa.String(40), nullable=False),
     sa.UniqueConstraint("run_id", "name", name="uq_tune_steps_run_name"),
 )
-service_plans_t = sa.Table(
-    "service_plans", _meta,
-    sa.Column("id", sa.String(64), primary_key=True),
-    sa.Column("profile", sa.String(64)),
-    sa.Column("created_at", sa.String(40), nullable=False),
-    sa.Column("document", sa.JSON, nullable=False),
-)
 
 
 # The stamp queries, built once: the service runs one per cached answer, and building the statement and its
@@ -129,15 +126,16 @@ def _lock_key(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big", signed=True)
 
 
-class Store:
-    """Profiles, link fits and tune checkpoints in one database (see the module docstring)."""
+class Database:
+    """One SQLAlchemy database at this sp-plan's alembic head: opened (and migrated) once, then transactions whose
+    failures raise StoreError (see the module docstring)."""
 
     def __init__(self, url: str | None = None):
         #: where the URL came from, named in errors: the caller's (``--store``) or the environment's
         self.source = ENV_VAR if url is None and os.environ.get(ENV_VAR) else "--store"
         if url is not None and not url.strip():
-            raise PlanError("--store", "the store URL is empty", "give a SQLAlchemy URL such as "
-                            "sqlite:////path/store.db, or leave --store out for $SP_PLAN_STORE or the default store")
+            raise StoreError("--store", "the store URL is empty", "give a SQLAlchemy URL such as "
+                             "sqlite:////path/store.db, or leave --store out for $SP_PLAN_STORE or the default store")
         self.url = store_url(url)
         self.shown = redact(self.url)
         self._reader: sa.Engine | None = None
@@ -145,19 +143,19 @@ class Store:
             self.engine = self._engine(self.url, default=url is None and not os.environ.get(ENV_VAR))
             self._open()
         except PlanError as e:
-            raise PlanError(self.source, e.problem, e.fix) from None
+            raise StoreError(self.source, e.problem, e.fix) from None
         except (sa_exc.ArgumentError, ValueError) as e:
-            raise PlanError(self.source, f"cannot open store {self.shown} ({_first_line(e)})",
-                            "give a SQLAlchemy URL such as sqlite:////path/store.db or "
-                            "postgresql+psycopg://user@host/db") from None
+            raise StoreError(self.source, f"cannot open store {self.shown} ({_first_line(e)})",
+                             "give a SQLAlchemy URL such as sqlite:////path/store.db or "
+                             "postgresql+psycopg://user@host/db") from None
         except ImportError as e:
-            raise PlanError(self.source, f"cannot open store {self.shown} (no database driver: {_first_line(e)})",
-                            "install it, for PostgreSQL: pip install 'sp-plan[postgres]'") from None
+            raise StoreError(self.source, f"cannot open store {self.shown} (no database driver: {_first_line(e)})",
+                             "install it, for PostgreSQL: pip install 'sp-plan[postgres]'") from None
         except (sa_exc.SQLAlchemyError, OSError) as e:
             text = _first_line(e)
             fix = (f"pass the URL of an sp-plan store (a SQLite file sp-plan wrote, or a new file) instead of "
                    f"{self.shown}" if "not a database" in text else STORE_FIX)
-            raise PlanError(self.source, f"cannot open store {self.shown} ({text})", fix) from None
+            raise StoreError(self.source, f"cannot open store {self.shown} ({text})", fix) from None
 
     # ---- opening
     @staticmethod
@@ -168,14 +166,14 @@ class Store:
             return sa.create_engine(u, pool_pre_ping=True, connect_args=args)
         path = u.database or ""
         if not path or path == ":memory:" or "mode=memory" in str(u):
-            raise PlanError("--store", f"{url} is an in-memory SQLite database: a profile stored there is gone when "
-                            "the process ends", "give a file, e.g. sqlite:////path/store.db")
+            raise StoreError("--store", f"{url} is an in-memory SQLite database: a profile stored there is gone when "
+                             "the process ends", "give a file, e.g. sqlite:////path/store.db")
         if not path.startswith("file:"):
             if default:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
             elif not Path(path).parent.is_dir():
-                raise PlanError("--store", f"cannot open store {url}: directory {Path(path).parent} does not exist",
-                                "create the directory or pass another --store URL")
+                raise StoreError("--store", f"cannot open store {url}: directory {Path(path).parent} does not exist",
+                                 "create the directory or pass another --store URL")
         engine = sa.create_engine(u, connect_args={"timeout": 30})
 
         @sa.event.listens_for(engine, "connect")
@@ -223,9 +221,9 @@ class Store:
             return
         known = {r.revision for r in script.walk_revisions()}
         if current not in known:
-            raise PlanError("--store", f"store {self.shown} has schema revision {current!r}, newer than this sp-plan "
-                            f"knows (up to {script.get_current_head()!r})",
-                            "upgrade sp-plan (pip install -U sp-plan) or pass another --store URL")
+            raise StoreError("--store", f"store {self.shown} has schema revision {current!r}, newer than this sp-plan "
+                             f"knows (up to {script.get_current_head()!r})",
+                             "upgrade sp-plan (pip install -U sp-plan) or pass another --store URL")
 
     def _migrate(self) -> None:
         """Bring the schema to alembic head (refusing a newer one); concurrent openers take turns."""
@@ -270,26 +268,24 @@ class Store:
         """The alembic revision the database is at."""
         from alembic.runtime.migration import MigrationContext  # noqa: PLC0415
 
-        with self._conn() as conn:
+        with self.transaction() as conn:
             return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
 
     @contextmanager
-    def _tx(self) -> Iterator[sa.Connection]:
-        """One transaction; database errors become PlanError('--store')."""
+    def transaction(self) -> Iterator[sa.Connection]:
+        """One transaction; database errors raise StoreError."""
         try:
             with self.engine.begin() as conn:
                 yield conn
         except sa_exc.SQLAlchemyError as e:
-            raise PlanError("--store", f"store {self.shown} failed ({_first_line(e)})", STORE_FIX) from None
-
-    _conn = _tx
+            raise StoreError("--store", f"store {self.shown} failed ({_first_line(e)})", STORE_FIX) from None
 
     @contextmanager
-    def _read(self) -> Iterator[sa.Connection]:
+    def reading(self) -> Iterator[sa.Connection]:
         """A connection for reads that need no transaction. SQLite: its own engine without BEGIN IMMEDIATE, so
-        readers never queue for the write lock (each statement is atomic on its own); else as _tx."""
+        readers never queue for the write lock (each statement is atomic on its own); else as transaction()."""
         if self.engine.dialect.name != "sqlite":
-            with self._tx() as conn:
+            with self.transaction() as conn:
                 yield conn
             return
         if self._reader is None:
@@ -303,7 +299,7 @@ class Store:
             with self._reader.connect() as conn:
                 yield conn
         except sa_exc.SQLAlchemyError as e:
-            raise PlanError("--store", f"store {self.shown} failed ({_first_line(e)})", STORE_FIX) from None
+            raise StoreError("--store", f"store {self.shown} failed ({_first_line(e)})", STORE_FIX) from None
 
     def healthy(self) -> bool:
         """True when the database answers and its schema is the one this sp-plan writes."""
@@ -319,14 +315,18 @@ class Store:
         if self._reader is not None:
             self._reader.dispose()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Store({self.shown!r})"
+        return f"{type(self).__name__}({self.shown!r})"
+
+
+class Store(Database):
+    """Profiles, link fits and tune checkpoints in one database (see the module docstring)."""
 
     # ---- profiles
     def save_profile(self, profile: Profile) -> str:
@@ -341,7 +341,7 @@ class Store:
                "candidates_ok": sum(1 for c in profile.candidates if c.status == "ok"),
                "candidates_total": len(profile.candidates), "loo_error_before": profile.loo_error_before,
                "loo_error_after": profile.loo_error_after, "document": profile.model_dump(mode="json")}
-        with self._tx() as conn:
+        with self.transaction() as conn:
             conn.execute(profiles_t.delete().where(profiles_t.c.id == profile.id))
             conn.execute(profiles_t.insert().values(**row))
         return profile.id
@@ -358,18 +358,18 @@ class Store:
     def _profile(self, doc: dict) -> Profile:
         return model_from_data(Profile, doc, "profile", f"store {self.shown}")
 
-    def _unknown(self, id: str) -> PlanError:
-        return PlanError("profile", f"no profile {id!r} in store {self.shown}",
+    def _unknown(self, id: str) -> NotFound:
+        return NotFound("profile", f"no profile {id!r} in store {self.shown}",
                          f"see the stored ids with `sp-plan profile list{'' if self.url == default_store_url() else ' --store ' + self.shown}`")
 
     def has_profile(self, id: str) -> bool:
         """Whether a profile with exactly this id is stored."""
-        with self._tx() as conn:
+        with self.transaction() as conn:
             return conn.execute(sa.select(profiles_t.c.id).where(profiles_t.c.id == id)).first() is not None
 
     def get_profile(self, id: str) -> Profile:
         """The stored profile with this id (or a unique prefix of at least 4 characters)."""
-        with self._tx() as conn:
+        with self.transaction() as conn:
             real = self._resolve_id(conn, id)
             doc = real and conn.execute(sa.select(profiles_t.c.document).where(profiles_t.c.id == real)).scalar()
         if doc is None:
@@ -381,7 +381,7 @@ class Store:
         q = sa.select(profiles_t.c.document).order_by(profiles_t.c.created_at.desc(), profiles_t.c.stored_at.desc())
         if fingerprint is not None:
             q = q.where(profiles_t.c.fingerprint == fingerprint)
-        with self._tx() as conn:
+        with self.transaction() as conn:
             docs = conn.execute(q).scalars().all()
         return [self._profile(d) for d in docs]
 
@@ -389,14 +389,14 @@ class Store:
         """The newest profile of this topology fingerprint, or None."""
         q = (sa.select(profiles_t.c.document).where(profiles_t.c.fingerprint == fingerprint)
              .order_by(profiles_t.c.created_at.desc(), profiles_t.c.stored_at.desc()).limit(1))
-        with self._tx() as conn:
+        with self.transaction() as conn:
             doc = conn.execute(q).scalar()
         return None if doc is None else self._profile(doc)
 
     def profile_stamp(self, fingerprint: str, id: str | None = None) -> str | None:
         """'ID@STORED_AT' of the profile a plan would use (``id``, else the fingerprint's newest), or None: a cheap
         version that changes whenever that profile is replaced, deleted or superseded."""
-        with self._read() as conn:
+        with self.reading() as conn:
             if id is not None:
                 row = conn.execute(_STAMP_BY_ID, {"id": self._resolve_id(conn, id)}).first()
             else:
@@ -405,7 +405,7 @@ class Store:
 
     def delete_profile(self, id: str) -> None:
         """Remove a stored profile (PlanError if there is none with this id)."""
-        with self._tx() as conn:
+        with self.transaction() as conn:
             real = self._resolve_id(conn, id)
             if real is not None:
                 conn.execute(profiles_t.delete().where(profiles_t.c.id == real))
@@ -415,34 +415,21 @@ class Store:
     # ---- link fits
     def save_link_fit(self, fingerprint: str, links: dict) -> None:
         """Store a `profile links` fit (the cluster's ``calibration['links']``) for a topology fingerprint."""
-        with self._tx() as conn:
+        with self.transaction() as conn:
             conn.execute(link_fits_t.insert().values(fingerprint=fingerprint, links=links, created_at=_now()))
 
     def link_fit(self, fingerprint: str) -> dict | None:
         """The newest stored link fit of this topology fingerprint, or None."""
         q = (sa.select(link_fits_t.c.links).where(link_fits_t.c.fingerprint == fingerprint)
              .order_by(link_fits_t.c.created_at.desc(), link_fits_t.c.id.desc()).limit(1))
-        with self._tx() as conn:
+        with self.transaction() as conn:
             return conn.execute(q).scalar()
-
-    # ---- plans computed by the service
-    def save_service_plan(self, id: str, document: dict, profile: str | None = None) -> None:
-        """Store (or replace, same id) a plan response of `sp-plan serve` in one transaction."""
-        row = {"id": id, "profile": profile, "created_at": _now(), "document": document}
-        with self._tx() as conn:
-            conn.execute(service_plans_t.delete().where(service_plans_t.c.id == id))
-            conn.execute(service_plans_t.insert().values(**row))
-
-    def service_plan(self, id: str) -> dict | None:
-        """The stored plan response with this id, or None."""
-        with self._read() as conn:
-            return conn.execute(sa.select(service_plans_t.c.document).where(service_plans_t.c.id == id)).scalar()
 
     # ---- tune runs and their checkpoints
     def start_run(self, key: str, meta: dict) -> tuple[int, bool]:
         """(run id, resumed?): the unfinished run with this key if there is one, else a new run."""
         now = _now()
-        with self._tx() as conn:
+        with self.transaction() as conn:
             if conn.dialect.name == "postgresql":
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key("run:" + key)})
             rid = conn.execute(sa.select(runs_t.c.id).where(runs_t.c.key == key, runs_t.c.status == "running")
@@ -458,14 +445,14 @@ class Store:
         """Mark a run finished (``done``, ``failed``, ...): a later start_run with its key starts afresh."""
         if status == "running":
             raise PlanError("status", "a finished run cannot be 'running'", "pass done, failed or stopped")
-        with self._tx() as conn:
+        with self.transaction() as conn:
             n = conn.execute(runs_t.update().where(runs_t.c.id == run_id).values(status=status, updated_at=_now())).rowcount
         if not n:
             raise PlanError("run", f"no tune run {run_id} in store {self.shown}", "pass a run id from start_run")
 
     def run(self, run_id: int) -> dict | None:
         """One run's row: id, key, status, meta, created_at, updated_at (None if unknown)."""
-        with self._tx() as conn:
+        with self.transaction() as conn:
             row = conn.execute(sa.select(runs_t).where(runs_t.c.id == run_id)).mappings().first()
         return None if row is None else dict(row)
 
@@ -474,13 +461,13 @@ class Store:
         q = sa.select(runs_t).order_by(runs_t.c.id.desc())
         if key is not None:
             q = q.where(runs_t.c.key == key)
-        with self._tx() as conn:
+        with self.transaction() as conn:
             return [dict(r) for r in conn.execute(q).mappings()]
 
     def record_step(self, run_id: int, name: str, status: str, payload: dict) -> None:
         """Insert or replace one checkpoint of a run (its own transaction)."""
         row = {"run_id": run_id, "name": name, "status": status, "payload": payload, "updated_at": _now()}
-        with self._tx() as conn:
+        with self.transaction() as conn:
             dialect = conn.dialect.name
             if dialect in ("sqlite", "postgresql"):
                 ins = (sa_sqlite.insert if dialect == "sqlite" else sa_pg.insert)(steps_t)
@@ -495,7 +482,7 @@ class Store:
     def steps(self, run_id: int) -> dict[str, tuple[str, dict]]:
         """A run's checkpoints: step name -> (status, payload), in the order they were first recorded."""
         q = sa.select(steps_t.c.name, steps_t.c.status, steps_t.c.payload).where(steps_t.c.run_id == run_id).order_by(steps_t.c.id)
-        with self._tx() as conn:
+        with self.transaction() as conn:
             return {name: (status, payload) for name, status, payload in conn.execute(q)}
 
 
@@ -560,10 +547,8 @@ def resolve_profile(spec: Profile | str | bool | None, cluster, store: Store | N
         store = store or Store()
         try:
             return _check(store.get_profile(spec), cluster)
-        except PlanError as e:
-            if e.field != "profile":
-                raise
-            raise PlanError("--profile", f"no profile file or stored profile id {spec!r} (store {store.shown})",
+        except NotFound:
+            raise NotFound("--profile", f"no profile file or stored profile id {spec!r} (store {store.shown})",
                             "pass a profile file or an id from `sp-plan profile list`") from None
     if spec is not None:
         raise PlanError("--profile", f"cannot use {type(spec).__name__} as a profile", "pass a file, an id, or nothing")

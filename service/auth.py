@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hmac
-import os
 from pathlib import Path
 
 from sp_plan.planner.errors import PlanError
@@ -10,9 +9,9 @@ from sp_plan.planner.errors import PlanError
 ENV_VAR = "SP_PLAN_TOKENS"
 
 
-def load_tokens(token_file: str | None = None) -> tuple[bytes, ...]:
-    """The accepted tokens: one per line of ``token_file`` (blank lines and # comments skipped), else
-    ``$SP_PLAN_TOKENS`` (comma-separated)."""
+def load_tokens(token_file: str | None = None, listed: str | None = None) -> tuple[bytes, ...]:
+    """The accepted tokens: one per line of ``token_file`` (blank lines and # comments skipped), else those
+    ``listed`` comma-separated (``$SP_PLAN_TOKENS``, as service/settings.py reads it)."""
     if token_file:
         try:
             text = Path(token_file).read_text()
@@ -22,31 +21,37 @@ def load_tokens(token_file: str | None = None) -> tuple[bytes, ...]:
         if not items:
             raise PlanError("--token-file", f"{token_file} holds no token", "write one token per line")
     else:
-        items = [t.strip() for t in os.environ.get(ENV_VAR, "").split(",") if t.strip()]
+        items = [t.strip() for t in (listed or "").split(",") if t.strip()]
     return tuple(t.encode() for t in items)
 
 
 class Unauthorized(PlanError):
-    """401 (no token) or 403 (a token that is not accepted)."""
+    """No bearer token, or not one in the Bearer scheme (HTTP 401)."""
 
-    def __init__(self, status: int, problem: str, fix: str):
+    def __init__(self, problem: str, fix: str):
         super().__init__("Authorization", problem, fix)
-        self.status = status
+
+
+class Forbidden(PlanError):
+    """A token this service does not accept, or a service that accepts none (HTTP 403)."""
+
+    def __init__(self, problem: str, fix: str):
+        super().__init__("Authorization", problem, fix)
 
 
 def check(header: str | None, tokens: tuple[bytes, ...]) -> None:
-    """Raise Unauthorized unless ``header`` is 'Bearer T' with T one of ``tokens`` (hmac.compare_digest on every
-    token, so the time does not depend on which one matches or how much of it)."""
+    """Raise Unauthorized or Forbidden unless ``header`` is 'Bearer T' with T one of ``tokens`` (hmac.compare_digest
+    on every token, so the time does not depend on which one matches or how much of it)."""
     if not tokens:
-        raise Unauthorized(403, "this service accepts no tokens, so it takes no writes",
-                           f"start sp-plan serve with --token-file FILE or ${ENV_VAR}")
+        raise Forbidden("this service accepts no tokens, so it takes no writes",
+                        f"start sp-plan serve with --token-file FILE or ${ENV_VAR}")
     scheme, _, given = (header or "").partition(" ")
     if scheme.lower() != "bearer" or not given.strip():
-        raise Unauthorized(401, "a bearer token is required", "send the header 'Authorization: Bearer TOKEN' "
+        raise Unauthorized("a bearer token is required", "send the header 'Authorization: Bearer TOKEN' "
                            "(the CLI reads $SP_PLAN_TOKEN)")
     given_b = given.strip().encode()
     ok = False
     for t in tokens:
         ok |= hmac.compare_digest(given_b, t)
     if not ok:
-        raise Unauthorized(403, "the token is not accepted", "use a token listed in the service's --token-file")
+        raise Forbidden("the token is not accepted", "use a token listed in the service's --token-file")

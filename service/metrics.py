@@ -1,6 +1,7 @@
 """Prometheus metrics of one service instance (its own registry: no process-global state)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -28,3 +29,28 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class Counted:
+    """ASGI middleware: requests by method, route and status, and their latency, into the app's Metrics."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0, status = time.perf_counter(), [500]
+
+        async def seen(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, seen)
+        finally:
+            m = scope["app"].state.svc.metrics
+            endpoint = getattr(scope.get("route"), "path", "unmatched")
+            m.requests.labels(scope["method"], endpoint, str(status[0])).inc()
+            m.latency.labels(scope["method"], endpoint).observe(time.perf_counter() - t0)

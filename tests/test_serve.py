@@ -401,4 +401,4 @@ def test_serve_refuses_bad_options(tmp_path):
 def test_client_says_when_the_service_is_down():
     with pytest.raises(PlanError) as e:
         Client(f"http://127.0.0.1:{free_port()}").plan(cluster="dgx-h100", model="llama3-8b", workload={"seq_len": 1024})
-    assert e.value.field == "--server" and "sp-plan serve" in e.value.fix
+    assert e.value.field == "server" and "sp-plan serve" in e.value.fix

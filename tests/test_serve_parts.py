@@ -37,11 +37,11 @@ def test_freeze_gc_freezes_the_heap_after_startup_and_only_when_asked(tmp_path):
 
 def test_identical_requests_in_flight_build_and_resolve_once(tmp_path, monkeypatch):
     """Eight identical new requests at once: one cluster built and one search; seven answers joined it."""
-    import sp_plan.service.app as service_app
+    import sp_plan.service.routers.plans as plans
 
     built = []
-    real = service_app.build_cluster
-    monkeypatch.setattr(service_app, "build_cluster", lambda *a: built.append(1) or real(*a))
+    real = plans.build_cluster
+    monkeypatch.setattr(plans, "build_cluster", lambda *a: built.append(1) or real(*a))
     body = {"cluster": "dgx-h100", "nodes": 4, "model": "llama3-8b", "workload": {"seq_len": "96k"}, "top": 2}
     with TestClient(create_app(Settings(store=f"sqlite:///{tmp_path}/s.db", processes=1))) as c:
         with ThreadPoolExecutor(8) as ex:

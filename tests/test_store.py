@@ -13,11 +13,12 @@ import pytest
 import sqlalchemy as sa
 
 from pgserver import fresh_database, postgres_url  # noqa: F401 - fixture
-from sp_plan.planner.errors import PlanError
+from sp_plan.planner.errors import NotFound, PlanError, StoreError
 from sp_plan.planner.params import CommFit, Curve, Params
 from sp_plan.planner.profile import MeasuredCandidate, Profile
 from sp_plan.profiles import load_cluster
 from sp_plan.profiles.store import MIGRATIONS, Store, default_store_url, resolve_profile, run_key, store_url
+from sp_plan.service.answers import Answers
 
 FIXTURE = Path(__file__).parent / "fixtures" / "profile-dgx-h100.yaml"
 
@@ -65,10 +66,10 @@ def test_profile_round_trip(url):
     with pytest.raises(PlanError):
         st.get_profile(pid[:2])  # too short to be an id prefix
     assert st.latest_profile("f" * 16).id == old.id
-    with pytest.raises(PlanError) as e:
+    with pytest.raises(NotFound) as e:
         st.get_profile(pid)
     assert e.value.field == "profile" and "sp-plan profile list" in e.value.fix
-    with pytest.raises(PlanError):
+    with pytest.raises(NotFound):
         st.delete_profile(pid)
     st.close()
     assert Store(url).get_profile(other.id) == other  # reopening: already at head
@@ -109,7 +110,7 @@ def test_newer_schema_refused(url):
         c.execute(sa.text("UPDATE sp_plan_alembic_version SET version_num = '9999_future'"))
     eng.dispose()
     assert not st.healthy()
-    with pytest.raises(PlanError) as e:
+    with pytest.raises(StoreError) as e:
         Store(url)
     assert e.value.field == "--store" and "newer" in e.value.problem and "upgrade sp-plan" in e.value.fix
 
@@ -119,7 +120,7 @@ def test_newer_schema_refused(url):
                                  "sqlite://", "sqlite:///:memory:", "sqlite:///{tmp}/afile"])
 def test_bad_store_url(bad, tmp_path):
     (tmp_path / "afile").write_text("x" * 4096)
-    with pytest.raises(PlanError) as e:
+    with pytest.raises(StoreError) as e:
         Store(bad.format(tmp=tmp_path))
     assert e.value.field == "--store" and e.value.fix
     if bad in ("", "sqlite://", "sqlite:///:memory:"):  # nothing to open, or nothing kept: refused as such
@@ -327,14 +328,33 @@ def test_a_0001_store_is_adopted_and_optuna_shares_the_database(url):
     st.close()
     st = Store(url)
     assert st.revision() == "0002" and st.get_profile(pid).id == pid
-    st.save_service_plan("abc", {"x": 1}, pid)
-    assert st.service_plan("abc") == {"x": 1} and st.service_plan("nope") is None
+    answers = Answers(st)
+    answers.save("abc", {"x": 1}, pid)
+    assert answers.stored("abc") == {"x": 1} and answers.stored("nope") is None
     study = optuna.create_study(storage=url, study_name="shared", load_if_exists=True)
     study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
     st.close()
     again = Store(url)
     assert again.revision() == "0002" and again.healthy()
     assert len(optuna.load_study(study_name="shared", storage=url).trials) == 2
+
+
+def test_a_database_that_fails_under_an_open_store_raises_store_error(tmp_path):
+    """A failure of the database itself (here a table gone) is a StoreError on reads and writes alike; an unknown
+    id is NotFound: the service answers them 503 and 404 by their class."""
+    url = f"sqlite:///{tmp_path}/store.db"
+    st = Store(url)
+    pid = st.save_profile(make_profile())
+    eng = sa.create_engine(url)
+    with eng.begin() as c:
+        c.execute(sa.text("DROP TABLE profiles"))
+    eng.dispose()
+    for call in (lambda: st.get_profile(pid), lambda: st.save_profile(make_profile()), st.list_profiles,
+                 lambda: st.profile_stamp("f" * 16)):
+        with pytest.raises(StoreError) as e:
+            call()
+        assert "no such table: profiles" in e.value.problem and e.value.fix
+    st.close()
 
 
 def test_open_retries_a_locked_sqlite_store(tmp_path, monkeypatch):

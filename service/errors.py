@@ -1,0 +1,79 @@
+"""Errors as HTTP answers: the status from the error's class, the body the same JSON for every error (the field,
+the problem and the fix, and the CLI's one line in ``detail``)."""
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sp_plan.planner.errors import NotFound, PlanError, Unavailable
+from sp_plan.service.auth import Forbidden, Unauthorized
+from sp_plan.service.limits import TooLarge
+
+#: an error's HTTP status, by the nearest of its classes listed here; any other PlanError is bad input: 422
+STATUS: dict[type, int] = {Unauthorized: 401, Forbidden: 403, NotFound: 404, TooLarge: 413, Unavailable: 503}
+INVALID = 422
+#: the parts of a pydantic error location that name a type or a validator, not a field
+NOT_FIELDS = ("body", "str", "Cluster", "ModelSpec", "Workload", "Plan")
+
+log = logging.getLogger("sp_plan.service")
+
+
+def status_of(e: PlanError) -> int:
+    """The HTTP status of an error: that of the first of its classes (most derived first) in STATUS."""
+    return next((STATUS[c] for c in type(e).__mro__ if c in STATUS), INVALID)
+
+
+def error_response(e: PlanError, status: int | None = None) -> JSONResponse:
+    """The JSON error body: the field, the problem and the fix (the CLI's one line in ``detail``)."""
+    return JSONResponse({"error": {"field": e.field, "problem": e.problem, "fix": e.fix}, "detail": str(e)},
+                        status_code=status or status_of(e))
+
+
+def validation_error(exc: RequestValidationError) -> PlanError:
+    """pydantic's errors as one PlanError: the deepest location (the branch of a union the input was meant for)."""
+    errs = exc.errors()
+    e = max(errs, key=lambda x: len(x.get("loc", ()))) if errs else {"loc": ("body",), "msg": "invalid"}
+    if e.get("type") == "json_invalid":
+        return PlanError("body", f"not valid JSON ({e.get('msg', 'invalid')})", "send a JSON body as in /openapi.json")
+    loc = [str(x) for x in e.get("loc", ()) if x not in NOT_FIELDS and not str(x).startswith("function-")]
+    return PlanError(".".join(loc) or "body", e.get("msg", "invalid"),
+                     "fix that field" if loc else "send a JSON body as in /openapi.json")
+
+
+async def plan_error(request: Request, e: PlanError) -> JSONResponse:
+    """A PlanError raised by a route: its status and body."""
+    return error_response(e)
+
+
+async def unexpected(request: Request, e: Exception) -> JSONResponse:
+    """A bug, not bad input: still a JSON body (500), and logged with its traceback."""
+    log.exception("unexpected error in %s %s", request.method, request.url.path)
+    return error_response(PlanError("server", f"unexpected {type(e).__name__}", "report it with the request body"), 500)
+
+
+async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+    """A body or parameter pydantic refused: 422 naming the deepest field."""
+    return error_response(validation_error(e), INVALID)
+
+
+async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+    """Starlette's own errors (no route, a method not allowed, a body that is not UTF-8) in the same JSON body."""
+    if e.status_code == 404:
+        problem, fix = f"no route {request.method} {request.url.path}", "see /docs for the endpoints"
+    elif e.status_code == 405:
+        problem, fix = f"{request.method} is not allowed on {request.url.path}", "see /docs for the methods"
+    else:
+        problem, fix = str(e.detail), "send a UTF-8 JSON body (Content-Type: application/json)"
+    return error_response(PlanError("request", problem, fix), e.status_code)
+
+
+def install(app: FastAPI) -> None:
+    """Answer every error of ``app`` with the JSON body above."""
+    app.add_exception_handler(PlanError, plan_error)
+    app.add_exception_handler(Exception, unexpected)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(StarletteHTTPException, http_error)

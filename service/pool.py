@@ -1,0 +1,105 @@
+"""The process pool the service's searches and reports run in, off the event loop, and the jobs it runs."""
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import get_context
+from typing import Any, Callable
+
+from sp_plan.planner.equivalent import group
+from sp_plan.planner.errors import PlanError, Unavailable
+from sp_plan.planner.profile import Profile
+from sp_plan.service.collector import collector_paused
+from sp_plan.service.planning import PlanRequest, PlanResponse, build_cluster, report_plans, search
+
+#: a PlanError as it crosses the process boundary: its class and fields (a PlanError does not pickle by itself)
+ErrorFields = tuple[type, str, str, str]
+
+
+def die_with_parent(parent: int) -> None:
+    """Pool initializer: end this worker when the server that started it is gone (a SIGKILLed server cannot shut
+    its pool down, and an orphaned worker would wait on its queue forever)."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="sp-plan-parent-watch", daemon=True).start()
+
+
+def freeze_heap() -> None:
+    """Collect once, then freeze what survives (gc.freeze): the ~10^5 objects of the imported planner, torch, FastAPI
+    and SQLAlchemy are never traversed again, so a full collection no longer stalls every request in flight (0.05-0.3 s
+    measured with benchmarks/bench_serve.py's cached workload)."""
+    gc.collect()
+    gc.freeze()
+
+
+def rebuilt(fields: ErrorFields) -> PlanError:
+    """The PlanError a pool process raised, of the same class (so the same HTTP status) and fields."""
+    cls, field, problem, fix = fields
+    e = cls.__new__(cls)
+    PlanError.__init__(e, field, problem, fix)
+    return e
+
+
+def search_job(req: PlanRequest, inputs, storage: str | None, study: str | None):
+    """In a pool process: ("ok", the search's PlanResponse, seconds) or ("error", ErrorFields, seconds); the pool
+    process owns its garbage collector, paused around the search (``collector_paused``)."""
+    t0 = time.perf_counter()
+    try:
+        with collector_paused():
+            res = search(req, inputs, storage=storage, study=study)
+        return "ok", res, time.perf_counter() - t0
+    except PlanError as e:
+        return "error", (type(e), e.field, e.problem, e.fix), time.perf_counter() - t0
+
+
+def report_job(req: PlanRequest, res: PlanResponse, profile: Profile | None) -> str:
+    """In a pool process: the HTML report (integrations/report.py, matplotlib) of a computed plan, as `plan --report`
+    writes it: the top plans and the best of every other variant, about the winner."""
+    # matplotlib only in the pool process that renders a report
+    from sp_plan.integrations.report import render_report  # noqa: PLC0415
+
+    rows, chosen = report_plans([r.plan for r in group(res.plans)], res.families)
+    return render_report(rows, build_cluster(req, None), profile=profile, chosen=chosen, notes=[res.profile_line])
+
+
+def warm_job() -> None:
+    """Import the planner in a pool process before the first request needs it."""
+    import sp_plan.planner.bayes  # noqa: F401,PLC0415
+    import sp_plan.planner.search  # noqa: F401,PLC0415
+
+
+class SearchPool:
+    """``processes`` spawned processes that follow their server; one that dies takes the pool with it, and the
+    next job gets a fresh pool while the job in flight is answered 503 (Unavailable)."""
+
+    def __init__(self, processes: int):
+        self.processes = processes
+        self.executor = self._start()
+
+    def _start(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(self.processes, mp_context=get_context("spawn"), initializer=die_with_parent,
+                                   initargs=(os.getpid(),))
+
+    async def run(self, what: str, fix: str, fn: Callable[..., Any], *args) -> Any:
+        """``fn(*args)`` in a pool process; Unavailable(``what``) if that process died (killed, out of memory)."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self.executor, fn, *args)
+        except BrokenProcessPool:
+            self.executor = self._start()
+            raise Unavailable(what, f"the {what} process died", fix) from None
+
+    async def warm(self) -> None:
+        """Start every process and import the planner in it."""
+        await asyncio.gather(*(self.run("search", "retry", warm_job) for _ in range(self.processes)))
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)

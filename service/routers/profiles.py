@@ -1,0 +1,49 @@
+"""Stored profiles: list, read, upload (token needed) and delete (token needed)."""
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse, Response
+
+from sp_plan.planner.profile import Profile
+from sp_plan.profiles.store import Store
+from sp_plan.service.deps import reader, writer
+from sp_plan.service.state import Service
+
+JSON = "application/json"
+router = APIRouter(tags=["store"])
+
+
+@router.get("/v1/profiles", response_model=list[Profile])
+async def profiles(fingerprint: str | None = None, svc: Service = Depends(reader)):
+    """The stored profiles, newest first (optionally of one topology fingerprint)."""
+    docs = [p.model_dump(mode="json") for p in await svc.db(svc.store.list_profiles, fingerprint)]
+    return Response(json.dumps(docs), media_type=JSON)
+
+
+@router.get("/v1/profiles/{id}", response_model=Profile)
+async def profile(id: str, svc: Service = Depends(reader)):
+    """One stored profile (its id or a unique prefix of 4+ characters)."""
+    return Response((await svc.db(svc.stored_profile, id)).model_dump_json(), media_type=JSON)
+
+
+@router.post("/v1/profiles", status_code=201)
+async def upload(p: Profile, svc: Service = Depends(writer)):
+    """Store a profile (token needed); its id is kept unless another profile holds it. Answers its id."""
+    pid = await svc.db(save_keeping_both, svc.store, p)
+    return JSONResponse({"id": pid, "cluster": p.cluster, "fingerprint": p.cluster_fingerprint}, status_code=201)
+
+
+def save_keeping_both(store: Store, p: Profile) -> str:
+    """Store ``p`` under its id, or under a new one where its id holds a different profile; returns the id."""
+    if p.id and store.has_profile(p.id) and store.get_profile(p.id) != p:
+        p.id = None
+    return store.save_profile(p)
+
+
+@router.delete("/v1/profiles/{id}")
+async def delete(id: str, svc: Service = Depends(writer)):
+    """Remove a stored profile (token needed)."""
+    await svc.db(svc.delete_profile, id)
+    return {"deleted": id}

@@ -1,0 +1,127 @@
+"""The service's parts in-process: the HTTP status from the error's class, the settings from the flags and the
+environment, the answers' cache, and routes that are plain functions on routers (tests/test_serve.py runs the
+same app as a real uvicorn server)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+import sqlalchemy as sa
+import typer
+import typer.main
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+
+from sp_plan.cli.serve import serve_cmd
+from sp_plan.planner.errors import MissingExtra, NotFound, PlanError, StoreError, Unavailable
+from sp_plan.profiles.store import Store
+from sp_plan.service.answers import Answers
+from sp_plan.service.app import app_from_env, create_app
+from sp_plan.service.auth import Forbidden, Unauthorized
+from sp_plan.service.errors import status_of
+from sp_plan.service.limits import TooLarge
+from sp_plan.service.pool import rebuilt
+from sp_plan.service.routers import ROUTERS
+from sp_plan.service.settings import SETTINGS_ENV, Settings, settings_env
+
+
+@pytest.mark.parametrize("error, status", [
+    (NotFound("profile", "no profile 'x'", "list them"), 404),
+    (StoreError("store", "store s failed", "check it"), 503),
+    (StoreError("--store", "store s failed", "check it"), 503),
+    (Unavailable("search", "the search process died", "retry"), 503),
+    (TooLarge(10), 413),
+    (Unauthorized("a bearer token is required", "send one"), 401),
+    (Forbidden("the token is not accepted", "use another"), 403),
+    (PlanError("--store", "looks like the store's field", "but is plain bad input"), 422),
+    (PlanError("workload.batch", "must be positive", "pass 1 or more"), 422),
+    (MissingExtra("matplotlib", "report", "the report"), 422),
+])
+def test_the_status_comes_from_the_class_whatever_the_field_says(error, status):
+    assert status_of(error) == status
+
+
+def test_an_error_from_the_search_process_keeps_its_class_and_fields():
+    e = rebuilt((NotFound, "cluster", "unknown preset 'x'", "use a preset"))
+    assert type(e) is NotFound and status_of(e) == 404
+    assert (e.field, e.problem, e.fix, str(e)) == ("cluster", "unknown preset 'x'", "use a preset",
+                                                   "cluster: unknown preset 'x'; use a preset")
+
+
+def test_settings_read_the_variables_serve_always_read_and_no_others(monkeypatch):
+    monkeypatch.setenv("SP_PLAN_STORE", "sqlite:////tmp/from-env.db")
+    monkeypatch.setenv("SP_PLAN_TOKENS", "a-token,b-token")
+    for bare in ("STORE", "PRIVATE", "MAX_WORLD", "PROCESSES", "TOKENS"):  # no field is read by its bare name
+        monkeypatch.setenv(bare, "7")
+    s = Settings()
+    assert s.store == "sqlite:////tmp/from-env.db" and s.listed_tokens() == "a-token,b-token"
+    assert not s.private and s.max_world == 65536 and s.processes is None
+    assert Settings(store="sqlite:////tmp/given.db").store == "sqlite:////tmp/given.db"  # the flag wins
+    assert "a-token" not in repr(s) and "a-token" not in settings_env(s)  # tokens never travel to the workers
+
+
+def test_workers_take_the_settings_the_server_hands_them(monkeypatch, tmp_path):
+    given = Settings(store=f"sqlite:///{tmp_path}/s.db", private=True, max_world=64, processes=2, freeze_gc=True)
+    monkeypatch.setenv(SETTINGS_ENV, settings_env(given))
+    monkeypatch.setenv("SP_PLAN_STORE", "sqlite:////tmp/not-this-one.db")
+    assert app_from_env().state.settings == given
+
+
+def test_the_settings_defaults_are_serves_flag_defaults():
+    app = typer.Typer(add_completion=False)
+    app.command()(serve_cmd)
+    command = typer.main.get_command(app)
+    flags = {p.name: p.default for p in command.params}
+    defaults = Settings.model_construct()
+    for name in ("store", "token_file", "private", "max_world", "max_body", "processes"):
+        assert flags[name] == getattr(defaults, name), name
+
+
+def test_every_route_is_a_module_function_on_a_router():
+    routes = [r for router in ROUTERS for r in router.routes if isinstance(r, APIRoute)]
+    assert len(routes) == 12 and {r.path for r in routes} <= set(create_app().openapi()["paths"])
+    for r in routes:
+        assert "<locals>" not in r.endpoint.__qualname__ and r.endpoint.__module__.startswith("sp_plan.service.routers.")
+
+
+def test_answers_are_computed_once_stored_and_read_again(tmp_path):
+    store = Store(f"sqlite:///{tmp_path}/s.db")
+    calls = []
+
+    async def compute():
+        calls.append(1)
+        await asyncio.sleep(0.01)
+        return {"response": {"id": "k", "families": [1]}, "request": {}}, None
+
+    async def main(answers: Answers):
+        first = await asyncio.gather(*(answers.get("k", compute) for _ in range(3)))
+        return first, await answers.get("k", compute)
+
+    first, again = asyncio.run(main(Answers(store, size=4)))
+    assert sorted(how for _, how in first) == ["coalesced", "coalesced", "computed"] and again[1] == "memory"
+    both = first[0][0]
+    assert json.loads(both[0])["families"] == [] and json.loads(both[1])["families"] == [1]
+    fresh = Answers(store, size=4)  # a restarted service: the table answers, no search
+    assert asyncio.run(fresh.get("k", compute)) == (both, "store") and len(calls) == 1
+    with pytest.raises(NotFound):
+        fresh.document("nope")
+    store.close()
+
+
+def test_a_failing_store_is_503_with_the_json_body_and_counted(tmp_path):
+    url = f"sqlite:///{tmp_path}/s.db"
+    with TestClient(create_app(Settings(store=url, processes=1))) as c:
+        assert c.get("/v1/profiles").json() == []
+        assert c.get("/v1/profiles/abcd").status_code == 404
+        eng = sa.create_engine(url)
+        with eng.begin() as conn:
+            conn.execute(sa.text("DROP TABLE profiles"))
+        eng.dispose()
+        r = c.get("/v1/profiles")
+        assert r.status_code == 503, r.text
+        err = r.json()["error"]
+        assert "no such table" in err["problem"] and err["fix"] and r.json()["detail"].startswith(err["field"] + ": ")
+        metrics = c.get("/metrics").text
+    assert float(re.search(r"^sp_plan_store_errors_total (\S+)$", metrics, re.M).group(1)) == 1
