@@ -50,6 +50,7 @@ of one node that are consecutive in ring order), derived once per ring and cache
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -179,184 +180,212 @@ def _empty_lse(like: torch.Tensor, n: int) -> torch.Tensor:
     return torch.empty((*like.shape[:-1], n), dtype=like.dtype, device=like.device)
 
 
+# ---------------------------------------------------------------- one pass over the schedule
+
+@dataclass(frozen=True)
+class _Flow:
+    """What a pass moves: the query tuple (Q; or Q, dO, O, LSE) and its partials (block out, LSE; or dQ)."""
+
+    own: tuple[torch.Tensor, ...]  # this rank's query tuple; an LSE, if any, comes last
+    own_lse: bool  # the query tuple ends with an LSE (rows on its last axis)
+    new_part: Callable[[int], tuple[torch.Tensor, ...]]  # receive buffers of a partial of n rows
+    part_dtypes: tuple  # dtype each partial tensor travels in (None: as computed)
+    fold: Callable[[int, int, tuple], None]  # fold a partial of own rows [r0, r1) into the accumulators
+
+
+def _take(xs: tuple, lo: int, hi: int, lse_last: bool) -> tuple:
+    """Rows [lo, hi) of each tensor, contiguous for sending; a trailing LSE is cut on its last axis."""
+    return tuple((_lse_slice if lse_last and t == len(xs) - 1 else _row_slice)(x, lo, hi) for t, x in enumerate(xs))
+
+
+def _view(xs: tuple, lo: int, hi: int, lse_last: bool) -> tuple:
+    """Rows [lo, hi) of each tensor as views; a trailing LSE is cut on its last axis."""
+    return tuple(x[..., lo:hi] if lse_last and t == len(xs) - 1 else x[:, lo:hi] for t, x in enumerate(xs))
+
+
+def _new_rows(like: tuple, n: int, lse_last: bool) -> tuple:
+    """Receive buffers of n rows shaped like ``like``; a trailing LSE gets n entries on its last axis."""
+    return tuple(_empty_lse(x, n) if lse_last and t == len(like) - 1 else _empty_rows(x, n)
+                 for t, x in enumerate(like))
+
+
+@dataclass
+class _Exchange:
+    """One step's traffic, posted as one batch (Alg. 1): Q rows to a - 1 and a partial to its owner, and their
+    mirror receives: the next Q block from a + 1 and this rank's own partial from its holder."""
+
+    reqs: list
+    q_next: tuple | None = None  # the query tuple of the next step
+    got: tuple | None = None  # (rows, tensors): this rank's partial
+
+    @classmethod
+    def post(cls, teams: Teams, flow: _Flow, cur: tuple, lo: int, step: TokenRingStep | None, pending,
+             expect) -> _Exchange:
+        """Post the step's sends and receives; ``step`` None is the final hop, partials only."""
+        sends, recvs, q_next, got = [], [], None, None
+        if step is not None and step.send_q is not None:
+            xs = _take(cur, step.send_q[0] - lo, step.send_q[1] - lo, flow.own_lse)
+            sends += [(x, teams.team_prev(), _TAG_Q + t) for t, x in enumerate(xs)]
+        if step is not None and step.recv_q is not None:
+            q_next = _new_rows(flow.own, step.recv_q[1] - step.recv_q[0], flow.own_lse)
+            recvs += [(x, teams.team_next(), _TAG_Q + t) for t, x in enumerate(q_next)]
+        if pending is not None:
+            dst, xs = pending
+            sends += [(x, teams.rank(dst), _TAG_PART + t) for t, x in enumerate(xs)]
+        if expect is not None:
+            src, (r0, r1) = expect
+            got = ((r0, r1), flow.new_part(r1 - r0))
+            recvs += [(x, teams.rank(src), _TAG_PART + t) for t, x in enumerate(got[1])]
+        return cls(p2p(teams.ring.group, sends, recvs), q_next, got)
+
+    def finish(self, flow: _Flow) -> None:
+        """Wait for the batch and fold the partial received, if any."""
+        wait_all(self.reqs)
+        if self.got is not None:
+            flow.fold(*self.got[0], self.got[1])
+
+
+class _Pass:
+    """A rank's walk through its TokenRing schedule: the query tuple it holds, the K, V block of the round
+    (outer Ring of Sec. 3.3.3), and the partial in flight; the caller computes each step's block."""
+
+    def __init__(self, teams: Teams, flow: _Flow, k: torch.Tensor, v: torch.Tensor):
+        self.teams, self.flow = teams, flow
+        self.cur, self.lo = flow.own, 0  # the query tuple held, and its first own row
+        self.k, self.v = k, v
+        self.pending = self.expect = None  # partial to send (owner, tensors); own partial due (holder, rows)
+        self._ex: _Exchange | None = None
+        self._kv_next, self._kv_reqs = None, []
+
+    def begin(self, s: TokenRingStep) -> None:
+        """Post the step's exchange and, at a round's first step, the K, V shift for the next round."""
+        self._ex = _Exchange.post(self.teams, self.flow, self.cur, self.lo, s, self.pending, self.expect)
+        self.pending = None
+        if s.i == 0 and s.j < self.teams.nodes - 1:
+            self._kv_next = (torch.empty_like(self.k), torch.empty_like(self.v))
+            self._kv_reqs = self.teams.ring.shift([self.k, self.v], list(self._kv_next), _TAG_KV,
+                                                  hops=self.teams.team)
+
+    def block(self, bm: BlockMask) -> tuple:
+        """The held query tuple's rows of block ``bm`` and the held K, V's columns (views)."""
+        q = _view(self.cur, bm.row_start - self.lo, bm.row_stop - self.lo, self.flow.own_lse)
+        return q, self.k[:, bm.col_start:bm.col_stop], self.v[:, bm.col_start:bm.col_stop]
+
+    def emit(self, s: TokenRingStep, bm: BlockMask, part: tuple) -> None:
+        """The step's partial: folded here at step 0 (own Q), else sent to its owner with the next exchange."""
+        if s.i == 0:
+            self.flow.fold(bm.row_start, bm.row_stop, part)
+        else:
+            wire = tuple(x.contiguous() if dt is None else x.to(dt).contiguous()
+                         for x, dt in zip(part, self.flow.part_dtypes))
+            self.pending = (s.owner, wire)
+
+    def end(self, s: TokenRingStep) -> None:
+        """Finish the step's exchange and take the next Q block (own Q again after a round's last step)."""
+        self._ex.finish(self.flow)
+        self.expect = s.recv_part
+        if self._ex.q_next is not None:
+            self.cur, self.lo = self._ex.q_next, s.recv_q[0]
+        elif s.i == self.teams.team - 1:
+            self.cur, self.lo = self.flow.own, 0
+
+    def next_round(self, s: TokenRingStep) -> None:
+        """After a round's last step, hold the K, V block received over the outer ring."""
+        if s.i == self.teams.team - 1 and s.j < self.teams.nodes - 1:
+            wait_all(self._kv_reqs)
+            self.k, self.v = self._kv_next
+
+    def final_hop(self) -> None:
+        """The last step's partial goes to its owner after the compute ends (Alg. 1's extra phase)."""
+        _Exchange.post(self.teams, self.flow, self.cur, self.lo, None, self.pending, self.expect).finish(self.flow)
+
+
 # ---------------------------------------------------------------- forward
-
-def _outer_kv_shift(g, teams, cur_k: torch.Tensor, cur_v: torch.Tensor):
-    """Outer Ring of TokenRing x Ring: send this K, V block one team on, receive the previous team's."""
-    p, C = teams.ring.position, teams.team
-    kv_next = (torch.empty_like(cur_k), torch.empty_like(cur_v))
-    reqs = p2p(g, [(cur_k, teams.rank(p + C), _TAG_KV), (cur_v, teams.rank(p + C), _TAG_KV + 1)],
-               [(kv_next[0], teams.rank(p - C), _TAG_KV), (kv_next[1], teams.rank(p - C), _TAG_KV + 1)])
-    return kv_next, reqs
-
 
 def tokenring_forward(q, k, v, teams: Teams, steps, scale, backend=None) -> tuple[torch.Tensor, torch.Tensor]:
     """TokenRing forward (Algorithm 1; hybrid: Sec. 3.3.3): Q one way, (block_out, block_lse) to their owners."""
-    ring, C, N = teams.ring, teams.team, teams.nodes
-    g = ring.group
     acc = lse_dtype(q.dtype)
     b, n, h, _ = q.shape
     out = q.new_zeros(b, n, h, v.shape[-1], dtype=acc)
     lse = torch.full((b, h, n), float("-inf"), dtype=acc, device=q.device)
-    cur_q, lo = q, 0
-    cur_k, cur_v = k, v
-    pending = None  # (owner position, block_out, block_lse): partial of the previous step
-    expect = None  # (holder position, rows): this rank's partial computed in the previous step
-    kv_reqs, kv_next = [], None
+    flow = _Flow(own=(q,), own_lse=False,
+                 new_part=lambda m: (_empty_rows(out, m, q.dtype), _empty_lse(lse, m)), part_dtypes=(None, acc),
+                 fold=lambda r0, r1, part: merge(out[:, r0:r1], lse[..., r0:r1], *part))
+    run = _Pass(teams, flow, k, v)
     for s in steps:
-        sends, recvs = [], []
-        nxt_q = None
-        if s.send_q is not None:
-            sends.append((_row_slice(cur_q, s.send_q[0] - lo, s.send_q[1] - lo), teams.team_prev(), _TAG_Q))
-        if s.recv_q is not None:
-            nxt_q = _empty_rows(q, s.recv_q[1] - s.recv_q[0])
-            recvs.append((nxt_q, teams.team_next(), _TAG_Q))
-        if pending is not None:
-            dst, p_out, p_lse = pending
-            sends += [(p_out, teams.rank(dst), _TAG_PART), (p_lse, teams.rank(dst), _TAG_PART + 1)]
-        got = None
-        if expect is not None:
-            src, (r0, r1) = expect
-            got = (_empty_rows(out, r1 - r0, q.dtype), _empty_lse(lse, r1 - r0), (r0, r1))
-            recvs += [(got[0], teams.rank(src), _TAG_PART), (got[1], teams.rank(src), _TAG_PART + 1)]
-        reqs = p2p(g, sends, recvs)
-        if s.i == 0 and s.j < N - 1:  # outer Ring: the K, V block for round j + 1
-            kv_next, kv_reqs = _outer_kv_shift(g, teams, cur_k, cur_v)
-        pending = None
-        bm = s.mask
-        if bm is not None:
-            r0, r1 = bm.row_start, bm.row_stop
-            b_out, b_lse = block_attention(cur_q[:, r0 - lo:r1 - lo], cur_k[:, bm.col_start:bm.col_stop],
-                                           cur_v[:, bm.col_start:bm.col_stop], scale=scale,
-                                           causal_offset=bm.causal_offset, mask=bm.mask, backend=backend)
-            if s.i == 0:
-                merge(out[:, r0:r1], lse[..., r0:r1], b_out, b_lse)
-            else:
-                pending = (s.owner, b_out.contiguous(), b_lse.to(acc).contiguous())
-        wait_all(reqs)
-        if got is not None:
-            r0, r1 = got[2]
-            merge(out[:, r0:r1], lse[..., r0:r1], got[0], got[1])
-        expect = s.recv_part
-        if nxt_q is not None:
-            cur_q, lo = nxt_q, s.recv_q[0]
-        elif s.i == C - 1:
-            cur_q, lo = q, 0
-        if s.i == C - 1 and s.j < N - 1:
-            wait_all(kv_reqs)
-            cur_k, cur_v = kv_next
-    # the final hop: the last step's partial goes to its owner
-    sends, recvs, got = [], [], None
-    if pending is not None:
-        dst, p_out, p_lse = pending
-        sends += [(p_out, teams.rank(dst), _TAG_PART), (p_lse, teams.rank(dst), _TAG_PART + 1)]
-    if expect is not None:
-        src, (r0, r1) = expect
-        got = (_empty_rows(out, r1 - r0, q.dtype), _empty_lse(lse, r1 - r0), (r0, r1))
-        recvs += [(got[0], teams.rank(src), _TAG_PART), (got[1], teams.rank(src), _TAG_PART + 1)]
-    wait_all(p2p(g, sends, recvs))
-    if got is not None:
-        r0, r1 = got[2]
-        merge(out[:, r0:r1], lse[..., r0:r1], got[0], got[1])
+        run.begin(s)
+        if s.mask is not None:
+            (cq,), ck, cv = run.block(s.mask)
+            run.emit(s, s.mask, block_attention(cq, ck, cv, scale=scale, causal_offset=s.mask.causal_offset,
+                                                mask=s.mask.mask, backend=backend))
+        run.end(s)
+        run.next_round(s)
+    run.final_hop()
     return out.to(q.dtype), lse
 
 
 # ---------------------------------------------------------------- backward
 
+class _GradTravel:
+    """dK, dV of a held block on the outer ring, one round behind K, V: added to at each holder, then home."""
+
+    def __init__(self, teams: Teams, dk_own: torch.Tensor, dv_own: torch.Tensor):
+        self.teams, self.dk_own, self.dv_own = teams, dk_own, dv_own
+        self._reqs, self._in = [], None  # the accumulator arriving from the previous team's holder
+
+    def round_buffers(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Accumulators for round j's held block: the rank's own at round 0, fresh zeros after."""
+        if j == 0:
+            return self.dk_own, self.dv_own
+        return torch.zeros_like(self.dk_own), torch.zeros_like(self.dv_own)
+
+    def pass_on(self, dk_r: torch.Tensor, dv_r: torch.Tensor) -> None:
+        """Add the accumulator received from the previous team and send the sum one team on."""
+        wait_all(self._reqs)
+        if self._in is not None:
+            dk_r += self._in[0]
+            dv_r += self._in[1]
+        self._in = (torch.empty_like(self.dk_own), torch.empty_like(self.dv_own))
+        self._reqs = self.teams.ring.shift([dk_r, dv_r], list(self._in), _TAG_DKV, hops=self.teams.team)
+
+    def home(self) -> None:
+        """Add the contributions of the other teams, sent home by the last round's holder."""
+        if self.teams.nodes > 1:
+            wait_all(self._reqs)
+            self.dk_own += self._in[0]
+            self.dv_own += self._in[1]
+
+
 def tokenring_backward(dout, q, k, v, out, lse, teams: Teams, steps, scale, backend=None):
     """TokenRing backward (module docstring): (Q, dO, O, LSE) one way, dQ partials to their owners,
     dK, dV local inside a team and one round behind K, V on the outer ring."""
-    ring, C, N = teams.ring, teams.team, teams.nodes
-    g = ring.group
     acc = lse_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    dk_own = torch.zeros(k.shape, dtype=acc, device=k.device)
-    dv_own = torch.zeros(v.shape, dtype=acc, device=v.device)
+    grads = _GradTravel(teams, torch.zeros(k.shape, dtype=acc, device=k.device),
+                        torch.zeros(v.shape, dtype=acc, device=v.device))
     dout = dout.contiguous()
-    own = (q, dout, out, lse)
-    cur, lo = own, 0
-    cur_k, cur_v = k, v
-    pending = expect = None
-    kv_reqs, kv_next = [], None
-    dkv_reqs, dkv_in = [], None  # the accumulator arriving from the previous team's holder
-    dk_r = dv_r = None
+    flow = _Flow(own=(q, dout, out, lse), own_lse=True, new_part=lambda m: (_empty_rows(q, m, acc),),
+                 part_dtypes=(acc,), fold=lambda r0, r1, part: dq[:, r0:r1].add_(part[0]))
+    run = _Pass(teams, flow, k, v)
     for s in steps:
         if s.i == 0:
-            dk_r, dv_r = (dk_own, dv_own) if s.j == 0 else (torch.zeros_like(dk_own), torch.zeros_like(dv_own))
-        sends, recvs = [], []
-        nxt = None
-        if s.send_q is not None:
-            a0, a1 = s.send_q[0] - lo, s.send_q[1] - lo
-            dst = teams.team_prev()
-            sends += [(_row_slice(x, a0, a1), dst, _TAG_Q + t) for t, x in enumerate(cur[:3])]
-            sends.append((_lse_slice(cur[3], a0, a1), dst, _TAG_Q + 3))
-        if s.recv_q is not None:
-            m = s.recv_q[1] - s.recv_q[0]
-            nxt = (_empty_rows(q, m), _empty_rows(dout, m), _empty_rows(out, m), _empty_lse(lse, m))
-            recvs += [(x, teams.team_next(), _TAG_Q + t) for t, x in enumerate(nxt)]
-        if pending is not None:
-            sends.append((pending[1], teams.rank(pending[0]), _TAG_PART))
-        got = None
-        if expect is not None:
-            src, (r0, r1) = expect
-            got = (_empty_rows(q, r1 - r0, acc), (r0, r1))
-            recvs.append((got[0], teams.rank(src), _TAG_PART))
-        reqs = p2p(g, sends, recvs)
-        if s.i == 0 and s.j < N - 1:  # outer Ring: the K, V block for round j + 1
-            kv_next, kv_reqs = _outer_kv_shift(g, teams, cur_k, cur_v)
-        pending = None
+            dk_r, dv_r = grads.round_buffers(s.j)
+        run.begin(s)
         bm = s.mask
         if bm is not None:
-            r0, r1 = bm.row_start - lo, bm.row_stop - lo
-            c0, c1 = bm.col_start, bm.col_stop
-            cq, cdo, co, cl = cur
-            gq, gk, gv = block_attention_backward(cdo[:, r0:r1], cq[:, r0:r1], cur_k[:, c0:c1], cur_v[:, c0:c1],
-                                                  co[:, r0:r1], cl[..., r0:r1], scale=scale,
-                                                  causal_offset=bm.causal_offset, mask=bm.mask,
-                                                  backend=backend)
-            dk_r[:, c0:c1] += gk
-            dv_r[:, c0:c1] += gv
-            if s.i == 0:
-                dq[:, bm.row_start:bm.row_stop] += gq
-            else:
-                pending = (s.owner, gq.to(acc).contiguous())
-        wait_all(reqs)
-        if got is not None:
-            r0, r1 = got[1]
-            dq[:, r0:r1] += got[0]
-        expect = s.recv_part
-        if nxt is not None:
-            cur, lo = nxt, s.recv_q[0]
-        elif s.i == C - 1:
-            cur, lo = own, 0
-        if s.i == C - 1 and s.j >= 1:  # the held block's dK, dV move on, one round behind K, V
-            wait_all(dkv_reqs)
-            if dkv_in is not None:
-                dk_r += dkv_in[0]
-                dv_r += dkv_in[1]
-            dkv_in = (torch.empty_like(dk_own), torch.empty_like(dv_own))
-            dkv_reqs = p2p(g, [(dk_r, teams.rank(ring.position + C), _TAG_DKV),
-                                (dv_r, teams.rank(ring.position + C), _TAG_DKV + 1)],
-                            [(dkv_in[0], teams.rank(ring.position - C), _TAG_DKV),
-                             (dkv_in[1], teams.rank(ring.position - C), _TAG_DKV + 1)])
-        if s.i == C - 1 and s.j < N - 1:
-            wait_all(kv_reqs)
-            cur_k, cur_v = kv_next
-    sends, recvs, got = [], [], None
-    if pending is not None:
-        sends.append((pending[1], teams.rank(pending[0]), _TAG_PART))
-    if expect is not None:
-        src, (r0, r1) = expect
-        got = (_empty_rows(q, r1 - r0, acc), (r0, r1))
-        recvs.append((got[0], teams.rank(src), _TAG_PART))
-    wait_all(p2p(g, sends, recvs))
-    if got is not None:
-        dq[:, got[1][0]:got[1][1]] += got[0]
-    if N > 1:  # the last round's holder sent this rank's own block home
-        wait_all(dkv_reqs)
-        dk_own += dkv_in[0]
-        dv_own += dkv_in[1]
-    return dq.to(q.dtype), dk_own.to(k.dtype), dv_own.to(v.dtype)
+            (cq, cdo, co, cl), ck, cv = run.block(bm)
+            gq, gk, gv = block_attention_backward(cdo, cq, ck, cv, co, cl, scale=scale,
+                                                  causal_offset=bm.causal_offset, mask=bm.mask, backend=backend)
+            dk_r[:, bm.col_start:bm.col_stop] += gk
+            dv_r[:, bm.col_start:bm.col_stop] += gv
+            run.emit(s, bm, (gq,))
+        run.end(s)
+        if s.i == teams.team - 1 and s.j >= 1:  # the held block's dK, dV move on, one round behind K, V
+            grads.pass_on(dk_r, dv_r)
+        run.next_round(s)
+    run.final_hop()
+    grads.home()
+    return dq.to(q.dtype), grads.dk_own.to(k.dtype), grads.dv_own.to(v.dtype)
 
 
 # ---------------------------------------------------------------- autograd and entry points
