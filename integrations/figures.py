@@ -231,80 +231,127 @@ def _panels(plan: Plan) -> list[tuple[str, list[list[int]]]]:
     return out or [("(one rank per group)", [[r] for r in range(plan.world_size)])]
 
 
-def cluster_groups(cluster: Cluster, plan: Plan) -> Figure_:
-    """The cluster graph (networkx, Cluster.graph) once per mesh dimension of ``plan``, devices coloured by the
-    group they belong to in that dimension and each group's members joined in rank-list order (rings closed)."""
+@dataclass(frozen=True)
+class _Drawing:
+    """The drawn part of a cluster: its graph, the layout, each drawn rank's position and each link's kind."""
+
+    g: nx.DiGraph
+    pos: dict[str, tuple[float, float]]
+    where: dict[int, tuple[float, float]]  # device position by rank
+    links: dict[tuple[str, str], str]  # each link once, whatever its directions
+    nodes: int
+
+
+def _drawing(cluster: Cluster) -> _Drawing:
+    """Lay out the first ``drawn_nodes`` nodes of the cluster graph, numbering devices by rank."""
     nodes = drawn_nodes(cluster)
     g = cluster.model_copy(update={"nodes": cluster.nodes[:nodes]}).graph()  # only the nodes drawn, however big
     pos = positions(cluster, g, nodes)
     devices = [n for n in g if g.nodes[n].get("role") == "device"]
     rank_of = {n: i for i, n in enumerate(sorted(devices, key=lambda n: (g.nodes[n]["node"], _dev_index(cluster, n))))}
-    where = {r: pos[n] for n, r in rank_of.items()}
-    panels = _panels(plan)
-    cols = 1 if nodes * min(8, cluster.devices_per_node) > 12 else 2
-    rows = (len(panels) + cols - 1) // cols
-    xs = [p[0] for p in pos.values()]
-    ys = [p[1] for p in pos.values()]
+    links = {}
+    for a, b, d in g.edges(data=True):
+        links.setdefault(tuple(sorted((a, b))), d["kind"])
+    return _Drawing(g, pos, {r: pos[n] for n, r in rank_of.items()}, links, nodes)
+
+
+def _graph_figure(cluster: Cluster, d: _Drawing, panels: int) -> tuple[Figure, int, int]:
+    """A figure sized for ``panels`` panels of the drawing at equal aspect: the figure, its rows and columns."""
+    cols = 1 if d.nodes * min(8, cluster.devices_per_node) > 12 else 2
+    rows = (panels + cols - 1) // cols
+    xs = [p[0] for p in d.pos.values()]
+    ys = [p[1] for p in d.pos.values()]
     w = max(xs) - min(xs) + 2
     fw = min(13, max(6.5, 0.55 * w * cols + 0.5))
     unit = fw / (w * cols)  # inches per layout unit (equal aspect): the height follows from the width
-    fig = Figure(figsize=(fw, rows * (unit * (max(ys) - min(ys) + 2) + 0.5) + 0.4), layout="constrained")
-    links = {}  # each link once, whatever its directions
-    for a, b, d in g.edges(data=True):
-        links.setdefault(tuple(sorted((a, b))), d["kind"])
-    kinds = sorted(set(links.values()))
-    for i, (name, gs) in enumerate(panels):
-        ax = fig.add_subplot(rows, cols, i + 1)
-        for kind in kinds:
-            segs = [(pos[a], pos[b]) for a, b in links if links[(a, b)] == kind]
-            ax.add_collection(LineCollection(segs, colors=LINK_COLOURS.get(kind, "#999999"), linewidths=1.0,
-                                             alpha=0.55, zorder=1, label=kind))
-        sw = [n for n in g if g.nodes[n].get("role") != "device"]
-        ax.scatter([pos[n][0] for n in sw], [pos[n][1] for n in sw], marker="s", s=28, color="#dddddd",
-                   edgecolors="#777777", linewidths=0.6, zorder=2)
-        if NET in pos:
-            ax.text(pos[NET][0], pos[NET][1] - 0.45, "network fabric", ha="center", va="top", fontsize=7, color="#555555")
-        colour = {}
-        for gi, members in enumerate(gs):
-            c = GROUP_COLOURS[gi % len(GROUP_COLOURS)]
-            drawn = [r for r in members if r in where]
-            for r in drawn:
+    return Figure(figsize=(fw, rows * (unit * (max(ys) - min(ys) + 2) + 0.5) + 0.4), layout="constrained"), rows, cols
+
+
+def _draw_fabric(ax, d: _Drawing) -> None:
+    """Links coloured by kind, switches, NICs and the fabric as grey squares."""
+    g, pos = d.g, d.pos
+    for kind in sorted(set(d.links.values())):
+        segs = [(pos[a], pos[b]) for a, b in d.links if d.links[(a, b)] == kind]
+        ax.add_collection(LineCollection(segs, colors=LINK_COLOURS.get(kind, "#999999"), linewidths=1.0,
+                                         alpha=0.55, zorder=1, label=kind))
+    sw = [n for n in g if g.nodes[n].get("role") != "device"]
+    ax.scatter([pos[n][0] for n in sw], [pos[n][1] for n in sw], marker="s", s=28, color="#dddddd",
+               edgecolors="#777777", linewidths=0.6, zorder=2)
+    if NET in pos:
+        ax.text(pos[NET][0], pos[NET][1] - 0.45, "network fabric", ha="center", va="top", fontsize=7, color="#555555")
+
+
+def _draw_groups(ax, d: _Drawing, name: str, gs: list[list[int]]) -> None:
+    """Each group's members joined in rank-list order (rings closed, with arrows), devices coloured by group."""
+    where, ring = d.where, name in RING_GROUPS
+    colour = {}
+    for gi, members in enumerate(gs):
+        c = GROUP_COLOURS[gi % len(GROUP_COLOURS)]
+        for r in members:
+            if r in where:
                 colour[r] = c
-            pairs = list(zip(members, members[1:])) + ([(members[-1], members[0])] if name in RING_GROUPS and len(members) > 2 else [])
-            for a, b in pairs:
-                if a in where and b in where:
-                    ax.add_patch(FancyArrowPatch(where[a], where[b], connectionstyle="arc3,rad=0.35", color=c,
-                                                 linewidth=1.6, alpha=0.9, zorder=3,
-                                                 arrowstyle="-|>" if name in RING_GROUPS else "-", mutation_scale=8))
-        ranks = sorted(where)
-        ax.scatter([where[r][0] for r in ranks], [where[r][1] for r in ranks], s=260,
-                   color=[colour.get(r, "#ffffff") for r in ranks], edgecolors="black", linewidths=0.8, zorder=4)
-        for r in ranks:
-            ax.text(*where[r], str(r), ha="center", va="center", fontsize=7, color="white", fontweight="bold", zorder=5)
-        for k in range(nodes):
-            bx = [pos[n][0] for n in g if g.nodes[n].get("node") == k]
-            by = [pos[n][1] for n in g if g.nodes[n].get("node") == k]
-            ax.add_patch(Rectangle((min(bx) - 0.6, min(by) - 0.5), max(bx) - min(bx) + 1.2, max(by) - min(by) + 1.0,
-                                   fill=False, edgecolor="#aaaaaa", linestyle=":", linewidth=0.8, zorder=0))
-            ax.text(min(bx) - 0.5, max(by) + 0.55, f"node {k}", fontsize=7, color="#555555")
-        size = len(gs[0])
-        ax.set_title(f"{name}: {len(gs)} group(s) of {size}", fontsize=9)
-        ax.set_xlim(min(xs) - 1, max(xs) + 1)
-        ax.set_ylim(min(ys) - 1.0, max(ys) + 1.0)
-        ax.set_aspect("equal")
-        ax.axis("off")
-        if i == 0:
-            ax.legend(fontsize=7, loc="lower right", title="links", title_fontsize=7, frameon=False)
-    fig.suptitle(f"{plan.summary()} on {cluster.name}", fontsize=10)
+        pairs = list(zip(members, members[1:])) + ([(members[-1], members[0])] if ring and len(members) > 2 else [])
+        for a, b in pairs:
+            if a in where and b in where:
+                ax.add_patch(FancyArrowPatch(where[a], where[b], connectionstyle="arc3,rad=0.35", color=c,
+                                             linewidth=1.6, alpha=0.9, zorder=3,
+                                             arrowstyle="-|>" if ring else "-", mutation_scale=8))
+    ranks = sorted(where)
+    ax.scatter([where[r][0] for r in ranks], [where[r][1] for r in ranks], s=260,
+               color=[colour.get(r, "#ffffff") for r in ranks], edgecolors="black", linewidths=0.8, zorder=4)
+    for r in ranks:
+        ax.text(*where[r], str(r), ha="center", va="center", fontsize=7, color="white", fontweight="bold", zorder=5)
+
+
+def _draw_nodes(ax, d: _Drawing) -> None:
+    """A dotted box and a label around each drawn node."""
+    g, pos = d.g, d.pos
+    for k in range(d.nodes):
+        bx = [pos[n][0] for n in g if g.nodes[n].get("node") == k]
+        by = [pos[n][1] for n in g if g.nodes[n].get("node") == k]
+        ax.add_patch(Rectangle((min(bx) - 0.6, min(by) - 0.5), max(bx) - min(bx) + 1.2, max(by) - min(by) + 1.0,
+                               fill=False, edgecolor="#aaaaaa", linestyle=":", linewidth=0.8, zorder=0))
+        ax.text(min(bx) - 0.5, max(by) + 0.55, f"node {k}", fontsize=7, color="#555555")
+
+
+def _frame(ax, d: _Drawing, title: str, legend: bool) -> None:
+    """Title, equal-aspect limits around the drawing, no axes; the links' legend on the first panel."""
+    xs = [p[0] for p in d.pos.values()]
+    ys = [p[1] for p in d.pos.values()]
+    ax.set_title(title, fontsize=9)
+    ax.set_xlim(min(xs) - 1, max(xs) + 1)
+    ax.set_ylim(min(ys) - 1.0, max(ys) + 1.0)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    if legend:
+        ax.legend(fontsize=7, loc="lower right", title="links", title_fontsize=7, frameon=False)
+
+
+def _groups_caption(cluster: Cluster, nodes: int) -> str:
+    """The cluster figure's caption, saying which nodes are drawn."""
     shown = (f"All {cluster.num_nodes} node(s) drawn." if nodes == cluster.num_nodes else
              f"The cluster has {cluster.num_nodes} nodes ({cluster.world_size} devices); the first {nodes} node(s) "
              f"(ranks 0-{nodes * cluster.devices_per_node - 1}) are drawn, and groups that leave them are cut at "
              f"their edge; the other nodes repeat the pattern.")
-    return Figure_(_png(fig), "the cluster graph with the plan's groups",
-                   "The cluster's link graph (devices numbered by rank, switches, NICs and the fabric as grey squares, "
-                   "links coloured by kind), once per mesh dimension: devices share a colour when they are in the same "
-                   "group, and each group's members are joined in rank-list order (rings closed, with arrows). "
-                   + shown)
+    return ("The cluster's link graph (devices numbered by rank, switches, NICs and the fabric as grey squares, "
+            "links coloured by kind), once per mesh dimension: devices share a colour when they are in the same "
+            "group, and each group's members are joined in rank-list order (rings closed, with arrows). " + shown)
+
+
+def cluster_groups(cluster: Cluster, plan: Plan) -> Figure_:
+    """The cluster graph (networkx, Cluster.graph) once per mesh dimension of ``plan``, devices coloured by the
+    group they belong to in that dimension and each group's members joined in rank-list order (rings closed)."""
+    d = _drawing(cluster)
+    panels = _panels(plan)
+    fig, rows, cols = _graph_figure(cluster, d, len(panels))
+    for i, (name, gs) in enumerate(panels):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        _draw_fabric(ax, d)
+        _draw_groups(ax, d, name, gs)
+        _draw_nodes(ax, d)
+        _frame(ax, d, f"{name}: {len(gs)} group(s) of {len(gs[0])}", legend=i == 0)
+    fig.suptitle(f"{plan.summary()} on {cluster.name}", fontsize=10)
+    return Figure_(_png(fig), "the cluster graph with the plan's groups", _groups_caption(cluster, d.nodes))
 
 
 def _dev_index(cluster: Cluster, name: str) -> int:
