@@ -1,0 +1,89 @@
+"""One planning pipeline (sp_plan.pipeline): the CLI's --json, the Python API and HTTP answer the same request with
+the same ranked plans, grouped into the same rows of equivalent plans; RankedPlans as a table."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import sp_plan
+from sp_plan.pipeline import EstimateResponse, PlanResponse
+from sp_plan.planner.equivalent import group
+from sp_plan.planner.model import Workload
+from sp_plan.planner.plan import Plan
+from sp_plan.planner.ranking import RankedPlans
+from sp_plan.profiles import load_cluster, load_model
+
+#: a request whose top rows hold equivalent plans (the presets' model prices two mesh orders of tp2 x ulysses4 x
+#: ring2 alike: one row)
+CASE = dict(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len="128k", top=5)
+CLI = ["--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "128k", "--top", "5",
+       "--no-profile"]
+
+
+def cli_json(*args: str) -> dict:
+    r = subprocess.run([sys.executable, "-m", "sp_plan.cli.app", *args, "--json"], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def rows(plans: list[Plan]) -> list[list[str]]:
+    """A flat ranking as rows of equivalent plans (each row: its plan, then its alternatives)."""
+    return [[r.plan.summary()] + [a.summary() for a in r.alternatives] for r in group(plans)]
+
+
+@pytest.fixture(scope="module")
+def api() -> RankedPlans:
+    c, m = load_cluster(CASE["cluster"], CASE["nodes"]), load_model(CASE["model"])
+    return sp_plan.plan(c, m, Workload(seq_len=CASE["seq_len"]), top_k=CASE["top"], profile=False)
+
+
+@pytest.fixture(scope="module")
+def http(tmp_path_factory) -> PlanResponse:
+    from fastapi.testclient import TestClient
+
+    from sp_plan.service.app import create_app
+    from sp_plan.service.settings import Settings
+
+    body = {"cluster": CASE["cluster"], "nodes": CASE["nodes"], "model": CASE["model"],
+            "workload": {"seq_len": CASE["seq_len"]}, "top": CASE["top"], "use_profile": False}
+    with TestClient(create_app(Settings(store=f"sqlite:///{tmp_path_factory.mktemp('store')}/s.db", processes=1))) as client:
+        r = client.post("/v1/plan", json=body)
+    assert r.status_code == 200, r.text
+    return PlanResponse.model_validate(r.json())
+
+
+def test_cli_python_and_http_rank_the_same_plans_in_the_same_rows(api, http):
+    cli = PlanResponse.model_validate(cli_json("plan", *CLI))
+    flat = [p.summary() for p in api.flat()]
+    assert [p.summary() for p in cli.plans] == flat == [p.summary() for p in http.plans]
+    assert [p.predicted for p in cli.plans] == [p.predicted for p in api.flat()] == [p.predicted for p in http.plans]
+    want = [[p.summary()] + [q.summary() for q in api.equivalents(i)] for i, p in enumerate(api)]
+    assert rows(cli.plans) == want == rows(http.plans)
+    assert len(api) == CASE["top"] and any(len(r) > 1 for r in want)  # the case does group equivalent plans
+    assert cli.winner == http.winner and cli.winner.summary() == api[0].summary()
+
+
+def test_ranked_plans_are_a_list_of_plans_with_a_table(api):
+    assert isinstance(api, list) and all(isinstance(p, Plan) for p in api)
+    df = api.to_pandas()
+    assert list(df.columns) == ["rank", "layout", "step_s", "measured_s", "tokens_per_s", "mfu", "peak_memory_bytes",
+                                "equivalents", "vs_first"]
+    assert list(df["rank"]) == list(range(1, len(api) + 1)) and len(df) == len(api)
+    assert list(df["step_s"]) == [p.predicted.step_time_s for p in api]
+    assert df["step_s"].is_monotonic_increasing and df["vs_first"][0] == "-"
+    assert [len(e) for e in df["equivalents"]] == [len(api.equivalents(i)) for i in range(len(api))]
+    assert df["layout"][0].startswith(api[0].summary())
+
+
+def test_estimate_json_is_the_http_response_model(tmp_path, api):
+    path = tmp_path / "p.yaml"
+    api[0].save(path)
+    res = EstimateResponse.model_validate(cli_json("estimate", str(path), "--cluster", "dgx-h100", "--nodes", "2",
+                                                   "--no-profile"))
+    assert res.plan.predicted == api[0].predicted and res.profile is None
+    assert res.plan.predicted == sp_plan.estimate(api[0], load_cluster("dgx-h100", 2), load_model("llama3-8b"),
+                                                  Workload(seq_len="128k"), profile=False)
