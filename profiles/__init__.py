@@ -31,72 +31,96 @@ def preset_spec(name: str) -> dict:
     return yaml_load(path.read_text())
 
 
+def _intra_fabric(intra: dict, names: list[str]) -> tuple[list[Switch], list[Link]]:
+    """The intra-node fabric: one NVSwitch, a full mesh of direct links (NVLink, HCCS), shared memory, or none
+    beyond PCIe."""
+    kind, n = intra["kind"], len(names)
+    cap, lat = intra.get("capacity"), intra.get("latency")
+    if kind == "nvswitch":
+        return [Switch(name="nvswitch", kind="nvswitch")], [
+            Link(src=names[i], dst="nvswitch", kind="nvswitch", capacity=cap, latency=lat) for i in range(n)]
+    if kind in ("hccs", "nvlink"):  # full mesh of direct links
+        return [], [Link(src=names[i], dst=names[j], kind=kind, capacity=cap, latency=lat)
+                    for i in range(n) for j in range(i + 1, n)]
+    if kind == "shm":
+        return [Switch(name="host", kind="cpu")], [
+            Link(src=names[i], dst="host", kind="shm", capacity=cap, latency=lat) for i in range(n)]
+    if kind != "pcie":
+        raise PlanError("intra.kind", f"unknown intra-node fabric {kind!r}", "use nvswitch, nvlink, hccs, shm or pcie")
+    return [], []
+
+
+def _pcie_tree(pcie: dict, names: list[str], sock: str) -> tuple[list[Switch], list[Link], dict[int, str]]:
+    """Host bridges (joined by SMP links), an optional PXB root, and PCIe switches with their devices; also the
+    switch of each device."""
+    n, cap, lat = len(names), pcie["capacity"], pcie["latency"]
+    groups = [g for g in pcie["switches"] if all(i < n for i in g)] or [list(range(n))]
+    sockets = pcie.get("sockets", [list(range(len(groups)))])
+    switches = [Switch(name=f"{sock}{j}", kind="host_bridge") for j, _ in enumerate(sockets)]
+    links = [Link(src=f"{sock}{a}", dst=f"{sock}{a + 1}", kind="smp", capacity=pcie["smp_capacity"], latency=lat)
+             for a in range(len(sockets) - 1)]
+    if pcie.get("tree"):  # PXB: the switches hang off one more bridge below the host bridge
+        switches.append(Switch(name="pcie_root", kind="pcie_switch"))
+        links.append(Link(src="pcie_root", dst=f"{sock}0", kind="pcie", capacity=cap, latency=lat))
+    switch_of: dict[int, str] = {}
+    for k, members in enumerate(groups):
+        sw = f"pcie{k}"
+        switches.append(Switch(name=sw, kind="pcie_switch"))
+        up = "pcie_root" if pcie.get("tree") else f"{sock}{next(j for j, s in enumerate(sockets) if k in s)}"
+        links.append(Link(src=sw, dst=up, kind="pcie", capacity=cap, latency=lat))
+        for i in members:
+            switch_of[i] = sw
+            links.append(Link(src=names[i], dst=sw, kind="pcie", capacity=cap, latency=lat))
+    return switches, links, switch_of
+
+
+def _nic_homes(nics: dict, names: list[str], switch_of: dict[int, str], host: str) -> list[tuple[str, str]]:
+    """Each NIC's name and what it hangs off: its device's switch (or the device), a PCIe switch, or the host."""
+    attach = nics["attach"]
+    if attach == "per_gpu":
+        return [(f"nic{i}", switch_of.get(i, names[i])) for i in range(len(names))]
+    if attach == "per_switch":
+        sws = sorted(set(switch_of.values()), key=lambda s: int(s[4:]))
+        return [(f"nic{k}", s) for k, s in enumerate(sws)]
+    return [(f"nic{k}", host) for k in range(nics.get("count", 1))]  # on the first host bridge or the shm host
+
+
+def _nics(nics: dict, devices: list[Device], switch_of: dict[int, str], pcie: dict | None,
+          sock: str) -> tuple[list[Switch], list[Link]]:
+    """The node's NICs, each linked to its home and to the fabric; sets the NIC each device uses (its own, or
+    the nearest shared one)."""
+    net_kind = {"ib": "ib", "roce": "roce", "ethernet": "ethernet"}[nics["network"]]
+    homes = _nic_homes(nics, [d.name for d in devices], switch_of, f"{sock}0" if pcie else "host")
+    for i, d in enumerate(devices):
+        d.nic = homes[i][0] if nics["attach"] == "per_gpu" else (
+            next((nm for nm, h in homes if h == switch_of.get(i)), homes[0][0]))
+    switches, links = [], []
+    for name, home in homes:
+        switches.append(Switch(name=name, kind="nic", rate=nics["rate"], network=nics["network"]))
+        cap = pcie["capacity"] if pcie else nics["rate"] * 4
+        links.append(Link(src=name, dst=home, kind="pcie" if pcie else "shm", capacity=cap, latency=nics["latency"] / 5))
+        links.append(Link(src=name, dst=NET, kind=net_kind, capacity=nics["rate"], latency=nics["latency"]))
+    return switches, links
+
+
 def build_node_type(spec: dict, devices_per_node: int | None = None) -> NodeType:
     """Expand a preset's node description (devices, intra-node fabric, PCIe tree, NICs) into a NodeType."""
     spec = node_spec(spec, devices_per_node)
-    n = spec["devices_per_node"]
     dev = spec["device"]
     prefix = "cpu" if dev.get("kind") == "cpu" else "gpu"
     sock = "socket" if prefix == "cpu" else "cpu"  # host bridges; CPU rank slots already take the cpuN names
-    devices = [model_from_data(Device, {"name": f"{prefix}{i}", **dev}, "cluster.device") for i in range(n)]
-    switches: list[Switch] = []
-    links: list[Link] = []
-    intra = spec.get("intra", {"kind": "pcie"})
+    devices = [model_from_data(Device, {"name": f"{prefix}{i}", **dev}, "cluster.device")
+               for i in range(spec["devices_per_node"])]
+    names = [d.name for d in devices]
+    switches, links = _intra_fabric(spec.get("intra", {"kind": "pcie"}), names)
     pcie = spec.get("pcie")
-    gpu = lambda i: devices[i].name  # noqa: E731
-
-    if intra["kind"] == "nvswitch":
-        switches.append(Switch(name="nvswitch", kind="nvswitch"))
-        links += [Link(src=gpu(i), dst="nvswitch", kind="nvswitch", capacity=intra["capacity"], latency=intra["latency"]) for i in range(n)]
-    elif intra["kind"] in ("hccs", "nvlink"):  # full mesh of direct links
-        links += [Link(src=gpu(i), dst=gpu(j), kind=intra["kind"], capacity=intra["capacity"], latency=intra["latency"])
-                  for i in range(n) for j in range(i + 1, n)]
-    elif intra["kind"] == "shm":
-        switches.append(Switch(name="host", kind="cpu"))
-        links += [Link(src=gpu(i), dst="host", kind="shm", capacity=intra["capacity"], latency=intra["latency"]) for i in range(n)]
-    elif intra["kind"] != "pcie":
-        raise PlanError("intra.kind", f"unknown intra-node fabric {intra['kind']!r}", "use nvswitch, nvlink, hccs, shm or pcie")
-
     switch_of: dict[int, str] = {}
     if pcie:
-        groups = [g for g in pcie["switches"] if all(i < n for i in g)] or [list(range(n))]
-        sockets = pcie.get("sockets", [list(range(len(groups)))])
-        for j, _ in enumerate(sockets):
-            switches.append(Switch(name=f"{sock}{j}", kind="host_bridge"))
-        for a in range(len(sockets) - 1):
-            links.append(Link(src=f"{sock}{a}", dst=f"{sock}{a + 1}", kind="smp", capacity=pcie["smp_capacity"], latency=pcie["latency"]))
-        if pcie.get("tree"):  # PXB: the switches hang off one more bridge below the host bridge
-            switches.append(Switch(name="pcie_root", kind="pcie_switch"))
-            links.append(Link(src="pcie_root", dst=f"{sock}0", kind="pcie", capacity=pcie["capacity"], latency=pcie["latency"]))
-        for k, members in enumerate(groups):
-            sw = f"pcie{k}"
-            switches.append(Switch(name=sw, kind="pcie_switch"))
-            up = "pcie_root" if pcie.get("tree") else f"{sock}{next(j for j, s in enumerate(sockets) if k in s)}"
-            links.append(Link(src=sw, dst=up, kind="pcie", capacity=pcie["capacity"], latency=pcie["latency"]))
-            for i in members:
-                switch_of[i] = sw
-                links.append(Link(src=gpu(i), dst=sw, kind="pcie", capacity=pcie["capacity"], latency=pcie["latency"]))
-
-    nics = spec.get("nics")
-    if nics:
-        net_kind = {"ib": "ib", "roce": "roce", "ethernet": "ethernet"}[nics["network"]]
-        attach = nics["attach"]
-        if attach == "per_gpu":
-            homes = [(f"nic{i}", switch_of.get(i, gpu(i))) for i in range(n)]
-        elif attach == "per_switch":
-            sws = sorted(set(switch_of.values()), key=lambda s: int(s[4:]))
-            homes = [(f"nic{k}", s) for k, s in enumerate(sws)]
-        else:  # host: on the first host bridge (or the shared-memory host)
-            host = f"{sock}0" if pcie else "host"
-            homes = [(f"nic{k}", host) for k in range(nics.get("count", 1))]
-        for i, d in enumerate(devices):  # the NIC each device uses: its own, or the nearest shared one
-            d.nic = homes[i][0] if attach == "per_gpu" else (
-                next((nm for nm, h in homes if h == switch_of.get(i)), homes[0][0]))
-        for name, home in homes:
-            switches.append(Switch(name=name, kind="nic", rate=nics["rate"], network=nics["network"]))
-            cap = pcie["capacity"] if pcie else nics["rate"] * 4
-            links.append(Link(src=name, dst=home, kind="pcie" if pcie else "shm", capacity=cap, latency=nics["latency"] / 5))
-            links.append(Link(src=name, dst=NET, kind=net_kind, capacity=nics["rate"], latency=nics["latency"]))
+        sw, ln, switch_of = _pcie_tree(pcie, names, sock)
+        switches, links = switches + sw, links + ln
+    if spec.get("nics"):
+        sw, ln = _nics(spec["nics"], devices, switch_of, pcie, sock)
+        switches, links = switches + sw, links + ln
     return NodeType(devices=devices, switches=switches, links=links)
 
 
