@@ -58,3 +58,16 @@ def test_the_reporter_follows_the_flags_and_the_terminal():
     assert isinstance(reporter("tune", ("links",), con, quiet=True), QuietReporter)
     assert isinstance(reporter("tune", ("links",), con, tty=True), RichReporter)
     assert isinstance(reporter("tune", ("links",), con, tty=False), LineReporter)
+
+
+def test_a_long_step_ticking_every_second_prints_a_line_every_ten():
+    clock, buf = Clock(), io.StringIO()
+    rep = LineReporter("tune", clock=clock, stream=buf)
+    rep("candidates", 0, 3, "a (the model's best)")  # the step's start: printed
+    for s in range(1, 26):  # a candidate running: a tick a second, still 0 done
+        clock.t += 1
+        rep("candidates", 0, 3, f"a: running {s} s")
+    rep("candidates", 3, 3, "c: ok")  # the end: printed at once
+    lines = buf.getvalue().splitlines()
+    assert [ln.split(": ", 1)[1] for ln in lines] == ["a (the model's best)", "a: running 10 s", "a: running 20 s",
+                                                      "c: ok"]

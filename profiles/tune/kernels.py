@@ -140,7 +140,7 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
                     gemm_rows: list[int] | None = None, windows: Windows | None = None,
                     budget_s: float | None = None, shapes: list[tuple[int, int]] | None = None,
                     clock: Callable[[], float] = time.monotonic, skipped: list | None = None,
-                    tick: Callable[[int, int, str], None] | None = None,
+                    tick: Callable[[bool, str], None] | None = None, forecast: Forecast | None = None,
                     settings: TuneSettings = SETTINGS) -> list[KernelSample]:
     """Attention block fwd/bwd over ``blocks`` x ``heads`` (or the (block, heads) ``shapes``, most needed first) and
     the model's GEMMs over ``gemm_rows`` (default: blocks). Every kernel is prepared first (inputs, the runtime's
@@ -148,24 +148,25 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
     agrees the start and each kernel's length once every kernel is prepared (so that no rank is still choosing a
     backend when the others start), given the kernels' first-call seconds: the i-th timed kernel runs back to back
     through its window, the windows laid end to end from the start (``timing.time_window``), the same windows on
-    every rank, instead of a median of ``repeats``. With ``budget_s`` (on ``clock``) the first group is always
-    prepared; a later one only where its forecast preparation and its least timing (``Forecast``: the groups
-    prepared so far, scaled by FLOPs) fit what is left, agreed by every rank of the default group (collective);
-    the windows shrink to what is left, and the groups left out go to ``skipped``. ``tick(done, total, message)``
-    says each group prepared."""
+    every rank, instead of a median of ``repeats``. With ``budget_s`` (on ``clock``) a group is prepared only where
+    its forecast preparation and its least timing (``forecast``: the groups prepared so far, here or in an earlier
+    sweep, scaled by FLOPs; none before the first) fit what is left, agreed by every rank of the default group
+    (collective); the windows shrink to what is left, and the groups left out go to ``skipped``.
+    ``tick(advanced, message)`` says each group prepared (advanced True) and each kernel timed."""
     device = torch.device(device)
     name = _DTYPE_NAMES.get(dtype, str(dtype))
     gen = torch.Generator(device="cpu").manual_seed(0)
     rnd = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
     choice = BackendChoice.from_env()
     groups = sweep_groups(blocks, heads, gemm_rows if gemm_rows is not None else blocks, shapes)
-    started, forecast = clock(), Forecast()
+    started, forecast = clock(), forecast if forecast is not None else Forecast()
+    said = tick or (lambda advanced, message: None)
     least = 1 + (settings.window_min_calls if windows is not None else repeats + 1)  # preparing, then timing
     jobs: list[tuple[Callable[[], object], dict]] = []  # (the kernel, its sample's fields but the seconds)
     firsts: list[float] = []
-    for i, g in enumerate(groups):
+    for g in groups:
         flops = group_flops(model, g, causal)
-        if budget_s is not None and i and \
+        if budget_s is not None and forecast.rate and \
                 _agreed(clock() - started + least * forecast.seconds(g, flops), True) > budget_s:
             (skipped if skipped is not None else []).append(g)
             continue
@@ -175,10 +176,10 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
         jobs += new
         firsts += [_first_call(fn, device) for fn, _ in new] if windows is not None else []
         forecast.learn(g, flops, clock() - t0)
-        if tick is not None:
-            tick(i + 1, len(groups), f"prepared {shown_group(g)}")
+        said(True, f"prepared {shown_group(g)}")
     if windows is None:
-        return [KernelSample(seconds=time_call(fn, device, repeats), dtype=name, batch=1, **f) for fn, f in jobs]
+        return [(KernelSample(seconds=time_call(fn, device, repeats), dtype=name, batch=1, **f),
+                 said(False, f"timed {shown_kernel(f)}"))[0] for fn, f in jobs]
     if callable(windows):
         left = None if budget_s is None else max(budget_s - _agreed(clock() - started, True), 0.0)
         start, lengths = windows(firsts) if left is None else windows(firsts, total_s=left)
@@ -189,7 +190,16 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
         t = time_window(fn, device, start, start + 0.9 * each)
         start += each
         out.append(KernelSample(seconds=t, dtype=name, batch=1, **fields))
+        said(False, f"timed {shown_kernel(fields)}")
     return out
+
+
+def shown_kernel(fields: dict) -> str:
+    """A kernel as said: "attention_bwd of 4096-token causal blocks on 8 heads", "matmul 1024 x 4096 x 1024"."""
+    if fields["kind"] == "matmul":
+        return "matmul " + " x ".join(str(x) for x in fields["gemm"])
+    return (f"{fields['kind']} of {fields['size']}-token {'causal' if fields['causal'] else 'dense'} blocks on "
+            f"{fields['heads']} heads")
 
 
 def shown_group(g: tuple) -> str:

@@ -67,13 +67,14 @@ def kernel_timing(opts: TuneOptions, dev: torch.device) -> str:
 def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opts: TuneOptions,
                          budget_s: float | None = None, clock: Callable[[], float] = time.monotonic,
                          skipped: list | None = None, replan: Callable[[list[KernelSample]], float] | None = None,
-                         tick: Callable[[int, int, str], None] | None = None) -> list[dict]:
+                         tick: Callable[[bool, str], None] | None = None) -> list[dict]:
     """Every rank times its own device's kernels for the pool's block shapes; all ranks' samples (collective).
     With ``budget_s`` the sweep runs in two parts: the least sweep (the model's best candidate's largest block and
-    the GEMMs), then, in what ``replan`` (given the least sweep's samples, collective) leaves it, the other shapes
+    its GEMMs), then, in what ``replan`` (given the least sweep's samples, collective) leaves it, the other shapes
     the best candidates run, most needed first (``kernels.measure_kernels``; what it left out goes to
     ``skipped``); the solo-speedup timing is run on the largest block timed whose cost fits what is left."""
-    from .kernels import kernel_priority, kernel_shapes, measure_kernels, shared_windows, sweep_groups, token_rows
+    from .kernels import Forecast, kernel_priority, kernel_shapes, measure_kernels, shared_windows, sweep_groups, \
+        token_rows
 
     dev, t0, s = device(), clock(), opts.settings
     shared = None
@@ -82,21 +83,22 @@ def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opt
                                    fewest=s.window_min_calls)
     sweep = functools.partial(measure_kernels, model, device=dev, dtype=dtype_of(model, dev), causal=work.causal,
                               repeats=opts.kernel_repeats, windows=shared, clock=clock, skipped=skipped, tick=tick,
-                              settings=s)
+                              forecast=Forecast(), settings=s)
     rows = token_rows(pool, work)
     if budget_s is None:
         blocks, heads = kernel_shapes(pool, model, work)
         mine = sweep(blocks, heads, gemm_rows=rows)
     else:
-        shapes = kernel_priority(pool, model, work)
-        mine = sweep([], [], gemm_rows=rows, budget_s=budget_s, shapes=shapes[:1])
+        shapes, best_rows = kernel_priority(pool, model, work), token_rows(pool[:1], work)
+        mine = sweep([], [], gemm_rows=best_rows, budget_s=budget_s, shapes=shapes[:1])
         rest = budget_s - (clock() - t0)
         if replan is not None:
             rest = min(rest, replan(mine))
-        if shapes[1:] and rest > 0:
-            mine += sweep([], [], gemm_rows=[], budget_s=rest, shapes=shapes[1:])
-        elif shapes[1:] and skipped is not None:
-            skipped.extend(sweep_groups([], [], [], shapes[1:]))
+        more = [r for r in rows if r not in best_rows]
+        if (shapes[1:] or more) and rest > 0:
+            mine += sweep([], [], gemm_rows=more, budget_s=rest, shapes=shapes[1:])
+        elif skipped is not None:
+            skipped.extend(sweep_groups([], [], more, shapes[1:]))
     left = None if budget_s is None else budget_s - (clock() - t0)
     alone = alone_shape(mine, dist.get_world_size(), opts.kernel_repeats, left, s)
     if alone is not None:

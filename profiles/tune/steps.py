@@ -175,8 +175,8 @@ def kernels_step(r: TuneRun, pool: list[Plan], links: dict | None) -> Kernels:
     skipped: list = []
     total, count = len(sweep_groups([], [], token_rows(pool, r.work), kernel_priority(pool, r.model, r.work))) + 1, [0]
 
-    def group(_done: int, _groups: int, message: str) -> None:
-        count[0] += 1
+    def group(advanced: bool, message: str) -> None:
+        count[0] += advanced
         r.tick("kernels", count[0], total, message)
     samples = measure.measure_kernels_step(pool, r.model, r.work, r.opts, share, r.budget.clock, skipped,
                                            replan=lambda least: r.decide(lambda: sweep_left(r, pool, least, links)),
@@ -201,8 +201,13 @@ def sweep_left(r: TuneRun, pool: list[Plan], least: list[KernelSample], links: d
     candidates a fit needs, as the model prices them with the kernels timed so far."""
     params = measure.base_params(r.cluster, r.model, [asdict(s) for s in least], links)[0]
     need = fit_need(list(estimates(r.cluster, pool, params, r.opts, {}).values()), r.opts)
-    r.candidates_s = need
-    return r.budget.left() - need
+    r.candidates_s, left = need, r.budget.left()
+    if need > left:
+        k = min(r.opts.budget, r.opts.settings.fit_candidates)
+        r.notes.append(f"the {k} candidate(s) a step-time fit needs are estimated at {fmt(need)} with the kernels "
+                       f"timed, over the {fmt(left)} left: the rest of the kernel sweep is left out, and the fit may "
+                       f"lack them (--max-minutes {r.opts.max_minutes + (need - left) / 60:.1f} would fit)")
+    return left - need
 
 
 def calibrate(r: TuneRun, kernels: Kernels, links: dict | None) -> Calibration:
