@@ -9,6 +9,13 @@ routed, and only node 0's links (and its NICs' links to the fabric, which is tak
 non-blocking) are loaded. The result depends on the pattern and the *shape* of the groups (their
 size and rank strides, the world size), never on a candidate, and is cached by that shape. A
 phase's time is linear in its bytes, so the cache holds seconds per byte and latency per step.
+
+Collectives across nodes run as NCCL runs them: NCCL orders a collective's ring by the topology, not
+by rank (node after node), and runs one ring per channel, its channels crossing the node boundary
+through different NICs (each GPU's nearest one; on a rail-optimized fabric GPU i's is NIC i), so a
+node's inter-node share of an all-gather is spread over all the NICs its members have (NCCL's
+ring graph search, src/graph/search.cc; "Doubling all2all performance with NCCL 2.12", PXN). A
+point-to-point flow (a ring attention round) leaves through its own GPU's NIC.
 """
 from __future__ import annotations
 
@@ -85,6 +92,10 @@ class StepCost:
         if fit is None:
             return self.steps * (nbytes * self.sec_per_byte + self.latency)
         return self.steps * (nbytes * self.sec_per_byte / fit.efficiency + self.latency + fit.alpha_s)
+
+
+#: ring collectives: n-1 (or 2(n-1)) steps of 1/n of the volume around a ring of the group
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 
 
 def pattern_steps(pattern: str, n: int) -> int:
@@ -180,8 +191,8 @@ class LinkEngine:
         steps = pattern_steps(pattern, n)
         if not steps:
             return StepCost(0, 0.0, 0.0, "")
-        if pattern in ("all_gather", "reduce_scatter", "all_reduce"):
-            base = self._cost("shift", shape)
+        if pattern in COLLECTIVES:
+            base = self._cost("channels", shape)
             return (StepCost(steps, base.sec_per_byte / n, base.latency, base.bottleneck, base.link_class)
                     if base.steps else base)
         load: dict[tuple[str, str], float] = {}
@@ -192,8 +203,12 @@ class LinkEngine:
             groups.setdefault(base, []).append(i)
         off = shape.offset
         for base, local in groups.items():
-            for i, j, frac in flows_touching(pattern, n, local):
-                edges, l = self.route(base + off(i), base + off(j))
+            if pattern == "channels":
+                flows = self.channel_flows(shape, base, local)
+            else:
+                flows = [(base + off(i), base + off(j), frac) for i, j, frac in flows_touching(pattern, n, local)]
+            for src, dst, frac in flows:
+                edges, l = self.route(src, dst)
                 lat = max(lat, l)
                 for e in edges:
                     load[e] = load.get(e, 0.0) + frac
@@ -203,6 +218,28 @@ class LinkEngine:
         spb = load[worst] / self.local.edges[worst]["capacity"]
         return StepCost(steps, spb, lat, f"{worst[0]}->{worst[1]} ({self.local.edges[worst]['kind']})",
                         "inter" if NET in worst else ("host" if self.via_host(worst) else "intra"))
+
+    def channel_flows(self, shape: GroupShape, base: int, local: list[int]) -> list[tuple[int, int, float]]:
+        """The node-0 flows (src rank, dst rank, fraction of the volume) of one step of a ring collective on the
+        group at ``base`` whose members on node 0 have the indices ``local``.
+
+        Inside one node, or where the node's members all leave through one NIC, it is one ring in group order
+        (the shift). Across nodes with several NICs it is NCCL's: the ring visits the node's members in rank
+        order and crosses to the next node from its last member, one channel per rotation of that order, so
+        each channel's 1/k of the volume leaves (and enters) through a different member's NIC."""
+        off, n = shape.offset, shape.size
+        mine = sorted(base + off(i) for i in local)
+        if len(mine) == n or len({self.nics.get(self.names[r]) for r in mine}) < 2:
+            return [(base + off(i), base + off(j), frac) for i, j, frac in flows_touching("shift", n, local)]
+        far = next(base + o for o in shape.offsets if not 0 <= base + o < self.gpn)  # a member on another node:
+        # a flow's route on node 0 depends on its node-0 end alone (``route``)
+        k = len(mine)
+        out = []
+        for c in range(k):
+            seg = mine[c:] + mine[:c]
+            out += [(far, seg[0], 1.0 / k), (seg[-1], far, 1.0 / k)]
+            out += [(a, b, 1.0 / k) for a, b in zip(seg[:-1], seg[1:])]
+        return out
 
     def via_host(self, edge: tuple[str, str]) -> bool:
         """Whether a link is the CPU's: the socket interconnect (smp) or a PCIe link into a host bridge, so that
