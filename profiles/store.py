@@ -131,10 +131,10 @@ class Database:
     failures raise StoreError (see the module docstring)."""
 
     def __init__(self, url: str | None = None):
-        #: where the URL came from, named in errors: the caller's (``--store``) or the environment's
-        self.source = ENV_VAR if url is None and os.environ.get(ENV_VAR) else "--store"
+        #: where the URL came from, named in errors: the caller's (``store``, the CLI's --store) or the environment's
+        self.source = ENV_VAR if url is None and os.environ.get(ENV_VAR) else "store"
         if url is not None and not url.strip():
-            raise StoreError("--store", "the store URL is empty", "give a SQLAlchemy URL such as "
+            raise StoreError("store", "the store URL is empty", "give a SQLAlchemy URL such as "
                              "sqlite:////path/store.db, or leave --store out for $SP_PLAN_STORE or the default store")
         self.url = store_url(url)
         self.shown = redact(self.url)
@@ -166,13 +166,13 @@ class Database:
             return sa.create_engine(u, pool_pre_ping=True, connect_args=args)
         path = u.database or ""
         if not path or path == ":memory:" or "mode=memory" in str(u):
-            raise StoreError("--store", f"{url} is an in-memory SQLite database: a profile stored there is gone when "
+            raise StoreError("store", f"{url} is an in-memory SQLite database: a profile stored there is gone when "
                              "the process ends", "give a file, e.g. sqlite:////path/store.db")
         if not path.startswith("file:"):
             if default:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
             elif not Path(path).parent.is_dir():
-                raise StoreError("--store", f"cannot open store {url}: directory {Path(path).parent} does not exist",
+                raise StoreError("store", f"cannot open store {url}: directory {Path(path).parent} does not exist",
                                  "create the directory or pass another --store URL")
         engine = sa.create_engine(u, connect_args={"timeout": 30})
 
@@ -221,7 +221,7 @@ class Database:
             return
         known = {r.revision for r in script.walk_revisions()}
         if current not in known:
-            raise StoreError("--store", f"store {self.shown} has schema revision {current!r}, newer than this sp-plan "
+            raise StoreError("store", f"store {self.shown} has schema revision {current!r}, newer than this sp-plan "
                              f"knows (up to {script.get_current_head()!r})",
                              "upgrade sp-plan (pip install -U sp-plan) or pass another --store URL")
 
@@ -278,7 +278,7 @@ class Database:
             with self.engine.begin() as conn:
                 yield conn
         except sa_exc.SQLAlchemyError as e:
-            raise StoreError("--store", f"store {self.shown} failed ({_first_line(e)})", STORE_FIX) from None
+            raise StoreError("store", f"store {self.shown} failed ({_first_line(e)})", STORE_FIX) from None
 
     @contextmanager
     def reading(self) -> Iterator[sa.Connection]:
@@ -299,7 +299,7 @@ class Database:
             with self._reader.connect() as conn:
                 yield conn
         except sa_exc.SQLAlchemyError as e:
-            raise StoreError("--store", f"store {self.shown} failed ({_first_line(e)})", STORE_FIX) from None
+            raise StoreError("store", f"store {self.shown} failed ({_first_line(e)})", STORE_FIX) from None
 
     def healthy(self) -> bool:
         """True when the database answers and its schema is the one this sp-plan writes."""

@@ -16,10 +16,10 @@ def load_tokens(token_file: str | None = None, listed: str | None = None) -> tup
         try:
             text = Path(token_file).read_text()
         except OSError as e:
-            raise PlanError("--token-file", f"cannot read {token_file} ({e.strerror or e})", "pass a readable file") from None
+            raise PlanError("token_file", f"cannot read {token_file} ({e.strerror or e})", "pass a readable file") from None
         items = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
         if not items:
-            raise PlanError("--token-file", f"{token_file} holds no token", "write one token per line")
+            raise PlanError("token_file", f"{token_file} holds no token", "write one token per line")
     else:
         items = [t.strip() for t in (listed or "").split(",") if t.strip()]
     return tuple(t.encode() for t in items)

@@ -369,7 +369,7 @@ def test_a_lost_database_is_503_and_counted(request, tmp_path):
         assert httpx.get(f"{srv.url}/healthz").status_code == 503
         up = httpx.post(f"{srv.url}/v1/profiles", json=Profile.load(FIXTURE).model_dump(mode="json"),
                         headers={"Authorization": f"Bearer {TOKEN}"})
-        assert up.status_code == 503 and up.json()["error"]["field"] == "--store", up.text
+        assert up.status_code == 503 and up.json()["error"]["field"] == "store", up.text
         assert _metric(srv, "sp_plan_store_errors_total") >= 2
     finally:
         srv.stop()

@@ -112,7 +112,7 @@ def test_newer_schema_refused(url):
     assert not st.healthy()
     with pytest.raises(StoreError) as e:
         Store(url)
-    assert e.value.field == "--store" and "newer" in e.value.problem and "upgrade sp-plan" in e.value.fix
+    assert e.value.field == "store" and "newer" in e.value.problem and "upgrade sp-plan" in e.value.fix
 
 
 @pytest.mark.parametrize("bad", ["nosuch://x", "not a url", "postgresql+psycopg://sp@127.0.0.1:1/db",
@@ -122,7 +122,7 @@ def test_bad_store_url(bad, tmp_path):
     (tmp_path / "afile").write_text("x" * 4096)
     with pytest.raises(StoreError) as e:
         Store(bad.format(tmp=tmp_path))
-    assert e.value.field == "--store" and e.value.fix
+    assert e.value.field == "store" and e.value.fix
     if bad in ("", "sqlite://", "sqlite:///:memory:"):  # nothing to open, or nothing kept: refused as such
         assert ("empty" if not bad else "in-memory") in e.value.problem
     if bad.endswith("afile"):  # a file, not a database: the fix says so, not "is the server up"
@@ -136,7 +136,7 @@ def test_a_bad_store_from_the_environment_names_the_variable(monkeypatch):
     assert e.value.field == "SP_PLAN_STORE" and "nosuch://x" in e.value.problem
     with pytest.raises(PlanError) as e:
         Store("nosuch://y")  # the caller's URL wins, and is named as the caller's
-    assert e.value.field == "--store"
+    assert e.value.field == "store"
 
 
 def test_url_resolution(monkeypatch, tmp_path):
