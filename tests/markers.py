@@ -3,9 +3,15 @@ PostgreSQL server), ``browser`` (opens Chromium), ``netns`` (network namespaces)
 over SLOW_S seconds). ``pytest -m "not slow"`` is the contributor's inner loop.
 
 The marks live in tests/markers.json, written by a whole run with ``pytest --record-markers``: the run watches
-every process a test starts (subprocess, multiprocessing, torch's spawn) and its duration. Without the option the
-recorded marks are applied, and a test that starts a process without its mark is reported in the summary, so the
-file is refreshed when a test changes what it does.
+every process a test starts (subprocess, multiprocessing, torch's spawn) and its duration. What a fixture's setup
+starts or spends counts for every test that uses the fixture, not only for the first one, which happened to set
+it up. Without the option the recorded marks are applied, and a test that starts a process without its mark is
+reported in the summary, so the file is refreshed when a test changes what it does.
+
+A mark written in the test itself counts as well (any kind implies ``slow``): tests that read a world their module
+starts once and caches say ``@pytest.mark.multiprocess`` and ``@pytest.mark.xdist_group(...)``, so that every one
+of them is slow (not just the first) and, under pytest-xdist's ``--dist loadgroup``, they share one worker and the
+world starts once. Namespace tests share one group: they create and delete the same namespaces.
 """
 from __future__ import annotations
 
@@ -24,6 +30,9 @@ KINDS = ("multiprocess", "postgres", "browser", "netns")
 
 _seen: dict[str, set[str]] = {}
 _current: list[str] = []
+#: what each fixture's setup started, and "slow" if it took over SLOW_S: keyed by (base node id, fixture name)
+_fixtures: dict[tuple[str, str], set[str]] = {}
+_setting_up: list[tuple[str, str]] = []
 _unmarked: set[str] = set()
 
 
@@ -41,9 +50,11 @@ def _kinds_of(argv) -> set[str]:
 
 
 def _note(kinds: set[str]) -> None:
-    """Record what the running test started."""
+    """Record what the running test started, and the fixture being set up if any."""
     if _current:
         _seen.setdefault(_current[0], set()).update(kinds)
+    for key in _setting_up:
+        _fixtures.setdefault(key, set()).update(kinds)
 
 
 def _watch() -> None:
@@ -73,6 +84,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    if config.getoption("--record-markers") and getattr(config.option, "numprocesses", None):
+        raise pytest.UsageError("--record-markers watches one process: run it without -n")
     for kind, what in (("slow", "starts a process, server, database or browser, or takes over a second"),
                        ("multiprocess", "starts a process"), ("postgres", "uses a PostgreSQL server"),
                        ("browser", "opens a headless browser"), ("netns", "uses network namespaces")):
@@ -80,17 +93,47 @@ def pytest_configure(config):
     _watch()
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads xdist_group and appends the group to the node id
 def pytest_collection_modifyitems(config, items):
     """Apply the recorded marks (a new test has none until the next recording; the summary names one that starts a
-    process)."""
+    process); a kind written in the test implies slow; namespace tests share one xdist group."""
     marks = load_marks()
     for item in items:
         for kind in marks.get(item.nodeid, ()):
             item.add_marker(getattr(pytest.mark, kind))
+        if any(item.get_closest_marker(kind) for kind in KINDS) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("netns") and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group("netns"))
 
 
 #: fixtures that start a server for the test (in their setup, which may fall on another test of the session)
 FIXTURE_KINDS = {"postgres_url": {"multiprocess", "postgres"}, "chromium": {"multiprocess", "browser"}}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """Watch a shared fixture's setup (module, session...): what it starts and how long it takes count for every
+    test that uses it. A function's fixtures count for their test already."""
+    if fixturedef.scope == "function":
+        yield
+        return
+    key = (fixturedef.baseid, fixturedef.argname)
+    _setting_up.append(key)
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _setting_up.remove(key)
+        if time.perf_counter() - t0 > SLOW_S:
+            _fixtures.setdefault(key, set()).add("slow")
+
+
+def _fixture_kinds(item) -> set[str]:
+    """What the fixtures ``item`` uses started or spent, wherever they were set up."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return set().union(*(_fixtures.get((d.baseid, d.argname), set()) for ds in defs for d in ds))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -114,9 +157,9 @@ def pytest_sessionfinish(session):
     if not session.config.getoption("--record-markers"):
         return
     marks = {k: v for k, v in load_marks().items() if "::" in k}
-    for node in (i.nodeid for i in session.items):
-        kinds = _seen.get(node, set())
-        marks[node] = sorted(kinds | ({"slow"} if kinds else set()))
+    for item in session.items:
+        kinds = _seen.get(item.nodeid, set()) | _fixture_kinds(item)
+        marks[item.nodeid] = sorted(kinds | ({"slow"} if kinds else set()))
     rows = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(marks.items()) if v]
     MARKERS_FILE.write_text("{\n" + ",\n".join(rows) + "\n}\n")
 
@@ -127,3 +170,12 @@ def pytest_terminal_summary(terminalreporter, config):
                                         "(refresh with: pytest --record-markers)")
         for node in sorted(_unmarked)[:20]:
             terminalreporter.write_line(node)
+
+
+def shared_world(name: str):
+    """Mark a test whose cases read gloo worlds that its module starts once and caches: multiprocess on every case
+    (not only on the one that happens to start the world), and one xdist group, so that under pytest-xdist the
+    cases share a worker and each world starts once."""
+    def mark(test):
+        return pytest.mark.xdist_group(name)(pytest.mark.multiprocess(test))
+    return mark

@@ -30,6 +30,7 @@ from sp_plan.runtime.attention import MASKED, attention
 from sp_plan.runtime.kernels import attended, document_ids
 from sp_plan.runtime.variants.ring import BLOCKS, SENT, member_pieces, member_tokens, needed_rounds, sees
 from harness.worlds import run_world
+from markers import shared_world
 from sp_plan.runtime.variants.ulysses import span_masks, span_tiles
 
 BATCH, HEADS, HEAD_DIM = 2, 8, 4
@@ -201,6 +202,7 @@ def world_results(world: int):
     return run_world(_run, world, cases(world), timeout=240)
 
 
+@shared_world("masked_exact")
 @pytest.mark.parametrize("world", WORLDS)
 def test_every_masked_algorithm_matches_single_device_attention(world):
     results, wrong = world_results(world), []
@@ -214,6 +216,7 @@ def test_every_masked_algorithm_matches_single_device_attention(world):
     assert not wrong, "\n".join(wrong)
 
 
+@shared_world("masked_exact")
 @pytest.mark.parametrize("world", WORLDS)
 def test_blocks_the_mask_empties_are_not_computed(world):
     """Each rank runs exactly one kernel per non-empty block in forward and in backward, so a mask that empties
@@ -243,6 +246,7 @@ def expected_hops(case: Case) -> int:
     return max(need)
 
 
+@shared_world("masked_exact")
 @pytest.mark.parametrize("world", WORLDS[1:])
 def test_a_ring_sends_keys_only_as_far_as_the_mask_needs(world):
     """A ring's K, V stop at the last round any member's mask needs (a window talks to near neighbours only, short

@@ -22,6 +22,7 @@ from sp_plan.planner.algorithms import ALGORITHMS, load_all
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import ring_tokens
 from harness.worlds import run_world
+from markers import shared_world
 
 BATCH, SEQ, HEADS, HEAD_DIM = 2, 64, 8, 8
 HIDDEN = HEADS * HEAD_DIM
@@ -141,6 +142,7 @@ def reference(case: Case):
     return [z.detach(), x.grad, w1.grad, w2.grad]
 
 
+@shared_world("metp")
 @pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.id)
 def test_exact_against_single_device_layer(case: Case):
     (got, _), ref = world_results(case.world)[case.id], reference(case)
@@ -152,6 +154,7 @@ def test_exact_against_single_device_layer(case: Case):
         assert err <= tol, f"{case.id}: {name} differs from the single-device layer by {err:.3g} > {tol}"
 
 
+@shared_world("metp")
 @pytest.mark.parametrize("world", [4, 8])
 def test_forward_keeps_table_memory(world: int):
     """What the forward keeps for the backward: FFN X_i (Table 1: b s h / p); MHA X_i, A_i (+ LSE) (Table 2: 2 b s h / p)."""

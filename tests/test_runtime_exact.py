@@ -26,6 +26,7 @@ from sp_plan.runtime.attention import attention
 from sp_plan.runtime.variants.ring import ring_attention
 from exact import DTYPES, TOLERANCE, assemble, sdpa_reference
 from harness.worlds import WorldError, run_world
+from markers import shared_world
 from sp_plan.runtime.variants.ulysses import ulysses_attention
 
 BATCH, SEQ, HEADS, HEAD_DIM = 2, 64, 8, 8
@@ -159,6 +160,7 @@ def reference(case: Case):
     return sdpa_reference(q, k, v, dout, case.causal)
 
 
+@shared_world("runtime_exact")
 @pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.id)
 def test_exact_against_single_process(case: Case):
     got = world_results(case.world)[case.id]

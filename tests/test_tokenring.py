@@ -23,6 +23,7 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import TOKEN_LAYOUTS, ring_tokens
 from sp_plan.runtime.attention import attention
 from harness.worlds import run_world
+from markers import shared_world
 
 BATCH, SEQ, HEADS, HEAD_DIM = 2, 64, 8, 8
 KV_HEADS = (8, 2, 1)
@@ -112,6 +113,7 @@ def reference(case: Case):
     return sdpa_reference(q, k, v, dout, case.causal)
 
 
+@shared_world("tokenring")
 @pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.id)
 def test_exact_against_single_process(case: Case):
     got = world_results(case.world)[case.id]

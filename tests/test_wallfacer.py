@@ -31,6 +31,7 @@ from sp_plan.planner.wallfacer import buffer_parts, sizes
 from sp_plan.profiles import load_cluster, load_model
 from sp_plan.runtime.attention import attention
 from harness.worlds import run_world
+from markers import shared_world
 
 GiB = 2**30
 
@@ -468,6 +469,7 @@ def reference(case: Case, replica: int):
     return sdpa_reference(q, k, v, dout, case.causal)
 
 
+@shared_world("wallfacer")
 @pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.id)
 def test_exact_against_single_process(case: Case):
     tol = TOLERANCE[case.dtype]
