@@ -88,7 +88,8 @@ def test_inference_and_no_causal_flags():
 
 
 def test_estimate_refuses_a_plan_for_another_cluster(tmp_path):
-    from sp_plan.planner import PlanError, Workload, estimate, plan
+    from sp_plan.pipeline import estimate, plan
+    from sp_plan.planner import PlanError, Workload
     from sp_plan.profiles import load_cluster, load_model
 
     m, w = load_model("llama2-7b"), Workload(seq_len="16k")

@@ -195,6 +195,15 @@ def gpu_node(host: HostReport, gpu_ids: list[int], multi_node: bool) -> NodeBuil
     for x in glabels + nlabels:
         if x not in parent:  # no PCIe facts at all (a virtual NIC): on the first socket
             links.append(Link(src=name[x], dst="cpu0", kind="pcie", capacity=cap[x], latency=PCIE_LATENCY))
+    _nvlinks(gpus, gpu_ids, name, switches, links)
+    devices = _gpu_devices(gpus, gpu_ids, name, nic_of, warns)
+    _nic_switches(nics, name, switches, links, warns)
+    nt = NodeType(devices=devices, switches=switches, links=links)
+    return NodeBuild(nt, _nic_kind(nics[0]), {name[n.name]: n.name for n in nics}, warns)
+
+
+def _nvlinks(gpus: dict, gpu_ids: list[int], name: dict[str, str], switches: list, links: list) -> None:
+    """The node's NVSwitch and its links, and the direct NVLinks between GPUs (added to ``switches``, ``links``)."""
     if any(gpus[i].nvswitch_links for i in gpu_ids):
         switches.append(Switch(name="nvswitch", kind="nvswitch"))
         for i in gpu_ids:
@@ -209,6 +218,10 @@ def gpu_node(host: HostReport, gpu_ids: list[int], multi_node: bool) -> NodeBuil
                 speed = min(gpus[a].link_speed, gpus[b].link_speed or gpus[a].link_speed)
                 links.append(Link(src=name[f"GPU{a}"], dst=name[f"GPU{b}"], kind="nvlink", capacity=n_ab * speed,
                                   latency=NVLINK_LATENCY))
+
+
+def _gpu_devices(gpus: dict, gpu_ids: list[int], name: dict[str, str], nic_of: dict, warns: list[str]) -> list[Device]:
+    """The ranks' GPUs as devices, with a warning for a model not in the table or an unknown memory size."""
     devices, unknown, nomem = [], [], []
     for i in gpu_ids:
         g = gpus[i]
@@ -225,6 +238,11 @@ def gpu_node(host: HostReport, gpu_ids: list[int], multi_node: bool) -> NodeBuil
         warns.append(f"{_span(unknown)}: model {names} not in sp-plan's table; placeholder peak FLOP/s")
     if nomem:
         warns.append(f"{_span(nomem)}: memory unknown; 16 GB assumed")
+    return devices
+
+
+def _nic_switches(nics: list[NicInfo], name: dict[str, str], switches: list, links: list, warns: list[str]) -> None:
+    """Each NIC as a switch with its link to the network (a placeholder rate where none is known)."""
     unrated = []
     for n in nics:
         kind = _nic_kind(n)
@@ -235,8 +253,6 @@ def gpu_node(host: HostReport, gpu_ids: list[int], multi_node: bool) -> NodeBuil
         links.append(Link(src=name[n.name], dst=NET, kind=kind, capacity=rate, latency=NET_LATENCY[kind]))
     if unrated:
         warns.append(f"rate of NIC(s) {unrated} unknown; placeholder {gbit(PLACEHOLDER_RATE)} until `sp-plan profile links`")
-    nt = NodeType(devices=devices, switches=switches, links=links)
-    return NodeBuild(nt, _nic_kind(nics[0]), {name[n.name]: n.name for n in nics}, warns)
 
 
 def _span(labels: list[str]) -> str:
