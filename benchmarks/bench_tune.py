@@ -64,7 +64,7 @@ def _world_pool(args):
     from sp_plan.planner.params import Params
     from sp_plan.profiles import load_cluster, load_model
     from sp_plan.profiles.tune.choose import diversify
-    from sp_plan.profiles.tune.run import ranked_plans
+    from sp_plan.profiles.tune.pool import ranked_plans
     from sp_plan.runtime import probe
 
     owned = probe.init_world(300)
@@ -75,7 +75,8 @@ def _world_pool(args):
 
 def worker_truth(args) -> None:
     """(Inside the world) measure every distinct layout that fits; rank 0 writes them as JSON."""
-    from sp_plan.profiles.tune.run import TuneOptions, run_candidate
+    from sp_plan.profiles.tune.measure import run_candidate
+    from sp_plan.profiles.tune.run import TuneOptions
     from sp_plan.runtime import probe
 
     owned, cluster, model, work, pool = _world_pool(args)
@@ -221,7 +222,7 @@ def score(cluster, truth: list[dict], params, profile=None) -> dict:
     planner/measured.py)."""
     from sp_plan.planner.plan import Plan
     from sp_plan.profiles.tune.head_to_head import regret
-    from sp_plan.profiles.tune.run import predict
+    from sp_plan.profiles.tune.pool import predict
 
     ok = [t for t in truth if t["status"] == "ok"]
     plans = {t["summary"]: Plan.model_validate(t["plan"]) for t in ok}
@@ -484,7 +485,7 @@ def decisive(folder: Path, truth: list[dict], n: int, estimator: str, pick: bool
     3 fastest, and with ``pick`` the tune's pick (its best measured) and `sp-plan plan`'s with the profile."""
     from sp_plan.planner.cluster import Cluster
     from sp_plan.planner.plan import Plan
-    from sp_plan.profiles.tune.run import predict
+    from sp_plan.profiles.tune.pool import predict
 
     ok = sorted(truth_by([t for t in truth if t["status"] == "ok"], estimator), key=lambda t: t["measured_s"])
     cluster = Cluster.load(folder / "cluster.yaml")
@@ -502,7 +503,7 @@ def picks(cluster, truth: list[dict], profile) -> dict[str, str | None]:
     measured)."""
     from sp_plan.planner.params import Params
     from sp_plan.planner.plan import Plan
-    from sp_plan.profiles.tune.run import predict
+    from sp_plan.profiles.tune.pool import predict
 
     plans = {t["summary"]: Plan.model_validate(t["plan"]) for t in truth if t["status"] == "ok"}
     cal = {n: predict(cluster, p, profile.params)[0] for n, p in plans.items()}
@@ -537,7 +538,7 @@ def judge_head_to_head(cluster, truth: list[dict], profile, readings: dict) -> d
     from sp_plan.planner.params import Params
     from sp_plan.planner.plan import Plan
     from sp_plan.profiles.tune.head_to_head import regret
-    from sp_plan.profiles.tune.run import predict
+    from sp_plan.profiles.tune.pool import predict
 
     h = head_to_head_times(readings)
     who = picks(cluster, truth, profile)
@@ -719,7 +720,7 @@ def budget_check_world(name: str, tmp: Path) -> dict:
                             "readings": len(c.detail.get("readings_s") or [1])} for c in (prof.candidates if prof else [])],
             "fit_candidates": len(ok), "step_fit": bool(prof) and any("compute efficiency" in f for f in prof.fitted),
             "skipped": [ln for ln in log.splitlines() if " skipped: estimated" in ln or "kernel sweep trimmed" in ln
-                        or ln.startswith("estimated ")],
+                        or ln.startswith("estimated ") or "a step-time fit needs are estimated" in ln],
             "spent": next((ln for ln in log.splitlines() if ln.startswith("spent ")), None)}
 
 

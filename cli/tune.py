@@ -195,7 +195,7 @@ def _print_report(report, st) -> None:
                   f"{p.loo_memory_error_after:.1%} calibrated", highlight=False)
     out.print("fitted: " + ("; ".join(p.fitted) or "nothing (no candidate ran)"), highlight=False)
     for note in [*report.not_fitted, *report.skipped, *report.budget_notes]:
-        out.print(escape(note), highlight=False)
+        out.print(escape(note), highlight=False, soft_wrap=True)  # one line a note, also in a log
     out.print(f"stopped: {report.stop_reason}", highlight=False)
 
 

@@ -22,8 +22,11 @@ class TuneSettings:
     #: a kernel's shared window: this many calls of its slowest rank's first call, at least ``window_min_s``
     window_calls: int = 8
     window_min_s: float = 0.05
-    #: fewest calls of a kernel's first call a budgeted window holds (windows shrink to this to fit the sweep)
-    window_min_calls: int = 2
+    #: fewest calls of a kernel's first call a budgeted window holds (windows shrink to this to fit the sweep): one,
+    #: since a kernel whose windows must shrink this far takes seconds a call, against which its first call's
+    #: allocations are small (on two namespace hosts at a load of 36, two calls of an 8192-token block's kernels
+    #: took 154 s of a 201 s sweep)
+    window_min_calls: int = 1
     #: the solo-speedup timing's together window: this many calls of the slowest rank's time alone, at least this long
     together_calls: int = 8
     together_min_s: float = 0.2
