@@ -37,7 +37,7 @@ from sp_plan.planner.layout import check_token_layout
 
 from . import register
 from ..kernels import block_attention_backward, lse_dtype
-from .ring import Ring, make_ring, p2p, ring_attention, ring_forward, round_masks, wait_all
+from .ring import Ring, TrailingSum, make_ring, p2p, ring_attention, ring_forward, round_masks, wait_all
 
 _TAG_W, _TAG_DW, _TAG_KV, _TAG_DKV = 200, 210, 220, 230
 
@@ -87,7 +87,7 @@ class _METPFunction(torch.autograd.Function):
         dA = torch.zeros_like(A)
         cur, bufs = (b, c), [None, None]
         own = None
-        dw_reqs, dw_in = [], None
+        dw = TrailingSum(ring, _TAG_DW, (b, c), hops=-1)  # to the previous rank, the way the slices travel
         for j in range(p):
             reqs = []
             if j < p - 1:
@@ -105,21 +105,12 @@ class _METPFunction(torch.autograd.Function):
             if j == 0:
                 own = (dB, dC)  # the owner's term stays here; the accumulator starts at step 1
             else:  # Algorithm 2 lines 12-13: the accumulator follows its slice, one step behind
-                wait_all(dw_reqs)
-                if dw_in is not None:
-                    dB += dw_in[0]
-                    dC += dw_in[1]
-                dw_in = (torch.empty_like(b), torch.empty_like(c))
-                dw_reqs = p2p(ring.group, [(dB, _prev(ring), _TAG_DW), (dC, _prev(ring), _TAG_DW + 1)],
-                               [(dw_in[0], _next(ring), _TAG_DW), (dw_in[1], _next(ring), _TAG_DW + 1)])
+                dw.pass_on((dB, dC))
             wait_all(reqs)
             if j < p - 1:
                 cur = nxt
+        dw.home(own)  # the last holder sent this rank's own slices' gradients home
         dB, dC = own
-        if p > 1:  # the last holder sent this rank's own slices' gradients home
-            wait_all(dw_reqs)
-            dB = dB + dw_in[0]
-            dC = dC + dw_in[1]
         return dA.view_as(a), dB, dC, None, None
 
 
@@ -184,7 +175,7 @@ def metp_attention_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale):
     dk_own = torch.zeros(k.shape, dtype=acc, device=k.device)
     dv_own = torch.zeros(v.shape, dtype=acc, device=v.device)
     cur_k, cur_v, bufs = k, v, [None, None]
-    dkv_reqs, dkv_in = [], None
+    dkv = TrailingSum(ring, _TAG_DKV, (dk_own, dv_own))
     p = ring.size
     for r in range(p):
         reqs = []
@@ -202,19 +193,11 @@ def metp_attention_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale):
             dk_r[:, cols] += gk
             dv_r[:, cols] += gv
         if r >= 1:  # rank (position - r)'s accumulator: add the one received, pass it on
-            wait_all(dkv_reqs)
-            if dkv_in is not None:
-                dk_r += dkv_in[0]
-                dv_r += dkv_in[1]
-            dkv_in = (torch.empty_like(dk_own), torch.empty_like(dv_own))
-            dkv_reqs = ring.shift([dk_r, dv_r], list(dkv_in), _TAG_DKV)
+            dkv.pass_on((dk_r, dv_r))
         wait_all(reqs)
         if r < p - 1:
             cur_k, cur_v = nxt
-    if p > 1:
-        wait_all(dkv_reqs)
-        dk_own += dkv_in[0]
-        dv_own += dkv_in[1]
+    dkv.home((dk_own, dv_own))
     return dq.to(q.dtype), dk_own.to(k.dtype), dv_own.to(v.dtype)
 
 

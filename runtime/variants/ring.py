@@ -105,6 +105,63 @@ def make_ring(group: dist.ProcessGroup | None = None, ranks=None) -> Ring:
     return Ring(order, order.index(me), group)
 
 
+class Carried:
+    """Accumulators carried round the ring one hop behind their block (the ring backward's dk, dv; WallFacer's dQ):
+    each holder takes the one received and adds its terms, then sends it on; the last hop takes it home. The
+    buffer sent two rounds back is reused for the next receive."""
+
+    def __init__(self, ring: Ring, tag: int):
+        self.ring, self.tag = ring, tag
+        self._reqs, self._sent, self._recv, self._spare = None, None, None, None
+
+    def take(self, first: bool, fresh) -> tuple:
+        """This round's accumulators: ``fresh()`` in the first round, else the ones received from the last holder."""
+        if first:
+            return fresh()
+        wait_all(self._reqs)
+        self._spare = self._sent
+        return self._recv
+
+    def send(self, acc: tuple, hops: int = 1) -> None:
+        """Send the accumulators ``hops`` ranks on and post the receive of the next ones."""
+        self._recv = self._spare if self._spare is not None else tuple(torch.empty_like(t) for t in acc)
+        self._sent = acc
+        self._reqs = self.ring.shift(list(acc), list(self._recv), self.tag, hops)
+
+    def home(self) -> tuple:
+        """The accumulators of this rank's own block, back after the last hop."""
+        wait_all(self._reqs)
+        return self._recv
+
+
+class TrailingSum:
+    """Accumulators that follow their block one hop behind, each holder adding its terms to the sum received and
+    passing it on; the holder of the last round sends it home (METP Algorithm 2 lines 12-13)."""
+
+    def __init__(self, ring: Ring, tag: int, like: tuple, hops: int = 1):
+        self.ring, self.tag, self.like, self.hops = ring, tag, like, hops
+        self._reqs, self._in = [], None  # the sum arriving from the previous holder
+
+    def pass_on(self, acc: tuple) -> None:
+        """Add the sum received (none before the first pass) to ``acc`` in place and send the total on."""
+        wait_all(self._reqs)
+        if self._in is not None:
+            self._add(acc)
+        self._in = tuple(torch.empty_like(t) for t in self.like)
+        self._reqs = self.ring.shift(list(acc), list(self._in), self.tag, self.hops)
+
+    def home(self, own: tuple) -> None:
+        """Add the sum over the other holders, sent home by the last one, into ``own`` (none travelled: nothing)."""
+        if self._in is None:
+            return
+        wait_all(self._reqs)
+        self._add(own)
+
+    def _add(self, acc: tuple) -> None:
+        for a, x in zip(acc, self._in):
+            a += x
+
+
 @lru_cache(maxsize=256)
 def member_tokens(token_layout: str, size: int, seq_len: int, causal: bool, cu_seqlens: tuple[int, ...] | None,
                   window: int | None) -> tuple:
@@ -333,7 +390,7 @@ def ring_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale, backend=Non
     n = rounds or ring.size
     dq = None
     bufs: list = [(k, v), None, None]
-    dkv_reqs, recv, dkv_spare, sent = None, None, None, None
+    dkv = Carried(ring, _TAG_DK)
     for rd in DoubleBuffer(n).rounds:
         i = rd.index
         kv_reqs = _post(ring, rd, bufs, (k, v), _TAG_K, trace)
@@ -341,24 +398,14 @@ def ring_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale, backend=Non
         cur_k, cur_v = bufs[rd.compute]
         if trace is not None:
             trace.append(("compute", i, rd.compute, cur_k.data_ptr()))
-        if i == 0:  # the accumulator of this rank's own block starts here
-            dkv = (torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device))
-        else:
-            for r in dkv_reqs:
-                r.wait()
-            dkv_spare = sent
-            dkv = recv
-        dq, (dk, dv) = attend_block_backward(dout, q, cur_k, cur_v, out, lse, masks[i], dq, dkv, scale, backend)
-        if n > 1:
-            recv = dkv_spare if dkv_spare is not None else (torch.empty(dk.shape, dtype=acc, device=dk.device),
-                                                            torch.empty(dv.shape, dtype=acc, device=dv.device))
-            sent = (dk, dv)  # the last round's hop takes the accumulator home: n - 1 ranks back (1 on for n = P)
-            dkv_reqs = ring.shift([dk, dv], list(recv), _TAG_DK, 1 if i < n - 1 else 1 - n)
+        acc_kv = dkv.take(i == 0, lambda: (torch.zeros(k.shape, dtype=acc, device=k.device),
+                                           torch.zeros(v.shape, dtype=acc, device=v.device)))
+        dq, (dk, dv) = attend_block_backward(dout, q, cur_k, cur_v, out, lse, masks[i], dq, acc_kv, scale, backend)
+        if n > 1:  # the last round's hop takes the accumulator home: n - 1 ranks back (1 on for n = P)
+            dkv.send((dk, dv), 1 if i < n - 1 else 1 - n)
         _wait(rd, kv_reqs, trace)
     if n > 1:
-        for r in dkv_reqs:
-            r.wait()
-        dk, dv = recv
+        dk, dv = dkv.home()
     if dq is None:
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

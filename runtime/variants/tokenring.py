@@ -64,7 +64,7 @@ from sp_plan.planner.layout import check_token_layout, ring_tokens
 from . import register
 from ..kernels import BlockMask, block_attention, block_attention_backward, causal_block_mask, full_block, local_attention
 from ..kernels import lse_dtype, merge
-from .ring import Ring, make_ring, p2p, wait_all
+from .ring import Ring, TrailingSum, make_ring, p2p, wait_all
 
 _TAG_Q, _TAG_PART, _TAG_KV, _TAG_DKV = 100, 110, 120, 130
 
@@ -326,50 +326,21 @@ def tokenring_forward(q, k, v, teams: Teams, steps, scale, backend=None) -> tupl
 
 # ---------------------------------------------------------------- backward
 
-class _GradTravel:
-    """dK, dV of a held block on the outer ring, one round behind K, V: added to at each holder, then home."""
-
-    def __init__(self, teams: Teams, dk_own: torch.Tensor, dv_own: torch.Tensor):
-        self.teams, self.dk_own, self.dv_own = teams, dk_own, dv_own
-        self._reqs, self._in = [], None  # the accumulator arriving from the previous team's holder
-
-    def round_buffers(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Accumulators for round j's held block: the rank's own at round 0, fresh zeros after."""
-        if j == 0:
-            return self.dk_own, self.dv_own
-        return torch.zeros_like(self.dk_own), torch.zeros_like(self.dv_own)
-
-    def pass_on(self, dk_r: torch.Tensor, dv_r: torch.Tensor) -> None:
-        """Add the accumulator received from the previous team and send the sum one team on."""
-        wait_all(self._reqs)
-        if self._in is not None:
-            dk_r += self._in[0]
-            dv_r += self._in[1]
-        self._in = (torch.empty_like(self.dk_own), torch.empty_like(self.dv_own))
-        self._reqs = self.teams.ring.shift([dk_r, dv_r], list(self._in), _TAG_DKV, hops=self.teams.team)
-
-    def home(self) -> None:
-        """Add the contributions of the other teams, sent home by the last round's holder."""
-        if self.teams.nodes > 1:
-            wait_all(self._reqs)
-            self.dk_own += self._in[0]
-            self.dv_own += self._in[1]
-
-
 def tokenring_backward(dout, q, k, v, out, lse, teams: Teams, steps, scale, backend=None):
     """TokenRing backward (module docstring): (Q, dO, O, LSE) one way, dQ partials to their owners,
     dK, dV local inside a team and one round behind K, V on the outer ring."""
     acc = lse_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    grads = _GradTravel(teams, torch.zeros(k.shape, dtype=acc, device=k.device),
-                        torch.zeros(v.shape, dtype=acc, device=v.device))
+    dk_own = torch.zeros(k.shape, dtype=acc, device=k.device)
+    dv_own = torch.zeros(v.shape, dtype=acc, device=v.device)
+    dkv = TrailingSum(teams.ring, _TAG_DKV, (dk_own, dv_own), hops=teams.team)  # across teams, one round behind
     dout = dout.contiguous()
     flow = _Flow(own=(q, dout, out, lse), own_lse=True, new_part=lambda m: (_empty_rows(q, m, acc),),
                  part_dtypes=(acc,), fold=lambda r0, r1, part: dq[:, r0:r1].add_(part[0]))
     run = _Pass(teams, flow, k, v)
     for s in steps:
-        if s.i == 0:
-            dk_r, dv_r = grads.round_buffers(s.j)
+        if s.i == 0:  # the held block's accumulators: this rank's own in round 0
+            dk_r, dv_r = (dk_own, dv_own) if s.j == 0 else (torch.zeros_like(dk_own), torch.zeros_like(dv_own))
         run.begin(s)
         bm = s.mask
         if bm is not None:
@@ -381,11 +352,11 @@ def tokenring_backward(dout, q, k, v, out, lse, teams: Teams, steps, scale, back
             run.emit(s, bm, (gq,))
         run.end(s)
         if s.i == teams.team - 1 and s.j >= 1:  # the held block's dK, dV move on, one round behind K, V
-            grads.pass_on(dk_r, dv_r)
+            dkv.pass_on((dk_r, dv_r))
         run.next_round(s)
     run.final_hop()
-    grads.home()
-    return dq.to(q.dtype), grads.dk_own.to(k.dtype), grads.dv_own.to(v.dtype)
+    dkv.home((dk_own, dv_own))  # the last round's holder sent this rank's own block home
+    return dq.to(q.dtype), dk_own.to(k.dtype), dv_own.to(v.dtype)
 
 
 # ---------------------------------------------------------------- autograd and entry points

@@ -45,7 +45,7 @@ from sp_plan.planner.layout import (check_team, init_recv, init_send, p2p_neighb
 from . import register
 from ..kernels import (BlockMask, block_attention, block_attention_backward, causal_block_mask, full_block, lse_dtype,
                       local_attention, merge)
-from .ring import Ring
+from .ring import Carried, Ring
 
 _TAG_PLACE, _TAG_KV, _TAG_Q, _TAG_DQ, _TAG_RETURN = 10, 20, 30, 40, 50
 
@@ -269,18 +269,13 @@ def wallfacer_backward(dout, q, k, v, out, lse_team, w: Teams, masks, scale, bac
     dk = torch.zeros(kk.shape, dtype=acc, device=kk.device)
     dv = torch.zeros(vv.shape, dtype=acc, device=vv.device)
     bundle, spare = (q_t, o_t, do_t, lse_team.contiguous()), None
-    dq_reqs, dq_sent, dq_spare, recv = None, None, None, None
+    carried = Carried(ring, _TAG_DQ)
     for i in range(ring.size):
         last = i + 1 == ring.size
         if not last:
             nxt = spare if spare is not None else tuple(torch.empty_like(t) for t in bundle)
             q_reqs = ring.shift(list(bundle), list(nxt), _TAG_Q)
-        if i == 0:
-            dq = torch.zeros(q_t.shape, dtype=acc, device=q.device)
-        else:
-            for r in dq_reqs:
-                r.wait()
-            dq_spare, dq = dq_sent, recv[0]
+        (dq,) = carried.take(i == 0, lambda: (torch.zeros(q_t.shape, dtype=acc, device=q.device),))
         qq, oo, ddo, ll = bundle
         for bm in masks[i]:
             rows, cols = _rows_cols(bm)
@@ -291,18 +286,14 @@ def wallfacer_backward(dout, q, k, v, out, lse_team, w: Teams, masks, scale, bac
             dk[:, cols] += g[1]
             dv[:, cols] += g[2]
         if ring.size > 1:  # dQ one hop behind its bundle; after the last round this is the hop home
-            recv = (dq_spare if dq_spare is not None else torch.empty_like(dq),)
-            dq_sent = dq
-            dq_reqs = ring.shift([dq], list(recv), _TAG_DQ)
+            carried.send((dq,))
         if not last:
             for r in q_reqs:
                 r.wait()
             spare = bundle if i > 0 else None  # round 0's bundle holds the gathered tensors: keep them
             bundle = nxt
     if ring.size > 1:
-        for r in dq_reqs:
-            r.wait()
-        dq = recv[0]
+        (dq,) = carried.home()
     dk_t, dv_t = _exchange(w, [dk, dv], w.recv_from, w.send_to, _TAG_RETURN)  # Algorithm 2 reversed
     dq_l, dk_l, dv_l = team_reduce_scatter(w, [dq, dk_t, dv_t])
     return dq_l.to(q.dtype), dk_l.to(k.dtype), dv_l.to(v.dtype)
