@@ -282,9 +282,9 @@ MASK_MERGES = {"magi_attention": "transformer-engine", "ring_flash_attention": "
 
 def kernel_peak(params: Params, cluster) -> Params:
     """What if the attention kernel kept its peak efficiency at blocks longer than the peak's, as FlashAttention-3
-    (what MagiAttention's baselines ran) does in its paper's figures, each rising with the length through 16k
-    (Shah et al., arXiv 2407.08608, Fig. 5), where the presets' H100 table (SDPA flash) falls from 367 TFLOP/s at 8k
-    to 346 at 32k: each curve made non-decreasing (its running maximum)."""
+    (what MagiAttention's baselines ran) does in its paper's forward figures (Shah et al., arXiv 2407.08608, Fig. 5,
+    head dim 128, non-causal: 638, 646, 648 TFLOP/s at 4k, 8k, 16k), where the presets' H100 table (SDPA flash)
+    falls from 367 TFLOP/s at 8k to 346 at 32k: each curve made non-decreasing (its running maximum)."""
     curves = {}
     for name in ("attention_fwd", "attention_bwd"):
         curve = getattr(params, name)
