@@ -1,7 +1,8 @@
 """The `sp-plan` command: presets, plan, show.
 
-Each command imports what it uses when it runs (the cost engine, the store, SciPy, torch), so a command pays only
-for its own work: `presets` and `--help` load no search, `plan --no-profile` no store.
+Each command imports what it uses when it runs (the cost engine and numpy, the store, SciPy, torch), so a command
+pays only for its own work: `presets` and `--help` load no search, `plan --no-profile` no store; the presets, the
+models and the plan file's checks load with the app.
 """
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import typer
+from pydantic import ValidationError
 from rich.table import Table
+
+import sp_plan
 
 from sp_plan.cli.console import err, out, print_error
 from sp_plan.cli.examples import add_examples
@@ -21,8 +25,10 @@ from sp_plan.cli.options import (JSON_HELP, NO_PROFILE_HELP, PROFILE_DEFAULT, PR
                                  fail, profile_options)
 from sp_plan.cli.workload import masked_workload, plan_workload, print_mask, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.errors import PlanError
+from sp_plan.planner.model import parse_seq_len
 from sp_plan.planner.ranking import secs, summarize, versus_first
 from sp_plan.planner.yamlio import check_writable
+from sp_plan.profiles import cluster_presets, load_cluster, load_model, model_presets, preset_cluster
 from sp_plan.service.collector import collector_paused, skip_final_collection
 
 if TYPE_CHECKING:
@@ -36,8 +42,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 def _version(value: bool) -> None:
     """`sp-plan --version`: the installed package's version, then exit."""
     if value:
-        import sp_plan  # noqa: PLC0415
-
         out.print(f"sp-plan {sp_plan.__version__}", highlight=False)
         raise typer.Exit()
 
@@ -72,8 +76,6 @@ def mfu_text(pred) -> str:
 @app.command()
 def presets() -> None:
     """List the cluster and model presets: devices per node, memory and links; model sizes."""
-    from sp_plan.profiles import cluster_presets, load_model, model_presets, preset_cluster
-
     t = Table(title="cluster presets (per node)")
     for c in ("name", "devices", "device", "memory", "intra-node", "network"):
         t.add_column(c)
@@ -137,7 +139,7 @@ SERVER_HELP = "ask a planner service (`sp-plan serve`) at this URL instead of pl
 
 
 def _client(server: str):
-    from sp_plan.client import Client  # noqa: PLC0415
+    from sp_plan.client import Client  # noqa: PLC0415 - httpx and the pipeline's models: only --server loads them
 
     return Client.from_env(server)
 
@@ -149,11 +151,7 @@ def _is_file(spec) -> bool:
 
 def _request(cls, server: Optional[str], **fields):
     """A service request from the options; with --server, cluster and model files are read here and sent inline."""
-    from pydantic import ValidationError  # noqa: PLC0415
-
     if server:
-        from sp_plan.profiles import load_cluster, load_model  # noqa: PLC0415
-
         if _is_file(fields["cluster"]):
             fields["cluster"], fields["nodes"] = load_cluster(fields["cluster"], fields["nodes"]), None
         if _is_file(fields.get("model")):
@@ -215,8 +213,6 @@ def plan_cmd(
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
-    from sp_plan.planner.model import parse_seq_len  # noqa: PLC0415 - numpy: `presets` and --help do without it
-
     try:
         _check_plan_options(batch, top, trials, output, report, search, profile, no_profile, server, sensitivity)
         w = masked_workload(dict(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference),
@@ -260,8 +256,7 @@ def _check_plan_options(batch: int, top: int, trials: int, output: Optional[Path
 
 def _planned(server: Optional[str], store: Optional[str], storage: Optional[str], **fields):
     """(PlanResponse, the resolved inputs or None) of the pipeline here, or of the service at ``server``."""
-    # the pipeline loads the cost engine (numpy): `presets` and --help do without it
-    from sp_plan.pipeline import PlanRequest, resolve, search  # noqa: PLC0415
+    from sp_plan.pipeline import PlanRequest, resolve, search  # noqa: PLC0415 - numpy: `presets`, --help do without
 
     req = _request(PlanRequest, server, **fields)
     if server:
@@ -309,6 +304,7 @@ def _search_progress(kind: str) -> Iterator[Callable[[int, int], None]]:
     if not err.is_terminal:
         yield None
         return
+    # rich's progress bar (~0.1 s): only a search on a terminal draws one
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
     with Progress(TextColumn(f"{kind} search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -412,7 +408,7 @@ SHOWN_GROUPS = 4
 @app.command()
 def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan plan -o` (or by hand)")) -> None:
     """Print a plan file: layout, the groups its mesh makes (derived from degrees and order) and predictions."""
-    from sp_plan.planner.plan import Plan  # noqa: PLC0415
+    from sp_plan.planner.plan import Plan  # noqa: PLC0415 - numpy: `presets` and --help do without it
 
     try:
         p = Plan.load(path)

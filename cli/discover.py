@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -17,15 +17,14 @@ from rich.table import Table
 from rich.tree import Tree
 
 from sp_plan.cli.console import as_flag, err, out, print_error
-from sp_plan.planner.cluster import NET
+from sp_plan.cli.progress import reporter
+from sp_plan.planner.cluster import NET, Cluster
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.yamlio import check_writable
 from sp_plan.profiles.discover import build_cluster, describe_host, nic_names
 from sp_plan.profiles.discover import sizes as link_sizes
 from sp_plan.profiles.discover.sizes import DEFAULT_SIZES
 
-if TYPE_CHECKING:
-    from sp_plan.planner.cluster import Cluster
 
 profile_app = typer.Typer(no_args_is_help=True, help="Measure this cluster under torchrun and calibrate the cluster file; list, show, export, import and delete stored profiles.")
 
@@ -126,7 +125,7 @@ def discover_cmd(
             check_writable(output)
         describe = _describe_local(sysfs_root, topo_file, no_nvml)
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun: import torch only then
-            from sp_plan.runtime import probe  # noqa: PLC0415
+            from sp_plan.runtime import probe  # noqa: PLC0415 - torch (~2 s): only a measuring command loads it
         if probe is not None and probe.under_torchrun():
             owned = probe.init_world(timeout)
             rank = probe.dist.get_rank()
@@ -167,9 +166,7 @@ def links_cmd(
                                  "or the error) instead of tables"),
 ) -> None:
     """Time send/recv, all-gather, reduce-scatter and all-to-all within and across nodes; fit and store the links."""
-    from sp_plan.cli.progress import reporter  # noqa: PLC0415
-    from sp_plan.planner.cluster import Cluster  # noqa: PLC0415
-    from sp_plan.runtime import probe  # noqa: PLC0415
+    from sp_plan.runtime import probe  # noqa: PLC0415 - torch (~2 s): only a measuring command loads it
 
     rank, owned, db = 0, False, None
     try:
@@ -178,7 +175,7 @@ def links_cmd(
                             "run `torchrun --nproc-per-node N $(which sp-plan) profile links`")
         size_list = parse_sizes(sizes or DEFAULT_SIZES["cuda" if probe.use_cuda() else "cpu"])
         if os.environ.get("RANK", "0") == "0":  # rank 0 writes: a bad --store fails before any measuring
-            from sp_plan.profiles.store import Store  # noqa: PLC0415
+            from sp_plan.profiles.store import Store  # noqa: PLC0415 - SQLAlchemy: only a command that stores loads it
             db = Store(store)
         owned = probe.init_world(max(timeout, 60.0))
         rank = probe.dist.get_rank()
@@ -246,7 +243,8 @@ def print_links(cluster: Cluster) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add `discover` and the `profile` group to the main `sp-plan` app."""
-    from sp_plan.cli import profiles  # noqa: F401, PLC0415 - adds list/show/export/import/delete to profile_app
+    # adds list/show/export/import/delete to profile_app; cli/profiles imports this module's profile_app (a cycle)
+    from sp_plan.cli import profiles  # noqa: F401, PLC0415
 
     app.command("discover")(discover_cmd)
     app.add_typer(profile_app, name="profile")

@@ -13,6 +13,7 @@ from sp_plan.cli.options import STORE_DEFAULT, fail, profile_options
 from sp_plan.cli.workload import plan_workload, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.ranking import secs
+from sp_plan.profiles import cluster_presets, load_cluster, load_model, preset_cluster
 
 if TYPE_CHECKING:
     from sp_plan.planner.cluster import Cluster
@@ -57,8 +58,6 @@ def write_report(path: Path, plans: list[Plan], cluster: Cluster, chosen: int = 
 def plan_cluster(plan: Plan, path: Path) -> Cluster:
     """The preset cluster a plan file was made for: the preset it names (``plan.cluster``, as `plan` writes it) with
     as many nodes as the plan's world fills (``plan.world_size``), checked against the plan's fingerprint."""
-    from sp_plan.profiles import cluster_presets, load_cluster, preset_cluster  # noqa: PLC0415 - as in report_plans
-
     name = plan.cluster or ""
     for preset in sorted(cluster_presets(), key=len, reverse=True):  # the longest preset the name starts with
         per_node = preset_cluster(preset, 1).devices_per_node
@@ -136,7 +135,6 @@ def _report_inputs(path: Optional[Path], cluster: Optional[str], nodes: Optional
                    seed: Optional[int]) -> tuple[Optional[Plan], Cluster, ModelSpec, Workload]:
     """The plan file (if any), cluster, model and workload a report is about: the flags, else the plan file's."""
     from sp_plan.planner.plan import Plan  # noqa: PLC0415 - as in report_plans
-    from sp_plan.profiles import load_cluster, load_model  # noqa: PLC0415 - as in report_plans
 
     given = Plan.load(path) if path else None
     if given is None and (cluster is None or model is None or seq_len is None):

@@ -15,9 +15,9 @@ from rich.table import Table
 
 from sp_plan.cli.console import out
 from sp_plan.planner.errors import PlanError
+from sp_plan.planner.model import Workload, parse_seq_len
 
 if TYPE_CHECKING:
-    from sp_plan.planner.model import Workload
     from sp_plan.planner.plan import Plan
 
 DOCUMENTS_HELP = ("lengths of the documents packed into each sequence: a file of lengths (one integer a line, or a "
@@ -81,8 +81,6 @@ def masked_workload(fields: dict[str, Any], documents: Optional[str] = None, win
                     window_pattern: Optional[str] = None, seed: Optional[int] = None,
                     base: Optional[Workload] = None) -> Workload:
     """A Workload of ``fields`` (seq_len, batch, ...) with the mask flags; errors name the flag."""
-    from sp_plan.planner.model import Workload  # noqa: PLC0415 - numpy, as the pipeline (module docstring)
-
     mask = resolve_mask(documents, window, window_pattern, seed, base)
     try:
         return Workload(**fields, **mask)
@@ -95,8 +93,6 @@ def plan_workload(base: Optional[Workload], seq_len: Optional[str], batch: Optio
                   window_pattern: Optional[str] = None, seed: Optional[int] = None) -> Workload:
     """A plan file's workload (``base``) with the flags that replace its fields (None: the plan's, else the
     defaults); ``base`` None needs ``seq_len``."""
-    from sp_plan.planner.model import parse_seq_len  # noqa: PLC0415 - numpy, as the pipeline (module docstring)
-
     fields = dict(seq_len=parse_seq_len(seq_len) if seq_len else base.seq_len,
                   batch=batch or (base.batch if base else 1),
                   causal=causal if causal is not None else (base.causal if base else True),
@@ -112,6 +108,8 @@ def print_notes(w: Workload) -> None:
 
 def mask_line(w: Optional[Workload]) -> str:
     """The workload's documents and window in a few words ('' without them): ``sp_plan.pipeline.mask_line``."""
+    if w is None or (w.documents is None and w.window is None):
+        return ""
     from sp_plan.pipeline import mask_line as line  # noqa: PLC0415 - see the module docstring
 
     return line(w)
@@ -133,6 +131,9 @@ def _shown(n: int) -> list[int | None]:
 
 def rank_work_table(p: Plan) -> tuple[Table, str] | None:
     """The per-ring-rank table of a sample pack (tokens, score entries) and its imbalance line; None without a mask."""
+    w = p.workload
+    if w is None or (w.documents is None and w.window is None):  # nothing to show: `show` loads no pipeline
+        return None
     from sp_plan.pipeline import rank_work  # noqa: PLC0415 - see the module docstring
 
     rw = rank_work(p)
