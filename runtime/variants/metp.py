@@ -207,6 +207,29 @@ def _broadcast(tensors: list, owned: bool, src: int, group, bufs) -> tuple[list,
     return out, [dist.broadcast(t, src=src, group=group, async_op=True) for t in out]
 
 
+def _group_weights(ring: Ring, w_qkv: torch.Tensor, w_proj: torch.Tensor):
+    """Each head group j's (W_qkv_j, W_proj_j) in turn, broadcast by rank j, the next group's slices in flight
+    while this group computes (Algorithm 5 line 4, Algorithm 6): yields (j, W_qkv_j, W_proj_j)."""
+    pools = [[torch.empty_like(w_qkv), torch.empty_like(w_proj)] for _ in range(2)]
+    cur, works = _broadcast([w_qkv, w_proj], ring.position == 0, ring.ranks[0], ring.group, pools[0])
+    for j in range(ring.size):
+        wait_all(works)
+        wq, wp = cur
+        if j < ring.size - 1:
+            cur, works = _broadcast([w_qkv, w_proj], ring.position == j + 1, ring.ranks[j + 1], ring.group,
+                                    pools[(j + 1) % 2])
+        yield j, wq, wp
+
+
+def _split_qkv(qkv: torch.Tensor, hq: int, hk: int, d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q (hq heads), K and V (hk heads each) of a head group from X W_qkv_j, as (batch, seq, heads, d) blocks."""
+    b, n = qkv.shape[:2]
+    q = qkv[..., :hq * d].reshape(b, n, hq, d).contiguous()
+    k = qkv[..., hq * d:(hq + hk) * d].reshape(b, n, hk, d).contiguous()
+    v = qkv[..., (hq + hk) * d:].reshape(b, n, hk, d).contiguous()
+    return q, k, v
+
+
 class _METPMHAFunction(torch.autograd.Function):
     """Two-level METP MHA: forward Algorithm 5 (inner: Algorithm 3), backward Algorithm 6 (inner: Algorithm 4)."""
 
@@ -221,18 +244,8 @@ class _METPMHAFunction(torch.autograd.Function):
         out = x.new_zeros(b, n, h)
         attn = x.new_empty(b, n, heads, d)  # A_i: saved for the backward (Table 2: 2 b s h / p with X_i)
         lse = torch.empty(b, heads, n, dtype=lse_dtype(x.dtype), device=x.device)
-        pools = [[torch.empty_like(w_qkv), torch.empty_like(w_proj)] for _ in range(2)]
-        cur, works = _broadcast([w_qkv, w_proj], ring.position == 0, ring.ranks[0], ring.group, pools[0])
-        for j in range(p):
-            wait_all(works)
-            wq, wp = cur
-            if j < p - 1:  # the next group's slices arrive while this group computes
-                cur, works = _broadcast([w_qkv, w_proj], ring.position == j + 1, ring.ranks[j + 1], ring.group,
-                                        pools[(j + 1) % 2])
-            qkv = x @ wq  # Q_ij, K_ij, V_ij = X_i W_qkv_j
-            q = qkv[..., :hq * d].reshape(b, n, hq, d).contiguous()
-            k = qkv[..., hq * d:(hq + hk) * d].reshape(b, n, hk, d).contiguous()
-            v = qkv[..., (hq + hk) * d:].reshape(b, n, hk, d).contiguous()
+        for j, wq, wp in _group_weights(ring, w_qkv, w_proj):
+            q, k, v = _split_qkv(x @ wq, hq, hk, d)  # Q_ij, K_ij, V_ij = X_i W_qkv_j
             a, l = ring_forward(q, k, v, ring, masks, scale)  # Algorithm 3
             heads_j = slice(j * hq, (j + 1) * hq)
             attn[:, :, heads_j] = a
@@ -253,21 +266,11 @@ class _METPMHAFunction(torch.autograd.Function):
         dO = dout.reshape(-1, h)
         dx = torch.zeros_like(X)
         grads: list = []
-        pools = [[torch.empty_like(w_qkv), torch.empty_like(w_proj)] for _ in range(2)]
-        cur, works = _broadcast([w_qkv, w_proj], ring.position == 0, ring.ranks[0], ring.group, pools[0])
-        for j in range(p):
-            wait_all(works)
-            wq, wp = cur
-            if j < p - 1:
-                cur, works = _broadcast([w_qkv, w_proj], ring.position == j + 1, ring.ranks[j + 1], ring.group,
-                                        pools[(j + 1) % 2])
+        for j, wq, wp in _group_weights(ring, w_qkv, w_proj):
             heads_j = slice(j * hq, (j + 1) * hq)
             a = attn[:, :, heads_j].contiguous()
             d_wp = a.reshape(-1, hq * d).T @ dO  # dW_proj_j = A_ij^T dO_i
-            qkv = x @ wq  # recompute (Algorithm 6 line 6)
-            q = qkv[..., :hq * d].reshape(b, n, hq, d).contiguous()
-            k = qkv[..., hq * d:(hq + hk) * d].reshape(b, n, hk, d).contiguous()
-            v = qkv[..., (hq + hk) * d:].reshape(b, n, hk, d).contiguous()
+            q, k, v = _split_qkv(x @ wq, hq, hk, d)  # recompute (Algorithm 6 line 6)
             da = (dO @ wp.T).reshape(b, n, hq, d)  # dA_ij = dO_i W_proj_j^T
             dq, dk, dv = metp_attention_backward(da, q, k, v, a, lse[:, heads_j].contiguous(), ring, masks, scale)
             dqkv = torch.cat([dq.reshape(b * n, -1), dk.reshape(b * n, -1), dv.reshape(b * n, -1)], dim=1)
