@@ -266,6 +266,16 @@ def _post(ring: Ring, rd, bufs: list, like: tuple, tag: int, trace) -> list:
     return ring.shift(list(bufs[rd.compute]), list(bufs[rd.recv]), tag)
 
 
+def _start_round(ring: Ring, rd, bufs: list, kv: tuple, trace, pass_: str) -> tuple:
+    """Post round ``rd``'s K, V shift (counted in ``SENT[pass_]``): its requests and the K, V block to compute on."""
+    reqs = _post(ring, rd, bufs, kv, _TAG_K, trace)
+    SENT[pass_] += rd.recv is not None
+    cur_k, cur_v = bufs[rd.compute]
+    if trace is not None:
+        trace.append(("compute", rd.index, rd.compute, cur_k.data_ptr()))
+    return reqs, cur_k, cur_v
+
+
 def _wait(rd, reqs, trace) -> None:
     wait_all(reqs)
     if trace is not None and rd.recv is not None:
@@ -366,13 +376,8 @@ def ring_forward(q, k, v, ring: Ring, masks, scale, backend=None, trace=None,
     out = lse = None
     bufs: list = [(k, v), None, None]
     for rd in DoubleBuffer(rounds or ring.size).rounds:
-        i = rd.index
-        reqs = _post(ring, rd, bufs, (k, v), _TAG_K, trace)
-        SENT["forward"] += rd.recv is not None
-        cur_k, cur_v = bufs[rd.compute]
-        if trace is not None:
-            trace.append(("compute", i, rd.compute, cur_k.data_ptr()))
-        out, lse = attend_block(q, cur_k, cur_v, masks[i], out, lse, scale, backend)
+        reqs, cur_k, cur_v = _start_round(ring, rd, bufs, (k, v), trace, "forward")
+        out, lse = attend_block(q, cur_k, cur_v, masks[rd.index], out, lse, scale, backend)
         _wait(rd, reqs, trace)
     if out is None:  # a member holding no tokens of a packed sequence
         out, lse = seen_nothing(q, v)
@@ -393,11 +398,7 @@ def ring_backward(dout, q, k, v, out, lse, ring: Ring, masks, scale, backend=Non
     dkv = Carried(ring, _TAG_DK)
     for rd in DoubleBuffer(n).rounds:
         i = rd.index
-        kv_reqs = _post(ring, rd, bufs, (k, v), _TAG_K, trace)
-        SENT["backward"] += rd.recv is not None
-        cur_k, cur_v = bufs[rd.compute]
-        if trace is not None:
-            trace.append(("compute", i, rd.compute, cur_k.data_ptr()))
+        kv_reqs, cur_k, cur_v = _start_round(ring, rd, bufs, (k, v), trace, "backward")
         acc_kv = dkv.take(i == 0, lambda: (torch.zeros(k.shape, dtype=acc, device=k.device),
                                            torch.zeros(v.shape, dtype=acc, device=v.device)))
         dq, (dk, dv) = attend_block_backward(dout, q, cur_k, cur_v, out, lse, masks[i], dq, acc_kv, scale, backend)
