@@ -23,7 +23,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sp_plan.planner.cluster import Cluster
-from sp_plan.planner.errors import PlanError
+from sp_plan.planner.errors import PlanError, require_extra
 from sp_plan.planner.estimate import Estimator
 from sp_plan.planner.masks import imbalance, sample_rank_work
 from sp_plan.planner.measured import mark
@@ -63,6 +63,8 @@ def documents_definition(spec, files: bool = True):
     from sp_plan.profiles.documents import documents_from_file, resolve_documents  # noqa: PLC0415
 
     if isinstance(spec, (str, Path)) and files:
+        if str(spec).endswith(".parquet"):  # pandas reads Parquet through pyarrow, the parquet extra
+            require_extra("pyarrow", "parquet", "documents")
         return documents_from_file(spec) if isinstance(spec, Path) else resolve_documents(spec)
     if isinstance(spec, Path):
         raise PlanError("documents", "a file is read where the request is made",

@@ -87,3 +87,22 @@ def test_estimate_json_is_the_http_response_model(tmp_path, api):
     assert res.plan.predicted == api[0].predicted and res.profile is None
     assert res.plan.predicted == sp_plan.estimate(api[0], load_cluster("dgx-h100", 2), load_model("llama3-8b"),
                                                   Workload(seq_len="128k"), profile=False)
+
+
+def test_a_parquet_file_of_lengths_without_its_extra_names_the_install(monkeypatch, tmp_path):
+    import importlib
+
+    from sp_plan.pipeline import documents_definition
+    from sp_plan.planner.errors import MissingExtra
+
+    real = importlib.import_module
+
+    def without_pyarrow(name, *args, **kw):
+        if name == "pyarrow":
+            raise ImportError("No module named 'pyarrow'")
+        return real(name, *args, **kw)
+
+    monkeypatch.setattr(importlib, "import_module", without_pyarrow)
+    with pytest.raises(MissingExtra) as e:
+        documents_definition(str(tmp_path / "lengths.parquet"))
+    assert e.value.field == "documents" and "sp-plan[parquet]" in e.value.fix
