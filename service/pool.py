@@ -85,6 +85,7 @@ class SearchPool:
         self.executor = self._start()
 
     def _start(self) -> ProcessPoolExecutor:
+        """A fresh pool of spawned processes, each watching this server (die_with_parent)."""
         return ProcessPoolExecutor(self.processes, mp_context=get_context("spawn"), initializer=die_with_parent,
                                    initargs=(os.getpid(),))
 
@@ -102,4 +103,5 @@ class SearchPool:
         await asyncio.gather(*(self.run("search", "retry", warm_job) for _ in range(self.processes)))
 
     def close(self) -> None:
+        """Stop the pool without waiting for the jobs in flight."""
         self.executor.shutdown(wait=False, cancel_futures=True)

@@ -31,6 +31,7 @@ class Service:
         self.answers = Answers(self.store, settings.cache_size, offload=self.db)
 
     def close(self) -> None:
+        """Stop the search pool and release the store's connections."""
         self.pool.close()
         self.store.close()
 

@@ -344,7 +344,7 @@ def test_sigkill_and_restart_lose_nothing_acknowledged(server):
     workers = _children(server.proc.pid)
     assert workers, "the search ran in the pool"
     server.kill()
-    deadline = time.monotonic() + 15  # the pool's workers follow their server (service.app.die_with_parent)
+    deadline = time.monotonic() + 15  # the pool's workers follow their server (service.pool.die_with_parent)
     while any(_alive(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_alive(w) for w in workers), "orphaned search workers outlived the killed server"
