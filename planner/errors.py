@@ -2,6 +2,10 @@
 
 Not a ValueError on purpose: pydantic would wrap a ValueError raised in a validator, and we want
 the field and fix to reach the user as written.
+
+Its subclasses say what kind of failure it is (``NotFound``: an unknown name; ``Unavailable`` and ``StoreError``:
+something the input needs is down), so an adapter picks its answer by class: the service its HTTP status
+(service/errors.py), never by the field's text.
 """
 
 
