@@ -110,6 +110,7 @@ def test_answers_are_computed_once_stored_and_read_again(tmp_path):
     store.close()
 
 
+@pytest.mark.multiprocess  # the app's search pool
 def test_a_failing_store_is_503_with_the_json_body_and_counted(tmp_path):
     url = f"sqlite:///{tmp_path}/s.db"
     with TestClient(create_app(Settings(store=url, processes=1))) as c:
