@@ -269,10 +269,12 @@ class Flag:
 
 
 def process_started(clock=time.monotonic) -> float | None:
-    """The reading of ``clock`` (monotonic) when this process started, where /proc says (else None): --max-minutes
-    counts from there, so the imports and the world's start are inside it."""
+    """The reading of ``clock`` (monotonic) when this command started, where /proc says (else None): under torchrun
+    its launcher's start, else this process's. --max-minutes counts from there, so the imports and the world's start
+    are inside it."""
+    pid = os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else os.getpid()  # torchrun sets it in its workers
     try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
         age = float(Path("/proc/uptime").read_text().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None

@@ -39,9 +39,9 @@ class TuneSettings:
     surprise_spread: float = 2.0
     #: contenders read again at most in the confirm step: the best measured and two runners-up
     max_contenders: int = 3
-    #: seconds of --max-minutes kept after the measurements: the last fit, storing the profile, the report, leaving
-    #: the world (the measurements stop this long before the end)
-    finish_s: float = 10.0
+    #: seconds of --max-minutes kept after the measurements: stopping the candidate in flight, the last fit, storing
+    #: the profile, the report, leaving the world (on 4 CPU ranks at a load of 32 these took 36 s)
+    finish_s: float = 30.0
 
 
 #: the settings a tune uses unless its options carry others
