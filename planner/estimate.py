@@ -19,6 +19,8 @@ from functools import reduce
 
 import numpy as np
 
+from .bounds import Bounds
+
 from .candidate import Candidate
 from .cluster import Cluster
 from .engine import GroupShape, LinkEngine
@@ -31,11 +33,11 @@ from .model import ModelSpec, Workload
 from .params import Params
 from .algorithms import ALGORITHMS
 from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction
-from .schedules import (DDP_BUCKET_BYTES, Comm, Compute, Shape, Step, attention_blocks, attention_steps,
-                        balanced_attention, bucket_share, bucketed_exposure, grad_sync, head_steps, layer_schedule,
-                        pipeline_p2p, scaled, shard_params)
-from .stages import (balanced_stage_layers, check_interleaved_micro_batches, check_virtual_stages,
-                     resolve_stage_layers)
+from .parts import RING_FREE_PARTS, SCHEDULE_PARTS, schedule_key
+from .schedules import (DDP_BUCKET_BYTES, Comm, Compute, Shape, Step, attention_steps, bucket_share,
+                        bucketed_exposure, grad_sync, scaled, shard_params)
+from .stages import (balanced_stage_layers, bubble_time, busiest_stage, check_interleaved_micro_batches,
+                     check_virtual_stages, pipeline_time, resolve_stage_layers)
 
 
 #: fraction of device memory a plan may use (the rest: CUDA context, allocator fragmentation)
@@ -59,37 +61,6 @@ class SearchStats:
     schedules_built: int = 0
     schedule_lookups: int = 0
     prices_computed: int = 0
-
-
-#: schedule parts whose phases run on tp and pp only: the same for every algorithm and token layout
-RING_FREE_PARTS = ("fwd-linear", "bwd-linear", "head", "pp")
-
-
-def schedule_key(part: str, c: Shape) -> tuple:
-    """What a schedule part depends on: never dp, pp only for the stage sends; the attention parts on the
-    (algorithm, ring, team, placement, token layout) shape and the volumes (tp, ulysses, mbs), the others
-    on the volumes alone (and, for the linear parts, whether the algorithm runs Megatron TP-sp); made once per
-    shape and part (``Shape.keys``)."""
-    key = c.keys.get(part)
-    if key is None:
-        key = c.keys[part] = _schedule_key(part, c)
-    return key
-
-
-def _schedule_key(part: str, c: Shape) -> tuple:
-    """``schedule_key``, made."""
-    if part in RING_FREE_PARTS:
-        tp_sp = ALGORITHMS[c.algorithm].tp_sp if part != "head" and part != "pp" else True
-        return (part, tp_sp, c.ulysses, c.ring, c.tp, c.mbs, c.pp if part == "pp" else 1)
-    return (part, c.algorithm, c.ulysses, c.ring, c.team, c.placement, c.token_layout, c.tp, c.mbs)
-
-
-SCHEDULE_PARTS = {  # "fwd" and "bwd" (layer_schedule) are their linear part + attention_steps
-    "fwd-linear": lambda c, train: layer_schedule(c, backward=False, attention=False),
-    "bwd-linear": lambda c, train: layer_schedule(c, backward=True, attention=False),
-    "head": head_steps,
-    "pp": pipeline_p2p,
-}
 
 
 @dataclass
@@ -191,25 +162,6 @@ def shared_cores(balance: tuple, s: float) -> float:
     return sum(b if b > 1 / s else 1 / s for b in balance) / len(balance)
 
 
-def busiest_stage(stage_layers: tuple[int, ...], layer, head):
-    """Seconds of the busiest of uneven pipeline stages: the most layers before the last, or the last's layers and
-    the LM head (``layer``, ``head``: floats or arrays per mesh order)."""
-    return np.maximum(max(stage_layers[:-1]) * layer, stage_layers[-1] * layer + head)
-
-
-def pipeline_time(m: int, pp: int, v: int, stage):
-    """Seconds of m micro-batches through pp stages of ``stage`` seconds each: m stages and the bubble."""
-    if v == 1:
-        return (m + pp - 1) * stage
-    return m * stage + bubble_time(pp, v, stage)
-
-
-def bubble_time(pp: int, v: int, stage):
-    """The pipeline's idle time: (pp - 1) stages under 1F1B, (pp - 1) chunks of 1/v stage interleaved (Narayanan et
-    al. 2021, §2.2.2: bubble (p - 1) (t_f + t_b) / v)."""
-    return (pp - 1) * stage if v == 1 else (pp - 1) * stage / v
-
-
 def _scaled(priced: Priced, k: float, i: int = 0) -> list:
     return [(n, kind, g, b * k, float(s[i]) * k, float(x[i]) * k) for n, kind, g, b, s, x in priced.rows]
 
@@ -240,6 +192,7 @@ class Estimator:
         self._shapes: dict = {}  # candidate sizes -> Shape
         self._curve_at: dict = {}  # (backward, block length) -> attention efficiency read from params' curves
         self._acts: dict = {}  # (sizes, checkpointing) -> activation bytes (fitting)
+        self.bounds = Bounds(self)  # the search's lower bounds over these prices (planner/bounds.py)
 
     # ---- schedules and their prices, once per shape
     def schedule(self, part: str, c: Shape) -> list[Step]:
@@ -293,27 +246,6 @@ class Estimator:
             self._busy[key] = t
         return t
 
-    def attention_busy(self, part: str, c: Shape) -> float:
-        """Compute seconds of the attention steps of ``part`` ("fwd" or "bwd"): the schedule past its linear part,
-        as k x (its unit's per-call seconds) + calls x round overhead (``attention_steps_of``; a bound's value,
-        equal to the schedule's sum up to rounding)."""
-        one, k = self.bound_unit(part, c)
-        a, calls = self._attention_linear(part, one)
-        o = self.params.round_overhead_s
-        return k * a + calls * o if o else k * a
-
-    def _attention_linear(self, part: str, one: Shape) -> tuple[float, int]:
-        """(seconds without the per-call overhead, attention calls) of the attention steps of a bound unit: plain
-        and overlapped steps together (``_floor_linear``)."""
-        (a_plain, n_plain, a_over, n_over), _ = self._floor_linear(part, one)
-        return a_plain + a_over, n_plain + n_over
-
-    def _seconds_at_one(self, p: Compute) -> float:
-        """``compute_time`` of a phase without the per-call overhead: linear in its volume (attention, memory;
-        a GEMM at its own rows)."""
-        o = self.params.round_overhead_s
-        return self.compute_time(p) - o * self.calls(p) if o and p.kind == "attention" else self.compute_time(p)
-
     def calls(self, p: Compute, share: float | None = None) -> float:
         """Attention calls of ``p`` that pay the per-call overhead on the busiest rank's time: its calls, times its
         ``share`` (``self.share(p)`` unless given) where the round's fixed cost follows the work (``Compute.trimmed``:
@@ -327,80 +259,6 @@ class Estimator:
         """``shared_cores`` of an attention phase's balance where ranks share cores, else 1."""
         s = self.params.solo_speedup
         return shared_cores(p.balance, s) if p.balance and s > 1 else 1.0
-
-    def _floor_linear(self, part: str, one: Shape) -> tuple[tuple, dict]:
-        """``attention_floor``'s parts of a bound unit, linear in k: (plain seconds without per-call overhead,
-        plain attention calls, the same for overlapped steps) and (slot, pattern, dims) -> (a phase, bytes x
-        repeats, repeats). k = 1 but for ``batch_linear`` algorithms, whose steps hold no GEMM (METP's read the
-        matmul curve at their rows, not linear in k)."""
-        key = ("floor linear",) + schedule_key(part, one)
-        v = self._busy.get(key)
-        if v is None:
-            a, n, sums = [0.0, 0.0], [0, 0], {}
-            steps, _ = self.attention_steps_of(part, one)
-            for st in steps:
-                j = 0
-                for p in st.phases:
-                    if isinstance(p, Compute):
-                        if p.kind == "matmul" and ALGORITHMS[one.algorithm].batch_linear:  # rows x k: not linear
-                            raise NotImplementedError(f"{one.algorithm}: a GEMM in a batch_linear attention schedule")
-                        a[st.overlap] += self._seconds_at_one(p) * st.repeat
-                        n[st.overlap] += st.repeat * self.calls(p) if p.kind == "attention" else 0
-                    else:  # (coefficients read the pattern and dims alone)
-                        slot = (j if st.overlap else "plain", p.pattern, p.dim)
-                        q, b, r = sums.get(slot, (p, 0.0, 0))
-                        sums[slot] = (q, b + p.nbytes * st.repeat, r + st.repeat)
-                        j += 1
-            v = self._busy[key] = ((a[0], n[0], a[1], n[1]), sums)
-        return v
-
-    def bound_unit(self, part: str, c: Shape) -> tuple[Shape, float]:
-        """The shape whose attention steps a bound reads for ``part`` of ``c``, and the factor k on their volumes:
-        one sequence at tp 1 where the algorithm is ``batch_linear`` and every head count per rank is
-        heads / (tp x ulysses) (the KV heads divisible by tp x ulysses, none replicated), so FLOPs, merge and
-        message bytes are c.mbs / c.tp x the unit's and block lengths the same (shared by every tp and
-        micro-batch); else ``unit`` and c.mbs (1 for ``c`` itself)."""
-        alg = ALGORITHMS[c.algorithm]
-        m, tu = self.model, c.tp * c.ulysses
-        if alg.batch_linear and (c.tp > 1 or c.mbs > 1) and m.kv_heads % tu == 0 and m.heads % tu == 0:
-            key = c.key[:4] + (1, c.key[5], 1) + c.key[7:]
-            return self._shapes.get(key) or self._shape(key), c.mbs / c.tp
-        one = self.unit(part, c)
-        return one, (1 if one is c else c.mbs)
-
-    def attention_steps_of(self, part: str, c: Shape) -> tuple[list[Step], float]:
-        """The attention steps of ``part`` of ``c`` (past its linear part) and the factor k their volumes are
-        scaled by (``bound_unit``): a bound reads them without building ``c``'s own schedule."""
-        one, k = self.bound_unit(part, c)
-        return self.schedule(part, one)[len(self.schedule(part + "-linear", one)):], k
-
-    def attention_floor(self, part: str, c: Shape, orders: Orders) -> np.ndarray:
-        """Per order, a floor under the seconds of ``part``'s attention steps: plain steps exactly (compute plus
-        communication); overlapped ones at least their compute and at least each phase slot's communication
-        (slot j: the j-th communication phase of every overlapped step, which runs beside the others)."""
-        key = ("attention floor",) + schedule_key(part, c)
-        parts = self._busy.get(key)
-        if parts is None:  # busy (plain, overlapped); (slot, pattern, dims) -> (a phase, bytes x repeats, repeats)
-            one, k = self.bound_unit(part, c)
-            (a_plain, n_plain, a_over, n_over), unit_sums = self._floor_linear(part, one)
-            o = self.params.round_overhead_s or 0.0
-            busy = [k * a_plain + n_plain * o, k * a_over + n_over * o]
-            sums = {slot: (q, b * k, r) for slot, (q, b, r) in unit_sums.items()}
-            # the communication alone, as a key: token layouts of one variant move the same bytes
-            comm = tuple((slot, b, r) for slot, (_, b, r) in sums.items())
-            parts = self._busy[key] = (busy, sums, comm)
-        (plain, overlapped), sums, comm = parts
-        ckey = ("floor comm", orders, comm)
-        slots = self._prices.get(ckey)
-        if slots is None:
-            slots = {}  # engine costs are linear in bytes: a slot's phases of one pattern summed at once
-            for (j, _, _), (q, b, r) in sums.items():
-                steps, spb, lat = orders.coefficients(q)
-                slots[j] = slots.get(j, 0.0) + steps * (b * spb + r * lat)
-            exposed = slots.pop("plain", 0.0)
-            slots = self._prices[ckey] = (exposed, list(slots.values()))
-        exposed, overlapped_comm = slots
-        return plain + exposed + reduce(np.maximum, overlapped_comm, np.full(len(orders.orders), overlapped))
 
     # ---- phase costs
     def orders(self, degrees: dict[str, int], orders: list[tuple[str, ...]], placement: str | None = None) -> Orders:
@@ -642,57 +500,18 @@ class Estimator:
         """Step times, shape (orders, policies), of ``base``'s degrees and token layout under each mesh
         order and memory policy (ZeRO stage, checkpointing, micro-batch size); with ``detail`` the
         breakdown rows of the first order and policy; with ``bound`` a lower bound instead, the attention
-        counted as ``attention_floor`` ("busy") or as ``balanced_time`` ("balanced"), and with ``sync`` False
-        the gradient sync as nothing (a lower bound that routes no dp x sp group)."""
+        counted as ``Bounds.attention_floor`` ("busy") or as ``Bounds.balanced_time`` ("balanced"), and with ``sync``
+        False the gradient sync as nothing (a lower bound that routes no dp x sp group)."""
         train = self.work.training
         out = np.empty((len(orders.orders), len(policies)))
         rows = None
-
-        def get(part, c):
-            if bound and part in ("fwd", "bwd"):  # the linear part priced, the attention's compute alone
-                key = (orders, schedule_key(part, c), bound)
-                priced = self._prices.get(key)
-                if priced is None:
-                    if bound == "busy":  # at least its compute, at least its communication
-                        busy, att = self.attention_busy(part, c), self.attention_floor(part, c, orders)
-                    else:
-                        busy = att = self.balanced_time(c, part == "bwd")
-                    lin = self.price_part(part + "-linear", c, orders)
-                    priced = self._prices[key] = Priced(lin.seconds + att, lin.compute + busy, ())
-                return priced
-            return self.price_part(part, c, orders, rows=detail)
-
-        stages: dict = {}  # (checkpointing, micro-batch) -> parts, stage, pipeline seconds, backward compute
+        pipelines: dict = {}  # (checkpointing, micro-batch) -> parts, stage, pipeline seconds, backward compute, rows
         syncs_of: dict = {}  # ZeRO stage -> grad_syncs
         for j, (zero, ckpt, mbs) in enumerate(policies):
             c = self.shape(base, mbs)
-            Lp, m, pp = c.layers_per_stage, c.micro_batches, base.pp
-            if (ckpt, mbs) not in stages:
-                parts = [(get("fwd", c), Lp, "")]
-                bwd_compute = 0.0
-                if train:
-                    if ckpt == "full":
-                        parts.append((parts[0][0], Lp, "recompute "))
-                    elif ckpt == "attention_boundary":
-                        parts.append((get("fwd-linear", c), Lp, "recompute "))
-                    bwd = get("bwd", c)
-                    parts.append((bwd, Lp, ""))
-                    bwd_compute = bwd.compute * Lp * m
-                head = get("head", c)
-                parts.append((head, 1, ""))
-                if pp > 1:  # a boundary a chunk: v sends a micro-batch each way
-                    parts.append((get("pp", c), base.virtual_stages, ""))
-                if c.stage_layers is None:
-                    stage = sum(p.seconds * k for p, k, _ in parts)
-                    overhead = (self.layer_overhead(ckpt) + self.tp_overhead(c, ckpt)) * Lp
-                    if overhead:
-                        stage = stage + overhead
-                    n_rows = Lp
-                else:  # uneven stages: the pipeline runs at its busiest stage's pace
-                    stage, parts, n_rows = self.uneven_stage(c, ckpt, parts, head)
-                stages[ckpt, mbs] = (parts, stage, pipeline_time(m, pp, base.virtual_stages, stage), bwd_compute,
-                                     n_rows)
-            parts, stage, t, bwd_compute, n_rows = stages[ckpt, mbs]
+            if (ckpt, mbs) not in pipelines:
+                pipelines[ckpt, mbs] = self._pipeline(base, c, ckpt, orders, detail, bound)
+            parts, stage, t, bwd_compute, n_rows = pipelines[ckpt, mbs]
             sync_rows = []
             if train and (sync or not bound):  # bucketed sync overlaps the backward pass; its last bucket cannot
                 if zero not in syncs_of:
@@ -706,20 +525,71 @@ class Estimator:
                                   float(s[0] * share[0])) for p, s in syncs]
             out[:, j] = t
             if detail and j == 0:
-                rows = []
-                for p, k, pre in parts:
-                    rows += [(pre + n, *rest) for n, *rest in _scaled(p, k * m)]
-                if self.layer_overhead(ckpt):
-                    o = self.layer_overhead(ckpt) * n_rows * m
-                    rows.append(("layer overhead", "compute", None, 0.0, o, o))
-                if self.tp_overhead(c, ckpt):
-                    o = self.tp_overhead(c, ckpt) * n_rows * m
-                    rows.append(("tp collective overhead", "communication", "tp", 0.0, o, o))
-                if pp > 1:
-                    bubble = bubble_time(pp, base.virtual_stages, float(stage[0]))
-                    rows.append(("pipeline bubble", "bubble", "pp", 0.0, bubble, bubble))
-                rows += sync_rows
+                rows = self._breakdown(base, c, ckpt, parts, stage, n_rows) + sync_rows
         return out, rows
+
+    def _part(self, part: str, c: Shape, orders: Orders, detail: bool, bound: str | None) -> Priced:
+        """A schedule part priced under ``orders``; with ``bound`` the layer parts' attention at its floor (its
+        linear part priced exactly)."""
+        if not (bound and part in ("fwd", "bwd")):
+            return self.price_part(part, c, orders, rows=detail)
+        key = (orders, schedule_key(part, c), bound)
+        priced = self._prices.get(key)
+        if priced is None:
+            if bound == "busy":  # at least its compute, at least its communication
+                busy, att = self.bounds.attention_busy(part, c), self.bounds.attention_floor(part, c, orders)
+            else:
+                busy = att = self.bounds.balanced_time(c, part == "bwd")
+            lin = self.price_part(part + "-linear", c, orders)
+            priced = self._prices[key] = Priced(lin.seconds + att, lin.compute + busy, ())
+        return priced
+
+    def _pipeline(self, base: Candidate, c: Shape, ckpt: str, orders: Orders, detail: bool,
+                  bound: str | None) -> tuple:
+        """One checkpointing's (parts, stage seconds, pipeline seconds, backward compute, layers in the breakdown):
+        the busiest stage's layer parts, head and sends, through m micro-batches and the bubble."""
+        Lp, m, pp = c.layers_per_stage, c.micro_batches, base.pp
+        parts = [(self._part("fwd", c, orders, detail, bound), Lp, "")]
+        bwd_compute = 0.0
+        if self.work.training:
+            if ckpt == "full":
+                parts.append((parts[0][0], Lp, "recompute "))
+            elif ckpt == "attention_boundary":
+                parts.append((self._part("fwd-linear", c, orders, detail, bound), Lp, "recompute "))
+            bwd = self._part("bwd", c, orders, detail, bound)
+            parts.append((bwd, Lp, ""))
+            bwd_compute = bwd.compute * Lp * m
+        head = self._part("head", c, orders, detail, bound)
+        parts.append((head, 1, ""))
+        if pp > 1:  # a boundary a chunk: v sends a micro-batch each way
+            parts.append((self._part("pp", c, orders, detail, bound), base.virtual_stages, ""))
+        if c.stage_layers is None:
+            stage = sum(p.seconds * k for p, k, _ in parts)
+            overhead = (self.layer_overhead(ckpt) + self.tp_overhead(c, ckpt)) * Lp
+            if overhead:
+                stage = stage + overhead
+            n_rows = Lp
+        else:  # uneven stages: the pipeline runs at its busiest stage's pace
+            stage, parts, n_rows = self.uneven_stage(c, ckpt, parts, head)
+        return parts, stage, pipeline_time(m, pp, base.virtual_stages, stage), bwd_compute, n_rows
+
+    def _breakdown(self, base: Candidate, c: Shape, ckpt: str, parts: list, stage, n_rows: int) -> list:
+        """The breakdown rows of a step's pipeline under the first mesh order: its parts over m micro-batches, the
+        fixed overheads and the bubble (the gradient sync's rows come from ``evaluate_orders``)."""
+        m = c.micro_batches
+        rows = []
+        for p, k, pre in parts:
+            rows += [(pre + n, *rest) for n, *rest in _scaled(p, k * m)]
+        if self.layer_overhead(ckpt):
+            o = self.layer_overhead(ckpt) * n_rows * m
+            rows.append(("layer overhead", "compute", None, 0.0, o, o))
+        if self.tp_overhead(c, ckpt):
+            o = self.tp_overhead(c, ckpt) * n_rows * m
+            rows.append(("tp collective overhead", "communication", "tp", 0.0, o, o))
+        if base.pp > 1:
+            bubble = bubble_time(base.pp, base.virtual_stages, float(stage[0]))
+            rows.append(("pipeline bubble", "bubble", "pp", 0.0, bubble, bubble))
+        return rows
 
     def uneven_stage(self, c: Shape, ckpt: str, parts: list, head: Priced) -> tuple:
         """Per mesh order, the busiest of ``c``'s uneven stages (``busiest_stage``) plus its sends; and the parts
@@ -776,110 +646,31 @@ class Estimator:
             out = self._prices[key] = (syncs, sum(s for _, s in syncs))
         return out
 
+    # ---- the search's names for the bounds, which live in planner/bounds.py (``self.bounds``)
     def compute_bound(self, base: Candidate, policies: list[tuple[int, str, int]]) -> float:
-        """A lower bound on the step time of ``base``'s degrees and token layout under any mesh order and
-        these policies: the pipeline of compute phases alone (communication only adds time)."""
-        train = self.work.training
-        best = float("inf")
-        busy, att = self.busy, self.attention_busy
-        seen: dict = {}
-        for _zero, ckpt, mbs in policies:
-            c = self.shape(base, mbs)
-            key = (ckpt, mbs)
-            if key not in seen:  # each part: its linear compute and its attention's (read from the bound unit)
-                fwd = busy("fwd-linear", c) + att("fwd", c)
-                layer = fwd
-                if train:
-                    layer += busy("bwd-linear", c) + att("bwd", c)
-                    if ckpt == "full":
-                        layer += fwd
-                    elif ckpt == "attention_boundary":
-                        layer += busy("fwd-linear", c)
-                if c.stage_layers is None:
-                    stage = c.layers_per_stage * layer + busy("head", c)
-                else:
-                    stage = float(busiest_stage(c.stage_layers, layer, busy("head", c)))
-                # a hair below: sums' rounding
-                seen[key] = pipeline_time(c.micro_batches, base.pp, base.virtual_stages, stage) * (1 - 1e-9)
-            best = min(best, seen[key])
-        return best
+        """``Bounds.compute_bound``."""
+        return self.bounds.compute_bound(base, policies)
 
     def comm_bounds(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
                     attention: str = "busy", sync: bool = True) -> list[float]:
-        """Per policy, a lower bound on the step time of ``base`` under any of ``orders``: the step priced
-        exactly but for the attention, which counts a floor from its compute and communication
-        (``attention_floor``; "balanced": its even-share compute, under that of any variant with ``base``'s
-        linear part), and with ``sync`` False for the gradient sync, left out; a hair below, so that
-        rounding never lifts it above the exact price."""
-        times, _ = self.evaluate_orders(base, orders, policies, bound=attention, sync=sync)
-        return [float(t) * (1 - 1e-9) for t in times.min(axis=0)]
+        """``Bounds.comm_bounds``."""
+        return self.bounds.comm_bounds(base, orders, policies, attention, sync)
 
     def degrees_bound(self, probe: Candidate, micro_batch_sizes: list[int]) -> float:
-        """A lower bound on the step time of every algorithm variant, token layout, mesh order and memory
-        policy of ``probe``'s degrees (the least of ``micro_batch_bounds``)."""
-        return min(self.micro_batch_bounds(probe, micro_batch_sizes).values())
+        """``Bounds.degrees_bound``."""
+        return self.bounds.degrees_bound(probe, micro_batch_sizes)
 
     def micro_batch_bounds(self, probe: Candidate, micro_batch_sizes: list[int]) -> dict[int, float]:
-        """Per micro-batch size, a lower bound on the step time of every algorithm variant, token layout,
-        mesh order, ZeRO stage and checkpointing of ``probe``'s degrees: linear and head compute, and
-        attention at its even share (``balanced_attention``), pipelined without recomputation and without
-        communication (``policy_floor`` without recomputation)."""
-        return {mbs: self.policy_floor(probe, (0, "none", mbs)) for mbs in micro_batch_sizes}
+        """``Bounds.micro_batch_bounds``."""
+        return self.bounds.micro_batch_bounds(probe, micro_batch_sizes)
 
     def policy_floor(self, probe: Candidate, policy: tuple[int, str, int]) -> float:
-        """A lower bound on the step time of every algorithm variant, token layout and mesh order of ``probe``'s
-        degrees under one memory policy: ``micro_batch_bounds`` plus the recomputation its checkpointing adds
-        (full: the forward again, attention at its even share; attention_boundary: the forward's linear part)."""
-        _, ckpt, mbs = policy
-        stages = self.stages_of(probe)
-        key = ("policy floor", probe.dp, probe.pp, probe.tp, probe.ulysses, probe.ring, ckpt, mbs, stages,
-               probe.virtual_stages)
-        t = self._busy.get(key)
-        if t is None:
-            lkey = ("policy layer", probe.tp, probe.ulysses, probe.ring, ckpt, mbs)  # its parts read no dp, no pp
-            parts = self._busy.get(lkey)
-            if parts is None:
-                c = self.shape(probe, mbs)
-                fwd = self.busy("fwd-linear", c) + self.balanced_time(c, False)
-                layer = fwd
-                if self.work.training:
-                    layer += self.busy("bwd-linear", c) + self.balanced_time(c, True)
-                    if ckpt == "full":
-                        layer += fwd
-                    elif ckpt == "attention_boundary":
-                        layer += self.busy("fwd-linear", c)
-                parts = self._busy[lkey] = (layer, self.busy("head", c))
-            layer, head = parts
-            m = max(self.work.batch // (probe.dp * mbs), 1)  # Shape.micro_batches and layers_per_stage
-            if stages is None:
-                stage = self.model.layers // probe.pp * layer + head
-            else:
-                stage = float(busiest_stage(stages, layer, head))
-            t = self._busy[key] = pipeline_time(m, probe.pp, probe.virtual_stages, stage)
-        return t
+        """``Bounds.policy_floor``."""
+        return self.bounds.policy_floor(probe, policy)
 
     def balanced_time(self, c: Shape, backward: bool) -> float:
-        """Seconds of ``balanced_attention`` at its most efficient block (no assumption on the efficiency curve)."""
-        key = ("balanced", backward, c.ulysses, c.ring, c.tp, c.mbs)
-        t = self._busy.get(key)
-        if t is None:
-            bkey = ("best block", backward, c.ring, c.tp)  # the blocks' efficiencies: not the volumes
-            best = self._busy.get(bkey)
-            if best is None:
-                blocks = attention_blocks(c)
-                pr = self.params
-                for curve in ((pr.attention_bwd, pr.attention_bwd_masked) if backward
-                              else (pr.attention_fwd, pr.attention_fwd_masked)):
-                    if curve is not None:  # part-filled blocks read the curve below their length: its points too
-                        blocks = (*blocks, *(x for x, _ in curve.points if x < blocks[-1]))
-                # the same FLOPs at every block: the most efficient is the fastest (float division is monotone);
-                # a block may run dense or masked: the better of the two
-                best = self._busy[bkey] = max(blocks, key=lambda b: max(self.attention_efficiency(backward, b),
-                                                                       self.attention_efficiency(backward, b,
-                                                                                                 masked=True)))
-            p = balanced_attention(c, backward, best)
-            t = self._busy[key] = min(self.compute_time(p), self.compute_time(p._replace(masked=True)))
-        return t
+        """``Bounds.balanced_time``."""
+        return self.bounds.balanced_time(c, backward)
 
     def evaluate(self, cand: Candidate, detail: bool = False) -> Evaluation:
         """Step time (and with ``detail`` the breakdown rows) of one valid candidate."""

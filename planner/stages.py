@@ -8,6 +8,8 @@ Llama 3 405B put its 126 layers on 16 stages with one layer fewer on the first a
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .errors import PlanError
 from .model import ModelSpec, Workload
 
@@ -158,3 +160,22 @@ def virtual_stage_options(pp: int, micro_batches: int, layers: int, stage_layers
     if stages is None:
         return [1]
     return [1] + [v for v in range(2, MAX_VIRTUAL_STAGES + 1) if stage_chunks(stages, v) is not None]
+
+
+def busiest_stage(stage_layers: tuple[int, ...], layer, head):
+    """Seconds of the busiest of uneven pipeline stages: the most layers before the last, or the last's layers and
+    the LM head (``layer``, ``head``: floats or arrays per mesh order)."""
+    return np.maximum(max(stage_layers[:-1]) * layer, stage_layers[-1] * layer + head)
+
+
+def pipeline_time(m: int, pp: int, v: int, stage):
+    """Seconds of m micro-batches through pp stages of ``stage`` seconds each: m stages and the bubble."""
+    if v == 1:
+        return (m + pp - 1) * stage
+    return m * stage + bubble_time(pp, v, stage)
+
+
+def bubble_time(pp: int, v: int, stage):
+    """The pipeline's idle time: (pp - 1) stages under 1F1B, (pp - 1) chunks of 1/v stage interleaved (Narayanan et
+    al. 2021, §2.2.2: bubble (p - 1) (t_f + t_b) / v)."""
+    return (pp - 1) * stage if v == 1 else (pp - 1) * stage / v

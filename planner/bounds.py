@@ -1,0 +1,231 @@
+"""Lower bounds on step times: what the search prunes with before it prices a layout exactly.
+
+Each bound is below the exact price (``Estimator.evaluate_orders``) of every layout it stands for: compute alone
+pipelined (``compute_bound``), every cost but the attention exact with the attention at a floor from its compute and
+communication (``comm_bounds``), and, per degrees choice, the linear and head compute with the attention at its even
+share (``micro_batch_bounds``, ``policy_floor``). They read the Estimator's schedules and prices and keep their own
+cache of what only a bound needs.
+"""
+from __future__ import annotations
+
+from functools import reduce
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .algorithms import ALGORITHMS
+from .candidate import Candidate
+from .parts import schedule_key
+from .schedules import Compute, Shape, Step, attention_blocks, balanced_attention
+from .stages import busiest_stage, pipeline_time
+
+if TYPE_CHECKING:
+    from .estimate import Estimator, Orders
+
+
+class Bounds:
+    """Lower bounds for one Estimator's (cluster, model, workload, params), cached by value."""
+
+    def __init__(self, est: Estimator):
+        self.est = est
+        self._cache: dict = {}  # bound-only values: floors, even shares, best blocks, attention floors' parts
+
+    def compute_bound(self, base: Candidate, policies: list[tuple[int, str, int]]) -> float:
+        """A lower bound on the step time of ``base``'s degrees and token layout under any mesh order and
+        these policies: the pipeline of compute phases alone (communication only adds time)."""
+        train = self.est.work.training
+        best = float("inf")
+        busy, att = self.est.busy, self.attention_busy
+        seen: dict = {}
+        for _zero, ckpt, mbs in policies:
+            c = self.est.shape(base, mbs)
+            key = (ckpt, mbs)
+            if key not in seen:  # each part: its linear compute and its attention's (read from the bound unit)
+                fwd = busy("fwd-linear", c) + att("fwd", c)
+                layer = fwd
+                if train:
+                    layer += busy("bwd-linear", c) + att("bwd", c)
+                    if ckpt == "full":
+                        layer += fwd
+                    elif ckpt == "attention_boundary":
+                        layer += busy("fwd-linear", c)
+                if c.stage_layers is None:
+                    stage = c.layers_per_stage * layer + busy("head", c)
+                else:
+                    stage = float(busiest_stage(c.stage_layers, layer, busy("head", c)))
+                # a hair below: sums' rounding
+                seen[key] = pipeline_time(c.micro_batches, base.pp, base.virtual_stages, stage) * (1 - 1e-9)
+            best = min(best, seen[key])
+        return best
+
+    def comm_bounds(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
+                    attention: str = "busy", sync: bool = True) -> list[float]:
+        """Per policy, a lower bound on the step time of ``base`` under any of ``orders``: the step priced
+        exactly but for the attention, which counts a floor from its compute and communication
+        (``attention_floor``; "balanced": its even-share compute, under that of any variant with ``base``'s
+        linear part), and with ``sync`` False for the gradient sync, left out; a hair below, so that
+        rounding never lifts it above the exact price."""
+        times, _ = self.est.evaluate_orders(base, orders, policies, bound=attention, sync=sync)
+        return [float(t) * (1 - 1e-9) for t in times.min(axis=0)]
+
+    def degrees_bound(self, probe: Candidate, micro_batch_sizes: list[int]) -> float:
+        """A lower bound on the step time of every algorithm variant, token layout, mesh order and memory
+        policy of ``probe``'s degrees (the least of ``micro_batch_bounds``)."""
+        return min(self.micro_batch_bounds(probe, micro_batch_sizes).values())
+
+    def micro_batch_bounds(self, probe: Candidate, micro_batch_sizes: list[int]) -> dict[int, float]:
+        """Per micro-batch size, a lower bound on the step time of every algorithm variant, token layout,
+        mesh order, ZeRO stage and checkpointing of ``probe``'s degrees: linear and head compute, and
+        attention at its even share (``balanced_attention``), pipelined without recomputation and without
+        communication (``policy_floor`` without recomputation)."""
+        return {mbs: self.policy_floor(probe, (0, "none", mbs)) for mbs in micro_batch_sizes}
+
+    def policy_floor(self, probe: Candidate, policy: tuple[int, str, int]) -> float:
+        """A lower bound on the step time of every algorithm variant, token layout and mesh order of ``probe``'s
+        degrees under one memory policy: ``micro_batch_bounds`` plus the recomputation its checkpointing adds
+        (full: the forward again, attention at its even share; attention_boundary: the forward's linear part)."""
+        _, ckpt, mbs = policy
+        stages = self.est.stages_of(probe)
+        key = ("policy floor", probe.dp, probe.pp, probe.tp, probe.ulysses, probe.ring, ckpt, mbs, stages,
+               probe.virtual_stages)
+        t = self._cache.get(key)
+        if t is None:
+            lkey = ("policy layer", probe.tp, probe.ulysses, probe.ring, ckpt, mbs)  # its parts read no dp, no pp
+            parts = self._cache.get(lkey)
+            if parts is None:
+                c = self.est.shape(probe, mbs)
+                fwd = self.est.busy("fwd-linear", c) + self.balanced_time(c, False)
+                layer = fwd
+                if self.est.work.training:
+                    layer += self.est.busy("bwd-linear", c) + self.balanced_time(c, True)
+                    if ckpt == "full":
+                        layer += fwd
+                    elif ckpt == "attention_boundary":
+                        layer += self.est.busy("fwd-linear", c)
+                parts = self._cache[lkey] = (layer, self.est.busy("head", c))
+            layer, head = parts
+            m = max(self.est.work.batch // (probe.dp * mbs), 1)  # Shape.micro_batches and layers_per_stage
+            if stages is None:
+                stage = self.est.model.layers // probe.pp * layer + head
+            else:
+                stage = float(busiest_stage(stages, layer, head))
+            t = self._cache[key] = pipeline_time(m, probe.pp, probe.virtual_stages, stage)
+        return t
+
+    def balanced_time(self, c: Shape, backward: bool) -> float:
+        """Seconds of ``balanced_attention`` at its most efficient block (no assumption on the efficiency curve)."""
+        key = ("balanced", backward, c.ulysses, c.ring, c.tp, c.mbs)
+        t = self._cache.get(key)
+        if t is None:
+            bkey = ("best block", backward, c.ring, c.tp)  # the blocks' efficiencies: not the volumes
+            best = self._cache.get(bkey)
+            if best is None:
+                blocks = attention_blocks(c)
+                pr = self.est.params
+                for curve in ((pr.attention_bwd, pr.attention_bwd_masked) if backward
+                              else (pr.attention_fwd, pr.attention_fwd_masked)):
+                    if curve is not None:  # part-filled blocks read the curve below their length: its points too
+                        blocks = (*blocks, *(x for x, _ in curve.points if x < blocks[-1]))
+                # the same FLOPs at every block: the most efficient is the fastest (float division is monotone);
+                # a block may run dense or masked: the better of the two
+                best = self._cache[bkey] = max(blocks, key=lambda b: max(self.est.attention_efficiency(backward, b),
+                                                                       self.est.attention_efficiency(backward, b,
+                                                                                                 masked=True)))
+            p = balanced_attention(c, backward, best)
+            t = self._cache[key] = min(self.est.compute_time(p), self.est.compute_time(p._replace(masked=True)))
+        return t
+
+    def attention_busy(self, part: str, c: Shape) -> float:
+        """Compute seconds of the attention steps of ``part`` ("fwd" or "bwd"): the schedule past its linear part,
+        as k x (its unit's per-call seconds) + calls x round overhead (``attention_steps_of``; a bound's value,
+        equal to the schedule's sum up to rounding)."""
+        one, k = self.bound_unit(part, c)
+        a, calls = self._attention_linear(part, one)
+        o = self.est.params.round_overhead_s
+        return k * a + calls * o if o else k * a
+
+    def _attention_linear(self, part: str, one: Shape) -> tuple[float, int]:
+        """(seconds without the per-call overhead, attention calls) of the attention steps of a bound unit: plain
+        and overlapped steps together (``_floor_linear``)."""
+        (a_plain, n_plain, a_over, n_over), _ = self._floor_linear(part, one)
+        return a_plain + a_over, n_plain + n_over
+
+    def _seconds_at_one(self, p: Compute) -> float:
+        """``compute_time`` of a phase without the per-call overhead: linear in its volume (attention, memory;
+        a GEMM at its own rows)."""
+        o = self.est.params.round_overhead_s
+        return self.est.compute_time(p) - o * self.est.calls(p) if o and p.kind == "attention" else self.est.compute_time(p)
+
+    def _floor_linear(self, part: str, one: Shape) -> tuple[tuple, dict]:
+        """``attention_floor``'s parts of a bound unit, linear in k: (plain seconds without per-call overhead,
+        plain attention calls, the same for overlapped steps) and (slot, pattern, dims) -> (a phase, bytes x
+        repeats, repeats). k = 1 but for ``batch_linear`` algorithms, whose steps hold no GEMM (METP's read the
+        matmul curve at their rows, not linear in k)."""
+        key = ("floor linear",) + schedule_key(part, one)
+        v = self._cache.get(key)
+        if v is None:
+            a, n, sums = [0.0, 0.0], [0, 0], {}
+            steps, _ = self.attention_steps_of(part, one)
+            for st in steps:
+                j = 0
+                for p in st.phases:
+                    if isinstance(p, Compute):
+                        if p.kind == "matmul" and ALGORITHMS[one.algorithm].batch_linear:  # rows x k: not linear
+                            raise NotImplementedError(f"{one.algorithm}: a GEMM in a batch_linear attention schedule")
+                        a[st.overlap] += self._seconds_at_one(p) * st.repeat
+                        n[st.overlap] += st.repeat * self.est.calls(p) if p.kind == "attention" else 0
+                    else:  # (coefficients read the pattern and dims alone)
+                        slot = (j if st.overlap else "plain", p.pattern, p.dim)
+                        q, b, r = sums.get(slot, (p, 0.0, 0))
+                        sums[slot] = (q, b + p.nbytes * st.repeat, r + st.repeat)
+                        j += 1
+            v = self._cache[key] = ((a[0], n[0], a[1], n[1]), sums)
+        return v
+
+    def bound_unit(self, part: str, c: Shape) -> tuple[Shape, float]:
+        """The shape whose attention steps a bound reads for ``part`` of ``c``, and the factor k on their volumes:
+        one sequence at tp 1 where the algorithm is ``batch_linear`` and every head count per rank is
+        heads / (tp x ulysses) (the KV heads divisible by tp x ulysses, none replicated), so FLOPs, merge and
+        message bytes are c.mbs / c.tp x the unit's and block lengths the same (shared by every tp and
+        micro-batch); else ``unit`` and c.mbs (1 for ``c`` itself)."""
+        alg = ALGORITHMS[c.algorithm]
+        m, tu = self.est.model, c.tp * c.ulysses
+        if alg.batch_linear and (c.tp > 1 or c.mbs > 1) and m.kv_heads % tu == 0 and m.heads % tu == 0:
+            key = c.key[:4] + (1, c.key[5], 1) + c.key[7:]
+            return self.est._shapes.get(key) or self.est._shape(key), c.mbs / c.tp
+        one = self.est.unit(part, c)
+        return one, (1 if one is c else c.mbs)
+
+    def attention_steps_of(self, part: str, c: Shape) -> tuple[list[Step], float]:
+        """The attention steps of ``part`` of ``c`` (past its linear part) and the factor k their volumes are
+        scaled by (``bound_unit``): a bound reads them without building ``c``'s own schedule."""
+        one, k = self.bound_unit(part, c)
+        return self.est.schedule(part, one)[len(self.est.schedule(part + "-linear", one)):], k
+
+    def attention_floor(self, part: str, c: Shape, orders: Orders) -> np.ndarray:
+        """Per order, a floor under the seconds of ``part``'s attention steps: plain steps exactly (compute plus
+        communication); overlapped ones at least their compute and at least each phase slot's communication
+        (slot j: the j-th communication phase of every overlapped step, which runs beside the others)."""
+        key = ("attention floor",) + schedule_key(part, c)
+        parts = self._cache.get(key)
+        if parts is None:  # busy (plain, overlapped); (slot, pattern, dims) -> (a phase, bytes x repeats, repeats)
+            one, k = self.bound_unit(part, c)
+            (a_plain, n_plain, a_over, n_over), unit_sums = self._floor_linear(part, one)
+            o = self.est.params.round_overhead_s or 0.0
+            busy = [k * a_plain + n_plain * o, k * a_over + n_over * o]
+            sums = {slot: (q, b * k, r) for slot, (q, b, r) in unit_sums.items()}
+            # the communication alone, as a key: token layouts of one variant move the same bytes
+            comm = tuple((slot, b, r) for slot, (_, b, r) in sums.items())
+            parts = self._cache[key] = (busy, sums, comm)
+        (plain, overlapped), sums, comm = parts
+        ckey = ("floor comm", orders, comm)
+        slots = self._cache.get(ckey)
+        if slots is None:
+            slots = {}  # engine costs are linear in bytes: a slot's phases of one pattern summed at once
+            for (j, _, _), (q, b, r) in sums.items():
+                steps, spb, lat = orders.coefficients(q)
+                slots[j] = slots.get(j, 0.0) + steps * (b * spb + r * lat)
+            exposed = slots.pop("plain", 0.0)
+            slots = self._cache[ckey] = (exposed, list(slots.values()))
+        exposed, overlapped_comm = slots
+        return plain + exposed + reduce(np.maximum, overlapped_comm, np.full(len(orders.orders), overlapped))
