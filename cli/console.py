@@ -19,21 +19,25 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 #: a domain field an error names -> the flag that sets it; fields no flag sets (a plan file's, the environment's
 #: SP_PLAN_STORE) are printed as they are
 FLAGS = {
-    "store": "--store", "profile": "--profile", "storage": "--storage", "server": "--server", "trials": "--trials",
+    "cluster": "--cluster", "nodes": "--nodes", "model": "--model", "store": "--store", "profile": "--profile", "storage": "--storage", "server": "--server", "trials": "--trials",
     "to": "--to", "token_file": "--token-file", "max_minutes": "--max-minutes", "output": "--output",
     "report": "--report", "sizes": "--sizes", "topo_file": "--topo-file",
 }
 
 
-def as_flag(e: PlanError) -> PlanError:
+#: the `profile` subcommands name a profile by its id argument, not by --profile
+ID_FLAGS = {k: v for k, v in FLAGS.items() if k != "profile"}
+
+
+def as_flag(e: PlanError, flags: dict[str, str] = FLAGS) -> PlanError:
     """``e`` with its domain field named by the flag that sets it (``e`` itself where no flag does)."""
-    flag = FLAGS.get(e.field)
+    flag = flags.get(e.field)
     return e if flag is None else PlanError(flag, e.problem, e.fix)
 
 
-def print_error(text: str | PlanError) -> None:
+def print_error(text: str | PlanError, flags: dict[str, str] = FLAGS) -> None:
     """``error: TEXT`` on stderr (the word in red on a terminal); TEXT is escaped, never read as rich markup; a
-    PlanError is printed with its field's flag (``as_flag``)."""
+    PlanError is printed with its field's flag (``as_flag`` with ``flags``)."""
     if isinstance(text, PlanError):
-        text = str(as_flag(text))
+        text = str(as_flag(text, flags))
     err.print(f"[bold red]error[/]: {escape(text)}", highlight=False, soft_wrap=True)

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
-from sp_plan.cli.console import as_flag, err, out, print_error
+from sp_plan.cli.console import ID_FLAGS, as_flag, err, out, print_error
 from sp_plan.cli.progress import reporter
 from sp_plan.planner.cluster import NET, Cluster
 from sp_plan.planner.errors import PlanError
@@ -31,8 +31,9 @@ profile_app = typer.Typer(no_args_is_help=True, help="Measure this cluster under
 
 
 def _fail(e: PlanError, rank: int = 0) -> None:
+    """Print the error on rank 0 (fields by their flags; a profile by its id argument) and exit 2."""
     if rank == 0:
-        print_error(e)
+        print_error(e, ID_FLAGS)
     raise typer.Exit(2)
 
 
