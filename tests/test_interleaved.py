@@ -11,8 +11,8 @@ from sp_plan.planner.estimate import Estimator, bubble_time, pipeline_time
 from sp_plan.planner.memory import in_flight_micro_batches
 from sp_plan.planner.model import Workload
 from sp_plan.planner.schedules import Shape
-from sp_plan.planner.stages import (chunk_layers, check_interleaved_micro_batches, stage_chunks,
-                                    virtual_stage_options)
+from sp_plan.planner.stages import (chunk_layers, check_interleaved_micro_batches, searched_virtual_stages,
+                                    stage_chunks, virtual_stage_options)
 from sp_plan.profiles import load_model, preset_cluster
 
 MODEL = load_model("llama3-8b")  # 32 layers
@@ -78,6 +78,22 @@ def test_llama3s_stages_split_into_the_chunks_the_paper_describes():
     assert virtual_stage_options(16, 8, 126, PUBLISHED) == [1]  # fewer micro-batches than a group of pp
     assert virtual_stage_options(4, 8, 32) == [1, 2, 4, 8]
     assert virtual_stage_options(1, 8, 32) == [1]
+
+
+def test_the_search_prices_plain_1f1b_and_the_most_chunks_a_pipeline_splits_into():
+    assert searched_virtual_stages(16, [16, 8], 126, PUBLISHED) == [1, 8]
+    assert searched_virtual_stages(4, [8, 4, 2], 80) == [1, 5]  # 20 layers a stage: 2, 4, 5 split it; 5 the most
+    assert searched_virtual_stages(4, [2, 1], 80) == [1]  # fewer micro-batches than a group of pp
+    assert searched_virtual_stages(16, [], 126, PUBLISHED) == [1]
+
+
+def test_more_chunks_hold_fewer_activations_and_idle_less():
+    """Why the search prices only the most chunks besides 1F1B: among v > 1, both the bubble and the activations
+    held shrink as v grows (only the sends grow)."""
+    c = Shape(MODEL, Workload(seq_len=4096, batch=32), dp=1, ulysses=1, ring=1, token_layout="contiguous", pp=4)
+    held = [in_flight_micro_batches(c, v) for v in (2, 4, 8)]
+    assert held == sorted(held, reverse=True) and held[-1] > in_flight_micro_batches(c, 1)
+    assert [bubble_time(4, v, 1.0) for v in (2, 4, 8)] == [1.5, 0.75, 0.375]
 
 
 # ---------------------------------------------------------------- the estimator
