@@ -9,6 +9,7 @@ sequence's end). Pure functions of their inputs; randomness comes from a numpy G
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -87,10 +88,20 @@ def draw_packs(docs: DocumentLengths | Lognormal | Histogram, seq_len: int, sequ
 
 
 def workload_packs(work: Workload, sequences: int) -> list[np.ndarray]:
-    """The workload's first ``sequences`` packs: its documents and seed, or one document per sequence."""
+    """The workload's first ``sequences`` packs: its documents and seed, or one document per sequence (read-only
+    arrays, drawn once per workload: every layout a search prices reads the same packs)."""
+    return list(_workload_packs(work, sequences))
+
+
+@lru_cache(maxsize=64)
+def _workload_packs(work: Workload, sequences: int) -> tuple[np.ndarray, ...]:
     if work.documents is None:
-        return [single_document(work.seq_len) for _ in range(sequences)]
-    return draw_packs(work.documents, work.seq_len, sequences, work.seed or 0)
+        packs = [single_document(work.seq_len) for _ in range(sequences)]
+    else:
+        packs = draw_packs(work.documents, work.seq_len, sequences, work.seed or 0)
+    for cu in packs:
+        cu.flags.writeable = False
+    return tuple(packs)
 
 
 def single_document(seq_len: int) -> np.ndarray:

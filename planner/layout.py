@@ -204,33 +204,18 @@ def _striped(seq_len: int, ring: int) -> list[np.ndarray]:
     return [np.arange(r, seq_len, ring) for r in range(ring)]
 
 
-def _zigzag_extras(remainders: list[int], ring: int) -> tuple[list[int], list[int]]:
-    """Where each document's L mod 2P tokens over L // 2P per chunk go, one per rank to the ranks holding fewest
-    tokens so far (ties: the lowest rank), a first extra on chunk r, a second (more than P over) on chunk 2P-1-r,
-    so every rank's count stays within one of the others' without padding a document to a multiple of 2P.
-    Returns (document, chunk) index lists of the extra tokens. Ranks hold one of two counts (the extras keep them
-    within one), so the ranks holding fewest are those not ``ahead``."""
-    ahead = [False] * ring
-    docs, chunks = [], []
-    for d, rem in enumerate(remainders):
-        for second in (False, True):
-            take = min(rem, ring)
-            if not take:
-                break
-            rem -= take
-            behind = [r for r in range(ring) if not ahead[r]]
-            order = behind + [r for r in range(ring) if ahead[r]]
-            chosen = order[:take]
-            docs += [d] * take
-            chunks += [2 * ring - 1 - r if second else r for r in chosen]
-            if take < len(behind):
-                for r in chosen:
-                    ahead[r] = True
-            else:  # every rank behind caught up; the ones past them are now ahead
-                ahead = [False] * ring
-                for r in chosen[len(behind):]:
-                    ahead[r] = True
-    return docs, chunks
+def _zigzag_extras(remainders, ring: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where each document's L mod 2P tokens over L // 2P per chunk go: one per rank, to the ranks holding fewest
+    tokens so far, a first extra on chunk r, a second (more than P over) on chunk 2P-1-r, so every rank's count
+    stays within one of the others' without padding a document to a multiple of 2P. The ranks holding fewest are
+    the next ones round the ring from where the extras last stopped (ties: the lowest rank first), so the e-th extra
+    of the sequence goes to rank e mod P. Returns (document, chunk) index arrays of the extra tokens."""
+    rem = np.asarray(remainders, dtype=np.int64)
+    doc = np.repeat(np.arange(len(rem)), rem)
+    e = np.arange(len(doc))
+    j = e - np.repeat(np.cumsum(rem) - rem, rem)  # the extra's place in its document
+    rank = e % ring
+    return doc, np.where(j < ring, rank, 2 * ring - 1 - rank)
 
 
 def _zigzag_sizes(cu: np.ndarray, ring: int) -> tuple[np.ndarray, np.ndarray]:
@@ -238,8 +223,8 @@ def _zigzag_sizes(cu: np.ndarray, ring: int) -> tuple[np.ndarray, np.ndarray]:
     the extras (``_zigzag_extras``), rank r holding chunks r and 2P-1-r of every document."""
     q, rem = np.divmod(np.diff(cu), 2 * ring)
     sizes = np.repeat(q[:, None], 2 * ring, axis=1)
-    docs, chunks = _zigzag_extras(rem.tolist(), ring)
-    np.add.at(sizes, (np.array(docs, dtype=np.int64), np.array(chunks, dtype=np.int64)), 1)
+    docs, chunks = _zigzag_extras(rem, ring)
+    sizes[docs, chunks] += 1  # a document's extras are on distinct chunks
     return sizes, np.concatenate([np.arange(ring), np.arange(ring)[::-1]])
 
 
@@ -255,46 +240,97 @@ def tokens_by_owner(owner: np.ndarray, ring: int) -> list[np.ndarray]:
     return np.split(order, np.cumsum(np.bincount(owner, minlength=ring))[:-1])
 
 
-def _balanced(cu: np.ndarray, ring: int, weights, bound: float = BALANCED_TOKEN_BOUND) -> np.ndarray:
-    """Greedy balancing by work, the rank of each token. A document whose work is over BALANCED_SPLIT_SHARE of a
-    rank's mean is spread as zigzag (2P chunks; rank r holds chunks r and 2P-1-r, rotated by the document's index so
-    no rank always gets the longer chunks): even work under a causal mask. The other documents go whole, heaviest first (longest processing
-    time), to the least-loaded rank with room for their tokens under ``bound`` x S/P; a document no rank has room
-    for is poured, in token order, into the least-loaded ranks' room."""
-    seq_len = int(cu[-1])
+def work_prefix(weights, seq_len: int):
+    """``work_before`` of per-token ``weights`` (``_balanced_runs``), checked: one weight per token."""
     if weights is None:
         raise PlanError("weights", "balanced assigns documents by their work, and was given none",
                         "pass each token's work (planner.masks.row_pairs)")
     w = np.asarray(weights, dtype=np.float64)
     if w.shape != (seq_len,):
         raise PlanError("weights", f"{w.shape} weights for a sequence of {seq_len} tokens", "give one per token")
-    cap = max(-(-seq_len // ring), int(bound * seq_len / ring))
-    prefix = np.concatenate([[0.0], np.cumsum(w)])
-    starts, ends = cu[:-1], cu[1:]
-    doc_work = prefix[ends] - prefix[starts]
-    spread = (doc_work > BALANCED_SPLIT_SHARE * prefix[-1] / ring) & (ends - starts >= 2 * ring)
-    owner = np.empty(seq_len, dtype=np.int64)
+    return np.concatenate([[0.0], np.cumsum(w)]).__getitem__
+
+
+def _balanced(cu: np.ndarray, ring: int, weights, bound: float = BALANCED_TOKEN_BOUND) -> np.ndarray:
+    """Greedy balancing by work (``_balanced_runs``), the rank of each token."""
+    start, stop, rank = _balanced_runs(cu, ring, work_prefix(weights, int(cu[-1])), bound)
+    return np.repeat(rank, stop - start)
+
+
+def _balanced_runs(cu: np.ndarray, ring: int, work_before, bound: float = BALANCED_TOKEN_BOUND
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Greedy balancing by work (``balanced_parts``) as maximal runs (start, stop, rank) of one rank's tokens inside
+    one document, in token order."""
+    spread, placed = balanced_parts(cu, ring, work_before, bound)
+    runs = [spread_runs(cu, ring, spread), placed]
+    start, stop, rank = (np.concatenate([r[i] for r in runs]) for i in range(3))
+    return _merge_runs(start, stop, rank, cu)
+
+
+def spread_runs(cu: np.ndarray, ring: int, spread: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, stop, rank) of the 2P zigzag chunks of each document ``balanced`` spreads: _even_pieces of it, chunk k
+    on rank (k + d) mod P and chunk 2P-1-k on the same, d the document's index."""
+    if not len(spread):
+        return tuple(np.zeros(0, dtype=np.int64) for _ in range(3))
     chunk_rank = np.concatenate([np.arange(ring), np.arange(ring)[::-1]])
-    load, held = np.zeros(ring), np.zeros(ring, dtype=np.int64)
-    for d in np.flatnonzero(spread):
-        ranks, sizes = (chunk_rank + d) % ring, _even_pieces(int(ends[d] - starts[d]), 2 * ring)
-        owner[starts[d]:ends[d]] = np.repeat(ranks, sizes)
-        bounds = starts[d] + np.concatenate([[0], np.cumsum(sizes)])
-        np.add.at(load, ranks, prefix[bounds[1:]] - prefix[bounds[:-1]])  # exact: sums of integer work
-        np.add.at(held, ranks, sizes)
+    sizes = spread_sizes(cu, ring, spread)
+    stop = cu[spread][:, None] + np.cumsum(sizes, axis=1)
+    return (stop - sizes).ravel(), stop.ravel(), ((chunk_rank[None, :] + spread[:, None]) % ring).ravel()
+
+
+def spread_sizes(cu: np.ndarray, ring: int, spread: np.ndarray) -> np.ndarray:
+    """(documents, 2P) chunk sizes of the documents ``balanced`` spreads (``_even_pieces`` of each)."""
+    q, rem = np.divmod(cu[spread + 1] - cu[spread], 2 * ring)
+    return q[:, None] + (np.arange(2 * ring)[None, :] < rem[:, None])
+
+
+def balanced_parts(cu: np.ndarray, ring: int, work_before, bound: float = BALANCED_TOKEN_BOUND
+                   ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Greedy balancing by work: (the documents spread as zigzag, the (start, stop, rank) runs of the others).
+    ``work_before`` maps int64 positions x to the work (float64) of tokens [0, x): a cumulative sum of per-token
+    weights, or a closed form (planner.masks) that needs no per-token array. A document whose work is over
+    BALANCED_SPLIT_SHARE of a rank's mean is spread as zigzag (2P chunks; rank r holds chunks r and 2P-1-r, rotated
+    by the document's index so no rank always gets the longer chunks: ``spread_runs``): even work under a causal
+    mask. The other documents go whole, heaviest first (longest processing time), to the least-loaded rank with room
+    for their tokens under ``bound`` x S/P; a document no rank has room for is poured, in token order, into the
+    least-loaded ranks' room."""
+    seq_len = int(cu[-1])
+    cap = max(-(-seq_len // ring), int(bound * seq_len / ring))
+    starts, ends = cu[:-1], cu[1:]
+    doc_work = work_before(ends) - work_before(starts)
+    spread = np.flatnonzero((doc_work > BALANCED_SPLIT_SHARE * work_before(cu[-1:])[0] / ring)
+                            & (ends - starts >= 2 * ring))
+    start, stop, rank = spread_runs(cu, ring, spread)
+    w = work_before(np.concatenate([start, stop]))
+    load = np.bincount(rank, weights=w[len(start):] - w[:len(start)], minlength=ring)  # exact: integer work
+    held = np.bincount(rank, weights=stop - start, minlength=ring).astype(np.int64)
     load, held = load.tolist(), held.tolist()
-    whole = np.flatnonzero(~spread)
+    whole = np.setdiff1d(np.arange(len(starts)), spread)
     order = whole[np.lexsort((whole, -doc_work[whole]))]  # heaviest first, ties by index
-    _place_whole(order, starts.tolist(), ends.tolist(), doc_work.tolist(), prefix, owner, load, held, cap)
-    return owner
+    placed = _place_whole(order, starts.tolist(), ends.tolist(), doc_work.tolist(), work_before, load, held, cap)
+    runs = tuple(np.array(x, dtype=np.int64) for x in zip(*placed)) if placed else ()
+    return spread, runs if runs else tuple(np.zeros(0, dtype=np.int64) for _ in range(3))
 
 
-def _place_whole(order, starts, ends, doc_work, prefix, owner, load, held, cap) -> None:
-    """``_balanced``'s longest-processing-time pass: each document (in ``order``) to the least-loaded rank with room
-    (ties: the lowest rank), a heap of (load, rank) with the ranks without room set aside; where none has room, its
-    tokens poured in order into the least-loaded ranks' room (``load`` and ``held``: per-rank lists, updated)."""
+def _merge_runs(start, stop, rank, cu: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Runs sorted by start, each joined to the one before where it goes on with the same rank in the same document
+    (``owner_runs``' maximal runs)."""
+    order = np.argsort(start, kind="stable")
+    start, stop, rank = start[order], stop[order], rank[order]
+    new = np.ones(len(start), dtype=bool)
+    new[1:] = (rank[1:] != rank[:-1]) | np.isin(start[1:], cu)
+    first = np.flatnonzero(new)
+    return start[first], np.append(start[first[1:]], stop[-1]), rank[first]
+
+
+def _place_whole(order, starts, ends, doc_work, work_before, load, held, cap) -> list[tuple[int, int, int]]:
+    """``_balanced_runs``' longest-processing-time pass: each document (in ``order``) to the least-loaded rank with
+    room (ties: the lowest rank), a heap of (load, rank) with the ranks without room set aside; where none has room,
+    its tokens poured in order into the least-loaded ranks' room (``load`` and ``held``: per-rank lists, updated).
+    Returns the (start, stop, rank) runs placed."""
     heap = [(x, r) for r, x in enumerate(load)]
     heapq.heapify(heap)
+    runs = []
     for d in order.tolist():
         start, end = starts[d], ends[d]
         aside = []
@@ -302,7 +338,7 @@ def _place_whole(order, starts, ends, doc_work, prefix, owner, load, held, cap) 
             aside.append(heapq.heappop(heap))
         if heap:
             _, r = heapq.heappop(heap)
-            owner[start:end] = r
+            runs.append((start, end, r))
             load[r] += doc_work[d]
             held[r] += end - start
             heapq.heappush(heap, (load[r], r))
@@ -312,14 +348,16 @@ def _place_whole(order, starts, ends, doc_work, prefix, owner, load, held, cap) 
         for r in sorted(range(len(load)), key=load.__getitem__):  # pour: the tokens in order into the room left
             take = min(cap - held[r], end - start)
             if take > 0:
-                owner[start:start + take] = r
-                load[r] += float(prefix[start + take] - prefix[start])
+                runs.append((start, start + take, r))
+                w = work_before(np.array([start + take, start], dtype=np.int64))
+                load[r] += float(w[0] - w[1])
                 held[r] += take
                 start += take
             if start == end:
                 break
         heap = [(x, r) for r, x in enumerate(load)]
         heapq.heapify(heap)
+    return runs
 
 
 def document_ring_tokens(token_layout: str, ring: int, cu_seqlens, weights=None) -> list[np.ndarray]:
@@ -346,11 +384,14 @@ def owner_runs(owner: np.ndarray, cu: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return b[:-1], b[1:], owner[b[:-1]]
 
 
-def document_runs(token_layout: str, ring: int, cu_seqlens, weights=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def document_runs(token_layout: str, ring: int, cu_seqlens, weights=None, work_before=None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start, stop, rank) of intervals of one rank's tokens inside one document, in token order, covering the
-    sequence under a balancing policy (``document_owners``): contiguous and zigzag from their piece sizes without a
-    per-token array, the others from their owners."""
+    sequence under a balancing policy (``document_owners``): contiguous, zigzag and balanced without a per-token
+    array (balanced from ``work_before``, the work of the tokens before a position, if given, else from ``weights``),
+    striped from its owners."""
     cu = _document_bounds(cu_seqlens)
+    check_balance_policy(token_layout)
     if token_layout == "contiguous":
         ends = np.cumsum(_even_pieces(int(cu[-1]), ring))
         bounds = np.union1d(cu, ends)
@@ -361,6 +402,8 @@ def document_runs(token_layout: str, ring: int, cu_seqlens, weights=None) -> tup
         keep = flat > 0
         stop = np.cumsum(flat)[keep]
         return stop - flat[keep], stop, np.tile(chunk_rank, len(sizes))[keep]
+    if token_layout == "balanced":
+        return _balanced_runs(cu, ring, work_prefix(weights, int(cu[-1])) if work_before is None else work_before)
     return owner_runs(document_owners(token_layout, ring, cu, weights), cu)
 
 

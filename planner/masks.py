@@ -6,9 +6,12 @@ bidirectional, W - 1 on each side). Counts are exact integers: per document (clo
 (``row_pairs``), per rank of a token layout (``rank_pairs``, the layout from planner/layout.py), per pair of ranks
 (``pair_matrix``: what a ring round between them computes). ``busiest_rank_pairs`` and ``ring_round_pairs`` are
 what the schedules price (all-gather; ring, Ulysses and USP): the busiest rank's pairs, and each ring round's, in
-expectation over seeded packs of the workload's documents. They count from runs of one rank's tokens in one document
-in closed form (``layout_rounds``), not token by token, so a search can price every layout; ``pair_matrix`` is the
-token-by-token reference the tests hold them to. The algorithms outside MASKED_ALGORITHMS refuse masks.
+expectation over seeded packs of the workload's documents. They count in closed form, never token by token, so a
+search can price every layout of a million-token sequence: a rank's pairs from runs of its tokens inside one
+document (``prefix_pairs``: the running sum of a document's rows) or, striped, from strided sums of the rows'
+linear pieces; the rounds from the layouts' chunks (``causal_layout_matrix``) or pairs of runs. The token-by-token
+``rank_pairs`` and ``pair_matrix`` are the reference the tests hold them to. The algorithms outside
+MASKED_ALGORITHMS refuse masks.
 """
 from __future__ import annotations
 
@@ -17,9 +20,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .documents import workload_packs
+from .documents import check_cu_seqlens, workload_packs
 from .errors import PlanError
-from .layout import document_owners, document_ring_tokens, document_runs
+from .layout import _zigzag_sizes, balanced_parts, document_ring_tokens, document_runs, spread_sizes
 from .model import Workload
 
 #: packs drawn per priced layout: the expected busiest rank is the mean over this many seeded sequences
@@ -105,6 +108,95 @@ def rank_pairs(tokens: list[np.ndarray], cu_seqlens, causal: bool = True, window
     return np.rint(np.bincount(owner, weights=rows[np.concatenate(tokens)], minlength=len(tokens))).astype(np.int64)
 
 
+def _max0(a):
+    """Elementwise max(a, 0) of an int or an int64 array."""
+    return np.maximum(a, 0) if isinstance(a, np.ndarray) else max(a, 0)
+
+
+def prefix_pairs(n, L, causal: bool = True, window: int | None = None):
+    """Score entries of the first n queries (offsets 0..n-1) of a document of L tokens: the prefix sum of
+    ``row_pairs`` inside a document, in closed form (ints or int64 arrays). Causal: sum min(o + 1, W), as
+    ``causal_window_pairs``. Bidirectional: sum min(L, o + W) - max(0, o - W + 1); the first term is o + W for the
+    k = clamp(L - W, 0, n) queries whose reach ahead ends inside the document, L after them; the second counts the
+    m = max(n - W, 0) queries past the first W, 1..m keys lost behind."""
+    if causal:
+        return causal_pairs(n) if window is None else causal_window_pairs(n, window)
+    if window is None:
+        return n * L
+    k = _min(_max0(L - window), n)
+    m = _max0(n - window)
+    return k * window + k * (k - 1) // 2 + (n - k) * L - m * (m + 1) // 2
+
+
+def run_rank_pairs(runs: tuple[np.ndarray, np.ndarray, np.ndarray], cu_seqlens, ring: int, causal: bool = True,
+                   window: int | None = None) -> np.ndarray:
+    """(P,) int64 ``rank_pairs`` from ``runs`` (start, stop, rank: intervals of one rank's tokens inside one
+    document, layout.document_runs): each run's queries by the difference of two ``prefix_pairs``, O(runs)."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    start, stop, rank = runs
+    doc = np.searchsorted(cu, start, side="right") - 1
+    ds, L = cu[doc], cu[doc + 1] - cu[doc]
+    pairs = prefix_pairs(stop - ds, L, causal, window) - prefix_pairs(start - ds, L, causal, window)
+    # float64 sums of int counts: exact below 2^53 score entries per rank
+    return np.rint(np.bincount(rank, weights=pairs, minlength=ring)).astype(np.int64)
+
+
+def _row_segments(cu: np.ndarray, causal: bool, window: int | None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(a, b, alpha, beta): intervals [a, b) of token indices t on which ``row_pairs`` is alpha t + beta, whose sum
+    is ``row_pairs`` (at most three a document: causal o + 1 then W; bidirectional o + W then L, less o - W + 1
+    past the first W)."""
+    ds, de = cu[:-1], cu[1:]
+    L = de - ds
+    zero, one = np.zeros_like(L), np.ones_like(L)
+    if causal and window is None:
+        parts = [(ds, de, one, 1 - ds)]
+    elif causal:
+        m = ds + np.minimum(L, window)
+        parts = [(ds, m, one, 1 - ds), (m, de, zero, np.full_like(L, window))]
+    elif window is None:
+        parts = [(ds, de, zero, L)]
+    else:
+        k = ds + np.clip(L - window, 0, L)
+        parts = [(ds, k, one, window - ds), (k, de, zero, L), (np.minimum(ds + window, de), de, -one, ds + window - 1)]
+    a, b, alpha, beta = (np.concatenate(x) for x in zip(*parts))
+    keep = b > a
+    return a[keep], b[keep], alpha[keep], beta[keep]
+
+
+def _strided_sums(a: np.ndarray, b: np.ndarray, alpha: np.ndarray, beta: np.ndarray, P: int) -> np.ndarray:
+    """(P,) int64: per residue r, the sum of alpha t + beta over the tokens t = r (mod P) of every interval [a, b),
+    O(intervals + P). Token a + j + iP (i < K) is the interval's on rank (a + j) mod P: K = k + 1 for j below
+    m and k from m on ((b - a) = kP + m), so each of those two ranges of j adds K (alpha (a + j) + beta) +
+    alpha P K (K - 1)/2, a line in j, and so in r on each side of where j wraps past P; the lines go on
+    difference arrays of their intercepts and slopes."""
+    k, m = np.divmod(b - a, P)
+    a0 = a % P
+    lo, hi, icpt, slope = [], [], [], []
+    for j0, j1, K in ((np.zeros_like(m), m, k + 1), (m, np.full_like(m, P), k)):
+        base = K * (alpha * a + beta) + alpha * P * (K * (K - 1) // 2)
+        s = K * alpha
+        # j in [j0, j1) before the wrap: r = a0 + j; after it: r = a0 + j - P
+        lo += [a0 + j0, np.maximum(a0 + j0, P) - P]
+        hi += [np.minimum(a0 + j1, P), np.maximum(a0 + j1, P) - P]
+        icpt += [base - s * a0, base - s * a0 + s * P]
+        slope += [s, s]
+    lo, hi, icpt, slope = (np.concatenate(x) for x in (lo, hi, icpt, slope))
+    keep = hi > lo
+    d_icpt, d_slope = np.zeros(P + 1, dtype=np.int64), np.zeros(P + 1, dtype=np.int64)
+    for d, v in ((d_icpt, icpt[keep]), (d_slope, slope[keep])):
+        np.add.at(d, lo[keep], v)
+        np.add.at(d, hi[keep], -v)
+    return np.cumsum(d_icpt)[:P] + np.cumsum(d_slope)[:P] * np.arange(P, dtype=np.int64)
+
+
+def striped_pairs(cu_seqlens, ring: int, causal: bool = True, window: int | None = None) -> np.ndarray:
+    """(P,) int64 ``rank_pairs`` when token t lives on rank t mod P (striped, per document or not): strided sums of
+    ``row_pairs``' linear pieces (``_row_segments``, ``_strided_sums``), O(documents + P)."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    return _strided_sums(*_row_segments(cu, causal, window), ring)
+
+
 def _key_ranges(cu: np.ndarray, causal: bool, window: int | None) -> tuple[np.ndarray, np.ndarray]:
     """(first, last) key each query token attends, inclusive: its document, cut by the window and causality."""
     lengths = np.diff(cu)
@@ -140,10 +232,36 @@ def layout_tokens(token_layout: str, ring: int, cu_seqlens, causal: bool = True,
     return document_ring_tokens(token_layout, ring, cu_seqlens, weights)
 
 
+def work_before(cu_seqlens, causal: bool = True, window: int | None = None):
+    """The score entries of the queries before each of an int64 array of positions (float64: ``_balanced_runs``'
+    ``work_before``), in closed form: the documents before, then ``prefix_pairs`` of its own. Exact below 2^53."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    lengths = np.diff(cu)
+    done = np.concatenate([[0], np.cumsum(document_pairs(lengths, causal, window))])
+
+    def before(x: np.ndarray) -> np.ndarray:
+        d = np.minimum(np.searchsorted(cu, x, side="right") - 1, len(lengths) - 1)
+        return (done[d] + prefix_pairs(x - cu[d], lengths[d], causal, window)).astype(np.float64)
+
+    return before
+
+
+def layout_runs(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, stop, rank) runs of a balancing policy (layout.document_runs), ``balanced`` weighted by the mask's
+    work in closed form (``work_before``): no per-token array for contiguous, zigzag or balanced."""
+    before = work_before(cu_seqlens, causal, window) if token_layout == "balanced" else None
+    return document_runs(token_layout, ring, cu_seqlens, work_before=before)
+
+
 def layout_pairs(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None
                  ) -> np.ndarray:
-    """(P,) score entries each ring rank's queries compute under a balancing policy."""
-    return rank_pairs(layout_tokens(token_layout, ring, cu_seqlens, causal, window), cu_seqlens, causal, window)
+    """(P,) score entries each ring rank's queries compute under a balancing policy (``rank_pairs`` of its tokens),
+    in closed form: from its runs (``run_rank_pairs``), striped by strided sums (``striped_pairs``)."""
+    if token_layout == "striped":
+        return striped_pairs(check_cu_seqlens(cu_seqlens), ring, causal, window)
+    return run_rank_pairs(layout_runs(token_layout, ring, cu_seqlens, causal, window), cu_seqlens, ring, causal,
+                          window)
 
 
 def imbalance(work) -> float:
@@ -168,7 +286,7 @@ def busiest_rank_pairs(work: Workload, token_layout: str, ring: int, window: int
     the workload's window applies per layer, ``layer_windows``)."""
     samples = PACK_SAMPLES if work.documents is not None else 1
     total = top = 0.0
-    for cu in workload_packs(work, samples):  # per rank only: O(S), where the rounds' matrix is O(P^2)
+    for cu in workload_packs(work, samples):  # per rank only: O(runs) or O(documents + P), no P x P matrix
         p = layout_pairs(token_layout, ring, cu, work.causal, window)
         total, top = total + float(p.sum()), top + float(p.max())
     return RankWork(total / samples, top / samples, top * ring / total if total else 1.0, samples)
@@ -216,25 +334,13 @@ def ring_round_pairs(work: Workload, token_layout: str, ring: int, window: int |
     """Each ring round's busiest rank's and mean score entries per sequence, and how often the mask empties the
     round, in expectation over PACK_SAMPLES seeded packs (one without documents) under ``window``: a ring round
     waits on its busiest rank, and a round the mask empties needs no transfer (a windowed ring's far ranks)."""
-    return layout_work(work, token_layout, ring, window)[1]
-
-
-@lru_cache(maxsize=1024)
-def layout_work(work: Workload, token_layout: str, ring: int, window: int | None = None) -> tuple[RankWork, RoundWork]:
-    """``busiest_rank_pairs`` and ``ring_round_pairs`` in one pass over the packs (the layout is built once for both:
-    ring and all-gather price the same layouts)."""
     samples = PACK_SAMPLES if work.documents is not None else 1
-    total = top = 0.0
     busiest, mean, empty = np.zeros(ring), np.zeros(ring), np.zeros(ring)
     for cu in workload_packs(work, samples):
-        rounds = layout_rounds(token_layout, ring, cu, work.causal, window)
-        p = rounds.sum(axis=0)  # a rank's rounds add up to its queries' whole work
-        total, top = total + float(p.sum()), top + float(p.max())
-        hi = rounds.max(axis=1)
-        busiest, mean, empty = busiest + hi, mean + rounds.mean(axis=1), empty + (hi == 0)
+        hi, avg = round_stats(token_layout, ring, cu, work.causal, window)
+        busiest, mean, empty = busiest + hi, mean + avg, empty + (hi == 0)
     as_tuple = lambda x: tuple(float(v) / samples for v in x)  # noqa: E731
-    return (RankWork(total / samples, top / samples, top * ring / total if total else 1.0, samples),
-            RoundWork(as_tuple(busiest), as_tuple(mean), as_tuple(empty), samples))
+    return RoundWork(as_tuple(busiest), as_tuple(mean), as_tuple(empty), samples)
 
 
 def _ramp(n, nb):
@@ -296,6 +402,109 @@ def _windowed_run_matrix(start, stop, rank, ds, de, ring: int, causal: bool, win
     a0, a1, b0, nb = start[a], stop[a], start[b], stop[b] - start[b]
     pairs = _pairs_at_least(0 if causal else -reach, a0, a1, b0, nb) - _pairs_at_least(window, a0, a1, b0, nb)
     return np.bincount(rank[a] * ring + rank[b], weights=pairs, minlength=ring * ring).reshape(ring, ring)
+
+
+def _pairs_of_runs(n: np.ndarray, rank: np.ndarray, doc: np.ndarray, ring: int) -> np.ndarray:
+    """(P, P) float causal pairs without a window of runs in token order (``n`` tokens each, ``doc`` nondecreasing):
+    every pair of runs of one document, B before A, adds n_A n_B at [rank A, rank B], and each run n(n + 1)/2 of
+    its own on the diagonal. O(pairs of runs): for documents of few runs."""
+    first = np.searchsorted(doc, doc, side="left")
+    cnt = np.arange(len(n)) - first
+    a = np.repeat(np.arange(len(n)), cnt)
+    b = first[a] + np.arange(len(a)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    out = np.bincount(rank[a] * ring + rank[b], weights=n[a] * n[b], minlength=ring * ring).astype(np.float64)
+    out = out.reshape(ring, ring)  # (an empty count comes back as ints)
+    out[np.diag_indices(ring)] += np.bincount(rank, weights=n * (n + 1) / 2, minlength=ring)
+    return out
+
+
+def _cross(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """A^T B of (documents, P) int64 arrays: [r, j] = sum_d A[d, r] B[d, j]."""
+    return np.einsum("dr,dj->rj", A, B)
+
+
+def _zigzag_pair_matrix(F: np.ndarray, G: np.ndarray) -> np.ndarray:
+    """(P, P) float causal pairs without a window of documents laid as zigzag chunks: F[d, r] the tokens of document
+    d's chunk on rank r in its first half (ranks ascending), G[d, r] in its second half (ranks descending). Rank r's
+    first chunk sees the first chunks of ranks j < r; its second chunk every first chunk and the second chunks of
+    ranks j > r; each chunk c(c + 1)/2 of itself: tril(F^T F) + G^T F + triu(G^T G) and the diagonal, three matrix
+    products, O(D P^2) multiply-adds."""
+    F = F.astype(np.int64)  # integer products: exact, and einsum's own loop (no BLAS threads for small products)
+    out = np.tril(_cross(F, F), -1)
+    if G is not None:  # None: no second half (contiguous)
+        G = G.astype(np.int64)
+        out += _cross(G, F) + np.triu(_cross(G, G), 1)
+        out[np.diag_indices(len(out))] += (G * (G + 1) // 2).sum(axis=0)
+    out[np.diag_indices(len(out))] += (F * (F + 1) // 2).sum(axis=0)
+    return out
+
+
+def _zigzag_halves(sizes: np.ndarray, ring: int) -> tuple[np.ndarray, np.ndarray]:
+    """(F, G) of ``_zigzag_pair_matrix`` from (documents, 2P) chunk sizes, chunk k < P on rank k, 2P-1-k on k."""
+    return sizes[:, :ring], sizes[:, ring:][:, ::-1]
+
+
+#: a document with runs on at least this share of the ranks goes through the matrix products
+#: (``_zigzag_pair_matrix``, P^2 a document); one with fewer through pairs of runs (runs^2)
+DENSE_SHARE = 1 / 6
+
+
+def _zigzag_causal_matrix(cu: np.ndarray, ring: int) -> np.ndarray:
+    """(P, P) float causal pairs without a window of the per-document zigzag (layout._zigzag_sizes)."""
+    sizes, chunk_rank = _zigzag_sizes(cu, ring)
+    dense = (sizes > 0).sum(axis=1) >= DENSE_SHARE * 2 * ring
+    out = _zigzag_pair_matrix(*_zigzag_halves(sizes[dense], ring)).astype(np.float64)
+    sparse = sizes[~dense]
+    if len(sparse):
+        doc, chunk = np.nonzero(sparse)  # row-major: documents in order, each one's chunks in token order
+        out += _pairs_of_runs(sparse[doc, chunk].astype(np.float64), chunk_rank[chunk], doc, ring)
+    return out
+
+
+def _balanced_causal_matrix(cu: np.ndarray, ring: int, before) -> np.ndarray:
+    """(P, P) float causal pairs without a window of the balancer (layout.balanced_parts): its spread documents
+    zigzag chunks rotated by their index d (``_zigzag_pair_matrix`` per rotation, rolled by d mod P), the others
+    pairs of runs (one run a whole document, a few a poured one)."""
+    spread, (start, stop, rank) = balanced_parts(cu, ring, before)
+    order = np.argsort(start, kind="stable")
+    start, stop, rank = start[order], stop[order], rank[order]
+    out = _pairs_of_runs((stop - start).astype(np.float64), rank, np.searchsorted(cu, start, side="right"), ring)
+    sizes, shift = spread_sizes(cu, ring, spread), spread % ring
+    for s in np.unique(shift):
+        z = _zigzag_pair_matrix(*_zigzag_halves(sizes[shift == s], ring))
+        out += np.roll(z, (s, s), axis=(0, 1))
+    return out
+
+
+def causal_layout_matrix(token_layout: str, ring: int, cu_seqlens) -> np.ndarray:
+    """(P, P) int64 ``pair_matrix`` of a causal mask without a window under contiguous, zigzag or balanced, from the
+    layout's structure: contiguous by pairs of runs (a document's runs are on consecutive ranks), zigzag and the
+    balancer's spread documents by matrix products of their chunk sizes (``_zigzag_pair_matrix``)."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    if token_layout == "zigzag":
+        m = _zigzag_causal_matrix(cu, ring)
+    elif token_layout == "balanced":
+        m = _balanced_causal_matrix(cu, ring, work_before(cu, True, None))
+    else:
+        m = _contiguous_causal_matrix(cu, ring)
+    return np.rint(m).astype(np.int64)
+
+
+def _contiguous_causal_matrix(cu: np.ndarray, ring: int) -> np.ndarray:
+    """(P, P) float causal pairs without a window of the contiguous layout: a document's runs lie on consecutive
+    ranks in rank order, so the documents spanning many ranks are ``_zigzag_pair_matrix`` with no second half (their
+    rank counts F), the others pairs of runs."""
+    start, stop, rank = document_runs("contiguous", ring, cu)
+    doc = np.searchsorted(cu, start, side="right") - 1
+    n = (stop - start).astype(np.float64)
+    dense = (np.bincount(doc, minlength=len(cu) - 1) >= DENSE_SHARE * ring)[doc]
+    out = _pairs_of_runs(n[~dense], rank[~dense], doc[~dense], ring)
+    if dense.any():
+        rows = np.unique(doc[dense], return_inverse=True)[1]
+        F = np.zeros((rows.max() + 1, ring), dtype=np.int64)
+        F[rows, rank[dense]] = n[dense]
+        out += _zigzag_pair_matrix(F, None)
+    return out
 
 
 def run_pair_matrix(runs: tuple[np.ndarray, np.ndarray, np.ndarray], cu_seqlens, ring: int, causal: bool = True,
@@ -363,33 +572,78 @@ def striped_rounds(cu_seqlens, ring: int, causal: bool = True, window: int | Non
 ROUND_CELLS = 1 << 22
 
 
-def even_rounds(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None,
-                weights=None) -> np.ndarray:
+def _even_totals(token_layout: str, ring: int, cu_seqlens, causal: bool, window: int | None, runs=None
+                 ) -> np.ndarray | None:
+    """Each rank's exact work where its rounds are taken as even (``even_rounds``): past ROUND_CELLS runs x ranks
+    (striped: ranks^2, its rounds' matrix); else None, the rounds counted. ``runs``: the layout's, if built."""
+    if token_layout == "striped":
+        return striped_pairs(cu_seqlens, ring, causal, window) if ring * ring > ROUND_CELLS else None
+    if len(runs[0]) * ring > ROUND_CELLS:
+        return run_rank_pairs(runs, cu_seqlens, ring, causal, window)
+    return None
+
+
+def even_rounds(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None
+                ) -> np.ndarray:
     """(P rounds, P ranks) float: each rank's exact work (``rank_pairs``) spread evenly over the P rounds, none empty.
-    The layouts that cut documents into 2P pieces (zigzag, balanced) aim at even rounds; this takes them as even
-    where counting the rounds would cost more than ROUND_CELLS (a lower estimate of their rounds' busiest rank)."""
-    rows = row_pairs(cu_seqlens, causal, window)
-    owner = document_owners(token_layout, ring, cu_seqlens, weights)
-    totals = np.bincount(owner, weights=rows, minlength=ring)
-    return np.tile(totals / ring, (ring, 1))
+    The layouts that cut documents into 2P pieces (zigzag, balanced) aim at even rounds, and striped's are even but
+    for a document's edges; this takes them as even where counting the rounds would cost more than ROUND_CELLS (a
+    lower estimate of their rounds' busiest rank)."""
+    return np.tile(layout_pairs(token_layout, ring, cu_seqlens, causal, window) / ring, (ring, 1))
+
+
+def _counted_matrix(token_layout: str, ring: int, cu_seqlens, causal: bool, window: int | None, runs) -> np.ndarray:
+    """(P, P) ``pair_matrix`` of contiguous, zigzag or balanced from the layout's structure (causal without a window
+    inside any document: ``causal_layout_matrix``) or its runs (``run_pair_matrix``)."""
+    if causal and (window is None or window >= int(np.diff(cu_seqlens).max())):
+        return causal_layout_matrix(token_layout, ring, cu_seqlens)
+    return run_pair_matrix(runs, cu_seqlens, ring, causal, window)
+
+
+def _diagonals(m: np.ndarray) -> np.ndarray:
+    """(P ranks, P rounds) read-only view of a (P, P) pair matrix's rounds, reversed: [r, P - 1 - i] = m[r, (r - i)
+    mod P], from m laid twice side by side (entry [r, r - i + P], at r (2P + 1) + 1 + P - 1 - i of it) without index
+    arrays; each rank's row contiguous, so reductions over the ranks run row by row."""
+    P = len(m)
+    flat = np.concatenate([m, m], axis=1).ravel()
+    s = flat.strides[0]
+    return np.lib.stride_tricks.as_strided(flat[1:], shape=(P, P), strides=((2 * P + 1) * s, s), writeable=False)
+
+
+def round_stats(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(P,) busiest and mean score entries of each ring round of one pack (``layout_rounds``' max and mean over the
+    ranks), without the (P, P) rounds where they are even (``even_rounds``: every round the same)."""
+    if ring == 1:
+        x = mask_pairs(cu_seqlens, causal, window)
+        return np.array([x], dtype=np.int64), np.array([float(x)])
+    runs = None if token_layout == "striped" else layout_runs(token_layout, ring, cu_seqlens, causal, window)
+    totals = _even_totals(token_layout, ring, cu_seqlens, causal, window, runs)
+    if totals is not None:
+        y = totals / ring
+        return np.full(ring, y.max()), np.full(ring, y.mean())
+    if token_layout == "striped":
+        rounds = striped_rounds(cu_seqlens, ring, causal, window)
+    else:
+        by_rank = _diagonals(_counted_matrix(token_layout, ring, cu_seqlens, causal, window, runs))
+        return by_rank.max(axis=0)[::-1], by_rank.mean(axis=0)[::-1]  # exact integer sums: any order
+    return rounds.max(axis=1), rounds.mean(axis=1)
 
 
 def layout_rounds(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None
                   ) -> np.ndarray:
     """(P rounds, P ranks): score entries of ring rank r's queries on the K, V of rank (r - i) mod P in round i, under
-    a balancing policy (``round_pairs`` of the ``pair_matrix``, counted from runs of tokens, or for striped from
-    offsets' residues; past ROUND_CELLS, ``even_rounds``)."""
+    a balancing policy (``round_pairs`` of the ``pair_matrix``, counted from runs of tokens or the layout's chunks,
+    or for striped from offsets' residues; past ROUND_CELLS, ``even_rounds``)."""
     if ring == 1:
         return np.array([[mask_pairs(cu_seqlens, causal, window)]], dtype=np.int64)
+    runs = None if token_layout == "striped" else layout_runs(token_layout, ring, cu_seqlens, causal, window)
+    totals = _even_totals(token_layout, ring, cu_seqlens, causal, window, runs)
+    if totals is not None:
+        return np.tile(totals / ring, (ring, 1))
     if token_layout == "striped":
         return striped_rounds(cu_seqlens, ring, causal, window)
-    weights = row_pairs(cu_seqlens, causal, window) if token_layout == "balanced" else None
-    runs = document_runs(token_layout, ring, cu_seqlens, weights)
-    if len(runs[0]) * ring > ROUND_CELLS:
-        return even_rounds(token_layout, ring, cu_seqlens, causal, window, weights)
-    m = run_pair_matrix(runs, cu_seqlens, ring, causal, window)
-    r = np.arange(ring)
-    return m[r[None, :], (r[None, :] - r[:, None]) % ring]
+    return np.array(_diagonals(_counted_matrix(token_layout, ring, cu_seqlens, causal, window, runs)).T[::-1])
 
 
 class SampleWork(NamedTuple):

@@ -266,3 +266,72 @@ def test_a_sample_packs_rank_work_for_show():
     assert s.tokens.sum() == 16384 and s.pairs.sum() == mask_pairs(s.cu_seqlens)
     assert np.array_equal(s.cu_seqlens, draw_packs(w.documents, 16384, 2, 2)[1])
     assert s.tokens.max() <= 1.1 * 16384 / 8
+
+
+# ---------------------------------------------------------------- closed forms against the per-token counts
+
+ODD_PACKS = [np.array([0, 4099]), np.array([0, 1, 2, 3, 4099]), np.array([0, 7, 300, 301, 1025, 2047, 4099]),
+             np.array([0, 13])]
+WINDOWS = [None, 1, 5, 1000, 5000]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", WINDOWS)
+def test_prefix_pairs_is_the_running_sum_of_each_documents_rows(causal, window):
+    from sp_plan.planner.masks import prefix_pairs, work_before
+    for cu in ODD_PACKS:
+        rows = row_pairs(cu, causal, window)
+        for s, e in zip(cu[:-1], cu[1:]):
+            n = np.arange(e - s + 1)
+            want = np.concatenate([[0], np.cumsum(rows[s:e])])
+            assert prefix_pairs(n, e - s, causal, window).tolist() == want.tolist()
+            assert [prefix_pairs(int(x), int(e - s), causal, window) for x in (0, 1, e - s)] == want[[0, 1, -1]].tolist()
+        x = np.arange(int(cu[-1]) + 1)
+        assert work_before(cu, causal, window)(x).tolist() == np.concatenate([[0], np.cumsum(rows)]).tolist()
+
+
+@pytest.mark.parametrize("token_layout", BALANCE_POLICIES)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("ring", [1, 2, 3, 8, 64])
+def test_each_ranks_work_in_closed_form_is_its_per_token_count(token_layout, causal, window, ring):
+    """layout_pairs (runs in closed form; striped by strided sums) equals the per-token rank_pairs."""
+    for cu in ODD_PACKS + _packs(range(2), seq_len=4099):
+        tokens = layout_tokens(token_layout, ring, cu, causal, window)
+        want = rank_pairs(tokens, cu, causal, window)
+        assert layout_pairs(token_layout, ring, cu, causal, window).tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("ring", [1, 2, 3, 8, 16])
+def test_the_balancer_from_closed_form_work_places_as_from_per_token_weights(ring):
+    from sp_plan.planner.layout import document_runs, owner_runs, document_owners
+    from sp_plan.planner.masks import work_before
+    for cu in ODD_PACKS + _packs(range(3), seq_len=16384) + _packs(range(2), 16384, "megatron-dcp"):
+        for causal, window in [(True, None), (False, None), (True, 300), (False, 3)]:
+            per_token = owner_runs(document_owners("balanced", ring, cu, row_pairs(cu, causal, window)), cu)
+            closed = document_runs("balanced", ring, cu, work_before=work_before(cu, causal, window))
+            assert all(np.array_equal(a, b) for a, b in zip(per_token, closed))
+
+
+@pytest.mark.parametrize("token_layout", ["contiguous", "zigzag", "balanced"])
+@pytest.mark.parametrize("ring", [1, 2, 3, 5, 8, 16])
+def test_causal_rounds_from_the_layouts_chunks_are_the_pair_matrix(token_layout, ring):
+    """causal_layout_matrix (pairs of runs; zigzag chunks by matrix products) equals the token-by-token count."""
+    from sp_plan.planner.masks import causal_layout_matrix
+    for cu in ODD_PACKS + _packs(range(2), seq_len=8192) + _packs(range(2), 8192, "magi-long"):
+        want = pair_matrix(layout_tokens(token_layout, ring, cu), cu)
+        assert causal_layout_matrix(token_layout, ring, cu).tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("token_layout", BALANCE_POLICIES)
+@pytest.mark.parametrize("causal, window", [(True, None), (False, None), (True, 300)])
+def test_round_stats_are_the_rounds_max_and_mean(token_layout, causal, window):
+    from sp_plan.planner.masks import layout_rounds, round_stats
+    for cu in ODD_PACKS[:3] + _packs(range(2), seq_len=8192):
+        for ring in (1, 2, 6, 8):
+            rounds = layout_rounds(token_layout, ring, cu, causal, window)
+            r = np.arange(ring)
+            m = pair_matrix(layout_tokens(token_layout, ring, cu, causal, window), cu, causal, window)
+            assert rounds.tolist() == m[r[None, :], (r[None, :] - r[:, None]) % ring].tolist()
+            hi, mean = round_stats(token_layout, ring, cu, causal, window)
+            assert hi.tolist() == rounds.max(axis=1).tolist() and mean.tolist() == rounds.mean(axis=1).tolist()
