@@ -114,7 +114,7 @@ class SearchResult:
     rejected: int  # variants of the expanded degrees with no memory policy that fits
     estimator: Estimator
     profile: str | None = None  # the profile whose params priced it (its id, or "file"); None: uncalibrated
-    profile_line: str = ""  # calibration.resolve_params' line, for the user
+    profile_line: str = ""  # profiles.resolve.resolve_params' line, for the user (set by the pipeline)
 
 
 ZERO_COST = {0: 0, 1: 0, 2: 0, 3: 1}  # schedules.grad_sync: ZeRO-1/2 move what an all-reduce moves, ZeRO-3 1.5x
