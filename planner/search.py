@@ -642,8 +642,9 @@ def plan(cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int = 5,
     opens no store. ``profile``, a loaded Profile: the layouts its tune measured rank by their measured step.
     ``sp_plan.plan`` (the pipeline) looks the cluster's profile up and calls this."""
     if profile is not None and not isinstance(profile, Profile):
-        raise PlanError("profile", f"the planner takes a loaded Profile, not {type(profile).__name__}",
-                        "pass params= and a Profile, or call sp_plan.plan, which looks profiles up")
+        raise PlanError("profile", f"the planner prices with params= and a loaded Profile, not {profile!r} to look up",
+                        "call sp_plan.plan, which looks profiles up (profile=False: the presets' defaults), or pass "
+                        "params=")
     params = params if params is not None else (profile.params if profile is not None else None)
     res = grid_search(cluster, model, workload, space, progress, keep=top_k, params=params, distinct=True)
     res.profile = profile_tag(profile)
