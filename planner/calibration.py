@@ -297,9 +297,11 @@ class _TimeFit:
         self.x0 = np.array([p.coordinate(base) for p in TIME_PARAMS])
 
     def params(self, x) -> Params:
+        """``base`` with the time parameters at coordinates ``x``."""
         return self.base.model_copy(update={p.field: p.value(x[i]) for i, p in enumerate(TIME_PARAMS)})
 
     def pred(self, x) -> np.ndarray:
+        """The cases' predicted step times at coordinates ``x``."""
         return self.pricer.times(self.params(x), self.cases)
 
     def moves(self, name: str, a: float, b: float) -> bool:

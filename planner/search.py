@@ -355,6 +355,7 @@ class _Grid:
         self.by_layout = by_policy(space.work)  # with documents each balancing policy's best is exact too
 
     def push(self, bound: float, stage: Stage, item) -> None:
+        """Queue ``item`` under ``bound`` at ``stage`` (ties: first pushed, first popped)."""
         heapq.heappush(self.queue, (bound, stage, self.pushed, item))
         self.pushed += 1
 
