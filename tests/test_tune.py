@@ -1,7 +1,8 @@
 """`sp-plan tune` end to end on 4 CPU ranks: the command as a user runs it, faults, a SIGKILL and resume, bad input.
 
 Every world here is a real one: torchrun's variables on 4 processes (benchmarks/harness/netns.py ``start``), or
-the shared gloo helper (benchmarks/harness/worlds.py) for the in-process fault test.
+the shared gloo helper (benchmarks/harness/worlds.py) for the in-process fault test. A world's time limit (900 s)
+only catches a hang: a 2-core host shared with other work runs these tunes several times slower than a quiet one.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _ok(res) -> str:
 
 def test_tune_then_plan_uses_the_profile(tmp_path):
     store = f"sqlite:///{tmp_path / 'store.db'}"
-    out = _ok(netns.launch([*TUNE, "--budget", "2", "--store", store, "-o", "plan.yaml"], 4, 4, tmp_path, timeout=400))
+    out = _ok(netns.launch([*TUNE, "--budget", "2", "--store", store, "-o", "plan.yaml"], 4, 4, tmp_path, timeout=900))
     assert "measured candidates" in out and "leave-one-out step-time error" in out and "stored profile" in out
     # into a file (not a terminal): plain progress lines, each step's start and end at least
     for step in ("links", "kernels", "rounds", "candidates"):
@@ -104,7 +105,7 @@ def _tune_rank(rank, world, url, faults, budget, timeout, surprise=None, reading
 
 def test_contenders_for_the_best_are_read_again_and_kept_at_their_fastest_reading(tmp_path):
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    out = run_world(_tune_rank, 4, url, {}, 2, 120.0, confirm=2, confirm_within=1e9, timeout=400)
+    out = run_world(_tune_rank, 4, url, {}, 2, 120.0, confirm=2, confirm_within=1e9, timeout=900)
     cands, pid = out[0]
     assert all(o == out[0] for o in out) and [s for _, s, _, _ in cands] == ["ok", "ok"]
     prof = Store(url).get_profile(pid)
@@ -131,7 +132,7 @@ def test_a_surprise_is_read_again_checkpointed_and_kept_at_its_faster_reading(tm
     # the second candidate is the surprise (which candidates are: tests/test_tune_surprises.py,
     # tests/test_calibration.py); its readings are scripted, so nothing here depends on the host's speed
     out = run_world(_tune_rank, 4, url, {}, 3, 120.0, 1, _surprise_readings, confirm=0,
-                    link_sizes=[16384, 1 << 20], timeout=400)
+                    link_sizes=[16384, 1 << 20], timeout=900)
     cands, pid = out[0]
     assert all(o == out[0] for o in out) and [s for _, s, _, _ in cands] == ["ok"] * 3
     prof, steps = Store(url).get_profile(pid), _steps(url)
@@ -151,7 +152,7 @@ def test_a_surprise_is_read_again_checkpointed_and_kept_at_its_faster_reading(tm
 def test_failing_candidates_are_recorded_and_the_tune_goes_on(tmp_path):
     url = f"sqlite:///{tmp_path / 'store.db'}"
     faults = {"#0": "raise@1", "#1": "oom@2", "#2": "hang@3"}
-    out = run_world(_tune_rank, 4, url, faults, 4, 15.0, timeout=400)
+    out = run_world(_tune_rank, 4, url, faults, 4, 15.0, timeout=900)
     cands, pid = out[0]
     assert all(o == out[0] for o in out), "every rank returns the same profile"
     statuses = [(s, r) for _, s, _, r in cands]
@@ -183,7 +184,7 @@ def test_a_killed_tune_resumes_and_loses_at_most_the_candidate_in_flight(tmp_pat
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
     assert done, "no candidate was measured in time"
-    out = _ok(netns.launch([*TUNE, "--budget", "3", "--store", url], 4, 4, tmp_path, timeout=400))
+    out = _ok(netns.launch([*TUNE, "--budget", "3", "--store", url], 4, 4, tmp_path, timeout=900))
     assert "resumed run" in out and "candidate(s)" in out.split("resumed run")[1].splitlines()[0]
     (prof,) = Store(url).list_profiles()
     assert len(prof.candidates) == 3

@@ -124,7 +124,7 @@ def _budget_rank(rank, world, url):
 
 def test_a_tune_whose_sweep_and_candidates_would_overrun_keeps_to_its_minutes(tmp_path):
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    out = run_world(_budget_rank, 4, url, timeout=500)
+    out = run_world(_budget_rank, 4, url, timeout=900)
     rep, order, steps = out[0]
     assert steps == ["candidates", "kernels", "links", "rounds"]
     st = Store(url)

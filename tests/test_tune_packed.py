@@ -15,7 +15,7 @@ TUNE = ["-m", "sp_plan.cli.app", "tune", "--cluster", "cpu-local", "--model", "t
 def test_a_packed_tune_measures_masked_candidates_and_prints_json_events(tmp_path):
     url = f"sqlite:///{tmp_path / 'store.db'}"
     res = netns.launch([*TUNE, "--budget", "2", "--documents", "megatron-dcp", "--window", "256", "--seed", "3",
-                        "--json", "--store", url], 4, 4, tmp_path, timeout=500)
+                        "--json", "--store", url], 4, 4, tmp_path, timeout=900)
     for rank, (code, text) in enumerate(res):
         assert code == 0, f"rank {rank} exited {code}:\n{text[-4000:]}"
     lines = [ln for ln in res[0][1].splitlines() if ln.startswith("{")]
@@ -42,7 +42,7 @@ def test_a_packed_tune_measures_masked_candidates_and_prints_json_events(tmp_pat
 def test_a_quiet_tune_prints_only_its_result(tmp_path):
     url = f"sqlite:///{tmp_path / 'store.db'}"
     res = netns.launch([*TUNE, "--seq-len", "512", "--budget", "1", "--quiet", "--store", url, "-o", "plan.yaml"],
-                       4, 4, tmp_path, timeout=400)
+                       4, 4, tmp_path, timeout=900)
     for rank, (code, text) in enumerate(res):
         assert code == 0, f"rank {rank} exited {code}:\n{text[-4000:]}"
     (prof,) = Store(url).list_profiles()
