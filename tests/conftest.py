@@ -6,10 +6,13 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-# commands that store something (`profile links`, `profile import`) never write the user's own store in tests
+# commands that store something (`profile links`, `profile import`) never write the user's own store in tests; each
+# test process has its own (pytest-xdist's workers inherit the controller's environment, and would share one)
 import tempfile  # noqa: E402
 
-os.environ.setdefault("SP_PLAN_STORE", f"sqlite:///{tempfile.mkdtemp(prefix='sp-plan-test-store-')}/store.db")
+if os.environ.get("SP_PLAN_STORE") in (None, os.environ.get("SP_PLAN_TEST_STORE")):
+    os.environ["SP_PLAN_STORE"] = os.environ["SP_PLAN_TEST_STORE"] = \
+        f"sqlite:///{tempfile.mkdtemp(prefix='sp-plan-test-store-')}/store.db"
 
 # ---- Hypothesis: a derandomized, fixed-budget profile for CI ("ci", the default) and a deeper one for local
 # runs (HYPOTHESIS_PROFILE=dev); the terminal summary says how many generated cases each property ran.
