@@ -345,19 +345,25 @@ def _place_whole(order, starts, ends, doc_work, work_before, load, held, cap) ->
             for x in aside:
                 heapq.heappush(heap, x)
             continue
-        for r in sorted(range(len(load)), key=load.__getitem__):  # pour: the tokens in order into the room left
-            take = min(cap - held[r], end - start)
-            if take > 0:
-                runs.append((start, start + take, r))
-                w = work_before(np.array([start + take, start], dtype=np.int64))
-                load[r] += float(w[0] - w[1])
-                held[r] += take
-                start += take
-            if start == end:
-                break
+        runs += _pour(start, end, work_before, load, held, cap)
         heap = [(x, r) for r, x in enumerate(load)]
         heapq.heapify(heap)
     return runs
+
+
+def _pour(start: int, end: int, work_before, load: list, held: list, cap: int) -> list[tuple[int, int, int]]:
+    """A document no rank has room for, its tokens in order into the least-loaded ranks' room (ties: the lowest
+    rank), each rank filled before the next; ``load`` and ``held`` updated. Returns its (start, stop, rank) runs."""
+    ranks = np.argsort(np.array(load), kind="stable")  # sorted(range(P), key=load): stable, ties by rank
+    room = np.maximum(cap - np.array(held, dtype=np.int64)[ranks], 0)
+    take = np.minimum(room, np.maximum(end - start - (np.cumsum(room) - room), 0))
+    ranks, take = ranks[take > 0], take[take > 0]
+    bounds = start + np.concatenate([[0], np.cumsum(take)])
+    w = work_before(bounds)
+    for r, t, x in zip(ranks.tolist(), take.tolist(), (w[1:] - w[:-1]).tolist()):
+        load[r] += x
+        held[r] += t
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), ranks.tolist()))
 
 
 def document_ring_tokens(token_layout: str, ring: int, cu_seqlens, weights=None) -> list[np.ndarray]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
+import numpy as np
+
 from .algorithms import Algorithm, Variant, algorithm_for, register
 from .layout import BALANCE_MAX_RING, ring_balance, round_work_runs
 from .masks import has_mask, layer_windows, ring_round_pairs
@@ -81,17 +83,17 @@ class MaskedRounds(NamedTuple):
 def masked_rounds(work, token_layout: str, ring: int, layers: int) -> MaskedRounds:
     """``masks.ring_round_pairs`` averaged over ``masks.layer_windows``; a layer's K, V go no further than its last
     round that some pack's mask fills (runtime ring.needed_rounds): the far rounds of a window send nothing."""
-    busiest, mean, sends = [0.0] * ring, [0.0] * ring, [0.0] * ring
+    busiest, mean, sends = np.zeros(ring), np.zeros(ring), np.zeros(ring)
     mix = layer_windows(work, layers)
     total = sum(n for _, n in mix)
-    for w, n in mix:
+    for w, n in mix:  # elementwise, in the same order of operations per round as a scalar loop
         rr = ring_round_pairs(work, token_layout, ring, w)
-        last = max((i for i in range(ring) if rr.empty[i] < 1.0), default=0)  # the last round any pack fills
-        for i in range(ring):
-            busiest[i] += n * rr.busiest[i] / total
-            mean[i] += n * rr.mean[i] / total
-            sends[i] += n / total if i < last else 0.0
-    return MaskedRounds(tuple(busiest), tuple(mean), tuple(sends))
+        filled = np.flatnonzero(np.array(rr.empty) < 1.0)
+        last = int(filled[-1]) if len(filled) else 0  # the last round any pack fills
+        busiest += n * np.array(rr.busiest) / total
+        mean += n * np.array(rr.mean) / total
+        sends += np.where(np.arange(ring) < last, n / total, 0.0)
+    return MaskedRounds(*(tuple(x.tolist()) for x in (busiest, mean, sends)))
 
 
 def masked_ring_steps(c: Shape, backward: bool) -> list[Step]:
@@ -102,21 +104,34 @@ def masked_ring_steps(c: Shape, backward: bool) -> list[Step]:
     step."""
     mr = masked_rounds(c.work, c.token_layout, c.ring, c.model.layers)
     steps: list[Step] = []
-    for i, phases in enumerate(_round_phases(c, backward, mr)):
+    for i, k, phases in _round_phases(c, backward, mr):
         last = steps[-1] if steps and i > 1 else None  # the first ring round (the diagonal) stands alone
         if last is not None and last.phases == phases:
-            steps[-1] = Step(phases, last.repeat + 1, last.overlap)
+            steps[-1] = Step(phases, last.repeat + k, last.overlap)
         elif phases:
-            steps.append(Step(phases, 1, overlap=any(type(p) is Comm for p in phases)))
+            steps.append(Step(phases, k, overlap=any(type(p) is Comm for p in phases)))
     if backward and mr.sends[0] > 0:  # the layers whose K, V left home
         kv_block = c.b * c.n_ring * c.kv_local * c.model.head_dim * c.e
         steps.append(Step((Comm("ring p2p dk,dv home", "shift", ("ring",), mr.sends[0] * 2 * kv_block),)))
     return steps
 
 
-def _round_phases(c: Shape, backward: bool, mr: MaskedRounds) -> list[tuple]:
-    """Each masked ring round's phases: its busiest rank's block (and merge) where the mask fills it, beside the
-    send of K, V (dK, dV backward) onward, scaled by the share of layers whose K, V travel on."""
+@lru_cache(maxsize=1024)
+def round_runs(mr: MaskedRounds) -> tuple[tuple[int, int, float, float], ...]:
+    """(first round, rounds, busiest pairs, share sent) of each run of equal rounds after the first (the diagonal,
+    a run of its own): what ``_round_phases`` builds once a run, not once a round."""
+    pairs, share = np.array(mr.busiest), np.array(mr.sends)
+    new = np.ones(len(pairs), dtype=bool)
+    new[2:] = (pairs[2:] != pairs[1:-1]) | (share[2:] != share[1:-1])
+    first = np.flatnonzero(new)
+    counts = np.diff(np.append(first, len(pairs)))
+    return tuple(zip(first.tolist(), counts.tolist(), pairs[first].tolist(), share[first].tolist()))
+
+
+def _round_phases(c: Shape, backward: bool, mr: MaskedRounds) -> list[tuple[int, int, tuple]]:
+    """(first round, rounds, phases) of each run of equal masked ring rounds (``round_runs``): its busiest rank's
+    block (and merge) where the mask fills it, beside the send of K, V (dK, dV backward) onward, scaled by the share
+    of layers whose K, V travel on."""
     tag, mult = ("bwd", 2.5) if backward else ("fwd", 1.0)  # FlashAttention backward: 5 block matmuls vs 2
     send = (4 if backward else 2) * c.b * c.n_ring * c.kv_local * c.model.head_dim * c.e
     full = attention_flops(c.n_ring, c.n_ring, c.heads_local, c.model.head_dim, c.b)
@@ -124,12 +139,12 @@ def _round_phases(c: Shape, backward: bool, mr: MaskedRounds) -> list[tuple]:
     balance = (pooled,) if pooled < 1.0 and c.ring <= BALANCE_MAX_RING else ()
     merge = (Compute(f"ring merge {tag}", 0.0, "memory", nbytes=merge_bytes(c, backward)),) if c.ring > 1 else ()
     out = []
-    for i, (pairs, share) in enumerate(zip(mr.busiest, mr.sends)):
+    for i, k, pairs, share in round_runs(mr):
         f = pairs / (c.n_ring * c.n_ring)
         masked = c.work.causal and (i == 0 or c.token_layout == "striped")  # a (shifted) diagonal
         comp = (Compute(f"attention {tag}", mult * full * f, "attention", c.n_ring, fill=f, balance=balance,
                         masked=masked),) + merge if pairs else ()
-        out.append(comp + ((Comm(f"ring p2p {tag}", "shift", ("ring",), share * send),) if share else ()))
+        out.append((i, k, comp + ((Comm(f"ring p2p {tag}", "shift", ("ring",), share * send),) if share else ())))
     return out
 
 
