@@ -6,7 +6,6 @@ models and the plan file's checks load with the app.
 """
 from __future__ import annotations
 
-import functools
 import sys
 import time
 from contextlib import contextmanager
@@ -22,14 +21,14 @@ import sp_plan
 from sp_plan.cli.console import err, out, print_error
 from sp_plan.cli.examples import add_examples
 from sp_plan.cli.options import (JSON_HELP, NO_PROFILE_HELP, PROFILE_DEFAULT, PROFILE_HELP, STORE_DEFAULT, STORE_HELP,
-                                 fail, profile_options)
+                                 fail, owns_collector, profile_options)
 from sp_plan.cli.workload import masked_workload, plan_workload, print_mask, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.model import parse_seq_len
 from sp_plan.planner.ranking import secs, summarize, versus_first
 from sp_plan.planner.yamlio import check_writable
 from sp_plan.profiles import cluster_presets, load_cluster, load_model, model_presets, preset_cluster
-from sp_plan.service.collector import collector_paused, skip_final_collection
+from sp_plan.service.collector import skip_final_collection
 
 if TYPE_CHECKING:
     from sp_plan.planner.plan import Plan
@@ -164,17 +163,6 @@ def _request(cls, server: Optional[str], **fields):
     except ValidationError as e:
         x = e.errors()[0]
         raise PlanError(f"--{str(x['loc'][0]).replace('_', '-')}", x["msg"], "fix that option") from None
-
-
-def owns_collector(command: Callable) -> Callable:
-    """A command run with the garbage collector paused (``service.collector.collector_paused``): this process owns its
-    collector, and a command that plans allocates ~10^5 objects a collection would walk again and again."""
-    @functools.wraps(command)  # typer reads the options from the wrapped function's signature
-    def run(*args, **kwargs):
-        with collector_paused():
-            return command(*args, **kwargs)
-
-    return run
 
 
 _PLAN_MASK = workload_mask_options()

@@ -1,12 +1,15 @@
-"""What the commands share: the profile and store options' help, the profile choice, and the exit on bad input."""
+"""What the commands share: the profile and store options' help, the profile choice, the exit on bad input and the
+garbage collector's policy around a search."""
 from __future__ import annotations
 
-from typing import NoReturn, Optional
+import functools
+from typing import Callable, NoReturn, Optional
 
 import typer
 
 from sp_plan.cli.console import print_error
 from sp_plan.planner.errors import PlanError
+from sp_plan.service.collector import collector_paused
 
 PROFILE_HELP = "calibration profile: a stored profile id or a profile file"
 PROFILE_DEFAULT = "the cluster's newest stored profile"
@@ -28,3 +31,14 @@ def profile_options(profile: Optional[str], no_profile: bool) -> object:
     if no_profile and profile:
         raise PlanError("--profile", "both --profile and --no-profile given", "pass one of them")
     return False if no_profile else profile
+
+
+def owns_collector(command: Callable) -> Callable:
+    """A command run with the garbage collector paused (``service.collector.collector_paused``): this process owns its
+    collector, and a command that plans allocates ~10^5 objects a collection would walk again and again."""
+    @functools.wraps(command)  # typer reads the options from the wrapped function's signature
+    def run(*args, **kwargs):
+        with collector_paused():
+            return command(*args, **kwargs)
+
+    return run

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from sp_plan.cli.console import err, out
-from sp_plan.cli.options import STORE_DEFAULT, fail, profile_options
+from sp_plan.cli.options import STORE_DEFAULT, fail, owns_collector, profile_options
 from sp_plan.cli.workload import plan_workload, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.ranking import secs
@@ -152,4 +152,5 @@ def _report_inputs(path: Optional[Path], cluster: Optional[str], nodes: Optional
 
 
 def register(app: typer.Typer) -> None:
-    app.command("report")(report_cmd)
+    """Add `report` to the main app, run with the collector paused around its searches (options.owns_collector)."""
+    app.command("report")(owns_collector(report_cmd))
