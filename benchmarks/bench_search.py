@@ -1,11 +1,13 @@
 """Search speed at cluster scale: grid wall and CPU time at 1,024 / 16,384 / 131,072 GPUs for batch 1
 and 16, the best layout of every algorithm, the schedules and link evaluations the search built; the whole
 `sp-plan plan -o plan.yaml` command as a user runs it (a fresh process: imports, search, tables, the plan file),
-its time net of `sp-plan presets`, its peak resident memory and the plan file's size; and how many optuna trials
+its time net of `sp-plan presets`, its peak resident memory and the plan file's size, and with `--documents NAME`
+packed (default magi-long; target: at most twice the CPU of the same plan without); and how many optuna trials
 reach within 1 % of the grid optimum at 4,096 GPUs.
 
     python benchmarks/bench_search.py [--gpus 1024,16384,131072] [--batches 1,16] [--models llama3-70b,llama3-405b]
-                                      [--repeats 5] [--seeds 5] [--trials 200] [--bayes-gpus 4096] [--bayes-batch 16]
+                                      [--repeats 5] [--documents magi-long] [--seeds 5] [--trials 200]
+                                      [--bayes-gpus 4096] [--bayes-batch 16]
 
 Workload: dgx-h100 preset, 1M-token sequences, causal training. Targets on a quiet 2-core machine: the in-process
 grid with every algorithm <= 0.3 s at 1,024 GPUs, <= 1 s at 16,384, <= 10 s at 131,072; the whole command
@@ -112,15 +114,19 @@ def whole_process(args: list[str], repeats: int) -> dict:
             "rss": max(r["maxrss_kib"] for r in runs) / 1024, "walls": [r["wall"] for r in runs]}
 
 
-def run_command(model_name: str, gpus: int, batch: int, base: dict, repeats: int, folder: Path) -> None:
-    """`sp-plan plan --no-profile -o plan.yaml` for one world as a user runs it, net of `sp-plan presets`."""
-    out = folder / f"plan-{model_name}-{gpus}-{batch}.yaml"
+def run_command(model_name: str, gpus: int, batch: int, base: dict, repeats: int, folder: Path,
+                documents: str | None = None) -> dict:
+    """`sp-plan plan --no-profile -o plan.yaml` for one world as a user runs it, net of `sp-plan presets` (with
+    ``documents``: `--documents NAME` too, its row named by it)."""
+    out = folder / f"plan-{model_name}-{gpus}-{batch}-{documents}.yaml"
     args = ["plan", "--cluster", "dgx-h100", "--nodes", str(gpus // 8), "--model", model_name, "--seq-len", "1m",
-            "--batch", str(batch), "--no-profile", "-o", str(out)]
+            "--batch", str(batch), "--no-profile", "-o", str(out)] + (["--documents", documents] if documents else [])
     w = whole_process(args, repeats)
-    print(f"{model_name:>11} {gpus:>7} {batch:>5} {w['wall']:>7.2f} {min(w['walls']):>7.2f} {w['cpu']:>7.2f} "
+    name = documents or model_name
+    print(f"{name:>11} {gpus:>7} {batch:>5} {w['wall']:>7.2f} {min(w['walls']):>7.2f} {w['cpu']:>7.2f} "
           f"{w['wall'] - base['wall']:>7.2f} {min(w['walls']) - min(base['walls']):>7.2f} {w['rss']:>7.0f} "
           f"{out.stat().st_size / 1e3:>8.1f}   " + " ".join(f"{x:.2f}" for x in w["walls"]), flush=True)
+    return w
 
 
 def main() -> None:
@@ -130,6 +136,8 @@ def main() -> None:
     ap.add_argument("--models", default="llama3-70b,llama3-405b")
     ap.add_argument("--repeats", type=int, default=5, help="fresh `sp-plan` processes per whole-process figure "
                     "(0: none)")
+    ap.add_argument("--documents", default="magi-long", help="also time the whole command with --documents NAME "
+                    "(batch 1, each GPU count; '' for none): its CPU seconds against the same plan's without")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--bayes-gpus", type=int, default=4096)
@@ -156,9 +164,17 @@ def main() -> None:
         print(f"{'model':>11} {'GPUs':>7} {'batch':>5} {'wall s':>7} {'least':>7} {'cpu s':>7} {'net s':>7} "
               f"{'least':>7} {'RSS MiB':>7} {'file kB':>8}   walls (net: minus `sp-plan presets`)")
         with tempfile.TemporaryDirectory() as d:
+            plain = {}
             for n in gpus:
                 for b in (int(x) for x in args.batches.split(",")):
-                    run_command(args.models.split(",")[0], n, b, base, args.repeats, Path(d))
+                    plain[n, b] = run_command(args.models.split(",")[0], n, b, base, args.repeats, Path(d))
+            if args.documents:
+                ratios = []
+                for n in gpus:
+                    w = run_command(args.models.split(",")[0], n, 1, base, args.repeats, Path(d), args.documents)
+                    if (n, 1) in plain:
+                        ratios.append(f"{n:,} GPUs {w['cpu'] / plain[n, 1]['cpu']:.2f}x")
+                print(f"--documents {args.documents}, CPU seconds against the same plan without: " + ", ".join(ratios))
     if args.seeds:
         model, work = load_model("llama3-70b"), Workload(seq_len="1m", batch=args.bayes_batch)
         cluster = load_cluster("dgx-h100", args.bayes_gpus // 8)
