@@ -231,8 +231,8 @@ class LinkEngine:
         mine = sorted(base + off(i) for i in local)
         if len(mine) == n or len({self.nics.get(self.names[r]) for r in mine}) < 2:
             return [(base + off(i), base + off(j), frac) for i, j, frac in flows_touching("shift", n, local)]
-        far = next(base + o for o in shape.offsets if not 0 <= base + o < self.gpn)  # a member on another node:
-        # a flow's route on node 0 depends on its node-0 end alone (``route``)
+        here = set(local)  # a member on another node (the first index not on node 0, without listing the group):
+        far = base + off(next(i for i in range(n) if i not in here))  # a flow's node-0 route needs its node-0 end alone
         k = len(mine)
         out = []
         for c in range(k):
