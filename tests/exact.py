@@ -17,7 +17,41 @@ def assemble(templates: list[torch.Tensor], pieces, seq_len: int, what: str = ""
 
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
-TOLERANCE = {"float64": 1e-10, "float32": 1e-5}  # against a float64 single-process reference
+
+
+def tolerance(dtype: str | torch.dtype, terms: int) -> float:
+    """The largest error a result computed in ``dtype`` may have against its float64 reference, relative to the
+    reference's scale (``scaled_error``): gamma_n = n u / (1 - n u), the forward error bound of sums and products
+    over n terms in unit roundoff u (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., section 3.1),
+    with n the terms summed along the longest chain from the inputs to the result. It holds whatever order a
+    core count or a kernel's blocking adds the terms in."""
+    u = torch.finfo(DTYPES.get(dtype, dtype)).eps / 2
+    n = terms + 1  # the rounding of the inputs to dtype
+    assert n * u < 1, f"{terms} terms exceed what {dtype} can bound"
+    return n * u / (1 - n * u)
+
+
+def attention_terms(seq: int, head_dim: int, heads_per_kv: int = 1) -> int:
+    """Terms on attention's longest chain from q, k, v to a gradient: the scores and, in the backward, dP and
+    rowsum(dO * O) (head_dim each); the softmax's normaliser, the output and dq, dk or dv (seq each); dk and dv
+    also add the query heads that share a key head."""
+    return 3 * head_dim + 3 * seq + heads_per_kv
+
+
+def scaled_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |got - ref|, relative to the reference's largest entry where that exceeds 1 (the inputs are of order 1);
+    0 for empty tensors."""
+    if ref.numel() == 0:
+        return 0.0
+    return float((got.double() - ref.double()).abs().max()) / max(1.0, float(ref.abs().max()))
+
+
+def mismatches(got, ref, names, dtype, terms: int, what: str) -> list[str]:
+    """One line per tensor of ``got`` off its reference by more than ``tolerance(dtype, terms)``."""
+    tol = tolerance(dtype, terms)
+    errs = ((name, scaled_error(g, r)) for name, g, r in zip(names, got, ref))
+    return [f"{what}: {name} differs from the reference by {err:.3g} > {tol:.3g}" for name, err in errs
+            if not err <= tol]
 
 
 def sdpa_reference(q, k, v, dout, causal: bool) -> list[torch.Tensor]:

@@ -1,17 +1,18 @@
 """Test markers from what each test does: ``multiprocess`` (starts a process), ``postgres`` (uses the throwaway
 PostgreSQL server), ``browser`` (opens Chromium), ``netns`` (network namespaces), and ``slow`` (any of those, or
-over SLOW_S seconds). ``pytest -m "not slow"`` is the contributor's inner loop.
+over SLOW_S seconds of CPU, or WAIT_S of waiting). ``pytest -m "not slow"`` is the contributor's inner loop.
 
-The marks live in tests/markers.json, written by a whole run with ``pytest --record-markers``: the run watches
+The marks live in tests/markers.json, written by a run with ``pytest --record-markers`` (a whole run, or some files:
+the marks of the tests that did not run are kept): the run watches
 every process a test starts (subprocess, multiprocessing, torch's spawn) and its duration. What a fixture's setup
 starts or spends counts for every test that uses the fixture, not only for the first one, which happened to set
 it up. Without the option the recorded marks are applied, and a test that starts a process without its mark is
 reported in the summary, so the file is refreshed when a test changes what it does.
 
 A mark written in the test itself counts as well (any kind implies ``slow``): tests that read a world their module
-starts once and caches say ``@pytest.mark.multiprocess`` and ``@pytest.mark.xdist_group(...)``, so that every one
-of them is slow (not just the first) and, under pytest-xdist's ``--dist loadgroup``, they share one worker and the
-world starts once. Namespace tests share one group: they create and delete the same namespaces.
+starts once and caches say so with ``@shared_world(name)``, so that every one of them is slow (not just the first)
+and, under pytest-xdist's ``--dist loadgroup``, they share one worker and the world starts once. Namespace tests
+share one group: they create and delete the same namespaces.
 """
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ from pathlib import Path
 import pytest
 
 MARKERS_FILE = Path(__file__).with_name("markers.json")
-#: a test over this many seconds is slow even if it starts nothing
+#: a test that computes for over this many CPU seconds is slow even if it starts nothing (CPU, not wall-clock
+#: time, so that a recording on a busy machine marks what a quiet one would)
 SLOW_S = 1.0
+#: a test that waits this long (wall-clock) is slow whatever its CPU time
+WAIT_S = 5.0
 KINDS = ("multiprocess", "postgres", "browser", "netns")
 
 _seen: dict[str, set[str]] = {}
@@ -73,6 +77,17 @@ def _watch() -> None:
     multiprocessing.process.BaseProcess.start = started
 
 
+def _clock() -> tuple[float, float]:
+    """Wall-clock and this process's CPU time (all its threads)."""
+    return time.perf_counter(), time.process_time()
+
+
+def _took_long(since: tuple[float, float]) -> bool:
+    """Over SLOW_S of CPU or WAIT_S of waiting since ``since``."""
+    wall, cpu = (now - then for now, then in zip(_clock(), since))
+    return cpu > SLOW_S or wall > WAIT_S
+
+
 def load_marks() -> dict[str, list[str]]:
     """node id -> recorded marks (empty before the first recording)."""
     return json.loads(MARKERS_FILE.read_text()) if MARKERS_FILE.exists() else {}
@@ -86,7 +101,7 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     if config.getoption("--record-markers") and getattr(config.option, "numprocesses", None):
         raise pytest.UsageError("--record-markers watches one process: run it without -n")
-    for kind, what in (("slow", "starts a process, server, database or browser, or takes over a second"),
+    for kind, what in (("slow", "starts a process, server, database or browser, or computes over a second (or waits over five)"),
                        ("multiprocess", "starts a process"), ("postgres", "uses a PostgreSQL server"),
                        ("browser", "opens a headless browser"), ("netns", "uses network namespaces")):
         config.addinivalue_line("markers", f"{kind}: {what}")
@@ -120,12 +135,12 @@ def pytest_fixture_setup(fixturedef, request):
         return
     key = (fixturedef.baseid, fixturedef.argname)
     _setting_up.append(key)
-    t0 = time.perf_counter()
+    t0 = _clock()
     try:
         yield
     finally:
         _setting_up.remove(key)
-        if time.perf_counter() - t0 > SLOW_S:
+        if _took_long(t0):
             _fixtures.setdefault(key, set()).add("slow")
 
 
@@ -142,9 +157,9 @@ def pytest_runtest_protocol(item, nextitem):
     _current[:] = [item.nodeid]
     for name in set(getattr(item, "fixturenames", ())) & set(FIXTURE_KINDS):
         _note(FIXTURE_KINDS[name])
-    t0 = time.perf_counter()
+    t0 = _clock()
     yield
-    if time.perf_counter() - t0 > SLOW_S:
+    if _took_long(t0):
         _seen.setdefault(item.nodeid, set()).add("slow")
     started = _seen.get(item.nodeid, set()) & set(KINDS)
     if started and item.get_closest_marker("multiprocess") is None:
