@@ -34,7 +34,7 @@ KINDS = ("multiprocess", "postgres", "browser", "netns")
 
 _seen: dict[str, set[str]] = {}
 _current: list[str] = []
-#: what each fixture's setup started, and "slow" if it took over SLOW_S: keyed by (base node id, fixture name)
+#: what each shared fixture's setup started, and "slow" if it took long: keyed by (base node id, fixture name, param)
 _fixtures: dict[tuple[str, str], set[str]] = {}
 _setting_up: list[tuple[str, str]] = []
 _unmarked: set[str] = set()
@@ -133,7 +133,7 @@ def pytest_fixture_setup(fixturedef, request):
     if fixturedef.scope == "function":
         yield
         return
-    key = (fixturedef.baseid, fixturedef.argname)
+    key = (fixturedef.baseid, fixturedef.argname, getattr(request, "param_index", 0))
     _setting_up.append(key)
     t0 = _clock()
     try:
@@ -148,7 +148,8 @@ def _fixture_kinds(item) -> set[str]:
     """What the fixtures ``item`` uses started or spent, wherever they were set up."""
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs.values() if info is not None else ()
-    return set().union(*(_fixtures.get((d.baseid, d.argname), set()) for ds in defs for d in ds))
+    params = item.callspec.indices if hasattr(item, "callspec") else {}
+    return set().union(*(_fixtures.get((d.baseid, d.argname, params.get(d.argname, 0)), set()) for ds in defs for d in ds))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -165,6 +166,14 @@ def pytest_runtest_protocol(item, nextitem):
     if started and item.get_closest_marker("multiprocess") is None:
         _unmarked.add(item.nodeid)
     _current.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """The last test's teardown also ends the session's fixtures (stopping PostgreSQL): that is not the test's doing."""
+    if nextitem is None:
+        _current.clear()
+    yield
 
 
 def pytest_sessionfinish(session):
