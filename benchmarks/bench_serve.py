@@ -43,7 +43,7 @@ from bench_search import commit  # noqa: E402
 
 from sp_plan.cli.serve import server_parts  # noqa: E402
 from sp_plan.planner.profile import Profile  # noqa: E402
-from sp_plan.service.planning import PlanResponse  # noqa: E402
+from sp_plan.pipeline import PlanResponse  # noqa: E402
 from sp_plan.runtime.spawn import free_port  # noqa: E402
 
 TOKEN = "bench-token"

@@ -19,9 +19,10 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 #: a domain field an error names -> the flag that sets it; fields no flag sets (a plan file's, the environment's
 #: SP_PLAN_STORE) are printed as they are
 FLAGS = {
-    "cluster": "--cluster", "nodes": "--nodes", "model": "--model", "store": "--store", "profile": "--profile", "storage": "--storage", "server": "--server", "trials": "--trials",
-    "to": "--to", "token_file": "--token-file", "max_minutes": "--max-minutes", "output": "--output",
-    "report": "--report", "sizes": "--sizes", "topo_file": "--topo-file",
+    "cluster": "--cluster", "nodes": "--nodes", "model": "--model", "store": "--store", "profile": "--profile",
+    "storage": "--storage", "server": "--server", "trials": "--trials", "to": "--to", "token_file": "--token-file",
+    "max_minutes": "--max-minutes", "output": "--output", "report": "--report", "sizes": "--sizes",
+    "topo_file": "--topo-file",
 }
 
 

@@ -59,10 +59,11 @@ def export_cmd(
                                         show_default="$SP_PLAN_STORE, else SQLite in the user data directory"),
 ) -> None:
     """Write what a framework reads for a plan; a plan it cannot express exits 2 naming the nearest one it can."""
-    from sp_plan.cli.app import _profile_options, err, fail, out
+    from sp_plan.cli.console import err, out
+    from sp_plan.cli.options import fail, profile_options
     from sp_plan.integrations.export import target
     from sp_plan.integrations.export.nearest import nearest
-    from sp_plan.planner.calibration import resolve_params
+    from sp_plan.profiles.resolve import resolve_params
     from sp_plan.planner.plan import Plan
     from sp_plan.planner.yamlio import atomic_write
 
@@ -77,7 +78,7 @@ def export_cmd(
                 raise PlanError(problems[0][0], problems[0][1] + f" (and {path} names no model and "
                                 "workload to search the nearest plan with)", "make the plan with `sp-plan plan -o`")
             c = _cluster(p, path, cluster, nodes)
-            params, _, prof = resolve_params(c, _profile_options(profile, no_profile), store)
+            params, _, prof = resolve_params(c, profile_options(profile, no_profile), store)
             near = nearest(t, p, c, p.model, p.workload, params=params, profile=prof)
             line = f"{problems[0][1]}; nearest: {near.plan.summary()}, {near.change * 100:+.1f} % step time"
             if not nearest_:

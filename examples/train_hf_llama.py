@@ -73,7 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def search(args) -> Plan:
     """The fastest plan the integration runs: `sp-plan plan`'s grid search with tp = 1, then pp = 1."""
     from sp_plan.planner.model import Workload
-    from sp_plan.planner.search import Space, plan as ranked_plans
+    from sp_plan.pipeline import plan as ranked_plans
+    from sp_plan.planner.search import Space
     from sp_plan.profiles import load_cluster, load_model
     from sp_plan.profiles.documents import resolve_documents
 
@@ -82,7 +83,7 @@ def search(args) -> Plan:
     work = Workload(seq_len=args.seq_len, batch=args.batch, causal=True, training=True, documents=docs,
                     seed=None if docs is None else args.seed)
     plans = ranked_plans(cluster, model, work, top_k=50, space=Space(cluster.world_size, model, work, tp_max=1),
-                         profile=False)
+                         profile=False).flat()
     for plan in plans:
         try:
             check_plan(plan)

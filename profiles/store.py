@@ -515,7 +515,7 @@ def _check(profile: Profile, cluster) -> tuple[Profile | None, str]:
         check_params(profile.params, cluster)
     except PlanError as e:  # impossible figures: refused, never used to rank
         drop = f"delete it (`sp-plan profile delete {profile.id}`) and " if profile.id else ""
-        raise PlanError("--profile", f"profile {name}: {e.field}: {e.problem}",
+        raise PlanError("profile", f"profile {name}: {e.field}: {e.problem}",
                         f"{e.fix}, or {drop}pass --no-profile meanwhile") from None
     diff = stack_mismatch(profile.stack, cluster.calibration.get("stack"))
     if diff:
@@ -527,7 +527,7 @@ def _load_file(path: str) -> Profile:
     try:
         return Profile.load(path)
     except PlanError as e:
-        raise PlanError("--profile", f"{e.field}: {e.problem}", e.fix) from None
+        raise PlanError("profile", f"{e.field}: {e.problem}", e.fix) from None
 
 
 def resolve_profile(spec: Profile | str | bool | None, cluster, store: Store | None = None) -> tuple[Profile | None, str]:
@@ -548,10 +548,10 @@ def resolve_profile(spec: Profile | str | bool | None, cluster, store: Store | N
         try:
             return _check(store.get_profile(spec), cluster)
         except NotFound:
-            raise NotFound("--profile", f"no profile file or stored profile id {spec!r} (store {store.shown})",
+            raise NotFound("profile", f"no profile file or stored profile id {spec!r} (store {store.shown})",
                             "pass a profile file or an id from `sp-plan profile list`") from None
     if spec is not None:
-        raise PlanError("--profile", f"cannot use {type(spec).__name__} as a profile", "pass a file, an id, or nothing")
+        raise PlanError("profile", f"cannot use {type(spec).__name__} as a profile", "pass a file, an id, or nothing")
     fp = cluster.topology_fingerprint()
     if store is None:
         url = store_url()

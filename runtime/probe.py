@@ -346,7 +346,7 @@ def check_world(cluster: Cluster, hosts: list[HostReport]) -> None:
     got = [len(h.ranks) for h in hosts]
     want = [len(cluster.node_types[t].devices) for t in cluster.nodes]
     if got != want:
-        raise PlanError("--cluster", f"the cluster has {want} devices per node but the running world has {got} ranks "
+        raise PlanError("cluster", f"the cluster has {want} devices per node but the running world has {got} ranks "
                                      "per node", "run `sp-plan discover` under the same torchrun, or drop --cluster")
 
 

@@ -1,4 +1,4 @@
-"""The planner service: FastAPI over service/planning.py and the profile store (design.md, "The store and the service").
+"""The planner service: FastAPI over the application pipeline (sp_plan.pipeline) and the profile store (design.md, "The store and the service").
 
 ``create_app(Settings)`` builds one app from the routers in service/routers/ (one per resource), whose routes take
 the running ``Service`` (service/state.py) as a dependency; ``app_from_env`` is uvicorn's factory for

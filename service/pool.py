@@ -15,7 +15,7 @@ from sp_plan.planner.equivalent import group
 from sp_plan.planner.errors import PlanError, Unavailable
 from sp_plan.planner.profile import Profile
 from sp_plan.service.collector import collector_paused
-from sp_plan.service.planning import PlanRequest, PlanResponse, build_cluster, report_plans, search
+from sp_plan.pipeline import PlanRequest, PlanResponse, build_cluster, report_plans, search
 
 #: a PlanError as it crosses the process boundary: its class and fields (a PlanError does not pickle by itself)
 ErrorFields = tuple[type, str, str, str]

@@ -16,7 +16,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from sp_plan.profiles.store import ENV_VAR as STORE_ENV
 from sp_plan.service.auth import ENV_VAR as TOKENS_ENV
-from sp_plan.service.planning import MAX_WORLD
+from sp_plan.pipeline import MAX_WORLD
 
 SETTINGS_ENV = "SP_PLAN_SERVE_SETTINGS"
 #: the fields read from their own environment variable (the same variables the CLI and the store read)

@@ -12,7 +12,7 @@ from sp_plan.profiles.store import Store
 from sp_plan.service import auth
 from sp_plan.service.answers import Answers
 from sp_plan.service.metrics import Metrics
-from sp_plan.service.planning import PlanRequest, PlanResponse
+from sp_plan.pipeline import PlanRequest, PlanResponse
 from sp_plan.service.pool import SearchPool, rebuilt, search_job
 from sp_plan.service.settings import Settings
 

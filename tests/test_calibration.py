@@ -341,7 +341,7 @@ def test_plan_and_estimate_look_profiles_up_in_the_store_they_are_given(tmp_path
         assert estimate(pl, cl, m, w, profile=pid, store=store) == pl.predicted
     with pytest.raises(PlanError) as e:  # not in the default store, which is not this one
         plan(cl, m, w, top_k=1, profile=pid, store=f"sqlite:///{tmp_path / 'other.db'}")
-    assert e.value.field == "--profile" and "other.db" in e.value.problem
+    assert e.value.field == "profile" and "other.db" in e.value.problem
 
 
 def test_import_sp_plan_is_light_and_exports_the_api():

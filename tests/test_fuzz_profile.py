@@ -81,7 +81,7 @@ def test_efficiency_above_the_datasheet_is_refused_on_gpus(doc, where, eff):
     else:
         doc["params"][where] = {"points": [[4096.0, 0.5], [65536.0, eff]]}
     e = _with_file(doc, lambda path: outcome(lambda: resolve_params(H100, str(path))))
-    assert isinstance(e, PlanError) and e.field == "--profile"
+    assert isinstance(e, PlanError) and e.field == "profile"
     assert ("datasheet peak" in e.problem) if where != "comm" else ("capacity" in e.problem)
     # CPU rank slots carry placeholder peaks, not datasheets: the same figure is a CPU beating its placeholder
     cpu = {**doc, "cluster_fingerprint": CPU.topology_fingerprint()}

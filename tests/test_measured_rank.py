@@ -2,13 +2,13 @@
 the CLI's planning call and the plan file; other workloads' measurements and other layouts are left alone."""
 from __future__ import annotations
 
-from sp_plan.planner.calibration import resolve_params
 from sp_plan.planner.measured import twins
 from sp_plan.planner.model import Workload
 from sp_plan.planner.profile import MeasuredCandidate, Profile
-from sp_plan.planner.search import plan
+from sp_plan.pipeline import plan
 from sp_plan.profiles import load_cluster, load_model
-from sp_plan.service.planning import PlanRequest, run_plan
+from sp_plan.profiles.resolve import resolve_params
+from sp_plan.pipeline import PlanRequest, run_plan
 
 CLUSTER, MODEL = load_cluster("dgx-h100"), load_model("llama3-8b")
 WORK = Workload(seq_len=131072, batch=1)

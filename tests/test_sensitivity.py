@@ -8,14 +8,14 @@ from sp_plan.planner.search import finish, grid_search
 from sp_plan.planner.sensitivity import link_classes, scale_compute, scale_links, sensitivity
 from sp_plan.profiles import load_cluster, load_model
 
-# two DGX H100 nodes, Llama-3-8B at 32k tokens: tp4 x ring4 wins with its ring across the InfiniBand rails;
-# with half the InfiniBand bandwidth tp8 x ring2 wins instead
-W = Workload(seq_len=32768, batch=1)
+# two DGX A100 nodes, Llama-3-8B at 16k tokens: ulysses8 x ring2 wins, its ring and ZeRO across the InfiniBand
+# rails; with half the InfiniBand bandwidth tp8 x ring2 wins instead
+W = Workload(seq_len=16384, batch=1)
 
 
 @pytest.fixture(scope="module")
 def dgx():
-    return load_cluster("dgx-h100", 2), load_model("llama3-8b")
+    return load_cluster("dgx-a100", 2), load_model("llama3-8b")
 
 
 def best(cluster, model, params=None):
@@ -56,7 +56,7 @@ def test_scale_links_touches_only_its_kind(dgx):
     s = scale_links(c, "ib", 0.5)
     for a, b in zip(c.node_type(0).links, s.node_type(0).links):
         assert b.capacity == (a.capacity * 0.5 if a.kind == "ib" else a.capacity)
-    assert c.node_type(0).links[0].capacity == load_cluster("dgx-h100", 2).node_type(0).links[0].capacity  # a copy
+    assert c.node_type(0).links[0].capacity == load_cluster("dgx-a100", 2).node_type(0).links[0].capacity  # a copy
 
 
 @pytest.mark.parametrize("params", [Params(), Params(attention_fwd=Curve(points=((4096, 0.5), (32768, 0.7))),

@@ -27,7 +27,7 @@ from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import Profile
 from sp_plan.profiles.store import Store
 from sp_plan.runtime.spawn import free_port
-from sp_plan.service.planning import PlanRequest, PlanResponse, run_plan
+from sp_plan.pipeline import PlanRequest, PlanResponse, run_plan
 
 FIXTURE = Path(__file__).parent / "fixtures" / "profile-dgx-h100.yaml"
 TOKEN = "t0ken-for-tests-7f3a"

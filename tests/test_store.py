@@ -274,17 +274,17 @@ def test_resolve_file_id_and_none(cluster, tmp_path):
     assert resolve_profile(False, cluster, st) == (None, "profile: none (--no-profile)")
     with pytest.raises(PlanError) as e:
         resolve_profile("nosuchid", cluster, st)
-    assert e.value.field == "--profile"
+    assert e.value.field == "profile"
     bad = tmp_path / "bad.yaml"
     bad.write_text("cluster_fingerprint: [unclosed\n")
     with pytest.raises(PlanError) as e:
         resolve_profile(str(bad), cluster, st)
-    assert e.value.field == "--profile" and "not valid YAML" in e.value.problem
+    assert e.value.field == "profile" and "not valid YAML" in e.value.problem
     wrong = tmp_path / "wrong.yaml"
     wrong.write_text("cluster_fingerprint: abc\nparams: {overlap: 7}\n")
     with pytest.raises(PlanError) as e:
         resolve_profile(str(wrong), cluster, st)
-    assert e.value.field == "--profile" and "overlap" in e.value.problem
+    assert e.value.field == "profile" and "overlap" in e.value.problem
 
 
 def test_resolve_default_store_absent(cluster, monkeypatch, tmp_path):

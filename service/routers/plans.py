@@ -10,7 +10,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from sp_plan.service.answers import encoded
 from sp_plan.service.deps import reader
-from sp_plan.service.planning import (EstimateRequest, EstimateResponse, PlanRequest, PlanResponse, build_cluster,
+from sp_plan.pipeline import (EstimateRequest, EstimateResponse, PlanRequest, PlanResponse, build_cluster,
                                       request_key, resolve, run_estimate)
 from sp_plan.service.pool import report_job
 from sp_plan.service.state import Service, check_sources
