@@ -250,7 +250,7 @@ class Estimator:
         """Attention calls of ``p`` that pay the per-call overhead on the busiest rank's time: its calls, times its
         ``share`` (``self.share(p)`` unless given) where the round's fixed cost follows the work (``Compute.trimmed``:
         a rank with no block gets no message), else all of them (a ring round passes K, V to every rank, which syncs
-        and forwards it whether or not it has a block to compute: runtime/ring.py)."""
+        and forwards it whether or not it has a block to compute: runtime/variants/ring.py)."""
         if not p.trimmed:
             return p.calls
         return p.calls * (self.share(p) if share is None else share)
