@@ -242,7 +242,7 @@ def cluster(world: int):
 
 def predicted(c: Candidate, work, head_dim: int, world: int, profile=False) -> float:
     """The planner's attention seconds of one layer: its attention compute and exposed sequence communication."""
-    from sp_plan.planner.estimate import estimate
+    from sp_plan.pipeline import estimate
     from sp_plan.profiles import load_model
 
     model = load_model("llama3-8b").model_copy(update={"head_dim": head_dim, "layers": 1})

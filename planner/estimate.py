@@ -31,6 +31,7 @@ from .masks import mask_fraction
 from .merges import MERGES
 from .model import ModelSpec, Workload
 from .params import Params
+from .profile import Profile
 from .algorithms import ALGORITHMS
 from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction
 from .parts import RING_FREE_PARTS, SCHEDULE_PARTS, schedule_key
@@ -730,14 +731,14 @@ def _phases(rows: list) -> list[PhaseCost]:
             for n, (k, g, b, s, x) in merged.items()]
 
 
-def estimate(plan: Plan, cluster: Cluster, model: ModelSpec, workload: Workload, profile=None,
-             store=None) -> Prediction:
-    """Predict step_time_s, tokens_per_s, mfu, peak_memory_bytes and the per-phase breakdown of ``plan``.
-
-    ``profile``: a Profile, a profile id or file (str), None (the cluster's profile in the store, if any)
-    or False (none); ``store``: where an id or None looks (a Store or a URL; None: ``$SP_PLAN_STORE``, else
-    the user data directory's); see calibration.resolve_params."""
-    from .calibration import resolve_params
-
-    params, _, _ = resolve_params(cluster, profile, store)
+def estimate(plan: Plan, cluster: Cluster, model: ModelSpec, workload: Workload, profile: Profile | None = None,
+             *, params: Params | None = None) -> Prediction:
+    """Predict step_time_s, tokens_per_s, mfu, peak_memory_bytes and the per-phase breakdown of ``plan``; pure: it
+    prices with ``params`` (None: the loaded ``profile``'s, else the uncalibrated engine) and opens no store.
+    ``sp_plan.estimate`` (the pipeline) looks the cluster's profile up and calls this."""
+    if profile is not None and not isinstance(profile, Profile):
+        raise PlanError("profile", f"the planner prices with params= and a loaded Profile, not {profile!r} to look up",
+                        "call sp_plan.estimate, which looks profiles up (profile=False: the presets' defaults), or "
+                        "pass params=")
+    params = params if params is not None else (profile.params if profile is not None else None)
     return Estimator(cluster, model, workload, params=params)(plan)
