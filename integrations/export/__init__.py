@@ -17,7 +17,7 @@ TARGETS: dict[str, Target] = {m.TARGET.name: m.TARGET for m in (megatron, torcht
 def target(name: str) -> Target:
     """The Target called ``name``; PlanError naming the known ones otherwise."""
     if name not in TARGETS:
-        raise PlanError("--to", f"unknown target {name!r}", f"use one of {'|'.join(TARGETS)}")
+        raise PlanError("to", f"unknown target {name!r}", f"use one of {'|'.join(TARGETS)}")
     return TARGETS[name]
 
 

@@ -70,5 +70,5 @@ def nearest(target: Target, original: Plan, cluster: Cluster, model: ModelSpec, 
                       workload=workload, profile=profile_tag(profile))
         if not target.problems(p):
             return Nearest(p.model_copy(update={"predicted": res.estimator.predict(c)}).with_groups(), before)
-    raise PlanError("--to", f"no layout of {cluster.world_size} ranks that {target.name} can express fits this "
+    raise PlanError("to", f"no layout of {cluster.world_size} ranks that {target.name} can express fits this "
                     f"model and workload", "export to another target or make a plan for other inputs")
