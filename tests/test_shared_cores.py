@@ -177,12 +177,15 @@ def test_time_window_runs_from_start_until_stop_and_averages():
 
 
 def _alone_and_together(rank, world):
-    from sp_plan.planner import ModelSpec
-    from sp_plan.profiles.tune import run
+    import dataclasses
 
-    run.TOGETHER_MIN_S = 0.05
+    from sp_plan.planner import ModelSpec
+    from sp_plan.profiles.tune import run, settings
+
     m = ModelSpec(name="t", layers=2, hidden=64, heads=4, kv_heads=4, head_dim=16, vocab=0)
-    got = run.measure_alone(m, 64, 4, __import__("torch").device("cpu"), __import__("torch").float32, True, 3)
+    quick = dataclasses.replace(settings.SETTINGS, together_min_s=0.05)
+    got = run.measure_alone(m, 64, 4, __import__("torch").device("cpu"), __import__("torch").float32, True, 3,
+                            settings=quick)
     return [(s.alone, s.causal, s.kind) for s in got]
 
 

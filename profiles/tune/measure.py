@@ -19,6 +19,7 @@ from sp_plan.planner.model import ModelSpec, Workload
 from sp_plan.planner.params import CURVES, Params
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import KernelSample, MeasuredCandidate
+from sp_plan.profiles.discover.sizes import DEFAULT_SIZES, parse_sizes  # the link step sizes as `discover --sizes`
 from sp_plan.runtime.probe import gather_objects
 
 from .kernels import chosen_backends
@@ -43,8 +44,6 @@ def dtype_of(model: ModelSpec, dev: torch.device) -> torch.dtype:
 
 def measure_links(cluster: Cluster, opts: TuneOptions) -> dict:
     """`profile links` on this world: the fitted ``calibration['links']`` dict (collective)."""
-    # the link step's default sizes and their parser are discover's (`sp-plan discover --sizes`)
-    from sp_plan.cli.discover import DEFAULT_SIZES, parse_sizes  # noqa: PLC0415
     from sp_plan.runtime import probe  # noqa: PLC0415 - the probe loads the network's sources
 
     hosts = probe.gather_hosts()

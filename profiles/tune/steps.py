@@ -98,7 +98,7 @@ class TuneRun:
 def check_world(cluster: Cluster, world: int) -> None:
     """The cluster file must describe the running world."""
     if world != cluster.world_size:
-        raise PlanError("--cluster", f"the cluster file has {cluster.world_size} devices but the world has {world} ranks",
+        raise PlanError("cluster", f"the cluster file has {cluster.world_size} devices but the world has {world} ranks",
                         f"launch {cluster.world_size} ranks (torchrun --nnodes/--nproc-per-node) or discover this world "
                         "again with `sp-plan discover`")
 
