@@ -31,7 +31,7 @@ from .masks import mask_fraction
 from .merges import MERGES
 from .model import ModelSpec, Workload
 from .params import Params
-from .profile import Profile
+from .profile import Profile, pure_params
 from .algorithms import ALGORITHMS
 from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction
 from .parts import RING_FREE_PARTS, SCHEDULE_PARTS, schedule_key
@@ -736,9 +736,5 @@ def estimate(plan: Plan, cluster: Cluster, model: ModelSpec, workload: Workload,
     """Predict step_time_s, tokens_per_s, mfu, peak_memory_bytes and the per-phase breakdown of ``plan``; pure: it
     prices with ``params`` (None: the loaded ``profile``'s, else the uncalibrated engine) and opens no store.
     ``sp_plan.estimate`` (the pipeline) looks the cluster's profile up and calls this."""
-    if profile is not None and not isinstance(profile, Profile):
-        raise PlanError("profile", f"the planner prices with params= and a loaded Profile, not {profile!r} to look up",
-                        "call sp_plan.estimate, which looks profiles up (profile=False: the presets' defaults), or "
-                        "pass params=")
-    params = params if params is not None else (profile.params if profile is not None else None)
+    params = pure_params(profile, params, "sp_plan.estimate")
     return Estimator(cluster, model, workload, params=params)(plan)

@@ -121,3 +121,14 @@ class Profile(BaseModel):
         loo = f"{self.loo_error_after:.1%}" if self.loo_error_after is not None else "n/a"
         return (f"profile {self.id or '(file)'} tuned {self.created_at or '?'}, {ok} candidate(s) measured, "
                 f"leave-one-out error {loo}")
+
+
+def pure_params(profile, params: Params | None, entry: str) -> Params | None:
+    """What a pure planner call prices with: ``params``, else a loaded ``profile``'s, else None (the uncalibrated
+    engine); a profile to look up (an id, a file, False) is refused, naming ``entry``, the pipeline call that looks
+    it up."""
+    if profile is not None and not isinstance(profile, Profile):
+        raise PlanError("profile", f"the planner prices with params= and a loaded Profile, not {profile!r} to look up",
+                        f"call {entry}, which looks profiles up (profile=False: the presets' defaults), or pass "
+                        "params=")
+    return params if params is not None else (profile.params if profile is not None else None)

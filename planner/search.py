@@ -30,7 +30,7 @@ from .model import ModelSpec, Workload
 from .params import Params
 from .measured import rank_rows
 from .plan import Plan
-from .profile import Profile
+from .profile import Profile, pure_params
 from .ranking import RankedPlans, largest_extra_cost, summarize  # noqa: F401 - their names here are public
 
 CHECKPOINTING = ("none", "attention_boundary", "full")
@@ -642,11 +642,7 @@ def plan(cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int = 5,
     equivalent plans; pure: it prices with ``params`` (None: the ``profile``'s, else the uncalibrated engine) and
     opens no store. ``profile``, a loaded Profile: the layouts its tune measured rank by their measured step.
     ``sp_plan.plan`` (the pipeline) looks the cluster's profile up and calls this."""
-    if profile is not None and not isinstance(profile, Profile):
-        raise PlanError("profile", f"the planner prices with params= and a loaded Profile, not {profile!r} to look up",
-                        "call sp_plan.plan, which looks profiles up (profile=False: the presets' defaults), or pass "
-                        "params=")
-    params = params if params is not None else (profile.params if profile is not None else None)
+    params = pure_params(profile, params, "sp_plan.plan")
     res = grid_search(cluster, model, workload, space, progress, keep=top_k, params=params, distinct=True)
     res.profile = profile_tag(profile)
     if not res.ranked:
