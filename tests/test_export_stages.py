@@ -1,8 +1,6 @@
 """Interleaved pipeline stages in the exports: Megatron-LM's flags (checked by its recorded argument parser and by
 Megatron-Core 0.16.1's TransformerConfig and PipelineParallelLayerLayout), and the targets that run plain 1F1B
 refusing them or taking the nearest plan."""
-import argparse
-import json
 import shlex
 import subprocess
 import sys
@@ -18,6 +16,7 @@ from sp_plan.planner import Plan
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.model import Workload
 from sp_plan.profiles import load_model, preset_cluster
+from test_export import recorded_parser
 
 FIX = Path(__file__).parent / "fixtures" / "export"
 MODEL = load_model("llama3-8b")  # 32 layers
@@ -33,15 +32,7 @@ def argv(text: str) -> list[str]:
 
 def parsed(text: str) -> dict:
     """The export's flags through Megatron-LM's argument parser, rebuilt from its recorded fixture."""
-    flags = json.loads((FIX / "megatron_flags.json").read_text())["flags"]
-    ap = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
-    types = {"int": int, "str": str, "float": float}
-    for name, f in flags.items():
-        if f.get("nargs") == 0 or f.get("action") in ("store_true", "store_false"):
-            ap.add_argument(name, action="store_true", dest=name)
-        else:
-            ap.add_argument(name, dest=name, nargs=f.get("nargs"), type=types.get(f.get("type"), str))
-    return vars(ap.parse_args(argv(text)))
+    return vars(recorded_parser(FIX / "megatron_flags.json").parse_args(argv(text)))
 
 
 def megatron_layout(layout: str, pp: int):
