@@ -50,10 +50,10 @@ def test_example_search_picks_the_fastest_plan_it_can_run():
     assert plan.degrees["tp"] == 1 and plan.degrees["pp"] == 1 and plan.world_size == 4
     assert plan.cluster == "cpu-local" and plan.model.name == "tiny-llama"
     from sp_plan.planner.model import Workload
-    from sp_plan.planner.search import plan as ranked
+    from sp_plan.pipeline import plan as ranked
     from sp_plan.profiles import load_cluster, load_model
 
-    every = ranked(load_cluster("cpu-local"), load_model("tiny-llama"), Workload(seq_len=128), top_k=50, profile=False)
+    every = ranked(load_cluster("cpu-local"), load_model("tiny-llama"), Workload(seq_len=128), top_k=50, profile=False).flat()
     first = next(p for p in every if p.degrees["tp"] == 1 and p.degrees["pp"] == 1 and p.algorithm != "metp")
     assert plan.summary() == first.summary()
 
