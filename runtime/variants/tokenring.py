@@ -339,7 +339,7 @@ def tokenring_backward(dout, q, k, v, out, lse, teams: Teams, steps, scale, back
                  part_dtypes=(acc,), fold=lambda r0, r1, part: dq[:, r0:r1].add_(part[0]))
     run = _Pass(teams, flow, k, v)
     for s in steps:
-        if s.i == 0:  # the held block's accumulators: this rank's own in round 0
+        if s.i == 0:  # the held block's accumulators: this rank's own block in the first round, a fresh one after
             dk_r, dv_r = (dk_own, dv_own) if s.j == 0 else (torch.zeros_like(dk_own), torch.zeros_like(dv_own))
         run.begin(s)
         bm = s.mask
