@@ -7,9 +7,9 @@ import pytest
 
 from sp_plan.cli.discover import parse_sizes
 from sp_plan.planner.cluster import Cluster
-from sp_plan.planner.discover import build_cluster, describe_host
 from sp_plan.planner.errors import PlanError
-from sp_plan.runtime import probe
+from sp_plan.profiles.discover import build_cluster, describe_host, probe
+from sp_plan.profiles.discover.report import GpuInfo, HostReport
 from harness.worlds import run_world
 
 SIZES = [4096, 65536, 262144]
@@ -118,7 +118,6 @@ def test_rank_info_and_sizes():
 
 
 def test_cuda_identity_maps_ranks_and_fills_names():
-    from sp_plan.planner.discover.report import GpuInfo, HostReport
     h = HostReport(hostname="h", gpus=[GpuInfo(index=0, pci_bus="0000:17:00.0"), GpuInfo(index=1, pci_bus="0000:ca:00.0")])
     cuda = {"name": "NVIDIA H100 PCIe", "memory": 81559 * 2**20, "uuid": "", "bus": "0000:ca:00.0"}
     assert probe._match_gpu(h, cuda, 0) == 1  # the PCI bus id wins over CUDA's numbering
@@ -126,3 +125,13 @@ def test_cuda_identity_maps_ranks_and_fills_names():
     probe._fill_from_cuda(h, 1, cuda)
     assert h.gpus[1].model == "H100-PCIe-80GB" and h.gpus[1].memory_bytes == 81559 * 2**20
     assert any("torch.cuda" in w for w in h.warnings) and not h.gpus[0].name
+
+
+def test_the_old_runtime_name_is_the_discovery_module_itself():
+    """``sp_plan.runtime.probe`` is kept for old imports as the same module object, so a patch through either name
+    reaches the code both names run."""
+    import sp_plan.runtime.probe as old
+
+    from sp_plan.runtime import probe as old_from
+
+    assert old is old_from is probe

@@ -111,7 +111,7 @@ def _fake_links_world(tmp_path, monkeypatch):
     """A faked probe (no torchrun world here) whose measurement reports three steps; (cluster, its fit)."""
     from types import SimpleNamespace
 
-    from sp_plan.runtime import probe
+    from sp_plan.profiles.discover import probe
 
     def measure(c, h, s, t, cb=None):
         for i in range(3):

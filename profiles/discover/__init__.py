@@ -4,8 +4,8 @@
     cluster = build_cluster([describe_host()])      # this host alone
 
 It reads the host (files, NVML, nvidia-smi), so it sits beside the profile store in the layer of host I/O, above the
-pure planner whose Cluster it builds. No torch.distributed here: gathering the reports of every node is
-``sp_plan.runtime.probe``'s job.
+pure planner whose Cluster it builds. Gathering the reports of every node of a torchrun world and measuring its links
+is ``.probe``'s job (torch.distributed), which this package does not import: describing a host needs no torch.
 """
 from .build import build_cluster, nic_names
 from .host import describe_host, visible_gpus
