@@ -52,11 +52,8 @@ def test_budget_reads_its_clock():
 
 
 def test_candidate_estimates_scale_by_what_measured_ones_took():
-    # 1 and 2 blocks of a 4-block stage, warm-up 1 + 3 timed + 1 memory step: 15 block-runs of a quarter step
-    assert candidate_seconds(4.0, 4, [1, 2], 1, 3) == pytest.approx(SETTINGS.candidate_overhead_s + 15.0)
-    # a pipeline runs one stage's micro-batch of the (m + p - 1) its step composes
-    assert candidate_seconds(4.0, 4, [1, 2], 1, 3, pp=2, micro_batches=3) == pytest.approx(
-        SETTINGS.candidate_overhead_s + 15.0 / 4)
+    # stacks of 1 and 2 blocks priced 1 s and 2 s a run, warm-up 1 + 3 timed + 1 memory step each: 15 s and a start
+    assert candidate_seconds([1.0, 2.0], 1, 3) == pytest.approx(SETTINGS.candidate_overhead_s + 15.0)
     first = SETTINGS.candidate_overhead_s + 10.0
     ratio = learned_ratio([SETTINGS.candidate_overhead_s + 30.0], [first])
     assert ratio == pytest.approx(3.0) and scaled(first, ratio) == pytest.approx(SETTINGS.candidate_overhead_s + 30.0)

@@ -2,9 +2,10 @@
 
 The whole tune keeps to it: links, the kernel sweep, the round probe, candidates, reread and confirm. The clock is
 a callable (``time.monotonic`` unless a caller passes another), so a test drives the budget deterministically.
-A candidate's run time is estimated from the model's predicted step (the runs its measurement takes: warm-up,
-timed steps and a memory step, at each block count it builds) plus a child world's start; once candidates have run,
-from what they took against their predictions.
+A candidate's run time is estimated from the model's price of each stack its measurement builds (1 and 2 blocks a
+stage, each with the embedding, the LM head, the loss and the optimizer step that a step of the full depth spreads
+over all its layers), times the runs it takes there (warm-up, timed steps, a memory step), plus a child world's
+start; once candidates have run, scaled by what they took against their estimates (``learned_ratio``).
 """
 from __future__ import annotations
 
@@ -43,18 +44,17 @@ class Budget:
         return self.left() <= 0.0
 
 
-def runs_per_candidate(layer_counts: list[int], warmup: int, iters: int) -> float:
-    """Block-count-weighted steps a measurement runs: (warm-up + timed + one memory step) at each block count."""
-    return float(sum(layer_counts)) * (warmup + iters + 1)
+def runs_per_count(warmup: int, iters: int) -> int:
+    """Steps a measurement runs at each block count: warm-up, at most ``iters`` timed, one memory step."""
+    return warmup + iters + 1
 
 
-def candidate_seconds(predicted_step_s: float, stage_layers: int, layer_counts: list[int], warmup: int, iters: int,
-                      pp: int = 1, micro_batches: int = 1, overhead_s: float = SETTINGS.candidate_overhead_s) -> float:
-    """A first estimate of a candidate's wall seconds: its runs of ``layer_counts`` blocks out of the stage's
-    ``stage_layers`` (a pipeline runs one stage's micro-batch of the (m + pp - 1) the step composes), plus
-    ``overhead_s`` (its child world's start and its stacks' builds)."""
-    per_block = predicted_step_s / max(stage_layers, 1) / (micro_batches + pp - 1 if pp > 1 else 1)
-    return overhead_s + runs_per_candidate(layer_counts, warmup, iters) * per_block
+def candidate_seconds(stack_runs_s: list[float], warmup: int, iters: int,
+                      overhead_s: float = SETTINGS.candidate_overhead_s) -> float:
+    """A first estimate of a candidate's wall seconds: ``overhead_s`` (its child world's start and its stacks'
+    builds) plus ``runs_per_count`` runs of each stack it builds, ``stack_runs_s`` the model's seconds for one run of
+    each (``pool.stack_runs``)."""
+    return overhead_s + runs_per_count(warmup, iters) * sum(stack_runs_s)
 
 
 def learned_ratio(walls: list[float], first_estimates: list[float],

@@ -173,8 +173,27 @@ def train_step(bench: Bench, model: ModelSpec, device: torch.device, fault: str 
     return t1 - t0, time.perf_counter() - t1
 
 
-def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, device, dtype, fault, notes):
-    """This rank's median seconds (fwd_bwd per micro-batch, optimizer per step) and memory for ``n_layers`` blocks."""
+def steady(readings: list[float], within: float | None) -> bool:
+    """Whether the last two step readings agree within ``within`` (a share of the faster): a third reading's median
+    with them lies between them, so it could move the result by no more than that."""
+    if within is None or len(readings) < 2:
+        return False
+    a, b = readings[-2:]
+    return abs(a - b) <= within * min(a, b)
+
+
+def all_agree(flag: bool) -> bool:
+    """``flag`` on every rank of the world (collective: a rank that reads on stops with the others)."""
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t[0])
+
+
+def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, device, dtype, fault, notes,
+                   agree_within=None):
+    """This rank's median seconds (fwd_bwd per micro-batch, optimizer per step) and memory for ``n_layers`` blocks.
+    With ``agree_within`` the timed steps stop before ``iters`` once the last two forward-backward readings (the
+    last warm-up's counted) agree within it on every rank (``steady``)."""
     bench = build_bench(plan, model, work, ctx, mesh, n_layers, device=device, dtype=dtype)
     notes.update(bench.notes)
     m, m_run = bench.micro_batches, bench.micro_batches_run
@@ -182,18 +201,19 @@ def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, dev
     def step():  # a fault is injected in every step: "slow" slows each, the others end the first
         return train_step(bench, model, device, fault)
 
-    for _ in range(warmup):
-        step()
+    warm = [step()[0] for _ in range(warmup)][-1:]
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
         static = torch.cuda.memory_allocated(device)
     fb, opt = [], []
-    for _ in range(iters):
+    for i in range(iters):
         dist.barrier()
         a, b = step()
         fb.append(a)
         opt.append(b)
+        if agree_within is not None and i + 1 < iters and all_agree(steady(warm + fb, agree_within)):
+            break
     if cuda:
         peak = torch.cuda.max_memory_allocated(device)
     else:  # one more step under the storage tracker (it slows ops down, so it is not timed)
@@ -207,7 +227,8 @@ def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, dev
             step()
         peak = tracker.peak
     return {"fwd_bwd_s": statistics.median(fb) / m_run, "optimizer_s": statistics.median(opt),
-            "peak_bytes": float(peak), "static_bytes": float(static), "micro_batches_run": m_run, "micro_batches": m}
+            "peak_bytes": float(peak), "static_bytes": float(static), "micro_batches_run": m_run, "micro_batches": m,
+            "steps_timed": len(fb)}
 
 
 def masked_attention(plan: Plan, model: ModelSpec, work: Workload, ctx, *, iters: int, device: torch.device,
@@ -305,8 +326,10 @@ def extrapolate(values: dict[int, float], target: int) -> tuple[float, float, fl
 
 
 def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, warmup: int = 1, iters: int = 3,
-            device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, fault: str | None = None) -> dict:
-    """The collective part of ``run_candidate``: measure every block count, max over ranks, extrapolate.
+            device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, fault: str | None = None,
+            agree_within: float | None = None) -> dict:
+    """The collective part of ``run_candidate``: measure every block count, max over ranks, extrapolate; with
+    ``agree_within``, fewer than ``iters`` timed steps where the readings agree (``_measure_stack``).
 
     Raises on any failure (then peers may be blocked in a collective: see run_candidate_isolated).
     """
@@ -321,7 +344,7 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
     per_rank: dict[int, dict] = {}
     for n in counts:
         per_rank[n] = _measure_stack(plan, model, work, ctx, mesh, n, warmup=warmup, iters=iters, device=device,
-                                     dtype=dtype, fault=fault, notes=notes)
+                                     dtype=dtype, fault=fault, notes=notes, agree_within=agree_within)
     sends = stage_sends(plan, model, work, iters=iters, device=device, dtype=dtype) if d["pp"] > 1 else 0.0
     att = masked_attention(plan, model, work, ctx, iters=iters, device=device, dtype=dtype)
     everyone = gather_objects(({n: {q: per_rank[n][q] for q in QUANTITIES} for n in counts}, sends, att))
@@ -339,6 +362,7 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
         "device": str(device), "dtype": str(dtype).removeprefix("torch."), "world": dist.get_world_size(),
         "layers_measured": counts, "layers_target": target, "micro_batches": m,
         "micro_batches_run": per_rank[counts[0]]["micro_batches_run"], "warmup": warmup, "iters": iters,
+        "steps_timed": {str(n): per_rank[n]["steps_timed"] for n in counts}, "agree_within": agree_within,
         "measured": {str(n): worst[n] for n in counts},
         "fit": {q: {"value": v, "fixed": f, "per_layer": s, "clamped": c} for q, (v, f, s, c) in fit.items()},
         "per_rank_fwd_bwd_s": [r[counts[-1]]["fwd_bwd_s"] for r in everyone],
@@ -381,7 +405,7 @@ def over_limit(result: dict, memory_limit_bytes: float | None) -> str | None:
 
 def run_candidate(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, warmup: int = 1, iters: int = 3,
                   device: str = "cpu", dtype=torch.float32, memory_limit_bytes: float | None = None,
-                  fault: str | None = None) -> MeasuredCandidate:
+                  fault: str | None = None, agree_within: float | None = None) -> MeasuredCandidate:
     """Measure ``plan`` on every rank of the initialized world (module docstring); the same result on every rank.
 
     ``fault`` is a test hook ("raise", "oom", "hang" or "stall", optionally "@rank"). A failure on one rank
@@ -391,7 +415,7 @@ def run_candidate(plan: Plan, model: ModelSpec, work: Workload, *, layers: int =
     rank = dist.get_rank()
     try:
         res = measure(plan, model, work, layers=layers, warmup=warmup, iters=iters, device=device, dtype=dtype,
-                      fault=fault)
+                      fault=fault, agree_within=agree_within)
         local = ("ok", res)
     except Exception as e:  # noqa: BLE001 - a fault is a result
         local = (classify(e), f"{type(e).__name__}: {e}")

@@ -144,3 +144,16 @@ def next_candidate(predicted: list[float], done: list[bool], best_measured_s: fl
         return Choice(None, chances[i], f"no unmeasured candidate has a {min_chance:.0%} chance to beat the best "
                                         f"measured by {margin:.0%} (best chance {chances[i]:.1%})")
     return Choice(i, chances[i], f"{chances[i]:.0%} chance to beat the best measured by {margin:.0%}")
+
+
+def quickest_for_fit(index: int, estimates: list[float], done: list[bool], need: int, left: float) -> int:
+    """``index``, unless it and the ``need`` - 1 quickest others to measure would not fit ``left`` seconds while the
+    ``need`` quickest would: then the quickest, so that a step-time fit that lacks ``need`` candidates gets them
+    (``estimates``: seconds measuring each would take; ``done``: measured or left out)."""
+    if need <= 0:
+        return index
+    quick = sorted((j for j, d in enumerate(done) if not d), key=lambda j: (estimates[j], j))
+    with_it = estimates[index] + sum(estimates[j] for j in [j for j in quick if j != index][:need - 1])
+    if with_it <= left or sum(estimates[j] for j in quick[:need]) > left:
+        return index
+    return quick[0]

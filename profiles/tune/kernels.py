@@ -10,6 +10,7 @@ tokens. FLOPs follow ``KernelSample``: attention forward 4 b s^2 h d (half when 
 from __future__ import annotations
 
 import functools
+import statistics
 import time
 from typing import Callable
 
@@ -22,7 +23,7 @@ from sp_plan.runtime.choice import BackendChoice
 from sp_plan.runtime.kernels import block_attention, block_attention_backward
 
 from .settings import SETTINGS, TuneSettings
-from .timing import sync, time_call, time_window
+from .timing import sync, time_readings, time_window
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
                 torch.float64: "float64"}
@@ -141,7 +142,7 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
                     budget_s: float | None = None, shapes: list[tuple[int, int]] | None = None,
                     clock: Callable[[], float] = time.monotonic, skipped: list | None = None,
                     tick: Callable[[bool, str], None] | None = None, forecast: Forecast | None = None,
-                    settings: TuneSettings = SETTINGS) -> list[KernelSample]:
+                    settings: TuneSettings = SETTINGS, spared: list | None = None) -> list[KernelSample]:
     """Attention block fwd/bwd over ``blocks`` x ``heads`` (or the (block, heads) ``shapes``, most needed first) and
     the model's GEMMs over ``gemm_rows`` (default: blocks). Every kernel is prepared first (inputs, the runtime's
     backend choice, one untimed call), then timed. ``windows`` (start wall time, seconds each), or a function that
@@ -152,7 +153,9 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
     its forecast preparation and its least timing (``forecast``: the groups prepared so far, here or in an earlier
     sweep, scaled by FLOPs; none before the first) fit what is left, agreed by every rank of the default group
     (collective); the windows shrink to what is left, and the groups left out go to ``skipped``.
-    ``tick(advanced, message)`` says each group prepared (advanced True) and each kernel timed."""
+    ``tick(advanced, message)`` says each group prepared (advanced True) and each kernel timed. Timed without
+    windows, a kernel's repeats stop once two successive readings agree within ``settings.kernel_agree``
+    (``timing.time_readings``); ``spared`` gets (kernel, repeats not run) for each that stopped early."""
     device = torch.device(device)
     name = _DTYPE_NAMES.get(dtype, str(dtype))
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -178,8 +181,7 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
         forecast.learn(g, flops, clock() - t0)
         said(True, f"prepared {shown_group(g)}")
     if windows is None:
-        return [(KernelSample(seconds=time_call(fn, device, repeats), dtype=name, batch=1, **f),
-                 said(False, f"timed {shown_kernel(f)}"))[0] for fn, f in jobs]
+        return [_timed(fn, f, device, repeats, name, settings.kernel_agree, spared, said) for fn, f in jobs]
     if callable(windows):
         left = None if budget_s is None else max(budget_s - _agreed(clock() - started, True), 0.0)
         start, lengths = windows(firsts) if left is None else windows(firsts, total_s=left)
@@ -192,6 +194,25 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
         out.append(KernelSample(seconds=t, dtype=name, batch=1, **fields))
         said(False, f"timed {shown_kernel(fields)}")
     return out
+
+
+def _timed(fn: Callable[[], object], fields: dict, device: torch.device, repeats: int, dtype: str,
+           agree_within: float | None, spared: list | None, said: Callable[[bool, str], None]) -> KernelSample:
+    """One kernel timed by this rank: the median of its readings, up to ``repeats`` (fewer where they agree)."""
+    got = time_readings(fn, device, repeats, agree_within=agree_within)
+    if len(got) < repeats and spared is not None:
+        spared.append((shown_kernel(fields), repeats - len(got)))
+    said(False, f"timed {shown_kernel(fields)}")
+    return KernelSample(seconds=statistics.median(got), dtype=dtype, batch=1, **fields)
+
+
+def spared_said(spared: list, repeats: int, agree_within: float | None) -> str | None:
+    """What the kernel step left untimed where a kernel's readings agreed, in a line (None where nothing)."""
+    if not spared or agree_within is None:
+        return None
+    kernels = len({k for k, _ in spared})
+    return (f"{sum(n for _, n in spared)} kernel timing(s) of {kernels} kernel(s) not repeated: their readings "
+            f"agreed within {agree_within:.0%} before {repeats} repeats")
 
 
 def shown_kernel(fields: dict) -> str:

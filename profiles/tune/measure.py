@@ -66,12 +66,13 @@ def kernel_timing(opts: TuneOptions, dev: torch.device) -> str:
 def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opts: TuneOptions,
                          budget_s: float | None = None, clock: Callable[[], float] = time.monotonic,
                          skipped: list | None = None, replan: Callable[[list[KernelSample]], float] | None = None,
-                         tick: Callable[[bool, str], None] | None = None) -> list[dict]:
+                         tick: Callable[[bool, str], None] | None = None, spared: list | None = None) -> list[dict]:
     """Every rank times its own device's kernels for the pool's block shapes; all ranks' samples (collective).
     With ``budget_s`` the sweep runs in two parts: the least sweep (the model's best candidate's largest block and
     its GEMMs), then, in what ``replan`` (given the least sweep's samples, collective) leaves it, the other shapes
     the best candidates run, most needed first (``kernels.measure_kernels``; what it left out goes to
-    ``skipped``); the solo-speedup timing is run on the largest block timed whose cost fits what is left."""
+    ``skipped``); the solo-speedup timing is run on the largest block timed whose cost fits what is left. Kernels
+    whose repeats agreed early go to ``spared`` (``kernels.measure_kernels``)."""
     from .kernels import Forecast, kernel_priority, kernel_shapes, measure_kernels, shared_windows, sweep_groups, \
         token_rows
 
@@ -82,7 +83,7 @@ def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opt
                                    fewest=s.window_min_calls)
     sweep = functools.partial(measure_kernels, model, device=dev, dtype=dtype_of(model, dev), causal=work.causal,
                               repeats=opts.kernel_repeats, windows=shared, clock=clock, skipped=skipped, tick=tick,
-                              forecast=Forecast(), settings=s)
+                              forecast=Forecast(), settings=s, spared=spared)
     rows = token_rows(pool, work)
     if budget_s is None:
         blocks, heads = kernel_shapes(pool, model, work)
@@ -189,4 +190,5 @@ def run_candidate(plan: Plan, model: ModelSpec, work: Workload, cluster: Cluster
     dev = device()
     return run_candidate_isolated(plan, model, work, timeout_s=opts.candidate_timeout, layers=opts.layers,
                                   warmup=opts.warmup, iters=opts.iters, device=dev.type, dtype=dtype_of(model, dev),
-                                  memory_limit_bytes=cluster.device(0).memory_bytes, fault=fault, beat=beat)
+                                  memory_limit_bytes=cluster.device(0).memory_bytes, fault=fault, beat=beat,
+                                  agree_within=opts.settings.step_agree)

@@ -67,13 +67,28 @@ def predict(cluster: Cluster, plan: Plan, params: Params) -> tuple[float, float]
     return p.step_time_s, p.peak_memory_bytes
 
 
-def first_estimate(cluster: Cluster, plan: Plan, params: Params, opts: TuneOptions) -> float:
-    """Seconds measuring ``plan`` should take, from its predicted step (budget.candidate_seconds)."""
-    depth = stage_depth(plan.model, plan)
+def stack_run(cluster: Cluster, plan: Plan, params: Params, blocks: int) -> float:
+    """Seconds the model prices one step of the stack a measurement builds: ``blocks`` blocks a stage with the
+    embedding, head, loss and optimizer step a stage of any depth runs; a pipeline's one micro-batch of one stage
+    (of the m + p - 1 its step composes). Where the planner refuses that depth, the full step's share of it."""
     d = plan.degrees
     m = max(plan.workload.batch // (d["dp"] * plan.micro_batch_size), 1)
-    return candidate_seconds(predict(cluster, plan, params)[0], depth, layer_counts(depth, opts.layers), opts.warmup,
-                             opts.iters, d["pp"], m, opts.settings.candidate_overhead_s)
+    composed = m + d["pp"] - 1 if d["pp"] > 1 else 1
+    short = plan.model.model_copy(update={"layers": blocks * d["pp"]})
+    try:
+        step = predict(cluster, plan.model_copy(update={"model": short, "stage_layers": None,
+                                                         "virtual_stages": None}), params)[0]
+    except PlanError:
+        step = predict(cluster, plan, params)[0] * blocks / stage_depth(plan.model, plan)
+    return step / composed
+
+
+def first_estimate(cluster: Cluster, plan: Plan, params: Params, opts: TuneOptions) -> float:
+    """Seconds measuring ``plan`` should take: each stack it builds priced by the model (``stack_run``), times its
+    runs there, plus its child world's start (budget.candidate_seconds)."""
+    depth = stage_depth(plan.model, plan)
+    runs = [stack_run(cluster, plan, params, n) for n in layer_counts(depth, opts.layers)]
+    return candidate_seconds(runs, opts.warmup, opts.iters, opts.settings.candidate_overhead_s)
 
 
 def estimates(cluster: Cluster, pool: list[Plan], params: Params, opts: TuneOptions,
@@ -87,9 +102,15 @@ def estimates(cluster: Cluster, pool: list[Plan], params: Params, opts: TuneOpti
 
 
 def fit_need(estimated: list[float], opts: TuneOptions) -> float:
-    """Seconds the candidates a step-time fit needs should take (the first ``settings.fit_candidates`` of the pool's
-    estimates, the model's best first, or ``--budget`` of them where fewer)."""
-    return sum(estimated[:min(opts.budget, opts.settings.fit_candidates)])
+    """Seconds the candidates a step-time fit needs should take: the quickest ``settings.fit_candidates`` of the
+    pool's estimates, or ``--budget`` of them where fewer (where time is short the choice measures those first,
+    ``choose.quickest_for_fit``)."""
+    return sum(sorted(estimated)[:min(opts.budget, opts.settings.fit_candidates)])
+
+
+def fit_minutes(opts: TuneOptions, need_s: float, left_s: float) -> str:
+    """The --max-minutes that would leave ``need_s`` where ``left_s`` is left (a flag's value)."""
+    return _minutes(opts.max_minutes * 60 + max(need_s - left_s, 0.0))
 
 
 def _minutes(seconds: float) -> str:
@@ -111,5 +132,9 @@ def budget_check(first: list[float], left: float, opts: TuneOptions) -> tuple[tu
     if want <= left:
         return None, None
     fits = max((k + 1 for k, n in enumerate(need) if n <= left), default=1)
+    k = min(opts.budget, s.fit_candidates)
+    fit = sum(sorted(first)[:k]) / (1 - s.kernel_share)
+    said = f"; the step-time fit's {k} quickest candidates, estimated {fmt(fit)} with their kernel sweep, " + \
+        ("fit" if fit <= left else f"do not fit: it needs --max-minutes {fit_minutes(opts, fit, left)}")
     return None, (f"estimated {fmt(want)} for --budget {opts.budget}, over --max-minutes {opts.max_minutes:g}: "
-                  f"fits --budget {fits}, or --max-minutes {_minutes(want)}; running a trimmed sweep")
+                  f"fits --budget {fits}, or --max-minutes {_minutes(want)}; running a trimmed sweep{said}")

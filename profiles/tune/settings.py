@@ -30,6 +30,14 @@ class TuneSettings:
     #: the solo-speedup timing's together window: this many calls of the slowest rank's time alone, at least this long
     together_calls: int = 8
     together_min_s: float = 0.2
+    #: a candidate's timed steps stop before --iters once its last two forward-backward readings (the warm-up's
+    #: counted) agree within this share on every rank: a third reading's median with two such lies between them, so
+    #: it could move the step by no more than this, less than readings of one layout spread between runs on shared
+    #: cores (6-32 % on the kept truths); None times every step
+    step_agree: float | None = 0.05
+    #: a kernel timed by each rank (kernel timing "each") stops repeating once its last two readings agree within
+    #: this share (the median of more lies between them); None times every repeat
+    kernel_agree: float | None = 0.05
     #: the candidates the budget should leave room for beside the kernel sweep: a step-time fit needs this many
     #: (``choose.MIN_MEASURED``: a leave-one-out error of fewer means nothing)
     fit_candidates: int = 3

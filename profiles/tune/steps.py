@@ -24,9 +24,9 @@ from sp_plan.profiles.store import run_key
 
 from . import measure, readings
 from .budget import Budget, fmt, kernel_budget
-from .choose import MIN_MEASURED, Choice, family, next_candidate, sigma_from
-from .kernels import kernel_priority, shown_group, sweep_groups, token_rows
-from .pool import budget_check, candidate_pool, estimates, fit_need, predict
+from .choose import MIN_MEASURED, Choice, family, next_candidate, quickest_for_fit, sigma_from
+from .kernels import kernel_priority, shown_group, spared_said, sweep_groups, token_rows
+from .pool import budget_check, candidate_pool, estimates, fit_minutes, fit_need, predict
 from .rounds import time_rounds
 from .software import software_stack
 
@@ -173,6 +173,7 @@ def kernels_step(r: TuneRun, pool: list[Plan], links: dict | None) -> Kernels:
     share = kernel_budget(r.budget.left(), r.candidates_s, r.opts.settings)
     r.tick("kernels", 0, None, f"timing attention blocks and GEMMs (planned for {fmt(share)})")
     skipped: list = []
+    spared: list = []
     total, count = len(sweep_groups([], [], token_rows(pool, r.work), kernel_priority(pool, r.model, r.work))) + 1, [0]
 
     def group(advanced: bool, message: str) -> None:
@@ -180,11 +181,14 @@ def kernels_step(r: TuneRun, pool: list[Plan], links: dict | None) -> Kernels:
         r.tick("kernels", count[0], total, message)
     samples = measure.measure_kernels_step(pool, r.model, r.work, r.opts, share, r.budget.clock, skipped,
                                            replan=lambda least: r.decide(lambda: sweep_left(r, pool, least, links)),
-                                           tick=group)
+                                           tick=group, spared=spared)
     if skipped:
         r.notes.append(f"kernel sweep trimmed to its {fmt(share)}: left out "
                        f"{', '.join(shown_group(g) for g in skipped)} (the planner's curves extrapolate to them)")
-    r.tick("kernels", total, total, f"{len(samples)} kernel timings in {fmt(r.budget.elapsed() - t0)}")
+    agreed = spared_said(spared, r.opts.kernel_repeats, r.opts.settings.kernel_agree)
+    r.notes += [agreed] if agreed else []
+    r.tick("kernels", total, total, f"{len(samples)} kernel timings in {fmt(r.budget.elapsed() - t0)}"
+           + (f"; {agreed}" if agreed else ""))
     rounds_s = None
     if dist.get_world_size() > 1 and not r.budget.spent():
         r.tick("rounds", 0, 1, "timing ring rounds")
@@ -192,7 +196,8 @@ def kernels_step(r: TuneRun, pool: list[Plan], links: dict | None) -> Kernels:
         r.tick("rounds", 1, 1, f"ring rounds: {rounds_s * 1e3:.1f} ms")
     timing = measure.kernel_timing(r.opts, dev)
     r.record("kernels", "ok", {"samples": samples, "timing": timing, "rounds_s": rounds_s,
-                               "skipped": [list(g) for g in skipped], "seconds": r.budget.elapsed() - t0})
+                               "skipped": [list(g) for g in skipped], "seconds": r.budget.elapsed() - t0,
+                               "spared": [list(x) for x in spared]})
     return Kernels(samples, timing, rounds_s)
 
 
@@ -206,7 +211,7 @@ def sweep_left(r: TuneRun, pool: list[Plan], least: list[KernelSample], links: d
         k = min(r.opts.budget, r.opts.settings.fit_candidates)
         r.notes.append(f"the {k} candidate(s) a step-time fit needs are estimated at {fmt(need)} with the kernels "
                        f"timed, over the {fmt(left)} left: the rest of the kernel sweep is left out, and the fit may "
-                       f"lack them (--max-minutes {r.opts.max_minutes + (need - left) / 60:.1f} would fit)")
+                       f"lack them (--max-minutes {fit_minutes(r.opts, need, left)} would fit)")
     return left - need
 
 
@@ -295,6 +300,7 @@ def choose(r: TuneRun, cal: Calibration) -> tuple[Choice, float]:
                                 explore=opts.budget - 1 - len(measured), min_measured=MIN_MEASURED + skipped)
         if choice.index is None:
             return choice, 0.0
+        choice = for_the_fit(r, choice, [est[p.summary()] for p in pool], done, len(ok))
         name = pool[choice.index].summary()
         if est[name] <= r.budget.left():
             return choice, est[name]
@@ -302,6 +308,24 @@ def choose(r: TuneRun, cal: Calibration) -> tuple[Choice, float]:
         left_out.add(name)
         if all(p.summary() in measured or p.summary() in left_out for p in pool):
             return Choice(None, 0.0, "no candidate left fits the time left of --max-minutes"), 0.0
+
+
+def for_the_fit(r: TuneRun, choice: Choice, est: list[float], done: list[bool], ok: int) -> Choice:
+    """Rank 0: ``choice``, or the quickest candidate to measure where the step-time fit still lacks candidates and
+    only the quickest leave it room for them (``choose.quickest_for_fit``); where not even those fit, said once
+    with the --max-minutes that would."""
+    opts, left = r.opts, r.budget.left()
+    need = min(opts.budget - len(r.measured), opts.settings.fit_candidates - ok)
+    i = quickest_for_fit(choice.index, est, done, need, left)
+    quick = sorted(e for e, d in zip(est, done) if not d)[:max(need, 0)]
+    if need > 0 and sum(quick) > left and not any(n.startswith("the step-time fit needs") for n in r.notes):
+        r.notes.append(f"the step-time fit needs {need} more candidate(s), the quickest estimated at "
+                       f"{fmt(sum(quick))} together, over the {fmt(left)} left: it will lack them "
+                       f"(--max-minutes {fit_minutes(opts, sum(quick), left)} would fit them)")
+    if i == choice.index:
+        return choice
+    return Choice(i, choice.chance, f"the quickest to measure: the step-time fit needs {need} more candidate(s) "
+                                    f"in the {fmt(left)} left")
 
 
 def timed(r: TuneRun, plan: Plan, fault: str | None, need: float,

@@ -16,10 +16,18 @@ def sync(device: torch.device) -> None:
 
 def time_call(fn: Callable[[], object], device: torch.device, repeats: int = 5, warmup: int = 1) -> float:
     """Median seconds of ``fn()`` over ``repeats`` runs after ``warmup`` untimed runs."""
+    return statistics.median(time_readings(fn, device, repeats, warmup))
+
+
+def time_readings(fn: Callable[[], object], device: torch.device, repeats: int = 5, warmup: int = 1,
+                  agree_within: float | None = None) -> list[float]:
+    """Seconds of each of up to ``repeats`` runs of ``fn()`` after ``warmup`` untimed runs; with ``agree_within``,
+    none after the first two successive readings that agree within that share of the faster (their median with
+    any more readings would lie between them)."""
     for _ in range(warmup):
         fn()
     sync(device)
-    times = []
+    times: list[float] = []
     for _ in range(max(repeats, 1)):
         if device.type == "cuda":
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -32,7 +40,10 @@ def time_call(fn: Callable[[], object], device: torch.device, repeats: int = 5, 
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        if agree_within is not None and len(times) >= 2 and \
+                abs(times[-1] - times[-2]) <= agree_within * min(times[-2:]):
+            break
+    return times
 
 
 def time_window(fn: Callable[[], object], device: torch.device, start: float, stop: float) -> float:

@@ -1,0 +1,166 @@
+"""What measuring a candidate should cost, and measuring less where readings agree: the stacks a measurement builds
+priced with their fixed part, timed steps and kernel repeats that stop once their readings agree, the quickest
+candidates first where a step-time fit would otherwise lack its points. Driven by faked timings, never wall time."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sp_plan.planner import ModelSpec, Plan, Workload
+from sp_plan.planner.params import Params
+from sp_plan.profiles import load_cluster, load_model
+from sp_plan.profiles.tune import kernels, timing
+from sp_plan.profiles.tune.budget import Budget, candidate_seconds, runs_per_count
+from sp_plan.profiles.tune.candidate import steady
+from sp_plan.profiles.tune.choose import Choice, quickest_for_fit
+from sp_plan.profiles.tune.pool import budget_check, candidate_pool, first_estimate, fit_need, predict, stack_run
+from sp_plan.profiles.tune.run import TuneOptions
+from sp_plan.profiles.tune.settings import SETTINGS
+from harness.worlds import run_world
+
+TINY = ModelSpec(name="tiny", layers=4, hidden=64, heads=4, kv_heads=2, vocab=128, dtype="fp32", gated_mlp=True)
+
+
+@pytest.fixture(scope="module")
+def bert_pool():
+    cluster, model, work = load_cluster("cpu-local"), load_model("bert-large"), Workload(seq_len=4096)
+    return cluster, candidate_pool(cluster, model, work, Params(), 12)
+
+
+def test_a_stack_of_one_block_carries_the_whole_fixed_part_of_a_step(bert_pool):
+    cluster, pool = bert_pool
+    plan = next(p for p in pool if p.degrees["pp"] == 1)
+    step = predict(cluster, plan, Params())[0]
+    one, two = stack_run(cluster, plan, Params(), 1), stack_run(cluster, plan, Params(), 2)
+    # linear in blocks, and at the model's 24 layers the step itself: embedding, head, loss, optimizer counted once
+    assert stack_run(cluster, plan, Params(), 24) == pytest.approx(step, rel=1e-6)
+    assert one + 23 * (two - one) == pytest.approx(step, rel=0.02)
+    # the fixed part at 4k tokens of a 30522-word head is most of a one-block run, not 1/24 of the step
+    assert one > 2 * step / 24
+    opts = TuneOptions(budget=3, max_minutes=9)
+    runs = runs_per_count(opts.warmup, opts.iters)
+    assert first_estimate(cluster, plan, Params(), opts) == pytest.approx(
+        SETTINGS.candidate_overhead_s + runs * (one + two))
+
+
+def test_a_pipeline_runs_one_micro_batch_of_one_stage(bert_pool):
+    cluster, pool = bert_pool
+    plan = next(p for p in pool if p.degrees["pp"] > 1)
+    m = max(plan.workload.batch // (plan.degrees["dp"] * plan.micro_batch_size), 1)
+    short = plan.model_copy(update={"model": plan.model.model_copy(update={"layers": plan.degrees["pp"]})})
+    assert stack_run(cluster, plan, Params(), 1) == pytest.approx(
+        predict(cluster, short, Params())[0] / (m + plan.degrees["pp"] - 1))
+
+
+def test_candidate_seconds_are_the_runs_of_each_stack_and_a_start():
+    assert runs_per_count(1, 3) == 5
+    assert candidate_seconds([2.0, 3.0], 1, 3, overhead_s=5.0) == pytest.approx(5.0 + 5 * 5.0)
+
+
+def test_readings_are_steady_when_the_last_two_agree():
+    assert not steady([1.0], 0.05) and not steady([1.0, 1.0], None)
+    assert steady([2.0, 1.0, 1.04], 0.05) and not steady([1.0, 1.06], 0.05)
+
+
+class Ticks:
+    """perf_counter for timing.time_readings: each reading lasts the next of ``seconds``."""
+
+    def __init__(self, seconds):
+        self.seconds, self.now, self.started = list(seconds), 0.0, False
+
+    def perf_counter(self):
+        if self.started:
+            self.now += self.seconds.pop(0)
+        self.started = not self.started
+        return self.now
+
+
+def test_kernel_repeats_stop_once_two_readings_agree(monkeypatch):
+    monkeypatch.setattr(timing, "time", Ticks([1.0, 1.3, 1.31, 9.0, 9.0]))
+    got = timing.time_readings(lambda: None, torch.device("cpu"), repeats=5, warmup=0, agree_within=0.05)
+    assert got == pytest.approx([1.0, 1.3, 1.31])  # the 4th and 5th repeats not run
+    monkeypatch.setattr(timing, "time", Ticks([1.0, 2.0, 3.0]))
+    assert len(timing.time_readings(lambda: None, torch.device("cpu"), repeats=3, warmup=0, agree_within=0.05)) == 3
+    monkeypatch.setattr(timing, "time", Ticks([1.0, 1.0, 1.0]))
+    assert len(timing.time_readings(lambda: None, torch.device("cpu"), repeats=3, warmup=0)) == 3
+
+
+def test_the_kernel_sweep_says_which_repeats_it_spared(monkeypatch):
+    monkeypatch.setenv("SP_PLAN_ATTN_BACKEND", "cpu_flash")
+    fake = iter([[1.0, 1.01], [2.0, 3.0, 2.5], [1.0, 1.02]] + [[0.5, 0.6, 0.7]] * 20)
+    monkeypatch.setattr(kernels, "time_readings", lambda fn, dev, repeats, agree_within=None: next(fake))
+    spared: list = []
+    samples = kernels.measure_kernels(TINY, [64], [2], torch.device("cpu"), torch.float32, causal=True, repeats=3,
+                                      gemm_rows=[], spared=spared)
+    assert [s.seconds for s in samples[:3]] == pytest.approx([1.005, 2.5, 1.01])  # the medians of what was read
+    assert [n for _, n in spared] == [1, 1] and all("attention" in k for k, _ in spared)
+    said = kernels.spared_said(spared, 3, 0.05)
+    assert said.startswith("2 kernel timing(s) of 2 kernel(s) not repeated") and "5%" in said
+    assert kernels.spared_said([], 3, 0.05) is None
+
+
+def _scripted(rank, world, readings, agree):
+    """One candidate measured with every step's forward-backward seconds scripted per rank."""
+    from sp_plan.profiles.tune import candidate
+
+    script = iter(readings[rank])
+    candidate.train_step = lambda bench, model, device, fault=None: (next(script), 0.001)
+    res = candidate.measure(Plan(algorithm="ring", degrees={"ring": world}), TINY, Workload(seq_len=256),
+                            layers=2, warmup=1, iters=3, agree_within=agree)
+    return res["detail"]["steps_timed"], res["detail"]["measured"]
+
+
+def test_a_candidates_timed_steps_stop_when_every_rank_reads_them_steady():
+    # per block count: warm-up, timed steps, one memory step. 1 block: the warm-up and the first timed step agree on
+    # rank 0 but not on rank 1 until its second; 2 blocks: never on rank 0, so every rank times all three
+    readings = {0: [1.00, 1.01, 1.02, 1.0,
+                    2.0, 1.5, 1.8, 1.7, 9.0],
+                1: [1.00, 1.30, 1.31, 1.0,
+                    2.0, 2.0, 2.0, 2.0, 9.0]}
+    timed, measured = run_world(_scripted, 2, readings, 0.05, timeout=120)[0]
+    assert timed == {"1": 2, "2": 3}
+    assert measured["1"]["fwd_bwd_s"] == pytest.approx(max(1.015, 1.305))  # the slowest rank's median
+    assert measured["2"]["fwd_bwd_s"] == pytest.approx(2.0)
+    every = {0: [1.0] * 10, 1: [1.0] * 10}
+    assert run_world(_scripted, 2, every, None, timeout=120)[0][0] == {"1": 3, "2": 3}
+
+
+def test_the_quickest_candidates_go_first_only_when_the_fit_would_lack_them():
+    est, done = [100.0, 40.0, 200.0, 50.0], [False] * 4
+    assert quickest_for_fit(2, est, done, need=3, left=400.0) == 2  # 200 + 40 + 50 fits: the choice stands
+    assert quickest_for_fit(2, est, done, need=3, left=200.0) == 1  # only 40 + 50 + 100 fit
+    assert quickest_for_fit(2, est, done, need=3, left=150.0) == 2  # not even the quickest fit: the choice stands
+    assert quickest_for_fit(2, est, [False, True, False, False], need=2, left=160.0) == 3  # 50 + 100
+    assert quickest_for_fit(2, est, done, need=0, left=10.0) == 2
+
+
+def _run(budget_s: float, left_s: float, measured: int = 0):
+    clock = SimpleNamespace(t=budget_s - left_s)
+    return SimpleNamespace(opts=TuneOptions(budget=3, max_minutes=budget_s / 60),
+                           budget=Budget(budget_s, lambda: clock.t, 0.0), measured={f"m{i}": None for i in range(measured)},
+                           notes=[])
+
+
+def test_the_choice_makes_room_for_the_fit_and_says_when_it_cannot():
+    from sp_plan.profiles.tune.steps import for_the_fit
+
+    est, done = [150.0, 150.0, 60.0, 70.0], [True, False, False, False]
+    r = _run(540.0, 200.0, measured=1)
+    got = for_the_fit(r, Choice(1, 0.9, "the model's best tp layout"), est, done, ok=1)
+    assert got.index == 2 and "quickest to measure" in got.why and "needs 2 more" in got.why and not r.notes
+    r = _run(540.0, 100.0, measured=1)
+    assert for_the_fit(r, Choice(1, 0.9, "x"), est, done, ok=1).index == 1
+    (note,) = r.notes
+    assert note.startswith("the step-time fit needs 2 more candidate(s)") and "2:10 together" in note
+    assert "--max-minutes 9.5 would fit them" in note  # 540 s + the 30 s short
+
+
+def test_the_budget_check_names_the_minutes_the_fit_needs():
+    opts = TuneOptions(budget=3, max_minutes=9)
+    err, note = budget_check([200.0, 150.0, 210.0, 160.0], 400.0, opts)
+    assert err is None and "running a trimmed sweep" in note
+    # the fit's 3 quickest: 150 + 160 + 200 s, with the kernel sweep's share: 729 s, 329 s over the 400 s left
+    assert "quickest candidates, estimated 12:09" in note and "--max-minutes 14.5" in note
+    assert fit_need([200.0, 150.0, 210.0, 160.0], opts) == pytest.approx(510.0)
