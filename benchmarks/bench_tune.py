@@ -75,15 +75,20 @@ def _world_pool(args):
 
 def worker_truth(args) -> None:
     """(Inside the world) measure every distinct layout that fits; rank 0 writes them as JSON."""
+    import dataclasses
+
     from sp_plan.profiles.tune.measure import run_candidate
     from sp_plan.profiles.tune.run import TuneOptions
+    from sp_plan.profiles.tune.settings import SETTINGS
     from sp_plan.runtime import probe
 
     owned, cluster, model, work, pool = _world_pool(args)
     rank = probe.dist.get_rank()
     if args.only:  # --recheck, --reread: these layouts only
         pool = [p for p in pool if p.summary() in args.only.split(";")]
-    opts = TuneOptions(candidate_timeout=args.timeout, layers=args.layers, iters=args.iters, warmup=args.warmup)
+    # the truth times every step (a tune's candidates stop once two readings agree: settings.step_agree)
+    opts = TuneOptions(candidate_timeout=args.timeout, layers=args.layers, iters=args.iters, warmup=args.warmup,
+                       settings=dataclasses.replace(SETTINGS, step_agree=None))
     runs: list[list] = [[] for _ in pool]
     for rep in range(args.repeats):  # whole passes, interleaved: a slow spell of the host lands on several layouts
         for i, plan in enumerate(pool):
@@ -717,10 +722,12 @@ def budget_check_world(name: str, tmp: Path) -> dict:
             "profile": prof.id if prof else None,
             "candidates": [{"layout": c.summary, "status": c.status, "measured_s": c.measured_s,
                             "wall_s": c.detail.get("wall_s"), "estimate_s": c.detail.get("estimate_s"),
-                            "readings": len(c.detail.get("readings_s") or [1])} for c in (prof.candidates if prof else [])],
+                            "readings": len(c.detail.get("readings_s") or [1]), "iters": c.detail.get("iters"),
+                            "steps_timed": c.detail.get("steps_timed")} for c in (prof.candidates if prof else [])],
             "fit_candidates": len(ok), "step_fit": bool(prof) and any("compute efficiency" in f for f in prof.fitted),
             "skipped": [ln for ln in log.splitlines() if " skipped: estimated" in ln or "kernel sweep trimmed" in ln
-                        or ln.startswith("estimated ") or "a step-time fit needs are estimated" in ln],
+                        or ln.startswith("estimated ") or "a step-time fit needs are estimated" in ln
+                        or ln.startswith("the step-time fit needs") or "not repeated: their readings agreed" in ln],
             "spent": next((ln for ln in log.splitlines() if ln.startswith("spent ")), None)}
 
 
@@ -737,8 +744,10 @@ def report_budget_check(r: dict) -> None:
         est = "-" if c["estimate_s"] is None else f"{c['estimate_s']:.0f} s"
         took = "-" if c["wall_s"] is None else f"{c['wall_s']:.0f} s"
         step = "-" if not c["measured_s"] else f"{c['measured_s']:.2f} s"
+        timed = "" if not c.get("steps_timed") else ", steps timed " + ", ".join(
+            f"{n} at {k} block(s)" for k, n in c["steps_timed"].items()) + f" of {c['iters']}"
         print(f"  candidate {c['layout']}: {c['status']}, step {step}, took {took} (estimated {est}), "
-              f"{c['readings']} reading(s)")
+              f"{c['readings']} reading(s){timed}")
     for s in r["skipped"]:
         print(f"  left out: {s}")
     print(f"  profile {r['profile']}; step-time fit from {r['fit_candidates']} candidates: "

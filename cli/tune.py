@@ -247,7 +247,8 @@ class Flag:
     output = typer.Option(None, "-o", "--output", help="write the best measured plan here",
                           show_default="store the profile only")
     layers = typer.Option(2, "--layers", help="layers each candidate runs (the model's others are scaled)")
-    iters = typer.Option(3, "--iters", help="timed steps per candidate (median)")
+    iters = typer.Option(3, "--iters", help="timed steps per candidate at most (median; fewer where the "
+                         "last two readings agree within 5 %)")
     confirm = typer.Option(2, "--confirm", help="readings more of the best measured candidate and the runners-up "
                            "within 10 % of it, or within the model's leave-one-out error and then the spread of their "
                            "readings where wider (3 at most), each kept at its fastest reading (0: one reading each)")
@@ -257,7 +258,7 @@ class Flag:
     warmup = typer.Option(1, "--warmup", help="untimed steps before them")
     pool = typer.Option(12, "--pool", help="distinct layouts the choice draws from")
     kernel_timing = typer.Option("auto", "--kernel-timing", help="each: every rank times each kernel as it gets "
-                                 "there (median of 3); shared: all ranks time each kernel at once in one window (full "
+                                 "there (median of up to 3, fewer where two agree within 5 %); shared: all ranks time each kernel at once in one window (full "
                                  "contention where ranks share cores); auto: shared on CPU ranks, each on GPUs")
     link_sizes = typer.Option(None, "--link-sizes", help="message sizes for the link step, e.g. 64K,1M",
                               show_default="16K..4M on CPU, 1M..256M on GPU")

@@ -78,7 +78,7 @@ def stack_run(cluster: Cluster, plan: Plan, params: Params, blocks: int) -> floa
     try:
         step = predict(cluster, plan.model_copy(update={"model": short, "stage_layers": None,
                                                          "virtual_stages": None}), params)[0]
-    except PlanError:
+    except (PlanError, ValueError):  # a depth the layout's stages or the model's layer pattern refuse
         step = predict(cluster, plan, params)[0] * blocks / stage_depth(plan.model, plan)
     return step / composed
 
