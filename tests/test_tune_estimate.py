@@ -143,18 +143,56 @@ def _run(budget_s: float, left_s: float, measured: int = 0):
                            notes=[])
 
 
-def test_the_choice_makes_room_for_the_fit_and_says_when_it_cannot():
+def test_the_choice_makes_room_for_the_fit():
     from sp_plan.profiles.tune.steps import for_the_fit
 
     est, done = [150.0, 150.0, 60.0, 70.0], [True, False, False, False]
     r = _run(540.0, 200.0, measured=1)
     got = for_the_fit(r, Choice(1, 0.9, "the model's best tp layout"), est, done, ok=1)
-    assert got.index == 2 and "quickest to measure" in got.why and "needs 2 more" in got.why and not r.notes
+    assert got.index == 2 and "quickest to measure" in got.why and "needs 2 more" in got.why
+    assert for_the_fit(_run(540.0, 100.0, measured=1), Choice(1, 0.9, "x"), est, done, ok=1).index == 1
+
+
+def test_fewer_timed_steps_where_the_fit_would_otherwise_lack_its_candidates():
+    from sp_plan.profiles.tune.steps import fit_iters
+
+    # --iters 3 after 1 warm-up: 5 steps a block count, 100 s of them and a 5 s start; the fit lacks 2 candidates
+    over = SETTINGS.candidate_overhead_s
+    full, done = [over + 100.0, over + 100.0, over + 200.0, over + 100.0], [True, False, False, False]
+    r = _run(540.0, 250.0, measured=1)
+    iters, est = fit_iters(r, full, done, ok=1)
+    assert iters == 3 and est == full and not r.notes  # 210 s fit
+    r = _run(540.0, 200.0, measured=1)
+    iters, est = fit_iters(r, full, done, ok=1)
+    assert iters == 2 and est[1] == pytest.approx(over + 80.0)  # 4 of 5 steps: 170 s fit, 210 s do not
+    assert r.notes == ["candidates timed at 2 of --iters 3 step(s) a block count, so that the 2 the step-time fit "
+                       "still needs fit the 3:20 left"]
     r = _run(540.0, 100.0, measured=1)
-    assert for_the_fit(r, Choice(1, 0.9, "x"), est, done, ok=1).index == 1
+    iters, est = fit_iters(r, full, done, ok=1)
+    assert iters == 3 and est == full  # not even 1 step each fits: read as --iters says, and said
     (note,) = r.notes
-    assert note.startswith("the step-time fit needs 2 more candidate(s)") and "2:10 together" in note
+    assert note.startswith("the step-time fit needs 2 more candidate(s)") and "2:10 together at 1 timed step" in note
     assert "--max-minutes 9.5 would fit them" in note  # 540 s + the 30 s short
+    assert fit_iters(_run(540.0, 10.0, measured=3), full, done, ok=3) == (3, full)  # the fit has its 3
+
+
+def test_a_ratio_learned_from_a_candidate_timed_at_fewer_steps_compares_it_with_its_estimate_there(bert_pool):
+    from sp_plan.planner.profile import MeasuredCandidate
+    from sp_plan.profiles.tune.budget import at_iters
+    from sp_plan.profiles.tune.pool import estimates
+
+    cluster, pool = bert_pool
+    over, opts = SETTINGS.candidate_overhead_s, TuneOptions()
+    assert at_iters(over + 100.0, 1, opts.warmup, opts.iters, over) == pytest.approx(over + 60.0)  # 3 of 5 steps
+    plan = pool[0]
+    first = first_estimate(cluster, plan, Params(), opts)
+    there = at_iters(first, 1, opts.warmup, opts.iters, over)
+    # timed at 1 step, it took twice its estimate there: the others are estimated at twice theirs
+    mc = MeasuredCandidate(summary=plan.summary(), plan=plan.model_dump(mode="json"), model=plan.model.name,
+                           seq_len=4096, batch=1, status="ok", measured_s=1.0,
+                           detail={"wall_s": over + 2 * (there - over), "iters": 1})
+    got = estimates(cluster, pool, Params(), opts, {plan.summary(): mc})
+    assert got[pool[1].summary()] == pytest.approx(over + 2 * (first_estimate(cluster, pool[1], Params(), opts) - over))
 
 
 def test_the_budget_check_names_the_minutes_the_fit_needs():
@@ -164,3 +202,48 @@ def test_the_budget_check_names_the_minutes_the_fit_needs():
     # the fit's 3 quickest: 150 + 160 + 200 s, with the kernel sweep's share: 729 s, 329 s over the 400 s left
     assert "quickest candidates, estimated 12:09" in note and "--max-minutes 14.5" in note
     assert fit_need([200.0, 150.0, 210.0, 160.0], opts) == pytest.approx(510.0)
+
+
+#: seconds by the test's clock a candidate takes, and is estimated at: pipeline layouts cost 3x the others
+CHEAP_S, DEAR_S = 40.0, 120.0
+
+
+def _cost(plan) -> float:
+    return DEAR_S if plan.degrees["pp"] > 1 else CHEAP_S
+
+
+def _fit_rank(rank, world, url, minutes):
+    import os
+
+    from sp_plan.profiles.store import Store
+    from sp_plan.profiles.tune import measure, run, steps
+
+    clock = SimpleNamespace(t=0.0)
+    real = measure.run_candidate
+
+    def candidate(plan, *a, **k):
+        clock.t += _cost(plan)
+        return real(plan, *a, **k)
+    measure.run_candidate = candidate
+    steps.estimates = lambda cluster, pool, params, opts, measured: {p.summary(): _cost(p) for p in pool}
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      GROUP_RANK="0")
+    opts = TuneOptions(budget=3, max_minutes=minutes, iters=2, link_sizes=[16384], candidate_timeout=120,
+                       confirm=0, reread=0, clock=lambda: clock.t)
+    rep = run.tune(load_cluster("cpu-local"), load_model("tiny-llama"), Workload(seq_len=512),
+                   Store(url) if rank == 0 else None, opts)
+    return rep, clock.t
+
+
+def test_a_tight_budget_measures_the_quickest_candidates_so_that_the_fit_gets_its_three(tmp_path):
+    """160 s for candidates by the test's clock, where a pipeline layout (the model's best, or the family it explores
+    first) takes 120 s and any other 40 s: a pipeline and two others would not fit, three others do, so the choice
+    measures those and the fit gets its three."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    minutes = (160.0 + SETTINGS.finish_s) / 60
+    rep, spent = run_world(_fit_rank, 4, url, minutes, timeout=900)[0]
+    ok = [c for c in rep.profile.candidates if c.status == "ok"]
+    assert len(ok) == 3 and all(c.plan["degrees"]["pp"] == 1 for c in ok), [c.summary for c in ok]
+    assert spent == pytest.approx(3 * CHEAP_S) and rep.profile.id
+    assert any("compute efficiency" in f for f in rep.profile.fitted), rep.profile.fitted
+    assert not any(n.startswith("the step-time fit needs") for n in rep.budget_notes), rep.budget_notes

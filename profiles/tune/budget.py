@@ -57,6 +57,13 @@ def candidate_seconds(stack_runs_s: list[float], warmup: int, iters: int,
     return overhead_s + runs_per_count(warmup, iters) * sum(stack_runs_s)
 
 
+def at_iters(estimate: float, iters: int, warmup: int, full_iters: int,
+             overhead_s: float = SETTINGS.candidate_overhead_s) -> float:
+    """``estimate`` (a candidate timed at ``full_iters`` steps) at ``iters`` timed steps instead."""
+    share = runs_per_count(warmup, iters) / runs_per_count(warmup, full_iters)
+    return overhead_s + share * max(estimate - overhead_s, 0.0)
+
+
 def learned_ratio(walls: list[float], first_estimates: list[float],
                   overhead_s: float = SETTINGS.candidate_overhead_s) -> float | None:
     """The median of measured wall seconds over the first estimate, beyond the fixed overhead (None before any)."""

@@ -10,7 +10,8 @@ step). Step time: pp = 1: m x fwd_bwd(L) + optimizer(L) (all m micro-batches run
 accumulated); pp > 1 (1F1B composed from one stage's micro-batch, the stage-boundary sends
 measured beside it, ``stage_sends``): (m + p - 1) x (fwd_bwd(L) + sends) + optimizer(L). Peak memory: peak(L),
 plus (min(p, m) - 1) x activations(L) for pp > 1 (1F1B keeps up to p micro-batches in flight on
-stage 0), activations = peak - live before the step. Every value is the max over ranks.
+stage 0), activations = peak - live before the step. Every value is the max over ranks. A tune times up to
+``iters`` steps at each block count, fewer where the last two readings agree on every rank (``_measure_stack``).
 """
 from __future__ import annotations
 

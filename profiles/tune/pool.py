@@ -16,7 +16,7 @@ from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import MeasuredCandidate
 from sp_plan.planner.search import grid_search
 
-from .budget import candidate_seconds, fmt, learned_ratio, scaled
+from .budget import at_iters, candidate_seconds, fmt, learned_ratio, scaled
 from .candidate import layer_counts, stage_depth
 from .choose import diversify, with_families
 
@@ -97,7 +97,9 @@ def estimates(cluster: Cluster, pool: list[Plan], params: Params, opts: TuneOpti
     first = {p.summary(): first_estimate(cluster, p, params, opts) for p in pool}
     done = [m for m in measured.values() if m.status == "ok" and m.detail.get("wall_s") and m.summary in first]
     over = opts.settings.candidate_overhead_s
-    ratio = learned_ratio([m.detail["wall_s"] for m in done], [first[m.summary] for m in done], over)
+    ran = [at_iters(first[m.summary], m.detail.get("iters") or opts.iters, opts.warmup, opts.iters, over)
+           for m in done]  # each against its estimate at the timed steps it ran
+    ratio = learned_ratio([m.detail["wall_s"] for m in done], ran, over)
     return {n: scaled(e, ratio, over) for n, e in first.items()}
 
 
@@ -106,6 +108,17 @@ def fit_need(estimated: list[float], opts: TuneOptions) -> float:
     pool's estimates, or ``--budget`` of them where fewer (where time is short the choice measures those first,
     ``choose.quickest_for_fit``)."""
     return sum(sorted(estimated)[:min(opts.budget, opts.settings.fit_candidates)])
+
+
+def fewest_iters(quickest: list[float], left: float, opts: TuneOptions) -> int:
+    """The most timed steps a candidate (up to ``--iters``) at which ``quickest``, the estimates (at ``--iters``) of
+    the candidates a step-time fit still needs, fit ``left`` seconds; ``--iters`` where not even one step does (the
+    fit lacks them whatever is measured)."""
+    over = opts.settings.candidate_overhead_s
+    for k in range(opts.iters, 0, -1):
+        if sum(at_iters(e, k, opts.warmup, opts.iters, over) for e in quickest) <= left:
+            return k
+    return opts.iters
 
 
 def fit_minutes(opts: TuneOptions, need_s: float, left_s: float) -> str:

@@ -23,10 +23,10 @@ from sp_plan.planner.profile import KernelSample, MeasuredCandidate
 from sp_plan.profiles.store import run_key
 
 from . import measure, readings
-from .budget import Budget, fmt, kernel_budget
+from .budget import Budget, at_iters, fmt, kernel_budget
 from .choose import MIN_MEASURED, Choice, family, next_candidate, quickest_for_fit, sigma_from
 from .kernels import kernel_priority, shown_group, spared_said, sweep_groups, token_rows
-from .pool import budget_check, candidate_pool, estimates, fit_minutes, fit_need, predict
+from .pool import budget_check, candidate_pool, estimates, fewest_iters, fit_minutes, fit_need, predict
 from .rounds import time_rounds
 from .software import software_stack
 
@@ -263,35 +263,37 @@ def candidates_step(r: TuneRun, cal: Calibration) -> None:
         def chosen():
             cal.result = r.refit(cal.base, cal.hold)
             return (*choose(r, cal), r.skipped)
-        choice, need, r.skipped = r.decide(chosen)
+        choice, need, iters, r.skipped = r.decide(chosen)
         if choice.index is None:
             cal.stop = choice.why
             r.tick("candidates", len(r.measured), len(r.measured), f"stopped: {choice.why}")
             return
         plan = cal.pool[choice.index]
         name, n = plan.summary(), len(r.measured)
-        r.tick("candidates", n, r.opts.budget, f"{name} ({choice.why}; estimated {fmt(need)})")
+        steps = "" if iters == r.opts.iters else f" at {iters} timed step(s)"
+        r.tick("candidates", n, r.opts.budget, f"{name} ({choice.why}; estimated {fmt(need)}{steps})")
         r.record(f"candidate:{name}", "running", {"summary": name})
         fault = r.opts.faults.get(name) or r.opts.faults.get(f"#{n}")
-        mc = timed(r, plan, fault, need, lambda m: r.tick("candidates", n, r.opts.budget, m))
+        mc = timed(r, plan, fault, need, lambda m: r.tick("candidates", n, r.opts.budget, m), iters)
         r.record(f"candidate:{name}", "ok" if mc.status == "ok" else "failed", mc.model_dump(mode="json"))
         r.measured[name] = mc
         r.tick("candidates", len(r.measured), r.opts.budget, f"{name}: {mc.status}")
 
 
-def choose(r: TuneRun, cal: Calibration) -> tuple[Choice, float]:
-    """Rank 0: the next candidate that fits the time left (those that do not are skipped), and its estimate."""
+def choose(r: TuneRun, cal: Calibration) -> tuple[Choice, float, int]:
+    """Rank 0: the next candidate that fits the time left (those that do not are skipped), its estimate and the
+    timed steps it runs (``fit_iters``)."""
     opts, measured, pool = r.opts, r.measured, cal.pool
     params = cal.result.params if cal.result else cal.base
     ok = [m for m in measured.values() if m.status == "ok"]
-    est = estimates(r.cluster, pool, params, opts, measured)
+    full = estimates(r.cluster, pool, params, opts, measured)
     preds = [predict(r.cluster, p, params)[0] for p in pool]
     left_out = {w.split(" skipped")[0] for w in r.skipped}
     while True:
         if len(measured) >= opts.budget:
-            return Choice(None, 0.0, f"budget of {opts.budget} candidate(s) reached"), 0.0
+            return Choice(None, 0.0, f"budget of {opts.budget} candidate(s) reached"), 0.0, opts.iters
         if r.budget.spent():
-            return Choice(None, 0.0, f"--max-minutes {opts.max_minutes:g} reached"), 0.0
+            return Choice(None, 0.0, f"--max-minutes {opts.max_minutes:g} reached"), 0.0, opts.iters
         done = [p.summary() in measured or p.summary() in left_out for p in pool]
         best = min((m.measured_s for m in ok), default=None)
         sigma = sigma_from(cal.result.loo_error_after if cal.result else None, len(ok))
@@ -299,29 +301,55 @@ def choose(r: TuneRun, cal: Calibration) -> tuple[Choice, float]:
         choice = next_candidate(preds, done, best, sigma, families=[family(p) for p in pool],
                                 explore=opts.budget - 1 - len(measured), min_measured=MIN_MEASURED + skipped)
         if choice.index is None:
-            return choice, 0.0
-        choice = for_the_fit(r, choice, [est[p.summary()] for p in pool], done, len(ok))
+            return choice, 0.0, opts.iters
+        iters, est = fit_iters(r, [full[p.summary()] for p in pool], done, len(ok))
+        choice = for_the_fit(r, choice, est, done, len(ok))
         name = pool[choice.index].summary()
-        if est[name] <= r.budget.left():
-            return choice, est[name]
-        r.skip(f"candidate:{name}", name, est[name])
+        if est[choice.index] <= r.budget.left():
+            return choice, est[choice.index], iters
+        r.skip(f"candidate:{name}", name, est[choice.index])
         left_out.add(name)
         if all(p.summary() in measured or p.summary() in left_out for p in pool):
-            return Choice(None, 0.0, "no candidate left fits the time left of --max-minutes"), 0.0
+            return Choice(None, 0.0, "no candidate left fits the time left of --max-minutes"), 0.0, opts.iters
+
+
+def fit_short(r: TuneRun, ok: int) -> int:
+    """Candidates the step-time fit still lacks that the budget may measure."""
+    return min(r.opts.budget - len(r.measured), r.opts.settings.fit_candidates - ok)
+
+
+def fit_iters(r: TuneRun, full: list[float], done: list[bool], ok: int) -> tuple[int, list[float]]:
+    """Rank 0: the timed steps the next candidate runs, the most (up to --iters) at which the quickest candidates
+    the step-time fit still lacks fit the time left (``pool.fewest_iters``), and every estimate at them (``full``:
+    at --iters); each said once: fewer steps than --iters, or not even one step fitting, with the --max-minutes
+    that would."""
+    opts, left, need = r.opts, r.budget.left(), fit_short(r, ok)
+    quick = sorted(e for e, d in zip(full, done) if not d)[:max(need, 0)]
+    iters = fewest_iters(quick, left, opts) if need > 0 else opts.iters
+    at = lambda k: [at_iters(e, k, opts.warmup, opts.iters, opts.settings.candidate_overhead_s)  # noqa: E731
+                    for e in full]
+    least = sum(at_iters(e, 1, opts.warmup, opts.iters, opts.settings.candidate_overhead_s) for e in quick)
+    if need > 0 and least > left:
+        said(r, "the step-time fit needs", f"the step-time fit needs {need} more candidate(s), the quickest estimated "
+             f"at {fmt(least)} together at 1 timed step each, over the {fmt(left)} left: it will lack them "
+             f"(--max-minutes {fit_minutes(opts, least, left)} would fit them)")
+    elif iters < opts.iters:
+        said(r, "candidates timed at", f"candidates timed at {iters} of --iters {opts.iters} step(s) a block count, "
+             f"so that the {need} the step-time fit still needs fit the {fmt(left)} left")
+    return iters, at(iters)
+
+
+def said(r: TuneRun, start: str, note: str) -> None:
+    """``note`` among the tune's notes, unless one beginning with ``start`` is there."""
+    if not any(n.startswith(start) for n in r.notes):
+        r.notes.append(note)
 
 
 def for_the_fit(r: TuneRun, choice: Choice, est: list[float], done: list[bool], ok: int) -> Choice:
     """Rank 0: ``choice``, or the quickest candidate to measure where the step-time fit still lacks candidates and
-    only the quickest leave it room for them (``choose.quickest_for_fit``); where not even those fit, said once
-    with the --max-minutes that would."""
-    opts, left = r.opts, r.budget.left()
-    need = min(opts.budget - len(r.measured), opts.settings.fit_candidates - ok)
+    only the quickest leave it room for them (``choose.quickest_for_fit``)."""
+    left, need = r.budget.left(), fit_short(r, ok)
     i = quickest_for_fit(choice.index, est, done, need, left)
-    quick = sorted(e for e, d in zip(est, done) if not d)[:max(need, 0)]
-    if need > 0 and sum(quick) > left and not any(n.startswith("the step-time fit needs") for n in r.notes):
-        r.notes.append(f"the step-time fit needs {need} more candidate(s), the quickest estimated at "
-                       f"{fmt(sum(quick))} together, over the {fmt(left)} left: it will lack them "
-                       f"(--max-minutes {fit_minutes(opts, sum(quick), left)} would fit them)")
     if i == choice.index:
         return choice
     return Choice(i, choice.chance, f"the quickest to measure: the step-time fit needs {need} more candidate(s) "
@@ -329,12 +357,13 @@ def for_the_fit(r: TuneRun, choice: Choice, est: list[float], done: list[bool], 
 
 
 def timed(r: TuneRun, plan: Plan, fault: str | None, need: float,
-          say: Callable[[str], None]) -> MeasuredCandidate:
+          say: Callable[[str], None], iters: int | None = None) -> MeasuredCandidate:
     """``plan`` measured, stopped where it would run past the time left; its wall seconds and estimate kept; while it
     runs, ``say`` (rank 0) gets how long it has run, about every second (the reporter prints one line in ten)."""
     t0 = r.budget.elapsed()
     left = r.decide(r.budget.left)  # one deadline for every rank
-    opts = replace(r.opts, candidate_timeout=max(min(r.opts.candidate_timeout, left), 1.0))
+    opts = replace(r.opts, candidate_timeout=max(min(r.opts.candidate_timeout, left), 1.0),
+                   iters=iters or r.opts.iters)
 
     def beat(seconds: float) -> None:
         say(f"{plan.summary()}: running {fmt(seconds)} of an estimated {fmt(need)}")
@@ -349,11 +378,12 @@ def timed(r: TuneRun, plan: Plan, fault: str | None, need: float,
 def again(r: TuneRun, key: str, plan: Plan, say: Callable[[str], None]) -> MeasuredCandidate | None:
     """One more reading of a measured candidate: the store's, kept under ``key`` by an interrupted tune, else a
     fresh run (fault-free) where it fits the time left (its first reading's seconds), else None (skipped, said)."""
-    need = float(r.measured[plan.summary()].detail.get("wall_s") or 0.0)
+    first = r.measured[plan.summary()].detail
+    need, iters = float(first.get("wall_s") or 0.0), first.get("iters")  # read as it was first: comparable
     if not r.decide(lambda: r.stored(key) is not None or need <= r.budget.left()):
         r.skip(key, f"{key.split(':')[0]} of {plan.summary()}", need)
         return None
-    return r.checkpoint(key, lambda: timed(r, plan, None, need, say), dump=lambda mc: mc.model_dump(mode="json"),
+    return r.checkpoint(key, lambda: timed(r, plan, None, need, say, iters), dump=lambda mc: mc.model_dump(mode="json"),
                         load=MeasuredCandidate.model_validate, status=lambda mc: "ok" if mc.status == "ok" else "failed")
 
 
