@@ -1,4 +1,5 @@
-"""benchmarks/bench_masks.py: its quick mode on 2 gloo ranks, and the counts it reports against hand-made cases."""
+"""benchmarks/bench_masks.py: its quick mode on 2 gloo ranks, the counts it reports against hand-made cases, which
+candidates it times, and the tuned profile it ranks with."""
 import importlib.util
 import sys
 from pathlib import Path
@@ -6,7 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_masks.py"
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks" / "bench_masks.py"
+LOCAL8 = ROOT / "benchmarks" / "truths" / "local8" / "local8"
 
 
 @pytest.fixture(scope="module")
@@ -33,18 +36,71 @@ def test_imbalance_of_a_contiguous_ring_and_ulysses(bench):
     assert bench.imbalance(bench.Candidate("ulysses", 2, 1, "contiguous"), S, cu) == 1.0
 
 
+def _row(label, blocks, imbalance, preset, tuned=None):
+    predicted = {"preset": preset} | ({} if tuned is None else {"tuned": tuned})
+    return dict(candidate=label, blocks=blocks, imbalance=imbalance, predicted=predicted)
+
+
+def test_key_times_the_baseline_and_each_algorithms_fewest_blocks_least_imbalance_and_priced_best(bench):
+    rows = [_row("ring contiguous", 30, 2.0, 9.0, 5.0), _row("ring zigzag", 128, 1.001, 4.0, 6.0),
+            _row("ring striped", 128, 1.0005, 4.1, 7.0), _row("ring balanced", 128, 1.02, 4.2, 4.5),
+            _row("allgather contiguous", 30, 1.9, 8.0, 9.0), _row("allgather zigzag", 128, 1.001, 3.0, 3.0),
+            _row("allgather striped", 128, 1.002, 3.5, 3.5), _row("ulysses contiguous", 500, 1.0, 2.0, 8.0)]
+    pricings = [bench.Pricing("preset", None), bench.Pricing("tuned", None)]
+    assert bench.chosen("key", rows, pricings) == {
+        "ring contiguous", "ring striped", "ring zigzag", "ring balanced",  # baseline, least imbalanced, priced best
+        "allgather contiguous", "allgather zigzag", "ulysses contiguous"}
+    assert bench.chosen("none", rows, pricings) == set()
+    assert bench.chosen("ring zigzag, ulysses contiguous", rows, pricings) == {"ring zigzag", "ulysses contiguous"}
+    with pytest.raises(SystemExit) as e:
+        bench.chosen("ring zigzag,ring sideways", rows, pricings)
+    assert e.value.code == 2
+
+
+def test_batch_specs_take_a_per_batch_choice_and_refuse_bad_entries(bench, capsys):
+    assert bench.batch_specs("magi-short:16384,magi-short:32768:key", "all") == [
+        ("magi-short", 16384, "all"), ("magi-short", 32768, "key")]
+    for bad in ("magi-short", "magi-short:16k", "magi-short:0", "magi-short:1024:some"):
+        with pytest.raises(SystemExit) as e:
+            bench.batch_specs(bad, "all")
+        assert e.value.code == 2
+        assert "--batches" in capsys.readouterr().err
+
+
+def test_the_kept_tuned_profile_prices_on_its_own_cluster_and_a_mismatch_exits_2(bench, capsys):
+    profile = str(LOCAL8 / "profile.yaml.gz")
+    tuned = bench.tuned_pricing(profile, None, 8)  # gzipped, its cluster.yaml beside it
+    assert tuned.profile.params.solo_speedup > 1  # a profile that knows the ranks share cores, not the defaults
+    work = bench.workload("megatron-dcp", 2048, 0)
+    c = bench.Candidate("ring", 1, 8, "zigzag")
+    preset = bench.Pricing("preset", bench.preset_cluster(8))
+    assert bench.predicted(c, work, 16, tuned) != pytest.approx(bench.predicted(c, work, 16, preset), rel=0.05)
+    with pytest.raises(SystemExit) as e:
+        bench.tuned_pricing(profile, None, 4)  # tuned on 8 ranks
+    assert e.value.code == 2 and "8 ranks" in capsys.readouterr().err
+    cpu_local = str(ROOT / "profiles" / "clusters" / "cpu-local.yaml")
+    with pytest.raises(SystemExit) as e:
+        bench.tuned_pricing(profile, cpu_local, 4)  # not the topology it was tuned on: not applied
+    assert e.value.code == 2 and "not applied" in capsys.readouterr().err
+
+
 def test_quick_mode_runs_and_counts(bench, capsys):
-    rows = bench.main(["--quick", "--world", "2"])
+    rows = bench.main(["--quick", "--world", "2", "--candidates", "key"])
     out = capsys.readouterr().out
-    batches = {r["batch"] for r in rows}
-    assert batches == {"megatron-dcp:2048", "single:512"}
+    assert {r["batch"] for r in rows} == {"megatron-dcp:2048", "single:512"}
     packed = [r for r in rows if r["batch"] != "single:512"]
     assert {r["candidate"] for r in packed} == {c.label for c in bench.candidates(2)}
-    for r in packed:
-        assert r["median_s"] > 0 and r["blocks"] > 0 and r["imbalance"] >= 1.0
+    for r in packed:  # counted on zero kernels, every candidate
+        assert r["blocks"] > 0 and r["imbalance"] >= 1.0
         assert r["bytes"] >= r["bound"] > 0, r["candidate"]  # no layout moves less than its queries need
-        assert r["predicted_s"] > 0
+        assert r["predicted"]["cpu-local (uncalibrated)"] > 0
+    timed = {r["candidate"] for r in packed if "median_s" in r}
+    pick = min(packed, key=lambda r: r["predicted"]["cpu-local (uncalibrated)"])["candidate"]
+    assert {"ring contiguous", pick} <= timed < {r["candidate"] for r in packed}
+    # the timed world counted the same blocks and bytes as the zero-kernel one (main raises otherwise)
+    assert all(r["median_s"] > 0 and r["cpu_s"] > 0 for r in packed if "median_s" in r)
     single = [r for r in rows if r["batch"] == "single:512"]
+    assert all("median_s" in r for r in single)
     for none, one in zip(single[::2], single[1::2]):
         assert (none["blocks"], none["bytes"]) == (one["blocks"], one["bytes"]), one["candidate"]
     assert "Spearman" in out and "top-1 regret" in out and "one document against none" in out
