@@ -1,36 +1,55 @@
-"""The CLI, run the way a user runs it: a fresh process, exit codes, one-line errors."""
+"""The CLI as a user runs it: exit codes and one-line errors from a fresh process; what a command answers read from
+its ``--json`` (the response model the service answers with), run in this process."""
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from sp_plan.cli.app import app
+from sp_plan.pipeline import EstimateResponse, PlanResponse
 from sp_plan.planner import Plan
 
 SP = [sys.executable, "-m", "sp_plan.cli.app"]
 ONE_LAYER = str(Path(__file__).parent / "fixtures" / "models" / "one-layer.yaml")
+TWO_NODES = ["plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "128k"]
+runner = CliRunner()
 
 
 def run(*args, cwd=None):
     return subprocess.run(SP + list(args), capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
-def test_plan_writes_a_plan_that_loads_back_equal_and_is_deterministic(tmp_path):
-    args = ["plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "128k"]
-    r1 = run(*args, "-o", str(tmp_path / "a.yaml"))
-    assert r1.returncode == 0, r1.stderr
-    assert "ranked layouts" in r1.stdout and "breakdown" in r1.stdout
-    r2 = run(*args, "-o", str(tmp_path / "b.json"))
-    assert r2.returncode == 0, r2.stderr
-    a, b = Plan.load(tmp_path / "a.yaml"), Plan.load(tmp_path / "b.json")
-    assert a == b
-    assert a.world_size == 16 and a.cluster_fingerprint and not a.groups  # the file holds the mesh, not its groups
-    assert a.with_groups().groups["sp"] == a.layout().groups("sp") and "groups" not in (tmp_path / "a.yaml").read_text()
+def answer(model, *args):
+    """The command's ``--json`` answer, read as its response model ``model`` (run in this process)."""
+    r = runner.invoke(app, [*map(str, args), "--json"])
+    assert r.exit_code == 0, r.output
+    return model.model_validate_json(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """The grid's answer for 16 H100s, llama3-8b at 128k, planned once for the module, and the plan file it wrote."""
+    path = tmp_path_factory.mktemp("two-nodes") / "a.yaml"
+    return answer(PlanResponse, *TWO_NODES, "-o", path), path
+
+
+def test_plan_writes_a_plan_that_loads_back_equal_and_is_deterministic(tmp_path, two_nodes):
+    res, path = two_nodes
+    a = Plan.load(path)
+    assert a == res.winner == res.plans[0]  # the file holds the answer's winner
+    r = run(*TWO_NODES, "-o", str(tmp_path / "b.json"))  # another process, the other file format
+    assert r.returncode == 0, r.stderr
+    assert Plan.load(tmp_path / "b.json") == a
+    assert a.world_size == 16 and a.cluster_fingerprint == res.cluster.fingerprint
+    assert not a.groups  # the file holds the mesh, not its groups
+    assert a.with_groups().groups["sp"] == a.layout().groups("sp") and "groups" not in path.read_text()
     # Plan.load reads back what save wrote, equal
     a.save(tmp_path / "c.yaml")
     assert Plan.load(tmp_path / "c.yaml") == a
-    show = run("show", str(tmp_path / "a.yaml"))
-    assert show.returncode == 0 and "groups" in show.stdout
+    show = runner.invoke(app, ["show", str(path)])
+    assert show.exit_code == 0 and "groups" in show.stdout, show.output
 
 
 def test_presets_lists_clusters_and_models():
@@ -60,10 +79,9 @@ def test_bad_input_exits_2_with_one_line(args, needle):
 def test_heads_not_divisible_and_seq_not_divisible_name_the_field(tmp_path):
     m = tmp_path / "m.yaml"
     m.write_text("name: odd\nlayers: 2\nhidden: 96\nheads: 3\nvocab: 0\n")
-    # 3 heads: no ulysses degree > 1 divides them on 8 GPUs; ring still works, so the plan is ring
-    r = run("plan", "--cluster", "dgx-h100", "--model", str(m), "--seq-len", "4k", "-o", str(tmp_path / "p.yaml"))
-    assert r.returncode == 0, r.stderr
-    assert Plan.load(tmp_path / "p.yaml").degrees["ulysses"] in (1, 3)
+    # 3 heads: no ulysses degree > 1 divides them on 8 GPUs; ring still works, so the plans split heads by 1 or 3
+    res = answer(PlanResponse, "plan", "--cluster", "dgx-h100", "--model", m, "--seq-len", "4k")
+    assert res.plans and all(p.degrees.get("ulysses", 1) in (1, 3) for p in res.plans)
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\nlayers: 2\nhidden: 100\nheads: 3\n")
     r = run("plan", "--cluster", "dgx-h100", "--model", str(bad), "--seq-len", "4k")
@@ -82,9 +100,12 @@ def test_malformed_yaml_and_wrong_plan_file(tmp_path):
 
 
 def test_inference_and_no_causal_flags():
-    r = run("plan", "--cluster", "l20-8-pcie", "--model", "llama2-7b", "--seq-len", "32k", "--inference", "--no-causal", "--top", "3")
-    assert r.returncode == 0, r.stderr
-    assert "inference" in r.stdout and "full" in r.stdout
+    res = answer(PlanResponse, "plan", "--cluster", "l20-8-pcie", "--model", "llama2-7b", "--seq-len", "32k",
+                 "--inference", "--no-causal", "--top", "3")
+    assert (res.workload.training, res.workload.causal) == (False, False)
+    assert len(res.plans) >= 3 and all(p.workload == res.workload for p in res.plans)
+    phases = {c.name for p in res.plans for c in p.predicted.breakdown}
+    assert phases and not any("bwd" in name for name in phases)  # inference: no backward pass is priced
 
 
 def test_estimate_refuses_a_plan_for_another_cluster(tmp_path):
@@ -101,16 +122,12 @@ def test_estimate_refuses_a_plan_for_another_cluster(tmp_path):
     assert estimate(q, load_cluster("dgx-a100"), m, w).step_time_s > p.predicted.step_time_s
 
 
-def test_bayes_search_from_the_cli(tmp_path):
-    r = run("plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "64k",
-            "--search", "bayes", "--trials", "80", "--seed", "1", "-o", str(tmp_path / "b.yaml"))
-    assert r.returncode == 0, r.stderr
-    assert "bayes: 80 trials" in r.stdout and "winner's step:" in r.stdout
-    g = run("plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "64k",
-            "-o", str(tmp_path / "g.yaml"))
-    assert g.returncode == 0, g.stderr
-    pb, pg = Plan.load(tmp_path / "b.yaml"), Plan.load(tmp_path / "g.yaml")
-    assert pb.predicted.step_time_s == pytest.approx(pg.predicted.step_time_s, rel=0.01)
+def test_bayes_search_from_the_cli(two_nodes):
+    res = answer(PlanResponse, *TWO_NODES, "--search", "bayes", "--trials", "80", "--seed", "1")
+    assert (res.search.kind, res.search.trials) == ("bayes", 80) and 0 <= res.search.best_trial < 80
+    grid = two_nodes[0]
+    assert grid.search.kind == "grid"
+    assert res.winner.predicted.step_time_s == pytest.approx(grid.winner.predicted.step_time_s, rel=0.01)
     bad = run("plan", "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "64k", "--search", "anneal")
     assert bad.returncode == 2 and "--search: unknown search 'anneal'" in bad.stderr
 
@@ -119,9 +136,12 @@ def test_estimate_prices_a_hand_written_plan_and_refuses_another_world(tmp_path)
     p = tmp_path / "mine.yaml"
     Plan(algorithm="usp", degrees={"ulysses": 4, "ring": 2}, order=["ulysses", "ring"], token_layout="zigzag",
          zero_stage=3).save(p)
-    r = run("estimate", str(p), "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "64k")
-    assert r.returncode == 0, r.stderr
-    assert "usp ulysses4 ring2 zigzag" in r.stdout and "MFU" in r.stdout and "breakdown" in r.stdout
+    res = answer(EstimateResponse, "estimate", p, "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "64k")
+    mine = res.plan
+    split = {dim: d for dim, d in mine.degrees.items() if d > 1}
+    assert (mine.algorithm, split, mine.token_layout, mine.zero_stage) == ("usp", {"ulysses": 4, "ring": 2}, "zigzag", 3)
+    assert res.cluster.world_size == 8 and res.workload.seq_len == 65536 and res.model.name == "llama3-8b"
+    assert 0 < mine.predicted.mfu < 1 and {c.kind for c in mine.predicted.breakdown} >= {"compute", "communication"}
     r = run("estimate", str(p), "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "64k")
     assert r.returncode == 2 and "degrees: the plan uses 8 ranks but the cluster has 16" in r.stderr
     r = run("estimate", str(p), "--cluster", "dgx-h100")
