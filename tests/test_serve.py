@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from pgserver import fresh_database, postgres_url  # noqa: F401 - fixture
+from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from sp_plan.cli.app import app
@@ -96,13 +97,17 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
 
 
-def _metric(srv: Server, name: str, **labels) -> float:
-    text = httpx.get(f"{srv.url}/metrics").text
+def _scraped(text: str, name: str, **labels) -> float:
+    """A metric's value in a /metrics page (0 when absent)."""
     want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     for line in text.splitlines():
         if line.startswith(name) and (not labels or "{" + want + "}" in line):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def _metric(srv: Server, name: str, **labels) -> float:
+    return _scraped(httpx.get(f"{srv.url}/metrics").text, name, **labels)
 
 
 def test_plan_over_http_is_the_cli_plan(server, tmp_path):
@@ -356,34 +361,43 @@ def test_sigkill_and_restart_lose_nothing_acknowledged(server):
     assert _metric(server, "sp_plan_plan_cache_total", result="store") == 1  # answered from the store, not searched
 
 
-def test_a_lost_database_is_503_and_counted(request, tmp_path):
+def _in_process(store: str, tmp: Path, *extra: str, monkeypatch) -> TestClient:
+    """The app `sp-plan serve` builds from these flags, served in this process (Starlette's TestClient): the flags
+    reach the app as they do under uvicorn, without a server start (the tests above run the real uvicorn)."""
+    import uvicorn
+
+    (tmp / "tokens").write_text(f"# test tokens\n{TOKEN}\n")
+    ran = {}
+    monkeypatch.setattr(uvicorn, "run", lambda target, **kw: ran.update(target=target))
+    monkeypatch.delenv("SP_PLAN_TOKENS", raising=False)
+    r = _cli("serve", "--store", store, "--token-file", str(tmp / "tokens"), "--processes", "1", *extra)
+    assert r.returncode == 0 and "target" in ran, r.stderr
+    ran["target"].state.settings = ran["target"].state.settings.model_copy(update={"freeze_gc": False})
+    return TestClient(ran["target"], raise_server_exceptions=False)
+
+
+def test_a_lost_database_is_503_and_counted(request, tmp_path, monkeypatch):
     """The PostgreSQL database dropped under a running service: /healthz and writes answer 503 with a JSON error
-    and /metrics counts the store errors; the server itself keeps answering."""
+    and /metrics counts the store errors; the service itself keeps answering."""
     url = _fresh_url(request, tmp_path, "postgres")
-    srv = Server(url, tmp_path)
-    try:
+    with _in_process(url, tmp_path, monkeypatch=monkeypatch) as srv:
         eng = sa.create_engine(url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
         with eng.connect() as c:
             c.execute(sa.text(f"DROP DATABASE {url.rsplit('/', 1)[1]} WITH (FORCE)"))
         eng.dispose()
-        assert httpx.get(f"{srv.url}/healthz").status_code == 503
-        up = httpx.post(f"{srv.url}/v1/profiles", json=Profile.load(FIXTURE).model_dump(mode="json"),
-                        headers={"Authorization": f"Bearer {TOKEN}"})
+        assert srv.get("/healthz").status_code == 503
+        up = srv.post("/v1/profiles", json=Profile.load(FIXTURE).model_dump(mode="json"),
+                      headers={"Authorization": f"Bearer {TOKEN}"})
         assert up.status_code == 503 and up.json()["error"]["field"] == "store", up.text
-        assert _metric(srv, "sp_plan_store_errors_total") >= 2
-    finally:
-        srv.stop()
+        assert _scraped(srv.get("/metrics").text, "sp_plan_store_errors_total") >= 2
 
 
-def test_private_service_needs_a_token_to_read(tmp_path):
-    srv = Server(f"sqlite:///{tmp_path}/store.db", tmp_path, "--private")
-    try:
-        assert httpx.get(f"{srv.url}/v1/profiles").status_code == 401
-        assert httpx.get(f"{srv.url}/v1/profiles", headers={"Authorization": "Bearer nope"}).status_code == 403
-        assert httpx.get(f"{srv.url}/v1/profiles", headers={"Authorization": f"Bearer {TOKEN}"}).json() == []
-        assert httpx.get(f"{srv.url}/healthz").status_code == 200
-    finally:
-        srv.stop()
+def test_private_service_needs_a_token_to_read(tmp_path, monkeypatch):
+    with _in_process(f"sqlite:///{tmp_path}/store.db", tmp_path, "--private", monkeypatch=monkeypatch) as srv:
+        assert srv.get("/v1/profiles").status_code == 401
+        assert srv.get("/v1/profiles", headers={"Authorization": "Bearer nope"}).status_code == 403
+        assert srv.get("/v1/profiles", headers={"Authorization": f"Bearer {TOKEN}"}).json() == []
+        assert srv.get("/healthz").status_code == 200
 
 
 def test_plan_report_and_sensitivity_are_local_only():
