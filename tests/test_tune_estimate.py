@@ -136,10 +136,13 @@ def test_the_quickest_candidates_go_first_only_when_the_fit_would_lack_them():
     assert quickest_for_fit(2, est, done, need=0, left=10.0) == 2
 
 
-def _run(budget_s: float, left_s: float, measured: int = 0):
+def _run(budget_s: float, left_s: float, measured: int = 0, learned: bool = True):
+    """What for_the_fit and fit_iters read of a tune: ``measured`` candidates ok (with their wall seconds where
+    ``learned``), ``left_s`` of ``budget_s`` left."""
     clock = SimpleNamespace(t=budget_s - left_s)
+    ok = SimpleNamespace(status="ok", detail={"wall_s": 100.0} if learned else {})
     return SimpleNamespace(opts=TuneOptions(budget=3, max_minutes=budget_s / 60),
-                           budget=Budget(budget_s, lambda: clock.t, 0.0), measured={f"m{i}": None for i in range(measured)},
+                           budget=Budget(budget_s, lambda: clock.t, 0.0), measured={f"m{i}": ok for i in range(measured)},
                            notes=[])
 
 
@@ -174,6 +177,11 @@ def test_fewer_timed_steps_where_the_fit_would_otherwise_lack_its_candidates():
     assert note.startswith("the step-time fit needs 2 more candidate(s)") and "2:10 together at 1 timed step" in note
     assert "--max-minutes 9.5 would fit them" in note  # 540 s + the 30 s short
     assert fit_iters(_run(540.0, 10.0, measured=3), full, done, ok=3) == (3, full)  # the fit has its 3
+    # before any candidate has run, a budget that --iters does not fit times one step: the estimate may be short
+    r = _run(540.0, 300.0, learned=False)  # 3 x 105 s do not fit, 3 x 85 s (2 steps) would
+    iters, est = fit_iters(r, full, [False] * 4, ok=0)
+    assert iters == 1 and est[0] == pytest.approx(over + 60.0) and "candidates timed at 1 of --iters 3" in r.notes[0]
+    assert fit_iters(_run(540.0, 300.0, learned=False), [over + 50.0] * 4, [False] * 4, ok=0)[0] == 3
 
 
 def test_a_ratio_learned_from_a_candidate_timed_at_fewer_steps_compares_it_with_its_estimate_there(bert_pool):
@@ -187,10 +195,11 @@ def test_a_ratio_learned_from_a_candidate_timed_at_fewer_steps_compares_it_with_
     plan = pool[0]
     first = first_estimate(cluster, plan, Params(), opts)
     there = at_iters(first, 1, opts.warmup, opts.iters, over)
-    # timed at 1 step, it took twice its estimate there: the others are estimated at twice theirs
+    # asked for 3 steps, its readings agreed after 1 at each block count, and it took twice its estimate at 1 step:
+    # the others are estimated at twice theirs
     mc = MeasuredCandidate(summary=plan.summary(), plan=plan.model_dump(mode="json"), model=plan.model.name,
                            seq_len=4096, batch=1, status="ok", measured_s=1.0,
-                           detail={"wall_s": over + 2 * (there - over), "iters": 1})
+                           detail={"wall_s": over + 2 * (there - over), "iters": 3, "steps_timed": {"1": 1, "2": 1}})
     got = estimates(cluster, pool, Params(), opts, {plan.summary(): mc})
     assert got[pool[1].summary()] == pytest.approx(over + 2 * (first_estimate(cluster, pool[1], Params(), opts) - over))
 

@@ -97,10 +97,17 @@ def estimates(cluster: Cluster, pool: list[Plan], params: Params, opts: TuneOpti
     first = {p.summary(): first_estimate(cluster, p, params, opts) for p in pool}
     done = [m for m in measured.values() if m.status == "ok" and m.detail.get("wall_s") and m.summary in first]
     over = opts.settings.candidate_overhead_s
-    ran = [at_iters(first[m.summary], m.detail.get("iters") or opts.iters, opts.warmup, opts.iters, over)
+    ran = [at_iters(first[m.summary], steps_ran(m.detail, opts.iters), opts.warmup, opts.iters, over)
            for m in done]  # each against its estimate at the timed steps it ran
     ratio = learned_ratio([m.detail["wall_s"] for m in done], ran, over)
     return {n: scaled(e, ratio, over) for n, e in first.items()}
+
+
+def steps_ran(detail: dict, iters: int) -> float:
+    """Timed steps a measured candidate ran a block count, on average (fewer than its iters where its readings
+    agreed early, ``candidate._measure_stack``)."""
+    timed = detail.get("steps_timed")
+    return sum(timed.values()) / len(timed) if timed else float(detail.get("iters") or iters)
 
 
 def fit_need(estimated: list[float], opts: TuneOptions) -> float:

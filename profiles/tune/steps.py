@@ -321,11 +321,14 @@ def fit_short(r: TuneRun, ok: int) -> int:
 def fit_iters(r: TuneRun, full: list[float], done: list[bool], ok: int) -> tuple[int, list[float]]:
     """Rank 0: the timed steps the next candidate runs, the most (up to --iters) at which the quickest candidates
     the step-time fit still lacks fit the time left (``pool.fewest_iters``), and every estimate at them (``full``:
-    at --iters); each said once: fewer steps than --iters, or not even one step fitting, with the --max-minutes
-    that would."""
+    at --iters). Before any candidate has shown how far off the estimates are, one step where --iters does not
+    fit: the time a short estimate would cost is banked. Each said once: fewer steps than --iters, or not even one
+    step fitting, with the --max-minutes that would."""
     opts, left, need = r.opts, r.budget.left(), fit_short(r, ok)
     quick = sorted(e for e, d in zip(full, done) if not d)[:max(need, 0)]
     iters = fewest_iters(quick, left, opts) if need > 0 else opts.iters
+    learned = any(m is not None and m.status == "ok" and m.detail.get("wall_s") for m in r.measured.values())
+    iters = iters if learned or iters == opts.iters else 1
     at = lambda k: [at_iters(e, k, opts.warmup, opts.iters, opts.settings.candidate_overhead_s)  # noqa: E731
                     for e in full]
     least = sum(at_iters(e, 1, opts.warmup, opts.iters, opts.settings.candidate_overhead_s) for e in quick)
