@@ -101,6 +101,17 @@ def test_the_kernel_sweep_says_which_repeats_it_spared(monkeypatch):
     assert kernels.spared_said([], 3, 0.05) is None
 
 
+def test_a_shared_window_holds_no_more_calls_than_its_span():
+    spared: list = []
+    _, lengths = kernels.shared_windows([0.1, 0.5, 3.0], calls=8, least=0.0, span=2.0, spared=spared)
+    assert lengths == pytest.approx([0.8, 2.0, 3.0]) and spared == [(1, 4), (2, 7)]  # 8, 4 and 1 call(s)
+    _, lengths = kernels.shared_windows([0.1, 0.5, 3.0], calls=8, least=0.0, span=2.0, total_s=2.0)
+    assert lengths == pytest.approx([0.1, 0.5, 3.0])  # the budget shrinks them further, to the fewest
+    assert kernels.shared_windows([0.1], calls=8, least=0.0)[1] == pytest.approx([0.8])  # no span: every call
+    said = kernels.spanned_said(spared, 8, 2.0)
+    assert said.startswith("11 window call(s) of 2 kernel(s) not run") and "over 0.25 s each" in said
+
+
 def _scripted(rank, world, readings, agree):
     """One candidate measured with every step's forward-backward seconds scripted per rank."""
     from sp_plan.profiles.tune import candidate

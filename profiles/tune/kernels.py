@@ -10,6 +10,7 @@ tokens. FLOPs follow ``KernelSample``: attention forward 4 b s^2 h d (half when 
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 import time
 from typing import Callable
@@ -239,12 +240,15 @@ def _first_call(fn: Callable[[], object], device: torch.device) -> float:
 
 
 def shared_windows(firsts: list[float], calls: int = SETTINGS.window_calls, least: float = SETTINGS.window_min_s,
-                   total_s: float | None = None, fewest: int = SETTINGS.window_min_calls) -> tuple[float, list[float]]:
+                   total_s: float | None = None, fewest: int = SETTINGS.window_min_calls, span: float | None = None,
+                   spared: list | None = None) -> tuple[float, list[float]]:
     """One start (50 ms from now, rank 0's clock) and a window per kernel, ``calls`` times the slowest rank's first
     call of it and at least ``least`` seconds, agreed by every rank of the default group (collective): where ranks
     share cores each kernel is timed while all of them compute it (a median of calls each rank makes when it gets
-    there mixes kernels timed alone, fast, with kernels timed among busy peers). With ``total_s`` the calls shrink
-    (to ``fewest`` at least) until the windows together fit it."""
+    there mixes kernels timed alone, fast, with kernels timed among busy peers). With ``span`` a window holds no
+    more calls than fill ``span`` seconds (``fewest`` at least): a kernel whose calls take longer needs fewer, its
+    calls not run go to ``spared`` as (kernel's index, calls). With ``total_s`` the calls shrink (to ``fewest`` at
+    least) until the windows together fit it."""
     import torch.distributed as dist
 
     slowest = torch.tensor(firsts, dtype=torch.float64)
@@ -253,9 +257,20 @@ def shared_windows(firsts: list[float], calls: int = SETTINGS.window_calls, leas
     shared = [time.time() + 0.05]
     if dist.is_initialized():
         dist.broadcast_object_list(shared, src=0)
+    each = [calls if not span or t <= 0 else max(fewest, min(calls, math.ceil(span / float(t)))) for t in slowest]
+    if spared is not None:
+        spared.extend((i, calls - c) for i, c in enumerate(each) if c < calls)
     if total_s is not None and float(slowest.sum()) > 0:
         calls = max(fewest, min(calls, int(total_s / float(slowest.sum()))))
-    return float(shared[0]), [max(least, calls * float(t)) for t in slowest]
+    return float(shared[0]), [max(least, min(c, calls) * float(t)) for c, t in zip(each, slowest)]
+
+
+def spanned_said(spared: list, calls: int, span: float | None) -> str | None:
+    """What the shared windows left out where a kernel's calls are long, in a line (None where nothing)."""
+    if not spared or not span:
+        return None
+    return (f"{sum(n for _, n in spared)} window call(s) of {len(spared)} kernel(s) not run: a window holds at most "
+            f"{span:g} s of calls, and theirs take over {span / calls:.2g} s each")
 
 
 def _shape(plan: Plan, model: ModelSpec, work: Workload):

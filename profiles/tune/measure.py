@@ -66,13 +66,15 @@ def kernel_timing(opts: TuneOptions, dev: torch.device) -> str:
 def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opts: TuneOptions,
                          budget_s: float | None = None, clock: Callable[[], float] = time.monotonic,
                          skipped: list | None = None, replan: Callable[[list[KernelSample]], float] | None = None,
-                         tick: Callable[[bool, str], None] | None = None, spared: list | None = None) -> list[dict]:
+                         tick: Callable[[bool, str], None] | None = None, spared: list | None = None,
+                         spanned: list | None = None) -> list[dict]:
     """Every rank times its own device's kernels for the pool's block shapes; all ranks' samples (collective).
     With ``budget_s`` the sweep runs in two parts: the least sweep (the model's best candidate's largest block and
     its GEMMs), then, in what ``replan`` (given the least sweep's samples, collective) leaves it, the other shapes
     the best candidates run, most needed first (``kernels.measure_kernels``; what it left out goes to
     ``skipped``); the solo-speedup timing is run on the largest block timed whose cost fits what is left. Kernels
-    whose repeats agreed early go to ``spared`` (``kernels.measure_kernels``)."""
+    whose repeats agreed early go to ``spared`` (``kernels.measure_kernels``), window calls left out where a
+    kernel's calls are long to ``spanned`` (``kernels.shared_windows``)."""
     from .kernels import Forecast, kernel_priority, kernel_shapes, measure_kernels, shared_windows, sweep_groups, \
         token_rows
 
@@ -80,7 +82,7 @@ def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opt
     shared = None
     if kernel_timing(opts, dev) == "shared" and dist.get_world_size() > 1:
         shared = functools.partial(shared_windows, calls=s.window_calls, least=s.window_min_s,
-                                   fewest=s.window_min_calls)
+                                   fewest=s.window_min_calls, span=s.window_span_s, spared=spanned)
     sweep = functools.partial(measure_kernels, model, device=dev, dtype=dtype_of(model, dev), causal=work.causal,
                               repeats=opts.kernel_repeats, windows=shared, clock=clock, skipped=skipped, tick=tick,
                               forecast=Forecast(), settings=s, spared=spared)

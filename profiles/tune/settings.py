@@ -27,6 +27,11 @@ class TuneSettings:
     #: allocations are small (on two namespace hosts at a load of 36, two calls of an 8192-token block's kernels
     #: took 154 s of a 201 s sweep)
     window_min_calls: int = 1
+    #: a shared window holds no more calls than fill this many seconds (``window_min_calls`` at least): the ranks'
+    #: shared start is within milliseconds, so a window this long reads all of them computing together whatever its
+    #: calls; a 4096-token block's kernels on 4 ranks sharing 2 cores take seconds a call, and 8 of each took most of
+    #: a 9-minute tune's kernel step
+    window_span_s: float | None = 2.0
     #: the solo-speedup timing's together window: this many calls of the slowest rank's time alone, at least this long
     together_calls: int = 8
     together_min_s: float = 0.2

@@ -25,7 +25,7 @@ from sp_plan.profiles.store import run_key
 from . import measure, readings
 from .budget import Budget, at_iters, fmt, kernel_budget
 from .choose import MIN_MEASURED, Choice, family, next_candidate, quickest_for_fit, sigma_from
-from .kernels import kernel_priority, shown_group, spared_said, sweep_groups, token_rows
+from .kernels import kernel_priority, shown_group, spanned_said, spared_said, sweep_groups, token_rows
 from .pool import budget_check, candidate_pool, estimates, fewest_iters, fit_minutes, fit_need, predict
 from .rounds import time_rounds
 from .software import software_stack
@@ -174,6 +174,7 @@ def kernels_step(r: TuneRun, pool: list[Plan], links: dict | None) -> Kernels:
     r.tick("kernels", 0, None, f"timing attention blocks and GEMMs (planned for {fmt(share)})")
     skipped: list = []
     spared: list = []
+    spanned: list = []
     total, count = len(sweep_groups([], [], token_rows(pool, r.work), kernel_priority(pool, r.model, r.work))) + 1, [0]
 
     def group(advanced: bool, message: str) -> None:
@@ -181,11 +182,13 @@ def kernels_step(r: TuneRun, pool: list[Plan], links: dict | None) -> Kernels:
         r.tick("kernels", count[0], total, message)
     samples = measure.measure_kernels_step(pool, r.model, r.work, r.opts, share, r.budget.clock, skipped,
                                            replan=lambda least: r.decide(lambda: sweep_left(r, pool, least, links)),
-                                           tick=group, spared=spared)
+                                           tick=group, spared=spared, spanned=spanned)
     if skipped:
         r.notes.append(f"kernel sweep trimmed to its {fmt(share)}: left out "
                        f"{', '.join(shown_group(g) for g in skipped)} (the planner's curves extrapolate to them)")
-    agreed = spared_said(spared, r.opts.kernel_repeats, r.opts.settings.kernel_agree)
+    s = r.opts.settings
+    agreed = spared_said(spared, r.opts.kernel_repeats, s.kernel_agree) or \
+        spanned_said(spanned, s.window_calls, s.window_span_s)
     r.notes += [agreed] if agreed else []
     r.tick("kernels", total, total, f"{len(samples)} kernel timings in {fmt(r.budget.elapsed() - t0)}"
            + (f"; {agreed}" if agreed else ""))
@@ -197,7 +200,7 @@ def kernels_step(r: TuneRun, pool: list[Plan], links: dict | None) -> Kernels:
     timing = measure.kernel_timing(r.opts, dev)
     r.record("kernels", "ok", {"samples": samples, "timing": timing, "rounds_s": rounds_s,
                                "skipped": [list(g) for g in skipped], "seconds": r.budget.elapsed() - t0,
-                               "spared": [list(x) for x in spared]})
+                               "spared": [list(x) for x in spared], "spanned": [list(x) for x in spanned]})
     return Kernels(samples, timing, rounds_s)
 
 
