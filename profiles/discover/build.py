@@ -7,6 +7,7 @@ a shared-memory ``host``.
 """
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 
@@ -122,28 +123,24 @@ def _pcie_tree(labels: list[str], dist, numa: dict[str, int | None], cap: dict[s
     switches: list[Switch] = []
     links: list[Link] = []
     parent: dict[str, str] = {}
+
+    def switch(name: str, up: str, below: list[str]) -> str:
+        """A PCIe switch over ``below``, linked to ``up`` at the fastest of them; its name."""
+        switches.append(Switch(name=name, kind="pcie_switch"))
+        links.append(Link(src=name, dst=up, kind="pcie", capacity=max(cap[x] for x in below), latency=PCIE_LATENCY))
+        return name
+
     sockets = _components(labels, lambda a, b: level(a, b) <= node_rank)
-    k = m = 0
+    roots, leaves = itertools.count(), itertools.count()
     for j, sock in enumerate(sockets):
         cpu = f"cpu{j}"
         switches.append(Switch(name=cpu, kind="host_bridge"))
         for tree in _components(sock, lambda a, b: level(a, b) <= pxb):
             groups = _components(tree, lambda a, b: level(a, b) <= pix)
-            up = cpu
-            if len(groups) > 1:
-                up = f"pcie_root{m}"
-                m += 1
-                switches.append(Switch(name=up, kind="pcie_switch"))
-                links.append(Link(src=up, dst=cpu, kind="pcie", capacity=max(cap[x] for x in tree), latency=PCIE_LATENCY))
+            up = switch(f"pcie_root{next(roots)}", cpu, tree) if len(groups) > 1 else cpu
             for grp in groups:
-                home = up
-                if len(grp) > 1:
-                    home = f"pcie{k}"
-                    k += 1
-                    switches.append(Switch(name=home, kind="pcie_switch"))
-                    links.append(Link(src=home, dst=up, kind="pcie", capacity=max(cap[x] for x in grp), latency=PCIE_LATENCY))
-                for x in grp:
-                    parent[x] = home
+                home = switch(f"pcie{next(leaves)}", up, grp) if len(grp) > 1 else up
+                parent.update(dict.fromkeys(grp, home))
     for a in range(len(sockets)):
         for b in range(a + 1, len(sockets)):
             links.append(Link(src=f"cpu{a}", dst=f"cpu{b}", kind="smp", capacity=SMP_CAPACITY, latency=SMP_LATENCY))
