@@ -7,15 +7,24 @@ and stderr together). A line ``...`` stands for any number of lines, and ``...``
 text (timings, fingerprints, paths); every other character must match (blank lines before the output and spaces at
 line ends aside). An expected ``error:`` line means exit status
 2, otherwise 0.
+
+The README's commands run in a shell, as a reader types them (the real `sp-plan` entry point); the guides' plain
+`sp-plan ...` commands (at most a ``> /dev/null``) run in this process through typer's CliRunner, which prints
+what the command prints without an interpreter start per command, and every other line runs in the shell.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
+from sp_plan.cli.app import app
 
 ROOT = Path(__file__).resolve().parent.parent
 #: ``...`` inside a line, with the spaces around it: any text, or none
@@ -80,6 +89,24 @@ def scratch(tmp_path_factory) -> dict:
     return {"cwd": home, "env": env}
 
 
+#: a command that runs in this process: `sp-plan` and its arguments, its output kept or sent to /dev/null
+IN_PROCESS = re.compile(r"^sp-plan (?P<args>[^|&;<>`$()\\]*?)(?P<quiet> > /dev/null)?$")
+
+
+def run(command: str, scratch: dict, shell: bool) -> tuple[int, str]:
+    """The exit status and output (stdout and stderr together) of a documented command, in the scratch directory."""
+    m = None if shell else IN_PROCESS.match(command)
+    if m is None:
+        res = subprocess.run(["bash", "-c", command + " 2>&1"], cwd=scratch["cwd"], env=scratch["env"],
+                             capture_output=True, text=True, timeout=300)
+        return res.returncode, res.stdout
+    env = {k: scratch["env"].get(k) for k in {*os.environ, *scratch["env"]}}  # None unsets (SP_PLAN_STORE)
+    with contextlib.chdir(scratch["cwd"]):
+        res = CliRunner().invoke(app, shlex.split(m["args"]), env=env)
+    assert res.exception is None or isinstance(res.exception, SystemExit), (command, res.exception)
+    return res.exit_code, res.stderr if m["quiet"] else res.output
+
+
 def test_the_runner_matches_elisions_and_refuses_differences():
     """The matcher itself: elided lines and text match, a changed figure or a missing line does not."""
     out = "header abc123 done\nrow 1\nrow 2\nwrote plan.yaml\n"
@@ -101,9 +128,8 @@ def test_runnable_blocks_print_what_the_page_says(page, scratch):
     """Every command of the page's runnable blocks prints the documented output, with the documented exit status."""
     for block in blocks(page):
         for command, expected in commands(block):
-            res = subprocess.run(["bash", "-c", command + " 2>&1"], cwd=scratch["cwd"], env=scratch["env"],
-                                 capture_output=True, text=True, timeout=300)
+            code, printed = run(command, scratch, shell=page == "README.md")
             want = 2 if any(line.startswith("error:") for line in expected) else 0
-            assert res.returncode == want, f"{page}: `{command}` exited {res.returncode}:\n{res.stdout}"
-            assert matches(expected, res.stdout), (
-                f"{page}: `{command}`: {first_difference(expected, res.stdout)}; it printed:\n{res.stdout}")
+            assert code == want, f"{page}: `{command}` exited {code}:\n{printed}"
+            assert matches(expected, printed), (
+                f"{page}: `{command}`: {first_difference(expected, printed)}; it printed:\n{printed}")
