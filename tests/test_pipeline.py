@@ -3,10 +3,9 @@ the same ranked plans, grouped into the same rows of equivalent plans; RankedPla
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from typer.testing import CliRunner
 
 import sp_plan
 from sp_plan.pipeline import EstimateResponse, PlanResponse
@@ -14,6 +13,7 @@ from sp_plan.planner.equivalent import group
 from sp_plan.planner.model import Workload
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.ranking import RankedPlans
+from sp_plan.cli.app import app
 from sp_plan.profiles import load_cluster, load_model
 
 #: a request whose top rows hold equivalent plans (the presets' model prices two mesh orders of tp2 x ulysses4 x
@@ -24,9 +24,9 @@ CLI = ["--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-l
 
 
 def cli_json(*args: str) -> dict:
-    r = subprocess.run([sys.executable, "-m", "sp_plan.cli.app", *args, "--json"], capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr
+    """What `sp-plan ARGS --json` prints, parsed (the command in this process: typer's CliRunner)."""
+    r = CliRunner().invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.stderr or r.exception
     return json.loads(r.stdout)
 
 
