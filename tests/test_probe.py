@@ -25,26 +25,15 @@ def _describe(r):
     return describe_host(nvml=False, use_smi=False, node_rank=r.node_rank)
 
 
-def _gather(rank, world, per_node):
-    _as_torchrun(rank, world, per_node)
-    hosts = probe.gather_hosts(_describe)
-    c = build_cluster(hosts)
-    return c.model_dump(mode="json"), [[r.rank for r in h.ranks] for h in hosts]
-
-
-def test_gather_two_simulated_nodes():
-    res = run_world(_gather, 4, 2, timeout=60)
-    c = Cluster.model_validate(res[0][0])
-    assert all(r[0] == res[0][0] for r in res)  # every rank builds the same cluster
-    assert c.num_nodes == 2 and c.world_size == 4 and c.network == "ethernet"
-    assert res[0][1] == [[0, 1], [2, 3]]
-    assert [d.kind for d in c.node_type(0).devices] == ["cpu", "cpu"]
-
-
 def _profile(rank, world, per_node, fail_op=None, timeout=20):
+    """Gather the hosts, refuse a cluster file of twice the nodes, then measure the links (``fail_op`` failing on rank
+    1): the cluster built from the hosts, the calibrated one, the samples, each node's ranks, the groups left."""
     _as_torchrun(rank, world, per_node)
     hosts = probe.gather_hosts(_describe)
     c = build_cluster(hosts)
+    wrong = Cluster.model_validate(c.model_dump() | {"nodes": c.nodes * 2})
+    with pytest.raises(PlanError, match="ranks per node"):
+        probe.check_world(wrong, hosts)
     if fail_op:
         real = probe._run_op
 
@@ -57,13 +46,22 @@ def _profile(rank, world, per_node, fail_op=None, timeout=20):
     from torch.distributed import distributed_c10d
 
     groups_left = len(distributed_c10d._world.pg_map)  # the probes' groups are destroyed: only the world's is left
-    return (new.model_dump(mode="json"), [(s.link_class, s.op, s.nbytes, s.seconds, s.error) for s in samples],
-            groups_left)
+    return (c.model_dump(mode="json"), new.model_dump(mode="json"),
+            [(s.link_class, s.op, s.nbytes, s.seconds, s.error) for s in samples],
+            [[r.rank for r in h.ranks] for h in hosts], groups_left)
 
 
 def test_profile_links_two_nodes_calibrates_the_cluster(tmp_path):
+    """Four ranks as two simulated nodes: every rank builds the same cluster from the gathered hosts, refuses a cluster
+    file that does not describe the world, and calibrates the cluster's links with the same fit."""
     res = run_world(_profile, 4, 2, timeout=90)
-    c = Cluster.model_validate(res[0][0])
+    built, calibrated, samples, nodes, _ = res[0]
+    assert all(r[0] == built and r[1] == calibrated for r in res)  # every rank builds and calibrates the same cluster
+    assert nodes == [[0, 1], [2, 3]]
+    c = Cluster.model_validate(built)
+    assert c.num_nodes == 2 and c.world_size == 4 and c.network == "ethernet"
+    assert [d.kind for d in c.node_type(0).devices] == ["cpu", "cpu"]
+    c = Cluster.model_validate(calibrated)
     cal = c.calibration["links"]
     assert set(cal["classes"]) == {"intra:shm", "inter:ethernet"}
     for cls in cal["classes"].values():
@@ -73,37 +71,23 @@ def test_profile_links_two_nodes_calibrates_the_cluster(tmp_path):
     assert cal["world_size"] == 4 and cal["nodes"] == 2 and cal["backend"] == "gloo"
     eth = [l for l in c.node_type(0).links if l.kind == "ethernet"][0]
     assert eth.capacity == pytest.approx(cal["classes"]["inter:ethernet"]["ops"]["p2p"]["busbw"])
-    assert len(res[0][1]) == 10 * len(SIZES) and all(s[3] for s in res[0][1])
+    assert len(samples) == 10 * len(SIZES) and all(s[3] for s in samples)
     # left alive, the probes' gloo groups stalled ranks in later timings (tune's solo speedup read 4 instead of 2)
-    assert [r[2] for r in res] == [1] * 4
+    assert [r[4] for r in res] == [1] * 4
     c.save(tmp_path / "c.yaml")
     assert Cluster.load(tmp_path / "c.yaml").calibration["links"]["applied"].keys() == {"shm", "ethernet"}
 
 
 def test_a_failed_measurement_is_recorded_not_fatal():
     res = run_world(_profile, 2, 2, "all_to_all", 3, timeout=90)  # rank 1 fails, rank 0 times out after 3 s
-    samples = res[0][1]
+    samples = res[0][2]
     failed = [s for s in samples if s[1] == "all_to_all"]
     assert len(failed) == len(SIZES) and all(s[3] is None and s[4] for s in failed)
     assert "rank 1: RuntimeError: injected failure" in failed[0][4]  # the cause, then the peer's timeout
     assert all(s[3] for s in samples if s[1] != "all_to_all")  # the rest went on
-    c = Cluster.model_validate(res[0][0])
+    c = Cluster.model_validate(res[0][1])
     assert {f["op"] for f in c.calibration["links"]["failed"]} == {"all_to_all"}
     assert "all_to_all" not in c.calibration["links"]["classes"]["intra:shm"]["ops"]
-
-
-def _mismatch(rank, world):
-    _as_torchrun(rank, world, world)
-    hosts = probe.gather_hosts(_describe)
-    c = build_cluster(hosts)
-    wrong = Cluster.model_validate(c.model_dump() | {"nodes": c.nodes * 2})
-    with pytest.raises(PlanError, match="ranks per node"):
-        probe.check_world(wrong, hosts)
-    return True
-
-
-def test_cluster_file_must_match_the_world():
-    assert run_world(_mismatch, 2, timeout=60) == [True, True]
 
 
 def test_rank_info_and_sizes():
