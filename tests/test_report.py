@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from sp_plan.cli.app import app
 from sp_plan.planner.errors import PlanError
 from sp_plan.cli.report import write_report
 from sp_plan.integrations.figures import cluster_groups, drawn_nodes, measured_points
@@ -31,7 +33,15 @@ IMG = re.compile(r'<img class="figure" src="data:image/png;base64,([A-Za-z0-9+/=
 
 
 def run(*args, cwd=None):
+    """`sp-plan ARGS` in a process of its own, as a user runs it."""
     return subprocess.run(SP + list(args), capture_output=True, text=True, cwd=cwd, timeout=180)
+
+
+def run_here(*args):
+    """`sp-plan ARGS` in this process (typer's CliRunner), as a CompletedProcess: no interpreter start."""
+    r = CliRunner().invoke(app, list(args))
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
 
 
 @pytest.fixture(scope="module")
@@ -144,11 +154,11 @@ def test_measured_plans_join_the_scatter(ranked):
 
 
 def test_report_errors_are_one_line(tmp_path, ranked):
-    r = run("report", "-o", str(tmp_path / "r.html"))
+    r = run_here("report", "-o", str(tmp_path / "r.html"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--cluster NAME --model NAME --seq-len N" in r.stderr
     hand = tmp_path / "hand.yaml"
     Plan(algorithm="ring", degrees={"ring": 16}, cluster="my-cluster").save(hand)
-    r = run("report", str(hand), "-o", str(tmp_path / "r.html"))
+    r = run_here("report", str(hand), "-o", str(tmp_path / "r.html"))
     assert r.returncode == 2 and "error: --cluster" in r.stderr and "not a preset" in r.stderr
     assert r.stderr.count("\n") == 1 and not (tmp_path / "r.html").exists()
     c, _, plans = ranked
