@@ -1,12 +1,15 @@
 """Run a function on a small local torch.distributed world (gloo, forked processes) with a deadline.
 
 The tests and the benchmarks run their CPU worlds through it. Children are forked from a parent that already
-imported torch, so a world of 8 starts in well under a second. A child that raises, dies or hangs ends the whole
-world with an error inside ``timeout``.
+imported torch and what torch and the runtime import lazily on a rank's first backward or attention call
+(``preload``), so no rank pays those imports again and a world of 8 starts in well under a second. A child that
+raises, dies or hangs ends the whole world with an error inside ``timeout``.
 """
 from __future__ import annotations
 
 import datetime
+import functools
+import importlib
 import multiprocessing as mp
 import os
 import pickle
@@ -17,6 +20,21 @@ import traceback
 from typing import Any, Callable
 
 from sp_plan.runtime.spawn import fork_safe_c10d
+
+
+#: modules a rank would otherwise import on its own after the fork: autograd's backward imports torch's symbolic
+#: shapes (sympy, about a second of CPU per process) and the attention entry point loads every runtime variant
+LAZY_IMPORTS = ("torch.fx.experimental.symbolic_shapes", "torch.distributed.distributed_c10d")
+
+
+@functools.cache
+def preload() -> None:
+    """Import, once in the parent, what every forked rank would otherwise import for itself."""
+    for name in LAZY_IMPORTS:
+        importlib.import_module(name)
+    from sp_plan.runtime.variants import load_all
+
+    load_all()
 
 
 class WorldError(RuntimeError):
@@ -118,6 +136,7 @@ def run_world(fn: Callable[..., Any], world: int, *args, timeout: float = 60.0,
     done within ``timeout`` seconds (collectives also time out at ``timeout``, or at ``collective_timeout``).
     """
     fork_safe_c10d()  # for groups this process makes later, which forked worlds would inherit
+    preload()
     tmp = tempfile.mkdtemp(prefix="sp_plan_world_")
     pipes, procs = _start(fn, world, os.path.join(tmp, "init"), collective_timeout or timeout, args, kwargs)
     try:
