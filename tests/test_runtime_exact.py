@@ -2,7 +2,7 @@
 
 Every variant (ring x {contiguous, zigzag, striped}, Ulysses, USP x {ulysses inner, ring inner} x
 token layouts) on worlds of 1, 2, 4 and 8 gloo ranks, causal and not, MHA and GQA (8 query heads
-with 2 and with 1 KV heads), float64 and float32. Each rank takes its tokens of a global
+with 2 and with 1 KV heads) in float64, and every variant once in float32 (causal, GQA). Each rank takes its tokens of a global
 sequence (``sp_tokens`` / ``ring_tokens``), runs forward and backward, and returns output and
 gradients of its tokens; the parent puts them back at their global positions and compares with
 F.scaled_dot_product_attention in float64 on the full sequence, within the rounding bound of attention's sums in
@@ -77,10 +77,16 @@ def _variants(world: int):
     return out
 
 
+#: the float32 slice: every variant runs once in float32, causal with GQA (the runtime's code is the same in every
+#: dtype; the slice checks that its sums stay within float32's rounding bound), the full matrix runs in float64
+FLOAT32_SLICE = (True, 2)
+
+
 def cases(world: int) -> list[Case]:
-    return [Case(world, a, u, r, o, t, c, kv, dt, ro)
-            for (a, u, r, o, t, ro) in _variants(world)
-            for c in (False, True) for kv in KV_HEADS for dt in DTYPES]
+    """Every variant x {causal, full} x KV heads in float64, and every variant in the float32 slice."""
+    out = [Case(world, a, u, r, o, t, c, kv, "float64", ro)
+           for (a, u, r, o, t, ro) in _variants(world) for c in (False, True) for kv in KV_HEADS]
+    return out + [Case(world, a, u, r, o, t, *FLOAT32_SLICE, "float32", ro) for (a, u, r, o, t, ro) in _variants(world)]
 
 
 ALL_CASES = [c for w in WORLDS for c in cases(w)]
@@ -180,6 +186,15 @@ def test_matrix_covers_every_variant():
     for w in (4, 8):
         for t in TOKEN_LAYOUTS:
             assert (w, "usp", "ulysses", t) in ids and (w, "usp", "ring", t) in ids
+    for dtype in DTYPES:  # every variant in both dtypes, the full causal x KV heads product in float64
+        assert {_variant(c) for c in ALL_CASES if c.dtype == dtype} == {_variant(c) for c in ALL_CASES}
+    full = {(_variant(c), c.causal, c.kv_heads) for c in ALL_CASES if c.dtype == "float64"}
+    assert len(full) == len({_variant(c) for c in ALL_CASES}) * 2 * len(KV_HEADS)
+
+
+def _variant(c: Case) -> tuple:
+    """What a case runs, whatever its mask, heads and dtype."""
+    return c.world, c.algorithm, c.ulysses, c.ring, c.order, c.token_layout, c.ring_order
 
 
 # ---------------------------------------------------------------- failures end in time
