@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sp_plan.cli.app import app
+from sp_plan.pipeline import PlanResponse
 from sp_plan.planner.cluster import NET, Cluster
 from sp_plan.profiles.discover import build_cluster, describe_host, nic_names, parse_topo
 from sp_plan.profiles.discover.calibrate import Sample, apply_fits, bus_factor, fit_alpha_beta, fit_samples
@@ -427,9 +428,12 @@ def test_cli_discover_alone_writes_the_cluster(tmp_path, monkeypatch):
     assert "nvswitch: 8 x 450 GB/s" in res.output and "nic0 = mlx5_0: ib" in res.output and "warnings" in res.output
     c = Cluster.load(out)
     assert c.world_size == 8 and c.warnings
-    plan = CliRunner().invoke(app, ["plan", "--cluster", str(out), "--model", "gpt-3b", "--seq-len", "32k", "--top", "2"])
+    plan = CliRunner().invoke(app, ["plan", "--cluster", str(out), "--model", "gpt-3b", "--seq-len", "32k", "--top", "2",
+                                    "--json"])
     assert plan.exit_code == 0, plan.output
-    assert c.fingerprint() in plan.output
+    res = PlanResponse.model_validate_json(plan.stdout)  # the discovered cluster is the one planned for
+    assert (res.cluster.fingerprint, res.cluster.world_size) == (c.fingerprint(), 8)
+    assert res.winner.cluster_fingerprint == c.fingerprint()
 
 
 def test_cli_bad_input_is_one_line_exit_2(tmp_path, monkeypatch):
