@@ -24,7 +24,7 @@ from .plan import Plan
 from .plausible import check_params, check_samples, has_datasheet
 from .profile import KernelSample, MeasuredCandidate
 
-#: link-measurement op (runtime/probe.py) -> engine pattern (engine.pattern_steps)
+#: link-measurement op (profiles/discover/probe.py) -> engine pattern (engine.pattern_steps)
 OP_PATTERN = {"p2p": "shift", "p2p_bidir": "shift_bi", "all_gather": "all_gather",
               "reduce_scatter": "reduce_scatter", "all_to_all": "all_to_all"}
 GIB = 2.0 ** 30
@@ -98,7 +98,7 @@ def _lone_pair(engine: LinkEngine, pattern: str, a: int, b: int) -> StepCost:
 
 def modelled_cost(cluster: Cluster, engine: LinkEngine, link_class: str, op: str, group_size: int,
                   pair: tuple[int, int] | None = None) -> StepCost:
-    """The engine's cost of a link measurement placed as runtime/probe.plan_probes places it: p2p on the
+    """The engine's cost of a link measurement placed as profiles/discover/probe.plan_probes places it: p2p on the
     class's pair alone; collectives on every node's ranks at once (intra) or on every rail at once (inter)."""
     pattern = OP_PATTERN[op]
     gpn, inter = cluster.devices_per_node, link_class.startswith("inter")
