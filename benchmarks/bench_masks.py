@@ -2,7 +2,7 @@
 and the planner's ranking against the measured one (a script, not a test).
 
     python benchmarks/bench_masks.py [--world 8] [--batches magi-short:16384,megatron-dcp:16384,magi-short:32768:key]
-                                     [--candidates all|key|none|LABEL,...] [--repeats 3] [--head-dim 16]
+                                     [--candidates all|key|none|LABEL,...] [--repeats 3] [--warmup 0] [--head-dim 16]
                                      [--profile ID|FILE [--profile-cluster FILE]] [--single 4096] [--json out.json]
                                      [--quick]
 
@@ -15,10 +15,12 @@ Each batch runs two worlds:
   shapes. Which blocks run and which bytes move follow from the masks and the layout alone, so the counts are the
   real run's (the timed world counts again and must agree) at a fraction of its time;
 - **timed**: the candidates ``--candidates`` names (a batch's ``:WHICH`` suffix overrides it) run forward +
-  backward on the real kernels between barriers, a warm-up first, then ``--repeats`` rounds in which they take
-  turns (the order rotating), so a slow spell of the shared machine falls on all of them. ``key`` times contiguous
-  ring (the baseline), each algorithm's policy with the fewest blocks and its least imbalanced one, and each
-  pricing's fastest candidate of every algorithm; ``none`` times nothing.
+  backward on the real kernels between barriers, ``--repeats`` rounds in which they take turns (the order
+  rotating), so a slow spell of the shared machine falls on all of them. Before the readings, a pass on zero
+  kernels builds each candidate's groups, masks and layout (what a first call pays once), one real call warms the
+  kernels, and ``--warmup`` real passes follow (0 by default: the first readings run on built candidates).
+  ``key`` times contiguous ring (the baseline), each algorithm's policy with the fewest blocks and its least
+  imbalanced one, and each pricing's fastest candidate of every algorithm; ``none`` times nothing.
 
 Per candidate it prints:
 
@@ -217,14 +219,22 @@ def _zero_backward(dout, q, k, v, out, lse, **_):
     return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
 
 
-def zero_kernels() -> None:
-    """Replace the block kernels the variants call with ``_zero_forward`` / ``_zero_backward`` (in this rank only):
-    the blocks that run and the bytes that move follow from the masks and the layout, not from the values."""
+#: the real block kernels, kept while the zero ones stand in (``zero_kernels``)
+_REAL_KERNELS: list = []
+
+
+def zero_kernels(zero: bool = True) -> None:
+    """Replace the block kernels the variants call with ``_zero_forward`` / ``_zero_backward`` in this rank, or put
+    the real ones back (``zero`` False): the blocks that run and the bytes that move follow from the masks and the
+    layout, not from the values."""
     from sp_plan.runtime import kernels
     from sp_plan.runtime.variants import ring
 
+    if not _REAL_KERNELS:
+        _REAL_KERNELS.extend((kernels.block_attention, kernels.block_attention_backward))
+    pair = (_zero_forward, _zero_backward) if zero else tuple(_REAL_KERNELS)
     for mod in (kernels, ring):
-        mod.block_attention, mod.block_attention_backward = _zero_forward, _zero_backward
+        mod.block_attention, mod.block_attention_backward = pair
 
 
 def _setup(cands: list[Candidate], work, cu, full: list, backend: str) -> tuple[list, list, list]:
@@ -250,12 +260,20 @@ def count_rank(rank: int, world: int, cands: list[Candidate], work, cu, full: li
     return [_once(ctx, d, c)[1:3] for ctx, d, c in zip(ctxs, data, cus)]
 
 
-def measure_rank(rank: int, world: int, cands: list[Candidate], work, cu, full: list, repeats: int,
+def measure_rank(rank: int, world: int, cands: list[Candidate], work, cu, full: list, repeats: int, warmup: int,
                  backend: str) -> list[list[tuple[float, int, int, float]]]:
-    """Every candidate's readings on this rank, a warm-up first, the candidates' order rotating per repeat."""
+    """Every candidate's readings on this rank, the candidates' order rotating per repeat. First a pass on zero
+    kernels builds each candidate's groups, masks and layout as a warm-up does, then one real call warms the kernels,
+    then ``warmup`` real passes."""
     ctxs, data, cus = _setup(cands, work, cu, full, backend)
+    zero_kernels()
     for i in range(len(cands)):
         _once(ctxs[i], data[i], cus[i])
+    zero_kernels(False)
+    _once(ctxs[0], data[0], cus[0])
+    for _ in range(warmup):
+        for i in range(len(cands)):
+            _once(ctxs[i], data[i], cus[i])
     out: list[list] = [[] for _ in cands]
     for r in range(repeats):
         for j in range(len(cands)):
@@ -436,7 +454,7 @@ def time_rows(rows: list[dict], cands: list[Candidate], timed: set[str], work, c
     if not pick:
         return
     per_rank = run_world(measure_rank, args.world, [cands[i] for i in pick], work, cu, full, args.repeats,
-                         args.backend, timeout=args.timeout)
+                         args.warmup, args.backend, timeout=args.timeout)
     for j, i in enumerate(pick):
         row, times = rows[i], [r[0] for r in per_rank[0][j]]
         blocks = sum(per_rank[p][j][0][1] for p in range(args.world))
@@ -558,6 +576,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="which candidates to time: all, key, none, or labels (e.g. 'ring contiguous,ring zigzag'); "
                          "every candidate is counted and priced")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="real passes over the timed candidates before the readings (a pass on zero kernels and one "
+                         "real call always come first)")
     ap.add_argument("--head-dim", type=int, default=16)
     ap.add_argument("--single", type=int, default=4096, help="tokens of the one-document batch (0: none)")
     ap.add_argument("--seed", type=int, default=0)
@@ -572,8 +593,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.quick:
         for k, v in QUICK.items():
             setattr(args, k, v)
-    if args.repeats < 1 or args.head_dim < 1 or args.single < 0:
-        _fail("--repeats/--head-dim/--single", "must be at least 1 (--single at least 0)", "pass positive sizes")
+    if args.repeats < 1 or args.head_dim < 1 or args.single < 0 or args.warmup < 0:
+        _fail("--repeats/--head-dim/--single/--warmup", "must be at least 1 (--single and --warmup at least 0)",
+              "pass positive sizes")
     return args
 
 
@@ -584,7 +606,8 @@ def main(argv=None) -> list[dict]:
     if args.profile:
         pricings.append(tuned_pricing(args.profile, args.profile_cluster, args.world))
     print(f"{args.world} gloo ranks, causal, {HEADS} query / {KV_HEADS} KV heads x {args.head_dim}, fp32, "
-          f"{args.backend} blocks, {args.repeats} repeat{'s' * (args.repeats > 1)} after a warm-up, attention forward + backward; "
+          f"{args.backend} blocks, {args.repeats} repeat{'s' * (args.repeats > 1)} after {args.warmup} real warm-up "
+          f"pass{'es' * (args.warmup != 1)}, attention forward + backward; "
           f"priced on {' and '.join(p.name for p in pricings)}", flush=True)
     start, rows = time.perf_counter(), []
     for name, tokens, which in specs:
