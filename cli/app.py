@@ -6,14 +6,20 @@ models and the plan file's checks load with the app.
 """
 from __future__ import annotations
 
+from sp_plan.cli import startup  # first: pauses the collector while the modules below load (resumed at the end)
+
+import copy
+import gc
 import sys
 import time
+from collections.abc import MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import typer
 from pydantic import ValidationError
+from typer.core import TyperGroup
 from rich.table import Table
 
 import sp_plan
@@ -439,11 +445,70 @@ _register_serve(app)
 add_examples(app)
 
 
+class _Commands(MutableMapping):
+    """The app's commands by name, in its order, each built by typer from its function when first looked up: a
+    command line runs one command, and building the options of every command from its signature (~20 commands, ~25
+    option lists) took ~0.02 s of each start. Listing them (`sp-plan --help`, a mistyped command's suggestions)
+    builds them all."""
+
+    def __init__(self, source: typer.Typer):
+        self._source = source
+        self._infos: dict[str, Any] = {(i.name or typer.main.get_command_name(i.callback.__name__)): i
+                                       for i in source.registered_commands}
+        self._infos.update({g.name: g for g in source.registered_groups})
+        self._built: dict[str, Any] = {}
+
+    def __getitem__(self, name: str):
+        if name not in self._built:
+            info = self._infos[name]
+            one = copy.copy(self._source)  # the app's settings and callback, with this command alone
+            one.registered_commands = [info] if info in self._source.registered_commands else []
+            one.registered_groups = [] if one.registered_commands else [info]
+            self._built[name] = typer.main.get_command(one).commands[name]
+        return self._built[name]
+
+    def __setitem__(self, name: str, command) -> None:
+        self._infos.setdefault(name, None)
+        self._built[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._infos[name]
+        self._built.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._infos)
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+
+class _LazyGroup(TyperGroup):
+    """The `sp-plan` group main() runs: the app's, with its commands built on first use (``_Commands``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.commands = _Commands(app)
+
+
+def _command_line() -> typer.Typer:
+    """The app as main() runs it: its callback and settings, a ``_LazyGroup`` for its commands (``app`` itself, which
+    tests and the docs' generator read, keeps every command registered)."""
+    line = copy.copy(app)
+    line.registered_commands, line.registered_groups = [], []
+    line.info = copy.copy(app.info)
+    line.info.cls = _LazyGroup
+    return line
+
+
+startup.resume()  # the app is loaded: the collector as it was (see cli/startup.py)
+
+
 def main() -> None:
     """Console entry point: bad input exits 2 with one line, never a traceback; the command line's own usage
     errors too (an unknown option, a value of the wrong type, a missing option), which typer would box."""
+    gc.freeze()  # the process is the command's: what loading the app built stays out of its collections
     try:
-        code = app(standalone_mode=False)
+        code = _command_line()(standalone_mode=False)
     except PlanError as e:  # pragma: no cover - commands catch their own
         print_error(str(e))
         sys.exit(2)

@@ -7,8 +7,16 @@ import sys
 
 import pytest
 
-#: runs the console entry point with the given arguments, then prints the imported top-level modules as JSON
+#: runs the console entry point with the given arguments, then prints the imported modules and the commands typer
+#: built (from their functions' signatures) as JSON
 WRAPPER = """import json, sys
+import typer.main
+built, _build = [], typer.main.get_command_from_info
+def _record(*args, **kw):
+    command = _build(*args, **kw)
+    built.append(command.name)
+    return command
+typer.main.get_command_from_info = _record
 sys.argv = ["sp-plan", *sys.argv[1:]]
 from sp_plan.cli.app import main
 try:
@@ -16,17 +24,24 @@ try:
 except SystemExit:
     pass
 print("MODULES=" + json.dumps(sorted(sys.modules)), file=sys.stderr)
+print("BUILT=" + json.dumps(built), file=sys.stderr)
 """
 #: what no command below needs: the store, the fits, figures, torch, the service, optuna
 HEAVY = ("sqlalchemy", "alembic", "scipy", "matplotlib", "torch", "fastapi", "optuna", "pandas")
 
 
+def run(*args: str, cwd=None) -> tuple[set[str], list[str]]:
+    """The modules `sp-plan ARGS` had imported when it finished (it must exit 0), and the commands typer built."""
+    r = subprocess.run([sys.executable, "-c", WRAPPER, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+    lines = {k: v for k, _, v in (x.partition("=") for x in r.stderr.splitlines() if x.startswith(("MODULES=", "BUILT=")))}
+    rest = "\n".join(x for x in r.stderr.splitlines() if not x.startswith(("MODULES=", "BUILT=")))
+    assert "error" not in rest, r.stderr
+    return set(json.loads(lines["MODULES"])), json.loads(lines["BUILT"])
+
+
 def imported(*args: str, cwd=None) -> set[str]:
     """The modules `sp-plan ARGS` had imported when it finished (it must exit 0)."""
-    r = subprocess.run([sys.executable, "-c", WRAPPER, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
-    line = next(x for x in r.stderr.splitlines() if x.startswith("MODULES="))
-    assert "error" not in r.stderr.replace(line, ""), r.stderr
-    return set(json.loads(line.removeprefix("MODULES=")))
+    return run(*args, cwd=cwd)[0]
 
 
 def top(mods: set[str]) -> set[str]:
@@ -50,14 +65,49 @@ def test_plan_with_the_default_store_imports_no_scipy(tmp_path, monkeypatch):
     assert not top(mods) & {"scipy", "matplotlib", "torch", "fastapi", "optuna"}
 
 
-@pytest.mark.parametrize("args", [["presets"], ["--help"], ["--version"], ["plan", "--help"]])
-def test_listing_and_help_load_no_engine(args):
+@pytest.mark.parametrize("args,builds", [(["presets"], ["presets"]), (["--help"], None), (["--version"], []),
+                                         (["plan", "--help"], ["plan"])])
+def test_listing_and_help_load_no_engine(args, builds):
     """Presets, help and version read files and text: no cost engine, schedules, search, numpy or networkx (a
-    cluster file is checked without a graph library)."""
-    mods = imported(*args)
+    cluster file is checked without a graph library). Typer builds the command that runs, not all of them; the
+    help's listing builds each (None: every command)."""
+    mods, built = run(*args)
     assert not top(mods) & (set(HEAVY) | {"numpy", "networkx"})
     assert not {"sp_plan.planner.estimate", "sp_plan.planner.schedules", "sp_plan.planner.search",
                 "rich.progress"} & mods
+    if builds is None:
+        assert {"presets", "plan", "estimate", "show", "discover", "tune", "serve", "links", "list"} <= set(built)
+    else:
+        assert built == builds
+
+
+def test_the_help_lists_every_command_of_the_app_in_its_order():
+    """The group `sp-plan` runs (its commands built on first use) lists what the app registers, in the same order,
+    and resolves each: the same command, options and help as typer builds for the app itself."""
+    import typer
+    from typer.testing import CliRunner
+
+    from sp_plan.cli.app import _command_line, app
+
+    eager, lazy = typer.main.get_command(app), typer.main.get_command(_command_line())
+    ctx = lazy.make_context("sp-plan", ["presets"])
+    assert lazy.list_commands(ctx) == eager.list_commands(ctx)
+    for name in eager.list_commands(ctx):
+        a, b = eager.commands[name], lazy.get_command(ctx, name)
+        assert (type(a), a.help, a.epilog, [p.name for p in a.params]) == \
+               (type(b), b.help, b.epilog, [p.name for p in b.params]), name
+    runner = CliRunner()
+    assert runner.invoke(_command_line(), ["--help"]).output == runner.invoke(app, ["--help"]).output
+
+
+def test_loading_the_cli_runs_no_collection():
+    """The app's modules load with the cyclic collector paused (cli/startup.py), and it is back on after."""
+    code = ("import gc, sys\nn = []\ngc.callbacks.append(lambda phase, info: n.append(info) if phase == 'start' "
+            "else None)\nimport sp_plan.cli.app\nprint(len(n), gc.isenabled())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    counted, enabled = r.stdout.split()
+    assert r.returncode == 0 and enabled == "True", r.stdout + r.stderr
+    assert int(counted) <= 3, r.stdout  # the interpreter's and sp_plan's first imports may run a young one or two
 
 
 def test_show_derives_groups_without_the_engine(tmp_path):
