@@ -18,7 +18,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -34,10 +34,11 @@ from sp_plan.planner.profile import Profile
 from sp_plan.planner.ranking import RankedPlans
 from sp_plan.planner.search import (SearchResult, Space, finish, finish_each, grid_search, no_plan_error,
                                     profile_tag, ranked_rows)
-from sp_plan.planner.sensitivity import Sensitivity
-from sp_plan.planner.sensitivity import sensitivity as rerank
 from sp_plan.profiles import load_cluster, load_model
 from sp_plan.profiles.resolve import resolve_params
+
+if TYPE_CHECKING:
+    from sp_plan.planner.sensitivity import Sensitivity
 
 MAX_WORLD = 65536
 
@@ -160,7 +161,9 @@ class PlanRequest(BaseModel):
 class EstimateRequest(BaseModel):
     """What `sp-plan estimate`, ``Client.estimate`` and ``POST /v1/estimate`` ask for: one plan priced."""
 
-    model_config = ConfigDict(extra="forbid")
+    # built on first use (defer_build), as EstimateResponse and RankWork are: `sp-plan plan` loads this module and
+    # never uses them, and building a model's validator costs a few milliseconds of every start
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     plan: Plan
     cluster: str | Cluster
     nodes: int | None = Field(default=None, description="node count for a preset (default 1)")
@@ -220,6 +223,7 @@ class PlanResponse(BaseModel):
 class EstimateResponse(BaseModel):
     """One plan priced: the plan with its prediction and the profile used."""
 
+    model_config = ConfigDict(defer_build=True)  # as EstimateRequest's
     cluster: ClusterInfo
     model: ModelSpec
     workload: Workload
@@ -434,6 +438,8 @@ def report(cluster: Cluster, model: ModelSpec, workload: Workload, given: Plan |
     res.profile, res.profile_line = profile_tag(prof), line
     if not res.ranked:
         raise no_plan_error(cluster, workload, res)
+    from sp_plan.planner.sensitivity import sensitivity as rerank  # noqa: PLC0415 - a report's step: plan does without
+
     plans, families = finish(res, cluster, model, workload, top), finish_each(res, cluster, model, workload)
     extra = None
     if given is not None:
@@ -470,6 +476,7 @@ class RankWork(BaseModel):
     """Per ring rank of a plan, one sample pack of its workload: tokens and score entries (attention work) under the
     plan's token layout; ``global_pairs`` on a window pattern's global layers (``pairs``: its windowed ones)."""
 
+    model_config = ConfigDict(defer_build=True)  # as EstimateRequest's
     token_layout: str
     documents: int = Field(description="documents in the sample pack (a document cut at the sequence's end counts)")
     tokens: list[int]
