@@ -36,6 +36,25 @@ def test_imbalance_of_a_contiguous_ring_and_ulysses(bench):
     assert bench.imbalance(bench.Candidate("ulysses", 2, 1, "contiguous"), S, cu) == 1.0
 
 
+def test_zero_kernels_stand_in_for_the_block_kernels_and_the_real_ones_come_back(bench):
+    import torch
+
+    from sp_plan.runtime import kernels
+    from sp_plan.runtime.variants import ring
+
+    real = ring.block_attention
+    q = torch.randn(1, 4, 2, 8)
+    bench.zero_kernels()
+    try:
+        out, lse = ring.block_attention(q, q, q, causal_offset=0)
+        assert kernels.block_attention is ring.block_attention is not real
+        assert out.shape == q.shape and lse.shape == (1, 2, 4) and not out.any()
+    finally:
+        bench.zero_kernels(False)
+    assert ring.block_attention is real and kernels.block_attention is real
+    assert ring.block_attention(q, q, q, causal_offset=0)[0].abs().sum() > 0
+
+
 def _row(label, blocks, imbalance, preset, tuned=None):
     predicted = {"preset": preset} | ({} if tuned is None else {"tuned": tuned})
     return dict(candidate=label, blocks=blocks, imbalance=imbalance, predicted=predicted)
