@@ -19,6 +19,8 @@ from sp_plan.profiles import load_model
 from sp_plan.service.app import Settings, create_app
 
 TOKEN = "fuzz-token"
+#: one pytest-xdist worker for the module: its app (and the app's search process) starts once
+pytestmark = pytest.mark.xdist_group("fuzz_service")
 PROFILE = Path(__file__).parent / "fixtures" / "profile-dgx-h100.yaml"
 PLAN_BODY = {"cluster": "cpu-local", "nodes": 1, "model": load_model("tiny-gpt").model_dump(mode="json"),
              "workload": {"seq_len": 512, "batch": 1, "causal": True}, "top": 2}

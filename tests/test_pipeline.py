@@ -16,6 +16,8 @@ from sp_plan.planner.ranking import RankedPlans
 from sp_plan.cli.app import app
 from sp_plan.profiles import load_cluster, load_model
 
+#: one pytest-xdist worker for the module: its module fixtures compute once, not once per worker
+pytestmark = pytest.mark.xdist_group("pipeline")
 #: a request whose top rows hold equivalent plans (the presets' model prices two mesh orders of tp2 x ulysses4 x
 #: ring2 alike: one row)
 CASE = dict(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len="128k", top=5)

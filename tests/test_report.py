@@ -29,6 +29,8 @@ SP = [sys.executable, "-m", "sp_plan.cli.app"]
 PROFILE = Path(__file__).parent / "fixtures" / "profile-dgx-h100.yaml"  # tuned on dgx-h100 x2: two measured candidates
 DGX = ["--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "32k"]
 W = Workload(seq_len=16384, batch=1)  # dgx-h100 x2: ulysses8 x ring2 wins; with InfiniBand halved tp8 x ring2
+#: one pytest-xdist worker for the module: its module fixtures compute once, not once per worker
+pytestmark = pytest.mark.xdist_group("report")
 IMG = re.compile(r'<img class="figure" src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
 
 

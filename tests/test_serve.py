@@ -31,6 +31,9 @@ from sp_plan.runtime.spawn import free_port
 from sp_plan.pipeline import PlanRequest, PlanResponse, run_plan
 
 FIXTURE = Path(__file__).parent / "fixtures" / "profile-dgx-h100.yaml"
+#: the tests of the store and of the service that use PostgreSQL share one pytest-xdist worker: the throwaway server
+#: (a session fixture) and this module's two uvicorn servers (module fixtures) start once, not once per worker
+pytestmark = pytest.mark.xdist_group("postgres")
 TOKEN = "t0ken-for-tests-7f3a"
 PLAN = ["--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--top", "3"]
 

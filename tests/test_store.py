@@ -21,6 +21,9 @@ from sp_plan.profiles.store import MIGRATIONS, Store, default_store_url, resolve
 from sp_plan.service.answers import Answers
 
 FIXTURE = Path(__file__).parent / "fixtures" / "profile-dgx-h100.yaml"
+#: the tests of the store and of the service that use PostgreSQL share one pytest-xdist worker: the throwaway server
+#: (a session fixture) starts once, not once per worker
+pytestmark = pytest.mark.xdist_group("postgres")
 
 
 def make_profile(fp: str = "f" * 16, **kw) -> Profile:
