@@ -7,7 +7,7 @@ reach within 1 % of the grid optimum at 4,096 GPUs.
 
     python benchmarks/bench_search.py [--gpus 1024,16384,131072] [--batches 1,16] [--models llama3-70b,llama3-405b]
                                       [--repeats 5] [--documents magi-long] [--seeds 5] [--trials 200]
-                                      [--bayes-gpus 4096] [--bayes-batch 16]
+                                      [--bayes-gpus 4096] [--bayes-batch 16] [--whole-only]
 
 Workload: dgx-h100 preset, 1M-token sequences, causal training. Targets on a quiet 2-core machine: the in-process
 grid with every algorithm <= 0.3 s at 1,024 GPUs, <= 1 s at 16,384, <= 10 s at 131,072; the whole command
@@ -17,7 +17,9 @@ is the size of the space (degrees x algorithm variants x token layouts x mesh or
 is how many the engine costed after the memory filter, the Pareto policy filter and the lower bounds (the top 5 and
 each variant's best are exact). Whole-process figures are the median and the least of ``--repeats`` runs (wall
 clock: other processes on the machine slow them, and the least reading is the nearest to a quiet machine's; the CPU
-column says how much of the wall was the command's own work).
+column says how much of the wall was the command's own work, and "net cpu" is its CPU net of `sp-plan presets`'s: the
+reading to compare on a busy machine, where wall clock measures the other processes). ``--whole-only`` runs the
+whole-process figures alone (no in-process grid, no optuna).
 """
 from __future__ import annotations
 
@@ -124,7 +126,8 @@ def run_command(model_name: str, gpus: int, batch: int, base: dict, repeats: int
     w = whole_process(args, repeats)
     name = documents or model_name
     print(f"{name:>11} {gpus:>7} {batch:>5} {w['wall']:>7.2f} {min(w['walls']):>7.2f} {w['cpu']:>7.2f} "
-          f"{w['wall'] - base['wall']:>7.2f} {min(w['walls']) - min(base['walls']):>7.2f} {w['rss']:>7.0f} "
+          f"{w['cpu'] - base['cpu']:>7.2f} {w['wall'] - base['wall']:>7.2f} {min(w['walls']) - min(base['walls']):>7.2f} "
+          f"{w['rss']:>7.0f} "
           f"{out.stat().st_size / 1e3:>8.1f}   " + " ".join(f"{x:.2f}" for x in w["walls"]), flush=True)
     return w
 
@@ -142,16 +145,19 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--bayes-gpus", type=int, default=4096)
     ap.add_argument("--bayes-batch", type=int, default=16)
+    ap.add_argument("--whole-only", action="store_true", help="only the whole command's figures (no in-process grid, "
+                    "no optuna)")
     ap.add_argument("--params", choices=("defaults", "neutral"), default="defaults",
                     help="defaults: the presets' model terms, as `sp-plan plan` prices a cluster with no profile; "
                          "neutral: Params(), the uncalibrated engine")
     args = ap.parse_args()
     print(f"commit {commit()}, Python {sys.version.split()[0]}, grid_search in-process, dgx-h100, 1M tokens, training, "
           f"{args.params} params")
-    print(f"{'model':>11} {'GPUs':>7} {'batch':>5} {'wall s':>7} {'cpu s':>7} {'candidates':>11} {'priced':>8} "
-          f"{'schedules':>9} {'links':>6}  best layout")
+    if not args.whole_only:
+        print(f"{'model':>11} {'GPUs':>7} {'batch':>5} {'wall s':>7} {'cpu s':>7} {'candidates':>11} {'priced':>8} "
+              f"{'schedules':>9} {'links':>6}  best layout")
     gpus = [int(x) for x in args.gpus.split(",")]
-    for name in args.models.split(","):
+    for name in [] if args.whole_only else args.models.split(","):
         for n in gpus:
             for b in (int(x) for x in args.batches.split(",")):
                 run_grid(name, n, b, each=(name == args.models.split(",")[0] and n == max(gpus)), which=args.params)
@@ -161,8 +167,8 @@ def main() -> None:
               f"fresh processes, median and least of {args.repeats} (load average {os.getloadavg()[0]:.2f} before); "
               f"`sp-plan presets` {base['wall']:.2f} s wall (least {min(base['walls']):.2f}), {base['cpu']:.2f} s CPU, "
               f"{base['rss']:.0f} MiB (" + " ".join(f"{x:.2f}" for x in base["walls"]) + ")")
-        print(f"{'model':>11} {'GPUs':>7} {'batch':>5} {'wall s':>7} {'least':>7} {'cpu s':>7} {'net s':>7} "
-              f"{'least':>7} {'RSS MiB':>7} {'file kB':>8}   walls (net: minus `sp-plan presets`)")
+        print(f"{'model':>11} {'GPUs':>7} {'batch':>5} {'wall s':>7} {'least':>7} {'cpu s':>7} {'net cpu':>7} "
+              f"{'net s':>7} {'least':>7} {'RSS MiB':>7} {'file kB':>8}   walls (net: minus `sp-plan presets`)")
         with tempfile.TemporaryDirectory() as d:
             plain = {}
             for n in gpus:
@@ -175,7 +181,7 @@ def main() -> None:
                     if (n, 1) in plain:
                         ratios.append(f"{n:,} GPUs {w['cpu'] / plain[n, 1]['cpu']:.2f}x")
                 print(f"--documents {args.documents}, CPU seconds against the same plan without: " + ", ".join(ratios))
-    if args.seeds:
+    if args.seeds and not args.whole_only:
         model, work = load_model("llama3-70b"), Workload(seq_len="1m", batch=args.bayes_batch)
         cluster = load_cluster("dgx-h100", args.bayes_gpus // 8)
         params = params_for(cluster, args.params)
