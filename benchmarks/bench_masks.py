@@ -534,10 +534,10 @@ def targets(rows: list[dict], pricings: list[Pricing]) -> None:
     best = min(timed, key=lambda r: r["median_s"])
     ring = next((r for r in timed if r["candidate"] == BASELINE), None)
     speedup = f"{ring['median_s'] / best['median_s']:.2f}x" if ring else "n/a (not timed)"
-    regrets = "; ".join(f"{p.name}'s pick " + ("not timed" if g is None else f"{g:+.1%}") for p in pricings
+    regrets = "; ".join(f"{p.name}'s pick " + ("not timed" if g is None else f"{g:+.1%} of the best") for p in pricings
                         for g in [ranking(rows, p.name)[1]])
     print(f"         measured best {best['candidate']} (imbalance {best['imbalance']:.3f}) of the "
-          f"{len(timed)} timed; {regrets} of the best (<= 5 %); best {speedup} contiguous ring (>= 1.3x)")
+          f"{len(timed)} timed; {regrets} (<= 5 %); best {speedup} contiguous ring (>= 1.3x)")
 
 
 def print_single(rows: list[dict]) -> None:
