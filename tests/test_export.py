@@ -76,15 +76,31 @@ MEGATRON = [
 ]
 
 
+#: checks that build a target's own config class from the export: importing Megatron-Core or DeepSpeed takes
+#: seconds of CPU, so they run in the whole suite rather than the inner loop
+imports_the_target = pytest.mark.slow
+
+
+def megatron_args(p: Plan) -> dict:
+    """The Megatron export of ``p`` through Megatron-LM's argument parser, rebuilt from its recorded fixture."""
+    return vars(recorded_parser(FIX / "megatron_flags.json").parse_args(argv(target("megatron").export(p))))
+
+
 @pytest.mark.parametrize("p,want", MEGATRON, ids=lambda x: x.summary() if isinstance(x, Plan) else "")
-def test_megatron_args_parse_with_megatron_lm_parser_and_build_megatron_core_config(p, want):
-    ns = vars(recorded_parser(FIX / "megatron_flags.json").parse_args(argv(target("megatron").export(p))))
+def test_megatron_args_parse_with_megatron_lm_parser(p, want):
+    ns = megatron_args(p)
     for k, v in want.items():
         assert ns[k] == v, k
     d = p.degrees
     assert ns["--context-parallel-size"] == d["ulysses"] * d["ring"]
     assert ns["--tensor-model-parallel-size"] * ns["--pipeline-model-parallel-size"] * ns["--context-parallel-size"] \
         * d["dp"] == p.world_size
+
+
+@imports_the_target
+@pytest.mark.parametrize("p", [p for p, _ in MEGATRON], ids=lambda p: p.summary())
+def test_megatron_args_build_megatron_core_config(p):
+    ns, d = megatron_args(p), p.degrees
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core.transformer.transformer_config import TransformerConfig
@@ -176,6 +192,7 @@ class _World:
 @pytest.mark.parametrize("p", [plan("ulysses", ["ulysses", "dp"], "contiguous", ulysses=8, dp=2, zero_stage=3),
                                plan("ulysses", ["ulysses"], "contiguous", ulysses=16, zero_stage=1,
                                     work=Workload(seq_len=131072, batch=4))], ids=lambda p: p.summary())
+@imports_the_target
 def test_deepspeed_config_is_read_by_deepspeed(p, monkeypatch):
     """DeepSpeedConfig as in a Hugging Face run without an mpu: data parallel = world / sequence_parallel_size."""
     import deepspeed.runtime.config as ds_config

@@ -35,6 +35,11 @@ def parsed(text: str) -> dict:
     return vars(recorded_parser(FIX / "megatron_flags.json").parse_args(argv(text)))
 
 
+#: checks that hand the export to Megatron-Core's own classes: importing it takes seconds of CPU, so they run in the
+#: whole suite rather than the inner loop
+imports_megatron_core = pytest.mark.slow
+
+
 def megatron_layout(layout: str, pp: int):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -49,11 +54,22 @@ def llama3(v: int) -> Plan:
 
 
 @pytest.mark.parametrize("v", [2, 4, 8])
-def test_llama3s_chunks_go_to_megatron_as_a_pipeline_layout_it_parses_rank_by_rank(v):
-    """The first and last stage's layers do not divide by v, the embedding and loss take their place: Megatron's
-    layout string, whose chunk j of rank i holds the layers the plan's chunks do."""
+def test_llama3s_chunks_go_to_megatron_as_a_pipeline_layout(v):
+    """The first and last stage's layers do not divide by v: a layout string rather than virtual stages per rank,
+    whose first chunk at v=8 holds only the embedding and whose last only the output and loss."""
     ns = parsed(target("megatron").export(llama3(v)))
     assert ns["--num-virtual-stages-per-pipeline-rank"] is None and ns["--decoder-first-pipeline-num-layers"] is None
+    assert ns["--pipeline-model-parallel-layout"] and ns["--pipeline-model-parallel-size"] == 16
+    if v == 8:
+        assert ns["--pipeline-model-parallel-layout"] == "E|(t|)*126L"
+
+
+@imports_megatron_core
+@pytest.mark.parametrize("v", [2, 4, 8])
+def test_llama3s_pipeline_layout_parses_in_megatron_rank_by_rank(v):
+    """The embedding and loss take the place of the layers that do not divide by v: Megatron's layout string, whose
+    chunk j of rank i holds the layers the plan's chunks do."""
+    ns = parsed(target("megatron").export(llama3(v)))
     layout = megatron_layout(ns["--pipeline-model-parallel-layout"], ns["--pipeline-model-parallel-size"])
     layout.validate_layer_layout(num_layers=LLAMA3_405B.layers, mtp_num_layers=None)
     assert layout.virtual_pipeline_model_parallel_size == v
@@ -62,29 +78,47 @@ def test_llama3s_chunks_go_to_megatron_as_a_pipeline_layout_it_parses_rank_by_ra
     assert str(first[0]).endswith("embedding") and str(last[-1]).endswith("loss")
     if v == 8:  # the paper's words: the first chunk only the embedding, the last only the output and loss
         assert len(first) == 1 and len(last) == 1
-        assert ns["--pipeline-model-parallel-layout"] == "E|(t|)*126L"
 
 
-@pytest.mark.parametrize("stages,v,first", [(None, 2, None), (None, 4, None), ([6, 10, 10, 6], 2, 6)])
+DIVIDING = [(None, 2, None), (None, 4, None), ([6, 10, 10, 6], 2, 6)]
+
+
+def dividing(stages, v) -> Plan:
+    return Plan(algorithm="ring", degrees={"pp": 4, "ring": 2, "dp": 1}, order=["ring", "pp"], token_layout="zigzag",
+                stage_layers=stages, virtual_stages=v, model=MODEL, workload=TRAIN)
+
+
+@pytest.mark.parametrize("stages,v,first", DIVIDING)
 def test_stages_that_divide_by_v_go_to_megatron_as_virtual_stages_per_rank(stages, v, first):
-    p = Plan(algorithm="ring", degrees={"pp": 4, "ring": 2, "dp": 1}, order=["ring", "pp"], token_layout="zigzag",
-             stage_layers=stages, virtual_stages=v, model=MODEL, workload=TRAIN)
-    ns = parsed(target("megatron").export(p))
+    ns = parsed(target("megatron").export(dividing(stages, v)))
     assert ns["--num-virtual-stages-per-pipeline-rank"] == v and ns["--pipeline-model-parallel-layout"] is None
     assert ns["--decoder-first-pipeline-num-layers"] == first
+
+
+@imports_megatron_core
+@pytest.mark.parametrize("stages,v,first", DIVIDING)
+def test_virtual_stages_per_rank_build_megatron_core_config(stages, v, first):
+    ns = parsed(target("megatron").export(dividing(stages, v)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core.transformer.transformer_config import TransformerConfig
     cfg = TransformerConfig(num_layers=MODEL.layers, hidden_size=MODEL.hidden, num_attention_heads=MODEL.heads,
-                            pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=v,
-                            num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=first,
+                            pipeline_model_parallel_size=4,
+                            virtual_pipeline_model_parallel_size=ns["--num-virtual-stages-per-pipeline-rank"],
+                            num_layers_in_first_pipeline_stage=ns["--decoder-first-pipeline-num-layers"],
+                            num_layers_in_last_pipeline_stage=ns["--decoder-last-pipeline-num-layers"],
                             pipeline_dtype=__import__("torch").bfloat16)
     assert cfg.virtual_pipeline_model_parallel_size == v
+    assert cfg.num_layers_in_first_pipeline_stage == cfg.num_layers_in_last_pipeline_stage == first
 
 
 def test_layout_strings_fold_runs_and_keep_the_embedding_and_loss_at_the_ends():
     assert pipeline_layout([3, 4, 4, 3], 2) == "Et|(tt|)*6tL"
     assert pipeline_layout([2, 2], 3) == "E|(t|)*4L"
+
+
+@imports_megatron_core
+def test_a_layout_string_splits_in_megatron_into_the_stages_chunks():
     layout = megatron_layout(pipeline_layout([5, 10, 10, 7], 2), 4)
     layout.validate_layer_layout(num_layers=32, mtp_num_layers=None)
     assert [[len(c) for c in rank] for rank in layout.layout] == [[3, 3], [5, 5], [5, 5], [4, 4]]
