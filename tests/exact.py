@@ -1,6 +1,29 @@
-"""Shared by the exactness tests: put every rank's shard back at its global token positions."""
+"""Shared by the exactness tests: one world per size, every rank's shard put back at its global token positions,
+and the tolerances of a dtype."""
+import functools
+
 import numpy as np
 import torch
+
+
+def once(world_results):
+    """Cache a module's ``world_results(world)``, its error as well: a world that failed or timed out fails every
+    case that reads it with that error, rather than starting again for each."""
+    outcomes: dict = {}
+
+    @functools.wraps(world_results)
+    def cached(*args):
+        if args not in outcomes:
+            try:
+                outcomes[args] = (True, world_results(*args))
+            except Exception as e:  # noqa: BLE001 - kept and raised again for every case of this world
+                outcomes[args] = (False, e)
+        ok, value = outcomes[args]
+        if not ok:
+            raise value
+        return value
+
+    return cached
 
 
 def assemble(templates: list[torch.Tensor], pieces, seq_len: int, what: str = "") -> list[torch.Tensor]:

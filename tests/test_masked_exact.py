@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from exact import DTYPES, assemble, attention_terms, mismatches
+from exact import DTYPES, assemble, attention_terms, mismatches, once
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import TOKEN_LAYOUTS, Layout
 from sp_plan.runtime.variants.allgather import allgather_attention
@@ -197,9 +197,9 @@ def _all_blocks(case: Case) -> int:
     return len(span_tiles(seq, case.ulysses, cu, window)) ** 2 if _tiled(case) else case.ring
 
 
-@lru_cache(maxsize=None)
+@once
 def world_results(world: int):
-    return run_world(_run, world, cases(world), timeout=240)
+    return run_world(_run, world, cases(world), timeout=300)
 
 
 @shared_world("masked_exact")

@@ -24,7 +24,7 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import TOKEN_LAYOUTS, Layout, ring_tokens, sp_tokens
 from sp_plan.runtime.attention import attention
 from sp_plan.runtime.variants.ring import ring_attention
-from exact import DTYPES, assemble, attention_terms, mismatches, sdpa_reference
+from exact import DTYPES, assemble, attention_terms, mismatches, once, sdpa_reference
 from harness.worlds import WorldError, run_world
 from markers import shared_world
 from sp_plan.runtime.variants.ulysses import ulysses_attention
@@ -146,11 +146,11 @@ def _run_cases(rank: int, world: int, todo: list[Case]):
     return results
 
 
-@lru_cache(maxsize=None)
+@once
 def world_results(world: int) -> dict[str, tuple]:
     """Run every case of ``world`` in one gloo world; per case, global (out, dq, dk, dv)."""
     todo = cases(world)
-    per_rank = run_world(_run_cases, world, todo, timeout=150)
+    per_rank = run_world(_run_cases, world, todo, timeout=300)
     out = {}
     for i, case in enumerate(todo):
         q, k, v, dout = _inputs(case)

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from exact import DTYPES, assemble, attention_terms, mismatches, sdpa_reference
+from exact import DTYPES, assemble, attention_terms, mismatches, once, sdpa_reference
 from sp_plan.planner.algorithms import ALGORITHMS, load_all
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import TOKEN_LAYOUTS, ring_tokens
@@ -97,10 +97,10 @@ def _run_cases(rank: int, world: int, todo: list[Case]):
     return results
 
 
-@lru_cache(maxsize=None)
+@once
 def world_results(world: int) -> dict[str, list]:
     todo = cases(world)
-    per_rank = run_world(_run_cases, world, todo, timeout=150)
+    per_rank = run_world(_run_cases, world, todo, timeout=300)
     out = {}
     for i, case in enumerate(todo):
         q, k, v, _ = _inputs(case)

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from exact import DTYPES, assemble, attention_terms, mismatches, sdpa_reference
+from exact import DTYPES, assemble, attention_terms, mismatches, once, sdpa_reference
 from sp_plan.planner import Candidate, Estimator, Plan, PlanError, Workload
 from sp_plan.planner.algorithms import ALGORITHMS, variants
 from sp_plan.planner.engine import LinkEngine
@@ -448,11 +448,11 @@ def _run_cases(rank: int, world: int, todo: list[Case]):
     return results
 
 
-@lru_cache(maxsize=None)
+@once
 def world_results(world: int) -> dict[str, list]:
     """Run every case of ``world`` in one gloo world; per case and replica, global (out, dq, dk, dv)."""
     todo = cases(world)
-    per_rank = run_world(_run_cases, world, todo, timeout=240)
+    per_rank = run_world(_run_cases, world, todo, timeout=300)
     out = {}
     for i, case in enumerate(todo):
         fulls = []
