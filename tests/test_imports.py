@@ -23,25 +23,31 @@ try:
     main()
 except SystemExit:
     pass
+pipeline = sys.modules.get("sp_plan.pipeline")
+unbuilt = [n for n in dir(pipeline) if getattr(getattr(pipeline, n), "__pydantic_complete__", None) is False]
 print("MODULES=" + json.dumps(sorted(sys.modules)), file=sys.stderr)
 print("BUILT=" + json.dumps(built), file=sys.stderr)
+print("UNBUILT=" + json.dumps(unbuilt), file=sys.stderr)
 """
 #: what no command below needs: the store, the fits, figures, torch, the service, optuna
 HEAVY = ("sqlalchemy", "alembic", "scipy", "matplotlib", "torch", "fastapi", "optuna", "pandas")
 
 
-def run(*args: str, cwd=None) -> tuple[set[str], list[str]]:
-    """The modules `sp-plan ARGS` had imported when it finished (it must exit 0), and the commands typer built."""
+REPORTS = ("MODULES=", "BUILT=", "UNBUILT=")
+
+
+def run(*args: str, cwd=None) -> dict[str, list[str]]:
+    """What `sp-plan ARGS` (it must exit 0) had done when it finished: the modules imported (MODULES), the commands
+    typer built (BUILT) and the pipeline's models whose validators were never built (UNBUILT)."""
     r = subprocess.run([sys.executable, "-c", WRAPPER, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
-    lines = {k: v for k, _, v in (x.partition("=") for x in r.stderr.splitlines() if x.startswith(("MODULES=", "BUILT=")))}
-    rest = "\n".join(x for x in r.stderr.splitlines() if not x.startswith(("MODULES=", "BUILT=")))
+    rest = "\n".join(x for x in r.stderr.splitlines() if not x.startswith(REPORTS))
     assert "error" not in rest, r.stderr
-    return set(json.loads(lines["MODULES"])), json.loads(lines["BUILT"])
+    return {k: json.loads(v) for k, _, v in (x.partition("=") for x in r.stderr.splitlines() if x.startswith(REPORTS))}
 
 
 def imported(*args: str, cwd=None) -> set[str]:
     """The modules `sp-plan ARGS` had imported when it finished (it must exit 0)."""
-    return run(*args, cwd=cwd)[0]
+    return set(run(*args, cwd=cwd)["MODULES"])
 
 
 def top(mods: set[str]) -> set[str]:
@@ -49,12 +55,17 @@ def top(mods: set[str]) -> set[str]:
 
 
 def test_plan_without_a_profile_imports_no_store_and_no_scipy(tmp_path):
-    """`--no-profile` prices with the presets' defaults: no SQLAlchemy (the store), no SciPy (the fits)."""
-    mods = imported("plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "128k",
-                    "--no-profile", "-o", str(tmp_path / "plan.yaml"))
+    """`--no-profile` prices with the presets' defaults: no SQLAlchemy (the store), no SciPy (the fits); the
+    pipeline's estimate and per-rank work models, which plan does not use, are never built."""
+    did = run("plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "128k",
+              "--no-profile", "-o", str(tmp_path / "plan.yaml"))
+    mods = set(did["MODULES"])
     assert "sp_plan.planner.search" in mods and (tmp_path / "plan.yaml").exists()  # it did plan
     assert not top(mods) & set(HEAVY), sorted(top(mods) & set(HEAVY))
     assert "networkx" not in mods  # the engine routes on cluster.LinkGraph
+    assert did["BUILT"] == ["plan"]
+    assert {"EstimateRequest", "EstimateResponse", "RankWork"} <= set(did["UNBUILT"])
+    assert "PlanRequest" not in did["UNBUILT"] and "sp_plan.planner.sensitivity" not in mods
 
 
 def test_plan_with_the_default_store_imports_no_scipy(tmp_path, monkeypatch):
@@ -71,7 +82,8 @@ def test_listing_and_help_load_no_engine(args, builds):
     """Presets, help and version read files and text: no cost engine, schedules, search, numpy or networkx (a
     cluster file is checked without a graph library). Typer builds the command that runs, not all of them; the
     help's listing builds each (None: every command)."""
-    mods, built = run(*args)
+    did = run(*args)
+    mods, built = set(did["MODULES"]), did["BUILT"]
     assert not top(mods) & (set(HEAVY) | {"numpy", "networkx"})
     assert not {"sp_plan.planner.estimate", "sp_plan.planner.schedules", "sp_plan.planner.search",
                 "rich.progress"} & mods
