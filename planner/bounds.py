@@ -33,30 +33,39 @@ class Bounds:
     def compute_bound(self, base: Candidate, policies: list[tuple[int, str, int]]) -> float:
         """A lower bound on the step time of ``base``'s degrees and token layout under any mesh order and
         these policies: the pipeline of compute phases alone (communication only adds time)."""
-        train = self.est.work.training
         best = float("inf")
-        busy, att = self.est.busy, self.attention_busy
         seen: dict = {}
         for _zero, ckpt, mbs in policies:
-            c = self.est.shape(base, mbs)
             key = (ckpt, mbs)
-            if key not in seen:  # each part: its linear compute and its attention's (read from the bound unit)
-                fwd = busy("fwd-linear", c) + att("fwd", c)
-                layer = fwd
-                if train:
-                    layer += busy("bwd-linear", c) + att("bwd", c)
-                    if ckpt == "full":
-                        layer += fwd
-                    elif ckpt == "attention_boundary":
-                        layer += busy("fwd-linear", c)
-                if c.stage_layers is None:
-                    stage = c.layers_per_stage * layer + busy("head", c)
-                else:
-                    stage = float(busiest_stage(c.stage_layers, layer, busy("head", c)))
+            if key not in seen:
+                c = self.est.shape(base, mbs)
                 # a hair below: sums' rounding
-                seen[key] = pipeline_time(c.micro_batches, base.pp, base.virtual_stages, stage) * (1 - 1e-9)
+                seen[key] = pipeline_time(c.micro_batches, base.pp, base.virtual_stages,
+                                          self._compute_stage(c, ckpt)) * (1 - 1e-9)
             best = min(best, seen[key])
         return best
+
+    def _compute_stage(self, c: Shape, ckpt: str) -> float:
+        """The busiest stage's compute seconds of ``c`` under ``ckpt``, a micro-batch's: its layers' linear and attention
+        compute (read from the bound unit) and the head; once per shape and checkpointing (every pipeline schedule)."""
+        key = ("compute stage", c.key, ckpt)
+        stage = self._cache.get(key)
+        if stage is None:
+            busy, att = self.est.busy, self.attention_busy
+            fwd = busy("fwd-linear", c) + att("fwd", c)
+            layer = fwd
+            if self.est.work.training:
+                layer += busy("bwd-linear", c) + att("bwd", c)
+                if ckpt == "full":
+                    layer += fwd
+                elif ckpt == "attention_boundary":
+                    layer += busy("fwd-linear", c)
+            if c.stage_layers is None:
+                stage = c.layers_per_stage * layer + busy("head", c)
+            else:
+                stage = float(busiest_stage(c.stage_layers, layer, busy("head", c)))
+            self._cache[key] = stage
+        return stage
 
     def comm_bounds(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
                     attention: str = "busy", sync: bool = True) -> list[float]:

@@ -4,15 +4,16 @@ Space: degrees dp x pp x tp x ulysses x ring = world (tp x ulysses divides the q
 layers, dp x micro-batch the batch, the sequence the layout's chunks), the algorithm they imply
 (ring, ulysses or usp) and the variants the algorithms add (all-gather, WallFacer, TokenRing, METP), the token
 layout (contiguous, zigzag, striped when causal; with documents also balanced, the balancing policies), the mesh order
-of the dimensions of degree > 1, and the memory policy (ZeRO stage, checkpointing, micro-batch
-size). Memory does not depend on the mesh order or the token layout, so the policies that fit are
+of the dimensions of degree > 1, the pipeline schedule (plain 1F1B, and interleaved over the most chunks the stages
+split into where the micro-batches come in groups of pp) and the memory policy (ZeRO stage, checkpointing,
+micro-batch size). Memory does not depend on the mesh order or the token layout, so the policies that fit are
 found once per degrees; per-layer costs are cached by group shape (estimate.py).
 """
 from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from itertools import permutations
 from typing import Callable, Iterator
@@ -31,6 +32,7 @@ from .params import Params
 from .measured import rank_rows
 from .plan import Plan
 from .profile import Profile, pure_params
+from .stages import resolve_stage_layers, searched_virtual_stages, virtual_stage_options
 from .ranking import RankedPlans, largest_extra_cost, summarize  # noqa: F401 - their names here are public
 
 CHECKPOINTING = ("none", "attention_boundary", "full")
@@ -94,11 +96,32 @@ class Space:
     def orders(self, d: Degrees) -> list[tuple[str, ...]]:
         return list(permutations(d.dims()))
 
-    def policies(self, d: Degrees) -> list[tuple[int, str, int]]:
-        """(ZeRO stage, checkpointing, micro-batch size) choices for these degrees."""
+    def policies(self, d: Degrees, v: int = 1) -> list[tuple[int, str, int]]:
+        """(ZeRO stage, checkpointing, micro-batch size) choices for these degrees under ``v`` virtual stages."""
+        mbs = self._mbs(d) if v == 1 else self.interleaved_mbs(d, v)
         if not self.work.training:
-            return [(0, "none", mbs) for mbs in self._mbs(d)]
-        return [(z, ck, mbs) for mbs in self._mbs(d) for ck in CHECKPOINTING for z in (0, 1, 2, 3)]
+            return [(0, "none", b) for b in mbs]
+        return [(z, ck, b) for b in mbs for ck in CHECKPOINTING for z in (0, 1, 2, 3)]
+
+    def virtual_stages(self, d: Degrees) -> list[int]:
+        """The pipeline schedules offered for the degrees (``stages.searched_virtual_stages``): 1 alone without a
+        pipeline or where no micro-batch size makes the micro-batches a multiple of pp."""
+        if d.pp == 1:
+            return [1]
+        counts = {self.work.batch // (d.dp * b) for b in self._mbs(d)}
+        return searched_virtual_stages(d.pp, counts, self.model.layers, self.stage_layers(d.pp))
+
+    def interleaved_mbs(self, d: Degrees, v: int) -> list[int]:
+        """The micro-batch sizes under which ``v`` > 1 virtual stages run (micro-batches in groups of pp)."""
+        return [b for b in self._mbs(d) if v in virtual_stage_options(d.pp, self.work.batch // (d.dp * b),
+                                                                     self.model.layers, self.stage_layers(d.pp))]
+
+    def stage_layers(self, pp: int) -> tuple[int, ...] | None:
+        """Layers per stage the search prices for ``pp`` (``Estimator.stages_of`` of a candidate without its own)."""
+        cache = self.__dict__.setdefault("_stages", {})
+        if pp not in cache:
+            cache[pp] = resolve_stage_layers(self.model, pp, None, self.work)
+        return cache[pp]
 
     def _mbs(self, d: Degrees) -> list[int]:
         per_dp = self.work.batch // d.dp
@@ -191,7 +214,7 @@ def hidden_sync_micro_batches(est: Estimator, base: Candidate, batch: Orders,
                 c = est.shape(base, k)
                 L = c.layers_per_stage
                 sync = est.grad_syncs(c, z, batch)[1]
-                floor = est.busy("bwd-linear", c) + est.balanced_time(c, True)  # <= the backward's compute
+                floor = est.busy("bwd-linear", c) + est.bounds.balanced_time(c, True)  # <= the backward's compute
                 hidden[z, k] = bool(np.all(sync <= floor * L * c.micro_batches * (1 - 1e-9)))  # at its floor
         top = {zc: k for zc, k in top.items() if hidden[zc[0], k]}
     return [p for p in policies if p[2] == top.get(p[:2], p[2])]
@@ -211,37 +234,43 @@ def shared_bounds(est: Estimator, pp: int, algorithms, policies: list[tuple[int,
     return rep
 
 
-def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tuple, int], bool] | None = None,
+def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tuple, int, int], bool] | None = None,
                   vs: list | None = None) -> tuple[list[tuple[Candidate, list, list]], int, int]:
-    """(base candidate, mesh orders, fitting policies) for every algorithm variant and token layout of the
-    degrees ``d`` (with ``wanted``: only the (variant key, micro-batch size) pairs it accepts), the number
-    of candidates they stand for, and how many variants fit no policy. ``vs``: the variants of ``d``, if known."""
+    """(base candidate, mesh orders, fitting policies) for every algorithm variant, token layout and pipeline
+    schedule (virtual stages) of the degrees ``d`` (with ``wanted``: only the (variant key, micro-batch size,
+    virtual stages) it accepts), the number of candidates they stand for, and how many variants fit no policy under
+    any schedule. ``vs``: the variants of ``d``, if known."""
     out, total, rejected = [], 0, 0
-    orders, all_pols = space.orders(d), space.policies(d)
+    orders, schedules = space.orders(d), space.virtual_stages(d)
+    all_pols = {v: space.policies(d, v) for v in schedules}
     pareto: dict = {}  # fitting policies -> the Pareto survivors (variants of one degrees often fit alike)
-    for v in vs if vs is not None else variants(d, space.model, space.work):
-        vkey = (v.algorithm, v.team, v.placement)
-        if wanted is None:
-            pols = all_pols
-        else:  # asked once per micro-batch size
-            ok = {mbs: wanted(vkey, mbs) for mbs in {p[2] for p in all_pols}}
-            pols = [p for p in all_pols if ok[p[2]]]
-        if not pols:
-            continue
-        layouts = list(v.layouts) if v.layouts is not None else space.layouts(d)
-        total += len(orders) * len(layouts) * len(pols)
-        probe = Candidate(v.algorithm, d.dp, d.pp, d.tp, d.ulysses, d.ring, orders[0], layouts[0],
-                          team=v.team, placement=v.placement)
-        fits = tuple(est.fitting(probe, pols))
-        fitting = pareto.get(fits)
-        if fitting is None:
-            fitting = pareto[fits] = pareto_policies(list(fits))
-        if not fitting:
+    for var in vs if vs is not None else variants(d, space.model, space.work):
+        vkey = (var.algorithm, var.team, var.placement)
+        layouts = list(var.layouts) if var.layouts is not None else space.layouts(d)
+        asked = fit_any = False
+        for v in schedules:
+            if wanted is None:
+                pols = all_pols[v]
+            else:  # asked once per micro-batch size
+                ok = {mbs: wanted(vkey, mbs, v) for mbs in {p[2] for p in all_pols[v]}}
+                pols = [p for p in all_pols[v] if ok[p[2]]]
+            if not pols:
+                continue
+            asked = True
+            total += len(orders) * len(layouts) * len(pols)
+            probe = Candidate(var.algorithm, d.dp, d.pp, d.tp, d.ulysses, d.ring, orders[0], layouts[0],
+                              team=var.team, placement=var.placement, virtual_stages=v)
+            fits = tuple(est.fitting(probe, pols))
+            fitting = pareto.get(fits)
+            if fitting is None:
+                fitting = pareto[fits] = pareto_policies(list(fits))
+            if not fitting:
+                continue
+            fit_any = True
+            out.append((probe, orders, fitting))
+            out += [(replace(probe, token_layout=tl), orders, fitting) for tl in layouts[1:]]
+        if asked and not fit_any:
             rejected += 1
-            continue
-        out.append((probe, orders, fitting))
-        out += [(Candidate(v.algorithm, d.dp, d.pp, d.tp, d.ulysses, d.ring, orders[0], tl, team=v.team,
-                           placement=v.placement), orders, fitting) for tl in layouts[1:]]
     return out, total, rejected
 
 
@@ -257,15 +286,29 @@ def order_batch(est: Estimator, base: Candidate, orders: list, batches: dict) ->
 def price_group(est: Estimator, base: Candidate, orders: list, fitting: list,
                 batches: dict) -> list[tuple[float, Candidate]]:
     """Every mesh order of ``base`` with its fastest fitting policy, priced together (estimate.Orders)."""
-    times, _ = est.evaluate_orders(base, order_batch(est, base, orders, batches), fitting)
+    return best_orders(base, orders, fitting, est.evaluate_orders(base, order_batch(est, base, orders, batches),
+                                                                  fitting)[0])
+
+
+def best_orders(base: Candidate, orders: list, fitting: list, times: np.ndarray) -> list[tuple[float, Candidate]]:
+    """Each mesh order of ``base`` with its fastest policy of ``times`` (orders x ``fitting``)."""
     best = times.argmin(axis=1)
     out = []
     b = base
     for k, order in enumerate(orders):
         z, ck, mbs = fitting[best[k]]
-        out.append((float(times[k, best[k]]), Candidate(b.algorithm, b.dp, b.pp, b.tp, b.ulysses, b.ring, order,
-                                                        b.token_layout, z, ck, mbs, b.team, b.placement)))
+        out.append((float(times[k, best[k]]), replace(b, order=order, zero_stage=z, checkpointing=ck,
+                                                      micro_batch_size=mbs)))
     return out
+
+
+def interleaving_floor(est: Estimator, base: Candidate, mbs: int) -> float:
+    """The least share of its plain-1F1B step a step of ``base`` (v = ``base.virtual_stages`` > 1) can take under
+    micro-batch ``mbs``, each mesh order and policy alike: with stage seconds s_1 under 1F1B and s_v >= s_1 interleaved
+    (the same layers, v sends a micro-batch instead of one) and the same exposed gradient sync X (the same backward
+    hides it), T_v = (m + (pp - 1) / v) s_v + X >= (m + (pp - 1) / v) / (m + pp - 1) x T_1; a hair below for rounding."""
+    m, pp, v = est.shape(base, mbs).micro_batches, base.pp, base.virtual_stages
+    return (m + (pp - 1) / v) / (m + pp - 1) * (1 - 1e-12)
 
 
 def single_micro_batch(est: Estimator, base: Candidate) -> bool:
@@ -274,8 +317,27 @@ def single_micro_batch(est: Estimator, base: Candidate) -> bool:
     return est.work.batch == base.dp
 
 
+def schedule_bounds(est: Estimator, groups: list, batches: dict) -> dict[int, dict[tuple, float]]:
+    """Virtual stages -> ``outside_bounds`` of the groups of one degrees choice that run that pipeline schedule; an
+    interleaved schedule's, where plain 1F1B's has every policy, ``interleaving_floor`` x that (no more routing)."""
+    by_v: dict[int, list] = {}
+    for g in groups:
+        by_v.setdefault(g[0].virtual_stages, []).append(g)
+    out: dict[int, dict] = {}
+    for v in sorted(by_v):  # plain 1F1B first
+        plain = out.get(1, {})
+        keys = {(ALGORITHMS[b.algorithm].tp_sp, p) for b, _, fitting in by_v[v] for p in fitting}
+        if v > 1 and keys <= plain.keys():
+            base = by_v[v][0][0]
+            out[v] = {k: interleaving_floor(est, base, k[1][2]) * plain[k] for k in keys}
+        else:
+            out[v] = outside_bounds(est, by_v[v], batches)
+    return out
+
+
 def outside_bounds(est: Estimator, groups: list, batches: dict) -> dict[tuple, float]:
-    """(TP-sp or not, policy) -> a lower bound on the groups of one degrees choice that run that policy: every
+    """(TP-sp or not, policy) -> a lower bound on the groups of one degrees choice and pipeline schedule that run
+    that policy: every
     cost outside the attention exact but the gradient sync (left out unless a step is one micro-batch,
     ``single_micro_batch``), the attention at its even share (``Estimator.comm_bounds``, "balanced")."""
     pols: dict[bool, tuple[Candidate, list, set]] = {}
@@ -289,20 +351,31 @@ def outside_bounds(est: Estimator, groups: list, batches: dict) -> dict[tuple, f
         rep = shared_bounds(est, base.pp, algs[tp_sp], fitting)
         whole = single_micro_batch(est, base)
         if rep is None or whole:
-            bounds = est.comm_bounds(base, batch, fitting, attention="balanced", sync=whole)
+            bounds = est.bounds.comm_bounds(base, batch, fitting, attention="balanced", sync=whole)
         else:  # the balanced bound holds for every variant of this linear part, so at K for all of them
-            at = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()), attention="balanced", sync=False)))
+            at = dict(zip(rep, est.bounds.comm_bounds(base, batch, list(rep.values()), attention="balanced", sync=False)))
             bounds = [at[p[1]] for p in fitting]
         out.update(((tp_sp, p), b) for p, b in zip(fitting, bounds))
     return out
 
 
 def degree_size(space: Space, d: Degrees, vs: list | None = None) -> int:
-    """Candidates of the degrees ``d`` in the space: variants x token layouts x mesh orders x policies (``vs``: the
-    variants of ``d``, if known)."""
-    n = len(space.orders(d)) * len(space.policies(d))
+    """Candidates of the degrees ``d`` in the space: variants x token layouts x mesh orders x (pipeline schedule,
+    policy) pairs (``vs``: the variants of ``d``, if known)."""
+    n = len(space.orders(d)) * sum(len(space.policies(d, v)) for v in space.virtual_stages(d))
     return sum(n * len(v.layouts if v.layouts is not None else space.layouts(d))
                for v in (vs if vs is not None else variants(d, space.model, space.work)))
+
+
+def degrees_floors(est: Estimator, space: Space, d: Degrees) -> dict[tuple[int, int], float]:
+    """(micro-batch size, virtual stages) -> a lower bound on every candidate of the degrees ``d`` that runs them
+    (``Bounds.micro_batch_bounds``: a pipeline of v chunks idles less, so each schedule has its own)."""
+    out = {}
+    for v in space.virtual_stages(d):
+        probe = Candidate(algorithm_for(d.ulysses, d.ring), d.dp, d.pp, d.tp, d.ulysses, d.ring, virtual_stages=v)
+        mbs = space._mbs(d) if v == 1 else space.interleaved_mbs(d, v)
+        out.update(((b, v), t) for b, t in est.bounds.micro_batch_bounds(probe, mbs).items())
+    return out
 
 
 class Stage(IntEnum):
@@ -318,11 +391,12 @@ class Stage(IntEnum):
 
 @dataclass
 class DegreesItem:
-    """A degrees choice in the queue: its variants, the variant keys they rank under and the bound per micro-batch."""
+    """A degrees choice in the queue: its variants, the variant keys they rank under and the bound per (micro-batch,
+    virtual stages)."""
 
     degrees: Degrees
     vkeys: dict[tuple, list[tuple]]
-    by_mbs: dict[int, float]
+    by_mbs: dict[tuple[int, int], float]
     variants: list
 
 
@@ -337,6 +411,10 @@ class GroupItem:
     bounds: list[float]
     cut: float
     degrees: Degrees
+    #: plain 1F1B: its interleaved siblings (base, orders, fitting, cut), queued once its own steps are known or bounded
+    interleaved: list = field(default_factory=list)
+    #: plain 1F1B: a lower bound on each dropped policy's step, what its interleaved siblings' bounds are read from
+    lower: dict = field(default_factory=dict)
 
 
 class _Grid:
@@ -370,8 +448,7 @@ class _Grid:
             vs = variants(d, space.model, space.work)
             self.total += degree_size(space, d, vs)
             vkeys = variant_keys(space, d, vs, self.by_layout)
-            probe = Candidate(algorithm_for(d.ulysses, d.ring), d.dp, d.pp, d.tp, d.ulysses, d.ring)
-            by_mbs = est.micro_batch_bounds(probe, space._mbs(d)) if self.keep else {}
+            by_mbs = degrees_floors(est, space, d) if self.keep else {}
             self.queue.append((min(by_mbs.values(), default=0.0), Stage.DEGREES, len(self.queue),
                                DegreesItem(d, vkeys, by_mbs, vs)))
         heapq.heapify(self.queue)
@@ -382,62 +459,105 @@ class _Grid:
         est, d = self.est, item.degrees
         if self.beyond(bound, [k for keys in item.vkeys.values() for k in keys]):
             return
-        found, _, r = degree_groups(est, self.space, d, lambda v, mbs: not self.beyond(item.by_mbs.get(mbs, bound),
-                                                                                      item.vkeys[v]), item.variants)
+        found, _, r = degree_groups(est, self.space, d, lambda key, mbs, v: not self.beyond(
+            item.by_mbs.get((mbs, v), bound), item.vkeys[key]), item.variants)
         self.rejected += r
         if larger_micro_batch_wins(est, d.pp):  # ties go to the larger micro-batch, pruned or not
             found = [(base, orders, largest_micro_batches(fitting)) for base, orders, fitting in found]
         self.outside_of[d] = found
-        floors: dict = {}  # (checkpointing, micro-batch) -> Estimator.policy_floor (the same for every group)
+        found, waiting = self.defer_interleaved(found, item) if self.keep else (found, {})
+        floors: dict = {}  # (checkpointing, micro-batch, virtual stages) -> Bounds.policy_floor (alike for every group)
         for base, orders, fitting in found:
-            vkey = variant_key(base, self.by_layout)
-            cut = min((b for b in item.by_mbs.values() if self.beyond(b, [vkey])), default=float("inf"))
+            vkey, v = variant_key(base, self.by_layout), base.virtual_stages
+            cut = min((b for (_, w), b in item.by_mbs.items() if w == v and self.beyond(b, [vkey])),
+                      default=float("inf"))
             if not self.keep:
                 self.push(bound, Stage.COMMUNICATION, GroupItem(base, orders, fitting, [bound] * len(fitting), cut, d))
                 continue
             bounds = []  # each policy's compute with the recomputation it needs to fit
             for p in fitting:
-                if p[1:] not in floors:
-                    floors[p[1:]] = max(bound, est.policy_floor(base, p))
-                bounds.append(floors[p[1:]])
-            self.push(min(bounds), Stage.RECOMPUTE, GroupItem(base, orders, fitting, bounds, cut, d))
+                key = (p[1], p[2], v)
+                if key not in floors:
+                    floors[key] = max(bound, est.bounds.policy_floor(base, p))
+                bounds.append(floors[key])
+            g = GroupItem(base, orders, fitting, bounds, cut, d, waiting.get(variant_key(base, True), []))
+            self.push(min(bounds), Stage.RECOMPUTE, g)
+
+    def defer_interleaved(self, found: list, item: DegreesItem) -> tuple[list, dict]:
+        """``found`` without the interleaved groups whose plain-1F1B sibling is there, and those per sibling (variant
+        and token layout): each waits on it (``release_interleaved``), with its cut (the least bound of its
+        schedule's dropped micro-batches)."""
+        plain = {variant_key(b, True) for b, _, _ in found if b.virtual_stages == 1}
+        out, waiting = [], {}
+        for base, orders, fitting in found:
+            key = variant_key(base, True)
+            if base.virtual_stages == 1 or key not in plain:
+                out.append((base, orders, fitting))
+                continue
+            cut = min((b for (_, w), b in item.by_mbs.items() if w == base.virtual_stages
+                       and self.beyond(b, [variant_key(base, self.by_layout)])), default=float("inf"))
+            waiting.setdefault(key, []).append((base, orders, fitting, cut))
+        return out, waiting
+
+    def release_interleaved(self, g: GroupItem) -> None:
+        """Queue ``g``'s interleaved siblings to be priced, each policy under ``interleaving_floor`` x a lower bound
+        on its plain-1F1B step (``g.lower``; a policy ``g`` never held, its own ``policy_floor``): where the
+        micro-batches far outnumber the stages that is near the plain step, so a sibling that cannot beat the
+        K-th time or its variant's best is dropped before its own bounds are built."""
+        est = self.est
+        for base, orders, fitting, cut in g.interleaved:
+            bounds = [interleaving_floor(est, base, p[2]) * g.lower[p] if p in g.lower
+                      else est.bounds.policy_floor(base, p) for p in fitting]
+            self.push(min(bounds), Stage.RECOMPUTE, GroupItem(base, orders, fitting, bounds, cut, g.degrees))
+        g.interleaved = []
 
     def prune(self, bound: float, g: GroupItem) -> bool:
         """Drop ``g``'s policies whose bound is out of reach (their least bound lowers ``cut``); False: none left."""
         vkey = variant_key(g.base, self.by_layout)
         if self.beyond(bound, [vkey]):
+            self.finish_plain(g, bound)
             return False
         dropped = [b for b in g.bounds if self.beyond(b, [vkey])]
         if dropped:
             g.cut = min(g.cut, *dropped)
+            if g.interleaved:
+                g.lower.update((p, max(b, bound)) for p, b in zip(g.fitting, g.bounds) if self.beyond(b, [vkey]))
             kept = [(p, b) for p, b in zip(g.fitting, g.bounds) if not self.beyond(b, [vkey])]
             if not kept:
+                self.finish_plain(g, bound)
                 return False
             g.fitting, g.bounds = [p for p, _ in kept], [b for _, b in kept]
         return True
 
+    def finish_plain(self, g: GroupItem, bound: float) -> None:
+        """A plain-1F1B group dropped at ``bound``: its remaining policies' bounds to its interleaved siblings."""
+        if g.interleaved:
+            g.lower.update((p, max(b, bound)) for p, b in zip(g.fitting, g.bounds))
+            self.release_interleaved(g)
+
     def tighten(self, bound: float, stage: Stage, g: GroupItem) -> None:
         """Queue ``g`` again under the next stage's bound (``Stage``)."""
         est, d, base = self.est, g.degrees, g.base
-        if stage == Stage.RECOMPUTE:  # every cost outside the attention, exact (outside_bounds, once per degrees)
+        if stage == Stage.RECOMPUTE:  # every cost outside the attention, exact (schedule_bounds, once per degrees)
             if isinstance(self.outside_of[d], list):
-                self.outside_of[d] = outside_bounds(est, self.outside_of[d], self.batches)
+                self.outside_of[d] = schedule_bounds(est, self.outside_of[d], self.batches)
             tp_sp = ALGORITHMS[base.algorithm].tp_sp
-            g.bounds = [max(b, self.outside_of[d][tp_sp, p]) for p, b in zip(g.fitting, g.bounds)]
+            outside = self.outside_of[d][base.virtual_stages]
+            g.bounds = [max(b, outside[tp_sp, p]) for p, b in zip(g.fitting, g.bounds)]
             return self.push(max(bound, min(g.bounds)), Stage.OUTSIDE, g)
         if stage == Stage.OUTSIDE:  # the compute-only bound
             rep = shared_bounds(est, d.pp, (base.algorithm,), g.fitting)
-            floor = (est.compute_bound(base, g.fitting) if rep is None  # a hair below: K's ties with smaller ones
-                     else est.compute_bound(base, list(rep.values())) * (1 - 1e-12))
+            floor = (est.bounds.compute_bound(base, g.fitting) if rep is None  # a hair below: K's ties with smaller ones
+                     else est.bounds.compute_bound(base, list(rep.values())) * (1 - 1e-12))
             return self.push(max(bound, min(g.bounds), floor), Stage.COMPUTE, g)
         batch = order_batch(est, base, g.orders, self.batches)
         if stage == Stage.COMPUTE:  # per policy: all but the attention's communication, exact (comm_bounds)
             rep = shared_bounds(est, d.pp, (base.algorithm,), g.fitting)
             whole = single_micro_batch(est, base)
             if rep is None or whole:
-                tight = est.comm_bounds(base, batch, g.fitting, sync=whole)
+                tight = est.bounds.comm_bounds(base, batch, g.fitting, sync=whole)
             else:  # per checkpointing, at its largest micro-batch (shared_bounds)
-                at = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()), sync=False)))
+                at = dict(zip(rep, est.bounds.comm_bounds(base, batch, list(rep.values()), sync=False)))
                 tight = [at[p[1]] for p in g.fitting]
             g.bounds = [max(b, c) for b, c in zip(g.bounds, tight)]
             return self.push(max(bound, min(g.bounds)), Stage.COMMUNICATION, g)
@@ -446,7 +566,7 @@ class _Grid:
             kept = hidden_sync_micro_batches(est, base, batch, g.fitting)
             g.bounds = [b for p, b in zip(g.fitting, g.bounds) if p in kept]
             g.fitting = kept
-        g.bounds = [max(b, c) for b, c in zip(g.bounds, est.comm_bounds(base, batch, g.fitting))]
+        g.bounds = [max(b, c) for b, c in zip(g.bounds, est.bounds.comm_bounds(base, batch, g.fitting))]
         self.push(max(bound, min(g.bounds)), Stage.SYNC, g)
 
     def price(self, g: GroupItem) -> None:
@@ -454,7 +574,11 @@ class _Grid:
         est, base = self.est, g.base
         if not self.keep and per_sequence_costs_never_grow(est, g.degrees.pp):  # an exhaustive search's last stage
             g.fitting = hidden_sync_micro_batches(est, base, order_batch(est, base, g.orders, self.batches), g.fitting)
-        priced = [(t, c) for t, c in price_group(est, base, g.orders, g.fitting, self.batches) if t <= g.cut]
+        times = est.evaluate_orders(base, order_batch(est, base, g.orders, self.batches), g.fitting)[0]
+        if g.interleaved:  # each policy's fastest order: what its interleaved siblings' bounds scale
+            g.lower.update(zip(g.fitting, (float(t) for t in times.min(axis=0))))
+            self.release_interleaved(g)
+        priced = [(t, c) for t, c in best_orders(base, g.orders, g.fitting, times) if t <= g.cut]
         self.evaluated += len(g.orders) * len(g.fitting)
         if not priced:
             return
@@ -508,7 +632,10 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     bound are dropped too (they might not be their order's best), so every ranked time is exact. Without a
     pipeline a smaller micro-batch is dropped where a larger one of the same ZeRO stage and checkpointing is
     never slower (``larger_micro_batch_wins``; under per-call costs, ``hidden_sync_micro_batches``, once the
-    group's sync is routed), and bounds are shared down from the largest micro-batch (``shared_bounds``).
+    group's sync is routed), and bounds are shared down from the largest micro-batch (``shared_bounds``). A
+    pipeline's interleaved schedule (``Space.virtual_stages``) is a group of its own, queued once its plain-1F1B
+    sibling is priced or dropped, under ``interleaving_floor`` x the sibling's bound per policy: it is priced only
+    where the bubble it saves could make it a variant's best or enter the top K.
     ``keep=None`` prices all. With ``distinct``, K counts distinct step times (times equal within
     ``equivalent.REL_TOL`` count once): every layout no slower than the K-th distinct time is ranked, so the
     equivalent layouts of the first K rows are all there (``equivalent.top_rows``) from this one pass.
@@ -595,7 +722,7 @@ def best_per_variant(ranked: list[tuple[float, Candidate]], by_layout: bool = Fa
 
 def _sort_key(c: Candidate) -> tuple:
     return (c.algorithm, c.dp, c.pp, c.tp, c.ulysses, c.ring, c.team, c.placement or "", c.order, c.token_layout,
-            c.zero_stage, c.checkpointing, c.micro_batch_size)
+            c.virtual_stages, c.zero_stage, c.checkpointing, c.micro_batch_size)
 
 
 def finish(result: SearchResult, cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int) -> list[Plan]:

@@ -60,7 +60,8 @@ def candidate_times(case) -> dict[str, float]:
             for k, order in enumerate(orders):
                 for j, pol in enumerate(fitting):
                     key = (f"{base.algorithm} dp{base.dp} pp{base.pp} tp{base.tp} u{base.ulysses} r{base.ring} "
-                           f"C{base.team} {base.placement} {'-'.join(order)} {base.token_layout} {pol}")
+                           f"C{base.team} {base.placement} {'-'.join(order)} {base.token_layout} {pol}"
+                           + (f" v{base.virtual_stages}" if base.virtual_stages > 1 else ""))
                     out[key] = float(times[k, j])
     return out
 

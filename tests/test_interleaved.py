@@ -138,9 +138,9 @@ def test_bounds_stay_below_the_interleaved_price():
     est = estimator()
     c = cand(4)
     step = est.evaluate(c).step_time_s
-    assert est.compute_bound(c, [(0, "none", 1)]) <= step
-    assert est.policy_floor(c, (0, "none", 1)) <= step
-    assert est.policy_floor(c, (0, "none", 1)) < est.policy_floor(cand(1), (0, "none", 1))
+    assert est.bounds.compute_bound(c, [(0, "none", 1)]) <= step
+    assert est.bounds.policy_floor(c, (0, "none", 1)) <= step
+    assert est.bounds.policy_floor(c, (0, "none", 1)) < est.bounds.policy_floor(cand(1), (0, "none", 1))
 
 
 # ---------------------------------------------------------------- checks
@@ -188,3 +188,34 @@ def test_virtual_stages_round_trip_and_old_files_load(tmp_path):
     one = Plan(algorithm="ring", degrees={"pp": 4, "dp": 2}, virtual_stages=1)
     one.save(tmp_path / "one.yaml")
     assert "virtual_stages" not in (tmp_path / "one.yaml").read_text()  # 1 is plain 1F1B, written as before
+
+
+# ---------------------------------------------------------------- the search
+
+
+def test_the_search_offers_the_most_chunks_where_the_micro_batches_come_in_groups_of_pp():
+    from sp_plan.planner.search import Degrees, Space
+
+    space = Space(16, MODEL, Workload(seq_len=16384, batch=8))
+    d = Degrees(dp=2, pp=4, tp=2, ulysses=1, ring=1)  # 4 sequences a data-parallel rank, 8 layers a stage
+    assert space.virtual_stages(d) == [1, 8]
+    assert space.interleaved_mbs(d, 8) == [1]  # micro-batch 2 or 4: 2 or 1 micro-batches, fewer than pp
+    assert {p[2] for p in space.policies(d, 8)} == {1} and {p[2] for p in space.policies(d)} == {1, 2, 4}
+    assert space.virtual_stages(Degrees(dp=8, pp=2, tp=1, ulysses=1, ring=1)) == [1]  # one micro-batch a step
+    assert space.virtual_stages(Degrees(dp=1, pp=1, tp=8, ulysses=2, ring=1)) == [1]
+
+
+def test_the_pruned_search_ranks_interleaved_layouts_as_the_exhaustive_one():
+    from sp_plan.planner.search import best_per_variant, grid_search
+
+    cluster, work = preset_cluster("dgx-h100", nodes=2), Workload(seq_len=16384, batch=8)
+    full = grid_search(cluster, MODEL, work, keep=None)
+    interleaved = [(t, c) for t, c in full.ranked if c.virtual_stages > 1]
+    assert interleaved and all(c.pp > 1 and c.virtual_stages == min(8, 32 // c.pp) for _, c in interleaved)  # the most
+    est = full.estimator
+    for t, c in interleaved[:20]:  # what the search ranks is what estimate prices for the plan file
+        assert est.predict(est.with_stages(c)).step_time_s == pytest.approx(t, rel=1e-12)
+    pruned = grid_search(cluster, MODEL, work, keep=5)
+    assert [(round(t, 12), c) for t, c in pruned.ranked[:5]] == [(round(t, 12), c) for t, c in full.ranked[:5]]
+    assert best_per_variant(pruned.ranked) == best_per_variant(full.ranked)
+    assert pruned.evaluated < full.evaluated

@@ -35,12 +35,12 @@ import numpy as np  # noqa: E402
 
 from sp_plan.planner import Workload  # noqa: E402
 from sp_plan.planner.algorithms import ALGORITHMS  # noqa: E402
-from sp_plan.planner.candidate import Candidate  # noqa: E402
 from sp_plan.planner.estimate import Estimator  # noqa: E402
 from sp_plan.planner.layout import (PLACEMENTS, _round_orders, causal_work, ring_split, sub_ring_coords,  # noqa: E402
                                     sub_ring_positions, team_group_size, team_positions, team_work,
                                     tokenring_step_work, wallfacer_pairs)
-from sp_plan.planner.search import Space, best_per_variant, degree_groups, grid_search  # noqa: E402
+from sp_plan.planner.search import (Degrees, Space, best_per_variant, degree_groups, degrees_floors,  # noqa: E402
+                                   grid_search, schedule_bounds)
 from sp_plan.planner.tokenring import step_classes  # noqa: E402
 from sp_plan.profiles import load_cluster, load_model  # noqa: E402
 from golden_predictions import case_inputs  # noqa: E402
@@ -64,22 +64,19 @@ def test_pruned_grid_keeps_the_exhaustive_top_k_and_every_variants_best(case):
 
 @pytest.mark.parametrize("case", PRUNING_CASES, ids=[c[0] for c in PRUNING_CASES])
 def test_degrees_bound_is_below_every_candidate_of_its_degrees(case):
-    """The bound that lets the grid drop a degrees choice unexpanded is a lower bound on all its candidates."""
+    """The bounds that let the grid drop a degrees choice unexpanded, per micro-batch size and pipeline schedule,
+    are lower bounds on every candidate that runs them."""
     cluster, model, work = case_inputs(case)
     full = grid_search(cluster, model, work, keep=None)
     est, space = full.estimator, Space(cluster.world_size, model, work)
-    fastest: dict = {}
+    floors: dict = {}
     for t, c in full.ranked:
-        key = (c.dp, c.pp, c.tp, c.ulysses, c.ring)
-        fastest[key] = min(fastest.get(key, float("inf")), t)
-    checked = 0
-    for d in space.degrees():
-        key = (d.dp, d.pp, d.tp, d.ulysses, d.ring)
-        if key in fastest:
-            probe = Candidate("usp", d.dp, d.pp, d.tp, d.ulysses, d.ring)
-            assert est.degrees_bound(probe, space._mbs(d)) <= fastest[key] * (1 + 1e-12)
-            checked += 1
-    assert checked > 5
+        d = Degrees(c.dp, c.pp, c.tp, c.ulysses, c.ring)
+        if d not in floors:
+            floors[d] = degrees_floors(est, space, d)
+        assert floors[d][c.micro_batch_size, c.virtual_stages] <= t * (1 + 1e-12)
+        assert min(floors[d].values()) <= t * (1 + 1e-12)
+    assert len(floors) > 5
 
 
 # ---------------------------------------------------------------- bounded work, counted (no clock)
@@ -241,7 +238,6 @@ def test_pruning_stays_exact_under_calibrated_params():
 # ---------------------------------------------------------------- the per-policy bounds, against exhaustive pricing
 
 from sp_plan.planner.params import CommFit, Curve, Params  # noqa: E402
-from sp_plan.planner.search import outside_bounds  # noqa: E402
 
 BUMPY = Curve(points=((512, 0.2), (4096, 0.7), (16384, 0.45), (65536, 0.6), (262144, 0.3)))
 CALIBRATED = Params(attention_fwd=BUMPY, attention_bwd=BUMPY, matmul=Curve(points=((1024, 0.5), (65536, 0.8))),
@@ -252,19 +248,19 @@ CALIBRATED = Params(attention_fwd=BUMPY, attention_bwd=BUMPY, matmul=Curve(point
 @pytest.mark.parametrize("calibrated", [False, True])
 @pytest.mark.parametrize("case", PRUNING_CASES, ids=[c[0] for c in PRUNING_CASES])
 def test_policy_bounds_are_below_every_mesh_order_of_their_policy(case, calibrated):
-    """outside_bounds (degrees level, any variant) <= comm_bounds (attention_floor) <= the exact price of every
+    """schedule_bounds (degrees level, any variant) <= comm_bounds (attention_floor) <= the exact price of every
     mesh order, policy by policy, for every group of every degrees choice."""
     cluster, model, work = case_inputs(case)
     est = Estimator(cluster, model, work, params=CALIBRATED if calibrated else None)
     space, checked = Space(cluster.world_size, model, work), 0
     for d in space.degrees():
         found = degree_groups(est, space, d)[0]
-        outside = outside_bounds(est, found, {})
+        outside = schedule_bounds(est, found, {})
         for base, orders, fitting in found:
             batch = est.orders(base.degrees, orders, base.placement)
             exact = est.evaluate_orders(base, batch, fitting)[0].min(axis=0)
-            tight = est.comm_bounds(base, batch, fitting)
-            loose = [outside[ALGORITHMS[base.algorithm].tp_sp, p] for p in fitting]
+            tight = est.bounds.comm_bounds(base, batch, fitting)
+            loose = [outside[base.virtual_stages][ALGORITHMS[base.algorithm].tp_sp, p] for p in fitting]
             assert all(lo <= ti * (1 + 1e-12) and ti < ex for lo, ti, ex in zip(loose, tight, exact)), base
             checked += len(fitting)
     assert checked > 20
