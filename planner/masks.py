@@ -279,17 +279,31 @@ class RankWork(NamedTuple):
     samples: int
 
 
-@lru_cache(maxsize=4096)
 def busiest_rank_pairs(work: Workload, token_layout: str, ring: int, window: int | None = None) -> RankWork:
     """Score entries of the busiest of ``ring`` ranks per sequence, in expectation over PACK_SAMPLES seeded packs of
     the workload's documents (one pack without documents: it is the same every time), under ``window`` (a layer's:
     the workload's window applies per layer, ``layer_windows``)."""
+    return _layout_work(work, token_layout, ring, window)[0]
+
+
+@lru_cache(maxsize=4096)
+def _layout_work(work: Workload, token_layout: str, ring: int, window: int | None) -> tuple[RankWork, RoundWork]:
+    """``busiest_rank_pairs`` and ``ring_round_pairs`` of one layout and ring degree, from one pass over the packs: a
+    search prices both (all-gather; ring and USP) for every layout and degree, and each pack's layout runs and rank
+    totals, the most of their cost, serve both."""
     samples = PACK_SAMPLES if work.documents is not None else 1
     total = top = 0.0
-    for cu in workload_packs(work, samples):  # per rank only: O(runs) or O(documents + P), no P x P matrix
-        p = layout_pairs(token_layout, ring, cu, work.causal, window)
+    busiest, mean, empty = np.zeros(ring), np.zeros(ring), np.zeros(ring)
+    for cu in workload_packs(work, samples):  # per rank: O(runs) or O(documents + P); rounds as round_stats
+        runs = None if token_layout == "striped" else layout_runs(token_layout, ring, cu, work.causal, window)
+        p = (striped_pairs(check_cu_seqlens(cu), ring, work.causal, window) if runs is None
+             else run_rank_pairs(runs, cu, ring, work.causal, window))
         total, top = total + float(p.sum()), top + float(p.max())
-    return RankWork(total / samples, top / samples, top * ring / total if total else 1.0, samples)
+        hi, avg = round_stats(token_layout, ring, cu, work.causal, window, runs, p)
+        busiest, mean, empty = busiest + hi, mean + avg, empty + (hi == 0)
+    as_tuple = lambda x: tuple(float(v) / samples for v in x)  # noqa: E731
+    return (RankWork(total / samples, top / samples, top * ring / total if total else 1.0, samples),
+            RoundWork(as_tuple(busiest), as_tuple(mean), as_tuple(empty), samples))
 
 
 def layer_windows(work: Workload, layers: int) -> tuple[tuple[int | None, int], ...]:
@@ -329,18 +343,11 @@ def round_pairs(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rounds.max(axis=1), rounds.mean(axis=1)
 
 
-@lru_cache(maxsize=1024)
 def ring_round_pairs(work: Workload, token_layout: str, ring: int, window: int | None = None) -> RoundWork:
     """Each ring round's busiest rank's and mean score entries per sequence, and how often the mask empties the
     round, in expectation over PACK_SAMPLES seeded packs (one without documents) under ``window``: a ring round
     waits on its busiest rank, and a round the mask empties needs no transfer (a windowed ring's far ranks)."""
-    samples = PACK_SAMPLES if work.documents is not None else 1
-    busiest, mean, empty = np.zeros(ring), np.zeros(ring), np.zeros(ring)
-    for cu in workload_packs(work, samples):
-        hi, avg = round_stats(token_layout, ring, cu, work.causal, window)
-        busiest, mean, empty = busiest + hi, mean + avg, empty + (hi == 0)
-    as_tuple = lambda x: tuple(float(v) / samples for v in x)  # noqa: E731
-    return RoundWork(as_tuple(busiest), as_tuple(mean), as_tuple(empty), samples)
+    return _layout_work(work, token_layout, ring, window)[1]
 
 
 def _ramp(n, nb):
@@ -418,9 +425,16 @@ def _pairs_of_runs(n: np.ndarray, rank: np.ndarray, doc: np.ndarray, ring: int) 
     return out
 
 
+#: documents from which ``_cross`` multiplies in float64 through BLAS (its fixed cost beaten), below by einsum's loop
+BLAS_ROWS = 16
+
+
 def _cross(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """A^T B of (documents, P) int64 arrays: [r, j] = sum_d A[d, r] B[d, j]."""
-    return np.einsum("dr,dj->rj", A, B)
+    """A^T B of (documents, P) int64 arrays: [r, j] = sum_d A[d, r] B[d, j]. Many documents: a float64 product, exact
+    while each entry (score entries between two ranks of one sequence, at most S^2) stays below 2^53."""
+    if len(A) < BLAS_ROWS:
+        return np.einsum("dr,dj->rj", A, B)
+    return (A.astype(np.float64).T @ B.astype(np.float64)).astype(np.int64)
 
 
 def _zigzag_pair_matrix(F: np.ndarray, G: np.ndarray) -> np.ndarray:
@@ -471,9 +485,18 @@ def _balanced_causal_matrix(cu: np.ndarray, ring: int, before) -> np.ndarray:
     out = _pairs_of_runs((stop - start).astype(np.float64), rank, np.searchsorted(cu, start, side="right"), ring)
     sizes, shift = spread_sizes(cu, ring, spread), spread % ring
     for s in np.unique(shift):
-        z = _zigzag_pair_matrix(*_zigzag_halves(sizes[shift == s], ring))
-        out += np.roll(z, (s, s), axis=(0, 1))
+        _add_rolled(out, _zigzag_pair_matrix(*_zigzag_halves(sizes[shift == s], ring)), int(s))
     return out
+
+
+def _add_rolled(out: np.ndarray, z: np.ndarray, s: int) -> None:
+    """out += np.roll(z, (s, s), axis=(0, 1)), in place by its four blocks (no rolled copy of a P x P matrix)."""
+    n = len(z) - s
+    out[s:, s:] += z[:n, :n]
+    if s:
+        out[:s, :s] += z[n:, n:]
+        out[s:, :s] += z[:n, n:]
+        out[:s, s:] += z[n:, :n]
 
 
 def causal_layout_matrix(token_layout: str, ring: int, cu_seqlens) -> np.ndarray:
@@ -572,14 +595,17 @@ def striped_rounds(cu_seqlens, ring: int, causal: bool = True, window: int | Non
 ROUND_CELLS = 1 << 22
 
 
-def _even_totals(token_layout: str, ring: int, cu_seqlens, causal: bool, window: int | None, runs=None
-                 ) -> np.ndarray | None:
+def _even_totals(token_layout: str, ring: int, cu_seqlens, causal: bool, window: int | None, runs=None,
+                 totals=None) -> np.ndarray | None:
     """Each rank's exact work where its rounds are taken as even (``even_rounds``): past ROUND_CELLS runs x ranks
-    (striped: ranks^2, its rounds' matrix); else None, the rounds counted. ``runs``: the layout's, if built."""
+    (striped: ranks^2, its rounds' matrix); else None, the rounds counted. ``runs``, ``totals``: the layout's runs
+    and each rank's work (``layout_pairs``), if known."""
     if token_layout == "striped":
-        return striped_pairs(cu_seqlens, ring, causal, window) if ring * ring > ROUND_CELLS else None
+        if ring * ring <= ROUND_CELLS:
+            return None
+        return totals if totals is not None else striped_pairs(cu_seqlens, ring, causal, window)
     if len(runs[0]) * ring > ROUND_CELLS:
-        return run_rank_pairs(runs, cu_seqlens, ring, causal, window)
+        return totals if totals is not None else run_rank_pairs(runs, cu_seqlens, ring, causal, window)
     return None
 
 
@@ -610,15 +636,17 @@ def _diagonals(m: np.ndarray) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(flat[1:], shape=(P, P), strides=((2 * P + 1) * s, s), writeable=False)
 
 
-def round_stats(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None
-                ) -> tuple[np.ndarray, np.ndarray]:
+def round_stats(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None,
+                runs=None, totals=None) -> tuple[np.ndarray, np.ndarray]:
     """(P,) busiest and mean score entries of each ring round of one pack (``layout_rounds``' max and mean over the
-    ranks), without the (P, P) rounds where they are even (``even_rounds``: every round the same)."""
+    ranks), without the (P, P) rounds where they are even (``even_rounds``: every round the same). ``runs`` and
+    ``totals``: the layout's runs (``layout_runs``) and each rank's work (``layout_pairs``), where already built."""
     if ring == 1:
         x = mask_pairs(cu_seqlens, causal, window)
         return np.array([x], dtype=np.int64), np.array([float(x)])
-    runs = None if token_layout == "striped" else layout_runs(token_layout, ring, cu_seqlens, causal, window)
-    totals = _even_totals(token_layout, ring, cu_seqlens, causal, window, runs)
+    if runs is None and token_layout != "striped":
+        runs = layout_runs(token_layout, ring, cu_seqlens, causal, window)
+    totals = _even_totals(token_layout, ring, cu_seqlens, causal, window, runs, totals)
     if totals is not None:
         y = totals / ring
         return np.full(ring, y.max()), np.full(ring, y.mean())
