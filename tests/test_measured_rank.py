@@ -2,6 +2,8 @@
 the CLI's planning call and the plan file; other workloads' measurements and other layouts are left alone."""
 from __future__ import annotations
 
+import pytest
+
 from sp_plan.planner.measured import twins
 from sp_plan.planner.model import Workload
 from sp_plan.planner.profile import MeasuredCandidate, Profile
@@ -19,7 +21,8 @@ def _ran(p, seconds: float) -> MeasuredCandidate:
                              seq_len=p.workload.seq_len, measured_s=seconds, measured_memory=1e9)
 
 
-def _profile():
+@pytest.fixture(scope="module")
+def measured():
     """The model's top plans, the first measured at twice its prediction, the second at its prediction, the 12th
     (outside the top 5) at half the first's prediction, and one of another sequence length faster than all."""
     params = resolve_params(CLUSTER, False)[0]
@@ -33,14 +36,14 @@ def _profile():
     return prof, ranked
 
 
-def test_twins_are_this_model_and_workload_only():
-    prof, ranked = _profile()
+def test_twins_are_this_model_and_workload_only(measured):
+    prof, ranked = measured
     assert set(twins(prof, MODEL, WORK)) == {ranked[0].summary(), ranked[1].summary(), ranked[11].summary()}
     assert twins(prof, load_model("llama3-70b"), WORK) == {}
 
 
-def test_plan_ranks_measured_layouts_by_their_measurement():
-    prof, ranked = _profile()
+def test_plan_ranks_measured_layouts_by_their_measurement(measured):
+    prof, ranked = measured
     got = plan(CLUSTER, MODEL, WORK, top_k=5, profile=prof)
     names = [p.summary() for p in got]
     assert names[0] == ranked[11].summary()  # measured fastest, though the model put it 12th
@@ -52,8 +55,8 @@ def test_plan_ranks_measured_layouts_by_their_measurement():
     assert steps == sorted(steps)
 
 
-def test_the_planning_call_of_cli_and_service_ranks_the_same(tmp_path):
-    prof, ranked = _profile()
+def test_the_planning_call_of_cli_and_service_ranks_the_same(measured, tmp_path):
+    prof, ranked = measured
     path = tmp_path / "profile.yaml"
     prof.save(path)
     res = run_plan(PlanRequest(cluster="dgx-h100", model="llama3-8b", workload=WORK, top=3, profile=str(path)))
