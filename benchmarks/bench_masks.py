@@ -30,7 +30,10 @@ Per candidate it prints:
   / C plus the waits);
 - the work imbalance, max / mean over ranks of the score entries of the blocks each rank runs (``planner.masks``);
   a ring waits on its busiest rank every round, so its figure is the sum over rounds of the busiest rank's
-  entries over the mean rank's; and the blocks run (``runtime.variants.ring.BLOCKS``, counted in each rank) max / mean;
+  entries over the mean rank's; the blocks run (``runtime.variants.ring.BLOCKS``, counted in each rank), all ranks
+  together and the busiest over the mean; and the tiles, the kernel calls those blocks made in the counted world (a
+  block under a document mask runs one call per piece of a document it holds, so tiles / blocks says how finely a
+  policy cuts the documents: small calls run far below a kernel's large-block speed);
 - the bytes each rank received (counted in the collectives and point-to-point batches it posted; gloo has no
   reduce-scatter, so the all-gather's backward all-reduces: counted as a ring all-reduce, 2 (P-1)/P of the buffer)
   against the needed-KV lower bound: the K, V of keys a rank's queries see and it does not hold, there and (dK, dV)
@@ -202,10 +205,15 @@ def _once(ctx, tensors, cu) -> tuple[float, int, int, float]:
     return time.perf_counter() - t, sum(BLOCKS.values()) - blocks, RECEIVED[0] - received, cpu
 
 
+#: kernel calls (tiles) the zero kernels answered in this rank: a block under a document mask runs one per piece
+TILES = [0]
+
+
 def _zero_forward(q, k, v, **_):
     """A block's (out, lse) as zeros of their shapes: what the counted world runs instead of a kernel."""
     import torch
 
+    TILES[0] += 1
     from sp_plan.runtime.kernels import lse_dtype
 
     b, n, h, _ = q.shape
@@ -216,6 +224,7 @@ def _zero_backward(dout, q, k, v, out, lse, **_):
     """A block's (dq, dk, dv) as zeros of their shapes."""
     import torch
 
+    TILES[0] += 1
     return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
 
 
@@ -253,11 +262,16 @@ def _setup(cands: list[Candidate], work, cu, full: list, backend: str) -> tuple[
 
 
 def count_rank(rank: int, world: int, cands: list[Candidate], work, cu, full: list,
-               backend: str) -> list[tuple[int, int]]:
-    """Every candidate's (blocks run, bytes received) on this rank, one forward + backward on zero kernels."""
+               backend: str) -> list[tuple[int, int, int]]:
+    """Every candidate's (blocks run, bytes received, kernel calls) on this rank, one forward + backward on zero
+    kernels."""
     zero_kernels()
     ctxs, data, cus = _setup(cands, work, cu, full, backend)
-    return [_once(ctx, d, c)[1:3] for ctx, d, c in zip(ctxs, data, cus)]
+    out = []
+    for ctx, d, c in zip(ctxs, data, cus):
+        tiles = TILES[0]
+        out.append(_once(ctx, d, c)[1:3] + (TILES[0] - tiles,))
+    return out
 
 
 def measure_rank(rank: int, world: int, cands: list[Candidate], work, cu, full: list, repeats: int, warmup: int,
@@ -439,6 +453,7 @@ def counted_rows(name: str, tokens: int, cands: list[Candidate], work, cu, full,
         blocks = [counts[p][i][0] for p in range(args.world)]
         rows.append(dict(batch=f"{name}:{tokens}", candidate=c.label, documents=len(cu) - 1, masked=c.masked,
                          blocks=sum(blocks), blocks_imbalance=max(blocks) * len(blocks) / max(sum(blocks), 1),
+                         tiles=sum(counts[p][i][2] for p in range(args.world)),
                          bytes=sum(counts[p][i][1] for p in range(args.world)), imbalance=imbalance(c, tokens, cu),
                          bound=lower_bound_bytes(c, tokens, cu, args.head_dim),
                          predicted={p.name: predicted(c, work, args.head_dim, p) for p in pricings}))
@@ -502,6 +517,7 @@ def _row_line(r: dict, pricings: list[str]) -> str:
     timed = (f"{r['median_s']:>10.3f}{r['min_s']:>8.3f}-{r['max_s']:<7.3f}{r['cpu_s']:>8.2f}" if "median_s" in r
              else f"{'-':>10}{'-':>8} {'':<7}{'-':>8}")
     return (f"{r['candidate']:<26}{timed}{r['imbalance']:>10.3f}{r['blocks']:>8}{r['blocks_imbalance']:>13.3f}"
+            f"{r['tiles']:>7}"
             f"{r['bytes'] / 1e6:>9.1f}{ratio:>8.2f}" + "".join(f"{r['predicted'][p]:>13.4f}" for p in pricings))
 
 
@@ -510,6 +526,7 @@ def print_batch(rows: list[dict], pricings: list[Pricing]) -> None:
     order of every candidate, Spearman and regret."""
     names = [p.name for p in pricings]
     print(f"{'candidate':<26}{'median s':>10}{'spread s':>16}{'cpu s':>8}{'imbalance':>10}{'blocks':>8}{'blk max/mean':>13}"
+          f"{'tiles':>7}"
           f"{'MB recv':>9}{'x bound':>8}" + "".join(f"{'pred ' + ('preset' if i == 0 else 'tuned'):>13}"
                                                     for i in range(len(names))))
     order = sorted(_timed(rows), key=lambda r: r["median_s"]) + sorted(

@@ -110,7 +110,7 @@ def test_quick_mode_runs_and_counts(bench, capsys):
     packed = [r for r in rows if r["batch"] != "single:512"]
     assert {r["candidate"] for r in packed} == {c.label for c in bench.candidates(2)}
     for r in packed:  # counted on zero kernels, every candidate
-        assert r["blocks"] > 0 and r["imbalance"] >= 1.0
+        assert 0 < r["blocks"] <= r["tiles"] and r["imbalance"] >= 1.0
         assert r["bytes"] >= r["bound"] > 0, r["candidate"]  # no layout moves less than its queries need
         assert r["predicted"]["cpu-local (uncalibrated)"] > 0
     timed = {r["candidate"] for r in packed if "median_s" in r}
