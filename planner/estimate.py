@@ -647,7 +647,7 @@ class Estimator:
             out = self._prices[key] = (syncs, sum(s for _, s in syncs))
         return out
 
-    # ---- the search's names for the bounds, which live in planner/bounds.py (``self.bounds``)
+    # ---- two of ``Bounds``' lower bounds under the Estimator's names, where the search and its tests read them
     def compute_bound(self, base: Candidate, policies: list[tuple[int, str, int]]) -> float:
         """``Bounds.compute_bound``."""
         return self.bounds.compute_bound(base, policies)
@@ -656,22 +656,6 @@ class Estimator:
                     attention: str = "busy", sync: bool = True) -> list[float]:
         """``Bounds.comm_bounds``."""
         return self.bounds.comm_bounds(base, orders, policies, attention, sync)
-
-    def degrees_bound(self, probe: Candidate, micro_batch_sizes: list[int]) -> float:
-        """``Bounds.degrees_bound``."""
-        return self.bounds.degrees_bound(probe, micro_batch_sizes)
-
-    def micro_batch_bounds(self, probe: Candidate, micro_batch_sizes: list[int]) -> dict[int, float]:
-        """``Bounds.micro_batch_bounds``."""
-        return self.bounds.micro_batch_bounds(probe, micro_batch_sizes)
-
-    def policy_floor(self, probe: Candidate, policy: tuple[int, str, int]) -> float:
-        """``Bounds.policy_floor``."""
-        return self.bounds.policy_floor(probe, policy)
-
-    def balanced_time(self, c: Shape, backward: bool) -> float:
-        """``Bounds.balanced_time``."""
-        return self.bounds.balanced_time(c, backward)
 
     def evaluate(self, cand: Candidate, detail: bool = False) -> Evaluation:
         """Step time (and with ``detail`` the breakdown rows) of one valid candidate."""

@@ -351,9 +351,9 @@ def outside_bounds(est: Estimator, groups: list, batches: dict) -> dict[tuple, f
         rep = shared_bounds(est, base.pp, algs[tp_sp], fitting)
         whole = single_micro_batch(est, base)
         if rep is None or whole:
-            bounds = est.bounds.comm_bounds(base, batch, fitting, attention="balanced", sync=whole)
+            bounds = est.comm_bounds(base, batch, fitting, attention="balanced", sync=whole)
         else:  # the balanced bound holds for every variant of this linear part, so at K for all of them
-            at = dict(zip(rep, est.bounds.comm_bounds(base, batch, list(rep.values()), attention="balanced", sync=False)))
+            at = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()), attention="balanced", sync=False)))
             bounds = [at[p[1]] for p in fitting]
         out.update(((tp_sp, p), b) for p, b in zip(fitting, bounds))
     return out
@@ -555,9 +555,9 @@ class _Grid:
             rep = shared_bounds(est, d.pp, (base.algorithm,), g.fitting)
             whole = single_micro_batch(est, base)
             if rep is None or whole:
-                tight = est.bounds.comm_bounds(base, batch, g.fitting, sync=whole)
+                tight = est.comm_bounds(base, batch, g.fitting, sync=whole)
             else:  # per checkpointing, at its largest micro-batch (shared_bounds)
-                at = dict(zip(rep, est.bounds.comm_bounds(base, batch, list(rep.values()), sync=False)))
+                at = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()), sync=False)))
                 tight = [at[p[1]] for p in g.fitting]
             g.bounds = [max(b, c) for b, c in zip(g.bounds, tight)]
             return self.push(max(bound, min(g.bounds)), Stage.COMMUNICATION, g)
@@ -566,7 +566,7 @@ class _Grid:
             kept = hidden_sync_micro_batches(est, base, batch, g.fitting)
             g.bounds = [b for p, b in zip(g.fitting, g.bounds) if p in kept]
             g.fitting = kept
-        g.bounds = [max(b, c) for b, c in zip(g.bounds, est.bounds.comm_bounds(base, batch, g.fitting))]
+        g.bounds = [max(b, c) for b, c in zip(g.bounds, est.comm_bounds(base, batch, g.fitting))]
         self.push(max(bound, min(g.bounds)), Stage.SYNC, g)
 
     def price(self, g: GroupItem) -> None:
