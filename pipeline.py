@@ -161,9 +161,9 @@ class PlanRequest(BaseModel):
 class EstimateRequest(BaseModel):
     """What `sp-plan estimate`, ``Client.estimate`` and ``POST /v1/estimate`` ask for: one plan priced."""
 
-    # built on first use (defer_build), as EstimateResponse and RankWork are: `sp-plan plan` loads this module and
-    # never uses them, and building a model's validator costs a few milliseconds of every start
-    model_config = ConfigDict(extra="forbid", defer_build=True)
+    # built with the module, not on first use as EstimateResponse: FastAPI builds a deferred body model inside its
+    # parameter and warns that the parameter's alias does not apply there
+    model_config = ConfigDict(extra="forbid")
     plan: Plan
     cluster: str | Cluster
     nodes: int | None = Field(default=None, description="node count for a preset (default 1)")
@@ -223,7 +223,9 @@ class PlanResponse(BaseModel):
 class EstimateResponse(BaseModel):
     """One plan priced: the plan with its prediction and the profile used."""
 
-    model_config = ConfigDict(defer_build=True)  # as EstimateRequest's
+    # built on first use (defer_build), as RankWork is: `sp-plan plan` loads this module and never uses them, and
+    # building a model's validator costs a few milliseconds of every start
+    model_config = ConfigDict(defer_build=True)
     cluster: ClusterInfo
     model: ModelSpec
     workload: Workload
@@ -476,7 +478,7 @@ class RankWork(BaseModel):
     """Per ring rank of a plan, one sample pack of its workload: tokens and score entries (attention work) under the
     plan's token layout; ``global_pairs`` on a window pattern's global layers (``pairs``: its windowed ones)."""
 
-    model_config = ConfigDict(defer_build=True)  # as EstimateRequest's
+    model_config = ConfigDict(defer_build=True)  # as EstimateResponse's
     token_layout: str
     documents: int = Field(description="documents in the sample pack (a document cut at the sequence's end counts)")
     tokens: list[int]

@@ -56,7 +56,7 @@ def top(mods: set[str]) -> set[str]:
 
 def test_plan_without_a_profile_imports_no_store_and_no_scipy(tmp_path):
     """`--no-profile` prices with the presets' defaults: no SQLAlchemy (the store), no SciPy (the fits); the
-    pipeline's estimate and per-rank work models, which plan does not use, are never built."""
+    pipeline's estimate response and per-rank work models, which plan does not use, are never built."""
     did = run("plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "128k",
               "--no-profile", "-o", str(tmp_path / "plan.yaml"))
     mods = set(did["MODULES"])
@@ -64,7 +64,7 @@ def test_plan_without_a_profile_imports_no_store_and_no_scipy(tmp_path):
     assert not top(mods) & set(HEAVY), sorted(top(mods) & set(HEAVY))
     assert "networkx" not in mods  # the engine routes on cluster.LinkGraph
     assert did["BUILT"] == ["plan"]
-    assert {"EstimateRequest", "EstimateResponse", "RankWork"} <= set(did["UNBUILT"])
+    assert {"EstimateResponse", "RankWork"} <= set(did["UNBUILT"])
     assert "PlanRequest" not in did["UNBUILT"] and "sp_plan.planner.sensitivity" not in mods
 
 
