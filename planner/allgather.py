@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .algorithms import Algorithm, Variant, register
 from .errors import PlanError
-from .masks import busiest_rank_pairs, layer_windows
+from .masks import busiest_rank_pairs, has_mask, layer_windows
 from .schedules import Comm, Compute, Shape, Step, a2a_packing
 from .usp import ulysses_a2a
 
@@ -38,23 +38,35 @@ def received_bytes(c: Shape, backward: bool = False) -> float:
     return 2 * share if backward else share
 
 
-def busiest_pairs(c: Shape) -> float:
-    """Score entries of the busiest context rank per sequence (its local queries against the keys they see), in
-    expectation over the workload's packs, averaged over the layers' windows (masks.layer_windows)."""
+def rank_pairs(c: Shape) -> tuple[float, float]:
+    """(busiest, mean) score entries of a context rank per sequence (its local queries against the keys they see),
+    in expectation over the workload's packs, averaged over the layers' windows (masks.layer_windows)."""
     mix = layer_windows(c.work, c.model.layers)
     total = sum(n for _, n in mix)
-    return sum(n * busiest_rank_pairs(c.work, c.token_layout, c.ring, w).busiest for w, n in mix) / total
+    work = [(n, busiest_rank_pairs(c.work, c.token_layout, c.ring, w)) for w, n in mix]
+    busiest = sum(n * r.busiest for n, r in work) / total
+    mean = sum(n * r.pairs for n, r in work) / total / c.ring
+    return busiest, mean
+
+
+def busiest_pairs(c: Shape) -> float:
+    """Score entries of the busiest context rank per sequence (``rank_pairs``)."""
+    return rank_pairs(c)[0]
 
 
 def attention_phase(c: Shape, backward: bool) -> Compute:
     """One call per rank of its local queries against the gathered K, V: 4 b pairs h d FLOPs forward (QK^T and PV),
     2.5x that backward (FlashAttention backward: 5 block matmuls vs 2). Its efficiency reads the curve at the square
     block of as many pairs (``Compute.fill`` of the whole sequence's S^2), a block length ``attention_blocks``
-    bounds."""
+    bounds; under a causal or document mask, the masked kernel's curve (``Compute.masked``), as ring and Ulysses
+    read it. Ranks that share cores work through their total, not the busiest's (``Compute.balance``: the mean
+    rank's entries over the busiest's, as ``layout.ring_balance`` pools a ring's rounds)."""
     S = c.work.seq_len
-    pairs = busiest_pairs(c)
+    pairs, mean = rank_pairs(c)
     flops = (2.5 if backward else 1.0) * 4.0 * c.b * pairs * c.heads_local * c.model.head_dim
-    return Compute(f"attention {'bwd' if backward else 'fwd'}", flops, "attention", float(S), fill=pairs / (S * S))
+    ratio = mean / pairs if pairs else 1.0
+    return Compute(f"attention {'bwd' if backward else 'fwd'}", flops, "attention", float(S), fill=pairs / (S * S),
+                   balance=(ratio,) if ratio < 1.0 else (), masked=c.work.causal or has_mask(c.work))
 
 
 def allgather_steps(c: Shape, backward: bool) -> list[Step]:

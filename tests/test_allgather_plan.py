@@ -117,6 +117,11 @@ def test_its_attention_is_the_busiest_ranks_pairs_under_the_layout(allgather):
         assert fwd.block in attention_blocks(c) and fwd.fill == pytest.approx(busiest / S ** 2)
         bwd = next(p for st in allgather.allgather_steps(c, True) for p in st.phases if isinstance(p, Compute))
         assert bwd.flops == pytest.approx(2.5 * fwd.flops)
+        # causal: the masked kernel's curve; ranks sharing cores work through the mean rank's pairs, not the busiest's
+        mean = layout_pairs(layout, P, [0, S]).mean()
+        assert fwd.masked and fwd.balance == ((pytest.approx(mean / busiest),) if mean < busiest else ())
+    assert not next(p for st in allgather.allgather_steps(shape(m, ring=P, causal=False), False)
+                    for p in st.phases if isinstance(p, Compute)).masked
     c = S // P  # contiguous: the last rank's queries see every earlier key
     assert allgather.busiest_pairs(shape(m, ring=P, layout="contiguous", seq_len=S)) == c * (S - c) + causal_pairs(c)
 
