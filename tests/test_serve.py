@@ -313,11 +313,11 @@ def test_identical_concurrent_requests_are_computed_once(server):
 def test_presets_openapi_health_and_metrics(server):
     pr = httpx.get(f"{server.url}/v1/presets").json()
     assert "dgx-h100" in pr["clusters"] and pr["models"]["llama3-8b"]["layers"] == 32
-    spec = httpx.get(f"{server.url}/openapi.json").json()
+    spec = httpx.get(f"{server.url}/openapi.json", timeout=60).json()  # built on the first request
     assert {"/v1/plan", "/v1/estimate", "/v1/profiles", "/v1/profiles/{id}", "/v1/plans/{id}", "/v1/presets",
             "/v1/clusters", "/healthz", "/metrics"} <= set(spec["paths"])
     assert "PlanRequest" in spec["components"]["schemas"] and "Cluster" in spec["components"]["schemas"]
-    assert httpx.get(f"{server.url}/docs").status_code == 200
+    assert httpx.get(f"{server.url}/docs", timeout=60).status_code == 200
     h = httpx.get(f"{server.url}/healthz").json()
     assert h["status"] == "ok"
     assert _metric(server, "sp_plan_request_seconds_count", endpoint="/healthz", method="GET") >= 1
@@ -379,6 +379,7 @@ def _in_process(store: str, tmp: Path, *extra: str, monkeypatch) -> TestClient:
     return TestClient(ran["target"], raise_server_exceptions=False)
 
 
+@pytest.mark.postgres  # its database comes from the session's server, which another test may have started
 def test_a_lost_database_is_503_and_counted(request, tmp_path, monkeypatch):
     """The PostgreSQL database dropped under a running service: /healthz and writes answer 503 with a JSON error
     and /metrics counts the store errors; the service itself keeps answering."""
