@@ -38,9 +38,12 @@ class TargetSpace(Space):
             return []
         return [o for o in super().orders(d) if self.target.order_ok(o, degrees)]
 
-    def policies(self, d: Degrees) -> list[tuple[int, str, int]]:
-        return [(z, ck, mbs) for z, ck, mbs in super().policies(d)
+    def policies(self, d: Degrees, v: int = 1) -> list[tuple[int, str, int]]:
+        return [(z, ck, mbs) for z, ck, mbs in super().policies(d, v)
                 if z in self.target.zero_stages and ck in self.target.checkpointing]
+
+    def virtual_stages(self, d: Degrees) -> list[int]:
+        return super().virtual_stages(d) if self.target.virtual_stages else [1]
 
 
 @dataclass
