@@ -36,7 +36,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
-from scipy.stats import spearmanr
 from sp_plan.planner import Estimator, ModelSpec, Plan, Workload
 from sp_plan.planner.algorithms import algorithm_for
 from sp_plan.planner.candidate import Candidate
@@ -92,6 +91,7 @@ def spearman(a: list[float], b: list[float]) -> float:
     """Spearman's rho (scipy: Pearson on tie-averaged ranks); nan when either side is constant."""
     if len(set(a)) < 2 or len(set(b)) < 2:
         return float("nan")
+    from scipy.stats import spearmanr  # noqa: PLC0415  scipy.stats costs ~1.7 s to import; tests load this module for its tables
     return float(spearmanr(a, b).statistic)
 
 
