@@ -65,7 +65,7 @@ def _world_pool(args):
     from sp_plan.profiles import load_cluster, load_model
     from sp_plan.profiles.tune.choose import diversify
     from sp_plan.profiles.tune.pool import ranked_plans
-    from sp_plan.runtime import probe
+    from sp_plan.profiles.discover import probe
 
     owned = probe.init_world(300)
     cluster, model = load_cluster(args.cluster), load_model(args.model)
@@ -80,7 +80,7 @@ def worker_truth(args) -> None:
     from sp_plan.profiles.tune.measure import run_candidate
     from sp_plan.profiles.tune.run import TuneOptions
     from sp_plan.profiles.tune.settings import SETTINGS
-    from sp_plan.runtime import probe
+    from sp_plan.profiles.discover import probe
 
     owned, cluster, model, work, pool = _world_pool(args)
     rank = probe.dist.get_rank()
@@ -110,7 +110,7 @@ def worker_head_to_head(args) -> None:
     """(Inside the world) read the ``--only`` layouts head to head (profiles/tune/head_to_head.py); rank 0 writes
     {"layouts": [...], "steps": [[seconds of each round] of each layout]}."""
     from sp_plan.profiles.tune.head_to_head import head_to_head
-    from sp_plan.runtime import probe
+    from sp_plan.profiles.discover import probe
 
     owned, _, model, work, pool = _world_pool(args)
     names, by_name = args.only.split(";"), {p.summary(): p for p in pool}

@@ -126,7 +126,7 @@ def discover_cmd(
             check_writable(output)
         describe = _describe_local(sysfs_root, topo_file, no_nvml)
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun: import torch only then
-            from sp_plan.runtime import probe  # noqa: PLC0415 - torch (~2 s): only a measuring command loads it
+            from sp_plan.profiles.discover import probe  # noqa: PLC0415 - torch (~2 s): only a measuring command loads it
         if probe is not None and probe.under_torchrun():
             owned = probe.init_world(timeout)
             rank = probe.dist.get_rank()
@@ -167,7 +167,7 @@ def links_cmd(
                                  "or the error) instead of tables"),
 ) -> None:
     """Time send/recv, all-gather, reduce-scatter and all-to-all within and across nodes; fit and store the links."""
-    from sp_plan.runtime import probe  # noqa: PLC0415 - torch (~2 s): only a measuring command loads it
+    from sp_plan.profiles.discover import probe  # noqa: PLC0415 - torch (~2 s): only a measuring command loads it
 
     rank, owned, db = 0, False, None
     try:

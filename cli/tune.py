@@ -68,7 +68,7 @@ def attention_table(profile) -> Table:
 
 def _world() -> bool:
     """Join torchrun's world, or make a world of one on this host when not under torchrun."""
-    from sp_plan.runtime import probe
+    from sp_plan.profiles.discover import probe
     from sp_plan.runtime.spawn import free_port
 
     if not probe.under_torchrun():
@@ -111,7 +111,7 @@ def _check_flags(output, counts: dict, zeros: dict, kernel_timing: str, max_minu
 
 def _open_store(store: Optional[str], rank: int):
     """Rank 0's store, every rank learning whether it opened (a refused store is exit 2 everywhere)."""
-    from sp_plan.runtime import probe
+    from sp_plan.profiles.discover import probe
 
     st, problem = None, None
     if rank == 0:
@@ -130,7 +130,7 @@ def _open_store(store: Optional[str], rank: int):
 
 def _fail(rank: int, prog, e: PlanError | str, owned: bool | None = None, code: int = 2):
     """The one error line (rank 0; and the JSON error event), the world left, exit ``code``."""
-    from sp_plan.runtime import probe
+    from sp_plan.profiles.discover import probe
 
     if rank == 0:
         print_error(e)
@@ -301,7 +301,7 @@ def _prepare(a: dict, early):
     exit 2 otherwise."""
     from sp_plan.profiles import load_cluster, load_model
     from sp_plan.profiles.tune.run import check_world
-    from sp_plan.runtime import probe
+    from sp_plan.profiles.discover import probe
 
     rank, owned = 0, False
     try:
@@ -360,7 +360,7 @@ def tune_cmd(
 ) -> None:
     """Measure links, kernels and the best candidates on this cluster; calibrate; store the profile."""
     from sp_plan.cli.progress import JsonReporter, reporter
-    from sp_plan.runtime import probe
+    from sp_plan.profiles.discover import probe
 
     a = dict(locals())
     c, m, w, opts, owned, rank, st = _prepare(a, JsonReporter("tune") if as_json else None)

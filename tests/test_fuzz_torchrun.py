@@ -8,7 +8,7 @@ from fuzzing import outcome
 from sp_plan.planner.discover.report import GpuInfo, HostReport, RankInfo
 from sp_plan.planner.discover.host import visible_gpus
 from sp_plan.planner.errors import PlanError
-from sp_plan.runtime.probe import rank_info
+from sp_plan.profiles.discover.probe import rank_info
 
 VALUE = st.one_of(st.integers(-3, 70).map(str), st.sampled_from(["", " 1", "x", "1.0", "²", "٣", "9" * 30]),
                   st.text(max_size=6))

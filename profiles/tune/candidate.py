@@ -28,7 +28,7 @@ from sp_plan.planner.model import ModelSpec, Workload
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import MeasuredCandidate
 from sp_plan.runtime import init
-from sp_plan.runtime.probe import gather_objects
+from sp_plan.profiles.discover.probe import gather_objects
 
 from .metp_stack import build_metp, metp_tokens
 from .memory import CPU_METHOD, CUDA_METHOD, PeakMemory

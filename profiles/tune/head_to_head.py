@@ -20,7 +20,7 @@ import torch.distributed as dist
 from sp_plan.planner.model import ModelSpec, Workload
 from sp_plan.planner.plan import Plan
 from sp_plan.runtime import init
-from sp_plan.runtime.probe import gather_objects
+from sp_plan.profiles.discover.probe import gather_objects
 
 from .candidate import _device, build_bench, composed_step, stage_depth, stage_round_trip, train_step
 from .parallel import replica_mesh

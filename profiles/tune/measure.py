@@ -20,7 +20,7 @@ from sp_plan.planner.params import CURVES, Params
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import KernelSample, MeasuredCandidate
 from sp_plan.profiles.discover.sizes import DEFAULT_SIZES, parse_sizes  # the link step sizes as `discover --sizes`
-from sp_plan.runtime.probe import gather_objects
+from sp_plan.profiles.discover.probe import gather_objects
 
 from .kernels import chosen_backends
 from .rounds import LAYERS as PROBE_LAYERS, TOKENS_PER_RANK as PROBE_TOKENS, round_overhead
@@ -44,7 +44,7 @@ def dtype_of(model: ModelSpec, dev: torch.device) -> torch.dtype:
 
 def measure_links(cluster: Cluster, opts: TuneOptions) -> dict:
     """`profile links` on this world: the fitted ``calibration['links']`` dict (collective)."""
-    from sp_plan.runtime import probe  # noqa: PLC0415 - the probe loads the network's sources
+    from sp_plan.profiles.discover import probe  # noqa: PLC0415 - the probe loads the network's sources
 
     hosts = probe.gather_hosts()
     probe.check_world(cluster, hosts)
