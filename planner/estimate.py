@@ -647,16 +647,6 @@ class Estimator:
             out = self._prices[key] = (syncs, sum(s for _, s in syncs))
         return out
 
-    # ---- two of ``Bounds``' lower bounds under the Estimator's names, where the search and its tests read them
-    def compute_bound(self, base: Candidate, policies: list[tuple[int, str, int]]) -> float:
-        """``Bounds.compute_bound``."""
-        return self.bounds.compute_bound(base, policies)
-
-    def comm_bounds(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
-                    attention: str = "busy", sync: bool = True) -> list[float]:
-        """``Bounds.comm_bounds``."""
-        return self.bounds.comm_bounds(base, orders, policies, attention, sync)
-
     def evaluate(self, cand: Candidate, detail: bool = False) -> Evaluation:
         """Step time (and with ``detail`` the breakdown rows) of one valid candidate."""
         orders = self.orders(cand.degrees, [cand.order], cand.placement)

@@ -221,8 +221,8 @@ def hidden_sync_micro_batches(est: Estimator, base: Candidate, batch: Orders,
 
 
 def shared_bounds(est: Estimator, pp: int, algorithms, policies: list[tuple[int, str, int]]) -> dict | None:
-    """Checkpointing -> its policy with the largest micro-batch K, whose lower bounds (``Estimator.compute_bound``,
-    ``Estimator.comm_bounds``) hold for every policy of that checkpointing where per-sequence costs never grow
+    """Checkpointing -> its policy with the largest micro-batch K, whose lower bounds (``Bounds.compute_bound``,
+    ``Bounds.comm_bounds``) hold for every policy of that checkpointing where per-sequence costs never grow
     (``per_sequence_costs_never_grow``, every algorithm ``batch_linear``): they leave out the gradient sync, so
     the ZeRO stage, and bound B s(K) <= B s(k) <= the step at k (``hidden_sync_micro_batches``); else None."""
     if not (per_sequence_costs_never_grow(est, pp) and all(ALGORITHMS[a].batch_linear for a in algorithms)):
@@ -339,7 +339,7 @@ def outside_bounds(est: Estimator, groups: list, batches: dict) -> dict[tuple, f
     """(TP-sp or not, policy) -> a lower bound on the groups of one degrees choice and pipeline schedule that run
     that policy: every
     cost outside the attention exact but the gradient sync (left out unless a step is one micro-batch,
-    ``single_micro_batch``), the attention at its even share (``Estimator.comm_bounds``, "balanced")."""
+    ``single_micro_batch``), the attention at its even share (``Bounds.comm_bounds``, "balanced")."""
     pols: dict[bool, tuple[Candidate, list, set]] = {}
     for base, orders, fitting in groups:
         pols.setdefault(ALGORITHMS[base.algorithm].tp_sp, (base, orders, set()))[2].update(fitting)
@@ -351,9 +351,9 @@ def outside_bounds(est: Estimator, groups: list, batches: dict) -> dict[tuple, f
         rep = shared_bounds(est, base.pp, algs[tp_sp], fitting)
         whole = single_micro_batch(est, base)
         if rep is None or whole:
-            bounds = est.comm_bounds(base, batch, fitting, attention="balanced", sync=whole)
+            bounds = est.bounds.comm_bounds(base, batch, fitting, attention="balanced", sync=whole)
         else:  # the balanced bound holds for every variant of this linear part, so at K for all of them
-            at = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()), attention="balanced", sync=False)))
+            at = dict(zip(rep, est.bounds.comm_bounds(base, batch, list(rep.values()), attention="balanced", sync=False)))
             bounds = [at[p[1]] for p in fitting]
         out.update(((tp_sp, p), b) for p, b in zip(fitting, bounds))
     return out
@@ -384,8 +384,8 @@ class Stage(IntEnum):
     DEGREES = 0  # a degrees choice: compute only, the attention at its even share (Estimator.micro_batch_bounds)
     RECOMPUTE = 1  # a group: its compute with the recomputation each policy needs to fit (Estimator.policy_floor)
     OUTSIDE = 2  # + every cost outside the attention but the gradient sync, exact (outside_bounds)
-    COMPUTE = 3  # + the variant's own compute (Estimator.compute_bound)
-    COMMUNICATION = 4  # + the attention's communication floor (Estimator.comm_bounds)
+    COMPUTE = 3  # + the variant's own compute (Bounds.compute_bound)
+    COMMUNICATION = 4  # + the attention's communication floor (Bounds.comm_bounds)
     SYNC = 5  # + the gradient sync; priced when popped
 
 
@@ -555,9 +555,9 @@ class _Grid:
             rep = shared_bounds(est, d.pp, (base.algorithm,), g.fitting)
             whole = single_micro_batch(est, base)
             if rep is None or whole:
-                tight = est.comm_bounds(base, batch, g.fitting, sync=whole)
+                tight = est.bounds.comm_bounds(base, batch, g.fitting, sync=whole)
             else:  # per checkpointing, at its largest micro-batch (shared_bounds)
-                at = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()), sync=False)))
+                at = dict(zip(rep, est.bounds.comm_bounds(base, batch, list(rep.values()), sync=False)))
                 tight = [at[p[1]] for p in g.fitting]
             g.bounds = [max(b, c) for b, c in zip(g.bounds, tight)]
             return self.push(max(bound, min(g.bounds)), Stage.COMMUNICATION, g)
@@ -566,7 +566,7 @@ class _Grid:
             kept = hidden_sync_micro_batches(est, base, batch, g.fitting)
             g.bounds = [b for p, b in zip(g.fitting, g.bounds) if p in kept]
             g.fitting = kept
-        g.bounds = [max(b, c) for b, c in zip(g.bounds, est.comm_bounds(base, batch, g.fitting))]
+        g.bounds = [max(b, c) for b, c in zip(g.bounds, est.bounds.comm_bounds(base, batch, g.fitting))]
         self.push(max(bound, min(g.bounds)), Stage.SYNC, g)
 
     def price(self, g: GroupItem) -> None:
@@ -622,8 +622,8 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     variants, layouts, orders and policies (``Estimator.micro_batch_bounds``: compute only, attention at
     its even share). Popped, it is expanded into its (variant, layout) groups, each policy with a bound
     that prices every cost outside the attention but the gradient sync exactly (``outside_bounds``); a popped
-    group is tightened by its compute-only bound (``Estimator.compute_bound``), then per policy by
-    ``Estimator.comm_bounds`` (the attention at ``Estimator.attention_floor``), then by its gradient sync
+    group is tightened by its compute-only bound (``Bounds.compute_bound``), then per policy by
+    ``Bounds.comm_bounds`` (the attention at ``Estimator.attention_floor``), then by its gradient sync
     (routed only for groups that got this far, but from the start where a step is one micro-batch,
     ``single_micro_batch``), and priced when popped again.
     An item or policy whose bound exceeds both the K-th best time found so far and the best time of each

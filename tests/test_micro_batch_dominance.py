@@ -7,6 +7,7 @@ import pytest
 
 from sp_plan.planner import Workload
 from sp_plan.planner.algorithms import ALGORITHMS
+from sp_plan.planner.bounds import Bounds
 from sp_plan.planner.estimate import Estimator
 from sp_plan.planner.params import CommFit, Curve, Params
 from sp_plan.planner.search import (Space, _sort_key, best_per_variant, degree_groups, grid_search,
@@ -138,8 +139,8 @@ def test_bounds_at_the_largest_micro_batch_hold_for_the_smaller_ones(params):
                 continue
             batch = est.orders(base.degrees, orders, base.placement)
             exact = est.evaluate_orders(base, batch, fitting)[0].min(axis=0)
-            tight = dict(zip(rep, est.comm_bounds(base, batch, list(rep.values()), sync=False)))
-            floor = est.compute_bound(base, list(rep.values())) * (1 - 1e-12)
+            tight = dict(zip(rep, est.bounds.comm_bounds(base, batch, list(rep.values()), sync=False)))
+            floor = est.bounds.compute_bound(base, list(rep.values())) * (1 - 1e-12)
             tp_sp = ALGORITHMS[base.algorithm].tp_sp
             for p, ex in zip(fitting, exact):
                 assert floor <= ex and tight[p[1]] <= ex and outside[tp_sp, p] <= ex * (1 + 1e-12), (base, p)
@@ -155,7 +156,7 @@ def test_gradient_syncs_are_routed_only_for_groups_about_to_be_priced(monkeypatc
     from sp_plan.planner import search
 
     synced, tightened, expanded = set(), set(), set()
-    sync, bounds, groups = Estimator.grad_syncs, Estimator.comm_bounds, search.degree_groups
+    sync, bounds, groups = Estimator.grad_syncs, Bounds.comm_bounds, search.degree_groups
 
     def degs(c):
         return (c.dp, c.pp, c.tp, c.ulysses, c.ring)
@@ -166,7 +167,7 @@ def test_gradient_syncs_are_routed_only_for_groups_about_to_be_priced(monkeypatc
         return bounds(self, base, orders, policies, attention, sync)
 
     monkeypatch.setattr(Estimator, "grad_syncs", lambda self, c, z, o: synced.add(degs(c)) or sync(self, c, z, o))
-    monkeypatch.setattr(Estimator, "comm_bounds", counted_bounds)
+    monkeypatch.setattr(Bounds, "comm_bounds", counted_bounds)
     monkeypatch.setattr(search, "degree_groups", lambda est, sp, d, *a: expanded.add(d) or groups(est, sp, d, *a))
     cluster, model, work, pr = _inputs(("dgx-h100", 8, "llama3-8b", "256k", 8), None)
     res = grid_search(cluster, model, work, keep=5, params=pr)
