@@ -129,14 +129,15 @@ def _open_store(store: Optional[str], rank: int):
 
 
 def _fail(rank: int, prog, e: PlanError | str, owned: bool | None = None, code: int = 2):
-    """The one error line (rank 0; and the JSON error event), the world left, exit ``code``."""
-    from sp_plan.profiles.discover import probe
-
+    """The one error line (rank 0; and the JSON error event), the world left (where one was joined: ``owned`` not
+    None), exit ``code``."""
     if rank == 0:
         print_error(e)
         if prog is not None:
             prog.error(str(as_flag(e)) if isinstance(e, PlanError) else e)
     if owned is not None:
+        from sp_plan.profiles.discover import probe  # torch: only where a world was joined
+
         probe.finish(owned)
     raise typer.Exit(code)
 
@@ -282,14 +283,19 @@ def process_started(clock=time.monotonic) -> float | None:
     return clock() - max(age, 0.0)
 
 
-def _options(a: dict):
-    """The TuneOptions of the flags (``a``: tune_cmd's arguments), every flag checked first (PlanError)."""
-    from sp_plan.cli.discover import parse_sizes
-    from sp_plan.profiles.tune.run import TuneOptions
-
+def _check_all(a: dict) -> None:
+    """Every flag of ``a`` (tune_cmd's arguments) in range, or a PlanError naming it: before torch is imported, so
+    that a mistyped flag is answered at once."""
     _check_flags(a["output"], {f"--{k}": a[k] for k in ("budget", "iters", "layers", "pool", "batch")},
                  {f"--{k}": a[k] for k in ("warmup", "confirm", "reread")}, a["kernel_timing"], a["max_minutes"],
                  a["candidate_timeout"], a["quiet"], a["as_json"])
+
+
+def _options(a: dict):
+    """The TuneOptions of the flags (``a``: tune_cmd's arguments, already checked)."""
+    from sp_plan.cli.discover import parse_sizes
+    from sp_plan.profiles.tune.run import TuneOptions
+
     return TuneOptions(**{k: a[k] for k in ("budget", "max_minutes", "candidate_timeout", "pool", "layers", "iters",
                                             "warmup", "confirm", "reread", "kernel_timing")},
                        link_sizes=parse_sizes(a["link_sizes"]) if a["link_sizes"] else None, started=process_started())
@@ -299,9 +305,13 @@ def _prepare(a: dict, early):
     """(cluster, model, workload, options, world owned, rank, store) from the flags, the world joined and checked
     before the store opens (a refused tune creates no store file); an error's line (and ``early``'s JSON event) and
     exit 2 otherwise."""
+    try:
+        _check_all(a)
+    except PlanError as e:
+        _fail(0, early, e)
     from sp_plan.profiles import load_cluster, load_model
-    from sp_plan.profiles.tune.run import check_world
     from sp_plan.profiles.discover import probe
+    from sp_plan.profiles.tune.run import check_world
 
     rank, owned = 0, False
     try:
@@ -360,10 +370,10 @@ def tune_cmd(
 ) -> None:
     """Measure links, kernels and the best candidates on this cluster; calibrate; store the profile."""
     from sp_plan.cli.progress import JsonReporter, reporter
-    from sp_plan.profiles.discover import probe
 
     a = dict(locals())
     c, m, w, opts, owned, rank, st = _prepare(a, JsonReporter("tune") if as_json else None)
+    from sp_plan.profiles.discover import probe  # torch, imported by _prepare once the flags passed
     steps = ("links", "kernels", "rounds", "candidates", "reread", "confirm")
     prog = reporter("tune", steps, err, quiet, as_json) if rank == 0 else None
     try:

@@ -23,7 +23,7 @@ from harness import netns
 from harness.worlds import run_world
 
 TUNE = ["-m", "sp_plan.cli.app", "tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512",
-        "--link-sizes", "16K,64K", "--iters", "2", "--candidate-timeout", "120"]
+        "--link-sizes", "16K,64K", "--iters", "2", "--candidate-timeout", "120", "--confirm", "0", "--reread", "0"]
 
 
 def _cli(*args, cwd=None, timeout=120) -> subprocess.CompletedProcess:
@@ -154,7 +154,7 @@ def test_failing_candidates_are_recorded_and_the_tune_goes_on(tmp_path):
     faults = {"#0": "raise@1", "#1": "oom@2", "#2": "hang@3"}
     # the hung candidate's timeout: long enough that a loaded host's child worlds start and report within it (at a
     # load of 25 every candidate of this tune timed out at 15 s), short enough that the hang costs one minute
-    out = run_world(_tune_rank, 4, url, faults, 4, 60.0, timeout=900)
+    out = run_world(_tune_rank, 4, url, faults, 4, 60.0, confirm=0, reread=0, timeout=900)
     cands, pid = out[0]
     assert all(o == out[0] for o in out), "every rank returns the same profile"
     statuses = [(s, r) for _, s, _, r in cands]

@@ -8,7 +8,7 @@ from sp_plan.profiles.store import Store
 from harness import netns
 from sp_plan.runtime.attention import MASKED
 
-TUNE = ["-m", "sp_plan.cli.app", "tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "1024",
+TUNE = ["-m", "sp_plan.cli.app", "tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512",
         "--link-sizes", "16K", "--iters", "2", "--candidate-timeout", "120", "--confirm", "0", "--reread", "0"]
 
 
@@ -41,7 +41,7 @@ def test_a_packed_tune_measures_masked_candidates_and_prints_json_events(tmp_pat
 
 def test_a_quiet_tune_prints_only_its_result(tmp_path):
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    res = netns.launch([*TUNE, "--seq-len", "512", "--budget", "1", "--quiet", "--store", url, "-o", "plan.yaml"],
+    res = netns.launch([*TUNE, "--budget", "1", "--quiet", "--store", url, "-o", "plan.yaml"],
                        4, 4, tmp_path, timeout=900)
     for rank, (code, text) in enumerate(res):
         assert code == 0, f"rank {rank} exited {code}:\n{text[-4000:]}"
