@@ -164,10 +164,12 @@ class _Pricer:
         self.engine = LinkEngine(cluster)
         self.work = {c.key: (c.plan.model, c.plan.workload) for c in cases}
         self._time: dict = {}
+        self._schedules: dict = {}  # (case key, ring merge) -> the schedule cache its Estimators share
 
     def estimator(self, key: str, params: Params) -> Estimator:
         m, w = self.work[key]
-        return Estimator(self.cluster, m, w, engine=self.engine, params=params)
+        shared = self._schedules.setdefault((key, params.ring_merge), {})
+        return Estimator(self.cluster, m, w, engine=self.engine, params=params, schedules=shared)
 
     def times(self, params: Params, cases: list[_Case]) -> np.ndarray:
         """Predicted step time of each case (cached by params and case)."""
@@ -350,12 +352,21 @@ class _TimeFit:
         best_starts = sorted(starts, key=lambda z: float(np.sum(resid(z) ** 2)))[:4]
         from scipy.optimize import least_squares  # noqa: PLC0415 - SciPy (~0.5 s): only a fit needs it, a plan not
 
-        sol = min((least_squares(resid, z0, bounds=(lo, hi), x_scale=np.array([p.scale for p in ps]),
-                                 diff_step=1e-6, xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=400)
-                   for z0 in best_starts), key=lambda r: float(r.cost))
+        def descend(z0, most: int):
+            return least_squares(resid, z0, bounds=(lo, hi), x_scale=np.array([p.scale for p in ps]),
+                                 diff_step=1e-6, xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=most)
+
+        # a start stuck at a kink spends every evaluation it is given: each start gets a few, the best goes on
+        sol = min((descend(z0, SHORT_NFEV) for z0 in best_starts), key=lambda r: float(r.cost))
+        if sol.status == 0:  # the best start's evaluations ran out before it converged
+            sol = min(sol, descend(sol.x, MAX_NFEV), key=lambda r: float(r.cost))
         x = self.x0.copy()
         x[idx] = sol.x
         return x
+
+
+#: least_squares evaluations for each start of a fit, then for the best start where it has not converged
+SHORT_NFEV, MAX_NFEV = 40, 400
 
 
 def _fit_time(pricer: _Pricer, base: Params, cases: list[_Case], hold: frozenset = frozenset()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from functools import reduce
+from functools import cached_property, reduce
 
 import numpy as np
 
@@ -171,7 +171,9 @@ class Estimator:
     """Prices layouts for one (cluster, model, workload); reuse it across candidates (costs are cached)."""
 
     def __init__(self, cluster: Cluster, model: ModelSpec, workload: Workload, engine: LinkEngine | None = None,
-                 params: Params | None = None):
+                 params: Params | None = None, schedules: dict | None = None):
+        """``schedules``: a schedule cache to share with other Estimators of this model and workload whose params
+        have the same ring merge (the only parameter a schedule depends on), as a calibration's trial params do."""
         self.cluster, self.model, self.work = cluster, model, workload
         self.engine = engine or LinkEngine(cluster)  # link costs do not depend on params: shareable
         self.params = params if params is not None else Params()
@@ -184,16 +186,20 @@ class Estimator:
         self._merge = MERGES[self.params.ring_merge]  # the ring merge the schedules price (Shape.merge)
         self._compute_peak = self.peak * self.params.compute_efficiency  # what compute phases achieve in a step
         self.capacity = self.device.memory_bytes * MEMORY_HEADROOM
-        self.fingerprint = cluster.fingerprint()
         self._memory: dict = {}
         self.stats = SearchStats()
-        self._schedules: dict = {}  # schedule_key -> steps (of params only the ring merge: Shape.merge)
+        self._schedules: dict = {} if schedules is None else schedules  # schedule_key -> steps (Shape.merge)
         self._prices: dict = {}  # (Orders, schedule_key, rows) -> Priced
         self._busy: dict = {}  # schedule_key -> compute seconds of its steps
         self._shapes: dict = {}  # candidate sizes -> Shape
         self._curve_at: dict = {}  # (backward, block length) -> attention efficiency read from params' curves
         self._acts: dict = {}  # (sizes, checkpointing) -> activation bytes (fitting)
         self.bounds = Bounds(self)  # the search's lower bounds over these prices (planner/bounds.py)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """The cluster's fingerprint (a hash of its whole model: made once, where a plan is checked or written)."""
+        return self.cluster.fingerprint()
 
     # ---- schedules and their prices, once per shape
     def schedule(self, part: str, c: Shape) -> list[Step]:
