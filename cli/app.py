@@ -15,7 +15,7 @@ import time
 from collections.abc import MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional
 
 import typer
 from pydantic import ValidationError
@@ -178,18 +178,18 @@ _PLAN_MASK = workload_mask_options()
 @owns_collector
 def plan_cmd(
     cluster: str = typer.Option(..., "--cluster", help="preset name (see `sp-plan presets`) or cluster YAML file"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a preset", show_default="1"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="node count for a preset", show_default="1"),
     model: str = typer.Option(..., "--model", help="model preset name or model YAML file"),
     seq_len: str = typer.Option(..., "--seq-len", help="tokens per sequence: 131072, 128k or 1m"),
-    batch: int = typer.Option(1, "--batch", help="global batch (sequences per step)"),
+    batch: int = typer.Option(1, "--batch", min=1, help="global batch (sequences per step)"),
     causal: bool = typer.Option(True, "--causal/--no-causal", help="causal (decoder) or full attention"),
     inference: bool = typer.Option(False, "--inference", help="forward only (prefill), no gradients or optimizer"),
-    top: int = typer.Option(5, "--top", help="how many ranked layouts to print (equivalent ones share a row)"),
+    top: int = typer.Option(5, "--top", min=1, help="how many ranked layouts to print (equivalent ones share a row)"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the best plan here (.yaml or .json)",
                                           show_default="print only"),
-    search: str = typer.Option("grid", "--search", help="grid (every layout) or bayes (optuna TPE over the degrees)"),
-    trials: int = typer.Option(200, "--trials", help="optuna trials for --search bayes"),
-    seed: int = typer.Option(0, "--seed", help="seed of the --search bayes sampler and of the packs drawn from "
+    search: Literal["grid", "bayes"] = typer.Option("grid", "--search", help="grid (every layout) or bayes (optuna TPE over the degrees)"),
+    trials: int = typer.Option(200, "--trials", min=1, help="optuna trials for --search bayes"),
+    seed: int = typer.Option(0, "--seed", min=0, help="seed of the --search bayes sampler and of the packs drawn from "
                              "--documents (recorded in the plan)"),
     storage: Optional[str] = typer.Option(None, "--storage", help="optuna storage to resume a study, e.g. "
                                           "sqlite:///study.db", show_default="in memory"),
@@ -208,7 +208,7 @@ def plan_cmd(
 ) -> None:
     """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
     try:
-        _check_plan_options(batch, top, trials, output, report, search, profile, no_profile, server, sensitivity)
+        _check_plan_options(output, report, profile, no_profile, server, sensitivity)
         w = masked_workload(dict(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference),
                             documents, window, window_pattern, seed if documents is not None else None)
         if not as_json:
@@ -229,19 +229,14 @@ def plan_cmd(
         _sensitivity_and_report(inputs, [r.plan for r in group(res.plans)], res.families, sensitivity, report)
 
 
-def _check_plan_options(batch: int, top: int, trials: int, output: Optional[Path], report: Optional[Path],
-                        search: str, profile: Optional[str], no_profile: bool, server: Optional[str],
-                        sensitivity: bool) -> None:
-    """`plan`'s options that no model checks: ranges, choices, writable outputs, options that exclude each other."""
-    for flag, value in (("--batch", batch), ("--top", top), ("--trials", trials)):
-        if value < 1:
-            raise PlanError(flag, f"must be at least 1, got {value}", f"pass {flag} 1 or more")
+def _check_plan_options(output: Optional[Path], report: Optional[Path], profile: Optional[str], no_profile: bool,
+                        server: Optional[str], sensitivity: bool) -> None:
+    """`plan`'s options that neither typer (ranges, choices: their declarations) nor a model checks: writable
+    outputs, options that exclude each other."""
     if output:
         check_writable(output)
     if report:
         check_writable(report, "--report")
-    if search not in ("grid", "bayes"):
-        raise PlanError("--search", f"unknown search {search!r}", "use grid or bayes")
     profile_options(profile, no_profile)
     if server and (report or sensitivity):
         raise PlanError("--report" if report else "--sensitivity", "needs the cluster's profile here, not on a server",
@@ -341,10 +336,10 @@ _ESTIMATE_MASK = workload_mask_options(from_plan=True)
 def estimate(
     path: Path = typer.Argument(..., help="a plan file (written by `sp-plan plan -o` or by hand)"),
     cluster: str = typer.Option(..., "--cluster", help="preset name or cluster YAML file to price the plan on"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a preset", show_default="1"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="node count for a preset", show_default="1"),
     model: Optional[str] = typer.Option(None, "--model", help="model preset or file", show_default="the plan's"),
     seq_len: Optional[str] = typer.Option(None, "--seq-len", help="tokens per sequence", show_default="the plan's"),
-    batch: Optional[int] = typer.Option(None, "--batch", help="global batch", show_default="the plan's, else 1"),
+    batch: Optional[int] = typer.Option(None, "--batch", min=1, help="global batch", show_default="the plan's, else 1"),
     causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help="causal (decoder) or full attention",
                                           show_default="the plan's, else causal"),
     inference: bool = typer.Option(False, "--inference", help="forward only (prefill), no gradients or optimizer"),
@@ -503,28 +498,44 @@ def _command_line() -> typer.Typer:
 startup.resume()  # the app is loaded: the collector as it was (see cli/startup.py)
 
 
-def main() -> None:
-    """Console entry point: bad input exits 2 with one line, never a traceback; the command line's own usage
-    errors too (an unknown option, a value of the wrong type, a missing option), which typer would box."""
-    gc.freeze()  # the process is the command's: what loading the app built stays out of its collections
+def usage_line(e: Exception) -> str:
+    """A usage error's one line: what click says of the value (a declared range or choice broken, less the validator's
+    'Value error, ' prefix) and where the command's help is."""
+    ctx = getattr(e, "ctx", None)
+    where = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
+    return f"{e.format_message().replace('Value error, ', '').rstrip('.')}{where}"
+
+
+def run_line(args: Optional[list[str]] = None) -> int:
+    """Run a command line (``args``, else the process's) as the console runs it; its exit status. Bad input is one
+    line on stderr and 2, never a traceback; the command line's own usage errors too (an unknown option, a value of
+    the wrong type or out of its declared range or choices, a missing option), which typer would box."""
     try:
-        code = _command_line()(standalone_mode=False)
+        named = {} if args is None else {"args": args, "prog_name": "sp-plan"}
+        code = _command_line()(standalone_mode=False, **named)
     except PlanError as e:  # pragma: no cover - commands catch their own
         print_error(str(e))
-        sys.exit(2)
+        return 2
     except typer.Abort:
         err.print("aborted", highlight=False)
-        sys.exit(130)
+        return 130
     except typer.TyperException as e:  # click's exceptions (typer vendors click): usage errors and the like
         ctx = getattr(e, "ctx", None)
         if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:  # bare `sp-plan`: its help
             out.print(ctx.get_help(), highlight=False, markup=False)
-            sys.exit(0)
-        where = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
-        print_error(f"{e.format_message().rstrip('.')}{where}")
-        sys.exit(getattr(e, "exit_code", 2))
-    skip_final_collection()  # the process ends here
-    sys.exit(code if isinstance(code, int) else 0)
+            return 0
+        print_error(usage_line(e))
+        return getattr(e, "exit_code", 2)
+    return code if isinstance(code, int) else 0
+
+
+def main() -> None:
+    """Console entry point: ``run_line`` of the process's arguments, then exit with its status."""
+    gc.freeze()  # the process is the command's: what loading the app built stays out of its collections
+    code = run_line()
+    if code == 0:
+        skip_final_collection()  # the process ends here
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Optional
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, Optional
 
 import typer
 
@@ -13,6 +11,11 @@ from sp_plan.planner.errors import PlanError
 
 if TYPE_CHECKING:
     from sp_plan.planner.plan import Plan
+
+
+#: the exporters' names (``sp_plan.integrations.export.TARGETS``, whose import loads the planner: every command would
+#: pay for it at start), the choices of ``--to``; tests/test_cli.py holds the two equal
+TARGET_NAMES = ("megatron", "torchtitan", "deepspeed", "yunchang", "xdit", "accelerate")
 
 
 def _cluster(p: Plan, path: Path, cluster: str | None, nodes: int | None):
@@ -42,14 +45,14 @@ def _cluster(p: Plan, path: Path, cluster: str | None, nodes: int | None):
 
 def export_cmd(
     path: Path = typer.Argument(..., help="a plan file (written by `sp-plan plan -o`)"),
-    to: str = typer.Option(..., "--to", help="megatron|torchtitan|deepspeed|yunchang|xdit|accelerate"),
+    to: Literal[TARGET_NAMES] = typer.Option(..., "--to", help="the framework to write for"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the export here",
                                           show_default="print it"),
     nearest_: bool = typer.Option(False, "--nearest", help="if the target cannot express the plan, export the nearest "
                                   "plan it can express instead"),
     cluster: Optional[str] = typer.Option(None, "--cluster", help="cluster to search the nearest plan on",
                                           show_default="the plan's preset"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a --cluster preset",
+    nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="node count for a --cluster preset",
                                         show_default="the plan's world"),
     profile: Optional[str] = typer.Option(None, "--profile", help="calibration profile for the nearest plan's search",
                                           show_default="the cluster's newest stored profile"),

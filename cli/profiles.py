@@ -44,7 +44,7 @@ def list_cmd(
     store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP, show_default=STORE_DEFAULT),
     cluster: Optional[str] = typer.Option(None, "--cluster", help="only profiles of this cluster (preset name or "
                                           "cluster file)", show_default="every cluster"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a --cluster preset", show_default="1"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="node count for a --cluster preset", show_default="1"),
 ) -> None:
     """List the stored profiles, newest first."""
     try:

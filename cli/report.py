@@ -84,14 +84,14 @@ def report_cmd(
     output: Path = typer.Option(..., "-o", "--output", help="the HTML file to write"),
     cluster: Optional[str] = typer.Option(None, "--cluster", help="preset name or cluster YAML file",
                                           show_default="the preset the plan file names"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count for a preset", show_default="1"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="node count for a preset", show_default="1"),
     model: Optional[str] = typer.Option(None, "--model", help="model preset or file", show_default="the plan's"),
     seq_len: Optional[str] = typer.Option(None, "--seq-len", help="tokens per sequence", show_default="the plan's"),
-    batch: Optional[int] = typer.Option(None, "--batch", help="global batch", show_default="the plan's, else 1"),
+    batch: Optional[int] = typer.Option(None, "--batch", min=1, help="global batch", show_default="the plan's, else 1"),
     causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help="causal (decoder) or full attention",
                                           show_default="the plan's, else causal"),
     inference: bool = typer.Option(False, "--inference", help="forward only (prefill)"),
-    top: int = typer.Option(8, "--top", help="how many ranked layouts to show (plus the best of each algorithm variant)"),
+    top: int = typer.Option(8, "--top", min=1, help="how many ranked layouts to show (plus the best of each algorithm variant)"),
     sensitivity: bool = typer.Option(True, "--sensitivity/--no-sensitivity",
                                      help="re-rank with each link class halved and doubled and compute at 80 %"),
     profile: Optional[str] = typer.Option(None, "--profile", help="calibration profile: a stored id or a file",
@@ -109,8 +109,6 @@ def report_cmd(
     from sp_plan.pipeline import report  # noqa: PLC0415 - as in report_plans
 
     try:
-        if top < 1:
-            raise PlanError("--top", f"must be at least 1, got {top}", "pass --top 1 or more")
         given, c, m, w = _report_inputs(path, cluster, nodes, model, seq_len, batch, causal, inference, documents,
                                         window, window_pattern, seed)
         spec = profile_options(profile, no_profile)

@@ -25,16 +25,16 @@ def server_parts() -> str:
 
 def serve_cmd(
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
-    port: int = typer.Option(8000, "--port", help="TCP port"),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="TCP port"),
     store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP,
                                         show_default="$SP_PLAN_STORE, else SQLite in the user data directory"),
-    workers: int = typer.Option(1, "--workers", help="uvicorn worker processes (each with its own search pool)"),
+    workers: int = typer.Option(1, "--workers", min=1, help="uvicorn worker processes (each with its own search pool)"),
     token_file: Optional[str] = typer.Option(None, "--token-file", help="bearer tokens for writes, one per line",
                                              show_default="$SP_PLAN_TOKENS, comma-separated"),
     private: bool = typer.Option(False, "--private", help="reads need a token too"),
-    max_world: int = typer.Option(65536, "--max-world", help="largest world (ranks) a request may ask for"),
-    max_body: int = typer.Option(4 * 2**20, "--max-body", help="largest request body in bytes (413 above)"),
-    processes: Optional[int] = typer.Option(None, "--processes", help="search processes per worker",
+    max_world: int = typer.Option(65536, "--max-world", min=1, help="largest world (ranks) a request may ask for"),
+    max_body: int = typer.Option(4 * 2**20, "--max-body", min=1, help="largest request body in bytes (413 above)"),
+    processes: Optional[int] = typer.Option(None, "--processes", min=1, help="search processes per worker",
                                             show_default="the cores / workers"),
 ) -> None:
     """Serve plans over HTTP: /v1/plan, /v1/estimate, /v1/profiles, ... (OpenAPI at /docs)."""
@@ -49,7 +49,6 @@ def serve_cmd(
     from sp_plan.service.settings import SETTINGS_ENV, Settings, settings_env
 
     try:
-        check_at_least_one(workers=workers, max_world=max_world, max_body=max_body, processes=processes or 1)
         settings = Settings(store=store, token_file=token_file, private=private, max_world=max_world,
                             max_body=max_body, processes=processes or max(1, (os.cpu_count() or 1) // workers),
                             freeze_gc=True)
@@ -67,14 +66,6 @@ def serve_cmd(
         os.environ[SETTINGS_ENV] = settings_env(settings)
         uvicorn.run("sp_plan.service.app:app_from_env", factory=True, host=host, port=port, workers=workers,
                     loop="auto", http="auto", log_level="info")
-
-
-def check_at_least_one(**flags: int) -> None:
-    """Each flag (by its Python name) at least 1, else PlanError naming the flag."""
-    for name, v in flags.items():
-        flag = "--" + name.replace("_", "-")
-        if v < 1:
-            raise PlanError(flag, f"must be at least 1, got {v}", f"pass {flag} 1 or more")
 
 
 def opened_store(url: str | None) -> tuple[str, str]:

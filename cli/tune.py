@@ -5,7 +5,7 @@ import contextlib
 import os
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 from rich.markup import escape
@@ -89,19 +89,11 @@ def workload_of(seq_len: str, batch: int, causal: bool, inference: bool, documen
     return masked_workload(fields, documents, window, pattern, seed)
 
 
-def _check_flags(output, counts: dict, zeros: dict, kernel_timing: str, max_minutes: float,
-                 candidate_timeout: float, quiet: bool, as_json: bool) -> None:
-    """Every flag in range, or a PlanError naming it."""
+def _check_flags(output, max_minutes: float, candidate_timeout: float, quiet: bool, as_json: bool) -> None:
+    """The flags typer's declarations (ranges, choices) cannot check, or a PlanError naming the flag: a writable
+    output, the open ranges of the two times (typer bounds a range on closed ends only), --quiet with --json."""
     if output:
         check_writable(output)
-    for flag, v in counts.items():
-        if v < 1:
-            raise PlanError(flag, f"must be at least 1, got {v}", f"pass {flag} 1 or more")
-    for flag, v in zeros.items():
-        if v < 0:
-            raise PlanError(flag, f"must be 0 or more, got {v}", f"pass {flag} 0 or more")
-    if kernel_timing not in ("auto", "each", "shared"):
-        raise PlanError("--kernel-timing", f"unknown timing {kernel_timing!r}", "pass auto, each or shared")
     if max_minutes <= 0 or candidate_timeout <= 0:
         raise PlanError("--max-minutes" if max_minutes <= 0 else "--candidate-timeout", "must be positive",
                         "pass a positive number")
@@ -232,13 +224,13 @@ class Flag:
     """tune's options, one per flag, declared once (tune_cmd's signature names them)."""
 
     cluster = typer.Option(..., "--cluster", help="cluster file from `sp-plan discover` (or a preset name)")
-    nodes = typer.Option(None, "--nodes", help="node count for a preset", show_default="1")
+    nodes = typer.Option(None, "--nodes", min=1, help="node count for a preset", show_default="1")
     model = typer.Option(..., "--model", help="model preset name or model YAML file")
     seq_len = typer.Option(..., "--seq-len", help="tokens per sequence: 131072, 128k or 1m")
-    batch = typer.Option(1, "--batch", help="global batch (sequences per step)")
+    batch = typer.Option(1, "--batch", min=1, help="global batch (sequences per step)")
     causal = typer.Option(True, "--causal/--no-causal", help="causal (decoder) or full attention")
     inference = typer.Option(False, "--inference", help="forward only")
-    budget = typer.Option(5, "--budget", help="candidates to measure at most")
+    budget = typer.Option(5, "--budget", min=1, help="candidates to measure at most")
     max_minutes = typer.Option(30.0, "--max-minutes", help="the whole tune's time: links, kernels, the round probe, "
                                "candidates, reread and confirm; a candidate whose estimate does not fit what is left "
                                "is skipped, one running past it is stopped")
@@ -247,17 +239,17 @@ class Flag:
                          show_default="$SP_PLAN_STORE, else SQLite in the user data directory")
     output = typer.Option(None, "-o", "--output", help="write the best measured plan here",
                           show_default="store the profile only")
-    layers = typer.Option(2, "--layers", help="layers each candidate runs (the model's others are scaled)")
-    iters = typer.Option(3, "--iters", help="timed steps per candidate at most (median; fewer where the "
+    layers = typer.Option(2, "--layers", min=1, help="layers each candidate runs (the model's others are scaled)")
+    iters = typer.Option(3, "--iters", min=1, help="timed steps per candidate at most (median; fewer where the "
                          "last two readings agree within 5 %)")
-    confirm = typer.Option(2, "--confirm", help="readings more of the best measured candidate and the runners-up "
+    confirm = typer.Option(2, "--confirm", min=0, help="readings more of the best measured candidate and the runners-up "
                            "within 10 % of it, or within the model's leave-one-out error and then the spread of their "
                            "readings where wider (3 at most), each kept at its fastest reading (0: one reading each)")
-    reread = typer.Option(2, "--reread", help="candidates read once whose step reads far slower than the model fitted "
+    reread = typer.Option(2, "--reread", min=0, help="candidates read once whose step reads far slower than the model fitted "
                           "to the others predicts it (over max(10 %, 2 x the leave-one-out error)), read once more "
                           "and kept at their faster reading, this many at most (0: none)")
-    warmup = typer.Option(1, "--warmup", help="untimed steps before them")
-    pool = typer.Option(12, "--pool", help="distinct layouts the choice draws from")
+    warmup = typer.Option(1, "--warmup", min=0, help="untimed steps before them")
+    pool = typer.Option(12, "--pool", min=1, help="distinct layouts the choice draws from")
     kernel_timing = typer.Option("auto", "--kernel-timing", help="each: every rank times each kernel as it gets "
                                  "there (median of up to 3, fewer where two agree within 5 %); shared: all ranks time each kernel at once in one window (full "
                                  "contention where ranks share cores); auto: shared on CPU ranks, each on GPUs")
@@ -284,11 +276,9 @@ def process_started(clock=time.monotonic) -> float | None:
 
 
 def _check_all(a: dict) -> None:
-    """Every flag of ``a`` (tune_cmd's arguments) in range, or a PlanError naming it: before torch is imported, so
-    that a mistyped flag is answered at once."""
-    _check_flags(a["output"], {f"--{k}": a[k] for k in ("budget", "iters", "layers", "pool", "batch")},
-                 {f"--{k}": a[k] for k in ("warmup", "confirm", "reread")}, a["kernel_timing"], a["max_minutes"],
-                 a["candidate_timeout"], a["quiet"], a["as_json"])
+    """The flags of ``a`` (tune_cmd's arguments) that typer did not check, or a PlanError naming one: before torch is
+    imported, so that a mistyped flag is answered at once."""
+    _check_flags(a["output"], a["max_minutes"], a["candidate_timeout"], a["quiet"], a["as_json"])
 
 
 def _options(a: dict):
@@ -365,7 +355,7 @@ def tune_cmd(
     candidate_timeout: float = Flag.candidate_timeout, store: Optional[str] = Flag.store,
     output: Optional[Path] = Flag.output, layers: int = Flag.layers, iters: int = Flag.iters,
     confirm: int = Flag.confirm, reread: int = Flag.reread, warmup: int = Flag.warmup, pool: int = Flag.pool,
-    kernel_timing: str = Flag.kernel_timing, link_sizes: Optional[str] = Flag.link_sizes,
+    kernel_timing: Literal["auto", "each", "shared"] = Flag.kernel_timing, link_sizes: Optional[str] = Flag.link_sizes,
     server: Optional[str] = Flag.server, quiet: bool = Flag.quiet, as_json: bool = Flag.as_json,
 ) -> None:
     """Measure links, kernels and the best candidates on this cluster; calibrate; store the profile."""

@@ -55,7 +55,7 @@ def workload_mask_options(from_plan: bool = False) -> MaskOptions:
         typer.Option(None, "--window", help=WINDOW_HELP, show_default=(plan if from_plan else "") + "full attention"),
         typer.Option(None, "--window-pattern", help=PATTERN_HELP,
                      show_default=(plan if from_plan else "") + "every layer windowed"),
-        typer.Option(None, "--seed", help=SEED_HELP, show_default=(plan if from_plan else "") + "0"))
+        typer.Option(None, "--seed", min=0, help=SEED_HELP, show_default=(plan if from_plan else "") + "0"))
 
 
 def as_flag(e: PlanError) -> PlanError:

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sp_plan.cli.app import app
+from sp_plan.cli.app import app, run_line
+from sp_plan.cli.export import TARGET_NAMES
+from sp_plan.integrations.export import TARGETS
 from sp_plan.pipeline import EstimateResponse, PlanResponse
 from sp_plan.planner import Plan
 
@@ -62,7 +64,7 @@ def test_presets_lists_clusters_and_models():
 @pytest.mark.parametrize("args,needle", [
     (["plan", "--cluster", "dgx-h999", "--model", "llama3-8b", "--seq-len", "128k"], "cluster: unknown preset 'dgx-h999'"),
     (["plan", "--cluster", "dgx-h100", "--model", "llama9", "--seq-len", "128k"], "model: unknown preset 'llama9'"),
-    (["plan", "--cluster", "dgx-h100", "--nodes", "0", "--model", "llama3-8b", "--seq-len", "128k"], "nodes: must be at least 1"),
+    (["plan", "--cluster", "dgx-h100", "--nodes", "0", "--model", "llama3-8b", "--seq-len", "128k"], "Invalid value for '--nodes'"),
     (["plan", "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "12x"], "seq_len: cannot read '12x'"),
     (["plan", "--cluster", "dgx-h100", "--model", ONE_LAYER, "--seq-len", "1001"], "seq_len: no layout of 8 ranks can split 1001 tokens"),
     # a message with what reads as rich markup (gloo's "[/__w/.../pair.cc:553]") is printed as it is
@@ -74,6 +76,50 @@ def test_bad_input_exits_2_with_one_line(args, needle):
     assert needle in r.stderr
     assert "Traceback" not in r.stderr
     assert len([l for l in r.stderr.splitlines() if l.strip()]) == 1
+
+
+PLAN_8K = ["plan", "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "8k"]
+TUNE_512 = ["tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512"]
+
+
+@pytest.mark.parametrize("args,flag,says", [
+    ([*PLAN_8K, "--top", "0"], "--top", "1"),
+    ([*PLAN_8K, "--batch", "-1"], "--batch", "1"),
+    ([*PLAN_8K, "--trials", "0"], "--trials", "1"),
+    ([*PLAN_8K, "--seed", "-1"], "--seed", "0"),
+    ([*PLAN_8K, "--search", "anneal"], "--search", "'grid', 'bayes'"),
+    (["estimate", "p.yaml", "--cluster", "dgx-h100", "--batch", "0"], "--batch", "1"),
+    (["report", "-o", "r.html", "--top", "0"], "--top", "1"),
+    (["export", "p.yaml", "--to", "nemo"], "--to", ", ".join(map(repr, TARGETS))),
+    (["export", "p.yaml", "--to", "megatron", "--nodes", "0"], "--nodes", "1"),
+    (["profile", "list", "--nodes", "0"], "--nodes", "1"),
+    (["serve", "--port", "70000"], "--port", "65535"),
+    (["serve", "--workers", "0"], "--workers", "1"),
+    (["serve", "--max-body", "0"], "--max-body", "1"),
+    ([*TUNE_512, "--pool", "0"], "--pool", "1"),
+    ([*TUNE_512, "--warmup", "-1"], "--warmup", "0"),
+    ([*TUNE_512, "--kernel-timing", "both"], "--kernel-timing", "'auto', 'each', 'shared'"),
+])
+def test_declared_ranges_and_choices_answer_one_line(capsys, args, flag, says):
+    """A flag outside its declared range or choices: exit 2, one line naming the flag and what it takes."""
+    assert run_line(args) == 2
+    e = capsys.readouterr().err
+    lines = [ln for ln in e.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in e, e
+    assert lines[0].startswith(f"error: Invalid value for '{flag}': "), lines
+    said = lines[0].split(": ", 2)[2].split("; see")[0]  # what is wrong with the value, less the help's pointer
+    assert says in said, lines
+
+
+def test_help_shows_the_declared_ranges_and_choices():
+    h = runner.invoke(app, ["plan", "--help"], terminal_width=200)
+    assert h.exit_code == 0 and "x>=1" in h.stdout and "grid|bayes" in h.stdout, h.stdout
+    s = runner.invoke(app, ["serve", "--help"], terminal_width=200)
+    assert "1<=x<=65535" in s.stdout, s.stdout
+
+
+def test_export_choices_are_the_exporters():
+    assert TARGET_NAMES == tuple(TARGETS)
 
 
 def test_heads_not_divisible_and_seq_not_divisible_name_the_field(tmp_path):
@@ -129,7 +175,7 @@ def test_bayes_search_from_the_cli(two_nodes):
     assert grid.search.kind == "grid"
     assert res.winner.predicted.step_time_s == pytest.approx(grid.winner.predicted.step_time_s, rel=0.01)
     bad = run("plan", "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "64k", "--search", "anneal")
-    assert bad.returncode == 2 and "--search: unknown search 'anneal'" in bad.stderr
+    assert bad.returncode == 2 and "Invalid value for '--search': 'anneal'" in bad.stderr and "'bayes'" in bad.stderr
 
 
 def test_estimate_prices_a_hand_written_plan_and_refuses_another_world(tmp_path):

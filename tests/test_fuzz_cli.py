@@ -1,12 +1,14 @@
 """Fuzzing the CLI as a whole: generated argument lists and files for plan, estimate, show, discover and
 profile; every run exits 0, or 2 with one 'error:' line on stderr, never a traceback.
 
-Arguments are well-typed for click (an --batch is an integer, maybe 0 or negative): click's own usage
-errors are click's; what is generated here reaches sp-plan's validation."""
+Arguments are well-typed for click (an --batch is an integer, maybe 0 or negative) and run as the console runs
+them (``run_line``): a value outside a flag's declared range or choices is click's usage error, one line too; the
+rest reaches sp-plan's validation."""
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import yaml
 from hypothesis import given
@@ -14,7 +16,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from fuzzing import budget, check_plan_error
-from sp_plan.cli.app import app
+from sp_plan.cli.app import app, run_line
 from sp_plan.planner.plan import Plan
 from sp_plan.profiles import preset_cluster
 
@@ -130,10 +132,13 @@ def other_args(draw) -> list:
     return ["profile", cmd.split()[1], draw(pick("nosuch", "", "../x"))] + store
 
 
-def _run(args: list):
+def _run(args: list) -> SimpleNamespace:
+    """Run the command line as the console does (an exception other than a usage error or PlanError escapes)."""
     with tempfile.TemporaryDirectory() as d:
-        r = RUN.invoke(app, _resolve(args, files(Path(d))))
-    assert r.exception is None or isinstance(r.exception, SystemExit), f"{args}: {r.exception!r}"
+        line = _resolve(args, files(Path(d)))
+        with RUN.isolation() as (out, err, both):
+            code = run_line(line)
+            r = SimpleNamespace(exit_code=code, stderr=err.getvalue().decode(), output=both.getvalue().decode())
     assert "Traceback" not in r.output, r.output
     return r
 

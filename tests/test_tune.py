@@ -214,15 +214,21 @@ def test_bad_store_exits_2(tmp_path, url):
 
 
 def test_bad_budget_exits_2(tmp_path):
-    p = _cli("tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512", "--budget", "0", cwd=tmp_path)
-    assert p.returncode == 2 and "--budget" in p.stderr and "Traceback" not in p.stderr
-    p = _cli("tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512", "--confirm", "-1", cwd=tmp_path)
-    assert p.returncode == 2 and "--confirm: must be 0 or more, got -1" in p.stderr and "Traceback" not in p.stderr
-    p = _cli("tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512", "--reread", "-2", cwd=tmp_path)
-    assert p.returncode == 2 and "--reread: must be 0 or more, got -2" in p.stderr and len(p.stderr.splitlines()) == 1
-    p = _cli("tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512", "--kernel-timing", "both",
-             cwd=tmp_path)
-    assert p.returncode == 2 and "--kernel-timing" in p.stderr and "auto, each or shared" in p.stderr and "Traceback" not in p.stderr
+    """Flags out of their declared ranges or choices: exit 2 with one line naming the flag and what it takes,
+    answered before torch loads."""
+    tune = ["tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512"]
+    for extra, flag, says in ((["--budget", "0"], "--budget", ("1",)), (["--confirm", "-1"], "--confirm", ("0",)),
+                              (["--reread", "-2"], "--reread", ("0",)),
+                              (["--kernel-timing", "both"], "--kernel-timing", ("auto", "each", "shared"))):
+        p = _cli(*tune, *extra, cwd=tmp_path)
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+        assert lines[0].startswith("error: ") and f"'{flag}'" in lines[0] and all(w in lines[0] for w in says), lines
+    line = "import sys; from sp_plan.cli.app import run_line; c = run_line(sys.argv[1:]); print(sorted(" \
+           "{'torch', 'numpy'} & set(sys.modules))); sys.exit(c)"
+    p = subprocess.run([sys.executable, "-c", line, *tune, "--budget", "0"], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=120)
+    assert p.returncode == 2 and p.stdout.strip() == "[]", (p.stdout, p.stderr)
 
 
 def test_corrupted_profile_file_exits_2(tmp_path):
