@@ -314,6 +314,8 @@ def _prepare(a: dict, early):
         check_world(c, probe.dist.get_world_size())
         return c, m, w, opts, owned, rank, _open_store(a["store"], rank)
     except PlanError as e:
+        if probe.dist.is_initialized():  # every rank refuses here alike (the world, the store broadcast): none may
+            probe.dist.barrier()  # leave while a peer still connects to it (gloo would fail that peer instead)
         _fail(rank, early, e, owned)
 
 

@@ -24,7 +24,8 @@ from sp_plan.runtime.spawn import fork_safe_c10d
 
 #: modules a rank would otherwise import on its own after the fork: autograd's backward imports torch's symbolic
 #: shapes (sympy, about a second of CPU per process) and the attention entry point loads every runtime variant
-LAZY_IMPORTS = ("torch.fx.experimental.symbolic_shapes", "torch.distributed.distributed_c10d")
+#: torch._dynamo: DDP's constructor imports it (with FSDP and DTensor, seconds a rank), and tunes build DDP stacks
+LAZY_IMPORTS = ("torch.fx.experimental.symbolic_shapes", "torch.distributed.distributed_c10d", "torch._dynamo")
 
 
 @functools.cache

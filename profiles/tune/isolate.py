@@ -226,6 +226,13 @@ def default_start_method(cuda_index: int | None) -> str:
     return "spawn" if cuda_index is not None or flight_recorder_on() else "fork"
 
 
+def preload_for_children() -> None:
+    """Import here, once, what a child's measurement imports on first use: DDP's constructor loads torch._dynamo
+    (with FSDP and DTensor, about 4 s a rank on shared CPU cores), which a forked child would otherwise import again
+    for every candidate."""
+    import torch._dynamo  # noqa: F401, PLC0415 - heavy and lazy in torch itself: only a tune's parent needs it
+
+
 def run_candidate_isolated(plan: Plan, model: ModelSpec, work: Workload, *, timeout_s: float,
                            collective_timeout_s: float | None = None, start_method: str | None = None,
                            grace_s: float = GRACE_S, beat: Callable[[float], None] | None = None,
@@ -251,6 +258,7 @@ def run_candidate_isolated(plan: Plan, model: ModelSpec, work: Workload, *, time
     coll = collective_timeout_s or max(timeout_s / 2, 1.0)
     args = (plan, model, work, rank, world, addr, box[0], coll, cuda_index, method == "fork", kw)
     if method == "fork":
+        preload_for_children()
         proc = recv = Forked(_child, args)
     else:  # CUDA cannot be forked: a fresh interpreter (not allowed inside a daemonic process)
         ctx = mp.get_context(method)
