@@ -525,8 +525,21 @@ def run_line(args: Optional[list[str]] = None) -> int:
             out.print(ctx.get_help(), highlight=False, markup=False)
             return 0
         print_error(usage_line(e))
+        _json_error(ctx, sys.argv[1:] if args is None else args, usage_line(e))
         return getattr(e, "exit_code", 2)
     return code if isinstance(code, int) else 0
+
+
+#: the commands whose ``--json`` streams events (cli/progress.py), the last of them a result or an error
+EVENT_COMMANDS = ("tune", "links")
+
+
+def _json_error(ctx, argv: list[str], message: str) -> None:
+    """A command that streams JSON events (``--json``) ends with its error event on stdout, a usage error too."""
+    if ctx is not None and ctx.info_name in EVENT_COMMANDS and "--json" in argv:
+        from sp_plan.cli.progress import JsonReporter
+
+        JsonReporter(ctx.info_name).error(message)
 
 
 def main() -> None:

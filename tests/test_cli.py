@@ -1,5 +1,6 @@
 """The CLI as a user runs it: exit codes and one-line errors from a fresh process; what a command answers read from
 its ``--json`` (the response model the service answers with), run in this process."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -204,3 +205,19 @@ def test_command_line_usage_errors_are_one_line_and_exit_2(args):
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "--help" in lines[0], r.stderr
+
+
+def test_a_usage_error_of_a_command_streaming_json_events_ends_with_its_error_event(capsys):
+    """`tune --json` with a flag out of its declared range: click refuses it before the command runs, and the event
+    stream a log reader follows still ends with an error event (stdout), beside the one error line (stderr)."""
+    from sp_plan.cli.app import run_line
+
+    assert run_line(["tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512", "--budget", "0",
+                     "--json"]) == 2
+    got = capsys.readouterr()
+    (line,) = got.out.splitlines()
+    ev = json.loads(line)
+    assert ev["event"] == "error" and "--budget" in ev["message"] and "--budget" in got.err
+    assert run_line(["plan", "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "8k", "--top", "0",
+                     "--json"]) == 2
+    assert capsys.readouterr().out == ""  # plan --json prints an answer, not events
