@@ -215,7 +215,7 @@ def test_dead_or_hung_peer_in_ring_ends_with_world_error(mode):
     t0 = time.monotonic()
     with pytest.raises(WorldError):
         run_world(_ring_with_dead_peer, 3, mode, timeout=timeout)
-    assert time.monotonic() - t0 < timeout + 10
+    assert time.monotonic() - t0 < 120  # ended by the world's timeout or the death, not by the hung rank's 120 s
 
 
 # ---------------------------------------------------------------- bad input

@@ -371,7 +371,7 @@ def test_a_child_whose_peer_failed_is_given_up_after_the_grace_not_the_timeout()
     assert [r[:3] for r in res] == [res[0][:3]] * 2
     status, rank, reason, took = res[0]
     assert (status, rank) == ("timeout", 1) and "after a peer's child failed" in reason and "rank 0:" in reason
-    assert took < 30
+    assert took < 120  # given up after the grace, not at the candidate's timeout
 
 
 def test_a_child_stalled_after_its_peers_reported_is_waited_for_past_the_parent_worlds_timeout():
