@@ -2,7 +2,8 @@
 PostgreSQL server), ``browser`` (opens Chromium), ``netns`` (network namespaces), and ``slow`` (any of those, or
 over SLOW_S seconds of CPU, or WAIT_S of waiting). ``pytest -m "not slow"`` is the contributor's inner loop.
 
-The marks live in tests/markers.json, written by a run with ``pytest --record-markers`` (a whole run, or some files:
+The marks live in tests/markers.json (and the slow tests' wall seconds, which order them, in tests/durations.json),
+written by a run with ``pytest --record-markers`` (a whole run, or some files:
 the marks of the tests that did not run are kept): the run watches
 every process a test starts (subprocess, multiprocessing, torch's spawn) and its duration. What a fixture's setup
 starts or spends counts for every test that uses the fixture, not only for the first one, which happened to set
@@ -25,6 +26,8 @@ from pathlib import Path
 import pytest
 
 MARKERS_FILE = Path(__file__).with_name("markers.json")
+#: the slow tests' wall seconds in the recording, which orders them longest first under pytest-xdist
+DURATIONS_FILE = Path(__file__).with_name("durations.json")
 #: a test that computes for over this many CPU seconds is slow even if it starts nothing (CPU, not wall-clock
 #: time, so that a recording on a busy machine marks what a quiet one would)
 SLOW_S = 1.0
@@ -38,6 +41,7 @@ _current: list[str] = []
 _fixtures: dict[tuple[str, str], set[str]] = {}
 _setting_up: list[tuple[str, str]] = []
 _unmarked: set[str] = set()
+_wall: dict[str, float] = {}
 
 
 def _kinds_of(argv) -> set[str]:
@@ -93,6 +97,11 @@ def load_marks() -> dict[str, list[str]]:
     return json.loads(MARKERS_FILE.read_text()) if MARKERS_FILE.exists() else {}
 
 
+def load_durations() -> dict[str, float]:
+    """node id -> the wall seconds a recording took (its slow tests only; empty before the first recording)."""
+    return json.loads(DURATIONS_FILE.read_text()) if DURATIONS_FILE.exists() else {}
+
+
 def pytest_addoption(parser):
     parser.addoption("--record-markers", action="store_true",
                      help="watch what each test starts and how long it takes; rewrite tests/markers.json")
@@ -120,10 +129,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("netns") and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group("netns"))
-    # slow tests first (a stable sort: each keeps its place among its kind): pytest-xdist hands a worker more tests
-    # once it has two or fewer queued, so a run that ends on slow tests leaves one worker idle while the other works
-    # through its last minutes of tunes; ending on fast ones, both finish together
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    # slow tests first, the longest recorded first (the rest keep their order): pytest-xdist hands a worker more
+    # tests once it has two or fewer queued, so a run that ends on its longest tests leaves one worker idle while
+    # the other works through its last minutes of tunes; ending on fast ones, both finish together
+    took = load_durations()
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, -took.get(item.nodeid, 0.0)))
 
 
 #: fixtures that start a server for the test (in their setup, which may fall on another test of the session)
@@ -164,6 +174,7 @@ def pytest_runtest_protocol(item, nextitem):
         _note(FIXTURE_KINDS[name])
     t0 = _clock()
     yield
+    _wall[item.nodeid] = _clock()[0] - t0[0]
     if _took_long(t0):
         _seen.setdefault(item.nodeid, set()).add("slow")
     started = _seen.get(item.nodeid, set()) & set(KINDS)
@@ -190,6 +201,9 @@ def pytest_sessionfinish(session):
         marks[item.nodeid] = sorted(kinds | ({"slow"} if kinds else set()))
     rows = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(marks.items()) if v]
     MARKERS_FILE.write_text("{\n" + ",\n".join(rows) + "\n}\n")
+    took = {k: v for k, v in load_durations().items() if k in marks and "slow" in marks[k]}
+    took.update({k: round(_wall[k], 1) for k in _wall if "slow" in marks.get(k, ())})
+    DURATIONS_FILE.write_text(json.dumps(dict(sorted(took.items())), indent=0) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter, config):
