@@ -131,9 +131,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("netns"))
     # slow tests first, the longest recorded first (the rest keep their order): pytest-xdist hands a worker more
     # tests once it has two or fewer queued, so a run that ends on its longest tests leaves one worker idle while
-    # the other works through its last minutes of tunes; ending on fast ones, both finish together
+    # the other works through its last minutes of tunes; ending on fast ones, both finish together. An xdist
+    # group's tests keep their order among themselves: they share a server or a world, and some read what an
+    # earlier one left there
     took = load_durations()
-    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, -took.get(item.nodeid, 0.0)))
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                                 0.0 if item.get_closest_marker("xdist_group") else -took.get(item.nodeid, 0.0)))
 
 
 #: fixtures that start a server for the test (in their setup, which may fall on another test of the session)
