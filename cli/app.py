@@ -524,8 +524,9 @@ def run_line(args: Optional[list[str]] = None) -> int:
         if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:  # bare `sp-plan`: its help
             out.print(ctx.get_help(), highlight=False, markup=False)
             return 0
-        print_error(usage_line(e))
-        _json_error(ctx, sys.argv[1:] if args is None else args, usage_line(e))
+        line = usage_line(e)
+        print_error(line)
+        _json_error(ctx, sys.argv[1:] if args is None else args, line)
         return getattr(e, "exit_code", 2)
     return code if isinstance(code, int) else 0
 
