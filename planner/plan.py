@@ -27,6 +27,16 @@ TEAM_ALGORITHMS = ("wallfacer", "tokenring_ring")
 CHECKPOINTING = ("none", "full", "attention_boundary")
 
 
+def local_kv_heads(heads: int, kv_heads: int, tp: int, ulysses: int) -> int:
+    """KV heads one rank attends in a context group (what all-gather gathers and ``kv_chunks`` divides): the model's
+    over tp (Megatron: one when fewer), then split over Ulysses as its all-to-all splits them
+    (runtime/variants/ulysses.kv_split: evenly; one, replicated, where U is a multiple; else one per query head)."""
+    q, kv = heads // tp, max(kv_heads // tp, 1)
+    if kv % ulysses == 0:
+        return kv // ulysses
+    return 1 if ulysses % kv == 0 else q // ulysses
+
+
 class PhaseCost(BaseModel):
     """One line of a prediction's breakdown."""
 
@@ -88,6 +98,11 @@ class Plan(BaseModel):
         default=None, ge=1, description="model chunks on each pipeline rank (interleaved 1F1B, Narayanan et al. "
                                         "2021 §2.2.2): each stage's layers split into this many equal chunks; "
                                         "absent or 1: plain 1F1B")
+    kv_chunks: int | None = Field(
+        default=None, description="allgather: K, V gathered in this many chunks of KV heads, each chunk's gather "
+                                  "beside the previous chunk's attention (ring-flash-attention's llama3 variant); "
+                                  "it divides the KV heads on a rank (``local_kv_heads``); absent or 1: one "
+                                  "gather, exposed")
     placement: Literal["collective_intra", "p2p_intra"] | None = None
     cluster: str | None = Field(default=None, description="name of the cluster the plan was made for")
     cluster_fingerprint: str | None = None
@@ -131,6 +146,7 @@ class Plan(BaseModel):
         if self.virtual_stages is not None:
             check_virtual_stages(self.virtual_stages, self.degrees["pp"], self.model.layers if self.model else None,
                                  self.stage_layers)
+        self._check_kv_chunks()
         if self.world_size > MAX_WORLD:
             raise PlanError("degrees", f"{self.world_size:,} ranks is more than any cluster has (at most {MAX_WORLD:,})",
                             "check the degrees")
@@ -144,6 +160,28 @@ class Plan(BaseModel):
             raise PlanError("token_layout", "ulysses attends the whole sequence after its all-to-all",
                             "use token_layout contiguous with algorithm ulysses")
         return self
+
+    def _check_kv_chunks(self) -> None:
+        """kv_chunks: all-gather's, at least 1, dividing the KV heads each rank attends; 1 is written as absent."""
+        n = self.kv_chunks
+        if n is None:
+            return
+        if n < 1:
+            raise PlanError("kv_chunks", f"{n} chunks of KV heads is fewer than one", "use 1 (one gather) or more")
+        if n == 1:
+            self.kv_chunks = None  # one gather, written as before: absent
+            return
+        if self.algorithm != "allgather":
+            raise PlanError("kv_chunks", f"kv_chunks chunks all-gather's gather of K, V; {self.algorithm} gathers "
+                            "none", "drop kv_chunks, or use algorithm allgather")
+        if self.model is not None:
+            d = self.degrees
+            local = local_kv_heads(self.model.heads, self.model.kv_heads, d["tp"], d["ulysses"])
+            if local % n:
+                fits = [k for k in range(1, local + 1) if local % k == 0]
+                raise PlanError("kv_chunks", f"{n} chunks do not split the {local} KV heads a rank attends "
+                                f"({self.model.kv_heads} KV heads over tp {d['tp']} x ulysses {d['ulysses']})",
+                                f"use one of {fits}")
 
     # ---- derived
     @property
@@ -177,6 +215,8 @@ class Plan(BaseModel):
             parts.append("stages:" + stage_list(self.stage_layers))
         if self.virtual_stages is not None:
             parts.append(f"virtual:{self.virtual_stages}")
+        if self.kv_chunks is not None:
+            parts.append(f"kv_chunks:{self.kv_chunks}")
         parts.append("<".join(o for o in self.order if d.get(o, 1) > 1) or "-")
         parts.append(f"zero{self.zero_stage}")
         if self.checkpointing != "none":

@@ -119,10 +119,12 @@ class Context:
         return parts
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | None = None,
-                  scale: float | None = None, cu_seqlens=None, window: int | None = None) -> torch.Tensor:
+                  scale: float | None = None, cu_seqlens=None, window: int | None = None,
+                  kv_chunks: int | None = None) -> torch.Tensor:
         """The plan's attention on local (batch, local seq, heads, head dim) tensors in the token layout;
         ``cu_seqlens`` (0, ..., global length) packs documents, ``window`` is a sliding window (None: the plan's,
-        ``window``) for ring, Ulysses, USP and all-gather plans (``attention.MASKED``; the others refuse them)."""
+        ``window``) for ring, Ulysses, USP and all-gather plans (``attention.MASKED``; the others refuse them);
+        ``kv_chunks``: all-gather's chunks of KV heads (None: the plan's, ``kv_chunks``)."""
         from .attention import attention
 
         if causal is None:
@@ -133,9 +135,26 @@ class Context:
         if self.plan.algorithm == "tokenring_ring":  # the inner TokenRing: the plan's team, not the hostnames
             ranks["team"] = self.layout.group_of("team", self.rank)
         backend = self.backends.choose(q, k, causal)  # keyed by the local block: device, dtype, head dim, length
+        chunks = self.kv_chunks(kv_chunks)
+        if chunks != 1:  # runtime.attention takes no chunk count: the all-gather entry that does
+            from .variants.allgather import planned_allgather
+
+            return planned_allgather(q, k, v, kv_chunks=chunks, groups=groups, ranks=ranks, causal=causal,
+                                     token_layout=self.plan.token_layout, scale=scale, backend=backend,
+                                     cu_seqlens=cu_seqlens, window=self.window(window))
         return attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,
                          token_layout=self.plan.token_layout, scale=scale, backend=backend, cu_seqlens=cu_seqlens,
                          window=self.window(window))
+
+    def kv_chunks(self, kv_chunks: int | None = None) -> int:
+        """``kv_chunks``, or where None the plan's (1: one gather); a chunk count for a plan that is not all-gather's
+        is refused, as the plan file refuses it."""
+        if kv_chunks is None:
+            return self.plan.kv_chunks or 1
+        if kv_chunks != 1 and self.plan.algorithm != "allgather":
+            raise PlanError("kv_chunks", f"kv_chunks chunks all-gather's gather of K, V; {self.plan.algorithm} "
+                            "gathers none", "drop kv_chunks, or run an allgather plan")
+        return kv_chunks
 
 
 def _as_plan(plan_or_path: Plan | str | Path) -> Plan:

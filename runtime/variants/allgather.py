@@ -8,9 +8,10 @@ empties and folding the others into (out, lse) with the online-softmax merge (``
 Backward. Each chunk's FlashAttention-2 block backward runs against the global out and lse; dq stays local, and
 the dk, dv of every chunk are accumulated and reduce-scattered to the chunk's owner.
 
-Overlap (optional, ``kv_chunks``). The KV heads may be gathered in chunks, as ring-flash-attention's llama3 variant
-strides them: the gather of chunk c + 1 is in flight while chunk c's query heads attend, and in backward chunk c's
-reduce-scatter while chunk c + 1 computes. One chunk (the default) gathers once, exposed.
+Overlap (optional, ``kv_chunks``: a plan field, which ``Context.attention`` passes). The KV heads may be gathered in
+chunks, as ring-flash-attention's llama3 variant strides them: the gather of chunk c + 1 is in flight while chunk c's
+query heads attend, and in backward chunk c's reduce-scatter while chunk c + 1 computes. One chunk (the default)
+gathers once, exposed.
 
 Masks. Each (local queries, key chunk) pair's mask comes from the global token indices: causal, the same packed
 document (``cu_seqlens`` over the global sequence) and a sliding window, as tiles of runs inside one document
@@ -22,12 +23,13 @@ all-gather inside): each context-group member then holds its whole token list fo
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import torch
 import torch.distributed as dist
 
 from sp_plan.planner.errors import PlanError
+from sp_plan.planner.layout import check_balance_policy, check_token_layout
 
 from ..kernels import BlockMask
 from .ring import (Ring, attend_chunks, attend_chunks_backward, check_masks, held_tokens, make_ring, member_block,
@@ -194,9 +196,10 @@ def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group
 
 
 def _registered_allgather(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None, cu_seqlens=None,
-                          window=None):
+                          window=None, kv_chunks: int = 1):
     """The registry's entry: all-gather K/V over the context (ring) group, inside Ulysses' all-to-all where the
-    ulysses degree is over 1 (the hybrid); degree 1 attends locally, under masks in tiles (``masked_ulysses``)."""
+    ulysses degree is over 1 (the hybrid), its KV heads in ``kv_chunks`` chunks (those each rank holds after the
+    all-to-all); degree 1 attends locally, under masks in tiles (``masked_ulysses``)."""
     uly, ring = groups.get("ulysses"), groups.get("ring")
     if degree(uly) == 1 and degree(ring) == 1 and (cu_seqlens is not None or window is not None):
         cu, w = check_masks(cu_seqlens, window, None)
@@ -205,11 +208,19 @@ def _registered_allgather(q, k, v, *, groups, ranks, causal, token_layout, scale
     if degree(uly) == 1:
         return allgather_attention(q, k, v, groups.get("ring"), causal=causal, token_layout=token_layout,
                                    scale=scale, ranks=ranks.get("ring"), backend=backend, cu_seqlens=cu_seqlens,
-                                   window=window)
+                                   window=window, kv_chunks=kv_chunks)
     check_ulysses_ranks(uly, ranks.get("ulysses"))
     return usp_attention(q, k, v, uly, ring if degree(ring) > 1 else None, causal=causal, token_layout=token_layout,
                          scale=scale, ring_ranks=ranks.get("ring"), backend=backend, cu_seqlens=cu_seqlens,
-                         window=window, inner=allgather_attention)
+                         window=window, inner=partial(allgather_attention, kv_chunks=kv_chunks))
+
+
+def planned_allgather(q, k, v, *, kv_chunks: int, **kw) -> torch.Tensor:
+    """The registry's entry with a chunk count: ``runtime.attention`` passes none, so ``Context.attention`` calls
+    this for a plan whose ``kv_chunks`` is over 1, after the token-layout check ``runtime.attention`` makes."""
+    cu = kw.get("cu_seqlens")
+    (check_token_layout if cu is None else check_balance_policy)(kw["token_layout"])
+    return _registered_allgather(q, k, v, kv_chunks=kv_chunks, **kw)
 
 
 register("allgather", _registered_allgather)
