@@ -2,7 +2,9 @@
 buffers, variants and checks (runtime/variants/allgather.py runs it).
 
 Forward: the context (``ring``) group all-gathers K and V, exposed; each rank then attends its local queries, in
-any token layout, to the K, V their documents and window let them see, in one call. Backward, as
+any token layout, to the K, V their documents and window let them see, in one call. With ``kv_chunks`` n over 1
+(a plan field) the KV heads go in n chunks, each chunk's gather beside the previous chunk's attention
+(``chunked_gather``); ``best_kv_chunks`` picks the n that prices least. Backward, as
 TransformerEngine's AttnFuncWithCPAndKVAllGather: K and V are gathered again (only the local shards are kept for
 the backward), the rank computes dQ and a full-length dK, dV in the model's dtype, and a reduce-scatter returns
 each rank its shard. With Ulysses inside (ulysses U > 1), its all-to-alls wrap the whole (USP Sec. 3) and the
@@ -18,6 +20,7 @@ from __future__ import annotations
 from .algorithms import Algorithm, Variant, register
 from .errors import PlanError
 from .masks import busiest_rank_pairs, has_mask, layer_windows
+from .plan import local_kv_heads
 from .schedules import Comm, Compute, Shape, Step, a2a_packing
 from .usp import ulysses_a2a
 
@@ -69,38 +72,84 @@ def attention_phase(c: Shape, backward: bool) -> Compute:
                    balance=(ratio,) if ratio < 1.0 else (), masked=c.work.causal or has_mask(c.work))
 
 
-def allgather_steps(c: Shape, backward: bool) -> list[Step]:
+def allgather_steps(c: Shape, backward: bool, chunks: int = 1) -> list[Step]:
     """One layer's attention: [Ulysses all-to-all] all-gather K, V | attention [| reduce-scatter dK, dV]
-    [all-to-all], each step exposed (the gather is not chunked to overlap the compute)."""
+    [all-to-all]; with ``chunks`` (``kv_chunks``) over 1, the gather and attention as ``chunked_gather``'s pipeline,
+    else each step exposed. The reduce-scatter stays exposed: the gathers of the next chunks hold the links."""
     tag = "bwd" if backward else "fwd"
     pre, post = ulysses_a2a(c, backward)
     steps = [Step((a2a_packing(p), p)) for p in pre]
     kv = gathered_kv_bytes(c)
-    if c.ring > 1:
-        steps.append(Step((Comm(f"allgather k,v {tag}", "all_gather", CONTEXT, kv),)))
-    steps.append(Step((attention_phase(c, backward),)))
+    attend = attention_phase(c, backward)
+    if c.ring > 1 and chunks > 1:
+        steps += chunked_gather(Comm(f"allgather k,v {tag}", "all_gather", CONTEXT, kv), attend, chunks)
+    else:
+        if c.ring > 1:
+            steps.append(Step((Comm(f"allgather k,v {tag}", "all_gather", CONTEXT, kv),)))
+        steps.append(Step((attend,)))
     if backward and c.ring > 1:
         steps.append(Step((Comm("allgather reduce-scatter dk,dv", "reduce_scatter", CONTEXT, kv),)))
     return steps + [Step((a2a_packing(p), p)) for p in post]
 
 
-def buffer_parts(c: Shape, training: bool) -> dict[str, dict[str, float]]:
-    """Transient bytes of one layer's attention, forward and backward: the gathered K, V (and in backward the
-    full-length dK, dV beside them), and Ulysses' head-sharded copies of q, k, v and the output."""
+def chunked_gather(gather: Comm, attend: Compute, chunks: int) -> list[Step]:
+    """The gather and attention in ``chunks`` chunks of KV heads (runtime/variants/allgather.allgather_forward):
+    chunk 1's gather exposed, then chunk i + 1's gather beside chunk i's attention, then the last chunk's attention.
+    Exposed: g + (chunks - 1) max(g, a) + a of per-chunk gather g and attention a; each chunk is its own
+    collective and kernel call, so each pays the link's per-step latency and ``Params.round_overhead_s``."""
+    g = gather._replace(nbytes=gather.nbytes / chunks)
+    a = attend._replace(flops=attend.flops / chunks)
+    return [Step((g,)), Step((g, a), chunks - 1, overlap=True), Step((a,))]
+
+
+#: the most chunks the planner prices (ring-flash-attention's llama3 variant strides a few heads at a time): more
+#: chunks only add a gather and an attention call each once the first chunk's gather is short
+MAX_KV_CHUNKS = 8
+
+
+def kv_chunk_options(c: Shape) -> list[int]:
+    """The chunk counts ``best_kv_chunks`` prices: the divisors of the KV heads a rank attends, up to MAX_KV_CHUNKS
+    (1 alone without a context group to gather over)."""
+    if c.ring < 2:
+        return [1]
+    local = local_kv_heads(c.model.heads, c.model.kv_heads, c.tp, c.ulysses)
+    return [n for n in range(1, min(local, MAX_KV_CHUNKS) + 1) if local % n == 0]
+
+
+def best_kv_chunks(est, cand) -> int:
+    """The ``kv_chunk_options`` whose layer attention prices least for ``cand`` (an all-gather Candidate) under its
+    mesh order with ``est``'s params: the forward (twice under full recomputation) and, in training, the backward;
+    the fewest chunks on a tie."""
+    c = est.shape(cand)
+    orders = est.orders(cand.degrees, [cand.order], cand.placement)
+    forwards = 2 if est.work.training and cand.checkpointing == "full" else 1
+
+    def seconds(n: int) -> float:
+        steps = allgather_steps(c, False, n) * forwards + (allgather_steps(c, True, n) if est.work.training else [])
+        return float(est.price(steps, orders).seconds[0])
+
+    return min(kv_chunk_options(c), key=lambda n: (seconds(n), n))
+
+
+def buffer_parts(c: Shape, training: bool, chunks: int = 1) -> dict[str, dict[str, float]]:
+    """Transient bytes of one layer's attention, forward and backward: the gathered K, V (in ``chunks`` chunks, two
+    at a time: the one attending and the next in flight; and in backward the full-length dK, dV beside them, all
+    chunks' until their reduce-scatter), and Ulysses' head-sharded copies of q, k, v and the output."""
     kv = gathered_kv_bytes(c) if c.ring > 1 else 0.0
+    held = kv * min(2 / chunks, 1.0)
     ulysses = 0.0
     if c.ulysses > 1:
         d = c.model.head_dim
         ulysses = (2 * c.b * c.n_ring * c.heads_local * d + 2 * c.b * c.n_ring * c.kv_local * d) * c.e
-    out = {"forward": {"gathered k,v": kv, "ulysses copies": ulysses}}
+    out = {"forward": {"gathered k,v": held, "ulysses copies": ulysses}}
     if training:
-        out["backward"] = {"gathered k,v": kv, "full-length dk,dv": kv, "ulysses copies": ulysses}
+        out["backward"] = {"gathered k,v": held, "full-length dk,dv": kv, "ulysses copies": ulysses}
     return out
 
 
-def allgather_buffer_bytes(c: Shape, training: bool) -> float:
+def allgather_buffer_bytes(c: Shape, training: bool, chunks: int = 1) -> float:
     """Peak transient bytes: the larger of the forward and backward sets (they never coexist)."""
-    return max(sum(part.values()) for part in buffer_parts(c, training).values())
+    return max(sum(part.values()) for part in buffer_parts(c, training, chunks).values())
 
 
 def allgather_variants(d, model, work) -> list[Variant]:
