@@ -158,8 +158,7 @@ def test_chunked_buffers_hold_two_chunks_of_the_gathered_k_v():
 
 # ---------------------------------------------------------------- the runtime
 
-def _attend(rank: int, world: int):
-    plan = Plan(algorithm="allgather", degrees={"ring": 2}, order=["ring"], token_layout="zigzag", kv_chunks=2)
+def _attend(rank: int, world: int, plan: Plan):
     ctx = init(plan)
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 16, h, 8, generator=gen, dtype=torch.float64) for h in (8, 4, 4))
@@ -170,7 +169,7 @@ def _attend(rank: int, world: int):
     try:
         counted = []
         outs = []
-        for chunks in (None, 1, 4):  # the plan's, then the caller's
+        for chunks in (None, 1, 2):  # the plan's, then the caller's
             gathers.clear()
             outs.append(ctx.attention(q, k, v, causal=True, kv_chunks=chunks))
             counted.append(len(gathers))
@@ -180,9 +179,14 @@ def _attend(rank: int, world: int):
 
 
 @pytest.mark.multiprocess
-def test_init_passes_the_plans_kv_chunks_to_the_all_gather_attention():
-    for counted, diffs in run_world(_attend, 2, timeout=120):
-        assert counted == [4, 2, 8]  # K and V per chunk: the plan's 2 chunks, one gather, the caller's 4
+@pytest.mark.parametrize("degrees, chunks, gathers", [
+    ({"ring": 2}, 4, [8, 2, 4]),  # 4 KV heads a rank: the plan's 4 chunks, one gather, the caller's 2
+    ({"ulysses": 2, "ring": 2}, 2, [4, 2, 4]),  # the hybrid: 2 KV heads a rank after Ulysses' all-to-all
+])
+def test_init_passes_the_plans_kv_chunks_to_the_all_gather_attention(degrees, chunks, gathers):
+    plan = Plan(algorithm="allgather", degrees=degrees, token_layout="zigzag", kv_chunks=chunks)
+    for counted, diffs in run_world(_attend, plan.world_size, plan, timeout=120):
+        assert counted == gathers  # K and V once per chunk
         assert max(diffs) < 1e-12  # chunking moves the same K, V: the same attention
 
 
