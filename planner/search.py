@@ -15,7 +15,9 @@ import heapq
 from bisect import bisect_left
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
+from functools import lru_cache
 from itertools import permutations
+from math import factorial, isqrt
 from typing import Callable, Iterator
 
 import numpy as np
@@ -36,10 +38,20 @@ from .stages import resolve_stage_layers, searched_virtual_stages, virtual_stage
 from .ranking import RankedPlans, largest_extra_cost, summarize  # noqa: F401 - their names here are public
 
 CHECKPOINTING = ("none", "attention_boundary", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+INF = float("inf")
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n``, ascending (a copy: callers may change it)."""
+    return list(_divisors(n))
+
+
+@lru_cache(maxsize=256)
+def _divisors(n: int) -> tuple[int, ...]:
+    """``divisors`` from the pairs (d, n / d) with d up to sqrt(n): a world of 131,072 ranks is walked many times."""
+    small = [d for d in range(1, isqrt(n) + 1) if n % d == 0]
+    return tuple(small + [n // d for d in reversed(small) if d * d != n])
 
 
 @dataclass(frozen=True)
@@ -101,20 +113,29 @@ class Space:
         mbs = self._mbs(d) if v == 1 else self.interleaved_mbs(d, v)
         if not self.work.training:
             return [(0, "none", b) for b in mbs]
-        return [(z, ck, b) for b in mbs for ck in CHECKPOINTING for z in (0, 1, 2, 3)]
+        return [(z, ck, b) for b in mbs for ck in CHECKPOINTING for z in ZERO_STAGES]
 
     def virtual_stages(self, d: Degrees) -> list[int]:
         """The pipeline schedules offered for the degrees (``stages.searched_virtual_stages``): 1 alone without a
         pipeline or where no micro-batch size makes the micro-batches a multiple of pp."""
         if d.pp == 1:
             return [1]
-        counts = {self.work.batch // (d.dp * b) for b in self._mbs(d)}
-        return searched_virtual_stages(d.pp, counts, self.model.layers, self.stage_layers(d.pp))
+        return list(self._memo("virtual stages", (d.pp, d.dp), lambda: tuple(searched_virtual_stages(
+            d.pp, {self.work.batch // (d.dp * b) for b in self._mbs(d)}, self.model.layers, self.stage_layers(d.pp)))))
 
     def interleaved_mbs(self, d: Degrees, v: int) -> list[int]:
         """The micro-batch sizes under which ``v`` > 1 virtual stages run (micro-batches in groups of pp)."""
-        return [b for b in self._mbs(d) if v in virtual_stage_options(d.pp, self.work.batch // (d.dp * b),
-                                                                     self.model.layers, self.stage_layers(d.pp))]
+        return list(self._memo("interleaved", (d.pp, d.dp, v), lambda: tuple(
+            b for b in self._mbs(d) if v in virtual_stage_options(d.pp, self.work.batch // (d.dp * b),
+                                                                 self.model.layers, self.stage_layers(d.pp)))))
+
+    def _memo(self, kind: str, key: tuple, make: Callable[[], tuple]) -> tuple:
+        """``make()`` once per (kind, key): what the degrees' pipeline sizes give, asked per degrees choice and stage."""
+        cache = self.__dict__.setdefault("_memos", {})
+        value = cache.get((kind, key))
+        if value is None:
+            value = cache[kind, key] = make()
+        return value
 
     def stage_layers(self, pp: int) -> tuple[int, ...] | None:
         """Layers per stage the search prices for ``pp`` (``Estimator.stages_of`` of a candidate without its own)."""
@@ -362,7 +383,12 @@ def outside_bounds(est: Estimator, groups: list, batches: dict) -> dict[tuple, f
 def degree_size(space: Space, d: Degrees, vs: list | None = None) -> int:
     """Candidates of the degrees ``d`` in the space: variants x token layouts x mesh orders x (pipeline schedule,
     policy) pairs (``vs``: the variants of ``d``, if known)."""
-    n = len(space.orders(d)) * sum(len(space.policies(d, v)) for v in space.virtual_stages(d))
+    if type(space).orders is Space.orders and type(space).policies is Space.policies:  # counted, not listed
+        per_mbs = len(CHECKPOINTING) * len(ZERO_STAGES) if space.work.training else 1
+        n = factorial(len(d.dims())) * sum(per_mbs * len(space._mbs(d) if v == 1 else space.interleaved_mbs(d, v))
+                                           for v in space.virtual_stages(d))
+    else:
+        n = len(space.orders(d)) * sum(len(space.policies(d, v)) for v in space.virtual_stages(d))
     return sum(n * len(v.layouts if v.layouts is not None else space.layouts(d))
                for v in (vs if vs is not None else variants(d, space.model, space.work)))
 
@@ -439,7 +465,14 @@ class _Grid:
 
     def beyond(self, bound: float, vkeys: list) -> bool:
         """Whether a bound can neither enter the top K nor change the best of any variant in ``vkeys``."""
-        return bool(self.keep) and bound > self.kth and all(bound > self.best_of.get(v, float("inf")) for v in vkeys)
+        return bound > self.reach(vkeys)
+
+    def reach(self, vkeys: list) -> float:
+        """The bound above which an item of the variants ``vkeys`` can neither enter the top K nor change any of their
+        bests (``beyond``: bound > K-th time and > each best is bound > the largest of them); inf without a top K."""
+        if not self.keep or self.kth == INF:
+            return INF
+        return max(self.kth, max((self.best_of.get(v, INF) for v in vkeys), default=-INF))
 
     def seed(self) -> None:
         """Every degrees choice in the queue under its compute-only bound."""
@@ -459,8 +492,9 @@ class _Grid:
         est, d = self.est, item.degrees
         if self.beyond(bound, [k for keys in item.vkeys.values() for k in keys]):
             return
-        found, _, r = degree_groups(est, self.space, d, lambda key, mbs, v: not self.beyond(
-            item.by_mbs.get((mbs, v), bound), item.vkeys[key]), item.variants)
+        reach = {key: self.reach(keys) for key, keys in item.vkeys.items()}  # nothing is ranked until expand returns
+        found, _, r = degree_groups(est, self.space, d, lambda key, mbs, v: item.by_mbs.get((mbs, v), bound)
+                                    <= reach[key], item.variants)
         self.rejected += r
         if larger_micro_batch_wins(est, d.pp):  # ties go to the larger micro-batch, pruned or not
             found = [(base, orders, largest_micro_batches(fitting)) for base, orders, fitting in found]
@@ -513,16 +547,15 @@ class _Grid:
 
     def prune(self, bound: float, g: GroupItem) -> bool:
         """Drop ``g``'s policies whose bound is out of reach (their least bound lowers ``cut``); False: none left."""
-        vkey = variant_key(g.base, self.by_layout)
-        if self.beyond(bound, [vkey]):
+        reach = self.reach([variant_key(g.base, self.by_layout)])
+        if bound > reach:
             self.finish_plain(g, bound)
             return False
-        dropped = [b for b in g.bounds if self.beyond(b, [vkey])]
-        if dropped:
-            g.cut = min(g.cut, *dropped)
+        if max(g.bounds, default=-INF) > reach:
+            g.cut = min(g.cut, *(b for b in g.bounds if b > reach))
             if g.interleaved:
-                g.lower.update((p, max(b, bound)) for p, b in zip(g.fitting, g.bounds) if self.beyond(b, [vkey]))
-            kept = [(p, b) for p, b in zip(g.fitting, g.bounds) if not self.beyond(b, [vkey])]
+                g.lower.update((p, max(b, bound)) for p, b in zip(g.fitting, g.bounds) if b > reach)
+            kept = [(p, b) for p, b in zip(g.fitting, g.bounds) if b <= reach]
             if not kept:
                 self.finish_plain(g, bound)
                 return False
