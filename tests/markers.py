@@ -129,14 +129,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("netns") and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group("netns"))
-    # slow tests first, the longest recorded first (the rest keep their order): pytest-xdist hands a worker more
-    # tests once it has two or fewer queued, so a run that ends on its longest tests leaves one worker idle while
-    # the other works through its last minutes of tunes; ending on fast ones, both finish together. An xdist
-    # group's tests keep their order among themselves: they share a server or a world, and some read what an
-    # earlier one left there
-    took = load_durations()
+    _longest_first(items, load_durations())
+
+
+def _group(item) -> str | None:
+    """The item's xdist group, if any."""
+    mark = item.get_closest_marker("xdist_group")
+    return (mark.args[0] if mark.args else mark.kwargs.get("name")) if mark else None
+
+
+def _longest_first(items, took: dict[str, float]) -> None:
+    """Slow tests first, the longest recorded first, an xdist group as one unit of its tests' total (the rest keep
+    their order). pytest-xdist hands out a quarter of the run round-robin at its start and the rest as workers
+    free up, so a run that ends on its longest tests or groups leaves one worker idle while the other works
+    through its last minutes of tunes; ending on fast ones, both finish together. A group's tests keep their
+    order among themselves: they share a server or a world, and some read what an earlier one left there."""
+    total: dict[str, float] = {}
+    for item in items:
+        if (g := _group(item)) is not None:
+            total[g] = total.get(g, 0.0) + took.get(item.nodeid, 0.0)
     items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
-                                 0.0 if item.get_closest_marker("xdist_group") else -took.get(item.nodeid, 0.0)))
+                                 -(total[g] if (g := _group(item)) is not None else took.get(item.nodeid, 0.0))))
 
 
 #: fixtures that start a server for the test (in their setup, which may fall on another test of the session)

@@ -113,6 +113,7 @@ def _metric(srv: Server, name: str, **labels) -> float:
     return _scraped(httpx.get(f"{srv.url}/metrics").text, name, **labels)
 
 
+@pytest.mark.parametrize("server", ["sqlite"], indirect=True)  # the store's backends answer alike: the tests below
 def test_plan_over_http_is_the_cli_plan(server, tmp_path):
     """`sp-plan plan --server` prints what the local run prints; the client's winner is the Python API's."""
     local = _cli("plan", *PLAN, "--seq-len", "64k", "--store", server.store, "-o", str(tmp_path / "local.yaml"),

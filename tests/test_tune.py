@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from sp_plan.planner.model import Workload
 from sp_plan.planner.plan import Plan
@@ -151,7 +150,9 @@ def test_a_surprise_is_read_again_checkpointed_and_kept_at_its_faster_reading(tm
 
 def test_failing_candidates_are_recorded_and_the_tune_goes_on(tmp_path):
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    faults = {"#0": "raise@1", "#1": "oom@2", "#2": "hang@3"}
+    # the raise and the out-of-memory on every rank at once (which rank a one-rank fault is pinned on, and that its
+    # peers wait for it, is tests/test_tune_measure.py's): no peer waits out a collective timeout for them
+    faults = {"#0": "raise@all", "#1": "oom@all", "#2": "hang@3"}
     # the hung candidate's timeout: long enough that a loaded host's child worlds start and report within it (at a
     # load of 25 every candidate of this tune timed out at 15 s; a child no longer imports torch._dynamo itself),
     # short enough that the hang costs well under a minute
@@ -159,7 +160,7 @@ def test_failing_candidates_are_recorded_and_the_tune_goes_on(tmp_path):
     cands, pid = out[0]
     assert all(o == out[0] for o in out), "every rank returns the same profile"
     statuses = [(s, r) for _, s, _, r in cands]
-    assert statuses[:2] == [("error", 1), ("oom", 2)], cands
+    assert [s for s, _ in statuses[:2]] == ["error", "oom"] and None not in [r for _, r in statuses[:2]], cands
     assert statuses[2][0] == "timeout" and statuses[2][1] is not None, cands  # every rank waits on the hung one
     assert "injected" in cands[0][2] and cands[3][1] == "ok"
     prof = Store(url).get_profile(pid)
@@ -206,9 +207,10 @@ def test_world_that_does_not_match_the_cluster_exits_2(tmp_path):
     assert not (tmp_path / "s.db").exists(), "a refused tune created its store"
 
 
-@pytest.mark.parametrize("url", ["nosuch://x", "postgresql+psycopg://u:p@127.0.0.1:1/db"])
-def test_bad_store_exits_2(tmp_path, url):
-    res = netns.launch([*TUNE, "--budget", "1", "--store", url], 4, 4, tmp_path, timeout=120)  # the world matches
+def test_bad_store_exits_2(tmp_path):
+    """Every rank of a matching world exits 2 with one line naming --store (an unreachable server's own wording:
+    tests/test_store.py)."""
+    res = netns.launch([*TUNE, "--budget", "1", "--store", "nosuch://x"], 4, 4, tmp_path, timeout=120)
     assert all(code == 2 for code, _ in res), res
     lines = [l for l in res[0][1].splitlines() if l.strip()]
     assert len(lines) == 1 and "--store" in lines[0] and "Traceback" not in res[0][1], res[0][1]

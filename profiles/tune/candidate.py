@@ -37,25 +37,33 @@ from .stack import build_stack, random_batch, token_loss
 from .timing import sync
 
 FAULTS = ("raise", "oom", "hang", "stall", "slow")
+#: a fault's rank for "@all": every rank fails at once, so no peer waits for it in a collective
+ALL_RANKS = -2
 #: seconds the "slow" fault adds to every step it is injected in (a slow spell of the host, as a test sees it)
 SLOW_S = 1.0
 QUANTITIES = ("fwd_bwd_s", "optimizer_s", "peak_bytes", "static_bytes")
 
 
 def parse_fault(fault: str | None) -> tuple[str | None, int]:
-    """Test hook: "raise", "oom", "hang", "stall" or "slow", optionally "@rank" (default rank 0)."""
+    """Test hook: "raise", "oom", "hang", "stall" or "slow", optionally "@rank" (default rank 0) or "@all" (every
+    rank at once: ALL_RANKS)."""
     if not fault:
         return None, -1
     kind, _, rank = fault.partition("@")
     if kind not in FAULTS:
-        raise ValueError(f"unknown fault {fault!r}; use one of {FAULTS}, optionally with @rank")
-    return kind, int(rank or 0)
+        raise ValueError(f"unknown fault {fault!r}; use one of {FAULTS}, optionally with @rank or @all")
+    return kind, ALL_RANKS if rank == "all" else int(rank or 0)
+
+
+def _hit(at: int, rank: int) -> bool:
+    """Whether a fault parsed as ``at`` falls on ``rank``."""
+    return at in (rank, ALL_RANKS)
 
 
 def inject(fault: str | None, rank: int) -> None:
     """Test hook: raise, run out of memory, hang or take SLOW_S seconds longer on the fault's rank."""
     kind, at = parse_fault(fault)
-    if kind in (None, "stall") or rank != at:
+    if kind in (None, "stall") or not _hit(at, rank):
         return
     if kind == "slow":
         time.sleep(SLOW_S)
@@ -71,7 +79,7 @@ def inject(fault: str | None, rank: int) -> None:
 def stall(fault: str | None, rank: int) -> None:
     """Test hook: "stall" hangs the fault's rank after the candidate ran (its peers have their results)."""
     kind, at = parse_fault(fault)
-    while kind == "stall" and rank == at:
+    while kind == "stall" and _hit(at, rank):
         time.sleep(3600)
 
 

@@ -143,7 +143,8 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
                     budget_s: float | None = None, shapes: list[tuple[int, int]] | None = None,
                     clock: Callable[[], float] = time.monotonic, skipped: list | None = None,
                     tick: Callable[[bool, str], None] | None = None, forecast: Forecast | None = None,
-                    settings: TuneSettings = SETTINGS, spared: list | None = None) -> list[KernelSample]:
+                    settings: TuneSettings = SETTINGS, spared: list | None = None,
+                    kinds: tuple[str, ...] | None = None) -> list[KernelSample]:
     """Attention block fwd/bwd over ``blocks`` x ``heads`` (or the (block, heads) ``shapes``, most needed first) and
     the model's GEMMs over ``gemm_rows`` (default: blocks). Every kernel is prepared first (inputs, the runtime's
     backend choice, one untimed call), then timed. ``windows`` (start wall time, seconds each), or a function that
@@ -156,7 +157,8 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
     (collective); the windows shrink to what is left, and the groups left out go to ``skipped``.
     ``tick(advanced, message)`` says each group prepared (advanced True) and each kernel timed. Timed without
     windows, a kernel's repeats stop once two successive readings agree within ``settings.kernel_agree``
-    (``timing.time_readings``); ``spared`` gets (kernel, repeats not run) for each that stopped early."""
+    (``timing.time_readings``); ``spared`` gets (kernel, repeats not run) for each that stopped early. ``kinds``
+    keeps only those kernels (e.g. ("attention_fwd",)): the others are neither prepared nor timed."""
     device = torch.device(device)
     name = _DTYPE_NAMES.get(dtype, str(dtype))
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -177,6 +179,7 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
         t0 = clock()
         new = _attention_jobs(model, g[1], g[2], rnd, choice, causal) if g[0] == "attention" else \
             _gemm_jobs(model, g[1], rnd)
+        new = [job for job in new if kinds is None or job[1]["kind"] in kinds]
         jobs += new
         firsts += [_first_call(fn, device) for fn, _ in new] if windows is not None else []
         forecast.learn(g, flops, clock() - t0)

@@ -117,8 +117,8 @@ def alone_shape(samples: list[KernelSample], world: int, repeats: int, left_s: f
     from .kernels import _agreed
 
     cost: dict[tuple[int, int], float] = {}
-    for x in samples:
-        if x.kind.startswith("attention"):
+    for x in samples:  # measure_alone times the forwards
+        if x.kind == "attention_fwd":
             cost[(x.size, x.heads)] = cost.get((x.size, x.heads), 0.0) + x.seconds
     fits = [k for k, c in cost.items() if left_s is None or
             _agreed(c * (world * (repeats + 1) + settings.together_calls), True) <= left_s]
@@ -134,9 +134,10 @@ def measure_alone(model: ModelSpec, block: int, heads: int, dev: torch.device, d
     from .kernels import measure_kernels, shared_windows
 
     def fwd(alone: bool, windows=None) -> list[KernelSample]:
+        # forwards only (their backwards, twice as long, would be timed and dropped): the speedup is one ratio
         return [replace(x, alone=alone) for x in measure_kernels(model, [block], [heads], dev, dtype, causal,
-                                                                 repeats=repeats, gemm_rows=[], windows=windows)
-                if x.kind == "attention_fwd"]
+                                                                 repeats=repeats, gemm_rows=[], windows=windows,
+                                                                 kinds=("attention_fwd",))]
 
     out: list[KernelSample] = []
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -147,8 +148,8 @@ def measure_alone(model: ModelSpec, block: int, heads: int, dev: torch.device, d
 
     def agree(firsts: list[float]) -> tuple[float, list[float]]:
         """Once every rank has prepared its kernels: one start and window length for all, from the slowest rank's
-        time alone (fwd and bwd of each mask are timed, so the bwd, about 2x, sets the window: 3x the forward)."""
-        longest = 3 * max((x.seconds for x in out), default=0.0)
+        time alone."""
+        longest = max((x.seconds for x in out), default=0.0)
         start, (each,) = shared_windows([longest], calls=settings.together_calls, least=settings.together_min_s)
         return start, [each] * len(firsts)
     return out + fwd(False, agree)
