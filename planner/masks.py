@@ -688,3 +688,158 @@ def sample_rank_work(work: Workload, token_layout: str, ring: int, window: int |
     cu = workload_packs(work, sample + 1)[sample]
     tokens = layout_tokens(token_layout, ring, cu, work.causal, window)
     return SampleWork(cu, np.array([len(t) for t in tokens]), rank_pairs(tokens, cu, work.causal, window))
+
+
+# ---------------------------------------------------------------- the kernel calls of a masked block
+#
+# Under a document mask or a window a block of one rank's queries against another's keys runs as tiles: one kernel
+# call per pair of runs (a rank's consecutive tokens inside one document, cut to a window's reach) that the mask
+# connects (runtime/kernels.py ``block_tiles``). A tile runs at the kernel's efficiency for its own size, and each
+# pays a call's fixed cost, so a policy that cuts documents finely (zigzag's 2P pieces of every document) runs many
+# small, slow calls.
+
+#: the fewest tokens of a windowed tile (runtime/kernels.py MIN_TILE: tiles follow the window, not below this)
+MIN_TILE = 16
+
+
+class TileWork(NamedTuple):
+    """Per sequence and attention pass, in expectation over the workload's packs: the tiles (kernel calls) of all
+    ring ranks, their score entries, and each document piece's entries over its length, summed: ``length`` is the
+    work-weighted harmonic mean of the tiles' lengths, the one length at which a saturating efficiency curve
+    a x / (x + h) prices the tiles' total exactly. ``plain``: the tiles of one document per sequence without a
+    window, the calls an unmasked schedule's blocks stand for."""
+
+    tiles: float
+    pairs: float
+    per_length: float
+    plain: float
+    samples: int
+
+    @property
+    def length(self) -> float:
+        """The tiles' work-weighted harmonic mean length (tokens; 0 without work)."""
+        return self.pairs / self.per_length if self.per_length else 0.0
+
+
+def _merged(start: np.ndarray, stop: np.ndarray, rank: np.ndarray, doc: np.ndarray):
+    """Runs in token order with each one's neighbour of the same rank and document joined (zigzag's chunks P - 1 and
+    P of a document, both on rank P - 1, are one run of its tokens)."""
+    keep = np.ones(len(start), dtype=bool)
+    keep[1:] = (start[1:] != stop[:-1]) | (rank[1:] != rank[:-1]) | (doc[1:] != doc[:-1])
+    first = np.flatnonzero(keep)
+    last = np.append(first[1:], len(start)) - 1
+    return start[first], stop[last], rank[first], doc[first]
+
+
+def tile_runs(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None
+              ) -> tuple[np.ndarray, ...]:
+    """(first, last, step, tokens, rank, document) of each run of one rank's tokens inside one document, as the
+    runtime holds them (``kernels.member_runs``; ``balanced`` placed by the mask's work): first and last global
+    token, every ``step``-th between (P for striped, else 1). Striped: a document's offset o on rank (start + o) mod P, one run of ceil((L - o)/P) tokens
+    per offset o < min(L, P)."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    if token_layout == "striped":
+        L = np.diff(cu)
+        m = np.minimum(L, ring)
+        doc = np.repeat(np.arange(len(L)), m)
+        o = np.arange(int(m.sum())) - np.repeat(np.cumsum(m) - m, m)
+        n = (L[doc] - o + ring - 1) // ring
+        first = cu[doc] + o
+        return first, first + ring * (n - 1), ring, n, first % ring, doc
+    start, stop, rank = layout_runs(token_layout, ring, cu, causal, window)
+    start, stop, rank, doc = _merged(start, stop, rank, np.searchsorted(cu, start, side="right") - 1)
+    return start, stop - 1, 1, stop - start, rank, doc
+
+
+def _pieces(first, last, step, n, rank, doc, size: int):
+    """Runs cut into pieces of at most ``size`` tokens (the runtime's windowed tiles, ``kernels.member_runs``)."""
+    k = -(-n // size)
+    run = np.repeat(np.arange(len(n)), k)
+    j = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
+    pn = np.minimum(size, n[run] - j * size)
+    pf = first[run] + step * size * j
+    return pf, pf + step * (pn - 1), pn, rank[run], doc[run]
+
+
+def pack_tiles(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None,
+               span: int | None = None) -> tuple[int, int, float]:
+    """(tiles, score entries, entries over length) of one pack under a balancing policy, all ranks and rounds.
+
+    Tiles: each query run (``tile_runs``; under a window cut into pieces of max(ceil(W / step), MIN_TILE) tokens,
+    and into pieces of ``span`` where given: Ulysses alone attends each document in tiles of at most S/U tokens,
+    runtime ulysses.span_tiles) against every key run of its document whose tokens meet its reach (causal: up to its
+    last token; a window: from W - 1 before its first), counted by two sorted searches, O(runs log runs); striped
+    runs under a window interleave, so theirs are counted pair by pair (``_strided_tiles``). Entries over length: a
+    document's pieces (n_r tokens of it on rank r, or in span piece r) meet pairwise in tiles of length
+    sqrt(n_r n_j) holding its entries in proportion n_r n_j (exact without causality; causal, a pair of pieces
+    splits its entries between its two blocks), so the document adds pairs (sum_r sqrt(n_r))^2 / L^2; under a
+    window no piece is longer than the tiles it is cut into."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    first, last, step, n, rank, doc = tile_runs(token_layout, ring, cu, causal, window)
+    L = np.diff(cu)
+    pairs = document_pairs(L, causal, window)
+    if span is not None and span < n.max():
+        _, _, sizes, _, owner = _pieces(first, last, step, n, rank, doc, span)
+    else:
+        sizes = np.bincount(doc * ring + rank, weights=n.astype(np.float64), minlength=len(L) * ring)
+        owner = np.arange(len(sizes)) // ring
+    per_length = pairs * np.bincount(owner, weights=np.sqrt(sizes), minlength=len(L)) ** 2 / (L.astype(np.float64) ** 2)
+    cut = min(x for x in (span, None if window is None else max(-(-window // step), MIN_TILE), int(cu[-1])) if x)
+    if window is not None:
+        per_length = np.maximum(per_length, pairs / cut)
+    if cut < n.max():
+        first, last, n, rank, doc = _pieces(first, last, step, n, rank, doc, cut)
+    ds, de = cu[doc], cu[doc + 1] - 1
+    lo, hi = ds, (last if causal else de)
+    if window is not None:
+        lo = np.maximum(ds, first - window + 1)
+        hi = last if causal else np.minimum(de, last + window - 1)
+    tiles = None if window is None or step == 1 else _strided_tiles(first, last, n, lo, hi, step, causal, window)
+    if tiles is None:
+        tiles = int((np.searchsorted(np.sort(first), hi, side="right")
+                     - np.searchsorted(np.sort(last), lo, side="left")).sum())
+    return tiles, int(pairs.sum()), float(per_length.sum())
+
+
+def _strided_tiles(first, last, n, lo, hi, step: int, causal: bool, window: int, limit: int = ROUND_CELLS):
+    """Tiles of runs of ``step`` under a window, pair by pair: query run A and key run B whose tokens meet A's reach
+    [lo, hi] make a tile where some query - key offset a - b + step t (t from -(n_B - 1) to n_A - 1) lies in the
+    window's range (the runtime drops the other pairs, ``kernels.pair_tile``). None past ``limit`` pairs in reach:
+    the caller counts them all (more tiles, never fewer)."""
+    order = np.argsort(first, kind="stable")
+    f, g, m = first[order], last[order], n[order]
+    a = np.searchsorted(f, lo - int((g - f).max()), side="left")
+    cnt = np.searchsorted(f, hi, side="right") - a
+    if cnt.sum() > limit:
+        return None
+    A = np.repeat(np.arange(len(first)), cnt)
+    B = a[A] + np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    delta = first[A] - f[B]
+    low = 0 if causal else 1 - window
+    t_lo = np.maximum(1 - m[B], -((delta - low) // step))
+    t_hi = np.minimum(n[A] - 1, (window - 1 - delta) // step)
+    return int(((g[B] >= lo[A]) & (t_lo <= t_hi)).sum())
+
+
+@lru_cache(maxsize=4096)
+def layout_tiles(work: Workload, token_layout: str, ring: int, window: int | None = None, ulysses: int = 1
+                 ) -> TileWork:
+    """``pack_tiles`` of a layout and ring degree per sequence, in expectation over PACK_SAMPLES seeded packs (one
+    without documents), under ``window`` (a layer's, ``layer_windows``); ring 1 in Ulysses' tiles of S/U."""
+    samples = PACK_SAMPLES if work.documents is not None else 1
+    span = -(-work.seq_len // ulysses) if ring == 1 else None
+    total = np.zeros(3)
+    for cu in workload_packs(work, samples):
+        total += pack_tiles(token_layout, ring, cu, work.causal, window, span)
+    plain = pack_tiles(token_layout, ring, np.array([0, work.seq_len]), work.causal, None, span)[0]
+    return TileWork(*(total / samples).tolist(), float(plain), samples)
+
+
+@lru_cache(maxsize=1024)
+def mask_tiles(work: Workload, token_layout: str, ring: int, layers: int, ulysses: int = 1) -> TileWork:
+    """``layout_tiles`` averaged over the layers' windows (``layer_windows``), weighted by their layer counts."""
+    mix = layer_windows(work, layers)
+    total = sum(n for _, n in mix)
+    parts = [(n, layout_tiles(work, token_layout, ring, w, ulysses)) for w, n in mix]
+    tiles, pairs, per_length = (sum(n * t[i] for n, t in parts) / total for i in range(3))
+    return TileWork(tiles, pairs, per_length, parts[0][1].plain, parts[0][1].samples)

@@ -7,6 +7,7 @@ head dim d, ulysses degree U, ring degree R, element size e.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
@@ -14,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .algorithms import ALGORITHMS
-from .masks import mask_fraction
+from .masks import MASKED_ALGORITHMS, has_mask, mask_fraction, mask_tiles
 from .merges import MERGES, MergeBytes
 from .model import ModelSpec, Workload
 
@@ -35,7 +36,8 @@ class Compute(NamedTuple):
     nbytes: float = 0.0  # memory: bytes read + written
     balance: tuple = ()  # attention: per round, ranks' mean work over the busiest's (() = even; layout.ring_balance)
     masked: bool = False  # attention: one block under a causal mask (a diagonal, striped's shifted one), not dense
-    calls: int = 1  # attention: kernel calls it stands for (each pays Params.round_overhead_s), ``block`` long each
+    calls: float = 1  # attention: kernel calls it stands for (each pays Params.round_overhead_s; under a mask the
+    # expected tiles, ``tiled``), ``block`` long each
     # attention: the calls' fixed cost follows the work's balance (a rank with no block in a round gets no message
     # either: TokenRing's trimmed Q); False: every rank pays every round's (Ring passes K, V to all each round)
     trimmed: bool = False
@@ -177,8 +179,35 @@ def balanced_attention(c: Shape, backward: bool, block: float) -> Compute:
 
 
 def attention_steps(c: Shape, backward: bool) -> list[Step]:
-    """Attention of one layer: the registered algorithm's schedule (planner/algorithms.py)."""
-    return ALGORITHMS[c.algorithm].steps(c, backward)
+    """Attention of one layer: the registered algorithm's schedule (planner/algorithms.py), its blocks run as
+    tiles under documents or a window (``tiled``)."""
+    steps = ALGORITHMS[c.algorithm].steps(c, backward)
+    return tiled(c, steps) if has_mask(c.work) and c.algorithm in MASKED_ALGORITHMS else steps
+
+
+def tiled(c: Shape, steps: list[Step]) -> list[Step]:
+    """``steps`` with their attention blocks run as the mask's tiles (``masks.mask_tiles``): each block at most as
+    long as the tiles' work-weighted harmonic length (a document's piece runs at the kernel's efficiency for its
+    own size, not the block's), and its calls (each paying Params.round_overhead_s) times the tiles the mask cuts
+    over those of one unmasked document, which the blocks' calls already stand for, never fewer. Only ever slower
+    than the blocks' price: a lower bound on a block is one on its tiles. A ring's or USP's one document per
+    sequence prices as none (its pieces are the blocks)."""
+    t = mask_tiles(c.work, c.token_layout, c.ring, c.model.layers, c.ulysses)
+    if not t.pairs:
+        return steps
+    more = max(1.0, t.tiles / t.plain) if t.plain else 1.0
+    return [Step(tuple(tile_phase(p, t.length, more) if type(p) is Compute and p.kind == "attention" else p
+                       for p in st.phases), st.repeat, st.overlap) for st in steps]
+
+
+def tile_phase(p: Compute, length: float, more: float) -> Compute:
+    """An attention phase whose calls run tiles of ``length`` tokens, ``more`` of them for each call: the block
+    no longer than ``length``, and the length its efficiency reads (``block x sqrt(fill)`` for a part-filled
+    block) no longer than either, so every efficiency curve reads it at most where it read the block."""
+    if length < p.block * (1 - 1e-12):
+        read = p.block * math.sqrt(p.fill) if 0 < p.fill < 1 else p.block
+        p = p._replace(block=length, fill=min(1.0, (read / length) ** 2))
+    return p._replace(calls=p.calls * more) if more > 1.0 else p
 
 
 def linear_steps(c: Shape, backward: bool) -> list[Step]:
