@@ -311,15 +311,18 @@ def price_group(est: Estimator, base: Candidate, orders: list, fitting: list,
                                                                   fitting)[0])
 
 
-def best_orders(base: Candidate, orders: list, fitting: list, times: np.ndarray) -> list[tuple[float, Candidate]]:
-    """Each mesh order of ``base`` with its fastest policy of ``times`` (orders x ``fitting``)."""
-    best = times.argmin(axis=1)
+def best_orders(base: Candidate, orders: list, fitting: list, times: np.ndarray,
+                cut: float = INF) -> list[tuple[float, Candidate]]:
+    """Each mesh order of ``base`` with its fastest policy of ``times`` (orders x ``fitting``), those no slower than
+    ``cut`` (a candidate is made only for them)."""
+    best = times.argmin(axis=1).tolist()
+    least = times.min(axis=1).tolist()  # the same floats as times[k, best[k]]
     out = []
-    b = base
     for k, order in enumerate(orders):
-        z, ck, mbs = fitting[best[k]]
-        out.append((float(times[k, best[k]]), replace(b, order=order, zero_stage=z, checkpointing=ck,
-                                                      micro_batch_size=mbs)))
+        t = least[k]
+        if t <= cut:
+            z, ck, mbs = fitting[best[k]]
+            out.append((t, replace(base, order=order, zero_stage=z, checkpointing=ck, micro_batch_size=mbs)))
     return out
 
 
@@ -611,7 +614,7 @@ class _Grid:
         if g.interleaved:  # each policy's fastest order: what its interleaved siblings' bounds scale
             g.lower.update(zip(g.fitting, (float(t) for t in times.min(axis=0))))
             self.release_interleaved(g)
-        priced = [(t, c) for t, c in best_orders(base, g.orders, g.fitting, times) if t <= g.cut]
+        priced = best_orders(base, g.orders, g.fitting, times, g.cut)
         self.evaluated += len(g.orders) * len(g.fitting)
         if not priced:
             return
