@@ -33,7 +33,8 @@ Per candidate it prints:
   entries over the mean rank's; the blocks run (``runtime.variants.ring.BLOCKS``, counted in each rank), all ranks
   together and the busiest over the mean; and the tiles, the kernel calls those blocks made in the counted world (a
   block under a document mask runs one call per piece of a document it holds, so tiles / blocks says how finely a
-  policy cuts the documents: small calls run far below a kernel's large-block speed);
+  policy cuts the documents: small calls run far below a kernel's large-block speed), and whether the planner's
+  count of them (``planner.masks.pack_tiles``, which prices each tile's length and call) is the same;
 - the bytes each rank received (counted in the collectives and point-to-point batches it posted; gloo has no
   reduce-scatter, so the all-gather's backward all-reduces: counted as a ring all-reduce, 2 (P-1)/P of the buffer)
   against the needed-KV lower bound: the K, V of keys a rank's queries see and it does not hold, there and (dK, dV)
@@ -455,9 +456,28 @@ def counted_rows(name: str, tokens: int, cands: list[Candidate], work, cu, full,
                          blocks=sum(blocks), blocks_imbalance=max(blocks) * len(blocks) / max(sum(blocks), 1),
                          tiles=sum(counts[p][i][2] for p in range(args.world)),
                          bytes=sum(counts[p][i][1] for p in range(args.world)), imbalance=imbalance(c, tokens, cu),
-                         bound=lower_bound_bytes(c, tokens, cu, args.head_dim),
+                         bound=lower_bound_bytes(c, tokens, cu, args.head_dim), planned_tiles=planned_tiles(c, tokens, cu),
                          predicted={p.name: predicted(c, work, args.head_dim, p) for p in pricings}))
     return rows
+
+
+def planned_tiles(c: Candidate, tokens: int, cu) -> int | None:
+    """The kernel calls the planner counts for the candidate's forward + backward on this pack (``masks.pack_tiles``:
+    every ring member's tiles, run by each of its Ulysses ranks; Ulysses alone in spans of S/U); None unmasked."""
+    from sp_plan.planner.masks import pack_tiles
+
+    if not c.masked:
+        return None
+    span = -(-tokens // c.ulysses) if c.ring == 1 else None
+    return 2 * c.ulysses * pack_tiles(c.token_layout, c.ring, cu, True, None, span)[0]
+
+
+def print_tiles(rows: list[dict]) -> None:
+    """Whether the planner's tile counts are the counted ones: one line, naming the candidates where not."""
+    off = [f"{r['candidate']} {r['planned_tiles']} vs {r['tiles']}" for r in rows
+           if r["planned_tiles"] is not None and r["planned_tiles"] != r["tiles"]]
+    n = sum(r["planned_tiles"] is not None for r in rows)
+    print(f"planner's tiles: {'the counted ones for all ' + str(n) if not off else 'differ: ' + '; '.join(off)}")
 
 
 def time_rows(rows: list[dict], cands: list[Candidate], timed: set[str], work, cu, full, args) -> None:
@@ -630,6 +650,7 @@ def main(argv=None) -> list[dict]:
     for name, tokens, which in specs:
         batch = run_batch(name, tokens, candidates(args.world), which, args, pricings)
         print_batch(batch, pricings)
+        print_tiles(batch)
         targets(batch, pricings)
         rows += batch
     if args.single:

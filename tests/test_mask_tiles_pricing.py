@@ -154,3 +154,23 @@ def test_the_calibrated_curves_rank_contiguous_ahead_of_zigzag_on_short_document
     t = {lay: est.evaluate(Candidate("ring", ring=8, order=("ring",), token_layout=lay)).step_time_s
          for lay in ("contiguous", "zigzag")}
     assert t["contiguous"] < t["zigzag"]
+
+
+@pytest.mark.multiprocess
+def test_the_masks_benchmark_finds_the_planners_tiles_are_the_counted_ones(capsys):
+    """bench_masks counts the kernel calls on zero kernels in a gloo world; the planner's count is the same for every
+    candidate (ring, all-gather, Ulysses and USP, every policy)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("bench_masks", Path(__file__).parents[1] / "benchmarks" /
+                                                  "bench_masks.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclasses resolve their annotations there, its worlds pickle by it
+    spec.loader.exec_module(bench)
+    rows = bench.main(["--quick", "--world", "4", "--candidates", "none"])
+    packed = [r for r in rows if not r["batch"].startswith("single")]
+    assert len(packed) == len(bench.candidates(4))
+    assert all(r["planned_tiles"] == r["tiles"] > 0 for r in rows if r["masked"])  # a single document's too
+    assert f"planner's tiles: the counted ones for all {len(packed)}" in capsys.readouterr().out
