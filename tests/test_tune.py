@@ -21,7 +21,7 @@ from sp_plan.profiles.store import Store
 from harness import netns
 from harness.worlds import run_world
 
-TUNE = ["-m", "sp_plan.cli.app", "tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512",
+TUNE = ["-m", "sp_plan.cli.app", "tune", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "256",
         "--link-sizes", "16K,64K", "--iters", "2", "--candidate-timeout", "120", "--confirm", "0", "--reread", "0"]
 
 
@@ -62,7 +62,7 @@ def test_tune_then_plan_uses_the_profile(tmp_path):
     assert best.measured.profile == prof.id == best.profile and best.predicted.step_time_s > 0
 
     # a fresh `sp-plan plan` on the same cluster says it uses the profile; --no-profile does not
-    args = ["plan", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512", "--store", store]
+    args = ["plan", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "256", "--store", store]
     used = _cli(*args)
     assert used.returncode == 0, used.stderr
     assert f"using profile {prof.id}" in used.stdout
@@ -96,7 +96,7 @@ def _tune_rank(rank, world, url, faults, budget, timeout, surprise=None, reading
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       GROUP_RANK="0")  # what torchrun would set: the link step reads it
     cluster, model = load_cluster("cpu-local"), load_model("tiny-llama")
-    work = Workload(seq_len=512, batch=1)
+    work = Workload(seq_len=256, batch=1)
     opts = TuneOptions(budget=budget, candidate_timeout=timeout, iters=2, faults=faults, **{"link_sizes": [16384], **more})
     rep = tune(cluster, model, work, Store(url) if rank == 0 else None, opts)
     return [(c.summary, c.status, c.reason, c.rank) for c in rep.profile.candidates], rep.profile.id
