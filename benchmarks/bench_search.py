@@ -8,6 +8,7 @@ reach within 1 % of the grid optimum at 4,096 GPUs.
     python benchmarks/bench_search.py [--gpus 1024,16384,131072] [--batches 1,16] [--models llama3-70b,llama3-405b]
                                       [--repeats 5] [--documents magi-long] [--seeds 5] [--trials 200]
                                       [--bayes-gpus 4096] [--bayes-batch 16] [--whole-only]
+    python benchmarks/bench_search.py --where 1024x1,131072x16 [--models llama3-70b] [--where-top 40]
 
 Workload: dgx-h100 preset, 1M-token sequences, causal training. Targets on a quiet 2-core machine: the in-process
 grid with every algorithm <= 0.3 s at 1,024 GPUs, <= 1 s at 16,384, <= 10 s at 131,072; the whole command
@@ -19,7 +20,8 @@ each variant's best are exact). Whole-process figures are the median and the lea
 clock: other processes on the machine slow them, and the least reading is the nearest to a quiet machine's; the CPU
 column says how much of the wall was the command's own work, and "net cpu" is its CPU net of `sp-plan presets`'s: the
 reading to compare on a busy machine, where wall clock measures the other processes). ``--whole-only`` runs the
-whole-process figures alone (no in-process grid, no optuna).
+whole-process figures alone (no in-process grid, no optuna). ``--where GPUSxBATCH`` prints where one whole
+command's time goes: a sampling profile of the process, each function's share of the samples.
 """
 from __future__ import annotations
 
@@ -96,6 +98,52 @@ print(json.dumps({"rc": rc, "wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "max
 """
 
 
+#: runs `sp-plan ARGS` in this process under a sampling profiler (a thread reads the main thread's stack every 0.5 ms,
+#: so that many small calls are not inflated as under cProfile) and prints each function's share of the samples: the
+#: functions on the stack (inclusive; the CLI framework's frames left out), from the interpreter's start (imports
+#: included), and the CPU seconds
+WHERE = """import collections, io, sys, threading, time
+from contextlib import redirect_stdout
+main, shares, stop, n = threading.get_ident(), collections.Counter(), [], [0]
+def sample():
+    while not stop:
+        time.sleep(0.0005)
+        f, seen = sys._current_frames().get(main), set()
+        n[0] += 1
+        while f is not None:
+            co = f.f_code
+            name = co.co_filename.split("site-packages/")[-1].replace("/work/main/", "") + ":" + co.co_name
+            if name not in seen:
+                seen.add(name)
+                shares[name] += 1
+            f = f.f_back
+sys.setswitchinterval(0.0005)
+t = threading.Thread(target=sample, daemon=True)
+t.start()
+c0 = time.process_time()
+with redirect_stdout(io.StringIO()):
+    from sp_plan.cli.app import run_line
+    rc = run_line(sys.argv[2:])
+cpu = time.process_time() - c0
+stop.append(1)
+t.join()
+print(f"{cpu:.2f} s CPU, {n[0]} samples, rc {rc}; share of the samples with the function on the stack:")
+for name, k in shares.most_common(int(sys.argv[1]) + 12):
+    if not any(x in name for x in ("frozen importlib", "<string>", "typer/", "cli/options.py:run", "cli/app.py:run_line")):
+        print(f"  {100 * k / n[0]:5.1f} %  {name}")
+"""
+
+
+def where(gpus: int, batch: int, model_name: str, top: int) -> None:
+    """Where the whole `sp-plan plan` command's time goes (``WHERE``), one process, its plan file in a temporary
+    folder."""
+    with tempfile.TemporaryDirectory() as d:
+        args = ["plan", "--cluster", "dgx-h100", "--nodes", str(gpus // 8), "--model", model_name, "--seq-len", "1m",
+                "--batch", str(batch), "--no-profile", "-o", str(Path(d) / "plan.yaml")]
+        print(f"where the time goes: sp-plan {' '.join(args[:-1])} plan.yaml (load average {os.getloadavg()[0]:.2f})")
+        subprocess.run([sys.executable, "-c", WHERE, str(top), *args], check=True, timeout=600)
+
+
 def sp_plan_command() -> list[str]:
     """The `sp-plan` console script installed beside this Python (what a user's shell runs), else its entry point."""
     script = Path(sys.executable).with_name("sp-plan")
@@ -162,7 +210,16 @@ def main() -> None:
     ap.add_argument("--params", choices=("defaults", "neutral"), default="defaults",
                     help="defaults: the presets' model terms, as `sp-plan plan` prices a cluster with no profile; "
                          "neutral: Params(), the uncalibrated engine")
+    ap.add_argument("--where", default="", help="GPUSxBATCH[,...]: where the whole command's time goes in one process "
+                    "(a sampling profile: each function's share), then exit")
+    ap.add_argument("--where-top", type=int, default=40, help="functions listed by --where")
     args = ap.parse_args()
+    if args.where:
+        compile_package()
+        for case in args.where.split(","):
+            gpus, batch = (int(x) for x in case.split("x"))
+            where(gpus, batch, args.models.split(",")[0], args.where_top)
+        return
     print(f"commit {commit()}, Python {sys.version.split()[0]}, grid_search in-process, dgx-h100, 1M tokens, training, "
           f"{args.params} params")
     if not args.whole_only:
