@@ -287,13 +287,15 @@ def busiest_rank_pairs(work: Workload, token_layout: str, ring: int, window: int
 
 
 @lru_cache(maxsize=4096)
-def _layout_work(work: Workload, token_layout: str, ring: int, window: int | None) -> tuple[RankWork, RoundWork]:
-    """``busiest_rank_pairs`` and ``ring_round_pairs`` of one layout and ring degree, from one pass over the packs: a
-    search prices both (all-gather; ring and USP) for every layout and degree, and each pack's layout runs and rank
-    totals, the most of their cost, serve both."""
+def _layout_work(work: Workload, token_layout: str, ring: int, window: int | None
+                 ) -> tuple[RankWork, RoundWork, TileWork]:
+    """``busiest_rank_pairs``, ``ring_round_pairs`` and ``layout_tiles`` of one layout and ring degree, from one pass
+    over the packs: a search prices all three (all-gather; ring and USP; the tiles of either) for every layout and
+    degree, and each pack's layout runs and rank totals, the most of their cost, serve them all."""
     samples = PACK_SAMPLES if work.documents is not None else 1
     total = top = 0.0
     busiest, mean, empty = np.zeros(ring), np.zeros(ring), np.zeros(ring)
+    tiles = np.zeros(3)
     for cu in workload_packs(work, samples):  # per rank: O(runs) or O(documents + P); rounds as round_stats
         runs = None if token_layout == "striped" else layout_runs(token_layout, ring, cu, work.causal, window)
         p = (striped_pairs(check_cu_seqlens(cu), ring, work.causal, window) if runs is None
@@ -301,9 +303,11 @@ def _layout_work(work: Workload, token_layout: str, ring: int, window: int | Non
         total, top = total + float(p.sum()), top + float(p.max())
         hi, avg = round_stats(token_layout, ring, cu, work.causal, window, runs, p)
         busiest, mean, empty = busiest + hi, mean + avg, empty + (hi == 0)
+        tiles += pack_tiles(token_layout, ring, cu, work.causal, window, runs=runs)
     as_tuple = lambda x: tuple(float(v) / samples for v in x)  # noqa: E731
     return (RankWork(total / samples, top / samples, top * ring / total if total else 1.0, samples),
-            RoundWork(as_tuple(busiest), as_tuple(mean), as_tuple(empty), samples))
+            RoundWork(as_tuple(busiest), as_tuple(mean), as_tuple(empty), samples),
+            TileWork(*(tiles / samples).tolist(), float(plain_tiles(token_layout, ring, work, None)), samples))
 
 
 def layer_windows(work: Workload, layers: int) -> tuple[tuple[int | None, int], ...]:
@@ -731,11 +735,12 @@ def _merged(start: np.ndarray, stop: np.ndarray, rank: np.ndarray, doc: np.ndarr
     return start[first], stop[last], rank[first], doc[first]
 
 
-def tile_runs(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None
+def tile_runs(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None, runs=None
               ) -> tuple[np.ndarray, ...]:
     """(first, last, step, tokens, rank, document) of each run of one rank's tokens inside one document, as the
-    runtime holds them (``kernels.member_runs``; ``balanced`` placed by the mask's work): first and last global
-    token, every ``step``-th between (P for striped, else 1). Striped: a document's offset o on rank (start + o) mod P, one run of ceil((L - o)/P) tokens
+    runtime holds them (``kernels.member_runs``; ``balanced`` placed by the mask's work; ``runs``: the layout's,
+    ``layout_runs``, where already built): first and last global token, every ``step``-th between (P for striped,
+    else 1). Striped: a document's offset o on rank (start + o) mod P, one run of ceil((L - o)/P) tokens
     per offset o < min(L, P)."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     if token_layout == "striped":
@@ -746,7 +751,7 @@ def tile_runs(token_layout: str, ring: int, cu_seqlens, causal: bool = True, win
         n = (L[doc] - o + ring - 1) // ring
         first = cu[doc] + o
         return first, first + ring * (n - 1), ring, n, first % ring, doc
-    start, stop, rank = layout_runs(token_layout, ring, cu, causal, window)
+    start, stop, rank = layout_runs(token_layout, ring, cu, causal, window) if runs is None else runs
     start, stop, rank, doc = _merged(start, stop, rank, np.searchsorted(cu, start, side="right") - 1)
     return start, stop - 1, 1, stop - start, rank, doc
 
@@ -762,22 +767,26 @@ def _pieces(first, last, step, n, rank, doc, size: int):
 
 
 def pack_tiles(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None,
-               span: int | None = None) -> tuple[int, int, float]:
+               span: int | None = None, runs=None) -> tuple[int, int, float]:
     """(tiles, score entries, entries over length) of one pack under a balancing policy, all ranks and rounds.
 
     Tiles: each query run (``tile_runs``; under a window cut into pieces of max(ceil(W / step), MIN_TILE) tokens,
     and into pieces of ``span`` where given: Ulysses alone attends each document in tiles of at most S/U tokens,
     runtime ulysses.span_tiles) against every key run of its document whose tokens meet its reach (causal: up to its
-    last token; a window: from W - 1 before its first), counted by two sorted searches, O(runs log runs); striped
-    runs under a window interleave, so theirs are counted pair by pair (``_strided_tiles``). Entries over length: a
+    last token; a window: from W - 1 before its first). Without a window a document's m disjoint runs make
+    m (m + 1) / 2 tiles causal, m^2 not (striped's interleaved runs in closed form, ``_striped_tiles``); under one,
+    two sorted searches count them, O(runs log runs), striped's pair by pair (``_strided_pairs_tiles``). Entries over length: a
     document's pieces (n_r tokens of it on rank r, or in span piece r) meet pairwise in tiles of length
     sqrt(n_r n_j) holding its entries in proportion n_r n_j (exact without causality; causal, a pair of pieces
     splits its entries between its two blocks), so the document adds pairs (sum_r sqrt(n_r))^2 / L^2; under a
     window no piece is longer than the tiles it is cut into."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
-    first, last, step, n, rank, doc = tile_runs(token_layout, ring, cu, causal, window)
     L = np.diff(cu)
     pairs = document_pairs(L, causal, window)
+    if token_layout == "striped" and window is None:
+        return _striped_tiles(L, ring, causal), int(pairs.sum()), float(
+            (pairs * _striped_roots(L, ring) ** 2 / (L.astype(np.float64) ** 2)).sum())
+    first, last, step, n, rank, doc = tile_runs(token_layout, ring, cu, causal, window, runs)
     if span is not None and span < n.max():
         _, _, sizes, _, owner = _pieces(first, last, step, n, rank, doc, span)
     else:
@@ -789,19 +798,40 @@ def pack_tiles(token_layout: str, ring: int, cu_seqlens, causal: bool = True, wi
         per_length = np.maximum(per_length, pairs / cut)
     if cut < n.max():
         first, last, n, rank, doc = _pieces(first, last, step, n, rank, doc, cut)
+    if window is None:  # disjoint runs in token order: a causal one meets those before it and itself
+        m = np.bincount(doc, minlength=len(L))
+        return int((m * (m + 1) // 2 if causal else m * m).sum()), int(pairs.sum()), float(per_length.sum())
     ds, de = cu[doc], cu[doc + 1] - 1
     lo, hi = ds, (last if causal else de)
     if window is not None:
         lo = np.maximum(ds, first - window + 1)
         hi = last if causal else np.minimum(de, last + window - 1)
-    tiles = None if window is None or step == 1 else _strided_tiles(first, last, n, lo, hi, step, causal, window)
+    tiles = None if step == 1 else _strided_pairs_tiles(first, last, n, lo, hi, step, causal, window)
     if tiles is None:
         tiles = int((np.searchsorted(np.sort(first), hi, side="right")
                      - np.searchsorted(np.sort(last), lo, side="left")).sum())
     return tiles, int(pairs.sum()), float(per_length.sum())
 
 
-def _strided_tiles(first, last, n, lo, hi, step: int, causal: bool, window: int, limit: int = ROUND_CELLS):
+def _striped_roots(L: np.ndarray, P: int) -> np.ndarray:
+    """Per document, sum over its runs of sqrt(tokens) when offset o lives on rank (start + o) mod P: L mod P runs of
+    L // P + 1 tokens and the rest of min(L, P) of L // P."""
+    q, r = np.divmod(L, P)
+    return r * np.sqrt(q + 1.0) + (np.minimum(L, P) - r) * np.sqrt(q.astype(np.float64))
+
+
+def _striped_tiles(L: np.ndarray, P: int, causal: bool) -> int:
+    """Tiles of striped documents without a window: each of a document's m = min(L, P) runs (offset o, n_o tokens)
+    meets every run that starts before its last token: all m where n_o >= 2 (o < L - P), else the o + 1 runs up to
+    its own; bidirectional, all m."""
+    m = np.minimum(L, P)
+    if not causal:
+        return int((m * m).sum())
+    two = np.clip(L - P, 0, m)  # runs of two tokens or more
+    return int((two * m + (m * (m + 1) - two * (two + 1)) // 2).sum())
+
+
+def _strided_pairs_tiles(first, last, n, lo, hi, step: int, causal: bool, window: int, limit: int = ROUND_CELLS):
     """Tiles of runs of ``step`` under a window, pair by pair: query run A and key run B whose tokens meet A's reach
     [lo, hi] make a tile where some query - key offset a - b + step t (t from -(n_B - 1) to n_A - 1) lies in the
     window's range (the runtime drops the other pairs, ``kernels.pair_tile``). None past ``limit`` pairs in reach:
@@ -822,24 +852,31 @@ def _strided_tiles(first, last, n, lo, hi, step: int, causal: bool, window: int,
 
 
 @lru_cache(maxsize=4096)
-def layout_tiles(work: Workload, token_layout: str, ring: int, window: int | None = None, ulysses: int = 1
+def layout_tiles(work: Workload, token_layout: str, ring: int, window: int | None = None, span: int | None = None
                  ) -> TileWork:
     """``pack_tiles`` of a layout and ring degree per sequence, in expectation over PACK_SAMPLES seeded packs (one
-    without documents), under ``window`` (a layer's, ``layer_windows``); ring 1 in Ulysses' tiles of S/U."""
+    without documents), under ``window`` (a layer's, ``layer_windows``), in tiles of at most ``span`` tokens."""
+    if span is None or span >= work.seq_len:
+        return _layout_work(work, token_layout, ring, window)[2]
     samples = PACK_SAMPLES if work.documents is not None else 1
-    span = -(-work.seq_len // ulysses) if ring == 1 else None
     total = np.zeros(3)
     for cu in workload_packs(work, samples):
         total += pack_tiles(token_layout, ring, cu, work.causal, window, span)
-    plain = pack_tiles(token_layout, ring, np.array([0, work.seq_len]), work.causal, None, span)[0]
-    return TileWork(*(total / samples).tolist(), float(plain), samples)
+    return TileWork(*(total / samples).tolist(), float(plain_tiles(token_layout, ring, work, span)), samples)
+
+
+def plain_tiles(token_layout: str, ring: int, work: Workload, span: int | None) -> int:
+    """The tiles of one document per sequence without a window: the calls an unmasked schedule's blocks stand for."""
+    return pack_tiles(token_layout, ring, np.array([0, work.seq_len]), work.causal, None, span)[0]
 
 
 @lru_cache(maxsize=1024)
 def mask_tiles(work: Workload, token_layout: str, ring: int, layers: int, ulysses: int = 1) -> TileWork:
-    """``layout_tiles`` averaged over the layers' windows (``layer_windows``), weighted by their layer counts."""
+    """``layout_tiles`` averaged over the layers' windows (``layer_windows``), weighted by their layer counts; ring 1
+    (Ulysses alone) in tiles of S/U."""
     mix = layer_windows(work, layers)
     total = sum(n for _, n in mix)
-    parts = [(n, layout_tiles(work, token_layout, ring, w, ulysses)) for w, n in mix]
+    span = -(-work.seq_len // ulysses) if ring == 1 else None
+    parts = [(n, layout_tiles(work, token_layout, ring, w, span)) for w, n in mix]
     tiles, pairs, per_length = (sum(n * t[i] for n, t in parts) / total for i in range(3))
     return TileWork(tiles, pairs, per_length, parts[0][1].plain, parts[0][1].samples)
