@@ -189,9 +189,10 @@ def tiled(c: Shape, steps: list[Step]) -> list[Step]:
     """``steps`` with their attention blocks run as the mask's tiles (``masks.mask_tiles``): each block at most as
     long as the tiles' work-weighted harmonic length (a document's piece runs at the kernel's efficiency for its
     own size, not the block's), and its calls (each paying Params.round_overhead_s) times the tiles the mask cuts
-    over those of one unmasked document, which the blocks' calls already stand for, never fewer. Only ever slower
-    than the blocks' price: a lower bound on a block is one on its tiles. A ring's or USP's one document per
-    sequence prices as none (its pieces are the blocks)."""
+    over those of one unmasked document, which the blocks' calls already stand for, never fewer. On efficiency
+    curves that never fall with the length, never cheaper than the blocks; on any curve, no cheaper than the even
+    share at the best block and curve point (``Bounds.balanced_time``), which the search prunes with. A ring's or
+    USP's one document per sequence prices as none (its pieces are the blocks)."""
     t = mask_tiles(c.work, c.token_layout, c.ring, c.model.layers, c.ulysses)
     if not t.pairs:
         return steps
