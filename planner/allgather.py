@@ -17,6 +17,8 @@ compute of a layer stack is the sum of its layers', and every layer gathers the 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .algorithms import Algorithm, Variant, register
 from .errors import PlanError
 from .masks import busiest_rank_pairs, has_mask, layer_windows
@@ -117,18 +119,11 @@ def kv_chunk_options(c: Shape) -> list[int]:
 
 
 def best_kv_chunks(est, cand) -> int:
-    """The ``kv_chunk_options`` whose layer attention prices least for ``cand`` (an all-gather Candidate) under its
-    mesh order with ``est``'s params: the forward (twice under full recomputation) and, in training, the backward;
-    the fewest chunks on a tie."""
-    c = est.shape(cand)
-    orders = est.orders(cand.degrees, [cand.order], cand.placement)
-    forwards = 2 if est.work.training and cand.checkpointing == "full" else 1
-
-    def seconds(n: int) -> float:
-        steps = allgather_steps(c, False, n) * forwards + (allgather_steps(c, True, n) if est.work.training else [])
-        return float(est.price(steps, orders).seconds[0])
-
-    return min(kv_chunk_options(c), key=lambda n: (seconds(n), n))
+    """The ``kv_chunk_options`` under which ``est`` prices ``cand`` (an all-gather Candidate) fastest, the fewest
+    chunks on a tie: a step's layers each gather, so the chunk count that hides the most of the gather without
+    paying more in chunks' latencies and kernel calls."""
+    options = kv_chunk_options(est.shape(cand))
+    return min(options, key=lambda n: (est.evaluate(replace(cand, kv_chunks=n)).step_time_s, n))
 
 
 def buffer_parts(c: Shape, training: bool, chunks: int = 1) -> dict[str, dict[str, float]]:
@@ -159,12 +154,28 @@ def allgather_variants(d, model, work) -> list[Variant]:
     return [Variant("allgather")]
 
 
+def allgather_schedule(c: Shape, backward: bool) -> list[Step]:
+    """``allgather_steps`` in the shape's ``kv_chunks``."""
+    return allgather_steps(c, backward, c.kv_chunks)
+
+
+def allgather_buffers(c: Shape, training: bool) -> float:
+    """``allgather_buffer_bytes`` in the shape's ``kv_chunks``."""
+    return allgather_buffer_bytes(c, training, c.kv_chunks)
+
+
 def check_allgather(cand, model, work) -> None:
-    """A context group to gather over: ring >= 2 (ring 1 with Ulysses is Ulysses itself)."""
+    """A context group to gather over: ring >= 2 (ring 1 with Ulysses is Ulysses itself); ``kv_chunks`` dividing
+    the KV heads a rank attends."""
     if cand.ring < 2:
         raise PlanError("degrees.ring", f"allgather gathers K, V over the context (ring) group, got ring {cand.ring}",
                         "set ring to 2 or more (with ring 1, use ulysses)")
+    local = local_kv_heads(model.heads, model.kv_heads, cand.tp, cand.ulysses)
+    if cand.kv_chunks < 1 or local % cand.kv_chunks:
+        raise PlanError("kv_chunks", f"{cand.kv_chunks} chunks do not split the {local} KV heads a rank attends "
+                        f"({model.kv_heads} KV heads over tp {cand.tp} x ulysses {cand.ulysses})",
+                        f"use one of {[k for k in range(1, local + 1) if local % k == 0]}")
 
 
-ALLGATHER = register(Algorithm("allgather", allgather_steps, allgather_buffer_bytes, variants=allgather_variants,
+ALLGATHER = register(Algorithm("allgather", allgather_schedule, allgather_buffers, variants=allgather_variants,
                                check=check_allgather))

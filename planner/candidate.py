@@ -25,6 +25,7 @@ class Candidate:
     placement: str | None = None
     stage_layers: tuple[int, ...] | None = None  # layers per pipeline stage; None: even, or balanced (planner/stages.py)
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B); 1: plain 1F1B
+    kv_chunks: int = 1  # all-gather's chunks of KV heads (planner/allgather.py); 1: one gather, exposed
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -48,11 +49,12 @@ class Candidate:
                    order=tuple(p.order), token_layout=p.token_layout, zero_stage=p.zero_stage,
                    checkpointing=p.checkpointing, micro_batch_size=p.micro_batch_size, team=d.get("team", 1),
                    placement=p.placement, stage_layers=tuple(p.stage_layers) if p.stage_layers is not None else None,
-                   virtual_stages=p.virtual_stages or 1)
+                   virtual_stages=p.virtual_stages or 1, kv_chunks=p.kv_chunks or 1)
 
     def to_plan(self, **extra) -> Plan:
         return Plan(algorithm=self.algorithm, degrees=self.degrees, order=list(self.order),
                     token_layout=self.token_layout, zero_stage=self.zero_stage, checkpointing=self.checkpointing,
                     micro_batch_size=self.micro_batch_size, placement=self.placement,
                     stage_layers=list(self.stage_layers) if self.stage_layers is not None else None,
-                    virtual_stages=self.virtual_stages if self.virtual_stages != 1 else None, **extra)
+                    virtual_stages=self.virtual_stages if self.virtual_stages != 1 else None,
+                    kv_chunks=self.kv_chunks if self.kv_chunks != 1 else None, **extra)

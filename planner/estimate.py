@@ -401,6 +401,9 @@ class Estimator:
         if cand.virtual_stages != 1:
             check_virtual_stages(cand.virtual_stages, cand.pp, m.layers, stages)
             check_interleaved_micro_batches(cand.virtual_stages, cand.pp, max(w.batch // (cand.dp * cand.micro_batch_size), 1))
+        if cand.kv_chunks != 1 and cand.algorithm != "allgather":
+            raise PlanError("kv_chunks", f"kv_chunks chunks all-gather's gather of K, V; {cand.algorithm} gathers none",
+                            "drop kv_chunks, or use algorithm allgather")
         if cand.team != 1 and cand.algorithm not in TEAM_ALGORITHMS:
             raise PlanError("degrees.team", f"team > 1 belongs to WallFacer (and tokenring_ring), not {cand.algorithm}",
                             "set team to 1")
@@ -413,7 +416,8 @@ class Estimator:
     def memory(self, cand: Candidate) -> dict[str, float]:
         """Per-rank bytes at the peak; depends on degrees and memory policy, not on the mesh order."""
         key = (cand.dp, cand.pp, cand.tp, cand.ulysses, cand.ring, cand.zero_stage, cand.checkpointing,
-               cand.micro_batch_size, cand.algorithm, cand.team, self.stages_of(cand), cand.virtual_stages)
+               cand.micro_batch_size, cand.algorithm, cand.team, self.stages_of(cand), cand.virtual_stages,
+               cand.kv_chunks)
         mem = self._memory.get(key)
         if mem is None:
             c = self.shape(cand)
@@ -446,7 +450,8 @@ class Estimator:
 
     def fits(self, cand: Candidate) -> bool:
         key = (cand.dp, cand.pp, cand.tp, cand.ulysses, cand.ring, cand.zero_stage, cand.checkpointing,
-               cand.micro_batch_size, cand.algorithm, cand.team, self.stages_of(cand), cand.virtual_stages)
+               cand.micro_batch_size, cand.algorithm, cand.team, self.stages_of(cand), cand.virtual_stages,
+               cand.kv_chunks)
         if key not in self._memory:
             self.memory(cand)
         return self._memory[key]["total"] <= self.capacity
@@ -477,7 +482,7 @@ class Estimator:
     def shape(self, cand: Candidate, mbs: int | None = None) -> Shape:
         """The schedules' sizes of ``cand`` (with micro-batch ``mbs``), made once per distinct value."""
         key = (cand.dp, cand.ulysses, cand.ring, cand.token_layout, cand.tp, cand.pp, mbs or cand.micro_batch_size,
-               cand.algorithm, cand.team, cand.placement, self.stages_of(cand))
+               cand.algorithm, cand.team, cand.placement, self.stages_of(cand), cand.kv_chunks)
         return self._shapes.get(key) or self._shape(key)
 
     def with_stages(self, cand: Candidate) -> Candidate:

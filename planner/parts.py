@@ -24,7 +24,7 @@ def _schedule_key(part: str, c: Shape) -> tuple:
     if part in RING_FREE_PARTS:
         tp_sp = ALGORITHMS[c.algorithm].tp_sp if part != "head" and part != "pp" else True
         return (part, tp_sp, c.ulysses, c.ring, c.tp, c.mbs, c.pp if part == "pp" else 1)
-    return (part, c.algorithm, c.ulysses, c.ring, c.team, c.placement, c.token_layout, c.tp, c.mbs)
+    return (part, c.algorithm, c.ulysses, c.ring, c.team, c.placement, c.token_layout, c.tp, c.mbs, c.kv_chunks)
 
 
 SCHEDULE_PARTS = {  # "fwd" and "bwd" (layer_schedule) are their linear part + attention_steps

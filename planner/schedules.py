@@ -80,15 +80,16 @@ class Shape:
     team: int = 1
     placement: str | None = None
     stage_layers: tuple[int, ...] | None = None  # layers per pipeline stage; None: layers / pp on each
+    kv_chunks: int = 1  # all-gather's chunks of KV heads (planner/allgather.py)
     merge: MergeBytes = MERGES["sp-plan"]  # the ring merge of the runtime priced (Params.ring_merge)
 
     def __init__(self, model: ModelSpec, work: Workload, dp: int, ulysses: int, ring: int, token_layout: str,
                  tp: int = 1, pp: int = 1, mbs: int = 1, algorithm: str = "usp", team: int = 1,
-                 placement: str | None = None, stage_layers: tuple[int, ...] | None = None,
+                 placement: str | None = None, stage_layers: tuple[int, ...] | None = None, kv_chunks: int = 1,
                  merge: MergeBytes = MERGES["sp-plan"]):
         self.__dict__.update(model=model, work=work, dp=dp, ulysses=ulysses, ring=ring, token_layout=token_layout,
                              tp=tp, pp=pp, mbs=mbs, algorithm=algorithm, team=team, placement=placement,
-                             stage_layers=stage_layers, merge=merge)
+                             stage_layers=stage_layers, kv_chunks=kv_chunks, merge=merge)
         self.__post_init__()
 
     def __post_init__(self):
@@ -112,7 +113,7 @@ class Shape:
         d["hidden_bytes"] = self.mbs * d["n_local"] * m.hidden * d["e"]
         # the fields after model and workload, in order (the Estimator's cache key of this shape)
         d["key"] = (self.dp, self.ulysses, self.ring, self.token_layout, self.tp, self.pp, self.mbs, self.algorithm,
-                    self.team, self.placement, self.stage_layers)
+                    self.team, self.placement, self.stage_layers, self.kv_chunks)
         d["keys"] = {}  # schedule part -> the Estimator's schedule key of this shape (estimate.schedule_key)
 
 

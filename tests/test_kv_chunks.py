@@ -2,6 +2,7 @@
 checks, the planner's price of the chunked gather and its choice of a chunk count, and init(plan)'s attention
 running the plan's chunks."""
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -122,7 +123,8 @@ def test_the_planner_chunks_the_gather_where_it_is_comparable_to_the_attention()
         n = ag.best_kv_chunks(est, cand)
         assert n > 1, (S, nodes)
         assert layer_seconds(est, cand, n) < layer_seconds(est, cand, 1)
-        assert n == min(ag.kv_chunk_options(est.shape(cand)), key=lambda k: layer_seconds(est, cand, k))
+        steps = {k: est.evaluate(replace(cand, kv_chunks=k)).step_time_s for k in ag.kv_chunk_options(est.shape(cand))}
+        assert n == min(steps, key=steps.get)
 
 
 def test_the_planner_keeps_one_gather_where_the_gather_is_negligible():
@@ -154,6 +156,35 @@ def test_chunked_buffers_hold_two_chunks_of_the_gathered_k_v():
     assert ag.allgather_buffer_bytes(c, training=False, chunks=2) == kv
     assert ag.allgather_buffer_bytes(c, training=False, chunks=8) == kv / 4
     assert ag.allgather_buffer_bytes(c, training=True, chunks=8) == kv / 4 + kv  # and the full-length dk, dv
+
+
+def test_an_estimate_prices_the_plans_kv_chunks():
+    est, cand = priced(32768)
+    one = est(cand.to_plan(model=LLAMA))
+    four = est(replace(cand, kv_chunks=4).to_plan(model=LLAMA))
+    exposed = {p.name: p.exposed_seconds for p in four.breakdown}
+    whole = {p.name: p.exposed_seconds for p in one.breakdown}
+    assert four.step_time_s < one.step_time_s
+    assert exposed["allgather k,v fwd"] < whole["allgather k,v fwd"] / 2  # three of its four chunks hidden
+    assert four.memory["attention buffers"] < one.memory["attention buffers"]
+    with pytest.raises(PlanError, match="kv_chunks: 3 chunks do not split the 8 KV heads"):
+        est.check(replace(cand, kv_chunks=3))
+
+
+@pytest.mark.parametrize("nodes, S, mbs", [(1, 32768, 1), (2, 8192, 2)])
+def test_the_searchs_lower_bounds_stay_below_a_chunked_all_gathers_price(nodes, S, mbs):
+    """Each chunk count's schedule is its own shape's: the bounds read it, so they stay below its price."""
+    est, cand = priced(S, nodes, Params(round_overhead_s=2e-5, overlap=0.8))
+    cand = replace(cand, micro_batch_size=mbs, checkpointing="full")
+    policies = [(0, "full", mbs), (1, "none", mbs)]
+    orders = est.orders(cand.degrees, [cand.order])
+    for n in ag.kv_chunk_options(est.shape(cand)):
+        c = replace(cand, kv_chunks=n)
+        exact, _ = est.evaluate_orders(c, orders, policies)
+        assert est.bounds.compute_bound(c, policies) <= exact.min()
+        for how in ("busy", "balanced"):
+            assert all(b <= t for b, t in zip(est.bounds.comm_bounds(c, orders, policies, how), exact.min(axis=0)))
+        assert est.bounds.degrees_bound(c, [mbs]) <= exact.min()
 
 
 # ---------------------------------------------------------------- the runtime
