@@ -21,7 +21,6 @@ sub-rings of P/C^2 (``team_position`` and below); the token layout stays the rin
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 from functools import lru_cache
 from math import prod
@@ -189,7 +188,9 @@ def _document_bounds(cu_seqlens) -> np.ndarray:
 def _even_pieces(n: int, parts: int) -> np.ndarray:
     """Sizes of ``parts`` contiguous pieces of n tokens, the first n mod parts one longer (numpy.array_split)."""
     q, rem = divmod(n, parts)
-    return np.array([q + 1] * rem + [q] * (parts - rem), dtype=np.int64)
+    out = np.full(parts, q, dtype=np.int64)
+    out[:rem] += 1
+    return out
 
 
 def _contiguous(seq_len: int, ring: int) -> list[np.ndarray]:
@@ -300,16 +301,25 @@ def balanced_parts(cu: np.ndarray, ring: int, work_before, bound: float = BALANC
     doc_work = work_before(ends) - work_before(starts)
     spread = np.flatnonzero((doc_work > BALANCED_SPLIT_SHARE * work_before(cu[-1:])[0] / ring)
                             & (ends - starts >= 2 * ring))
-    start, stop, rank = spread_runs(cu, ring, spread)
-    w = work_before(np.concatenate([start, stop]))
-    load = np.bincount(rank, weights=w[len(start):] - w[:len(start)], minlength=ring)  # exact: integer work
-    held = np.bincount(rank, weights=stop - start, minlength=ring).astype(np.int64)
-    load, held = load.tolist(), held.tolist()
+    load, held = _spread_loads(cu, ring, spread, work_before)
     whole = np.setdiff1d(np.arange(len(starts)), spread)
     order = whole[np.lexsort((whole, -doc_work[whole]))]  # heaviest first, ties by index
-    placed = _place_whole(order, starts.tolist(), ends.tolist(), doc_work.tolist(), work_before, load, held, cap)
-    runs = tuple(np.array(x, dtype=np.int64) for x in zip(*placed)) if placed else ()
-    return spread, runs if runs else tuple(np.zeros(0, dtype=np.int64) for _ in range(3))
+    return spread, _place_whole(order, starts.tolist(), ends.tolist(), doc_work.tolist(), work_before, load, held,
+                                cap)
+
+
+def _spread_loads(cu: np.ndarray, ring: int, spread: np.ndarray, work_before) -> tuple[np.ndarray, np.ndarray]:
+    """(work, tokens) each rank holds of the spread documents (``spread_runs``), float64 and int64: the work read at
+    each chunk boundary once (a chunk's stop is the next one's start), summed per rank in the runs' order (exact:
+    integer work)."""
+    chunk_rank = np.concatenate([np.arange(ring), np.arange(ring)[::-1]])
+    sizes = spread_sizes(cu, ring, spread)
+    ends = cu[spread][:, None] + np.concatenate([np.zeros((len(spread), 1), dtype=np.int64),
+                                                 np.cumsum(sizes, axis=1)], axis=1)
+    w = work_before(ends.ravel()).reshape(ends.shape)
+    rank = ((chunk_rank[None, :] + spread[:, None]) % ring).ravel()
+    load = np.bincount(rank, weights=(w[:, 1:] - w[:, :-1]).ravel(), minlength=ring).astype(np.float64)
+    return load, np.bincount(rank, weights=sizes.ravel(), minlength=ring).astype(np.int64)
 
 
 def _merge_runs(start, stop, rank, cu: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -318,52 +328,122 @@ def _merge_runs(start, stop, rank, cu: np.ndarray) -> tuple[np.ndarray, np.ndarr
     order = np.argsort(start, kind="stable")
     start, stop, rank = start[order], stop[order], rank[order]
     new = np.ones(len(start), dtype=bool)
-    new[1:] = (rank[1:] != rank[:-1]) | np.isin(start[1:], cu)
+    new[1:] = (rank[1:] != rank[:-1]) | _is_bound(start[1:], cu)
     first = np.flatnonzero(new)
     return start[first], np.append(start[first[1:]], stop[-1]), rank[first]
 
 
-def _place_whole(order, starts, ends, doc_work, work_before, load, held, cap) -> list[tuple[int, int, int]]:
+def _is_bound(x: np.ndarray, cu: np.ndarray) -> np.ndarray:
+    """Whether each position is one of the sorted ``cu`` (a binary search each, not a hash of both)."""
+    i = np.minimum(np.searchsorted(cu, x), len(cu) - 1)
+    return cu[i] == x
+
+
+def _sorted_union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Sorted distinct values of two sorted int64 arrays (numpy.union1d's result; a stable sort merges the two runs
+    in one pass)."""
+    out = np.sort(np.concatenate([a, b]), kind="stable")
+    keep = np.ones(len(out), dtype=bool)
+    keep[1:] = out[1:] != out[:-1]
+    return out[keep]
+
+
+def _place_whole(order, starts, ends, doc_work, work_before, load: np.ndarray, held: np.ndarray, cap: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``_balanced_runs``' longest-processing-time pass: each document (in ``order``) to the least-loaded rank with
-    room (ties: the lowest rank), a heap of (load, rank) with the ranks without room set aside; where none has room,
-    its tokens poured in order into the least-loaded ranks' room (``load`` and ``held``: per-rank lists, updated).
-    Returns the (start, stop, rank) runs placed."""
-    heap = [(x, r) for r, x in enumerate(load)]
-    heapq.heapify(heap)
-    runs = []
+    room (ties: the lowest rank); where none has room, its tokens poured in order into the least-loaded ranks' room
+    (``load`` and ``held``: per-rank arrays, updated). The ranks with room wait in a queue sorted by (load, rank)
+    (``_RoomQueue``): a rank that fills up leaves it for good, so a ring of many ranks with a few tokens of room
+    each is not searched rank by rank for every document. Returns the (start, stop, rank) runs placed, in the
+    order placed."""
+    queue = _RoomQueue(load, held, cap)
+    pieces, whole = [np.zeros((3, 0), dtype=np.int64)], []  # runs placed: arrays, the whole documents' pending
     for d in order.tolist():
         start, end = starts[d], ends[d]
-        aside = []
-        while heap and held[heap[0][1]] + (end - start) > cap:
-            aside.append(heapq.heappop(heap))
-        if heap:
-            _, r = heapq.heappop(heap)
-            runs.append((start, end, r))
-            load[r] += doc_work[d]
-            held[r] += end - start
-            heapq.heappush(heap, (load[r], r))
-            for x in aside:
-                heapq.heappush(heap, x)
+        i = queue.first_with_room(end - start)
+        if i < 0:
+            pieces += [np.array(whole, dtype=np.int64).reshape(-1, 3).T,
+                       np.stack(_pour(start, end, work_before, load, held, cap, queue))]
+            whole = []
             continue
-        runs += _pour(start, end, work_before, load, held, cap)
-        heap = [(x, r) for r, x in enumerate(load)]
-        heapq.heapify(heap)
-    return runs
+        r = queue.remove(i)
+        whole.append((start, end, r))
+        load[r] += doc_work[d]
+        held[r] += end - start
+        if held[r] < cap:
+            queue.insert(load[r], r, cap - held[r])
+    pieces.append(np.array(whole, dtype=np.int64).reshape(-1, 3).T)
+    return tuple(np.ascontiguousarray(x) for x in np.concatenate(pieces, axis=1))
 
 
-def _pour(start: int, end: int, work_before, load: list, held: list, cap: int) -> list[tuple[int, int, int]]:
+class _RoomQueue:
+    """The ranks with room for at least one more token, sorted by (load, rank), with their room: three arrays in a
+    buffer whose live part starts at ``head`` (a removal shifts the part before it right, an insertion the part
+    before its place left, so each moves only the entries it passes)."""
+
+    def __init__(self, load: np.ndarray, held: np.ndarray, cap: int):
+        room = cap - held
+        rank = np.flatnonzero(room > 0)
+        by_load = load[rank]
+        order = np.lexsort((rank, by_load))
+        self.load, self.rank, self.room = by_load[order], rank[order], room[rank][order]
+        self.head = 0
+
+    def __len__(self) -> int:
+        return len(self.rank) - self.head
+
+    def first_with_room(self, n: int) -> int:
+        """Position (from the head) of the least-loaded rank with room for ``n`` tokens, or -1 if none has."""
+        fits = self.room[self.head:] >= n
+        i = int(fits.argmax()) if len(fits) else 0
+        return i if len(fits) and fits[i] else -1
+
+    def remove(self, i: int) -> int:
+        """Take out the rank at position ``i``; returns it."""
+        h = self.head
+        r = int(self.rank[h + i])
+        for a in (self.load, self.rank, self.room):
+            a[h + 1:h + i + 1] = a[h:h + i]
+        self.head = h + 1
+        return r
+
+    def drop(self, k: int) -> None:
+        """Take out the first ``k`` ranks."""
+        self.head += k
+
+    def insert(self, load: float, rank: int, room: int) -> None:
+        """Put ``rank`` back with its new load and room, in (load, rank) order (after a removal: the head has a slot
+        free before it)."""
+        h = self.head
+        live = self.load[h:]
+        lo, hi = int(np.searchsorted(live, load, side="left")), int(np.searchsorted(live, load, side="right"))
+        pos = lo + int(np.searchsorted(self.rank[h + lo:h + hi], rank))
+        for a, x in ((self.load, load), (self.rank, rank), (self.room, room)):
+            a[h - 1:h - 1 + pos] = a[h:h + pos]
+            a[h - 1 + pos] = x
+        self.head = h - 1
+
+
+def _pour(start: int, end: int, work_before, load: np.ndarray, held: np.ndarray, cap: int, queue: _RoomQueue
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A document no rank has room for, its tokens in order into the least-loaded ranks' room (ties: the lowest
-    rank), each rank filled before the next; ``load`` and ``held`` updated. Returns its (start, stop, rank) runs."""
-    ranks = np.argsort(np.array(load), kind="stable")  # sorted(range(P), key=load): stable, ties by rank
-    room = np.maximum(cap - np.array(held, dtype=np.int64)[ranks], 0)
+    rank), each rank filled before the next; ``load``, ``held`` and ``queue`` updated. The ranks it fills are a
+    prefix of the queue, each with room for at least one token, so at most its length of them. Returns its (start,
+    stop, rank) runs."""
+    h, k = queue.head, min(end - start, len(queue))
+    room = queue.room[h:h + k]
     take = np.minimum(room, np.maximum(end - start - (np.cumsum(room) - room), 0))
-    ranks, take = ranks[take > 0], take[take > 0]
+    used = int(np.count_nonzero(take))  # the takes are positive on a prefix: until the document is poured
+    ranks, take = queue.rank[h:h + used].copy(), take[:used]
     bounds = start + np.concatenate([[0], np.cumsum(take)])
     w = work_before(bounds)
-    for r, t, x in zip(ranks.tolist(), take.tolist(), (w[1:] - w[:-1]).tolist()):
-        load[r] += x
-        held[r] += t
-    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), ranks.tolist()))
+    load[ranks] += w[1:] - w[:-1]  # a document's ranks are distinct
+    held[ranks] += take
+    queue.drop(used)
+    if used and held[ranks[-1]] < cap:  # the last rank filled may keep some room
+        last = int(ranks[-1])
+        queue.insert(load[last], last, cap - held[last])
+    return bounds[:-1], bounds[1:], ranks
 
 
 def document_ring_tokens(token_layout: str, ring: int, cu_seqlens, weights=None) -> list[np.ndarray]:
@@ -400,7 +480,7 @@ def document_runs(token_layout: str, ring: int, cu_seqlens, weights=None, work_b
     check_balance_policy(token_layout)
     if token_layout == "contiguous":
         ends = np.cumsum(_even_pieces(int(cu[-1]), ring))
-        bounds = np.union1d(cu, ends)
+        bounds = _sorted_union(cu, ends)
         return bounds[:-1], bounds[1:], np.searchsorted(ends, bounds[:-1], side="right")
     if token_layout == "zigzag":
         sizes, chunk_rank = _zigzag_sizes(cu, ring)
