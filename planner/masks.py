@@ -283,7 +283,26 @@ def busiest_rank_pairs(work: Workload, token_layout: str, ring: int, window: int
     """Score entries of the busiest of ``ring`` ranks per sequence, in expectation over PACK_SAMPLES seeded packs of
     the workload's documents (one pack without documents: it is the same every time), under ``window`` (a layer's:
     the workload's window applies per layer, ``layer_windows``)."""
+    if work.documents is None and window is None:  # no rounds or tiles will be asked for: count the rank alone
+        return _busiest_alone(work, token_layout, ring)
     return _layout_work(work, token_layout, ring, window)[0]
+
+
+@lru_cache(maxsize=4096)
+def _busiest_alone(work: Workload, token_layout: str, ring: int) -> RankWork:
+    """``busiest_rank_pairs`` of one unmasked sequence (causal or full) without building its rounds and tiles, which
+    ring and USP price in closed form there: the same sums as ``_layout_work``'s."""
+    _, p = _pack_pairs(work, token_layout, ring, next(iter(workload_packs(work, 1))), None)
+    total, top = float(p.sum()), float(p.max())
+    return RankWork(total, top, top * ring / total if total else 1.0, 1)
+
+
+def _pack_pairs(work: Workload, token_layout: str, ring: int, cu, window: int | None) -> tuple:
+    """(the layout's runs of each rank, or None where striped; each rank's score entries) of one pack ``cu``."""
+    runs = None if token_layout == "striped" else layout_runs(token_layout, ring, cu, work.causal, window)
+    p = (striped_pairs(check_cu_seqlens(cu), ring, work.causal, window) if runs is None
+         else run_rank_pairs(runs, cu, ring, work.causal, window))
+    return runs, p
 
 
 @lru_cache(maxsize=4096)
@@ -297,14 +316,12 @@ def _layout_work(work: Workload, token_layout: str, ring: int, window: int | Non
     busiest, mean, empty = np.zeros(ring), np.zeros(ring), np.zeros(ring)
     tiles = np.zeros(3)
     for cu in workload_packs(work, samples):  # per rank: O(runs) or O(documents + P); rounds as round_stats
-        runs = None if token_layout == "striped" else layout_runs(token_layout, ring, cu, work.causal, window)
-        p = (striped_pairs(check_cu_seqlens(cu), ring, work.causal, window) if runs is None
-             else run_rank_pairs(runs, cu, ring, work.causal, window))
+        runs, p = _pack_pairs(work, token_layout, ring, cu, window)
         total, top = total + float(p.sum()), top + float(p.max())
         hi, avg = round_stats(token_layout, ring, cu, work.causal, window, runs, p)
         busiest, mean, empty = busiest + hi, mean + avg, empty + (hi == 0)
         tiles += pack_tiles(token_layout, ring, cu, work.causal, window, runs=runs)
-    as_tuple = lambda x: tuple(float(v) / samples for v in x)  # noqa: E731
+    as_tuple = lambda x: tuple((x / samples).tolist())  # noqa: E731
     return (RankWork(total / samples, top / samples, top * ring / total if total else 1.0, samples),
             RoundWork(as_tuple(busiest), as_tuple(mean), as_tuple(empty), samples),
             TileWork(*(tiles / samples).tolist(), float(plain_tiles(token_layout, ring, work, None)), samples))
