@@ -326,17 +326,13 @@ def _merge_runs(start, stop, rank, cu: np.ndarray) -> tuple[np.ndarray, np.ndarr
     """Runs sorted by start, each joined to the one before where it goes on with the same rank in the same document
     (``owner_runs``' maximal runs)."""
     order = np.argsort(start, kind="stable")
-    start, stop, rank = start[order], stop[order], rank[order]
+    start, rank = start[order], rank[order]
     new = np.ones(len(start), dtype=bool)
-    new[1:] = (rank[1:] != rank[:-1]) | _is_bound(start[1:], cu)
+    new[1:] = rank[1:] != rank[:-1]
+    at = np.minimum(np.searchsorted(start, cu[:-1]), len(start) - 1)  # one binary search a document, not a run
+    new[at[start[at] == cu[:-1]]] = True  # a document's first run
     first = np.flatnonzero(new)
-    return start[first], np.append(start[first[1:]], stop[-1]), rank[first]
-
-
-def _is_bound(x: np.ndarray, cu: np.ndarray) -> np.ndarray:
-    """Whether each position is one of the sorted ``cu`` (a binary search each, not a hash of both)."""
-    i = np.minimum(np.searchsorted(cu, x), len(cu) - 1)
-    return cu[i] == x
+    return start[first], np.append(start[first[1:]], stop[order[-1]]), rank[first]
 
 
 def _sorted_union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -484,10 +480,10 @@ def document_runs(token_layout: str, ring: int, cu_seqlens, weights=None, work_b
         return bounds[:-1], bounds[1:], np.searchsorted(ends, bounds[:-1], side="right")
     if token_layout == "zigzag":
         sizes, chunk_rank = _zigzag_sizes(cu, ring)
-        flat = sizes.ravel()
-        keep = flat > 0
-        stop = np.cumsum(flat)[keep]
-        return stop - flat[keep], stop, np.tile(chunk_rank, len(sizes))[keep]
+        chunk = np.flatnonzero(sizes)  # row-major: documents in order, each one's chunks in token order
+        n = sizes.ravel()[chunk]
+        stop = np.cumsum(n)
+        return stop - n, stop, chunk_rank[chunk % (2 * ring)]
     if token_layout == "balanced":
         return _balanced_runs(cu, ring, work_prefix(weights, int(cu[-1])) if work_before is None else work_before)
     return owner_runs(document_owners(token_layout, ring, cu, weights), cu)
