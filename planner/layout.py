@@ -348,41 +348,42 @@ def _place_whole(order, starts, ends, doc_work, work_before, load: np.ndarray, h
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``_balanced_runs``' longest-processing-time pass: each document (in ``order``) to the least-loaded rank with
     room (ties: the lowest rank); where none has room, its tokens poured in order into the least-loaded ranks' room
-    (``load`` and ``held``: per-rank arrays, updated). The ranks with room wait in a queue sorted by (load, rank)
+    (``load`` and ``held``: each rank's so far). The ranks with room wait in a queue sorted by (load, rank)
     (``_RoomQueue``): a rank that fills up leaves it for good, so a ring of many ranks with a few tokens of room
     each is not searched rank by rank for every document. Returns the (start, stop, rank) runs placed, in the
     order placed."""
     queue = _RoomQueue(load, held, cap)
-    pieces, whole = [np.zeros((3, 0), dtype=np.int64)], []  # runs placed: arrays, the whole documents' pending
+    out: tuple[list, list, list] = ([], [], [])  # runs placed: arrays, with the whole documents' pending in whole
+    whole: tuple[list, list, list] = ([], [], [])
     for d in order.tolist():
         start, end = starts[d], ends[d]
         i = queue.first_with_room(end - start)
         if i < 0:
-            pieces += [np.array(whole, dtype=np.int64).reshape(-1, 3).T,
-                       np.stack(_pour(start, end, work_before, load, held, cap, queue))]
-            whole = []
+            for o, w, x in zip(out, whole, _pour(start, end, work_before, queue)):
+                o += [np.array(w, dtype=np.int64), x]
+                w.clear()
             continue
-        r = queue.remove(i)
-        whole.append((start, end, r))
-        load[r] += doc_work[d]
-        held[r] += end - start
-        if held[r] < cap:
-            queue.insert(load[r], r, cap - held[r])
-    pieces.append(np.array(whole, dtype=np.int64).reshape(-1, 3).T)
-    return tuple(np.ascontiguousarray(x) for x in np.concatenate(pieces, axis=1))
+        x, r, room = queue.remove(i)
+        for w, v in zip(whole, (start, end, r)):
+            w.append(v)
+        if room > end - start:
+            queue.insert(x + doc_work[d], r, room - (end - start))
+    return tuple(np.concatenate(o + [np.array(w, dtype=np.int64)]) for o, w in zip(out, whole))
 
 
 class _RoomQueue:
-    """The ranks with room for at least one more token, sorted by (load, rank), with their room: three arrays in a
-    buffer whose live part starts at ``head`` (a removal shifts the part before it right, an insertion the part
-    before its place left, so each moves only the entries it passes)."""
+    """The ranks with room for at least one more token, sorted by (load, rank), with their room: the loads, and the
+    ranks and rooms as the two rows of one array, in a buffer whose live part starts at ``head`` (a removal shifts
+    the part before it right, an insertion the part before its place left, so each moves only the entries it
+    passes; the least-loaded rank comes and goes without a shift)."""
 
     def __init__(self, load: np.ndarray, held: np.ndarray, cap: int):
         room = cap - held
         rank = np.flatnonzero(room > 0)
         by_load = load[rank]
         order = np.lexsort((rank, by_load))
-        self.load, self.rank, self.room = by_load[order], rank[order], room[rank][order]
+        self.load, self.ranks = by_load[order], np.stack([rank[order], room[rank][order]])
+        self.rank, self.room = self.ranks  # views of the rows
         self.head = 0
 
     def __len__(self) -> int:
@@ -390,18 +391,24 @@ class _RoomQueue:
 
     def first_with_room(self, n: int) -> int:
         """Position (from the head) of the least-loaded rank with room for ``n`` tokens, or -1 if none has."""
-        fits = self.room[self.head:] >= n
-        i = int(fits.argmax()) if len(fits) else 0
-        return i if len(fits) and fits[i] else -1
-
-    def remove(self, i: int) -> int:
-        """Take out the rank at position ``i``; returns it."""
         h = self.head
-        r = int(self.rank[h + i])
-        for a in (self.load, self.rank, self.room):
-            a[h + 1:h + i + 1] = a[h:h + i]
+        if h == len(self.rank):
+            return -1
+        if self.room[h] >= n:
+            return 0
+        fits = self.room[h:] >= n
+        i = int(fits.argmax())
+        return i if fits[i] else -1
+
+    def remove(self, i: int) -> tuple[float, int, int]:
+        """Take out the rank at position ``i``; returns its (load, rank, room)."""
+        h = self.head
+        out = float(self.load[h + i]), int(self.rank[h + i]), int(self.room[h + i])
+        if i:
+            self.load[h + 1:h + i + 1] = self.load[h:h + i]
+            self.ranks[:, h + 1:h + i + 1] = self.ranks[:, h:h + i]
         self.head = h + 1
-        return r
+        return out
 
     def drop(self, k: int) -> None:
         """Take out the first ``k`` ranks."""
@@ -412,34 +419,38 @@ class _RoomQueue:
         free before it)."""
         h = self.head
         live = self.load[h:]
-        lo, hi = int(np.searchsorted(live, load, side="left")), int(np.searchsorted(live, load, side="right"))
-        pos = lo + int(np.searchsorted(self.rank[h + lo:h + hi], rank))
-        for a, x in ((self.load, load), (self.rank, rank), (self.room, room)):
-            a[h - 1:h - 1 + pos] = a[h:h + pos]
-            a[h - 1 + pos] = x
+        pos = int(live.searchsorted(load, "right"))
+        if pos and live[pos - 1] == load:  # ties: by rank among the equal loads
+            lo = int(live.searchsorted(load, "left"))
+            pos = lo + int(self.rank[h + lo:h + pos].searchsorted(rank))
+        if pos:
+            self.load[h - 1:h - 1 + pos] = live[:pos]
+            self.ranks[:, h - 1:h - 1 + pos] = self.ranks[:, h:h + pos]
+        self.load[h - 1 + pos] = load
+        self.ranks[:, h - 1 + pos] = (rank, room)
         self.head = h - 1
 
 
-def _pour(start: int, end: int, work_before, load: np.ndarray, held: np.ndarray, cap: int, queue: _RoomQueue
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _pour(start: int, end: int, work_before, queue: _RoomQueue) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A document no rank has room for, its tokens in order into the least-loaded ranks' room (ties: the lowest
-    rank), each rank filled before the next; ``load``, ``held`` and ``queue`` updated. The ranks it fills are a
-    prefix of the queue, each with room for at least one token, so at most its length of them. Returns its (start,
-    stop, rank) runs."""
-    h, k = queue.head, min(end - start, len(queue))
-    room = queue.room[h:h + k]
-    take = np.minimum(room, np.maximum(end - start - (np.cumsum(room) - room), 0))
-    used = int(np.count_nonzero(take))  # the takes are positive on a prefix: until the document is poured
-    ranks, take = queue.rank[h:h + used].copy(), take[:used]
-    bounds = start + np.concatenate([[0], np.cumsum(take)])
-    w = work_before(bounds)
-    load[ranks] += w[1:] - w[:-1]  # a document's ranks are distinct
-    held[ranks] += take
+    rank), each rank filled before the next; ``queue`` updated. The ranks it fills are a prefix of the queue, each
+    with room for at least one token, so at most its length of them; those it fills up leave the queue, so only the
+    last one's work is read (to put it back by its load). Returns its (start, stop, rank) runs."""
+    h, n = queue.head, end - start
+    filled = queue.room[h:h + min(n, len(queue))].cumsum()
+    used = min(int(filled.searchsorted(n)) + 1, len(filled))  # ranks until the document is poured
+    if not used:  # no rank has room left
+        return tuple(np.zeros(0, dtype=np.int64) for _ in range(3))
+    stops = start + filled[:used]
+    stops[-1] = min(stops[-1], end)  # the last takes what is left
+    firsts = np.concatenate([[start], stops[:-1]])
+    ranks = queue.rank[h:h + used].copy()
+    load, left = float(queue.load[h + used - 1]), int(filled[used - 1]) - n
     queue.drop(used)
-    if used and held[ranks[-1]] < cap:  # the last rank filled may keep some room
-        last = int(ranks[-1])
-        queue.insert(load[last], last, cap - held[last])
-    return bounds[:-1], bounds[1:], ranks
+    if left > 0:  # the last rank keeps some room
+        w = work_before(np.array([firsts[-1], stops[-1]], dtype=np.int64))
+        queue.insert(load + (w[1] - w[0]), int(ranks[-1]), left)
+    return firsts, stops, ranks
 
 
 def document_ring_tokens(token_layout: str, ring: int, cu_seqlens, weights=None) -> list[np.ndarray]:
