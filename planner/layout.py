@@ -229,6 +229,23 @@ def _zigzag_sizes(cu: np.ndarray, ring: int) -> tuple[np.ndarray, np.ndarray]:
     return sizes, np.concatenate([np.arange(ring), np.arange(ring)[::-1]])
 
 
+def _zigzag_chunks(cu: np.ndarray, ring: int) -> tuple[np.ndarray, np.ndarray]:
+    """The nonzero chunks of ``_zigzag_sizes`` without its documents x 2P matrix: (document x 2P + chunk, size) in
+    token order. A document of at least 2P tokens has all 2P chunks; a shorter one only its extras, one token each,
+    so there are at most S + 2P entries however many documents are shorter than 2P."""
+    q, rem = np.divmod(np.diff(cu), 2 * ring)
+    docs, chunks = _zigzag_extras(rem, ring)
+    long = np.flatnonzero(q > 0)
+    n = np.repeat(q[long], 2 * ring)
+    in_long = q[docs] > 0
+    n[np.searchsorted(long, docs[in_long]) * 2 * ring + chunks[in_long]] += 1  # a document's extras: distinct chunks
+    key = np.concatenate([(long[:, None] * 2 * ring + np.arange(2 * ring)).ravel(),
+                          docs[~in_long] * 2 * ring + chunks[~in_long]])
+    n = np.concatenate([n, np.ones(int((~in_long).sum()), dtype=np.int64)])
+    order = np.argsort(key, kind="stable")
+    return key[order], n[order]
+
+
 def _zigzag(cu: np.ndarray, ring: int) -> np.ndarray:
     """Per-document zigzag, the rank of each token (``_zigzag_sizes``)."""
     sizes, chunk_rank = _zigzag_sizes(cu, ring)
@@ -490,11 +507,9 @@ def document_runs(token_layout: str, ring: int, cu_seqlens, weights=None, work_b
         bounds = _sorted_union(cu, ends)
         return bounds[:-1], bounds[1:], np.searchsorted(ends, bounds[:-1], side="right")
     if token_layout == "zigzag":
-        sizes, chunk_rank = _zigzag_sizes(cu, ring)
-        chunk = np.flatnonzero(sizes)  # row-major: documents in order, each one's chunks in token order
-        n = sizes.ravel()[chunk]
+        chunk, n = _zigzag_chunks(cu, ring)
         stop = np.cumsum(n)
-        return stop - n, stop, chunk_rank[chunk % (2 * ring)]
+        return stop - n, stop, np.concatenate([np.arange(ring), np.arange(ring)[::-1]])[chunk % (2 * ring)]
     if token_layout == "balanced":
         return _balanced_runs(cu, ring, work_prefix(weights, int(cu[-1])) if work_before is None else work_before)
     return owner_runs(document_owners(token_layout, ring, cu, weights), cu)
