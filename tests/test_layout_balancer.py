@@ -1,4 +1,4 @@
-"""The balancer's placement of whole documents, against a plain reading of its rule, rank by rank.
+"""The balancer's placement of whole documents, against a plain reading of its rule, rank by rank; zigzag runs.
 
 ``balanced_parts`` keeps the ranks with room in a queue sorted by (load, rank) so that rings of many ranks with a few
 tokens of room each are fast; these tests pin that it places every document exactly where the rule says: the
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from sp_plan.planner.documents import draw_packs
-from sp_plan.planner.layout import (BALANCED_SPLIT_SHARE, BALANCED_TOKEN_BOUND, balanced_parts, document_runs,
-                                    spread_runs, work_prefix)
+from sp_plan.planner.layout import (BALANCED_SPLIT_SHARE, BALANCED_TOKEN_BOUND, _zigzag_sizes, balanced_parts,
+                                    document_runs, spread_runs, work_prefix)
 from sp_plan.planner.masks import work_before
 from sp_plan.planner.model import Histogram, Lognormal
 
@@ -97,3 +97,19 @@ def test_runs_cover_the_sequence_once_at_a_large_ring():
     assert start[0] == 0 and stop[-1] == seq_len and np.array_equal(start[1:], stop[:-1])
     held = np.bincount(rank, weights=stop - start, minlength=ring)
     assert held.max() <= max(-(-seq_len // ring), int(BALANCED_TOKEN_BOUND * seq_len / ring))
+
+
+@pytest.mark.parametrize("ring", [1, 2, 5, 64, 700])
+def test_zigzag_runs_are_the_nonzero_chunks_of_every_document(ring):
+    """Zigzag runs read from the nonzero chunks alone equal the documents x 2P chunk matrix read row by row: long
+    documents (all 2P chunks), short ones (their extras only) and both in one sequence."""
+    rng = np.random.default_rng(ring)
+    for _ in range(20):
+        S = int(rng.integers(1, 5000))
+        cu = np.unique(np.concatenate([[0, S], rng.integers(1, S, size=int(rng.integers(0, 30)))])).astype(np.int64)
+        sizes, chunk_rank = _zigzag_sizes(cu, ring)
+        chunk = np.flatnonzero(sizes)
+        n = sizes.ravel()[chunk]
+        start, stop, rank = document_runs("zigzag", ring, cu)
+        assert np.array_equal(stop, np.cumsum(n)) and np.array_equal(start, stop - n)
+        assert np.array_equal(rank, chunk_rank[chunk % (2 * ring)])
