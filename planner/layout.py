@@ -241,6 +241,8 @@ def _zigzag_chunks(cu: np.ndarray, ring: int) -> tuple[np.ndarray, np.ndarray]:
     n[np.searchsorted(long, docs[in_long]) * 2 * ring + chunks[in_long]] += 1  # a document's extras: distinct chunks
     key = np.concatenate([(long[:, None] * 2 * ring + np.arange(2 * ring)).ravel(),
                           docs[~in_long] * 2 * ring + chunks[~in_long]])
+    if in_long.all():  # every document's rows in order already
+        return key, n
     n = np.concatenate([n, np.ones(int((~in_long).sum()), dtype=np.int64)])
     order = np.argsort(key, kind="stable")
     return key[order], n[order]
