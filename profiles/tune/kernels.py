@@ -169,7 +169,7 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
     said = tick or (lambda advanced, message: None)
     least = 1 + (settings.window_min_calls if windows is not None else repeats + 1)  # preparing, then timing
     jobs: list[tuple[Callable[[], object], dict]] = []  # (the kernel, its sample's fields but the seconds)
-    firsts: list[float] = []
+    firsts: list[float] = []  # each job's first call, where windows are agreed from them
     for g in groups:
         flops = group_flops(model, g, causal)
         if budget_s is not None and forecast.rate and \
@@ -191,11 +191,18 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
         start, lengths = windows(firsts) if left is None else windows(firsts, total_s=left)
     else:
         start, lengths = windows[0], [windows[1]] * len(jobs)
+    return _windowed(jobs, lengths, start, device, name, said)
+
+
+def _windowed(jobs: list, lengths: list[float], start: float, device: torch.device, dtype: str,
+              said: Callable[[bool, str], None]) -> list[KernelSample]:
+    """Each job back to back through its window (``timing.time_window``), the windows laid end to end from
+    ``start``."""
     out: list[KernelSample] = []
     for (fn, fields), each in zip(jobs, lengths):
         t = time_window(fn, device, start, start + 0.9 * each)
         start += each
-        out.append(KernelSample(seconds=t, dtype=name, batch=1, **fields))
+        out.append(KernelSample(seconds=t, dtype=dtype, batch=1, **fields))
         said(False, f"timed {shown_kernel(fields)}")
     return out
 
