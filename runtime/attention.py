@@ -16,7 +16,8 @@ MASKED = ("ring", "ulysses", "usp", "allgather")
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: str,
               groups: dict[str, dist.ProcessGroup] | None, ranks: dict[str, list[int]] | None = None,
               causal: bool = False, token_layout: str = "contiguous", scale: float | None = None,
-              backend: str | None = None, cu_seqlens=None, window: int | None = None) -> torch.Tensor:
+              backend: str | None = None, cu_seqlens=None, window: int | None = None,
+              kv_chunks: int = 1) -> torch.Tensor:
     """Sequence-parallel attention of (batch, local seq, heads, dim) shards by algorithm name.
 
     ``groups`` maps "ring" and "ulysses" to process groups (missing or None = degree 1);
@@ -25,7 +26,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: s
     must be the ulysses coordinate). With every degree 1 this is plain local attention.
     ``backend`` names the block kernel (``runtime.backends``; None = the unmeasured default). ``cu_seqlens``
     (packed documents over the global sequence) and ``window`` (a sliding window) go to the variants that take
-    them (``MASKED``).
+    them (``MASKED``); ``kv_chunks`` over 1 (all-gather's chunks of KV heads) to ``allgather`` alone.
     """
     variants = load_all()
     if algorithm not in variants:
@@ -36,5 +37,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: s
         name = next(iter(masks))
         raise PlanError(name, f"algorithm {algorithm} does not honour {name} (packed documents and sliding windows)",
                         f"use a plan with algorithm {', '.join(MASKED[:-1])} or {MASKED[-1]}, which do")
+    if kv_chunks != 1:
+        if algorithm != "allgather":
+            raise PlanError("kv_chunks", f"kv_chunks chunks all-gather's gather of K, V; {algorithm} gathers none",
+                            "drop kv_chunks, or run an allgather plan")
+        masks["kv_chunks"] = kv_chunks
     return variants[algorithm].fn(q, k, v, groups=groups or {}, ranks=ranks or {}, causal=causal,
                                   token_layout=token_layout, scale=scale, backend=backend, **masks)

@@ -135,26 +135,14 @@ class Context:
         if self.plan.algorithm == "tokenring_ring":  # the inner TokenRing: the plan's team, not the hostnames
             ranks["team"] = self.layout.group_of("team", self.rank)
         backend = self.backends.choose(q, k, causal)  # keyed by the local block: device, dtype, head dim, length
-        chunks = self.kv_chunks(kv_chunks)
-        if chunks != 1:  # runtime.attention takes no chunk count: the all-gather entry that does
-            from .variants.allgather import planned_allgather
-
-            return planned_allgather(q, k, v, kv_chunks=chunks, groups=groups, ranks=ranks, causal=causal,
-                                     token_layout=self.plan.token_layout, scale=scale, backend=backend,
-                                     cu_seqlens=cu_seqlens, window=self.window(window))
         return attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,
                          token_layout=self.plan.token_layout, scale=scale, backend=backend, cu_seqlens=cu_seqlens,
-                         window=self.window(window))
+                         window=self.window(window), kv_chunks=self.kv_chunks(kv_chunks))
 
     def kv_chunks(self, kv_chunks: int | None = None) -> int:
-        """``kv_chunks``, or where None the plan's (1: one gather); a chunk count for a plan that is not all-gather's
-        is refused, as the plan file refuses it."""
-        if kv_chunks is None:
-            return self.plan.kv_chunks or 1
-        if kv_chunks != 1 and self.plan.algorithm != "allgather":
-            raise PlanError("kv_chunks", f"kv_chunks chunks all-gather's gather of K, V; {self.plan.algorithm} "
-                            "gathers none", "drop kv_chunks, or run an allgather plan")
-        return kv_chunks
+        """``kv_chunks``, or where None the plan's (1: one gather); ``runtime.attention`` refuses a count over 1
+        for a plan that is not all-gather's, as the plan file does."""
+        return (self.plan.kv_chunks or 1) if kv_chunks is None else kv_chunks
 
 
 def _as_plan(plan_or_path: Plan | str | Path) -> Plan:

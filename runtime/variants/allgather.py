@@ -8,7 +8,7 @@ empties and folding the others into (out, lse) with the online-softmax merge (``
 Backward. Each chunk's FlashAttention-2 block backward runs against the global out and lse; dq stays local, and
 the dk, dv of every chunk are accumulated and reduce-scattered to the chunk's owner.
 
-Overlap (optional, ``kv_chunks``: a plan field, which ``Context.attention`` passes). The KV heads may be gathered in
+Overlap (optional, ``kv_chunks``: a plan field, which ``Context.attention`` passes through ``runtime.attention``). The KV heads may be gathered in
 chunks, as ring-flash-attention's llama3 variant strides them: the gather of chunk c + 1 is in flight while chunk c's
 query heads attend, and in backward chunk c's reduce-scatter while chunk c + 1 computes. One chunk (the default)
 gathers once, exposed.
@@ -29,7 +29,6 @@ import torch
 import torch.distributed as dist
 
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.layout import check_balance_policy, check_token_layout
 
 from ..kernels import BlockMask
 from .ring import (Ring, attend_chunks, attend_chunks_backward, check_masks, held_tokens, make_ring, member_block,
@@ -213,14 +212,6 @@ def _registered_allgather(q, k, v, *, groups, ranks, causal, token_layout, scale
     return usp_attention(q, k, v, uly, ring if degree(ring) > 1 else None, causal=causal, token_layout=token_layout,
                          scale=scale, ring_ranks=ranks.get("ring"), backend=backend, cu_seqlens=cu_seqlens,
                          window=window, inner=partial(allgather_attention, kv_chunks=kv_chunks))
-
-
-def planned_allgather(q, k, v, *, kv_chunks: int, **kw) -> torch.Tensor:
-    """The registry's entry with a chunk count: ``runtime.attention`` passes none, so ``Context.attention`` calls
-    this for a plan whose ``kv_chunks`` is over 1, after the token-layout check ``runtime.attention`` makes."""
-    cu = kw.get("cu_seqlens")
-    (check_token_layout if cu is None else check_balance_policy)(kw["token_layout"])
-    return _registered_allgather(q, k, v, kv_chunks=kv_chunks, **kw)
 
 
 register("allgather", _registered_allgather)
