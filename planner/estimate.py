@@ -33,7 +33,7 @@ from .model import ModelSpec, Workload
 from .params import Params
 from .profile import Profile, pure_params
 from .algorithms import ALGORITHMS
-from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction
+from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction, check_kv_chunks_algorithm
 from .parts import RING_FREE_PARTS, SCHEDULE_PARTS, schedule_key
 from .schedules import (DDP_BUCKET_BYTES, Comm, Compute, Shape, Step, attention_steps, bucket_share,
                         bucketed_exposure, grad_sync, scaled, shard_params)
@@ -401,9 +401,7 @@ class Estimator:
         if cand.virtual_stages != 1:
             check_virtual_stages(cand.virtual_stages, cand.pp, m.layers, stages)
             check_interleaved_micro_batches(cand.virtual_stages, cand.pp, max(w.batch // (cand.dp * cand.micro_batch_size), 1))
-        if cand.kv_chunks != 1 and cand.algorithm != "allgather":
-            raise PlanError("kv_chunks", f"kv_chunks chunks all-gather's gather of K, V; {cand.algorithm} gathers none",
-                            "drop kv_chunks, or use algorithm allgather")
+        check_kv_chunks_algorithm(cand.kv_chunks, cand.algorithm)
         if cand.team != 1 and cand.algorithm not in TEAM_ALGORITHMS:
             raise PlanError("degrees.team", f"team > 1 belongs to WallFacer (and tokenring_ring), not {cand.algorithm}",
                             "set team to 1")

@@ -37,6 +37,13 @@ def local_kv_heads(heads: int, kv_heads: int, tp: int, ulysses: int) -> int:
     return 1 if ulysses % kv == 0 else q // ulysses
 
 
+def check_kv_chunks_algorithm(kv_chunks: int, algorithm: str) -> None:
+    """Chunks of KV heads over 1 belong to all-gather's gather: a PlanError for any other algorithm."""
+    if kv_chunks != 1 and algorithm != "allgather":
+        raise PlanError("kv_chunks", f"kv_chunks chunks all-gather's gather of K, V; {algorithm} gathers none",
+                        "drop kv_chunks, or use algorithm allgather")
+
+
 class PhaseCost(BaseModel):
     """One line of a prediction's breakdown."""
 
@@ -171,9 +178,7 @@ class Plan(BaseModel):
         if n == 1:
             self.kv_chunks = None  # one gather, written as before: absent
             return
-        if self.algorithm != "allgather":
-            raise PlanError("kv_chunks", f"kv_chunks chunks all-gather's gather of K, V; {self.algorithm} gathers "
-                            "none", "drop kv_chunks, or use algorithm allgather")
+        check_kv_chunks_algorithm(n, self.algorithm)
         if self.model is not None:
             d = self.degrees
             local = local_kv_heads(self.model.heads, self.model.kv_heads, d["tp"], d["ulysses"])

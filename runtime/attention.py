@@ -6,6 +6,7 @@ import torch.distributed as dist
 
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import check_balance_policy, check_token_layout
+from sp_plan.planner.plan import check_kv_chunks_algorithm
 
 from .variants import VARIANTS, load_all, register  # noqa: F401 - register: the registry's, re-exported
 
@@ -37,10 +38,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: s
         name = next(iter(masks))
         raise PlanError(name, f"algorithm {algorithm} does not honour {name} (packed documents and sliding windows)",
                         f"use a plan with algorithm {', '.join(MASKED[:-1])} or {MASKED[-1]}, which do")
+    check_kv_chunks_algorithm(kv_chunks, algorithm)
     if kv_chunks != 1:
-        if algorithm != "allgather":
-            raise PlanError("kv_chunks", f"kv_chunks chunks all-gather's gather of K, V; {algorithm} gathers none",
-                            "drop kv_chunks, or run an allgather plan")
         masks["kv_chunks"] = kv_chunks
     return variants[algorithm].fn(q, k, v, groups=groups or {}, ranks=ranks or {}, causal=causal,
                                   token_layout=token_layout, scale=scale, backend=backend, **masks)
