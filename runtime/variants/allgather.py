@@ -5,12 +5,14 @@ attends its local queries to the gathered K/V one chunk at a time, a chunk per g
 layout (``ring.member_tokens``: over the whole sequence, or per packed document), skipping the chunks its mask
 empties and folding the others into (out, lse) with the online-softmax merge (``ring.attend_block``).
 
-Backward. Each chunk's FlashAttention-2 block backward runs against the global out and lse; dq stays local, and
-the dk, dv of every chunk are accumulated and reduce-scattered to the chunk's owner.
+Backward. As TransformerEngine's AttnFuncWithCPAndKVAllGather, the forward keeps only the local K and V and the
+backward gathers them again (a full-length K, V per layer is not held from forward to backward: the planner prices
+this second gather, planner/allgather.py). Each chunk's FlashAttention-2 block backward runs against the global out
+and lse; dq stays local, and the dk, dv of every chunk are accumulated and reduce-scattered to the chunk's owner.
 
 Overlap (optional, ``kv_chunks``: a plan field, which ``Context.attention`` passes through ``runtime.attention``). The KV heads may be gathered in
 chunks, as ring-flash-attention's llama3 variant strides them: the gather of chunk c + 1 is in flight while chunk c's
-query heads attend, and in backward chunk c's reduce-scatter while chunk c + 1 computes. One chunk (the default)
+query heads attend (forward and backward), and in backward chunk c's reduce-scatter while chunk c + 1 computes. One chunk (the default)
 gathers once, exposed.
 
 Masks. Each (local queries, key chunk) pair's mask comes from the global token indices: causal, the same packed
@@ -121,27 +123,34 @@ def _heads(x: torch.Tensor, h: slice) -> torch.Tensor:
     return x if h.start == 0 and h.stop == x.shape[2] else x[:, :, h].contiguous()
 
 
-def allgather_forward(q, k, v, ring: Ring, lengths, masks, heads, scale, backend=None):
-    """Local queries against the gathered K, V, one KV-head chunk at a time (``heads``): chunk c + 1's gather is in
-    flight while chunk c attends (ring-flash-attention's llama3 heads stride). (out, lse, every chunk's K, V)."""
+def gathered(k, v, ring: Ring, lengths, heads):
+    """Each KV-head chunk's gathered K, V in turn, chunk c + 1's gather in flight while the caller computes on chunk c
+    (ring-flash-attention's llama3 heads stride)."""
     pending = post_gather_kv(_heads(k, heads[0][1]), _heads(v, heads[0][1]), ring, lengths)
-    outs, lses, kept = [], [], []
-    for c, (qh, _) in enumerate(heads):
+    for c in range(len(heads)):
         ks, vs = pending.result()
         if c + 1 < len(heads):
             pending = post_gather_kv(_heads(k, heads[c + 1][1]), _heads(v, heads[c + 1][1]), ring, lengths)
+        yield ks, vs
+
+
+def allgather_forward(q, k, v, ring: Ring, lengths, masks, heads, scale, backend=None):
+    """Local queries against the gathered K, V, one KV-head chunk at a time (``heads``, ``gathered``); each chunk's
+    gathered K, V are freed once it has attended. (out, lse)."""
+    outs, lses = [], []
+    for (qh, _), (ks, vs) in zip(heads, gathered(k, v, ring, lengths, heads)):
         o, m = attend_chunks(_heads(q, qh), ks, vs, masks, scale, backend)
         outs.append(o)
         lses.append(m)
-        kept.append((ks, vs))
-    return torch.cat(outs, dim=2), torch.cat(lses, dim=1), kept
+    return torch.cat(outs, dim=2), torch.cat(lses, dim=1)
 
 
-def allgather_backward(dout, q, kept, out, lse, masks, ring: Ring, heads, scale, backend=None):
-    """dq from every chunk; each chunk's dk, dv reduce-scattered to its owner, one KV-head chunk's reduce-scatter in
-    flight while the next chunk computes."""
+def allgather_backward(dout, q, k, v, out, lse, masks, ring: Ring, lengths, heads, scale, backend=None):
+    """K, V gathered again chunk by chunk (the forward keeps only the local shards, as TransformerEngine's
+    AttnFuncWithCPAndKVAllGather does); dq from every chunk; each chunk's dk, dv reduce-scattered to its owner, one
+    KV-head chunk's reduce-scatter in flight while the next chunk computes."""
     dq, pending = torch.empty_like(q), []
-    for (qh, _), (ks, vs) in zip(heads, kept):
+    for (qh, _), (ks, vs) in zip(heads, gathered(k, v, ring, lengths, heads)):
         lse_h = lse if qh.start == 0 and qh.stop == lse.shape[1] else lse[:, qh].contiguous()
         g, dks, dvs = attend_chunks_backward(_heads(dout, qh), _heads(q, qh), ks, vs, _heads(out, qh), lse_h, masks,
                                              scale, backend)
@@ -149,11 +158,11 @@ def allgather_backward(dout, q, kept, out, lse, masks, ring: Ring, heads, scale,
         pending.append((post_reduce_scatter(dks, ring), post_reduce_scatter(dvs, ring)))
     dk = torch.cat([p.result() for p, _ in pending], dim=2)
     dv = torch.cat([p.result() for _, p in pending], dim=2)
-    return dq, dk.to(kept[0][0][0].dtype), dv.to(kept[0][1][0].dtype)
+    return dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
 class _AllGatherAttention(torch.autograd.Function):
-    """Autograd wrapper: gather K/V, attend chunk by chunk; backward reduce-scatters dk, dv."""
+    """Autograd wrapper: gather K/V, attend chunk by chunk; backward gathers them again and reduce-scatters dk, dv."""
 
     @staticmethod
     def forward(ctx, q, k, v, group, ranks, causal, token_layout, scale, backend, cu_seqlens, window, kv_chunks):
@@ -162,18 +171,17 @@ class _AllGatherAttention(torch.autograd.Function):
         tokens = held_tokens(token_layout, ring, seq_len, q.shape[1], bool(causal), cu_seqlens, window)
         masks = chunk_masks(token_layout, ring.size, seq_len, ring.position, bool(causal), cu_seqlens, window)
         heads = head_chunks(q.shape[2], k.shape[2], kv_chunks)
-        out, lse, kept = allgather_forward(q, k, v, ring, [len(t) for t in tokens], masks, heads, scale, backend)
-        ctx.save_for_backward(q, out, lse, *(t for ks, vs in kept for t in (*ks, *vs)))
-        ctx.ring, ctx.masks, ctx.heads, ctx.scale, ctx.backend = ring, masks, heads, scale, backend
+        lengths = [len(t) for t in tokens]
+        out, lse = allgather_forward(q, k, v, ring, lengths, masks, heads, scale, backend)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.ring, ctx.masks, ctx.heads, ctx.scale, ctx.backend, ctx.lengths = ring, masks, heads, scale, backend, lengths
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, out, lse, *kv = ctx.saved_tensors
-        n = ctx.ring.size
-        kept = [(kv[i:i + n], kv[i + n:i + 2 * n]) for i in range(0, len(kv), 2 * n)]
-        dq, dk, dv = allgather_backward(dout, q, kept, out, lse, ctx.masks, ctx.ring, ctx.heads, ctx.scale,
-                                        ctx.backend)
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = allgather_backward(dout, q, k, v, out, lse, ctx.masks, ctx.ring, ctx.lengths, ctx.heads,
+                                        ctx.scale, ctx.backend)
         return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
