@@ -1,5 +1,6 @@
 """All-gather with its KV heads gathered in chunks (``kv_chunks``): exact against single-device masked attention,
-and each chunk's gather is in flight while the previous chunk attends."""
+and each chunk's gather is in flight while the previous chunk attends, in forward and in the backward's second
+gather."""
 from __future__ import annotations
 
 import pytest
@@ -23,9 +24,10 @@ def _case(mask: str, heads: str) -> Case:
 
 def _run(rank: int, world: int):
     events = []
-    gather, attend = dist.all_gather, ag.attend_chunks
+    gather, attend, attend_bwd = dist.all_gather, ag.attend_chunks, ag.attend_chunks_backward
     dist.all_gather = lambda *a, **kw: events.append("gather") or gather(*a, **kw)
     ag.attend_chunks = lambda *a, **kw: events.append("attend") or attend(*a, **kw)
+    ag.attend_chunks_backward = lambda *a, **kw: events.append("attend") or attend_bwd(*a, **kw)
     out = []
     for i, (mask, heads, chunks) in enumerate(CASES):
         case = _case(mask, heads)
@@ -36,9 +38,11 @@ def _run(rank: int, world: int):
         events.clear()
         o = ag.allgather_attention(q, k, v, dist.group.WORLD, causal=causal, token_layout="zigzag", cu_seqlens=cu,
                                    window=window, kv_chunks=chunks)
-        order = list(events)
+        order, saved = list(events), [tuple(t.shape) for t in o.grad_fn.saved_tensors]
+        events.clear()
         o.backward(do)
-        out.append((tok, [t.detach() for t in (o, q.grad, k.grad, v.grad)], order))
+        out.append((tok, [t.detach() for t in (o, q.grad, k.grad, v.grad)], (order, list(events)), saved,
+                    [tuple(t.shape) for t in (q, k, v, o)]))
     return out
 
 
@@ -53,7 +57,9 @@ def test_chunked_allgather_is_exact_and_overlaps_each_gather_with_the_previous_a
         assert not wrong, "\n".join(wrong)
         # K and V of chunk c + 1 are posted before chunk c attends
         want_order = ["gather", "gather"] + ["gather", "gather", "attend"] * (chunks - 1) + ["attend"]
-        assert all(r[i][2] == want_order for r in results), (chunks, results[0][i][2])
+        assert all(r[i][2] == (want_order, want_order) for r in results), (chunks, results[0][i][2])
+        # only the local shards are kept for the backward, which gathers K and V again
+        assert all(r[i][3][:4] == r[i][4] and len(r[i][3]) == 5 for r in results), results[0][i][3]
 
 
 def test_kv_chunks_must_divide_the_kv_heads():
