@@ -6,7 +6,8 @@ weights (dp x ulysses x ring: same tp and pp coordinates). TP: Megatron's TP wit
 reduce-scatter after) through torch's tensor-parallel API on "tp": SequenceParallel norms on this rank's
 1/tp of the tokens, the sequence all-gathered into ColwiseParallel Q, K, V and the MLP's up/gate,
 RowwiseParallel O and down reduce-scattered back to the tokens' shards (``Parallel.shard_tokens``); the
-embedding, final norm and head run on the rank's 1/tp of the tokens.
+embedding, final norm and head run on the rank's 1/tp of the tokens. A sequence rank's unequal token count (packed
+documents) is padded to a multiple of tp (``tokens_of``), and its attention trims the padding (``sequence_attend``).
 ZeRO over "dp_sp": stage 2/3 FSDP2 ``fully_shard`` per block and at the root (reshard_after_forward
 False/True); stage 1 DDP with ``ZeroRedundancyOptimizer`` (AdamW state sharded); stage 0 DDP.
 Where one of these does not apply (TP with DDP), gradients are all-reduced by hand and ``notes``
@@ -58,11 +59,35 @@ def tp_plan(gated: bool) -> dict:
     return p
 
 
-def tokens_of(tp_rank: int, tp: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """This TP rank's contiguous 1/tp of a (batch, tokens, ...) tensor's tokens (identity for tp = 1)."""
+#: the target id cross entropy ignores (torch's default ``ignore_index``): the label of a TP padding token
+IGNORE = -100
+
+
+def tokens_of(tp_rank: int, tp: int) -> Callable[..., torch.Tensor]:
+    """This TP rank's contiguous 1/tp of a (batch, tokens, ...) tensor's tokens (identity for tp = 1). A sequence rank
+    whose token count tp does not divide (packed documents give ranks unequal counts) is padded at its end with
+    ``fill`` first, fewer than tp tokens, as Megatron pads packed sequences for sequence parallelism."""
     if tp == 1:
-        return lambda t: t
-    return lambda t: t.chunk(tp, dim=1)[tp_rank].contiguous()
+        return lambda t, fill=0: t
+
+    def shard(t: torch.Tensor, fill=0) -> torch.Tensor:
+        pad = -t.shape[1] % tp
+        if pad:
+            t = torch.cat([t, t.new_full((t.shape[0], pad, *t.shape[2:]), fill)], dim=1)
+        return t.chunk(tp, dim=1)[tp_rank].contiguous()
+    return shard
+
+
+def sequence_attend(attend: Callable, tokens: int) -> Callable:
+    """``attend`` on a sequence rank's ``tokens`` real tokens of q, k, v all-gathered over TP (``tokens_of``'s
+    padding trimmed before, restored as zeros after: padding attends nothing and nothing attends it)."""
+    def trimmed(q, k, v):
+        n = q.shape[1]
+        if n == tokens:
+            return attend(q, k, v)
+        out = attend(q[:, :tokens], k[:, :tokens], v[:, :tokens])
+        return torch.cat([out, out.new_zeros((out.shape[0], n - tokens, *out.shape[2:]))], dim=1)
+    return trimmed
 
 
 @dataclass
@@ -73,7 +98,7 @@ class Parallel:
     optimizer: torch.optim.Optimizer
     sync_grads: Callable[[], None]
     notes: dict = field(default_factory=dict)
-    shard_tokens: Callable[[torch.Tensor], torch.Tensor] = lambda t: t  # a sequence rank's tokens -> this TP rank's
+    shard_tokens: Callable[..., torch.Tensor] = lambda t, fill=0: t  # a sequence rank's tokens -> this TP rank's
 
 
 @contextmanager
