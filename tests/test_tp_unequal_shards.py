@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from sp_plan.planner import ModelSpec, Plan, Workload
+from sp_plan.profiles.tune import run_candidate
 from sp_plan.profiles.tune.parallel import IGNORE, parallelize, replica_mesh, sequence_attend, tokens_of
 from sp_plan.profiles.tune.stack import build_stack, random_batch
 from sp_plan.runtime import init
@@ -88,3 +89,16 @@ def test_tokens_of_pads_to_a_multiple_of_tp_and_attention_trims_it():
     out = attend(q, q, q)
     assert seen == [7] and out.shape == q.shape
     assert out[:, :7].eq(2).all() and out[:, 7:].eq(0).all()
+
+
+def _packed_candidates(rank, world, plans):
+    return [run_candidate(p.model_copy(update={"workload": PACKED}), MODEL, PACKED, iters=1) for p in plans]
+
+
+@pytest.mark.multiprocess
+def test_tune_measures_tp_candidates_on_packed_batches():
+    res = run_world(_packed_candidates, 4, PLANS[:2], timeout=120)
+    assert all(r == res[0] for r in res)
+    for c, plan in zip(res[0], PLANS):
+        assert c.status == "ok" and c.measured_s > 0, (plan.summary(), c.reason)
+        assert "sequence parallelism" in c.detail["tp"] and c.detail["attention"]["measured_s"] > 0

@@ -31,7 +31,7 @@ def test_a_packed_tune_measures_masked_candidates_and_prints_json_events(tmp_pat
     assert prof.workloads[0]["window"]["size"] == 256 and prof.workloads[0]["seed"] == 3
     for c in prof.candidates:
         assert c.status == "ok", c.reason
-        assert c.plan["algorithm"] in MASKED and c.plan["degrees"].get("tp", 1) == 1
+        assert c.plan["algorithm"] in MASKED
         att = c.detail["attention"]  # one layer under the mask: measured (slowest rank) and as the model prices it
         assert att["measured_s"] == max(att["per_rank_s"]) > 0 and att["imbalance"] >= 1.0
         assert att["predicted_before_s"] > 0 and att["predicted_after_s"] > 0

@@ -32,7 +32,7 @@ from sp_plan.profiles.discover.probe import gather_objects
 
 from .metp_stack import build_metp, metp_tokens
 from .memory import CPU_METHOD, CUDA_METHOD, PeakMemory
-from .parallel import accumulate, parallelize, replica_mesh
+from .parallel import IGNORE, accumulate, parallelize, replica_mesh, sequence_attend
 from .stack import build_stack, random_batch, token_loss
 from .timing import sync
 
@@ -139,19 +139,22 @@ def build_bench(plan: Plan, model: ModelSpec, work: Workload, ctx, mesh, n_layer
     if plan.algorithm == "metp":
         par = build_metp(model, n_layers, plan, ctx, work.causal, seed=n_layers, device=device, dtype=dtype)
         idx = metp_tokens(plan, ctx.ranks("tp"), rank, work.seq_len).to(device)
-        shard = lambda t, cu, win: t.index_select(1, idx)  # noqa: E731
+        local = lambda t, cu, win: t.index_select(1, idx)  # noqa: E731
+        tp_shard, trim = (lambda t, fill=0: t), (lambda attend, tokens: attend)  # METP shards its own TP
     else:
         par = parallelize(build_stack(model, n_layers, plan.checkpointing, seed=n_layers, device=device,
                                       dtype=dtype), plan, mesh)
-        # TP-sp: this TP rank's 1/tp
-        shard = lambda t, cu, win: par.shard_tokens(ctx.shard(t, dim=1, cu_seqlens=cu, window=win))  # noqa: E731
-    attends = [functools.partial(_attend, ctx, work.causal, cu, win) for cu, win in masks]
+        local = lambda t, cu, win: ctx.shard(t, dim=1, cu_seqlens=cu, window=win)  # noqa: E731
+        # TP-sp: this TP rank's 1/tp, padded where tp does not divide the rank's tokens, the padding trimmed to attend
+        tp_shard, trim = par.shard_tokens, sequence_attend
     dp_coord = plan.layout().coords(rank).get("dp", 0)
-    data = []
+    data, attends = [], []
     for j, (cu, win) in enumerate(masks):
         x, y = random_batch(model, plan.micro_batch_size, work.seq_len, 1000 + 100 * dp_coord + j, device=device,
                             dtype=dtype)
-        data.append((shard(x, cu, win), shard(y, cu, win)))
+        xs, ys = local(x, cu, win), local(y, cu, win)
+        data.append((tp_shard(xs), tp_shard(ys, fill=IGNORE)))
+        attends.append(trim(functools.partial(_attend, ctx, work.causal, cu, win), xs.shape[1]))
     return Bench(par, data, attends[0], m, m_run, dict(par.notes), attends)
 
 

@@ -45,10 +45,10 @@ def masked(work: Workload) -> bool:
 
 def measurable(plan: Plan, work: Workload) -> bool:
     """Whether tune can run ``plan`` on the workload: with masks, an algorithm that honours them
-    (runtime.attention.MASKED) without TP (its sequence sharding takes equal shards; packed shards are not)."""
+    (runtime.attention.MASKED); TP pads each sequence rank's tokens to a multiple of tp (parallel.tokens_of)."""
     from sp_plan.runtime.attention import MASKED  # noqa: PLC0415 - the runtime's registry loads torch and variants
 
-    return not masked(work) or (plan.algorithm in MASKED and plan.degrees["tp"] == 1)
+    return not masked(work) or plan.algorithm in MASKED
 
 
 def attention_predicted(cluster: Cluster, plan: Plan, params: Params) -> float | None:
