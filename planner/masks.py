@@ -315,16 +315,28 @@ def _layout_work(work: Workload, token_layout: str, ring: int, window: int | Non
     total = top = 0.0
     busiest, mean, empty = np.zeros(ring), np.zeros(ring), np.zeros(ring)
     tiles = np.zeros(3)
-    for cu in workload_packs(work, samples):  # per rank: O(runs) or O(documents + P); rounds as round_stats
-        runs, p = _pack_pairs(work, token_layout, ring, cu, window)
+    for p, hi, avg, t in _pack_works(work, token_layout, ring, window, samples):
         total, top = total + float(p.sum()), top + float(p.max())
-        hi, avg = round_stats(token_layout, ring, cu, work.causal, window, runs, p)
         busiest, mean, empty = busiest + hi, mean + avg, empty + (hi == 0)
-        tiles += pack_tiles(token_layout, ring, cu, work.causal, window, runs=runs)
+        tiles += t
     as_tuple = lambda x: tuple((x / samples).tolist())  # noqa: E731
     return (RankWork(total / samples, top / samples, top * ring / total if total else 1.0, samples),
             RoundWork(as_tuple(busiest), as_tuple(mean), as_tuple(empty), samples),
             TileWork(*(tiles / samples).tolist(), float(plain_tiles(token_layout, ring, work, None)), samples))
+
+
+def _pack_works(work: Workload, token_layout: str, ring: int, window: int | None, samples: int):
+    """Per pack, in order: (each rank's score entries, each round's busiest and mean, the tiles' ``pack_tiles``),
+    each distinct pack counted once: a distribution whose documents outgrow the sequence draws many packs that are
+    one whole document, all alike."""
+    seen: dict[bytes, tuple] = {}
+    for cu in workload_packs(work, samples):  # per rank: O(runs) or O(documents + P); rounds as round_stats
+        key = cu.tobytes()
+        if key not in seen:
+            runs, p = _pack_pairs(work, token_layout, ring, cu, window)
+            hi, avg = round_stats(token_layout, ring, cu, work.causal, window, runs, p)
+            seen[key] = (p, hi, avg, pack_tiles(token_layout, ring, cu, work.causal, window, runs=runs))
+        yield seen[key]
 
 
 def layer_windows(work: Workload, layers: int) -> tuple[tuple[int | None, int], ...]:
@@ -876,9 +888,12 @@ def layout_tiles(work: Workload, token_layout: str, ring: int, window: int | Non
     if span is None or span >= work.seq_len:
         return _layout_work(work, token_layout, ring, window)[2]
     samples = PACK_SAMPLES if work.documents is not None else 1
-    total = np.zeros(3)
-    for cu in workload_packs(work, samples):
-        total += pack_tiles(token_layout, ring, cu, work.causal, window, span)
+    total, seen = np.zeros(3), {}
+    for cu in workload_packs(work, samples):  # each distinct pack counted once (``_pack_works``)
+        key = cu.tobytes()
+        if key not in seen:
+            seen[key] = pack_tiles(token_layout, ring, cu, work.causal, window, span)
+        total += seen[key]
     return TileWork(*(total / samples).tolist(), float(plain_tiles(token_layout, ring, work, span)), samples)
 
 
