@@ -609,6 +609,61 @@ def _striped_side(first: np.ndarray, step: int, lengths: np.ndarray, window: int
     return (q[:, None] + at_least).T
 
 
+def _striped_reach(cu: np.ndarray, window: int | None, P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(q, rank, column, weight) of ``_striped_side``'s causal rounds, R[i, r] = q[r] + the weights of rank r's
+    entries whose column is at least i: the queries' whole periods q, and per document and offset residue c (on rank
+    (start + c) mod P) the queries reaching residue c (column c) or, past the window's first W, W - 1 (column
+    (W - 1) mod P). Only a document's min(L, P) residues: O(sum of min(L, P)), not D x P."""
+    lengths = np.diff(cu)
+    m = np.minimum(lengths, P)
+    doc = np.repeat(np.arange(len(lengths)), m)
+    c = np.arange(len(doc), dtype=np.int64) - np.repeat(np.cumsum(m) - m, m)
+    L = lengths[doc]
+    a = L if window is None else np.minimum(L, window)
+    below = a // P + (c < a % P)  # offsets below min(L, W) of residue c
+    beyond = L // P + (c < L % P) - below
+    q_far, rho_far = divmod(window - 1, P) if window is not None else (0, 0)
+    rank = (cu[:-1][doc] + c) % P
+    q = np.bincount(rank, weights=below * (below - 1) // 2 + beyond * q_far, minlength=P)
+    hit, far = below > 0, beyond > 0
+    return (np.rint(q).astype(np.int64), np.concatenate([rank[hit], rank[far]]),
+            np.concatenate([c[hit], np.full(int(far.sum()), rho_far, dtype=np.int64)]),
+            np.concatenate([below[hit], beyond[far]]))
+
+
+def _few_reach_entries(cu_seqlens, ring: int) -> bool:
+    """Whether ``striped_round_stats``' entries (a document's min(L, P) residues) number under REACH_SHARE of the P^2
+    rounds' matrix: many short documents fill it, and its dense count (``striped_rounds``) costs no more there."""
+    return int(np.minimum(np.diff(np.asarray(cu_seqlens, dtype=np.int64)), ring).sum()) < REACH_SHARE * ring * ring
+
+
+#: the share of the P^2 rounds' matrix below which striped rounds are counted from their reach entries
+REACH_SHARE = 1 / 8
+
+
+def striped_round_stats(cu_seqlens, ring: int, window: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(P,) busiest and mean score entries of each causal ring round when token t lives on rank t mod P, as the max
+    and mean over the ranks of ``striped_rounds`` without its (P, P) matrix. A rank's work in round i, q[r] plus
+    its reach entries of column >= i (``_striped_reach``), only grows as i falls, so the busiest rank of round i is
+    that of round i + 1 or one whose entry sits at column i: each entry's rank total (its rank's weights from the
+    highest column down to it) read once, then a running max from the last round down. Exact integers."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    P = ring
+    q, rank, col, w = _striped_reach(cu, window, P)
+    small = np.int16 if P <= np.iinfo(np.int16).max else np.int64  # stable sorts of int16: radix sorts
+    order = np.argsort((P - 1 - col).astype(small), kind="stable")  # columns high to low, then (stable) ranks:
+    order = order[np.argsort(rank[order].astype(small), kind="stable")]  # each rank's entries from its highest down
+    r, c, w = rank[order], col[order], w[order]
+    run = np.cumsum(w)
+    first = np.searchsorted(r, r, side="left")  # each rank's first entry
+    value = q[r] + run - (run[first] - w[first])  # q[r] + its weights at columns >= c
+    at = np.full(P, -1, dtype=np.int64)
+    np.maximum.at(at, c, value)
+    busiest = np.maximum.accumulate(np.maximum(at, q.max())[::-1])[::-1]
+    total = int(q.sum()) + np.cumsum(np.bincount(c, weights=w, minlength=P)[::-1])[::-1]
+    return busiest, np.rint(total) / P  # as the mean of the exact integers: their float64 sum over P
+
+
 def striped_rounds(cu_seqlens, ring: int, causal: bool = True, window: int | None = None) -> np.ndarray:
     """(P rounds, P ranks) score entries of ring round i on rank r when token t lives on rank t mod P: in round i
     rank r holds the keys k = t - d with d = i (mod P), so each query counts the offsets of that residue in its
@@ -683,6 +738,8 @@ def round_stats(token_layout: str, ring: int, cu_seqlens, causal: bool = True, w
     if totals is not None:
         y = totals / ring
         return np.full(ring, y.max()), np.full(ring, y.mean())
+    if token_layout == "striped" and causal and _few_reach_entries(cu_seqlens, ring):
+        return striped_round_stats(cu_seqlens, ring, window)
     if token_layout == "striped":
         rounds = striped_rounds(cu_seqlens, ring, causal, window)
     else:

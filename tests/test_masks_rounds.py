@@ -1,0 +1,45 @@
+"""Ring rounds under a mask counted without their (P, P) matrix (planner/masks.py): each round's busiest rank and mean
+equal the max and mean of the counted rounds, and a search's priced rounds stay those of the matrix."""
+import numpy as np
+import pytest
+
+from sp_plan.planner.documents import draw_packs
+from sp_plan.planner.masks import (layout_rounds, pair_matrix, layout_tokens, round_stats, striped_round_stats,
+                                   striped_rounds)
+from sp_plan.profiles.documents import load_documents
+
+ODD = [np.array([0, 4099]), np.array([0, 1, 2, 3, 4099]), np.array([0, 7, 300, 301, 1025, 2047, 4099]),
+       np.array([0, 13]), np.array([0, 1, 13])]
+
+
+def _packs(name: str, seq_len: int, seeds=range(2)) -> list[np.ndarray]:
+    return [draw_packs(load_documents(name), seq_len, 1, s)[0] for s in seeds]
+
+
+@pytest.mark.parametrize("window", [None, 1, 2, 5, 100, 3000, 70000])
+@pytest.mark.parametrize("ring", [1, 2, 3, 7, 64, 256])
+def test_striped_rounds_from_their_reach_are_the_counted_rounds(ring, window):
+    for cu in ODD + _packs("magi-long", 65536) + _packs("megatron-dcp", 20001) + _packs("magi-short", 9000):
+        rounds = striped_rounds(cu, ring, True, window)
+        hi, mean = striped_round_stats(cu, ring, window)
+        assert hi.dtype == np.int64
+        assert hi.tolist() == rounds.max(axis=1).tolist() and mean.tolist() == rounds.mean(axis=1).tolist()
+
+
+def test_striped_rounds_from_their_reach_match_the_pair_matrix():
+    """The token-by-token reference, at a ring where few long documents leave the reach entries sparse."""
+    cu, ring = np.array([0, 5000, 5003, 9000]), 32
+    m = pair_matrix(layout_tokens("striped", ring, cu), cu)
+    r = np.arange(ring)
+    rounds = m[r[None, :], (r[None, :] - r[:, None]) % ring]
+    hi, mean = striped_round_stats(cu, ring)
+    assert hi.tolist() == rounds.max(axis=1).tolist() and mean.tolist() == rounds.mean(axis=1).tolist()
+
+
+@pytest.mark.parametrize("window", [None, 300])
+def test_round_stats_take_the_sparse_striped_count_and_keep_the_rounds(window):
+    for cu in _packs("magi-long", 1 << 18, range(3)):
+        for ring in (64, 512):
+            rounds = layout_rounds("striped", ring, cu, True, window)
+            hi, mean = round_stats("striped", ring, cu, True, window)
+            assert hi.tolist() == rounds.max(axis=1).tolist() and mean.tolist() == rounds.mean(axis=1).tolist()
