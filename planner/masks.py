@@ -631,6 +631,44 @@ def _striped_reach(cu: np.ndarray, window: int | None, P: int) -> tuple[np.ndarr
             np.concatenate([below[hit], beyond[far]]))
 
 
+def contiguous_round_stats(cu_seqlens, ring: int, runs=None) -> tuple[np.ndarray, np.ndarray]:
+    """(P,) busiest and mean score entries of each causal ring round (no window) of the contiguous layout, from its
+    documents alone, O(P + documents), as the max and mean over the ranks of the counted rounds. Round 0 is each
+    rank's runs, n(n + 1)/2 each. In round i >= 1 rank r computes its queries on the keys of rank r - i; only a
+    document on both ranks joins them (the keys of r - i < r all come first), and only one can span two ranks, so
+    a document on m consecutive ranks a.. with tokens g[0..m-1] gives rank a + k the entry g[k] g[k - i] for
+    k >= i. Its middle ranks are whole: rank sizes q + [rank < S mod P], non-increasing, so of the middle pairs
+    (k from i + 1 to m - 2) the first is the largest and their sum is counted from how many hold q + 1. ``runs``:
+    the layout's (``layout_runs``), where already built."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    P = ring
+    q, e = divmod(int(cu[-1]), P)
+    start, stop, rank = document_runs("contiguous", P, cu) if runs is None else runs
+    n = stop - start
+    doc = np.searchsorted(cu, start, side="right") - 1
+    first = np.flatnonzero(np.concatenate([[True], doc[1:] != doc[:-1]]))
+    m = np.diff(np.append(first, len(doc)))  # ranks each document spans
+    a, g0, gl = rank[first], n[first], n[first + m - 1]
+    d = np.repeat(np.arange(len(m)), m - 1)  # (document, round i) for i = 1 .. m - 1
+    i = np.arange(len(d), dtype=np.int64) - np.repeat(np.cumsum(m - 1) - (m - 1), m - 1) + 1
+    M, A = m[d], a[d]
+    size = lambda r: q + (r < e)  # noqa: E731 - whole ranks' tokens (_even_pieces)
+    last_pair = (M - 1 > i)  # k = m - 1 pairs with a middle rank m - 1 - i (k = i: the first rank)
+    v_first = np.where(i <= M - 2, size(A + i), gl[d]) * g0[d]
+    v_last = np.where(last_pair, gl[d] * size(A + M - 1 - i), 0)
+    middle = np.maximum(M - 2 - i, 0)
+    v_mid = np.where(middle > 0, size(A + i + 1) * size(A + 1), 0)
+    t = np.clip(e - A - 1, 0, np.maximum(M - 2, 0))  # middle ranks of q + 1 tokens: k = 1 .. t
+    both = np.maximum(np.minimum(t, M - 2) - i, 0)  # k <= t (so k - i <= t too)
+    key_big = np.maximum(np.minimum(t, M - 2 - i), 0)  # k - i <= t
+    total = np.bincount(i, weights=v_first + v_last + middle * q * q + q * (both + key_big) + both, minlength=P)
+    busiest = np.zeros(P, dtype=np.int64)
+    np.maximum.at(busiest, i, np.maximum(np.maximum(v_first, v_last), v_mid))
+    diag = np.rint(np.bincount(rank, weights=n * (n + 1) // 2, minlength=P)).astype(np.int64)
+    busiest[0], total[0] = diag.max(), diag.sum()
+    return busiest, np.rint(total) / P  # as the mean of the exact integers: their float64 sum over P
+
+
 def _few_reach_entries(cu_seqlens, ring: int) -> bool:
     """Whether ``striped_round_stats``' entries (a document's min(L, P) residues) number under REACH_SHARE of the P^2
     rounds' matrix: many short documents fill it, and its dense count (``striped_rounds``) costs no more there."""
@@ -727,7 +765,9 @@ def _diagonals(m: np.ndarray) -> np.ndarray:
 def round_stats(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None,
                 runs=None, totals=None) -> tuple[np.ndarray, np.ndarray]:
     """(P,) busiest and mean score entries of each ring round of one pack (``layout_rounds``' max and mean over the
-    ranks), without the (P, P) rounds where they are even (``even_rounds``: every round the same). ``runs`` and
+    ranks), without the (P, P) rounds where they are even (``even_rounds``: every round the same), nor for causal
+    contiguous (``contiguous_round_stats``) and striped (``striped_round_stats``, where its documents leave the
+    matrix sparse), which count them from the documents. ``runs`` and
     ``totals``: the layout's runs (``layout_runs``) and each rank's work (``layout_pairs``), where already built."""
     if ring == 1:
         x = mask_pairs(cu_seqlens, causal, window)
@@ -738,6 +778,8 @@ def round_stats(token_layout: str, ring: int, cu_seqlens, causal: bool = True, w
     if totals is not None:
         y = totals / ring
         return np.full(ring, y.max()), np.full(ring, y.mean())
+    if token_layout == "contiguous" and causal and (window is None or window >= int(np.diff(cu_seqlens).max())):
+        return contiguous_round_stats(cu_seqlens, ring, runs)
     if token_layout == "striped" and causal and _few_reach_entries(cu_seqlens, ring):
         return striped_round_stats(cu_seqlens, ring, window)
     if token_layout == "striped":

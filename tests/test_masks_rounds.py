@@ -43,3 +43,32 @@ def test_round_stats_take_the_sparse_striped_count_and_keep_the_rounds(window):
             rounds = layout_rounds("striped", ring, cu, True, window)
             hi, mean = round_stats("striped", ring, cu, True, window)
             assert hi.tolist() == rounds.max(axis=1).tolist() and mean.tolist() == rounds.mean(axis=1).tolist()
+
+
+def _counted(token_layout: str, ring: int, cu) -> tuple[np.ndarray, np.ndarray]:
+    """Each round's max and mean over the ranks of the token-by-token pair matrix."""
+    m = pair_matrix(layout_tokens(token_layout, ring, cu), cu)
+    r = np.arange(ring)
+    rounds = m[r[None, :], (r[None, :] - r[:, None]) % ring]
+    return rounds.max(axis=1), rounds.mean(axis=1)
+
+
+@pytest.mark.parametrize("ring", [2, 3, 5, 8, 16, 64])
+def test_contiguous_rounds_from_the_documents_are_the_pair_matrix(ring):
+    """Uneven rank sizes (S mod P ranks one longer), documents on one rank, on two, and across many, S < P."""
+    from sp_plan.planner.masks import contiguous_round_stats
+    for cu in ODD + _packs("magi-long", 8192) + _packs("magi-short", 4097) + [np.array([0, 2, 3, 5, 7, 30, 33, 40])]:
+        hi, mean = contiguous_round_stats(cu, ring)
+        want_hi, want_mean = _counted("contiguous", ring, cu)
+        assert hi.dtype == np.int64
+        assert hi.tolist() == want_hi.tolist() and mean.tolist() == want_mean.tolist()
+
+
+@pytest.mark.parametrize("ring", [7, 1000, 1024])
+def test_contiguous_rounds_from_the_documents_at_large_rings_are_the_counted_rounds(ring):
+    from sp_plan.planner.masks import _counted_matrix, _diagonals, contiguous_round_stats
+    for cu in _packs("magi-long", 1 << 20, range(3)) + _packs("megatron-dcp", 300001) + _packs("magi-short", 1 << 18):
+        by_rank = _diagonals(_counted_matrix("contiguous", ring, cu, True, None, None))
+        hi, mean = contiguous_round_stats(cu, ring)
+        assert hi.tolist() == by_rank.max(axis=0)[::-1].tolist()
+        assert mean.tolist() == by_rank.mean(axis=0)[::-1].tolist()
