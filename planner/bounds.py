@@ -34,23 +34,32 @@ class Bounds:
         """A lower bound on the step time of ``base``'s degrees and token layout under any mesh order and
         these policies: the pipeline of compute phases alone (communication only adds time)."""
         best = float("inf")
-        seen: dict = {}
+        seen: set = set()
+        est = self.est
+        stages = est.stages_of(base)
         for _zero, ckpt, mbs in policies:
-            key = (ckpt, mbs)
-            if key not in seen:
-                c = self.est.shape(base, mbs)
-                # a hair below: sums' rounding
-                seen[key] = pipeline_time(c.micro_batches, base.pp, base.virtual_stages,
-                                          self._compute_stage(c, ckpt)) * (1 - 1e-9)
-            best = min(best, seen[key])
+            if (ckpt, mbs) in seen:
+                continue
+            seen.add((ckpt, mbs))
+            layer, head = self._compute_layer(base, ckpt, mbs)
+            if stages is None:
+                stage = est.model.layers // base.pp * layer + head  # Shape.layers_per_stage
+            else:
+                stage = float(busiest_stage(stages, layer, head))
+            m = max(est.work.batch // (base.dp * mbs), 1)  # Shape.micro_batches
+            best = min(best, pipeline_time(m, base.pp, base.virtual_stages, stage) * (1 - 1e-9))  # a hair below: sums' rounding
         return best
 
-    def _compute_stage(self, c: Shape, ckpt: str) -> float:
-        """The busiest stage's compute seconds of ``c`` under ``ckpt``, a micro-batch's: its layers' linear and attention
-        compute (read from the bound unit) and the head; once per shape and checkpointing (every pipeline schedule)."""
-        key = ("compute stage", c.key, ckpt)
-        stage = self._cache.get(key)
-        if stage is None:
+    def _compute_layer(self, base: Candidate, ckpt: str, mbs: int) -> tuple[float, float]:
+        """(a layer's compute seconds under ``ckpt``, the head's) of ``base``'s variant and token layout at micro-batch
+        ``mbs``: its linear and attention compute (read from the bound unit) and the head. They read the attention
+        schedule's shape alone (``parts.schedule_key``: no dp, no pp), so they are made once for every degrees choice
+        that shares it, and without a Shape where they are known."""
+        key = ("compute layer", base.algorithm, base.ulysses, base.ring, base.team, base.placement, base.token_layout,
+               base.tp, mbs, base.kv_chunks, ckpt)
+        parts = self._cache.get(key)
+        if parts is None:
+            c = self.est.shape(base, mbs)
             busy, att = self.est.busy, self.attention_busy
             fwd = busy("fwd-linear", c) + att("fwd", c)
             layer = fwd
@@ -60,12 +69,8 @@ class Bounds:
                     layer += fwd
                 elif ckpt == "attention_boundary":
                     layer += busy("fwd-linear", c)
-            if c.stage_layers is None:
-                stage = c.layers_per_stage * layer + busy("head", c)
-            else:
-                stage = float(busiest_stage(c.stage_layers, layer, busy("head", c)))
-            self._cache[key] = stage
-        return stage
+            parts = self._cache[key] = (layer, busy("head", c))
+        return parts
 
     def comm_bounds(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
                     attention: str = "busy", sync: bool = True) -> list[float]:
