@@ -725,10 +725,11 @@ def budget_check_world(name: str, tmp: Path) -> dict:
                             "readings": len(c.detail.get("readings_s") or [1]), "iters": c.detail.get("iters"),
                             "steps_timed": c.detail.get("steps_timed")} for c in (prof.candidates if prof else [])],
             "fit_candidates": len(ok), "step_fit": bool(prof) and any("compute efficiency" in f for f in prof.fitted),
-            "skipped": [ln for ln in log.splitlines() if " skipped: estimated" in ln or "kernel sweep trimmed" in ln
+            "skipped": [ln for ln in log.splitlines() if not ln.startswith("[tune]") and (
+                        " skipped: estimated" in ln or "kernel sweep trimmed" in ln
                         or ln.startswith("estimated ") or "a step-time fit needs are estimated" in ln
                         or ln.startswith("the step-time fit needs") or "not repeated: their readings agreed" in ln
-                        or ln.startswith("candidates timed at") or "window call(s) of" in ln],
+                        or ln.startswith("candidates timed at") or "window call(s) of" in ln)],
             "spent": next((ln for ln in log.splitlines() if ln.startswith("spent ")), None)}
 
 

@@ -4,8 +4,8 @@ The whole tune keeps to it: links, the kernel sweep, the round probe, candidates
 a callable (``time.monotonic`` unless a caller passes another), so a test drives the budget deterministically.
 A candidate's run time is estimated from the model's price of each stack its measurement builds (1 and 2 blocks a
 stage, each with the embedding, the LM head, the loss and the optimizer step that a step of the full depth spreads
-over all its layers), times the runs it takes there (warm-up, timed steps, a memory step), plus a child world's
-start; once candidates have run, scaled by what they took against their estimates (``learned_ratio``).
+over all its layers), times the runs it takes there (warm-up, timed steps, a memory step in the first stack), plus a
+child world's start; once candidates have run, scaled by what they took against their estimates (``learned_ratio``).
 """
 from __future__ import annotations
 
@@ -44,24 +44,27 @@ class Budget:
         return self.left() <= 0.0
 
 
-def runs_per_count(warmup: int, iters: int) -> int:
-    """Steps a measurement runs at each block count: warm-up, at most ``iters`` timed, one memory step."""
-    return warmup + iters + 1
+def runs_per_count(warmup: int, iters: int, first: bool = True) -> int:
+    """Steps a measurement runs at a block count: warm-up, at most ``iters`` timed and, in the ``first`` stack it
+    builds, one memory step; a later stack reads its memory in its last warm-up step, one at least
+    (``candidate._measure_stack``)."""
+    return warmup + iters + 1 if first else max(warmup, 1) + iters
 
 
 def candidate_seconds(stack_runs_s: list[float], warmup: int, iters: int,
                       overhead_s: float = SETTINGS.candidate_overhead_s) -> float:
     """A first estimate of a candidate's wall seconds: ``overhead_s`` (its child world's start and its stacks'
     builds) plus ``runs_per_count`` runs of each stack it builds, ``stack_runs_s`` the model's seconds for one run of
-    each (``pool.stack_runs``)."""
-    return overhead_s + runs_per_count(warmup, iters) * sum(stack_runs_s)
+    each (``pool.stack_runs``), the first built first."""
+    return overhead_s + sum(runs_per_count(warmup, iters, i == 0) * s for i, s in enumerate(stack_runs_s))
 
 
 def at_iters(estimate: float, iters: int, warmup: int, full_iters: int,
              overhead_s: float = SETTINGS.candidate_overhead_s) -> float:
-    """``estimate`` (a candidate timed at ``full_iters`` steps) at ``iters`` timed steps instead."""
-    share = runs_per_count(warmup, iters) / runs_per_count(warmup, full_iters)
-    return overhead_s + share * max(estimate - overhead_s, 0.0)
+    """``estimate`` (a candidate timed at ``full_iters`` steps) at ``iters`` timed steps instead (its two stacks'
+    runs counted as if they cost alike)."""
+    runs = lambda k: runs_per_count(warmup, k) + runs_per_count(warmup, k, first=False)  # noqa: E731
+    return overhead_s + runs(iters) / runs(full_iters) * max(estimate - overhead_s, 0.0)
 
 
 def learned_ratio(walls: list[float], first_estimates: list[float],

@@ -201,11 +201,43 @@ def all_agree(flag: bool) -> bool:
     return bool(t[0])
 
 
+def with_optimizer_state(par) -> None:
+    """The optimizer's state made as its first step makes it (a step on zero gradients, which moves no AdamW weight
+    but by its decay), so that a step read for memory holds that state from its start, as every later step does."""
+    for p in par.module.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    par.optimizer.step()
+    par.optimizer.zero_grad(set_to_none=True)
+
+
+def tracked_step(bench: Bench, step: Callable[[], tuple[float, float]]) -> tuple[float, float]:
+    """(bytes live before, peak bytes) of one untimed ``step()`` of ``bench`` under the storage tracker (``PeakMemory``:
+    it slows ops down, so the step is not a timed one). Storages the step makes that outlive it (the runtime's caches
+    made on a first call, FSDP's unsharded parameters freed by resizing) are not counted: a later step finds them
+    made, and its peak is what it allocates over what it was given."""
+    par = bench.par
+    tracker = PeakMemory()
+    tracker.track(par.module, par.optimizer, getattr(par.optimizer, "optim", None),
+                  *[t for pair in bench.data for t in pair])
+    static, before = tracker.live, set(tracker.seen())
+    tracker.reset_peak()
+    with tracker:
+        step()
+    kept = sum(n for key, n in tracker.seen().items() if key not in before)
+    return float(static), float(max(tracker.peak - kept, static))
+
+
 def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, device, dtype, fault, notes,
-                   agree_within=None):
+                   agree_within=None, first=True):
     """This rank's median seconds (fwd_bwd per micro-batch, optimizer per step) and memory for ``n_layers`` blocks.
-    With ``agree_within`` the timed steps stop before ``iters`` once the last two forward-backward readings (the
-    last warm-up's counted) agree within it on every rank (``steady``)."""
+    On CPU one untimed step reads the peak memory under the storage tracker: in the ``first`` stack a measurement
+    builds, a step after the timed ones (the stack's first step makes what the runtime caches on a first call, and
+    its transients); in a later stack, whose first step finds those made, the last warm-up step (one at least), with
+    the optimizer's state made first where no step has made it (``with_optimizer_state``), so that warming the stack
+    up and reading its memory are one step, not two. With ``agree_within`` the timed steps stop before ``iters`` once
+    the last two forward-backward readings (an untracked warm-up's counted) agree within it on every rank
+    (``steady``)."""
     bench = build_bench(plan, model, work, ctx, mesh, n_layers, device=device, dtype=dtype)
     notes.update(bench.notes)
     m, m_run = bench.micro_batches, bench.micro_batches_run
@@ -213,11 +245,16 @@ def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, dev
     def step():  # a fault is injected in every step: "slow" slows each, the others end the first
         return train_step(bench, model, device, fault)
 
-    warm = [step()[0] for _ in range(warmup)][-1:]
     cuda = device.type == "cuda"
+    tracked_warm = not cuda and not first
+    warm = [step()[0] for _ in range(warmup - 1 if tracked_warm else warmup)][-1:]
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
         static = torch.cuda.memory_allocated(device)
+    elif tracked_warm:
+        if warmup <= 1:
+            with_optimizer_state(bench.par)
+        static, peak = tracked_step(bench, step)
     fb, opt = [], []
     for i in range(iters):
         dist.barrier()
@@ -228,16 +265,8 @@ def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, dev
             break
     if cuda:
         peak = torch.cuda.max_memory_allocated(device)
-    else:  # one more step under the storage tracker (it slows ops down, so it is not timed)
-        par = bench.par
-        tracker = PeakMemory()
-        tracker.track(par.module, par.optimizer, getattr(par.optimizer, "optim", None),
-                      *[t for pair in bench.data for t in pair])
-        static = tracker.live
-        tracker.reset_peak()
-        with tracker:
-            step()
-        peak = tracker.peak
+    elif not tracked_warm:
+        static, peak = tracked_step(bench, step)
     return {"fwd_bwd_s": statistics.median(fb) / m_run, "optimizer_s": statistics.median(opt),
             "peak_bytes": float(peak), "static_bytes": float(static), "micro_batches_run": m_run, "micro_batches": m,
             "steps_timed": len(fb)}
@@ -356,7 +385,8 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
     per_rank: dict[int, dict] = {}
     for n in counts:
         per_rank[n] = _measure_stack(plan, model, work, ctx, mesh, n, warmup=warmup, iters=iters, device=device,
-                                     dtype=dtype, fault=fault, notes=notes, agree_within=agree_within)
+                                     dtype=dtype, fault=fault, notes=notes, agree_within=agree_within,
+                                     first=n == counts[0])
     sends = stage_sends(plan, model, work, iters=iters, device=device, dtype=dtype) if d["pp"] > 1 else 0.0
     att = masked_attention(plan, model, work, ctx, iters=iters, device=device, dtype=dtype)
     everyone = gather_objects(({n: {q: per_rank[n][q] for q in QUANTITIES} for n in counts}, sends, att))

@@ -147,13 +147,12 @@ def next_candidate(predicted: list[float], done: list[bool], best_measured_s: fl
 
 
 def quickest_for_fit(index: int, estimates: list[float], done: list[bool], need: int, left: float) -> int:
-    """``index``, unless it and the ``need`` - 1 quickest others to measure would not fit ``left`` seconds while the
-    ``need`` quickest would: then the quickest, so that a step-time fit that lacks ``need`` candidates gets them
+    """``index``, unless it and the ``need`` - 1 quickest others to measure would not fit ``left`` seconds: then the
+    quickest, so that a step-time fit that lacks ``need`` candidates gets as many as the time allows (where not even
+    the ``need`` quickest fit, an estimate may be long, and the quickest first are still the fit's best chance)
     (``estimates``: seconds measuring each would take; ``done``: measured or left out)."""
     if need <= 0:
         return index
     quick = sorted((j for j, d in enumerate(done) if not d), key=lambda j: (estimates[j], j))
     with_it = estimates[index] + sum(estimates[j] for j in [j for j in quick if j != index][:need - 1])
-    if with_it <= left or sum(estimates[j] for j in quick[:need]) > left:
-        return index
-    return quick[0]
+    return index if with_it <= left else quick[0]

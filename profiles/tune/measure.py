@@ -72,8 +72,8 @@ def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opt
     With ``budget_s`` the sweep runs in two parts: the least sweep (the model's best candidate's largest block and
     its GEMMs), then, in what ``replan`` (given the least sweep's samples, collective) leaves it, the other shapes
     the best candidates run, most needed first (``kernels.measure_kernels``; what it left out goes to
-    ``skipped``); the solo-speedup timing is run on the largest block timed whose cost fits what is left. Kernels
-    whose repeats agreed early go to ``spared`` (``kernels.measure_kernels``), window calls left out where a
+    ``skipped``); the solo-speedup timing is run on the largest block timed whose cost fits what ``replan`` left.
+    Kernels whose repeats agreed early go to ``spared`` (``kernels.measure_kernels``), window calls left out where a
     kernel's calls are long to ``spanned`` (``kernels.shared_windows``)."""
     from .kernels import Forecast, kernel_priority, kernel_shapes, measure_kernels, shared_windows, sweep_groups, \
         token_rows
@@ -96,12 +96,13 @@ def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opt
         rest = budget_s - (clock() - t0)
         if replan is not None:
             rest = min(rest, replan(mine))
+        end = clock() + rest  # the rest of the sweep and the solo-speedup timing end here
         more = [r for r in rows if r not in best_rows]
         if (shapes[1:] or more) and rest > 0:
             mine += sweep([], [], gemm_rows=more, budget_s=rest, shapes=shapes[1:])
         elif skipped is not None:
             skipped.extend(sweep_groups([], [], more, shapes[1:]))
-    left = None if budget_s is None else budget_s - (clock() - t0)
+    left = None if budget_s is None else end - clock()
     alone = alone_shape(mine, dist.get_world_size(), opts.kernel_repeats, left, s)
     if alone is not None:
         mine += measure_alone(model, *alone, dev, dtype_of(model, dev), work.causal, opts.kernel_repeats, s)

@@ -74,6 +74,11 @@ class PeakMemory(TorchDispatchMode):
                 for t in plain_tensors(obj):
                     self._add(t)
 
+    def seen(self) -> dict[int, int]:
+        """The live storages counted: id -> bytes (a copy)."""
+        with self._lock:
+            return dict(self._seen)
+
     def reset_peak(self) -> None:
         self.peak = self.live
 

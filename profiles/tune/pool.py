@@ -119,13 +119,13 @@ def fit_need(estimated: list[float], opts: TuneOptions) -> float:
 
 def fewest_iters(quickest: list[float], left: float, opts: TuneOptions) -> int:
     """The most timed steps a candidate (up to ``--iters``) at which ``quickest``, the estimates (at ``--iters``) of
-    the candidates a step-time fit still needs, fit ``left`` seconds; ``--iters`` where not even one step does (the
-    fit lacks them whatever is measured)."""
+    the candidates a step-time fit still needs, fit ``left`` seconds; 1 where not even one step does (an estimate
+    may be long, and one step each is the fit's best chance to get them)."""
     over = opts.settings.candidate_overhead_s
     for k in range(opts.iters, 0, -1):
         if sum(at_iters(e, k, opts.warmup, opts.iters, over) for e in quickest) <= left:
             return k
-    return opts.iters
+    return 1
 
 
 def fit_minutes(opts: TuneOptions, need_s: float, left_s: float) -> str:

@@ -323,10 +323,10 @@ def fit_short(r: TuneRun, ok: int) -> int:
 
 def fit_iters(r: TuneRun, full: list[float], done: list[bool], ok: int) -> tuple[int, list[float]]:
     """Rank 0: the timed steps the next candidate runs, the most (up to --iters) at which the quickest candidates
-    the step-time fit still lacks fit the time left (``pool.fewest_iters``), and every estimate at them (``full``:
-    at --iters). Before any candidate has shown how far off the estimates are, one step where --iters does not
-    fit: the time a short estimate would cost is banked. Each said once: fewer steps than --iters, or not even one
-    step fitting, with the --max-minutes that would."""
+    the step-time fit still lacks fit the time left (``pool.fewest_iters``; one where not even one does), and every
+    estimate at them (``full``: at --iters). Before any candidate has shown how far off the estimates are, one step
+    where --iters does not fit: the time a short estimate would cost is banked. Each said once: fewer steps than
+    --iters, or not even one step fitting, with the --max-minutes that would."""
     opts, left, need = r.opts, r.budget.left(), fit_short(r, ok)
     quick = sorted(e for e, d in zip(full, done) if not d)[:max(need, 0)]
     iters = fewest_iters(quick, left, opts) if need > 0 else opts.iters
@@ -337,8 +337,8 @@ def fit_iters(r: TuneRun, full: list[float], done: list[bool], ok: int) -> tuple
     least = sum(at_iters(e, 1, opts.warmup, opts.iters, opts.settings.candidate_overhead_s) for e in quick)
     if need > 0 and least > left:
         said(r, "the step-time fit needs", f"the step-time fit needs {need} more candidate(s), the quickest estimated "
-             f"at {fmt(least)} together at 1 timed step each, over the {fmt(left)} left: it will lack them "
-             f"(--max-minutes {fit_minutes(opts, least, left)} would fit them)")
+             f"at {fmt(least)} together at 1 timed step each, over the {fmt(left)} left: measured so, quickest first, "
+             f"it may lack them (--max-minutes {fit_minutes(opts, least, left)} would fit them)")
     elif iters < opts.iters:
         said(r, "candidates timed at", f"candidates timed at {iters} of --iters {opts.iters} step(s) a block count, "
              f"so that the {need} the step-time fit still needs fit the {fmt(left)} left")
