@@ -8,7 +8,10 @@ import yaml
 
 from sp_plan.planner import Plan, PlanError
 from sp_plan.planner import yamlio
+from sp_plan.pipeline import estimate
 from sp_plan.service.planning import PlanRequest, run_plan
+from sp_plan.planner.model import Workload
+from sp_plan.profiles import load_model, preset_cluster
 
 OLD = Path(__file__).parent / "fixtures" / "plans" / "usp-16-with-groups.yaml"
 
@@ -16,9 +19,14 @@ OLD = Path(__file__).parent / "fixtures" / "plans" / "usp-16-with-groups.yaml"
 def test_a_131072_gpu_plan_file_holds_no_groups_and_stays_small(tmp_path):
     """At 131,072 ranks the expansion was ~655,000 integers (5 MB, most of the command's time); the mesh is a few
     lines, and every group follows from it (Plan.with_groups, `init`, `show`)."""
-    req = PlanRequest(cluster="dgx-h100", nodes=16384, model="llama3-70b", workload={"seq_len": "1m", "batch": 16},
-                      use_profile=False, top=1)
-    winner = run_plan(req).winner
+    cluster, model = preset_cluster("dgx-h100", 16384), load_model("llama3-70b")
+    work = Workload(seq_len=1 << 20, batch=16)
+    # the layout `sp-plan plan` picks for these inputs (docs/benchmarks/search.md), priced as it prices it
+    layout = Plan(algorithm="usp", degrees={"tp": 8, "ulysses": 8, "ring": 128, "dp": 16}, token_layout="zigzag",
+                  order=["tp", "dp", "ring", "ulysses"], zero_stage=1)
+    winner = layout.model_copy(update={"model": model, "workload": work, "cluster": cluster.name,
+                                       "cluster_fingerprint": cluster.fingerprint(),
+                                       "predicted": estimate(layout, cluster, model, work, profile=False)})
     for path in (tmp_path / "plan.yaml", tmp_path / "plan.json"):
         winner.save(path)
         text = path.read_text()
