@@ -159,7 +159,8 @@ def attention_blocks(c: Shape) -> tuple[float, ...]:
 
 @lru_cache(maxsize=4096)
 def _blocks(R: int, N: int, tp: int) -> tuple[float, ...]:
-    return tuple(sorted({N / R * C for C in range(1, R + 1) if R % C == 0} | {N / tp}))
+    small = [C for C in range(1, math.isqrt(R) + 1) if R % C == 0]  # the divisors C of R, in pairs (C, R / C)
+    return tuple(sorted({N / R * C for C in small} | {N / R * (R // C) for C in small} | {N / tp}))
 
 
 def balanced_attention(c: Shape, backward: bool, block: float) -> Compute:

@@ -26,6 +26,7 @@ after the compute. Volumes per rank in bytes, e = the model's element size, accu
 from __future__ import annotations
 
 from functools import lru_cache
+from math import isqrt
 
 from .algorithms import Algorithm, Variant, register
 from .errors import PlanError
@@ -35,7 +36,9 @@ from .schedules import Comm, Compute, Shape, Step, attention_flops, merge_bytes
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n``, ascending, from the pairs (d, n / d) with d up to sqrt(n) (rings of 65,536 ranks)."""
+    small = [d for d in range(1, isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _volumes(c: Shape, backward: bool) -> tuple[float, float, float, float]:

@@ -15,6 +15,8 @@ permutation spreads evenly over the nodes). The sub-ring and team phases use the
 """
 from __future__ import annotations
 
+from math import isqrt
+
 from .algorithms import Algorithm, Variant, register
 from .errors import PlanError
 from .layout import PLACEMENTS, check_team, team_group_size, wallfacer_round_runs
@@ -116,7 +118,7 @@ def wallfacer_variants(d, model, work) -> list[Variant]:
     if d.ulysses != 1 or d.ring < 4 or has_mask(work):
         return []
     return [Variant("wallfacer", team=C, placement=pl)
-            for C in range(2, d.ring + 1) if C * C <= d.ring and d.ring % (C * C) == 0 for pl in PLACEMENTS]
+            for C in range(2, isqrt(d.ring) + 1) if d.ring % (C * C) == 0 for pl in PLACEMENTS]
 
 
 def check_wallfacer(cand, model, work) -> None:
