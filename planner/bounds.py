@@ -15,7 +15,7 @@ import numpy as np
 
 from .algorithms import ALGORITHMS
 from .candidate import Candidate
-from .parts import schedule_key
+from .parts import RING_FREE_PARTS, schedule_key
 from .schedules import Compute, Shape, Step, attention_blocks, balanced_attention
 from .stages import busiest_stage, pipeline_time
 
@@ -52,25 +52,69 @@ class Bounds:
 
     def _compute_layer(self, base: Candidate, ckpt: str, mbs: int) -> tuple[float, float]:
         """(a layer's compute seconds under ``ckpt``, the head's) of ``base``'s variant and token layout at micro-batch
-        ``mbs``: its linear and attention compute (read from the bound unit) and the head. They read the attention
-        schedule's shape alone (``parts.schedule_key``: no dp, no pp), so they are made once for every degrees choice
-        that shares it, and without a Shape where they are known."""
+        ``mbs``: its linear and attention compute (read from the bound unit) and the head, once per checkpointing
+        of ``_compute_parts``."""
         key = ("compute layer", base.algorithm, base.ulysses, base.ring, base.team, base.placement, base.token_layout,
                base.tp, mbs, base.kv_chunks, ckpt)
-        parts = self._cache.get(key)
-        if parts is None:
-            c = self.est.shape(base, mbs)
-            busy, att = self.est.busy, self.attention_busy
-            fwd = busy("fwd-linear", c) + att("fwd", c)
+        out = self._cache.get(key)
+        if out is None:
+            fwd_linear, fwd_att, bwd_linear, bwd_att, head = self._compute_parts(base, mbs, key[1:-1])
+            fwd = fwd_linear + fwd_att
             layer = fwd
             if self.est.work.training:
-                layer += busy("bwd-linear", c) + att("bwd", c)
+                layer += bwd_linear + bwd_att
                 if ckpt == "full":
                     layer += fwd
                 elif ckpt == "attention_boundary":
-                    layer += busy("fwd-linear", c)
-            parts = self._cache[key] = (layer, busy("head", c))
+                    layer += fwd_linear
+            out = self._cache[key] = (layer, head)
+        return out
+
+    def _compute_parts(self, base: Candidate, mbs: int, sizes: tuple) -> tuple[float, ...]:
+        """The compute seconds of a layer's parts (forward linear, forward attention, backward linear, backward
+        attention: 0 without training) and of the head, of ``base``'s variant and token layout at micro-batch ``mbs``
+        (``sizes``: what they read)."""
+        key = ("compute parts",) + sizes
+        parts = self._cache.get(key)
+        if parts is None:
+            fwd_linear, bwd_linear, head = self._linear_parts(base, mbs)
+            train = self.est.work.training
+            parts = self._cache[key] = (fwd_linear, self._attention_compute("fwd", base, mbs), bwd_linear,
+                                        self._attention_compute("bwd", base, mbs) if train else 0.0, head)
         return parts
+
+    def _bare_shape(self, base: Candidate, tp: int, mbs: int) -> Shape:
+        """The Shape of ``base``'s variant and token layout at ``tp`` and micro-batch ``mbs``, at dp 1 and pp 1: every
+        schedule part but the stage sends reads no dp and no pp (``parts.schedule_key``), so one Shape serves every
+        degrees choice that shares the rest."""
+        key = (1, base.ulysses, base.ring, base.token_layout, tp, 1, mbs, base.algorithm, base.team, base.placement,
+               None, base.kv_chunks)  # Estimator.shape's key
+        return self.est._shapes.get(key) or self.est._shape(key)
+
+    def _linear_parts(self, base: Candidate, mbs: int) -> tuple[float, float, float]:
+        """``Estimator.busy`` of the forward linear part, the backward one (0 without training) and the head of
+        ``base``'s degrees at micro-batch ``mbs`` (what they read: TP-sp or not, ulysses, ring, tp, mbs)."""
+        key = ("linear parts", ALGORITHMS[base.algorithm].tp_sp, base.ulysses, base.ring, base.tp, mbs)
+        parts = self._cache.get(key)
+        if parts is None:
+            c, busy = self._bare_shape(base, base.tp, mbs), self.est.busy
+            parts = self._cache[key] = (busy("fwd-linear", c),
+                                        busy("bwd-linear", c) if self.est.work.training else 0.0, busy("head", c))
+        return parts
+
+    def _attention_compute(self, part: str, base: Candidate, mbs: int) -> float:
+        """``attention_busy`` of ``part`` of ``base``'s variant and token layout at micro-batch ``mbs``, read from its
+        bound unit's sums where they are known (no Shape made)."""
+        tp, one_mbs, k = self.unit_sizes(part, base.algorithm, base.ulysses, base.tp, mbs)
+        key = ("floor linear", part, base.algorithm, base.ulysses, base.ring, base.team, base.placement,
+               base.token_layout, tp, one_mbs, base.kv_chunks)  # _floor_linear's key of the unit
+        v = self._cache.get(key)
+        if v is None:
+            v = self._floor_linear(part, self._bare_shape(base, tp, one_mbs))
+        (a_plain, n_plain, a_over, n_over), _ = v
+        a, calls = a_plain + a_over, n_plain + n_over  # as attention_busy
+        o = self.est.params.round_overhead_s
+        return k * a + calls * o if o else k * a
 
     def comm_bounds(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
                     attention: str = "busy", sync: bool = True) -> list[float]:
@@ -197,18 +241,28 @@ class Bounds:
         return v
 
     def bound_unit(self, part: str, c: Shape) -> tuple[Shape, float]:
-        """The shape whose attention steps a bound reads for ``part`` of ``c``, and the factor k on their volumes:
-        one sequence at tp 1 where the algorithm is ``batch_linear`` and every head count per rank is
-        heads / (tp x ulysses) (the KV heads divisible by tp x ulysses, none replicated), so FLOPs, merge and
-        message bytes are c.mbs / c.tp x the unit's and block lengths the same (shared by every tp and
-        micro-batch); else ``unit`` and c.mbs (1 for ``c`` itself)."""
-        alg = ALGORITHMS[c.algorithm]
-        m, tu = self.est.model, c.tp * c.ulysses
-        if alg.batch_linear and (c.tp > 1 or c.mbs > 1) and m.kv_heads % tu == 0 and m.heads % tu == 0:
-            key = c.key[:4] + (1, c.key[5], 1) + c.key[7:]
-            return self.est._shapes.get(key) or self.est._shape(key), c.mbs / c.tp
-        one = self.est.unit(part, c)
-        return one, (1 if one is c else c.mbs)
+        """The shape whose attention steps a bound reads for ``part`` of ``c``, and the factor k on their volumes
+        (``unit_sizes``)."""
+        tp, mbs, k = self.unit_sizes(part, c.algorithm, c.ulysses, c.tp, c.mbs)
+        if tp == c.tp and mbs == c.mbs:
+            return c, k
+        key = c.key[:4] + (tp, c.key[5], mbs) + c.key[7:]
+        return self.est._shapes.get(key) or self.est._shape(key), k
+
+    def unit_sizes(self, part: str, algorithm: str, ulysses: int, tp: int, mbs: int) -> tuple[int, int, float]:
+        """(tp, micro-batch, k) of the shape whose attention steps a bound reads for ``part`` of a shape at ``tp`` and
+        micro-batch ``mbs``, and the factor k on their volumes: one sequence at tp 1 where the algorithm is
+        ``batch_linear`` and every head count per rank is heads / (tp x ulysses) (the KV heads divisible by
+        tp x ulysses, none replicated), so FLOPs, merge and message bytes are mbs / tp x the unit's and block
+        lengths the same (shared by every tp and micro-batch); else ``Estimator.unit``'s and mbs (1 for the shape
+        itself)."""
+        alg = ALGORITHMS[algorithm]
+        m, tu = self.est.model, tp * ulysses
+        if alg.batch_linear and (tp > 1 or mbs > 1) and m.kv_heads % tu == 0 and m.heads % tu == 0:
+            return 1, 1, mbs / tp
+        if mbs == 1 or not (part in RING_FREE_PARTS or alg.batch_linear):
+            return tp, mbs, 1
+        return tp, 1, mbs
 
     def attention_steps_of(self, part: str, c: Shape) -> tuple[list[Step], float]:
         """The attention steps of ``part`` of ``c`` (past its linear part) and the factor k their volumes are
