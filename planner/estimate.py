@@ -459,8 +459,18 @@ class Estimator:
 
         Peak memory separates into weights (by ZeRO stage), activations (by checkpointing and
         micro-batch) and buffers (by micro-batch), so each part is computed once per value."""
-        train = self.work.training
         stages = self.stages_of(probe)
+        # memory reads neither the token layout nor the placement (``fits``): variants that differ only there fit alike
+        key = ("fitting", probe.dp, probe.pp, probe.tp, probe.ulysses, probe.ring, probe.algorithm, probe.team, stages,
+               probe.virtual_stages, probe.kv_chunks, tuple(policies))
+        out = self._acts.get(key)
+        if out is None:
+            out = self._acts[key] = self._fitting(probe, policies, stages)
+        return list(out)
+
+    def _fitting(self, probe: Candidate, policies: list[tuple[int, str, int]], stages) -> tuple:
+        """``fitting``, computed."""
+        train = self.work.training
         wkey = ("weights", probe.tp, probe.pp, probe.dp * probe.sp, stages)  # the same for every variant of the degrees
         weights = self._acts.get(wkey)
         if weights is None:
@@ -473,8 +483,8 @@ class Estimator:
         bufs = {mbs: attention_buffer_bytes(c, train) for mbs, c in shapes.items()}
         over = self.params.memory_overhead_bytes  # same parts and order of sums as memory(): same fit decisions
         if over:
-            return [p for p in policies if weights[p[0]] + acts[p[1], p[2]] + bufs[p[2]] + over <= self.capacity]
-        return [p for p in policies if weights[p[0]] + acts[p[1], p[2]] + bufs[p[2]] <= self.capacity]
+            return tuple(p for p in policies if weights[p[0]] + acts[p[1], p[2]] + bufs[p[2]] + over <= self.capacity)
+        return tuple(p for p in policies if weights[p[0]] + acts[p[1], p[2]] + bufs[p[2]] <= self.capacity)
 
     # ---- the whole step
     def shape(self, cand: Candidate, mbs: int | None = None) -> Shape:
