@@ -29,3 +29,12 @@ def test_document_rank_sizes_keep_the_held_cells_in_document_then_rank_order():
     doc, rank, n = np.array([0, 0, 0, 2]), np.array([5, 1, 5, 0]), np.array([3, 4, 2, 7])
     sizes, owner = masks._document_rank_sizes(doc, rank, n, 3, 10 ** 6)
     assert sizes.tolist() == [4.0, 5.0, 7.0] and owner.tolist() == [0, 0, 2]
+
+
+def test_run_documents_are_the_binary_search_of_every_run():
+    from sp_plan.planner.masks import layout_runs, run_documents
+    for cu in _packs("magi-short", 20000) + [np.array([0, 1, 2, 9000]), np.array([0, 5])]:
+        for token_layout in ("contiguous", "zigzag", "balanced"):
+            for ring in (1, 3, 4096):
+                start = layout_runs(token_layout, ring, cu)[0]
+                assert run_documents(start, cu).tolist() == (np.searchsorted(cu, start, side="right") - 1).tolist()
