@@ -39,6 +39,18 @@ class Candidate:
     def sp(self) -> int:
         return self.ulysses * self.ring
 
+    def but(self, **changes) -> "Candidate":
+        """This candidate with ``changes`` (fields by name), as ``dataclasses.replace`` makes it but without calling
+        __init__ again: the search copies ~10^4 candidates, and a frozen dataclass's __init__ sets each field through
+        object.__setattr__."""
+        unknown = changes.keys() - self.__dict__.keys()
+        if unknown:
+            raise TypeError(f"Candidate has no field {sorted(unknown)[0]!r}")
+        c = object.__new__(Candidate)
+        c.__dict__.update(self.__dict__)
+        c.__dict__.update(changes)
+        return c
+
     def with_memory(self, zero_stage: int, checkpointing: str, micro_batch_size: int) -> "Candidate":
         return replace(self, zero_stage=zero_stage, checkpointing=checkpointing, micro_batch_size=micro_batch_size)
 

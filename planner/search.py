@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import lru_cache
 from itertools import permutations
@@ -289,7 +289,7 @@ def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tu
                 continue
             fit_any = True
             out.append((probe, orders, fitting))
-            out += [(replace(probe, token_layout=tl), orders, fitting) for tl in layouts[1:]]
+            out += [(probe.but(token_layout=tl), orders, fitting) for tl in layouts[1:]]
         if asked and not fit_any:
             rejected += 1
     return out, total, rejected
@@ -322,7 +322,7 @@ def best_orders(base: Candidate, orders: list, fitting: list, times: np.ndarray,
         t = least[k]
         if t <= cut:
             z, ck, mbs = fitting[best[k]]
-            out.append((t, replace(base, order=order, zero_stage=z, checkpointing=ck, micro_batch_size=mbs)))
+            out.append((t, base.but(order=order, zero_stage=z, checkpointing=ck, micro_batch_size=mbs)))
     return out
 
 
@@ -331,7 +331,7 @@ def interleaving_floor(est: Estimator, base: Candidate, mbs: int) -> float:
     micro-batch ``mbs``, each mesh order and policy alike: with stage seconds s_1 under 1F1B and s_v >= s_1 interleaved
     (the same layers, v sends a micro-batch instead of one) and the same exposed gradient sync X (the same backward
     hides it), T_v = (m + (pp - 1) / v) s_v + X >= (m + (pp - 1) / v) / (m + pp - 1) x T_1; a hair below for rounding."""
-    m, pp, v = est.shape(base, mbs).micro_batches, base.pp, base.virtual_stages
+    m, pp, v = max(est.work.batch // (base.dp * mbs), 1), base.pp, base.virtual_stages  # Shape.micro_batches
     return (m + (pp - 1) / v) / (m + pp - 1) * (1 - 1e-12)
 
 
@@ -444,6 +444,7 @@ class GroupItem:
     interleaved: list = field(default_factory=list)
     #: plain 1F1B: a lower bound on each dropped policy's step, what its interleaved siblings' bounds are read from
     lower: dict = field(default_factory=dict)
+    vkey: tuple | None = None  # the variant key it ranks under (``variant_key``), once it is first pruned
 
 
 class _Grid:
@@ -476,6 +477,12 @@ class _Grid:
         if not self.keep or self.kth == INF:
             return INF
         return max(self.kth, max((self.best_of.get(v, INF) for v in vkeys), default=-INF))
+
+    def reach_one(self, vkey: tuple) -> float:
+        """``reach`` of the one variant ``vkey`` (the bound a popped group is pruned against)."""
+        if not self.keep or self.kth == INF:
+            return INF
+        return max(self.kth, self.best_of.get(vkey, INF))
 
     def seed(self) -> None:
         """Every degrees choice in the queue under its compute-only bound."""
@@ -550,7 +557,9 @@ class _Grid:
 
     def prune(self, bound: float, g: GroupItem) -> bool:
         """Drop ``g``'s policies whose bound is out of reach (their least bound lowers ``cut``); False: none left."""
-        reach = self.reach([variant_key(g.base, self.by_layout)])
+        if g.vkey is None:
+            g.vkey = variant_key(g.base, self.by_layout)
+        reach = self.reach_one(g.vkey)
         if bound > reach:
             self.finish_plain(g, bound)
             return False
