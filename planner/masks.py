@@ -530,6 +530,114 @@ def _balanced_causal_matrix(cu: np.ndarray, ring: int, before) -> np.ndarray:
     return out
 
 
+def _run_pair_cells(n: np.ndarray, rank: np.ndarray, doc: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``_pairs_of_runs`` as cells: (query rank, key rank, entries) of every pair of runs of one document, B before
+    A, then (rank, entries) of each run's own n(n + 1)/2."""
+    first = np.searchsorted(doc, doc, side="left")
+    cnt = np.arange(len(n)) - first
+    a = np.repeat(np.arange(len(n)), cnt)
+    b = first[a] + np.arange(len(a)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    return rank[a], rank[b], n[a] * n[b], rank, n * (n + 1) // 2
+
+
+def _changes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, position) of each entry of a (D, P) array that differs from the one before it, cyclically."""
+    return np.nonzero(x != np.roll(x, 1, axis=1))
+
+
+def _chunk_round_stats(F: np.ndarray, G: np.ndarray, shift: np.ndarray, ring: int, cells) -> tuple[np.ndarray, ...]:
+    """(P,) busiest and summed score entries of each causal ring round of documents laid as zigzag chunks (F, G: the
+    first and second half's chunk sizes on each rank, ``_zigzag_pair_matrix``; document d rolled by shift[d]) plus
+    ``cells`` (``_run_pair_cells`` of the other runs), without the (P, P) matrix. Document d gives its rank u (rank
+    u + shift[d]) in round i >= 1 F[u - i] H[u] where u >= i (its first-half keys of rank u - i precede every query
+    of rank u) and G[u] H[u - i + P] below (its second-half queries see every key of the rank after it), H = F + G:
+    along a round the entries change only where F, G or H change (shifted by i) or at u = 0 and u = i, so each
+    round is a few constant pieces, each read once at its first rank: O(P x pieces x documents)."""
+    P = ring
+    D = len(F)
+    H = F + G
+    rows = np.arange(D)
+    fixed, moving = [(rows, np.zeros(D, dtype=np.int64))], [(rows, np.zeros(D, dtype=np.int64))]
+    fixed += [_changes(H), _changes(G)]
+    moving += [_changes(F), _changes(H)]
+    at = lambda parts: np.concatenate([(shift[d] + u) % P for d, u in parts])  # noqa: E731 - ranks
+    base, step = np.append(at(fixed), 0), at(moving)  # rank 0: a piece even without documents
+    i = np.arange(1, P)[:, None]
+    starts = np.sort(np.concatenate([np.broadcast_to(base, (P - 1, len(base))), (step[None, :] + i) % P], axis=1),
+                     axis=1)  # (rounds, pieces): each piece's first rank
+    length = np.diff(starts, axis=1, append=starts[:, :1] + P)
+    value = np.zeros(starts.shape, dtype=np.int64)
+    for d in range(D):
+        u = (starts - shift[d]) % P
+        hi = u >= i
+        value += np.where(hi, F[d][(u - i) % P] * H[d][u], G[d][u] * H[d][(u - i) % P])
+    busiest = np.concatenate([[0], value.max(axis=1)])
+    total = np.concatenate([[0], (value * length).sum(axis=1)])
+    diag = np.zeros(P, dtype=np.int64)
+    for d in range(D):
+        np.add.at(diag, (np.arange(P) + shift[d]) % P, F[d] * (F[d] + 1) // 2 + G[d] * (G[d] + 1) // 2 + G[d] * F[d])
+    qr, kr, w, own_rank, own = cells
+    rnd = (qr - kr) % P
+    np.add.at(diag, own_rank, own)
+    np.add.at(diag, qr[rnd == 0], w[rnd == 0])  # earlier runs of a document on the same rank
+    busiest[0], total[0] = diag.max(), diag.sum()
+    qr, rnd, w = qr[rnd > 0], rnd[rnd > 0], w[rnd > 0]
+    if len(w):
+        key, where = np.unique(rnd * P + qr, return_inverse=True)
+        extra = np.bincount(where, weights=w).astype(np.int64)  # exact: integer entries below 2^53
+        ci, cr = key // P, key % P
+        dense = np.zeros(len(key), dtype=np.int64)
+        for d in range(D):
+            u = (cr - shift[d]) % P
+            dense += np.where(u >= ci, F[d][(u - ci) % P] * H[d][u], G[d][u] * H[d][(u - ci) % P])
+        np.maximum.at(busiest, ci, dense + extra)
+        total += np.bincount(ci, weights=extra, minlength=P).astype(np.int64)
+    return busiest, total
+
+
+def _zigzag_chunk_parts(cu: np.ndarray, ring: int) -> tuple:
+    """(F, G, shift, cells) of ``_chunk_round_stats`` for the per-document zigzag: its dense documents' halves
+    (``_zigzag_causal_matrix``' split), the other chunks as runs."""
+    sizes, chunk_rank = _zigzag_sizes(cu, ring)
+    dense = (sizes > 0).sum(axis=1) >= DENSE_SHARE * 2 * ring
+    F, G = _zigzag_halves(sizes[dense].astype(np.int64), ring)
+    sparse = sizes[~dense]
+    doc, chunk = np.nonzero(sparse)  # row-major: documents in order, each one's chunks in token order
+    cells = _run_pair_cells(sparse[doc, chunk].astype(np.int64), chunk_rank[chunk], doc)
+    return F, G, np.zeros(len(F), dtype=np.int64), cells
+
+
+def _balanced_chunk_parts(cu: np.ndarray, ring: int, before) -> tuple:
+    """(F, G, shift, cells) of ``_chunk_round_stats`` for the balancer (``_balanced_causal_matrix``' split): its
+    spread documents' halves rolled by their index, the whole and poured runs as cells."""
+    spread, (start, stop, rank) = balanced_parts(cu, ring, before)
+    order = np.argsort(start, kind="stable")
+    start, stop, rank = start[order], stop[order], rank[order]
+    cells = _run_pair_cells(stop - start, rank, np.searchsorted(cu, start, side="right"))
+    F, G = _zigzag_halves(spread_sizes(cu, ring, spread).astype(np.int64), ring)
+    return F, G, spread % ring, cells
+
+
+#: pieces x documents of ``_chunk_round_stats``, over the ring degree, under which its pieces are counted rather
+#: than the (P, P) matrix
+PIECES_SHARE = 1
+
+
+def chunk_round_stats(token_layout: str, ring: int, cu_seqlens) -> tuple[np.ndarray, np.ndarray] | None:
+    """(P,) busiest and mean score entries of each causal ring round (no window) of zigzag or the balancer from
+    their chunks' pieces (``_chunk_round_stats``), the max and mean of the counted rounds; None where the documents
+    cut each round into so many pieces that the matrix costs less."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    parts = (_zigzag_chunk_parts(cu, ring) if token_layout == "zigzag"
+             else _balanced_chunk_parts(cu, ring, work_before(cu, True, None)))
+    F, G = parts[0], parts[1]
+    pieces = 2 * len(F) + sum(len(_changes(x)[0]) for x in (F, G, F + G))
+    if pieces * max(len(F), 1) > PIECES_SHARE * ring or len(parts[3][0]) > ring * ring // 8:
+        return None
+    busiest, total = _chunk_round_stats(*parts[:3], ring, parts[3])
+    return busiest, total / ring  # as the mean of the exact integers: their float64 sum over P
+
+
 def _add_rolled(out: np.ndarray, z: np.ndarray, s: int) -> None:
     """out += np.roll(z, (s, s), axis=(0, 1)), in place by its four blocks (no rolled copy of a P x P matrix)."""
     n = len(z) - s
@@ -788,6 +896,11 @@ def round_stats(token_layout: str, ring: int, cu_seqlens, causal: bool = True, w
         return np.full(ring, y.max()), np.full(ring, y.mean())
     if token_layout == "contiguous" and causal and (window is None or window >= int(np.diff(cu_seqlens).max())):
         return contiguous_round_stats(cu_seqlens, ring, runs)
+    whole_documents = window is None or window >= int(np.diff(cu_seqlens).max())
+    if token_layout in ("zigzag", "balanced") and causal and whole_documents:
+        stats = chunk_round_stats(token_layout, ring, cu_seqlens)
+        if stats is not None:
+            return stats
     if token_layout == "striped" and causal and _few_reach_entries(cu_seqlens, ring):
         return striped_round_stats(cu_seqlens, ring, window)
     if token_layout == "striped":
