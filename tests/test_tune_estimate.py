@@ -12,7 +12,7 @@ from sp_plan.planner import ModelSpec, Plan, Workload
 from sp_plan.planner.params import Params
 from sp_plan.profiles import load_cluster, load_model
 from sp_plan.profiles.tune import kernels, timing
-from sp_plan.profiles.tune.budget import Budget, candidate_seconds, runs_per_count
+from sp_plan.profiles.tune.budget import Budget, at_iters, candidate_seconds, runs_per_count
 from sp_plan.profiles.tune.candidate import steady
 from sp_plan.profiles.tune.choose import Choice, quickest_for_fit
 from sp_plan.profiles.tune.pool import budget_check, candidate_pool, first_estimate, fit_need, predict, stack_run
@@ -197,12 +197,13 @@ def test_fewer_timed_steps_where_the_fit_would_otherwise_lack_its_candidates():
     r = _run(540.0, 300.0, learned=False)  # 3 x 105 s do not fit, 3 x 83 s (2 steps) would
     iters, est = fit_iters(r, full, [False] * 4, ok=0)
     assert iters == 1 and est[0] == pytest.approx(over + 500 / 9) and "candidates timed at 1 of --iters 3" in r.notes[0]
-    assert fit_iters(_run(540.0, 300.0, learned=False), [over + 50.0] * 4, [False] * 4, ok=0)[0] == 3
+    # --iters where three fit twice over (the first estimate's margin), not where they fit only once
+    assert fit_iters(_run(540.0, 300.0, learned=False), [over + 40.0] * 4, [False] * 4, ok=0)[0] == 3
+    assert fit_iters(_run(540.0, 300.0, learned=False), [over + 50.0] * 4, [False] * 4, ok=0)[0] == 1
 
 
 def test_a_ratio_learned_from_a_candidate_timed_at_fewer_steps_compares_it_with_its_estimate_there(bert_pool):
     from sp_plan.planner.profile import MeasuredCandidate
-    from sp_plan.profiles.tune.budget import at_iters
     from sp_plan.profiles.tune.pool import estimates
 
     cluster, pool = bert_pool
@@ -229,8 +230,8 @@ def test_the_budget_check_names_the_minutes_the_fit_needs():
     assert fit_need([200.0, 150.0, 210.0, 160.0], opts) == pytest.approx(510.0)
 
 
-#: seconds by the test's clock a candidate takes, and is estimated at: pipeline layouts cost 3x the others
-CHEAP_S, DEAR_S = 40.0, 120.0
+#: seconds by the test's clock a candidate takes at --iters 2, and is estimated at: pipeline layouts cost 5x the others
+CHEAP_S, DEAR_S = 40.0, 200.0
 
 
 def _cost(plan) -> float:
@@ -246,9 +247,9 @@ def _fit_rank(rank, world, url, minutes):
     clock = SimpleNamespace(t=0.0)
     real = measure.run_candidate
 
-    def candidate(plan, *a, **k):
-        clock.t += _cost(plan)
-        return real(plan, *a, **k)
+    def candidate(plan, model, work, cluster, opts, *a, **k):  # fewer timed steps take less, as estimated
+        clock.t += at_iters(_cost(plan), opts.iters, opts.warmup, 2, opts.settings.candidate_overhead_s)
+        return real(plan, model, work, cluster, opts, *a, **k)
     measure.run_candidate = candidate
     steps.estimates = lambda cluster, pool, params, opts, measured: {p.summary(): _cost(p) for p in pool}
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
@@ -262,13 +263,16 @@ def _fit_rank(rank, world, url, minutes):
 
 def test_a_tight_budget_measures_the_quickest_candidates_so_that_the_fit_gets_its_three(tmp_path):
     """160 s for candidates by the test's clock, where a pipeline layout (the model's best, or the family it explores
-    first) takes 120 s and any other 40 s: a pipeline and two others would not fit, three others do, so the choice
-    measures those and the fit gets its three."""
+    first) takes 200 s and any other 40 s at --iters 2: a pipeline and two others would not fit, three others do, so
+    the choice measures those and the fit gets its three; the first at 1 timed step (three at --iters with the first
+    estimate's margin would not fit), the others at --iters once it showed its estimate held."""
     url = f"sqlite:///{tmp_path / 'store.db'}"
     minutes = (160.0 + SETTINGS.finish_s) / 60
     rep, spent = run_world(_fit_rank, 4, url, minutes, timeout=900)[0]
     ok = [c for c in rep.profile.candidates if c.status == "ok"]
     assert len(ok) == 3 and all(c.plan["degrees"]["pp"] == 1 for c in ok), [c.summary for c in ok]
-    assert spent == pytest.approx(3 * CHEAP_S) and rep.profile.id
+    over = SETTINGS.candidate_overhead_s
+    assert [c.detail["iters"] for c in ok] == [1, 2, 2], [c.detail for c in ok]
+    assert spent == pytest.approx(at_iters(CHEAP_S, 1, 1, 2, over) + 2 * CHEAP_S) and rep.profile.id
     assert any("compute efficiency" in f for f in rep.profile.fitted), rep.profile.fitted
     assert not any(n.startswith("the step-time fit needs") for n in rep.budget_notes), rep.budget_notes

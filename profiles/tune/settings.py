@@ -43,6 +43,11 @@ class TuneSettings:
     #: a kernel timed by each rank (kernel timing "each") stops repeating once its last two readings agree within
     #: this share (the median of more lies between them); None times every repeat
     kernel_agree: float | None = 0.05
+    #: before any candidate has run, the step-time fit's candidates are priced at this many times their estimates
+    #: where the rest of the kernel sweep and their timed steps are planned: those estimates come from the kernels
+    #: alone, and a bert-large candidate on 4 CPU ranks took 1.8x its first estimate (its first step, the stacks'
+    #: builds and the host's load are not in them); the sweep's extra block lengths matter less than the fit
+    first_estimate_margin: float = 2.0
     #: the candidates the budget should leave room for beside the kernel sweep: a step-time fit needs this many
     #: (``choose.MIN_MEASURED``: a leave-one-out error of fewer means nothing)
     fit_candidates: int = 3

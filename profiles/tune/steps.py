@@ -206,14 +206,17 @@ def kernels_step(r: TuneRun, pool: list[Plan], links: dict | None) -> Kernels:
 
 def sweep_left(r: TuneRun, pool: list[Plan], least: list[KernelSample], links: dict | None) -> float:
     """Rank 0: seconds the rest of the kernel sweep may take once its least part is timed: what is left after the
-    candidates a fit needs, as the model prices them with the kernels timed so far."""
+    candidates a fit needs, as the model prices them with the kernels timed so far, times the margin a first
+    estimate needs (``settings.first_estimate_margin``)."""
     params = measure.base_params(r.cluster, r.model, [asdict(s) for s in least], links)[0]
     need = fit_need(list(estimates(r.cluster, pool, params, r.opts, {}).values()), r.opts)
+    need *= r.opts.settings.first_estimate_margin
     r.candidates_s, left = need, r.budget.left()
     if need > left:
         k = min(r.opts.budget, r.opts.settings.fit_candidates)
         r.notes.append(f"the {k} candidate(s) a step-time fit needs are estimated at {fmt(need)} with the kernels "
-                       f"timed, over the {fmt(left)} left: the rest of the kernel sweep is left out, and the fit may "
+                       f"timed ({r.opts.settings.first_estimate_margin:g} x the model's price before a candidate has "
+                       f"run), over the {fmt(left)} left: the rest of the kernel sweep is left out, and the fit may "
                        f"lack them (--max-minutes {fit_minutes(r.opts, need, left)} would fit)")
     return left - need
 
@@ -325,12 +328,14 @@ def fit_iters(r: TuneRun, full: list[float], done: list[bool], ok: int) -> tuple
     """Rank 0: the timed steps the next candidate runs, the most (up to --iters) at which the quickest candidates
     the step-time fit still lacks fit the time left (``pool.fewest_iters``; one where not even one does), and every
     estimate at them (``full``: at --iters). Before any candidate has shown how far off the estimates are, one step
-    where --iters does not fit: the time a short estimate would cost is banked. Each said once: fewer steps than
+    where --iters does not fit with ``settings.first_estimate_margin``: the time a short estimate would cost is
+    banked. Each said once: fewer steps than
     --iters, or not even one step fitting, with the --max-minutes that would."""
     opts, left, need = r.opts, r.budget.left(), fit_short(r, ok)
     quick = sorted(e for e, d in zip(full, done) if not d)[:max(need, 0)]
-    iters = fewest_iters(quick, left, opts) if need > 0 else opts.iters
     learned = any(m is not None and m.status == "ok" and m.detail.get("wall_s") for m in r.measured.values())
+    margin = 1.0 if learned else opts.settings.first_estimate_margin
+    iters = fewest_iters(quick, left / margin, opts) if need > 0 else opts.iters
     iters = iters if learned or iters == opts.iters else 1
     at = lambda k: [at_iters(e, k, opts.warmup, opts.iters, opts.settings.candidate_overhead_s)  # noqa: E731
                     for e in full]
