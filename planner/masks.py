@@ -626,24 +626,36 @@ def _balanced_chunk_parts(cu: np.ndarray, ring: int, before) -> tuple:
     return F, G, spread % ring, cells
 
 
-#: pieces x documents of ``_chunk_round_stats``, over the ring degree, under which its pieces are counted rather
-#: than the (P, P) matrix
-PIECES_SHARE = 1
+#: a round's pieces in ``_chunk_round_stats``, over the ring degree, up to which they are counted rather than the
+#: (P, P) matrix
+PIECES_SHARE = 1 / 4
 
 
-def chunk_round_stats(token_layout: str, ring: int, cu_seqlens) -> tuple[np.ndarray, np.ndarray] | None:
+def chunk_round_stats(token_layout: str, ring: int, cu_seqlens) -> tuple[np.ndarray, np.ndarray]:
     """(P,) busiest and mean score entries of each causal ring round (no window) of zigzag or the balancer from
-    their chunks' pieces (``_chunk_round_stats``), the max and mean of the counted rounds; None where the documents
-    cut each round into so many pieces that the matrix costs less."""
+    their chunks' pieces (``_chunk_round_stats``), the max and mean of the counted rounds; or, where the documents
+    cut each round into so many pieces that the matrix costs less, from the same chunks (``_chunk_matrix``)."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     parts = (_zigzag_chunk_parts(cu, ring) if token_layout == "zigzag"
              else _balanced_chunk_parts(cu, ring, work_before(cu, True, None)))
     F, G = parts[0], parts[1]
     pieces = 2 * len(F) + sum(len(_changes(x)[0]) for x in (F, G, F + G))
-    if pieces * max(len(F), 1) > PIECES_SHARE * ring or len(parts[3][0]) > ring * ring // 8:
-        return None
+    if pieces > PIECES_SHARE * ring or len(parts[3][0]) > ring * ring // 8:
+        by_rank = _diagonals(_chunk_matrix(*parts[:3], ring, parts[3]))
+        return by_rank.max(axis=0)[::-1], by_rank.mean(axis=0)[::-1]  # exact integer sums: any order
     busiest, total = _chunk_round_stats(*parts[:3], ring, parts[3])
     return busiest, total / ring  # as the mean of the exact integers: their float64 sum over P
+
+
+def _chunk_matrix(F: np.ndarray, G: np.ndarray, shift: np.ndarray, ring: int, cells) -> np.ndarray:
+    """(P, P) int64 pair matrix of ``_chunk_round_stats``' documents and cells (``causal_layout_matrix`` of zigzag or
+    the balancer): each shift's documents by ``_zigzag_pair_matrix``, rolled, and the cells counted in."""
+    qr, kr, w, own_rank, own = cells
+    out = np.bincount(qr * ring + kr, weights=w, minlength=ring * ring).astype(np.int64).reshape(ring, ring)
+    out[np.diag_indices(ring)] += np.bincount(own_rank, weights=own, minlength=ring).astype(np.int64)
+    for s in np.unique(shift):
+        _add_rolled(out, _zigzag_pair_matrix(F[shift == s], G[shift == s]), int(s))
+    return out
 
 
 def _add_rolled(out: np.ndarray, z: np.ndarray, s: int) -> None:
@@ -906,9 +918,7 @@ def round_stats(token_layout: str, ring: int, cu_seqlens, causal: bool = True, w
         return contiguous_round_stats(cu_seqlens, ring, runs)
     whole_documents = window is None or window >= int(np.diff(cu_seqlens).max())
     if token_layout in ("zigzag", "balanced") and causal and whole_documents:
-        stats = chunk_round_stats(token_layout, ring, cu_seqlens)
-        if stats is not None:
-            return stats
+        return chunk_round_stats(token_layout, ring, cu_seqlens)
     if token_layout == "striped" and causal and _few_reach_entries(cu_seqlens, ring):
         return striped_round_stats(cu_seqlens, ring, window)
     if token_layout == "striped":
