@@ -477,14 +477,31 @@ class Estimator:
             params = shard_params(self.model, probe.tp, probe.pp, stages)
             weights = self._acts[wkey] = {z: sum(weight_bytes(params, z, probe.dp * probe.sp, train).values())
                                           for z in (0, 1, 2, 3)}
-        shapes = {mbs: self.shape(probe, mbs) for mbs in {p[2] for p in policies}}
-        acts = {(ck, mbs): self._activation_total(shapes[mbs], ck, probe.virtual_stages)
-                for ck, mbs in {p[1:] for p in policies}}
-        bufs = {mbs: attention_buffer_bytes(c, train) for mbs, c in shapes.items()}
+        acts = {(ck, mbs): self._fit_activations(probe, ck, mbs, stages) for ck, mbs in {p[1:] for p in policies}}
+        bufs = {mbs: self._fit_buffers(probe, mbs) for mbs in {p[2] for p in policies}}
         over = self.params.memory_overhead_bytes  # same parts and order of sums as memory(): same fit decisions
         if over:
             return tuple(p for p in policies if weights[p[0]] + acts[p[1], p[2]] + bufs[p[2]] + over <= self.capacity)
         return tuple(p for p in policies if weights[p[0]] + acts[p[1], p[2]] + bufs[p[2]] <= self.capacity)
+
+    def _fit_activations(self, probe: Candidate, ckpt: str, mbs: int, stages) -> float:
+        """``_activation_total`` of ``probe`` at micro-batch ``mbs``, read from its key where known (no Shape made)."""
+        if ALGORITHMS[probe.algorithm].activations is None:
+            t = self._acts.get(((probe.dp, probe.ulysses, probe.ring, probe.tp, probe.pp, mbs, stages), ckpt,
+                                probe.virtual_stages))
+            if t is not None:
+                return t
+        return self._activation_total(self.shape(probe, mbs), ckpt, probe.virtual_stages)
+
+    def _fit_buffers(self, probe: Candidate, mbs: int) -> float:
+        """``attention_buffer_bytes`` of ``probe`` at micro-batch ``mbs``, once for every dp and pp: the algorithms'
+        buffers read a rank's sequence, head and team sizes, never dp or pp."""
+        key = ("buffers", probe.ulysses, probe.ring, probe.token_layout, probe.tp, mbs, probe.algorithm, probe.team,
+               probe.placement, probe.kv_chunks)
+        b = self._acts.get(key)
+        if b is None:
+            b = self._acts[key] = attention_buffer_bytes(self.shape(probe, mbs), self.work.training)
+        return b
 
     # ---- the whole step
     def shape(self, cand: Candidate, mbs: int | None = None) -> Shape:
