@@ -1,6 +1,7 @@
 """tune's measurement side: kernel samples, the layer stack's sharding, run_candidate and its isolation."""
 import json
 import math
+import os
 import time
 
 import pytest
@@ -355,6 +356,27 @@ def test_isolated_faults_are_results_and_the_world_survives():
     assert oom[:2] == ("oom", 0) and "out-of-memory" in oom[2]
     assert hang[:2] == ("timeout", 1) and "did not finish" in hang[2]
     assert all(r[4] == 2.0 for r in res[0])
+
+
+def _shared_choice(rank, world):
+    from sp_plan.runtime.choice import ENV
+
+    os.environ.pop(ENV, None)  # measured, not overridden
+    made: dict = {}
+    plan = Plan(algorithm="ring", degrees={"ring": 2})
+    first = run_candidate_isolated(plan, MODEL, WORK, timeout_s=60, iters=1, backends=made)
+    after_first = dict(made)
+    second = run_candidate_isolated(plan, MODEL, WORK, timeout_s=60, iters=1, backends=made)
+    return first.status, second.status, after_first, made
+
+
+def test_a_candidates_block_kernel_choices_are_handed_to_the_next_candidate():
+    # the first candidate's child measures its blocks' kernel choices and hands them back; the second's child uses
+    # them as made (a choice measured again would carry other seconds) and makes none more
+    res = run_world(_shared_choice, 2, timeout=120)
+    for first, second, after_first, made in res:
+        assert (first, second) == ("ok", "ok") and after_first
+        assert made == after_first and any(d.source == "measured" and d.seconds for d in made.values())
 
 
 def _hung(rank, world):

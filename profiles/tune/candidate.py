@@ -368,15 +368,20 @@ def extrapolate(values: dict[int, float], target: int) -> tuple[float, float, fl
 
 def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, warmup: int = 1, iters: int = 3,
             device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, fault: str | None = None,
-            agree_within: float | None = None) -> dict:
+            agree_within: float | None = None, backends: dict | None = None) -> dict:
     """The collective part of ``run_candidate``: measure every block count, max over ranks, extrapolate; with
-    ``agree_within``, fewer than ``iters`` timed steps where the readings agree (``_measure_stack``).
+    ``agree_within``, fewer than ``iters`` timed steps where the readings agree (``_measure_stack``). ``backends``:
+    this rank's block-kernel decisions already made (``runtime.choice``: Key -> Decision), used as made and updated
+    with the ones this measurement makes, so that a tune measures each once, not once a candidate (a choice among
+    the CPU kernels of 1,024-token blocks takes seconds, inside a candidate's first step).
 
     Raises on any failure (then peers may be blocked in a collective: see run_candidate_isolated).
     """
     device = _device(device)
     plan.check_world(dist.get_world_size())
     ctx = init(plan, device_type=device.type)
+    if backends is not None:
+        ctx.backends.decisions = backends
     mesh = replica_mesh(plan, device.type)
     d = plan.degrees
     target = stage_depth(model, plan)

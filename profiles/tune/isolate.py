@@ -65,6 +65,8 @@ def _child(plan, model, work, rank, world, addr, port, coll_timeout, cuda_index,
         store.set_timeout(coll)  # joined: the candidate's own groups rendezvous on the collective timeout
         res = measure(plan, model, work, **kw)
         stall(kw.get("fault"), rank)
+        if kw.get("backends") is not None:  # the decisions it made too, for the next candidate's child
+            res = {**res, "backends": kw["backends"]}
         conn.send(("ok", res, time.time()))
     except BaseException as e:  # noqa: BLE001 - report anything to the parent
         try:
@@ -236,12 +238,13 @@ def preload_for_children() -> None:
 def run_candidate_isolated(plan: Plan, model: ModelSpec, work: Workload, *, timeout_s: float,
                            collective_timeout_s: float | None = None, start_method: str | None = None,
                            grace_s: float = GRACE_S, beat: Callable[[float], None] | None = None,
-                           **kw) -> MeasuredCandidate:
+                           backends: dict | None = None, **kw) -> MeasuredCandidate:
     """``run_candidate`` in a fresh child world with a deadline (module docstring); collective over the parent world.
 
     ``kw`` are run_candidate's keywords (layers, warmup, iters, device, dtype, memory_limit_bytes,
     fault). ``grace_s``: how long a child may go on once a peer's child has failed (``_wait_together``); ``beat``:
-    called with the seconds since the children started, about every second while they run. The
+    called with the seconds since the children started, about every second while they run; ``backends``: this
+    rank's block-kernel decisions (``candidate.measure``), handed to its child and updated with the child's. The
     same MeasuredCandidate comes back on every rank; the parent world stays usable.
     """
     from .candidate import _candidate, agree
@@ -256,6 +259,8 @@ def run_candidate_isolated(plan: Plan, model: ModelSpec, work: Workload, *, time
     dist.broadcast_object_list(box, src=0)
     method = start_method or default_start_method(cuda_index)
     coll = collective_timeout_s or max(timeout_s / 2, 1.0)
+    if backends is not None:
+        kw = {**kw, "backends": dict(backends)}
     args = (plan, model, work, rank, world, addr, box[0], coll, cuda_index, method == "fork", kw)
     if method == "fork":
         preload_for_children()
@@ -273,6 +278,10 @@ def run_candidate_isolated(plan: Plan, model: ModelSpec, work: Workload, *, time
             proc.kill()
         proc.join(5)
         recv.close()
+    if status == "ok" and isinstance(payload, dict) and "backends" in payload:
+        made = payload.pop("backends")
+        if backends is not None:
+            backends.update(made)
     outcomes: list = [None] * world
     dist.all_gather_object(outcomes, (rank, status, payload, t))
     status, bad, payload = combine(outcomes)

@@ -144,7 +144,7 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
                     clock: Callable[[], float] = time.monotonic, skipped: list | None = None,
                     tick: Callable[[bool, str], None] | None = None, forecast: Forecast | None = None,
                     settings: TuneSettings = SETTINGS, spared: list | None = None,
-                    kinds: tuple[str, ...] | None = None) -> list[KernelSample]:
+                    kinds: tuple[str, ...] | None = None, choice: BackendChoice | None = None) -> list[KernelSample]:
     """Attention block fwd/bwd over ``blocks`` x ``heads`` (or the (block, heads) ``shapes``, most needed first) and
     the model's GEMMs over ``gemm_rows`` (default: blocks). Every kernel is prepared first (inputs, the runtime's
     backend choice, one untimed call), then timed. ``windows`` (start wall time, seconds each), or a function that
@@ -158,12 +158,13 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
     ``tick(advanced, message)`` says each group prepared (advanced True) and each kernel timed. Timed without
     windows, a kernel's repeats stop once two successive readings agree within ``settings.kernel_agree``
     (``timing.time_readings``); ``spared`` gets (kernel, repeats not run) for each that stopped early. ``kinds``
-    keeps only those kernels (e.g. ("attention_fwd",)): the others are neither prepared nor timed."""
+    keeps only those kernels (e.g. ("attention_fwd",)): the others are neither prepared nor timed. ``choice``: the
+    block-kernel choice to use and add to (a fresh one from the environment by default)."""
     device = torch.device(device)
     name = _DTYPE_NAMES.get(dtype, str(dtype))
     gen = torch.Generator(device="cpu").manual_seed(0)
     rnd = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
-    choice = BackendChoice.from_env()
+    choice = choice if choice is not None else BackendChoice.from_env()
     groups = sweep_groups(blocks, heads, gemm_rows if gemm_rows is not None else blocks, shapes)
     started, forecast = clock(), forecast if forecast is not None else Forecast()
     said = tick or (lambda advanced, message: None)

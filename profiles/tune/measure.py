@@ -21,6 +21,7 @@ from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import KernelSample, MeasuredCandidate
 from sp_plan.profiles.discover.sizes import DEFAULT_SIZES, parse_sizes  # the link step sizes as `discover --sizes`
 from sp_plan.profiles.discover.probe import gather_objects
+from sp_plan.runtime.choice import BackendChoice
 
 from .kernels import chosen_backends
 from .rounds import LAYERS as PROBE_LAYERS, TOKENS_PER_RANK as PROBE_TOKENS, round_overhead
@@ -67,14 +68,15 @@ def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opt
                          budget_s: float | None = None, clock: Callable[[], float] = time.monotonic,
                          skipped: list | None = None, replan: Callable[[list[KernelSample]], float] | None = None,
                          tick: Callable[[bool, str], None] | None = None, spared: list | None = None,
-                         spanned: list | None = None) -> list[dict]:
+                         spanned: list | None = None, backends: dict | None = None) -> list[dict]:
     """Every rank times its own device's kernels for the pool's block shapes; all ranks' samples (collective).
     With ``budget_s`` the sweep runs in two parts: the least sweep (the model's best candidate's largest block and
     its GEMMs), then, in what ``replan`` (given the least sweep's samples, collective) leaves it, the other shapes
     the best candidates run, most needed first (``kernels.measure_kernels``; what it left out goes to
     ``skipped``); the solo-speedup timing is run on the largest block timed whose cost fits what ``replan`` left.
     Kernels whose repeats agreed early go to ``spared`` (``kernels.measure_kernels``), window calls left out where a
-    kernel's calls are long to ``spanned`` (``kernels.shared_windows``)."""
+    kernel's calls are long to ``spanned`` (``kernels.shared_windows``). The block-kernel decisions the sweep makes
+    go into ``backends`` (the candidates' children use them, ``candidate.measure``)."""
     from .kernels import Forecast, kernel_priority, kernel_shapes, measure_kernels, shared_windows, sweep_groups, \
         token_rows
 
@@ -83,9 +85,12 @@ def measure_kernels_step(pool: list[Plan], model: ModelSpec, work: Workload, opt
     if kernel_timing(opts, dev) == "shared" and dist.get_world_size() > 1:
         shared = functools.partial(shared_windows, calls=s.window_calls, least=s.window_min_s,
                                    fewest=s.window_min_calls, span=s.window_span_s, spared=spanned)
+    choice = BackendChoice.from_env()
+    if backends is not None:
+        choice.decisions = backends
     sweep = functools.partial(measure_kernels, model, device=dev, dtype=dtype_of(model, dev), causal=work.causal,
                               repeats=opts.kernel_repeats, windows=shared, clock=clock, skipped=skipped, tick=tick,
-                              forecast=Forecast(), settings=s, spared=spared)
+                              forecast=Forecast(), settings=s, spared=spared, choice=choice)
     rows = token_rows(pool, work)
     if budget_s is None:
         blocks, heads = kernel_shapes(pool, model, work)
@@ -186,13 +191,15 @@ def with_round_probe(cluster: Cluster, model: ModelSpec, base: Params, rounds_s:
 
 
 def run_candidate(plan: Plan, model: ModelSpec, work: Workload, cluster: Cluster, opts: TuneOptions,
-                  fault: str | None = None, beat: Callable[[float], None] | None = None) -> MeasuredCandidate:
+                  fault: str | None = None, beat: Callable[[float], None] | None = None,
+                  backends: dict | None = None) -> MeasuredCandidate:
     """One candidate on the running world, in a child world of its own (a hang or crash stays there); ``beat``
-    (seconds since it started) is called about every second while it runs."""
+    (seconds since it started) is called about every second while it runs; ``backends``: this rank's block-kernel
+    decisions so far, used by the child and updated with those it makes (``candidate.measure``)."""
     from .isolate import run_candidate_isolated
 
     dev = device()
     return run_candidate_isolated(plan, model, work, timeout_s=opts.candidate_timeout, layers=opts.layers,
                                   warmup=opts.warmup, iters=opts.iters, device=dev.type, dtype=dtype_of(model, dev),
                                   memory_limit_bytes=cluster.device(0).memory_bytes, fault=fault, beat=beat,
-                                  agree_within=opts.settings.step_agree)
+                                  agree_within=opts.settings.step_agree, backends=backends)

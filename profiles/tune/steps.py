@@ -55,6 +55,9 @@ class TuneRun:
     notes: list = field(default_factory=list)
     reused: list = field(default_factory=list)
     candidates_s: float = 0.0  # the first estimate of the candidates a fit needs (the kernel sweep leaves them this)
+    #: this rank's block-kernel decisions (runtime.choice's Key -> Decision), made once a tune: by the kernel sweep,
+    #: then by each candidate for the blocks none before it ran
+    backends: dict = field(default_factory=dict)
 
     def decide(self, choose: Callable[[], T]) -> T:
         """Rank 0's ``choose()``, the same on every rank (collective: the others receive it)."""
@@ -182,7 +185,7 @@ def kernels_step(r: TuneRun, pool: list[Plan], links: dict | None) -> Kernels:
         r.tick("kernels", count[0], total, message)
     samples = measure.measure_kernels_step(pool, r.model, r.work, r.opts, share, r.budget.clock, skipped,
                                            replan=lambda least: r.decide(lambda: sweep_left(r, pool, least, links)),
-                                           tick=group, spared=spared, spanned=spanned)
+                                           tick=group, spared=spared, spanned=spanned, backends=r.backends)
     if skipped:
         r.notes.append(f"kernel sweep trimmed to its {fmt(share)}: left out "
                        f"{', '.join(shown_group(g) for g in skipped)} (the planner's curves extrapolate to them)")
@@ -378,7 +381,8 @@ def timed(r: TuneRun, plan: Plan, fault: str | None, need: float,
 
     def beat(seconds: float) -> None:
         say(f"{plan.summary()}: running {fmt(seconds)} of an estimated {fmt(need)}")
-    mc = measure.run_candidate(plan, r.model, r.work, r.cluster, opts, fault, beat=beat if r.rank == 0 else None)
+    mc = measure.run_candidate(plan, r.model, r.work, r.cluster, opts, fault, beat=beat if r.rank == 0 else None,
+                               backends=r.backends)
     wall = r.decide(lambda: r.budget.elapsed() - t0)
     if mc.status == "timeout" and left < r.opts.candidate_timeout:
         mc = mc.model_copy(update={"reason": f"{mc.reason}; stopped at the end of --max-minutes "
