@@ -1088,8 +1088,10 @@ def _document_rank_sizes(doc: np.ndarray, rank: np.ndarray, n: np.ndarray, docs:
     if docs * ring <= DENSE_CELLS_PER_RUN * len(key) + (1 << 16):
         sizes = np.bincount(key, weights=n.astype(np.float64), minlength=docs * ring)
         return sizes, np.arange(len(sizes)) // ring
-    cells, where = np.unique(key, return_inverse=True)
-    return np.bincount(where, weights=n.astype(np.float64)), cells // ring
+    order = np.argsort(key, kind="stable")  # timsort: a layout's keys are a few sorted runs a document
+    key = key[order]
+    first = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+    return np.add.reduceat(n[order], first).astype(np.float64), key[first] // ring
 
 
 #: documents x P cells per run past which ``_document_rank_sizes`` keeps only the cells holding runs
