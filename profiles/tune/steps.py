@@ -332,8 +332,8 @@ def fit_iters(r: TuneRun, full: list[float], done: list[bool], ok: int) -> tuple
     the step-time fit still lacks fit the time left (``pool.fewest_iters``; one where not even one does), and every
     estimate at them (``full``: at --iters). Before any candidate has shown how far off the estimates are, one step
     where --iters does not fit with ``settings.first_estimate_margin``: the time a short estimate would cost is
-    banked. Each said once: fewer steps than
-    --iters, or not even one step fitting, with the --max-minutes that would."""
+    banked. Each said once: fewer steps than --iters, or not even one step fitting, with the --max-minutes that
+    would."""
     opts, left, need = r.opts, r.budget.left(), fit_short(r, ok)
     quick = sorted(e for e, d in zip(full, done) if not d)[:max(need, 0)]
     learned = any(m is not None and m.status == "ok" and m.detail.get("wall_s") for m in r.measured.values())
