@@ -417,18 +417,22 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
         "checkpointing": plan.checkpointing, **notes, "fallbacks": fallbacks,
         **({"attention": attention} if attention else {}),
     }
-    step = composed_step(m, p, fb, sends, opt)
-    if p > 1:
-        act = max(peak - static, 0.0)
-        memory = peak + (min(p, m) - 1) * act
-        detail["stage_sends_s"] = sends
-        detail["pipeline"] = (f"COMPOSED 1F1B: every rank ran one stage of {target} layers on one micro-batch and "
-                              f"timed its stage-boundary sends (activations forward, gradients back, all stages at "
-                              f"once); step = (m + p - 1) x (fwd_bwd + sends) + optimizer = ({m} + {p} - 1) x "
-                              f"({fb:.4g} + {sends:.4g}) + {opt:.4g} s; memory = peak + (min(p, m) - 1) x activations")
-    else:
-        memory = peak
-    return {"measured_s": step, "measured_memory": memory, "detail": detail}
+    memory = _pipeline_memory(detail, m, p, target, fb, sends, opt, peak, static)
+    return {"measured_s": composed_step(m, p, fb, sends, opt), "measured_memory": memory, "detail": detail}
+
+
+def _pipeline_memory(detail: dict, m: int, p: int, target: int, fb: float, sends: float, opt: float, peak: float,
+                     static: float) -> float:
+    """A candidate's peak memory: one stage's, plus under a pipeline (p > 1) the activations of the min(p, m) - 1
+    micro-batches 1F1B keeps in flight; says how the pipeline's step was composed in ``detail``."""
+    if p == 1:
+        return peak
+    detail["stage_sends_s"] = sends
+    detail["pipeline"] = (f"COMPOSED 1F1B: every rank ran one stage of {target} layers on one micro-batch and "
+                          f"timed its stage-boundary sends (activations forward, gradients back, all stages at "
+                          f"once); step = (m + p - 1) x (fwd_bwd + sends) + optimizer = ({m} + {p} - 1) x "
+                          f"({fb:.4g} + {sends:.4g}) + {opt:.4g} s; memory = peak + (min(p, m) - 1) x activations")
+    return peak + (min(p, m) - 1) * max(peak - static, 0.0)
 
 
 def _candidate(plan: Plan, model: ModelSpec, work: Workload, **fields) -> MeasuredCandidate:
