@@ -769,9 +769,9 @@ def _striped_reach(cu: np.ndarray, window: int | None, P: int) -> tuple[np.ndarr
 
 def contiguous_round_stats(cu_seqlens, ring: int, runs=None) -> tuple[np.ndarray, np.ndarray]:
     """(P,) busiest and mean score entries of each causal ring round (no window) of the contiguous layout, from its
-    documents alone, O(P + documents), as the max and mean over the ranks of the counted rounds. Round 0 is each
-    rank's runs, n(n + 1)/2 each. In round i >= 1 rank r computes its queries on the keys of rank r - i; only a
-    document on both ranks joins them (the keys of r - i < r all come first), and only one can span two ranks, so
+    documents alone, O(P + documents), as the max and mean over the ranks of the counted rounds. The ring's first
+    round (i = 0) is each rank's runs, n(n + 1)/2 each. In round i >= 1 rank r computes its queries on the keys of
+    rank r - i; only a document on both ranks joins them (the keys of r - i < r all come first), and only one can span two ranks, so
     a document on m consecutive ranks a.. with tokens g[0..m-1] gives rank a + k the entry g[k] g[k - i] for
     k >= i. Its middle ranks are whole: rank sizes q + [rank < S mod P], non-increasing, so of the middle pairs
     (k from i + 1 to m - 2) the first is the largest and their sum is counted from how many hold q + 1. ``runs``:
