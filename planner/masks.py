@@ -347,14 +347,6 @@ def _pack_works(work: Workload, token_layout: str, ring: int, window: int | None
         yield seen[key]
 
 
-def busiest_floor(work: Workload, ring: int, window: int | None = None) -> float:
-    """A floor under the busiest rank's score entries per sequence (``busiest_rank_pairs(...).busiest``) and under
-    the sum of a ring's rounds' busiest (``ring_round_pairs(...).busiest``) for every balancing policy: the
-    expected entries over the ring's ranks, O(documents) a pack, where those count every run of every rank. A
-    search that prunes on it prices a layout's rounds and tiles only for the degrees the floor leaves in."""
-    return busiest_rank_pairs(work, "contiguous", 1, window).pairs / ring
-
-
 def layer_windows(work: Workload, layers: int) -> tuple[tuple[int | None, int], ...]:
     """(window, how many layers) of the workload's layers: its window on the windowed ones, None on global ones."""
     w = work.window

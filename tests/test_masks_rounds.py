@@ -97,18 +97,3 @@ def test_round_stats_take_the_pieces_where_few_and_keep_the_rounds(token_layout)
             stats = round_stats(token_layout, ring, cu, True, None)
             assert stats[0].tolist() == rounds.max(axis=1).tolist()
             assert stats[1].tolist() == rounds.mean(axis=1).tolist()
-
-
-@pytest.mark.parametrize("name", ["magi-long", "magi-short", None])
-def test_busiest_floor_is_under_every_policys_busiest_rank_and_rounds(name):
-    from sp_plan.planner.masks import busiest_floor, busiest_rank_pairs, ring_round_pairs
-    from sp_plan.planner.model import Workload
-    work = Workload(seq_len=1 << 16, batch=1, documents=load_documents(name) if name else None)
-    for window in (None, 1000):
-        for ring in (1, 3, 8, 256):
-            floor = busiest_floor(work, ring, window)
-            assert floor > 0
-            for token_layout in ("contiguous", "zigzag", "striped", "balanced"):
-                assert floor <= busiest_rank_pairs(work, token_layout, ring, window).busiest * (1 + 1e-12)
-                assert floor <= sum(ring_round_pairs(work, token_layout, ring, window).busiest) * (1 + 1e-12)
-    assert busiest_floor(work, 1) == busiest_rank_pairs(work, "zigzag", 1).busiest  # one rank: all of it

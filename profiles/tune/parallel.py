@@ -27,6 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.schedules import DDP_BUCKET_BYTES
+from sp_plan.runtime.variants.ring import pad_tokens
 
 REPLICA_DIMS = ("dp", "ulysses", "ring")
 
@@ -71,10 +72,7 @@ def tokens_of(tp_rank: int, tp: int) -> Callable[..., torch.Tensor]:
         return lambda t, fill=0: t
 
     def shard(t: torch.Tensor, fill=0) -> torch.Tensor:
-        pad = -t.shape[1] % tp
-        if pad:
-            t = torch.cat([t, t.new_full((t.shape[0], pad, *t.shape[2:]), fill)], dim=1)
-        return t.chunk(tp, dim=1)[tp_rank].contiguous()
+        return pad_tokens(t, t.shape[1] + -t.shape[1] % tp, fill).chunk(tp, dim=1)[tp_rank].contiguous()
     return shard
 
 
@@ -82,11 +80,9 @@ def sequence_attend(attend: Callable, tokens: int) -> Callable:
     """``attend`` on a sequence rank's ``tokens`` real tokens of q, k, v all-gathered over TP (``tokens_of``'s
     padding trimmed before, restored as zeros after: padding attends nothing and nothing attends it)."""
     def trimmed(q, k, v):
-        n = q.shape[1]
-        if n == tokens:
+        if q.shape[1] == tokens:
             return attend(q, k, v)
-        out = attend(q[:, :tokens], k[:, :tokens], v[:, :tokens])
-        return torch.cat([out, out.new_zeros((out.shape[0], n - tokens, *out.shape[2:]))], dim=1)
+        return pad_tokens(attend(q[:, :tokens], k[:, :tokens], v[:, :tokens]), q.shape[1])
     return trimmed
 
 

@@ -439,9 +439,9 @@ class _RingAttention(torch.autograd.Function):
         return dq, dk[:, :ctx.n_kv], dv[:, :ctx.n_kv], None, None, None, None, None, None, None, None
 
 
-def pad_tokens(x: torch.Tensor, n: int) -> torch.Tensor:
-    """``x`` with its token dimension (1) padded with zeros to ``n`` (a member holding fewer tokens than another)."""
-    return x if x.shape[1] == n else torch.cat([x, x.new_zeros(x.shape[0], n - x.shape[1], *x.shape[2:])], dim=1)
+def pad_tokens(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
+    """``x`` with its token dimension (1) padded with ``fill`` to ``n`` (a member holding fewer tokens than another)."""
+    return x if x.shape[1] == n else torch.cat([x, x.new_full((x.shape[0], n - x.shape[1], *x.shape[2:]), fill)], dim=1)
 
 
 def held_tokens(token_layout, ring: Ring, seq_len: int, n_local: int, causal, cu_seqlens, window) -> tuple:
