@@ -49,9 +49,11 @@ class Figure_:
 
 
 def _png(fig: Figure) -> bytes:
+    """PNG bytes of ``fig``. Every figure is laid out by its constrained layout, so a tight bounding box would only
+    draw it a second time."""
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=110)
     return buf.getvalue()
 
 

@@ -183,6 +183,19 @@ class LinkEngine:
             return self._route(src % self.gpn, dst, 2)
         return (), 0.0
 
+    def routes(self) -> tuple:
+        """Every node-0 route a price can take (each pair of local devices, each device to and from the fabric):
+        all that pricing reads of the links is these routes' edges."""
+        n = len(self.names)
+        keys = [(a, b, 0) for a in range(n) for b in range(n) if a != b]
+        if self.multi_node:
+            keys += [(a, a, r) for a in range(n) for r in (1, 2)]
+        return tuple(self._route(*k) for k in keys)
+
+    def routed_kinds(self) -> set[str]:
+        """The link kinds some route crosses: a kind outside this set carries no flow of any phase."""
+        return {self.local.edges[e]["kind"] for edges, _ in self.routes() for e in edges}
+
     # ---- pattern cost
     def _cost_uncached(self, pattern: str, shape: GroupShape) -> StepCost:
         """Ring collectives are n-1 (or 2(n-1)) steps of a 1/n shift: they reuse the shift's link loads."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cluster import NET, Cluster
+from .engine import LinkEngine
 from .estimate import Estimator
 from .model import ModelSpec, Workload
 from .params import CURVES, Curve, Params
@@ -120,16 +121,28 @@ def scenarios(cluster: Cluster, params: Params) -> list[tuple[str, str, Cluster,
     return out
 
 
+def unrouted(base: Estimator, changed: Cluster) -> bool:
+    """Every route of ``changed`` is ``base``'s and crosses no link whose capacity differs: no price can move, so
+    the ranking is the base one (a link kind no flow takes, such as the CPU sockets' link on a DGX)."""
+    engine = LinkEngine(changed)
+    if engine.routes() != base.engine.routes():
+        return False
+    edges = {e for route, _ in engine.routes() for e in route}
+    return all(engine.local.edges[e]["capacity"] == base.engine.local.edges[e]["capacity"] for e in edges)
+
+
 def sensitivity(cluster: Cluster, model: ModelSpec, workload: Workload, winner: Plan,
                 params: Params | None = None) -> Sensitivity:
-    """Re-rank under every scenario and price ``winner`` under each (the search's own engine, no shortcuts)."""
+    """Re-rank under every scenario and price ``winner`` under each (the search's own engine); a change that no
+    route crosses (``unrouted``) keeps the base ranking without a search."""
     params = params if params is not None else Params()
-    base_s = Estimator(cluster, model, workload, params=params)(winner).step_time_s
+    base = Estimator(cluster, model, workload, params=params)
+    base_s = base(winner).step_time_s
     loose = winner.model_copy(update={"cluster_fingerprint": None})  # the changed clusters hash differently
     out = []
     for name, what, c, p in scenarios(cluster, params):
         old = Estimator(c, model, workload, params=p)(loose).step_time_s
-        best = _best(c, model, workload, p)
+        best = winner if p is params and old == base_s and unrouted(base, c) else _best(c, model, workload, p)
         if best is None:  # nothing fits: memory does not change with bandwidth or efficiency, so never here
             continue
         out.append(Scenario(name, what, best, old, base_s))

@@ -75,3 +75,19 @@ def test_compute_at_80_percent_stretches_every_compute_phase_by_a_quarter(dgx, p
     comms = [n for n, x in before.items() if x.kind == "communication"]
     for n in comms:
         assert after[n].seconds == pytest.approx(before[n].seconds, rel=1e-9)
+
+
+@pytest.mark.parametrize("kind, factor", [("smp", 0.5), ("smp", 2.0), ("pcie", 0.5), ("ib", 2.0)])
+def test_an_unrouted_change_keeps_the_full_searchs_answer(dgx, kind, factor):
+    """The shortcut's condition holds only where no route moves, and there a full search ranks as the base does."""
+    from sp_plan.planner.sensitivity import unrouted
+
+    c, m = dgx
+    base = Estimator(c, m, W)
+    changed = scale_links(c, kind, factor)
+    skip = unrouted(base, changed)
+    assert skip == (kind == "smp")  # a DGX's CPU sockets' link carries no GPU flow; the others do
+    if skip:
+        win, again = best(c, m), best(changed, m)
+        assert again.predicted.step_time_s == win.predicted.step_time_s
+        assert again.summary() == win.summary()
