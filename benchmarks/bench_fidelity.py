@@ -278,6 +278,22 @@ RFA_LAYOUTS = {"ring": ("ring", "contiguous"), "zigzag": ("ring", "zigzag"), "ll
 #: the ring merge each runtime runs (planner/merges.py): MagiAttention's ring baseline is TransformerEngine's,
 #: ring-flash-attention runs its own log-form update, as yunchang did
 MASK_MERGES = {"magi_attention": "transformer-engine", "ring_flash_attention": "yunchang"}
+#: the attention kernel each benchmark ran, where a published curve of it exists (profiles/kernels.yaml ``kernels:``):
+#: MagiAttention's baselines ran FlashAttention-3; ring-flash-attention runs flash-attn 2's kernels, which the
+#: presets' H100 table (SDPA flash: FlashAttention-2) already is, so it keeps its cluster's curve
+MASK_KERNELS = {"magi_attention": "flash-attention-3"}
+
+
+def kernel_params(params: Params, benchmark: str, kernel: str) -> Params:
+    """``params`` with the attention curves of the kernel ``benchmark`` ran (``MASK_KERNELS``) when ``kernel`` is
+    "papers"; "presets" keeps the cluster's own curves."""
+    name = MASK_KERNELS.get(benchmark) if kernel == "papers" else None
+    if name is None:
+        return params
+    from sp_plan.profiles.kernels import kernel_curves
+
+    fwd, bwd = kernel_curves(name)
+    return params.model_copy(update={"attention_fwd": fwd, "attention_bwd": bwd})
 
 
 def kernel_peak(params: Params, cluster) -> Params:
@@ -379,8 +395,10 @@ def mask_flops(est: Estimator, which: str) -> float:
     return (2.5 if which == "bwd" else 1.0) * 4.0 * pairs * est.model.heads * est.model.head_dim
 
 
-def magi_setup(truth: dict, mask: str, which: str, cp: int, whatif: str = "none") -> MaskSetup:
-    """One of MagiAttention's H100 figures' setups: ring P2P against all-gather in TFLOP/s per GPU."""
+def magi_setup(truth: dict, mask: str, which: str, cp: int, whatif: str = "none", kernel: str = "papers"
+               ) -> MaskSetup:
+    """One of MagiAttention's H100 figures' setups: ring P2P against all-gather in TFLOP/s per GPU, priced with the
+    kernel the benchmark ran (``kernel_params``)."""
     from sp_plan.profiles.kernels import default_params
 
     s = truth["setup"]
@@ -388,7 +406,7 @@ def magi_setup(truth: dict, mask: str, which: str, cp: int, whatif: str = "none"
     model = attention_layer(s["heads"], s["kv_heads"], s["head_dim"], "magi-attention")
     seq = s["seq_per_rank"] * cp
     cluster = load_cluster(s["cluster"], cp // s["devices_per_node"])
-    params = WHATIFS[whatif](default_params(cluster), cluster).model_copy(
+    params = WHATIFS[whatif](kernel_params(default_params(cluster), "magi_attention", kernel), cluster).model_copy(
         update={"ring_merge": MASK_MERGES["magi_attention"]})
     docs = magi_documents(truth["documents"], seq) if documents else None
     est = Estimator(cluster, model, Workload(seq_len=seq, causal=causal, training=False, documents=docs),
@@ -401,10 +419,10 @@ def magi_setup(truth: dict, mask: str, which: str, cp: int, whatif: str = "none"
     return MaskSetup(f"Magi {mask} {which} CP{cp}", names, pred, [figures[n][i] for n in names])
 
 
-def magi_setups(truth: dict, whatif: str = "none") -> list[MaskSetup]:
+def magi_setups(truth: dict, whatif: str = "none", kernel: str = "papers") -> list[MaskSetup]:
     """MagiAttention's H100 figures: per mask, pass and CP."""
-    return [magi_setup(truth, mask, which, cp, whatif) for mask in MAGI_MASKS for which in truth["tflops"][mask]
-            for cp in truth["cp"]]
+    return [magi_setup(truth, mask, which, cp, whatif, kernel) for mask in MAGI_MASKS
+            for which in truth["tflops"][mask] for cp in truth["cp"]]
 
 
 @contextmanager
@@ -470,10 +488,11 @@ def ranking(names: list[str], scores: list[float]) -> str:
     return " > ".join(n for _, n in sorted(zip(scores, names), key=lambda x: -x[0]))
 
 
-def mask_setups(whatif: str = "none") -> list[MaskSetup]:
-    """Every published setup under masks, priced (with the ``WHATIFS`` term ``whatif``)."""
+def mask_setups(whatif: str = "none", kernel: str = "papers") -> list[MaskSetup]:
+    """Every published setup under masks, priced (with the ``WHATIFS`` term ``whatif``; ``kernel`` "papers": each
+    benchmark's kernel where published, ``MASK_KERNELS``, "presets": the clusters' curves)."""
     truths = load_mask_truths()
-    return magi_setups(truths["magi_attention"], whatif) + rfa_setups(truths["ring_flash_attention"], whatif)
+    return magi_setups(truths["magi_attention"], whatif, kernel) + rfa_setups(truths["ring_flash_attention"], whatif)
 
 
 def print_masks(setups: list[MaskSetup], show_rows: bool = False) -> None:
@@ -510,9 +529,12 @@ def main() -> None:
     ap.add_argument("--whatif", choices=tuple(WHATIFS), default="none",
                     help="with --masks: add a term the defaults lack (peak: the attention kernel at its peak "
                          "efficiency on blocks longer than the peak's)")
+    ap.add_argument("--kernel", choices=("papers", "presets"), default="papers",
+                    help="with --masks: the attention curve priced: the kernel each benchmark ran where its figures "
+                         "are published (papers: FlashAttention-3 for MagiAttention), or the clusters' preset curves")
     a = ap.parse_args()
     if a.masks:
-        print_masks(mask_setups(a.whatif), a.rows)
+        print_masks(mask_setups(a.whatif, a.kernel), a.rows)
         return
     which = ["before", "after"] if a.model == "both" else [a.model]
     if a.ablate:

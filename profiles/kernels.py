@@ -82,6 +82,24 @@ def measured_curves(key: str) -> tuple[Curve, Curve]:
     return Curve(points=tuple(fwd)), Curve(points=tuple(bwd))
 
 
+def kernel_names() -> list[str]:
+    """The published kernels of profiles/kernels.yaml (``kernels:``), by name."""
+    return list(kernel_data().get("kernels", {}))
+
+
+def kernel_curves(name: str) -> tuple[Curve, Curve]:
+    """(forward, backward) efficiency curves of a published kernel of profiles/kernels.yaml (``kernels:``), its
+    backward figures counted alone (2.5 x the forward's FLOPs over the backward's time)."""
+    known = kernel_data().get("kernels", {})
+    if name not in known:
+        raise ValueError(f"kernel {name!r}: not a published kernel of profiles/kernels.yaml; one of {sorted(known)}")
+    h = known[name]
+    peak = h["peak_flops"] / 1e12
+    fwd = tuple((s, f / peak) for s, f in zip(h["seq"], h["fwd_tflops"]))
+    bwd = tuple((s, b / peak) for s, b in zip(h["seq"], h["bwd_tflops"]))
+    return Curve(points=fwd), Curve(points=bwd)
+
+
 def h100_curves() -> tuple[Curve, Curve]:
     """(forward, backward) efficiency curves of the measured H100 table: the shape other devices borrow."""
     return measured_curves("H100")
