@@ -2,7 +2,7 @@
 
     python benchmarks/bench_fidelity.py [--model before|after|both] [--rows] [--ablate] [--l20 pairs|quads]
                                         [--merge papers|sp-plan|yunchang|transformer-engine]
-    python benchmarks/bench_fidelity.py --masks [--rows]
+    python benchmarks/bench_fidelity.py --masks [--rows] [--whatif none|peak] [--kernel papers|presets]
 
 For each table in tests/data/paper_tables.json (USP Tables 3-7, WallFacer Fig. 9, TokenRing Fig. 6) it
 builds the cluster, model and workload the table describes, prices every measured configuration and prints
@@ -23,7 +23,10 @@ benchmarks/truths/published-masks.yaml: MagiAttention's H100 CP 8-64 ring P2P ag
 varlen full, varlen causal; forward and backward) and ring-flash-attention's README table (8 x H800 and 8 x A100:
 ring, zigzag and llama3's all-gather on its four packs; ring, zigzag and stripe on one document). Each setup is
 priced with the presets' default Params (``after``) on its cluster, model shape, documents and token layouts, and
-prints the measured and predicted rankings, whether they agree, and predicted / measured per layout.
+prints the measured and predicted rankings, whether they agree, and predicted / measured per layout. The attention
+curve is the kernel's that each benchmark ran where its figures are published (``MASK_KERNELS``: FlashAttention-3's
+paper figures for MagiAttention's baselines), as the ring merge is its runtime's; ``--kernel presets`` prices with the
+clusters' preset curves instead.
 ``--whatif peak`` prices with the attention kernel holding its peak efficiency at blocks longer than its peak's (a
 term the defaults lack) to show which misses it accounts for.
 """
