@@ -318,7 +318,7 @@ def spread_sizes(cu: np.ndarray, ring: int, spread: np.ndarray) -> np.ndarray:
     return q[:, None] + (np.arange(2 * ring)[None, :] < rem[:, None])
 
 
-def balanced_parts(cu: np.ndarray, ring: int, work_before, bound: float = BALANCED_TOKEN_BOUND
+def balanced_parts(cu: np.ndarray, ring: int, work_before, bound: float = BALANCED_TOKEN_BOUND, spread_loads=None
                    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Greedy balancing by work: (the documents spread as zigzag, the (start, stop, rank) runs of the others).
     ``work_before`` maps int64 positions x to the work (float64) of tokens [0, x): a cumulative sum of per-token
@@ -327,14 +327,15 @@ def balanced_parts(cu: np.ndarray, ring: int, work_before, bound: float = BALANC
     by the document's index so no rank always gets the longer chunks: ``spread_runs``): even work under a causal
     mask. The other documents go whole, heaviest first (longest processing time), to the least-loaded rank with room
     for their tokens under ``bound`` x S/P; a document no rank has room for is poured, in token order, into the
-    least-loaded ranks' room."""
+    least-loaded ranks' room. ``spread_loads(cu, ring, spread)``: the spread documents' (work, tokens) per rank
+    where the caller counts them in closed form (planner.masks.spread_loads), else read from ``work_before``."""
     seq_len = int(cu[-1])
     cap = max(-(-seq_len // ring), int(bound * seq_len / ring))
     starts, ends = cu[:-1], cu[1:]
     doc_work = work_before(ends) - work_before(starts)
     spread = np.flatnonzero((doc_work > BALANCED_SPLIT_SHARE * work_before(cu[-1:])[0] / ring)
                             & (ends - starts >= 2 * ring))
-    load, held = _spread_loads(cu, ring, spread, work_before)
+    load, held = _spread_loads(cu, ring, spread, work_before) if spread_loads is None else spread_loads(cu, ring, spread)
     whole = np.setdiff1d(np.arange(len(starts)), spread)
     order = whole[np.lexsort((whole, -doc_work[whole]))]  # heaviest first, ties by index
     return spread, _place_whole(order, starts.tolist(), ends.tolist(), doc_work.tolist(), work_before, load, held,

@@ -300,16 +300,16 @@ def busiest_rank_pairs(work: Workload, token_layout: str, ring: int, window: int
 def _busiest_alone(work: Workload, token_layout: str, ring: int) -> RankWork:
     """``busiest_rank_pairs`` of one unmasked sequence (causal or full) without building its rounds and tiles, which
     ring and USP price in closed form there: the same sums as ``_layout_work``'s."""
-    _, p = _pack_pairs(work, token_layout, ring, next(iter(workload_packs(work, 1))), None)
+    _, p = _pack_pairs(token_layout, ring, next(iter(workload_packs(work, 1))), work.causal, None)
     total, top = float(p.sum()), float(p.max())
     return RankWork(total, top, top * ring / total if total else 1.0, 1)
 
 
-def _pack_pairs(work: Workload, token_layout: str, ring: int, cu, window: int | None) -> tuple:
+def _pack_pairs(token_layout: str, ring: int, cu, causal: bool, window: int | None) -> tuple:
     """(the layout's runs of each rank, or None where striped; each rank's score entries) of one pack ``cu``."""
-    runs = None if token_layout == "striped" else layout_runs(token_layout, ring, cu, work.causal, window)
-    p = (striped_pairs(check_cu_seqlens(cu), ring, work.causal, window) if runs is None
-         else run_rank_pairs(runs, cu, ring, work.causal, window))
+    runs = None if token_layout == "striped" else layout_runs(token_layout, ring, cu, causal, window)
+    p = (striped_pairs(check_cu_seqlens(cu), ring, causal, window) if runs is None
+         else run_rank_pairs(runs, cu, ring, causal, window))
     return runs, p
 
 
@@ -341,10 +341,204 @@ def _pack_works(work: Workload, token_layout: str, ring: int, window: int | None
     for cu in workload_packs(work, samples):  # per rank: O(runs) or O(documents + P); rounds as round_stats
         key = cu.tobytes()
         if key not in seen:
-            runs, p = _pack_pairs(work, token_layout, ring, cu, window)
-            hi, avg = round_stats(token_layout, ring, cu, work.causal, window, runs, p)
-            seen[key] = (p, hi, avg, pack_tiles(token_layout, ring, cu, work.causal, window, runs=runs))
+            seen[key] = pack_work(token_layout, ring, cu, work.causal, window)
         yield seen[key]
+
+
+def pack_work(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None) -> tuple:
+    """(each rank's score entries, each round's busiest and mean, ``pack_tiles``) of one pack. Where the rounds are
+    taken as even (``_even_totals``: past ROUND_CELLS runs x ranks), zigzag and the balancer without a window count
+    per document in closed form (``zigzag_pack``, ``balanced_pack``), not from their runs, about S of them past a
+    ring of S/2P ranks; the same integers."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    chunked = None
+    if ring > 1 and window is None and token_layout == "zigzag" and zigzag_runs(cu, ring) * ring > ROUND_CELLS:
+        chunked = zigzag_pack(cu, ring, causal)
+    elif ring > 1 and window is None and token_layout == "balanced":
+        chunked = balanced_pack(cu, ring, closed_balanced_parts(cu, ring, causal), causal)
+        chunked = chunked[:2] if chunked[2] * ring > ROUND_CELLS else None
+    if chunked is not None:
+        p, tiles = chunked
+        y = p / ring  # as round_stats' even rounds
+        return p, np.full(ring, y.max()), np.full(ring, y.mean()), tiles
+    runs, p = _pack_pairs(token_layout, ring, cu, causal, window)
+    hi, avg = round_stats(token_layout, ring, cu, causal, window, runs, p)
+    return p, hi, avg, pack_tiles(token_layout, ring, cu, causal, window, runs=runs)
+
+
+# ---------------------------------------------------------------- chunked layouts per document, in closed form
+#
+# Zigzag and the balancer's spread documents cut a document into 2P chunks, rank u holding chunks u and 2P-1-u.
+# Past a ring of S/2P ranks a chunk is a token or none, so their runs number about S; but a rank's work from one
+# document is linear in u between a few places (where a chunk gains its extra token, or where the extras before it
+# stop growing), so each document gives a few linear pieces over the ranks, summed on difference arrays:
+# O(documents + P) a pack, the same integers as the runs'.
+
+
+def _cyclic_below(a, n, x, P: int):
+    """How many of the n ranks a, a + 1, ... (mod P) lie below x (0 <= x <= P), elementwise."""
+    return np.clip(x - a, 0, np.minimum(n, P - a)) + np.clip(x, 0, np.maximum(a + n - P, 0))
+
+
+def _two_chunks(s1, c1, s2, c2, L, causal: bool):
+    """Score entries of a rank's two chunks of a document of L tokens (c tokens from offset s), without a window."""
+    return (prefix_pairs(s1 + c1, L, causal) - prefix_pairs(s1, L, causal)
+            + prefix_pairs(s2 + c2, L, causal) - prefix_pairs(s2, L, causal))
+
+
+def _zigzag_doc_work(doc: tuple, u, P: int, causal: bool):
+    """Rank u's entries of each per-document zigzag document (q, nA, nB, a, L): chunk k < P holds q tokens and one
+    extra where k is among the nA ranks from a (mod P); chunk 2P-1-u one more where u is among the first nB of
+    them (``layout._zigzag_extras``)."""
+    q, nA, nB, a, L = doc
+    inA = _cyclic_below(a, nA, u + 1, P) - _cyclic_below(a, nA, u, P)
+    inB = _cyclic_below(a, nB, u + 1, P) - _cyclic_below(a, nB, u, P)
+    s2 = (2 * P - 1 - u) * q + nA + nB - _cyclic_below(a, nB, u + 1, P)
+    return _two_chunks(u * q + _cyclic_below(a, nA, u, P), q + inA, s2, q + inB, L, causal)
+
+
+def _spread_doc_work(doc: tuple, u, P: int, causal: bool):
+    """Rank u's entries (before the rotation) of each document the balancer spreads (q, rem, L): 2P even pieces,
+    chunk k of q + [k < rem] tokens from kq + min(k, rem) (``layout.spread_sizes``)."""
+    q, rem, L = doc
+    k2 = 2 * P - 1 - u
+    return _two_chunks(u * q + np.minimum(u, rem), q + (u < rem), k2 * q + np.minimum(k2, rem), q + (k2 < rem), L,
+                       causal)
+
+
+def _spread_doc_tokens(doc: tuple, u, P: int, causal: bool):
+    """Rank u's tokens (before the rotation) of each document the balancer spreads (``_spread_doc_work``)."""
+    q, rem, _ = doc
+    return 2 * q + (u < rem) + (2 * P - 1 - u < rem)
+
+
+def _spread_places(rem: np.ndarray, P: int) -> np.ndarray:
+    """``_piecewise_ranks``' places of spread documents: where chunk u or 2P-1-u gains its extra token, or the
+    extras before it stop growing."""
+    return _near(np.stack([rem, 2 * P - rem, 2 * P - 1 - rem], axis=1), P, False)
+
+
+def spread_loads(cu: np.ndarray, ring: int, spread: np.ndarray, causal: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(work, tokens) each rank holds of the documents the balancer spreads (``layout._spread_loads``) without a
+    window, per document in closed form: the same integers, the work as float64."""
+    if not len(spread):
+        return np.zeros(ring), np.zeros(ring, dtype=np.int64)
+    L = cu[spread + 1] - cu[spread]
+    q, rem = np.divmod(L, 2 * ring)
+    doc, places, shift = (q, rem, L), _spread_places(rem, ring), spread % ring
+    return (_piecewise_ranks(_spread_doc_work, doc, places, shift, ring, causal).astype(np.float64),
+            _piecewise_ranks(_spread_doc_tokens, doc, places, shift, ring, causal))
+
+
+def closed_balanced_parts(cu: np.ndarray, ring: int, causal: bool = True):
+    """``layout.balanced_parts`` of a mask without a window, its work in closed form (``work_before``,
+    ``spread_loads``)."""
+    return balanced_parts(cu, ring, work_before(cu, causal, None),
+                          spread_loads=lambda c, p, s: spread_loads(c, p, s, causal))
+
+
+def _piecewise_ranks(work, doc: tuple, places: np.ndarray, shift: np.ndarray, P: int, causal: bool) -> np.ndarray:
+    """(P,) int64: the sum over documents of ``work`` (per document, linear in the rank u between its ``places``,
+    a (documents, k) array of u's in [0, P] that includes 0 and P) at rank (u + shift) mod P: each piece read at
+    its first two ranks, rotated (split where it wraps) and laid on difference arrays of intercepts and slopes."""
+    places = np.sort(places, axis=1)
+    lo, hi = places[:, :-1].ravel(), places[:, 1:].ravel()
+    d = np.repeat(np.arange(len(places)), places.shape[1] - 1)
+    keep = hi > lo
+    lo, hi, d = lo[keep], hi[keep], d[keep]
+    at = tuple(x[d] for x in doc)
+    y0 = work(at, lo, P, causal)
+    slope = np.where(hi - lo > 1, work(at, np.minimum(lo + 1, P - 1), P, causal) - y0, 0)
+    r0 = lo + shift[d]  # in [0, 2P): a piece with r0 < P < r1 wraps
+    wrap = (r0 < P) & (hi + shift[d] > P)
+    cut = P - shift[d][wrap]  # the u at which rank P - 1 is passed
+    lo_r = np.concatenate([r0 % P, np.zeros(int(wrap.sum()), dtype=np.int64)])
+    hi_r = np.concatenate([np.where(wrap, P, (hi + shift[d] - 1) % P + 1), hi[wrap] + shift[d][wrap] - P])
+    y = np.concatenate([y0, y0[wrap] + slope[wrap] * (cut - lo[wrap])])
+    s = np.concatenate([slope, slope[wrap]])
+    icpt = y - s * lo_r
+    d_icpt, d_slope = np.zeros(P + 1, dtype=np.int64), np.zeros(P + 1, dtype=np.int64)
+    for acc, v in ((d_icpt, icpt), (d_slope, s)):
+        np.add.at(acc, lo_r, v)
+        np.add.at(acc, hi_r, -v)
+    return np.cumsum(d_icpt)[:P] + np.cumsum(d_slope)[:P] * np.arange(P, dtype=np.int64)
+
+
+def _near(x: np.ndarray, P: int, cyclic: bool) -> np.ndarray:
+    """(documents, 3 k + 2) places in [0, P]: 0, P, and each of the (documents, k) ``x`` less one, itself and one
+    more, mod P where ``cyclic``, else clipped to [0, P]."""
+    near = (x[:, :, None] + np.array([-1, 0, 1])).reshape(len(x), -1)
+    ends = np.broadcast_to(np.array([0, P]), (len(x), 2))
+    return np.concatenate([ends, near % P if cyclic else np.clip(near, 0, P)], axis=1)
+
+
+def _even_cells(q, nA, nB, P: int):
+    """(tokens a rank holds, how many ranks hold them) of each document whose ranks hold 2q tokens and one more on
+    nA ranks, two more on nB of those: the (document, rank) cells of ``_document_rank_sizes``."""
+    return (2 * q, 2 * q + 1, 2 * q + 2), (P - nA, nA - nB, nB)
+
+
+def _tile_sums(m, roots, L, causal: bool) -> tuple[int, int, float]:
+    """``pack_tiles`` without a window from each document's merged runs m and the sum of the square roots of its
+    cells' tokens (the entries over length: pairs x roots^2 / L^2)."""
+    pairs = document_pairs(L, causal)
+    per_length = pairs * roots ** 2 / (L.astype(np.float64) ** 2)
+    return int((m * (m + 1) // 2 if causal else m * m).sum()), int(pairs.sum()), float(per_length.sum())
+
+
+def _roots(sizes, counts) -> np.ndarray:
+    """Per document, the sum of sqrt(tokens) over its cells from ``_even_cells``."""
+    return sum(n * np.sqrt(s.astype(np.float64)) for s, n in zip(sizes, counts))
+
+
+def zigzag_runs(cu: np.ndarray, ring: int) -> int:
+    """How many runs ``layout.document_runs`` gives the per-document zigzag: 2P a document of q >= 1 tokens a
+    chunk, else its tokens (one extra each)."""
+    L = np.diff(cu)
+    return int(np.where(L >= 2 * ring, 2 * ring, L).sum())
+
+
+def zigzag_pack(cu: np.ndarray, ring: int, causal: bool = True) -> tuple[np.ndarray, tuple[int, int, float]]:
+    """(each rank's score entries, ``pack_tiles``) of the per-document zigzag without a window, per document in
+    closed form (``_zigzag_doc_work``). Tiles: a document's nonzero chunks, less one where its last first-half
+    chunk and the next nonzero one share a rank (chunk k < P on rank k and 2P-1-k: the highest rank among its
+    first-half extras is also among its second-half ones, always where q >= 1)."""
+    P = ring
+    L = np.diff(cu)
+    q, rem = np.divmod(L, 2 * P)
+    a = (np.cumsum(rem) - rem) % P
+    nA, nB = np.minimum(rem, P), np.maximum(rem - P, 0)
+    doc = (q, nA, nB, a, L)
+    places = _near(np.stack([a, a + nA, a + nB], axis=1), P, True)
+    p = _piecewise_ranks(_zigzag_doc_work, doc, places, np.zeros(len(L), dtype=np.int64), P, causal)
+    top = np.where(a + nA >= P, P - 1, a + nA - 1)  # the highest rank among the first-half extras
+    merged = (q > 0) | ((top - a) % P < nB)
+    m = np.where(q > 0, 2 * P, rem) - merged
+    return p, _tile_sums(m, _roots(*_even_cells(q, nA, nB, P)), L, causal)
+
+
+def balanced_pack(cu: np.ndarray, ring: int, parts, causal: bool = True
+                  ) -> tuple[np.ndarray, tuple[int, int, float], int]:
+    """(each rank's score entries, ``pack_tiles``, its runs) of the balancer without a window from its ``parts``
+    (``layout.balanced_parts``): the spread documents per document in closed form (``_spread_doc_work``, rotated by
+    their index), 2P - 1 runs each (chunks P - 1 and P share a rank); the runs placed whole or poured as runs."""
+    P = ring
+    spread, (start, stop, rank) = parts
+    L = np.diff(cu)
+    p, m, roots = np.zeros(P, dtype=np.int64), np.zeros(len(L), dtype=np.int64), np.zeros(len(L))
+    if len(start):
+        o = np.argsort(start, kind="stable")
+        start, stop, rank, doc = _merged(start[o], stop[o], rank[o], run_documents(start[o], cu))
+        p = run_rank_pairs((start, stop, rank), cu, P, causal, None)
+        m = np.bincount(doc, minlength=len(L))
+        sizes, owner = _document_rank_sizes(doc, rank, stop - start, len(L), P)
+        roots = np.bincount(owner, weights=np.sqrt(sizes), minlength=len(L))
+    if len(spread):
+        q, rem = np.divmod(L[spread], 2 * P)
+        p = p + _piecewise_ranks(_spread_doc_work, (q, rem, L[spread]), _spread_places(rem, P), spread % P, P, causal)
+        m[spread] = 2 * P - 1
+        roots[spread] = _roots(*_even_cells(q, np.minimum(rem, P), np.maximum(rem - P, 0), P))
+    return p, _tile_sums(m, roots, L, causal), len(start) + len(spread) * (2 * P - 1)
 
 
 def layer_windows(work: Workload, layers: int) -> tuple[tuple[int | None, int], ...]:
@@ -1146,8 +1340,14 @@ def layout_tiles(work: Workload, token_layout: str, ring: int, window: int | Non
 
 
 def plain_tiles(token_layout: str, ring: int, work: Workload, span: int | None) -> int:
-    """The tiles of one document per sequence without a window: the calls an unmasked schedule's blocks stand for."""
-    return pack_tiles(token_layout, ring, np.array([0, work.seq_len]), work.causal, None, span)[0]
+    """The tiles of one document per sequence without a window: the calls an unmasked schedule's blocks stand for
+    (zigzag and the balancer in closed form where no span cuts them, ``zigzag_pack``, ``balanced_pack``)."""
+    cu = np.array([0, work.seq_len], dtype=np.int64)
+    if ring > 1 and (span is None or span >= work.seq_len) and token_layout in ("zigzag", "balanced"):
+        if token_layout == "zigzag":
+            return zigzag_pack(cu, ring, work.causal)[1][0]
+        return balanced_pack(cu, ring, closed_balanced_parts(cu, ring, work.causal), work.causal)[1][0]
+    return pack_tiles(token_layout, ring, cu, work.causal, None, span)[0]
 
 
 @lru_cache(maxsize=1024)

@@ -1,0 +1,83 @@
+"""Zigzag and the balancer counted per document in closed form (planner/masks.py ``zigzag_pack``, ``balanced_pack``,
+``spread_loads``): the same per-rank score entries as the token-by-token reference, the same tiles, entries and runs
+as their runs give, up to rings where every chunk is one token or none."""
+import numpy as np
+import pytest
+
+from sp_plan.planner import masks
+from sp_plan.planner.documents import draw_packs
+from sp_plan.planner.layout import _spread_loads, balanced_parts
+from sp_plan.profiles.documents import load_documents
+
+
+def _packs() -> list[np.ndarray]:
+    """Packs of one to thousands of documents, with documents shorter than a rank's share and spanning the ring."""
+    drawn = [draw_packs(load_documents(name), seq_len, 1, seed)[0]
+             for name, seq_len in (("magi-short", 20000), ("megatron-dcp", 30001), ("magi-long", 65536))
+             for seed in range(2)]
+    tiny = np.concatenate([[0], np.cumsum(np.random.default_rng(3).integers(1, 40, size=600))])
+    return drawn + [tiny, np.array([0, 1, 2, 9000]), np.array([0, 4099]), np.array([0, 7, 4000, 4095, 12289])]
+
+
+RINGS = (2, 3, 64, 1000, 4096, 16384)
+
+
+def _cases():
+    for cu in _packs():
+        for ring in RINGS:
+            if ring <= cu[-1]:
+                yield cu, ring
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_zigzag_per_document_is_its_tokens_and_runs(causal):
+    for cu, ring in _cases():
+        p, tiles = masks.zigzag_pack(cu, ring, causal)
+        reference = masks.rank_pairs(masks.layout_tokens("zigzag", ring, cu, causal), cu, causal)
+        assert p.tolist() == reference.tolist(), (cu[:4], ring)
+        runs = masks.layout_runs("zigzag", ring, cu, causal)
+        assert masks.zigzag_runs(cu, ring) == len(runs[0])
+        exact = masks.pack_tiles("zigzag", ring, cu, causal, runs=runs)
+        assert tiles[:2] == exact[:2] and tiles[2] == pytest.approx(exact[2], rel=1e-11)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_balancer_per_document_is_its_tokens_and_runs(causal):
+    for cu, ring in _cases():
+        p, tiles, runs = masks.balanced_pack(cu, ring, masks.closed_balanced_parts(cu, ring, causal), causal)
+        reference = masks.rank_pairs(masks.layout_tokens("balanced", ring, cu, causal), cu, causal)
+        assert p.tolist() == reference.tolist(), (cu[:4], ring)
+        exact_runs = masks.layout_runs("balanced", ring, cu, causal)
+        assert runs == len(exact_runs[0])
+        exact = masks.pack_tiles("balanced", ring, cu, causal, runs=exact_runs)
+        assert tiles[:2] == exact[:2] and tiles[2] == pytest.approx(exact[2], rel=1e-11)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_spread_loads_are_the_work_read_at_every_chunk(causal):
+    for cu, ring in _cases():
+        before = masks.work_before(cu, causal, None)
+        spread = np.flatnonzero(np.diff(cu) >= 2 * ring)
+        load, held = masks.spread_loads(cu, ring, spread, causal)
+        read_load, read_held = _spread_loads(cu, ring, spread, before)
+        assert load.tolist() == read_load.tolist() and held.tolist() == read_held.tolist()
+        closed = masks.closed_balanced_parts(cu, ring, causal)
+        read = balanced_parts(cu, ring, before)
+        assert closed[0].tolist() == read[0].tolist()
+        assert all(a.tolist() == b.tolist() for a, b in zip(closed[1], read[1]))
+
+
+@pytest.mark.parametrize("token_layout", ["zigzag", "balanced"])
+def test_a_pack_past_the_counted_rounds_prices_as_its_runs(monkeypatch, token_layout):
+    """pack_work's closed form where the rounds are taken as even, against its runs' count (the closed form off)."""
+    for cu in _packs()[:4]:
+        for causal in (True, False):
+            monkeypatch.setattr(masks, "ROUND_CELLS", 1 << 12)
+            fast = masks.pack_work(token_layout, 4096, cu, causal)
+            monkeypatch.setattr(masks, "zigzag_runs", lambda *a: 0)
+            monkeypatch.setattr(masks, "balanced_pack", lambda *a: (None, None, 0))
+            runs = masks.pack_work(token_layout, 4096, cu, causal)
+            monkeypatch.undo()
+            for a, b in zip(fast[:3], runs[:3]):
+                assert np.asarray(a).tolist() == np.asarray(b).tolist()
+            assert fast[3][:2] == runs[3][:2] and fast[3][2] == pytest.approx(runs[3][2], rel=1e-11)
