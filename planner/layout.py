@@ -281,7 +281,12 @@ def _balanced_runs(cu: np.ndarray, ring: int, work_before, bound: float = BALANC
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Greedy balancing by work (``balanced_parts``) as maximal runs (start, stop, rank) of one rank's tokens inside
     one document, in token order."""
-    spread, placed = balanced_parts(cu, ring, work_before, bound)
+    return parts_runs(cu, ring, balanced_parts(cu, ring, work_before, bound))
+
+
+def parts_runs(cu: np.ndarray, ring: int, parts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_balanced_runs`` of the balancer's ``parts`` (``balanced_parts``: the spread documents, the placed runs)."""
+    spread, placed = parts
     return _merge_runs(*_interleaved(spread_runs(cu, ring, spread), placed), cu)
 
 

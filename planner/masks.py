@@ -22,7 +22,7 @@ import numpy as np
 
 from .documents import check_cu_seqlens, workload_packs
 from .errors import PlanError
-from .layout import _zigzag_sizes, balanced_parts, document_ring_tokens, document_runs, spread_sizes
+from .layout import _zigzag_sizes, balanced_parts, document_ring_tokens, document_runs, parts_runs, spread_sizes
 from .model import Workload
 
 #: packs drawn per priced layout: the expected busiest rank is the mean over this many seeded sequences
@@ -349,21 +349,28 @@ def pack_work(token_layout: str, ring: int, cu_seqlens, causal: bool = True, win
     """(each rank's score entries, each round's busiest and mean, ``pack_tiles``) of one pack. Where the rounds are
     taken as even (``_even_totals``: past ROUND_CELLS runs x ranks), zigzag and the balancer without a window count
     per document in closed form (``zigzag_pack``, ``balanced_pack``), not from their runs, about S of them past a
-    ring of S/2P ranks; the same integers."""
+    ring of S/2P ranks; the same integers. The balancer places its documents once a pack, for its runs and rounds."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
-    chunked = None
-    if ring > 1 and window is None and token_layout == "zigzag" and zigzag_runs(cu, ring) * ring > ROUND_CELLS:
-        chunked = zigzag_pack(cu, ring, causal)
-    elif ring > 1 and window is None and token_layout == "balanced":
-        chunked = balanced_pack(cu, ring, closed_balanced_parts(cu, ring, causal), causal)
-        chunked = chunked[:2] if chunked[2] * ring > ROUND_CELLS else None
-    if chunked is not None:
-        p, tiles = chunked
-        y = p / ring  # as round_stats' even rounds
-        return p, np.full(ring, y.max()), np.full(ring, y.mean()), tiles
-    runs, p = _pack_pairs(token_layout, ring, cu, causal, window)
-    hi, avg = round_stats(token_layout, ring, cu, causal, window, runs, p)
+    parts = runs = None
+    if ring > 1 and window is None and token_layout == "balanced":
+        parts = closed_balanced_parts(cu, ring, causal)
+        if balanced_runs(parts, ring) * ring > ROUND_CELLS:
+            return _even_pack(*balanced_pack(cu, ring, parts, causal)[:2], ring)
+        runs = parts_runs(cu, ring, parts)
+    elif ring > 1 and window is None and token_layout == "zigzag" and zigzag_runs(cu, ring) * ring > ROUND_CELLS:
+        return _even_pack(*zigzag_pack(cu, ring, causal), ring)
+    if runs is None:
+        runs, p = _pack_pairs(token_layout, ring, cu, causal, window)
+    else:
+        p = run_rank_pairs(runs, cu, ring, causal, window)
+    hi, avg = round_stats(token_layout, ring, cu, causal, window, runs, p, parts if causal else None)
     return p, hi, avg, pack_tiles(token_layout, ring, cu, causal, window, runs=runs)
+
+
+def _even_pack(p: np.ndarray, tiles: tuple, ring: int) -> tuple:
+    """``pack_work`` of a pack whose rounds are taken as even (``round_stats``' even rounds) from each rank's work."""
+    y = p / ring
+    return p, np.full(ring, y.max()), np.full(ring, y.mean()), tiles
 
 
 # ---------------------------------------------------------------- chunked layouts per document, in closed form
@@ -538,7 +545,15 @@ def balanced_pack(cu: np.ndarray, ring: int, parts, causal: bool = True
         p = p + _piecewise_ranks(_spread_doc_work, (q, rem, L[spread]), _spread_places(rem, P), spread % P, P, causal)
         m[spread] = 2 * P - 1
         roots[spread] = _roots(*_even_cells(q, np.minimum(rem, P), np.maximum(rem - P, 0), P))
-    return p, _tile_sums(m, roots, L, causal), len(start) + len(spread) * (2 * P - 1)
+    return p, _tile_sums(m, roots, L, causal), balanced_runs(parts, P)
+
+
+def balanced_runs(parts, ring: int) -> int:
+    """How many runs the balancer's ``parts`` make (``layout.parts_runs``): 2P - 1 a spread document (its chunks
+    P - 1 and P share a rank, and none is empty), and the placed ones, maximal already (a document poured goes to
+    distinct ranks)."""
+    spread, placed = parts
+    return len(placed[0]) + len(spread) * (2 * ring - 1)
 
 
 def layer_windows(work: Workload, layers: int) -> tuple[tuple[int | None, int], ...]:
@@ -801,10 +816,10 @@ def _zigzag_chunk_parts(cu: np.ndarray, ring: int) -> tuple:
     return F, G, np.zeros(len(F), dtype=np.int64), cells
 
 
-def _balanced_chunk_parts(cu: np.ndarray, ring: int, before) -> tuple:
+def _balanced_chunk_parts(cu: np.ndarray, ring: int, before, parts=None) -> tuple:
     """(F, G, shift, cells) of ``_chunk_round_stats`` for the balancer (``_balanced_causal_matrix``' split): its
-    spread documents' halves rolled by their index, the whole and poured runs as cells."""
-    spread, (start, stop, rank) = balanced_parts(cu, ring, before)
+    spread documents' halves rolled by their index, the whole and poured runs as cells; ``parts``: ``balanced_parts``' causal ones, where built."""
+    spread, (start, stop, rank) = balanced_parts(cu, ring, before) if parts is None else parts
     order = np.argsort(start, kind="stable")
     start, stop, rank = start[order], stop[order], rank[order]
     cells = _run_pair_cells(stop - start, rank, np.searchsorted(cu, start, side="right"))
@@ -817,13 +832,13 @@ def _balanced_chunk_parts(cu: np.ndarray, ring: int, before) -> tuple:
 PIECES_SHARE = 1 / 4
 
 
-def chunk_round_stats(token_layout: str, ring: int, cu_seqlens) -> tuple[np.ndarray, np.ndarray]:
+def chunk_round_stats(token_layout: str, ring: int, cu_seqlens, parts=None) -> tuple[np.ndarray, np.ndarray]:
     """(P,) busiest and mean score entries of each causal ring round (no window) of zigzag or the balancer from
     their chunks' pieces (``_chunk_round_stats``), the max and mean of the counted rounds; or, where the documents
     cut each round into so many pieces that the matrix costs less, from the same chunks (``_chunk_matrix``)."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     parts = (_zigzag_chunk_parts(cu, ring) if token_layout == "zigzag"
-             else _balanced_chunk_parts(cu, ring, work_before(cu, True, None)))
+             else _balanced_chunk_parts(cu, ring, work_before(cu, True, None), parts))
     F, G = parts[0], parts[1]
     pieces = 2 * len(F) + sum(len(_changes(x)[0]) for x in (F, G, F + G))
     if pieces > PIECES_SHARE * ring or len(parts[3][0]) > ring * ring // 8:
@@ -1085,7 +1100,7 @@ def _diagonals(m: np.ndarray) -> np.ndarray:
 
 
 def round_stats(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None,
-                runs=None, totals=None) -> tuple[np.ndarray, np.ndarray]:
+                runs=None, totals=None, parts=None) -> tuple[np.ndarray, np.ndarray]:
     """(P,) busiest and mean score entries of each ring round of one pack (``layout_rounds``' max and mean over the
     ranks), without the (P, P) rounds where they are even (``even_rounds``: every round the same), nor for causal
     contiguous (``contiguous_round_stats``) and striped (``striped_round_stats``, where its documents leave the
@@ -1104,7 +1119,7 @@ def round_stats(token_layout: str, ring: int, cu_seqlens, causal: bool = True, w
         return contiguous_round_stats(cu_seqlens, ring, runs)
     whole_documents = window is None or window >= int(np.diff(cu_seqlens).max())
     if token_layout in ("zigzag", "balanced") and causal and whole_documents:
-        return chunk_round_stats(token_layout, ring, cu_seqlens)
+        return chunk_round_stats(token_layout, ring, cu_seqlens, parts)
     if token_layout == "striped" and causal and _few_reach_entries(cu_seqlens, ring):
         return striped_round_stats(cu_seqlens, ring, window)
     if token_layout == "striped":

@@ -75,7 +75,7 @@ def test_a_pack_past_the_counted_rounds_prices_as_its_runs(monkeypatch, token_la
             monkeypatch.setattr(masks, "ROUND_CELLS", 1 << 12)
             fast = masks.pack_work(token_layout, 4096, cu, causal)
             monkeypatch.setattr(masks, "zigzag_runs", lambda *a: 0)
-            monkeypatch.setattr(masks, "balanced_pack", lambda *a: (None, None, 0))
+            monkeypatch.setattr(masks, "balanced_runs", lambda *a: 0)
             runs = masks.pack_work(token_layout, 4096, cu, causal)
             monkeypatch.undo()
             for a, b in zip(fast[:3], runs[:3]):
