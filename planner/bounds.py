@@ -33,22 +33,28 @@ class Bounds:
     def compute_bound(self, base: Candidate, policies: list[tuple[int, str, int]]) -> float:
         """A lower bound on the step time of ``base``'s degrees and token layout under any mesh order and
         these policies: the pipeline of compute phases alone (communication only adds time)."""
-        best = float("inf")
-        seen: set = set()
+        return min(self.compute_bounds(base, policies), default=float("inf"))
+
+    def compute_bounds(self, base: Candidate, policies: list[tuple[int, str, int]]) -> list[float]:
+        """Per policy, ``compute_bound`` of that policy alone (the ZeRO stage moves no compute: one value per
+        checkpointing and micro-batch)."""
         est = self.est
         stages = est.stages_of(base)
+        at: dict = {}
+        out = []
         for _zero, ckpt, mbs in policies:
-            if (ckpt, mbs) in seen:
-                continue
-            seen.add((ckpt, mbs))
-            layer, head = self._compute_layer(base, ckpt, mbs)
-            if stages is None:
-                stage = est.model.layers // base.pp * layer + head  # Shape.layers_per_stage
-            else:
-                stage = float(busiest_stage(stages, layer, head))
-            m = max(est.work.batch // (base.dp * mbs), 1)  # Shape.micro_batches
-            best = min(best, pipeline_time(m, base.pp, base.virtual_stages, stage) * (1 - 1e-9))  # a hair below: sums' rounding
-        return best
+            t = at.get((ckpt, mbs))
+            if t is None:
+                layer, head = self._compute_layer(base, ckpt, mbs)
+                if stages is None:
+                    stage = est.model.layers // base.pp * layer + head  # Shape.layers_per_stage
+                else:
+                    stage = float(busiest_stage(stages, layer, head))
+                m = max(est.work.batch // (base.dp * mbs), 1)  # Shape.micro_batches
+                # a hair below: sums' rounding
+                t = at[ckpt, mbs] = pipeline_time(m, base.pp, base.virtual_stages, stage) * (1 - 1e-9)
+            out.append(t)
+        return out
 
     def _compute_layer(self, base: Candidate, ckpt: str, mbs: int) -> tuple[float, float]:
         """(a layer's compute seconds under ``ckpt``, the head's) of ``base``'s variant and token layout at micro-batch

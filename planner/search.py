@@ -412,8 +412,8 @@ class Stage(IntEnum):
 
     DEGREES = 0  # a degrees choice: compute only, the attention at its even share (Estimator.micro_batch_bounds)
     RECOMPUTE = 1  # a group: its compute with the recomputation each policy needs to fit (Estimator.policy_floor)
-    OUTSIDE = 2  # + every cost outside the attention but the gradient sync, exact (outside_bounds)
-    COMPUTE = 3  # + the variant's own compute (Bounds.compute_bound)
+    COMPUTE = 2  # + the variant's own compute, per policy (Bounds.compute_bounds): no link costed
+    OUTSIDE = 3  # + every cost outside the attention but the gradient sync, exact (outside_bounds)
     COMMUNICATION = 4  # + the attention's communication floor (Bounds.comm_bounds)
     SYNC = 5  # + the gradient sync; priced when popped
 
@@ -580,23 +580,32 @@ class _Grid:
             g.lower.update((p, max(b, bound)) for p, b in zip(g.fitting, g.bounds))
             self.release_interleaved(g)
 
+    def compute_floors(self, g: GroupItem) -> list[float]:
+        """Per fitting policy of ``g``, ``Bounds.compute_bounds``; where bounds are shared down from the largest
+        micro-batch (``shared_bounds``), its checkpointing's value at that micro-batch, a hair below (its ties with
+        the smaller ones)."""
+        est, base = self.est, g.base
+        rep = shared_bounds(est, g.degrees.pp, (base.algorithm,), g.fitting)
+        if rep is None:
+            return est.bounds.compute_bounds(base, g.fitting)
+        at = dict(zip(rep, est.bounds.compute_bounds(base, list(rep.values()))))
+        return [at[p[1]] * (1 - 1e-12) for p in g.fitting]
+
     def tighten(self, bound: float, stage: Stage, g: GroupItem) -> None:
         """Queue ``g`` again under the next stage's bound (``Stage``)."""
         est, d, base = self.est, g.degrees, g.base
-        if stage == Stage.RECOMPUTE:  # every cost outside the attention, exact (schedule_bounds, once per degrees)
+        if stage == Stage.RECOMPUTE:  # per policy, the compute-only bound (no schedule priced, no link costed)
+            g.bounds = [max(b, c) for b, c in zip(g.bounds, self.compute_floors(g))]
+            return self.push(max(bound, min(g.bounds)), Stage.COMPUTE, g)
+        if stage == Stage.COMPUTE:  # every cost outside the attention, exact (schedule_bounds, once per degrees)
             if isinstance(self.outside_of[d], list):
                 self.outside_of[d] = schedule_bounds(est, self.outside_of[d], self.batches)
             tp_sp = ALGORITHMS[base.algorithm].tp_sp
             outside = self.outside_of[d][base.virtual_stages]
             g.bounds = [max(b, outside[tp_sp, p]) for p, b in zip(g.fitting, g.bounds)]
             return self.push(max(bound, min(g.bounds)), Stage.OUTSIDE, g)
-        if stage == Stage.OUTSIDE:  # the compute-only bound
-            rep = shared_bounds(est, d.pp, (base.algorithm,), g.fitting)
-            floor = (est.bounds.compute_bound(base, g.fitting) if rep is None  # a hair below: K's ties with smaller ones
-                     else est.bounds.compute_bound(base, list(rep.values())) * (1 - 1e-12))
-            return self.push(max(bound, min(g.bounds), floor), Stage.COMPUTE, g)
         batch = order_batch(est, base, g.orders, self.batches)
-        if stage == Stage.COMPUTE:  # per policy: all but the attention's communication, exact (comm_bounds)
+        if stage == Stage.OUTSIDE:  # per policy: all but the attention's communication, exact (comm_bounds)
             rep = shared_bounds(est, d.pp, (base.algorithm,), g.fitting)
             whole = single_micro_batch(est, base)
             if rep is None or whole:
@@ -665,9 +674,10 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     degrees choice are priced together as arrays (estimate.Orders). With ``keep`` = K the search is
     best-first over lower bounds: every degrees choice enters a queue with a bound valid for all its
     variants, layouts, orders and policies (``Estimator.micro_batch_bounds``: compute only, attention at
-    its even share). Popped, it is expanded into its (variant, layout) groups, each policy with a bound
-    that prices every cost outside the attention but the gradient sync exactly (``outside_bounds``); a popped
-    group is tightened by its compute-only bound (``Bounds.compute_bound``), then per policy by
+    its even share). Popped, it is expanded into its (variant, layout) groups, each policy under its compute with
+    the recomputation it needs (``Bounds.policy_floor``); a popped group is tightened per policy by its compute-only
+    bound (``Bounds.compute_bounds``: no link costed, most groups end there), then by a bound that prices every
+    cost outside the attention but the gradient sync exactly (``outside_bounds``, once per degrees choice), then by
     ``Bounds.comm_bounds`` (the attention at ``Estimator.attention_floor``), then by its gradient sync
     (routed only for groups that got this far, but from the start where a step is one micro-batch,
     ``single_micro_batch``), and priced when popped again.
