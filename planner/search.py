@@ -614,7 +614,8 @@ class _Grid:
                 at = dict(zip(rep, est.bounds.comm_bounds(base, batch, list(rep.values()), sync=False)))
                 tight = [at[p[1]] for p in g.fitting]
             g.bounds = [max(b, c) for b, c in zip(g.bounds, tight)]
-            return self.push(max(bound, min(g.bounds)), Stage.COMMUNICATION, g)
+            # one micro-batch a step: the sync is in already, and with one micro-batch size none is dropped for it
+            return self.push(max(bound, min(g.bounds)), Stage.SYNC if whole else Stage.COMMUNICATION, g)
         # about to be priced: the gradient sync (routed now, pricing needs it) in the bound
         if per_sequence_costs_never_grow(est, d.pp):  # the same where the gradient sync stays hidden
             kept = hidden_sync_micro_batches(est, base, batch, g.fitting)
