@@ -346,25 +346,38 @@ def _pack_works(work: Workload, token_layout: str, ring: int, window: int | None
 
 
 def pack_work(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None) -> tuple:
-    """(each rank's score entries, each round's busiest and mean, ``pack_tiles``) of one pack. Where the rounds are
-    taken as even (``_even_totals``: past ROUND_CELLS runs x ranks), zigzag and the balancer without a window count
-    per document in closed form (``zigzag_pack``, ``balanced_pack``), not from their runs, about S of them past a
-    ring of S/2P ranks; the same integers. The balancer places its documents once a pack, for its runs and rounds."""
+    """(each rank's score entries, each round's busiest and mean, ``pack_tiles``) of one pack: in closed form per
+    document where it can be (``_closed_pack``), else from the layout's runs (``layout_runs``, ``round_stats``)."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
-    parts = runs = None
-    if ring > 1 and window is None and token_layout == "balanced":
-        parts = closed_balanced_parts(cu, ring, causal)
-        if balanced_runs(parts, ring) * ring > ROUND_CELLS:
-            return _even_pack(*balanced_pack(cu, ring, parts, causal)[:2], ring)
-        runs = parts_runs(cu, ring, parts)
-    elif ring > 1 and window is None and token_layout == "zigzag" and zigzag_runs(cu, ring) * ring > ROUND_CELLS:
-        return _even_pack(*zigzag_pack(cu, ring, causal), ring)
-    if runs is None:
+    parts = None
+    if ring > 1 and window is None:
+        closed, parts = _closed_pack(token_layout, ring, cu, causal)
+        if closed is not None:
+            return closed
+    if parts is None:
         runs, p = _pack_pairs(token_layout, ring, cu, causal, window)
     else:
+        runs = parts_runs(cu, ring, parts)
         p = run_rank_pairs(runs, cu, ring, causal, window)
     hi, avg = round_stats(token_layout, ring, cu, causal, window, runs, p, parts if causal else None)
     return p, hi, avg, pack_tiles(token_layout, ring, cu, causal, window, runs=runs)
+
+
+def _closed_pack(token_layout: str, ring: int, cu: np.ndarray, causal: bool) -> tuple:
+    """(``pack_work`` of a pack without a window whose rounds are taken as even, ``_even_totals``: past ROUND_CELLS
+    runs x ranks, or None; the balancer's parts, placed once a pack for its runs and rounds). Contiguous, zigzag and
+    the balancer count there per document in closed form (``contiguous_pack``, ``zigzag_pack``, ``balanced_pack``),
+    O(documents + P), not from their runs (zigzag's about S past a ring of S/2P ranks); the same integers."""
+    if token_layout == "balanced":
+        parts = closed_balanced_parts(cu, ring, causal)
+        if balanced_runs(parts, ring) * ring > ROUND_CELLS:
+            return _even_pack(*balanced_pack(cu, ring, parts, causal)[:2], ring), parts
+        return None, parts
+    if token_layout == "zigzag" and zigzag_runs(cu, ring) * ring > ROUND_CELLS:
+        return _even_pack(*zigzag_pack(cu, ring, causal), ring), None
+    if token_layout == "contiguous" and contiguous_runs(cu, ring) * ring > ROUND_CELLS:
+        return _even_pack(*contiguous_pack(cu, ring, causal), ring), None
+    return None, None
 
 
 def _even_pack(p: np.ndarray, tiles: tuple, ring: int) -> tuple:
@@ -522,6 +535,41 @@ def zigzag_pack(cu: np.ndarray, ring: int, causal: bool = True) -> tuple[np.ndar
     merged = (q > 0) | ((top - a) % P < nB)
     m = np.where(q > 0, 2 * P, rem) - merged
     return p, _tile_sums(m, _roots(*_even_cells(q, nA, nB, P)), L, causal)
+
+
+def contiguous_spans(cu: np.ndarray, ring: int) -> tuple[np.ndarray, np.ndarray]:
+    """(each rank's first token and the sequence's end: P + 1 bounds, each document's first rank) of the contiguous
+    layout (``layout.document_runs``: rank r holds [r q + min(r, e), ...), S = q P + e)."""
+    q, e = divmod(int(cu[-1]), ring)
+    r = np.arange(ring + 1, dtype=np.int64)
+    bounds = r * q + np.minimum(r, e)
+    return bounds, np.searchsorted(bounds[1:], cu[:-1], side="right")
+
+
+def contiguous_runs(cu: np.ndarray, ring: int) -> int:
+    """How many runs the contiguous layout makes: each document one a rank it reaches."""
+    bounds, first = contiguous_spans(cu, ring)
+    return int((np.searchsorted(bounds[1:], cu[1:] - 1, side="right") - first + 1).sum())
+
+
+def contiguous_pack(cu: np.ndarray, ring: int, causal: bool = True) -> tuple[np.ndarray, tuple[int, int, float]]:
+    """(each rank's score entries, ``pack_tiles``) of the contiguous layout without a window from its P + 1 bounds
+    (``contiguous_spans``), not its runs: a rank's entries are the work before its last bound less that before its
+    first (``work_before``'s integers); a document's tiles are the ranks it reaches, its cells a first and a last
+    partial rank and whole ranks of q + 1 tokens (below e) or q between."""
+    L = np.diff(cu)
+    bounds, a = contiguous_spans(cu, ring)
+    z = np.searchsorted(bounds[1:], cu[1:] - 1, side="right")  # each document's last rank
+    done = np.concatenate([[0], np.cumsum(document_pairs(L, causal))])
+    d = np.minimum(np.searchsorted(cu, bounds, side="right") - 1, len(L) - 1)
+    p = np.diff(done[d] + prefix_pairs(bounds - cu[d], L[d], causal))
+    q, e = divmod(int(cu[-1]), ring)
+    big = np.clip(np.minimum(z, e) - a - 1, 0, None)  # whole ranks of q + 1 tokens
+    inner = np.maximum(z - a - 1, 0)
+    ends = np.where(z > a, np.sqrt((bounds[a + 1] - cu[:-1]).astype(np.float64))
+                    + np.sqrt((cu[1:] - bounds[z]).astype(np.float64)), np.sqrt(L.astype(np.float64)))
+    roots = ends + big * np.sqrt(q + 1.0) + (inner - big) * np.sqrt(float(q))
+    return p, _tile_sums(z - a + 1, roots, L, causal)
 
 
 def balanced_pack(cu: np.ndarray, ring: int, parts, causal: bool = True

@@ -1,6 +1,7 @@
-"""Zigzag and the balancer counted per document in closed form (planner/masks.py ``zigzag_pack``, ``balanced_pack``,
-``spread_loads``): the same per-rank score entries as the token-by-token reference, the same tiles, entries and runs
-as their runs give, up to rings where every chunk is one token or none."""
+"""Contiguous, zigzag and the balancer counted per document in closed form (planner/masks.py ``contiguous_pack``,
+``zigzag_pack``, ``balanced_pack``, ``spread_loads``): the same per-rank score entries as the token-by-token
+reference, the same tiles, entries and runs as their runs give, up to rings where every chunk is one token or
+none."""
 import numpy as np
 import pytest
 
@@ -27,6 +28,18 @@ def _cases():
         for ring in RINGS:
             if ring <= cu[-1]:
                 yield cu, ring
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_contiguous_from_the_rank_bounds_is_its_tokens_and_runs(causal):
+    for cu, ring in list(_cases()) + [(np.array([0, 3, 700, 1000]), 4096)]:  # more ranks than tokens: some hold none
+        p, tiles = masks.contiguous_pack(cu, ring, causal)
+        reference = masks.rank_pairs(masks.layout_tokens("contiguous", ring, cu, causal), cu, causal)
+        assert p.tolist() == reference.tolist(), (cu[:4], ring)
+        runs = masks.layout_runs("contiguous", ring, cu, causal)
+        assert masks.contiguous_runs(cu, ring) == len(runs[0])
+        exact = masks.pack_tiles("contiguous", ring, cu, causal, runs=runs)
+        assert tiles[:2] == exact[:2] and tiles[2] == pytest.approx(exact[2], rel=1e-11)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -67,7 +80,7 @@ def test_spread_loads_are_the_work_read_at_every_chunk(causal):
         assert all(a.tolist() == b.tolist() for a, b in zip(closed[1], read[1]))
 
 
-@pytest.mark.parametrize("token_layout", ["zigzag", "balanced"])
+@pytest.mark.parametrize("token_layout", ["contiguous", "zigzag", "balanced"])
 def test_a_pack_past_the_counted_rounds_prices_as_its_runs(monkeypatch, token_layout):
     """pack_work's closed form where the rounds are taken as even, against its runs' count (the closed form off)."""
     for cu in _packs()[:4]:
@@ -75,6 +88,7 @@ def test_a_pack_past_the_counted_rounds_prices_as_its_runs(monkeypatch, token_la
             monkeypatch.setattr(masks, "ROUND_CELLS", 1 << 12)
             fast = masks.pack_work(token_layout, 4096, cu, causal)
             monkeypatch.setattr(masks, "zigzag_runs", lambda *a: 0)
+            monkeypatch.setattr(masks, "contiguous_runs", lambda *a: 0)
             monkeypatch.setattr(masks, "balanced_runs", lambda *a: 0)
             runs = masks.pack_work(token_layout, 4096, cu, causal)
             monkeypatch.undo()
