@@ -332,42 +332,58 @@ class Estimator:
         total = np.zeros(n)
         compute = 0.0
         acc: dict = {}
+        free_memory = not self.params.hbm_bandwidth
         for st in steps:
             busy = 0.0
             comms = []
+            secs = []  # with ``rows``: each phase's seconds (a float, or an array per order), in phase order
             for p in st.phases:
                 if isinstance(p, Compute):
-                    busy += self.compute_time(p)
+                    ct = self.compute_time(p)
+                    busy += ct
                 else:
-                    comms.append(orders.time(p))
-            comm_sum = sum(comms) if comms else np.zeros(n)
-            if st.overlap and comms and self.params.overlap != 1.0:
-                # partial overlap: max(c, m) + (1 - overlap) min(c, m) (params.overlap, fitted by calibration)
-                m_ = reduce(np.maximum, comms)
-                t = np.maximum(busy, m_) + (1.0 - self.params.overlap) * np.minimum(busy, m_)
-            elif st.overlap:
-                t = np.maximum(busy, reduce(np.maximum, comms)) if comms else np.full(n, busy)
+                    ct = orders.time(p)
+                    comms.append(ct)
+                if rows:
+                    secs.append(ct)
+            if not comms:  # compute alone: the same seconds on every order (no array per step)
+                total += busy * st.repeat
+                compute += busy * st.repeat
             else:
-                t = busy + comm_sum
-            total += t * st.repeat
-            compute += busy * st.repeat
+                comm_sum = sum(comms)
+                if st.overlap and self.params.overlap != 1.0:
+                    # partial overlap: max(c, m) + (1 - overlap) min(c, m) (params.overlap, fitted by calibration)
+                    m_ = reduce(np.maximum, comms)
+                    t = np.maximum(busy, m_) + (1.0 - self.params.overlap) * np.minimum(busy, m_)
+                elif st.overlap:
+                    t = np.maximum(busy, reduce(np.maximum, comms))
+                else:
+                    t = busy + comm_sum
+                total += t * st.repeat
+                compute += busy * st.repeat
             if rows:
-                hidden = np.maximum(t - busy, 0.0) / np.where(comm_sum > 0, comm_sum, 1.0)
-                for p in st.phases:
-                    if isinstance(p, Compute) and p.kind == "memory" and not self.params.hbm_bandwidth:
-                        continue  # memory passes are free uncalibrated: no row (the breakdown as before them)
-                    if isinstance(p, Compute):
-                        sec = np.full(n, self.compute_time(p))
-                        kind, group, nbytes, x = "compute", None, 0.0, sec
-                    else:
-                        sec = orders.time(p)
-                        kind, group, nbytes = "communication", "x".join(p.dim), p.nbytes
-                        x = hidden * sec if st.overlap else sec
-                    r = acc.setdefault(p.name, [kind, group, 0.0, np.zeros(n), np.zeros(n)])
-                    r[2] += nbytes * st.repeat
-                    r[3] = r[3] + sec * st.repeat
-                    r[4] = r[4] + x * st.repeat
+                self._rows(acc, st, secs, n, busy, t if comms and st.overlap else None,
+                           comm_sum if comms else None, free_memory)
         return Priced(total, compute, tuple((k, *r) for k, r in acc.items()))
+
+    @staticmethod
+    def _rows(acc: dict, st: Step, secs: list, n: int, busy: float, t, comm_sum, free_memory: bool) -> None:
+        """Add one step's phases to the breakdown rows ``acc`` (``price``): each phase's seconds x repeats, and what
+        of it is exposed (an overlapped step's communication: its share of what outlasts the compute)."""
+        hidden = None if t is None else np.maximum(t - busy, 0.0) / np.where(comm_sum > 0, comm_sum, 1.0)
+        for p, sec in zip(st.phases, secs):
+            if isinstance(p, Compute):
+                if p.kind == "memory" and free_memory:
+                    continue  # memory passes are free uncalibrated: no row (the breakdown as before them)
+                sec = np.full(n, sec)
+                kind, group, nbytes, x = "compute", None, 0.0, sec
+            else:
+                kind, group, nbytes = "communication", "x".join(p.dim), p.nbytes
+                x = hidden * sec if st.overlap else sec
+            r = acc.setdefault(p.name, [kind, group, 0.0, np.zeros(n), np.zeros(n)])
+            r[2] += nbytes * st.repeat
+            r[3] = r[3] + sec * st.repeat
+            r[4] = r[4] + x * st.repeat
 
     # ---- validity
     def check(self, cand: Candidate, plan: Plan | None = None) -> None:
