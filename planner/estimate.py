@@ -98,6 +98,7 @@ class Orders:
                 stride *= degrees.get(n, 1)
             self.strides.append(st)
         self._coeff: dict = {}
+        self._shapes: dict = {}  # dims -> their groups' distinct shapes and each order's (_group_shapes)
         # what phases off the ring's teams see: every variant (team, placement) of these degrees shares it
         self.mesh_key = (tuple(sorted((n, v) for n, v in degrees.items() if n != "team")), tuple(orders))
 
@@ -131,24 +132,32 @@ class Orders:
         steps, spb, lat = self.coefficients(p)
         return steps * (p.nbytes * spb + lat)
 
+    def _group_shapes(self, dims: tuple[str, ...]) -> tuple[list, np.ndarray]:
+        """The distinct (size, stride) parts of the groups of ``dims`` over the orders, and each order's index into
+        them: once per dims (the patterns on the same dimensions share them)."""
+        out = self._shapes.get(dims)
+        if out is None:
+            by_shape: dict = {}
+            idx = []
+            for k in range(len(self.orders)):
+                sh = self._parts(k, dims)
+                if sh not in by_shape:
+                    by_shape[sh] = len(by_shape)
+                idx.append(by_shape[sh])
+            out = self._shapes[dims] = (list(by_shape), np.array(idx))
+        return out
+
     def coefficients(self, p: Comm) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per order: the steps of ``p``'s pattern on its groups, seconds per byte and latency of each step."""
         key = (p.pattern, p.dim)
         co = self._coeff.get(key)
         if co is None:
-            by_shape: dict = {}
-            idx = []
-            for k in range(len(self.orders)):
-                sh = self._parts(k, p.dim)
-                if sh not in by_shape:
-                    by_shape[sh] = len(by_shape)
-                idx.append(by_shape[sh])
-            costs = [self.engine.cost(p.pattern, GroupShape(sh, self.world)) for sh in by_shape]
+            shapes, pick = self._group_shapes(p.dim)
+            costs = [self.engine.cost(p.pattern, GroupShape(sh, self.world)) for sh in shapes]
             fits = [self.params.comm_fit(p.pattern, c.link_class) if self.params is not None else None for c in costs]
             # a CommFit: bandwidth / efficiency, alpha added per step (StepCost.time); none: the link model as is
             spb = [c.sec_per_byte if f is None else c.sec_per_byte / f.efficiency for c, f in zip(costs, fits)]
             lat = [c.latency if f is None else c.latency + f.alpha_s for c, f in zip(costs, fits)]
-            pick = np.array(idx)
             co = self._coeff[key] = (np.array([c.steps for c in costs], float)[pick], np.array(spb)[pick],
                                      np.array(lat)[pick])
         return co
