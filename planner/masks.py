@@ -327,10 +327,18 @@ def _layout_work(work: Workload, token_layout: str, ring: int, window: int | Non
         total, top = total + float(p.sum()), top + float(p.max())
         busiest, mean, empty = busiest + hi, mean + avg, empty + (hi == 0)
         tiles += t
-    as_tuple = lambda x: tuple((x / samples).tolist())  # noqa: E731
     return (RankWork(total / samples, top / samples, top * ring / total if total else 1.0, samples),
-            RoundWork(as_tuple(busiest), as_tuple(mean), as_tuple(empty), samples),
+            RoundWork(_per_round(busiest, samples), _per_round(mean, samples), _per_round(empty, samples), samples),
             TileWork(*(tiles / samples).tolist(), float(plain_tiles(token_layout, ring, work, None)), samples))
+
+
+def _per_round(x: np.ndarray, samples: int) -> tuple[float, ...]:
+    """x / samples as ``RoundWork``'s tuple of floats: one float repeated where every round has the same value (the
+    even rounds of a large ring: no float object made per round)."""
+    y = x / samples
+    if len(y) and (y == y[0]).all():
+        return (float(y[0]),) * len(y)
+    return tuple(y.tolist())
 
 
 def _pack_works(work: Workload, token_layout: str, ring: int, window: int | None, samples: int):

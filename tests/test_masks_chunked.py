@@ -95,3 +95,10 @@ def test_a_pack_past_the_counted_rounds_prices_as_its_runs(monkeypatch, token_la
             for a, b in zip(fast[:3], runs[:3]):
                 assert np.asarray(a).tolist() == np.asarray(b).tolist()
             assert fast[3][:2] == runs[3][:2] and fast[3][2] == pytest.approx(runs[3][2], rel=1e-11)
+
+
+def test_even_rounds_are_one_float_repeated_and_the_same_values():
+    for x in (np.full(5, 7.0), np.array([3.0, 1.0, 3.0]), np.zeros(4), np.zeros(0)):
+        got = masks._per_round(x, 8)
+        assert got == tuple((x / 8).tolist()) and all(type(v) is float for v in got)
+    assert len({id(v) for v in masks._per_round(np.full(5, 7.0), 8)}) == 1
