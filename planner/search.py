@@ -343,7 +343,9 @@ def single_micro_batch(est: Estimator, base: Candidate) -> bool:
 
 def schedule_bounds(est: Estimator, groups: list, batches: dict) -> dict[int, dict[tuple, float]]:
     """Virtual stages -> ``outside_bounds`` of the groups of one degrees choice that run that pipeline schedule; an
-    interleaved schedule's, where plain 1F1B's has every policy, ``interleaving_floor`` x that (no more routing)."""
+    interleaved schedule's, where plain 1F1B's has every policy, ``interleaving_floor`` x that (no more routing).
+    A bound for the whole degrees choice at once; the grid search reads ``Bounds.comm_bounds`` per group instead,
+    past the compute-only bound, which prices the same outside costs and leaves this one nothing to prune."""
     by_v: dict[int, list] = {}
     for g in groups:
         by_v.setdefault(g[0].virtual_stages, []).append(g)
@@ -413,9 +415,8 @@ class Stage(IntEnum):
     DEGREES = 0  # a degrees choice: compute only, the attention at its even share (Estimator.micro_batch_bounds)
     RECOMPUTE = 1  # a group: its compute with the recomputation each policy needs to fit (Estimator.policy_floor)
     COMPUTE = 2  # + the variant's own compute, per policy (Bounds.compute_bounds): no link costed
-    OUTSIDE = 3  # + every cost outside the attention but the gradient sync, exact (outside_bounds)
-    COMMUNICATION = 4  # + the attention's communication floor (Bounds.comm_bounds)
-    SYNC = 5  # + the gradient sync; priced when popped
+    COMMUNICATION = 3  # + every cost but the gradient sync, the attention at its floor (Bounds.comm_bounds)
+    SYNC = 4  # + the gradient sync; priced when popped
 
 
 @dataclass
@@ -459,7 +460,6 @@ class _Grid:
         self.kth, self.batches = float("inf"), {}
         self.best_of: dict[tuple, float] = {}  # best time per algorithm variant: each variant's best is exact too
         self.top = Fastest(keep or 0, distinct)  # the K smallest (distinct) times so far
-        self.outside_of: dict[Degrees, list | dict] = {}  # per expanded degrees, its groups, then outside_bounds
         self.by_layout = by_policy(space.work)  # with documents each balancing policy's best is exact too
 
     def push(self, bound: float, stage: Stage, item) -> None:
@@ -508,7 +508,6 @@ class _Grid:
         self.rejected += r
         if larger_micro_batch_wins(est, d.pp):  # ties go to the larger micro-batch, pruned or not
             found = [(base, orders, largest_micro_batches(fitting)) for base, orders, fitting in found]
-        self.outside_of[d] = found
         found, waiting = self.defer_interleaved(found, item) if self.keep else (found, {})
         floors: dict = {}  # (checkpointing, micro-batch, virtual stages) -> Bounds.policy_floor (alike for every group)
         for base, orders, fitting in found:
@@ -597,15 +596,8 @@ class _Grid:
         if stage == Stage.RECOMPUTE:  # per policy, the compute-only bound (no schedule priced, no link costed)
             g.bounds = [max(b, c) for b, c in zip(g.bounds, self.compute_floors(g))]
             return self.push(max(bound, min(g.bounds)), Stage.COMPUTE, g)
-        if stage == Stage.COMPUTE:  # every cost outside the attention, exact (schedule_bounds, once per degrees)
-            if isinstance(self.outside_of[d], list):
-                self.outside_of[d] = schedule_bounds(est, self.outside_of[d], self.batches)
-            tp_sp = ALGORITHMS[base.algorithm].tp_sp
-            outside = self.outside_of[d][base.virtual_stages]
-            g.bounds = [max(b, outside[tp_sp, p]) for p, b in zip(g.fitting, g.bounds)]
-            return self.push(max(bound, min(g.bounds)), Stage.OUTSIDE, g)
         batch = order_batch(est, base, g.orders, self.batches)
-        if stage == Stage.OUTSIDE:  # per policy: all but the attention's communication, exact (comm_bounds)
+        if stage == Stage.COMPUTE:  # per policy: all but the attention's communication, exact (comm_bounds)
             rep = shared_bounds(est, d.pp, (base.algorithm,), g.fitting)
             whole = single_micro_batch(est, base)
             if rep is None or whole:
@@ -677,10 +669,9 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     variants, layouts, orders and policies (``Estimator.micro_batch_bounds``: compute only, attention at
     its even share). Popped, it is expanded into its (variant, layout) groups, each policy under its compute with
     the recomputation it needs (``Bounds.policy_floor``); a popped group is tightened per policy by its compute-only
-    bound (``Bounds.compute_bounds``: no link costed, most groups end there), then by a bound that prices every
-    cost outside the attention but the gradient sync exactly (``outside_bounds``, once per degrees choice), then by
-    ``Bounds.comm_bounds`` (the attention at ``Estimator.attention_floor``), then by its gradient sync
-    (routed only for groups that got this far, but from the start where a step is one micro-batch,
+    bound (``Bounds.compute_bounds``: no link costed, most groups end there), then by ``Bounds.comm_bounds``
+    (every cost but the gradient sync exact, the attention at ``Estimator.attention_floor``), then by its gradient
+    sync (routed only for groups that got this far, but from the start where a step is one micro-batch,
     ``single_micro_batch``), and priced when popped again.
     An item or policy whose bound exceeds both the K-th best time found so far and the best time of each
     algorithm variant it covers cannot enter the top K nor change a variant's best, so it is dropped (memory,
