@@ -1212,10 +1212,15 @@ class SampleWork(NamedTuple):
 
 def sample_rank_work(work: Workload, token_layout: str, ring: int, window: int | None = None,
                      sample: int = 0) -> SampleWork:
-    """Tokens and score entries per ring rank of the workload's ``sample``-th pack under a balancing policy."""
+    """Tokens and score entries per ring rank of the workload's ``sample``-th pack under a balancing policy, from its
+    runs (striped: rank r holds tokens r, r + P, ...) and ``layout_pairs``, not a token list a rank."""
     cu = workload_packs(work, sample + 1)[sample]
-    tokens = layout_tokens(token_layout, ring, cu, work.causal, window)
-    return SampleWork(cu, np.array([len(t) for t in tokens]), rank_pairs(tokens, cu, work.causal, window))
+    if token_layout == "striped":
+        tokens = (int(cu[-1]) - np.arange(ring, dtype=np.int64) + ring - 1) // ring
+    else:
+        start, stop, rank = layout_runs(token_layout, ring, cu, work.causal, window)
+        tokens = np.bincount(rank, weights=stop - start, minlength=ring).astype(np.int64)  # exact below 2^53
+    return SampleWork(cu, tokens, layout_pairs(token_layout, ring, cu, work.causal, window))
 
 
 # ---------------------------------------------------------------- the kernel calls of a masked block

@@ -102,3 +102,17 @@ def test_even_rounds_are_one_float_repeated_and_the_same_values():
         got = masks._per_round(x, 8)
         assert got == tuple((x / 8).tolist()) and all(type(v) is float for v in got)
     assert len({id(v) for v in masks._per_round(np.full(5, 7.0), 8)}) == 1
+
+
+@pytest.mark.parametrize("token_layout", ["contiguous", "zigzag", "striped", "balanced"])
+def test_a_sample_pack_per_rank_is_its_token_lists(token_layout):
+    """``sample_rank_work`` (what ``sp-plan show`` prints) from runs and closed forms: each rank's tokens and entries
+    as its token list gives them."""
+    from sp_plan.planner.model import Workload
+    for causal, window in ((True, None), (False, None), (True, 100)):
+        work = Workload(seq_len=20000, causal=causal, documents=load_documents("magi-short"))
+        for ring in (1, 3, 1000):
+            s = masks.sample_rank_work(work, token_layout, ring, window, sample=1)
+            tokens = masks.layout_tokens(token_layout, ring, s.cu_seqlens, causal, window)
+            assert s.tokens.tolist() == [len(t) for t in tokens]
+            assert s.pairs.tolist() == masks.rank_pairs(tokens, s.cu_seqlens, causal, window).tolist()
