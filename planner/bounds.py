@@ -35,9 +35,12 @@ class Bounds:
         these policies: the pipeline of compute phases alone (communication only adds time)."""
         return min(self.compute_bounds(base, policies), default=float("inf"))
 
-    def compute_bounds(self, base: Candidate, policies: list[tuple[int, str, int]]) -> list[float]:
+    def compute_bounds(self, base: Candidate, policies: list[tuple[int, str, int]],
+                       forward_floor: bool = False) -> list[float]:
         """Per policy, ``compute_bound`` of that policy alone (the ZeRO stage moves no compute: one value per
-        checkpointing and micro-batch)."""
+        checkpointing and micro-batch). With ``forward_floor``, a forward attention whose schedule is not built yet
+        counts at its even share (``balanced_time``, which no schedule undercuts) and none is built for it: a bound
+        as low or lower, for the search to drop a group before it builds that schedule (``forward_is_floored``)."""
         est = self.est
         stages = est.stages_of(base)
         at: dict = {}
@@ -45,7 +48,8 @@ class Bounds:
         for _zero, ckpt, mbs in policies:
             t = at.get((ckpt, mbs))
             if t is None:
-                layer, head = self._compute_layer(base, ckpt, mbs)
+                layer, head = (self._floored_layer(base, ckpt, mbs) if forward_floor
+                               else self._compute_layer(base, ckpt, mbs))
                 if stages is None:
                     stage = est.model.layers // base.pp * layer + head  # Shape.layers_per_stage
                 else:
@@ -75,6 +79,39 @@ class Bounds:
                     layer += fwd_linear
             out = self._cache[key] = (layer, head)
         return out
+
+    def forward_is_floored(self, base: Candidate, mbs: int) -> bool:
+        """Whether ``compute_bounds(..., forward_floor=True)`` counts ``base``'s forward attention at micro-batch
+        ``mbs`` at its even share: training, and its bound unit's forward schedule not summed yet."""
+        if not self.est.work.training:
+            return False
+        return self._unit_key("fwd", base, mbs) not in self._cache
+
+    def _unit_key(self, part: str, base: Candidate, mbs: int) -> tuple:
+        """``_floor_linear``'s cache key of the bound unit of ``part`` of ``base`` at micro-batch ``mbs``."""
+        tp, one_mbs, _ = self.unit_sizes(part, base.algorithm, base.ulysses, base.tp, mbs)
+        return ("floor linear", part, base.algorithm, base.ulysses, base.ring, base.team, base.placement,
+                base.token_layout, tp, one_mbs, base.kv_chunks)
+
+    def _floored_layer(self, base: Candidate, ckpt: str, mbs: int) -> tuple[float, float]:
+        """``_compute_layer``, or where ``forward_is_floored`` the same sums with the forward attention at its even
+        share (not cached: a lower value than the layer's own)."""
+        if not self.forward_is_floored(base, mbs):
+            return self._compute_layer(base, ckpt, mbs)
+        fwd_linear, bwd_linear, head = self._linear_parts(base, mbs)
+        fwd = fwd_linear + self._balanced_forward(base, mbs)
+        layer = fwd + bwd_linear + self._attention_compute("bwd", base, mbs)
+        if ckpt == "full":
+            layer += fwd
+        elif ckpt == "attention_boundary":
+            layer += fwd_linear
+        return layer, head
+
+    def _balanced_forward(self, base: Candidate, mbs: int) -> float:
+        """``balanced_time`` of the forward attention of ``base``'s sizes at micro-batch ``mbs`` (it reads ulysses,
+        ring, tp and the micro-batch alone: a Shape is made only where it is not known)."""
+        t = self._cache.get(("balanced", False, base.ulysses, base.ring, base.tp, mbs))
+        return t if t is not None else self.balanced_time(self._bare_shape(base, base.tp, mbs), False)
 
     def _compute_parts(self, base: Candidate, mbs: int, sizes: tuple) -> tuple[float, ...]:
         """The compute seconds of a layer's parts (forward linear, forward attention, backward linear, backward

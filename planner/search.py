@@ -414,9 +414,12 @@ class Stage(IntEnum):
 
     DEGREES = 0  # a degrees choice: compute only, the attention at its even share (Estimator.micro_batch_bounds)
     RECOMPUTE = 1  # a group: its compute with the recomputation each policy needs to fit (Estimator.policy_floor)
-    COMPUTE = 2  # + the variant's own compute, per policy (Bounds.compute_bounds): no link costed
-    COMMUNICATION = 3  # + every cost but the gradient sync, the attention at its floor (Bounds.comm_bounds)
-    SYNC = 4  # + the gradient sync; priced when popped
+    # + the variant's own backward compute, per policy, the forward attention at its even share where its schedule is
+    # not built yet (Bounds.compute_bounds, forward_floor): a schedule is built only for a group popped again
+    BACKWARD = 2
+    COMPUTE = 3  # + the variant's own compute, per policy (Bounds.compute_bounds): no link costed
+    COMMUNICATION = 4  # + every cost but the gradient sync, the attention at its floor (Bounds.comm_bounds)
+    SYNC = 5  # + the gradient sync; priced when popped
 
 
 @dataclass
@@ -579,23 +582,28 @@ class _Grid:
             g.lower.update((p, max(b, bound)) for p, b in zip(g.fitting, g.bounds))
             self.release_interleaved(g)
 
-    def compute_floors(self, g: GroupItem) -> list[float]:
-        """Per fitting policy of ``g``, ``Bounds.compute_bounds``; where bounds are shared down from the largest
-        micro-batch (``shared_bounds``), its checkpointing's value at that micro-batch, a hair below (its ties with
-        the smaller ones)."""
+    def compute_floors(self, g: GroupItem, forward_floor: bool = False) -> tuple[list[float], bool]:
+        """Per fitting policy of ``g``, ``Bounds.compute_bounds`` (with ``forward_floor``, the forward attention at its
+        even share where its schedule is not built yet), and whether that floor was read (False: the exact bound);
+        where bounds are shared down from the largest micro-batch (``shared_bounds``), its checkpointing's value at
+        that micro-batch, a hair below (its ties with the smaller ones)."""
         est, base = self.est, g.base
         rep = shared_bounds(est, g.degrees.pp, (base.algorithm,), g.fitting)
-        if rep is None:
-            return est.bounds.compute_bounds(base, g.fitting)
-        at = dict(zip(rep, est.bounds.compute_bounds(base, list(rep.values()))))
-        return [at[p[1]] * (1 - 1e-12) for p in g.fitting]
+        policies = g.fitting if rep is None else list(rep.values())
+        floored = forward_floor and any(est.bounds.forward_is_floored(base, p[2]) for p in policies)
+        floors = est.bounds.compute_bounds(base, policies, forward_floor=floored)
+        if rep is not None:
+            at = dict(zip(rep, floors))
+            floors = [at[p[1]] * (1 - 1e-12) for p in g.fitting]
+        return floors, floored
 
     def tighten(self, bound: float, stage: Stage, g: GroupItem) -> None:
         """Queue ``g`` again under the next stage's bound (``Stage``)."""
         est, d, base = self.est, g.degrees, g.base
-        if stage == Stage.RECOMPUTE:  # per policy, the compute-only bound (no schedule priced, no link costed)
-            g.bounds = [max(b, c) for b, c in zip(g.bounds, self.compute_floors(g))]
-            return self.push(max(bound, min(g.bounds)), Stage.COMPUTE, g)
+        if stage in (Stage.RECOMPUTE, Stage.BACKWARD):  # per policy, the compute-only bound (no link costed)
+            floors, floored = self.compute_floors(g, forward_floor=stage == Stage.RECOMPUTE and bool(self.keep))
+            g.bounds = [max(b, c) for b, c in zip(g.bounds, floors)]
+            return self.push(max(bound, min(g.bounds)), Stage.BACKWARD if floored else Stage.COMPUTE, g)
         batch = order_batch(est, base, g.orders, self.batches)
         if stage == Stage.COMPUTE:  # per policy: all but the attention's communication, exact (comm_bounds)
             rep = shared_bounds(est, d.pp, (base.algorithm,), g.fitting)
