@@ -77,6 +77,8 @@ class MaskedRounds(NamedTuple):
     busiest: tuple[float, ...]
     mean: tuple[float, ...]
     sends: tuple[float, ...]
+    pooled: float = 1.0  # the ranks' mean over the busiest, summed over rounds (shared cores: layout.ring_balance)
+    runs: tuple[tuple[int, int, float, float], ...] = ()  # ``round_runs``: found once, not once a schedule
 
 
 @lru_cache(maxsize=1024)
@@ -93,7 +95,9 @@ def masked_rounds(work, token_layout: str, ring: int, layers: int) -> MaskedRoun
         busiest += n * np.array(rr.busiest) / total
         mean += n * np.array(rr.mean) / total
         sends += np.where(np.arange(ring) < last, n / total, 0.0)
-    return MaskedRounds(*(tuple(x.tolist()) for x in (busiest, mean, sends)))
+    busy, avg, sent = (tuple(x.tolist()) for x in (busiest, mean, sends))
+    pooled = sum(avg) / sum(busy) if sum(busy) else 1.0
+    return MaskedRounds(busy, avg, sent, pooled, round_runs(busiest, sends))
 
 
 def masked_ring_steps(c: Shape, backward: bool) -> list[Step]:
@@ -116,11 +120,9 @@ def masked_ring_steps(c: Shape, backward: bool) -> list[Step]:
     return steps
 
 
-@lru_cache(maxsize=1024)
-def round_runs(mr: MaskedRounds) -> tuple[tuple[int, int, float, float], ...]:
+def round_runs(pairs: np.ndarray, share: np.ndarray) -> tuple[tuple[int, int, float, float], ...]:
     """(first round, rounds, busiest pairs, share sent) of each run of equal rounds after the first (the diagonal,
     a run of its own): what ``_round_phases`` builds once a run, not once a round."""
-    pairs, share = np.array(mr.busiest), np.array(mr.sends)
     new = np.ones(len(pairs), dtype=bool)
     new[2:] = (pairs[2:] != pairs[1:-1]) | (share[2:] != share[1:-1])
     first = np.flatnonzero(new)
@@ -135,11 +137,10 @@ def _round_phases(c: Shape, backward: bool, mr: MaskedRounds) -> list[tuple[int,
     tag, mult = ("bwd", 2.5) if backward else ("fwd", 1.0)  # FlashAttention backward: 5 block matmuls vs 2
     send = (4 if backward else 2) * c.b * c.n_ring * c.kv_local * c.model.head_dim * c.e
     full = attention_flops(c.n_ring, c.n_ring, c.heads_local, c.model.head_dim, c.b)
-    pooled = sum(mr.mean) / sum(mr.busiest) if sum(mr.busiest) else 1.0  # shared cores (layout.ring_balance)
-    balance = (pooled,) if pooled < 1.0 and c.ring <= BALANCE_MAX_RING else ()
+    balance = (mr.pooled,) if mr.pooled < 1.0 and c.ring <= BALANCE_MAX_RING else ()
     merge = (Compute(f"ring merge {tag}", 0.0, "memory", nbytes=merge_bytes(c, backward)),) if c.ring > 1 else ()
     out = []
-    for i, k, pairs, share in round_runs(mr):
+    for i, k, pairs, share in mr.runs:
         f = pairs / (c.n_ring * c.n_ring)
         masked = c.work.causal and (i == 0 or c.token_layout == "striped")  # a (shifted) diagonal
         comp = (Compute(f"attention {tag}", mult * full * f, "attention", c.n_ring, fill=f, balance=balance,
