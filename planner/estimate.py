@@ -557,13 +557,13 @@ class Estimator:
         return c
 
     def evaluate_orders(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
-                        detail: bool = False, bound: str | None = None, sync: bool = True
+                        detail: bool = False, bound: bool = False, sync: bool = True
                         ) -> tuple[np.ndarray, list | None]:
         """Step times, shape (orders, policies), of ``base``'s degrees and token layout under each mesh
         order and memory policy (ZeRO stage, checkpointing, micro-batch size); with ``detail`` the
         breakdown rows of the first order and policy; with ``bound`` a lower bound instead, the attention
-        counted as ``Bounds.attention_floor`` ("busy") or as ``Bounds.balanced_time`` ("balanced"), and with ``sync``
-        False the gradient sync as nothing (a lower bound that routes no dp x sp group)."""
+        counted as ``Bounds.attention_floor``, and with ``sync`` False the gradient sync as nothing (a lower bound
+        that routes no dp x sp group)."""
         train = self.work.training
         out = np.empty((len(orders.orders), len(policies)))
         rows = None
@@ -590,24 +590,21 @@ class Estimator:
                 rows = self._breakdown(base, c, ckpt, parts, stage, n_rows) + sync_rows
         return out, rows
 
-    def _part(self, part: str, c: Shape, orders: Orders, detail: bool, bound: str | None) -> Priced:
+    def _part(self, part: str, c: Shape, orders: Orders, detail: bool, bound: bool) -> Priced:
         """A schedule part priced under ``orders``; with ``bound`` the layer parts' attention at its floor (its
         linear part priced exactly)."""
         if not (bound and part in ("fwd", "bwd")):
             return self.price_part(part, c, orders, rows=detail)
-        key = (orders, schedule_key(part, c), bound)
+        key = (orders, schedule_key(part, c), "bound")
         priced = self._prices.get(key)
-        if priced is None:
-            if bound == "busy":  # at least its compute, at least its communication
-                busy, att = self.bounds.attention_busy(part, c), self.bounds.attention_floor(part, c, orders)
-            else:
-                busy = att = self.bounds.balanced_time(c, part == "bwd")
+        if priced is None:  # at least its compute, at least its communication
+            busy, att = self.bounds.attention_busy(part, c), self.bounds.attention_floor(part, c, orders)
             lin = self.price_part(part + "-linear", c, orders)
             priced = self._prices[key] = Priced(lin.seconds + att, lin.compute + busy, ())
         return priced
 
     def _pipeline(self, base: Candidate, c: Shape, ckpt: str, orders: Orders, detail: bool,
-                  bound: str | None) -> tuple:
+                  bound: bool) -> tuple:
         """One checkpointing's (parts, stage seconds, pipeline seconds, backward compute, layers in the breakdown):
         the busiest stage's layer parts, head and sends, through m micro-batches and the bubble."""
         Lp, m, pp = c.layers_per_stage, c.micro_batches, base.pp

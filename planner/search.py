@@ -341,50 +341,6 @@ def single_micro_batch(est: Estimator, base: Candidate) -> bool:
     return est.work.batch == base.dp
 
 
-def schedule_bounds(est: Estimator, groups: list, batches: dict) -> dict[int, dict[tuple, float]]:
-    """Virtual stages -> ``outside_bounds`` of the groups of one degrees choice that run that pipeline schedule; an
-    interleaved schedule's, where plain 1F1B's has every policy, ``interleaving_floor`` x that (no more routing).
-    A bound for the whole degrees choice at once; the grid search reads ``Bounds.comm_bounds`` per group instead,
-    past the compute-only bound, which prices the same outside costs and leaves this one nothing to prune."""
-    by_v: dict[int, list] = {}
-    for g in groups:
-        by_v.setdefault(g[0].virtual_stages, []).append(g)
-    out: dict[int, dict] = {}
-    for v in sorted(by_v):  # plain 1F1B first
-        plain = out.get(1, {})
-        keys = {(ALGORITHMS[b.algorithm].tp_sp, p) for b, _, fitting in by_v[v] for p in fitting}
-        if v > 1 and keys <= plain.keys():
-            base = by_v[v][0][0]
-            out[v] = {k: interleaving_floor(est, base, k[1][2]) * plain[k] for k in keys}
-        else:
-            out[v] = outside_bounds(est, by_v[v], batches)
-    return out
-
-
-def outside_bounds(est: Estimator, groups: list, batches: dict) -> dict[tuple, float]:
-    """(TP-sp or not, policy) -> a lower bound on the groups of one degrees choice and pipeline schedule that run
-    that policy: every
-    cost outside the attention exact but the gradient sync (left out unless a step is one micro-batch,
-    ``single_micro_batch``), the attention at its even share (``Bounds.comm_bounds``, "balanced")."""
-    pols: dict[bool, tuple[Candidate, list, set]] = {}
-    for base, orders, fitting in groups:
-        pols.setdefault(ALGORITHMS[base.algorithm].tp_sp, (base, orders, set()))[2].update(fitting)
-    algs = {tp_sp: {b.algorithm for b, _, _ in groups if ALGORITHMS[b.algorithm].tp_sp == tp_sp} for tp_sp in pols}
-    out = {}
-    for tp_sp, (base, orders, fitting) in pols.items():
-        fitting = sorted(fitting)
-        batch = order_batch(est, base, orders, batches)
-        rep = shared_bounds(est, base.pp, algs[tp_sp], fitting)
-        whole = single_micro_batch(est, base)
-        if rep is None or whole:
-            bounds = est.bounds.comm_bounds(base, batch, fitting, attention="balanced", sync=whole)
-        else:  # the balanced bound holds for every variant of this linear part, so at K for all of them
-            at = dict(zip(rep, est.bounds.comm_bounds(base, batch, list(rep.values()), attention="balanced", sync=False)))
-            bounds = [at[p[1]] for p in fitting]
-        out.update(((tp_sp, p), b) for p, b in zip(fitting, bounds))
-    return out
-
-
 def degree_size(space: Space, d: Degrees, vs: list | None = None) -> int:
     """Candidates of the degrees ``d`` in the space: variants x token layouts x mesh orders x (pipeline schedule,
     policy) pairs (``vs``: the variants of ``d``, if known)."""

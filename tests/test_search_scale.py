@@ -40,7 +40,7 @@ from sp_plan.planner.layout import (PLACEMENTS, _round_orders, causal_work, ring
                                     sub_ring_positions, team_group_size, team_positions, team_work,
                                     tokenring_step_work, wallfacer_pairs)
 from sp_plan.planner.search import (Degrees, Space, best_per_variant, degree_groups, degrees_floors,  # noqa: E402
-                                   grid_search, schedule_bounds)
+                                   grid_search)
 from sp_plan.planner.tokenring import step_classes  # noqa: E402
 from sp_plan.profiles import load_cluster, load_model  # noqa: E402
 from golden_predictions import case_inputs  # noqa: E402
@@ -248,20 +248,19 @@ CALIBRATED = Params(attention_fwd=BUMPY, attention_bwd=BUMPY, matmul=Curve(point
 @pytest.mark.parametrize("calibrated", [False, True])
 @pytest.mark.parametrize("case", PRUNING_CASES, ids=[c[0] for c in PRUNING_CASES])
 def test_policy_bounds_are_below_every_mesh_order_of_their_policy(case, calibrated):
-    """schedule_bounds (degrees level, any variant) <= comm_bounds (attention_floor) <= the exact price of every
-    mesh order, policy by policy, for every group of every degrees choice."""
+    """compute_bound <= comm_bounds (attention_floor) <= the exact price of every mesh order, policy by policy, for
+    every group of every degrees choice."""
     cluster, model, work = case_inputs(case)
     est = Estimator(cluster, model, work, params=CALIBRATED if calibrated else None)
     space, checked = Space(cluster.world_size, model, work), 0
     for d in space.degrees():
         found = degree_groups(est, space, d)[0]
-        outside = schedule_bounds(est, found, {})
         for base, orders, fitting in found:
             batch = est.orders(base.degrees, orders, base.placement)
             exact = est.evaluate_orders(base, batch, fitting)[0].min(axis=0)
             tight = est.bounds.comm_bounds(base, batch, fitting)
-            loose = [outside[base.virtual_stages][ALGORITHMS[base.algorithm].tp_sp, p] for p in fitting]
-            assert all(lo <= ti * (1 + 1e-12) and ti < ex for lo, ti, ex in zip(loose, tight, exact)), base
+            floor = est.bounds.compute_bound(base, fitting)
+            assert all(floor <= ti * (1 + 1e-12) and ti < ex for ti, ex in zip(tight, exact)), base
             checked += len(fitting)
     assert checked > 20
 
