@@ -411,8 +411,9 @@ class _Grid:
     """The state of one best-first grid search (``grid_search``): the queue, the ranking, the K-th time."""
 
     def __init__(self, est: Estimator, space: Space, keep: int | None, distinct: bool,
-                 progress: Callable[[int, int], None] | None):
+                 progress: Callable[[int, int], None] | None, variants: bool = True):
         self.est, self.space, self.keep, self.progress = est, space, keep, progress
+        self.variants = variants  # False: only the top K is kept exact, so the K-th time alone prunes
         self.queue: list = []  # (bound, stage, sequence number, item)
         self.pushed = self.done = self.total = self.rejected = self.evaluated = 0
         self.ranked: list[tuple[float, Candidate]] = []
@@ -435,13 +436,15 @@ class _Grid:
         bests (``beyond``: bound > K-th time and > each best is bound > the largest of them); inf without a top K."""
         if not self.keep or self.kth == INF:
             return INF
+        if not self.variants:
+            return self.kth
         return max(self.kth, max((self.best_of.get(v, INF) for v in vkeys), default=-INF))
 
     def reach_one(self, vkey: tuple) -> float:
         """``reach`` of the one variant ``vkey`` (the bound a popped group is pruned against)."""
         if not self.keep or self.kth == INF:
             return INF
-        return max(self.kth, self.best_of.get(vkey, INF))
+        return max(self.kth, self.best_of.get(vkey, INF)) if self.variants else self.kth
 
     def seed(self) -> None:
         """Every degrees choice in the queue under its compute-only bound."""
@@ -624,7 +627,7 @@ class _Grid:
 
 def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: Space | None = None,
                 progress: Callable[[int, int], None] | None = None, keep: int | None = 5,
-                params: Params | None = None, distinct: bool = False) -> SearchResult:
+                params: Params | None = None, distinct: bool = False, variants: bool = True) -> SearchResult:
     """Rank the valid layouts; for each (degrees, order, token layout) its fastest fitting policy.
 
     Memory fits are found once per degrees and dominated policies dropped; all mesh orders of a
@@ -650,12 +653,14 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     ``keep=None`` prices all. With ``distinct``, K counts distinct step times (times equal within
     ``equivalent.REL_TOL`` count once): every layout no slower than the K-th distinct time is ranked, so the
     equivalent layouts of the first K rows are all there (``equivalent.top_rows``) from this one pass.
-    ``params``: calibrated physical parameters (planner/params.py); None: the uncalibrated engine.
+    ``params``: calibrated physical parameters (planner/params.py); None: the uncalibrated engine. With ``variants``
+    False only the top K is exact (no variant's best is kept), so items are pruned against the K-th time alone: a
+    search for the winner and nothing else (the sensitivity's).
     The search allocates ~10^5 acyclic objects at large worlds; a process that owns its garbage collector (the CLI,
     the service's search processes) may pause it around the call (``service.collector.collector_paused``).
     """
     est = Estimator(cluster, model, workload, params=params)
-    return _Grid(est, space or Space(cluster.world_size, model, workload), keep, distinct, progress).run()
+    return _Grid(est, space or Space(cluster.world_size, model, workload), keep, distinct, progress, variants).run()
 
 
 class Fastest:

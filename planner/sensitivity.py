@@ -105,7 +105,7 @@ def scale_compute(cluster: Cluster, params: Params, factor: float) -> tuple[Clus
 def _best(cluster: Cluster, model: ModelSpec, workload: Workload, params: Params) -> Plan | None:
     from .search import finish, grid_search
 
-    res = grid_search(cluster, model, workload, keep=1, params=params)
+    res = grid_search(cluster, model, workload, keep=1, params=params, variants=False)  # the winner alone
     return finish(res, cluster, model, workload, 1)[0] if res.ranked else None
 
 

@@ -91,3 +91,17 @@ def test_an_unrouted_change_keeps_the_full_searchs_answer(dgx, kind, factor):
         win, again = best(c, m), best(changed, m)
         assert again.predicted.step_time_s == win.predicted.step_time_s
         assert again.summary() == win.summary()
+
+
+@pytest.mark.parametrize("preset, nodes, model, seq, batch", [
+    ("dgx-a100", 2, "llama3-8b", 16384, 1), ("dgx-h100", 16, "llama3-70b", 131072, 4),
+    ("a100-16-eth100", 2, "bert-large", 8192, 8), ("ascend-910b-8", 4, "llama2-7b", 65536, 2)])
+def test_a_search_for_the_winner_alone_finds_the_same_winner_with_less_work(preset, nodes, model, seq, batch):
+    """variants=False prunes on the K-th time alone: the same best time as the search that keeps every variant's
+    best, never more layouts priced."""
+    c, m, w = load_cluster(preset, nodes), load_model(model), Workload(seq_len=seq, batch=batch)
+    full = grid_search(c, m, w, keep=1)
+    alone = grid_search(c, m, w, keep=1, variants=False)
+    assert alone.ranked[0][0] == full.ranked[0][0]
+    assert alone.evaluated <= full.evaluated
+    assert {cand.algorithm for _, cand in full.ranked} > {alone.ranked[0][1].algorithm}  # the full one kept more
