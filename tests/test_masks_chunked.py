@@ -30,27 +30,22 @@ def _cases():
                 yield cu, ring
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_contiguous_from_the_rank_bounds_is_its_tokens_and_runs(causal):
-    for cu, ring in list(_cases()) + [(np.array([0, 3, 700, 1000]), 4096)]:  # more ranks than tokens: some hold none
-        p, tiles = masks.contiguous_pack(cu, ring, causal)
-        reference = masks.rank_pairs(masks.layout_tokens("contiguous", ring, cu, causal), cu, causal)
-        assert p.tolist() == reference.tolist(), (cu[:4], ring)
-        runs = masks.layout_runs("contiguous", ring, cu, causal)
-        assert masks.contiguous_runs(cu, ring) == len(runs[0])
-        exact = masks.pack_tiles("contiguous", ring, cu, causal, runs=runs)
-        assert tiles[:2] == exact[:2] and tiles[2] == pytest.approx(exact[2], rel=1e-11)
+CLOSED = {"contiguous": (masks.contiguous_pack, masks.contiguous_runs), "zigzag": (masks.zigzag_pack, masks.zigzag_runs)}
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_zigzag_per_document_is_its_tokens_and_runs(causal):
-    for cu, ring in _cases():
-        p, tiles = masks.zigzag_pack(cu, ring, causal)
-        reference = masks.rank_pairs(masks.layout_tokens("zigzag", ring, cu, causal), cu, causal)
+@pytest.mark.parametrize("layout", sorted(CLOSED))
+def test_a_closed_form_pack_is_its_tokens_and_runs(layout, causal):
+    """contiguous from its rank bounds, zigzag per document: the pairs, run count and tiles of the token lists."""
+    pack, count = CLOSED[layout]
+    extra = [(np.array([0, 3, 700, 1000]), 4096)] if layout == "contiguous" else []  # more ranks than tokens
+    for cu, ring in list(_cases()) + extra:
+        p, tiles = pack(cu, ring, causal)
+        reference = masks.rank_pairs(masks.layout_tokens(layout, ring, cu, causal), cu, causal)
         assert p.tolist() == reference.tolist(), (cu[:4], ring)
-        runs = masks.layout_runs("zigzag", ring, cu, causal)
-        assert masks.zigzag_runs(cu, ring) == len(runs[0])
-        exact = masks.pack_tiles("zigzag", ring, cu, causal, runs=runs)
+        runs = masks.layout_runs(layout, ring, cu, causal)
+        assert count(cu, ring) == len(runs[0])
+        exact = masks.pack_tiles(layout, ring, cu, causal, runs=runs)
         assert tiles[:2] == exact[:2] and tiles[2] == pytest.approx(exact[2], rel=1e-11)
 
 
