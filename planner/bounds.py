@@ -1,7 +1,7 @@
 """Lower bounds on step times: what the search prunes with before it prices a layout exactly.
 
 Each bound is below the exact price (``Estimator.evaluate_orders``) of every layout it stands for: compute alone
-pipelined (``compute_bound``), every cost but the attention exact with the attention at a floor from its compute and
+pipelined (``compute_bounds``), every cost but the attention exact with the attention at a floor from its compute and
 communication (``comm_bounds``), and, per degrees choice, the linear and head compute with the attention at its even
 share (``micro_batch_bounds``, ``policy_floor``). They read the Estimator's schedules and prices and keep their own
 cache of what only a bound needs.
@@ -30,15 +30,11 @@ class Bounds:
         self.est = est
         self._cache: dict = {}  # bound-only values: floors, even shares, best blocks, attention floors' parts
 
-    def compute_bound(self, base: Candidate, policies: list[tuple[int, str, int]]) -> float:
-        """A lower bound on the step time of ``base``'s degrees and token layout under any mesh order and
-        these policies: the pipeline of compute phases alone (communication only adds time)."""
-        return min(self.compute_bounds(base, policies), default=float("inf"))
-
     def compute_bounds(self, base: Candidate, policies: list[tuple[int, str, int]],
                        forward_floor: bool = False) -> list[float]:
-        """Per policy, ``compute_bound`` of that policy alone (the ZeRO stage moves no compute: one value per
-        checkpointing and micro-batch). With ``forward_floor``, a forward attention whose schedule is not built yet
+        """Per policy, a lower bound on the step time of ``base``'s degrees and token layout under any mesh order and
+        that policy: the pipeline of compute phases alone, communication only adding time (the ZeRO stage moves no
+        compute: one value per checkpointing and micro-batch). With ``forward_floor``, a forward attention whose schedule is not built yet
         counts at its even share (``balanced_time``, which no schedule undercuts) and none is built for it: a bound
         as low or lower, for the search to drop a group before it builds that schedule (``forward_is_floored``)."""
         est = self.est

@@ -192,10 +192,6 @@ class LinkEngine:
             keys += [(a, a, r) for a in range(n) for r in (1, 2)]
         return tuple(self._route(*k) for k in keys)
 
-    def routed_kinds(self) -> set[str]:
-        """The link kinds some route crosses: a kind outside this set carries no flow of any phase."""
-        return {self.local.edges[e]["kind"] for edges, _ in self.routes() for e in edges}
-
     # ---- pattern cost
     def _cost_uncached(self, pattern: str, shape: GroupShape) -> StepCost:
         """Ring collectives are n-1 (or 2(n-1)) steps of a 1/n shift: they reuse the shift's link loads."""

@@ -242,7 +242,7 @@ def hidden_sync_micro_batches(est: Estimator, base: Candidate, batch: Orders,
 
 
 def shared_bounds(est: Estimator, pp: int, algorithms, policies: list[tuple[int, str, int]]) -> dict | None:
-    """Checkpointing -> its policy with the largest micro-batch K, whose lower bounds (``Bounds.compute_bound``,
+    """Checkpointing -> its policy with the largest micro-batch K, whose lower bounds (``Bounds.compute_bounds``,
     ``Bounds.comm_bounds``) hold for every policy of that checkpointing where per-sequence costs never grow
     (``per_sequence_costs_never_grow``, every algorithm ``batch_linear``): they leave out the gradient sync, so
     the ZeRO stage, and bound B s(K) <= B s(k) <= the step at k (``hidden_sync_micro_batches``); else None."""

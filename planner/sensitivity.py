@@ -125,9 +125,10 @@ def unrouted(base: Estimator, changed: Cluster) -> bool:
     """Every route of ``changed`` is ``base``'s and crosses no link whose capacity differs: no price can move, so
     the ranking is the base one (a link kind no flow takes, such as the CPU sockets' link on a DGX)."""
     engine = LinkEngine(changed)
-    if engine.routes() != base.engine.routes():
+    routes = engine.routes()
+    if routes != base.engine.routes():
         return False
-    edges = {e for route, _ in engine.routes() for e in route}
+    edges = {e for route, _ in routes for e in route}
     return all(engine.local.edges[e]["capacity"] == base.engine.local.edges[e]["capacity"] for e in edges)
 
 

@@ -138,7 +138,7 @@ def test_bounds_stay_below_the_interleaved_price():
     est = estimator()
     c = cand(4)
     step = est.evaluate(c).step_time_s
-    assert est.bounds.compute_bound(c, [(0, "none", 1)]) <= step
+    assert min(est.bounds.compute_bounds(c, [(0, "none", 1)])) <= step
     assert est.bounds.policy_floor(c, (0, "none", 1)) <= step
     assert est.bounds.policy_floor(c, (0, "none", 1)) < est.bounds.policy_floor(cand(1), (0, "none", 1))
 
