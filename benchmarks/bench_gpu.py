@@ -131,6 +131,7 @@ def main(argv=None):
     p.add_argument("--sdpa-kinds", default=None,
                    help="SDPA backends to take the fastest of (comma-separated: cudnn,flash,efficient,math; "
                         "default all)")
+    p.add_argument("--world1-only", action="store_true", help="time only world-1 ctx.attention against SDPA")
     args = p.parse_args(argv)
     args.seqs = _sizes(args.seqs)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -157,7 +158,7 @@ def main(argv=None):
           + f" {'best / sdpa':>11s}")
     samples: dict[str, list[KernelSample]] = {n: [] for n in names}
     rows = []
-    for n_tok in args.seqs:
+    for n_tok in [] if args.world1_only else args.seqs:
         for causal in (False, True):
             for kv in sorted({args.heads, args.kv_heads}, reverse=True):
                 f_f = attention_flops(n_tok, args.heads, d, causal)
@@ -197,7 +198,7 @@ def main(argv=None):
         print(f"{n_tok:6d} ctx.attention ({chosen}) {1e3 * t_ours:9.2f}  sdpa {1e3 * t_sdpa:9.2f}  "
               f"ratio {t_ours / t_sdpa:5.2f}x")
     print(f"\n## kernel curves, causal GQA (efficiency = achieved / {peak / 1e12:g} TFLOP/s), profile params format")
-    for name, ss in samples.items():
+    for name, ss in ((n, ss) for n, ss in samples.items() if ss):
         curves = kernel_curves(ss, peak)
         for kind in ("attention_fwd", "attention_bwd"):
             pts = ", ".join(f"[{int(x)}, {y:.3f}]" for x, y in curves[kind].points)

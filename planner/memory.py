@@ -40,6 +40,19 @@ def layer_activation_bytes_per_token(c: Shape) -> float:
     return per * e + 4.0 * m.heads  # + fp32 log-sum-exp per head
 
 
+#: bytes per token and vocabulary entry that the loss holds at its peak, the start of the backward: cross entropy
+#: on logits cast to fp32 (what transformers' models and the measured stack compute) keeps its fp32 log-softmax,
+#: and the backward makes the log-softmax's gradient and then the fp32 logits' gradient beside it, three fp32
+#: tensors of tokens x vocabulary (the forward's peak, the half logits, their fp32 copy and the log-softmax, is
+#: lower: 2 + 4 + 4 B)
+LOSS_BYTES = 12.0
+
+
+def logits_bytes(tokens: float, vocab: int, shards: int) -> float:
+    """Peak bytes of the LM head's loss on ``tokens`` tokens, its vocabulary split ``shards`` ways (``LOSS_BYTES``)."""
+    return tokens * vocab / shards * LOSS_BYTES
+
+
 def in_flight_micro_batches(c: Shape, virtual_stages: int = 1) -> float:
     """Micro-batches whose activations the first stage holds, in whole stages' worth. 1F1B: min(pp, m) (Megatron).
     Interleaved over v chunks a rank (groups of pp micro-batches): the first rank warms up 2 (pp - 1) + (v - 1) pp
@@ -78,8 +91,8 @@ def activation_bytes(c: Shape, checkpointing: str, training: bool, virtual_stage
         saved = Lp * tokens * ((m.hidden + m.q_dim) * c.e + 4.0 * m.heads) / c.tp + layer
     else:
         saved = Lp * layer
-    logits = tokens * m.vocab / c.tp * (c.e + 4)  # bf16 logits and their fp32 softmax
-    return {"activations": saved * in_flight_micro_batches(c, virtual_stages), "logits": logits}
+    return {"activations": saved * in_flight_micro_batches(c, virtual_stages),
+            "logits": logits_bytes(tokens, m.vocab, c.tp)}
 
 
 def attention_buffer_bytes(c: Shape, training: bool) -> float:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 
 from .algorithms import Algorithm, Variant, register
-from .memory import layer_activation_bytes_per_token
+from .memory import layer_activation_bytes_per_token, logits_bytes
 from .errors import PlanError
 from .layout import round_work_runs
 from .masks import has_mask, refuse_masks
@@ -192,7 +192,7 @@ def metp_activations(c: Shape, checkpointing: str, training: bool) -> dict[str, 
     if not training:
         return {"activations": transient, "kv_cache": 2 * m.layers / c.pp * tokens * m.kv_dim / p * e}
     saved = c.layers_per_stage * tokens * (3 * m.hidden * e + 4.0 * m.heads / p)
-    return {"activations": saved + transient, "logits": tokens * m.vocab / p * (e + 4)}
+    return {"activations": saved + transient, "logits": logits_bytes(tokens, m.vocab, p)}
 
 
 def _variants(d, model, work) -> list[Variant]:

@@ -129,6 +129,7 @@ class BackendChoice:
     max_block: int | None = None
     decisions: dict[Key, Decision] = field(default_factory=dict)
     last: Key | None = None
+    _keys: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
         if self.override is not None:
@@ -142,7 +143,10 @@ class BackendChoice:
 
     def choose(self, q: torch.Tensor, k: torch.Tensor, causal: bool) -> str:
         """The backend for blocks like (q, k) (batch, seq, heads, head dim); measured on the key's first use."""
-        key = key_of(q, causal)
+        seen = (q.device, q.dtype, q.shape[-1], q.shape[1], causal)  # every layer asks with the same block
+        key = self._keys.get(seen)
+        if key is None:
+            key = self._keys[seen] = key_of(q, causal)
         if key not in self.decisions:
             self.decisions[key] = self._decide(key, q.device, q.dtype, q.shape[2], k.shape[2])
         self.last = key

@@ -126,18 +126,30 @@ class Context:
         ``window``) for ring, Ulysses, USP and all-gather plans (``attention.MASKED``; the others refuse them);
         ``kv_chunks``: all-gather's chunks of KV heads (None: the plan's, ``kv_chunks``)."""
         from .attention import attention
+        from .kernels import local_attention
 
         if causal is None:
             causal = self.plan.workload.causal if self.plan.workload else True
-        names = ("ring", "ulysses") + (("team", "sub_ring") if self.plan.algorithm == "wallfacer" else ())
-        groups = {n: self._groups.get(n) for n in names}
-        ranks = {n: self.ranks(n) for n in names}
-        if self.plan.algorithm == "tokenring_ring":  # the inner TokenRing: the plan's team, not the hostnames
-            ranks["team"] = self.layout.group_of("team", self.rank)
+        groups, ranks = self._attention_groups()
+        window = self.window(window)
         backend = self.backends.choose(q, k, causal)  # keyed by the local block: device, dtype, head dim, length
+        if all(g is None for g in groups.values()) and cu_seqlens is None and window is None and kv_chunks is None:
+            return local_attention(q, k, v, causal=causal, scale=scale, backend=backend)  # every degree 1
         return attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,
                          token_layout=self.plan.token_layout, scale=scale, backend=backend, cu_seqlens=cu_seqlens,
-                         window=self.window(window), kv_chunks=self.kv_chunks(kv_chunks))
+                         window=window, kv_chunks=self.kv_chunks(kv_chunks))
+
+    def _attention_groups(self) -> tuple[dict, dict]:
+        """The groups and ranks ``attention`` passes the plan's algorithm, by name (made once: a plan's groups do
+        not change, and ``attention`` is called every layer)."""
+        if "_attention" not in self.__dict__:
+            names = ("ring", "ulysses") + (("team", "sub_ring") if self.plan.algorithm == "wallfacer" else ())
+            groups = {n: self._groups.get(n) for n in names}
+            ranks = {n: self.ranks(n) for n in names}
+            if self.plan.algorithm == "tokenring_ring":  # the inner TokenRing: the plan's team, not the hostnames
+                ranks["team"] = self.layout.group_of("team", self.rank)
+            self.__dict__["_attention"] = (groups, ranks)
+        return self.__dict__["_attention"]
 
     def kv_chunks(self, kv_chunks: int | None = None) -> int:
         """``kv_chunks``, or where None the plan's (1: one gather); ``runtime.attention`` refuses a count over 1

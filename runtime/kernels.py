@@ -341,9 +341,10 @@ def block_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tenso
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     h, kv_heads, n_k = q.shape[2], k.shape[2], k.shape[1]
     r0, c1 = region.row_start, region.col_stop
-    rows = slice(r0, None)
-    qs, dos, outs, lses = q[:, rows], dout[:, rows], out[:, rows], _finite(lse[..., rows])
-    ks, vs = k[:, :c1], v[:, :c1]
+    qs, dos, outs, lses = (q, dout, out, lse) if r0 == 0 else (q[:, r0:], dout[:, r0:], out[:, r0:], lse[..., r0:])
+    if region.mask is not None:  # only a mask leaves rows that see no key (lse -inf); elsewhere every row sees one
+        lses = _finite(lses)
+    ks, vs = (k, v) if c1 == n_k else (k[:, :c1], v[:, :c1])
     if backend.gqa:
         dq, dk, dv = backend.backward(dos, qs, ks, vs, outs, lses, scale, region.causal, region.mask)
     else:
@@ -400,7 +401,40 @@ class _LocalAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
+#: the block kernels that are PyTorch SDPA backends (legacy names too), as ``torch.nn.attention.SDPBackend`` names
+_SDPA = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "cpu_flash": "FLASH_ATTENTION",
+         "efficient": "EFFICIENT_ATTENTION", "cuda_efficient": "EFFICIENT_ATTENTION", "math": "MATH", "reference": "MATH"}
+
+
+def _sdpa_kernel(backend: str | None, gqa: bool):
+    """The SDPBackend that runs ``backend`` inside ``F.scaled_dot_product_attention`` (None: it is not one, or it
+    takes no GQA there: the memory-efficient kernel, or a torch before ``enable_gqa``)."""
+    name = _SDPA.get(backend or "")
+    if name is None or (gqa and (name == "EFFICIENT_ATTENTION" or not _HAS_GQA)):
+        return None
+    from torch.nn.attention import SDPBackend
+
+    return getattr(SDPBackend, name)
+
+
+_HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
 def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     scale: float | None = None, backend: str | None = None) -> torch.Tensor:
-    """Plain single-device attention (the degree-1 path), differentiable, (batch, seq, heads, dim)."""
-    return _LocalAttention.apply(q, k, v, causal, scale, backend)
+    """Plain single-device attention (the degree-1 path), differentiable, (batch, seq, heads, dim).
+
+    On a backend that is one of SDPA's, this is ``F.scaled_dot_product_attention`` held to that backend: one fused
+    autograd node, where the block kernels' Python autograd Function costs host time every call (on an H200, 0.3-0.5
+    ms a call, 1.4-1.9x SDPA's time below 8k tokens; benchmarks/bench_gpu.py)."""
+    gqa = k.shape[2] != q.shape[2]
+    kernel = _sdpa_kernel(backend, gqa)
+    if kernel is None:
+        return _LocalAttention.apply(q, k, v, causal, scale, backend)
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel(kernel):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=scale,
+            **({"enable_gqa": True} if gqa else {}))
+    return out.transpose(1, 2)

@@ -20,6 +20,7 @@ from sp_plan.planner.plan import Plan
 from sp_plan.runtime.variants.metp import METPAttention, METPFeedForward
 
 from .parallel import Parallel, _manual_sync
+from .precision import adamw
 from .stack import Stack
 
 
@@ -87,4 +88,4 @@ def build_metp(model: ModelSpec, layers: int, plan: Plan, ctx, causal: bool, *, 
         notes["zero"] = f"zero{plan.zero_stage}: FALLBACK not applied to METP (its weights are already split over tp)"
     if plan.checkpointing == "attention_boundary":
         notes["checkpointing"] = "attention_boundary: METP already keeps only X and the attention output"
-    return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr), lambda: [s() for s in syncs], notes)
+    return Parallel(stack, adamw(stack.parameters(), lr, dtype), lambda: [s() for s in syncs], notes)

@@ -29,6 +29,8 @@ from sp_plan.planner.plan import Plan
 from sp_plan.planner.schedules import DDP_BUCKET_BYTES
 from sp_plan.runtime.variants.ring import pad_tokens
 
+from .precision import adamw, adamw_class
+
 REPLICA_DIMS = ("dp", "ulysses", "ring")
 
 
@@ -181,6 +183,7 @@ def parallelize(stack: nn.Module, plan: Plan, mesh: DeviceMesh, *, lr: float = 1
     """Apply TP, ZeRO and gradient sync to ``stack`` as the plan says (module docstring)."""
     m = stack.model
     tp, stage = plan.degrees["tp"], plan.zero_stage
+    dtype = next(stack.parameters()).dtype  # half weights step on fp32 masters (precision.MasterAdamW)
     notes: dict = {}
     if tp > 1:
         if why := m.tp_problem(tp):
@@ -201,7 +204,7 @@ def parallelize(stack: nn.Module, plan: Plan, mesh: DeviceMesh, *, lr: float = 1
         notes["tp"] += "; the norms' partial weight gradients summed over tp once after the backward"
     if replicas == 1:
         notes["zero"] = f"zero{stage}: no data-parallel replicas, nothing to shard or sync"
-        return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr), tp_sum, notes, shard)
+        return Parallel(stack, adamw(stack.parameters(), lr, dtype), tp_sum, notes, shard)
     if stage >= 2:
         from torch.distributed.fsdp import fully_shard
 
@@ -210,12 +213,12 @@ def parallelize(stack: nn.Module, plan: Plan, mesh: DeviceMesh, *, lr: float = 1
             fully_shard(blk, mesh=mesh["dp_sp"], reshard_after_forward=reshard)
         fully_shard(stack, mesh=mesh["dp_sp"], reshard_after_forward=reshard)
         notes["zero"] = f"zero{stage}: FSDP2 fully_shard over dp x sp (reshard_after_forward={reshard})"
-        return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr), nothing, notes, shard)
+        return Parallel(stack, adamw(stack.parameters(), lr, dtype), nothing, notes, shard)
     if tp > 1:
         notes["zero"] = (f"zero{stage}: FALLBACK gradients all-reduced by hand over dp x sp after the backward, "
                          "in DDP-sized buckets (DDP does not take TP's DTensor parameters); optimizer state not "
                          "sharded")
-        return Parallel(stack, torch.optim.AdamW(stack.parameters(), lr=lr),
+        return Parallel(stack, adamw(stack.parameters(), lr, dtype),
                         _then(tp_sum, _manual_sync(list(stack.parameters()), group)), notes, shard)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -223,10 +226,10 @@ def parallelize(stack: nn.Module, plan: Plan, mesh: DeviceMesh, *, lr: float = 1
     if stage == 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, process_group=group,
+        opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=adamw_class(dtype), process_group=group,
                                       lr=lr)
         notes["zero"] = "zero1: DDP over dp x sp + ZeroRedundancyOptimizer(AdamW)"
     else:
-        opt = torch.optim.AdamW(ddp.parameters(), lr=lr)
+        opt = adamw(ddp.parameters(), lr, dtype)
         notes["zero"] = "zero0: DDP over dp x sp"
     return Parallel(ddp, opt, nothing, notes)

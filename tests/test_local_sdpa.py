@@ -1,0 +1,42 @@
+"""Degree-1 attention on a backend that is one of SDPA's runs as SDPA held to that backend (one fused autograd
+node) and agrees with the block kernels' path, GQA and causal included."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sp_plan.runtime.kernels import _LocalAttention, _sdpa_kernel, local_attention
+
+
+def _qkv(heads: int, kv_heads: int, n: int = 48, d: int = 16):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(2, n, h, d, generator=g, dtype=torch.float64, requires_grad=True)
+            for h in (heads, kv_heads, kv_heads)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_sdpa_path_matches_the_block_kernels_path(causal, kv_heads):
+    q, k, v = _qkv(4, kv_heads)
+    out = local_attention(q, k, v, causal=causal, backend="math")
+    assert "_LocalAttention" not in type(out.grad_fn).__name__
+    do = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    ref = _LocalAttention.apply(q, k, v, causal, None, "math")
+    ref_grads = torch.autograd.grad(ref, (q, k, v), do)
+    assert torch.allclose(out, ref, atol=1e-10)
+    for g, r in zip(grads, ref_grads):
+        assert g.shape == r.shape and torch.allclose(g, r, atol=1e-10)
+
+
+def test_cpu_flash_is_sdpas_own_fused_node():
+    q, k, v = (x.detach().float().requires_grad_() for x in _qkv(4, 2))
+    out = local_attention(q, k, v, causal=True, backend="cpu_flash")
+    assert type(out.grad_fn.next_functions[0][0]).__name__.startswith("ScaledDotProductFlashAttention")
+
+
+def test_which_backends_go_through_sdpa():
+    assert _sdpa_kernel("cudnn", gqa=True) is not None and _sdpa_kernel("cpu_flash", gqa=False) is not None
+    assert _sdpa_kernel("efficient", gqa=True) is None  # SDPA's memory-efficient kernel takes no GQA
+    assert _sdpa_kernel("flash_attn", gqa=False) is None  # the flash-attn package: the block kernels' path
+    assert _sdpa_kernel(None, gqa=False) is None
