@@ -1,3 +1,4 @@
+import os
 import time
 
 import pytest
@@ -73,3 +74,42 @@ def test_candidates_fork_only_where_no_recorder_or_cuda(monkeypatch):
     assert isolate.default_start_method(None) == "fork" and isolate.default_start_method(0) == "spawn"
     monkeypatch.setattr(isolate, "flight_recorder_on", lambda: True)
     assert isolate.default_start_method(None) == "spawn"
+
+
+def test_candidates_spawn_where_the_process_computes_on_several_threads(monkeypatch):
+    # GNU OpenMP's pool does not survive a fork: a child forked after parallel regions hangs in its first one
+    from sp_plan.profiles.tune import isolate
+
+    monkeypatch.setattr(isolate, "flight_recorder_on", lambda: False)
+    monkeypatch.setattr(isolate.torch, "get_num_threads", lambda: 2)
+    assert isolate.default_start_method(None) == "spawn"
+    monkeypatch.setattr(isolate.mp, "current_process", lambda: type("P", (), {"daemon": True})())
+    assert isolate.default_start_method(None) == "fork"  # a daemon cannot spawn: its child computes on one thread
+
+
+_FORK_AFTER_THREADS = """
+import os, torch
+torch.set_num_threads(2)
+e = torch.nn.Embedding(20000, 128)
+x = torch.randint(20000, (1, 2048))
+e(x).sum().backward()  # parallel regions in the parent
+from sp_plan.profiles.tune.isolate import Forked
+def child(conn):
+    torch.set_num_threads(1)  # as isolate._child does in a forked child
+    e(x).sum().backward()
+    conn.send("ok")
+    conn.close()
+    os._exit(0)
+proc = Forked(child, ())
+assert proc.poll(20) and proc.recv() == "ok"
+"""
+
+
+def test_a_forked_child_on_one_thread_survives_the_parents_thread_pool():
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    res = subprocess.run([sys.executable, "-c", _FORK_AFTER_THREADS], env=env, timeout=60, capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stderr[-2000:]

@@ -56,6 +56,7 @@ def _child(plan, model, work, rank, world, addr, port, coll_timeout, cuda_index,
         os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
         if forked:
             forget_parent_world()
+            torch.set_num_threads(1)  # the parent's OpenMP pool is gone (default_start_method)
         if cuda_index is not None:
             torch.cuda.set_device(cuda_index)
         backend = "cpu:gloo,cuda:nccl" if cuda_index is not None else "gloo"
@@ -223,9 +224,14 @@ def combine(outcomes: list[tuple]) -> tuple[str, int | None, object]:
 
 
 def default_start_method(cuda_index: int | None) -> str:
-    """fork (a child world in well under a second) unless the process holds CUDA, which cannot be forked, or its
-    c10d flight recorder records, whose mutex a child can inherit locked (``runtime.spawn.fork_safe_c10d``)."""
-    return "spawn" if cuda_index is not None or flight_recorder_on() else "fork"
+    """fork (a child world in well under a second) unless the process holds CUDA, which cannot be forked, its
+    c10d flight recorder records, whose mutex a child can inherit locked (``runtime.spawn.fork_safe_c10d``), or
+    it computes on several threads: GNU OpenMP's thread pool does not survive a fork, and a forked child's first
+    parallel region waits for it forever. A daemonic process cannot spawn: it forks, and the child computes on one
+    thread (``_child``)."""
+    if cuda_index is None and not flight_recorder_on() and torch.get_num_threads() == 1:
+        return "fork"
+    return "fork" if mp.current_process().daemon and cuda_index is None else "spawn"
 
 
 def preload_for_children() -> None:
