@@ -1,4 +1,5 @@
 """Equivalent candidates: same predicted cost, one parameter different, one row; --top K stays K distinct rows."""
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -79,7 +80,7 @@ def test_plan_command_shows_equivalent_layouts_as_one_row():
                         "--model", "llama3-8b", "--seq-len", "128k", "--top", "5"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "usp tp2 ulysses4 ring2 zigzag tp<ulysses<ring zero1 (same: order ulysses<tp<ring)" in r.stdout
+    assert re.search(r"usp tp2 ulysses4 ring2 zigzag tp<ulysses<ring zero\d \(same: order ulysses<tp<ring\)", r.stdout)
     assert "usp tp2 ulysses4 ring2 zigzag ulysses<tp<ring" not in r.stdout  # no row of its own
     ranked = r.stdout.split("ranked layouts")[1].split("best layout of each")[0]
     assert sum(1 for l in ranked.splitlines() if l.startswith("│")) == 5

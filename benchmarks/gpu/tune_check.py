@@ -1,7 +1,14 @@
 """A tuned profile's prediction against a measurement of a layout that tune did not measure (a script, not a test).
 
     python benchmarks/gpu/tune_check.py --cluster cluster.yaml --store URL --plan tuned.yaml \
-        --check MODEL:SEQ [--check MODEL:SEQ ...] [--json out.json]
+        --check MODEL:SEQ [--check MODEL:SEQ ...] [--json out.json] [--dtype bf16]
+
+Without ``--plan`` the layout is ring degree 1; without ``--store`` the prediction is uncalibrated. On CPU the
+peak is the storage tracker's (what tune reads there) and the stack runs in float32 unless ``--dtype`` says:
+
+    python benchmarks/gpu/tune_check.py --cluster cluster.yaml --dtype bf16 \
+        --check benchmarks/gpu/mini-llama-2l.yaml:2k --check benchmarks/gpu/mini-llama-4l.yaml:2k \
+        --check benchmarks/gpu/mini-llama-2l.yaml:4k
 
 For each ``--check`` (a model preset or file and a sequence length), the tuned plan's layout on that model and
 workload is priced by ``sp_plan.estimate`` with the store's profile of the cluster, then measured here: a real
@@ -32,7 +39,7 @@ def check(plan, cluster, model, seq: int, store: str, device, dtype) -> dict:
     """Predicted and measured step and peak memory of ``plan``'s layout on ``model`` at ``seq`` tokens."""
     work = Workload(seq_len=seq, batch=plan.workload.batch if plan.workload else 1, causal=True, training=True)
     layout = plan.model_copy(update={"model": model, "workload": work, "predicted": None, "measured": None})
-    pred = sp_plan.estimate(layout, cluster, model, work, store=store)
+    pred = sp_plan.estimate(layout, cluster, model, work, **({"store": store} if store else {}))
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -47,8 +54,10 @@ def check(plan, cluster, model, seq: int, store: str, device, dtype) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cluster", required=True)
-    p.add_argument("--store", required=True)
-    p.add_argument("--plan", required=True)
+    p.add_argument("--store", default=None, help="the store holding the cluster's tuned profile (none: uncalibrated)")
+    p.add_argument("--plan", default=None, help="a plan file (none: ring degree 1)")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None,
+                   help="the stack's dtype (default: the model's on CUDA, fp32 on CPU)")
     p.add_argument("--check", action="append", required=True, help="MODEL:SEQ, e.g. llama3-8b-2l.yaml:32k")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -59,14 +68,15 @@ def main(argv=None) -> int:
     os.environ.setdefault("MASTER_PORT", "29536")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                             init_method=f"file://{tempfile.mkdtemp()}/init", rank=0, world_size=1)
-    cluster, plan = load_cluster(args.cluster), sp_plan.Plan.load(args.plan)
+    cluster = load_cluster(args.cluster)
+    plan = sp_plan.Plan.load(args.plan) if args.plan else sp_plan.Plan(algorithm="ring", degrees={"ring": 1},
+                                                                         order=["ring"])
     rows = []
     for spec in args.check:
         name, seq = spec.rsplit(":", 1)
         model = load_model(name)
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[model.dtype]
-        if device.type == "cpu":
-            dtype = torch.float32
+        dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+        dtype = dtypes[args.dtype or (model.dtype if device.type == "cuda" else "fp32")]
         r = check(plan, cluster, model, Workload(seq_len=seq).seq_len, args.store, device, dtype)
         rows.append(r)
         e_t = r["predicted_s"] / r["measured_s"] - 1
