@@ -89,7 +89,8 @@ class TuneRun:
         """Leave ``what`` out: its estimate ``need`` seconds does not fit the time left (recorded and said)."""
         why = f"{what} skipped: estimated {fmt(need)}, {fmt(self.budget.left())} of --max-minutes " \
               f"{self.opts.max_minutes:g} left"
-        self.skipped.append(why)
+        if not any(w.startswith(f"{what} skipped:") for w in self.skipped):  # a confirm round asks again: said once
+            self.skipped.append(why)
         self.record(f"skip:{key}", "skipped", {"what": what, "estimate_s": need, "left_s": self.budget.left()})
 
     def refit(self, base: Params, hold) -> FitResult | None:
