@@ -24,6 +24,7 @@ from .documents import check_cu_seqlens, workload_packs
 from .errors import PlanError
 from .layout import _zigzag_sizes, balanced_parts, document_ring_tokens, document_runs, parts_runs, spread_sizes
 from .model import Workload
+from .window_forms import block_tiles, spread_blocks, zigzag_blocks
 
 #: packs drawn per priced layout: the expected busiest rank is the mean over this many seeded sequences
 PACK_SAMPLES = 8
@@ -362,13 +363,16 @@ def pack_work(token_layout: str, ring: int, cu_seqlens, causal: bool = True, win
         closed, parts = _closed_pack(token_layout, ring, cu, causal)
         if closed is not None:
             return closed
+    elif ring > 1 and token_layout == "balanced":  # placed once under the window: its runs and tiles read them
+        parts = balanced_parts(cu, ring, work_before(cu, causal, window))
     if parts is None:
         runs, p = _pack_pairs(token_layout, ring, cu, causal, window)
     else:
         runs = parts_runs(cu, ring, parts)
         p = run_rank_pairs(runs, cu, ring, causal, window)
-    hi, avg = round_stats(token_layout, ring, cu, causal, window, runs, p, parts if causal else None)
-    return p, hi, avg, pack_tiles(token_layout, ring, cu, causal, window, runs=runs)
+    hi, avg = round_stats(token_layout, ring, cu, causal, window, runs, p,
+                          parts if causal and window is None else None)
+    return p, hi, avg, pack_tiles(token_layout, ring, cu, causal, window, runs=runs, parts=parts)
 
 
 def _closed_pack(token_layout: str, ring: int, cu: np.ndarray, causal: bool) -> tuple:
@@ -1296,7 +1300,7 @@ def _pieces(first, last, step, n, rank, doc, size: int):
 
 
 def pack_tiles(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None,
-               span: int | None = None, runs=None) -> tuple[int, int, float]:
+               span: int | None = None, runs=None, parts=None) -> tuple[int, int, float]:
     """(tiles, score entries, entries over length) of one pack under a balancing policy, all ranks and rounds.
 
     Tiles: each query run (``tile_runs``; under a window cut into pieces of max(ceil(W / step), MIN_TILE) tokens,
@@ -1304,13 +1308,19 @@ def pack_tiles(token_layout: str, ring: int, cu_seqlens, causal: bool = True, wi
     runtime ulysses.span_tiles) against every key run of its document whose tokens meet its reach (causal: up to its
     last token; a window: from W - 1 before its first). Without a window a document's m disjoint runs make
     m (m + 1) / 2 tiles causal, m^2 not (striped's interleaved runs in closed form, ``_striped_tiles``); under one,
-    two sorted searches count them, O(runs log runs), striped's pair by pair (``_strided_pairs_tiles``). Entries over length: a
+    two sorted searches count them, O(runs log runs), striped's pair by pair (``_strided_pairs_tiles``), zigzag's
+    and the balancer's spread documents per document in closed form (``_chunked_tiles``; ``parts``: the balancer's,
+    where built). Entries over length: a
     document's pieces (n_r tokens of it on rank r, or in span piece r) meet pairwise in tiles of length
     sqrt(n_r n_j) holding its entries in proportion n_r n_j (exact without causality; causal, a pair of pieces
     splits its entries between its two blocks), so the document adds pairs (sum_r sqrt(n_r))^2 / L^2; under a
     window no piece is longer than the tiles it is cut into."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     L = np.diff(cu)
+    if window is not None and span is None and ring > 1 and token_layout in ("zigzag", "balanced"):
+        closed = _chunked_tiles(token_layout, ring, cu, causal, window, parts)
+        if closed is not None:
+            return closed
     pairs = document_pairs(L, causal, window)
     if token_layout == "striped" and window is None:
         return _striped_tiles(L, ring, causal), int(pairs.sum()), float(
@@ -1336,9 +1346,77 @@ def pack_tiles(token_layout: str, ring: int, cu_seqlens, causal: bool = True, wi
         hi = last if causal else np.minimum(de, last + window - 1)
     tiles = None if step == 1 else _strided_pairs_tiles(first, last, n, lo, hi, step, causal, window)
     if tiles is None:
-        tiles = int((np.searchsorted(np.sort(first), hi, side="right")
-                     - np.searchsorted(np.sort(last), lo, side="left")).sum())
+        tiles = _reach_tiles(first, last, lo, hi, step == 1 and causal, int(cu[-1]))
     return tiles, int(pairs.sum()), float(per_length.sum())
+
+
+def _chunked_tiles(token_layout: str, ring: int, cu: np.ndarray, causal: bool, window: int, parts=None):
+    """``pack_tiles`` under a window of zigzag, or of the balancer (its ``parts``, built here if not given): the
+    zigzag-chunked documents from their blocks of equal runs (window_forms.block_tiles, O(documents)), the
+    balancer's placed runs as ``pack_tiles`` counts them; None where a run is longer than the window's tiles (the
+    blocks hold whole runs, not pieces of them)."""
+    L = np.diff(cu)
+    cut = min(max(window, MIN_TILE), int(cu[-1]))
+    if token_layout == "zigzag":
+        docs, placed = np.arange(len(L)), None
+        F, n, s = zigzag_blocks(cu, ring)
+    else:
+        if parts is None:
+            parts = balanced_parts(cu, ring, work_before(cu, causal, window))
+        docs, placed = parts
+        F, n, s = spread_blocks(L[docs], ring)
+    if len(docs) and int(np.where(n > 0, s, 0).max()) > cut:
+        return None
+    q, rem = np.divmod(L[docs], 2 * ring)
+    roots = np.zeros(len(L))
+    roots[docs] = _roots(*_even_cells(q, np.minimum(rem, ring), np.maximum(rem - ring, 0), ring))
+    tiles = block_tiles(F, n, s, window, causal) if len(docs) else 0
+    if placed is not None and len(placed[0]):
+        t, r = _placed_tiles(placed, cu, ring, causal, window, cut)
+        tiles, roots = tiles + t, roots + r
+    pairs = document_pairs(L, causal, window)
+    per_length = np.maximum(pairs * roots ** 2 / (L.astype(np.float64) ** 2), pairs / cut)
+    return tiles, int(pairs.sum()), float(per_length.sum())
+
+
+def _placed_tiles(placed, cu: np.ndarray, ring: int, causal: bool, window: int, cut: int) -> tuple[int, np.ndarray]:
+    """(tiles, per document the sum of sqrt(tokens) over its ranks) of the balancer's placed runs under a window,
+    as ``pack_tiles`` counts all runs (their documents hold no other runs)."""
+    o = np.argsort(placed[0], kind="stable")
+    start, stop, rank = (x[o] for x in placed)
+    start, stop, rank, doc = _merged(start, stop, rank, run_documents(start, cu))
+    n = stop - start
+    sizes, owner = _document_rank_sizes(doc, rank, n, len(cu) - 1, ring)
+    roots = np.bincount(owner, weights=np.sqrt(sizes), minlength=len(cu) - 1)
+    first, last = start, stop - 1
+    if cut < n.max():
+        first, last, n, rank, doc = _pieces(first, last, 1, n, rank, doc, cut)
+    lo = np.maximum(cu[doc], first - window + 1)
+    hi = last if causal else np.minimum(cu[doc + 1] - 1, last + window - 1)
+    return _reach_tiles(first, last, lo, hi, causal, int(cu[-1])), roots
+
+
+def _sorted(x: np.ndarray) -> np.ndarray:
+    """x in ascending order: itself where it already is (runs in token order), one check instead of a sort."""
+    return x if len(x) < 2 or bool((x[1:] >= x[:-1]).all()) else np.sort(x)
+
+
+def _reach_tiles(first, last, lo, hi, tiled: bool, seq_len: int) -> int:
+    """Pairs of runs (A, B) whose tokens meet A's reach [lo, hi]: runs with first <= hi less those with last < lo.
+    ``tiled``: the runs are disjoint, in token order, and reach no further than their last token (causal, step 1),
+    so run i meets i + 1 with first <= hi; where they are many, the runs ending before lo are read off a running
+    count of run ends over the tokens (O(S), not a binary search a run)."""
+    N = len(first)
+    if not tiled or N * TILED_SEARCH_SHARE < seq_len:
+        return int((np.searchsorted(_sorted(first), hi, side="right")
+                    - np.searchsorted(_sorted(last), lo, side="left")).sum())
+    ends = np.zeros(seq_len + 1, dtype=np.int64)
+    ends[last + 1] = 1
+    return N * (N + 1) // 2 - int(np.cumsum(ends)[lo].sum())
+
+
+#: runs per token (over 1/this) from which ``_reach_tiles`` counts run ends over the tokens, not by binary search
+TILED_SEARCH_SHARE = 16
 
 
 def _document_rank_sizes(doc: np.ndarray, rank: np.ndarray, n: np.ndarray, docs: int, ring: int

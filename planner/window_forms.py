@@ -1,0 +1,121 @@
+"""Kernel calls (tiles) of zigzag-chunked documents under a sliding window, per document in closed form.
+
+A layout that cuts a document into 2P zigzag chunks (the per-document zigzag; the balancer's spread documents)
+tiles it, in token order, with runs of a few sizes: chunk k < P on rank k and chunk 2P-1-k on the same rank, each
+of q = L // 2P tokens or q + 1, the extra ones on a cyclic interval of ranks per half, and chunks P - 1 and P
+joined (one rank's consecutive tokens). So a document's runs are at most seven blocks of equal runs
+(``chunk_blocks``). Under a window W a query run meets every run of its document that ends at most W - 1 tokens
+before its first token (and, bidirectional, starts at most W - 1 after its last): of a document's n runs,
+n(n + 1)/2 causal or n^2 bidirectional pairs, less the pairs (j, i) with last_j + W <= first_i (once causal,
+twice bidirectional). Between two blocks of equal runs those are a floor sum (``floor_sum``), so a document costs
+O(blocks^2 log) and a pack O(documents), not O(S) runs sorted and searched (``masks.pack_tiles``: the same
+integers, which the tests hold them to).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def floor_sum(n, m, a, b) -> np.ndarray:
+    """sum_{t=0}^{n-1} floor((a t + b) / m) elementwise, for int64 arrays n >= 0, m >= 1, a >= 0, b >= 0: the
+    Euclid-like reduction (AtCoder Library's floor_sum), O(log m) rounds over all entries at once."""
+    n, m, a, b = (np.array(x, dtype=np.int64) for x in np.broadcast_arrays(n, m, a, b))
+    out = np.zeros(n.shape, dtype=np.int64)
+    live = n > 0
+    while live.any():
+        qa, qb = a // m, b // m
+        out += np.where(live, n * (n - 1) // 2 * qa + n * qb, 0)
+        a, b = a - qa * m, b - qb * m
+        y = a * n + b
+        live &= y >= m
+        # the next round sums over the swapped roles: n' = y // m, b' = y mod m, (m, a) -> (a, m)
+        n, b, m, a = (np.where(live, y // m, 0), np.where(live, y % m, 0), np.where(live, a, 1),
+                      np.where(live, m, 0))
+    return out
+
+
+def _ceil_div(x, y):
+    """ceil(x / y) of int64 arrays, y >= 1."""
+    return -((-x) // y)
+
+
+def far_pairs(F, n, s, W: int) -> np.ndarray:
+    """Per document, the pairs of its runs (j, i) with last_j + W <= first_i: blocks k of n[:, k] runs of s[:, k]
+    tokens each from offset F[:, k] ((D, K) int64 arrays, the blocks in token order). Run t of block i starts at
+    F_i + s_i t; block j's runs ending W or more before it are floor((s_i t + F_i - F_j - s_j + 1 - W) / s_j) + 1 of
+    them, clipped to [0, n_j]: zero before t0, n_j from t1 on, a floor sum between."""
+    D, K = F.shape
+    i, j = np.triu_indices(K)  # j <= i in token order: a later block's runs never end before an earlier one's start
+    i, j = j, i
+    i, j = np.broadcast_to(i, (D, len(i))), np.broadcast_to(j, (D, len(j)))
+    rows = np.arange(D)[:, None]
+    Fi, ni, si = F[rows, i], n[rows, i], np.maximum(s[rows, i], 1)
+    Fj, nj, sj = F[rows, j], n[rows, j], np.maximum(s[rows, j], 1)
+    d = Fi - Fj - sj + 1 - W
+    t0 = np.clip(_ceil_div(-d, si), 0, ni)
+    t1 = np.clip(_ceil_div((nj - 1) * sj - d, si), t0, ni)
+    mid = t1 - t0
+    counted = floor_sum(mid, sj, si, np.where(mid > 0, si * t0 + d, 0)) + mid + (ni - t1) * nj
+    return np.where((ni > 0) & (nj > 0), counted, 0).sum(axis=1)
+
+
+def block_tiles(F, n, s, W: int, causal: bool) -> int:
+    """Tiles of documents tiled by blocks of equal runs (``far_pairs``' F, n, s) under a window W: per document of
+    N runs, N(N + 1)/2 - far pairs causal, N^2 - 2 far pairs bidirectional."""
+    N = n.sum(axis=1)
+    far = far_pairs(F, n, s, W)
+    return int((N * (N + 1) // 2 - far).sum() if causal else (N * N - 2 * far).sum())
+
+
+def _cyclic_blocks(a, k, P: int, q):
+    """(counts, sizes) of three blocks over positions 0 .. P - 2 ascending whose chunk holds q + 1 tokens where the
+    position lies in the cyclic interval [a, a + k) of 0 .. P - 1, else q."""
+    wrap = a + k > P
+    x1 = np.where(wrap, a + k - P, np.minimum(a, P - 1))
+    x2 = np.where(wrap, a, np.minimum(a + k, P - 1))
+    counts = (x1, x2 - x1, P - 1 - x2)
+    sizes = (q + wrap, q + ~wrap, q + wrap)
+    return counts, sizes
+
+
+def chunk_blocks(L, q, nA, a, nB, b, P: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(F, n, s) (D, 7): the runs of documents of L tokens cut into 2P chunks, chunk k < P (rank k) of q tokens and
+    one more where k lies in the cyclic interval [a, a + nA), chunk 2P-1-u (rank u) one more where u lies in
+    [b, b + nB), in token order: the first half's chunks 0 .. P - 2, chunks P - 1 and P joined, the second half's
+    ranks P - 2 .. 0. Where q = 0 a document is its nA + nB one-token chunks, the last of the first half and the
+    first of the second joined where they share a rank (the first half's highest rank among the second's)."""
+    c1, z1 = _cyclic_blocks(a, nA, P, q)
+    c2, z2 = _cyclic_blocks(b, nB, P, q)  # ascending ranks: the second half runs them descending
+    last_a = q + ((P - 1 - a) % P < nA)
+    last_b = q + ((P - 1 - b) % P < nB)
+    n = np.stack([*c1, np.ones_like(L), *c2[::-1]], axis=1)
+    s = np.stack([*z1, last_a + last_b, *z2[::-1]], axis=1)
+    top = np.where(a + nA >= P, P - 1, a + nA - 1)  # the first half's highest rank holding a token (q = 0)
+    joined = (nB > 0) & ((top - b) % P < nB)
+    zero_n = np.stack([np.where(joined, nA - 1, L), joined.astype(np.int64), np.where(joined, nB - 1, 0)], axis=1)
+    zero_s = np.stack([np.ones_like(L), 2 * np.ones_like(L), np.ones_like(L)], axis=1)
+    pad = np.zeros((len(L), 4), dtype=np.int64)
+    short = (q == 0)[:, None]
+    n = np.where(short, np.concatenate([zero_n, pad], axis=1), n)
+    s = np.where(short, np.concatenate([zero_s, pad + 1], axis=1), s)
+    F = np.cumsum(n * s, axis=1) - n * s
+    return F, n, s
+
+
+def zigzag_blocks(cu: np.ndarray, P: int) -> tuple[np.ndarray, ...]:
+    """``chunk_blocks`` of the per-document zigzag (layout._zigzag_extras: the extras of a document go round the
+    ring from where the last document's stopped, a second one to chunk 2P-1-u of the first nB ranks)."""
+    L = np.diff(cu)
+    q, rem = np.divmod(L, 2 * P)
+    a = (np.cumsum(rem) - rem) % P
+    nA, nB = np.minimum(rem, P), np.maximum(rem - P, 0)
+    return chunk_blocks(L, q, nA, a, nB, a, P)
+
+
+def spread_blocks(L: np.ndarray, P: int) -> tuple[np.ndarray, ...]:
+    """``chunk_blocks`` of documents the balancer spreads (layout.spread_sizes: chunk k one more for k < L mod 2P,
+    so the first half's ranks below nA, and the second half's chunks P .. P + nB - 1, ranks P - nB .. P - 1)."""
+    q, rem = np.divmod(L, 2 * P)
+    nA, nB = np.minimum(rem, P), np.maximum(rem - P, 0)
+    zero = np.zeros_like(L)
+    return chunk_blocks(L, q, nA, zero, nB, (P - nB) % P, P)

@@ -1,0 +1,133 @@
+"""Zigzag-chunked documents' tiles under a window in closed form (planner/window_forms.py): the blocks are the
+layout's merged runs, the floor sums count what a sort and binary searches of the runs count, and ``pack_tiles``
+gives the same integers as the explicit count over random packs, rings and windows, causal and not."""
+import numpy as np
+import pytest
+
+from sp_plan.planner import masks
+from sp_plan.planner.documents import draw_packs
+from sp_plan.planner.layout import balanced_parts
+from sp_plan.planner.window_forms import block_tiles, chunk_blocks, floor_sum, spread_blocks, zigzag_blocks
+from sp_plan.profiles.documents import load_documents
+
+
+def _packs() -> list[np.ndarray]:
+    """Random packs: documents shorter than a rank's chunk, documents spanning many ranks, a single document."""
+    rng = np.random.default_rng(11)
+    out = [np.array([0, 1]), np.array([0, 5000]), np.array([0, 1, 2, 9000]), np.array([0, 7, 4000, 4095, 12289])]
+    for _ in range(12):
+        S = int(rng.integers(20, 6000))
+        cuts = rng.choice(np.arange(1, S), size=min(int(rng.integers(0, 9)), S - 1), replace=False)
+        out.append(np.concatenate([[0], np.sort(cuts), [S]]).astype(np.int64))
+    out += [draw_packs(load_documents("magi-long"), 65536, 1, seed)[0] for seed in range(2)]
+    return out
+
+
+def _explicit_tiles(layout: str, ring: int, cu: np.ndarray, causal: bool, window: int) -> int:
+    """Tiles as the runs give them: every run (cut into the window's pieces) against each run meeting its reach,
+    by sorting the runs and two binary searches."""
+    first, last, step, n, rank, doc = masks.tile_runs(layout, ring, cu, causal, window)
+    cut = min(max(window, masks.MIN_TILE), int(cu[-1]))
+    if cut < n.max():
+        first, last, n, rank, doc = masks._pieces(first, last, step, n, rank, doc, cut)
+    lo = np.maximum(cu[doc], first - window + 1)
+    hi = last if causal else np.minimum(cu[doc + 1] - 1, last + window - 1)
+    return int((np.searchsorted(np.sort(first), hi, side="right") - np.searchsorted(np.sort(last), lo)).sum())
+
+
+def test_floor_sum_is_the_sum_of_its_floors():
+    rng = np.random.default_rng(0)
+    n, m, a, b = rng.integers(0, 40, 3000), rng.integers(1, 25, 3000), rng.integers(0, 60, 3000), rng.integers(0, 60, 3000)
+    expect = [sum((ai * t + bi) // mi for t in range(ni)) for ni, mi, ai, bi in zip(n, m, a, b)]
+    assert floor_sum(n, m, a, b).tolist() == expect
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_block_tiles_count_every_pair_of_runs_in_reach(causal):
+    """Random blocks of equal runs: the floor sums against a run-by-run count."""
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        n, s = rng.integers(0, 6, (2, 5)), rng.integers(1, 7, (2, 5))
+        F, W = np.cumsum(n * s, axis=1) - n * s, int(rng.integers(1, 40))
+        expect = 0
+        for d in range(2):
+            f = np.concatenate([F[d, k] + s[d, k] * np.arange(n[d, k]) for k in range(5)])
+            last = np.concatenate([F[d, k] + s[d, k] * np.arange(1, n[d, k] + 1) - 1 for k in range(5)])
+            hi = last if causal else last + W - 1
+            expect += int(((f[None, :] <= hi[:, None]) & (last[None, :] >= f[:, None] - W + 1)).sum())
+        assert block_tiles(F, n, s, W, causal) == expect
+
+
+def _block_sizes(F, n, s) -> list[list[int]]:
+    """Each document's run sizes in token order, from its blocks."""
+    return [np.repeat(s[d], n[d]).tolist() for d in range(len(F))]
+
+
+def _run_sizes(runs, cu: np.ndarray, docs) -> list[list[int]]:
+    """Each of ``docs``' merged run sizes in token order (``masks._merged``)."""
+    start, stop, rank = runs
+    o = np.argsort(start, kind="stable")
+    start, stop, rank, doc = masks._merged(start[o], stop[o], rank[o], masks.run_documents(start[o], cu))
+    return [(stop - start)[doc == d].tolist() for d in docs]
+
+
+@pytest.mark.parametrize("ring", [2, 3, 5, 16, 64, 1000, 4096])
+def test_blocks_are_the_layouts_merged_runs(ring):
+    """zigzag's and the balancer's spread documents' blocks hold their merged runs, in token order."""
+    for cu in _packs():
+        L = np.diff(cu)
+        F, n, s = zigzag_blocks(cu, ring)
+        assert (F[:, -1] + n[:, -1] * s[:, -1]).tolist() == L.tolist()
+        assert _block_sizes(F, n, s) == _run_sizes(masks.layout_runs("zigzag", ring, cu), cu, range(len(L)))
+        spread, placed = balanced_parts(cu, ring, masks.work_before(cu, True, 64))
+        if len(spread):
+            from sp_plan.planner.layout import parts_runs
+            runs = parts_runs(cu, ring, (spread, placed))
+            assert _block_sizes(*spread_blocks(L[spread], ring)) == _run_sizes(runs, cu, spread)
+
+
+def test_blocks_without_extras_or_with_a_wrap():
+    """Documents of exactly 2P q tokens (no extras), and extras wrapping round the ring."""
+    P = 6
+    L = np.array([24, 29, 5, 11])
+    q, rem = np.divmod(L, 2 * P)
+    a = np.array([0, 4, 3, 5])
+    F, n, s = chunk_blocks(L, q, np.minimum(rem, P), a, np.maximum(rem - P, 0), a, P)
+    assert (n * s).sum(axis=1).tolist() == L.tolist()
+    assert (n[q > 0].sum(axis=1) == 2 * P - 1).all()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("layout", ["zigzag", "balanced"])
+def test_pack_tiles_under_a_window_is_the_explicit_count(layout, causal):
+    """Tiles, entries and entries over length as the runs give them, at rings from 2 to more ranks than tokens."""
+    for cu in _packs():
+        for ring in (2, 3, 7, 64, 1000, 4096):
+            for window in (1, 3, 16, 100, 4096):
+                runs = masks.layout_runs(layout, ring, cu, causal, window)
+                got = masks.pack_tiles(layout, ring, cu, causal, window, runs=runs)
+                assert got[0] == _explicit_tiles(layout, ring, cu, causal, window), (cu[:4], ring, window)
+                assert got[1] == masks.mask_pairs(cu, causal, window)
+                parts = masks.layout_runs(layout, ring, cu, causal, window)
+                first, last, step, k, rank, doc = masks.tile_runs(layout, ring, cu, causal, window, parts)
+                sizes, owner = masks._document_rank_sizes(doc, rank, k, len(cu) - 1, ring)
+                L = np.diff(cu).astype(np.float64)
+                pairs = masks.document_pairs(np.diff(cu), causal, window)
+                roots = np.bincount(owner, weights=np.sqrt(sizes), minlength=len(L))
+                cut = min(max(window, masks.MIN_TILE), int(cu[-1]))
+                per_length = np.maximum(pairs * roots ** 2 / L ** 2, pairs / cut).sum()
+                assert got[2] == pytest.approx(per_length, rel=1e-11)
+
+
+def test_reach_tiles_counts_alike_either_way():
+    """Disjoint runs in token order: the running count of run ends and the binary searches agree."""
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        n = rng.integers(1, 9, 200)
+        first = np.cumsum(n) - n
+        last = first + n - 1
+        lo = np.maximum(0, first - int(rng.integers(1, 30)) + 1)
+        S = int(n.sum())
+        searched = int((np.searchsorted(first, last, side="right") - np.searchsorted(last, lo)).sum())
+        assert masks._reach_tiles(first, last, lo, last, True, S) == searched
+        assert masks._reach_tiles(first, last, lo, last, False, S) == searched
