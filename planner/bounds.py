@@ -189,7 +189,7 @@ class Bounds:
             lkey = ("policy layer", probe.tp, probe.ulysses, probe.ring, ckpt, mbs)  # its parts read no dp, no pp
             parts = self._cache.get(lkey)
             if parts is None:
-                c = self.est.shape(probe, mbs)
+                c = self._bare_shape(probe, probe.tp, mbs)  # what it reads is no dp's and no pp's
                 fwd = self.est.busy("fwd-linear", c) + self.balanced_time(c, False)
                 layer = fwd
                 if self.est.work.training:
@@ -284,7 +284,8 @@ class Bounds:
         tp, mbs, k = self.unit_sizes(part, c.algorithm, c.ulysses, c.tp, c.mbs)
         if tp == c.tp and mbs == c.mbs:
             return c, k
-        key = c.key[:4] + (tp, c.key[5], mbs) + c.key[7:]
+        # at dp 1 and pp 1: the attention steps read neither (``_bare_shape``), so every degrees choice shares it
+        key = (1,) + c.key[1:4] + (tp, 1, mbs) + c.key[7:10] + (None,) + c.key[11:]
         return self.est._shapes.get(key) or self.est._shape(key), k
 
     def unit_sizes(self, part: str, algorithm: str, ulysses: int, tp: int, mbs: int) -> tuple[int, int, float]:

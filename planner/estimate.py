@@ -494,20 +494,35 @@ class Estimator:
         return list(out)
 
     def _fitting(self, probe: Candidate, policies: list[tuple[int, str, int]], stages) -> tuple:
-        """``fitting``, computed."""
-        train = self.work.training
-        wkey = ("weights", probe.tp, probe.pp, probe.dp * probe.sp, stages)  # the same for every variant of the degrees
-        weights = self._acts.get(wkey)
-        if weights is None:
-            params = shard_params(self.model, probe.tp, probe.pp, stages)
-            weights = self._acts[wkey] = {z: sum(weight_bytes(params, z, probe.dp * probe.sp, train).values())
-                                          for z in (0, 1, 2, 3)}
-        acts = {(ck, mbs): self._fit_activations(probe, ck, mbs, stages) for ck, mbs in {p[1:] for p in policies}}
+        """``fitting``, computed: each policy's weights and activations (``_fixed_bytes``) plus the buffers of its
+        micro-batch, summed in ``memory``'s order (the same fit decisions)."""
         bufs = {mbs: self._fit_buffers(probe, mbs) for mbs in {p[2] for p in policies}}
-        over = self.params.memory_overhead_bytes  # same parts and order of sums as memory(): same fit decisions
+        fixed = self._fixed_bytes(probe, policies, stages)
+        cap, over = self.capacity, self.params.memory_overhead_bytes
         if over:
-            return tuple(p for p in policies if weights[p[0]] + acts[p[1], p[2]] + bufs[p[2]] + over <= self.capacity)
-        return tuple(p for p in policies if weights[p[0]] + acts[p[1], p[2]] + bufs[p[2]] <= self.capacity)
+            return tuple(p for p, f in zip(policies, fixed) if f + bufs[p[2]] + over <= cap)
+        return tuple(p for p, f in zip(policies, fixed) if f + bufs[p[2]] <= cap)
+
+    def _fixed_bytes(self, probe: Candidate, policies: list[tuple[int, str, int]], stages) -> list[float]:
+        """Per policy, weights (by ZeRO stage) + activations (by checkpointing and micro-batch) of ``probe``'s degrees:
+        the same for every algorithm variant without its own activations (``Algorithm.activations``), so made once
+        for them."""
+        shared = ALGORITHMS[probe.algorithm].activations is None
+        key = ("fixed", probe.dp, probe.pp, probe.tp, probe.ulysses, probe.ring, stages, probe.virtual_stages,
+               tuple(policies)) if shared else None
+        out = self._acts.get(key) if shared else None
+        if out is None:
+            wkey = ("weights", probe.tp, probe.pp, probe.dp * probe.sp, stages)  # every variant of the degrees
+            weights = self._acts.get(wkey)
+            if weights is None:
+                params = shard_params(self.model, probe.tp, probe.pp, stages)
+                weights = self._acts[wkey] = {z: sum(weight_bytes(params, z, probe.dp * probe.sp,
+                                                                  self.work.training).values()) for z in (0, 1, 2, 3)}
+            acts = {(ck, mbs): self._fit_activations(probe, ck, mbs, stages) for ck, mbs in {p[1:] for p in policies}}
+            out = [weights[p[0]] + acts[p[1], p[2]] for p in policies]
+            if shared:
+                self._acts[key] = out
+        return out
 
     def _fit_activations(self, probe: Candidate, ckpt: str, mbs: int, stages) -> float:
         """``_activation_total`` of ``probe`` at micro-batch ``mbs``, read from its key where known (no Shape made)."""
@@ -525,7 +540,8 @@ class Estimator:
                probe.placement, probe.kv_chunks)
         b = self._acts.get(key)
         if b is None:
-            b = self._acts[key] = attention_buffer_bytes(self.shape(probe, mbs), self.work.training)
+            b = self._acts[key] = attention_buffer_bytes(self.bounds._bare_shape(probe, probe.tp, mbs),
+                                                         self.work.training)
         return b
 
     # ---- the whole step

@@ -99,6 +99,10 @@ class Space:
     def layouts(self, d: Degrees) -> list[str]:
         """Token layouts of a ring of the degrees: with documents the balancing policies (their work is uneven
         causal or not), else contiguous, zigzag and striped under a causal mask; those the length divides."""
+        return list(self._memo("layouts", (d.ring, d.ulysses, d.tp), lambda: tuple(self._layouts(d))))
+
+    def _layouts(self, d: Degrees) -> list[str]:
+        """``layouts``, listed."""
         documents = self.work.documents is not None
         if d.ring == 1 or not (self.work.causal or documents):
             return ["contiguous"]
@@ -423,7 +427,14 @@ class _Grid:
         self.by_layout = by_policy(space.work)  # with documents each balancing policy's best is exact too
 
     def push(self, bound: float, stage: Stage, item) -> None:
-        """Queue ``item`` under ``bound`` at ``stage`` (ties: first pushed, first popped)."""
+        """Queue ``item`` under ``bound`` at ``stage`` (ties: first pushed, first popped); a group already out of its
+        variant's reach is dropped here, as ``prune`` would drop it when popped (reach never grows), unless interleaved
+        siblings wait on it."""
+        if type(item) is GroupItem and not item.interleaved:
+            if item.vkey is None:
+                item.vkey = variant_key(item.base, self.by_layout)
+            if bound > self.reach_one(item.vkey):
+                return
         heapq.heappush(self.queue, (bound, stage, self.pushed, item))
         self.pushed += 1
 
