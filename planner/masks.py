@@ -24,7 +24,7 @@ from .documents import check_cu_seqlens, workload_packs
 from .errors import PlanError
 from .layout import _zigzag_sizes, balanced_parts, document_ring_tokens, document_runs, parts_runs, spread_sizes
 from .model import Workload
-from .window_forms import block_tiles, spread_blocks, zigzag_blocks
+from .window_forms import block_tiles, spread_blocks, striped_reach_tiles, striped_whole_tiles, zigzag_blocks
 
 #: packs drawn per priced layout: the expected busiest rank is the mean over this many seeded sequences
 PACK_SAMPLES = 8
@@ -1322,6 +1322,10 @@ def pack_tiles(token_layout: str, ring: int, cu_seqlens, causal: bool = True, wi
         if closed is not None:
             return closed
     pairs = document_pairs(L, causal, window)
+    if token_layout == "striped" and window is not None and ring > 1 and span is None:
+        closed = _striped_window_tiles(ring, cu, causal, window, pairs)
+        if closed is not None:
+            return closed
     if token_layout == "striped" and window is None:
         return _striped_tiles(L, ring, causal), int(pairs.sum()), float(
             (pairs * _striped_roots(L, ring) ** 2 / (L.astype(np.float64) ** 2)).sum())
@@ -1344,7 +1348,11 @@ def pack_tiles(token_layout: str, ring: int, cu_seqlens, causal: bool = True, wi
     if window is not None:
         lo = np.maximum(ds, first - window + 1)
         hi = last if causal else np.minimum(de, last + window - 1)
-    tiles = None if step == 1 else _strided_pairs_tiles(first, last, n, lo, hi, step, causal, window)
+    tiles = None
+    if step > 1:  # the candidate pairs past ROUND_CELLS (_strided_pairs_tiles' limit) in closed form
+        tiles = striped_reach_tiles(first, last, doc, lo, hi, cu, step, cut, step * (int(n.max()) - 1), ROUND_CELLS)
+        if tiles is None:
+            tiles = _strided_pairs_tiles(first, last, n, lo, hi, step, causal, window)
     if tiles is None:
         tiles = _reach_tiles(first, last, lo, hi, step == 1 and causal, int(cu[-1]))
     return tiles, int(pairs.sum()), float(per_length.sum())
@@ -1376,6 +1384,21 @@ def _chunked_tiles(token_layout: str, ring: int, cu: np.ndarray, causal: bool, w
         tiles, roots = tiles + t, roots + r
     pairs = document_pairs(L, causal, window)
     per_length = np.maximum(pairs * roots ** 2 / (L.astype(np.float64) ** 2), pairs / cut)
+    return tiles, int(pairs.sum()), float(per_length.sum())
+
+
+def _striped_window_tiles(ring: int, cu: np.ndarray, causal: bool, window: int, pairs: np.ndarray):
+    """``pack_tiles`` of striped under a window where no run is cut into the window's tiles and the candidate pairs
+    are past ROUND_CELLS, per document in closed form (window_forms.striped_whole_tiles; entries over length from
+    ``_striped_roots``); else None."""
+    L = np.diff(cu)
+    cut = min(max(-(-window // ring), MIN_TILE), int(cu[-1]))
+    if -(-int(L.max()) // ring) > cut:
+        return None
+    tiles = striped_whole_tiles(cu, ring, window, causal, ROUND_CELLS)
+    if tiles is None:
+        return None
+    per_length = np.maximum(pairs * _striped_roots(L, ring) ** 2 / (L.astype(np.float64) ** 2), pairs / cut)
     return tiles, int(pairs.sum()), float(per_length.sum())
 
 

@@ -119,3 +119,65 @@ def spread_blocks(L: np.ndarray, P: int) -> tuple[np.ndarray, ...]:
     nA, nB = np.minimum(rem, P), np.maximum(rem - P, 0)
     zero = np.zeros_like(L)
     return chunk_blocks(L, q, nA, zero, nB, (P - nB) % P, P)
+
+
+# ---------------------------------------------------------------- striped runs under a window
+#
+# Striped, a document's offset o lives on rank (start + o) mod P: its runs are offsets o < min(L, P), every P-th
+# token from o, cut into pieces of c tokens (every P-th), so the pieces' first tokens are the offsets x < L with
+# x mod Pc < P, and their last ones the offsets y < L - min(L, P) with y mod Pc >= P(c - 1) (a full piece another
+# follows) and the last min(L, P) offsets (each run's last token). Counting those below a bound is arithmetic.
+
+
+def striped_firsts(x, L, P: int, c: int):
+    """How many of a striped document's pieces (L tokens, pieces of c every P-th) start at offsets <= x."""
+    full, r = np.divmod(np.clip(np.minimum(x, L - 1) + 1, 0, None), P * c)
+    return full * P + np.minimum(r, P)
+
+
+def striped_lasts(x, L, P: int, c: int):
+    """How many of a striped document's pieces end at offsets < x."""
+    m = np.minimum(L, P)
+    full, r = np.divmod(np.clip(np.minimum(x, L - m), 0, None), P * c)
+    return full * P + np.clip(r - P * (c - 1), 0, None) + np.clip(x - (L - m), 0, m)
+
+
+def striped_reach_tiles(first, last, doc, lo, hi, cu: np.ndarray, P: int, c: int, span: int, limit: int):
+    """Tiles of striped pieces (``first``, ``last`` tokens, document ``doc``) whose reach is [lo, hi], counted as
+    ``masks.pack_tiles`` counts them past ``limit`` candidate pairs (every piece whose tokens' interval meets the
+    reach: those starting by hi less those ending before lo, inside the query's document), or None where the
+    candidates (pieces starting in [lo - span, hi], ``span`` the longest piece's) may be no more than ``limit``:
+    they are at least those of the query's own document."""
+    ds, L = cu[doc], cu[doc + 1] - cu[doc]
+    below = striped_firsts(hi - ds, L, P, c)
+    if int((below - striped_firsts(lo - span - 1 - ds, L, P, c)).sum()) <= limit:
+        return None
+    return int((below - striped_lasts(lo - ds, L, P, c)).sum())
+
+
+def _ramp_to(x, M):
+    """sum_{u=0}^{x-1} min(u, M) for x >= 0 (int64 arrays)."""
+    k = np.minimum(x, M + 1)
+    return k * (k - 1) // 2 + (x - k) * M
+
+
+def clip_sum(a, b, c, M):
+    """sum_{o=a}^{b-1} clip(o + c, 0, M) for b >= a (int64 arrays)."""
+    return _ramp_to(np.maximum(b + c, 0), M) - _ramp_to(np.maximum(a + c, 0), M)
+
+
+def striped_whole_tiles(cu: np.ndarray, P: int, W: int, causal: bool, limit: int):
+    """``striped_reach_tiles`` where no run is cut (every document's runs of at most c tokens), per document in
+    closed form: its m = min(L, P) runs start at offsets 0 .. m - 1 and end at o + P(Q - [o >= R]) (L = QP + R),
+    the last m offsets, so each count is a clipped line in o, summed in closed form (``clip_sum``)."""
+    L = np.diff(cu)
+    m = np.minimum(L, P)
+    Q, R = np.divmod(L, P)
+    R = np.minimum(R, m)
+    span = P * (int(-(-L.max() // P)) - 1)
+    d = 1 if causal else W  # a run's queries reach its last token, or W - 1 past it (within its document)
+    below = clip_sum(0, R, P * Q + d, m) + clip_sum(R, m, P * (Q - 1) + d, m)
+    zero = np.zeros_like(L)
+    if int((below - clip_sum(zero, m, 1 - W - span, m)).sum()) <= limit:
+        return None
+    return int((below - clip_sum(zero, m, 1 - W - (L - m), m)).sum())

@@ -4,7 +4,7 @@ gives the same integers as the explicit count over random packs, rings and windo
 import numpy as np
 import pytest
 
-from sp_plan.planner import masks
+from sp_plan.planner import masks, window_forms
 from sp_plan.planner.documents import draw_packs
 from sp_plan.planner.layout import balanced_parts
 from sp_plan.planner.window_forms import block_tiles, chunk_blocks, floor_sum, spread_blocks, zigzag_blocks
@@ -131,3 +131,46 @@ def test_reach_tiles_counts_alike_either_way():
         searched = int((np.searchsorted(first, last, side="right") - np.searchsorted(last, lo)).sum())
         assert masks._reach_tiles(first, last, lo, last, True, S) == searched
         assert masks._reach_tiles(first, last, lo, last, False, S) == searched
+
+
+def _striped_pieces(ring: int, cu: np.ndarray, causal: bool, window: int):
+    """Striped pieces under a window as ``pack_tiles`` cuts them, their reach, and the candidate pairs
+    ``masks._strided_pairs_tiles`` would enumerate (pieces starting in [lo - the longest span, hi])."""
+    first, last, step, n, rank, doc = masks.tile_runs("striped", ring, cu, causal, window)
+    cut = min(max(-(-window // ring), masks.MIN_TILE), int(cu[-1]))
+    if cut < n.max():
+        first, last, n, rank, doc = masks._pieces(first, last, step, n, rank, doc, cut)
+    lo = np.maximum(cu[doc], first - window + 1)
+    hi = last if causal else np.minimum(cu[doc + 1] - 1, last + window - 1)
+    f = np.sort(first)
+    span = int((last - first).max())
+    candidates = int((np.searchsorted(f, hi, side="right") - np.searchsorted(f, lo - span)).sum())
+    every = int((np.searchsorted(f, hi, side="right") - np.searchsorted(np.sort(last), lo)).sum())
+    return first, last, doc, lo, hi, cut, span, candidates, every
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_striped_counts_past_the_candidates_are_the_explicit_ones(causal):
+    """Striped pieces, cut or whole: the closed counts against sorted runs and binary searches; a lower bound on
+    the candidates (None whenever the candidates are within the limit)."""
+    whole = 0
+    for cu in _packs():
+        for ring in (2, 3, 16, 64, 1000, 4096, 9000):
+            for window in (1, 5, 100, 4096):
+                first, last, doc, lo, hi, cut, span, candidates, every = _striped_pieces(ring, cu, causal, window)
+                args = (first, last, doc, lo, hi, cu, ring, cut, span)
+                assert window_forms.striped_reach_tiles(*args, -1) == every
+                assert window_forms.striped_reach_tiles(*args, candidates) is None
+                if -(-int(np.diff(cu).max()) // ring) <= cut:  # no run cut
+                    whole += 1
+                    assert window_forms.striped_whole_tiles(cu, ring, window, causal, -1) == every
+                    assert window_forms.striped_whole_tiles(cu, ring, window, causal, candidates) is None
+    assert whole > 50
+
+
+def test_clip_sum_is_the_sum_of_its_clips():
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        a, c, M = int(rng.integers(-5, 20)), int(rng.integers(-30, 30)), int(rng.integers(0, 15))
+        b = a + int(rng.integers(0, 20))
+        assert window_forms.clip_sum(a, b, c, M) == sum(min(max(o + c, 0), M) for o in range(a, b))
