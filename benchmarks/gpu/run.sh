@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu/run.sh OUTDIR smoke    # the same steps at toy sizes, on CPU (checks the script itself)
 #   ONLY="exactness bench-gpu" bash benchmarks/gpu/run.sh OUTDIR   # just those steps
 #   BENCH_GPU="--backends cudnn,flash --sdpa-kinds cudnn,flash" ...  # extra bench_gpu.py flags
+#   SP_PLAN_COMMIT=abc1234 bash benchmarks/gpu/run.sh OUTDIR   # the commit to record, where the copy has no .git
 #
 # Steps (each with its own time limit; a failing step is reported and the next runs): the fused-op probe,
 # exactness against float64, examples/train_hf_llama.py --check at world 1 in float32 and bfloat16 (NCCL),
@@ -55,7 +56,12 @@ else
     EST="--model $gpu/llama3-8b-4l.yaml --seq-len 16k"
 fi
 
-{ echo "# $(date -u +%FT%TZ) commit $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+# SP_PLAN_COMMIT names the commit where the copy's git metadata may be older than its files (a tree sent to a
+# device machine without its .git); else git's HEAD, with "+changes" when the tree differs from it.
+commit=${SP_PLAN_COMMIT:-$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)}
+[ -z "${SP_PLAN_COMMIT:-}" ] && [ -n "$(git -C "$here" status --porcelain --untracked-files=no 2>/dev/null)" ] \
+    && commit="$commit+changes"
+{ echo "# $(date -u +%FT%TZ) commit $commit"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null || echo "no GPU"
   python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
 } | tee "$summary"
