@@ -83,9 +83,12 @@ class Orders:
     Estimator's) applies its CommFit per pattern and the bottleneck's link class (intra / inter)."""
 
     def __init__(self, engine: LinkEngine, degrees: dict[str, int], orders: list[tuple[str, ...]],
-                 placement: str | None = None, params: Params | None = None):
+                 placement: str | None = None, params: Params | None = None, per_shape: dict | None = None):
+        """``per_shape``: (pattern, group parts, world) -> a step's coefficients, kept across the batches priced with
+        one engine and params (many meshes put some of their groups alike); None: this batch's own."""
         self.engine, self.degrees, self.orders, self.placement = engine, degrees, orders, placement
         self.params = params
+        self._per_shape = {} if per_shape is None else per_shape
         self.world = 1
         for n, v in degrees.items():
             if n != "team":
@@ -153,14 +156,22 @@ class Orders:
         co = self._coeff.get(key)
         if co is None:
             shapes, pick = self._group_shapes(p.dim)
-            costs = [self.engine.cost(p.pattern, GroupShape(sh, self.world)) for sh in shapes]
-            fits = [self.params.comm_fit(p.pattern, c.link_class) if self.params is not None else None for c in costs]
-            # a CommFit: bandwidth / efficiency, alpha added per step (StepCost.time); none: the link model as is
-            spb = [c.sec_per_byte if f is None else c.sec_per_byte / f.efficiency for c, f in zip(costs, fits)]
-            lat = [c.latency if f is None else c.latency + f.alpha_s for c, f in zip(costs, fits)]
-            co = self._coeff[key] = (np.array([c.steps for c in costs], float)[pick], np.array(spb)[pick],
-                                     np.array(lat)[pick])
+            steps, spb, lat = zip(*(self._shape_coefficients(p.pattern, sh) for sh in shapes))
+            co = self._coeff[key] = (np.array(steps, float)[pick], np.array(spb)[pick], np.array(lat)[pick])
         return co
+
+    def _shape_coefficients(self, pattern: str, parts: tuple) -> tuple[int, float, float]:
+        """(steps, seconds per byte, latency of a step) of ``pattern`` on the groups of ``parts``: the link engine's
+        cost, through the pattern's CommFit where ``params`` has one (bandwidth / efficiency, alpha added per step,
+        StepCost.time); none: the link model as is."""
+        key = (pattern, parts, self.world)
+        v = self._per_shape.get(key)
+        if v is None:
+            c = self.engine.cost(pattern, GroupShape(parts, self.world))
+            f = self.params.comm_fit(pattern, c.link_class) if self.params is not None else None
+            v = self._per_shape[key] = ((c.steps, c.sec_per_byte, c.latency) if f is None else
+                                        (c.steps, c.sec_per_byte / f.efficiency, c.latency + f.alpha_s))
+        return v
 
 
 def shared_cores(balance: tuple, s: float) -> float:
@@ -203,6 +214,7 @@ class Estimator:
         self._shapes: dict = {}  # candidate sizes -> Shape
         self._curve_at: dict = {}  # (backward, block length) -> attention efficiency read from params' curves
         self._acts: dict = {}  # (sizes, checkpointing) -> activation bytes (fitting)
+        self._per_shape: dict = {}  # (pattern, group parts, world) -> Orders' coefficients of one step
         self.bounds = Bounds(self)  # the search's lower bounds over these prices (planner/bounds.py)
 
     @cached_property
@@ -279,7 +291,7 @@ class Estimator:
     # ---- phase costs
     def orders(self, degrees: dict[str, int], orders: list[tuple[str, ...]], placement: str | None = None) -> Orders:
         """An Orders batch priced with this Estimator's engine and params."""
-        return Orders(self.engine, degrees, orders, placement, self.params)
+        return Orders(self.engine, degrees, orders, placement, self.params, self._per_shape)
 
     def compute_time(self, p: Compute, k: int = 1) -> float:
         """FLOPs over peak x efficiency (design.md "How a plan is predicted"); ``k``: of ``p`` with its FLOPs,
