@@ -91,9 +91,18 @@ class Bounds:
 
     def _floored_layer(self, base: Candidate, ckpt: str, mbs: int) -> tuple[float, float]:
         """``_compute_layer``, or where ``forward_is_floored`` the same sums with the forward attention at its even
-        share (not cached: a lower value than the layer's own)."""
+        share (kept apart from the layer's own, a lower value)."""
         if not self.forward_is_floored(base, mbs):
             return self._compute_layer(base, ckpt, mbs)
+        key = ("floored layer", base.algorithm, base.ulysses, base.ring, base.team, base.placement, base.token_layout,
+               base.tp, mbs, base.kv_chunks, ckpt)  # _compute_layer's sizes: a floored layer is asked again and again
+        out = self._cache.get(key)
+        if out is None:
+            out = self._cache[key] = self._floored_sums(base, ckpt, mbs)
+        return out
+
+    def _floored_sums(self, base: Candidate, ckpt: str, mbs: int) -> tuple[float, float]:
+        """``_floored_layer``'s sums where the forward is floored."""
         fwd_linear, bwd_linear, head = self._linear_parts(base, mbs)
         fwd = fwd_linear + self._balanced_forward(base, mbs)
         layer = fwd + bwd_linear + self._attention_compute("bwd", base, mbs)
