@@ -24,7 +24,8 @@ from .documents import check_cu_seqlens, workload_packs
 from .errors import PlanError
 from .layout import _zigzag_sizes, balanced_parts, document_ring_tokens, document_runs, parts_runs, spread_sizes
 from .model import Workload
-from .window_forms import block_tiles, spread_blocks, striped_reach_tiles, striped_whole_tiles, zigzag_blocks
+from .window_forms import (block_tiles, spread_blocks, striped_reach_tiles, striped_whole_tiles, window_places,
+                           zigzag_blocks)
 
 #: packs drawn per priced layout: the expected busiest rank is the mean over this many seeded sequences
 PACK_SAMPLES = 8
@@ -359,12 +360,10 @@ def pack_work(token_layout: str, ring: int, cu_seqlens, causal: bool = True, win
     document where it can be (``_closed_pack``), else from the layout's runs (``layout_runs``, ``round_stats``)."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     parts = None
-    if ring > 1 and window is None:
-        closed, parts = _closed_pack(token_layout, ring, cu, causal)
+    if ring > 1:
+        closed, parts = _closed_pack(token_layout, ring, cu, causal, window)
         if closed is not None:
             return closed
-    elif ring > 1 and token_layout == "balanced":  # placed once under the window: its runs and tiles read them
-        parts = balanced_parts(cu, ring, work_before(cu, causal, window))
     if parts is None:
         runs, p = _pack_pairs(token_layout, ring, cu, causal, window)
     else:
@@ -375,19 +374,22 @@ def pack_work(token_layout: str, ring: int, cu_seqlens, causal: bool = True, win
     return p, hi, avg, pack_tiles(token_layout, ring, cu, causal, window, runs=runs, parts=parts)
 
 
-def _closed_pack(token_layout: str, ring: int, cu: np.ndarray, causal: bool) -> tuple:
-    """(``pack_work`` of a pack without a window whose rounds are taken as even, ``_even_totals``: past ROUND_CELLS
-    runs x ranks, or None; the balancer's parts, placed once a pack for its runs and rounds). Contiguous, zigzag and
-    the balancer count there per document in closed form (``contiguous_pack``, ``zigzag_pack``, ``balanced_pack``),
-    O(documents + P), not from their runs (zigzag's about S past a ring of S/2P ranks); the same integers."""
+def _closed_pack(token_layout: str, ring: int, cu: np.ndarray, causal: bool, window: int | None = None) -> tuple:
+    """(``pack_work`` of a pack whose rounds are taken as even, ``_even_totals``: past ROUND_CELLS runs x ranks, or
+    None; the balancer's parts, placed once a pack for its runs and rounds). Contiguous, zigzag and the balancer
+    count there per document in closed form (``contiguous_pack``, ``zigzag_pack``, ``balanced_pack``), O(documents
+    + P), not from their runs (zigzag's about S past a ring of S/2P ranks); the same integers. Under a window
+    zigzag and the balancer only, where no run is longer than the window's tiles."""
     if token_layout == "balanced":
-        parts = closed_balanced_parts(cu, ring, causal)
+        parts = closed_balanced_parts(cu, ring, causal, window)
         if balanced_runs(parts, ring) * ring > ROUND_CELLS:
-            return _even_pack(*balanced_pack(cu, ring, parts, causal)[:2], ring), parts
+            p, tiles = balanced_pack(cu, ring, parts, causal, window)[:2]
+            return (None if tiles is None else _even_pack(p, tiles, ring)), parts
         return None, parts
     if token_layout == "zigzag" and zigzag_runs(cu, ring) * ring > ROUND_CELLS:
-        return _even_pack(*zigzag_pack(cu, ring, causal), ring), None
-    if token_layout == "contiguous" and contiguous_runs(cu, ring) * ring > ROUND_CELLS:
+        p, tiles = zigzag_pack(cu, ring, causal, window)
+        return (None if tiles is None else _even_pack(p, tiles, ring)), None
+    if token_layout == "contiguous" and window is None and contiguous_runs(cu, ring) * ring > ROUND_CELLS:
         return _even_pack(*contiguous_pack(cu, ring, causal), ring), None
     return None, None
 
@@ -412,35 +414,59 @@ def _cyclic_below(a, n, x, P: int):
     return np.clip(x - a, 0, np.minimum(n, P - a)) + np.clip(x, 0, np.maximum(a + n - P, 0))
 
 
-def _two_chunks(s1, c1, s2, c2, L, causal: bool):
-    """Score entries of a rank's two chunks of a document of L tokens (c tokens from offset s), without a window."""
-    return (prefix_pairs(s1 + c1, L, causal) - prefix_pairs(s1, L, causal)
-            + prefix_pairs(s2 + c2, L, causal) - prefix_pairs(s2, L, causal))
+def _two_chunks(s1, c1, s2, c2, L, causal: bool, window=None):
+    """Score entries of a rank's two chunks of a document of L tokens (c tokens from offset s) under the mask."""
+    return (prefix_pairs(s1 + c1, L, causal, window) - prefix_pairs(s1, L, causal, window)
+            + prefix_pairs(s2 + c2, L, causal, window) - prefix_pairs(s2, L, causal, window))
+
+
+def _zigzag_starts(doc: tuple, P: int):
+    """(first-half chunk u's offset, chunk 2P-1-u's offset) as functions of u, per zigzag document."""
+    q, nA, nB, a = doc[:4]
+    return (lambda u: u * q + _cyclic_below(a, nA, u, P),
+            lambda u: (2 * P - 1 - u) * q + nA + nB - _cyclic_below(a, nB, u + 1, P))
+
+
+def _spread_starts(doc: tuple, P: int):
+    """(chunk u's offset, chunk 2P-1-u's offset) as functions of u, per spread document."""
+    q, rem = doc[:2]
+    return lambda u: u * q + np.minimum(u, rem), lambda u: (2 * P - 1 - u) * q + np.minimum(2 * P - 1 - u, rem)
+
+
+def _windowed(doc: tuple, places: np.ndarray, starts, L, P: int, causal: bool, window: int | None):
+    """(doc, places) of ``_piecewise_ranks`` under a window: the window per document appended to ``doc`` (its work
+    functions read it), and the ranks whose chunks hold the offsets where ``prefix_pairs`` changes form
+    (window_forms.window_places) with their neighbours as places: between them each chunk's entries stay linear."""
+    if window is None:
+        return doc, places
+    W = np.full_like(L, window)
+    at = window_places(*starts(doc, P), [W] if causal else [W, L - W], P)
+    return doc + (W,), np.concatenate([places, _near(at, P, False)], axis=1)
 
 
 def _zigzag_doc_work(doc: tuple, u, P: int, causal: bool):
     """Rank u's entries of each per-document zigzag document (q, nA, nB, a, L): chunk k < P holds q tokens and one
     extra where k is among the nA ranks from a (mod P); chunk 2P-1-u one more where u is among the first nB of
     them (``layout._zigzag_extras``)."""
-    q, nA, nB, a, L = doc
+    q, nA, nB, a, L, *window = doc
     inA = _cyclic_below(a, nA, u + 1, P) - _cyclic_below(a, nA, u, P)
     inB = _cyclic_below(a, nB, u + 1, P) - _cyclic_below(a, nB, u, P)
     s2 = (2 * P - 1 - u) * q + nA + nB - _cyclic_below(a, nB, u + 1, P)
-    return _two_chunks(u * q + _cyclic_below(a, nA, u, P), q + inA, s2, q + inB, L, causal)
+    return _two_chunks(u * q + _cyclic_below(a, nA, u, P), q + inA, s2, q + inB, L, causal, *window)
 
 
 def _spread_doc_work(doc: tuple, u, P: int, causal: bool):
     """Rank u's entries (before the rotation) of each document the balancer spreads (q, rem, L): 2P even pieces,
     chunk k of q + [k < rem] tokens from kq + min(k, rem) (``layout.spread_sizes``)."""
-    q, rem, L = doc
+    q, rem, L, *window = doc
     k2 = 2 * P - 1 - u
     return _two_chunks(u * q + np.minimum(u, rem), q + (u < rem), k2 * q + np.minimum(k2, rem), q + (k2 < rem), L,
-                       causal)
+                       causal, *window)
 
 
 def _spread_doc_tokens(doc: tuple, u, P: int, causal: bool):
     """Rank u's tokens (before the rotation) of each document the balancer spreads (``_spread_doc_work``)."""
-    q, rem, _ = doc
+    q, rem = doc[:2]
     return 2 * q + (u < rem) + (2 * P - 1 - u < rem)
 
 
@@ -450,23 +476,24 @@ def _spread_places(rem: np.ndarray, P: int) -> np.ndarray:
     return _near(np.stack([rem, 2 * P - rem, 2 * P - 1 - rem], axis=1), P, False)
 
 
-def spread_loads(cu: np.ndarray, ring: int, spread: np.ndarray, causal: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """(work, tokens) each rank holds of the documents the balancer spreads (``layout._spread_loads``) without a
-    window, per document in closed form: the same integers, the work as float64."""
+def spread_loads(cu: np.ndarray, ring: int, spread: np.ndarray, causal: bool = True, window: int | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(work, tokens) each rank holds of the documents the balancer spreads (``layout._spread_loads``), per document
+    in closed form: the same integers, the work as float64."""
     if not len(spread):
         return np.zeros(ring), np.zeros(ring, dtype=np.int64)
     L = cu[spread + 1] - cu[spread]
     q, rem = np.divmod(L, 2 * ring)
-    doc, places, shift = (q, rem, L), _spread_places(rem, ring), spread % ring
+    doc, places = _windowed((q, rem, L), _spread_places(rem, ring), _spread_starts, L, ring, causal, window)
+    shift = spread % ring
     return (_piecewise_ranks(_spread_doc_work, doc, places, shift, ring, causal).astype(np.float64),
             _piecewise_ranks(_spread_doc_tokens, doc, places, shift, ring, causal))
 
 
-def closed_balanced_parts(cu: np.ndarray, ring: int, causal: bool = True):
-    """``layout.balanced_parts`` of a mask without a window, its work in closed form (``work_before``,
-    ``spread_loads``)."""
-    return balanced_parts(cu, ring, work_before(cu, causal, None),
-                          spread_loads=lambda c, p, s: spread_loads(c, p, s, causal))
+def closed_balanced_parts(cu: np.ndarray, ring: int, causal: bool = True, window: int | None = None):
+    """``layout.balanced_parts`` of the mask, its work in closed form (``work_before``, ``spread_loads``)."""
+    return balanced_parts(cu, ring, work_before(cu, causal, window),
+                          spread_loads=lambda c, p, s: spread_loads(c, p, s, causal, window))
 
 
 def _piecewise_ranks(work, doc: tuple, places: np.ndarray, shift: np.ndarray, P: int, causal: bool) -> np.ndarray:
@@ -530,19 +557,23 @@ def zigzag_runs(cu: np.ndarray, ring: int) -> int:
     return int(np.where(L >= 2 * ring, 2 * ring, L).sum())
 
 
-def zigzag_pack(cu: np.ndarray, ring: int, causal: bool = True) -> tuple[np.ndarray, tuple[int, int, float]]:
-    """(each rank's score entries, ``pack_tiles``) of the per-document zigzag without a window, per document in
-    closed form (``_zigzag_doc_work``). Tiles: a document's nonzero chunks, less one where its last first-half
+def zigzag_pack(cu: np.ndarray, ring: int, causal: bool = True, window: int | None = None
+                ) -> tuple[np.ndarray, tuple[int, int, float] | None]:
+    """(each rank's score entries, ``pack_tiles``) of the per-document zigzag, per document in closed form
+    (``_zigzag_doc_work``). Tiles: a document's nonzero chunks, less one where its last first-half
     chunk and the next nonzero one share a rank (chunk k < P on rank k and 2P-1-k: the highest rank among its
-    first-half extras is also among its second-half ones, always where q >= 1)."""
+    first-half extras is also among its second-half ones, always where q >= 1); under a window
+    ``_chunked_tiles`` (None where a run is longer than the window's tiles)."""
     P = ring
     L = np.diff(cu)
     q, rem = np.divmod(L, 2 * P)
     a = (np.cumsum(rem) - rem) % P
     nA, nB = np.minimum(rem, P), np.maximum(rem - P, 0)
-    doc = (q, nA, nB, a, L)
-    places = _near(np.stack([a, a + nA, a + nB], axis=1), P, True)
+    doc, places = _windowed((q, nA, nB, a, L), _near(np.stack([a, a + nA, a + nB], axis=1), P, True),
+                            _zigzag_starts, L, P, causal, window)
     p = _piecewise_ranks(_zigzag_doc_work, doc, places, np.zeros(len(L), dtype=np.int64), P, causal)
+    if window is not None:
+        return p, _chunked_tiles("zigzag", P, cu, causal, window)
     top = np.where(a + nA >= P, P - 1, a + nA - 1)  # the highest rank among the first-half extras
     merged = (q > 0) | ((top - a) % P < nB)
     m = np.where(q > 0, 2 * P, rem) - merged
@@ -584,11 +615,12 @@ def contiguous_pack(cu: np.ndarray, ring: int, causal: bool = True) -> tuple[np.
     return p, _tile_sums(z - a + 1, roots, L, causal)
 
 
-def balanced_pack(cu: np.ndarray, ring: int, parts, causal: bool = True
-                  ) -> tuple[np.ndarray, tuple[int, int, float], int]:
-    """(each rank's score entries, ``pack_tiles``, its runs) of the balancer without a window from its ``parts``
+def balanced_pack(cu: np.ndarray, ring: int, parts, causal: bool = True, window: int | None = None
+                  ) -> tuple[np.ndarray, tuple[int, int, float] | None, int]:
+    """(each rank's score entries, ``pack_tiles``, its runs) of the balancer from its ``parts``
     (``layout.balanced_parts``): the spread documents per document in closed form (``_spread_doc_work``, rotated by
-    their index), 2P - 1 runs each (chunks P - 1 and P share a rank); the runs placed whole or poured as runs."""
+    their index), 2P - 1 runs each (chunks P - 1 and P share a rank); the runs placed whole or poured as runs.
+    Under a window the tiles are ``_chunked_tiles``' (None where a run is longer than the window's tiles)."""
     P = ring
     spread, (start, stop, rank) = parts
     L = np.diff(cu)
@@ -596,15 +628,19 @@ def balanced_pack(cu: np.ndarray, ring: int, parts, causal: bool = True
     if len(start):
         o = np.argsort(start, kind="stable")
         start, stop, rank, doc = _merged(start[o], stop[o], rank[o], run_documents(start[o], cu))
-        p = run_rank_pairs((start, stop, rank), cu, P, causal, None)
+        p = run_rank_pairs((start, stop, rank), cu, P, causal, window)
         m = np.bincount(doc, minlength=len(L))
         sizes, owner = _document_rank_sizes(doc, rank, stop - start, len(L), P)
         roots = np.bincount(owner, weights=np.sqrt(sizes), minlength=len(L))
     if len(spread):
         q, rem = np.divmod(L[spread], 2 * P)
-        p = p + _piecewise_ranks(_spread_doc_work, (q, rem, L[spread]), _spread_places(rem, P), spread % P, P, causal)
+        doc, places = _windowed((q, rem, L[spread]), _spread_places(rem, P), _spread_starts, L[spread], P, causal,
+                                window)
+        p = p + _piecewise_ranks(_spread_doc_work, doc, places, spread % P, P, causal)
         m[spread] = 2 * P - 1
         roots[spread] = _roots(*_even_cells(q, np.minimum(rem, P), np.maximum(rem - P, 0), P))
+    if window is not None:
+        return p, _chunked_tiles("balanced", P, cu, causal, window, parts), balanced_runs(parts, P)
     return p, _tile_sums(m, roots, L, causal), balanced_runs(parts, P)
 
 

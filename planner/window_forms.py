@@ -181,3 +181,34 @@ def striped_whole_tiles(cu: np.ndarray, P: int, W: int, causal: bool, limit: int
     if int((below - clip_sum(zero, m, 1 - W - span, m)).sum()) <= limit:
         return None
     return int((below - clip_sum(zero, m, 1 - W - (L - m), m)).sum())
+
+
+# ---------------------------------------------------------------- a rank's entries under a window, per document
+#
+# A chunk's entries are prefix_pairs(end) - prefix_pairs(start) (planner/masks.py), one quadratic in the offset up
+# to the window W and another past it (bidirectional: also past L - W). A chunk wholly on one side is linear in its
+# rank between the layouts' places; only the one chunk of each half that holds such an offset is not, so it is made
+# a place of its own.
+
+
+def last_below(start, T, P: int) -> np.ndarray:
+    """Per document, the last u in [0, P) with start(u) < T (start nondecreasing in u, (D,) arrays), -1 where none:
+    a bisection over all documents at once, O(log P) rounds."""
+    lo, hi = np.full(len(T), -1, dtype=np.int64), np.full(len(T), P, dtype=np.int64)
+    while (hi - lo > 1).any():
+        mid = (lo + hi) // 2
+        below = start(np.clip(mid, 0, P - 1)) < T
+        open_ = hi - lo > 1
+        lo, hi = np.where(open_ & below, mid, lo), np.where(open_ & ~below, mid, hi)
+    return lo
+
+
+def window_places(first, second, thresholds, P: int) -> np.ndarray:
+    """(D, 2 x thresholds) ranks u whose chunk (``first``: chunk u's offset, nondecreasing; ``second``: chunk
+    2P-1-u's, nonincreasing) is the last of its half to start below each threshold offset: every chunk before it
+    ends by the threshold, every one after starts at or past it."""
+    out = []
+    for T in thresholds:
+        out.append(last_below(first, T, P))
+        out.append(P - 1 - last_below(lambda v: second(P - 1 - v), T, P))
+    return np.stack(out, axis=1)

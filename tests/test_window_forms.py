@@ -174,3 +174,36 @@ def test_clip_sum_is_the_sum_of_its_clips():
         a, c, M = int(rng.integers(-5, 20)), int(rng.integers(-30, 30)), int(rng.integers(0, 15))
         b = a + int(rng.integers(0, 20))
         assert window_forms.clip_sum(a, b, c, M) == sum(min(max(o + c, 0), M) for o in range(a, b))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_zigzag_and_balancer_per_document_under_a_window_are_their_runs(causal):
+    """Each rank's entries in closed form under a window (zigzag_pack, balanced_pack, spread_loads) against the
+    token-by-token count and the runs' loads; their tiles against the explicit count."""
+    from sp_plan.planner.layout import _spread_loads
+    for cu in _packs():
+        for ring in (2, 3, 7, 64, 1000, 4096):
+            for window in (1, 3, 100, 700, 4096):
+                reference = masks.rank_pairs(masks.layout_tokens("zigzag", ring, cu), cu, causal, window)
+                p, tiles = masks.zigzag_pack(cu, ring, causal, window)
+                assert p.tolist() == reference.tolist(), (cu[:4], ring, window)
+                assert tiles is None or tiles[0] == _explicit_tiles("zigzag", ring, cu, causal, window)
+                parts = masks.closed_balanced_parts(cu, ring, causal, window)
+                before = masks.work_before(cu, causal, window)
+                assert all((x == y).all() for x, y in zip(parts[1], balanced_parts(cu, ring, before)[1]))
+                load, held = masks.spread_loads(cu, ring, parts[0], causal, window)
+                exact_load, exact_held = _spread_loads(cu, ring, parts[0], before)
+                assert load.tolist() == exact_load.tolist() and held.tolist() == exact_held.tolist()
+                runs = masks.layout_runs("balanced", ring, cu, causal, window)
+                p, tiles, count = masks.balanced_pack(cu, ring, parts, causal, window)
+                assert p.tolist() == masks.run_rank_pairs(runs, cu, ring, causal, window).tolist()
+                assert tiles is None or tiles[0] == _explicit_tiles("balanced", ring, cu, causal, window)
+
+
+def test_one_long_document_over_many_ranks_under_a_window():
+    """A single document of many chunks a rank, and one of fewer tokens than ranks, at a window inside a chunk."""
+    for cu in (np.array([0, 1 << 16]), np.array([0, 3000]), np.array([0, 5, 70000])):
+        for ring in (4, 512, 8192):
+            for causal in (True, False):
+                reference = masks.run_rank_pairs(masks.layout_runs("zigzag", ring, cu), cu, ring, causal, 300)
+                assert masks.zigzag_pack(cu, ring, causal, 300)[0].tolist() == reference.tolist()
