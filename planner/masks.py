@@ -378,8 +378,8 @@ def _closed_pack(token_layout: str, ring: int, cu: np.ndarray, causal: bool, win
     """(``pack_work`` of a pack whose rounds are taken as even, ``_even_totals``: past ROUND_CELLS runs x ranks, or
     None; the balancer's parts, placed once a pack for its runs and rounds). Contiguous, zigzag and the balancer
     count there per document in closed form (``contiguous_pack``, ``zigzag_pack``, ``balanced_pack``), O(documents
-    + P), not from their runs (zigzag's about S past a ring of S/2P ranks); the same integers. Under a window
-    zigzag and the balancer only, where no run is longer than the window's tiles."""
+    + P), not from their runs (zigzag's about S past a ring of S/2P ranks); the same integers; under a window
+    where no run is longer than the window's tiles."""
     if token_layout == "balanced":
         parts = closed_balanced_parts(cu, ring, causal, window)
         if balanced_runs(parts, ring) * ring > ROUND_CELLS:
@@ -389,8 +389,9 @@ def _closed_pack(token_layout: str, ring: int, cu: np.ndarray, causal: bool, win
     if token_layout == "zigzag" and zigzag_runs(cu, ring) * ring > ROUND_CELLS:
         p, tiles = zigzag_pack(cu, ring, causal, window)
         return (None if tiles is None else _even_pack(p, tiles, ring)), None
-    if token_layout == "contiguous" and window is None and contiguous_runs(cu, ring) * ring > ROUND_CELLS:
-        return _even_pack(*contiguous_pack(cu, ring, causal), ring), None
+    if token_layout == "contiguous" and contiguous_runs(cu, ring) * ring > ROUND_CELLS:
+        p, tiles = contiguous_pack(cu, ring, causal, window)
+        return (None if tiles is None else _even_pack(p, tiles, ring)), None
     return None, None
 
 
@@ -595,24 +596,38 @@ def contiguous_runs(cu: np.ndarray, ring: int) -> int:
     return int((np.searchsorted(bounds[1:], cu[1:] - 1, side="right") - first + 1).sum())
 
 
-def contiguous_pack(cu: np.ndarray, ring: int, causal: bool = True) -> tuple[np.ndarray, tuple[int, int, float]]:
-    """(each rank's score entries, ``pack_tiles``) of the contiguous layout without a window from its P + 1 bounds
+def contiguous_pack(cu: np.ndarray, ring: int, causal: bool = True, window: int | None = None
+                    ) -> tuple[np.ndarray, tuple[int, int, float] | None]:
+    """(each rank's score entries, ``pack_tiles``) of the contiguous layout from its P + 1 bounds
     (``contiguous_spans``), not its runs: a rank's entries are the work before its last bound less that before its
     first (``work_before``'s integers); a document's tiles are the ranks it reaches, its cells a first and a last
-    partial rank and whole ranks of q + 1 tokens (below e) or q between."""
+    partial rank and whole ranks of q + 1 tokens (below e) or q between; under a window those four blocks of equal
+    runs counted by window_forms.block_tiles (None where a run is longer than the window's tiles)."""
     L = np.diff(cu)
     bounds, a = contiguous_spans(cu, ring)
     z = np.searchsorted(bounds[1:], cu[1:] - 1, side="right")  # each document's last rank
-    done = np.concatenate([[0], np.cumsum(document_pairs(L, causal))])
+    done = np.concatenate([[0], np.cumsum(document_pairs(L, causal, window))])
     d = np.minimum(np.searchsorted(cu, bounds, side="right") - 1, len(L) - 1)
-    p = np.diff(done[d] + prefix_pairs(bounds - cu[d], L[d], causal))
+    p = np.diff(done[d] + prefix_pairs(bounds - cu[d], L[d], causal, window))
     q, e = divmod(int(cu[-1]), ring)
     big = np.clip(np.minimum(z, e) - a - 1, 0, None)  # whole ranks of q + 1 tokens
     inner = np.maximum(z - a - 1, 0)
     ends = np.where(z > a, np.sqrt((bounds[a + 1] - cu[:-1]).astype(np.float64))
                     + np.sqrt((cu[1:] - bounds[z]).astype(np.float64)), np.sqrt(L.astype(np.float64)))
     roots = ends + big * np.sqrt(q + 1.0) + (inner - big) * np.sqrt(float(q))
-    return p, _tile_sums(z - a + 1, roots, L, causal)
+    if window is None:
+        return p, _tile_sums(z - a + 1, roots, L, causal)
+    one, spans = np.ones_like(L), z > a
+    n = np.stack([one, big, np.where(q > 0, inner - big, 0), spans.astype(np.int64)], axis=1)
+    size = np.stack([np.where(spans, bounds[a + 1] - cu[:-1], L), np.full_like(L, q + 1), np.full_like(L, max(q, 1)),
+                     cu[1:] - bounds[z]], axis=1)
+    cut = min(max(window, MIN_TILE), int(cu[-1]))
+    if int(np.where(n > 0, size, 0).max()) > cut:
+        return p, None
+    pairs = document_pairs(L, causal, window)
+    per_length = np.maximum(pairs * roots ** 2 / (L.astype(np.float64) ** 2), pairs / cut)
+    F = np.cumsum(n * size, axis=1) - n * size
+    return p, (block_tiles(F, n, size, window, causal), int(pairs.sum()), float(per_length.sum()))
 
 
 def balanced_pack(cu: np.ndarray, ring: int, parts, causal: bool = True, window: int | None = None

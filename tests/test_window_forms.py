@@ -207,3 +207,22 @@ def test_one_long_document_over_many_ranks_under_a_window():
             for causal in (True, False):
                 reference = masks.run_rank_pairs(masks.layout_runs("zigzag", ring, cu), cu, ring, causal, 300)
                 assert masks.zigzag_pack(cu, ring, causal, 300)[0].tolist() == reference.tolist()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_contiguous_under_a_window_is_its_tokens_and_runs(causal):
+    """The contiguous layout's entries from its bounds and its tiles from four blocks a document, against the
+    token-by-token count and the explicit tiles, up to more ranks than tokens."""
+    hits = 0
+    for cu in _packs():
+        for ring in (2, 3, 7, 64, 1000, 4096, 9000):
+            for window in (1, 3, 100, 4096):
+                reference = masks.rank_pairs(masks.layout_tokens("contiguous", ring, cu), cu, causal, window)
+                p, tiles = masks.contiguous_pack(cu, ring, causal, window)
+                assert p.tolist() == reference.tolist(), (cu[:4], ring, window)
+                if tiles is not None:
+                    hits += 1
+                    exact = masks.pack_tiles("contiguous", ring, cu, causal, window)
+                    assert tiles[:2] == exact[:2] and tiles[2] == pytest.approx(exact[2], rel=1e-11)
+                    assert tiles[0] == _explicit_tiles("contiguous", ring, cu, causal, window)
+    assert hits > 100
