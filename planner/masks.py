@@ -1401,7 +1401,8 @@ def pack_tiles(token_layout: str, ring: int, cu_seqlens, causal: bool = True, wi
         hi = last if causal else np.minimum(de, last + window - 1)
     tiles = None
     if step > 1:  # the candidate pairs past ROUND_CELLS (_strided_pairs_tiles' limit) in closed form
-        tiles = striped_reach_tiles(first, last, doc, lo, hi, cu, step, cut, step * (int(n.max()) - 1), ROUND_CELLS)
+        tiles = striped_reach_tiles(first, last, doc, lo, hi, cu, step, cut, step * (int(n.max()) - 1),
+                                    _striped_limit(step, causal, window))
         if tiles is None:
             tiles = _strided_pairs_tiles(first, last, n, lo, hi, step, causal, window)
     if tiles is None:
@@ -1446,11 +1447,20 @@ def _striped_window_tiles(ring: int, cu: np.ndarray, causal: bool, window: int, 
     cut = min(max(-(-window // ring), MIN_TILE), int(cu[-1]))
     if -(-int(L.max()) // ring) > cut:
         return None
-    tiles = striped_whole_tiles(cu, ring, window, causal, ROUND_CELLS)
+    tiles = striped_whole_tiles(cu, ring, window, causal, _striped_limit(ring, causal, window))
     if tiles is None:
         return None
     per_length = np.maximum(pairs * _striped_roots(L, ring) ** 2 / (L.astype(np.float64) ** 2), pairs / cut)
     return tiles, int(pairs.sum()), float(per_length.sum())
+
+
+def _striped_limit(step: int, causal: bool, window: int) -> int:
+    """The candidate pairs past which striped tiles are the pairs of runs whose intervals meet a reach
+    (``striped_reach_tiles``): ROUND_CELLS (``_strided_pairs_tiles``' limit), or none (-1) where the window's offsets
+    span a whole stride (P <= W causal, P <= 2W - 1 bidirectional): there a query run meets a key run whose
+    interval meets its reach at some offset t of the runs' (the window's ranges for consecutive t touch), so
+    ``_strided_pairs_tiles`` would count those same pairs."""
+    return -1 if step <= (window if causal else 2 * window - 1) else ROUND_CELLS
 
 
 def _placed_tiles(placed, cu: np.ndarray, ring: int, causal: bool, window: int, cut: int) -> tuple[int, np.ndarray]:

@@ -226,3 +226,23 @@ def test_contiguous_under_a_window_is_its_tokens_and_runs(causal):
                     assert tiles[:2] == exact[:2] and tiles[2] == pytest.approx(exact[2], rel=1e-11)
                     assert tiles[0] == _explicit_tiles("contiguous", ring, cu, causal, window)
     assert hits > 100
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_striped_tiles_are_the_pairs_the_window_connects(causal):
+    """Striped under a window: ``pack_tiles`` against every pair of pieces with a query-key offset in the
+    window's range (``_strided_pairs_tiles`` without a limit), where the window spans a stride and past it."""
+    spanned = 0
+    for cu in _packs()[:10]:
+        for ring in (2, 3, 16, 64, 300):
+            for window in (1, 5, 40, 100, 700):
+                first, last, doc, lo, hi, cut, span, candidates, every = _striped_pieces(ring, cu, causal, window)
+                n = (last - first) // ring + 1
+                pairs = masks._strided_pairs_tiles(first, last, n, lo, hi, ring, causal, window, limit=1 << 62)
+                got = masks.pack_tiles("striped", ring, cu, causal, window)[0]
+                if masks._striped_limit(ring, causal, window) < 0:
+                    spanned += 1
+                    assert got == pairs == every, (cu[:4], ring, window)
+                elif candidates <= masks.ROUND_CELLS:
+                    assert got == pairs
+    assert spanned > 100
