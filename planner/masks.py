@@ -715,7 +715,7 @@ def _ramp(n, nb):
     """sum_{u=1..n} min(u, nb), 0 for n <= 0 (int64 arrays)."""
     n = np.maximum(n, 0)
     m = np.minimum(n, nb)
-    return m * (m + 1) // 2 + (n - m) * nb
+    return ((m * (m + 1)) >> 1) + (n - m) * nb  # m >= 0: a shift halves exactly, and costs less than a division
 
 
 def _pairs_at_least(y, a0, a1, b0, nb):
