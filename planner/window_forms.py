@@ -147,10 +147,10 @@ def striped_reach_tiles(first, last, doc, lo, hi, cu: np.ndarray, P: int, c: int
     ``masks.pack_tiles`` counts them past ``limit`` candidate pairs (every piece whose tokens' interval meets the
     reach: those starting by hi less those ending before lo, inside the query's document), or None where the
     candidates (pieces starting in [lo - span, hi], ``span`` the longest piece's) may be no more than ``limit``:
-    they are at least those of the query's own document."""
+    they are at least those of the query's own document (a negative limit: counted whatever their number)."""
     ds, L = cu[doc], cu[doc + 1] - cu[doc]
     below = striped_firsts(hi - ds, L, P, c)
-    if int((below - striped_firsts(lo - span - 1 - ds, L, P, c)).sum()) <= limit:
+    if limit >= 0 and int((below - striped_firsts(lo - span - 1 - ds, L, P, c)).sum()) <= limit:
         return None
     return int((below - striped_lasts(lo - ds, L, P, c)).sum())
 
@@ -178,7 +178,7 @@ def striped_whole_tiles(cu: np.ndarray, P: int, W: int, causal: bool, limit: int
     d = 1 if causal else W  # a run's queries reach its last token, or W - 1 past it (within its document)
     below = clip_sum(0, R, P * Q + d, m) + clip_sum(R, m, P * (Q - 1) + d, m)
     zero = np.zeros_like(L)
-    if int((below - clip_sum(zero, m, 1 - W - span, m)).sum()) <= limit:
+    if limit >= 0 and int((below - clip_sum(zero, m, 1 - W - span, m)).sum()) <= limit:
         return None
     return int((below - clip_sum(zero, m, 1 - W - (L - m), m)).sum())
 
