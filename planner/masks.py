@@ -759,7 +759,14 @@ def _causal_run_matrix(start, stop, rank, doc, docs: int, ring: int) -> np.ndarr
 
 def _windowed_run_matrix(start, stop, rank, ds, de, ring: int, causal: bool, window: int) -> np.ndarray:
     """(P, P) float pairs under a window: every pair of runs A (queries) and B (keys) of one document within the
-    window's reach, its pairs with offset t - k in the mask's range in closed form (``_pairs_at_least``)."""
+    window's reach, its pairs with offset t - k in the mask's range in closed form (``_windowed_run_cells``)."""
+    qr, kr, pairs = _windowed_run_cells(start, stop, rank, ds, de, causal, window)
+    return np.bincount(qr * ring + kr, weights=pairs, minlength=ring * ring).reshape(ring, ring)
+
+
+def _windowed_run_cells(start, stop, rank, ds, de, causal: bool, window: int) -> tuple[np.ndarray, ...]:
+    """(query rank, key rank, float pairs) of every pair of runs of one document within the window's reach
+    (``_pairs_at_least``), in the order ``_windowed_run_matrix`` sums them."""
     reach = window - 1
     lo = np.maximum(ds, start - reach)  # the first key any query of the run sees
     hi = stop - 1 if causal else np.minimum(de - 1, stop - 1 + reach)  # the last
@@ -769,7 +776,24 @@ def _windowed_run_matrix(start, stop, rank, ds, de, ring: int, causal: bool, win
     b = first[a] + np.arange(len(a)) - np.repeat(np.cumsum(n) - n, n)
     a0, a1, b0, nb = start[a], stop[a], start[b], stop[b] - start[b]
     pairs = _pairs_at_least(0 if causal else -reach, a0, a1, b0, nb) - _pairs_at_least(window, a0, a1, b0, nb)
-    return np.bincount(rank[a] * ring + rank[b], weights=pairs, minlength=ring * ring).reshape(ring, ring)
+    return rank[a], rank[b], pairs
+
+
+def _cell_round_stats(qr: np.ndarray, kr: np.ndarray, pairs: np.ndarray, ring: int) -> tuple[np.ndarray, np.ndarray]:
+    """(P,) busiest and mean score entries of each ring round from cells (query rank, key rank, pairs) without the
+    (P, P) matrix: each rank pair's cells summed in their order and rounded as ``run_pair_matrix`` sums and rounds
+    them, then per round (query rank less key rank, mod P) the largest (0 where no rank has any) and the sum over
+    P (float64 sums of exact integers, as the matrix's mean)."""
+    key, where = np.unique(qr * ring + kr, return_inverse=True)
+    v = np.rint(np.bincount(where, weights=pairs, minlength=len(key))).astype(np.int64)
+    rnd = (key // ring - key % ring) % ring
+    busiest = np.zeros(ring, dtype=np.int64)
+    np.maximum.at(busiest, rnd, v)
+    return busiest, np.bincount(rnd, weights=v, minlength=ring) / ring
+
+
+#: pairs of runs under a window, over P^2, below which ``round_stats`` reads the rounds off them (not the matrix)
+CELL_SHARE = 1 / 8
 
 
 def _pairs_of_runs(n: np.ndarray, rank: np.ndarray, doc: np.ndarray, ring: int) -> np.ndarray:
@@ -1235,6 +1259,16 @@ def round_stats(token_layout: str, ring: int, cu_seqlens, causal: bool = True, w
         return striped_round_stats(cu_seqlens, ring, window)
     if token_layout == "striped":
         rounds = striped_rounds(cu_seqlens, ring, causal, window)
+    elif not whole_documents:  # a window inside a document: pairs of runs in its reach
+        cu = np.asarray(cu_seqlens, dtype=np.int64)
+        start, stop, rank = runs
+        doc = np.searchsorted(cu, start, side="right") - 1
+        cells = _windowed_run_cells(start, stop, rank, cu[doc], cu[doc + 1], causal, window)
+        if len(cells[0]) < CELL_SHARE * ring * ring:
+            return _cell_round_stats(*cells, ring)
+        by_rank = _diagonals(np.rint(np.bincount(cells[0] * ring + cells[1], weights=cells[2],
+                                                 minlength=ring * ring)).astype(np.int64).reshape(ring, ring))
+        return by_rank.max(axis=0)[::-1], by_rank.mean(axis=0)[::-1]  # exact integer sums: any order
     else:
         by_rank = _diagonals(_counted_matrix(token_layout, ring, cu_seqlens, causal, window, runs))
         return by_rank.max(axis=0)[::-1], by_rank.mean(axis=0)[::-1]  # exact integer sums: any order

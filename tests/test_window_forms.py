@@ -246,3 +246,24 @@ def test_striped_tiles_are_the_pairs_the_window_connects(causal):
                 elif candidates <= masks.ROUND_CELLS:
                     assert got == pairs
     assert spanned > 100
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_rounds_from_pairs_of_runs_are_the_matrix_rounds(causal):
+    """Each ring round's busiest and mean entries under a window read off the pairs of runs in reach, against the
+    rounds of the (P, P) pair matrix."""
+    used = 0
+    for cu in _packs():
+        for ring in (2, 5, 64, 300):
+            for window in (1, 7, 100, 1000):
+                if window >= np.diff(cu).max():
+                    continue
+                for layout in ("contiguous", "zigzag", "balanced"):
+                    runs = masks.layout_runs(layout, ring, cu, causal, window)
+                    doc = np.searchsorted(cu, runs[0], side="right") - 1
+                    cells = masks._windowed_run_cells(*runs, cu[doc], cu[doc + 1], causal, window)
+                    busiest, mean = masks._cell_round_stats(*cells, ring)
+                    expect = masks.round_pairs(masks.run_pair_matrix(runs, cu, ring, causal, window))
+                    assert busiest.tolist() == expect[0].tolist() and mean.tolist() == expect[1].tolist()
+                    used += 1
+    assert used > 100
