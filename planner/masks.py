@@ -317,8 +317,8 @@ def _pack_pairs(token_layout: str, ring: int, cu, causal: bool, window: int | No
 
 @lru_cache(maxsize=4096)
 def _layout_work(work: Workload, token_layout: str, ring: int, window: int | None
-                 ) -> tuple[RankWork, RoundWork, TileWork]:
-    """``busiest_rank_pairs``, ``ring_round_pairs`` and ``layout_tiles`` of one layout and ring degree, from one pass
+                 ) -> tuple[RankWork, tuple[np.ndarray, ...], TileWork]:
+    """``busiest_rank_pairs``, ``round_arrays`` and ``layout_tiles`` of one layout and ring degree, from one pass
     over the packs: a search prices all three (all-gather; ring and USP; the tiles of either) for every layout and
     degree, and each pack's layout runs and rank totals, the most of their cost, serve them all."""
     samples = PACK_SAMPLES if work.documents is not None else 1
@@ -330,8 +330,14 @@ def _layout_work(work: Workload, token_layout: str, ring: int, window: int | Non
         busiest, mean, empty = busiest + hi, mean + avg, empty + (hi == 0)
         tiles += t
     return (RankWork(total / samples, top / samples, top * ring / total if total else 1.0, samples),
-            RoundWork(_per_round(busiest, samples), _per_round(mean, samples), _per_round(empty, samples), samples),
+            tuple(_frozen(x / samples) for x in (busiest, mean, empty)),
             TileWork(*(tiles / samples).tolist(), float(plain_tiles(token_layout, ring, work, None)), samples))
+
+
+def _frozen(x: np.ndarray) -> np.ndarray:
+    """``x`` made read-only: a cached result handed to every caller."""
+    x.flags.writeable = False
+    return x
 
 
 def _per_round(x: np.ndarray, samples: int) -> tuple[float, ...]:
@@ -708,6 +714,13 @@ def ring_round_pairs(work: Workload, token_layout: str, ring: int, window: int |
     """Each ring round's busiest rank's and mean score entries per sequence, and how often the mask empties the
     round, in expectation over PACK_SAMPLES seeded packs (one without documents) under ``window``: a ring round
     waits on its busiest rank, and a round the mask empties needs no transfer (a windowed ring's far ranks)."""
+    return RoundWork(*(_per_round(x, 1) for x in round_arrays(work, token_layout, ring, window)),
+                     _layout_work(work, token_layout, ring, window)[0].samples)
+
+
+def round_arrays(work: Workload, token_layout: str, ring: int, window: int | None = None) -> tuple[np.ndarray, ...]:
+    """``ring_round_pairs``' busiest, mean and empty per round as (P,) read-only float64 arrays (the same floats),
+    for callers that compute on them: no P-long tuple of floats made and read back."""
     return _layout_work(work, token_layout, ring, window)[1]
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from .algorithms import Algorithm, Variant, algorithm_for, register
 from .layout import BALANCE_MAX_RING, ring_balance, round_work_runs
-from .masks import has_mask, layer_windows, ring_round_pairs
+from .masks import has_mask, layer_windows, round_arrays
 from .schedules import Comm, Compute, Shape, Step, a2a_packing, attention_flops, merge_bytes
 
 
@@ -72,13 +72,34 @@ def ring_steps(c: Shape, backward: bool) -> list[Step]:
 
 class MaskedRounds(NamedTuple):
     """Per ring round, over the layers' windows weighted by their layer counts: the busiest rank's score entries per
-    sequence, the ranks' mean, and the share of layers whose K, V travel on to the next round."""
+    sequence, the ranks' mean, and the share of layers whose K, V travel on to the next round ((P,) read-only float64
+    arrays; ``busiest``, ``mean`` and ``sends`` give them as tuples of floats)."""
 
-    busiest: tuple[float, ...]
-    mean: tuple[float, ...]
-    sends: tuple[float, ...]
+    busiest_rounds: np.ndarray
+    mean_rounds: np.ndarray
+    sent_rounds: np.ndarray
     pooled: float = 1.0  # the ranks' mean over the busiest, summed over rounds (shared cores: layout.ring_balance)
     runs: tuple[tuple[int, int, float, float], ...] = ()  # ``round_runs``: found once, not once a schedule
+
+    @property
+    def busiest(self) -> tuple[float, ...]:
+        """The busiest rank's score entries of each round."""
+        return tuple(self.busiest_rounds.tolist())
+
+    @property
+    def mean(self) -> tuple[float, ...]:
+        """The ranks' mean score entries of each round."""
+        return tuple(self.mean_rounds.tolist())
+
+    @property
+    def sends(self) -> tuple[float, ...]:
+        """The share of layers whose K, V travel on after each round."""
+        return tuple(self.sent_rounds.tolist())
+
+
+def _sequential_sum(x: np.ndarray) -> float:
+    """sum(x.tolist()): the floats added left to right (``np.add.accumulate``), not numpy's pairwise sum."""
+    return float(np.add.accumulate(x)[-1]) if len(x) else 0.0
 
 
 @lru_cache(maxsize=1024)
@@ -89,15 +110,17 @@ def masked_rounds(work, token_layout: str, ring: int, layers: int) -> MaskedRoun
     mix = layer_windows(work, layers)
     total = sum(n for _, n in mix)
     for w, n in mix:  # elementwise, in the same order of operations per round as a scalar loop
-        rr = ring_round_pairs(work, token_layout, ring, w)
-        filled = np.flatnonzero(np.array(rr.empty) < 1.0)
+        hi, avg, empty = round_arrays(work, token_layout, ring, w)
+        filled = np.flatnonzero(empty < 1.0)
         last = int(filled[-1]) if len(filled) else 0  # the last round any pack fills
-        busiest += n * np.array(rr.busiest) / total
-        mean += n * np.array(rr.mean) / total
+        busiest += n * hi / total
+        mean += n * avg / total
         sends += np.where(np.arange(ring) < last, n / total, 0.0)
-    busy, avg, sent = (tuple(x.tolist()) for x in (busiest, mean, sends))
-    pooled = sum(avg) / sum(busy) if sum(busy) else 1.0
-    return MaskedRounds(busy, avg, sent, pooled, round_runs(busiest, sends))
+    top = _sequential_sum(busiest)
+    pooled = _sequential_sum(mean) / top if top else 1.0
+    for x in (busiest, mean, sends):
+        x.flags.writeable = False  # cached: shared by every caller
+    return MaskedRounds(busiest, mean, sends, pooled, round_runs(busiest, sends))
 
 
 def masked_ring_steps(c: Shape, backward: bool) -> list[Step]:
@@ -114,9 +137,10 @@ def masked_ring_steps(c: Shape, backward: bool) -> list[Step]:
             steps[-1] = Step(phases, last.repeat + k, last.overlap)
         elif phases:
             steps.append(Step(phases, k, overlap=any(type(p) is Comm for p in phases)))
-    if backward and mr.sends[0] > 0:  # the layers whose K, V left home
+    home = float(mr.sent_rounds[0])
+    if backward and home > 0:  # the layers whose K, V left home
         kv_block = c.b * c.n_ring * c.kv_local * c.model.head_dim * c.e
-        steps.append(Step((Comm("ring p2p dk,dv home", "shift", ("ring",), mr.sends[0] * 2 * kv_block),)))
+        steps.append(Step((Comm("ring p2p dk,dv home", "shift", ("ring",), home * 2 * kv_block),)))
     return steps
 
 
