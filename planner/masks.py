@@ -797,9 +797,19 @@ def _windowed_run_cells(start, stop, rank, ds, de, causal: bool, window: int) ->
     nb = size[b]
     d0 = start[a] - start[b]  # a0 - b0
     d1 = d0 + size[a]  # a1 - b0
-    y = 0 if causal else -reach  # _pairs_at_least(y) - _pairs_at_least(window) on the offsets, exact integers
-    pairs = _ramp(d1 - y, nb) - _ramp(d0 - y, nb) - (_ramp(d1 - window, nb) - _ramp(d0 - window, nb))
+    # _pairs_at_least(y) - _pairs_at_least(window) on the offsets, exact integers
+    pairs = _causal_full(a, b, size[a], nb) if causal else _ramp(d1 + reach, nb) - _ramp(d0 + reach, nb)
+    pairs -= _ramp(d1 - window, nb) - _ramp(d0 - window, nb)
     return rank[a], rank[b], pairs
+
+
+def _causal_full(a, b, na, nb):
+    """``_pairs_at_least(0)`` of query run a and key run b <= a of disjoint runs in token order: b before a ends
+    by a's start (a0 - b0 >= n_B, both ramps past n_B: n_A n_B), a run with itself n(n + 1)/2."""
+    full = na * nb
+    own = np.flatnonzero(b == a)
+    full[own] = (na[own] * (na[own] + 1)) >> 1
+    return full
 
 
 def _cell_round_stats(qr: np.ndarray, kr: np.ndarray, pairs: np.ndarray, ring: int) -> tuple[np.ndarray, np.ndarray]:

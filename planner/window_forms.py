@@ -131,15 +131,15 @@ def spread_blocks(L: np.ndarray, P: int) -> tuple[np.ndarray, ...]:
 
 def striped_firsts(x, L, P: int, c: int):
     """How many of a striped document's pieces (L tokens, pieces of c every P-th) start at offsets <= x."""
-    full, r = np.divmod(np.clip(np.minimum(x, L - 1) + 1, 0, None), P * c)
+    full, r = np.divmod(np.maximum(np.minimum(x, L - 1) + 1, 0), P * c)  # maximum: np.clip's dispatch costs more
     return full * P + np.minimum(r, P)
 
 
 def striped_lasts(x, L, P: int, c: int):
     """How many of a striped document's pieces end at offsets < x."""
     m = np.minimum(L, P)
-    full, r = np.divmod(np.clip(np.minimum(x, L - m), 0, None), P * c)
-    return full * P + np.clip(r - P * (c - 1), 0, None) + np.clip(x - (L - m), 0, m)
+    full, r = np.divmod(np.maximum(np.minimum(x, L - m), 0), P * c)
+    return full * P + np.maximum(r - P * (c - 1), 0) + np.minimum(np.maximum(x - (L - m), 0), m)  # m >= 0
 
 
 def striped_reach_tiles(first, last, doc, lo, hi, cu: np.ndarray, P: int, c: int, span: int, limit: int):
