@@ -791,23 +791,26 @@ def _windowed_run_cells(start, stop, rank, ds, de, causal: bool, window: int) ->
     hi = stop - 1 if causal else np.minimum(de - 1, stop - 1 + reach)  # the last
     first = np.searchsorted(stop, lo, side="right")
     n = np.searchsorted(start, hi, side="right") - first
-    a = np.repeat(np.arange(len(start)), n)
-    b = np.arange(len(a)) + np.repeat(first - (np.cumsum(n) - n), n)  # run a's reach: first[a], first[a] + 1, ...
+    offset = np.cumsum(n) - n  # run a's cells: offset[a] .. offset[a] + n[a] - 1, keys first[a], first[a] + 1, ...
+    b = np.arange(int(n.sum())) + np.repeat(first - offset, n)
     size = stop - start
-    nb = size[b]
-    d0 = start[a] - start[b]  # a0 - b0
-    d1 = d0 + size[a]  # a1 - b0
+    nb, na = size[b], np.repeat(size, n)  # a run's own values repeated over its cells, not gathered
+    d0 = np.repeat(start, n) - start[b]  # a0 - b0
+    d1 = d0 + na  # a1 - b0
     # _pairs_at_least(y) - _pairs_at_least(window) on the offsets, exact integers
-    pairs = _causal_full(a, b, size[a], nb) if causal else _ramp(d1 + reach, nb) - _ramp(d0 + reach, nb)
+    if causal:
+        k = np.arange(len(start)) - first  # run a's place among its keys
+        pairs = _causal_full((offset + k)[(k >= 0) & (k < n)], na, nb)
+    else:
+        pairs = _ramp(d1 + reach, nb) - _ramp(d0 + reach, nb)
     pairs -= _ramp(d1 - window, nb) - _ramp(d0 - window, nb)
-    return rank[a], rank[b], pairs
+    return np.repeat(rank, n), rank[b], pairs
 
 
-def _causal_full(a, b, na, nb):
+def _causal_full(own, na, nb):
     """``_pairs_at_least(0)`` of query run a and key run b <= a of disjoint runs in token order: b before a ends
-    by a's start (a0 - b0 >= n_B, both ramps past n_B: n_A n_B), a run with itself n(n + 1)/2."""
+    by a's start (a0 - b0 >= n_B, both ramps past n_B: n_A n_B), a run with itself (cells ``own``) n(n + 1)/2."""
     full = na * nb
-    own = np.flatnonzero(b == a)
     full[own] = (na[own] * (na[own] + 1)) >> 1
     return full
 
