@@ -795,15 +795,16 @@ def _windowed_run_cells(start, stop, rank, ds, de, causal: bool, window: int) ->
     b = np.arange(int(n.sum())) + np.repeat(first - offset, n)
     size = stop - start
     nb, na = size[b], np.repeat(size, n)  # a run's own values repeated over its cells, not gathered
-    d0 = np.repeat(start, n) - start[b]  # a0 - b0
-    d1 = d0 + na  # a1 - b0
+    d1 = np.repeat(stop, n) - start[b]  # a1 - b0 (and a0 - b0 = d1 - n_A)
     # _pairs_at_least(y) - _pairs_at_least(window) on the offsets, exact integers
     if causal:
         k = np.arange(len(start)) - first  # run a's place among its keys
         pairs = _causal_full((offset + k)[(k >= 0) & (k < n)], na, nb)
     else:
-        pairs = _ramp(d1 + reach, nb) - _ramp(d0 + reach, nb)
-    pairs -= _ramp(d1 - window, nb) - _ramp(d0 - window, nb)
+        pairs = _ramp(d1 + reach, nb) - _ramp(d1 - na + reach, nb)
+    far = np.flatnonzero(d1 > window)  # the others lie within the window: both of its ramps are 0
+    d1, na, nb = d1[far], na[far], nb[far]
+    pairs[far] -= _ramp(d1 - window, nb) - _ramp(d1 - na - window, nb)
     return np.repeat(rank, n), rank[b], pairs
 
 
