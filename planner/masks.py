@@ -1414,11 +1414,10 @@ def tile_runs(token_layout: str, ring: int, cu_seqlens, causal: bool = True, win
 def _pieces(first, last, step, n, rank, doc, size: int):
     """Runs cut into pieces of at most ``size`` tokens (the runtime's windowed tiles, ``kernels.member_runs``)."""
     k = -(-n // size)
-    run = np.repeat(np.arange(len(n)), k)
-    j = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
-    pn = np.minimum(size, n[run] - j * size)
-    pf = first[run] + step * size * j
-    return pf, pf + step * (pn - 1), pn, rank[run], doc[run]
+    j = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)  # a piece's place in its run
+    pn = np.minimum(size, np.repeat(n, k) - j * size)  # each run's values repeated over its pieces, not gathered
+    pf = np.repeat(first, k) + step * size * j
+    return pf, pf + step * (pn - 1), pn, np.repeat(rank, k), np.repeat(doc, k)
 
 
 def pack_tiles(token_layout: str, ring: int, cu_seqlens, causal: bool = True, window: int | None = None,

@@ -53,3 +53,19 @@ def test_ramp_is_the_sum_of_min_u_nb():
         want = [sum(min(u, nb) for u in range(1, v + 1)) for v in n]
         assert masks._ramp(n, nbs).tolist() == want
     assert n[0] == -5  # the argument is left as it was
+
+
+@pytest.mark.parametrize("step", [1, 4])
+def test_pieces_are_the_runs_tokens_cut_every_size(step):
+    rng = np.random.default_rng(step)
+    n = rng.integers(1, 30, 12)
+    first = np.cumsum(rng.integers(0, 5, 12)) * 100
+    rank, doc = rng.integers(0, 4, 12), np.arange(12) // 3
+    got = masks._pieces(first, first + step * (n - 1), step, n, rank, doc, 7)
+    want = []
+    for i in range(12):
+        tokens = [int(first[i]) + step * u for u in range(int(n[i]))]
+        for c in range(0, len(tokens), 7):
+            piece = tokens[c:c + 7]
+            want.append((piece[0], piece[-1], len(piece), int(rank[i]), int(doc[i])))
+    assert list(zip(*(x.tolist() for x in got))) == want
