@@ -126,15 +126,12 @@ class Context:
         ``window``) for ring, Ulysses, USP and all-gather plans (``attention.MASKED``; the others refuse them);
         ``kv_chunks``: all-gather's chunks of KV heads (None: the plan's, ``kv_chunks``)."""
         from .attention import attention
-        from .kernels import local_attention
 
         if causal is None:
             causal = self.plan.workload.causal if self.plan.workload else True
         groups, ranks = self._attention_groups()
         window = self.window(window)
         backend = self.backends.choose(q, k, causal)  # keyed by the local block: device, dtype, head dim, length
-        if all(g is None for g in groups.values()) and cu_seqlens is None and window is None and kv_chunks is None:
-            return local_attention(q, k, v, causal=causal, scale=scale, backend=backend)  # every degree 1
         return attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,
                          token_layout=self.plan.token_layout, scale=scale, backend=backend, cu_seqlens=cu_seqlens,
                          window=window, kv_chunks=self.kv_chunks(kv_chunks))

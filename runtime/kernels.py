@@ -401,15 +401,15 @@ class _LocalAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-#: the block kernels that are PyTorch SDPA backends (legacy names too), as ``torch.nn.attention.SDPBackend`` names
+#: the block kernels that are PyTorch SDPA backends, as ``torch.nn.attention.SDPBackend`` names
 _SDPA = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "cpu_flash": "FLASH_ATTENTION",
-         "efficient": "EFFICIENT_ATTENTION", "cuda_efficient": "EFFICIENT_ATTENTION", "math": "MATH", "reference": "MATH"}
+         "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
 
 
 def _sdpa_kernel(backend: str | None, gqa: bool):
     """The SDPBackend that runs ``backend`` inside ``F.scaled_dot_product_attention`` (None: it is not one, or it
     takes no GQA there: the memory-efficient kernel, or a torch before ``enable_gqa``)."""
-    name = _SDPA.get(backend or "")
+    name = _SDPA.get(B.ALIASES.get(backend, backend) if backend else "")
     if name is None or (gqa and (name == "EFFICIENT_ATTENTION" or not _HAS_GQA)):
         return None
     from torch.nn.attention import SDPBackend

@@ -95,3 +95,16 @@ def test_gather_undoes_shard_with_documents_and_unequal_shards():
         lengths = [r[i][0] for r in res]
         assert len(set(lengths)) > 1, (p.summary(), lengths)
         assert sum(lengths) == 77 * 8 // p.sp
+
+
+def _metp_attention(rank, world):
+    ctx = init(Plan(algorithm="metp", degrees={"tp": 2}, order=["tp"]))
+    q = torch.randn(1, 8, 4, 16)
+    ctx.attention(q, q, q, causal=True)
+
+
+def test_metp_plans_have_no_ctx_attention_and_say_what_to_use():
+    # METP shards tokens over its tp group and replaces the whole layer: plain attention on the local tokens
+    # would be silently wrong, so the call names the modules that run it
+    with pytest.raises(WorldError, match="METPAttention"):
+        run_world(_metp_attention, 2, timeout=60)
