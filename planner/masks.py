@@ -24,7 +24,7 @@ from .documents import check_cu_seqlens, workload_packs
 from .errors import PlanError
 from .layout import _zigzag_sizes, balanced_parts, document_ring_tokens, document_runs, parts_runs, spread_sizes
 from .model import Workload
-from .window_forms import (block_tiles, spread_blocks, striped_reach_tiles, striped_whole_tiles, window_places,
+from .window_forms import (block_tiles, spread_blocks, striped_cut_tiles, striped_whole_tiles, window_places,
                            zigzag_blocks)
 
 #: packs drawn per priced layout: the expected busiest rank is the mean over this many seeded sequences
@@ -1429,7 +1429,8 @@ def pack_tiles(token_layout: str, ring: int, cu_seqlens, causal: bool = True, wi
     runtime ulysses.span_tiles) against every key run of its document whose tokens meet its reach (causal: up to its
     last token; a window: from W - 1 before its first). Without a window a document's m disjoint runs make
     m (m + 1) / 2 tiles causal, m^2 not (striped's interleaved runs in closed form, ``_striped_tiles``); under one,
-    two sorted searches count them, O(runs log runs), striped's pair by pair (``_strided_pairs_tiles``), zigzag's
+    two sorted searches count them, O(runs log runs), striped's pair by pair (``_strided_pairs_tiles``) or, past
+    its limit, from the documents' periods (window_forms.striped_cut_tiles), zigzag's
     and the balancer's spread documents per document in closed form (``_chunked_tiles``; ``parts``: the balancer's,
     where built). Entries over length: a
     document's pieces (n_r tokens of it on rank r, or in span piece r) meet pairwise in tiles of length
@@ -1459,22 +1460,22 @@ def pack_tiles(token_layout: str, ring: int, cu_seqlens, causal: bool = True, wi
     cut = min(x for x in (span, None if window is None else max(-(-window // step), MIN_TILE), int(cu[-1])) if x)
     if window is not None:
         per_length = np.maximum(per_length, pairs / cut)
+    tiles = None
+    if step > 1 and window is not None:  # past the candidate pairs' limit, from the documents' periods, not pieces
+        tiles = striped_cut_tiles(cu, step, cut, window, causal, step * (min(cut, int(n.max())) - 1),
+                                  _striped_limit(step, causal, window))
+        if tiles is not None:
+            return tiles, int(pairs.sum()), float(per_length.sum())
     if cut < n.max():
         first, last, n, rank, doc = _pieces(first, last, step, n, rank, doc, cut)
     if window is None:  # disjoint runs in token order: a causal one meets those before it and itself
         m = np.bincount(doc, minlength=len(L))
         return int((m * (m + 1) // 2 if causal else m * m).sum()), int(pairs.sum()), float(per_length.sum())
     ds, de = cu[doc], cu[doc + 1] - 1
-    lo, hi = ds, (last if causal else de)
-    if window is not None:
-        lo = np.maximum(ds, first - window + 1)
-        hi = last if causal else np.minimum(de, last + window - 1)
-    tiles = None
-    if step > 1:  # the candidate pairs past ROUND_CELLS (_strided_pairs_tiles' limit) in closed form
-        tiles = striped_reach_tiles(first, last, doc, lo, hi, cu, step, cut, step * (int(n.max()) - 1),
-                                    _striped_limit(step, causal, window))
-        if tiles is None:
-            tiles = _strided_pairs_tiles(first, last, n, lo, hi, step, causal, window)
+    lo = np.maximum(ds, first - window + 1)
+    hi = last if causal else np.minimum(de, last + window - 1)
+    if step > 1:  # within the limit: pair by pair
+        tiles = _strided_pairs_tiles(first, last, n, lo, hi, step, causal, window)
     if tiles is None:
         tiles = _reach_tiles(first, last, lo, hi, step == 1 and causal, int(cu[-1]))
     return tiles, int(pairs.sum()), float(per_length.sum())

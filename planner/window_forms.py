@@ -155,6 +155,65 @@ def striped_reach_tiles(first, last, doc, lo, hi, cu: np.ndarray, P: int, c: int
     return int((below - striped_lasts(lo - ds, L, P, c)).sum())
 
 
+def _comb_count(z, T, u, w):
+    """How many t in [0, z) have t mod T in [u, u + w), for z >= 0 (int64 arrays, u + w <= T)."""
+    q, r = np.divmod(z, T)
+    return q * w + np.minimum(np.maximum(r - u, 0), w)
+
+
+def _comb_prefix(Z, T, u, w):
+    """sum_{z=0}^{Z-1} ``_comb_count``(z) for Z >= 0: whole periods q < Z // T add q w T each and one period's
+    ramp, the last part period its r = Z mod T counts."""
+    q, r = np.divmod(Z, T)
+    return T * w * (q * (q - 1) // 2) + q * _ramp_to(T - u, w) + r * q * w + _ramp_to(np.maximum(r - u, 0), w)
+
+
+def _set_prefix(Z, A, T, u, w, a, b):
+    """sum_{z=0}^{Z-1} N(z) for Z >= 0, N(z) the offsets below z of the set {t < A: t mod T in [u, u + w)} and
+    [a, b) (``_comb_count`` clipped to A, plus the interval's)."""
+    Zc = np.minimum(Z, A)
+    return (_comb_prefix(Zc, T, u, w) + (Z - Zc) * _comb_count(A, T, u, w)
+            + _ramp_to(np.maximum(Z - a, 0), b - a))
+
+
+def _comb_intervals(L, T: int, u: int, w: int, A):
+    """(start, stop, document) of each document's intervals [kT + u, min(kT + u + w, A)), k = 0, 1, ... while
+    kT + u < A (A per document): its offsets below A whose residue mod T lies in [u, u + w), one interval a
+    period."""
+    k = np.maximum(-(-(A - u) // T), 0)
+    d = np.repeat(np.arange(len(L)), k)
+    first = T * (np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)) + u
+    return first, np.minimum(first + w, A[d]), d
+
+
+def _sum_counts(Y, X: tuple, d: int) -> int:
+    """sum over the offsets y of the intervals Y (``_comb_intervals``) of N_X(y + d), X's (A, T, u, w, a, b) of
+    ``_set_prefix`` (arrays per document) and N_X(z) = 0 for z <= 0: each interval's difference of prefix sums."""
+    s, e, doc = Y
+    at = tuple(x[doc] if isinstance(x, np.ndarray) else x for x in X)
+    return int((_set_prefix(np.maximum(e + d, 0), *at) - _set_prefix(np.maximum(s + d, 0), *at)).sum())
+
+
+def striped_cut_tiles(cu: np.ndarray, P: int, c: int, W: int, causal: bool, span: int, limit: int):
+    """``striped_reach_tiles`` of a pack's striped runs cut into pieces of ``c`` tokens (every P-th), from the
+    documents' periods of Pc offsets, not their pieces: a document's pieces start at the offsets
+    S = {x < L: x mod Pc < P} and end at E = {y < L - m: y mod Pc >= P(c - 1)} and [L - m, L) (m = min(L, P)), so
+    the pairs counted there are sum_{y in E} N_S(y + 1) (bidirectional y + W) less sum_{x in S} N_E(x + 1 - W),
+    and the candidates' lower bound the first less sum_{x in S} N_S(x + 1 - W - span) (N_X(z): X's offsets below
+    z). Each sum runs over one interval a period (about L / Pc a document, not L / c pieces)."""
+    L = np.diff(np.asarray(cu, dtype=np.int64))
+    m, T = np.minimum(L, P), P * c
+    S = (L, T, 0, P, L, L)  # (A, T, u, w, a, b) of ``_set_prefix``: the pieces' first offsets
+    E = (L - m, T, P * (c - 1), P, L - m, L)  # their last ones
+    starts = _comb_intervals(L, T, 0, P, L)
+    ends = _comb_intervals(L, T, P * (c - 1), P, L - m)
+    ends = tuple(np.concatenate([x, y]) for x, y in zip(ends, (L - m, L, np.arange(len(L)))))
+    below = _sum_counts(ends, S, 1 if causal else W)
+    if limit >= 0 and below - _sum_counts(starts, S, 1 - W - span) <= limit:
+        return None
+    return below - _sum_counts(starts, E, 1 - W)
+
+
 def _ramp_to(x, M):
     """sum_{u=0}^{x-1} min(u, M) for x >= 0 (int64 arrays)."""
     k = np.minimum(x, M + 1)
