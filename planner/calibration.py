@@ -312,6 +312,11 @@ class _TimeFit:
         lo[_AT[name]], hi[_AT[name]] = a, b
         return bool(np.max(np.abs(self.pred(lo) - self.pred(hi)) / self.meas) > 1e-9)
 
+    def rings(self) -> bool:
+        """Whether some timed case runs a ring of more than one rank (several block calls a layer, each paying the
+        round overhead); without one, the round overhead is a fixed cost per layer like any other."""
+        return any(c.plan.degrees.get("ring", 1) > 1 for c in self.cases)
+
     def free(self, hold: frozenset) -> tuple[list[str], list[str]]:
         """The parameters to fit, and notes on those left out: overlap and round overhead where a case moves them;
         from MIN_FOR_COMPUTE timed cases the compute efficiency and the TP overhead (where a case has TP-sp
@@ -323,6 +328,10 @@ class _TimeFit:
         tp = self.moves("tp_overhead_s", 0.0, 1.0)
         notes = [] if "overlap" in free else [
             "overlap not fitted: no measured candidate has a double-buffered round with communication"]
+        if n < MIN_FOR_COMPUTE and "round_overhead_s" in free and not self.rings():
+            return [f for f in free if f != "round_overhead_s"] + ["compute_efficiency"], notes + [
+                "round overhead not fitted: no measured candidate runs a ring, so its one block call a layer is "
+                "not told apart from the compute; the compute efficiency takes the step's residual"]
         if n < MIN_FOR_COMPUTE:
             return free, notes + [f"compute efficiency and layer overhead not fitted: needs {MIN_FOR_COMPUTE} "
                                   "candidates with a measured step time"]

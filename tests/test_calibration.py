@@ -236,13 +236,16 @@ def test_a_peak_below_the_modelled_parts_fits_no_negative_overhead():
 
 def test_one_candidate_fits_only_what_it_identifies():
     cl, m, w = load_cluster("dgx-h100", 1), load_model("gpt-3b"), Workload(seq_len=32768, batch=2)
-    meas = _measured(cl, m, w, Params(memory_overhead_bytes=2 * GIB, round_overhead_s=1e-3), CANDS[1:2])
+    meas = _measured(cl, m, w, Params(memory_overhead_bytes=2 * GIB, compute_efficiency=0.7), CANDS[1:2])
     r = fit(cl, Params(), meas)
     # ulysses has no double-buffered round: overlap stays; one memory point: overhead only
     assert r.params.overlap == 1.0 and r.params.activation_factor == 1.0
-    assert r.params.round_overhead_s == pytest.approx(1e-3, rel=0.02)
     assert r.params.memory_overhead_bytes == pytest.approx(2 * GIB, rel=1e-6)
     assert any("overlap not fitted" in n for n in r.notes) and any("activation factor not fitted" in n for n in r.notes)
+    # no ring: its one block call a layer is not told from the compute, so the compute efficiency takes the residual
+    assert r.params.round_overhead_s == 0.0 and r.params.compute_efficiency == pytest.approx(0.7, rel=0.02)
+    assert any(n.startswith("round overhead not fitted: no measured candidate runs a ring") for n in r.notes)
+    assert r.fitted[0] == "compute efficiency in a step 0.70 of the timed kernels (from 1 candidate)"
     # one candidate, two free parameters: the fit is pulled toward neutral instead of running off
     meas = _measured(cl, m, w, TRUTH, CANDS[:1])
     r = fit(cl, Params(), meas)
