@@ -32,7 +32,7 @@ from sp_plan.profiles.tune.kernels import attention_flops
 from sp_plan.profiles.tune.timing import time_call
 from sp_plan.runtime import backends as B
 from sp_plan.runtime.choice import check_exact
-from sp_plan.runtime.kernels import block_attention, block_attention_backward
+from sp_plan.runtime.kernels import _sdpa_kernel, block_attention, block_attention_backward
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -93,7 +93,8 @@ def sdpa_best(n, heads, kv, d, causal, device, dtype, repeats, math_ok=True, onl
 
 
 def _world1(args, device, dtype):
-    """World 1 (a gloo group in this process): init(plan) + ctx.attention fwd+bwd vs plain SDPA fwd+bwd, per S."""
+    """World 1 (a gloo group in this process): init(plan) + ctx.attention fwd+bwd vs plain SDPA fwd+bwd, per S, and
+    the readings that tell where a difference lies (``_world1_row``)."""
     from sp_plan.runtime import init
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -101,19 +102,76 @@ def _world1(args, device, dtype):
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                             init_method=f"file://{tempfile.mkdtemp()}/init", rank=0, world_size=1)
     ctx = init(Plan(algorithm="ring", degrees={"ring": 1}, order=["ring"]), device_type=device.type)
-    out = []
-    for n in args.seqs:
-        q, k, v, do = (x.requires_grad_(i < 3) for i, x in enumerate(_inputs(n, args.heads, args.kv_heads,
-                                                                                args.head_dim, device, dtype)))
-        t_ours = time_call(lambda: ctx.attention(q, k, v, causal=True).backward(do), device, args.repeats)
-        qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
-        dot = do.transpose(1, 2)
-        t_sdpa = time_call(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True,
-                                                                  enable_gqa=args.kv_heads != args.heads).backward(dot),
-                           device, args.repeats)
-        out.append((n, ctx.attention_backend, t_ours, t_sdpa))
+    out = [_world1_row(args, device, dtype, ctx, n) for n in args.seqs]
     dist.destroy_process_group()
     return out
+
+
+def _host_s(fn, device, repeats: int) -> float:
+    """Median host seconds of one ``fn()`` from an idle device: the time to enqueue its kernels."""
+    import statistics
+    import time
+
+    fn()
+    out = []
+    for _ in range(repeats):
+        torch.cuda.synchronize() if device.type == "cuda" else None
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def _world1_row(args, device, dtype, ctx, n: int) -> dict:
+    """One S: ctx.attention and plain SDPA (inputs already (batch, heads, seq, dim)), each as one call from an idle
+    device (``ours``, ``sdpa``) and as the mean of ``RUN`` calls back to back (``*_run``: a layer stack's steady
+    state, host work hidden behind the kernels before it); SDPA from (batch, seq, heads, dim) with the transposes in
+    the call (``sdpa_bshd``) and held to the backend ctx chose (``sdpa_held``); host seconds to enqueue each."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gqa = args.kv_heads != args.heads
+    q, k, v, do = (x.requires_grad_(i < 3) for i, x in enumerate(_inputs(n, args.heads, args.kv_heads,
+                                                                            args.head_dim, device, dtype)))
+    qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
+    dot = do.transpose(1, 2)
+
+    def ours():
+        ctx.attention(q, k, v, causal=True).backward(do)
+
+    def sdpa():
+        F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa).backward(dot)
+
+    def bshd():
+        F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                       enable_gqa=gqa).transpose(1, 2).backward(do)
+
+    row = dict(S=n, ours=time_call(ours, device, args.repeats), backend=ctx.attention_backend,
+               sdpa=time_call(sdpa, device, args.repeats), sdpa_bshd=time_call(bshd, device, args.repeats))
+    row.update(ours_run=time_call(lambda: [ours() for _ in range(RUN)], device, args.repeats) / RUN,
+               sdpa_run=time_call(lambda: [sdpa() for _ in range(RUN)], device, args.repeats) / RUN,
+               host_ours=_host_s(ours, device, args.repeats), host_sdpa=_host_s(sdpa, device, args.repeats))
+    name = _sdpa_kernel(row["backend"], gqa)
+    if name:
+        with sdpa_kernel(getattr(SDPBackend, name)):
+            row["sdpa_held"] = time_call(sdpa, device, args.repeats)
+    return row
+
+
+#: calls back to back in a steady-state reading
+RUN = 10
+
+
+def _print_world1(w1: list[dict]) -> None:
+    print("\n## world 1, causal, GQA: init(plan) + ctx.attention vs plain SDPA, forward + backward (ms); "
+          "target ratio <= 1.10")
+    print("     S backend    ctx.attn      sdpa  ratio | back to back: ctx    sdpa  ratio | sdpa: bshd   held | "
+          "host: ctx  sdpa")
+    for r in w1:
+        ms = {k: 1e3 * x for k, x in r.items() if isinstance(x, float)}
+        print(f"{r['S']:6d} {r['backend'] or '-':9s} {ms['ours']:9.3f} {ms['sdpa']:9.3f} {r['ours'] / r['sdpa']:5.2f}x |"
+              f"  {ms['ours_run']:16.3f} {ms['sdpa_run']:7.3f} {r['ours_run'] / r['sdpa_run']:5.2f}x |"
+              f" {ms['sdpa_bshd']:10.3f} {ms.get('sdpa_held', float('nan')):6.3f} |"
+              f" {ms['host_ours']:9.3f} {ms['host_sdpa']:5.3f}")
 
 
 def main(argv=None):
@@ -192,11 +250,7 @@ def main(argv=None):
                 print(f"{n_tok:6d} {'causal' if causal else 'full':6s} {'gqa' if kv < args.heads else 'mha':5s} "
                       + " ".join(f"{c:>17s}" for c in cells) + f" {sdpa:>26s}" + ratio, flush=True)
     w1 = _world1(args, device, dtype)
-    print("\n## world 1, causal, GQA: init(plan) + ctx.attention vs plain SDPA, forward + backward (ms); "
-          "target ratio <= 1.10")
-    for n_tok, chosen, t_ours, t_sdpa in w1:
-        print(f"{n_tok:6d} ctx.attention ({chosen}) {1e3 * t_ours:9.2f}  sdpa {1e3 * t_sdpa:9.2f}  "
-              f"ratio {t_ours / t_sdpa:5.2f}x")
+    _print_world1(w1)
     print(f"\n## kernel curves, causal GQA (efficiency = achieved / {peak / 1e12:g} TFLOP/s), profile params format")
     for name, ss in ((n, ss) for n, ss in samples.items() if ss):
         curves = kernel_curves(ss, peak)
@@ -209,7 +263,7 @@ def main(argv=None):
                        "torch": torch.__version__, "cuda": torch.version.cuda,
                        "cudnn": torch.backends.cudnn.version(), "dtype": str(dtype).removeprefix("torch."),
                        "head_dim": d, "rows": rows,
-                       "world1": [dict(S=n, backend=c, ours=a, sdpa=b) for n, c, a, b in w1]}, f, indent=1)
+                       "world1": w1}, f, indent=1)
 
 
 if __name__ == "__main__":

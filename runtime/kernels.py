@@ -404,20 +404,36 @@ class _LocalAttention(torch.autograd.Function):
 #: the block kernels that are PyTorch SDPA backends, as ``torch.nn.attention.SDPBackend`` names
 _SDPA = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "cpu_flash": "FLASH_ATTENTION",
          "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
+#: SDPA's switches in ``torch.backends.cuda`` (flash, mem_efficient, math, cudnn; they hold for CPU tensors too)
+#: that hold it to one backend, by SDPBackend name
+_ONLY = {"FLASH_ATTENTION": (True, False, False, False), "EFFICIENT_ATTENTION": (False, True, False, False),
+         "MATH": (False, False, True, False), "CUDNN_ATTENTION": (False, False, False, True)}
 
 
-def _sdpa_kernel(backend: str | None, gqa: bool):
-    """The SDPBackend that runs ``backend`` inside ``F.scaled_dot_product_attention`` (None: it is not one, or it
-    takes no GQA there: the memory-efficient kernel, or a torch before ``enable_gqa``)."""
+def _sdpa_kernel(backend: str | None, gqa: bool) -> str | None:
+    """The SDPBackend name that runs ``backend`` inside ``F.scaled_dot_product_attention`` (None: it is not one, or
+    it takes no GQA there: the memory-efficient kernel, or a torch before ``enable_gqa``)."""
     name = _SDPA.get(B.ALIASES.get(backend, backend) if backend else "")
     if name is None or (gqa and (name == "EFFICIENT_ATTENTION" or not _HAS_GQA)):
         return None
-    from torch.nn.attention import SDPBackend
-
-    return getattr(SDPBackend, name)
+    return name
 
 
 _HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+def _sdp_switches() -> tuple[bool, ...]:
+    """SDPA's backend switches now, in ``_SWITCHES`` order."""
+    cb = torch.backends.cuda
+    return cb.flash_sdp_enabled(), cb.mem_efficient_sdp_enabled(), cb.math_sdp_enabled(), cb.cudnn_sdp_enabled()
+
+
+def _set_sdp_switches(on: tuple[bool, ...]) -> None:
+    cb = torch.backends.cuda
+    cb.enable_flash_sdp(on[0])
+    cb.enable_mem_efficient_sdp(on[1])
+    cb.enable_math_sdp(on[2])
+    cb.enable_cudnn_sdp(on[3])
 
 
 def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -426,15 +442,21 @@ def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
 
     On a backend that is one of SDPA's, this is ``F.scaled_dot_product_attention`` held to that backend: one fused
     autograd node, where the block kernels' Python autograd Function costs host time every call (on an H200, 0.3-0.5
-    ms a call, 1.4-1.9x SDPA's time below 8k tokens; benchmarks/bench_gpu.py)."""
+    ms a call, 1.4-1.9x SDPA's time below 8k tokens; benchmarks/bench_gpu.py). The backend is held by SDPA's four
+    public switches, set and restored around the call: ``torch.nn.attention.sdpa_kernel`` does the same through
+    enum lookups at several times the host cost, and this runs every layer."""
     gqa = k.shape[2] != q.shape[2]
     kernel = _sdpa_kernel(backend, gqa)
     if kernel is None:
         return _LocalAttention.apply(q, k, v, causal, scale, backend)
-    from torch.nn.attention import sdpa_kernel
-
-    with sdpa_kernel(kernel):
+    saved, want = _sdp_switches(), _ONLY[kernel]
+    if saved != want:
+        _set_sdp_switches(want)
+    try:
         out = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=scale,
             **({"enable_gqa": True} if gqa else {}))
+    finally:
+        if saved != want:
+            _set_sdp_switches(saved)
     return out.transpose(1, 2)

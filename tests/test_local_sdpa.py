@@ -40,3 +40,15 @@ def test_which_backends_go_through_sdpa():
     assert _sdpa_kernel("efficient", gqa=True) is None  # SDPA's memory-efficient kernel takes no GQA
     assert _sdpa_kernel("flash_attn", gqa=False) is None  # the flash-attn package: the block kernels' path
     assert _sdpa_kernel(None, gqa=False) is None
+
+
+def test_the_held_backend_leaves_sdpas_switches_as_it_found_them():
+    cb = torch.backends.cuda
+    before = (cb.flash_sdp_enabled(), cb.mem_efficient_sdp_enabled(), cb.math_sdp_enabled(), cb.cudnn_sdp_enabled())
+    q, k, v = (x.detach().float().requires_grad_() for x in _qkv(4, 2))  # float32: SDPA's own choice is flash
+    out = local_attention(q, k, v, causal=True, backend="math")
+    assert "Flash" not in type(out.grad_fn.next_functions[0][0]).__name__  # held to math: its decomposition ran
+    with pytest.raises(RuntimeError):  # SDPA refuses the call: the switches come back all the same
+        local_attention(q, k[:, :, :1].expand(-1, -1, 3, -1), v[:, :, :1].expand(-1, -1, 3, -1), backend="math")
+    after = (cb.flash_sdp_enabled(), cb.mem_efficient_sdp_enabled(), cb.math_sdp_enabled(), cb.cudnn_sdp_enabled())
+    assert after == before
