@@ -198,9 +198,9 @@ def tiled(c: Shape, steps: list[Step]) -> list[Step]:
     t = mask_tiles(c.work, c.token_layout, c.ring, c.model.layers, c.ulysses)
     if not t.pairs:
         return steps
-    more = max(1.0, t.tiles / t.plain) if t.plain else 1.0
-    return [Step(tuple(tile_phase(p, t.length, more) if type(p) is Compute and p.kind == "attention" else p
-                       for p in st.phases), st.repeat, st.overlap) for st in steps]
+    more, length = max(1.0, t.tiles / t.plain) if t.plain else 1.0, t.length
+    return [Step(tuple([tile_phase(p, length, more) if type(p) is Compute and p.kind == "attention" else p
+                        for p in st.phases]), st.repeat, st.overlap) for st in steps]
 
 
 def tile_phase(p: Compute, length: float, more: float) -> Compute:
@@ -209,7 +209,10 @@ def tile_phase(p: Compute, length: float, more: float) -> Compute:
     block) no longer than either, so every efficiency curve reads it at most where it read the block."""
     if length < p.block * (1 - 1e-12):
         read = p.block * math.sqrt(p.fill) if 0 < p.fill < 1 else p.block
-        p = p._replace(block=length, fill=min(1.0, (read / length) ** 2))
+        fill = min(1.0, (read / length) ** 2)
+        if more > 1.0:  # one _replace, not two
+            return p._replace(block=length, fill=fill, calls=p.calls * more)
+        return p._replace(block=length, fill=fill)
     return p._replace(calls=p.calls * more) if more > 1.0 else p
 
 

@@ -13,6 +13,7 @@ import numpy as np
 from .algorithms import Algorithm, Variant, algorithm_for, register
 from .layout import BALANCE_MAX_RING, ring_balance, round_work_runs
 from .masks import has_mask, layer_windows, round_arrays
+from .model import Workload
 from .schedules import Comm, Compute, Shape, Step, a2a_packing, attention_flops, merge_bytes
 
 
@@ -123,15 +124,41 @@ def masked_rounds(work, token_layout: str, ring: int, layers: int) -> MaskedRoun
     return MaskedRounds(busiest, mean, sends, pooled, round_runs(busiest, sends))
 
 
+class RingSizes(NamedTuple):
+    """What a masked ring's steps read of a shape (``masked_ring_steps``): its mask and layout, the ring, and the
+    sizes of one block, one send and one merge."""
+
+    work: Workload
+    token_layout: str
+    ring: int
+    layers: int
+    head_dim: int
+    b: int
+    n_ring: float
+    kv_local: float
+    heads_local: float
+    e: float
+    merge: float  # ``merge_bytes`` of the shape and direction
+
+
 def masked_ring_steps(c: Shape, backward: bool) -> list[Step]:
     """Ring (and Ulysses, R = 1) attention under documents or a window: round i costs its busiest rank's score
     entries under the mask and the token layout (``masked_rounds``: 4 b pairs h d FLOPs forward, 2.5x backward),
     a round no layer's mask fills computes nothing, and K, V (with dK, dV backward) travel only as far as the
     layers' masks need them; dK, dV go home from the last round reached. Equal rounds after the first run as one
-    step."""
-    mr = masked_rounds(c.work, c.token_layout, c.ring, c.model.layers)
+    step. Built once per the sizes they read (``RingSizes``): shapes that differ only elsewhere share them."""
+    m = c.model
+    sizes = RingSizes(c.work, c.token_layout, c.ring, m.layers, m.head_dim, c.b, c.n_ring, c.kv_local,
+                      c.heads_local, c.e, merge_bytes(c, backward) if c.ring > 1 else 0.0)
+    return list(_masked_steps(sizes, backward))
+
+
+@lru_cache(maxsize=4096)
+def _masked_steps(s: RingSizes, backward: bool) -> tuple[Step, ...]:
+    """``masked_ring_steps`` of the sizes ``s``."""
+    mr = masked_rounds(s.work, s.token_layout, s.ring, s.layers)
     steps: list[Step] = []
-    for i, k, phases in _round_phases(c, backward, mr):
+    for i, k, phases in _round_phases(s, backward, mr):
         last = steps[-1] if steps and i > 1 else None  # the first ring round (the diagonal) stands alone
         if last is not None and last.phases == phases:
             steps[-1] = Step(phases, last.repeat + k, last.overlap)
@@ -139,9 +166,9 @@ def masked_ring_steps(c: Shape, backward: bool) -> list[Step]:
             steps.append(Step(phases, k, overlap=any(type(p) is Comm for p in phases)))
     home = float(mr.sent_rounds[0])
     if backward and home > 0:  # the layers whose K, V left home
-        kv_block = c.b * c.n_ring * c.kv_local * c.model.head_dim * c.e
+        kv_block = s.b * s.n_ring * s.kv_local * s.head_dim * s.e
         steps.append(Step((Comm("ring p2p dk,dv home", "shift", ("ring",), home * 2 * kv_block),)))
-    return steps
+    return tuple(steps)
 
 
 def round_runs(pairs: np.ndarray, share: np.ndarray) -> tuple[tuple[int, int, float, float], ...]:
@@ -154,20 +181,20 @@ def round_runs(pairs: np.ndarray, share: np.ndarray) -> tuple[tuple[int, int, fl
     return tuple(zip(first.tolist(), counts.tolist(), pairs[first].tolist(), share[first].tolist()))
 
 
-def _round_phases(c: Shape, backward: bool, mr: MaskedRounds) -> list[tuple[int, int, tuple]]:
+def _round_phases(s: RingSizes, backward: bool, mr: MaskedRounds) -> list[tuple[int, int, tuple]]:
     """(first round, rounds, phases) of each run of equal masked ring rounds (``round_runs``): its busiest rank's
     block (and merge) where the mask fills it, beside the send of K, V (dK, dV backward) onward, scaled by the share
     of layers whose K, V travel on."""
     tag, mult = ("bwd", 2.5) if backward else ("fwd", 1.0)  # FlashAttention backward: 5 block matmuls vs 2
-    send = (4 if backward else 2) * c.b * c.n_ring * c.kv_local * c.model.head_dim * c.e
-    full = attention_flops(c.n_ring, c.n_ring, c.heads_local, c.model.head_dim, c.b)
-    balance = (mr.pooled,) if mr.pooled < 1.0 and c.ring <= BALANCE_MAX_RING else ()
-    merge = (Compute(f"ring merge {tag}", 0.0, "memory", nbytes=merge_bytes(c, backward)),) if c.ring > 1 else ()
+    send = (4 if backward else 2) * s.b * s.n_ring * s.kv_local * s.head_dim * s.e
+    full = attention_flops(s.n_ring, s.n_ring, s.heads_local, s.head_dim, s.b)
+    balance = (mr.pooled,) if mr.pooled < 1.0 and s.ring <= BALANCE_MAX_RING else ()
+    merge = (Compute(f"ring merge {tag}", 0.0, "memory", nbytes=s.merge),) if s.ring > 1 else ()
     out = []
     for i, k, pairs, share in mr.runs:
-        f = pairs / (c.n_ring * c.n_ring)
-        masked = c.work.causal and (i == 0 or c.token_layout == "striped")  # a (shifted) diagonal
-        comp = (Compute(f"attention {tag}", mult * full * f, "attention", c.n_ring, fill=f, balance=balance,
+        f = pairs / (s.n_ring * s.n_ring)
+        masked = s.work.causal and (i == 0 or s.token_layout == "striped")  # a (shifted) diagonal
+        comp = (Compute(f"attention {tag}", mult * full * f, "attention", s.n_ring, fill=f, balance=balance,
                         masked=masked),) + merge if pairs else ()
         out.append((i, k, comp + ((Comm(f"ring p2p {tag}", "shift", ("ring",), share * send),) if share else ())))
     return out
