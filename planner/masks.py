@@ -443,11 +443,12 @@ def _spread_starts(doc: tuple, P: int):
 def _windowed(doc: tuple, places: np.ndarray, starts, L, P: int, causal: bool, window: int | None):
     """(doc, places) of ``_piecewise_ranks`` under a window: the window per document appended to ``doc`` (its work
     functions read it), and the ranks whose chunks hold the offsets where ``prefix_pairs`` changes form
-    (window_forms.window_places) with their neighbours as places: between them each chunk's entries stay linear."""
+    (window_forms.window_places, from the chunks' offsets, linear in the rank between the layout's ``places``) with
+    their neighbours as places: between them each chunk's entries stay linear."""
     if window is None:
         return doc, places
     W = np.full_like(L, window)
-    at = window_places(*starts(doc, P), [W] if causal else [W, L - W], P)
+    at = window_places(*starts(tuple(x[:, None] for x in doc), P), [W] if causal else [W, L - W], P, places)
     return doc + (W,), np.concatenate([places, _near(at, P, False)], axis=1)
 
 

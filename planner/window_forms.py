@@ -250,24 +250,26 @@ def striped_whole_tiles(cu: np.ndarray, P: int, W: int, causal: bool, limit: int
 # a place of its own.
 
 
-def last_below(start, T, P: int) -> np.ndarray:
-    """Per document, the last u in [0, P) with start(u) < T (start nondecreasing in u, (D,) arrays), -1 where none:
-    a bisection over all documents at once, O(log P) rounds."""
-    lo, hi = np.full(len(T), -1, dtype=np.int64), np.full(len(T), P, dtype=np.int64)
-    while (hi - lo > 1).any():
-        mid = (lo + hi) // 2
-        below = start(np.clip(mid, 0, P - 1)) < T
-        open_ = hi - lo > 1
-        lo, hi = np.where(open_ & below, mid, lo), np.where(open_ & ~below, mid, hi)
-    return lo
+def last_below(start, T, lo, hi, P: int) -> np.ndarray:
+    """Per document, the last u in [0, P) with start(u) < T ((D,) thresholds), -1 where none: start nondecreasing in
+    u and linear on each piece [lo, hi) ((D, k) arrays that cover [0, P)), so a piece's last u below T is read off
+    its first value and slope, and the document's is the largest of its pieces'."""
+    g0 = start(np.minimum(lo, P - 1))
+    slope = start(np.minimum(lo + 1, P - 1)) - g0
+    T = T[:, None]
+    t = np.where(slope > 0, (T - 1 - g0) // np.maximum(slope, 1), hi - lo)  # steps past lo still below T
+    return np.where((hi > lo) & (g0 < T), lo + np.minimum(t, hi - lo - 1), -1).max(axis=1)
 
 
-def window_places(first, second, thresholds, P: int) -> np.ndarray:
+def window_places(first, second, thresholds, P: int, places: np.ndarray) -> np.ndarray:
     """(D, 2 x thresholds) ranks u whose chunk (``first``: chunk u's offset, nondecreasing; ``second``: chunk
-    2P-1-u's, nonincreasing) is the last of its half to start below each threshold offset: every chunk before it
+    2P-1-u's, nonincreasing; both linear in u between the (D, k) ``places`` in [0, P], which hold 0 and P, and
+    taking u as a (D, k) array) is the last of its half to start below each threshold offset: every chunk before it
     ends by the threshold, every one after starts at or past it."""
+    places = np.sort(places, axis=1)
+    lo, hi = places[:, :-1], places[:, 1:]
     out = []
     for T in thresholds:
-        out.append(last_below(first, T, P))
-        out.append(P - 1 - last_below(lambda v: second(P - 1 - v), T, P))
+        out.append(last_below(first, T, lo, hi, P))
+        out.append(P - 1 - last_below(lambda v: second(P - 1 - v), T, P - hi, P - lo, P))
     return np.stack(out, axis=1)
