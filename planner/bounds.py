@@ -103,9 +103,15 @@ class Bounds:
 
     def _floored_sums(self, base: Candidate, ckpt: str, mbs: int) -> tuple[float, float]:
         """``_floored_layer``'s sums where the forward is floored."""
-        fwd_linear, bwd_linear, head = self._linear_parts(base, mbs)
-        fwd = fwd_linear + self._balanced_forward(base, mbs)
-        layer = fwd + bwd_linear + self._attention_compute("bwd", base, mbs)
+        key = ("floored parts", base.algorithm, base.ulysses, base.ring, base.team, base.placement, base.token_layout,
+               base.tp, mbs, base.kv_chunks)  # what every checkpointing's sums share
+        parts = self._cache.get(key)
+        if parts is None:
+            fwd_linear, bwd_linear, head = self._linear_parts(base, mbs)
+            parts = self._cache[key] = (fwd_linear, fwd_linear + self._balanced_forward(base, mbs), bwd_linear,
+                                        self._attention_compute("bwd", base, mbs), head)
+        fwd_linear, fwd, bwd_linear, bwd_att, head = parts
+        layer = fwd + bwd_linear + bwd_att
         if ckpt == "full":
             layer += fwd
         elif ckpt == "attention_boundary":
@@ -195,20 +201,7 @@ class Bounds:
                probe.virtual_stages)
         t = self._cache.get(key)
         if t is None:
-            lkey = ("policy layer", probe.tp, probe.ulysses, probe.ring, ckpt, mbs)  # its parts read no dp, no pp
-            parts = self._cache.get(lkey)
-            if parts is None:
-                c = self._bare_shape(probe, probe.tp, mbs)  # what it reads is no dp's and no pp's
-                fwd = self.est.busy("fwd-linear", c) + self.balanced_time(c, False)
-                layer = fwd
-                if self.est.work.training:
-                    layer += self.est.busy("bwd-linear", c) + self.balanced_time(c, True)
-                    if ckpt == "full":
-                        layer += fwd
-                    elif ckpt == "attention_boundary":
-                        layer += self.est.busy("fwd-linear", c)
-                parts = self._cache[lkey] = (layer, self.est.busy("head", c))
-            layer, head = parts
+            layer, head = self._policy_layer(probe, ckpt, mbs)
             m = max(self.est.work.batch // (probe.dp * mbs), 1)  # Shape.micro_batches and layers_per_stage
             if stages is None:
                 stage = self.est.model.layers // probe.pp * layer + head
@@ -216,6 +209,33 @@ class Bounds:
                 stage = float(busiest_stage(stages, layer, head))
             t = self._cache[key] = pipeline_time(m, probe.pp, probe.virtual_stages, stage)
         return t
+
+    def _policy_layer(self, probe: Candidate, ckpt: str, mbs: int) -> tuple[float, float]:
+        """``policy_floor``'s (layer, head) seconds of ``probe``'s sizes under ``ckpt`` at micro-batch ``mbs``: the
+        linear parts and the attention at its even share, summed from the parts every checkpointing shares (they read
+        no dp, no pp)."""
+        lkey = ("policy layer", probe.tp, probe.ulysses, probe.ring, ckpt, mbs)
+        out = self._cache.get(lkey)
+        if out is None:
+            pkey = ("policy parts", probe.tp, probe.ulysses, probe.ring, mbs)
+            parts = self._cache.get(pkey)
+            if parts is None:
+                c = self._bare_shape(probe, probe.tp, mbs)  # what it reads is no dp's and no pp's
+                fwd_linear, busy = self.est.busy("fwd-linear", c), self.est.busy
+                train = self.est.work.training
+                parts = self._cache[pkey] = (fwd_linear, fwd_linear + self.balanced_time(c, False),
+                                             busy("bwd-linear", c) + self.balanced_time(c, True) if train else 0.0,
+                                             busy("head", c))
+            fwd_linear, fwd, bwd, head = parts
+            layer = fwd
+            if self.est.work.training:
+                layer += bwd
+                if ckpt == "full":
+                    layer += fwd
+                elif ckpt == "attention_boundary":
+                    layer += fwd_linear
+            out = self._cache[lkey] = (layer, head)
+        return out
 
     def balanced_time(self, c: Shape, backward: bool) -> float:
         """Seconds of ``balanced_attention`` at its most efficient block (no assumption on the efficiency curve)."""

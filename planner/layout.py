@@ -705,7 +705,7 @@ def _round_work(token_layout: str, ring: int, seq_len: int) -> tuple[float, ...]
         return (float(diag),) + (later,) * (ring - 1)
     w = causal_work(token_layout, ring, seq_len)
     r = np.arange(ring)
-    return tuple(float(w[r, (r - i) % ring].max()) for i in range(ring))
+    return tuple(w[r, (r[None, :] - r[:, None]) % ring].max(axis=1).tolist())  # row i: round i's blocks
 
 
 #: rings up to this size carry per-round balances (Compute.balance): they matter only where ranks share cores
@@ -733,11 +733,11 @@ def round_balance(token_layout: str, ring: int, seq_len: int, causal: bool, q_tr
         return tuple(out)
     w = causal_work(token_layout, ring, seq_len)
     r = np.arange(ring)
-    out = []
-    for i in range(ring):
-        x = w[(r - i) % ring, r] if q_travels else w[r, (r - i) % ring]
-        out.append(float(x.mean() / x.max()) if x.max() > 0 else 1.0)
-    return tuple(out)
+    held = (r[None, :] - r[:, None]) % ring  # [i, r]: the rank whose block rank r holds in round i
+    x = w[held, r] if q_travels else w[r, held]  # row i: round i's blocks, as the loop over rounds indexed them
+    top = x.max(axis=1)
+    mean = x.mean(axis=1)  # along each contiguous row: the same pairwise sums as one row's own mean
+    return tuple(float(m / t) if t > 0 else 1.0 for m, t in zip(mean.tolist(), top.tolist()))
 
 
 @lru_cache(maxsize=4096)

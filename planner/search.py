@@ -259,6 +259,14 @@ def shared_bounds(est: Estimator, pp: int, algorithms, policies: list[tuple[int,
     return rep
 
 
+def at_largest_micro_batch(rep: dict) -> list[tuple[int, str, int]]:
+    """``shared_bounds``' policies, each at the largest micro-batch K of them all: B s(K) <= B s(k) holds for every
+    k <= K of a checkpointing, fitting or not, so one shape's schedule parts bound every checkpointing (the
+    communication bound builds its attention floors and link prices once, not once per micro-batch)."""
+    top = max(p[2] for p in rep.values())
+    return [(z, ck, top) for z, ck, _ in rep.values()]
+
+
 def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tuple, int, int], bool] | None = None,
                   vs: list | None = None) -> tuple[list[tuple[Candidate, list, list]], int, int]:
     """(base candidate, mesh orders, fitting policies) for every algorithm variant, token layout and pipeline
@@ -483,10 +491,12 @@ class _Grid:
             found = [(base, orders, largest_micro_batches(fitting)) for base, orders, fitting in found]
         found, waiting = self.defer_interleaved(found, item) if self.keep else (found, {})
         floors: dict = {}  # (checkpointing, micro-batch, virtual stages) -> Bounds.policy_floor (alike for every group)
+        cuts: dict = {}  # (variant key, virtual stages) -> the least bound of its dropped micro-batches
         for base, orders, fitting in found:
             vkey, v = variant_key(base, self.by_layout), base.virtual_stages
-            cut = min((b for (_, w), b in item.by_mbs.items() if w == v and self.beyond(b, [vkey])),
-                      default=float("inf"))
+            cut = cuts.get((vkey, v))
+            if cut is None:
+                cut = cuts[vkey, v] = self.dropped_floor(item, vkey, v)
             if not self.keep:
                 self.push(bound, Stage.COMMUNICATION, GroupItem(base, orders, fitting, [bound] * len(fitting), cut, d))
                 continue
@@ -510,10 +520,17 @@ class _Grid:
             if base.virtual_stages == 1 or key not in plain:
                 out.append((base, orders, fitting))
                 continue
-            cut = min((b for (_, w), b in item.by_mbs.items() if w == base.virtual_stages
-                       and self.beyond(b, [variant_key(base, self.by_layout)])), default=float("inf"))
-            waiting.setdefault(key, []).append((base, orders, fitting, cut))
+            waiting.setdefault(key, []).append((base, orders, fitting,
+                                                self.dropped_floor(item, variant_key(base, self.by_layout),
+                                                                   base.virtual_stages)))
         return out, waiting
+
+    def dropped_floor(self, item: DegreesItem, vkey: tuple, v: int) -> float:
+        """The least bound (``DegreesItem.by_mbs``) of the micro-batch sizes under ``v`` virtual stages that are out
+        of the variant ``vkey``'s reach (dropped from its groups), or inf: below it a group's priced orders are each
+        order's best."""
+        reach = self.reach_one(vkey)
+        return min((b for (_, w), b in item.by_mbs.items() if w == v and b > reach), default=INF)
 
     def release_interleaved(self, g: GroupItem) -> None:
         """Queue ``g``'s interleaved siblings to be priced, each policy under ``interleaving_floor`` x a lower bound
@@ -580,8 +597,8 @@ class _Grid:
             whole = single_micro_batch(est, base)
             if rep is None or whole:
                 tight = est.bounds.comm_bounds(base, batch, g.fitting, sync=whole)
-            else:  # per checkpointing, at its largest micro-batch (shared_bounds)
-                at = dict(zip(rep, est.bounds.comm_bounds(base, batch, list(rep.values()), sync=False)))
+            else:  # per checkpointing, at the group's largest micro-batch (one shape's parts for all: shared_bounds)
+                at = dict(zip(rep, est.bounds.comm_bounds(base, batch, at_largest_micro_batch(rep), sync=False)))
                 tight = [at[p[1]] for p in g.fitting]
             g.bounds = [max(b, c) for b, c in zip(g.bounds, tight)]
             # one micro-batch a step: the sync is in already, and with one micro-batch size none is dropped for it

@@ -1,0 +1,66 @@
+"""The communication bound the search reads per checkpointing at a group's largest micro-batch
+(``search.at_largest_micro_batch``): below the exact price of every fitting policy on every mesh order, whichever
+checkpointing that micro-batch came from, and the search it prunes ranks what exhaustive pricing ranks."""
+from __future__ import annotations
+
+import pytest
+
+from sp_plan.planner import Workload
+from sp_plan.planner.estimate import Estimator
+from sp_plan.planner.params import CommFit, Curve, Params
+from sp_plan.planner.search import (Space, at_largest_micro_batch, best_per_variant, degree_groups, grid_search,
+                                    shared_bounds)
+from sp_plan.profiles import load_cluster, load_model
+from sp_plan.profiles.kernels import default_params
+
+#: (cluster preset, nodes, model, seq_len, batch): several micro-batch sizes per data-parallel rank
+CASES = [("dgx-h100", 2, "llama3-8b", "64k", 8), ("l20-8-pcie", 1, "llama3-8b", "32k", 4),
+         ("a100-16-eth100", 2, "gpt-7b", "32k", 8)]
+IDS = [f"{c[0]}x{c[1]} {c[2]} {c[3]} b{c[4]}" for c in CASES]
+#: calibrated-like terms whose GEMM curve rises with the rows: a larger micro-batch runs its GEMMs faster per sequence
+RISING = Params(attention_fwd=Curve(points=((512, 0.2), (4096, 0.7), (16384, 0.45), (65536, 0.6))),
+                attention_bwd=Curve(points=((512, 0.3), (65536, 0.5))),
+                matmul=Curve(points=((1024, 0.5), (65536, 0.8))),
+                overlap=0.7, round_overhead_s=2e-4, hbm_bandwidth=2e12, compute_efficiency=0.85,
+                comm={"p2p/inter": CommFit(alpha_s=1e-5, efficiency=0.8), "all_to_all/intra": CommFit(efficiency=0.6)})
+
+
+def _inputs(case, params):
+    preset, nodes, model, seq, batch = case
+    cluster = load_cluster(preset, nodes)
+    return cluster, load_model(model), Workload(seq_len=seq, batch=batch), (params or default_params)(cluster)
+
+
+@pytest.mark.parametrize("params", [None, lambda cluster: RISING], ids=["defaults", "rising-gemm"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_each_checkpointings_bound_at_the_largest_micro_batch_is_below_every_policys_price(case, params):
+    cluster, model, work, pr = _inputs(case, params)
+    est, space = Estimator(cluster, model, work, params=pr), Space(cluster.world_size, model, work)
+    checked = 0
+    for d in space.degrees():
+        for base, orders, fitting in degree_groups(est, space, d)[0]:
+            rep = shared_bounds(est, d.pp, (base.algorithm,), fitting)
+            if rep is None:
+                continue
+            batch = est.orders(base.degrees, orders, base.placement)
+            exact = est.evaluate_orders(base, batch, fitting)[0].min(axis=0)
+            shared = at_largest_micro_batch(rep)
+            assert {p[2] for p in shared} == {max(p[2] for p in fitting)}
+            bound = dict(zip(rep, est.bounds.comm_bounds(base, batch, shared, sync=False)))
+            own = dict(zip(rep, est.bounds.comm_bounds(base, batch, list(rep.values()), sync=False)))
+            for ck in rep:  # no tighter than at the checkpointing's own largest micro-batch (B s(K) <= B s(k))
+                assert bound[ck] <= own[ck] * (1 + 1e-12), (base, ck)
+            for p, ex in zip(fitting, exact):
+                assert bound[p[1]] <= ex, (base, p, bound[p[1]], ex)
+                checked += rep[p[1]][2] < shared[0][2]  # its checkpointing's bound read above its own micro-batches
+    assert checked > 20
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_the_search_ranks_what_exhaustive_pricing_ranks(case):
+    cluster, model, work, pr = _inputs(case, None)
+    full = grid_search(cluster, model, work, keep=None, params=pr)
+    pruned = grid_search(cluster, model, work, keep=5, params=pr)
+    assert pruned.evaluated < full.evaluated
+    assert best_per_variant(pruned.ranked) == best_per_variant(full.ranked)
+    assert [(round(t, 12), c) for t, c in pruned.ranked[:5]] == [(round(t, 12), c) for t, c in full.ranked[:5]]
