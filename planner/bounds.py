@@ -257,7 +257,11 @@ class Bounds:
                                                                        self.est.attention_efficiency(backward, b,
                                                                                                  masked=True)))
             p = balanced_attention(c, backward, best)
-            t = self._cache[key] = min(self.est.compute_time(p), self.est.compute_time(p._replace(masked=True)))
+            pr = self.est.params
+            if (pr.attention_bwd_masked if backward else pr.attention_fwd_masked) is None:  # masked reads the dense
+                t = self._cache[key] = self.est.compute_time(p)
+            else:
+                t = self._cache[key] = min(self.est.compute_time(p), self.est.compute_time(p._replace(masked=True)))
         return t
 
     def attention_busy(self, part: str, c: Shape) -> float:
