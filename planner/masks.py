@@ -1447,6 +1447,8 @@ def pack_tiles(token_layout: str, ring: int, cu_seqlens, causal: bool = True, wi
     pairs = document_pairs(L, causal, window)
     if token_layout == "striped" and window is not None and ring > 1 and span is None:
         closed = _striped_window_tiles(ring, cu, causal, window, pairs)
+        if closed is None:
+            closed = _striped_cut_pack(ring, cu, causal, window, pairs)
         if closed is not None:
             return closed
     if token_layout == "striped" and window is None:
@@ -1524,6 +1526,37 @@ def _striped_window_tiles(ring: int, cu: np.ndarray, causal: bool, window: int, 
         return None
     per_length = np.maximum(pairs * _striped_roots(L, ring) ** 2 / (L.astype(np.float64) ** 2), pairs / cut)
     return tiles, int(pairs.sum()), float(per_length.sum())
+
+
+def _striped_cut_pack(ring: int, cu: np.ndarray, causal: bool, window: int, pairs: np.ndarray):
+    """``pack_tiles`` of striped under a window past the candidate pairs' limit, without its runs: tiles from the
+    documents' periods (window_forms.striped_cut_tiles), entries over length from ``_striped_rank_roots``; None
+    within the limit, or where the documents x ranks table would outgrow the runs (``_document_rank_sizes``' sparse
+    cells)."""
+    L = np.diff(cu)
+    if len(L) * ring > DENSE_CELLS_PER_RUN * int(np.minimum(L, ring).sum()) + (1 << 16):
+        return None
+    cut = min(max(-(-window // ring), MIN_TILE), int(cu[-1]))
+    longest = -(-int(L.max()) // ring)  # a document's first run's tokens
+    tiles = striped_cut_tiles(cu, ring, cut, window, causal, ring * (min(cut, longest) - 1),
+                              _striped_limit(ring, causal, window))
+    if tiles is None:
+        return None
+    roots = _striped_rank_roots(cu, ring)
+    per_length = np.maximum(pairs * roots ** 2 / (L.astype(np.float64) ** 2), pairs / cut)
+    return tiles, int(pairs.sum()), float(per_length.sum())
+
+
+def _striped_rank_roots(cu: np.ndarray, P: int) -> np.ndarray:
+    """Per document, the square roots of its tokens on each rank added in rank order from 0, one at a time (the
+    float sums ``pack_tiles`` makes of ``_document_rank_sizes``' cells): offset o < min(L, P) on rank (start + o)
+    mod P holds L // P + 1 tokens below L mod P, else L // P; from a documents x ranks table."""
+    L = np.diff(cu)
+    Q, R = np.divmod(L, P)
+    o = (np.arange(P) - cu[:-1, None]) % P
+    v = np.where(o < R[:, None], np.sqrt(Q + 1.0)[:, None],
+                 np.where(o < np.minimum(L, P)[:, None], np.sqrt(Q.astype(np.float64))[:, None], 0.0))
+    return np.cumsum(v, axis=1)[:, -1]  # np.add.accumulate: left to right, as bincount adds
 
 
 def _striped_limit(step: int, causal: bool, window: int) -> int:

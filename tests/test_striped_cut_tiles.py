@@ -85,3 +85,27 @@ def test_pack_tiles_of_cut_striped_runs_is_the_explicit_count(causal):
                 else:  # these packs' candidates are all within ROUND_CELLS
                     assert got == masks._strided_pairs_tiles(first, last, n, lo, hi, ring, causal, window, 1 << 62)
     assert cut_runs > 50
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_pack_tiles_past_the_limit_without_runs_is_the_runs_count(causal):
+    """Striped under a window, counted without its runs (``_striped_cut_pack``): the same tiles as the pieces', the
+    same entries, and the same float entries over length as the runs' cells summed in their order."""
+    counted = 0
+    for cu in _packs():
+        L = np.diff(cu)
+        for ring in (2, 3, 64, 513, 20000):
+            first, last, step, n, rank, doc = masks.tile_runs("striped", ring, cu, causal, 1)
+            sizes, owner = masks._document_rank_sizes(doc, rank, n, len(L), ring)
+            roots = np.bincount(owner, weights=np.sqrt(sizes), minlength=len(L))
+            assert masks._striped_rank_roots(cu, ring).tolist() == roots.tolist()
+            for window in (1, 9, 100, 4096):
+                pairs = masks.document_pairs(L, causal, window)
+                got = masks._striped_cut_pack(ring, cu, causal, window, pairs)
+                if got is None:
+                    continue
+                counted += 1
+                c = min(max(-(-window // ring), masks.MIN_TILE), int(cu[-1]))
+                per_length = np.maximum(pairs * roots ** 2 / (L.astype(np.float64) ** 2), pairs / c).sum()
+                assert got == (_explicit(ring, cu, causal, window, c)[0], int(pairs.sum()), float(per_length))
+    assert counted > 100
