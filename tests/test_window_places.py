@@ -49,11 +49,11 @@ def test_places_from_linear_pieces_are_the_bisected_ones(causal, monkeypatch):
 
     monkeypatch.setattr(masks, "window_places", checked)
     for cu in _packs():
-        for ring in (2, 3, 7, 64, 1000, 4096, 20000):
+        for ring in (2, 7, 64, 1000, 20000):
             for window in (1, 3, 100, 700, 4096):
                 p = masks.zigzag_pack(cu, ring, causal, window)[0]
-                if ring <= 64:
+                if ring <= 64 and cu[-1] <= 12000:  # the token-by-token count is O(S W)
                     reference = masks.rank_pairs(masks.layout_tokens("zigzag", ring, cu), cu, causal, window)
                     assert p.tolist() == reference.tolist(), (cu[:4], ring, window)
                 masks.closed_balanced_parts(cu, ring, causal, window)
-    assert len(calls) > 1.2 * len(_packs()) * 7 * 5  # the spread documents' too
+    assert len(calls) > 1.2 * len(_packs()) * 5 * 5  # the spread documents' too
