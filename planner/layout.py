@@ -986,10 +986,13 @@ def _round_orders(ring: int, team: int, placement: str | None, backward: bool
     """Per sub-ring round, whether ``wallfacer_pairs`` pairs some Q team with an earlier, the same, a later K, V
     team (once per ring, team and placement: not per token layout or length)."""
     tgs = team_group_size(ring, team)
-    if team == 1:
-        pairs = wallfacer_pairs(ring, team, placement, backward)
-        u, v = pairs[..., 0], pairs[..., 1]
-        return (v < u).any(axis=0), (v == u).any(axis=0), (v > u).any(axis=0)
+    if team == 1:  # round r pairs Q team p with K, V team p - r mod P (backward: p - r with p), every p: the same
+        # team in round 0 alone, an earlier and a later one (p = r, p = 0) in every other round
+        same = np.arange(ring) == 0
+        other = ~same
+        for x in (same, other):
+            x.flags.writeable = False
+        return other, same, other
     # In closed form: every (team t = g P/C^2 + i, member a) occurs under either placement, so the pairs of round r
     # are, forward, (g tgs + i, C ((i - r) mod tgs) + a), backward (g tgs + (i - r) mod tgs, C i + a), over all
     # g, a < C and i < tgs. A team meets itself in round r for exactly the teams u (forward: Q team u, so i = u mod
