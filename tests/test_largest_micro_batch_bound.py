@@ -5,30 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from sp_plan.planner import Workload
 from sp_plan.planner.estimate import Estimator
-from sp_plan.planner.params import CommFit, Curve, Params
 from sp_plan.planner.search import (Space, at_largest_micro_batch, best_per_variant, degree_groups, grid_search,
                                     shared_bounds)
-from sp_plan.profiles import load_cluster, load_model
-from sp_plan.profiles.kernels import default_params
 
-#: (cluster preset, nodes, model, seq_len, batch): several micro-batch sizes per data-parallel rank
-CASES = [("dgx-h100", 2, "llama3-8b", "64k", 8), ("l20-8-pcie", 1, "llama3-8b", "32k", 4),
-         ("a100-16-eth100", 2, "gpt-7b", "32k", 8)]
+from test_micro_batch_dominance import CASES, RISING, _inputs  # the same clusters, workloads and terms
+
 IDS = [f"{c[0]}x{c[1]} {c[2]} {c[3]} b{c[4]}" for c in CASES]
-#: calibrated-like terms whose GEMM curve rises with the rows: a larger micro-batch runs its GEMMs faster per sequence
-RISING = Params(attention_fwd=Curve(points=((512, 0.2), (4096, 0.7), (16384, 0.45), (65536, 0.6))),
-                attention_bwd=Curve(points=((512, 0.3), (65536, 0.5))),
-                matmul=Curve(points=((1024, 0.5), (65536, 0.8))),
-                overlap=0.7, round_overhead_s=2e-4, hbm_bandwidth=2e12, compute_efficiency=0.85,
-                comm={"p2p/inter": CommFit(alpha_s=1e-5, efficiency=0.8), "all_to_all/intra": CommFit(efficiency=0.6)})
-
-
-def _inputs(case, params):
-    preset, nodes, model, seq, batch = case
-    cluster = load_cluster(preset, nodes)
-    return cluster, load_model(model), Workload(seq_len=seq, batch=batch), (params or default_params)(cluster)
 
 
 @pytest.mark.parametrize("params", [None, lambda cluster: RISING], ids=["defaults", "rising-gemm"])
