@@ -130,10 +130,17 @@ def attention_forward(ctx, module, query: torch.Tensor, key: torch.Tensor, value
                                  checked)
     if is_causal is None:
         is_causal = getattr(module, "is_causal", None)
-    out = ctx.attention(query.transpose(1, 2).contiguous(), key.transpose(1, 2).contiguous(),
-                        value.transpose(1, 2).contiguous(), causal=is_causal, scale=scaling, cu_seqlens=cu,
-                        window=window)
+    q, k, v = (_tokens_first(ctx, x) for x in (query, key, value))
+    out = ctx.attention(q, k, v, causal=is_causal, scale=scaling, cu_seqlens=cu, window=window)
     return out, None
+
+
+def _tokens_first(ctx, x: torch.Tensor) -> torch.Tensor:
+    """transformers' (b, h, s, d) as the runtime's (b, s, h, d): a view where the plan's attention is local (degree-1
+    attention turns it back into SDPA's layout, so the model's tensor reaches the kernel uncopied), a contiguous copy
+    where the sequence group exchanges it."""
+    t = x.transpose(1, 2)
+    return t if ctx.plan.degrees.get("ring", 1) * ctx.plan.degrees.get("ulysses", 1) == 1 else t.contiguous()
 
 
 def documents_of(position_ids) -> tuple[tuple[int, ...] | None, int | None]:

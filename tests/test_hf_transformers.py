@@ -291,3 +291,22 @@ def test_packed_positions_become_cu_seqlens_of_rows_end_to_end():
     cus = packed_cu_seqlens(_packed_positions())
     assert [c.tolist() for c in cus] == [[0, 5, 25, 28, 64], [0, 64]]
     assert packed_cu_seqlens(torch.arange(10).view(1, 10) + 3) is None  # one document with an offset
+
+
+@pytest.mark.parametrize("algorithm, degrees, copied", [("ring", {"ring": 1}, False), ("ring", {"dp": 2}, False),
+                                                        ("ring", {"ring": 2}, True), ("ulysses", {"ulysses": 2}, True)])
+def test_local_attention_gets_the_models_tensors_uncopied(algorithm, degrees, copied):
+    """Where the plan's attention is local, transformers' q, k, v reach ctx.attention as views (degree-1 attention
+    hands SDPA the model's own tensors); where the sequence group exchanges them, as contiguous copies."""
+    from types import SimpleNamespace
+
+    from sp_plan.integrations.transformers import attention_forward
+
+    seen = []
+    ctx = SimpleNamespace(plan=_p(algorithm, degrees, list(degrees)),
+                          attention=lambda q, k, v, **kw: seen.extend((q, k, v)) or q)
+    query, key = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+    attention_forward(ctx, None, query, key, key, None, is_causal=True)
+    assert [x.shape for x in seen] == [(1, 8, 4, 16), (1, 8, 2, 16), (1, 8, 2, 16)]
+    assert all(x.is_contiguous() == copied for x in seen)
+    assert (seen[0].data_ptr() == query.data_ptr()) != copied
