@@ -1,7 +1,8 @@
 """Lower bounds on step times: what the search prunes with before it prices a layout exactly.
 
 Each bound is below the exact price (``Estimator.evaluate_orders``) of every layout it stands for: compute alone
-pipelined (``compute_bounds``), every cost but the attention exact with the attention at a floor from its compute and
+pipelined (``compute_bounds``; with an Orders batch, plus each layer part's communication at its floor under every
+mesh order, ``link_floor_extra``, ``linear_floor_extra``), every cost but the attention exact with the attention at a floor from its compute and
 communication (``comm_bounds``), and, per degrees choice, the linear and head compute with the attention at its even
 share (``micro_batch_bounds``, ``policy_floor``). They read the Estimator's schedules and prices and keep their own
 cache of what only a bound needs.
@@ -15,6 +16,8 @@ import numpy as np
 
 from .algorithms import ALGORITHMS
 from .candidate import Candidate
+from .layout import ring_split
+from .params import LINK_CLASSES
 from .parts import RING_FREE_PARTS, schedule_key
 from .schedules import Compute, Shape, Step, attention_blocks, balanced_attention
 from .stages import busiest_stage, pipeline_time
@@ -31,12 +34,14 @@ class Bounds:
         self._cache: dict = {}  # bound-only values: floors, even shares, best blocks, attention floors' parts
 
     def compute_bounds(self, base: Candidate, policies: list[tuple[int, str, int]],
-                       forward_floor: bool = False) -> list[float]:
+                       forward_floor: bool = False, batch: Orders | None = None) -> list[float]:
         """Per policy, a lower bound on the step time of ``base``'s degrees and token layout under any mesh order and
         that policy: the pipeline of compute phases alone, communication only adding time (the ZeRO stage moves no
         compute: one value per checkpointing and micro-batch). With ``forward_floor``, a forward attention whose schedule is not built yet
         counts at its even share (``balanced_time``, which no schedule undercuts) and none is built for it: a bound
-        as low or lower, for the search to drop a group before it builds that schedule (``forward_is_floored``)."""
+        as low or lower, for the search to drop a group before it builds that schedule (``forward_is_floored``). With
+        ``batch`` (the group's Orders), each layer part also counts its attention's communication at the floor that
+        holds under every mesh order (``link_floor_extra``): no link loads built."""
         est = self.est
         stages = est.stages_of(base)
         at: dict = {}
@@ -46,6 +51,8 @@ class Bounds:
             if t is None:
                 layer, head = (self._floored_layer(base, ckpt, mbs) if forward_floor
                                else self._compute_layer(base, ckpt, mbs))
+                if batch is not None:
+                    layer += self._layer_link_extra(base, batch, ckpt, mbs)
                 if stages is None:
                     stage = est.model.layers // base.pp * layer + head  # Shape.layers_per_stage
                 else:
@@ -369,3 +376,102 @@ class Bounds:
             slots = self._cache[ckey] = (exposed, list(slots.values()))
         exposed, overlapped_comm = slots
         return plain + exposed + reduce(np.maximum, overlapped_comm, np.full(len(orders.orders), overlapped))
+
+    def _layer_link_extra(self, base: Candidate, batch: Orders, ckpt: str, mbs: int) -> float:
+        """What a layer's communication and fixed overheads add to its compute under ``ckpt`` and every mesh order: the
+        linear parts' (``linear_floor_extra``) and the attention's (``link_floor_extra``), the forward's again as it
+        is recomputed, and the per-layer overheads the exact price adds (``Estimator._pipeline``)."""
+        key = ("layer link", base.algorithm, base.ulysses, base.ring, base.team, base.placement, base.token_layout,
+               base.tp, mbs, base.kv_chunks, batch.world)  # _compute_parts' sizes: no dp, no pp
+        parts = self._cache.get(key)
+        est = self.est
+        if parts is None:
+            c = est.shape(base, mbs)
+            train = est.work.training
+            parts = self._cache[key] = (
+                c, self.linear_floor_extra("fwd-linear", c, batch), self.link_floor_extra("fwd", c, batch),
+                self.linear_floor_extra("bwd-linear", c, batch) + self.link_floor_extra("bwd", c, batch) if train
+                else 0.0)
+        c, fwd_linear, fwd_att, bwd = parts
+        out = fwd_linear + fwd_att
+        if est.work.training:
+            out += bwd + (out if ckpt == "full" else fwd_linear if ckpt == "attention_boundary" else 0.0)
+        return out + est.layer_overhead(ckpt) + est.tp_overhead(c, ckpt)
+
+    def linear_floor_extra(self, part: str, c: Shape, batch: Orders) -> float:
+        """A floor under ``Estimator.price`` of the linear part ``part`` of ``c`` less its compute, the same under every
+        mesh order of ``batch``: a plain step's communication, what an overlapped step's longest phase outlasts its
+        compute by (``params.overlap``'s partial overlap counted), each phase at ``order_free_coefficients``."""
+        key = ("linear floor", schedule_key(part, c), batch.world)
+        v = self._cache.get(key)
+        if v is None:
+            est, v = self.est, 0.0
+            hide = est.params.overlap
+            for st in est.schedule(part, c):
+                busy, comm, longest = 0.0, 0.0, 0.0
+                for p in st.phases:
+                    if isinstance(p, Compute):
+                        busy += est.compute_time(p)
+                    else:
+                        steps, spb, lat = self.order_free_coefficients(p.pattern, batch, p.dim)
+                        t = steps * (p.nbytes * spb + lat)
+                        comm, longest = comm + t, max(longest, t)
+                if not st.overlap:
+                    v += comm * st.repeat
+                elif longest > busy:  # max(c, m) + (1 - overlap) min(c, m), less c: grows with m
+                    v += (longest - busy + (1.0 - hide) * busy) * st.repeat
+                elif comm:
+                    v += (1.0 - hide) * longest * st.repeat
+            self._cache[key] = v
+        return v
+
+    def link_floor_extra(self, part: str, c: Shape, batch: Orders) -> float:
+        """A floor under ``attention_floor(part, c, batch)`` less the attention's compute, the same under every mesh
+        order: the plain steps' communication and what the longest overlapped slot outlasts their compute by, each
+        phase at ``order_free_coefficients``."""
+        key = ("link floor", schedule_key(part, c), batch.world)
+        v = self._cache.get(key)
+        if v is None:
+            one, k = self.bound_unit(part, c)
+            (_, _, a_over, n_over), slots = self._link_slots(part, one, c, batch)
+            o = self.est.params.round_overhead_s or 0.0
+            at = {j: k * a + b for j, (a, b) in slots.items()}  # a slot's seconds: linear in k
+            exposed = at.pop("plain", 0.0)
+            v = self._cache[key] = exposed + max(0.0, max(at.values(), default=0.0) - (k * a_over + n_over * o))
+        return v
+
+    def _link_slots(self, part: str, one: Shape, c: Shape, batch: Orders) -> tuple[tuple, dict]:
+        """A bound unit's ``_floor_linear`` busy parts and, per phase slot, (seconds per unit of k, seconds at any k) of
+        its communication at ``order_free_coefficients``: the groups' sizes read the unit's and ``c``'s sizes."""
+        key = ("link slots", schedule_key(part, one), batch.world, c.tp, c.ulysses, c.ring)
+        v = self._cache.get(key)
+        if v is None:
+            busy, sums = self._floor_linear(part, one)
+            slots: dict = {}
+            for (j, _, dims), (q, b, r) in sums.items():
+                steps, spb, lat = self.order_free_coefficients(q.pattern, batch, dims)
+                a0, b0 = slots.get(j, (0.0, 0.0))
+                slots[j] = (a0 + steps * b * spb, b0 + steps * r * lat)
+            v = self._cache[key] = (busy, slots)
+        return v
+
+    def order_free_coefficients(self, pattern: str, batch: Orders, dims: tuple) -> tuple[float, float, float]:
+        """(steps, seconds per byte, latency) no lower than ``Orders.coefficients`` gives a phase of ``pattern`` on
+        ``dims`` under any mesh order of ``batch``'s degrees: the link engine's floor (``LinkEngine.pattern_floor``)
+        through the CommFit of the link class that charges least."""
+        deg = batch.degrees
+        key = ("order free", pattern, dims, batch.world, tuple(deg.get(d, 1) for d in dims), deg.get("ring", 1),
+               deg.get("team", 1), batch.placement)  # what the groups' sizes read (ring splits: ring, team, placement)
+        v = self._cache.get(key)
+        if v is None:
+            n = 1
+            for size, _ in batch._parts(0, dims):  # group sizes read no order: only their strides do
+                n *= size
+            spread = 1  # a ring's stride is 1 at least: the groups inside it lie at least their step apart
+            if len(dims) == 1 and dims[0] in ("team", "sub_ring", "team_ring"):
+                spread = max(abs(ring_split(deg.get("ring", 1), deg.get("team", 1), batch.placement, dims[0])[1]), 1)
+            steps, spb, lat = self.est.engine.pattern_floor(pattern, n, batch.world, spread)
+            fits = [batch.params.comm_fit(pattern, cls) if batch.params is not None else None for cls in LINK_CLASSES]
+            v = self._cache[key] = (steps, min(spb if f is None else spb / f.efficiency for f in fits),
+                                    min(lat if f is None else lat + f.alpha_s for f in fits))
+        return v

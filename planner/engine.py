@@ -146,6 +146,7 @@ class LinkEngine:
         self._cost = lru_cache(maxsize=None)(self._cost_uncached)
         self.evaluations = 0  # patterns x group shapes routed (each once: the cache above)
         self._by_shape: dict = {}  # (pattern, shape before canonical) -> StepCost
+        self._floors: dict = {}  # (pattern, group size, world) -> pattern_floor
 
     # ---- routing (node-0 part of a path)
     def _path(self, a: str, b: str) -> list[str]:
@@ -285,3 +286,60 @@ class LinkEngine:
         with ``params`` (planner/params.py) its CommFit for the pattern and the bottleneck's link class."""
         c = self._cost(pattern, shape)
         return c.time(nbytes, params.comm_fit(pattern, c.link_class) if params is not None else None)
+
+    # ---- floors under every mesh order
+    def pattern_floor(self, pattern: str, n: int, world: int, spread: int = 1) -> tuple[int, float, float]:
+        """(steps, seconds per byte, latency) no higher than ``cost`` charges ``pattern`` on groups of ``n`` ranks in a
+        world of ``world``, whatever their strides, so long as a group's members lie at least ``spread`` ranks apart
+        (``_pattern_floor``), once per (pattern, n, world, spread)."""
+        key = (pattern, n, world, spread)
+        v = self._floors.get(key)
+        if v is None:
+            v = self._floors[key] = self._pattern_floor(pattern, n, world, spread)
+        return v
+
+    def _first_links(self, a: int, world: int) -> set[tuple[str, str]]:
+        """The links a flow from node-0 device ``a`` can leave it by: its routes' first edges, to each other device of
+        the node's ranks and, across nodes, to the fabric."""
+        firsts = {self._route(a, b, 0)[0][0] for b in range(min(self.gpn, world)) if b != a}
+        if self.multi_node:
+            firsts.add(self._route(a, a, 1)[0][0])
+        return firsts
+
+    def _pattern_floor(self, pattern: str, n: int, world: int, spread: int) -> tuple[int, float, float]:
+        """``pattern_floor``: a most loaded link carries at least what one node-0 member sends over the links its
+        routes leave it by (``_first_links``: an all-to-all (n-1)/n of its volume; a shift its whole volume on one
+        link; a ring collective's channels 1 in all), and
+        where n exceeds the m <= ceil(node / spread) members a node can hold, every group on node 0 has a member
+        elsewhere: an all-to-all member sends at least (n - m)/n off the node through its route's fabric link, a shift sends some member's whole volume through
+        one, and a ring collective at least one volume through them all. The latency: the least route such a flow
+        can take. Patterns the engine prices otherwise: no floor (0)."""
+        steps = pattern_steps(pattern, n)
+        if not steps or pattern not in ("all_to_all", "shift", "shift_back", "shift_bi") + COLLECTIVES:
+            return 0, 0.0, 0.0
+        cap = self.local.edges
+        devs = range(min(self.gpn, world))
+        outs = [[cap[e]["capacity"] for e in self._first_links(a, world)] for a in devs]
+        one_link, all_links = 1.0 / min(max(c) for c in outs), 1.0 / min(sum(c) for c in outs)
+        held = min(n, -(-min(self.gpn, world) // spread))  # the most members of a group one node holds
+        spans = self.multi_node and world > self.gpn and n > held
+        exits: dict = {}  # each member's fabric link (its route off the node's last edge) -> members leaving by it
+        for a in devs:
+            e = self._route(a, a, 1)[0][-1] if self.multi_node else None
+            exits[e] = exits.get(e, 0) + 1
+        if pattern == "all_to_all":
+            spb = (n - 1) / n * all_links
+            if spans:
+                spb = max(spb, max(k * (n - held) / n / cap[e]["capacity"] for e, k in exits.items()))
+        elif pattern in COLLECTIVES:
+            spb = all_links
+            if spans:
+                spb = max(spb, 1.0 / sum(cap[e]["capacity"] for e in exits))
+            spb /= n
+        else:
+            spb = max(one_link, 2 * all_links) if pattern == "shift_bi" and n > 2 else one_link
+            if spans:
+                spb = max(spb, 1.0 / max(cap[e]["capacity"] for e in exits))
+        remote = [self._route(a, a, 1)[1] for a in devs] if self.multi_node else []
+        local = [self._route(a, b, 0)[1] for a in devs for b in devs if a != b]
+        return steps, spb, min(remote) if spans else min(remote + local)

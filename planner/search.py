@@ -386,8 +386,11 @@ class Stage(IntEnum):
     # not built yet (Bounds.compute_bounds, forward_floor): a schedule is built only for a group popped again
     BACKWARD = 2
     COMPUTE = 3  # + the variant's own compute, per policy (Bounds.compute_bounds): no link costed
-    COMMUNICATION = 4  # + every cost but the gradient sync, the attention at its floor (Bounds.comm_bounds)
-    SYNC = 5  # + the gradient sync; priced when popped
+    # + the attention's communication at its floor under every mesh order (Bounds.compute_bounds with the batch): no
+    # link loaded, so that most groups are dropped before their orders' links are
+    LINKS = 4
+    COMMUNICATION = 5  # + every cost but the gradient sync, the attention at its floor (Bounds.comm_bounds)
+    SYNC = 6  # + the gradient sync; priced when popped
 
 
 @dataclass
@@ -569,16 +572,17 @@ class _Grid:
             g.lower.update((p, max(b, bound)) for p, b in zip(g.fitting, g.bounds))
             self.release_interleaved(g)
 
-    def compute_floors(self, g: GroupItem, forward_floor: bool = False) -> tuple[list[float], bool]:
+    def compute_floors(self, g: GroupItem, forward_floor: bool = False, batch=None) -> tuple[list[float], bool]:
         """Per fitting policy of ``g``, ``Bounds.compute_bounds`` (with ``forward_floor``, the forward attention at its
         even share where its schedule is not built yet), and whether that floor was read (False: the exact bound);
         where bounds are shared down from the largest micro-batch (``shared_bounds``), its checkpointing's value at
-        that micro-batch, a hair below (its ties with the smaller ones)."""
+        that micro-batch, a hair below (its ties with the smaller ones); with ``batch``, the attention's communication
+        at its floor under every order in it."""
         est, base = self.est, g.base
         rep = shared_bounds(est, g.degrees.pp, (base.algorithm,), g.fitting)
         policies = g.fitting if rep is None else list(rep.values())
         floored = forward_floor and any(est.bounds.forward_is_floored(base, p[2]) for p in policies)
-        floors = est.bounds.compute_bounds(base, policies, forward_floor=floored)
+        floors = est.bounds.compute_bounds(base, policies, forward_floor=floored, batch=batch)
         if rep is not None:
             at = dict(zip(rep, floors))
             floors = [at[p[1]] * (1 - 1e-12) for p in g.fitting]
@@ -592,7 +596,10 @@ class _Grid:
             g.bounds = [max(b, c) for b, c in zip(g.bounds, floors)]
             return self.push(max(bound, min(g.bounds)), Stage.BACKWARD if floored else Stage.COMPUTE, g)
         batch = order_batch(est, base, g.orders, self.batches)
-        if stage == Stage.COMPUTE:  # per policy: all but the attention's communication, exact (comm_bounds)
+        if stage == Stage.COMPUTE:  # per policy: the compute and the attention's communication at its order-free floor
+            g.bounds = [max(b, c) for b, c in zip(g.bounds, self.compute_floors(g, batch=batch)[0])]
+            return self.push(max(bound, min(g.bounds)), Stage.LINKS, g)
+        if stage == Stage.LINKS:  # per policy: all but the attention's communication, exact (comm_bounds)
             rep = shared_bounds(est, d.pp, (base.algorithm,), g.fitting)
             whole = single_micro_batch(est, base)
             if rep is None or whole:
@@ -664,7 +671,9 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     variants, layouts, orders and policies (``Estimator.micro_batch_bounds``: compute only, attention at
     its even share). Popped, it is expanded into its (variant, layout) groups, each policy under its compute with
     the recomputation it needs (``Bounds.policy_floor``); a popped group is tightened per policy by its compute-only
-    bound (``Bounds.compute_bounds``: no link costed, most groups end there), then by ``Bounds.comm_bounds``
+    bound (``Bounds.compute_bounds``: no link costed, most groups end there), then by that bound with every layer
+    part's communication at its floor under every mesh order (``LinkEngine.pattern_floor``: no order's links loaded,
+    most of the rest end there), then by ``Bounds.comm_bounds``
     (every cost but the gradient sync exact, the attention at ``Estimator.attention_floor``), then by its gradient
     sync (routed only for groups that got this far, but from the start where a step is one micro-batch,
     ``single_micro_batch``), and priced when popped again.
