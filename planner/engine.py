@@ -309,10 +309,10 @@ class LinkEngine:
     def _pattern_floor(self, pattern: str, n: int, world: int, spread: int) -> tuple[int, float, float]:
         """``pattern_floor``: a most loaded link carries at least what one node-0 member sends over the links its
         routes leave it by (``_first_links``: an all-to-all (n-1)/n of its volume; a shift its whole volume on one
-        link; a ring collective's channels 1 in all), and
-        where n exceeds the m <= ceil(node / spread) members a node can hold, every group on node 0 has a member
-        elsewhere: an all-to-all member sends at least (n - m)/n off the node through its route's fabric link, a shift sends some member's whole volume through
-        one, and a ring collective at least one volume through them all. The latency: the least route such a flow
+        link; a ring collective's channels 1 in all). Where n exceeds the m <= ceil(node / spread) members a node
+        can hold, every group on node 0 has a member elsewhere: an all-to-all member sends at least (n - m)/n off the
+        node through its route's fabric link, a shift some member's whole volume through one, and each of the
+        ceil(node / m) groups or more on node 0 a volume through them all. The latency: the least route such a flow
         can take. Patterns the engine prices otherwise: no floor (0)."""
         steps = pattern_steps(pattern, n)
         if not steps or pattern not in ("all_to_all", "shift", "shift_back", "shift_bi") + COLLECTIVES:
@@ -323,6 +323,7 @@ class LinkEngine:
         one_link, all_links = 1.0 / min(max(c) for c in outs), 1.0 / min(sum(c) for c in outs)
         held = min(n, -(-min(self.gpn, world) // spread))  # the most members of a group one node holds
         spans = self.multi_node and world > self.gpn and n > held
+        leaving = -(-min(self.gpn, world) // held)  # groups on node 0, each sending a volume off it at least
         exits: dict = {}  # each member's fabric link (its route off the node's last edge) -> members leaving by it
         for a in devs:
             e = self._route(a, a, 1)[0][-1] if self.multi_node else None
@@ -334,12 +335,13 @@ class LinkEngine:
         elif pattern in COLLECTIVES:
             spb = all_links
             if spans:
-                spb = max(spb, 1.0 / sum(cap[e]["capacity"] for e in exits))
+                spb = max(spb, leaving / sum(cap[e]["capacity"] for e in exits))
             spb /= n
         else:
             spb = max(one_link, 2 * all_links) if pattern == "shift_bi" and n > 2 else one_link
             if spans:
-                spb = max(spb, 1.0 / max(cap[e]["capacity"] for e in exits))
+                spb = max(spb, 1.0 / max(cap[e]["capacity"] for e in exits),
+                          leaving / sum(cap[e]["capacity"] for e in exits))
         remote = [self._route(a, a, 1)[1] for a in devs] if self.multi_node else []
         local = [self._route(a, b, 0)[1] for a in devs for b in devs if a != b]
         return steps, spb, min(remote) if spans else min(remote + local)
