@@ -25,6 +25,10 @@ from .stages import busiest_stage, pipeline_time
 if TYPE_CHECKING:
     from .estimate import Estimator, Orders
 
+#: the dimensions whose phases get an order-free floor: the sizes the link floors' caches key on (tp, ulysses, ring, and
+#: the ring's splits by team and placement)
+ORDER_FREE_DIMS = frozenset(("tp", "ulysses", "ring", "team", "sub_ring", "team_ring"))
+
 
 class Bounds:
     """Lower bounds for one Estimator's (cluster, model, workload, params), cached by value."""
@@ -459,6 +463,8 @@ class Bounds:
         """(steps, seconds per byte, latency) no lower than ``Orders.coefficients`` gives a phase of ``pattern`` on
         ``dims`` under any mesh order of ``batch``'s degrees: the link engine's floor (``LinkEngine.pattern_floor``)
         through the CommFit of the link class that charges least."""
+        if not ORDER_FREE_DIMS.issuperset(dims):  # the floors' caches key on these sizes alone: no floor elsewhere
+            return 0, 0.0, 0.0
         deg = batch.degrees
         key = ("order free", pattern, dims, batch.world, tuple(deg.get(d, 1) for d in dims), deg.get("ring", 1),
                deg.get("team", 1), batch.placement)  # what the groups' sizes read (ring splits: ring, team, placement)
