@@ -430,22 +430,22 @@ def magi_setups(truth: dict, whatif: str = "none", kernel: str = "papers") -> li
 
 @contextmanager
 def fixed_pack(cu_seqlens):
-    """Price with one given pack instead of the seeded draws: masks.workload_packs returns ``cu_seqlens`` for every
+    """Price with one given pack instead of the seeded draws: masks.work.workload_packs returns ``cu_seqlens`` for every
     sample (every cache of the mask and schedule modules is cleared on entry and exit: they are keyed by the
     workload, not its packs)."""
     import numpy as np
     from sp_plan.planner import allgather, masks, usp
 
     caches = [f for m in (masks, usp, allgather) for f in vars(m).values() if callable(getattr(f, "cache_clear", None))]
-    drawn = masks.workload_packs
+    drawn = masks.work.workload_packs  # read there, by the packs' pricing
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     for c in caches:
         c.cache_clear()
-    masks.workload_packs = lambda work, sequences: [cu] * sequences
+    masks.work.workload_packs = lambda work, sequences: [cu] * sequences
     try:
         yield
     finally:
-        masks.workload_packs = drawn
+        masks.work.workload_packs = drawn
         for c in caches:
             c.cache_clear()
 

@@ -11,7 +11,7 @@ each rank its shard. With Ulysses inside (ulysses U > 1), its all-to-alls wrap t
 gather moves the head-sharded K, V. GQA's K, V are gathered unrepeated, so the volume is the sequence's K, V
 bytes for the KV heads alone: (P - 1)/P of 2 B S kv d e reaches each rank.
 
-The attention work is the busiest rank's under the mask and the token layout (planner/masks.py), in expectation
+The attention work is the busiest rank's under the mask and the token layout (planner/masks/), in expectation
 over seeded packs of the workload's documents, averaged over the layers' windows (a local:global pattern): the
 compute of a layer stack is the sum of its layers', and every layer gathers the same K, V.
 """

@@ -173,7 +173,7 @@ def balanced_attention(c: Shape, backward: bool, block: float) -> Compute:
     N = c.work.seq_len
     if c.work.documents is None and c.work.window is None:
         frac = (N + 1) / (2 * N) if c.work.causal else 1.0
-    else:  # the mask's share of the N^2 pairs: documents and windows cut it (planner/masks.py)
+    else:  # the mask's share of the N^2 pairs: documents and windows cut it (planner/masks/)
         frac = mask_fraction(c.work, c.model.layers)
     mult = 2.5 if backward else 1.0  # FlashAttention backward: 5 block matmuls vs 2
     flops = mult * attention_flops(N, N, c.model.heads / c.tp, c.model.head_dim, c.b) * frac / (c.ulysses * c.ring)

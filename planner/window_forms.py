@@ -244,7 +244,7 @@ def striped_whole_tiles(cu: np.ndarray, P: int, W: int, causal: bool, limit: int
 
 # ---------------------------------------------------------------- a rank's entries under a window, per document
 #
-# A chunk's entries are prefix_pairs(end) - prefix_pairs(start) (planner/masks.py), one quadratic in the offset up
+# A chunk's entries are prefix_pairs(end) - prefix_pairs(start) (planner/masks/pairs.py), one quadratic in the offset up
 # to the window W and another past it (bidirectional: also past L - W). A chunk wholly on one side is linear in its
 # rank between the layouts' places; only the one chunk of each half that holds such an offset is not, so it is made
 # a place of its own.

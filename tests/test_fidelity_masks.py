@@ -77,7 +77,7 @@ def test_one_pack_priced_as_the_planner_prices_one_document(bf):
                                       params=default_params(cl)), plan, "fwd")
     one = bf.rfa_seconds(cl, model, [[0, 65536]], True, plan, "fwd", "sp-plan")
     assert one == pytest.approx(dense, rel=1e-6)
-    assert masks.workload_packs is not None and masks.workload_packs.__module__ == "sp_plan.planner.documents"
+    assert masks.work.workload_packs.__module__ == "sp_plan.planner.documents"
 
 
 def test_ring_flash_attention_varlen_ranking_as_measured(bf, truths):

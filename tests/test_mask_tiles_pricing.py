@@ -1,4 +1,4 @@
-"""Masked blocks priced as their tiles (planner/masks.py ``pack_tiles``, planner/schedules.py ``tiled``): the
+"""Masked blocks priced as their tiles (planner/masks/ ``pack_tiles``, planner/schedules.py ``tiled``): the
 planner counts the kernel calls the runtime makes, prices a block at its document pieces' length, never below the
 block's own price, and leaves one document per sequence as it was."""
 import numpy as np

@@ -1,4 +1,4 @@
-"""Schedules under packed documents and sliding windows (planner/usp.py, planner/masks.py): ring rounds cost their
+"""Schedules under packed documents and sliding windows (planner/usp.py, planner/masks/): ring rounds cost their
 busiest rank under the mask, a window's far rounds carry no K, V, Ulysses attends the mask's pairs over U, the
 algorithms that cannot honour masks refuse them, and the search enumerates the balancing policies and all-gather."""
 import numpy as np
@@ -201,10 +201,10 @@ def test_on_a_packed_batch_allgather_computes_no_more_than_the_ring_and_exposes_
 def test_past_the_counting_bound_zigzag_and_balanced_rounds_are_taken_as_even(monkeypatch):
     """Where counting a layout's rounds would cost more than ROUND_CELLS, each rank's exact work is spread evenly
     over its rounds: the ranks' totals stay exact, every round its busiest rank's share."""
-    import sp_plan.planner.masks as masks
+    from sp_plan.planner.masks import rounds
     cu = draw_packs(load_documents("magi-short"), 8192, 1, 0)[0]
     exact = layout_rounds("zigzag", 8, cu)
-    monkeypatch.setattr(masks, "ROUND_CELLS", 1)
+    monkeypatch.setattr(rounds, "ROUND_CELLS", 1)  # where layout_rounds reads it
     even = layout_rounds("zigzag", 8, cu)
     np.testing.assert_allclose(even.sum(axis=0), exact.sum(axis=0))
     np.testing.assert_allclose(even, np.tile(exact.sum(axis=0) / 8, (8, 1)))

@@ -1,4 +1,4 @@
-"""Attention work of a mask (planner/masks.py) and the token layouts of sequences with documents (planner/layout.py):
+"""Attention work of a mask (planner/masks/) and the token layouts of sequences with documents (planner/layout.py):
 exact counts against a dense mask, layouts that are permutations, work that no layout changes, the balancer."""
 import numpy as np
 import pytest

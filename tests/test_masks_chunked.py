@@ -1,4 +1,4 @@
-"""Contiguous, zigzag and the balancer counted per document in closed form (planner/masks.py ``contiguous_pack``,
+"""Contiguous, zigzag and the balancer counted per document in closed form (planner/masks/ ``contiguous_pack``,
 ``zigzag_pack``, ``balanced_pack``, ``spread_loads``): the same per-rank score entries as the token-by-token
 reference, the same tiles, entries and runs as their runs give, up to rings where every chunk is one token or
 none."""
@@ -80,11 +80,12 @@ def test_a_pack_past_the_counted_rounds_prices_as_its_runs(monkeypatch, token_la
     """pack_work's closed form where the rounds are taken as even, against its runs' count (the closed form off)."""
     for cu in _packs()[:4]:
         for causal in (True, False):
-            monkeypatch.setattr(masks, "ROUND_CELLS", 1 << 12)
+            for reader in (masks.work, masks.rounds, masks.striped_tiles):  # the modules that read it
+                monkeypatch.setattr(reader, "ROUND_CELLS", 1 << 12)
             fast = masks.pack_work(token_layout, 4096, cu, causal)
-            monkeypatch.setattr(masks, "zigzag_runs", lambda *a: 0)
-            monkeypatch.setattr(masks, "contiguous_runs", lambda *a: 0)
-            monkeypatch.setattr(masks, "balanced_runs", lambda *a: 0)
+            monkeypatch.setattr(masks.work, "zigzag_runs", lambda *a: 0)  # where pack_work reads them
+            monkeypatch.setattr(masks.work, "contiguous_runs", lambda *a: 0)
+            monkeypatch.setattr(masks.work, "balanced_runs", lambda *a: 0)
             runs = masks.pack_work(token_layout, 4096, cu, causal)
             monkeypatch.undo()
             for a, b in zip(fast[:3], runs[:3]):

@@ -1,4 +1,4 @@
-"""Ring rounds under a mask counted without their (P, P) matrix (planner/masks.py): each round's busiest rank and mean
+"""Ring rounds under a mask counted without their (P, P) matrix (planner/masks/): each round's busiest rank and mean
 equal the max and mean of the counted rounds, and a search's priced rounds stay those of the matrix."""
 import numpy as np
 import pytest
@@ -81,7 +81,7 @@ def test_zigzag_and_balancer_rounds_from_their_chunks_are_the_pair_matrix(monkey
     """Every pack through the pieces (their threshold lifted) or the matrix built from the same chunks (none):
     documents spread on every rank, short ones as runs."""
     from sp_plan.planner import masks
-    monkeypatch.setattr(masks, "PIECES_SHARE", share)
+    monkeypatch.setattr(masks.chunk_rounds, "PIECES_SHARE", share)  # where chunk_round_stats reads it
     for cu in ODD + _packs("magi-long", 8192) + _packs("magi-short", 4097) + [np.array([0, 2, 3, 5, 7, 300, 333, 400])]:
         hi, mean = masks.chunk_round_stats(token_layout, ring, cu)
         want_hi, want_mean = _counted(token_layout, ring, cu)

@@ -1,4 +1,4 @@
-"""A pack's tiles counted from only the (document, rank) cells its runs hold (planner/masks.py): the same tiles,
+"""A pack's tiles counted from only the (document, rank) cells its runs hold (planner/masks/): the same tiles,
 entries and entries over length as from the documents x P table, at rings where that table would be mostly empty."""
 import numpy as np
 import pytest
@@ -18,9 +18,11 @@ def test_tiles_from_the_held_cells_are_those_of_the_whole_table(monkeypatch, tok
     packs = _packs("magi-short", 20000) + _packs("megatron-dcp", 30001) + [np.array([0, 1, 2, 9000])]
     for cu in packs:
         for ring in (3, 64, 4096):
-            monkeypatch.setattr(masks, "DENSE_CELLS_PER_RUN", 10 ** 9)
+            for reader in (masks.tiling, masks.striped_tiles):  # the modules that read it
+                monkeypatch.setattr(reader, "DENSE_CELLS_PER_RUN", 10 ** 9)
             table = masks.pack_tiles(token_layout, ring, cu, causal, window)
-            monkeypatch.setattr(masks, "DENSE_CELLS_PER_RUN", 0)
+            for reader in (masks.tiling, masks.striped_tiles):
+                monkeypatch.setattr(reader, "DENSE_CELLS_PER_RUN", 0)
             held = masks.pack_tiles(token_layout, ring, cu, causal, window)
             assert held == table
 

@@ -47,7 +47,7 @@ def test_places_from_linear_pieces_are_the_bisected_ones(causal, monkeypatch):
         calls.append(P)
         return got
 
-    monkeypatch.setattr(masks, "window_places", checked)
+    monkeypatch.setattr(masks.chunked, "window_places", checked)  # where zigzag and the spread documents read it
     for cu in _packs():
         for ring in (2, 7, 64, 1000, 20000):
             for window in (1, 3, 100, 700, 4096):
