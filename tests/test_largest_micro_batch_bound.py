@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from sp_plan.planner.estimate import Estimator
-from sp_plan.planner.search import (Space, at_largest_micro_batch, best_per_variant, degree_groups, grid_search,
-                                    shared_bounds)
+from sp_plan.planner.search import (Space, at_largest_micro_batch, degree_groups, shared_bounds)
 
+from search_checks import assert_pruned_ranks_as_exhaustive
 from test_micro_batch_dominance import CASES, RISING, _inputs  # the same clusters, workloads and terms
 
 IDS = [f"{c[0]}x{c[1]} {c[2]} {c[3]} b{c[4]}" for c in CASES]
@@ -42,8 +42,4 @@ def test_each_checkpointings_bound_at_the_largest_micro_batch_is_below_every_pol
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_the_search_ranks_what_exhaustive_pricing_ranks(case):
     cluster, model, work, pr = _inputs(case, None)
-    full = grid_search(cluster, model, work, keep=None, params=pr)
-    pruned = grid_search(cluster, model, work, keep=5, params=pr)
-    assert pruned.evaluated < full.evaluated
-    assert best_per_variant(pruned.ranked) == best_per_variant(full.ranked)
-    assert [(round(t, 12), c) for t, c in pruned.ranked[:5]] == [(round(t, 12), c) for t, c in full.ranked[:5]]
+    assert_pruned_ranks_as_exhaustive(cluster, model, work, pr)
