@@ -187,6 +187,13 @@ def _scaled(priced: Priced, k: float, i: int = 0) -> list:
     return [(n, kind, g, b * k, float(s[i]) * k, float(x[i]) * k) for n, kind, g, b, s, x in priced.rows]
 
 
+def _sizes_key(dp: int, ulysses: int, ring: int, tp: int, pp: int, mbs: int, stage_layers, checkpointing: str,
+               virtual_stages: int) -> tuple:
+    """``Estimator._activation_total``'s cache key for an algorithm without its own activations: the sizes
+    ``memory.activation_bytes`` reads, so every variant of those sizes shares one value."""
+    return (dp, ulysses, ring, tp, pp, mbs, stage_layers), checkpointing, virtual_stages
+
+
 class Estimator:
     """Prices layouts for one (cluster, model, workload); reuse it across candidates (costs are cached)."""
 
@@ -475,9 +482,10 @@ class Estimator:
     def _activation_total(self, c: Shape, checkpointing: str, virtual_stages: int = 1) -> float:
         """The sum of ``_activations``, once per value: activation_bytes reads the sizes alone (not the algorithm,
         team, placement or token layout) but for algorithms with their own ``Algorithm.activations``."""
-        hook = ALGORITHMS[c.algorithm].activations is not None
-        key = (c.key if hook else (c.dp, c.ulysses, c.ring, c.tp, c.pp, c.mbs, c.stage_layers), checkpointing,
-               virtual_stages)
+        if ALGORITHMS[c.algorithm].activations is not None:
+            key = (c.key, checkpointing, virtual_stages)
+        else:
+            key = _sizes_key(c.dp, c.ulysses, c.ring, c.tp, c.pp, c.mbs, c.stage_layers, checkpointing, virtual_stages)
         t = self._acts.get(key)
         if t is None:
             t = self._acts[key] = sum(self._activations(c, checkpointing, virtual_stages).values())
@@ -539,8 +547,8 @@ class Estimator:
     def _fit_activations(self, probe: Candidate, ckpt: str, mbs: int, stages) -> float:
         """``_activation_total`` of ``probe`` at micro-batch ``mbs``, read from its key where known (no Shape made)."""
         if ALGORITHMS[probe.algorithm].activations is None:
-            t = self._acts.get(((probe.dp, probe.ulysses, probe.ring, probe.tp, probe.pp, mbs, stages), ckpt,
-                                probe.virtual_stages))
+            t = self._acts.get(_sizes_key(probe.dp, probe.ulysses, probe.ring, probe.tp, probe.pp, mbs, stages, ckpt,
+                                          probe.virtual_stages))
             if t is not None:
                 return t
         return self._activation_total(self.shape(probe, mbs), ckpt, probe.virtual_stages)
