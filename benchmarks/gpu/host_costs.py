@@ -5,10 +5,11 @@ world-1 ``init(plan)``, ``runtime.kernels.local_attention`` alone, SDPA from (ba
 transposes in the call, and plain SDPA on (batch, heads, seq, dim). The differences are the plan's dispatch, the
 backend hold and the layout, which the GPU's per-call readings carry (docs/benchmarks/gpu.md).
 
-    python benchmarks/gpu/host_costs.py
+    python benchmarks/gpu/host_costs.py [--calls 1000] [--rounds 7]
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import tempfile
 import time
@@ -20,9 +21,6 @@ import torch.nn.functional as F
 from sp_plan.planner.plan import Plan
 from sp_plan.runtime import init
 from sp_plan.runtime.kernels import local_attention
-
-CALLS, ROUNDS = 1000, 7
-
 
 def _calls(ctx) -> dict:
     """The four calls, each one forward and backward on the same tiny GQA block."""
@@ -41,19 +39,23 @@ def _calls(ctx) -> dict:
     }
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--calls", type=int, default=1000, help="calls back to back in one reading")
+    p.add_argument("--rounds", type=int, default=7, help="readings of each call, interleaved (the median is printed)")
+    args = p.parse_args(argv)
     dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/init", rank=0, world_size=1)
     torch.set_num_threads(1)
     calls = _calls(init(Plan(algorithm="ring", degrees={"ring": 1}, order=["ring"]), device_type="cpu"))
     us = {name: [] for name in calls}
-    for _ in range(ROUNDS):
+    for _ in range(args.rounds):
         for name, fn in calls.items():
-            for _ in range(CALLS // 10):
+            for _ in range(max(args.calls // 10, 1)):
                 fn()
             t0 = time.perf_counter()
-            for _ in range(CALLS):
+            for _ in range(args.calls):
                 fn()
-            us[name].append((time.perf_counter() - t0) / CALLS * 1e6)
+            us[name].append((time.perf_counter() - t0) / args.calls * 1e6)
     for name, xs in us.items():
         print(f"{name:30s} {statistics.median(xs):7.1f} us a call (forward + backward)")
     dist.destroy_process_group()
