@@ -30,6 +30,12 @@ if TYPE_CHECKING:
 ORDER_FREE_DIMS = frozenset(("tp", "ulysses", "ring", "team", "sub_ring", "team_ring"))
 
 
+def recomputed(layer: float, fwd: float, fwd_linear: float, ckpt: str) -> float:
+    """A training layer's seconds plus the forward its checkpointing runs again in the backward: the whole forward
+    under ``full``, its linear part under ``attention_boundary`` (as ``Estimator._pipeline`` schedules them)."""
+    return layer + (fwd if ckpt == "full" else fwd_linear if ckpt == "attention_boundary" else 0.0)
+
+
 class Bounds:
     """Lower bounds for one Estimator's (cluster, model, workload, params), cached by value."""
 
@@ -77,13 +83,7 @@ class Bounds:
         if out is None:
             fwd_linear, fwd_att, bwd_linear, bwd_att, head = self._compute_parts(base, mbs, key[1:-1])
             fwd = fwd_linear + fwd_att
-            layer = fwd
-            if self.est.work.training:
-                layer += bwd_linear + bwd_att
-                if ckpt == "full":
-                    layer += fwd
-                elif ckpt == "attention_boundary":
-                    layer += fwd_linear
+            layer = recomputed(fwd + (bwd_linear + bwd_att), fwd, fwd_linear, ckpt) if self.est.work.training else fwd
             out = self._cache[key] = (layer, head)
         return out
 
@@ -122,12 +122,7 @@ class Bounds:
             parts = self._cache[key] = (fwd_linear, fwd_linear + self._balanced_forward(base, mbs), bwd_linear,
                                         self._attention_compute("bwd", base, mbs), head)
         fwd_linear, fwd, bwd_linear, bwd_att, head = parts
-        layer = fwd + bwd_linear + bwd_att
-        if ckpt == "full":
-            layer += fwd
-        elif ckpt == "attention_boundary":
-            layer += fwd_linear
-        return layer, head
+        return recomputed(fwd + bwd_linear + bwd_att, fwd, fwd_linear, ckpt), head
 
     def _balanced_forward(self, base: Candidate, mbs: int) -> float:
         """``balanced_time`` of the forward attention of ``base``'s sizes at micro-batch ``mbs`` (it reads ulysses,
@@ -238,13 +233,7 @@ class Bounds:
                                              busy("bwd-linear", c) + self.balanced_time(c, True) if train else 0.0,
                                              busy("head", c))
             fwd_linear, fwd, bwd, head = parts
-            layer = fwd
-            if self.est.work.training:
-                layer += bwd
-                if ckpt == "full":
-                    layer += fwd
-                elif ckpt == "attention_boundary":
-                    layer += fwd_linear
+            layer = recomputed(fwd + bwd, fwd, fwd_linear, ckpt) if self.est.work.training else fwd
             out = self._cache[lkey] = (layer, head)
         return out
 
