@@ -423,12 +423,13 @@ _HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
 def _sdp_switches() -> tuple[bool, ...]:
-    """SDPA's backend switches now, in ``_SWITCHES`` order."""
+    """SDPA's backend switches as they stand: flash, mem_efficient, math, cudnn (``_ONLY``'s order)."""
     cb = torch.backends.cuda
     return cb.flash_sdp_enabled(), cb.mem_efficient_sdp_enabled(), cb.math_sdp_enabled(), cb.cudnn_sdp_enabled()
 
 
 def _set_sdp_switches(on: tuple[bool, ...]) -> None:
+    """Set SDPA's backend switches to ``on`` (``_sdp_switches``' order)."""
     cb = torch.backends.cuda
     cb.enable_flash_sdp(on[0])
     cb.enable_mem_efficient_sdp(on[1])
