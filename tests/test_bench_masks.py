@@ -118,8 +118,28 @@ def test_quick_mode_runs_and_counts(bench, capsys):
     assert {"ring contiguous", pick} <= timed < {r["candidate"] for r in packed}
     # the timed world counted the same blocks and bytes as the zero-kernel one (main raises otherwise)
     assert all(r["median_s"] > 0 and r["cpu_s"] > 0 for r in packed if "median_s" in r)
+    for r in (r for r in packed if "median_s" in r):  # the busiest rank's CPU lies between the mean rank's and all
+        assert r["cpu_s"] / 2 <= r["busiest_cpu_s"] <= r["cpu_s"], r["candidate"]
+        assert 1.0 <= r["cpu_max_mean"] <= 2.0 and len(r["rank_cpu_s"][0]) == 2
     single = [r for r in rows if r["batch"] == "single:512"]
     assert all("median_s" in r for r in single)
     for none, one in zip(single[::2], single[1::2]):
         assert (none["blocks"], none["bytes"]) == (one["blocks"], one["bytes"]), one["candidate"]
     assert "Spearman" in out and "top-1 regret" in out and "one document against none" in out
+    assert "busiest rank's cpu s: " in out and "contiguous ring" in out.split("busiest rank's cpu s: ")[1]
+
+
+def test_cpu_figures_are_medians_of_the_sum_the_busiest_rank_and_its_share(bench):
+    # three repeats of two ranks: sums 4, 4, 6; busiest 3, 2, 5; busiest over mean 1.5, 1.0, 5/3
+    got = bench.cpu_figures([[1.0, 3.0], [2.0, 2.0], [1.0, 5.0]])
+    assert (got["cpu_s"], got["busiest_cpu_s"]) == (4.0, 3.0)
+    assert got["cpu_max_mean"] == pytest.approx(1.5)
+
+
+def test_the_busiest_line_sets_the_least_busiest_candidate_against_the_contiguous_ring(bench):
+    ring = dict(candidate="ring contiguous", imbalance=2.5, cpu_max_mean=1.8, busiest_cpu_s=3.0)
+    zigzag = dict(candidate="ring zigzag", imbalance=1.001, cpu_max_mean=1.02, busiest_cpu_s=2.0)
+    line = bench.busiest_line([ring, zigzag], ring)
+    assert line.startswith("busiest rank's cpu s: ring zigzag (imbalance 1.001, cpu max/mean 1.020) 2.00 s")
+    assert "contiguous ring 3.00 s: 1.50x" in line
+    assert bench.busiest_line([zigzag], None).endswith("contiguous ring not timed")
