@@ -205,6 +205,9 @@ def plan_cmd(
     window: Optional[int] = _PLAN_MASK.window,
     window_pattern: Optional[str] = _PLAN_MASK.window_pattern,
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes the grid search runs in (forked, each "
+                                       "a share of the degrees choices; the same ranking)",
+                                       show_default="the usable cores, at most 8"),
 ) -> None:
     """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
     try:
@@ -213,7 +216,7 @@ def plan_cmd(
                             documents, window, window_pattern, seed if documents is not None else None)
         if not as_json:
             print_notes(w)
-        res, inputs = _planned(server, store, storage, cluster=cluster, nodes=nodes, model=model, workload=w,
+        res, inputs = _planned(server, store, storage, jobs, cluster=cluster, nodes=nodes, model=model, workload=w,
                                search=search, trials=trials, seed=seed, top=top, use_profile=not no_profile,
                                profile=profile, families=True)
     except PlanError as e:
@@ -243,16 +246,18 @@ def _check_plan_options(output: Optional[Path], report: Optional[Path], profile:
                         "run without --server (the service's report is at URL/v1/plans/ID/report)")
 
 
-def _planned(server: Optional[str], store: Optional[str], storage: Optional[str], **fields):
-    """(PlanResponse, the resolved inputs or None) of the pipeline here, or of the service at ``server``."""
+def _planned(server: Optional[str], store: Optional[str], storage: Optional[str], jobs: Optional[int], **fields):
+    """(PlanResponse, the resolved inputs or None) of the pipeline here, its grid in ``jobs`` processes (None: the
+    usable cores, ``workers.auto_jobs``), or of the service at ``server``."""
     from sp_plan.pipeline import PlanRequest, resolve, search  # noqa: PLC0415 - numpy: `presets`, --help do without
+    from sp_plan.workers import auto_jobs  # noqa: PLC0415 - as the pipeline
 
     req = _request(PlanRequest, server, **fields)
     if server:
         return _client(server).plan(req), None
     inputs = resolve(req, store, max_world=None)
     with _search_progress(req.search) as tick:
-        return search(req, inputs, storage=storage, progress=tick), inputs
+        return search(req, inputs, storage=storage, progress=tick, jobs=jobs or auto_jobs()), inputs
 
 
 def _print_plans(res) -> None:

@@ -1,0 +1,100 @@
+"""The grid search in forked workers (``sp_plan.workers``, ``planner.partition``): the same rows, the same best of
+each variant and the same plan file as one process, whatever becomes of a worker."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sp_plan import workers
+from sp_plan.pipeline import PlanRequest, resolve, search
+from sp_plan.planner import Workload
+from sp_plan.planner.partition import shares
+from sp_plan.planner.search import Space
+from sp_plan.profiles import load_cluster, load_model
+from sp_plan.profiles.documents import load_documents
+
+SP = [sys.executable, "-m", "sp_plan.cli.app"]
+PLAN = ["plan", "--cluster", "dgx-h100", "--nodes", "4", "--model", "tiny-llama", "--seq-len", "32k", "--batch", "4",
+        "--no-profile"]
+
+
+def request(**workload) -> PlanRequest:
+    """A plan request of 32 GPUs whose space holds 79 degrees choices (shares of 16 or more for up to 4 jobs)."""
+    return PlanRequest(cluster="dgx-h100", nodes=4, model="tiny-llama", use_profile=False, families=True,
+                       workload=Workload(seq_len="32k", batch=4, **workload))
+
+
+def answer(req: PlanRequest, jobs: int) -> dict:
+    """The response's rows and variant bests, as a client reads them (the priced count left out: shares price
+    more, each pruned against its own K-th time)."""
+    res = search(req, resolve(req, max_world=None), jobs=jobs)
+    return res.model_dump(mode="json", exclude={"search": {"evaluated"}})
+
+
+@pytest.mark.parametrize("workload", [
+    {}, {"causal": False}, {"training": False}, {"window": 2048},
+    {"documents": load_documents("megatron-dcp"), "seed": 3},
+], ids=["causal", "full", "inference", "window", "documents"])
+def test_forked_search_answers_as_one_process(workload):
+    """Two and three shares give the same top rows, equivalents, best of each variant and winner as one process."""
+    req = request(**workload)
+    one = answer(req, 1)
+    assert one["plans"] and one["families"]
+    for jobs in (2, 3):
+        assert answer(req, jobs) == one, jobs
+
+
+def test_shares_hold_each_degrees_choice_once():
+    """The shares cover the space's degrees choices, each in one share, and their candidate counts add up."""
+    m, c = load_model("tiny-llama"), load_cluster("dgx-h100", 4)
+    space = Space(c.world_size, m, Workload(seq_len="32k", batch=4))
+    every = list(space.degrees())
+    parts = [list(s.degrees()) for s in shares(space, 3)]
+    assert sorted(map(repr, sum(parts, []))) == sorted(map(repr, every))
+    assert all(abs(len(p) - len(every) / 3) <= 1 for p in parts)
+
+
+def test_jobs_shrink_to_shares_worth_a_fork():
+    """A share holds at least MIN_SHARE degrees choices; one job, or a small space, searches in this process."""
+    m = load_model("tiny-llama")
+    big = Space(32, m, Workload(seq_len="32k", batch=4))
+    n = sum(1 for _ in big.degrees())
+    assert workers.grid_jobs(big, 1) == 1
+    assert workers.grid_jobs(big, 64) == n // workers.MIN_SHARE
+    assert workers.grid_jobs(Space(2, m, Workload(seq_len="32k")), 8) == 1
+    assert 1 <= workers.auto_jobs() <= workers.MAX_JOBS
+
+
+def _dies(writer, search, share):
+    os._exit(3)
+
+
+def _hangs(writer, search, share):
+    time.sleep(60)
+
+
+@pytest.mark.parametrize("fate", [_dies, _hangs], ids=["dies", "hangs"])
+def test_a_lost_worker_costs_time_not_the_result(monkeypatch, fate):
+    """A worker that dies, or is not done in time, has its share searched in the parent: the same answer."""
+    req = request()
+    one = answer(req, 1)
+    monkeypatch.setattr(workers, "_search_share", fate)
+    monkeypatch.setattr(workers, "WAIT_FACTOR", 0.0)
+    monkeypatch.setattr(workers, "WAIT_EXTRA_S", 0.5)
+    assert answer(req, 2) == one
+
+
+def test_cli_jobs_write_the_same_plan_file(tmp_path):
+    """`sp-plan plan --jobs 3` writes the plan `--jobs 1` writes, byte for byte; `--jobs 0` is one line, exit 2."""
+    outs = []
+    for jobs in ("1", "3"):
+        out = tmp_path / f"plan{jobs}.yaml"
+        r = subprocess.run([*SP, *PLAN, "--jobs", jobs, "-o", str(out)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    r = subprocess.run([*SP, *PLAN, "--jobs", "0"], capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "--jobs" in lines[0], r.stderr
