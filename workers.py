@@ -65,7 +65,12 @@ def forked_grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, s
     parts = shares(space, n)
     started = [_started(search, share) for share in parts[1:]]
     t0 = time.perf_counter()
-    mine = search(parts[0], progress=progress)
+    try:
+        mine = search(parts[0], progress=progress)
+    except BaseException:  # an error or an interrupt here: the workers' shares are not wanted
+        for worker, _ in started:
+            worker.kill()
+        raise
     patience = WAIT_FACTOR * (time.perf_counter() - t0) + WAIT_EXTRA_S
     return merged([mine, *(_received(worker, reader, patience, lambda s=share: search(s))
                            for (worker, reader), share in zip(started, parts[1:]))])
