@@ -41,6 +41,7 @@ from sp_plan.planner.search import best_per_variant, grid_search
 from sp_plan.profiles import load_cluster, load_model
 from sp_plan.profiles.kernels import default_params
 from sp_plan.service.collector import collector_paused
+from sp_plan.workers import auto_jobs, usable_cores
 
 
 def commit() -> str:
@@ -177,15 +178,16 @@ def whole_process(args: list[str], repeats: int) -> dict:
 
 
 def run_command(model_name: str, gpus: int, batch: int, base: dict, repeats: int, folder: Path,
-                documents: str | None = None) -> dict:
+                documents: str | None = None, jobs: str = "") -> dict:
     """`sp-plan plan --no-profile -o plan.yaml` for one world as a user runs it, net of `sp-plan presets` (with
-    ``documents``: `--documents NAME` too, its row named by it)."""
-    out = folder / f"plan-{model_name}-{gpus}-{batch}-{documents}.yaml"
+    ``documents``: `--documents NAME` too, its row named by it; with ``jobs``: `--jobs JOBS`, else the command's
+    default, the usable cores)."""
+    out = folder / f"plan-{model_name}-{gpus}-{batch}-{documents}-{jobs}.yaml"
     args = ["plan", "--cluster", "dgx-h100", "--nodes", str(gpus // 8), "--model", model_name, "--seq-len", "1m",
             "--batch", str(batch), "--no-profile", "-o", str(out)] + (["--documents", documents] if documents else [])
-    w = whole_process(args, repeats)
+    w = whole_process(args + (["--jobs", jobs] if jobs else []), repeats)
     name = documents or model_name
-    print(f"{name:>11} {gpus:>7} {batch:>5} {w['wall']:>7.2f} {min(w['walls']):>7.2f} {w['cpu']:>7.2f} "
+    print(f"{name:>11} {gpus:>7} {batch:>5} {jobs or 'auto':>5} {w['wall']:>7.2f} {min(w['walls']):>7.2f} {w['cpu']:>7.2f} "
           f"{w['cpu'] - base['cpu']:>7.2f} {w['wall'] - base['wall']:>7.2f} {min(w['walls']) - min(base['walls']):>7.2f} "
           f"{w['rss']:>7.0f} "
           f"{out.stat().st_size / 1e3:>8.1f}   " + " ".join(f"{x:.2f}" for x in w["walls"]), flush=True)
@@ -201,6 +203,8 @@ def main() -> None:
                     "(0: none)")
     ap.add_argument("--documents", default="magi-long", help="also time the whole command with --documents NAME "
                     "(batch 1, each GPU count; '' for none): its CPU seconds against the same plan's without")
+    ap.add_argument("--jobs", default="", help="the whole command's --jobs, comma-separated values each timed "
+                    "(e.g. '1,' for one process and the default; '': the default, the usable cores)")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--bayes-gpus", type=int, default=4096)
@@ -237,19 +241,23 @@ def main() -> None:
               f"fresh processes, median and least of {args.repeats} (load average {os.getloadavg()[0]:.2f} before); "
               f"`sp-plan presets` {base['wall']:.2f} s wall (least {min(base['walls']):.2f}), {base['cpu']:.2f} s CPU, "
               f"{base['rss']:.0f} MiB (" + " ".join(f"{x:.2f}" for x in base["walls"]) + ")")
-        print(f"{'model':>11} {'GPUs':>7} {'batch':>5} {'wall s':>7} {'least':>7} {'cpu s':>7} {'net cpu':>7} "
+        print(f"usable cores {usable_cores()}: the default --jobs is {auto_jobs()}")
+        print(f"{'model':>11} {'GPUs':>7} {'batch':>5} {'jobs':>5} {'wall s':>7} {'least':>7} {'cpu s':>7} {'net cpu':>7} "
               f"{'net s':>7} {'least':>7} {'RSS MiB':>7} {'file kB':>8}   walls (net: minus `sp-plan presets`)")
         with tempfile.TemporaryDirectory() as d:
             plain = {}
             for n in gpus:
                 for b in (int(x) for x in args.batches.split(",")):
-                    plain[n, b] = run_command(args.models.split(",")[0], n, b, base, args.repeats, Path(d))
+                    for jobs in args.jobs.split(","):
+                        plain[n, b, jobs] = run_command(args.models.split(",")[0], n, b, base, args.repeats, Path(d),
+                                                        jobs=jobs)
             if args.documents:
-                ratios = []
+                ratios, jobs = [], args.jobs.split(",")[-1]
                 for n in gpus:
-                    w = run_command(args.models.split(",")[0], n, 1, base, args.repeats, Path(d), args.documents)
-                    if (n, 1) in plain:
-                        ratios.append(f"{n:,} GPUs {w['cpu'] / plain[n, 1]['cpu']:.2f}x")
+                    w = run_command(args.models.split(",")[0], n, 1, base, args.repeats, Path(d), args.documents,
+                                    jobs)
+                    if (n, 1, jobs) in plain:
+                        ratios.append(f"{n:,} GPUs {w['cpu'] / plain[n, 1, jobs]['cpu']:.2f}x")
                 print(f"--documents {args.documents}, CPU seconds against the same plan without: " + ", ".join(ratios))
         print(f"load average after: {os.getloadavg()[0]:.2f}")
     if args.seeds and not args.whole_only:
