@@ -52,40 +52,48 @@ class Bounds:
         as low or lower, for the search to drop a group before it builds that schedule (``forward_is_floored``). With
         ``batch`` (the group's Orders), each layer part also counts its attention's communication at the floor that
         holds under every mesh order (``link_floor_extra``): no link loads built."""
+        return self.compute_bounds_floored(base, policies, forward_floor, batch)[0]
+
+    def compute_bounds_floored(self, base: Candidate, policies: list[tuple[int, str, int]],
+                               forward_floor: bool = False, batch: Orders | None = None) -> tuple[list[float], bool]:
+        """``compute_bounds``, and whether any policy's forward attention counted at its even share."""
         est = self.est
         stages = est.stages_of(base)
+        sizes = (base.algorithm, base.ulysses, base.ring, base.team, base.placement, base.token_layout, base.tp,
+                 base.kv_chunks)  # what a layer's compute reads: no dp, no pp
+        floor = forward_floor and est.work.training
+        pp, v, per_dp = base.pp, base.virtual_stages, est.work.batch // base.dp
         at: dict = {}
         out = []
+        floored = False
         for _zero, ckpt, mbs in policies:
             t = at.get((ckpt, mbs))
             if t is None:
-                layer, head = (self._floored_layer(base, ckpt, mbs) if forward_floor
-                               else self._compute_layer(base, ckpt, mbs))
+                sums = self._layer_sums(base, sizes, mbs)
+                if floor and sums.fwd_key not in self._cache:  # forward_is_floored
+                    layer, head = sums.floored(self, base, ckpt)
+                    floored = True
+                else:
+                    layer, head = sums.exact(self, base, ckpt)
                 if batch is not None:
-                    layer += self._layer_link_extra(base, batch, ckpt, mbs)
+                    layer += sums.link_extra(self, base, batch, ckpt)
                 if stages is None:
-                    stage = est.model.layers // base.pp * layer + head  # Shape.layers_per_stage
+                    stage = est.model.layers // pp * layer + head  # Shape.layers_per_stage
                 else:
                     stage = float(busiest_stage(stages, layer, head))
-                m = max(est.work.batch // (base.dp * mbs), 1)  # Shape.micro_batches
+                m = max(per_dp // mbs, 1)  # Shape.micro_batches
                 # a hair below: sums' rounding
-                t = at[ckpt, mbs] = pipeline_time(m, base.pp, base.virtual_stages, stage) * (1 - 1e-9)
+                t = at[ckpt, mbs] = pipeline_time(m, pp, v, stage) * (1 - 1e-9)
             out.append(t)
-        return out
+        return out, floored
 
-    def _compute_layer(self, base: Candidate, ckpt: str, mbs: int) -> tuple[float, float]:
-        """(a layer's compute seconds under ``ckpt``, the head's) of ``base``'s variant and token layout at micro-batch
-        ``mbs``: its linear and attention compute (read from the bound unit) and the head, once per checkpointing
-        of ``_compute_parts``."""
-        key = ("compute layer", base.algorithm, base.ulysses, base.ring, base.team, base.placement, base.token_layout,
-               base.tp, mbs, base.kv_chunks, ckpt)
-        out = self._cache.get(key)
-        if out is None:
-            fwd_linear, fwd_att, bwd_linear, bwd_att, head = self._compute_parts(base, mbs, key[1:-1])
-            fwd = fwd_linear + fwd_att
-            layer = recomputed(fwd + (bwd_linear + bwd_att), fwd, fwd_linear, ckpt) if self.est.work.training else fwd
-            out = self._cache[key] = (layer, head)
-        return out
+    def _layer_sums(self, base: Candidate, sizes: tuple, mbs: int) -> LayerSums:
+        """The ``LayerSums`` of ``base``'s variant and token layout (``sizes``) at micro-batch ``mbs``, made once."""
+        key = ("layer sums", sizes, mbs)
+        sums = self._cache.get(key)
+        if sums is None:
+            sums = self._cache[key] = LayerSums(mbs, self._unit_key("fwd", base, mbs), self._linear_parts(base, mbs))
+        return sums
 
     def forward_is_floored(self, base: Candidate, mbs: int) -> bool:
         """Whether ``compute_bounds(..., forward_floor=True)`` counts ``base``'s forward attention at micro-batch
@@ -100,48 +108,11 @@ class Bounds:
         return ("floor linear", part, base.algorithm, base.ulysses, base.ring, base.team, base.placement,
                 base.token_layout, tp, one_mbs, base.kv_chunks)
 
-    def _floored_layer(self, base: Candidate, ckpt: str, mbs: int) -> tuple[float, float]:
-        """``_compute_layer``, or where ``forward_is_floored`` the same sums with the forward attention at its even
-        share (kept apart from the layer's own, a lower value)."""
-        if not self.forward_is_floored(base, mbs):
-            return self._compute_layer(base, ckpt, mbs)
-        key = ("floored layer", base.algorithm, base.ulysses, base.ring, base.team, base.placement, base.token_layout,
-               base.tp, mbs, base.kv_chunks, ckpt)  # _compute_layer's sizes: a floored layer is asked again and again
-        out = self._cache.get(key)
-        if out is None:
-            out = self._cache[key] = self._floored_sums(base, ckpt, mbs)
-        return out
-
-    def _floored_sums(self, base: Candidate, ckpt: str, mbs: int) -> tuple[float, float]:
-        """``_floored_layer``'s sums where the forward is floored."""
-        key = ("floored parts", base.algorithm, base.ulysses, base.ring, base.team, base.placement, base.token_layout,
-               base.tp, mbs, base.kv_chunks)  # what every checkpointing's sums share
-        parts = self._cache.get(key)
-        if parts is None:
-            fwd_linear, bwd_linear, head = self._linear_parts(base, mbs)
-            parts = self._cache[key] = (fwd_linear, fwd_linear + self._balanced_forward(base, mbs), bwd_linear,
-                                        self._attention_compute("bwd", base, mbs), head)
-        fwd_linear, fwd, bwd_linear, bwd_att, head = parts
-        return recomputed(fwd + bwd_linear + bwd_att, fwd, fwd_linear, ckpt), head
-
     def _balanced_forward(self, base: Candidate, mbs: int) -> float:
         """``balanced_time`` of the forward attention of ``base``'s sizes at micro-batch ``mbs`` (it reads ulysses,
         ring, tp and the micro-batch alone: a Shape is made only where it is not known)."""
         t = self._cache.get(("balanced", False, base.ulysses, base.ring, base.tp, mbs))
         return t if t is not None else self.balanced_time(self._bare_shape(base, base.tp, mbs), False)
-
-    def _compute_parts(self, base: Candidate, mbs: int, sizes: tuple) -> tuple[float, ...]:
-        """The compute seconds of a layer's parts (forward linear, forward attention, backward linear, backward
-        attention: 0 without training) and of the head, of ``base``'s variant and token layout at micro-batch ``mbs``
-        (``sizes``: what they read)."""
-        key = ("compute parts",) + sizes
-        parts = self._cache.get(key)
-        if parts is None:
-            fwd_linear, bwd_linear, head = self._linear_parts(base, mbs)
-            train = self.est.work.training
-            parts = self._cache[key] = (fwd_linear, self._attention_compute("fwd", base, mbs), bwd_linear,
-                                        self._attention_compute("bwd", base, mbs) if train else 0.0, head)
-        return parts
 
     def _bare_shape(self, base: Candidate, tp: int, mbs: int) -> Shape:
         """The Shape of ``base``'s variant and token layout at ``tp`` and micro-batch ``mbs``, at dp 1 and pp 1: every
@@ -370,26 +341,16 @@ class Bounds:
         exposed, overlapped_comm = slots
         return plain + exposed + reduce(np.maximum, overlapped_comm, np.full(len(orders.orders), overlapped))
 
-    def _layer_link_extra(self, base: Candidate, batch: Orders, ckpt: str, mbs: int) -> float:
-        """What a layer's communication and fixed overheads add to its compute under ``ckpt`` and every mesh order: the
-        linear parts' (``linear_floor_extra``) and the attention's (``link_floor_extra``), the forward's again as it
-        is recomputed, and the per-layer overheads the exact price adds (``Estimator._pipeline``)."""
-        key = ("layer link", base.algorithm, base.ulysses, base.ring, base.team, base.placement, base.token_layout,
-               base.tp, mbs, base.kv_chunks, batch.world)  # _compute_parts' sizes: no dp, no pp
-        parts = self._cache.get(key)
+    def layer_link_parts(self, base: Candidate, mbs: int, batch: Orders) -> tuple:
+        """(Shape, the forward linear part's floor, the forward attention's, the backward's) under every mesh order of
+        ``batch`` (``linear_floor_extra``, ``link_floor_extra``) of ``base``'s variant and token layout at micro-batch
+        ``mbs``: what ``LayerSums.link_extra`` sums per checkpointing."""
         est = self.est
-        if parts is None:
-            c = est.shape(base, mbs)
-            train = est.work.training
-            parts = self._cache[key] = (
-                c, self.linear_floor_extra("fwd-linear", c, batch), self.link_floor_extra("fwd", c, batch),
+        c = est.shape(base, mbs)
+        train = est.work.training
+        return (c, self.linear_floor_extra("fwd-linear", c, batch), self.link_floor_extra("fwd", c, batch),
                 self.linear_floor_extra("bwd-linear", c, batch) + self.link_floor_extra("bwd", c, batch) if train
                 else 0.0)
-        c, fwd_linear, fwd_att, bwd = parts
-        out = fwd_linear + fwd_att
-        if est.work.training:
-            out += bwd + (out if ckpt == "full" else fwd_linear if ckpt == "attention_boundary" else 0.0)
-        return out + est.layer_overhead(ckpt) + est.tp_overhead(c, ckpt)
 
     def linear_floor_extra(self, part: str, c: Shape, batch: Orders) -> float:
         """A floor under ``Estimator.price`` of the linear part ``part`` of ``c`` less its compute, the same under every
@@ -470,3 +431,59 @@ class Bounds:
             v = self._cache[key] = (steps, min(spb if f is None else spb / f.efficiency for f in fits),
                                     min(lat if f is None else lat + f.alpha_s for f in fits))
         return v
+
+
+
+class LayerSums:
+    """A layer's compute seconds of one variant and token layout at one micro-batch (what ``Bounds.compute_bounds``
+    sums per checkpointing; they read no dp and no pp): the linear parts and head, the attention's as they are first
+    asked, and the communication floors per world (``Bounds.layer_link_parts``)."""
+
+    __slots__ = ("mbs", "fwd_key", "linear", "bwd_att", "fwd_att", "balanced", "links")
+
+    def __init__(self, mbs: int, fwd_key: tuple, linear: tuple[float, float, float]):
+        self.mbs = mbs
+        self.fwd_key = fwd_key  # the forward bound unit's key: summed or not (``Bounds.forward_is_floored``)
+        self.linear = linear  # (forward linear, backward linear, head): ``Bounds._linear_parts``
+        self.bwd_att = self.fwd_att = self.balanced = None
+        self.links: dict = {}  # world -> ``Bounds.layer_link_parts``
+
+    def exact(self, b: Bounds, base: Candidate, ckpt: str) -> tuple[float, float]:
+        """(a layer's compute seconds under ``ckpt``, the head's): its linear and attention compute (read from the
+        bound unit)."""
+        fwd_linear, bwd_linear, head = self.linear
+        if self.fwd_att is None:
+            self.fwd_att = b._attention_compute("fwd", base, self.mbs)
+        fwd = fwd_linear + self.fwd_att
+        if not b.est.work.training:
+            return fwd, head
+        return recomputed(fwd + (bwd_linear + self.backward(b, base)), fwd, fwd_linear, ckpt), head
+
+    def floored(self, b: Bounds, base: Candidate, ckpt: str) -> tuple[float, float]:
+        """``exact`` with the forward attention at its even share (``Bounds._balanced_forward``; a training layer)."""
+        fwd_linear, bwd_linear, head = self.linear
+        if self.balanced is None:
+            self.balanced = b._balanced_forward(base, self.mbs)
+        fwd = fwd_linear + self.balanced
+        return recomputed(fwd + bwd_linear + self.backward(b, base), fwd, fwd_linear, ckpt), head
+
+    def backward(self, b: Bounds, base: Candidate) -> float:
+        """The backward attention's compute seconds (``Bounds._attention_compute``)."""
+        if self.bwd_att is None:
+            self.bwd_att = b._attention_compute("bwd", base, self.mbs)
+        return self.bwd_att
+
+    def link_extra(self, b: Bounds, base: Candidate, batch: Orders, ckpt: str) -> float:
+        """What a layer's communication and fixed overheads add to its compute under ``ckpt`` and every mesh order of
+        ``batch``: the linear parts' (``linear_floor_extra``) and the attention's (``link_floor_extra``), the
+        forward's again as it is recomputed, and the per-layer overheads the exact price adds
+        (``Estimator._pipeline``)."""
+        parts = self.links.get(batch.world)
+        if parts is None:
+            parts = self.links[batch.world] = b.layer_link_parts(base, self.mbs, batch)
+        c, fwd_linear, fwd_att, bwd = parts
+        est = b.est
+        out = fwd_linear + fwd_att
+        if est.work.training:
+            out += bwd + (out if ckpt == "full" else fwd_linear if ckpt == "attention_boundary" else 0.0)
+        return out + est.layer_overhead(ckpt) + est.tp_overhead(c, ckpt)

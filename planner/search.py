@@ -581,8 +581,7 @@ class _Grid:
         est, base = self.est, g.base
         rep = shared_bounds(est, g.degrees.pp, (base.algorithm,), g.fitting)
         policies = g.fitting if rep is None else list(rep.values())
-        floored = forward_floor and any(est.bounds.forward_is_floored(base, p[2]) for p in policies)
-        floors = est.bounds.compute_bounds(base, policies, forward_floor=floored, batch=batch)
+        floors, floored = est.bounds.compute_bounds_floored(base, policies, forward_floor, batch)
         if rep is not None:
             at = dict(zip(rep, floors))
             floors = [at[p[1]] * (1 - 1e-12) for p in g.fitting]
