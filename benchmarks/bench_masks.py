@@ -537,15 +537,16 @@ def _timed(rows: list[dict]) -> list[dict]:
     return [r for r in rows if "median_s" in r]
 
 
-def ranking(rows: list[dict], pricing: str) -> tuple[float, float | None, str]:
-    """(Spearman of ``pricing``'s predictions against the measured medians over the timed rows, the top-1 regret of
-    its pick over every row (None: its pick was not timed), the pick)."""
+def ranking(rows: list[dict], pricing: str, measure: str = "median_s") -> tuple[float, float | None, str]:
+    """(Spearman of ``pricing``'s predictions against the timed rows' ``measure`` (the wall-time medians, or
+    ``busiest_cpu_s``), the top-1 regret of its pick over every row in it (None: its pick was not timed), the
+    pick)."""
     timed = _timed(rows)
     pick = min(rows, key=lambda r: r["predicted"][pricing])
-    rho = spearman([r["predicted"][pricing] for r in timed], [r["median_s"] for r in timed]) if len(
+    rho = spearman([r["predicted"][pricing] for r in timed], [r[measure] for r in timed]) if len(
         timed) > 2 else float("nan")
-    best = min((r["median_s"] for r in timed), default=None)
-    regret = pick["median_s"] / best - 1 if "median_s" in pick else None
+    best = min((r[measure] for r in timed), default=None)
+    regret = pick[measure] / best - 1 if measure in pick else None
     return rho, regret, pick["candidate"]
 
 
@@ -597,6 +598,9 @@ def targets(rows: list[dict], pricings: list[Pricing]) -> None:
     print(f"         measured best {best['candidate']} (imbalance {best['imbalance']:.3f}) of the "
           f"{len(timed)} timed; {regrets} (<= 5 %); best {speedup} contiguous ring (>= 1.3x)")
     print(f"         {busiest_line(timed, ring)}")
+    print("         on the busiest rank's cpu s: " + "; ".join(
+        f"{p.name}'s pick " + ("not timed" if g is None else f"{g:+.1%} of the least") + f" (Spearman {rho:.2f})"
+        for p in pricings for rho, g, _ in [ranking(rows, p.name, "busiest_cpu_s")]))
 
 
 def busiest_line(timed: list[dict], ring: dict | None) -> str:

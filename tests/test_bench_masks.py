@@ -127,6 +127,7 @@ def test_quick_mode_runs_and_counts(bench, capsys):
         assert (none["blocks"], none["bytes"]) == (one["blocks"], one["bytes"]), one["candidate"]
     assert "Spearman" in out and "top-1 regret" in out and "one document against none" in out
     assert "busiest rank's cpu s: " in out and "contiguous ring" in out.split("busiest rank's cpu s: ")[1]
+    assert "on the busiest rank's cpu s: cpu-local (uncalibrated)'s pick " in out
 
 
 def test_cpu_figures_are_medians_of_the_sum_the_busiest_rank_and_its_share(bench):
@@ -143,3 +144,13 @@ def test_the_busiest_line_sets_the_least_busiest_candidate_against_the_contiguou
     assert line.startswith("busiest rank's cpu s: ring zigzag (imbalance 1.001, cpu max/mean 1.020) 2.00 s")
     assert "contiguous ring 3.00 s: 1.50x" in line
     assert bench.busiest_line([zigzag], None).endswith("contiguous ring not timed")
+
+
+def test_a_pricing_is_judged_on_the_busiest_rank_as_on_the_wall_time(bench):
+    """``ranking`` over ``busiest_cpu_s``: the pick's regret against the least busiest rank, not the fastest wall."""
+    rows = [dict(candidate="a", predicted={"p": 1.0}, median_s=2.0, busiest_cpu_s=1.0),
+            dict(candidate="b", predicted={"p": 2.0}, median_s=1.0, busiest_cpu_s=0.8),
+            dict(candidate="c", predicted={"p": 3.0}, median_s=1.5, busiest_cpu_s=1.6)]
+    rho, regret, pick = bench.ranking(rows, "p", "busiest_cpu_s")
+    assert pick == "a" and regret == pytest.approx(0.25) and rho == pytest.approx(0.5)
+    assert bench.ranking(rows, "p")[1] == pytest.approx(1.0)  # on the wall: a's 2.0 s against b's 1.0 s
