@@ -46,8 +46,9 @@ def auto_jobs() -> int:
 
 def grid_jobs(space: Space, jobs: int) -> int:
     """How many shares a search of ``space`` is cut into: ``jobs``, fewer where a share would hold under
-    ``MIN_SHARE`` degrees choices, 1 where the platform cannot fork."""
-    if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+    ``MIN_SHARE`` degrees choices, 1 where the platform cannot fork or this process may not have children (a
+    daemonic process: multiprocessing refuses them)."""
+    if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods() or multiprocessing.current_process().daemon:
         return 1
     return max(1, min(jobs, sum(1 for _ in space.degrees()) // MIN_SHARE))
 

@@ -1,5 +1,6 @@
 """The grid search in forked workers (``sp_plan.workers``, ``planner.partition``): the same rows, the same best of
 each variant and the same plan file as one process, whatever becomes of a worker."""
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -65,6 +66,20 @@ def test_jobs_shrink_to_shares_worth_a_fork():
     assert workers.grid_jobs(big, 64) == n // workers.MIN_SHARE
     assert workers.grid_jobs(Space(2, m, Workload(seq_len="32k")), 8) == 1
     assert 1 <= workers.auto_jobs() <= workers.MAX_JOBS
+
+
+def _jobs_in_a_daemon(queue):
+    queue.put(workers.grid_jobs(Space(32, load_model("tiny-llama"), Workload(seq_len="32k", batch=4)), 4))
+
+
+def test_a_daemonic_process_searches_in_itself():
+    """In a daemonic process (a pool's worker, say), which may not start children, the search stays in-process."""
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    p = ctx.Process(target=_jobs_in_a_daemon, args=(queue,), daemon=True)
+    p.start()
+    assert queue.get(timeout=60) == 1
+    p.join(timeout=60)
 
 
 def _dies(writer, search, share):
