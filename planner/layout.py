@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import groupby
 from math import prod
 
 import numpy as np
@@ -759,13 +760,13 @@ def ring_balance(token_layout: str, ring: int, seq_len: int, causal: bool, q_tra
 @lru_cache(maxsize=4096)
 def round_work_runs(token_layout: str, ring: int, seq_len: int, causal: bool) -> tuple[tuple[float, int], ...]:
     """``round_work`` run-length encoded: ((fraction, rounds), ...) in round order."""
-    runs: list[list] = []
-    for f in round_work(token_layout, ring, seq_len, causal):
-        if runs and runs[-1][0] == f:
-            runs[-1][1] += 1
-        else:
-            runs.append([f, 1])
-    return tuple((f, k) for f, k in runs)
+    return _runs(_round_work(token_layout, ring, seq_len) if causal else (1.0,) * ring)
+
+
+def _runs(values: tuple[float, ...]) -> tuple[tuple[float, int], ...]:
+    """``values`` run-length encoded: ((the run's first value, its length), ...), equal neighbours (``==``) in one run
+    (groupby's loop: a ring of 10^4 rounds is mostly one or two runs)."""
+    return tuple((f, len(list(run))) for f, run in groupby(values))
 
 
 def round_work(token_layout: str, ring: int, seq_len: int, causal: bool) -> list[float]:
@@ -1013,13 +1014,8 @@ def _round_orders(ring: int, team: int, placement: str | None, backward: bool
 def wallfacer_round_runs(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int,
                          causal: bool, backward: bool = False) -> tuple[tuple[float, int], ...]:
     """``wallfacer_round_work`` run-length encoded: ((fraction, rounds), ...) in round order."""
-    runs: list[list] = []
-    for f in wallfacer_round_work(token_layout, ring, team, placement, seq_len, causal, backward):
-        if runs and runs[-1][0] == f:
-            runs[-1][1] += 1
-        else:
-            runs.append([f, 1])
-    return tuple((f, k) for f, k in runs)
+    return _runs(_wallfacer_round_work(token_layout, ring, team, placement, seq_len, backward) if causal
+                 else (1.0,) * team_group_size(ring, team))
 
 
 def wallfacer_round_work(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int,
