@@ -106,7 +106,9 @@ def pattern_steps(pattern: str, n: int) -> int:
     volume to the next rank; shift_back: to the previous; shift_bi: the whole volume each way."""
     if n <= 1:
         return 0
-    return {"all_gather": n - 1, "reduce_scatter": n - 1, "all_reduce": 2 * (n - 1)}.get(pattern, 1)
+    if pattern == "all_gather" or pattern == "reduce_scatter":
+        return n - 1
+    return 2 * (n - 1) if pattern == "all_reduce" else 1
 
 
 def flows_touching(pattern: str, n: int, idx: list[int]) -> list[tuple[int, int, float]]:
@@ -211,23 +213,39 @@ class LinkEngine:
         for r in range(min(self.gpn, shape.world)):
             base, i = shape.locate(r)
             groups.setdefault(base, []).append(i)
-        off = shape.offset
+        off, route = shape.offset, self.route
         for base, local in groups.items():
             if pattern == "channels":
                 flows = self.channel_flows(shape, base, local)
             else:
                 flows = [(base + off(i), base + off(j), frac) for i, j, frac in flows_touching(pattern, n, local)]
             for src, dst, frac in flows:
-                edges, l = self.route(src, dst)
-                lat = max(lat, l)
+                edges, l = route(src, dst)
+                if l > lat:  # max(lat, l)
+                    lat = l
                 for e in edges:
                     load[e] = load.get(e, 0.0) + frac
         if not load:  # every flow stays on one device
             return StepCost(0, 0.0, 0.0, "")
-        worst = max(load, key=lambda e: load[e] / self.local.edges[e]["capacity"])
-        spb = load[worst] / self.local.edges[worst]["capacity"]
+        worst, spb = self.most_loaded(load)
         return StepCost(steps, spb, lat, f"{worst[0]}->{worst[1]} ({self.local.edges[worst]['kind']})",
                         "inter" if NET in worst else ("host" if self.via_host(worst) else "intra"))
+
+    def most_loaded(self, load: dict[tuple[str, str], float]) -> tuple[tuple[str, str], float]:
+        """The link of ``load`` with the most load over capacity (the first such, as ``max`` picks it) and that
+        ratio: seconds per byte of the phase's volume."""
+        cap = self._capacity
+        worst, top = None, 0.0
+        for e, v in load.items():
+            r = v / cap[e]
+            if worst is None or r > top:
+                worst, top = e, r
+        return worst, top
+
+    @cached_property
+    def _capacity(self) -> dict[tuple[str, str], float]:
+        """Each node-0 link's capacity (bytes per second), read once per routed flow's links."""
+        return {e: d["capacity"] for e, d in self.local.edges.items()}
 
     def channel_flows(self, shape: GroupShape, base: int, local: list[int]) -> list[tuple[int, int, float]]:
         """The node-0 flows (src rank, dst rank, fraction of the volume) of one step of a ring collective on the
