@@ -210,8 +210,14 @@ def per_sequence_costs_never_grow(est: Estimator, pp: int) -> bool:
     linear, ``compute_efficiency`` is a constant), a communication phase k b + l (steps x latency and alpha),
     and a step f(compute, communication)
     with f (sum, max, or max + (1 - overlap) min) homogeneous and monotone: per sequence, f(a + o/k, b + l/k)."""
-    m = est.params.matmul
-    return pp == 1 and (m is None or all(y0 <= y1 for (_, y0), (_, y1) in zip(m.points, m.points[1:])))
+    if pp != 1:
+        return False
+    rising = est.bounds._cache.get("matmul never falls")  # once per Estimator: its params' curve
+    if rising is None:
+        m = est.params.matmul
+        rising = est.bounds._cache["matmul never falls"] = (
+            m is None or all(y0 <= y1 for (_, y0), (_, y1) in zip(m.points, m.points[1:])))
+    return rising
 
 
 def hidden_sync_micro_batches(est: Estimator, base: Candidate, batch: Orders,
@@ -276,6 +282,7 @@ def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tu
     out, total, rejected = [], 0, 0
     orders, schedules = space.orders(d), space.virtual_stages(d)
     all_pols = {v: space.policies(d, v) for v in schedules}
+    sizes = {v: sorted({p[2] for p in pols}) for v, pols in all_pols.items()}  # micro-batch sizes, asked of wanted
     pareto: dict = {}  # fitting policies -> the Pareto survivors (variants of one degrees often fit alike)
     for var in vs if vs is not None else variants(d, space.model, space.work):
         vkey = (var.algorithm, var.team, var.placement)
@@ -285,8 +292,8 @@ def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tu
             if wanted is None:
                 pols = all_pols[v]
             else:  # asked once per micro-batch size
-                ok = {mbs: wanted(vkey, mbs, v) for mbs in {p[2] for p in all_pols[v]}}
-                pols = [p for p in all_pols[v] if ok[p[2]]]
+                ok = {mbs: wanted(vkey, mbs, v) for mbs in sizes[v]}
+                pols = all_pols[v] if all(ok.values()) else [p for p in all_pols[v] if ok[p[2]]]
             if not pols:
                 continue
             asked = True
