@@ -699,14 +699,20 @@ def causal_work(token_layout: str, ring: int, seq_len: int) -> np.ndarray:
 @lru_cache(maxsize=4096)
 def _round_work(token_layout: str, ring: int, seq_len: int) -> tuple[float, ...]:
     """Per-round maximum of ``causal_work``; closed forms for large rings (tests check they agree)."""
-    c = seq_len // ring
     if ring > 64:
-        diag = (c + 1) / (2 * c) if token_layout != "zigzag" else causal_work(token_layout, 2, 2 * c)[0, 0]
-        later = {"contiguous": 1.0, "striped": (c + 1) / (2 * c), "zigzag": 0.5}[token_layout]
-        return (float(diag),) + (later,) * (ring - 1)
+        diag, later = _large_ring_work(token_layout, ring, seq_len)
+        return (diag,) + (later,) * (ring - 1)
     w = causal_work(token_layout, ring, seq_len)
     r = np.arange(ring)
     return tuple(w[r, (r[None, :] - r[:, None]) % ring].max(axis=1).tolist())  # row i: round i's blocks
+
+
+def _large_ring_work(token_layout: str, ring: int, seq_len: int) -> tuple[float, float]:
+    """``_round_work``'s closed form past 64 ranks: (round 0's fraction, every later round's)."""
+    c = seq_len // ring
+    diag = (c + 1) / (2 * c) if token_layout != "zigzag" else causal_work(token_layout, 2, 2 * c)[0, 0]
+    later = {"contiguous": 1.0, "striped": (c + 1) / (2 * c), "zigzag": 0.5}[token_layout]
+    return float(diag), later
 
 
 #: rings up to this size carry per-round balances (Compute.balance): they matter only where ranks share cores
@@ -759,13 +765,18 @@ def ring_balance(token_layout: str, ring: int, seq_len: int, causal: bool, q_tra
 
 @lru_cache(maxsize=4096)
 def round_work_runs(token_layout: str, ring: int, seq_len: int, causal: bool) -> tuple[tuple[float, int], ...]:
-    """``round_work`` run-length encoded: ((fraction, rounds), ...) in round order."""
-    return _runs(_round_work(token_layout, ring, seq_len) if causal else (1.0,) * ring)
+    """``round_work`` run-length encoded: ((fraction, rounds), ...) in round order (past 64 ranks from
+    ``_large_ring_work``'s two values, without listing the rounds)."""
+    if not causal:
+        return ((1.0, ring),)
+    if ring > 64:
+        diag, later = _large_ring_work(token_layout, ring, seq_len)
+        return ((diag, ring),) if diag == later else ((diag, 1), (later, ring - 1))
+    return _runs(_round_work(token_layout, ring, seq_len))
 
 
 def _runs(values: tuple[float, ...]) -> tuple[tuple[float, int], ...]:
-    """``values`` run-length encoded: ((the run's first value, its length), ...), equal neighbours (``==``) in one run
-    (groupby's loop: a ring of 10^4 rounds is mostly one or two runs)."""
+    """``values`` run-length encoded: ((the run's first value, its length), ...), equal neighbours (``==``) in one run."""
     return tuple((f, len(list(run))) for f, run in groupby(values))
 
 
@@ -966,11 +977,15 @@ def team_work(token_layout: str, ring: int, team: int, placement: str | None, se
     return w
 
 
+#: rings past this size take ``busiest_team_block``'s closed form in every sub-ring round
+WALLFACER_CLOSED_RING = 1024
+
+
 @lru_cache(maxsize=1024)
 def _wallfacer_round_work(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int,
                           backward: bool) -> tuple[float, ...]:
     tgs = team_group_size(ring, team)
-    if ring > 1024:
+    if ring > WALLFACER_CLOSED_RING:
         return (busiest_team_block(token_layout, ring, team, placement, seq_len),) * tgs
     # team_work[u, v] takes one of three values by the order of the teams u, v (_team_values): a round's busiest
     # rank is the largest value whose order occurs among its wallfacer_pairs (_round_orders)
@@ -1013,9 +1028,13 @@ def _round_orders(ring: int, team: int, placement: str | None, backward: bool
 @lru_cache(maxsize=4096)
 def wallfacer_round_runs(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int,
                          causal: bool, backward: bool = False) -> tuple[tuple[float, int], ...]:
-    """``wallfacer_round_work`` run-length encoded: ((fraction, rounds), ...) in round order."""
-    return _runs(_wallfacer_round_work(token_layout, ring, team, placement, seq_len, backward) if causal
-                 else (1.0,) * team_group_size(ring, team))
+    """``wallfacer_round_work`` run-length encoded: ((fraction, rounds), ...) in round order (past
+    ``WALLFACER_CLOSED_RING`` one run, without listing the rounds)."""
+    if not causal or ring > WALLFACER_CLOSED_RING:
+        tgs = team_group_size(ring, team)
+        f = busiest_team_block(token_layout, ring, team, placement, seq_len) if causal else 1.0
+        return ((f, tgs),) if tgs else ()
+    return _runs(_wallfacer_round_work(token_layout, ring, team, placement, seq_len, backward))
 
 
 def wallfacer_round_work(token_layout: str, ring: int, team: int, placement: str | None, seq_len: int,
