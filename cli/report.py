@@ -35,9 +35,9 @@ def sensitivity_table(sen: Sensitivity) -> Table:
     t = Table(title=f"sensitivity of {sen.winner.summary()}: "
                     + ("the winner holds under every change" if not n else f"the winner changes under {n} of "
                        f"{len(sen.scenarios)} changes"))
-    for c in ("change", "winner", "winner's step under it", "winner loses"):
-        right = c in ("winner's step under it", "winner loses")
-        t.add_column(c, justify="right" if right else "left", no_wrap=not right)
+    for c in ("change", "winner", "winner's step under it", "winner loses"):  # a new winner's layout wraps: the
+        right = c in ("winner's step under it", "winner loses")            # figures beside it keep their width
+        t.add_column(c, justify="right" if right else "left", no_wrap=c != "winner")
     for s in sen.scenarios:
         verdict = "holds" if s.holds else f"changes to {s.winner.summary()} ({secs(s.winner.predicted.step_time_s)})"
         t.add_row(s.what, verdict, f"{secs(s.old_winner_s)} ({s.old_winner_s / s.base_s - 1:+.1%})",
