@@ -32,11 +32,11 @@ from sp_plan.planner.params import Params
 from sp_plan.planner.plan import Plan, Prediction
 from sp_plan.planner.profile import Profile
 from sp_plan.planner.ranking import RankedPlans
-from sp_plan.planner.search import (SearchResult, Space, finish, finish_each, grid_search, no_plan_error,
+from sp_plan.planner.search import (SearchResult, Space, finish, finish_each, no_plan_error,
                                     profile_tag, ranked_rows)
 from sp_plan.profiles import load_cluster, load_model
 from sp_plan.profiles.resolve import resolve_params
-from sp_plan.workers import forked_grid_search
+from sp_plan.workers import forked_grid_search, rerankings
 
 if TYPE_CHECKING:
     from sp_plan.planner.sensitivity import Sensitivity
@@ -434,14 +434,15 @@ def report_plans(plans: list[Plan], families: list[Plan], extra: Plan | None = N
 
 
 def report(cluster: Cluster, model: ModelSpec, workload: Workload, given: Plan | None = None, top: int = 8,
-           sensitivity: bool = True, profile=None, store=None) -> Report:
+           sensitivity: bool = True, profile=None, store=None, jobs: int = 1) -> Report:
     """The report of a fresh search (the ``top`` plans and the best of each algorithm variant), with ``given`` (a
     plan file's plan, priced here) among its rows and chosen; ``sensitivity``: the winner re-ranked under each
-    changed input. ``profile`` and ``store`` as ``plan`` takes them."""
+    changed input. ``profile`` and ``store`` as ``plan`` takes them; the searches run in up to ``jobs``
+    processes (``workers``)."""
     if top < 1:
         raise PlanError("top", f"must be at least 1, got {top}", "ask for 1 or more plans")
     params, line, prof = resolve_params(cluster, profile, store)
-    res = grid_search(cluster, model, workload, keep=top, params=params)
+    res = forked_grid_search(cluster, model, workload, None, jobs, keep=top, params=params)
     res.profile, res.profile_line = profile_tag(prof), line
     if not res.ranked:
         raise no_plan_error(cluster, workload, res)
@@ -454,7 +455,7 @@ def report(cluster: Cluster, model: ModelSpec, workload: Workload, given: Plan |
                                          "profile": profile_tag(prof), "cluster": cluster.name,
                                          "cluster_fingerprint": cluster.fingerprint()})
     rows, chosen = report_plans(plans, families, extra)
-    sen = rerank(cluster, model, workload, plans[0], params) if sensitivity else None
+    sen = rerank(cluster, model, workload, plans[0], params, each=rerankings(jobs)) if sensitivity else None
     return Report(rows, chosen, cluster, prof, line, sen)
 
 

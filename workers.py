@@ -1,8 +1,9 @@
-"""The grid search over forked worker processes: a command that owns its process splits the degrees choices into
-shares (``planner.partition``), searches one share itself and one in each forked worker, and merges the rankings.
+"""Searches over forked worker processes (``forked_map``): the grid, whose degrees choices are split into shares
+(``planner.partition``), one searched here and one in each worker, the rankings merged; the sensitivity's
+re-rankings, dealt to the workers in turn.
 
 Forked, a worker starts with the parent's imports and caches already in memory (no interpreter start, no imports:
-a few milliseconds), and it returns only its ranking. The library's own calls search in one process
+a few milliseconds), and it returns only its results. The library's own calls search in one process
 (``jobs=1``): forking is the host process's decision, as its garbage collector is."""
 from __future__ import annotations
 
@@ -12,13 +13,16 @@ import os
 import pickle
 import signal
 import time
-from typing import Callable
+from typing import Any, Callable, TypeVar
 
 from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.model import ModelSpec, Workload
 from sp_plan.planner.params import Params
-from sp_plan.planner.partition import Share, merged, shares
+from sp_plan.planner.partition import merged, shares
 from sp_plan.planner.search import SearchResult, Space, grid_search
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 #: a share smaller than this many degrees choices is searched in the process that holds it: a fork and a ranking's
 #: pickle cost more than the search of a small space
@@ -44,11 +48,16 @@ def auto_jobs() -> int:
     return max(1, min(usable_cores(), MAX_JOBS))
 
 
+def can_fork() -> bool:
+    """Whether this process may fork workers: the platform forks, and this is no daemonic process (multiprocessing
+    allows those no children)."""
+    return "fork" in multiprocessing.get_all_start_methods() and not multiprocessing.current_process().daemon
+
+
 def grid_jobs(space: Space, jobs: int) -> int:
     """How many shares a search of ``space`` is cut into: ``jobs``, fewer where a share would hold under
-    ``MIN_SHARE`` degrees choices, 1 where the platform cannot fork or this process may not have children (a
-    daemonic process: multiprocessing refuses them)."""
-    if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods() or multiprocessing.current_process().daemon:
+    ``MIN_SHARE`` degrees choices, 1 where this process cannot fork (``can_fork``)."""
+    if jobs <= 1 or not can_fork():
         return 1
     return max(1, min(jobs, sum(1 for _ in space.degrees()) // MIN_SHARE))
 
@@ -64,46 +73,73 @@ def forked_grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, s
     if n == 1:
         return search(space, progress=progress)
     parts = shares(space, n)
-    started = [_started(search, share) for share in parts[1:]]
+    results = forked_map(lambda share: search(share, progress=progress if share is parts[0] else None), parts, n,
+                         portable=_ranking)
+    return merged([results[0], *(SearchResult(*r, None) for r in results[1:])])
+
+
+def rerankings(jobs: int) -> Callable[[Callable, list], list]:
+    """The sensitivity's way of running its re-rankings (``planner.sensitivity``'s ``each``): over ``jobs``
+    processes."""
+    return functools.partial(forked_map, jobs=jobs)
+
+
+def _ranking(res: SearchResult) -> tuple:
+    """What a worker's share sends back: its ranking and counts (its estimator stays in the worker)."""
+    return res.ranked, res.evaluated, res.space, res.rejected
+
+
+def forked_map(fn: Callable[[T], R], items: list[T], jobs: int, portable: Callable[[R], Any] = lambda r: r) -> list:
+    """``[fn(x) for x in items]`` over up to ``jobs`` processes: the items dealt in turn to this process and to
+    forked workers; a worker's results come back as ``portable(fn(x))`` (pickled), this process's whole. A worker
+    that dies, sends nothing or is not done ``WAIT_FACTOR`` times this process's own time (+ ``WAIT_EXTRA_S``)
+    after it has its items done here: a lost worker costs time, never a result."""
+    n = max(1, min(jobs, len(items)))
+    if n == 1 or not can_fork():
+        return [fn(x) for x in items]
+    dealt = [items[k::n] for k in range(n)]
+    started = [_started(fn, portable, chunk) for chunk in dealt[1:]]
     t0 = time.perf_counter()
     try:
-        mine = search(parts[0], progress=progress)
-    except BaseException:  # an error or an interrupt here: the workers' shares are not wanted
+        mine = [fn(x) for x in dealt[0]]
+    except BaseException:  # an error or an interrupt here: the workers' results are not wanted
         for worker, _ in started:
             worker.kill()
         raise
     patience = WAIT_FACTOR * (time.perf_counter() - t0) + WAIT_EXTRA_S
-    return merged([mine, *(_received(worker, reader, patience, lambda s=share: search(s))
-                           for (worker, reader), share in zip(started, parts[1:]))])
+    out: list = [None] * len(items)
+    out[0::n] = mine
+    for k, ((worker, reader), chunk) in enumerate(zip(started, dealt[1:]), start=1):
+        out[k::n] = _received(worker, reader, patience, lambda c=chunk: [portable(fn(x)) for x in c])
+    return out
 
 
-def _started(search: Callable[..., SearchResult], share: Share) -> tuple:
-    """A forked worker searching ``share``, and the end of the pipe its ranking comes back on."""
+def _started(fn: Callable, portable: Callable, chunk: list) -> tuple:
+    """A forked worker running ``fn`` over ``chunk``, and the end of the pipe its results come back on."""
     ctx = multiprocessing.get_context("fork")
     reader, writer = ctx.Pipe(duplex=False)
-    worker = ctx.Process(target=_search_share, args=(writer, search, share), daemon=True)
+    worker = ctx.Process(target=_work, args=(writer, fn, portable, chunk), daemon=True)
     worker.start()
     writer.close()
     return worker, reader
 
 
-def _search_share(writer, search: Callable[..., SearchResult], share: Share) -> None:
-    """In a worker: its share's ranking and counts, pickled to the parent (the estimator stays here). An interrupt
-    is the parent's to handle: the worker is a daemon, ended when the parent exits."""
+def _work(writer, fn: Callable, portable: Callable, chunk: list) -> None:
+    """In a worker: ``portable(fn(x))`` of each item, pickled to the parent. An interrupt is the parent's to handle:
+    the worker is a daemon, ended when the parent exits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    res = search(share)
-    writer.send_bytes(pickle.dumps((res.ranked, res.evaluated, res.space, res.rejected), pickle.HIGHEST_PROTOCOL))
+    results = [portable(fn(x)) for x in chunk]
+    writer.send_bytes(pickle.dumps(results, pickle.HIGHEST_PROTOCOL))
     writer.close()
 
 
-def _received(worker, reader, patience: float, again: Callable[[], SearchResult]) -> SearchResult:
-    """A worker's share as a SearchResult (without its estimator). A worker that died, sent nothing or is not done
-    ``patience`` seconds after this process finished its own share has its share searched here (``again``): a lost
-    worker costs time, never the result."""
+def _received(worker, reader, patience: float, again: Callable[[], list]) -> list:
+    """A worker's results; where it died, sent nothing or is not done within ``patience`` seconds, ``again()``
+    here."""
     try:
         if not reader.poll(patience):
             raise TimeoutError
-        ranked, evaluated, size, rejected = pickle.loads(reader.recv_bytes())
+        results = pickle.loads(reader.recv_bytes())
     except (EOFError, OSError, pickle.UnpicklingError):  # TimeoutError is an OSError
         worker.kill()
         worker.join()
@@ -111,4 +147,4 @@ def _received(worker, reader, patience: float, again: Callable[[], SearchResult]
     finally:
         reader.close()
     worker.join()
-    return SearchResult(ranked, evaluated, size, rejected, None)
+    return results

@@ -27,7 +27,7 @@ import sp_plan
 from sp_plan.cli.console import err, out, print_error
 from sp_plan.cli.examples import add_examples
 from sp_plan.cli.options import (JSON_HELP, NO_PROFILE_HELP, PROFILE_DEFAULT, PROFILE_HELP, STORE_DEFAULT, STORE_HELP,
-                                 fail, owns_collector, profile_options)
+                                 fail, jobs_option, owns_collector, profile_options)
 from sp_plan.cli.workload import masked_workload, plan_workload, print_mask, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.model import parse_seq_len
@@ -205,9 +205,7 @@ def plan_cmd(
     window: Optional[int] = _PLAN_MASK.window,
     window_pattern: Optional[str] = _PLAN_MASK.window_pattern,
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
-    jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="processes the grid search runs in (forked, each "
-                                       "a share of the degrees choices; the same ranking)",
-                                       show_default="the usable cores, at most 8"),
+    jobs: Optional[int] = jobs_option(),
 ) -> None:
     """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
     try:
@@ -229,7 +227,8 @@ def plan_cmd(
     if sensitivity or report:
         from sp_plan.planner.equivalent import group  # noqa: PLC0415 - as in _ranking
 
-        _sensitivity_and_report(inputs, [r.plan for r in group(res.plans)], res.families, sensitivity, report)
+        _sensitivity_and_report(inputs, [r.plan for r in group(res.plans)], res.families, sensitivity, report,
+                                jobs)
 
 
 def _check_plan_options(output: Optional[Path], report: Optional[Path], profile: Optional[str], no_profile: bool,
@@ -316,14 +315,17 @@ def _search_progress(kind: str) -> Iterator[Callable[[int, int], None]]:
 
 
 def _sensitivity_and_report(inputs, plans: list[Plan], families: list[Plan], sensitivity: bool,
-                            report: Optional[Path]) -> None:
-    """`plan --sensitivity` and `plan --report` (cli/report.py) from the search's inputs and rows."""
+                            report: Optional[Path], jobs: Optional[int]) -> None:
+    """`plan --sensitivity` and `plan --report` (cli/report.py) from the search's inputs and rows; the
+    re-rankings in ``jobs`` processes (None: the usable cores)."""
     from sp_plan.cli.report import sensitivity_table, write_report  # noqa: PLC0415 - matplotlib: --report only
     from sp_plan.pipeline import report_plans  # noqa: PLC0415 - as in _planned
     from sp_plan.planner.sensitivity import sensitivity as rerank  # noqa: PLC0415 - as in _planned
+    from sp_plan.workers import auto_jobs, rerankings  # noqa: PLC0415 - as in _planned
 
     try:
-        sen = rerank(inputs.cluster, inputs.model, inputs.workload, plans[0], inputs.params) if sensitivity else None
+        sen = rerank(inputs.cluster, inputs.model, inputs.workload, plans[0], inputs.params,
+                     each=rerankings(jobs or auto_jobs())) if sensitivity else None
         if sen is not None:
             out.print(sensitivity_table(sen))
         if report:

@@ -19,6 +19,13 @@ STORE_DEFAULT = "$SP_PLAN_STORE, else SQLite in the user data directory"
 JSON_HELP = "print the answer as JSON: the HTTP response model (what POST /v1/plan or /v1/estimate returns)"
 
 
+def jobs_option() -> Optional[int]:
+    """`--jobs`: the processes a command's searches run in (None: ``workers.auto_jobs``, the usable cores)."""
+    return typer.Option(None, "--jobs", min=1, help="processes the searches run in (forked, each a share of the "
+                        "degrees choices or of the re-rankings; the same answer)",
+                        show_default="the usable cores, at most 8")
+
+
 def fail(e: PlanError) -> NoReturn:
     """Print the error's one line (its field named by the flag: console.as_flag) and exit 2."""
     print_error(e)

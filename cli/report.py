@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from sp_plan.cli.console import err, out
-from sp_plan.cli.options import STORE_DEFAULT, fail, owns_collector, profile_options
+from sp_plan.cli.options import STORE_DEFAULT, fail, jobs_option, owns_collector, profile_options
 from sp_plan.cli.workload import plan_workload, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.ranking import secs
@@ -103,17 +103,19 @@ def report_cmd(
     window: Optional[int] = _REPORT_MASK.window,
     window_pattern: Optional[str] = _REPORT_MASK.window_pattern,
     seed: Optional[int] = _REPORT_MASK.seed,
+    jobs: Optional[int] = jobs_option(),
 ) -> None:
     """Write one self-contained HTML page with figures: ranked layouts, memory, predicted against measured, the
     cluster graph with the plan's groups, and its sensitivity."""
     from sp_plan.pipeline import report  # noqa: PLC0415 - as in report_plans
+    from sp_plan.workers import auto_jobs  # noqa: PLC0415 - as the pipeline
 
     try:
         given, c, m, w = _report_inputs(path, cluster, nodes, model, seq_len, batch, causal, inference, documents,
                                         window, window_pattern, seed)
         spec = profile_options(profile, no_profile)
         with err.status("ranking every layout" + (", then again under each changed input" if sensitivity else "")):
-            rep = report(c, m, w, given, top, sensitivity, spec, store)
+            rep = report(c, m, w, given, top, sensitivity, spec, store, jobs=jobs or auto_jobs())
         write_report(output, rep.rows, c, rep.chosen, rep.profile, rep.sensitivity, [rep.line])
     except PlanError as e:
         fail(e)

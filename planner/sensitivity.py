@@ -8,6 +8,7 @@ winner, the old winner's step time under the same change, and so what keeping th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 from .cluster import NET, Cluster
 from .engine import LinkEngine
@@ -20,6 +21,9 @@ LINK_FACTORS = (0.5, 2.0)
 COMPUTE_FACTOR = 0.8
 #: relative step-time difference under which two plans count as tied (equal-cost variants)
 TIE = 1e-9
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass
@@ -132,18 +136,29 @@ def unrouted(base: Estimator, changed: Cluster) -> bool:
     return all(engine.local.edges[e]["capacity"] == base.engine.local.edges[e]["capacity"] for e in edges)
 
 
+def in_order(fn: Callable[[T], R], items: list[T]) -> list[R]:
+    """``[fn(x) for x in items]``: the re-rankings one after another (``sensitivity``'s default)."""
+    return [fn(x) for x in items]
+
+
 def sensitivity(cluster: Cluster, model: ModelSpec, workload: Workload, winner: Plan,
-                params: Params | None = None) -> Sensitivity:
+                params: Params | None = None, each: Callable[[Callable, list], list] = in_order) -> Sensitivity:
     """Re-rank under every scenario and price ``winner`` under each (the search's own engine); a change that no
-    route crosses (``unrouted``) keeps the base ranking without a search."""
+    route crosses (``unrouted``) keeps the base ranking without a search. ``each(fn, items)`` runs the
+    re-rankings, ``[fn(x) for x in items]`` in some order or processes of the caller's (``workers.forked_map``)."""
     params = params if params is not None else Params()
     base = Estimator(cluster, model, workload, params=params)
     base_s = base(winner).step_time_s
     loose = winner.model_copy(update={"cluster_fingerprint": None})  # the changed clusters hash differently
-    out = []
+    changes = []  # (name, what, cluster, params, the winner's step under it, whether the ranking stays the base one)
     for name, what, c, p in scenarios(cluster, params):
         old = Estimator(c, model, workload, params=p)(loose).step_time_s
-        best = winner if p is params and old == base_s and unrouted(base, c) else _best(c, model, workload, p)
+        changes.append((name, what, c, p, old, p is params and old == base_s and unrouted(base, c)))
+    bests = iter(each(lambda cp: _best(cp[0], model, workload, cp[1]), [(c, p) for *_, c, p, _, kept in changes
+                                                                          if not kept]))
+    out = []
+    for name, what, _, _, old, kept in changes:
+        best = winner if kept else next(bests)
         if best is None:  # nothing fits: memory does not change with bandwidth or efficiency, so never here
             continue
         out.append(Scenario(name, what, best, old, base_s))

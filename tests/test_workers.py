@@ -82,11 +82,11 @@ def test_a_daemonic_process_searches_in_itself():
     p.join(timeout=60)
 
 
-def _dies(writer, search, share):
+def _dies(writer, fn, portable, chunk):
     os._exit(3)
 
 
-def _hangs(writer, search, share):
+def _hangs(writer, fn, portable, chunk):
     time.sleep(60)
 
 
@@ -95,7 +95,7 @@ def test_a_lost_worker_costs_time_not_the_result(monkeypatch, fate):
     """A worker that dies, or is not done in time, has its share searched in the parent: the same answer."""
     req = request()
     one = answer(req, 1)
-    monkeypatch.setattr(workers, "_search_share", fate)
+    monkeypatch.setattr(workers, "_work", fate)
     monkeypatch.setattr(workers, "WAIT_FACTOR", 0.0)
     monkeypatch.setattr(workers, "WAIT_EXTRA_S", 0.5)
     assert answer(req, 2) == one
@@ -113,3 +113,23 @@ def test_cli_jobs_write_the_same_plan_file(tmp_path):
     r = subprocess.run([*SP, *PLAN, "--jobs", "0"], capture_output=True, text=True, timeout=120)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "--jobs" in lines[0], r.stderr
+
+
+def test_forked_map_keeps_the_items_order_and_this_process_results_whole():
+    """Items dealt in turn to this process and the workers come back in their order; this process's own results are
+    not passed through ``portable`` (the grid keeps its share's estimator), the workers' are."""
+    got = workers.forked_map(lambda x: (x * x, os.getpid()), list(range(7)), 3, portable=lambda r: (r[0], "sent"))
+    assert [sq for sq, _ in got] == [x * x for x in range(7)]
+    assert [who == os.getpid() for _, who in got] == [k % 3 == 0 for k in range(7)]
+
+
+def test_forked_sensitivity_is_the_sensitivity():
+    """`plan --sensitivity`'s re-rankings in three processes: the same scenarios, winners and losses."""
+    from sp_plan.planner.search import finish, grid_search
+    from sp_plan.planner.sensitivity import sensitivity
+
+    c, m, w = load_cluster("dgx-h100", 4), load_model("tiny-llama"), Workload(seq_len="32k", batch=4)
+    win = finish(grid_search(c, m, w, keep=1), c, m, w, 1)[0]
+    one = sensitivity(c, m, w, win)
+    assert len(one.scenarios) >= 3
+    assert sensitivity(c, m, w, win, each=workers.rerankings(3)) == one
