@@ -172,6 +172,12 @@ CKPT_COST = {c: i for i, c in enumerate(CHECKPOINTING)}
 def pareto_policies(policies: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
     """Drop a fitting policy when another with the same micro-batch is no slower in both ZeRO traffic and
     recomputation (equal cost: the lower ZeRO stage); the survivors are priced."""
+    return list(_pareto(tuple(policies)))
+
+
+@lru_cache(maxsize=4096)
+def _pareto(policies: tuple[tuple[int, str, int], ...]) -> tuple[tuple[int, str, int], ...]:
+    """``pareto_policies``, once per fitting set (degrees choices and variants fit alike: a few dozen sets a search)."""
     keys: dict = {}  # micro-batch -> keys of its policies (only policies of one micro-batch are compared)
     for z, ck, mbs in policies:
         keys.setdefault(mbs, []).append((ZERO_COST[z], CKPT_COST[ck], z))
@@ -180,7 +186,7 @@ def pareto_policies(policies: list[tuple[int, str, int]]) -> list[tuple[int, str
         k = (ZERO_COST[z], CKPT_COST[ck], z)
         if not any(q[0] <= k[0] and q[1] <= k[1] and q < k for q in keys[mbs]):
             out.append((z, ck, mbs))
-    return out
+    return tuple(out)
 
 
 def larger_micro_batch_wins(est: Estimator, pp: int) -> bool:
@@ -499,14 +505,12 @@ class _Grid:
         self.rejected += r
         if larger_micro_batch_wins(est, d.pp):  # ties go to the larger micro-batch, pruned or not
             found = [(base, orders, largest_micro_batches(fitting)) for base, orders, fitting in found]
-        found, waiting = self.defer_interleaved(found, item) if self.keep else (found, {})
-        floors: dict = {}  # (checkpointing, micro-batch, virtual stages) -> Bounds.policy_floor (alike for every group)
         cuts: dict = {}  # (variant key, virtual stages) -> the least bound of its dropped micro-batches
+        found, waiting = self.defer_interleaved(found, item, cuts) if self.keep else (found, {})
+        floors: dict = {}  # (checkpointing, micro-batch, virtual stages) -> Bounds.policy_floor (alike for every group)
         for base, orders, fitting in found:
             vkey, v = variant_key(base, self.by_layout), base.virtual_stages
-            cut = cuts.get((vkey, v))
-            if cut is None:
-                cut = cuts[vkey, v] = self.dropped_floor(item, vkey, v)
+            cut = self.dropped_floor(item, vkey, v, cuts)
             if not self.keep:
                 self.push(bound, Stage.COMMUNICATION, GroupItem(base, orders, fitting, [bound] * len(fitting), cut, d))
                 continue
@@ -519,10 +523,10 @@ class _Grid:
             g = GroupItem(base, orders, fitting, bounds, cut, d, waiting.get(variant_key(base, True), []))
             self.push(min(bounds), Stage.RECOMPUTE, g)
 
-    def defer_interleaved(self, found: list, item: DegreesItem) -> tuple[list, dict]:
+    def defer_interleaved(self, found: list, item: DegreesItem, cuts: dict | None = None) -> tuple[list, dict]:
         """``found`` without the interleaved groups whose plain-1F1B sibling is there, and those per sibling (variant
         and token layout): each waits on it (``release_interleaved``), with its cut (the least bound of its
-        schedule's dropped micro-batches)."""
+        schedule's dropped micro-batches; ``cuts``: ``dropped_floor``'s memo)."""
         plain = {variant_key(b, True) for b, _, _ in found if b.virtual_stages == 1}
         out, waiting = [], {}
         for base, orders, fitting in found:
@@ -532,15 +536,20 @@ class _Grid:
                 continue
             waiting.setdefault(key, []).append((base, orders, fitting,
                                                 self.dropped_floor(item, variant_key(base, self.by_layout),
-                                                                   base.virtual_stages)))
+                                                                   base.virtual_stages, cuts)))
         return out, waiting
 
-    def dropped_floor(self, item: DegreesItem, vkey: tuple, v: int) -> float:
+    def dropped_floor(self, item: DegreesItem, vkey: tuple, v: int, cuts: dict | None = None) -> float:
         """The least bound (``DegreesItem.by_mbs``) of the micro-batch sizes under ``v`` virtual stages that are out
         of the variant ``vkey``'s reach (dropped from its groups), or inf: below it a group's priced orders are each
-        order's best."""
-        reach = self.reach_one(vkey)
-        return min((b for (_, w), b in item.by_mbs.items() if w == v and b > reach), default=INF)
+        order's best. ``cuts``: a memo per (vkey, v), kept while no time is ranked (reach does not move)."""
+        cut = None if cuts is None else cuts.get((vkey, v))
+        if cut is None:
+            reach = self.reach_one(vkey)
+            cut = min((b for (_, w), b in item.by_mbs.items() if w == v and b > reach), default=INF)
+            if cuts is not None:
+                cuts[vkey, v] = cut
+        return cut
 
     def release_interleaved(self, g: GroupItem) -> None:
         """Queue ``g``'s interleaved siblings to be priced, each policy under ``interleaving_floor`` x a lower bound
