@@ -7,7 +7,7 @@ reach within 1 % of the grid optimum at 4,096 GPUs.
 
     python benchmarks/bench_search.py [--gpus 1024,16384,131072] [--batches 1,16] [--models llama3-70b,llama3-405b]
                                       [--repeats 5] [--documents magi-long] [--seeds 5] [--trials 200]
-                                      [--bayes-gpus 4096] [--bayes-batch 16] [--whole-only]
+                                      [--bayes-gpus 4096] [--bayes-batch 16] [--whole-only] [--jobs 1,]
     python benchmarks/bench_search.py --where 1024x1,131072x16 [--models llama3-70b] [--where-top 40]
 
 Workload: dgx-h100 preset, 1M-token sequences, causal training. Targets on a quiet 2-core machine: the in-process
@@ -16,7 +16,9 @@ grid with every algorithm <= 0.3 s at 1,024 GPUs, <= 1 s at 16,384, <= 10 s at 1
 131,072, with `sp-plan presets` <= 0.5 s, <= 400 MiB resident and a plan file <= 50 kB at 131,072. "Candidates"
 is the size of the space (degrees x algorithm variants x token layouts x mesh orders x memory policies); "priced"
 is how many the engine costed after the memory filter, the Pareto policy filter and the lower bounds (the top 5 and
-each variant's best are exact). Whole-process figures are the median and the least of ``--repeats`` runs (wall
+each variant's best are exact); "jobs s" is the same grid's wall time over the command's default ``--jobs`` (the
+usable cores, each process a share of the degrees choices; the bench stops if its winner or a variant's best
+differs). ``--jobs 1,`` times the whole command in one process and at its default. Whole-process figures are the median and the least of ``--repeats`` runs (wall
 clock: other processes on the machine slow them, and the least reading is the nearest to a quiet machine's; the CPU
 column says how much of the wall was the command's own work, and "net cpu" is its CPU net of `sp-plan presets`'s: the
 reading to compare on a busy machine, where wall clock measures the other processes). ``--whole-only`` runs the
@@ -41,7 +43,7 @@ from sp_plan.planner.search import best_per_variant, grid_search
 from sp_plan.profiles import load_cluster, load_model
 from sp_plan.profiles.kernels import default_params
 from sp_plan.service.collector import collector_paused
-from sp_plan.workers import auto_jobs, usable_cores
+from sp_plan.workers import auto_jobs, forked_grid_search, usable_cores
 
 
 def commit() -> str:
@@ -73,9 +75,16 @@ def run_grid(model_name: str, gpus: int, batch: int, each: bool, which: str) -> 
     with collector_paused():  # as `sp-plan plan` runs it
         res = grid_search(cluster, model, work, params=params_for(cluster, which))
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    w0 = time.perf_counter()
+    with collector_paused():  # the same grid over the command's default --jobs (the usable cores)
+        forked = forked_grid_search(cluster, model, work, None, auto_jobs(), params=params_for(cluster, which))
+    jobs_wall = time.perf_counter() - w0
+    if best_per_variant(forked.ranked) != best_per_variant(res.ranked) or forked.ranked[0] != res.ranked[0]:
+        raise SystemExit(f"{gpus} x {batch}: the forked grid's winner or variant bests differ from one process's")
     t, best = res.ranked[0]
     st, est = res.estimator.stats, res.estimator
-    print(f"{model_name:>11} {gpus:>7} {batch:>5} {wall:>7.2f} {cpu:>7.2f} {res.space:>11,} {res.evaluated:>8,} "
+    print(f"{model_name:>11} {gpus:>7} {batch:>5} {wall:>7.2f} {cpu:>7.2f} {jobs_wall:>7.2f} {res.space:>11,} "
+          f"{res.evaluated:>8,} "
           f"{st.schedules_built:>9,} {est.engine.evaluations:>6,}  {best.to_plan().summary()} ({t:.2f} s/step)",
           flush=True)
     if each:
@@ -227,7 +236,8 @@ def main() -> None:
     print(f"commit {commit()}, Python {sys.version.split()[0]}, grid_search in-process, dgx-h100, 1M tokens, training, "
           f"{args.params} params")
     if not args.whole_only:
-        print(f"{'model':>11} {'GPUs':>7} {'batch':>5} {'wall s':>7} {'cpu s':>7} {'candidates':>11} {'priced':>8} "
+        print(f"{'model':>11} {'GPUs':>7} {'batch':>5} {'wall s':>7} {'cpu s':>7} {'jobs s':>7} {'candidates':>11} "
+              f"{'priced':>8} "
               f"{'schedules':>9} {'links':>6}  best layout")
     gpus = [int(x) for x in args.gpus.split(",")]
     for name in [] if args.whole_only else args.models.split(","):
