@@ -56,10 +56,12 @@ def can_fork() -> bool:
 
 def grid_jobs(space: Space, jobs: int) -> int:
     """How many shares a search of ``space`` is cut into: ``jobs``, fewer where a share would hold under
-    ``MIN_SHARE`` degrees choices, 1 where this process cannot fork (``can_fork``)."""
+    ``MIN_SHARE`` degrees choices on average or where the space has fewer ring degrees (``partition.shares``), 1
+    where this process cannot fork (``can_fork``)."""
     if jobs <= 1 or not can_fork():
         return 1
-    return max(1, min(jobs, sum(1 for _ in space.degrees()) // MIN_SHARE))
+    choices = list(space.degrees())
+    return max(1, min(jobs, len(choices) // MIN_SHARE, len({d.ring for d in choices})))
 
 
 def forked_grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: Space | None, jobs: int,

@@ -7,6 +7,7 @@ distinct time, and each variant's exact best, which is all that its top rows and
 (``equivalent.top_rows``, ``search.best_per_variant``)."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, fields
 from typing import Iterator
 
@@ -15,22 +16,28 @@ from .search import Degrees, SearchResult, Space, _sort_key
 
 @dataclass
 class Share(Space):
-    """The degrees choices of ``space`` whose position in its order is ``part`` modulo ``parts``: neighbours in
-    that order differ in one degree and cost alike, so the shares' work comes out even."""
+    """The degrees choices of ``space`` whose ring degree is one of ``rings``: the choices of one ring degree share
+    its attention schedules and its masks' work over the packs, so no two shares build them both."""
 
-    part: int = 0
-    parts: int = 1
+    rings: frozenset = frozenset()
 
     def degrees(self) -> Iterator[Degrees]:
-        for i, d in enumerate(super().degrees()):
-            if i % self.parts == self.part:
-                yield d
+        return (d for d in super().degrees() if d.ring in self.rings)
 
 
 def shares(space: Space, parts: int) -> list[Share]:
-    """``space`` cut into ``parts`` shares that together hold each of its degrees choices once."""
+    """``space`` cut into at most ``parts`` shares that together hold each of its degrees choices once: its ring
+    degrees dealt, most choices first, each to the share holding the fewest choices so far (as even as whole ring
+    degrees allow)."""
+    counts = Counter(d.ring for d in space.degrees())
+    rings: list[set] = [set() for _ in range(min(parts, len(counts)))]
+    held = [0] * len(rings)
+    for ring, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        k = held.index(min(held))
+        rings[k].add(ring)
+        held[k] += n
     given = {f.name: getattr(space, f.name) for f in fields(Space)}
-    return [Share(**given, part=k, parts=parts) for k in range(parts)]
+    return [Share(**given, rings=frozenset(r)) for r in rings]
 
 
 def merged(results: list[SearchResult]) -> SearchResult:

@@ -47,14 +47,19 @@ def test_forked_search_answers_as_one_process(workload):
         assert answer(req, jobs) == one, jobs
 
 
-def test_shares_hold_each_degrees_choice_once():
-    """The shares cover the space's degrees choices, each in one share, and their candidate counts add up."""
+def test_shares_hold_each_degrees_choice_once_and_whole_ring_degrees():
+    """The shares cover the space's degrees choices, each in one share; a ring degree's choices are all in one share
+    (they share its schedules), dealt so that the shares hold about as many choices each."""
     m, c = load_model("tiny-llama"), load_cluster("dgx-h100", 4)
     space = Space(c.world_size, m, Workload(seq_len="32k", batch=4))
     every = list(space.degrees())
     parts = [list(s.degrees()) for s in shares(space, 3)]
     assert sorted(map(repr, sum(parts, []))) == sorted(map(repr, every))
-    assert all(abs(len(p) - len(every) / 3) <= 1 for p in parts)
+    rings = [{d.ring for d in p} for p in parts]
+    assert all(not (a & b) for i, a in enumerate(rings) for b in rings[i + 1:])
+    biggest = max(sum(1 for d in every if d.ring == r) for r in {d.ring for d in every})
+    assert max(map(len, parts)) - min(map(len, parts)) <= biggest
+    assert len(shares(space, 64)) == len({d.ring for d in every})
 
 
 def test_jobs_shrink_to_shares_worth_a_fork():
@@ -63,7 +68,7 @@ def test_jobs_shrink_to_shares_worth_a_fork():
     big = Space(32, m, Workload(seq_len="32k", batch=4))
     n = sum(1 for _ in big.degrees())
     assert workers.grid_jobs(big, 1) == 1
-    assert workers.grid_jobs(big, 64) == n // workers.MIN_SHARE
+    assert workers.grid_jobs(big, 64) == min(n // workers.MIN_SHARE, len({d.ring for d in big.degrees()}))
     assert workers.grid_jobs(Space(2, m, Workload(seq_len="32k")), 8) == 1
     assert 1 <= workers.auto_jobs() <= workers.MAX_JOBS
 
