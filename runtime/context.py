@@ -173,7 +173,7 @@ def init(plan_or_path: Plan | str | Path, device_type: str | None = None) -> Con
     shape = [s for _, s in reversed(dims)]
     names = tuple(n for n, _ in reversed(dims))
     mesh = DeviceMesh(device_type, torch.arange(world).reshape(shape), mesh_dim_names=names)
-    groups: dict = {n: mesh.get_group(n) for n in names}
+    groups: dict = {n: mesh.get_group(n) if s > 1 else None for n, s in zip(names, shape)}  # degree 1: no group
     sp_groups = layout.groups("sp")
     if len(sp_groups[0]) == 1:
         groups["sp"] = None

@@ -45,6 +45,16 @@ def test_init_groups_and_shard_gather_roundtrip():
     assert res[0] == [p.summary() for p in PLANS]
 
 
+def _one_rank_groups(rank, world):
+    ctx = init(Plan(algorithm="ring", degrees={}, order=[]))
+    return {name: ctx.group(name) for name in ("tp", "ulysses", "ring", "dp", "pp", "sp")}
+
+
+def test_a_world_of_one_rank_has_no_groups():
+    """One rank: every dimension is of degree 1, so every group is None (its mesh still has the one "dp" dim)."""
+    assert run_world(_one_rank_groups, 1, timeout=60)[0] == dict.fromkeys(("tp", "ulysses", "ring", "dp", "pp", "sp"))
+
+
 def _wrong_world(rank, world):
     init(Plan(algorithm="ring", degrees={"ring": 4}, order=["ring"]))
 
