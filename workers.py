@@ -30,9 +30,10 @@ MIN_SHARE = 16
 #: at most this many processes: the shares of a large space stop shrinking in time well before it
 MAX_JOBS = 8
 #: a worker not done this many times the parent's own share's time (plus ``WAIT_EXTRA_S``) after the parent is
-#: taken for stuck, and its share is searched in the parent: the shares' times differ by tens of percent, not 4x
-WAIT_FACTOR = 4.0
-WAIT_EXTRA_S = 5.0
+#: taken for stuck, and its share is searched in the parent: shares of whole ring degrees can differ several-fold
+#: in time, a stuck worker is rare, and waiting too little would search a share twice
+WAIT_FACTOR = 10.0
+WAIT_EXTRA_S = 10.0
 
 
 def usable_cores() -> int:
