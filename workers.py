@@ -18,7 +18,8 @@ from typing import Any, Callable, TypeVar
 from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.model import ModelSpec, Workload
 from sp_plan.planner.params import Params
-from sp_plan.planner.partition import merged, shares
+from sp_plan.planner.exchange import Exchange, empty
+from sp_plan.planner.partition import merged, shares, variant_key_list
 from sp_plan.planner.search import SearchResult, Space, grid_search
 
 T = TypeVar("T")
@@ -75,9 +76,10 @@ def forked_grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, s
     search = functools.partial(grid_search, cluster, model, workload, keep=keep, params=params, distinct=distinct)
     if n == 1:
         return search(space, progress=progress)
-    parts = shares(space, n)
-    results = forked_map(lambda share: search(share, progress=progress if share is parts[0] else None), parts, n,
-                         portable=_ranking)
+    parts, keys = shares(space, n), variant_key_list(space)
+    exchange = Exchange(keys, multiprocessing.get_context("fork").RawArray("d", empty(keys)))  # shared memory
+    results = forked_map(lambda share: search(share, progress=progress if share is parts[0] else None,
+                                              exchange=exchange), parts, n, portable=_ranking)
     return merged([results[0], *(SearchResult(*r, None) for r in results[1:])])
 
 

@@ -28,6 +28,7 @@ from .cluster import Cluster
 from .errors import PlanError
 from .equivalent import REL_TOL, top_rows
 from .estimate import Estimator, Orders
+from .exchange import Exchange
 from .layout import BALANCE_POLICIES, TOKEN_LAYOUTS, chunks_needed
 from .model import ModelSpec, Workload
 from .params import Params
@@ -167,6 +168,8 @@ class SearchResult:
 
 ZERO_COST = {0: 0, 1: 0, 2: 0, 3: 1}  # schedules.grad_sync: ZeRO-1/2 move what an all-reduce moves, ZeRO-3 1.5x
 CKPT_COST = {c: i for i, c in enumerate(CHECKPOINTING)}
+#: a share of a split search (``exchange``) reads the other shares' bounds every this many pops, and after each price
+TRADE_EVERY = 32
 
 
 def pareto_policies(policies: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
@@ -439,8 +442,9 @@ class _Grid:
     """The state of one best-first grid search (``grid_search``): the queue, the ranking, the K-th time."""
 
     def __init__(self, est: Estimator, space: Space, keep: int | None, distinct: bool,
-                 progress: Callable[[int, int], None] | None, variants: bool = True):
+                 progress: Callable[[int, int], None] | None, variants: bool = True, exchange: Exchange | None = None):
         self.est, self.space, self.keep, self.progress = est, space, keep, progress
+        self.exchange = exchange if keep else None  # other shares' K-th time and bests (planner.exchange)
         self.variants = variants  # False: only the top K is kept exact, so the K-th time alone prunes
         self.queue: list = []  # (bound, stage, sequence number, item)
         self.pushed = self.done = self.total = self.rejected = self.evaluated = 0
@@ -653,6 +657,8 @@ class _Grid:
             for t, _ in priced:
                 self.top.add(t)
             self.kth = self.top.kth()
+            if self.exchange is not None:
+                self.kth = self.exchange.trade(self.kth, vkey, self.best_of)
 
     def run(self) -> SearchResult:
         """Pop the least bound until the queue is empty; every ranked time is exact."""
@@ -662,6 +668,8 @@ class _Grid:
             self.done += 1
             if self.progress:
                 self.progress(self.done, self.pushed)
+            if self.exchange is not None and not self.done % TRADE_EVERY:
+                self.kth = self.exchange.pull(self.kth, self.best_of)
             if stage == Stage.DEGREES:
                 self.expand(bound, item)
             elif self.prune(bound, item):
@@ -677,7 +685,8 @@ class _Grid:
 
 def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: Space | None = None,
                 progress: Callable[[int, int], None] | None = None, keep: int | None = 5,
-                params: Params | None = None, distinct: bool = False, variants: bool = True) -> SearchResult:
+                params: Params | None = None, distinct: bool = False, variants: bool = True,
+                exchange: Exchange | None = None) -> SearchResult:
     """Rank the valid layouts; for each (degrees, order, token layout) its fastest fitting policy.
 
     Memory fits are found once per degrees and dominated policies dropped; all mesh orders of a
@@ -708,11 +717,14 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     ``params``: calibrated physical parameters (planner/params.py); None: the uncalibrated engine. With ``variants``
     False only the top K is exact (no variant's best is kept), so items are pruned against the K-th time alone: a
     search for the winner and nothing else (the sensitivity's).
+    ``exchange`` (``planner.exchange``): the search is one share of a split space (``planner.partition``), and
+    prunes against the other shares' K-th time and variant bests too, as they publish them.
     The search allocates ~10^5 acyclic objects at large worlds; a process that owns its garbage collector (the CLI,
     the service's search processes) may pause it around the call (``service.collector.collector_paused``).
     """
     est = Estimator(cluster, model, workload, params=params)
-    return _Grid(est, space or Space(cluster.world_size, model, workload), keep, distinct, progress, variants).run()
+    return _Grid(est, space or Space(cluster.world_size, model, workload), keep, distinct, progress, variants,
+                 exchange).run()
 
 
 class Fastest:
