@@ -1,8 +1,8 @@
 """A grid search split into shares of its degrees choices, and the shares' results merged into the one ranking.
 
 Each share is searched exactly (``search.grid_search`` over a ``Share``), pruned against its own K-th time and its
-own variants' bests. Those are never faster than the whole space's, so a share ranks every one of its layouts that
-the whole search would rank, and more: the merged ranking holds every layout no slower than the whole search's K-th
+own variants' bests and those the other shares publish (``planner.exchange``). Those are never faster than the
+whole space's, so a share ranks every one of its layouts that the whole search would rank, and more: the merged ranking holds every layout no slower than the whole search's K-th
 distinct time, and each variant's exact best, which is all that its top rows and "best of each variant" read
 (``equivalent.top_rows``, ``search.best_per_variant``)."""
 from __future__ import annotations
