@@ -2,9 +2,10 @@
 
 Each share is searched exactly (``search.grid_search`` over a ``Share``), pruned against its own K-th time and its
 own variants' bests and those the other shares publish (``planner.exchange``). Those are never faster than the
-whole space's, so a share ranks every one of its layouts that the whole search would rank, and more: the merged ranking holds every layout no slower than the whole search's K-th
-distinct time, and each variant's exact best, which is all that its top rows and "best of each variant" read
-(``equivalent.top_rows``, ``search.best_per_variant``)."""
+whole space's, so a share ranks every one of its layouts that the whole search would rank, and more: the merged
+ranking holds every layout no slower than the whole search's K-th distinct time, and each variant's exact best,
+which is all that its top rows and "best of each variant" read (``equivalent.top_rows``,
+``search.best_per_variant``)."""
 from __future__ import annotations
 
 from collections import Counter
