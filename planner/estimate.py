@@ -225,6 +225,12 @@ class Estimator:
         self.bounds = Bounds(self)  # the search's lower bounds over these prices (planner/bounds.py)
 
     @cached_property
+    def matmul_never_falls(self) -> bool:
+        """Whether the params' GEMM efficiency curve never falls with the size (none: a constant efficiency)."""
+        m = self.params.matmul
+        return m is None or all(y0 <= y1 for (_, y0), (_, y1) in zip(m.points, m.points[1:]))
+
+    @cached_property
     def fingerprint(self) -> str:
         """The cluster's fingerprint (a hash of its whole model: made once, where a plan is checked or written)."""
         return self.cluster.fingerprint()

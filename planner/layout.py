@@ -708,7 +708,7 @@ def _round_work(token_layout: str, ring: int, seq_len: int) -> tuple[float, ...]
 
 
 def _large_ring_work(token_layout: str, ring: int, seq_len: int) -> tuple[float, float]:
-    """``_round_work``'s closed form past 64 ranks: (round 0's fraction, every later round's)."""
+    """``_round_work``'s closed form past 64 ranks: (the diagonal round's fraction, every later round's)."""
     c = seq_len // ring
     diag = (c + 1) / (2 * c) if token_layout != "zigzag" else causal_work(token_layout, 2, 2 * c)[0, 0]
     later = {"contiguous": 1.0, "striped": (c + 1) / (2 * c), "zigzag": 0.5}[token_layout]
@@ -1003,7 +1003,7 @@ def _round_orders(ring: int, team: int, placement: str | None, backward: bool
     team (once per ring, team and placement: not per token layout or length)."""
     tgs = team_group_size(ring, team)
     if team == 1:  # round r pairs Q team p with K, V team p - r mod P (backward: p - r with p), every p: the same
-        # team in round 0 alone, an earlier and a later one (p = r, p = 0) in every other round
+        # team in the first round (r = 0) alone, an earlier and a later one (p = r, p = 0) in every other round
         same = np.arange(ring) == 0
         other = ~same
         for x in (same, other):

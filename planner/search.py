@@ -219,14 +219,7 @@ def per_sequence_costs_never_grow(est: Estimator, pp: int) -> bool:
     linear, ``compute_efficiency`` is a constant), a communication phase k b + l (steps x latency and alpha),
     and a step f(compute, communication)
     with f (sum, max, or max + (1 - overlap) min) homogeneous and monotone: per sequence, f(a + o/k, b + l/k)."""
-    if pp != 1:
-        return False
-    rising = est.bounds._cache.get("matmul never falls")  # once per Estimator: its params' curve
-    if rising is None:
-        m = est.params.matmul
-        rising = est.bounds._cache["matmul never falls"] = (
-            m is None or all(y0 <= y1 for (_, y0), (_, y1) in zip(m.points, m.points[1:])))
-    return rising
+    return pp == 1 and est.matmul_never_falls
 
 
 def hidden_sync_micro_batches(est: Estimator, base: Candidate, batch: Orders,
