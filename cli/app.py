@@ -209,7 +209,7 @@ def plan_cmd(
 ) -> None:
     """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
     try:
-        _check_plan_options(output, report, profile, no_profile, server, sensitivity)
+        _check_plan_options(output, report, profile, no_profile, server, sensitivity, jobs)
         w = masked_workload(dict(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference),
                             documents, window, window_pattern, seed if documents is not None else None)
         if not as_json:
@@ -232,7 +232,7 @@ def plan_cmd(
 
 
 def _check_plan_options(output: Optional[Path], report: Optional[Path], profile: Optional[str], no_profile: bool,
-                        server: Optional[str], sensitivity: bool) -> None:
+                        server: Optional[str], sensitivity: bool, jobs: Optional[int] = None) -> None:
     """`plan`'s options that neither typer (ranges, choices: their declarations) nor a model checks: writable
     outputs, options that exclude each other."""
     if output:
@@ -243,6 +243,9 @@ def _check_plan_options(output: Optional[Path], report: Optional[Path], profile:
     if server and (report or sensitivity):
         raise PlanError("--report" if report else "--sensitivity", "needs the cluster's profile here, not on a server",
                         "run without --server (the service's report is at URL/v1/plans/ID/report)")
+    if server and jobs:
+        raise PlanError("--jobs", "sets the processes of a search here; a server searches in its own",
+                        "leave out --jobs with --server (`sp-plan serve --workers` sizes the service)")
 
 
 def _planned(server: Optional[str], store: Optional[str], storage: Optional[str], jobs: Optional[int], **fields):

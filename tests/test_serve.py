@@ -415,6 +415,8 @@ def test_private_service_needs_a_token_to_read(tmp_path, monkeypatch):
 def test_plan_report_and_sensitivity_are_local_only():
     r = _cli("plan", *PLAN, "--seq-len", "64k", "--server", "http://127.0.0.1:9", "--report", "r.html")
     assert r.returncode == 2 and "--report" in r.stderr and "/v1/plans/ID/report" in r.stderr
+    r = _cli("plan", *PLAN, "--seq-len", "64k", "--server", "http://127.0.0.1:9", "--jobs", "2")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--jobs" in r.stderr and "--workers" in r.stderr
 
 
 def test_serve_refuses_bad_options(tmp_path):
