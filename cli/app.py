@@ -34,7 +34,7 @@ from sp_plan.planner.model import parse_seq_len
 from sp_plan.planner.ranking import secs, summarize, versus_first
 from sp_plan.planner.yamlio import check_writable
 from sp_plan.profiles import cluster_presets, load_cluster, load_model, model_presets, preset_cluster
-from sp_plan.service.collector import skip_final_collection
+from sp_plan.service.collector import exit_without_teardown
 
 if TYPE_CHECKING:
     from sp_plan.planner.plan import Plan
@@ -558,7 +558,7 @@ def main() -> None:
     gc.freeze()  # the process is the command's: what loading the app built stays out of its collections
     code = run_line()
     if code == 0:
-        skip_final_collection()  # the process ends here
+        exit_without_teardown(code)  # the command is done: its output flushed, its files written and closed
     sys.exit(code)
 
 

@@ -1,8 +1,12 @@
-"""The garbage-collector policy of a process that owns its collector (the CLI, the service's search processes); the
-library (planner/) leaves the host process's collector alone."""
+"""The garbage-collector and exit policy of a process that owns them (the CLI, the service's search processes); the
+library (planner/) leaves the host process's collector and exit alone."""
 from __future__ import annotations
 
+import atexit
 import gc
+import os
+import sys
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -24,7 +28,20 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def skip_final_collection() -> None:
-    """A process about to exit: move every object out of the collector's reach (``gc.freeze``), so the interpreter's
-    last full collection does not walk what the command made (0.2-0.4 s after a 131,072-GPU plan)."""
-    gc.freeze()
+def exit_without_teardown(code: int) -> None:
+    """End a process whose command is done with ``code``, without the interpreter's teardown: the exit handlers run
+    (``atexit``: multiprocessing's, logging's, temporary files', coverage's) and the standard streams are flushed, then
+    the process ends (``os._exit``). The teardown would free every object the command made one by one, and first walk
+    them in a full collection: 0.02-0.03 s after a 1,024-GPU plan, 0.2-0.4 s after a 131,072-GPU one. Returns (the
+    caller then exits as usual) where a non-daemon thread still runs, which the interpreter would wait for, or where a
+    stream cannot be flushed, whose error the interpreter reports."""
+    if any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
+        return
+    gc.freeze()  # what the handlers allocate is collected; what the command made is not walked again
+    atexit._run_exitfuncs()  # the one way to run them without the teardown that follows them
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a closed pipe or stream: the interpreter's exit reports it
+        return
+    os._exit(code)

@@ -11,9 +11,10 @@ import pytest
 EXTRA_MODULES = ("fastapi", "uvicorn", "httpx", "prometheus_client", "matplotlib", "pyarrow", "psycopg",
                  "transformers", "accelerate", "megatron", "deepspeed", "yunchang")
 
-#: runs CLI commands (a JSON list of argument lists), one after another, through the console entry point in one
-#: process where the extras' modules cannot be imported, as in a core-only install; prints each one's exit status,
-#: stdout and stderr as JSON (the finder refuses every import of an extra, whichever command comes first)
+#: runs CLI commands (a JSON list of argument lists), one after another, through the console's command-line runner
+#: (``run_line``) in one process where the extras' modules cannot be imported, as in a core-only install; prints each
+#: one's exit status, stdout and stderr as JSON (the finder refuses every import of an extra, whichever command comes
+#: first)
 BLOCKED_CLI = """
 import contextlib, importlib.abc, io, json, sys, traceback
 BLOCK = set(sys.argv[1].split(","))
@@ -22,13 +23,13 @@ class Blocker(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in BLOCK:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, Blocker())
-from sp_plan.cli.app import main
+from sp_plan.cli.app import run_line
 results = []
 for args in json.loads(sys.argv[2]):
     sys.argv, out, err, code = ["sp-plan", *args], io.StringIO(), io.StringIO(), 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            main()
+            code = run_line()
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else int(e.code is not None)
         except BaseException:

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-#: runs the console entry point with the given arguments, then prints the imported modules and the commands typer
-#: built (from their functions' signatures) as JSON
+#: runs the console entry point with the given arguments; as it exits, prints the imported modules and the commands
+#: typer built (from their functions' signatures) as JSON
 WRAPPER = """import json, sys
 import typer.main
 built, _build = [], typer.main.get_command_from_info
@@ -18,16 +18,16 @@ def _record(*args, **kw):
     return command
 typer.main.get_command_from_info = _record
 sys.argv = ["sp-plan", *sys.argv[1:]]
+def report():
+    pipeline = sys.modules.get("sp_plan.pipeline")
+    unbuilt = [n for n in dir(pipeline) if getattr(getattr(pipeline, n), "__pydantic_complete__", None) is False]
+    print("MODULES=" + json.dumps(sorted(sys.modules)), file=sys.stderr)
+    print("BUILT=" + json.dumps(built), file=sys.stderr)
+    print("UNBUILT=" + json.dumps(unbuilt), file=sys.stderr)
+import atexit
+atexit.register(report)  # the entry point ends the process itself: its exit handlers are the last code that runs
 from sp_plan.cli.app import main
-try:
-    main()
-except SystemExit:
-    pass
-pipeline = sys.modules.get("sp_plan.pipeline")
-unbuilt = [n for n in dir(pipeline) if getattr(getattr(pipeline, n), "__pydantic_complete__", None) is False]
-print("MODULES=" + json.dumps(sorted(sys.modules)), file=sys.stderr)
-print("BUILT=" + json.dumps(built), file=sys.stderr)
-print("UNBUILT=" + json.dumps(unbuilt), file=sys.stderr)
+main()
 """
 #: what no command below needs: the store, the fits, figures, torch, the service, optuna
 HEAVY = ("sqlalchemy", "alembic", "scipy", "matplotlib", "torch", "fastapi", "optuna", "pandas")
