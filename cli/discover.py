@@ -21,7 +21,6 @@ from sp_plan.cli.progress import reporter
 from sp_plan.planner.cluster import NET, Cluster
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.yamlio import check_writable
-from sp_plan.profiles.discover import build_cluster, describe_host, nic_names
 from sp_plan.profiles.discover import sizes as link_sizes
 from sp_plan.profiles.discover.sizes import DEFAULT_SIZES
 
@@ -63,6 +62,8 @@ def _node_tree(cluster: Cluster, k: int, host) -> Tree:
     for (kind, cap), n in sorted(kinds.items()):
         intra.add(f"{kind}: {n} x {rate(cap)}")
     nics = node.add("NICs")
+    from sp_plan.profiles.discover import nic_names  # noqa: PLC0415 - the host readers (NVML, sysfs): discovery loads them
+
     real = nic_names(host, cluster.num_nodes > 1) if host is not None else {}
     users = Counter(d.nic for d in nt.devices)
     for s in nt.switches:
@@ -105,6 +106,8 @@ def _describe_local(sysfs_root: str, topo_file: Optional[Path], no_nvml: bool):
             topo = topo_file.read_text(errors="replace")
         except OSError as e:
             raise PlanError("--topo-file", f"cannot read {topo_file} ({e.strerror})", "pass a readable file") from None
+    from sp_plan.profiles.discover import describe_host  # noqa: PLC0415 - as in _node_tree
+
     return lambda r=None: describe_host(sysfs_root, nvml=False if no_nvml else None, topo_text=topo,
                                         node_rank=r.node_rank if r is not None else 0)
 
@@ -120,6 +123,8 @@ def discover_cmd(
     timeout: float = typer.Option(120.0, "--timeout", help="seconds any rank waits for the others"),
 ) -> None:
     """Find this cluster's devices, links and NICs (alone: this host; under torchrun: every node)."""
+    from sp_plan.profiles.discover import build_cluster  # noqa: PLC0415 - as in _node_tree
+
     rank, owned, probe = 0, False, None
     try:
         if output:
@@ -167,7 +172,7 @@ def links_cmd(
                                  "or the error) instead of tables"),
 ) -> None:
     """Time send/recv, all-gather, reduce-scatter and all-to-all within and across nodes; fit and store the links."""
-    from sp_plan.profiles.discover import probe  # noqa: PLC0415 - torch (~2 s): only a measuring command loads it
+    from sp_plan.profiles.discover import build_cluster, probe  # noqa: PLC0415 - torch (~2 s): only a measuring command
 
     rank, owned, db = 0, False, None
     try:

@@ -1,4 +1,5 @@
-"""The pydantic records discovery exchanges and stores: a host's GPUs, NICs, CPU, sources and warnings."""
+"""The pydantic records discovery exchanges and stores: a host's GPUs, NICs, CPU, sources and warnings. Each is built
+on first use (defer_build): every command loads this module, and only discovery uses them."""
 from __future__ import annotations
 
 from typing import Literal
@@ -9,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class GpuInfo(BaseModel):
     """One GPU of a host, facts merged from NVML, `nvidia-smi topo -m` and sysfs."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     index: int = Field(description="nvidia-smi / NVML index (PCI bus order)")
     name: str = ""
     model: str = ""
@@ -27,7 +28,7 @@ class GpuInfo(BaseModel):
 class NicInfo(BaseModel):
     """One network port: InfiniBand, RoCE or Ethernet (``unknown`` when only topo -m saw it)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     name: str
     kind: Literal["ib", "roce", "ethernet", "unknown"]
     rate: float = Field(default=0.0, description="line rate, bytes/s (0 = unknown)")
@@ -40,7 +41,7 @@ class NicInfo(BaseModel):
 
 
 class CpuInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     cores: int = 1
     memory_bytes: float = 4e9
     numa_nodes: int = 1
@@ -49,7 +50,7 @@ class CpuInfo(BaseModel):
 class RankInfo(BaseModel):
     """Where one torchrun rank runs: its node (torchrun's node rank and the hostname) and GPU."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     rank: int
     world_size: int
     local_rank: int
@@ -62,7 +63,7 @@ class RankInfo(BaseModel):
 class HostReport(BaseModel):
     """What discovery found on one host, which sources it used and what it could not find."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     hostname: str
     node_rank: int = 0
     cpu: CpuInfo = Field(default_factory=CpuInfo)
