@@ -10,7 +10,8 @@
 # Steps (each with its own time limit; a failing step is reported and the next runs): the fused-op probe,
 # exactness against float64, examples/train_hf_llama.py --check at world 1 in float32 and bfloat16 (NCCL),
 # bench_gpu.py, bench_overlap.py, `sp-plan tune` at world 1 of llama3-8b shapes with 2 layers, and that
-# profile's prediction of a length and a depth tune did not measure (tune_check.py). Writes OUTDIR/summary.txt
+# profile's prediction of a length and a depth tune did not measure (tune_check.py), then the packed-documents
+# bench on the host's CPU cores (masks-cpu). Writes OUTDIR/summary.txt
 # and OUTDIR/gpu-run.tgz (every log and JSON file).
 set -u
 out=${1:?usage: run.sh OUTDIR [smoke]}
@@ -86,6 +87,16 @@ step tune 200 $CLI tune --cluster "$work/cluster.yaml" --model "$MODEL" --seq-le
 step tune-check 150 python3 "$gpu/tune_check.py" --cluster "$work/cluster.yaml" --store "sqlite:///$work/store.db" \
     --plan "$work/tuned.yaml" $CHECKS --json "$work/tune_check.json"
 step estimate 60 $CLI estimate "$work/tuned.yaml" --cluster "$work/cluster.yaml" --store "sqlite:///$work/store.db" $EST
+# The packed-documents bench on the host's CPU cores, a core per gloo rank: with 8 ranks side by side the wall time
+# reads the busiest rank, as devices do (docs/benchmarks/masks.md). Needs no GPU; a host with under 9 cores skips it.
+if [ "$mode" = smoke ]; then
+    MASKS="--world 2 --quick"
+else
+    MASKS="--world 8 --head-dim 16 --repeats 3 --batches magi-short:16384:key,megatron-dcp:16384:key --single 0"
+fi
+if [ "$mode" = smoke ] || [ "$(nproc)" -ge 9 ]; then
+    step masks-cpu 300 python3 "$here/benchmarks/bench_masks.py" $MASKS --json "$work/masks.json"
+fi
 
 cp "$summary" "$out/summary.txt"
 tar czf "$out/gpu-run.tgz" -C "$work" .
