@@ -5,6 +5,7 @@ fixtures/export/record_megatron_flags.py), torchtitan's config dataclasses (torc
 and datasets/wandb) and xDiT's flags (xfuser pulls diffusers); inexpressible plans and the nearest plan."""
 import argparse
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -274,7 +275,7 @@ INEXPRESSIBLE = [
     ("megatron", plan("metp", ["tp", "pp"], tp=8, pp=2), "algorithm", "megatron has no METP"),
     ("megatron", plan("ring", ["ring"], "striped", ring=16), "token_layout", "megatron has no striped token layout"),
     ("megatron", plan("usp", ["ring", "ulysses"], ulysses=4, ring=4), "order",
-     "megatron cannot place the mesh order ring<ulysses"),
+     "megatron cannot place the mesh order ring<ulysses (it places ulysses<ring)"),  # its two orders alike here
     ("megatron", plan("ring", ["ring"], ring=16, checkpointing="attention_boundary"), "checkpointing",
      "megatron has no attention_boundary checkpointing"),
     ("torchtitan", plan("ulysses", ["ulysses"], "contiguous", ulysses=16, zero_stage=3), "algorithm",
@@ -308,7 +309,7 @@ INEXPRESSIBLE = [
 def test_a_plan_the_target_cannot_express_names_why(name, p, key, reason):
     t = target(name)
     assert t.problems(p)[0][0] == key and reason in t.problems(p)[0][1]
-    with pytest.raises(PlanError, match=reason):
+    with pytest.raises(PlanError, match=re.escape(reason)):
         t.export(p)
 
 

@@ -65,7 +65,8 @@ class Target:
                         f"{'/'.join(self.token_layouts)})"))
         if not out and not self.order_ok(p.order, d):
             shown = "<".join(o for o in p.order if d.get(o, 1) > 1)
-            places = " or ".join("<".join(x for x in o if d.get(x, 1) > 1) for o in self.orders)
+            # orders that differ only in dimensions of degree 1 place these degrees alike: each named once
+            places = " or ".join(dict.fromkeys("<".join(x for x in o if d.get(x, 1) > 1) for o in self.orders))
             out.append(("order", f"{self.name} cannot place the mesh order {shown} (it places {places})"))
         if p.zero_stage not in self.zero_stages:
             out.append(("zero_stage", self.notes.get("zero_stage") or f"{self.name} has no ZeRO-{p.zero_stage}"))
