@@ -81,8 +81,9 @@ def documents_from_file(path: str | Path) -> Histogram:
 
 
 def resolve_documents(spec: str):
-    """``--documents`` as given: a file of lengths where one exists at that path, else a named distribution."""
+    """``--documents`` as given: a file of lengths where one exists at that path or the spec reads as a path (a
+    folder in it, or a lengths file's suffix), else a named distribution."""
     p = Path(spec)
-    if p.exists() or p.suffix in (".txt", ".csv", ".parquet"):
+    if p.exists() or p.suffix in (".txt", ".csv", ".parquet") or len(p.parts) > 1:
         return documents_from_file(p)
     return load_documents(spec)

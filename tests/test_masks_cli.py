@@ -111,6 +111,7 @@ def test_a_window_covering_the_sequence_is_full_attention_with_a_note():
     (["--window", str(2**70)], "--window: 1,180,591,620,717,411,303,424 tokens is more than any sequence"),
     (["--window-pattern", "5:1"], "--window-pattern: a layer pattern needs a window size"),
     (["--window", "64", "--window-pattern", "5-1"], "--window-pattern: cannot read '5-1'"),
+    (["--documents", "data/lengths"], "--documents: cannot read data/lengths"),  # a path, with no suffix
 ])
 def test_bad_mask_input_exits_2_with_one_line_naming_the_flag(tmp_path, args, needle):
     (tmp_path / "empty.txt").write_text("")
