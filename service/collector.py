@@ -31,10 +31,10 @@ def collector_paused() -> Iterator[None]:
 def exit_without_teardown(code: int) -> None:
     """End a process whose command is done with ``code``, without the interpreter's teardown: the exit handlers run
     (``atexit``: multiprocessing's, logging's, temporary files', coverage's) and the standard streams are flushed, then
-    the process ends (``os._exit``). The teardown would free every object the command made one by one, and first walk
-    them in a full collection: 0.02-0.03 s after a 1,024-GPU plan, 0.2-0.4 s after a 131,072-GPU one. Returns (the
-    caller then exits as usual) where a non-daemon thread still runs, which the interpreter would wait for, or where a
-    stream cannot be flushed, whose error the interpreter reports."""
+    the process ends (``os._exit``). The teardown would free every object the command made, one by one: 0.01-0.02 s
+    after a plan at 1,024 or 131,072 GPUs (its full collection, 0.2-0.4 s at 131,072, is what the freeze spares).
+    Returns (the caller then exits as usual) where a non-daemon thread still runs, which the interpreter would wait
+    for, or where a stream cannot be flushed, whose error the interpreter reports."""
     if any(t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
         return
     gc.freeze()  # what the handlers allocate is collected; what the command made is not walked again
