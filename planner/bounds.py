@@ -124,8 +124,8 @@ class Bounds:
 
     def _linear_parts(self, base: Candidate, mbs: int) -> tuple[float, float, float]:
         """``Estimator.busy`` of the forward linear part, the backward one (0 without training) and the head of
-        ``base``'s degrees at micro-batch ``mbs`` (what they read: TP-sp or not, ulysses, ring, tp, mbs)."""
-        key = ("linear parts", ALGORITHMS[base.algorithm].tp_sp, base.ulysses, base.ring, base.tp, mbs)
+        ``base``'s degrees at micro-batch ``mbs`` (what they read: TP-sp or not, ulysses x ring, tp, mbs)."""
+        key = ("linear parts", ALGORITHMS[base.algorithm].tp_sp, base.ulysses * base.ring, base.tp, mbs)
         parts = self._cache.get(key)
         if parts is None:
             c, busy = self._bare_shape(base, base.tp, mbs), self.est.busy
@@ -266,14 +266,15 @@ class Bounds:
         if v is None:
             a, n, sums = [0.0, 0.0], [0, 0], {}
             steps, _ = self.attention_steps_of(part, one)
+            batch_linear, calls, seconds = ALGORITHMS[one.algorithm].batch_linear, self.est.calls, self._seconds_at_one
             for st in steps:
                 j = 0
                 for p in st.phases:
                     if isinstance(p, Compute):
-                        if p.kind == "matmul" and ALGORITHMS[one.algorithm].batch_linear:  # rows x k: not linear
+                        if p.kind == "matmul" and batch_linear:  # rows x k: not linear
                             raise NotImplementedError(f"{one.algorithm}: a GEMM in a batch_linear attention schedule")
-                        a[st.overlap] += self._seconds_at_one(p) * st.repeat
-                        n[st.overlap] += st.repeat * self.est.calls(p) if p.kind == "attention" else 0
+                        a[st.overlap] += seconds(p) * st.repeat
+                        n[st.overlap] += st.repeat * calls(p) if p.kind == "attention" else 0
                     else:  # (coefficients read the pattern and dims alone)
                         slot = (j if st.overlap else "plain", p.pattern, p.dim)
                         q, b, r = sums.get(slot, (p, 0.0, 0))
@@ -416,7 +417,7 @@ class Bounds:
         if not ORDER_FREE_DIMS.issuperset(dims):  # the floors' caches key on these sizes alone: no floor elsewhere
             return 0, 0.0, 0.0
         deg = batch.degrees
-        key = ("order free", pattern, dims, batch.world, tuple(deg.get(d, 1) for d in dims), deg.get("ring", 1),
+        key = ("order free", pattern, dims, batch.world, tuple([deg.get(d, 1) for d in dims]), deg.get("ring", 1),
                deg.get("team", 1), batch.placement)  # what the groups' sizes read (ring splits: ring, team, placement)
         v = self._cache.get(key)
         if v is None:

@@ -187,11 +187,12 @@ def _scaled(priced: Priced, k: float, i: int = 0) -> list:
     return [(n, kind, g, b * k, float(s[i]) * k, float(x[i]) * k) for n, kind, g, b, s, x in priced.rows]
 
 
-def _sizes_key(dp: int, ulysses: int, ring: int, tp: int, pp: int, mbs: int, stage_layers, checkpointing: str,
+def _sizes_key(dp: int, sp: int, tp: int, pp: int, mbs: int, stage_layers, checkpointing: str,
                virtual_stages: int) -> tuple:
     """``Estimator._activation_total``'s cache key for an algorithm without its own activations: the sizes
-    ``memory.activation_bytes`` reads, so every variant of those sizes shares one value."""
-    return (dp, ulysses, ring, tp, pp, mbs, stage_layers), checkpointing, virtual_stages
+    ``memory.activation_bytes`` reads (a rank's tokens read ulysses x ring, not how it splits), so every variant
+    and split of those sizes shares one value."""
+    return (dp, sp, tp, pp, mbs, stage_layers), checkpointing, virtual_stages
 
 
 class Estimator:
@@ -219,6 +220,7 @@ class Estimator:
         self._prices: dict = {}  # (Orders, schedule_key, rows) -> Priced
         self._busy: dict = {}  # schedule_key -> compute seconds of its steps
         self._shapes: dict = {}  # candidate sizes -> Shape
+        self._sizes: dict = {}  # (dp, ulysses, ring, tp, pp, mbs, stage layers) -> a Shape of them (``_shape``)
         self._curve_at: dict = {}  # (backward, block length) -> attention efficiency read from params' curves
         self._acts: dict = {}  # (sizes, checkpointing) -> activation bytes (fitting)
         self._per_shape: dict = {}  # (pattern, group parts, world) -> Orders' coefficients of one step
@@ -323,7 +325,7 @@ class Estimator:
         if p.kind == "attention":
             t = flops / (self._compute_peak * self.attention_efficiency(p.name.endswith("bwd"), p.block, p.fill,
                                                                         p.masked))
-            share = self.share(p)
+            share = shared_cores(p.balance, pr.solo_speedup) if p.balance and pr.solo_speedup > 1 else 1.0  # share(p)
             if not pr.round_overhead_s:
                 return t * share
             return t * share + pr.round_overhead_s * self.calls(p, share)
@@ -384,7 +386,8 @@ class Estimator:
                 total += busy * st.repeat
                 compute += busy * st.repeat
             else:
-                comm_sum = sum(comms)
+                # the sum only where it is read (a plain step, or the rows): one array op less per overlapped step
+                comm_sum = sum(comms) if rows or not st.overlap else None
                 if st.overlap and self.params.overlap != 1.0:
                     # partial overlap: max(c, m) + (1 - overlap) min(c, m) (params.overlap, fitted by calibration)
                     m_ = reduce(np.maximum, comms)
@@ -491,7 +494,7 @@ class Estimator:
         if ALGORITHMS[c.algorithm].activations is not None:
             key = (c.key, checkpointing, virtual_stages)
         else:
-            key = _sizes_key(c.dp, c.ulysses, c.ring, c.tp, c.pp, c.mbs, c.stage_layers, checkpointing, virtual_stages)
+            key = _sizes_key(c.dp, c.sp, c.tp, c.pp, c.mbs, c.stage_layers, checkpointing, virtual_stages)
         t = self._acts.get(key)
         if t is None:
             t = self._acts[key] = sum(self._activations(c, checkpointing, virtual_stages).values())
@@ -534,8 +537,8 @@ class Estimator:
         the same for every algorithm variant without its own activations (``Algorithm.activations``), so made once
         for them."""
         shared = ALGORITHMS[probe.algorithm].activations is None
-        key = ("fixed", probe.dp, probe.pp, probe.tp, probe.ulysses, probe.ring, stages, probe.virtual_stages,
-               tuple(policies)) if shared else None
+        key = ("fixed", probe.dp, probe.pp, probe.tp, probe.ulysses * probe.ring, stages, probe.virtual_stages,
+               tuple(policies)) if shared else None  # weights read dp x sp and activations sp (``_sizes_key``)
         out = self._acts.get(key) if shared else None
         if out is None:
             wkey = ("weights", probe.tp, probe.pp, probe.dp * probe.sp, stages)  # every variant of the degrees
@@ -544,20 +547,26 @@ class Estimator:
                 params = shard_params(self.model, probe.tp, probe.pp, stages)
                 weights = self._acts[wkey] = {z: sum(weight_bytes(params, z, probe.dp * probe.sp,
                                                                   self.work.training).values()) for z in (0, 1, 2, 3)}
-            acts = {(ck, mbs): self._fit_activations(probe, ck, mbs, stages) for ck, mbs in {p[1:] for p in policies}}
+            acts = self._fit_activations_of(probe, {p[1:] for p in policies}, stages)
             out = [weights[p[0]] + acts[p[1], p[2]] for p in policies]
             if shared:
                 self._acts[key] = out
         return out
 
-    def _fit_activations(self, probe: Candidate, ckpt: str, mbs: int, stages) -> float:
-        """``_activation_total`` of ``probe`` at micro-batch ``mbs``, read from its key where known (no Shape made)."""
-        if ALGORITHMS[probe.algorithm].activations is None:
-            t = self._acts.get(_sizes_key(probe.dp, probe.ulysses, probe.ring, probe.tp, probe.pp, mbs, stages, ckpt,
-                                          probe.virtual_stages))
-            if t is not None:
-                return t
-        return self._activation_total(self.shape(probe, mbs), ckpt, probe.virtual_stages)
+    def _fit_activations_of(self, probe: Candidate, policies: set, stages) -> dict[tuple[str, int], float]:
+        """(checkpointing, micro-batch) -> ``_activation_total`` of ``probe`` for each of ``policies``, read from its
+        key where known (no Shape made), else from one Shape per micro-batch."""
+        shared, v, out, shapes = ALGORITHMS[probe.algorithm].activations is None, probe.virtual_stages, {}, {}
+        sp = probe.ulysses * probe.ring
+        for ckpt, mbs in policies:
+            t = self._acts.get(_sizes_key(probe.dp, sp, probe.tp, probe.pp, mbs, stages, ckpt, v)) if shared else None
+            if t is None:
+                c = shapes.get(mbs)
+                if c is None:
+                    c = shapes[mbs] = self.shape(probe, mbs)
+                t = self._activation_total(c, ckpt, v)
+            out[ckpt, mbs] = t
+        return out
 
     def _fit_buffers(self, probe: Candidate, mbs: int) -> float:
         """``attention_buffer_bytes`` of ``probe`` at micro-batch ``mbs``, once for every dp and pp: the algorithms'
@@ -594,8 +603,14 @@ class Estimator:
         return s
 
     def _shape(self, key: tuple) -> Shape:
-        """The Shape of ``key`` (Shape's own field order after model and workload), made and cached."""
-        c = self._shapes[key] = Shape(self.model, self.work, *key, merge=self._merge)
+        """The Shape of ``key`` (Shape's own field order after model and workload), made and cached: a sibling of a
+        shape of the same sizes where there is one (``Shape.sibling``: variants and token layouts share them)."""
+        sizes = (key[0], key[1], key[2], key[4], key[5], key[6], key[10])  # dp, ulysses, ring, tp, pp, mbs, stages
+        near = self._sizes.get(sizes)
+        if near is None:
+            c = self._shapes[key] = self._sizes[sizes] = Shape(self.model, self.work, *key, merge=self._merge)
+        else:
+            c = self._shapes[key] = near.sibling(key[3], key[7], key[8], key[9], key[11])
         return c
 
     def evaluate_orders(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],

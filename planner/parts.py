@@ -11,8 +11,8 @@ RING_FREE_PARTS = ("fwd-linear", "bwd-linear", "head", "pp")
 def schedule_key(part: str, c: Shape) -> tuple:
     """What a schedule part depends on: never dp, pp only for the stage sends; the attention parts on the
     (algorithm, ring, team, placement, token layout) shape and the volumes (tp, ulysses, mbs), the others
-    on the volumes alone (and, for the linear parts, whether the algorithm runs Megatron TP-sp); made once per
-    shape and part (``Shape.keys``)."""
+    on the volumes alone (a rank's tokens: ulysses x ring, not how it splits; and, for the linear parts, whether the
+    algorithm runs Megatron TP-sp); made once per shape and part (``Shape.keys``)."""
     key = c.keys.get(part)
     if key is None:
         key = c.keys[part] = _schedule_key(part, c)
@@ -23,7 +23,7 @@ def _schedule_key(part: str, c: Shape) -> tuple:
     """``schedule_key``, made."""
     if part in RING_FREE_PARTS:
         tp_sp = ALGORITHMS[c.algorithm].tp_sp if part != "head" and part != "pp" else True
-        return (part, tp_sp, c.ulysses, c.ring, c.tp, c.mbs, c.pp if part == "pp" else 1)
+        return (part, tp_sp, c.sp, c.tp, c.mbs, c.pp if part == "pp" else 1)
     return (part, c.algorithm, c.ulysses, c.ring, c.team, c.placement, c.token_layout, c.tp, c.mbs, c.kv_chunks)
 
 

@@ -116,6 +116,17 @@ class Shape:
                     self.team, self.placement, self.stage_layers, self.kv_chunks)
         d["keys"] = {}  # schedule part -> the Estimator's schedule key of this shape (estimate.schedule_key)
 
+    def sibling(self, token_layout: str, algorithm: str, team: int, placement: str | None, kv_chunks: int) -> Shape:
+        """This shape's sizes under another variant and token layout: ``__post_init__``'s derived sizes read none of
+        these fields, so they are copied, not derived again (the search makes thousands of such siblings)."""
+        c = object.__new__(Shape)
+        object.__setattr__(c, "__dict__", {
+            **self.__dict__, "token_layout": token_layout, "algorithm": algorithm, "team": team,
+            "placement": placement, "kv_chunks": kv_chunks, "keys": {},
+            "key": (self.dp, self.ulysses, self.ring, token_layout, self.tp, self.pp, self.mbs, algorithm, team,
+                    placement, self.stage_layers, kv_chunks)})
+        return c
+
 
 def scaled(steps: list[Step], k: int) -> list[Step]:
     """``steps`` for k times the sequences of a micro-batch: every FLOP count, GEMM row count and byte volume

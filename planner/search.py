@@ -100,7 +100,9 @@ class Space:
     def layouts(self, d: Degrees) -> list[str]:
         """Token layouts of a ring of the degrees: with documents the balancing policies (their work is uneven
         causal or not), else contiguous, zigzag and striped under a causal mask; those the length divides."""
-        return list(self._memo("layouts", (d.ring, d.ulysses, d.tp), lambda: tuple(self._layouts(d))))
+        known = self.__dict__.get("_memos", {}).get(("layouts", (d.ring, d.ulysses, d.tp)))  # asked per variant
+        return list(known if known is not None else
+                    self._memo("layouts", (d.ring, d.ulysses, d.tp), lambda: tuple(self._layouts(d))))
 
     def _layouts(self, d: Degrees) -> list[str]:
         """``layouts``, listed."""
@@ -150,9 +152,10 @@ class Space:
         return cache[pp]
 
     def _mbs(self, d: Degrees) -> list[int]:
-        per_dp = self.work.batch // d.dp
-        opts = [b for b in divisors(per_dp) if not self.micro_batch_sizes or b in self.micro_batch_sizes]
-        return opts or [1]
+        """The micro-batch sizes of the degrees' per-replica batch (a copy: callers may change it), once per dp."""
+        return list(self._memo("micro-batches", (d.dp,), lambda: tuple(
+            [b for b in divisors(self.work.batch // d.dp) if not self.micro_batch_sizes or b in self.micro_batch_sizes]
+            or [1])))
 
 
 @dataclass
@@ -286,6 +289,7 @@ def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tu
     all_pols = {v: space.policies(d, v) for v in schedules}
     sizes = {v: sorted({p[2] for p in pols}) for v, pols in all_pols.items()}  # micro-batch sizes, asked of wanted
     pareto: dict = {}  # fitting policies -> the Pareto survivors (variants of one degrees often fit alike)
+    first = Candidate("usp", d.dp, d.pp, d.tp, d.ulysses, d.ring, orders[0])
     for var in vs if vs is not None else variants(d, space.model, space.work):
         vkey = (var.algorithm, var.team, var.placement)
         layouts = list(var.layouts) if var.layouts is not None else space.layouts(d)
@@ -300,8 +304,9 @@ def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tu
                 continue
             asked = True
             total += len(orders) * len(layouts) * len(pols)
-            probe = Candidate(var.algorithm, d.dp, d.pp, d.tp, d.ulysses, d.ring, orders[0], layouts[0],
-                              team=var.team, placement=var.placement, virtual_stages=v)
+            # a copy of one made per degrees choice (``Candidate.but``: no frozen __init__ per variant)
+            probe = first.but(algorithm=var.algorithm, token_layout=layouts[0], team=var.team,
+                              placement=var.placement, virtual_stages=v)
             fits = tuple(est.fitting(probe, pols))
             fitting = pareto.get(fits)
             if fitting is None:
@@ -379,8 +384,9 @@ def degrees_floors(est: Estimator, space: Space, d: Degrees) -> dict[tuple[int, 
     """(micro-batch size, virtual stages) -> a lower bound on every candidate of the degrees ``d`` that runs them
     (``Bounds.micro_batch_bounds``: a pipeline of v chunks idles less, so each schedule has its own)."""
     out = {}
+    plain = Candidate(algorithm_for(d.ulysses, d.ring), d.dp, d.pp, d.tp, d.ulysses, d.ring)
     for v in space.virtual_stages(d):
-        probe = Candidate(algorithm_for(d.ulysses, d.ring), d.dp, d.pp, d.tp, d.ulysses, d.ring, virtual_stages=v)
+        probe = plain if v == 1 else plain.but(virtual_stages=v)
         mbs = space._mbs(d) if v == 1 else space.interleaved_mbs(d, v)
         out.update(((b, v), t) for b, t in est.bounds.micro_batch_bounds(probe, mbs).items())
     return out
@@ -656,17 +662,19 @@ class _Grid:
     def run(self) -> SearchResult:
         """Pop the least bound until the queue is empty; every ranked time is exact."""
         self.seed()
-        while self.queue:
-            bound, stage, _, item = heapq.heappop(self.queue)
+        queue, pop, progress, exchange = self.queue, heapq.heappop, self.progress, self.exchange
+        degrees, sync, communication = Stage.DEGREES, Stage.SYNC, Stage.COMMUNICATION  # read once, not per pop
+        while queue:
+            bound, stage, _, item = pop(queue)
             self.done += 1
-            if self.progress:
-                self.progress(self.done, self.pushed)
-            if self.exchange is not None and not self.done % TRADE_EVERY:
-                self.kth = self.exchange.pull(self.kth, self.best_of)
-            if stage == Stage.DEGREES:
+            if progress:
+                progress(self.done, self.pushed)
+            if exchange is not None and not self.done % TRADE_EVERY:
+                self.kth = exchange.pull(self.kth, self.best_of)
+            if stage == degrees:
                 self.expand(bound, item)
             elif self.prune(bound, item):
-                if stage == Stage.SYNC or (stage == Stage.COMMUNICATION and not self.keep):
+                if stage == sync or (stage == communication and not self.keep):
                     self.price(item)
                 else:
                     self.tighten(bound, stage, item)
