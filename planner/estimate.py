@@ -325,7 +325,7 @@ class Estimator:
         if p.kind == "attention":
             t = flops / (self._compute_peak * self.attention_efficiency(p.name.endswith("bwd"), p.block, p.fill,
                                                                         p.masked))
-            share = shared_cores(p.balance, pr.solo_speedup) if p.balance and pr.solo_speedup > 1 else 1.0  # share(p)
+            share = self.share(p)
             if not pr.round_overhead_s:
                 return t * share
             return t * share + pr.round_overhead_s * self.calls(p, share)

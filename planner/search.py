@@ -100,9 +100,7 @@ class Space:
     def layouts(self, d: Degrees) -> list[str]:
         """Token layouts of a ring of the degrees: with documents the balancing policies (their work is uneven
         causal or not), else contiguous, zigzag and striped under a causal mask; those the length divides."""
-        known = self.__dict__.get("_memos", {}).get(("layouts", (d.ring, d.ulysses, d.tp)))  # asked per variant
-        return list(known if known is not None else
-                    self._memo("layouts", (d.ring, d.ulysses, d.tp), lambda: tuple(self._layouts(d))))
+        return list(self._memo("layouts", (d.ring, d.ulysses, d.tp), lambda: tuple(self._layouts(d))))
 
     def _layouts(self, d: Degrees) -> list[str]:
         """``layouts``, listed."""
