@@ -73,3 +73,16 @@ def test_attention_buffers_and_bound_units_read_no_dp_and_no_pp():
                 units += 1
             checked += 1
     assert checked > 20 and units > 10
+
+
+@pytest.mark.parametrize("layout,algorithm,team,placement,kv_chunks", [
+    ("zigzag", "ring", 1, None, 1), ("striped", "wallfacer", 4, "collective_intra", 1),
+    ("contiguous", "allgather", 1, None, 2), ("zigzag", "tokenring_ring", 8, None, 1)])
+def test_a_shapes_sibling_is_the_shape_built_with_those_fields(layout, algorithm, team, placement, kv_chunks):
+    """``Shape.sibling`` copies the derived sizes: every attribute, its keys too, is what building the Shape gives."""
+    m, w = load_model("llama3-70b"), Workload(seq_len="1m", batch=16)
+    base = Shape(m, w, 2, 8, 16, "contiguous", 4, 2, 2, "usp", 1, None, None, 1)
+    built = Shape(m, w, 2, 8, 16, layout, 4, 2, 2, algorithm, team, placement, None, kv_chunks)
+    sibling = base.sibling(layout, algorithm, team, placement, kv_chunks)
+    assert sibling.__dict__ == built.__dict__ and sibling == built and hash(sibling) == hash(built)
+    assert sibling.keys is not base.keys  # each shape's schedule keys are its own
