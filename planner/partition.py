@@ -12,7 +12,6 @@ from collections import Counter
 from dataclasses import dataclass, fields
 from typing import Iterator
 
-from .algorithms import variants
 from .search import Degrees, SearchResult, Space, _sort_key, by_policy, variant_keys
 
 
@@ -39,15 +38,15 @@ def shares(space: Space, parts: int) -> list[Share]:
         rings[k].add(ring)
         held[k] += n
     given = {f.name: getattr(space, f.name) for f in fields(Space)}
-    return [Share(**given, rings=frozenset(r)) for r in rings]
+    return [space.sharing_memos(Share(**given, rings=frozenset(r))) for r in rings]
 
 
 def variant_key_list(space: Space) -> list[tuple]:
     """Every variant key a search of ``space`` ranks under (``search.variant_keys``), in one order for all shares:
     the slots of their ``Exchange``."""
     by_layout = by_policy(space.work)
-    keys = {k for d in space.degrees()
-            for ks in variant_keys(space, d, variants(d, space.model, space.work), by_layout).values() for k in ks}
+    keys = {k for d in space.degrees() for ks in variant_keys(space, d, space.variants(d), by_layout).values()
+            for k in ks}
     return sorted(keys, key=repr)
 
 

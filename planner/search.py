@@ -78,6 +78,16 @@ class Space:
     micro_batch_sizes: tuple[int, ...] | None = None
 
     def degrees(self) -> Iterator[Degrees]:
+        """Every valid degrees choice (dp, pp, tp, ulysses, ring), listed once: the partition, the variant keys and
+        the search's seed each walk them."""
+        return iter(self._memo("degrees", (), lambda: tuple(self._degrees())))
+
+    def variants(self, d: Degrees) -> list:
+        """``algorithms.variants`` of the degrees ``d``, made once (the partition's variant keys and the seed ask)."""
+        return list(self._memo("variants", d, lambda: tuple(variants(d, self.model, self.work))))
+
+    def _degrees(self) -> Iterator[Degrees]:
+        """``degrees``, generated."""
         m, w = self.model, self.work
         for dp in divisors(self.world):
             if w.batch % dp:
@@ -141,6 +151,11 @@ class Space:
         if value is None:
             value = cache[kind, key] = make()
         return value
+
+    def sharing_memos(self, other: Space) -> Space:
+        """``other``, a space of the same fields (a share of this one), reading and filling this space's memos."""
+        other.__dict__["_memos"] = self.__dict__.setdefault("_memos", {})
+        return other
 
     def stage_layers(self, pp: int) -> tuple[int, ...] | None:
         """Layers per stage the search prices for ``pp`` (``Estimator.stages_of`` of a candidate without its own)."""
@@ -288,7 +303,7 @@ def degree_groups(est: Estimator, space: Space, d: Degrees, wanted: Callable[[tu
     sizes = {v: sorted({p[2] for p in pols}) for v, pols in all_pols.items()}  # micro-batch sizes, asked of wanted
     pareto: dict = {}  # fitting policies -> the Pareto survivors (variants of one degrees often fit alike)
     first = Candidate("usp", d.dp, d.pp, d.tp, d.ulysses, d.ring, orders[0])
-    for var in vs if vs is not None else variants(d, space.model, space.work):
+    for var in vs if vs is not None else space.variants(d):
         vkey = (var.algorithm, var.team, var.placement)
         layouts = list(var.layouts) if var.layouts is not None else space.layouts(d)
         asked = fit_any = False
@@ -375,7 +390,7 @@ def degree_size(space: Space, d: Degrees, vs: list | None = None) -> int:
     else:
         n = len(space.orders(d)) * sum(len(space.policies(d, v)) for v in space.virtual_stages(d))
     return sum(n * len(v.layouts if v.layouts is not None else space.layouts(d))
-               for v in (vs if vs is not None else variants(d, space.model, space.work)))
+               for v in (vs if vs is not None else space.variants(d)))
 
 
 def degrees_floors(est: Estimator, space: Space, d: Degrees) -> dict[tuple[int, int], float]:
@@ -486,7 +501,7 @@ class _Grid:
         """Every degrees choice in the queue under its compute-only bound."""
         est, space = self.est, self.space
         for d in space.degrees():
-            vs = variants(d, space.model, space.work)
+            vs = space.variants(d)
             self.total += degree_size(space, d, vs)
             vkeys = variant_keys(space, d, vs, self.by_layout)
             by_mbs = degrees_floors(est, space, d) if self.keep else {}

@@ -138,3 +138,20 @@ def test_forked_sensitivity_is_the_sensitivity():
     one = sensitivity(c, m, w, win)
     assert len(one.scenarios) >= 3
     assert sensitivity(c, m, w, win, each=workers.rerankings(3)) == one
+
+
+def test_shares_read_the_variants_their_space_listed(monkeypatch):
+    """A share reads the variants its space made for a degrees choice (the partition's variant keys list them all
+    before the fork) and makes none again; each caller gets its own list, equal to ``algorithms.variants``'s."""
+    from sp_plan.planner import algorithms, search as search_module
+
+    m = load_model("tiny-llama")
+    space = Space(32, m, Workload(seq_len="32k", batch=4))
+    made = []
+    monkeypatch.setattr(search_module, "variants", lambda d, *a: made.append(d) or algorithms.variants(d, *a))
+    d = next(space.degrees())
+    first = space.variants(d)
+    assert first == algorithms.variants(d, m, space.work) and made == [d]
+    first.clear()
+    share = next(s for s in shares(space, 2) if d.ring in s.rings)
+    assert share.variants(d) == algorithms.variants(d, m, space.work) and made == [d]
