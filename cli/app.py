@@ -24,7 +24,7 @@ from rich.table import Table
 
 import sp_plan
 
-from sp_plan.cli.console import err, out, print_error
+from sp_plan.cli.console import err, out, print_error, text_row
 from sp_plan.cli.examples import add_examples
 from sp_plan.cli.options import (JSON_HELP, NO_PROFILE_HELP, PROFILE_DEFAULT, PROFILE_HELP, STORE_DEFAULT, STORE_HELP,
                                  fail, jobs_option, owns_collector, profile_options)
@@ -117,8 +117,8 @@ def _ranking(plans: list[Plan], title: str = "ranked layouts (fastest first)") -
         cells = [str(i + 1), row.label(), secs(pr.step_time_s)]
         if measured:
             cells.append(secs(row.plan.measured.step_time_s) if row.plan.measured else "-")
-        t.add_row(*cells, f"{pr.tokens_per_s:,.0f}", f"{pr.mfu:.1%}", gib(pr.peak_memory_bytes),
-                  versus_first(row.plan, plans[0], first=i == 0))
+        text_row(t, *cells, f"{pr.tokens_per_s:,.0f}", f"{pr.mfu:.1%}", gib(pr.peak_memory_bytes),
+                 versus_first(row.plan, plans[0], first=i == 0))
     return t
 
 
@@ -135,8 +135,8 @@ def _breakdown(p: Plan) -> Table:
     for c in ("phase", "kind", "group", "bytes/rank", "seconds", "exposed"):
         t.add_column(c, justify="right" if c in ("bytes/rank", "seconds", "exposed") else "left")
     for b in p.predicted.breakdown:
-        t.add_row(b.name, b.kind, b.group or "", gib(b.bytes_per_rank) if b.bytes_per_rank else "", secs(b.seconds),
-                  secs(b.exposed_seconds))
+        text_row(t, b.name, b.kind, b.group or "", gib(b.bytes_per_rank) if b.bytes_per_rank else "", secs(b.seconds),
+                 secs(b.exposed_seconds))
     return t
 
 

@@ -9,6 +9,8 @@ import sys
 
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
 from sp_plan.planner.errors import PlanError
 
@@ -42,3 +44,9 @@ def print_error(text: str | PlanError, flags: dict[str, str] = FLAGS) -> None:
     if isinstance(text, PlanError):
         text = str(as_flag(text, flags))
     err.print(f"[bold red]error[/]: {escape(text)}", highlight=False, soft_wrap=True)
+
+
+def text_row(table: Table, *cells: str) -> None:
+    """Add a row of data cells to ``table`` as literal text: a cell is never read as rich markup (a name with brackets
+    prints as it is), and rich skips the markup pass it makes on each string cell, measured and rendered."""
+    table.add_row(*(Text(c) for c in cells))

@@ -221,3 +221,20 @@ def test_a_usage_error_of_a_command_streaming_json_events_ends_with_its_error_ev
     assert run_line(["plan", "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "8k", "--top", "0",
                      "--json"]) == 2
     assert capsys.readouterr().out == ""  # plan --json prints an answer, not events
+
+
+def test_table_data_cells_print_as_they_are():
+    """A data cell that reads as rich markup (``text_row``) prints as it is, bracketed words and all."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from sp_plan.cli.console import text_row
+
+    t = Table()
+    t.add_column("phase")
+    text_row(t, "[bold]ring[/] send [3]")
+    c = Console(file=io.StringIO(), width=80)
+    c.print(t)
+    assert "[bold]ring[/] send [3]" in c.file.getvalue()
