@@ -33,6 +33,8 @@ class Algorithm:
     name: str
     steps: Callable[[Shape, bool], list[Step]]
     buffers: Callable[[Shape, bool], float]
+    # (degrees, model, workload) -> the variants of the degrees' tp x ulysses x ring split; the search asks once per
+    # split, at dp and pp 1
     variants: Callable[..., list[Variant]] = field(default=lambda d, model, work: [])
     check: Callable[..., None] | None = None  # (candidate, model, workload) -> raises PlanError
     tp_sp: bool = True  # the block's linear layers use Megatron TP-sp collectives over tp (METP: its own)

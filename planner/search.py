@@ -83,8 +83,12 @@ class Space:
         return iter(self._memo("degrees", (), lambda: tuple(self._degrees())))
 
     def variants(self, d: Degrees) -> list:
-        """``algorithms.variants`` of the degrees ``d``, made once (the partition's variant keys and the seed ask)."""
-        return list(self._memo("variants", d, lambda: tuple(variants(d, self.model, self.work))))
+        """``algorithms.variants`` of the degrees ``d``'s tensor and sequence split, made once per (tp, ulysses, ring):
+        an algorithm's variants (teams, placements, token layouts) split those ranks alone, so it is asked at dp and
+        pp 1 (the partition's variant keys and the seed ask for every degrees choice)."""
+        split = (d.tp, d.ulysses, d.ring)
+        return list(self._memo("variants", split, lambda: tuple(variants(Degrees(1, 1, *split), self.model,
+                                                                         self.work))))
 
     def _degrees(self) -> Iterator[Degrees]:
         """``degrees``, generated."""

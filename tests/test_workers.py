@@ -141,17 +141,19 @@ def test_forked_sensitivity_is_the_sensitivity():
 
 
 def test_shares_read_the_variants_their_space_listed(monkeypatch):
-    """A share reads the variants its space made for a degrees choice (the partition's variant keys list them all
-    before the fork) and makes none again; each caller gets its own list, equal to ``algorithms.variants``'s."""
+    """A share reads the variants its space made for a tensor and sequence split (the partition's variant keys list
+    them all before the fork) and makes none again; the variants of two degrees choices that differ in dp and pp alone
+    are made once; each caller gets its own list, equal to ``algorithms.variants``'s."""
     from sp_plan.planner import algorithms, search as search_module
 
     m = load_model("tiny-llama")
     space = Space(32, m, Workload(seq_len="32k", batch=4))
     made = []
     monkeypatch.setattr(search_module, "variants", lambda d, *a: made.append(d) or algorithms.variants(d, *a))
-    d = next(space.degrees())
+    split = (1, 1, 16)  # wallfacer's and tokenring's teams
+    d, twin = [e for e in space.degrees() if (e.tp, e.ulysses, e.ring) == split][:2]
     first = space.variants(d)
-    assert first == algorithms.variants(d, m, space.work) and made == [d]
+    assert first == algorithms.variants(d, m, space.work) and len(made) == 1
     first.clear()
     share = next(s for s in shares(space, 2) if d.ring in s.rings)
-    assert share.variants(d) == algorithms.variants(d, m, space.work) and made == [d]
+    assert share.variants(d) == share.variants(twin) == algorithms.variants(twin, m, space.work) and len(made) == 1
