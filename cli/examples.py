@@ -42,7 +42,7 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
                ("sp-plan report --cluster dgx-h100 --nodes 2 --model llama3-8b --seq-len 128k -o report.html",
                 "the report of a fresh search")],
     "export": [("sp-plan export plan.yaml --to megatron", "Megatron-LM's flags for a plan"),
-               ("sp-plan export plan.yaml --to torchtitan --nearest -o titan.toml",
+               ("sp-plan export plan.yaml --to torchtitan --nearest -o torchtitan.args",
                 "the nearest plan torchtitan can express, if it cannot express this one")],
     "serve": [("sp-plan serve --port 8000", "the planner service on this host (API docs at /docs)"),
               ("sp-plan serve --host 0.0.0.0 --workers 4 --store postgresql+psycopg://db/sp --token-file tokens",

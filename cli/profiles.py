@@ -130,7 +130,7 @@ def export_cmd(
 
 @profile_app.command("import")
 def import_cmd(
-    path: Path = typer.Argument(..., help="a profile file (from `sp-plan profile export` or `sp-plan tune -o`)"),
+    path: Path = typer.Argument(..., help="a profile file (from `sp-plan profile export`)"),
     store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP, show_default=STORE_DEFAULT),
     server: Optional[str] = typer.Option(None, "--server", help="upload to a planner service (`sp-plan serve`) at "
                                          "this URL instead (token: $SP_PLAN_TOKEN)", show_default="the local store"),
