@@ -8,6 +8,7 @@ a few milliseconds), and it returns only its results. The library's own calls se
 from __future__ import annotations
 
 import functools
+import mmap
 import multiprocessing
 import os
 import pickle
@@ -77,10 +78,19 @@ def forked_grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, s
     if n == 1:
         return search(space, progress=progress)
     parts, keys = shares(space, n), variant_key_list(space)
-    exchange = Exchange(keys, multiprocessing.get_context("fork").RawArray("d", empty(keys)))  # shared memory
+    exchange = Exchange(keys, shared_floats(empty(keys)))
     results = forked_map(lambda share: search(share, progress=progress if share is parts[0] else None,
                                               exchange=exchange), parts, n, portable=_ranking)
     return merged([results[0], *(SearchResult(*r, None) for r in results[1:])])
+
+
+def shared_floats(values: list[float]) -> memoryview:
+    """``values`` in an anonymous shared mapping, as floats: a forked worker reads and writes the same pages (what
+    ``multiprocessing``'s RawArray gives, without its shared-ctypes heap)."""
+    buf = memoryview(mmap.mmap(-1, 8 * len(values))).cast("d")
+    for i, x in enumerate(values):
+        buf[i] = x
+    return buf
 
 
 def rerankings(jobs: int) -> Callable[[Callable, list], list]:

@@ -4,7 +4,7 @@ each algorithm variant's best time that any of them has priced.
 Each is the time of a layout some share ranked, so neither is below the whole search's K-th time or a variant's
 best: a share may prune against them (``search.grid_search``'s ``reach``) and the merged ranking still holds every
 layout the whole search ranks. A share that learns them early prunes as the one search would. The buffer is a
-sequence of floats that the processes share (``workers`` passes a ``multiprocessing`` shared array); a write that
+sequence of floats that the processes share (``workers.shared_floats``, a shared mapping); a write that
 a concurrent one overtakes is lost, never wrong, since every value written is a priced time."""
 from __future__ import annotations
 

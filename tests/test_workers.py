@@ -157,3 +157,16 @@ def test_shares_read_the_variants_their_space_listed(monkeypatch):
     first.clear()
     share = next(s for s in shares(space, 2) if d.ring in s.rings)
     assert share.variants(d) == share.variants(twin) == algorithms.variants(twin, m, space.work) and len(made) == 1
+
+
+def test_shared_floats_carry_a_forked_workers_writes():
+    """A share's published times reach the parent: what a forked process writes into ``shared_floats`` the parent
+    reads, and the values start as given."""
+    buf = workers.shared_floats([float("inf"), 1.5, 2.0])
+    assert list(buf) == [float("inf"), 1.5, 2.0]
+    pid = os.fork()
+    if pid == 0:
+        buf[0] = 3.25
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert list(buf) == [3.25, 1.5, 2.0]
