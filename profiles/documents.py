@@ -14,7 +14,7 @@ from pydantic import TypeAdapter
 
 from sp_plan.planner.documents import histogram_of
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.model import Documents, Histogram
+from sp_plan.planner.model import MAX_SEQ_LEN, Documents, Histogram
 from sp_plan.planner.yamlio import read_data, validation_error
 
 DOCUMENTS_FILE = Path(__file__).parent / "documents.yaml"
@@ -40,6 +40,15 @@ def load_documents(name: str):
         raise
 
 
+def _text_lines(pd, p: Path):
+    """A text file of lengths as pandas reads it: each line one string value, whole (a line ``100,200`` is one value
+    that no integer reads, never an index and a length); an empty file has no rows."""
+    try:
+        return pd.read_csv(p, header=None, names=["length"], sep="\x1f", comment="#", skip_blank_lines=True, dtype=str)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame({"length": []}, dtype=str)
+
+
 def read_lengths(path: str | Path) -> np.ndarray:
     """Document lengths from a file: a CSV or Parquet file's column ``length``, else one integer per line."""
     import pandas as pd  # noqa: PLC0415 - pandas loads in ~0.5 s; a named distribution never needs it
@@ -51,7 +60,7 @@ def read_lengths(path: str | Path) -> np.ndarray:
         elif p.suffix == ".csv":
             frame = pd.read_csv(p)
         else:
-            frame = pd.read_csv(p, header=None, names=["length"], comment="#", skip_blank_lines=True)
+            frame = _text_lines(pd, p)
     except (OSError, ValueError, ImportError, pd.errors.ParserError) as e:
         raise PlanError("documents", f"cannot read {p}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
                         "give a readable file of lengths: one integer per line, or a CSV/Parquet column 'length'"
@@ -64,6 +73,10 @@ def read_lengths(path: str | Path) -> np.ndarray:
         row = int(np.flatnonzero((col.isna() | (col != col.round())).to_numpy())[0])
         raise PlanError("documents", f"{p} row {row + 1}: '{frame['length'].iloc[row]}' is not a whole number",
                         "give one integer length per row")
+    if (col.abs() > MAX_SEQ_LEN).any():  # before the integer cast, which would wrap them
+        row = int(np.flatnonzero((col.abs() > MAX_SEQ_LEN).to_numpy())[0])
+        raise PlanError("documents", f"{p} row {row + 1}: length {frame['length'].iloc[row]} is more than any sequence "
+                        f"({MAX_SEQ_LEN:,} tokens)", "give each document's length in tokens")
     x = col.to_numpy(dtype=np.int64)
     if not len(x):
         raise PlanError("documents", f"{p} holds no lengths", "give at least one document length")

@@ -230,6 +230,12 @@ def test_csv_and_parquet_files_give_their_length_column(tmp_path):
     ("frac.txt", "5\n2.5\n", "row 2"),
     ("word.txt", "5\nten\n", "row 2"),
     ("nocol.csv", "len\n5\n", "no column 'length'"),
+    ("pairs.txt", "100\n100,200\n300,400\n", "row 2: '100,200' is not a whole number"),
+    ("oneline.txt", "1,2,3", "row 1: '1,2,3' is not a whole number"),
+    ("huge.txt", "5\n99999999999999999999\n", "row 2: length 99999999999999999999 is more than any sequence"),
+    ("u64.txt", "18446744073709551615\n", "row 1: length 18446744073709551615 is more than any sequence"),
+    ("inf.txt", "inf\n", "row 1: length inf is more than any sequence"),
+    ("e300.csv", "length\n5\n1e300\n", "row 2: length 1e\\+?300 is more than any sequence"),
 ])
 def test_bad_files_of_lengths_are_one_line_errors(tmp_path, name, text, problem):
     if text is not None:
