@@ -843,6 +843,10 @@ def finish_each(result: SearchResult, cluster: Cluster, model: ModelSpec, worklo
 
 def no_plan_error(cluster: Cluster, workload: Workload, result: SearchResult) -> PlanError:
     W = cluster.world_size
+    trials = getattr(result, "trials", 0)  # a Bayesian search's: it samples the degrees, and may miss every valid one
+    if trials and not result.space:
+        return PlanError("trials", f"no valid layout of {W} ranks in {trials} trial(s)",
+                         "raise --trials, or use --search grid (every layout, and why none is valid)")
     if not result.space:
         return PlanError("seq_len", f"no layout of {W} ranks can split {workload.seq_len} tokens over its sequence "
                          f"and tensor ranks", f"use a sequence length divisible by {2 * W}")

@@ -238,3 +238,14 @@ def test_table_data_cells_print_as_they_are():
     c = Console(file=io.StringIO(), width=80)
     c.print(t)
     assert "[bold]ring[/] send [3]" in c.file.getvalue()
+
+
+def test_bayes_trials_that_sample_no_valid_layout_name_the_trials_not_the_length():
+    """One trial that samples no valid degrees says so and names --trials; the length, which a grid search splits,
+    is not blamed."""
+    r = run("plan", "--cluster", "cpu-local", "--model", "tiny-gpt", "--seq-len", "4k", "--no-profile",
+            "--search", "bayes", "--trials", "1")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.startswith("error: --trials: no valid layout of 4 ranks in 1 trial(s)"), r.stderr
+    assert "seq_len" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert run("plan", "--cluster", "cpu-local", "--model", "tiny-gpt", "--seq-len", "4k", "--no-profile").returncode == 0
