@@ -337,6 +337,29 @@ def test_nearest_is_the_best_expressible_plan_of_the_full_ranking(name):
     assert near.change == pytest.approx(est(near.plan).step_time_s / est(original).step_time_s - 1, rel=1e-9)
 
 
+@pytest.mark.parametrize("name", ["megatron", "torchtitan", "yunchang"])
+def test_no_nearest_plan_carries_a_window_and_the_error_says_so(name):
+    """A sliding window no export carries: the nearest search names the window (and searches nothing), not "no
+    layout fits"."""
+    c = preset_cluster("dgx-h100", 1)
+    w = Workload(seq_len=65536, batch=1, window=4096)
+    with pytest.raises(PlanError) as e:
+        nearest(target(name), plan("ring", ["ring"], ring=8, work=w), c, MODEL, w)
+    assert e.value.field == "window" and "--window" in e.value.fix and "no layout" not in str(e.value)
+
+
+def test_packed_documents_a_target_cannot_split_are_named_when_no_layout_carries_them():
+    c = preset_cluster("dgx-h100", 1)
+    w = Workload(seq_len=65536, batch=1, documents=[3000, 20000, 500])
+    original = plan("allgather", ["ring"], ring=8, work=w)
+    t = target("yunchang")
+    assert "documents" in [k for k, _ in t.problems(original)]
+    with pytest.raises(PlanError) as e:
+        nearest(t, original, c, MODEL, w)
+    assert e.value.field == "documents" and "--documents" in e.value.fix
+    assert "context parallelism context parallelism" not in e.value.problem
+
+
 # ---------------------------------------------------------------- the command
 
 def run(*args):

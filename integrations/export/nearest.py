@@ -63,6 +63,7 @@ def nearest(target: Target, original: Plan, cluster: Cluster, model: ModelSpec, 
             params: Params | None = None, profile=None) -> Nearest:
     """The best-ranked plan for ``cluster``, ``model`` and ``workload`` that ``target`` can express, and the
     original's step time priced by the same Estimator (grid search; each algorithm variant's best is exact)."""
+    _workload_bars(target, original, workload, done=False)
     est = Estimator(cluster, model, workload, params=params)
     before = est(original).step_time_s
     space = TargetSpace(cluster.world_size, model, workload, target=target)
@@ -73,5 +74,21 @@ def nearest(target: Target, original: Plan, cluster: Cluster, model: ModelSpec, 
                       workload=workload, profile=profile_tag(profile))
         if not target.problems(p):
             return Nearest(p.model_copy(update={"predicted": res.estimator.predict(c)}).with_groups(), before)
+    _workload_bars(target, original, workload, done=True)
     raise PlanError("to", f"no layout of {cluster.world_size} ranks that {target.name} can express fits this "
                     f"model and workload", "export to another target or make a plan for other inputs")
+
+
+#: the workload's parts an export may be unable to carry, and the flag a plan without them is made without
+_WORKLOAD_FLAGS = {"window": "--window", "documents": "--documents"}
+
+
+def _workload_bars(target: Target, original: Plan, workload: Workload, done: bool) -> None:
+    """A PlanError naming what of the workload keeps ``target`` from every layout: a sliding window always (no export
+    carries one, so no layout is searched); packed documents once the search found no layout that carries them."""
+    bars = [(k, why) for k, why in target.mask_problems(original.model_copy(update={"workload": workload}))
+            if k in _WORKLOAD_FLAGS and (done or k == "window")]
+    if bars:
+        key, why = bars[0]
+        raise PlanError(key, why, f"export a plan made without {_WORKLOAD_FLAGS[key]}, or run it with sp-plan's "
+                        "runtime (`sp_plan.init`)")

@@ -11,7 +11,7 @@ from sp_plan.planner.plan import Plan
 #: the papers' names, for messages ("megatron has no WallFacer")
 ALGORITHM_NAMES = {"ring": "Ring attention", "ulysses": "Ulysses", "usp": "USP (Ulysses x Ring)",
                    "wallfacer": "WallFacer", "tokenring": "TokenRing", "tokenring_ring": "TokenRing x Ring",
-                   "metp": "METP", "allgather": "all-gather K/V context parallelism"}
+                   "metp": "METP", "allgather": "all-gather K/V"}
 
 
 @dataclass(frozen=True)
