@@ -8,6 +8,7 @@ graph, NIC rates; not the calibrated capacities) and the software stack.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
@@ -72,6 +73,18 @@ class MeasuredCandidate(BaseModel):
         return self
 
 
+def created_utc(text: str) -> str:
+    """A profile's ``created_at`` (ISO 8601: a date, or a time with or without its offset; none is UTC) as the UTC
+    time ``YYYY-MM-DDTHH:MM:SS+00:00``, whose text order is time order (the store's newest profile)."""
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        raise PlanError("profile.created_at", f"{text!r} is not an ISO 8601 time",
+                        "write it like 2026-11-23T07:54:36+00:00, or leave it out (the store stamps it)") from None
+    t = t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
+    return t.astimezone(timezone.utc).isoformat(timespec="seconds")
+
+
 class Profile(BaseModel):
     """A calibrated parameter set for one cluster and software stack, with its evidence."""
 
@@ -100,6 +113,8 @@ class Profile(BaseModel):
 
     @model_validator(mode="after")
     def _plausible(self):
+        if self.created_at:
+            created_utc(self.created_at)
         check_finite(self.measurements, "profile.measurements")
         check_finite(self.workloads, "profile.workloads")
         for name in ("loo_error_before", "loo_error_after", "loo_memory_error_before", "loo_memory_error_after"):

@@ -29,7 +29,7 @@ from sqlalchemy.dialects import postgresql as sa_pg, sqlite as sa_sqlite
 
 from sp_plan.planner.errors import NotFound, PlanError, StoreError
 from sp_plan.planner.plausible import check_params
-from sp_plan.planner.profile import STACK_KEYS, Profile
+from sp_plan.planner.profile import STACK_KEYS, Profile, created_utc
 from sp_plan.planner.yamlio import model_from_data
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -336,7 +336,7 @@ class Store(Database):
         if not profile.created_at:
             profile.created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         row = {"id": profile.id, "cluster": profile.cluster, "fingerprint": profile.cluster_fingerprint,
-               "stack": dict(profile.stack), "created_at": profile.created_at, "stored_at": _now(),
+               "stack": dict(profile.stack), "created_at": created_utc(profile.created_at), "stored_at": _now(),
                "schema_version": profile.schema_version,
                "candidates_ok": sum(1 for c in profile.candidates if c.status == "ok"),
                "candidates_total": len(profile.candidates), "loo_error_before": profile.loo_error_before,

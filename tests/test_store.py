@@ -382,3 +382,20 @@ def test_open_retries_a_locked_sqlite_store(tmp_path, monkeypatch):
     with pytest.raises(PlanError, match="database is locked"):
         Store(f"sqlite:///{tmp_path}/t.db")
     assert len(calls) == 2
+
+
+def test_the_newest_profile_is_the_latest_time_whatever_its_offset(tmp_path):
+    """Profiles stamped in other time zones rank by the time they name, not by their text; a stamp that is no time is
+    refused when the profile is read."""
+    st = Store(f"sqlite:///{tmp_path / 's.db'}")
+    east = make_profile(created_at="2026-11-21T08:00:00+09:00")  # 2026-11-20 23:00 UTC
+    utc = make_profile(created_at="2026-11-20T23:30:00+00:00")  # half an hour later
+    day = make_profile(created_at="2026-11-20")  # a date: its midnight, UTC
+    for p in (utc, east, day):
+        st.save_profile(p)
+    assert [p.id for p in st.list_profiles("f" * 16)] == [utc.id, east.id, day.id]
+    assert st.latest_profile("f" * 16).id == utc.id
+    assert st.get_profile(east.id).created_at == "2026-11-21T08:00:00+09:00"  # the document keeps its own stamp
+    with pytest.raises(PlanError) as e:
+        make_profile(created_at="yesterday")
+    assert e.value.field == "profile.created_at" and "ISO 8601" in e.value.problem
