@@ -30,7 +30,7 @@ from sp_plan.cli.options import (JSON_HELP, NO_PROFILE_HELP, PROFILE_DEFAULT, PR
                                  fail, jobs_option, owns_collector, profile_options)
 from sp_plan.cli.workload import masked_workload, plan_workload, print_mask, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.model import parse_seq_len
+from sp_plan.planner.model import MAX_BATCH, parse_seq_len
 from sp_plan.planner.ranking import secs, summarize, versus_first
 from sp_plan.planner.yamlio import check_writable
 from sp_plan.profiles import cluster_presets, load_cluster, load_model, model_presets, preset_cluster
@@ -181,7 +181,7 @@ def plan_cmd(
     nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="node count for a preset", show_default="1"),
     model: str = typer.Option(..., "--model", help="model preset name or model YAML file"),
     seq_len: str = typer.Option(..., "--seq-len", help="tokens per sequence: 131072, 128k or 1m"),
-    batch: int = typer.Option(1, "--batch", min=1, help="global batch (sequences per step)"),
+    batch: int = typer.Option(1, "--batch", min=1, max=MAX_BATCH, help="global batch (sequences per step)"),
     causal: bool = typer.Option(True, "--causal/--no-causal", help="causal (decoder) or full attention"),
     inference: bool = typer.Option(False, "--inference", help="forward only (prefill), no gradients or optimizer"),
     top: int = typer.Option(5, "--top", min=1, help="how many ranked layouts to print (equivalent ones share a row)"),
@@ -349,7 +349,7 @@ def estimate(
     nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="node count for a preset", show_default="1"),
     model: Optional[str] = typer.Option(None, "--model", help="model preset or file", show_default="the plan's"),
     seq_len: Optional[str] = typer.Option(None, "--seq-len", help="tokens per sequence", show_default="the plan's"),
-    batch: Optional[int] = typer.Option(None, "--batch", min=1, help="global batch", show_default="the plan's, else 1"),
+    batch: Optional[int] = typer.Option(None, "--batch", min=1, max=MAX_BATCH, help="global batch", show_default="the plan's, else 1"),
     causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help="causal (decoder) or full attention",
                                           show_default="the plan's, else causal"),
     inference: bool = typer.Option(False, "--inference", help="forward only (prefill), no gradients or optimizer"),

@@ -12,6 +12,7 @@ from sp_plan.cli.console import err, out
 from sp_plan.cli.options import STORE_DEFAULT, fail, jobs_option, owns_collector, profile_options
 from sp_plan.cli.workload import plan_workload, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.errors import PlanError
+from sp_plan.planner.model import MAX_BATCH
 from sp_plan.planner.ranking import secs
 from sp_plan.profiles import cluster_presets, load_cluster, load_model, preset_cluster
 
@@ -87,7 +88,7 @@ def report_cmd(
     nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="node count for a preset", show_default="1"),
     model: Optional[str] = typer.Option(None, "--model", help="model preset or file", show_default="the plan's"),
     seq_len: Optional[str] = typer.Option(None, "--seq-len", help="tokens per sequence", show_default="the plan's"),
-    batch: Optional[int] = typer.Option(None, "--batch", min=1, help="global batch", show_default="the plan's, else 1"),
+    batch: Optional[int] = typer.Option(None, "--batch", min=1, max=MAX_BATCH, help="global batch", show_default="the plan's, else 1"),
     causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help="causal (decoder) or full attention",
                                           show_default="the plan's, else causal"),
     inference: bool = typer.Option(False, "--inference", help="forward only (prefill)"),

@@ -14,6 +14,7 @@ from rich.table import Table
 from sp_plan.cli.console import as_flag, err, out, print_error
 from sp_plan.cli.workload import workload_mask_options
 from sp_plan.planner.errors import PlanError
+from sp_plan.planner.model import MAX_BATCH
 from sp_plan.planner.yamlio import check_writable
 
 
@@ -227,7 +228,7 @@ class Flag:
     nodes = typer.Option(None, "--nodes", min=1, help="node count for a preset", show_default="1")
     model = typer.Option(..., "--model", help="model preset name or model YAML file")
     seq_len = typer.Option(..., "--seq-len", help="tokens per sequence: 131072, 128k or 1m")
-    batch = typer.Option(1, "--batch", min=1, help="global batch (sequences per step)")
+    batch = typer.Option(1, "--batch", min=1, max=MAX_BATCH, help="global batch (sequences per step)")
     causal = typer.Option(True, "--causal/--no-causal", help="causal (decoder) or full attention")
     inference = typer.Option(False, "--inference", help="forward only")
     budget = typer.Option(5, "--budget", min=1, help="candidates to measure at most")

@@ -19,7 +19,7 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = "custom"
-    layers: int = Field(gt=0)
+    layers: int = Field(gt=0, le=10_000, description="transformer blocks (at most 10,000: beyond any model, and the stage balancing walks them)")
     hidden: int = Field(gt=0)
     heads: int = Field(gt=0)
     kv_heads: int | None = Field(default=None, gt=0, description="KV heads (GQA/MQA); defaults to heads")
@@ -84,6 +84,8 @@ class ModelSpec(BaseModel):
 SEQ_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgG]?)\s*$", re.ASCII)
 #: longer than any sequence a cluster could hold (a trillion tokens): a typo, refused before any arithmetic
 MAX_SEQ_LEN = 2**40
+#: sequences per step at most: beyond any batch trained, and the search walks the batch's divisors
+MAX_BATCH = 2**30
 
 
 def parse_seq_len(text: str | int) -> int:
@@ -243,7 +245,7 @@ class Workload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     seq_len: int = Field(gt=0)
-    batch: int = Field(default=1, gt=0, description="global batch: sequences per optimizer step")
+    batch: int = Field(default=1, gt=0, le=MAX_BATCH, description="global batch: sequences per optimizer step (at most 2^30)")
     causal: bool = True
     training: bool = True
     documents: Documents | None = Field(default=None, description="lengths of the documents packed into each "

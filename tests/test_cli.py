@@ -249,3 +249,19 @@ def test_bayes_trials_that_sample_no_valid_layout_name_the_trials_not_the_length
     assert r.stderr.startswith("error: --trials: no valid layout of 4 ranks in 1 trial(s)"), r.stderr
     assert "seq_len" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert run("plan", "--cluster", "cpu-local", "--model", "tiny-gpt", "--seq-len", "4k", "--no-profile").returncode == 0
+
+
+def test_a_batch_or_a_layer_count_beyond_any_model_is_refused_at_once(tmp_path):
+    """--batch over 2^30 sequences and a model of more than 10,000 layers: one line each, before any search (the
+    search walks the batch's divisors and the layers' stage split)."""
+    import yaml
+
+    from sp_plan.profiles import load_model
+
+    r = run("plan", "--cluster", "cpu-local", "--model", "tiny-gpt", "--seq-len", "4k", "--no-profile",
+            "--batch", str(10**18))
+    assert r.returncode == 2 and "--batch" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    m = load_model("tiny-gpt").model_dump(mode="json") | {"layers": 10_000_019}
+    (tmp_path / "deep.yaml").write_text(yaml.safe_dump(m))
+    r = run("plan", "--cluster", "cpu-local", "--model", str(tmp_path / "deep.yaml"), "--seq-len", "4k", "--no-profile")
+    assert r.returncode == 2 and r.stderr.startswith("error: model.layers:"), r.stderr
