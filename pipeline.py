@@ -86,7 +86,12 @@ def _named(name: str):
 
 def mask_fields(documents=None, window: int | None = None, window_pattern: str | None = None,
                 seed: int | None = None, base: Workload | None = None, files: bool = True) -> dict[str, Any]:
-    """A workload's documents, window and seed from the options given (None: as in ``base``), as Workload fields."""
+    """A workload's documents, window and seed from the options given (None: as in ``base``), as Workload fields; a
+    window size alone keeps ``base``'s layer pattern, a pattern alone its window size."""
+    planned = base.window if base is not None else None
+    if planned is not None and (window is None) != (window_pattern is None):
+        window = planned.size if window is None else window
+        window_pattern = planned.pattern if window_pattern is None else window_pattern
     if window_pattern is not None and window is None:
         raise PlanError("window_pattern", "a layer pattern needs a window size", "give the window too, e.g. "
                         "window 4096 with window_pattern 5:1")

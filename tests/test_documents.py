@@ -258,3 +258,16 @@ def test_a_plan_records_the_documents_compactly_and_reads_them_back(tmp_path):
     text = (tmp_path / "plan.yaml").read_text()
     assert "magi-short" in text and "MagiAttention" in text and len(text) < 4000
     assert Plan.load(tmp_path / "plan.yaml").workload == w
+
+
+def test_a_window_size_alone_keeps_the_layer_pattern_and_a_pattern_alone_the_size():
+    """Overriding one half of a plan's windowed layers keeps the other half (``with_masks``, as `estimate` and
+    `report` read their --window and --window-pattern)."""
+    from sp_plan.pipeline import with_masks
+
+    base = Workload(seq_len=4096, window=Window(size=512, pattern="5:1"))
+    assert with_masks(base, window=1024).window == Window(size=1024, pattern="5:1")
+    assert with_masks(base, window_pattern="1:1").window == Window(size=512, pattern="1:1")
+    assert with_masks(base, window=256, window_pattern="3:1").window == Window(size=256, pattern="3:1")
+    with pytest.raises(PlanError, match="needs a window size"):
+        with_masks(Workload(seq_len=4096), window_pattern="5:1")
