@@ -360,6 +360,20 @@ def test_packed_documents_a_target_cannot_split_are_named_when_no_layout_carries
     assert "context parallelism context parallelism" not in e.value.problem
 
 
+@pytest.mark.parametrize("name", ["megatron", "torchtitan", "accelerate"])
+def test_chunks_of_kv_heads_no_target_takes_are_a_problem_and_the_nearest_gathers_whole(name):
+    c = preset_cluster("dgx-h100", 1)
+    w = Workload(seq_len=65536, batch=1)
+    chunked = plan("allgather", ["ring"], ring=8, work=w, kv_chunks=2)
+    t = target(name)
+    assert ("kv_chunks" in [k for k, _ in t.problems(chunked)]
+            and "kv_chunks" not in [k for k, _ in t.problems(chunked.model_copy(update={"kv_chunks": None}))])
+    with pytest.raises(PlanError) as e:
+        t.export(chunked)
+    assert e.value.field in {k for k, _ in t.problems(chunked)}
+    assert (nearest(t, chunked, c, MODEL, w).plan.kv_chunks or 1) == 1
+
+
 # ---------------------------------------------------------------- the command
 
 def run(*args):

@@ -73,6 +73,9 @@ class Target:
         if p.checkpointing not in self.checkpointing:
             out.append(("checkpointing", f"{self.name} has no {p.checkpointing} checkpointing "
                         f"(it has {'/'.join(self.checkpointing)})"))
+        if (p.kv_chunks or 1) > 1:  # no framework's all-gather context parallelism takes chunks of KV heads
+            out.append(("kv_chunks", f"{self.name} gathers K, V in one piece: its export has no kv_chunks "
+                        f"{p.kv_chunks}"))
         out += self.mask_problems(p)
         if not out and self.extra:
             out += self.extra(p)
