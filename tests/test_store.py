@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from pgserver import fresh_database, postgres_url  # noqa: F401 - fixture
+from sp_plan.planner.yamlio import yaml_dump
 from sp_plan.planner.errors import NotFound, PlanError, StoreError
 from sp_plan.planner.params import CommFit, Curve, Params
 from sp_plan.planner.profile import MeasuredCandidate, Profile
@@ -399,3 +400,14 @@ def test_the_newest_profile_is_the_latest_time_whatever_its_offset(tmp_path):
     with pytest.raises(PlanError) as e:
         make_profile(created_at="yesterday")
     assert e.value.field == "profile.created_at" and "ISO 8601" in e.value.problem
+
+
+def test_an_activation_factor_no_fit_gives_is_refused_on_import(tmp_path):
+    """The fit keeps the activation factor within 0.05-20; a file claiming 1e30 (activations beyond any device) is
+    refused with one line naming the field, not stored to break every later plan."""
+    doc = make_profile().model_dump(mode="json")
+    doc["params"]["activation_factor"] = 1e30
+    (tmp_path / "p.yaml").write_text(yaml_dump(doc))
+    with pytest.raises(PlanError) as e:
+        Profile.load(tmp_path / "p.yaml")
+    assert "activation_factor" in e.value.field and "\n" not in str(e.value)
