@@ -14,6 +14,7 @@ communicates on, so the grid search prices most candidates with a few dictionary
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from functools import cached_property, reduce
 
@@ -429,7 +430,7 @@ class Estimator:
         if plan is not None and plan.cluster_fingerprint and plan.cluster_fingerprint != self.fingerprint:
             raise PlanError("cluster_fingerprint", f"the plan was made for cluster {plan.cluster or '?'} "
                             f"({plan.cluster_fingerprint}), not {self.cluster.name} ({self.fingerprint})",
-                            "plan again for this cluster, or drop cluster_fingerprint from the plan to price it here")
+                            _other_cluster_fix(plan.cluster, self.cluster.name))
         if cand.algorithm not in ALGORITHMS:
             raise PlanError("algorithm", f"{cand.algorithm!r} is not priced yet", f"use one of {list(ALGORITHMS)}")
         alg = ALGORITHMS[cand.algorithm]
@@ -807,6 +808,18 @@ class Estimator:
         cand = Candidate.from_plan(plan)
         self.check(cand, plan)
         return self.predict(cand)
+
+
+def _other_cluster_fix(made_for: str | None, here: str) -> str:
+    """The fix for a plan priced on another cluster: the node count where the two are one preset's (``NAMExN``)."""
+    def preset(name: str) -> tuple[str, int]:
+        m = re.fullmatch(r"(.+)x(\d+)", name or "")
+        return (m.group(1), int(m.group(2))) if m else (name, 1)
+
+    (base, nodes), (here_base, here_nodes) = preset(made_for or ""), preset(here)
+    if made_for and base == here_base and nodes != here_nodes:
+        return f"pass --nodes {nodes}: the plan is for {nodes} node(s) of {base}"
+    return "plan again for this cluster, or drop cluster_fingerprint from the plan to price it here"
 
 
 def _phases(rows: list) -> list[PhaseCost]:

@@ -265,3 +265,20 @@ def test_a_batch_or_a_layer_count_beyond_any_model_is_refused_at_once(tmp_path):
     (tmp_path / "deep.yaml").write_text(yaml.safe_dump(m))
     r = run("plan", "--cluster", "cpu-local", "--model", str(tmp_path / "deep.yaml"), "--seq-len", "4k", "--no-profile")
     assert r.returncode == 2 and r.stderr.startswith("error: model.layers:"), r.stderr
+
+
+def test_a_plan_for_more_nodes_of_the_same_preset_asks_for_its_node_count():
+    """Priced on one node of the preset it was made for on two, a plan's error says --nodes 2; on another preset it
+    says to plan again."""
+    from sp_plan.pipeline import estimate, plan
+    from sp_plan.planner import PlanError, Workload
+    from sp_plan.profiles import load_model, preset_cluster
+
+    m, w = load_model("llama2-7b"), Workload(seq_len="16k")
+    p = plan(preset_cluster("dgx-h100", 2), m, w, top_k=1, profile=False)[0]
+    with pytest.raises(PlanError) as e:
+        estimate(p, preset_cluster("dgx-h100", 1), m, w, profile=False)
+    assert e.value.fix.startswith("pass --nodes 2")
+    with pytest.raises(PlanError) as e:
+        estimate(p, preset_cluster("dgx-a100", 2), m, w, profile=False)
+    assert e.value.fix.startswith("plan again")
