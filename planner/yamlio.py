@@ -1,9 +1,11 @@
 """YAML/JSON in and out for the pydantic models at the edges, written atomically."""
 from __future__ import annotations
 
+import errno
 import json
 import re
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, TypeVar
@@ -122,30 +124,80 @@ def _cannot_write(path: Path, e: OSError, field: str) -> PlanError:
                      "pass a path in a directory you can write, on a disk with free space")
 
 
+def _write_target(path: Path) -> tuple[Path, bool]:
+    """Where a write of ``path`` goes and whether in place: an existing file that is not a regular one (a device
+    such as /dev/null, a FIFO, a socket) is written in place, never replaced; a symlink's resolved file is replaced
+    (the link stays a link); any other path is itself."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise
+        st = None  # a new path; a parent that is missing or a file fails where the write makes it
+    if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+        return path, True
+    if not path.is_symlink():
+        return path, False
+    real = Path(os.path.realpath(path))
+    if st is not None and not _same_file(real, st):
+        return path, True  # a /proc/<pid>/fd link to a deleted file: its resolved name names another file or none
+    return real, False
+
+
+def _same_file(path: Path, st: os.stat_result) -> bool:
+    """Whether ``path`` names the file whose stat is ``st``."""
+    try:
+        other = os.stat(path)
+    except OSError:
+        return False
+    return (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)
+
+
 def check_writable(path: str | Path, field: str = "--output") -> None:
-    """Fail before any long work if ``path`` cannot be written: a directory, or a parent that cannot be made or written."""
+    """Fail before any long work if ``path`` cannot be written: a directory, a parent that cannot be made or
+    written, or a device that cannot be opened for writing (as ``atomic_write`` will write it)."""
     path = Path(path)
     if path.is_dir():
         raise PlanError(field, f"{str(path)!r} is a directory", "pass a file path, e.g. plan.yaml")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise _cannot_write(path, e, field) from None
-    try:  # what atomic_write will do: a temporary file beside the target (os.access says yes to root, even on /proc)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        target, in_place = _write_target(path)
+        if in_place:
+            if not stat.S_ISFIFO(os.stat(path).st_mode):  # opening a FIFO for writing waits for a reader
+                os.close(os.open(path, os.O_WRONLY))  # no O_TRUNC: the check writes nothing
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # what atomic_write will do: a temporary file beside the target (os.access says yes to root, even on /proc)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
         os.close(fd)
         os.unlink(tmp)
     except OSError as e:
         raise _cannot_write(path, e, field) from None
 
 
+def _write_in_place(path: Path, text: str | bytes, field: str) -> None:
+    """Write ``text`` into the existing non-regular file ``path`` (a device, a FIFO): there is no file to replace."""
+    try:
+        with open(path, "wb" if isinstance(text, bytes) else "w") as f:
+            f.write(text)
+    except OSError as e:  # ENOSPC from /dev/full, ENXIO from a socket
+        raise _cannot_write(path, e, field) from None
+
+
 def atomic_write(path: str | Path, text: str | bytes, field: str = "--output") -> None:
     """Write ``text`` to ``path`` via a temporary file in the same directory and rename, so a crash never leaves
-    half a file; a path that cannot be written (missing permission, full disk, not a directory) is a PlanError."""
+    half a file; a path that cannot be written (missing permission, full disk, not a directory) is a PlanError.
+    A symlink is followed (its target is replaced, the link kept); a device or FIFO is written in place."""
     path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        target, in_place = _write_target(path)
+    except OSError as e:
+        raise _cannot_write(path, e, field) from None
+    if in_place:
+        _write_in_place(path, text, field)
+        return
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     except OSError as e:
         raise _cannot_write(path, e, field) from None
     try:
@@ -156,7 +208,7 @@ def atomic_write(path: str | Path, text: str | bytes, field: str = "--output") -
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would otherwise survive the rename
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -166,8 +218,8 @@ def atomic_write(path: str | Path, text: str | bytes, field: str = "--output") -
 
 
 def dump_data(data: Any, path: str | Path, field: str = "--output") -> None:
-    """Write a dict as JSON (``.json``) or YAML (anything else), atomically."""
-    if str(path).endswith(".json"):
+    """Write a dict as JSON (``.json``, any case) or YAML (anything else), atomically."""
+    if str(path).lower().endswith(".json"):
         atomic_write(path, json.dumps(data, indent=2) + "\n", field)
     else:
         atomic_write(path, yaml_dump(data), field)
@@ -194,7 +246,7 @@ def read_data(path: str | Path, what: str) -> dict:
     path = Path(path)
     if not path.exists():
         raise PlanError(what, f"file {str(path)!r} does not exist", "check the path")
-    kind = "JSON" if path.suffix == ".json" else "YAML"
+    kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
