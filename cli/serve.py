@@ -1,7 +1,9 @@
 """`sp-plan serve`: the planner service (service/app.py) on uvicorn."""
 from __future__ import annotations
 
+import errno
 import os
+import socket
 from typing import Optional
 
 import typer
@@ -49,6 +51,7 @@ def serve_cmd(
     from sp_plan.service.settings import SETTINGS_ENV, Settings, settings_env
 
     try:
+        check_listen(host, port)
         settings = Settings(store=store, token_file=token_file, private=private, max_world=max_world,
                             max_body=max_body, processes=processes or max(1, (os.cpu_count() or 1) // workers),
                             freeze_gc=True)
@@ -66,6 +69,43 @@ def serve_cmd(
         os.environ[SETTINGS_ENV] = settings_env(settings)
         uvicorn.run("sp_plan.service.app:app_from_env", factory=True, host=host, port=port, workers=workers,
                     loop="auto", http="auto", log_level="info")
+
+
+def check_listen(host: str, port: int) -> None:
+    """PlanError on --port or --host unless a socket can listen on (host, port) as uvicorn's will (each address
+    ``host`` resolves to, SO_REUSEADDR, IPv6 sockets IPv6-only as asyncio's create_server makes them); the probe is
+    closed at once. A busy port or a bad address is then one error line, not uvicorn's startup log and exit 3."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as e:
+        raise PlanError("--host", f"cannot listen on {host}: {e.strerror or e}",
+                        "pass an address of this machine, e.g. 127.0.0.1 or 0.0.0.0") from None
+    for family, kind, proto, _, addr in infos:
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError:  # a family this kernel lacks (IPv6 off): asyncio skips it too
+            continue
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(addr)
+                sock.listen()  # SO_REUSEADDR lets a bind share a port that another socket only listens on
+            except OSError as e:
+                raise _listen_error(host, port, addr, e) from None
+
+
+def _listen_error(host: str, port: int, addr: tuple, e: OSError) -> PlanError:
+    """The PlanError for a socket that cannot listen on ``addr``: the port's fault (in use, privileged) or the
+    host's (not an address of this machine)."""
+    shown = f"[{addr[0]}]:{port}" if ":" in addr[0] else f"{addr[0]}:{port}"
+    if e.errno == errno.EADDRINUSE:
+        return PlanError("--port", f"{shown} is in use", "pick another --port")
+    if e.errno == errno.EACCES:
+        return PlanError("--port", f"cannot listen on {shown}: {e.strerror}", "pick a --port above 1023")
+    return PlanError("--host", f"cannot listen on {host}: {e.strerror or e}",
+                     "pass an address of this machine, e.g. 127.0.0.1 or 0.0.0.0")
 
 
 def opened_store(url: str | None) -> tuple[str, str]:

@@ -6,7 +6,8 @@
     res.winner.save("plan.yaml")
 
 A 4xx answer is raised as the PlanError the service sent (field, problem, fix), so callers print the
-same one line as a local run; an unreachable service is a PlanError("server").
+same one line as a local run; a malformed URL or an unreachable service is a PlanError("server"), a token that
+cannot be sent in a header a PlanError on the token.
 """
 from __future__ import annotations
 
@@ -27,14 +28,15 @@ class Client:
     """Talks to a planner service at ``url``; ``token`` (a bearer token) is needed for uploads and deletes."""
 
     def __init__(self, url: str, token: str | None = None, timeout: float = 600.0):
-        self.url = url.rstrip("/")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = checked_url(url).rstrip("/")
+        headers = {"Authorization": f"Bearer {checked_token(token, 'token')}"} if token else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
     @classmethod
     def from_env(cls, url: str) -> "Client":
         """A client with the token in ``$SP_PLAN_TOKEN`` (what the CLI's --server options use)."""
-        return cls(url, token=os.environ.get(TOKEN_ENV) or None)
+        token = os.environ.get(TOKEN_ENV) or None
+        return cls(url, token=token and checked_token(token, TOKEN_ENV))
 
     def close(self) -> None:
         self._http.close()
@@ -95,3 +97,32 @@ class Client:
     def delete_profile(self, id: str) -> None:
         """DELETE /v1/profiles/{id}."""
         self._call("DELETE", f"/v1/profiles/{id}")
+
+
+def checked_url(url: str) -> str:
+    """``url`` where it is an http(s) URL with a host and a port in 1..65535, else PlanError("server"): checked
+    before any request, so a typo is one line, not httpx's InvalidURL or a lookup of a host that cannot exist."""
+    fix = "pass a URL like http://HOST:8000 (an IPv6 host in brackets: http://[::1]:8000)"
+    url = url.strip()  # a pasted URL's surrounding blanks are no part of it
+    try:
+        u = httpx.URL(url)
+        port = u.port  # a port out of range parses; a socket refuses it later with a misleading error
+    except (httpx.InvalidURL, ValueError, TypeError) as e:
+        raise PlanError("server", f"{url!r} is not a valid URL ({e})", fix) from None
+    if u.scheme not in ("http", "https"):
+        raise PlanError("server", f"{url!r} is not an http:// or https:// URL", fix)
+    if not u.host or " " in url:
+        raise PlanError("server", f"{url!r} names no host" if not u.host else f"{url!r} holds a space", fix)
+    if port is not None and not 1 <= port <= 65535:
+        raise PlanError("server", f"{url!r} has port {port}, outside 1..65535", fix)
+    return url
+
+
+def checked_token(token: str, field: str) -> str:
+    """``token`` where an HTTP header can carry it (printable ASCII), else PlanError(field): a pasted non-ASCII
+    character (a non-breaking space, a typographic quote) fails here, not as a UnicodeEncodeError in httpx."""
+    bad = next((i for i, c in enumerate(token) if not (c.isascii() and c.isprintable())), None)
+    if bad is not None:
+        raise PlanError(field, f"the token holds {token[bad]!r} (U+{ord(token[bad]):04X}) at character {bad + 1}, "
+                        "which an HTTP header cannot carry", "a token is ASCII; copy it again")
+    return token
