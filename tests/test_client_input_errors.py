@@ -82,3 +82,10 @@ def test_serve_on_a_busy_port_is_one_line(tmp_path):
 def test_serve_on_an_impossible_host_is_one_line(tmp_path):
     r = run("serve", "--host", "256.1.1.1", "--port", "8000", "--store", f"sqlite:///{tmp_path}/store.db")
     assert assert_one_error(r, "--host").startswith("error: --host: cannot listen on 256.1.1.1: ")
+
+
+def test_a_tune_that_uploads_to_a_malformed_url_is_refused_before_it_measures():
+    """`tune --server` uploads after its measuring: a mistyped URL is answered at once, before torch or a world."""
+    line = assert_one_error(run("tune", "--cluster", "cpu-local", "--model", "tiny-gpt", "--seq-len", "1k",
+                                "--server", "http://host:abc", timeout=30), "--server")
+    assert "http://host:abc" in line
