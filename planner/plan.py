@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from .errors import PlanError
 from .layout import DIMENSIONS, Layout, check_degrees, check_team, world_size
@@ -92,7 +92,7 @@ class Plan(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     schema_version: int = PLAN_SCHEMA_VERSION
     algorithm: Literal["ring", "ulysses", "usp", "wallfacer", "tokenring", "tokenring_ring", "metp", "allgather"]
-    degrees: dict[str, int]
+    degrees: dict[str, StrictInt]  # a count: true or "4" in a file is a typo, not 1 or 4
     order: list[str] = Field(default_factory=list, description="mesh dimensions, innermost (fastest rank) first")
     token_layout: Literal["contiguous", "zigzag", "striped", "balanced"] = "contiguous"
     zero_stage: int = Field(default=0, ge=0, le=3)

@@ -5,6 +5,7 @@ import functools
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -132,3 +133,12 @@ def test_newer_plan_is_refused_naming_both_versions(doc, version):
     assert isinstance(e, PlanError) and e.field == "plan.schema_version"
     assert f"schema_version {version}" in e.problem and f"({PLAN_SCHEMA_VERSION})" in e.problem
     assert r.exit_code == 2 and "newer than this sp-plan" in r.output
+
+
+@pytest.mark.parametrize("value", ["true", '"4"', "4.5"])
+def test_a_degree_that_is_no_whole_count_is_refused(tmp_path, value):
+    """``ring: true`` read as 1 and ``ring: "4"`` as 4 hid typos: a degree is an integer, as the tool writes it."""
+    (tmp_path / "p.yaml").write_text(f"algorithm: ring\ndegrees: {{ring: {value}}}\n")
+    with pytest.raises(PlanError) as e:
+        Plan.load(tmp_path / "p.yaml")
+    assert e.value.field == "plan.degrees.ring"
