@@ -280,7 +280,7 @@ def _check_all(a: dict) -> None:
     """The flags of ``a`` (tune_cmd's arguments) that typer did not check, or a PlanError naming one: before torch is
     imported, so that a mistyped flag is answered at once."""
     _check_flags(a["output"], a["max_minutes"], a["candidate_timeout"], a["quiet"], a["as_json"])
-    if a["server"]:  # the upload comes after the measuring: a mistyped URL is answered now, not at the end
+    if a["server"]:  # the upload comes after the measuring: a mistyped URL is answered before it, not after
         from sp_plan.client import checked_url  # noqa: PLC0415 - httpx: only a tune that uploads loads it
 
         checked_url(a["server"])

@@ -125,7 +125,7 @@ class Bounds:
     def _linear_parts(self, base: Candidate, mbs: int) -> tuple[float, float, float]:
         """``Estimator.busy`` of the forward linear part, the backward one (0 without training) and the head of
         ``base``'s degrees at micro-batch ``mbs`` (what they read: TP-sp or not, ulysses x ring, tp, mbs)."""
-        key = ("linear parts", ALGORITHMS[base.algorithm].tp_sp, base.ulysses * base.ring, base.tp, mbs)
+        key = ("linear parts", ALGORITHMS[base.algorithm].tp_sp, base.sp, base.tp, mbs)
         parts = self._cache.get(key)
         if parts is None:
             c, busy = self._bare_shape(base, base.tp, mbs), self.est.busy

@@ -14,7 +14,6 @@ communicates on, so the grid search prices most candidates with a few dictionary
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 from functools import cached_property, reduce
 
@@ -23,7 +22,7 @@ import numpy as np
 from .bounds import Bounds
 
 from .candidate import Candidate
-from .cluster import Cluster
+from .cluster import Cluster, preset_nodes
 from .engine import GroupShape, LinkEngine
 from .errors import PlanError
 from .layout import chunks_needed, ring_split
@@ -538,7 +537,7 @@ class Estimator:
         the same for every algorithm variant without its own activations (``Algorithm.activations``), so made once
         for them."""
         shared = ALGORITHMS[probe.algorithm].activations is None
-        key = ("fixed", probe.dp, probe.pp, probe.tp, probe.ulysses * probe.ring, stages, probe.virtual_stages,
+        key = ("fixed", probe.dp, probe.pp, probe.tp, probe.sp, stages, probe.virtual_stages,
                tuple(policies)) if shared else None  # weights read dp x sp and activations sp (``_sizes_key``)
         out = self._acts.get(key) if shared else None
         if out is None:
@@ -558,9 +557,8 @@ class Estimator:
         """(checkpointing, micro-batch) -> ``_activation_total`` of ``probe`` for each of ``policies``, read from its
         key where known (no Shape made), else from one Shape per micro-batch."""
         shared, v, out, shapes = ALGORITHMS[probe.algorithm].activations is None, probe.virtual_stages, {}, {}
-        sp = probe.ulysses * probe.ring
         for ckpt, mbs in policies:
-            t = self._acts.get(_sizes_key(probe.dp, sp, probe.tp, probe.pp, mbs, stages, ckpt, v)) if shared else None
+            t = self._acts.get(_sizes_key(probe.dp, probe.sp, probe.tp, probe.pp, mbs, stages, ckpt, v)) if shared else None
             if t is None:
                 c = shapes.get(mbs)
                 if c is None:
@@ -811,14 +809,10 @@ class Estimator:
 
 
 def _other_cluster_fix(made_for: str | None, here: str) -> str:
-    """The fix for a plan priced on another cluster: the node count where the two are one preset's (``NAMExN``)."""
-    def preset(name: str) -> tuple[str, int]:
-        m = re.fullmatch(r"(.+)x(\d+)", name or "")
-        return (m.group(1), int(m.group(2))) if m else (name, 1)
-
-    (base, nodes), (here_base, here_nodes) = preset(made_for or ""), preset(here)
-    if made_for and base == here_base and nodes != here_nodes:
-        return f"pass --nodes {nodes}: the plan is for {nodes} node(s) of {base}"
+    """The fix for a plan priced on another cluster: the node count where both are one preset's (``preset_nodes``)."""
+    (node, nodes), (here_node, here_nodes) = preset_nodes(made_for or ""), preset_nodes(here)
+    if made_for and node == here_node and nodes != here_nodes:
+        return f"pass --nodes {nodes}: the plan is for {nodes} node(s) of {node}"
     return "plan again for this cluster, or drop cluster_fingerprint from the plan to price it here"
 
 

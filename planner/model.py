@@ -19,7 +19,8 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = "custom"
-    layers: int = Field(gt=0, le=10_000, description="transformer blocks (at most 10,000: beyond any model, and the stage balancing walks them)")
+    layers: int = Field(gt=0, le=10_000, description="transformer blocks (at most 10,000: beyond any model, and the "
+                        "stage balancing walks them)")
     hidden: int = Field(gt=0)
     heads: int = Field(gt=0)
     kv_heads: int | None = Field(default=None, gt=0, description="KV heads (GQA/MQA); defaults to heads")
@@ -245,7 +246,8 @@ class Workload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     seq_len: int = Field(gt=0)
-    batch: int = Field(default=1, gt=0, le=MAX_BATCH, description="global batch: sequences per optimizer step (at most 2^30)")
+    batch: int = Field(default=1, gt=0, le=MAX_BATCH,
+                       description="global batch: sequences per optimizer step (at most 2^30)")
     causal: bool = True
     training: bool = True
     documents: Documents | None = Field(default=None, description="lengths of the documents packed into each "

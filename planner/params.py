@@ -110,7 +110,8 @@ class Params(BaseModel):
                                  "collective (CPU ranks sharing cores; 0 in the presets)")
     memory_overhead_bytes: float = Field(default=0.0, ge=0, description="framework bytes per rank beyond the modelled "
                                          "parts (>= 0: the modelled parts are the floor)")
-    activation_factor: float = Field(default=1.0, gt=0, le=20.0, description="measured / modelled activation bytes (the fit keeps it in 0.05-20)")
+    activation_factor: float = Field(default=1.0, gt=0, le=20.0, description="measured / modelled activation bytes "
+                                     "(the fit keeps it in 0.05-20)")
     hbm_bandwidth: float | None = Field(default=None, gt=0, description="achieved device-memory bytes/s of the "
                                         "memory-bound phases (ring out/LSE merges, all-to-all packing copies); "
                                         "None: those phases cost nothing (the uncalibrated engine)")

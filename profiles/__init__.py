@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sp_plan.planner.cluster import NET, Cluster, Device, Link, NodeType, Switch
+from sp_plan.planner.cluster import NET, Cluster, Device, Link, NodeType, Switch, preset_name
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.model import ModelSpec
 from sp_plan.planner.yamlio import load_yaml_model, model_from_data, read_data, yaml_load
@@ -133,7 +133,7 @@ def preset_cluster(name: str, nodes: int = 1, devices_per_node: int | None = Non
     spec = preset_spec(name)
     node = build_node_type(spec, devices_per_node)
     network = spec.get("nics", {}).get("network", "none") if nodes > 1 else "none"
-    return Cluster(name=f"{name}" + (f"x{nodes}" if nodes > 1 else ""), node_types={name: node}, nodes=[name] * nodes,
+    return Cluster(name=preset_name(name, nodes), node_types={name: node}, nodes=[name] * nodes,
                    network=network, source=spec.get("source", ""))
 
 

@@ -61,3 +61,15 @@ def test_preset_spec_file_and_cluster_file_both_load(tmp_path):
     assert load_cluster(str(tmp_path / "mine.yaml")) == c
     with pytest.raises(PlanError, match="describes 2 node"):
         load_cluster(str(tmp_path / "mine.yaml"), 3)
+
+
+def test_a_preset_clusters_name_reads_back_as_its_node_type_and_count():
+    """``preset_name`` names a preset cluster and ``preset_nodes`` reads it back (a plan's cluster name tells which
+    --nodes it was made for); a name without xN is one node."""
+    from sp_plan.planner.cluster import preset_name, preset_nodes
+    from sp_plan.profiles import preset_cluster
+
+    for node, nodes in (("dgx-h100", 1), ("dgx-h100", 2), ("a100-16-eth100", 16), ("cpu-local", 128)):
+        assert preset_nodes(preset_name(node, nodes)) == (node, nodes)
+        assert preset_cluster(node, nodes).name == preset_name(node, nodes)
+    assert preset_nodes("my-cluster") == ("my-cluster", 1)

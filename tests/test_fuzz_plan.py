@@ -137,7 +137,7 @@ def test_newer_plan_is_refused_naming_both_versions(doc, version):
 
 @pytest.mark.parametrize("value", ["true", '"4"', "4.5"])
 def test_a_degree_that_is_no_whole_count_is_refused(tmp_path, value):
-    """``ring: true`` read as 1 and ``ring: "4"`` as 4 hid typos: a degree is an integer, as the tool writes it."""
+    """``ring: true`` or ``ring: "4"`` is a typo, not 1 or 4: a degree is an integer, as the tool writes it."""
     (tmp_path / "p.yaml").write_text(f"algorithm: ring\ndegrees: {{ring: {value}}}\n")
     with pytest.raises(PlanError) as e:
         Plan.load(tmp_path / "p.yaml")
