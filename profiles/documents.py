@@ -54,10 +54,11 @@ def read_lengths(path: str | Path) -> np.ndarray:
     import pandas as pd  # noqa: PLC0415 - pandas loads in ~0.5 s; a named distribution never needs it
 
     p = Path(path)
+    suffix = p.suffix.lower()  # lengths.CSV is a CSV file too
     try:
-        if p.suffix == ".parquet":
+        if suffix == ".parquet":
             frame = pd.read_parquet(p)
-        elif p.suffix == ".csv":
+        elif suffix == ".csv":
             frame = pd.read_csv(p)
         else:
             frame = _text_lines(pd, p)
@@ -97,6 +98,6 @@ def resolve_documents(spec: str):
     """``--documents`` as given: a file of lengths where one exists at that path or the spec reads as a path (a
     folder in it, or a lengths file's suffix), else a named distribution."""
     p = Path(spec)
-    if p.exists() or p.suffix in (".txt", ".csv", ".parquet") or len(p.parts) > 1:
+    if p.exists() or p.suffix.lower() in (".txt", ".csv", ".parquet") or len(p.parts) > 1:
         return documents_from_file(p)
     return load_documents(spec)

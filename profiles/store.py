@@ -542,7 +542,7 @@ def resolve_profile(spec: Profile | str | bool | None, cluster, store: Store | N
     if isinstance(spec, Profile):
         return _check(spec, cluster)
     if isinstance(spec, str):
-        if Path(spec).exists() or Path(spec).suffix in (".yaml", ".yml", ".json"):
+        if Path(spec).exists() or Path(spec).suffix.lower() in (".yaml", ".yml", ".json"):
             return _check(_load_file(spec), cluster)
         store = store or Store()
         try:

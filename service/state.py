@@ -60,7 +60,7 @@ class Service:
         """The stored profile a request names (NotFound if unknown; a file path is refused)."""
         if id is None:
             return None
-        if "/" in id or "\\" in id or Path(id).suffix in (".yaml", ".yml", ".json"):
+        if "/" in id or "\\" in id or Path(id).suffix.lower() in (".yaml", ".yml", ".json"):
             raise PlanError("profile", f"{id!r} is not a profile id", "upload the file to POST /v1/profiles and pass its id")
         try:
             return self.store.get_profile(id)

@@ -215,6 +215,8 @@ def test_csv_and_parquet_files_give_their_length_column(tmp_path):
     import pandas as pd
     pd.DataFrame({"id": [1, 2, 3], "length": [10, 20, 30]}).to_csv(tmp_path / "l.csv", index=False)
     assert read_lengths(tmp_path / "l.csv").tolist() == [10, 20, 30]
+    (tmp_path / "l.CSV").write_text((tmp_path / "l.csv").read_text())  # the suffix in any case
+    assert read_lengths(tmp_path / "l.CSV").tolist() == [10, 20, 30]
     try:
         pd.DataFrame({"length": [5, 6]}).to_parquet(tmp_path / "l.parquet")
     except ImportError:

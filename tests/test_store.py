@@ -279,6 +279,9 @@ def test_resolve_file_id_and_none(cluster, tmp_path):
     with pytest.raises(PlanError) as e:
         resolve_profile("nosuchid", cluster, st)
     assert e.value.field == "profile"
+    with pytest.raises(PlanError) as e:  # a file's suffix in any case names a file, not an id
+        resolve_profile(str(tmp_path / "missing.YAML"), cluster, st)
+    assert e.value.field == "profile" and "stored profile id" not in e.value.problem
     bad = tmp_path / "bad.yaml"
     bad.write_text("cluster_fingerprint: [unclosed\n")
     with pytest.raises(PlanError) as e:
