@@ -4,6 +4,7 @@ import functools
 
 import numpy as np
 import torch
+from harness.worlds import run_world
 
 
 def once(world_results):
@@ -37,6 +38,19 @@ def assemble(templates: list[torch.Tensor], pieces, seq_len: int, what: str = ""
             dst[:, torch.as_tensor(tok)] = val.to(torch.float64)
     assert (seen == 1).all(), f"{what}: ranks do not hold every token exactly once"
     return full
+
+
+def gathered_attention(run_cases, world: int, todo: list, inputs, seq_len: int) -> dict[str, list[torch.Tensor]]:
+    """Run ``run_cases`` over ``todo`` in one gloo world of ``world`` ranks, each rank returning per case (token
+    indices, out, dq, dk, dv); per case id, the global (out, dq, dk, dv) in float64 (``inputs(case)``: q, k, v,
+    dout)."""
+    per_rank = run_world(run_cases, world, todo, timeout=300)
+    out = {}
+    for i, case in enumerate(todo):
+        q, k, v, _ = inputs(case)
+        pieces = [(per_rank[rank][i][0], per_rank[rank][i][1:]) for rank in range(world)]
+        out[case.id] = assemble([q, q, k, v], pieces, seq_len, case.id)
+    return out
 
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}

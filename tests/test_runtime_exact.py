@@ -24,7 +24,7 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import TOKEN_LAYOUTS, Layout, ring_tokens, sp_tokens
 from sp_plan.runtime.attention import attention
 from sp_plan.runtime.variants.ring import ring_attention
-from exact import DTYPES, assemble, attention_terms, mismatches, once, sdpa_reference
+from exact import DTYPES, gathered_attention, attention_terms, mismatches, once, sdpa_reference
 from harness.worlds import WorldError, run_world
 from markers import shared_world
 from sp_plan.runtime.variants.ulysses import ulysses_attention
@@ -149,14 +149,7 @@ def _run_cases(rank: int, world: int, todo: list[Case]):
 @once
 def world_results(world: int) -> dict[str, tuple]:
     """Run every case of ``world`` in one gloo world; per case, global (out, dq, dk, dv)."""
-    todo = cases(world)
-    per_rank = run_world(_run_cases, world, todo, timeout=300)
-    out = {}
-    for i, case in enumerate(todo):
-        q, k, v, dout = _inputs(case)
-        pieces = [(per_rank[rank][i][0], per_rank[rank][i][1:]) for rank in range(world)]
-        out[case.id] = assemble([q, q, k, v], pieces, SEQ, case.id)
-    return out
+    return gathered_attention(_run_cases, world, cases(world), _inputs, SEQ)
 
 
 @lru_cache(maxsize=None)

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from exact import DTYPES, assemble, attention_terms, mismatches, once, sdpa_reference
+from exact import DTYPES, gathered_attention, attention_terms, mismatches, once, sdpa_reference
 from sp_plan.planner.algorithms import ALGORITHMS, load_all
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import TOKEN_LAYOUTS, ring_tokens
@@ -99,15 +99,8 @@ def _run_cases(rank: int, world: int, todo: list[Case]):
 
 @once
 def world_results(world: int) -> dict[str, list]:
-    todo = cases(world)
-    per_rank = run_world(_run_cases, world, todo, timeout=300)
-    out = {}
-    for i, case in enumerate(todo):
-        q, k, v, _ = _inputs(case)
-        pieces = [(per_rank[rank][i][0], per_rank[rank][i][1:]) for rank in range(world)]
-        full = assemble([q, q, k, v], pieces, SEQ, case.id)
-        out[case.id] = full
-    return out
+    """Run every case of ``world`` in one gloo world; per case, global (out, dq, dk, dv)."""
+    return gathered_attention(_run_cases, world, cases(world), _inputs, SEQ)
 
 
 @lru_cache(maxsize=None)
