@@ -534,8 +534,9 @@ def measured_params(cluster: Cluster, dtype: str, kernels: list[KernelSample] | 
     if kernels:
         peak = cluster.device(0).peak_flops.get(dtype)
         if peak is None:
-            raise PlanError("dtype", f"the device has no peak FLOP/s for {dtype}",
-                            f"use one of {sorted(cluster.device(0).peak_flops)}")
+            raise PlanError("dtype", f"the cluster's device has no peak FLOP/s for {dtype}",
+                            f"use a dtype it lists {sorted(cluster.device(0).peak_flops)} "
+                            f"or add peak_flops.{dtype} to the device in the cluster file")
         check_samples(kernels, peak, has_datasheet(cluster))
         upd.update(kernel_curves(kernels, peak))
         solo = solo_speedup(kernels)

@@ -208,8 +208,10 @@ class Estimator:
         self.device = cluster.device(0)
         dt = model.dtype
         if dt not in self.device.peak_flops:
-            raise PlanError("model.dtype", f"{self.device.model or self.device.name} has no peak FLOP/s for {dt}",
-                            f"use one of {sorted(self.device.peak_flops)}")
+            raise PlanError("model.dtype",
+                            f"{self.device.model or self.device.name} has no peak FLOP/s for {dt} in the cluster",
+                            f"use a dtype it lists {sorted(self.device.peak_flops)} "
+                            f"or add peak_flops.{dt} to the device in the cluster file")
         self.peak = self.device.peak_flops[dt]
         self._merge = MERGES[self.params.ring_merge]  # the ring merge the schedules price (Shape.merge)
         self._compute_peak = self.peak * self.params.compute_efficiency  # what compute phases achieve in a step

@@ -1,12 +1,13 @@
 """The preset-style node description (profiles/clusters/*.yaml, or a user's file of that form), validated."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sp_plan.planner.cluster import SCHEMA_VERSION
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.yamlio import model_from_data
+from sp_plan.planner.yamlio import check_schema_version, model_from_data
 
 #: more devices in one node than any machine has: a typo, refused before building n^2 links
 MAX_DEVICES_PER_NODE = 1024
@@ -53,6 +54,7 @@ class NodeSpec(BaseModel):
     """One preset node: device (Device fields but its name), count, intra-node fabric, PCIe tree, NICs."""
 
     model_config = _STRICT
+    schema_version: int = SCHEMA_VERSION  # the full cluster file's version: one rule for both forms
     name: str = "custom"
     source: str = ""
     devices_per_node: int = Field(gt=0, le=MAX_DEVICES_PER_NODE)
@@ -61,12 +63,18 @@ class NodeSpec(BaseModel):
     pcie: PcieSpec | None = None
     nics: NicSpec | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _version(cls, data):
+        check_schema_version(data, SCHEMA_VERSION, "cluster")
+        return data
+
     @model_validator(mode="after")
     def _check(self):
         if "name" in self.device:
             raise PlanError("device.name", "devices are named gpu0, gpu1, ... by position", "drop device.name")
         if self.intra.kind == "pcie" and self.pcie is None:
-            raise PlanError("pcie", "intra kind pcie but no pcie section", "add pcie: {capacity, switches} or another intra kind")
+            raise self._no_fabric()
         if self.pcie:
             for g in self.pcie.switches:
                 if not g or any(i < 0 for i in g):
@@ -82,6 +90,20 @@ class NodeSpec(BaseModel):
             raise PlanError("nics.attach", "host needs a host bridge (a pcie section) or intra kind shm",
                             "add a pcie section or use attach per_gpu")
         return self
+
+    def _no_fabric(self) -> PlanError:
+        """The error for a node without a fabric: intra left out (pcie by default) or pcie named, and no pcie tree."""
+        # name what the user wrote, or left out: a default kind they never typed is no field to fix
+        fabrics = "|".join(k for k in get_args(IntraSpec.model_fields["kind"].annotation) if k != "pcie")
+        tree = "a pcie section {capacity, switches} for a node joined by PCIe alone"
+        if "intra" not in self.model_fields_set:
+            return PlanError("intra", "no intra-node interconnect given",
+                             f"add intra: {{kind: {fabrics}, capacity: BYTES_PER_S}}, or {tree}")
+        if "kind" not in self.intra.model_fields_set:
+            return PlanError("intra.kind", "no kind given, and pcie (the default) needs a pcie section",
+                             f"give kind: {fabrics} with a capacity, or add {tree}")
+        return PlanError("pcie", "intra kind pcie but no pcie section",
+                         "add pcie: {capacity, switches} or another intra kind")
 
 
 def node_spec(spec: Any, devices_per_node: int | None = None) -> dict:

@@ -1,0 +1,90 @@
+"""A cluster file with a defect, given to `sp-plan plan`: exit 2 and one `error: FIELD: PROBLEM; FIX` line whose
+field is the one the user has to fix (the preset-style node form and the full form keep one schema_version rule)."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sp_plan.cli.app import run_line
+from sp_plan.planner.calibration import measured_params
+from sp_plan.planner.cluster import SCHEMA_VERSION
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.profile import KernelSample
+from sp_plan.profiles import CLUSTERS, preset_cluster
+
+PLAN = ["plan", "--model", "tiny-gpt", "--seq-len", "4k", "--no-profile"]
+
+
+def node_file(tmp_path: Path, **change) -> str:
+    """cpu-local's node description with ``change`` applied (a value of None drops the key), written to a file."""
+    spec = yaml.safe_load((CLUSTERS / "cpu-local.yaml").read_text())
+    for k, v in change.items():
+        if v is None:
+            del spec[k]
+        else:
+            spec[k] = v
+    path = tmp_path / "node.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def error_line(capsys, cluster: str) -> str:
+    """The one stderr line of `sp-plan plan --cluster CLUSTER ...`, which must exit 2."""
+    assert run_line([*PLAN, "--cluster", cluster]) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_a_node_without_intra_names_intra_not_the_pcie_section_it_never_wrote(tmp_path, capsys):
+    line = error_line(capsys, node_file(tmp_path, intra=None))
+    assert line.startswith("error: intra: no intra-node interconnect given; add intra: {kind: "), line
+    assert "nvswitch|nvlink|hccs|shm" in line and "pcie section" in line
+
+
+def test_intra_without_a_kind_names_intra_kind(tmp_path, capsys):
+    line = error_line(capsys, node_file(tmp_path, intra={"capacity": 5e9}))
+    assert line.startswith("error: intra.kind: no kind given"), line
+
+
+def test_intra_kind_pcie_without_a_pcie_section_names_pcie(tmp_path, capsys):
+    line = error_line(capsys, node_file(tmp_path, intra={"kind": "pcie"}))
+    assert line == "error: pcie: intra kind pcie but no pcie section; add pcie: {capacity, switches} or another intra kind"
+
+
+def test_a_node_file_with_the_supported_schema_version_plans(tmp_path, capsys):
+    assert run_line([*PLAN, "--cluster", node_file(tmp_path, schema_version=SCHEMA_VERSION), "--json"]) == 0
+    assert not capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize("version,says", [
+    (SCHEMA_VERSION + 1, f"newer than this sp-plan supports ({SCHEMA_VERSION})"),
+    (0, f"write schema_version: {SCHEMA_VERSION}"),
+    ("one", f"write schema_version: {SCHEMA_VERSION}"),
+])
+def test_a_node_file_with_another_schema_version_is_refused_as_the_full_form_is(tmp_path, capsys, version, says):
+    node = error_line(capsys, node_file(tmp_path, schema_version=version))
+    full = tmp_path / "full.yaml"
+    preset_cluster("cpu-local").save(full)
+    full.write_text(yaml.safe_dump({**yaml.safe_load(full.read_text()), "schema_version": version}))
+    assert node.startswith("error: cluster.schema_version: ") and says in node, node
+    assert error_line(capsys, str(full)) == node
+
+
+def test_a_device_without_the_models_dtype_names_the_clusters_peak_flops(tmp_path, capsys):
+    device = yaml.safe_load((CLUSTERS / "cpu-local.yaml").read_text())["device"]
+    del device["peak_flops"]["fp32"]  # tiny-gpt is fp32
+    line = error_line(capsys, node_file(tmp_path, device=device))
+    assert line.startswith("error: model.dtype: cpu-rank has no peak FLOP/s for fp32 in the cluster; "), line
+    assert "or add peak_flops.fp32 to the device in the cluster file" in line
+    assert "['bf16', 'fp16', 'fp64']" in line
+
+
+def test_fitting_kernels_for_a_dtype_the_device_lacks_names_the_clusters_peak_flops():
+    cluster = preset_cluster("cpu-local")
+    del cluster.device(0).peak_flops["fp32"]
+    sample = KernelSample(kind="matmul", size=256, heads=1, head_dim=64, causal=False, flops=1e9, seconds=0.1)
+    with pytest.raises(PlanError) as e:
+        measured_params(cluster, "fp32", [sample])
+    assert e.value.field == "dtype" and "add peak_flops.fp32 to the device in the cluster file" in e.value.fix
