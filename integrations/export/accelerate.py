@@ -9,16 +9,21 @@ TorchContextParallelConfig.cp_comm_strategy handed to torch's set_rotate_method 
 "allgather" all-gathers K and V once (sp-plan allgather), "alltoall" passes them one rank each round (sp-plan
 ring; torch 2.13 torch/distributed/tensor/experimental/_context_parallel/_attention.py). Sequence parallelism
 is DeepSpeed Ulysses (ZeRO from DeepSpeedPlugin). Packed documents do not reach either. No pipeline parallelism.
+The model's dtype is Accelerator's ``mixed_precision`` ("bf16", "fp16", "no" for fp32), which the DeepSpeed and FSDP2
+plugins take (state.py: set_mixed_precision on each).
 """
 from __future__ import annotations
 
 from sp_plan.planner.plan import Plan
 
-from .target import Target, header
+from .target import Target, dtype, header
 
 VERSION = "1.15.0"
 #: sp-plan algorithm -> TorchContextParallelConfig.cp_comm_strategy (torch's rotate method)
 CP_COMM_STRATEGY = {"ring": "alltoall", "allgather": "allgather"}
+#: the model's dtype -> Accelerator(mixed_precision=...) (accelerate.utils.PrecisionType); written for fp32 too, since
+#: the default comes from the environment and `accelerate config`
+MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
 
 def _rules(p: Plan) -> list[tuple[str, str]]:
@@ -38,6 +43,7 @@ def render(p: Plan) -> str:
     d = p.degrees
     seq = p.workload.seq_len if p.workload else None
     ckpt = p.checkpointing == "full"
+    mp = f', mixed_precision="{MIXED_PRECISION[dtype(p)]}"'
     if d["ulysses"] > 1:
         body = f'''from accelerate import Accelerator
 from accelerate.parallelism_config import ParallelismConfig
@@ -49,7 +55,7 @@ parallelism_config = ParallelismConfig(
 )
 plugin = DeepSpeedPlugin(zero_stage={p.zero_stage})  # {d["dp"]} data-parallel replicas of the {d["ulysses"]}-rank Ulysses group
 '''
-        make = "Accelerator(parallelism_config=parallelism_config, deepspeed_plugin=plugin)"
+        make = f"Accelerator(parallelism_config=parallelism_config, deepspeed_plugin=plugin{mp})"
     else:
         fsdp = d["tp"] > 1 or d["ring"] > 1 or p.zero_stage >= 2
         sizes = (f"dp_replicate_size=1, dp_shard_size={d['dp']}" if fsdp else f"dp_replicate_size={d['dp']}, dp_shard_size=1")
@@ -65,9 +71,9 @@ parallelism_config = ParallelismConfig({sizes}, tp_size={d["tp"]}{cp})
         if fsdp:
             body += (f"plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward={p.zero_stage == 3}, "
                      f"activation_checkpointing={ckpt})\n")
-            make = "Accelerator(parallelism_config=parallelism_config, fsdp_plugin=plugin)"
+            make = f"Accelerator(parallelism_config=parallelism_config, fsdp_plugin=plugin{mp})"
         else:
-            make = "Accelerator(parallelism_config=parallelism_config)"
+            make = f"Accelerator(parallelism_config=parallelism_config{mp})"
     tail = "" if not ckpt or "FullyShardedDataParallelPlugin(" in body else \
         "    # full checkpointing: call model.gradient_checkpointing_enable() before accelerator.prepare\n"
     return header(p, TARGET) + body + f'''

@@ -16,7 +16,7 @@ import json
 
 from sp_plan.planner.plan import Plan
 
-from .target import Target, batch_split
+from .target import Target, batch_split, dtype
 
 VERSION = "0.19.8"
 
@@ -24,10 +24,10 @@ VERSION = "0.19.8"
 def config(p: Plan) -> dict:
     """The DeepSpeed config dict for ``p``."""
     batch, mbs, gas = batch_split(p)
-    dtype = p.model.dtype if p.model else "bf16"
+    dt = dtype(p)
     out = {"train_batch_size": batch, "train_micro_batch_size_per_gpu": mbs, "gradient_accumulation_steps": gas,
            "zero_optimization": {"stage": p.zero_stage},
-           "bf16": {"enabled": dtype == "bf16"}, "fp16": {"enabled": dtype == "fp16"},
+           "bf16": {"enabled": dt == "bf16"}, "fp16": {"enabled": dt == "fp16"},
            "sequence_parallel_size": p.degrees["ulysses"]}
     if p.checkpointing == "full":
         out["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,

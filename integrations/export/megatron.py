@@ -19,9 +19,11 @@ every stage's layers divide by v (the flag Megatron asks for with uneven stages;
 stage`` refuses them), else ``--pipeline-model-parallel-layout``, which lists the pp x v chunks in pipeline order
 (chunk k on rank k mod pp; E the embedding, t a layer, L the loss: transformer/pipeline_parallel_layer_layout.py) and
 takes the place of the first and last stage flags; Megatron's interleaved schedule needs the micro-batches in groups
-of pp (core/pipeline_parallel/schedules.py), as the plan does. Rank order 'tp-cp-ep-dp-pp', or 'tp-cp-ep-pp-dp' with ``--use-tp-pp-dp-mapping``
-(training/initialize.py). ZeRO-1 is the distributed optimizer; ZeRO-2/3 are Megatron-FSDP's optim_grads /
-optim_grads_params sharding.
+of pp (core/pipeline_parallel/schedules.py), as the plan does. Rank order 'tp-cp-ep-dp-pp', or 'tp-cp-ep-pp-dp' with
+``--use-tp-pp-dp-mapping`` (training/initialize.py). The model's dtype is ``--bf16`` or ``--fp16``, mixed precision
+that keeps fp32 main weights in the optimizer (core/optimizer/optimizer.py Float16OptimizerWithFloat16Params, the
+distributed optimizer alike), and no flag for fp32, Megatron's default. ZeRO-1 is the distributed optimizer; ZeRO-2/3
+are Megatron-FSDP's optim_grads / optim_grads_params sharding.
 """
 from __future__ import annotations
 
@@ -32,11 +34,14 @@ from sp_plan.planner.plan import Plan
 
 from sp_plan.planner.stages import stage_chunks
 
-from .target import Target, batch_split, header
+from .target import Target, batch_split, dtype, header
 
 COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 CP_COMM = {"ring": "p2p", "ulysses": "a2a", "usp": "a2a+p2p", "allgather": "all_gather"}
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
+#: the model's dtype -> Megatron's precision flags: bf16 or fp16 mixed precision (fp32 main weights and gradients in the
+#: optimizer, as sp-plan prices them); without either Megatron trains in fp32
+PRECISION = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": []}
 DOCUMENT_FLAGS = ["--reset-position-ids", "--reset-attention-mask", "--dataloader-inter-document-masking"]
 
 
@@ -104,6 +109,7 @@ def arguments(p: Plan) -> list[str]:
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if d["pp"] > 1 and d["dp"] > 1 and p.order.index("pp") < p.order.index("dp"):
         args.append("--use-tp-pp-dp-mapping")
+    args += PRECISION[dtype(p)]
     batch, mbs, _ = batch_split(p)
     args += ["--micro-batch-size", str(mbs), "--global-batch-size", str(batch)]
     if p.workload:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from sp_plan.planner.errors import PlanError
+from sp_plan.planner.model import ModelSpec
 from sp_plan.planner.plan import Plan
 
 #: the papers' names, for messages ("megatron has no WallFacer")
@@ -40,6 +41,8 @@ class Target:
     stages: Callable[[list[int]], bool] | None = None
     #: whether the target runs an interleaved 1F1B schedule (a plan's virtual_stages > 1)
     virtual_stages: bool = False
+    #: the model dtypes (ModelSpec.dtype) its configuration can set; another is an error no nearest plan fixes
+    dtypes: tuple[str, ...] = ("bf16", "fp16", "fp32")
 
     def dims(self) -> set[str]:
         return {d for o in self.orders for d in o}
@@ -102,7 +105,12 @@ class Target:
         return out
 
     def check_workload(self, p: Plan) -> None:
-        """A plan for the wrong kind of run (training vs inference) is an error no nearest plan fixes."""
+        """A plan for the wrong kind of run (training vs inference), or for a dtype the target cannot set, is an error
+        no nearest plan fixes."""
+        if dtype(p) not in self.dtypes:
+            raise PlanError("model.dtype", f"{self.name} has no {dtype(p)} precision setting (it sets "
+                            f"{'/'.join(self.dtypes)}), and the plan's model is {dtype(p)}", "make the plan with a "
+                            f"model file of dtype {' or '.join(self.dtypes)}, or export to another target")
         if self.training is None or p.workload is None or p.workload.training == self.training:
             return
         kind = "training" if self.training else "inference"
@@ -124,6 +132,11 @@ def header(p: Plan, target: Target, comment: str = "#") -> str:
     pred = f", predicted step {p.predicted.step_time_s:.3f} s" if p.predicted else ""
     return (f"{comment} sp-plan export: {p.summary()}{pred}\n"
             f"{comment} for {target.title}\n")
+
+
+def dtype(p: Plan) -> str:
+    """The dtype the plan was priced in: its model's, else ModelSpec's default (bf16)."""
+    return p.model.dtype if p.model else ModelSpec.model_fields["dtype"].default
 
 
 def batch_split(p: Plan) -> tuple[int, int, int]:

@@ -14,15 +14,22 @@ pipeline_parallel_first_stage_less_layers (the embedding's weight) and ..._last_
 are split evenly, the first stages taking the remainder (distributed/pipeline_parallel.py
 generate_llm_fqn_per_model_part); both default to 1, so an even plan writes 0 and 0. Mesh
 ['pp', 'dp_replicate', 'dp_shard', 'cp', 'tp'] outermost first (distributed/parallel_dims.py); data
-parallelism is FSDP2 (ZeRO-3, ZeRO-2 with fsdp_reshard_after_forward "never").
+parallelism is FSDP2 (ZeRO-3, ZeRO-2 with fsdp_reshard_after_forward "never"). The model's dtype is
+training.mixed_precision_param (bfloat16 or float32, default bfloat16; no float16), which fully_shard applies where
+data_parallel_shard_degree or context_parallel_degree is above 1, autocast where no parallelism is, and nothing where
+tp or pp runs alone (dp = cp = 1: it trains in fp32; torchtitan/distributed/utils.py maybe_enable_amp);
+training.dtype stays float32, the fp32 main weights sp-plan prices.
 """
 from __future__ import annotations
 
 from sp_plan.planner.plan import Plan
 
-from .target import Target, batch_split, header
+from .target import Target, batch_split, dtype, header
 
 VERSION = "0.3.0"
+#: the model's dtype -> training.mixed_precision_param (fp32 parameters sharded, computed in this dtype); torchtitan has
+#: no fp16 choice
+MIXED_PRECISION = {"bf16": "bfloat16", "fp32": "float32"}
 
 
 def stage_split(layers: int, pp: int, first_less: int, last_less: int) -> list[int] | None:
@@ -66,7 +73,8 @@ def arguments(p: Plan) -> list[str]:
         args += ["--parallelism.pipeline_parallel_first_stage_less_layers", str(a),
                  "--parallelism.pipeline_parallel_last_stage_less_layers", str(b)]
     local = batch // d["dp"] if d["pp"] > 1 else mbs  # without pp, one local batch per accumulation step
-    args += ["--training.local_batch_size", str(local), "--training.global_batch_size", str(batch)]
+    args += ["--training.local_batch_size", str(local), "--training.global_batch_size", str(batch),
+             "--training.mixed_precision_param", MIXED_PRECISION[dtype(p)]]
     if p.workload:
         args += ["--training.seq_len", str(p.workload.seq_len)]
     args.append("activation_checkpoint:" + ("full" if p.checkpointing == "full" else "none"))
@@ -87,7 +95,7 @@ TARGET = Target(
     name="torchtitan", title=f"torchtitan {VERSION} (torchtitan/config/configs.py ParallelismConfig, TrainingConfig)",
     render=render, suffix=".args", algorithms=("allgather",),
     orders=(("tp", "ring", "dp", "pp"),), token_layouts=("contiguous", "zigzag"),
-    zero_stages=(2, 3), checkpointing=("none", "full"), training=True,
+    zero_stages=(2, 3), checkpointing=("none", "full"), training=True, dtypes=tuple(MIXED_PRECISION),
     stages=lambda s: stage_weights(s) is not None,
     notes={"ulysses": "torchtitan has no Ulysses (its context parallelism all-gathers K and V)",
            "ring": "torchtitan's context parallelism all-gathers K and V (PyTorch's default rotate method, which "
