@@ -16,8 +16,8 @@ generate_llm_fqn_per_model_part); both default to 1, so an even plan writes 0 an
 ['pp', 'dp_replicate', 'dp_shard', 'cp', 'tp'] outermost first (distributed/parallel_dims.py); data
 parallelism is FSDP2 (ZeRO-3, ZeRO-2 with fsdp_reshard_after_forward "never"). The model's dtype is
 training.mixed_precision_param (bfloat16 or float32, default bfloat16; no float16), which fully_shard applies where
-data_parallel_shard_degree or context_parallel_degree is above 1, autocast where no parallelism is, and nothing where
-tp or pp runs alone (dp = cp = 1: it trains in fp32; torchtitan/distributed/utils.py maybe_enable_amp);
+data_parallel_shard_degree or context_parallel_degree is above 1 (torchtitan/distributed/utils.py maybe_enable_amp;
+tp or pp alone would train in fp32, but its one algorithm, allgather, needs ring 2 or more: planner/allgather.py);
 training.dtype stays float32, the fp32 main weights sp-plan prices.
 """
 from __future__ import annotations
