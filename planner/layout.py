@@ -491,6 +491,17 @@ def _pour(start: int, end: int, work_before, queue: _RoomQueue) -> tuple[np.ndar
     return firsts, stops, ranks
 
 
+def local_token_range(token_layout: str, ring: int, ulysses: int, seq_len: int) -> tuple[int, int] | None:
+    """The fewest and most of ``seq_len`` tokens one of ring x ulysses ranks holds under a balancing policy: ring
+    members within one token of each other (contiguous, zigzag and striped, per document or not), each cut evenly
+    over its ulysses ranks (``numpy.array_split``), so floor and ceiling of S/R, then of those over U. None where the
+    policy bounds only the most (``balanced`` over more than one ring member)."""
+    if token_layout == "balanced" and ring > 1:
+        return None
+    lo, hi = seq_len // ring, -(-seq_len // ring)
+    return lo // ulysses, -(-hi // ulysses)
+
+
 def document_ring_tokens(token_layout: str, ring: int, cu_seqlens, weights=None) -> list[np.ndarray]:
     """Global token indices each of ``ring`` ranks holds of one sequence whose documents end at ``cu_seqlens``, in
     local (token) order; ``weights`` (each token's work) only for ``balanced``. A single document whose length

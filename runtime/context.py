@@ -86,10 +86,20 @@ class Context:
         coords = {m: self.layout.coords(m) for m in self.ranks("sp")}
         return {m: pieces[c.get("ring", 0)][c.get("ulysses", 0)] for m, c in coords.items()}
 
+    def _check_share(self, n_local: int, cu_seqlens) -> None:
+        """This rank's ``n_local`` tokens against what the plan's layout gives a rank of ``cu_seqlens``'s sequence
+        (``ring.check_share``), before any per-token array of it is built."""
+        from .variants.ring import check_masks, check_share
+
+        cu, _ = check_masks(cu_seqlens, None, None)
+        check_share(n_local, self.plan.token_layout, self.plan.degrees["ring"], self.plan.degrees["ulysses"], cu[-1])
+
     def gather(self, x: torch.Tensor, dim: int = 1, cu_seqlens=None, window: int | None = None) -> torch.Tensor:
         """Inverse of ``shard`` (with the same ``cu_seqlens`` and ``window``): all-gather the local shards over the
         sequence group and put every token back at its place; shards of different lengths travel padded."""
         members = self.ranks("sp")
+        if cu_seqlens is not None:
+            self._check_share(x.size(dim), cu_seqlens)
         if len(members) == 1:
             return x
         if cu_seqlens is None:
@@ -99,6 +109,10 @@ class Context:
         else:
             seq_len = int(cu_seqlens[-1])
             held = self._document_tokens(seq_len, cu_seqlens, window)
+            if len(held[self.rank]) != x.size(dim):  # a balanced layout, which local_token_range leaves open
+                raise PlanError("cu_seqlens", f"the {self.plan.token_layout} layout gives this rank "
+                                f"{len(held[self.rank]):,} tokens of {seq_len:,}, and it holds {x.size(dim):,}",
+                                "pass the cu_seqlens the shard was made with")
             perm = np.concatenate([held[m] for m in members])
             lengths = [len(held[m]) for m in members]
         parts = self._all_gather(x, dim, max(lengths))

@@ -118,3 +118,35 @@ def test_metp_plans_have_no_ctx_attention_and_say_what_to_use():
     # would be silently wrong, so the call names the modules that run it
     with pytest.raises(WorldError, match="METPAttention"):
         run_world(_metp_attention, 2, timeout=60)
+
+
+def _far_cu_seqlens(rank, world, plans):
+    """Per plan, the field and problem of ctx.attention and ctx.gather given a cu_seqlens that ends far past the
+    inputs (2^40 tokens: any per-token array of it would not fit in memory)."""
+    out = []
+    for p in plans:
+        ctx = init(p)
+        q = torch.randn(1, 8, 2, 4)
+        for call in (lambda: ctx.attention(q, q, q, causal=True, cu_seqlens=[0, 5, 2 ** 40]),
+                     lambda: ctx.gather(q, dim=1, cu_seqlens=[0, 5, 2 ** 40])):
+            try:
+                call()
+                out.append(None)
+            except PlanError as e:
+                out.append((e.field, e.problem))
+    return out
+
+
+@pytest.mark.parametrize("world, plans", [
+    (1, [Plan(algorithm="ring", degrees={"ring": 1}, order=["ring"])]),
+    (2, [Plan(algorithm="ring", degrees={"ring": 2}, order=["ring"], token_layout="zigzag"),
+         Plan(algorithm="ulysses", degrees={"ulysses": 2}, order=["ulysses"]),
+         Plan(algorithm="allgather", degrees={"ring": 2}, order=["ring"], token_layout="striped")]),
+])
+def test_a_cu_seqlens_far_past_the_inputs_is_refused_before_the_layout_is_built(world, plans):
+    """The token count a layout gives a rank is checked against the inputs before any per-token array of the
+    sequence is made, so a wrong end is one clear error, at world 1 too (where gather has nothing to move)."""
+    for res in run_world(_far_cu_seqlens, world, plans, timeout=60):
+        assert len(res) == 2 * len(plans)
+        for r in res:
+            assert r is not None and r[0] == "cu_seqlens" and "1,099,511,627,776" in r[1], r

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from sp_plan.planner.documents import check_cu_seqlens
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.layout import check_token_layout, document_ring_tokens, ring_tokens
+from sp_plan.planner.layout import check_token_layout, document_ring_tokens, local_token_range, ring_tokens
 from sp_plan.planner.masks import row_pairs
 
 from ..kernels import (BlockMask, block_attention, block_attention_backward, block_tiles, causal_block_mask, full_block,
@@ -444,8 +444,22 @@ def pad_tokens(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
     return x if x.shape[1] == n else torch.cat([x, x.new_full((x.shape[0], n - x.shape[1], *x.shape[2:]), fill)], dim=1)
 
 
+def check_share(n_local: int, token_layout: str, ring: int, ulysses: int, seq_len: int) -> None:
+    """This rank's token count against what the layout can give one of ring x ulysses ranks of ``seq_len``
+    (``layout.local_token_range``), checked before any per-token array of the sequence is built: a ``cu_seqlens``
+    that does not match the inputs fails at once, however far its end is from them."""
+    span = local_token_range(token_layout, ring, ulysses, seq_len)
+    if span is not None and not span[0] <= n_local <= span[1]:
+        held = f"{span[0]:,}" if span[0] == span[1] else f"{span[0]:,}-{span[1]:,}"
+        gives = ("a sequence group of one rank holds every token" if ring * ulysses == 1 else
+                 f"the {token_layout} layout gives each of {ring * ulysses} ranks {held} tokens")
+        raise PlanError("cu_seqlens", f"ends at {seq_len:,}: {gives}, and this rank holds {n_local:,} tokens",
+                        "pass the global cu_seqlens of the batch the inputs were sharded from, as to ctx.shard")
+
+
 def held_tokens(token_layout, ring: Ring, seq_len: int, n_local: int, causal, cu_seqlens, window) -> tuple:
     """Every member's tokens (``member_tokens``), after checking that this rank holds what the layout gives it."""
+    check_share(n_local, token_layout, ring.size, 1, seq_len)
     tokens = member_tokens(token_layout, ring.size, seq_len, causal, cu_seqlens, window)
     if len(tokens[ring.position]) != n_local:
         raise PlanError("q", f"this rank holds {n_local} tokens; the {token_layout} layout gives it "

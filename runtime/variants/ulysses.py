@@ -26,7 +26,7 @@ import torch.distributed as dist
 from sp_plan.planner.errors import PlanError
 
 from ..kernels import MIN_TILE, BlockMask, attended, local_attention, lse_dtype, reduce_mask
-from .ring import attend_chunks, attend_chunks_backward, check_masks, member_pieces
+from .ring import attend_chunks, attend_chunks_backward, check_masks, check_share, member_pieces
 from . import degree, register
 
 
@@ -302,6 +302,7 @@ def masked_ulysses(q, k, v, group, *, causal, scale, backend, token_layout, cu_s
     all-to-all, ``tiled_attention`` of the whole sequence, the all-to-all back."""
     u = 1 if group is None else dist.get_world_size(group)
     seq_len = q.shape[1] * u if cu_seqlens is None else cu_seqlens[-1]
+    check_share(q.shape[1], token_layout, 1, u, seq_len)
     pieces = member_pieces(token_layout, u, 1, seq_len, bool(causal), cu_seqlens, window)[0]
     lengths = [len(p) for p in pieces]
     check_local_tokens(q.shape[1], lengths, 0 if group is None else dist.get_rank(group), token_layout)

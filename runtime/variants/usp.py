@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..kernels import local_attention
-from .ring import check_masks, make_ring, member_pieces, ring_attention
+from .ring import check_masks, check_share, make_ring, member_pieces, ring_attention
 from .ulysses import check_local_tokens, check_ulysses_ranks, heads_to_seq, masked_ulysses, seq_to_heads
 from . import degree, register
 
@@ -50,6 +50,7 @@ def piece_lengths(q, ulysses_group, ring_group, ring_ranks, causal, token_layout
     u = 1 if ulysses_group is None else dist.get_world_size(ulysses_group)
     ring = make_ring(ring_group, ring_ranks)
     seq_len = q.shape[1] * u * ring.size if cu is None else cu[-1]
+    check_share(q.shape[1], token_layout, ring.size, u, seq_len)
     pieces = member_pieces(token_layout, u, ring.size, seq_len, bool(causal), cu, window)[ring.position]
     lengths = [len(p) for p in pieces]
     check_local_tokens(q.shape[1], lengths, 0 if ulysses_group is None else dist.get_rank(ulysses_group),
