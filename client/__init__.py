@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 
@@ -30,7 +31,7 @@ class Client:
     def __init__(self, url: str, token: str | None = None, timeout: float = 600.0):
         self.url = checked_url(url).rstrip("/")
         headers = {"Authorization": f"Bearer {checked_token(token, 'token')}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, follow_redirects=False)
 
     @classmethod
     def from_env(cls, url: str) -> "Client":
@@ -53,6 +54,10 @@ class Client:
         except httpx.HTTPError as e:
             raise PlanError("server", f"cannot reach the planner service at {self.url} ({type(e).__name__}: {e})",
                             "start it with `sp-plan serve` or check the URL") from None
+        if 300 <= r.status_code < 400:  # never followed: a redirect is no answer to this request
+            raise PlanError("server", f"{self.url}{path} answered {r.status_code}, a redirect to "
+                            f"{r.headers.get('location', '(none)')!r}, not an answer",
+                            "check the URL (it names the service itself, not a proxy in front of it)")
         if r.status_code >= 400:
             try:
                 e = r.json()["error"]
@@ -77,7 +82,7 @@ class Client:
     def get_plan(self, id: str, families: bool = False) -> PlanResponse:
         """GET /v1/plans/{id}: a plan the service computed (``families``: with the best layout of each variant)."""
         params = {"families": "true"} if families else None
-        return PlanResponse.model_validate(self._call("GET", f"/v1/plans/{id}", params=params).json())
+        return PlanResponse.model_validate(self._call("GET", f"/v1/plans/{segment(id, 'plan')}", params=params).json())
 
     # ---- profiles
     def profiles(self, fingerprint: str | None = None) -> list[Profile]:
@@ -87,7 +92,7 @@ class Client:
 
     def profile(self, id: str) -> Profile:
         """GET /v1/profiles/{id}."""
-        return Profile.model_validate(self._call("GET", f"/v1/profiles/{id}").json())
+        return Profile.model_validate(self._call("GET", f"/v1/profiles/{segment(id, 'profile')}").json())
 
     def upload_profile(self, profile: Profile | str | Path) -> str:
         """POST /v1/profiles: store a profile (or a profile file); returns its id in the service's store."""
@@ -96,7 +101,22 @@ class Client:
 
     def delete_profile(self, id: str) -> None:
         """DELETE /v1/profiles/{id}."""
-        self._call("DELETE", f"/v1/profiles/{id}")
+        self._call("DELETE", f"/v1/profiles/{segment(id, 'profile')}")
+
+
+def segment(id: str, field: str) -> str:
+    """``id`` as one percent-encoded URL path segment, else PlanError(field): an id that is empty, holds '/', '\\',
+    '?', '#', '..' or a control character would address another resource (httpx folds '..' segments away, so
+    ``nope/../victim`` is ``victim``), not one that is stored under it."""
+    fix = ("pass an id as GET /v1/profiles lists it (a unique prefix of 4+ characters works)" if field == "profile"
+           else "pass the id a POST /v1/plan answered")
+    if not isinstance(id, str) or not id:
+        raise PlanError(field, f"{id!r} is not a {field} id (an empty or missing id names no {field})", fix)
+    bad = next((c for c in id if c in "/\\?#" or not c.isprintable()), None)
+    if bad is not None or ".." in id:
+        what = f"holds {bad!r}" if bad is not None else "holds '..'"
+        raise PlanError(field, f"{id!r} is not a {field} id: it {what}, which no stored id does", fix)
+    return quote(id, safe="")
 
 
 def checked_url(url: str) -> str:
