@@ -1,6 +1,8 @@
 """One entry point for every attention variant of the runtime, chosen by the plan's algorithm name."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -29,6 +31,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: s
     (packed documents over the global sequence) and ``window`` (a sliding window) go to the variants that take
     them (``MASKED``); ``kv_chunks`` over 1 (all-gather's chunks of KV heads) to ``allgather`` alone.
     """
+    check_inputs(q, k, v, scale)
     variants = load_all()
     if algorithm not in variants:
         raise PlanError("algorithm", f"unknown algorithm {algorithm!r}", f"use one of {sorted(variants)}")
@@ -43,3 +46,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: s
         masks["kv_chunks"] = kv_chunks
     return variants[algorithm].fn(q, k, v, groups=groups or {}, ranks=ranks or {}, causal=causal,
                                   token_layout=token_layout, scale=scale, backend=backend, **masks)
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> None:
+    """Self-attention's shards: q, k and v hold the same (batch, local seq) tokens, and a scale is a positive
+    number (a NaN or zero scale would give NaN or uniform weights without an error)."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise PlanError("q", f"q, k, v have {q.dim()}, {k.dim()}, {v.dim()} dimensions",
+                        "pass (batch, local seq, heads, head dim) tensors")
+    if not q.shape[:2] == k.shape[:2] == v.shape[:2]:
+        raise PlanError("k", f"q holds (batch, tokens) {tuple(q.shape[:2])}, k {tuple(k.shape[:2])}, "
+                        f"v {tuple(v.shape[:2])}", "pass q, k and v of the same tokens (this is self-attention)")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise PlanError("scale", f"{scale!r} is not a positive number", "pass scale=None (1/sqrt(head dim)) or a value > 0")

@@ -375,6 +375,20 @@ def test_bad_masks_name_their_field():
         allgather_attention(q, q, q, cu_seqlens=[0, 5, 7])
     with pytest.raises(PlanError, match="holds 8 tokens"):
         attention(q, q, q, algorithm="ulysses", groups={}, cu_seqlens=[0, 5, 7])
+    # what an int cast or NumPy would take silently: a fractional window or boundary, a string, a NaN or zero scale,
+    # k and v of other tokens than q (cross-attention, which no variant computes)
+    for field, kw in [("window", dict(window=1.5)), ("cu_seqlens", dict(cu_seqlens=[0, 5.7, 8])),
+                      ("cu_seqlens", dict(cu_seqlens="0,5,8")), ("scale", dict(scale=float("nan"))),
+                      ("scale", dict(scale=0.0))]:
+        with pytest.raises(PlanError) as e:
+            attention(q, q, q, algorithm="ring", groups={}, **kw)
+        assert e.value.field == field, kw
+    with pytest.raises(PlanError) as e:
+        attention(q, q[:, :4], q[:, :4], algorithm="ring", groups={})
+    assert e.value.field == "k"
+    # flash-attn's convention, an int32 tensor, is read as the same boundaries as a list
+    as_tensor = attention(q, q, q, algorithm="ring", groups={}, cu_seqlens=torch.tensor([0, 5, 8], dtype=torch.int32))
+    assert torch.equal(as_tensor, attention(q, q, q, algorithm="ring", groups={}, cu_seqlens=[0, 5, 8]))
 
 
 @pytest.mark.parametrize("algorithm", ["wallfacer", "tokenring", "tokenring_ring", "metp"])

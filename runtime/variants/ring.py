@@ -482,12 +482,27 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dis
                                 None if ranks is None else tuple(int(r) for r in ranks), backend, cu, w)
 
 
+def _whole(cu_seqlens):
+    """``cu_seqlens`` if it is a sequence of whole numbers (an int cast would cut 5.7 to 5 silently), else a clear
+    error."""
+    try:
+        x = np.asarray(cu_seqlens, dtype=np.float64)
+    except (TypeError, ValueError):
+        x = None
+    if x is None or x.ndim != 1 or not np.all(np.isfinite(x) & (x == np.floor(x))):
+        raise PlanError("cu_seqlens", f"{str(cu_seqlens)[:60]} is not a list of whole token positions",
+                        "give document boundaries as whole numbers: 0, the end of each document (int32)")
+    return cu_seqlens
+
+
 def check_masks(cu_seqlens, window, seq_len: int | None) -> tuple[tuple[int, ...] | None, int | None]:
     """``cu_seqlens`` as a tuple (checked, against the global ``seq_len`` where given) and ``window`` as an int, or
     None."""
-    if window is not None and int(window) < 1:
+    if isinstance(cu_seqlens, torch.Tensor):  # flash-attn's varlen convention: an int32 tensor, on the GPU too
+        cu_seqlens = cu_seqlens.tolist()
+    if window is not None and (int(window) != window or int(window) < 1):
         raise PlanError("window", f"window {window} is not a positive number of tokens", "pass window >= 1 or None")
-    cu = None if cu_seqlens is None else tuple(int(x) for x in check_cu_seqlens(cu_seqlens, seq_len))
+    cu = None if cu_seqlens is None else tuple(int(x) for x in check_cu_seqlens(_whole(cu_seqlens), seq_len))
     return cu, None if window is None else int(window)
 
 
