@@ -365,10 +365,10 @@ def estimate(
 ) -> None:
     """Price one plan on a cluster: step time, MFU, memory and the per-phase breakdown."""
     from sp_plan.pipeline import EstimateRequest, run_estimate  # noqa: PLC0415 - as in _planned
-    from sp_plan.planner.plan import Plan  # noqa: PLC0415 - numpy: `presets` and --help do without it
+    from sp_plan.profiles.plans import load_plan  # noqa: PLC0415 - numpy: `presets` and --help do without it
 
     try:
-        p = Plan.load(path)
+        p = load_plan(path)
         if model is None and p.model is None:
             raise PlanError("--model", f"{path} names no model", "pass --model NAME|FILE")
         if seq_len is None and p.workload is None:
@@ -407,10 +407,10 @@ SHOWN_GROUPS = 4
 @app.command()
 def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan plan -o` (or by hand)")) -> None:
     """Print a plan file: layout, the groups its mesh makes (derived from degrees and order) and predictions."""
-    from sp_plan.planner.plan import Plan  # noqa: PLC0415 - numpy: `presets` and --help do without it
+    from sp_plan.profiles.plans import load_plan  # noqa: PLC0415 - numpy: `presets` and --help do without it
 
     try:
-        p = Plan.load(path)
+        p = load_plan(path)
     except PlanError as e:
         fail(e)
     out.print(f"[bold]{p.summary()}[/]  (world {p.world_size}, cluster {p.cluster or '-'} {p.cluster_fingerprint or ''})")

@@ -135,9 +135,9 @@ def _report_inputs(path: Optional[Path], cluster: Optional[str], nodes: Optional
                    documents: Optional[str], window: Optional[int], window_pattern: Optional[str],
                    seed: Optional[int]) -> tuple[Optional[Plan], Cluster, ModelSpec, Workload]:
     """The plan file (if any), cluster, model and workload a report is about: the flags, else the plan file's."""
-    from sp_plan.planner.plan import Plan  # noqa: PLC0415 - as in report_plans
+    from sp_plan.profiles.plans import load_plan  # noqa: PLC0415 - as in report_plans
 
-    given = Plan.load(path) if path else None
+    given = load_plan(path) if path else None
     if given is None and (cluster is None or model is None or seq_len is None):
         raise PlanError("plan", "no plan file and not all of --cluster, --model, --seq-len",
                         "pass a plan file, or --cluster NAME --model NAME --seq-len N")

@@ -166,10 +166,12 @@ def allgather_buffers(c: Shape, training: bool) -> float:
 
 def check_allgather(cand, model, work) -> None:
     """A context group to gather over: ring >= 2 (ring 1 with Ulysses is Ulysses itself); ``kv_chunks`` dividing
-    the KV heads a rank attends."""
+    the KV heads a rank attends (where a model is given: a plan file may name none)."""
     if cand.ring < 2:
         raise PlanError("degrees.ring", f"allgather gathers K, V over the context (ring) group, got ring {cand.ring}",
                         "set ring to 2 or more (with ring 1, use ulysses)")
+    if model is None:
+        return
     local = local_kv_heads(model.heads, model.kv_heads, cand.tp, cand.ulysses)
     if cand.kv_chunks < 1 or local % cand.kv_chunks:
         raise PlanError("kv_chunks", f"{cand.kv_chunks} chunks do not split the {local} KV heads a rank attends "

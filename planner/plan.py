@@ -24,6 +24,9 @@ MAX_WORLD = 2**20
 ALGORITHMS = ("ring", "ulysses", "usp", "wallfacer", "tokenring", "tokenring_ring", "metp", "allgather")
 #: algorithms that cut the ring into teams (degrees["team"])
 TEAM_ALGORITHMS = ("wallfacer", "tokenring_ring")
+#: algorithms that read ``placement``: WallFacer places its teams inside the ring (eq. 8); TokenRing x Ring's teams
+#: are always consecutive ring positions (runtime/variants/tokenring.py)
+PLACED_ALGORITHMS = ("wallfacer",)
 CHECKPOINTING = ("none", "full", "attention_boundary")
 
 
@@ -42,6 +45,22 @@ def check_kv_chunks_algorithm(kv_chunks: int, algorithm: str) -> None:
     if kv_chunks != 1 and algorithm != "allgather":
         raise PlanError("kv_chunks", f"kv_chunks chunks all-gather's gather of K, V; {algorithm} gathers none",
                         "drop kv_chunks, or use algorithm allgather")
+
+
+def _group_difference(name: str, lists: list[list[int]], made: list[list[int]]) -> str | None:
+    """How a file's rank lists of dimension ``name`` differ from the layout's, compared as sets of rank sets: a list
+    that is no group, a group listed twice or one missing (None: the same groups)."""
+    want = {tuple(sorted(g)) for g in made}
+    seen: set[tuple[int, ...]] = set()
+    for g in lists:
+        key = tuple(sorted(g))
+        if key not in want:
+            return f"{g} is no {name} group"
+        if key in seen:
+            return f"{g} is listed twice"
+        seen.add(key)
+    missing = next((g for g in made if tuple(sorted(g)) not in seen), None)
+    return None if missing is None else f"{missing} is missing"
 
 
 class PhaseCost(BaseModel):
@@ -118,7 +137,8 @@ class Plan(BaseModel):
     groups: dict[str, list[list[int]]] = Field(
         default_factory=dict, exclude=True,
         description="every group's rank lists, by dimension: never written (derived from degrees and order, "
-                    "Plan.with_groups()); an older file's are read and must match the layout")
+                    "Plan.with_groups()); an older file's are read and must be the layout's, each "
+                    "dimension as a set of rank sets")
     predicted: Prediction | None = None
     measured: Measured | None = None
     profile: str | None = Field(default=None, description="the calibration profile that priced the prediction: "
@@ -145,7 +165,11 @@ class Plan(BaseModel):
             raise PlanError("degrees.ring", f"algorithm ulysses needs ring 1, got {r}", "use algorithm usp for ulysses x ring")
         if self.degrees.get("team", 1) > 1 and a not in TEAM_ALGORITHMS:
             raise PlanError("degrees.team", f"team {self.degrees['team']} is WallFacer's; {a} has no teams", "set team to 1")
-        check_team(r, self.degrees["team"], self.placement, wallfacer=self.placement is not None)  # as layout() will
+        if self.placement is not None and a not in PLACED_ALGORITHMS:
+            raise PlanError("placement", f"{a} reads no placement; {' and '.join(PLACED_ALGORITHMS)} alone places "
+                            "its teams", f"drop placement, or use algorithm {PLACED_ALGORITHMS[0]}")
+        # teams divide the ring; WallFacer's C^2 | ring, placement or none, is its own check's (check_algorithm)
+        check_team(r, self.degrees["team"], self.placement, wallfacer=False)
         if self.stage_layers is not None:
             check_stage_layers(self.stage_layers, self.degrees["pp"], self.model.layers if self.model else None)
         if self.virtual_stages == 1:
@@ -157,9 +181,9 @@ class Plan(BaseModel):
         if self.world_size > MAX_WORLD:
             raise PlanError("degrees", f"{self.world_size:,} ranks is more than any cluster has (at most {MAX_WORLD:,})",
                             "check the degrees")
-        if self.groups and self.groups != self.layout().all_groups():
-            raise PlanError("groups", "the rank lists do not match the degrees and order",
-                            "drop groups (sp-plan fills them in from the layout) or fix them")
+        self.check_algorithm()
+        if self.groups:
+            self.groups = self._checked_groups()
         if self.token_layout == "balanced" and (self.workload is None or self.workload.documents is None):
             raise PlanError("token_layout", "balanced assigns packed documents to ranks by their work, and the "
                             "workload has no documents", "use zigzag, or give the workload documents")
@@ -187,6 +211,39 @@ class Plan(BaseModel):
                 raise PlanError("kv_chunks", f"{n} chunks do not split the {local} KV heads a rank attends "
                                 f"({self.model.kv_heads} KV heads over tp {d['tp']} x ulysses {d['ulysses']})",
                                 f"use one of {fits}")
+
+    def _checked_groups(self) -> dict[str, list[list[int]]]:
+        """An older file's ``groups`` checked against the layout's, each dimension as a set of rank sets (a process
+        group is its members: ``init`` builds every group from the mesh, its ranks sorted, never from the file);
+        the layout's lists, as ``with_groups`` gives them."""
+        made = self.layout().all_groups()
+        drop = "drop groups (sp-plan derives them from degrees and order)"
+        for name, lists in self.groups.items():
+            if name not in made:
+                raise PlanError(f"groups.{name}", f"the degrees and order make no {name} groups (they make "
+                                f"{', '.join(made)})", drop)
+            what = _group_difference(name, lists, made[name])
+            if what is None:
+                continue
+            shown = " ".join(map(str, made[name][:4])) + (" ..." if len(made[name]) > 4 else "")
+            raise PlanError(f"groups.{name}", f"{what} (degrees {self._degree_text()} and order "
+                            f"[{', '.join(self.order)}] make {shown})", f"{drop}, or fix groups.{name}")
+        return made
+
+    def _degree_text(self) -> str:
+        """The degrees above 1, e.g. 'ulysses=8 x ring=2'."""
+        return " x ".join(f"{k}={v}" for k, v in self.degrees.items() if v > 1) or "1"
+
+    def check_algorithm(self) -> None:
+        """The algorithm's own constraints (its registered ``check``, planner/algorithms.py, which ``estimate`` runs
+        again with the model and workload it prices) with the plan's model and workload, None where it names none:
+        a plan every reader (`show`, ``init``, ``estimate``) takes alike."""
+        from .algorithms import ALGORITHMS  # noqa: PLC0415 - the registry imports every schedule on first read
+        from .candidate import Candidate  # noqa: PLC0415 - candidate imports this module
+
+        alg = ALGORITHMS[self.algorithm]
+        if alg.check is not None:
+            alg.check(Candidate.from_plan(self), self.model, self.workload)
 
     # ---- derived
     @property
@@ -234,7 +291,7 @@ class Plan(BaseModel):
         """A world that does not match the plan is a clear error."""
         if world != self.world_size:
             raise PlanError("world_size", f"the plan needs {self.world_size} ranks "
-                            f"({' x '.join(f'{k}={v}' for k, v in self.degrees.items() if v > 1) or '1'}), the world has {world}",
+                            f"({self._degree_text()}), the world has {world}",
                             f"launch {self.world_size} ranks or make a plan for {world}")
 
     # ---- io
@@ -245,4 +302,6 @@ class Plan(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
+        """A plan file as the planner reads it: definitions only (``sp_plan.profiles.plans.load_plan``, what the
+        CLI reads, also resolves a model preset's and a distribution's name)."""
         return load_yaml_model(cls, path, "plan")

@@ -51,7 +51,7 @@ def test_a_file_with_groups_loads_and_its_groups_are_checked(tmp_path):
     (tmp_path / "bad.yaml").write_text(yamlio.yaml_dump(data))
     with pytest.raises(PlanError) as e:
         Plan.load(tmp_path / "bad.yaml")
-    assert e.value.field == "groups" and "do not match the degrees and order" in e.value.problem
+    assert e.value.field == "groups.ring" and "[0, 9] is no ring group" in e.value.problem
 
 
 def test_plans_returned_to_callers_carry_no_groups_until_asked():
