@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.errors import PlanError, require_extra
@@ -42,6 +42,13 @@ if TYPE_CHECKING:
     from sp_plan.planner.sensitivity import Sensitivity
 
 MAX_WORLD = 65536
+#: the most optuna trials a bayes search takes. TPE's cost per trial grows with the trials before it (tiny-gpt on
+#: dgx-h100: 200 trials in 0.7 s, 1,000 in 24 s), and a study revisits the same degrees long before that (the space
+#: has far fewer degree choices than trials), so 10,000 is past any useful study; more is a typo that would hold a
+#: search process for days
+MAX_TRIALS = 10_000
+#: the largest bayes sampler seed: optuna's TPESampler seeds numpy's RandomState, which takes 0 to 2**32 - 1
+MAX_SEED = 2**32 - 1
 
 
 def _inference_alias(data):
@@ -136,6 +143,13 @@ def _inline_masks(data):
     return {**data, "workload": w}
 
 
+def _bounded(field: str, value: int, low: int, high: int, fix: str) -> int:
+    """``value`` if it lies in [low, high], else a PlanError naming ``field`` (not pydantic's error dump)."""
+    if not low <= value <= high:
+        raise PlanError(field, f"must be from {low:,} to {high:,}, got {value:,}", fix)
+    return value
+
+
 def _workload_aliases(data):
     """The request's workload as the CLI spells it: ``inference``, a documents name and ``window_pattern``."""
     return _inline_masks(_inference_alias(data))
@@ -152,8 +166,11 @@ class PlanRequest(BaseModel):
                                "(or inference: true); documents (a distribution's name, a histogram or a list of "
                                "lengths), window (W, with window_pattern '5:1'), seed")
     search: Literal["grid", "bayes"] = "grid"
-    trials: int = Field(default=200, ge=1, description="optuna trials for search bayes")
-    seed: int = Field(default=0, description="sampler seed for search bayes")
+    # bounds checked by _bounded (a PlanError naming the field), declared here for /openapi.json
+    trials: int = Field(default=200, description="optuna trials for search bayes",
+                        json_schema_extra={"minimum": 1, "maximum": MAX_TRIALS})
+    seed: int = Field(default=0, description="sampler seed for search bayes",
+                      json_schema_extra={"minimum": 0, "maximum": MAX_SEED})
     top: int = Field(default=5, ge=1, le=1000, description="how many ranked layouts to return")
     use_profile: bool = Field(default=True, description="price with the cluster's stored calibration profile")
     profile: str | None = Field(default=None, description="a stored profile id (default: the cluster's newest); "
@@ -162,6 +179,16 @@ class PlanRequest(BaseModel):
                            "(what `sp-plan plan` prints as its second table; most of a large answer's bytes)")
 
     _alias = model_validator(mode="before")(_workload_aliases)
+
+    @field_validator("trials")
+    @classmethod
+    def _trials(cls, v: int) -> int:
+        return _bounded("trials", v, 1, MAX_TRIALS, f"ask for 1 to {MAX_TRIALS:,} trials (200 is the default)")
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v: int) -> int:
+        return _bounded("seed", v, 0, MAX_SEED, f"give a seed from 0 to {MAX_SEED:,}")
 
 
 class EstimateRequest(BaseModel):

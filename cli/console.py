@@ -24,7 +24,7 @@ FLAGS = {
     "cluster": "--cluster", "nodes": "--nodes", "model": "--model", "store": "--store", "profile": "--profile",
     "storage": "--storage", "server": "--server", "trials": "--trials", "to": "--to", "token_file": "--token-file",
     "max_minutes": "--max-minutes", "output": "--output", "report": "--report", "sizes": "--sizes",
-    "topo_file": "--topo-file",
+    "topo_file": "--topo-file", "seed": "--seed",
 }
 
 

@@ -65,6 +65,8 @@ def bayes_search(cluster: Cluster, model: ModelSpec, workload: Workload, trials:
     (``params``: calibrated physical parameters, planner/params.py; None: the uncalibrated engine)."""
     if trials < 1:
         raise PlanError("trials", f"must be at least 1, got {trials}", "pass --trials 1 or more")
+    if not 0 <= seed < 2**32:  # TPESampler seeds numpy's RandomState, which takes 0 to 2**32 - 1
+        raise PlanError("seed", f"must be from 0 to {2**32 - 1:,}, got {seed}", f"give a seed from 0 to {2**32 - 1:,}")
     est = Estimator(cluster, model, workload, params=params)
     space = space or Space(cluster.world_size, model, workload)
     choices = _choices(space)

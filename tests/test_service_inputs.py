@@ -1,0 +1,69 @@
+"""Bad input to the service, the Python API and the CLI is refused by name: a 4xx JSON body naming the field and the
+fix over HTTP (never a 500 or a search that runs for days), a PlanError in Python, one line and exit 2 on the CLI.
+
+The app runs in-process (Starlette's TestClient, the real FastAPI app with its process pool and a SQLite store)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from sp_plan.cli.app import app as cli
+from sp_plan.pipeline import MAX_SEED, MAX_TRIALS, PlanRequest
+from sp_plan.planner.errors import PlanError
+from sp_plan.service.app import Settings, create_app
+
+#: one pytest-xdist worker for the module: its app (and the app's search process) starts once
+pytestmark = [pytest.mark.xdist_group("service_inputs"), pytest.mark.multiprocess]
+BODY = {"cluster": "dgx-h100", "nodes": 1, "model": "tiny-gpt", "workload": {"seq_len": "4k"}}
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("service-inputs")
+    app = create_app(Settings(store=f"sqlite:///{tmp}/store.db", processes=1, max_body=200_000))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+
+
+def refused(r, field: str, status: int = 422) -> dict:
+    """The JSON error of a refused request: its status and field as expected, a problem and a fix given."""
+    assert r.status_code == status, (r.status_code, r.text[:500])
+    err = r.json()["error"]
+    assert err["field"] == field and err["problem"] and err["fix"], err
+    return err
+
+
+def posted(client, path: str, body: dict):
+    """POST ``body`` as JSON (lone surrogates written as their \\u escapes, as any JSON client may send them)."""
+    return client.post(path, content=json.dumps(body).encode(), headers=JSON)
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"trials": MAX_TRIALS + 1}, "trials"), ({"trials": 10**9}, "trials"), ({"trials": 0}, "trials"),
+    ({"seed": -1}, "seed"), ({"seed": MAX_SEED + 1}, "seed"), ({"seed": 2**70}, "seed")])
+def test_bayes_trials_and_seed_out_of_range_are_refused_by_name(client, extra, field):
+    err = refused(posted(client, "/v1/plan", {**BODY, "search": "bayes", **extra}), field)
+    assert f"{MAX_TRIALS if field == 'trials' else MAX_SEED:,}" in err["fix"]
+    with pytest.raises(PlanError) as e:
+        PlanRequest(**BODY, search="bayes", **extra)
+    assert e.value.field == field
+
+
+def test_the_largest_trials_and_seed_are_accepted_and_published():
+    req = PlanRequest(**BODY, search="bayes", trials=MAX_TRIALS, seed=MAX_SEED)
+    assert (req.trials, req.seed) == (MAX_TRIALS, MAX_SEED)
+    props = PlanRequest.model_json_schema()["properties"]
+    assert props["trials"]["maximum"] == MAX_TRIALS and props["seed"]["maximum"] == MAX_SEED
+
+
+@pytest.mark.parametrize("flag, value", [("--trials", MAX_TRIALS + 1), ("--seed", MAX_SEED + 1)])
+def test_the_cli_refuses_trials_and_seed_out_of_range_in_one_line(flag, value):
+    r = CliRunner().invoke(cli, ["plan", "--cluster", "dgx-h100", "--model", "tiny-gpt", "--seq-len", "4k",
+                                 "--search", "bayes", "--no-profile", flag, str(value)])
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {flag}: must be from"), r.stderr
