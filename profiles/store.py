@@ -93,6 +93,39 @@ _STAMP_NEWEST = (sa.select(profiles_t.c.id, profiles_t.c.stored_at)
                  .order_by(profiles_t.c.created_at.desc(), profiles_t.c.stored_at.desc()).limit(1))
 
 
+def bad_char(text: str) -> str | None:
+    """The first character of ``text`` a store column must not hold, else None: one that is not printable, such as a
+    control character (PostgreSQL's text cannot hold NUL at all) or a lone surrogate (no UTF-8 encoding)."""
+    return next((c for c in text if not c.isprintable()), None)
+
+
+def storable(text: object, column: sa.Column) -> bool:
+    """Whether ``text`` can be a value of the string ``column``: a str of at most its length, no bad_char. A
+    lookup by anything else finds nothing, without asking the database (which would fail on it, not answer)."""
+    return isinstance(text, str) and len(text) <= column.type.length and bad_char(text) is None
+
+
+def check_text(text: str, column: sa.Column, field: str) -> None:
+    """PlanError(field) unless ``text`` fits ``column`` (storable): refused as input, never truncated, and never a
+    StoreError, which would read as an outage."""
+    limit = column.type.length
+    if len(text) > limit:
+        raise PlanError(field, f"{len(text):,} characters, more than the store keeps (at most {limit})",
+                        f"shorten it to {limit} characters or fewer")
+    c = bad_char(text)
+    if c is not None:
+        raise PlanError(field, f"{text[:40]!r} holds {c!r} (U+{ord(c):04X}), which the store cannot keep",
+                        "use printable characters only")
+
+
+def check_columns(profile: Profile) -> None:
+    """The profile's id, cluster and fingerprint fit the store's columns (check_text), on every backend alike."""
+    if profile.id is not None:
+        check_text(profile.id, profiles_t.c.id, "profile.id")
+    check_text(profile.cluster, profiles_t.c.cluster, "profile.cluster")
+    check_text(profile.cluster_fingerprint, profiles_t.c.fingerprint, "profile.cluster_fingerprint")
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
@@ -330,7 +363,9 @@ class Store(Database):
 
     # ---- profiles
     def save_profile(self, profile: Profile) -> str:
-        """Store (or replace, same id) a profile; assigns ``id`` and ``created_at`` when missing; returns the id."""
+        """Store (or replace, same id) a profile; assigns ``id`` and ``created_at`` when missing; returns the id.
+        A profile the store cannot keep as given is PlanError naming the field (check_columns)."""
+        check_columns(profile)
         if not profile.id:
             profile.id = uuid.uuid4().hex[:12]
         if not profile.created_at:
@@ -347,6 +382,8 @@ class Store(Database):
         return profile.id
 
     def _resolve_id(self, conn: sa.Connection, id: str) -> str | None:
+        if not storable(id, profiles_t.c.id):
+            return None
         if conn.execute(sa.select(profiles_t.c.id).where(profiles_t.c.id == id)).first():
             return id
         if len(id) >= 4:  # a unique prefix, like git
@@ -364,6 +401,8 @@ class Store(Database):
 
     def has_profile(self, id: str) -> bool:
         """Whether a profile with exactly this id is stored."""
+        if not storable(id, profiles_t.c.id):
+            return False
         with self.transaction() as conn:
             return conn.execute(sa.select(profiles_t.c.id).where(profiles_t.c.id == id)).first() is not None
 
@@ -380,6 +419,8 @@ class Store(Database):
         """Stored profiles, newest first, optionally only those of one topology fingerprint."""
         q = sa.select(profiles_t.c.document).order_by(profiles_t.c.created_at.desc(), profiles_t.c.stored_at.desc())
         if fingerprint is not None:
+            if not storable(fingerprint, profiles_t.c.fingerprint):
+                return []
             q = q.where(profiles_t.c.fingerprint == fingerprint)
         with self.transaction() as conn:
             docs = conn.execute(q).scalars().all()
@@ -387,6 +428,8 @@ class Store(Database):
 
     def latest_profile(self, fingerprint: str) -> Profile | None:
         """The newest profile of this topology fingerprint, or None."""
+        if not storable(fingerprint, profiles_t.c.fingerprint):
+            return None
         q = (sa.select(profiles_t.c.document).where(profiles_t.c.fingerprint == fingerprint)
              .order_by(profiles_t.c.created_at.desc(), profiles_t.c.stored_at.desc()).limit(1))
         with self.transaction() as conn:
@@ -396,6 +439,8 @@ class Store(Database):
     def profile_stamp(self, fingerprint: str, id: str | None = None) -> str | None:
         """'ID@STORED_AT' of the profile a plan would use (``id``, else the fingerprint's newest), or None: a cheap
         version that changes whenever that profile is replaced, deleted or superseded."""
+        if id is None and not storable(fingerprint, profiles_t.c.fingerprint):
+            return None
         with self.reading() as conn:
             if id is not None:
                 row = conn.execute(_STAMP_BY_ID, {"id": self._resolve_id(conn, id)}).first()

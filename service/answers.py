@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable
 import sqlalchemy as sa
 
 from sp_plan.planner.errors import NotFound
-from sp_plan.profiles.store import Database
+from sp_plan.profiles.store import Database, storable
 from sp_plan.service.cache import LRU, Coalescer
 
 service_plans_t = sa.Table(
@@ -56,6 +56,8 @@ class Answers:
     # ---- the table
     def stored(self, id: str) -> dict | None:
         """The stored document ({"response", "request"}) with this id, or None."""
+        if not storable(id, service_plans_t.c.id):  # no such id can be stored; the database would fail on it
+            return None
         q = sa.select(service_plans_t.c.document).where(service_plans_t.c.id == id)
         with self.db.reading() as conn:
             return conn.execute(q).scalar()

@@ -414,3 +414,36 @@ def test_an_activation_factor_no_fit_gives_is_refused_on_import(tmp_path):
     with pytest.raises(PlanError) as e:
         Profile.load(tmp_path / "p.yaml")
     assert "activation_factor" in e.value.field and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("id", "i" * 65), ("cluster_fingerprint", "f" * 65), ("cluster", "c" * 201),
+    ("id", "a\x00b"), ("cluster", "dgx\x00h100"), ("cluster_fingerprint", "ff\x00ff"), ("cluster", "dgx\ud800"),
+])
+def test_what_a_column_cannot_keep_is_refused_naming_the_field(url, field, value):
+    """A value longer than its column or holding NUL (which PostgreSQL's text cannot hold) is PlanError naming the
+    profile's field on both backends alike, never a StoreError, and nothing is stored."""
+    st = Store(url)
+    with pytest.raises(PlanError) as e:
+        st.save_profile(make_profile(**{field: value}))
+    assert type(e.value) is PlanError and e.value.field == f"profile.{field}", e.value
+    assert st.list_profiles() == []
+    assert st.save_profile(make_profile(id="i" * 64, cluster="c" * 200, cluster_fingerprint="f" * 64)) == "i" * 64
+
+
+@pytest.mark.parametrize("lookup", ["i" * 65, "\x00", "abc\x00def", "\ud800abc", None])
+def test_an_id_no_profile_can_have_is_not_found(url, lookup):
+    """Lookups by an id or fingerprint the columns cannot hold find nothing (NotFound, empty, None), without a
+    StoreError from the database."""
+    st = Store(url)
+    st.save_profile(make_profile(id="abcdef012345"))
+    with pytest.raises(NotFound):
+        st.get_profile(lookup)
+    with pytest.raises(NotFound):
+        st.delete_profile(lookup)
+    assert not st.has_profile(lookup)
+    text = lookup or "\x00"  # a fingerprint of None lists every profile, an id of None asks for the newest
+    assert st.list_profiles(text) == [] and st.latest_profile(text) is None
+    assert st.profile_stamp(text) is None and st.profile_stamp("f" * 16, text) is None
+    assert Answers(st).stored(text) is None
+    assert [p.id for p in st.list_profiles()] == ["abcdef012345"]

@@ -1,0 +1,71 @@
+"""POST /v1/profiles and the lookups beside it on the real service (uvicorn in a subprocess), on SQLite and on a real
+PostgreSQL server: what the store cannot keep is a 4xx naming the field, on both backends alike, never a 503 counted
+as a store error."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pgserver import postgres_url  # noqa: F401 - fixture
+from sp_plan.planner.profile import Profile
+
+from test_serve import TOKEN, Server, _fresh_url, _metric
+
+FIXTURE = Path(__file__).parent / "fixtures" / "profile-dgx-h100.yaml"
+#: shares the throwaway PostgreSQL server's xdist worker with tests/test_store.py and tests/test_serve.py
+pytestmark = [pytest.mark.xdist_group("postgres"), pytest.mark.multiprocess]
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def server(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(f"upload-{request.param}")
+    srv = Server(_fresh_url(request, tmp, request.param), tmp)
+    yield srv
+    srv.stop()
+
+
+def doc(**changes) -> dict:
+    """The fixture profile as an upload body, with ``changes`` (dotted keys reach into params)."""
+    d = Profile.load(FIXTURE).model_dump(mode="json")
+    d.pop("id", None)
+    for key, value in changes.items():
+        *path, last = key.split(".")
+        at = d
+        for k in path:
+            at = at[k]
+        at[last] = value
+    return d
+
+
+def upload(srv: Server, body: dict) -> httpx.Response:
+    return httpx.post(f"{srv.url}/v1/profiles", json=body, headers=AUTH, timeout=60)
+
+
+def assert_refused(r: httpx.Response, field: str, status: int = 422) -> dict:
+    """``r`` is ``status`` with the JSON error naming ``field`` and a fix; returns the error."""
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["field"] == field and err["fix"], err
+    return err
+
+
+@pytest.mark.parametrize("key, value", [("id", "i" * 65), ("cluster_fingerprint", "f" * 65), ("cluster", "c" * 201),
+                                        ("id", "a\x00b"), ("cluster", "dgx\x00h100")])
+def test_what_the_store_cannot_keep_is_422_not_503(server, key, value):
+    before = _metric(server, "sp_plan_store_errors_total")
+    assert_refused(upload(server, doc(**{key: value})), f"profile.{key}")
+    assert _metric(server, "sp_plan_store_errors_total") == before
+
+
+def test_lookups_by_what_cannot_be_stored_find_nothing(server):
+    before = _metric(server, "sp_plan_store_errors_total")
+    for path in ("/v1/profiles/%00abc", "/v1/profiles/" + "i" * 65, "/v1/plans/%00"):
+        assert httpx.get(server.url + path).status_code == 404, path
+    assert httpx.delete(server.url + "/v1/profiles/%00abc", headers=AUTH).status_code == 404
+    assert httpx.get(server.url + "/v1/profiles", params={"fingerprint": "\x00"}).json() == []
+    body = {"cluster": "dgx-h100", "nodes": 2, "model": "llama3-8b", "workload": {"seq_len": "64k"}, "profile": "x\x00y"}
+    assert_refused(httpx.post(server.url + "/v1/plan", json=body, timeout=120), "profile", 404)
+    assert _metric(server, "sp_plan_store_errors_total") == before
