@@ -100,11 +100,11 @@ def export_cmd(
     from sp_plan.cli.console import err, out
     from sp_plan.cli.options import fail, profile_options
     from sp_plan.integrations.export import target
-    from sp_plan.planner.plan import Plan
     from sp_plan.planner.yamlio import atomic_write
+    from sp_plan.profiles.plans import load_plan
 
     try:
-        p = Plan.load(path)
+        p = load_plan(path)
         t = target(to)
         t.check_workload(p)
         # a given --cluster or --nodes is resolved and its world checked whether or not a nearest plan needs it

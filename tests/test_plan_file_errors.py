@@ -56,9 +56,14 @@ def test_a_named_distribution_in_a_plan_file_is_read_as_the_flag_reads_it(tmp_pa
     assert res.workload.documents == flag.workload.documents and res.workload.documents.name == "magi-short"
     assert res.plan.predicted.step_time_s == flag.plan.predicted.step_time_s
 
+    capsys.readouterr()  # export reads it too: Megatron's packed-sequence flags, as for --documents
+    assert run_line(["export", named, "--to", "megatron", "--no-profile"]) == 0, capsys.readouterr().err
+    assert "--reset-attention-mask" in capsys.readouterr().out
+
     unknown = edited(tmp_path, "nosuch.yaml", workload={**work, "documents": "nosuch"})
     for command in (["show", unknown], ["estimate", unknown, *ON_ITS_CLUSTER],
-                    ["report", unknown, "-o", str(tmp_path / "r.html"), "--no-profile"]):
+                    ["report", unknown, "-o", str(tmp_path / "r.html"), "--no-profile"],
+                    ["export", unknown, "--to", "megatron"]):
         line = one_error(capsys, *command)
         assert line.startswith("error: workload.documents: unknown distribution 'nosuch'; use one of "), line
         assert all(name in line for name in document_presets()) and "load_documents" not in line, line
