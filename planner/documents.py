@@ -20,6 +20,10 @@ from .model import DocumentLengths, Histogram, Lognormal, Workload
 DRAW_MARGIN = 16
 #: bins per doubling of length when a file of lengths is summarised as a histogram (``histogram_of``)
 BINS_PER_OCTAVE = 8
+#: the widest lognormal a workload takes (sigma, the standard deviation of ln length). Fitted corpora sit near 1-2
+#: (Megatron's mock dataset 1.5 and 1.8); at sigma 10, mu = ln(mean) - 50, so nearly every draw lands on min or max
+#: and the distribution says nothing more; far beyond, sigma**2 overflows a float
+MAX_SIGMA = 10.0
 
 
 def mean_length(docs: DocumentLengths | Lognormal | Histogram) -> float:
@@ -35,9 +39,29 @@ def mean_length(docs: DocumentLengths | Lognormal | Histogram) -> float:
 def _bins(h: Histogram) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(lowest length, one past the highest, probability) of each bin: integers max(edges[i], 1) <= L < edges[i+1]."""
     e = np.asarray(h.edges, dtype=np.int64)
-    w = np.asarray(h.weights, dtype=float)
     lo = np.maximum(e[:-1], 1)
-    return lo, np.maximum(e[1:], lo + 1), w / w.sum()  # a zero-weight bin below 1 token: never drawn
+    return lo, np.maximum(e[1:], lo + 1), _probabilities(h.weights)  # a zero-weight bin below 1 token: never drawn
+
+
+def _probabilities(weights) -> np.ndarray:
+    """Bin weights (finite, any scale: the Histogram checks them) as probabilities, w / sum(w)."""
+    w = np.asarray(weights, dtype=float)
+    with np.errstate(over="ignore"):
+        total = w.sum()
+    if not np.isfinite(total):  # weights near 1e308 sum to inf (w / inf is all zero): scale by the largest first,
+        w = w / w.max()         # so the sum is at most the bin count
+        total = w.sum()
+    return w / total
+
+
+def _lognormal_mu(docs: Lognormal) -> float:
+    """mu of ln(length) for the lognormal's untruncated ``mean``: ln(mean) - sigma^2 / 2 (Megatron-LM's
+    MockVarlenLowLevelDataset); a sigma over MAX_SIGMA is refused."""
+    if not docs.sigma <= MAX_SIGMA:
+        raise PlanError("workload.documents.sigma", f"{docs.sigma:g} is wider than any corpus of documents",
+                        f"give a sigma (the standard deviation of ln length) above 0 and at most {MAX_SIGMA:g}, "
+                        "e.g. 1.5")
+    return math.log(docs.mean) - docs.sigma ** 2 / 2
 
 
 def sample_lengths(docs: DocumentLengths | Lognormal | Histogram, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -45,8 +69,7 @@ def sample_lengths(docs: DocumentLengths | Lognormal | Histogram, n: int, rng: n
     if isinstance(docs, DocumentLengths):
         return rng.choice(np.asarray(docs.lengths, dtype=np.int64), size=n, replace=True)
     if isinstance(docs, Lognormal):  # Megatron-LM MockVarlenLowLevelDataset: mu = ln(mean) - sigma^2/2, clip, floor
-        mu = math.log(docs.mean) - docs.sigma ** 2 / 2
-        x = np.clip(rng.lognormal(mu, docs.sigma, size=n), docs.min, docs.max)
+        x = np.clip(rng.lognormal(_lognormal_mu(docs), docs.sigma, size=n), docs.min, docs.max)
         return x.astype(np.int64)
     lo, hi, p = _bins(docs)  # MagiAttention generate_seqlens: a bin by its weight, then a length uniform in it
     b = rng.choice(len(p), size=n, p=p)
@@ -77,7 +100,11 @@ def draw_packs(docs: DocumentLengths | Lognormal | Histogram, seq_len: int, sequ
     packs)."""
     rng = np.random.default_rng(seed)
     need = seq_len * sequences
-    per_draw = math.ceil(need / mean_length(docs)) + DRAW_MARGIN
+    mean = mean_length(docs)
+    if not 1 <= mean < math.inf:  # each length is a whole token or more: a mean below 1 sizes no draw
+        raise PlanError("workload.documents", f"the mean document length is {mean:g} tokens",
+                        "give a distribution of lengths of 1 token or more")
+    per_draw = math.ceil(need / mean) + DRAW_MARGIN
     drawn: list[np.ndarray] = []
     total = 0
     while total < need:

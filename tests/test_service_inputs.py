@@ -67,3 +67,27 @@ def test_the_cli_refuses_trials_and_seed_out_of_range_in_one_line(flag, value):
     assert r.exit_code == 2, r.output
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {flag}: must be from"), r.stderr
+
+
+WIDE = {"kind": "lognormal", "mean": 1000, "sigma": 1e200, "min": 1, "max": 4096}
+HUGE_WEIGHTS = {"kind": "histogram", "edges": [0, 100, 1000], "weights": [1e308, 1e308]}
+
+
+@pytest.fixture(scope="module")
+def winner(client):
+    r = posted(client, "/v1/plan", {**BODY, "top": 1, "use_profile": False})
+    assert r.status_code == 200, r.text
+    return r.json()["winner"]
+
+
+@pytest.mark.parametrize("path", ["/v1/plan", "/v1/estimate"])
+def test_a_lognormal_too_wide_is_refused_by_name_and_huge_weights_are_planned(client, winner, path):
+    def body(docs):
+        workload = {"seq_len": "4k", "documents": docs}
+        if path == "/v1/plan":
+            return {**BODY, "workload": workload, "top": 1, "use_profile": False}
+        return {"plan": winner, "cluster": "dgx-h100", "nodes": 1, "workload": workload, "use_profile": False}
+
+    refused(posted(client, path, body(WIDE)), "workload.documents.sigma")
+    r = posted(client, path, body(HUGE_WEIGHTS))
+    assert r.status_code == 200, r.text
