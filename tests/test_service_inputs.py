@@ -91,3 +91,45 @@ def test_a_lognormal_too_wide_is_refused_by_name_and_huge_weights_are_planned(cl
     refused(posted(client, path, body(WIDE)), "workload.documents.sigma")
     r = posted(client, path, body(HUGE_WEIGHTS))
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/v1/plan", {**BODY, "profile": "x\ud800"}, "profile"),
+    ("/v1/plan", {**BODY, "model": {"name": "tiny\udc00", "layers": 2}}, "model.name"),
+    ("/v1/plan", {**BODY, "workload": {"seq_len": "4k", "documents": ["1\ud800"]}}, "workload.documents[0]"),
+    ("/v1/plan", {**BODY, "x\ud800": 1}, "x\\ud800"),
+    ("/v1/estimate", {"plan": {"algorithm": "ring\ud800"}, "cluster": "dgx-h100"}, "plan.algorithm"),
+    ("/v1/profiles", {"id": "x\ud800", "cluster": "dgx-h100"}, "id"),
+    ("/v1/profiles", {"cluster": "dgx-h100\udfff"}, "cluster")])
+def test_a_lone_surrogate_in_any_string_is_refused_naming_its_field(client, path, body, field):
+    err = refused(posted(client, path, body), field)  # json.dumps writes it as the \ud800 escape
+    assert "surrogate" in err["problem"]
+
+
+def test_a_lone_surrogate_as_raw_bytes_or_in_a_utf16_body_is_refused_too(client):
+    raw = json.dumps({**BODY, "profile": "x"}).replace('"x"', '"x\ud800"', 1).encode("utf-8", "surrogatepass")
+    refused(client.post("/v1/plan", content=raw, headers=JSON), "profile")
+    utf16 = json.dumps({**BODY, "profile": "x\ud800"}).encode("utf-16")
+    refused(client.post("/v1/plan", content=utf16, headers=JSON), "profile")
+
+
+def test_a_surrogate_pair_is_text_and_reaches_the_app(client):
+    r = posted(client, "/v1/plan", {**BODY, "model": "tiny-gpt\U0001F600"})  # written as \ud83d\ude00
+    assert refused(r, "model", 404)["problem"] == "unknown preset 'tiny-gpt\U0001F600'"
+
+
+def test_a_chunked_body_over_the_limit_is_413_as_with_a_content_length(client):
+    def chunks():
+        for _ in range(30):
+            yield b" " * 10_000  # 300 kB against the fixture's 200 kB
+
+    streamed = client.post("/v1/plan", content=chunks(), headers=JSON)
+    sized = client.post("/v1/plan", content=b" " * 300_000, headers=JSON)
+    assert "content-length" not in streamed.request.headers and "content-length" in sized.request.headers
+    assert refused(streamed, "body", 413) == refused(sized, "body", 413)
+
+
+def test_a_chunked_body_under_the_limit_is_planned(client):
+    data = json.dumps({**BODY, "top": 1, "use_profile": False}).encode()
+    r = client.post("/v1/plan", content=(data[i:i + 16] for i in range(0, len(data), 16)), headers=JSON)
+    assert r.status_code == 200 and r.json()["plans"], r.text
