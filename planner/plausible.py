@@ -9,6 +9,13 @@ from .errors import PlanError
 
 #: measured / datasheet above this is not noise (boost clocks and timer jitter stay well inside 10%)
 TOLERANCE = 1.10
+#: an efficiency above this is untrue on any cluster, datasheet or not: a CPU cluster's peaks and capacities are
+#: placeholders a CPU may beat (cpu-local: 50 GFLOP/s, 5 GB/s shared memory), but not a thousandfold (50 TFLOP/s
+#: is beyond any CPU socket)
+EFFICIENCY_CEILING = 1000.0
+#: achieved device-memory bytes/s above this is untrue on any device: 200x the fastest memory in
+#: profiles/kernels.yaml (the H200's 4.8 TB/s)
+HBM_CEILING = 1e15
 _TIME_KEYS = ("seconds", "time", "alpha_s")
 
 
@@ -41,6 +48,44 @@ def has_datasheet(cluster) -> bool:
     """True when the cluster's peaks and link capacities are datasheet figures (GPUs, NPUs), not the
     placeholders of CPU rank slots (a CPU may well beat cpu-local's nominal 50 GFLOP/s)."""
     return any(d.kind != "cpu" for t in cluster.node_types.values() for d in t.devices)
+
+
+def _efficiencies(params):
+    """(field under params, size or None, efficiency) of every efficiency in ``params``: the curves' points
+    (achieved / peak FLOP/s) and the comm fits (measured / modelled bandwidth)."""
+    from .params import CURVES
+
+    for name in CURVES:
+        curve = getattr(params, name)
+        for size, eff in (curve.points if curve else ()):
+            yield name, size, eff
+    for key, fit in params.comm.items():
+        yield f"comm.{key}", None, fit.efficiency
+
+
+def check_bounds(params, what: str = "profile") -> None:
+    """What no cluster can make true, whatever its devices: an efficiency above EFFICIENCY_CEILING or an achieved
+    device-memory bandwidth above HBM_CEILING (checkable without the cluster: a profile's upload)."""
+    for name, size, eff in _efficiencies(params):
+        if eff > EFFICIENCY_CEILING:
+            at = f" at {size:g} tokens" if size is not None else ""
+            raise PlanError(f"{what}.params.{name}", f"efficiency {eff:.3g}{at} claims {eff:.3g}x the cluster's peak, "
+                            f"more than any device or link reaches, even against a CPU cluster's placeholder figures "
+                            f"(at most {EFFICIENCY_CEILING:g}x)",
+                            "re-run `sp-plan tune` (a timing was wrong)")
+    hbm = params.hbm_bandwidth
+    if hbm is not None and hbm > HBM_CEILING:
+        raise PlanError(f"{what}.params.hbm_bandwidth", f"{hbm:.3g} bytes/s is more than any device's memory moves "
+                        f"(at most {HBM_CEILING:.3g})", "re-run `sp-plan tune` (a timing was wrong)")
+
+
+def check_hbm(params, datasheet: float | None, what: str = "profile") -> None:
+    """An achieved device-memory bandwidth above the device's datasheet figure (bytes/s; None: no figure)."""
+    hbm = params.hbm_bandwidth
+    if datasheet and hbm is not None and hbm > TOLERANCE * datasheet:
+        raise PlanError(f"{what}.params.hbm_bandwidth", f"{hbm:.3g} bytes/s claims {hbm / datasheet:.2f}x the "
+                        f"device's datasheet memory bandwidth ({datasheet:.3g})", "re-run `sp-plan tune` (a timing "
+                        "was wrong)")
 
 
 def check_params(params, cluster, what: str = "profile") -> None:

@@ -28,9 +28,12 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql as sa_pg, sqlite as sa_sqlite
 
 from sp_plan.planner.errors import NotFound, PlanError, StoreError
-from sp_plan.planner.plausible import check_params
+from sp_plan.planner.cluster import preset_nodes
+from sp_plan.planner.plausible import check_bounds, check_hbm, check_params
 from sp_plan.planner.profile import STACK_KEYS, Profile, created_utc
 from sp_plan.planner.yamlio import model_from_data
+from sp_plan.profiles import MAX_NODES, cluster_presets, preset_cluster
+from sp_plan.profiles.kernels import _match, kernel_data
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 #: alembic's version table for the store; optuna keeps its own ``alembic_version`` in the same database
@@ -124,6 +127,35 @@ def check_columns(profile: Profile) -> None:
         check_text(profile.id, profiles_t.c.id, "profile.id")
     check_text(profile.cluster, profiles_t.c.cluster, "profile.cluster")
     check_text(profile.cluster_fingerprint, profiles_t.c.fingerprint, "profile.cluster_fingerprint")
+
+
+def datasheet_hbm(cluster) -> float | None:
+    """The device-memory bytes/s no profile of ``cluster`` can beat: the fastest of its devices' datasheet figures
+    (profiles/kernels.yaml), or None where a device has none (CPU ranks, a model the table lacks)."""
+    figures = [_match(kernel_data()["hbm"], d.model) if d.kind != "cpu" else None
+               for t in cluster.node_types.values() for d in t.devices]
+    return None if not figures or None in figures else max(f["bandwidth"] for f in figures)
+
+
+def preset_of(profile: Profile):
+    """The preset cluster a profile was tuned on (its ``cluster`` a preset's name such as ``dgx-h100x2``, and its
+    fingerprint that preset's), or None: a cluster file's profile, checked when a plan uses it."""
+    node, nodes = preset_nodes(profile.cluster)
+    if node not in cluster_presets() or not 1 <= nodes <= MAX_NODES:
+        return None
+    cluster = preset_cluster(node, nodes)
+    return cluster if cluster.topology_fingerprint() == profile.cluster_fingerprint else None
+
+
+def check_plausible(profile: Profile) -> None:
+    """Impossible figures refused before a profile is stored (PlanError naming profile.params.FIELD): what no
+    cluster makes true (check_bounds) always, and on the preset it was tuned on, what check_params and the device's
+    memory datasheet refuse when a plan uses it; a stored impossible profile would fail every plan of its topology."""
+    check_bounds(profile.params)
+    cluster = preset_of(profile)
+    if cluster is not None:
+        check_params(profile.params, cluster)
+        check_hbm(profile.params, datasheet_hbm(cluster))
 
 
 def _now() -> str:
@@ -364,8 +396,10 @@ class Store(Database):
     # ---- profiles
     def save_profile(self, profile: Profile) -> str:
         """Store (or replace, same id) a profile; assigns ``id`` and ``created_at`` when missing; returns the id.
-        A profile the store cannot keep as given is PlanError naming the field (check_columns)."""
+        A profile the store cannot keep as given (check_columns) or with impossible figures (check_plausible) is
+        PlanError naming the field."""
         check_columns(profile)
+        check_plausible(profile)
         if not profile.id:
             profile.id = uuid.uuid4().hex[:12]
         if not profile.created_at:
@@ -558,6 +592,7 @@ def _check(profile: Profile, cluster) -> tuple[Profile | None, str]:
                       "not applied")
     try:
         check_params(profile.params, cluster)
+        check_hbm(profile.params, datasheet_hbm(cluster))
     except PlanError as e:  # impossible figures: refused, never used to rank
         drop = f"delete it (`sp-plan profile delete {profile.id}`) and " if profile.id else ""
         raise PlanError("profile", f"profile {name}: {e.field}: {e.problem}",

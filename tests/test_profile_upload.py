@@ -69,3 +69,19 @@ def test_lookups_by_what_cannot_be_stored_find_nothing(server):
     body = {"cluster": "dgx-h100", "nodes": 2, "model": "llama3-8b", "workload": {"seq_len": "64k"}, "profile": "x\x00y"}
     assert_refused(httpx.post(server.url + "/v1/plan", json=body, timeout=120), "profile", 404)
     assert _metric(server, "sp_plan_store_errors_total") == before
+
+
+@pytest.mark.parametrize("key, value, field", [
+    ("params.attention_fwd", {"points": [[4096, 2.0]]}, "profile.params.attention_fwd"),
+    ("params.matmul", {"points": [[4096, 1e30]]}, "profile.params.matmul"),
+    ("params.comm", {"all_to_all/inter": {"alpha_s": 0, "efficiency": 50}}, "profile.params.comm.all_to_all/inter"),
+    ("params.hbm_bandwidth", 1e30, "profile.params.hbm_bandwidth"),
+    ("params.hbm_bandwidth", 4e12, "profile.params.hbm_bandwidth"),  # the H100's datasheet: 3.35e12
+])
+def test_impossible_figures_are_refused_on_upload_and_plans_go_on(server, key, value, field):
+    """The fixture is a dgx-h100x2 profile: figures above the H100's datasheet are refused at upload, naming the
+    field, so the topology's plans keep working (a stored one would fail each of them)."""
+    err = assert_refused(upload(server, doc(**{key: value})), field)
+    assert "sp-plan" in err["fix"]
+    body = {"cluster": "dgx-h100", "nodes": 2, "model": "llama3-8b", "workload": {"seq_len": "32k"}}
+    assert httpx.post(server.url + "/v1/plan", json=body, timeout=120).status_code == 200

@@ -447,3 +447,50 @@ def test_an_id_no_profile_can_have_is_not_found(url, lookup):
     assert st.profile_stamp(text) is None and st.profile_stamp("f" * 16, text) is None
     assert Answers(st).stored(text) is None
     assert [p.id for p in st.list_profiles()] == ["abcdef012345"]
+
+
+PRESET_FP = load_cluster("dgx-h100", nodes=2).topology_fingerprint()
+
+
+@pytest.mark.parametrize("cluster, fp, params, field", [
+    ("dgx-h100x2", PRESET_FP, {"matmul": Curve(points=((4096, 2.0),))}, "profile.params.matmul"),
+    ("dgx-h100x2", PRESET_FP, {"comm": {"all_to_all/inter": CommFit(efficiency=50)}},
+     "profile.params.comm.all_to_all/inter"),
+    ("dgx-h100x2", PRESET_FP, {"hbm_bandwidth": 4e12}, "profile.params.hbm_bandwidth"),
+    ("my-cluster", "f" * 16, {"attention_fwd": Curve(points=((4096, 1e30),))}, "profile.params.attention_fwd"),
+    ("my-cluster", "f" * 16, {"comm": {"all_gather/intra": CommFit(efficiency=5000)}},
+     "profile.params.comm.all_gather/intra"),
+    ("my-cluster", "f" * 16, {"hbm_bandwidth": 1e30}, "profile.params.hbm_bandwidth"),
+])
+def test_impossible_figures_are_refused_before_they_are_stored(tmp_path, cluster, fp, params, field):
+    """What no cluster makes true is refused for any profile; on the preset the profile names (its fingerprint
+    that preset's), what the datasheet refuses at plan time is refused on save; nothing is stored."""
+    st = Store(f"sqlite:///{tmp_path}/s.db")
+    with pytest.raises(PlanError) as e:
+        st.save_profile(make_profile(cluster=cluster, cluster_fingerprint=fp, params=Params(**params)))
+    assert e.value.field == field and "\n" not in str(e.value)
+    assert st.list_profiles() == []
+
+
+@pytest.mark.parametrize("cluster, fp", [("my-cluster", "f" * 16), ("dgx-h100x2", "f" * 16), ("cpu-local", None)])
+def test_figures_a_placeholder_peak_allows_are_kept(tmp_path, cluster, fp):
+    """Twice the peak, 4 TB/s: true of a CPU cluster's placeholder peaks, so kept for a cluster file's profile, one
+    whose fingerprint is no preset's, and cpu-local's (no datasheet); a plan on cpu-local uses it."""
+    fp = fp or load_cluster(cluster).topology_fingerprint()
+    st = Store(f"sqlite:///{tmp_path}/s.db")
+    p = make_profile(cluster=cluster, cluster_fingerprint=fp, stack={},
+                     params=Params(matmul=Curve(points=((4096, 2.0),)), hbm_bandwidth=4e12,
+                                   comm={"all_gather/intra": CommFit(efficiency=20)}))
+    assert st.get_profile(st.save_profile(p)) == p
+    if cluster == "cpu-local":
+        assert resolve_profile(None, load_cluster(cluster), st)[0] == p
+
+
+def test_a_stored_impossible_hbm_figure_is_refused_when_a_plan_uses_it(tmp_path):
+    """A profile stored before its upload was checked: the plan names the figure and the profile to delete."""
+    st = Store(f"sqlite:///{tmp_path}/s.db")
+    cluster = load_cluster("dgx-h100", nodes=2)
+    p = make_profile(cluster="dgx-h100x2", cluster_fingerprint=PRESET_FP, stack={}, params=Params(hbm_bandwidth=4e12))
+    with pytest.raises(PlanError) as e:
+        resolve_profile(p, cluster, st)
+    assert e.value.field == "profile" and "hbm_bandwidth" in e.value.problem and "3.35e+12" in e.value.problem
