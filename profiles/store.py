@@ -19,7 +19,7 @@ import random
 import time
 import uuid
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -41,6 +41,8 @@ VERSION_TABLE = "sp_plan_alembic_version"
 ENV_VAR = "SP_PLAN_STORE"
 #: opens of a busy SQLite store before giving up (Store._open)
 OPEN_TRIES = 6
+#: how far ahead of this machine's clock a created_at may be (another machine's clock, its time zone written wrong)
+FUTURE_SLACK = timedelta(days=1)
 STORE_FIX = ("check that the database server is up and reachable (or the SQLite file's directory exists and is "
              f"writable), or pass another --store URL / set {ENV_VAR}")
 
@@ -156,6 +158,17 @@ def check_plausible(profile: Profile) -> None:
     if cluster is not None:
         check_params(profile.params, cluster)
         check_hbm(profile.params, datasheet_hbm(cluster))
+
+
+def check_created(profile: Profile) -> None:
+    """PlanError(profile.created_at) for a time more than FUTURE_SLACK ahead of now: the store's newest profile of a
+    topology is the latest created_at, so a future one would stay the default for good, over every later tune."""
+    if not profile.created_at:
+        return
+    created = datetime.fromisoformat(created_utc(profile.created_at))
+    if created > datetime.now(timezone.utc) + FUTURE_SLACK:
+        raise PlanError("profile.created_at", f"{profile.created_at} is in the future",
+                        "write the time the profile was tuned, or leave created_at out (the store stamps it)")
 
 
 def _now() -> str:
@@ -396,9 +409,10 @@ class Store(Database):
     # ---- profiles
     def save_profile(self, profile: Profile) -> str:
         """Store (or replace, same id) a profile; assigns ``id`` and ``created_at`` when missing; returns the id.
-        A profile the store cannot keep as given (check_columns) or with impossible figures (check_plausible) is
-        PlanError naming the field."""
+        A profile the store cannot keep as given (check_columns), created in the future (check_created) or with
+        impossible figures (check_plausible) is PlanError naming the field."""
         check_columns(profile)
+        check_created(profile)
         check_plausible(profile)
         if not profile.id:
             profile.id = uuid.uuid4().hex[:12]

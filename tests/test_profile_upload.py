@@ -85,3 +85,9 @@ def test_impossible_figures_are_refused_on_upload_and_plans_go_on(server, key, v
     assert "sp-plan" in err["fix"]
     body = {"cluster": "dgx-h100", "nodes": 2, "model": "llama3-8b", "workload": {"seq_len": "32k"}}
     assert httpx.post(server.url + "/v1/plan", json=body, timeout=120).status_code == 200
+
+
+def test_a_future_created_at_is_refused_and_pins_nothing(server):
+    assert_refused(upload(server, doc(created_at="9999-01-01T00:00:00+00:00")), "profile.created_at")
+    fp = doc()["cluster_fingerprint"]
+    assert all(p["created_at"] < "9999" for p in httpx.get(server.url + "/v1/profiles", params={"fingerprint": fp}).json())

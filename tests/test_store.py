@@ -494,3 +494,22 @@ def test_a_stored_impossible_hbm_figure_is_refused_when_a_plan_uses_it(tmp_path)
     with pytest.raises(PlanError) as e:
         resolve_profile(p, cluster, st)
     assert e.value.field == "profile" and "hbm_bandwidth" in e.value.problem and "3.35e+12" in e.value.problem
+
+
+def test_a_created_at_in_the_future_is_refused(url):
+    """A profile dated ahead of now would stay its topology's newest over every later tune: more than a day ahead is
+    refused naming profile.created_at; a day's clock skew is kept, and a later tune then becomes the newest."""
+    from datetime import datetime, timedelta, timezone
+
+    st = Store(url)
+    for created in ("9999-01-01T00:00:00+00:00", (datetime.now(timezone.utc) + timedelta(days=2)).isoformat()):
+        with pytest.raises(PlanError) as e:
+            st.save_profile(make_profile(created_at=created))
+        assert e.value.field == "profile.created_at" and "future" in e.value.problem
+    assert st.list_profiles() == []
+    skewed = make_profile(created_at=(datetime.now(timezone.utc) + timedelta(hours=2)).isoformat())
+    st.save_profile(skewed)
+    assert st.latest_profile("f" * 16).id == skewed.id
+    later = make_profile(created_at=(datetime.now(timezone.utc) + timedelta(hours=3)).isoformat())
+    st.save_profile(later)
+    assert st.latest_profile("f" * 16).id == later.id
