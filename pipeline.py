@@ -279,8 +279,9 @@ class Inputs:
     profile: Profile | None
 
 
-def _cluster(spec: str | Cluster, nodes: int | None, max_world: int | None) -> Cluster:
-    """The inline cluster, or the preset (or file) with ``nodes``; at most ``max_world`` ranks."""
+def _cluster(spec: str | Cluster, nodes: int | None, max_world: int | None, files: bool = True) -> Cluster:
+    """The inline cluster, or the preset (or, with ``files``, the file) with ``nodes``; at most ``max_world``
+    ranks."""
     if isinstance(spec, Cluster):
         if nodes is not None and nodes != spec.num_nodes:
             raise PlanError("nodes", f"the inline cluster lists {spec.num_nodes} node(s), not {nodes}",
@@ -289,7 +290,7 @@ def _cluster(spec: str | Cluster, nodes: int | None, max_world: int | None) -> C
     else:
         if max_world and nodes and nodes > max_world:  # before building a graph of that many nodes
             raise PlanError("nodes", f"{nodes} nodes exceed the limit of {max_world:,} ranks", _world_fix(max_world))
-        c = load_cluster(spec, nodes)
+        c = load_cluster(spec, nodes, files)
     if max_world and c.world_size > max_world:
         raise PlanError("cluster", f"a world of {c.world_size:,} ranks exceeds the limit of {max_world:,}",
                         _world_fix(max_world))
@@ -312,18 +313,20 @@ def check_mask_sizes(w: Workload | None) -> Workload | None:
     return w
 
 
-def build_cluster(req: PlanRequest | EstimateRequest, max_world: int | None = MAX_WORLD) -> Cluster:
-    """The request's cluster: the inline one, or the preset with ``nodes``; at most ``max_world`` ranks."""
-    return _cluster(req.cluster, req.nodes, max_world)
+def build_cluster(req: PlanRequest | EstimateRequest, max_world: int | None = MAX_WORLD, files: bool = True
+                  ) -> Cluster:
+    """The request's cluster: the inline one, or the preset with ``nodes`` (``files``: a name may be a cluster
+    file, as on the CLI; the service passes False); at most ``max_world`` ranks."""
+    return _cluster(req.cluster, req.nodes, max_world, files)
 
 
 def resolve(req: PlanRequest | EstimateRequest, store=None, max_world: int | None = MAX_WORLD,
-            profile: Profile | None = None, cluster: Cluster | None = None) -> Inputs:
+            profile: Profile | None = None, cluster: Cluster | None = None, files: bool = True) -> Inputs:
     """Build cluster, model and workload and find the profile (``store``: a Store, a URL or None for the default);
     ``profile`` overrides ``req.profile`` with an already loaded Profile, ``cluster`` the request's cluster with
-    the one ``build_cluster`` built for it."""
-    c = cluster or build_cluster(req, max_world)
-    m = req.model if isinstance(req.model, ModelSpec) or req.model is None else load_model(req.model)
+    the one ``build_cluster`` built for it; ``files=False``: cluster and model names are presets only."""
+    c = cluster or build_cluster(req, max_world, files)
+    m = req.model if isinstance(req.model, ModelSpec) or req.model is None else load_model(req.model, files)
     params, line, prof = resolve_params(c, _profile_spec(req.use_profile, profile or req.profile), store)
     return Inputs(c, m, check_mask_sizes(req.workload), params, line, prof)
 
@@ -422,10 +425,11 @@ def estimate(plan: Plan, cluster: Cluster, model: ModelSpec, workload: Workload,
 
 
 def run_estimate(req: EstimateRequest, store=None, max_world: int | None = None,
-                 profile: Profile | None = None) -> EstimateResponse:
-    """Price one plan (the Python API, `sp-plan estimate` and POST /v1/estimate)."""
+                 profile: Profile | None = None, files: bool = True) -> EstimateResponse:
+    """Price one plan (the Python API, `sp-plan estimate` and POST /v1/estimate; ``files=False``: cluster and model
+    names are presets only)."""
     p = req.plan
-    inputs = resolve(req, store, max_world, profile)
+    inputs = resolve(req, store, max_world, profile, files=files)
     m = inputs.model or p.model
     if m is None:
         raise PlanError("model", "the plan names no model", "pass a model (preset name or inline)")

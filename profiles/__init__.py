@@ -137,12 +137,13 @@ def preset_cluster(name: str, nodes: int = 1, devices_per_node: int | None = Non
                    network=network, source=spec.get("source", ""))
 
 
-def load_cluster(name_or_file: str, nodes: int | None = None) -> Cluster:
-    """A preset by name (with ``nodes``), or a cluster YAML/JSON file (``nodes`` must then be None or match)."""
+def load_cluster(name_or_file: str, nodes: int | None = None, files: bool = True) -> Cluster:
+    """A preset by name (with ``nodes``), or a cluster YAML/JSON file (``nodes`` must then be None or match);
+    ``files=False``: a preset only, never a file (the service: a name never reads its working directory)."""
     if nodes is not None and nodes < 1:
         raise PlanError("nodes", f"must be at least 1, got {nodes}", "pass --nodes 1 or more")
     p = Path(name_or_file)
-    if p.suffix in (".yaml", ".yml", ".json") or p.exists():
+    if files and (p.suffix in (".yaml", ".yml", ".json") or p.exists()):
         data = read_data(p, "cluster")
         if "devices_per_node" in data and "node_types" not in data:  # a preset-style spec file
             return spec_cluster(data, nodes or 1)
@@ -160,10 +161,11 @@ def spec_cluster(spec: dict, nodes: int) -> Cluster:
     return Cluster(name=name, node_types={name: node}, nodes=[name] * nodes, network=network, source=spec.get("source", ""))
 
 
-def load_model(name_or_file: str) -> ModelSpec:
-    """A model preset by name, or a model YAML/JSON file."""
+def load_model(name_or_file: str, files: bool = True) -> ModelSpec:
+    """A model preset by name, or a model YAML/JSON file; ``files=False``: a preset only, never a file (the
+    service)."""
     p = Path(name_or_file)
-    if p.suffix in (".yaml", ".yml", ".json") or p.exists():
+    if files and (p.suffix in (".yaml", ".yml", ".json") or p.exists()):
         return load_yaml_model(ModelSpec, p, "model")
     path = MODELS / f"{name_or_file}.yaml"
     if not path.exists():

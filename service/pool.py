@@ -67,7 +67,7 @@ def report_job(req: PlanRequest, res: PlanResponse, profile: Profile | None) -> 
     from sp_plan.integrations.report import render_report  # noqa: PLC0415
 
     rows, chosen = report_plans([r.plan for r in group(res.plans)], res.families)
-    return render_report(rows, build_cluster(req, None), profile=profile, chosen=chosen, notes=[res.profile_line])
+    return render_report(rows, build_cluster(req, None, files=False), profile=profile, chosen=chosen, notes=[res.profile_line])
 
 
 def warm_job() -> None:

@@ -5,6 +5,7 @@ The app runs in-process (Starlette's TestClient, the real FastAPI app with its p
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from fastapi.testclient import TestClient
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 from sp_plan.cli.app import app as cli
 from sp_plan.pipeline import MAX_SEED, MAX_TRIALS, PlanRequest
 from sp_plan.planner.errors import PlanError
+from sp_plan.profiles import load_cluster, load_model
 from sp_plan.service.app import Settings, create_app
 
 #: one pytest-xdist worker for the module: its app (and the app's search process) starts once
@@ -133,3 +135,48 @@ def test_a_chunked_body_under_the_limit_is_planned(client):
     data = json.dumps({**BODY, "top": 1, "use_profile": False}).encode()
     r = client.post("/v1/plan", content=(data[i:i + 16] for i in range(0, len(data), 16)), headers=JSON)
     assert r.status_code == 200 and r.json()["plans"], r.text
+
+
+@pytest.fixture(scope="module")
+def hijacked(tmp_path_factory):
+    """A service started in a directory holding a model file named ``tiny-gpt`` and directories named ``dgx-h100``
+    and ``llama3-8b`` (its search process works there), and that directory (a test works there too: monkeypatch)."""
+    tmp = tmp_path_factory.mktemp("hijack")
+    spec = load_model("tiny-gpt").model_dump(mode="json") | {"name": "hijacked", "layers": 1}
+    (tmp / "tiny-gpt").write_text(json.dumps(spec))
+    (tmp / "dgx-h100").mkdir()
+    (tmp / "llama3-8b").mkdir()
+    here = os.getcwd()
+    app = create_app(Settings(store=f"sqlite:///{tmp}/store.db", processes=1))
+    os.chdir(tmp)
+    try:
+        with TestClient(app, raise_server_exceptions=False) as c:  # the search process starts here, in tmp
+            os.chdir(here)
+            yield c, tmp
+    finally:
+        os.chdir(here)
+
+
+def test_the_service_reads_preset_names_as_presets_never_as_files_in_its_directory(hijacked, monkeypatch):
+    c, tmp = hijacked
+    monkeypatch.chdir(tmp)
+    r = posted(c, "/v1/plan", {**BODY, "top": 1, "use_profile": False})
+    assert r.status_code == 200, r.text
+    assert r.json()["model"]["name"] == "tiny-gpt" and r.json()["cluster"]["name"].startswith("dgx-h100")
+    est = posted(c, "/v1/estimate", {"plan": r.json()["winner"], "cluster": "dgx-h100", "nodes": 1,
+                                     "model": "tiny-gpt", "use_profile": False})
+    assert est.status_code == 200 and est.json()["model"]["name"] == "tiny-gpt", est.text
+    presets = c.get("/v1/presets")
+    assert presets.status_code == 200 and presets.json()["models"]["llama3-8b"]["name"] == "llama3-8b", presets.text
+    report = c.get(f"/v1/plans/{r.json()['id']}/report")  # rebuilt in the search process, started in that directory
+    assert report.status_code == 200 and "dgx-h100" in report.text, report.text[:300]
+
+
+def test_the_loaders_read_a_file_by_a_preset_name_only_when_files_are_allowed(hijacked, monkeypatch):
+    monkeypatch.chdir(hijacked[1])
+    assert load_model("tiny-gpt").name == "hijacked"  # the CLI's and the Python API's rule: a file first
+    assert load_model("tiny-gpt", files=False).name == "tiny-gpt"
+    assert load_cluster("dgx-h100", 2, files=False).num_nodes == 2
+    with pytest.raises(PlanError) as e:
+        load_cluster("dgx-h100")
+    assert e.value.field == "cluster"

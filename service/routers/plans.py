@@ -52,11 +52,11 @@ async def unchanged(svc: Service, req: PlanRequest, raw: str, stamp: str | None)
 async def answer(svc: Service, req: PlanRequest, raw: str) -> tuple[tuple[bytes, str | None], str]:
     """((body, profile stamp), how): build the cluster and resolve the inputs, then a kept answer or the search."""
     check_sources(req.cluster, req.model)
-    cluster = await asyncio.to_thread(build_cluster, req, svc.settings.max_world)
+    cluster = await asyncio.to_thread(build_cluster, req, svc.settings.max_world, False)  # names: presets only
     fp = cluster.topology_fingerprint()
     stamp = await svc.stamp(req, fp)  # read before the profile: a stamp never names a newer profile than used
     prof = await svc.db(svc.stored_profile, req.profile)
-    inputs = await svc.db(resolve, req, svc.store, svc.settings.max_world, prof, cluster)
+    inputs = await svc.db(resolve, req, svc.store, svc.settings.max_world, prof, cluster, False)
     key = request_key(req, inputs)
     both, how = await svc.answers.get(key, partial(searched, svc, req, inputs, key))
     body = both[req.families]
@@ -76,7 +76,7 @@ async def estimate(req: EstimateRequest, svc: Service = Depends(reader)):
     """One plan priced on a cluster: step time, MFU, memory and the per-phase breakdown."""
     check_sources(req.cluster, req.model)
     prof = await svc.db(svc.stored_profile, req.profile)
-    res = await svc.db(run_estimate, req, svc.store, svc.settings.max_world, prof)
+    res = await svc.db(run_estimate, req, svc.store, svc.settings.max_world, prof, False)  # names: presets only
     return Response(res.model_dump_json(), media_type=JSON)
 
 

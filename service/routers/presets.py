@@ -13,7 +13,7 @@ router = APIRouter(tags=["store"])
 @router.get("/v1/presets")
 async def presets(svc: Service = Depends(reader)):
     """The cluster presets (names) and model presets (their specs)."""
-    return {"clusters": cluster_presets(), "models": {n: load_model(n).model_dump(mode="json") for n in model_presets()}}
+    return {"clusters": cluster_presets(), "models": {n: load_model(n, files=False).model_dump(mode="json") for n in model_presets()}}
 
 
 @router.get("/v1/clusters")
