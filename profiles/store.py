@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import re
 import time
 import uuid
 from contextlib import contextmanager
@@ -41,6 +42,10 @@ VERSION_TABLE = "sp_plan_alembic_version"
 ENV_VAR = "SP_PLAN_STORE"
 #: opens of a busy SQLite store before giving up (Store._open)
 OPEN_TRIES = 6
+#: the characters of a profile id: the store's own ids are hex; none holds '/', '\\' or a character a URL escapes
+ID_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: the suffixes `--profile` reads as a file (resolve_profile), never as an id
+FILE_SUFFIXES = (".yaml", ".yml", ".json")
 #: how far ahead of this machine's clock a created_at may be (another machine's clock, its time zone written wrong)
 FUTURE_SLACK = timedelta(days=1)
 STORE_FIX = ("check that the database server is up and reachable (or the SQLite file's directory exists and is "
@@ -123,12 +128,28 @@ def check_text(text: str, column: sa.Column, field: str) -> None:
                         "use printable characters only")
 
 
+def check_id(id: str) -> None:
+    """PlanError(profile.id) unless every command and endpoint can name ``id``: it fits its column (check_text), is
+    ID_CHARS (as one URL path segment, never read as a path) and has no file suffix (`--profile x.yaml` reads a file)."""
+    check_text(id, profiles_t.c.id, "profile.id")
+    fix = ("use letters, digits, '.', '_' and '-', starting with a letter or digit, without a file suffix; or leave "
+           "id out (the store assigns one)")
+    if not ID_CHARS.fullmatch(id):
+        raise PlanError("profile.id", f"{id!r} is not an id sp-plan can look up", fix)
+    if Path(id).suffix.lower() in FILE_SUFFIXES:
+        raise PlanError("profile.id", f"{id!r} ends like a file name, which `--profile` reads as a file", fix)
+
+
 def check_columns(profile: Profile) -> None:
-    """The profile's id, cluster and fingerprint fit the store's columns (check_text), on every backend alike."""
-    if profile.id is not None:
-        check_text(profile.id, profiles_t.c.id, "profile.id")
+    """The profile's id, cluster and fingerprint fit the store's columns (check_text) and can be looked up (check_id;
+    a fingerprint is not empty), on every backend alike."""
+    if profile.id:
+        check_id(profile.id)
     check_text(profile.cluster, profiles_t.c.cluster, "profile.cluster")
     check_text(profile.cluster_fingerprint, profiles_t.c.fingerprint, "profile.cluster_fingerprint")
+    if not profile.cluster_fingerprint.strip():
+        raise PlanError("profile.cluster_fingerprint", "is empty: the profile would apply to no cluster",
+                        "write the topology fingerprint of the cluster it was tuned on (`sp-plan plan` prints it)")
 
 
 def datasheet_hbm(cluster) -> float | None:
@@ -636,7 +657,7 @@ def resolve_profile(spec: Profile | str | bool | None, cluster, store: Store | N
     if isinstance(spec, Profile):
         return _check(spec, cluster)
     if isinstance(spec, str):
-        if Path(spec).exists() or Path(spec).suffix.lower() in (".yaml", ".yml", ".json"):
+        if Path(spec).exists() or Path(spec).suffix.lower() in FILE_SUFFIXES:
             return _check(_load_file(spec), cluster)
         store = store or Store()
         try:

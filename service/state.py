@@ -8,7 +8,7 @@ from pathlib import Path
 from sp_plan.planner.errors import NotFound, PlanError, StoreError
 from sp_plan.planner.profile import Profile
 from sp_plan.profiles import cluster_presets, model_presets
-from sp_plan.profiles.store import Store
+from sp_plan.profiles.store import FILE_SUFFIXES, Store
 from sp_plan.service import auth
 from sp_plan.service.answers import Answers
 from sp_plan.service.metrics import Metrics
@@ -60,7 +60,7 @@ class Service:
         """The stored profile a request names (NotFound if unknown; a file path is refused)."""
         if id is None:
             return None
-        if "/" in id or "\\" in id or Path(id).suffix.lower() in (".yaml", ".yml", ".json"):
+        if "/" in id or "\\" in id or Path(id).suffix.lower() in FILE_SUFFIXES:
             raise PlanError("profile", f"{id!r} is not a profile id", "upload the file to POST /v1/profiles and pass its id")
         try:
             return self.store.get_profile(id)

@@ -91,3 +91,16 @@ def test_a_future_created_at_is_refused_and_pins_nothing(server):
     assert_refused(upload(server, doc(created_at="9999-01-01T00:00:00+00:00")), "profile.created_at")
     fp = doc()["cluster_fingerprint"]
     assert all(p["created_at"] < "9999" for p in httpx.get(server.url + "/v1/profiles", params={"fingerprint": fp}).json())
+
+
+@pytest.mark.parametrize("key, value", [("id", "a/b"), ("id", "../../x"), ("id", "x.yaml"), ("id", "i" * 10_000),
+                                        ("cluster_fingerprint", ""), ("cluster_fingerprint", "f" * 10_000)])
+def test_an_upload_no_endpoint_could_address_is_refused(server, key, value):
+    assert_refused(upload(server, doc(**{key: value})), f"profile.{key}")
+
+
+def test_an_uploaded_id_is_addressed_by_every_endpoint(server):
+    r = upload(server, doc(id="tune-2026.11_h100"))
+    assert r.status_code == 201 and r.json()["id"] == "tune-2026.11_h100", r.text
+    assert httpx.get(server.url + "/v1/profiles/tune-2026.11_h100").json()["id"] == "tune-2026.11_h100"
+    assert httpx.delete(server.url + "/v1/profiles/tune-2026.11_h100", headers=AUTH).status_code == 200

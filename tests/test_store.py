@@ -513,3 +513,28 @@ def test_a_created_at_in_the_future_is_refused(url):
     later = make_profile(created_at=(datetime.now(timezone.utc) + timedelta(hours=3)).isoformat())
     st.save_profile(later)
     assert st.latest_profile("f" * 16).id == later.id
+
+
+@pytest.mark.parametrize("id", ["a/b", "../../x", "a\\b", "x.yaml", "X.JSON", "p.yml", "a b", "-x", ".hidden", "i" * 10_000,
+                                "vict?x", "ü1"])
+def test_an_id_no_command_can_name_is_refused(tmp_path, id):
+    """An id is one URL path segment and never a file name: what GET/DELETE /v1/profiles/{id} or `--profile` could
+    not name is refused on save, naming profile.id; nothing is stored."""
+    st = Store(f"sqlite:///{tmp_path}/s.db")
+    with pytest.raises(PlanError) as e:
+        st.save_profile(make_profile(id=id))
+    assert e.value.field == "profile.id" and "\n" not in str(e.value)
+    assert st.list_profiles() == []
+
+
+@pytest.mark.parametrize("id", ["abc123", "tune-2026.11_h100", "A1", "x.yaml2"])
+def test_ids_of_letters_digits_dots_dashes_are_kept(tmp_path, id):
+    st = Store(f"sqlite:///{tmp_path}/s.db")
+    assert st.get_profile(st.save_profile(make_profile(id=id))).id == id
+
+
+@pytest.mark.parametrize("fp", ["", "   "])
+def test_an_empty_fingerprint_is_refused(tmp_path, fp):
+    with pytest.raises(PlanError) as e:
+        Store(f"sqlite:///{tmp_path}/s.db").save_profile(make_profile(fp=fp))
+    assert e.value.field == "profile.cluster_fingerprint"
