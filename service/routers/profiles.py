@@ -30,7 +30,12 @@ async def profile(id: str, svc: Service = Depends(reader)):
 
 @router.post("/v1/profiles", status_code=201)
 async def upload(p: Profile, svc: Service = Depends(writer)):
-    """Store a profile (token needed); its id is kept unless another profile holds it. Answers its id."""
+    """Store a profile (token needed); its id is kept unless another profile holds it. Answers its id.
+
+    Refused with 422 naming the field, as `sp-plan profile import` refuses it: an id other than letters, digits,
+    '.', '_' and '-' (starting with a letter or digit, at most 64 characters, no .yaml/.yml/.json suffix), an empty
+    or over-long cluster_fingerprint, a created_at more than a day ahead, and figures no device reaches (the
+    guide's "Managing profiles")."""
     pid = await svc.db(save_keeping_both, svc.store, p)
     return JSONResponse({"id": pid, "cluster": p.cluster, "fingerprint": p.cluster_fingerprint}, status_code=201)
 
