@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sp_plan.planner.cluster import NET, Cluster, Device, Link, NodeType, Switch, preset_name
-from sp_plan.planner.errors import PlanError
+from sp_plan.planner.errors import NotFound, PlanError
 from sp_plan.planner.model import ModelSpec
 from sp_plan.planner.yamlio import load_yaml_model, model_from_data, read_data, yaml_load
 from sp_plan.profiles.spec import node_spec
@@ -142,6 +142,8 @@ def load_cluster(name_or_file: str, nodes: int | None = None, files: bool = True
     ``files=False``: a preset only, never a file (the service: a name never reads its working directory)."""
     if nodes is not None and nodes < 1:
         raise PlanError("nodes", f"must be at least 1, got {nodes}", "pass --nodes 1 or more")
+    if not files and name_or_file not in cluster_presets():  # never a path: "../x" is no preset either
+        raise NotFound("cluster", f"unknown preset {name_or_file!r}", f"use one of {cluster_presets()}")
     p = Path(name_or_file)
     if files and (p.suffix in (".yaml", ".yml", ".json") or p.exists()):
         data = read_data(p, "cluster")
@@ -164,6 +166,8 @@ def spec_cluster(spec: dict, nodes: int) -> Cluster:
 def load_model(name_or_file: str, files: bool = True) -> ModelSpec:
     """A model preset by name, or a model YAML/JSON file; ``files=False``: a preset only, never a file (the
     service)."""
+    if not files and name_or_file not in model_presets():  # never a path: "../x" is no preset either
+        raise NotFound("model", f"unknown preset {name_or_file!r}", f"use one of {model_presets()}")
     p = Path(name_or_file)
     if files and (p.suffix in (".yaml", ".yml", ".json") or p.exists()):
         return load_yaml_model(ModelSpec, p, "model")

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from sp_plan.cli.app import app as cli
 from sp_plan.pipeline import MAX_SEED, MAX_TRIALS, PlanRequest
-from sp_plan.planner.errors import PlanError
+from sp_plan.planner.errors import NotFound, PlanError
 from sp_plan.profiles import load_cluster, load_model
 from sp_plan.service.app import Settings, create_app
 
@@ -180,3 +180,6 @@ def test_the_loaders_read_a_file_by_a_preset_name_only_when_files_are_allowed(hi
     with pytest.raises(PlanError) as e:
         load_cluster("dgx-h100")
     assert e.value.field == "cluster"
+    for load, name in ((load_model, "../clusters/dgx-h100"), (load_cluster, "../models/tiny-gpt")):
+        with pytest.raises(NotFound):  # a preset name is never a path, not even one into the presets
+            load(name, files=False)
