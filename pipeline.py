@@ -43,9 +43,8 @@ if TYPE_CHECKING:
 
 MAX_WORLD = 65536
 #: the most optuna trials a bayes search takes. TPE's cost per trial grows with the trials before it (tiny-gpt on
-#: dgx-h100: 200 trials in 0.7 s, 1,000 in 24 s), and a study revisits the same degrees long before that (the space
-#: has far fewer degree choices than trials), so 10,000 is past any useful study; more is a typo that would hold a
-#: search process for days
+#: dgx-h100, CPU seconds: 1,000 trials 3, 4,000 44, 10,000 262), and the default 200 already finds the grid's best
+#: there, so 10,000 is past any useful study; more is a typo that would hold a search process for days
 MAX_TRIALS = 10_000
 #: the largest bayes sampler seed: optuna's TPESampler seeds numpy's RandomState, which takes 0 to 2**32 - 1
 MAX_SEED = 2**32 - 1
