@@ -12,7 +12,7 @@ from sp_plan.client import Client
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.profile import Profile
 
-from test_serve import TOKEN, Server
+from test_serve import TOKEN, module_server
 
 FIXTURE = Path(__file__).parent / "fixtures" / "profile-dgx-h100.yaml"
 BAD_IDS = ["", "nope/../victim01", "../victim01", "..", "vict?x", "vict#x", "a\\b", "a\x00b", "a\nb", "a\tb"]
@@ -62,10 +62,7 @@ def test_a_redirect_is_an_error_not_a_success(status):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("client-ids")
-    srv = Server(f"sqlite:///{tmp}/store.db", tmp)
-    yield srv
-    srv.stop()
+    yield from module_server(tmp_path_factory, "client-ids")
 
 
 @pytest.mark.multiprocess  # the module's server

@@ -169,12 +169,9 @@ def test_mask_fields_keep_what_is_not_given():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """`sp-plan serve` on SQLite in a subprocess (tests/test_serve.py's Server)."""
-    from test_serve import Server
+    from test_serve import module_server
 
-    tmp = tmp_path_factory.mktemp("serve-masks")
-    srv = Server(f"sqlite:///{tmp}/store.db", tmp)
-    yield srv
-    srv.stop()
+    yield from module_server(tmp_path_factory, "serve-masks")
 
 
 def test_server_plans_masks_sent_inline_as_the_cli_does_here(server, tmp_path, lengths_file):

@@ -11,7 +11,7 @@ import pytest
 from pgserver import postgres_url  # noqa: F401 - fixture
 from sp_plan.planner.profile import Profile
 
-from test_serve import TOKEN, Server, _fresh_url, _metric
+from test_serve import TOKEN, Server, _metric, module_server
 
 FIXTURE = Path(__file__).parent / "fixtures" / "profile-dgx-h100.yaml"
 #: shares the throwaway PostgreSQL server's xdist worker with tests/test_store.py and tests/test_serve.py
@@ -21,10 +21,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def server(request, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp(f"upload-{request.param}")
-    srv = Server(_fresh_url(request, tmp, request.param), tmp)
-    yield srv
-    srv.stop()
+    yield from module_server(tmp_path_factory, f"upload-{request.param}", request)
 
 
 def doc(**changes) -> dict:

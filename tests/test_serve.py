@@ -85,12 +85,18 @@ def _fresh_url(request, tmp_path: Path, backend: str) -> str:
     return fresh_database(request.getfixturevalue("postgres_url"), "s")
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def server(request, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp(f"serve-{request.param}")
-    srv = Server(_fresh_url(request, tmp, request.param), tmp)
+def module_server(tmp_path_factory, name: str, request=None):
+    """A module fixture's `sp-plan serve`, in a folder of its own: on SQLite there, or with ``request`` on its
+    param's backend ("sqlite" or "postgres"); stopped when the module is done."""
+    tmp = tmp_path_factory.mktemp(name)
+    srv = Server(_fresh_url(request, tmp, request.param if request else "sqlite"), tmp)
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def server(request, tmp_path_factory):
+    yield from module_server(tmp_path_factory, f"serve-{request.param}", request)
 
 
 def _effort(printed: str) -> str:
