@@ -32,9 +32,11 @@ from sp_plan.planner.params import Params
 from sp_plan.planner.plan import Plan, Prediction
 from sp_plan.planner.profile import Profile
 from sp_plan.planner.ranking import RankedPlans
+from sp_plan.planner.yamlio import model_from_data
 from sp_plan.planner.search import (SearchResult, Space, finish, finish_each, no_plan_error,
                                     profile_tag, ranked_rows)
 from sp_plan.profiles import load_cluster, load_model
+from sp_plan.profiles.plans import load_plan
 from sp_plan.profiles.resolve import resolve_params
 from sp_plan.workers import forked_grid_search, rerankings
 
@@ -395,12 +397,13 @@ def run_plan(req: PlanRequest, store=None, storage: str | None = None,
     return search(req, resolve(req, store, max_world), storage=storage, progress=progress)
 
 
-def plan(cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int = 5,
+def plan(cluster: Cluster | str, model: ModelSpec | str | dict, workload: Workload | dict, top_k: int = 5,
          progress: Callable[[int, int], None] | None = None, space: Space | None = None, profile=None, store=None,
          *, documents=None, window: int | None = None, window_pattern: str | None = None,
          seed: int | None = None) -> RankedPlans:
     """The ``top_k`` best rows for this cluster, model and workload, fastest first (deterministic), each with its
-    equivalent plans (``RankedPlans.equivalents``); ``RankedPlans.to_pandas()`` is the CLI's table.
+    equivalent plans (``RankedPlans.equivalents``); ``RankedPlans.to_pandas()`` is the CLI's table. The cluster and
+    model may be a preset's name or a file's path, the model and workload a mapping (``api_inputs``).
 
     ``profile``: a Profile, a profile id or file (str), None (the cluster's profile in the store, if any) or False
     (none: opens no store); ``store``: where an id or None looks (a Store or a URL; None: ``$SP_PLAN_STORE``, else
@@ -409,16 +412,48 @@ def plan(cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int = 5,
     workload takes ``documents`` (a named distribution, a file of lengths or a list of lengths), ``window``,
     ``window_pattern`` ('5:1') and ``seed``. Plans come as a plan file holds them: the mesh (degrees, order)
     without its groups; ``Plan.with_groups()`` derives every group's ranks."""
+    cluster, model, workload = api_inputs(cluster, model, workload)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise PlanError("top_k", f"must be a whole number of at least 1, got {top_k!r}", "ask for top_k >= 1 rows")
     w = with_masks(workload, documents, window, window_pattern, seed)
     params, line, prof = resolve_params(cluster, profile, store)
     return rank(Inputs(cluster, model, w, params, line, prof), top_k, progress=progress, space=space)[0]
 
 
-def estimate(plan: Plan, cluster: Cluster, model: ModelSpec, workload: Workload, profile=None, store=None, *,
+def api_inputs(cluster, model, workload) -> tuple[Cluster, ModelSpec, Workload]:
+    """The Python API's cluster, model and workload as the planner takes them: a preset's name or a file's path for
+    the cluster and model (as ``--cluster``/``--model`` read them), a mapping for a model or workload; anything
+    else is a PlanError naming the argument."""
+    if isinstance(cluster, (str, Path)):
+        cluster = load_cluster(str(cluster))
+    if isinstance(model, (str, Path)):
+        model = load_model(str(model))
+    elif isinstance(model, dict):
+        model = model_from_data(ModelSpec, model, "model")
+    if isinstance(workload, dict):
+        workload = model_from_data(Workload, workload, "workload")
+    for name, value, cls, how in (("cluster", cluster, Cluster, "sp_plan.load_cluster(name or file), or the name"),
+                                  ("model", model, ModelSpec, "sp_plan.load_model(name or file), a name or a mapping"),
+                                  ("workload", workload, Workload, "sp_plan.Workload(seq_len=...) or a mapping")):
+        if not isinstance(value, cls):
+            raise PlanError(name, f"{type(value).__name__} is no {cls.__name__}", f"pass {how}")
+    return cluster, model, workload
+
+
+def estimate(plan: Plan | str | dict, cluster: Cluster | str, model: ModelSpec | str | dict, workload: Workload | dict,
+             profile=None, store=None, *,
              documents=None, window: int | None = None, window_pattern: str | None = None,
              seed: int | None = None) -> Prediction:
     """The prediction of ``plan`` (step time, tokens/s, MFU, peak memory, the per-phase breakdown) for ``workload``
-    with the documents, window and seed given, priced with ``profile`` as ``plan`` (this module's) takes it."""
+    with the documents, window and seed given, priced with ``profile`` as ``plan`` (this module's) takes it; the plan
+    may be a plan file's path or a mapping, the rest as ``plan`` takes them."""
+    cluster, model, workload = api_inputs(cluster, model, workload)
+    if isinstance(plan, (str, Path)):
+        plan = load_plan(plan)
+    elif isinstance(plan, dict):
+        plan = model_from_data(Plan, plan, "plan")
+    if not isinstance(plan, Plan):
+        raise PlanError("plan", f"{type(plan).__name__} is no Plan", "pass a Plan, a plan file's path or a mapping")
     params, _, _ = resolve_params(cluster, profile, store)
     return Estimator(cluster, model, with_masks(workload, documents, window, window_pattern, seed), params=params)(plan)
 

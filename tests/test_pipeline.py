@@ -108,3 +108,38 @@ def test_a_parquet_file_of_lengths_without_its_extra_names_the_install(monkeypat
     with pytest.raises(MissingExtra) as e:
         documents_definition(str(tmp_path / "lengths.parquet"))
     assert e.value.field == "documents" and "sp-plan[parquet]" in e.value.fix
+
+
+def test_the_python_api_takes_names_and_mappings_as_the_cli_does(api, tmp_path):
+    """``sp_plan.plan`` and ``sp_plan.estimate`` read a preset's name, a model or workload mapping and a plan file's
+    path as the CLI's flags do: the same rows as the loaded objects give."""
+    c = load_cluster("dgx-h100", 2)
+    by_name = sp_plan.plan(c, CASE["model"], {"seq_len": CASE["seq_len"]}, top_k=CASE["top"], profile=False)
+    assert [p.summary() for p in by_name] == [p.summary() for p in api]
+    api[0].save(tmp_path / "p.yaml")
+    from_file = sp_plan.estimate(str(tmp_path / "p.yaml"), c, CASE["model"], {"seq_len": CASE["seq_len"]},
+                                 profile=False)
+    assert from_file.step_time_s == api[0].predicted.step_time_s
+
+
+@pytest.mark.parametrize("args, kw, field", [
+    ((None, "llama3-8b", {"seq_len": 4096}), {}, "cluster"),
+    (("dgx-h100", 3, {"seq_len": 4096}), {}, "model"),
+    (("dgx-h100", {"name": "x"}, {"seq_len": 4096}), {}, "model.layers"),
+    (("dgx-h100", "llama3-8b", None), {}, "workload"),
+    (("dgx-h100", "llama3-8b", {"seq_len": 4096, "batch": "x"}), {}, "workload.batch"),
+    (("dgx-h100", "llama3-8b", {"seq_len": 4096}), {"top_k": 0}, "top_k"),
+    (("dgx-h100", "llama3-8b", {"seq_len": 4096}), {"top_k": True}, "top_k"),
+])
+def test_the_python_api_names_a_wrong_argument(args, kw, field):
+    """A wrong type or value is a PlanError naming the argument (not an AttributeError deep in the planner)."""
+    with pytest.raises(sp_plan.PlanError) as e:
+        sp_plan.plan(*args, profile=False, **kw)
+    assert e.value.field == field
+
+
+def test_estimate_names_a_plan_that_is_no_plan():
+    for plan, field in ((None, "plan"), ({"algorithm": "x"}, "plan.algorithm")):
+        with pytest.raises(sp_plan.PlanError) as e:
+            sp_plan.estimate(plan, "dgx-h100", "llama3-8b", {"seq_len": 4096}, profile=False)
+        assert e.value.field == field
