@@ -20,10 +20,6 @@ from .model import DocumentLengths, Histogram, Lognormal, Workload
 DRAW_MARGIN = 16
 #: bins per doubling of length when a file of lengths is summarised as a histogram (``histogram_of``)
 BINS_PER_OCTAVE = 8
-#: the widest lognormal a workload takes (sigma, the standard deviation of ln length). Fitted corpora sit near 1-2
-#: (Megatron's mock dataset 1.5 and 1.8); at sigma 10, mu = ln(mean) - 50, so nearly every draw lands on min or max
-#: and the distribution says nothing more; far beyond, sigma**2 overflows a float
-MAX_SIGMA = 10.0
 
 
 def mean_length(docs: DocumentLengths | Lognormal | Histogram) -> float:
@@ -56,11 +52,7 @@ def _probabilities(weights) -> np.ndarray:
 
 def _lognormal_mu(docs: Lognormal) -> float:
     """mu of ln(length) for the lognormal's untruncated ``mean``: ln(mean) - sigma^2 / 2 (Megatron-LM's
-    MockVarlenLowLevelDataset); a sigma over MAX_SIGMA is refused."""
-    if not docs.sigma <= MAX_SIGMA:
-        raise PlanError("workload.documents.sigma", f"{docs.sigma:g} is wider than any corpus of documents",
-                        f"give a sigma (the standard deviation of ln length) above 0 and at most {MAX_SIGMA:g}, "
-                        "e.g. 1.5")
+    MockVarlenLowLevelDataset; ``Lognormal`` holds sigma within MAX_SIGMA, so sigma**2 is finite)."""
     return math.log(docs.mean) - docs.sigma ** 2 / 2
 
 

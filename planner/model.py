@@ -143,6 +143,12 @@ class DocumentLengths(BaseModel):
         return self
 
 
+#: the widest lognormal a workload takes (sigma, the standard deviation of ln length). Fitted corpora sit near 1-2
+#: (Megatron's mock dataset 1.5 and 1.8); at sigma 10, mu = ln(mean) - 50, so nearly every draw lands on min or max
+#: and the distribution says nothing more; far beyond, sigma**2 overflows a float
+MAX_SIGMA = 10.0
+
+
 class Lognormal(BaseModel):
     """Document lengths exp(N(mu, sigma^2)) with mu = ln(mean) - sigma^2/2, clipped to [min, max] and floored
     (Megatron-LM's MockVarlenLowLevelDataset: ``mean`` is the untruncated distribution's mean)."""
@@ -160,6 +166,10 @@ class Lognormal(BaseModel):
     def _check(self):
         if self.min > self.max:
             raise PlanError("workload.documents.min", f"min {self.min} is above max {self.max}", "give min <= max")
+        if self.sigma > MAX_SIGMA:
+            raise PlanError("workload.documents.sigma", f"{self.sigma:g} is wider than any corpus of documents",
+                            f"give a sigma (the standard deviation of ln length) above 0 and at most {MAX_SIGMA:g}, "
+                            "e.g. 1.5")
         return self
 
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from sp_plan.pipeline import PlanRequest, run_plan
-from sp_plan.planner.documents import MAX_SIGMA, draw_packs, mean_length
+from sp_plan.planner.documents import draw_packs, mean_length
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.model import Histogram, Lognormal
+from sp_plan.planner.model import MAX_SIGMA, Histogram, Lognormal
 
 
 def test_histogram_weights_near_the_largest_float_are_drawn_as_equal_weights():
@@ -21,9 +21,8 @@ def test_histogram_weights_near_the_largest_float_are_drawn_as_equal_weights():
 
 @pytest.mark.parametrize("sigma", [MAX_SIGMA * 1.01, 1e200])
 def test_a_lognormal_wider_than_max_sigma_is_refused_by_name(sigma):
-    docs = Lognormal(mean=1000, sigma=sigma, min=1, max=4096)
-    with pytest.raises(PlanError) as e:
-        draw_packs(docs, 4096, 1, seed=0)
+    with pytest.raises(PlanError) as e:  # when the workload is read, before any draw
+        Lognormal(mean=1000, sigma=sigma, min=1, max=4096)
     assert e.value.field == "workload.documents.sigma" and f"{MAX_SIGMA:g}" in e.value.fix
 
 
@@ -35,10 +34,9 @@ def test_the_widest_lognormal_is_drawn_within_its_bounds():
 @pytest.mark.parametrize("documents, field", [
     ({"kind": "lognormal", "mean": 1000, "sigma": 1e200, "min": 1, "max": 4096}, "workload.documents.sigma")])
 def test_the_pipeline_refuses_a_wide_lognormal_as_a_plan_error(documents, field):
-    req = PlanRequest(cluster="dgx-h100", model="tiny-gpt", workload={"seq_len": "4k", "documents": documents},
-                      use_profile=False)
-    with pytest.raises(PlanError) as e:
-        run_plan(req)
+    with pytest.raises(PlanError) as e:  # the request is refused as it is read
+        run_plan(PlanRequest(cluster="dgx-h100", model="tiny-gpt", workload={"seq_len": "4k", "documents": documents},
+                             use_profile=False))
     assert e.value.field == field
 
 
