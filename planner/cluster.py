@@ -30,6 +30,13 @@ SCHEMA_VERSION = 1
 NET = "net"
 
 
+#: the least a cluster file's figures may claim: a link or NIC slower than 1 kB/s, a device below 1 MFLOP/s or with
+#: less than 1 MB of memory is a typo (1e-300 for 1e300, a missing exponent), and a step priced from one overflows
+MIN_BYTES_PER_S = 1e3
+MIN_FLOPS = 1e6
+MIN_MEMORY_BYTES = 1e6
+
+
 class Device(BaseModel):
     """A compute device (GPU, NPU) or a CPU rank slot; peak FLOP/s per dtype and memory in bytes."""
 
@@ -37,8 +44,8 @@ class Device(BaseModel):
     name: str
     kind: Literal["gpu", "npu", "cpu"] = "gpu"
     model: str = ""
-    memory_bytes: float = Field(gt=0)
-    peak_flops: dict[str, Annotated[float, Field(gt=0)]] = Field(description="dense FLOP/s per dtype, e.g. {bf16: 9.89e14}")
+    memory_bytes: float = Field(ge=MIN_MEMORY_BYTES)
+    peak_flops: dict[str, Annotated[float, Field(ge=MIN_FLOPS)]] = Field(description="dense FLOP/s per dtype, e.g. {bf16: 9.89e14}")
     matmul_efficiency: float = Field(default=0.7, gt=0, le=1, description="achieved / peak for large GEMMs")
     attn_efficiency: float = Field(default=0.6, gt=0, le=1, description="achieved / peak of attention on large blocks")
     attn_half_block: float = Field(default=256, ge=0, description="block length (tokens) at which attention runs at half of attn_efficiency")
@@ -53,7 +60,7 @@ class Switch(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str
     kind: Literal["nvswitch", "pcie_switch", "host_bridge", "cpu", "nic", "network_switch"]
-    rate: float | None = Field(default=None, gt=0, description="NIC line rate, bytes/s")
+    rate: float | None = Field(default=None, ge=MIN_BYTES_PER_S, description="NIC line rate, bytes/s")
     network: Literal["ib", "roce", "ethernet", "shm", None] = None
 
 
@@ -64,7 +71,7 @@ class Link(BaseModel):
     src: str
     dst: str
     kind: Literal["nvlink", "nvswitch", "pcie", "hccs", "shm", "smp", "ib", "roce", "ethernet"]
-    capacity: float = Field(gt=0, description="bytes/s in each direction it carries")
+    capacity: float = Field(ge=MIN_BYTES_PER_S, description="bytes/s in each direction it carries")
     latency: float = Field(default=2e-6, ge=0, description="seconds")
     bidirectional: bool = True
 

@@ -5,7 +5,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sp_plan.planner.cluster import SCHEMA_VERSION
+from sp_plan.planner.cluster import MIN_BYTES_PER_S, SCHEMA_VERSION
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.yamlio import check_schema_version, model_from_data
 
@@ -19,7 +19,7 @@ class IntraSpec(BaseModel):
 
     model_config = _STRICT
     kind: Literal["nvswitch", "nvlink", "hccs", "shm", "pcie"] = "pcie"
-    capacity: float | None = Field(default=None, gt=0, description="bytes/s per direction")
+    capacity: float | None = Field(default=None, ge=MIN_BYTES_PER_S, description="bytes/s per direction")
     latency: float = Field(default=2e-6, ge=0)
 
     @model_validator(mode="after")
@@ -33,18 +33,18 @@ class PcieSpec(BaseModel):
     """PCIe switches (device indices under each), sockets (switch indices under each), bridge capacities."""
 
     model_config = _STRICT
-    capacity: float = Field(gt=0)
+    capacity: float = Field(ge=MIN_BYTES_PER_S)
     latency: float = Field(default=3e-6, ge=0)
     switches: list[list[int]] = Field(min_length=1)
     sockets: list[list[int]] | None = None
-    smp_capacity: float = Field(default=64e9, gt=0)
+    smp_capacity: float = Field(default=64e9, ge=MIN_BYTES_PER_S)
     tree: bool = False
 
 
 class NicSpec(BaseModel):
     model_config = _STRICT
     attach: Literal["per_gpu", "per_switch", "host"]
-    rate: float = Field(gt=0, description="bytes/s")
+    rate: float = Field(ge=MIN_BYTES_PER_S, description="bytes/s")
     network: Literal["ib", "roce", "ethernet"]
     latency: float = Field(default=5e-6, ge=0)
     count: int = Field(default=1, ge=1, le=64)

@@ -88,3 +88,29 @@ def test_fitting_kernels_for_a_dtype_the_device_lacks_names_the_clusters_peak_fl
     with pytest.raises(PlanError) as e:
         measured_params(cluster, "fp32", [sample])
     assert e.value.field == "dtype" and "add peak_flops.fp32 to the device in the cluster file" in e.value.fix
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"device": {"memory_bytes": 8e9, "peak_flops": {"fp32": 1e-300}}}, "cluster.device.peak_flops.fp32"),
+    ({"device": {"memory_bytes": 1e-300, "peak_flops": {"fp32": 1e12}}}, "cluster.device.memory_bytes"),
+    ({"intra": {"kind": "shm", "capacity": 1e-300}}, "cluster.intra.capacity"),
+])
+def test_a_figure_no_device_or_link_can_have_is_refused_before_a_step_overflows(tmp_path, capsys, change, field):
+    """1e-300 for 1e300: a positive figure too small to be true (a step priced from it overflows to inf) is named."""
+    line = error_line(capsys, node_file(tmp_path, **change))
+    assert line.startswith(f"error: {field}: Input should be greater than or equal to"), line
+
+
+def test_the_service_refuses_an_inline_cluster_with_such_a_figure(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from sp_plan.service.app import create_app
+    from sp_plan.service.settings import Settings
+
+    spec = preset_cluster("cpu-local", 1).model_dump(mode="json")
+    for node in spec["node_types"].values():
+        node["devices"][0]["peak_flops"]["fp32"] = 1e-300
+    body = {"cluster": spec, "model": "tiny-gpt", "workload": {"seq_len": "4k"}, "use_profile": False}
+    with TestClient(create_app(Settings(store=f"sqlite:///{tmp_path}/s.db", processes=1))) as client:
+        r = client.post("/v1/plan", json=body)
+    assert r.status_code == 422 and "peak_flops" in r.text, r.text
