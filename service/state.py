@@ -11,12 +11,17 @@ from sp_plan.profiles import cluster_presets, model_presets
 from sp_plan.profiles.store import FILE_SUFFIXES, Store
 from sp_plan.service import auth
 from sp_plan.service.answers import Answers
+from sp_plan.service.cache import Coalescer
 from sp_plan.service.metrics import Metrics
 from sp_plan.pipeline import PlanRequest, PlanResponse
 from sp_plan.service.pool import SearchPool, rebuilt, search_job
 from sp_plan.service.settings import Settings
 
 PROFILES_FIX = "see the stored ids at GET /v1/profiles"
+
+
+#: rendered report pages the service keeps (a 65,536-rank plan's is about 1.7 MB)
+REPORTS_KEPT = 16
 
 
 class Service:
@@ -29,6 +34,9 @@ class Service:
         self.metrics = Metrics()
         self.pool = SearchPool(settings.processes or max(1, os.cpu_count() or 1))
         self.answers = Answers(self.store, settings.cache_size, offload=self.db)
+        # rendered report pages by (plan id, profile id): a large plan's page takes seconds of a pool process and
+        # reads are open, so a page is rendered once, and a few are kept (one can be megabytes)
+        self.reports = Coalescer(REPORTS_KEPT)
 
     def close(self) -> None:
         """Stop the search pool and release the store's connections."""

@@ -183,3 +183,15 @@ def test_the_loaders_read_a_file_by_a_preset_name_only_when_files_are_allowed(hi
     for load, name in ((load_model, "../clusters/dgx-h100"), (load_cluster, "../models/tiny-gpt")):
         with pytest.raises(NotFound):  # a preset name is never a path, not even one into the presets
             load(name, files=False)
+
+
+def test_a_report_page_is_rendered_once_and_served_again(client):
+    """Reads are open and a large plan's page takes seconds of a search process: a page asked for again is the kept
+    one (the same bytes, from the service's report cache), not a second rendering."""
+    r = posted(client, "/v1/plan", {**BODY, "top": 1, "use_profile": False, "workload": {"seq_len": "8k"}})
+    assert r.status_code == 200, r.text
+    kept = client.app.state.svc.reports.done
+    first = client.get(f"/v1/plans/{r.json()['id']}/report")
+    assert first.status_code == 200 and f"{r.json()['id']}/-" in kept
+    again = client.get(f"/v1/plans/{r.json()['id']}/report")
+    assert again.status_code == 200 and again.text == first.text and len(kept) == 1

@@ -93,5 +93,11 @@ async def report(id: str, svc: Service = Depends(reader)):
     doc = await svc.db(svc.answers.document, id)
     res = PlanResponse.model_validate(doc["response"])
     prof = await svc.db(svc.kept_profile, res.profile)  # a profile deleted since: no measured candidates shown
-    page = await svc.pool.run("report", "retry", report_job, PlanRequest.model_validate(doc["request"]), res, prof)
+    render = partial(rendered, svc, PlanRequest.model_validate(doc["request"]), res, prof)
+    page, _ = await svc.reports.get(f"{id}/{prof.id if prof else '-'}", render)
     return HTMLResponse(page)
+
+
+async def rendered(svc: Service, req: PlanRequest, res: PlanResponse, prof) -> tuple[str, str]:
+    """(the report page of a computed plan, 'computed'), rendered in the process pool."""
+    return await svc.pool.run("report", "retry", report_job, req, res, prof), "computed"
