@@ -18,7 +18,6 @@ import os
 import random
 import re
 import time
-import uuid
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -436,7 +435,7 @@ class Store(Database):
         check_created(profile)
         check_plausible(profile)
         if not profile.id:
-            profile.id = uuid.uuid4().hex[:12]
+            profile.id = content_id(profile)
         if not profile.created_at:
             profile.created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         row = {"id": profile.id, "cluster": profile.cluster, "fingerprint": profile.cluster_fingerprint,
@@ -607,6 +606,15 @@ def run_key(fingerprint: str, stack: dict, model: Any, workload: Any, options: d
     dump = lambda x: x.model_dump(mode="json") if hasattr(x, "model_dump") else x  # noqa: E731
     text = json.dumps([fingerprint, stack, dump(model), dump(workload), options], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def content_id(profile: Profile) -> str:
+    """An id-less profile's id: 12 hex digits of the sha256 of its document, so the same file uploaded again replaces
+    its row instead of adding a copy (a ``created_at`` it carries is part of it; one the store stamps is not)."""
+    import json  # noqa: PLC0415
+
+    text = json.dumps(profile.model_dump(mode="json", exclude={"id"}), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def stack_mismatch(profile_stack: dict, cluster_stack: dict | None) -> str | None:

@@ -66,6 +66,8 @@ def test_profile_round_trip(url):
     p.loo_error_after = 0.01  # same id: replaced, not duplicated
     st.save_profile(p)
     assert st.get_profile(pid).loo_error_after == 0.01 and len(st.list_profiles()) == 3
+    again = [make_profile(fp="1" * 16) for _ in range(2)]  # one id-less file uploaded twice: one row, its content's id
+    assert st.save_profile(again[0]) == st.save_profile(again[1]) and len(st.list_profiles()) == 4
     st.delete_profile(pid)
     with pytest.raises(PlanError):
         st.get_profile(pid[:2])  # too short to be an id prefix
