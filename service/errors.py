@@ -52,7 +52,11 @@ async def plan_error(request: Request, e: PlanError) -> JSONResponse:
 async def unexpected(request: Request, e: Exception) -> JSONResponse:
     """A bug, not bad input: still a JSON body (500), and logged with its traceback."""
     log.exception("unexpected error in %s %s", request.method, request.url.path)
-    return error_response(PlanError("server", f"unexpected {type(e).__name__}", "report it with the request body"), 500)
+    r = error_response(PlanError("server", f"unexpected {type(e).__name__}", "report it with the request body"), 500)
+    # Starlette raises the error again after this answer and uvicorn then drops the connection: say so, or a
+    # keep-alive client sends its next request down a closed socket
+    r.headers["Connection"] = "close"
+    return r
 
 
 async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:

@@ -126,3 +126,18 @@ def test_a_failing_store_is_503_with_the_json_body_and_counted(tmp_path):
         assert "no such table" in err["problem"] and err["fix"] and r.json()["detail"].startswith(err["field"] + ": ")
         metrics = c.get("/metrics").text
     assert float(re.search(r"^sp_plan_store_errors_total (\S+)$", metrics, re.M).group(1)) == 1
+
+
+def test_a_bug_is_a_500_json_body_that_closes_the_connection(tmp_path):
+    """An unexpected error is 500 with the JSON body, and ``Connection: close``: the server drops the connection
+    after it, so a keep-alive client must not send its next request down it."""
+    app = create_app(Settings(store=f"sqlite:///{tmp_path}/s.db", processes=1))
+
+    @app.get("/v1/boom")
+    async def boom():
+        raise RuntimeError("a bug")
+
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.get("/v1/boom")
+    assert r.status_code == 500 and r.json()["error"]["field"] == "server", r.text
+    assert r.headers["connection"] == "close"
