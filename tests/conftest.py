@@ -47,6 +47,17 @@ def pytest_collection_modifyitems(items):
         h.inner_test = counted
 
 
+#: a string parameter longer than this appears in a test's id by its start and length (markers.json and -k read ids)
+LONGEST_ID_PART = 100
+
+
+def pytest_make_parametrize_id(config, val, argname):
+    """A long string parameter (a 10,000-character id) as its first characters and its length, not all of it."""
+    if isinstance(val, str) and len(val) > LONGEST_ID_PART:
+        return f"{val[:8]}...({len(val)} characters)".encode("unicode_escape").decode()
+    return None
+
+
 def pytest_terminal_summary(terminalreporter):
     if _CASES:
         terminalreporter.write_sep("-", f"hypothesis: generated cases per property (profile {os.environ.get('HYPOTHESIS_PROFILE', 'ci')})")
