@@ -785,7 +785,10 @@ class Estimator:
         (``masks.mask_fraction``) instead; x3 to train."""
         m, w = self.model, self.work
         dense = 2.0 * w.tokens * (m.layers * m.layer_params() + m.vocab * m.hidden)
-        frac = mask_fraction(w, m.layers) if mask else (0.5 if w.causal else 1.0)
+        full = 0.5 if w.causal else 1.0
+        # a mask keeps no more than full attention: its exact causal count, S(S+1)/2 with the diagonal, is held to
+        # the papers' S^2/2, so a window over the whole sequence counts as no window
+        frac = min(mask_fraction(w, m.layers), full) if mask else full
         attn = 4.0 * w.batch * w.seq_len ** 2 * m.heads * m.head_dim * m.layers * frac
         return (dense + attn) * (3 if w.training else 1)
 

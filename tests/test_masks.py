@@ -335,3 +335,15 @@ def test_round_stats_are_the_rounds_max_and_mean(token_layout, causal, window):
             assert rounds.tolist() == m[r[None, :], (r[None, :] - r[:, None]) % ring].tolist()
             hi, mean = round_stats(token_layout, ring, cu, causal, window)
             assert hi.tolist() == rounds.max(axis=1).tolist() and mean.tolist() == rounds.mean(axis=1).tolist()
+
+
+def test_a_window_over_the_whole_sequence_counts_the_flops_of_no_window():
+    """MFU's masked count holds a mask to full attention: the exact causal S(S+1)/2 of a covering window is the
+    papers' S^2/2, so the masked MFU is never above the full-causal one."""
+    from sp_plan.planner.estimate import Estimator
+    from sp_plan.profiles import load_cluster, load_model
+
+    c, m = load_cluster("cpu-local"), load_model("tiny-llama")
+    plain = Estimator(c, m, Workload(seq_len=4096)).model_flops()
+    covered = Estimator(c, m, Workload(seq_len=4096, window={"size": 8192})).model_flops(mask=True)
+    assert covered == plain
