@@ -172,6 +172,24 @@ def _as_plan(plan_or_path: Plan | str | Path) -> Plan:
     return plan_or_path if isinstance(plan_or_path, Plan) else Plan.load(plan_or_path)
 
 
+def plan_key(plan: Plan) -> str:
+    """What every rank must agree on to run one plan: its layout and the mask its attention takes by default."""
+    w = plan.workload
+    mask = "" if w is None else f", causal {w.causal}, window {w.window.size if w.window else None}"
+    return f"{plan.summary()}, kv_chunks {plan.kv_chunks or 1}{mask}"
+
+
+def check_same_plan(plan: Plan, world: int) -> None:
+    """Every rank was given the same plan (``plan_key``): ranks of different plans would each pass their own checks
+    and then wait forever in different collectives (a ring's sends against an all-to-all)."""
+    keys: list = [None] * world
+    dist.all_gather_object(keys, plan_key(plan))
+    other = next((r for r, k in enumerate(keys) if k != keys[0]), None)
+    if other is not None:
+        raise PlanError("plan", f"rank {other} was given '{keys[other]}', rank 0 '{keys[0]}'",
+                        "give every rank the same plan file")
+
+
 def init(plan_or_path: Plan | str | Path, device_type: str | None = None) -> Context:
     """Build the plan's DeviceMesh and groups inside an initialized torch.distributed world (all ranks call it)."""
     plan = _as_plan(plan_or_path)
@@ -187,6 +205,7 @@ def init(plan_or_path: Plan | str | Path, device_type: str | None = None) -> Con
     shape = [s for _, s in reversed(dims)]
     names = tuple(n for n, _ in reversed(dims))
     mesh = DeviceMesh(device_type, torch.arange(world).reshape(shape), mesh_dim_names=names)
+    check_same_plan(plan, world)  # after the mesh: on NCCL it has set this rank's device, which the gather uses
     groups: dict = {n: mesh.get_group(n) if s > 1 else None for n, s in zip(names, shape)}  # degree 1: no group
     sp_groups = layout.groups("sp")
     if len(sp_groups[0]) == 1:
