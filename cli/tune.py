@@ -317,11 +317,38 @@ def _prepare(a: dict, early):
         owned = _world()
         rank = probe.dist.get_rank()
         check_world(c, probe.dist.get_world_size())
+        check_same_flags(c, m, w, opts, probe.dist)
         return c, m, w, opts, owned, rank, _open_store(a["store"], rank)
     except PlanError as e:
         if probe.dist.is_initialized():  # every rank refuses here alike (the world, the store broadcast): none may
             probe.dist.barrier()  # leave while a peer still connects to it (gloo would fail that peer instead)
         _fail(rank, early, e, owned)
+
+
+#: TuneOptions fields a rank's flags set, which every rank must share (the rest are settings and test hooks)
+SHARED_OPTIONS = ("budget", "max_minutes", "candidate_timeout", "pool", "layers", "warmup", "iters", "link_sizes",
+                  "confirm", "reread", "kernel_timing")
+
+
+def tune_flags(c, m, w, opts) -> dict[str, str]:
+    """flag -> its value, as every rank of one tune must have it: the cluster by its topology, the model and each
+    workload field and option by value."""
+    out = {"--cluster": c.topology_fingerprint(), "--model": m.model_dump_json()}
+    out.update((f"--{k.replace('_', '-')}", repr(v)) for k, v in w.model_dump(mode="json").items())
+    out.update((f"--{k.replace('_', '-')}", repr(getattr(opts, k))) for k in SHARED_OPTIONS)
+    return out
+
+
+def check_same_flags(c, m, w, opts, dist) -> None:
+    """Every rank was started with the same tune (``tune_flags``, one all_gather_object): ranks of different models
+    or lengths would time different shapes into one store, then fail at a collective with no field named."""
+    flags: list = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, tune_flags(c, m, w, opts))
+    for r, theirs in enumerate(flags):
+        differ = next((k for k in flags[0] if theirs.get(k) != flags[0][k]), None)
+        if differ is not None:
+            raise PlanError(differ, f"rank {r} was started with another {differ} than rank 0",
+                            "start every rank with the same flags (torchrun runs one command on every rank)")
 
 
 def _measure(c, m, w, opts, st, rank: int, prog, a: dict):

@@ -239,3 +239,26 @@ def test_corrupted_profile_file_exits_2(tmp_path):
     bad.write_text("cluster_fingerprint: [unclosed\n  params: 3")
     p = _cli("plan", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "512", "--profile", str(bad))
     assert p.returncode == 2 and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def _flags_per_rank(rank, world, lengths):
+    import torch.distributed as dist
+
+    from sp_plan.cli.tune import check_same_flags
+    from sp_plan.planner.errors import PlanError
+    from sp_plan.profiles.tune.run import TuneOptions
+
+    c, m = load_cluster("cpu-local"), load_model("tiny-gpt")
+    try:
+        check_same_flags(c, m, Workload(seq_len=lengths[rank]), TuneOptions(budget=1), dist)
+    except PlanError as e:
+        return e.field, e.problem
+    return None
+
+
+def test_ranks_started_with_different_flags_are_refused_before_measuring():
+    """One all_gather of the flags: ranks of one tune agree, and a rank given another --seq-len is named at once
+    (each would time its own shapes into one store, then fail at a collective)."""
+    assert run_world(_flags_per_rank, 2, [1024, 1024], timeout=60) == [None, None]
+    res = run_world(_flags_per_rank, 2, [1024, 2048], timeout=60)
+    assert res[0] == res[1] == ("--seq-len", "rank 1 was started with another --seq-len than rank 0"), res
