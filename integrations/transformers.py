@@ -193,10 +193,21 @@ def check_layout_positions(ctx, position_ids: torch.Tensor, local_len: int) -> N
 
 
 def check_positions(position_ids: torch.Tensor, seq_len: int) -> None:
-    """One position per token of the full sequence."""
+    """One whole position per token of the full sequence, each the previous one plus one or 0 (a packed document
+    starts): what ``packed_cu_seqlens`` reads as documents. Left padding (negative or repeated positions) or any
+    other jump would be read as documents the data never had."""
     if position_ids.shape[-1] != seq_len:
         raise PlanError("position_ids", f"{position_ids.shape[-1]} positions for {seq_len} tokens",
                         "give one position per token of the full sequence")
+    if position_ids.is_floating_point() or position_ids.is_complex():
+        raise PlanError("position_ids", f"positions of dtype {position_ids.dtype}", "give integer positions (long)")
+    steps = position_ids.diff(dim=-1)
+    bad = (position_ids < 0).any(dim=-1) | ((steps != 1) & (position_ids[..., 1:] != 0)).any(dim=-1)
+    if bool(bad.any()):
+        row = int(torch.nonzero(bad.reshape(-1))[0])
+        raise PlanError("position_ids", f"row {row} is neither one run of positions nor packed documents that each "
+                        "restart at 0 (negative, repeated or jumping positions: left padding?)",
+                        "pad on the right (labels -100), or pack documents with positions 0, 1, ... each")
 
 
 def packed_cu_seqlens(position_ids: torch.Tensor) -> list[np.ndarray] | None:

@@ -293,6 +293,25 @@ def test_packed_positions_become_cu_seqlens_of_rows_end_to_end():
     assert packed_cu_seqlens(torch.arange(10).view(1, 10) + 3) is None  # one document with an offset
 
 
+@pytest.mark.parametrize("positions", [
+    list(range(15, -1, -1)),                 # decreasing
+    [p - 5 for p in range(16)],              # negative
+    [-1, -1, -1] + list(range(13)),          # left padding
+    [1, 1, 1] + list(range(13)),             # repeated
+    [float(p) for p in range(16)],           # not whole positions
+])
+def test_positions_that_are_neither_one_run_nor_packed_documents_are_refused(positions):
+    """Any step but +1 is read as a new document: only a restart at 0 may be one (packing), so left padding or a
+    jump is refused by name instead of being read as documents the data never had."""
+    from sp_plan.integrations.transformers import check_positions
+
+    with pytest.raises(PlanError) as e:
+        check_positions(torch.tensor([positions]), 16)
+    assert e.value.field == "position_ids"
+    check_positions(_packed_positions(), 64)  # packed rows restarting at 0
+    check_positions(torch.arange(16).view(1, 16) + 10**6, 16)  # one document at an offset
+
+
 @pytest.mark.parametrize("algorithm, degrees, copied", [("ring", {"ring": 1}, False), ("ring", {"dp": 2}, False),
                                                         ("ring", {"ring": 2}, True), ("ulysses", {"ulysses": 2}, True)])
 def test_local_attention_gets_the_models_tensors_uncopied(algorithm, degrees, copied):
