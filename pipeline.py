@@ -102,7 +102,7 @@ def mask_fields(documents=None, window: int | None = None, window_pattern: str |
         window_pattern = planned.pattern if window_pattern is None else window_pattern
     if window_pattern is not None and window is None:
         raise PlanError("window_pattern", "a layer pattern needs a window size", "give the window too, e.g. "
-                        "window 4096 with window_pattern 5:1")
+                        "--window 4096 --window-pattern 5:1 (in Python: window=4096, window_pattern='5:1')")
     if isinstance(window, bool) or (window is not None and (not isinstance(window, int) or window < 1)):
         raise PlanError("window", f"must be a size of at least 1 token, got {window!r}",
                         "give a window size W >= 1 (or no window for full attention)")

@@ -24,7 +24,8 @@ FLAGS = {
     "cluster": "--cluster", "nodes": "--nodes", "model": "--model", "store": "--store", "profile": "--profile",
     "storage": "--storage", "server": "--server", "trials": "--trials", "to": "--to", "token_file": "--token-file",
     "max_minutes": "--max-minutes", "output": "--output", "report": "--report", "sizes": "--sizes",
-    "topo_file": "--topo-file", "seed": "--seed",
+    "topo_file": "--topo-file", "seed": "--seed", "seq_len": "--seq-len", "batch": "--batch",
+    "documents": "--documents", "window": "--window", "window_pattern": "--window-pattern",
 }
 
 

@@ -66,8 +66,8 @@ def test_presets_lists_clusters_and_models():
     (["plan", "--cluster", "dgx-h999", "--model", "llama3-8b", "--seq-len", "128k"], "cluster: unknown preset 'dgx-h999'"),
     (["plan", "--cluster", "dgx-h100", "--model", "llama9", "--seq-len", "128k"], "model: unknown preset 'llama9'"),
     (["plan", "--cluster", "dgx-h100", "--nodes", "0", "--model", "llama3-8b", "--seq-len", "128k"], "Invalid value for '--nodes'"),
-    (["plan", "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "12x"], "seq_len: cannot read '12x'"),
-    (["plan", "--cluster", "dgx-h100", "--model", ONE_LAYER, "--seq-len", "1001"], "seq_len: no layout of 8 ranks can split 1001 tokens"),
+    (["plan", "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "12x"], "--seq-len: cannot read '12x'"),
+    (["plan", "--cluster", "dgx-h100", "--model", ONE_LAYER, "--seq-len", "1001"], "--seq-len: no layout of 8 ranks can split 1001 tokens"),
     # a message with what reads as rich markup (gloo's "[/__w/.../pair.cc:553]") is printed as it is
     (["plan", "--cluster", "[/nope]", "--model", "llama3-8b", "--seq-len", "8k"], "cluster: unknown preset '[/nope]'"),
 ])
