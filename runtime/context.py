@@ -61,6 +61,7 @@ class Context:
         """This rank's tokens of a full-sequence tensor, in the plan's token layout (layout.tokens); with packed
         documents (``cu_seqlens``, and the ``window`` the attention will use) laid out per document as
         ``ctx.attention`` expects them (``ring.member_pieces``: ranks may hold different numbers of tokens)."""
+        check_dim(x, dim)
         if cu_seqlens is None:
             tokens = self.layout.tokens(self.rank, x.size(dim))
         else:
@@ -98,6 +99,7 @@ class Context:
         """Inverse of ``shard`` (with the same ``cu_seqlens`` and ``window``): all-gather the local shards over the
         sequence group and put every token back at its place; shards of different lengths travel padded."""
         members = self.ranks("sp")
+        check_dim(x, dim)
         if cu_seqlens is not None:
             self._check_share(x.size(dim), cu_seqlens)
         if len(members) == 1:
@@ -170,6 +172,13 @@ class Context:
 
 def _as_plan(plan_or_path: Plan | str | Path) -> Plan:
     return plan_or_path if isinstance(plan_or_path, Plan) else Plan.load(plan_or_path)
+
+
+def check_dim(x: torch.Tensor, dim: int) -> None:
+    """``dim`` names one of ``x``'s dimensions (the token dimension shard and gather move)."""
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+        raise PlanError("dim", f"{dim!r} is no dimension of a {x.dim()}-dimensional tensor",
+                        "pass the token dimension, e.g. dim=1 for (batch, seq, ...)")
 
 
 def plan_key(plan: Plan) -> str:

@@ -167,3 +167,18 @@ def test_ranks_given_different_plans_are_refused_at_init_not_left_waiting():
     res = run_world(_plan_per_rank, 2, timeout=60)
     assert res[0] == res[1] and res[0][0] == "plan", res
     assert "rank 1 was given 'ulysses" in res[0][1] and "rank 0 'ring" in res[0][1], res
+
+
+def _bad_dim(rank, world):
+    ctx = init(Plan(algorithm="ring", degrees={"ring": 2}, order=["ring"]))
+    out = []
+    for call in (lambda: ctx.shard(torch.randn(2, 8, 3), dim=5), lambda: ctx.gather(torch.randn(2, 4, 3), dim=-7)):
+        try:
+            call()
+        except PlanError as e:
+            out.append(e.field)
+    return out
+
+
+def test_shard_and_gather_name_a_dim_the_tensor_lacks():
+    assert run_world(_bad_dim, 2, timeout=60) == [["dim", "dim"]] * 2
