@@ -97,9 +97,17 @@ def get_plans(args, rank: int) -> list[Plan]:
     """The plan files, or rank 0's search broadcast to every rank."""
     if args.plan:
         return [Plan.load(p) for p in args.plan]
-    box = [search(args).model_dump(mode="json") if rank == 0 else None]
+    box = [None]
+    if rank == 0:
+        try:
+            box = [("plan", search(args).model_dump(mode="json"))]
+        except PlanError as e:  # every rank refuses with rank 0's error, none waits on a broadcast that never comes
+            box = [("error", (e.field, e.problem, e.fix))]
     dist.broadcast_object_list(box, src=0)
-    return [Plan.model_validate(box[0])]
+    kind, value = box[0]
+    if kind == "error":
+        raise PlanError(*value)
+    return [Plan.model_validate(value)]
 
 
 def packs(plan: Plan, args) -> list | None:
@@ -253,9 +261,8 @@ def main(argv=None) -> int:
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     try:
         ok = all([run_plan(plan, args, rank, device) for plan in get_plans(args, rank)])
-    except PlanError as e:
-        if rank == 0:
-            print(f"error: {e}", file=sys.stderr)
+    except PlanError as e:  # on every rank that meets it: torchrun stops the others when the first one exits
+        print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     finally:
         dist.destroy_process_group()
