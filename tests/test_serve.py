@@ -299,9 +299,10 @@ def test_bad_input_is_a_4xx_with_the_field_and_the_fix(server):
         assert r.status_code == status, (change, r.text)
         err = r.json()["error"]
         assert err["field"] == field and err["problem"] and err["fix"], (change, err)
-    # the same line the CLI prints for the same bad input
+    # the CLI's line for the same bad input: the same problem and fix, its field named by the flag
     cli = _cli("plan", "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len", "12x")
-    assert cli.returncode == 2 and p({**base, "workload": {"seq_len": "12x"}}).json()["detail"] in cli.stderr
+    err = p({**base, "workload": {"seq_len": "12x"}}).json()["error"]
+    assert cli.returncode == 2 and cli.stderr.startswith(f"error: --seq-len: {err['problem']}; {err['fix']}"), cli.stderr
     big = httpx.post(f"{server.url}/v1/plan", content=b"{" + b" " * 300000 + b"}",
                      headers={"content-type": "application/json"})
     assert big.status_code == 413 and big.json()["error"]["field"] == "body"

@@ -11,7 +11,7 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
-from sp_plan.planner.cluster import NET, Cluster, Device, Link, NodeType, Switch
+from sp_plan.planner.cluster import MIN_BYTES_PER_S, MIN_MEMORY_BYTES, NET, Cluster, Device, Link, NodeType, Switch
 from sp_plan.planner.errors import PlanError
 from .checks import RATE_PEER_FRACTION, gbit
 from .report import HostReport, NicInfo
@@ -75,7 +75,7 @@ def _nic_kind(n: NicInfo) -> str:
 
 
 def _nic_rate(n: NicInfo, warns: list[str]) -> float:
-    if n.rate > 0 and n.physical:
+    if n.rate >= MIN_BYTES_PER_S and n.physical:  # a rate below any NIC's is a misreading: unknown
         return n.rate
     warns.append(f"rate of NIC {n.name} unknown; placeholder {gbit(PLACEHOLDER_RATE)} until `sp-plan profile links`")
     return PLACEHOLDER_RATE
@@ -179,9 +179,10 @@ def gpu_node(host: HostReport, gpu_ids: list[int], multi_node: bool) -> NodeBuil
     nlabels = [n.name for n in nics]
     name = {f"GPU{i}": f"gpu{p}" for p, i in enumerate(gpu_ids)}
     name.update({n.name: f"nic{k}" for k, n in enumerate(nics)})
-    default_cap = max((gpus[i].pcie_capacity for i in gpu_ids), default=32e9) or 32e9
-    cap = {f"GPU{i}": gpus[i].pcie_capacity or default_cap for i in gpu_ids}
-    cap.update({n.name: n.pcie_capacity or default_cap for n in nics})
+    read = lambda c: c if c >= MIN_BYTES_PER_S else 0.0  # noqa: E731 - below any link's: a misreading, unknown
+    default_cap = max((read(gpus[i].pcie_capacity) for i in gpu_ids), default=32e9) or 32e9
+    cap = {f"GPU{i}": read(gpus[i].pcie_capacity) or default_cap for i in gpu_ids}
+    cap.update({n.name: read(n.pcie_capacity) or default_cap for n in nics})
     numa = {f"GPU{i}": gpus[i].numa for i in gpu_ids}
     numa.update({n.name: n.numa for n in nics})
     located = [x for x in glabels + nlabels
@@ -225,10 +226,11 @@ def _gpu_devices(gpus: dict, gpu_ids: list[int], name: dict[str, str], nic_of: d
         spec = gpu_spec(g.name)
         if spec is None and g.name:
             unknown.append(f"GPU{i}")
-        if not g.memory_bytes:
+        known = g.memory_bytes >= MIN_MEMORY_BYTES  # less than any device has is a misreading: unknown
+        if not known:
             nomem.append(f"GPU{i}")
         devices.append(Device(name=name[f"GPU{i}"], kind="gpu", model=g.model or "unknown-gpu",
-                              memory_bytes=g.memory_bytes or 16e9, peak_flops=peak_flops(spec),
+                              memory_bytes=g.memory_bytes if known else 16e9, peak_flops=peak_flops(spec),
                               nic=name[nic_of[f"GPU{i}"].name], pcie_bus=g.pci_bus, numa=g.numa))
     if unknown:
         names = sorted({gpus[int(x[3:])].name for x in unknown})
@@ -243,8 +245,9 @@ def _nic_switches(nics: list[NicInfo], name: dict[str, str], switches: list, lin
     unrated = []
     for n in nics:
         kind = _nic_kind(n)
-        rate = n.rate if n.rate > 0 and n.physical else PLACEHOLDER_RATE
-        if rate == PLACEHOLDER_RATE and not (n.rate > 0 and n.physical):
+        rated = n.rate >= MIN_BYTES_PER_S and n.physical
+        rate = n.rate if rated else PLACEHOLDER_RATE
+        if not rated:
             unrated.append(n.name)
         switches.append(Switch(name=name[n.name], kind="nic", rate=rate, network=kind))
         links.append(Link(src=name[n.name], dst=NET, kind=kind, capacity=rate, latency=NET_LATENCY[kind]))
@@ -265,6 +268,9 @@ def cpu_node(host: HostReport, slots: int) -> NodeBuild:
     warns: list[str] = []
     nics = choose_nics(host, warns)
     mem = host.cpu.memory_bytes / max(1, slots)
+    if not mem >= MIN_MEMORY_BYTES:
+        raise PlanError("memory", f"the host reports {host.cpu.memory_bytes:g} bytes of memory for {slots} rank slot(s)",
+                        "check /proc/meminfo and the cgroup's memory limit, or write the cluster file by hand")
     devices = [Device(name=f"cpu{i}", memory_bytes=mem, nic="nic0", **CPU_SLOT) for i in range(slots)]
     switches = [Switch(name="host", kind="cpu")]
     links = [Link(src=d.name, dst="host", kind="shm", capacity=SHM_CAPACITY, latency=SHM_LATENCY) for d in devices]
