@@ -33,7 +33,7 @@ from sp_plan.planner.plan import Plan, Prediction
 from sp_plan.planner.profile import Profile
 from sp_plan.planner.ranking import RankedPlans
 from sp_plan.planner.yamlio import model_from_data
-from sp_plan.planner.search import (SearchResult, Space, finish, finish_each, no_plan_error,
+from sp_plan.planner.search import (MAX_SEED, SearchResult, Space, finish, finish_each, no_plan_error,
                                     profile_tag, ranked_rows)
 from sp_plan.profiles import load_cluster, load_model
 from sp_plan.profiles.plans import load_plan
@@ -48,8 +48,6 @@ MAX_WORLD = 65536
 #: dgx-h100, CPU seconds: 1,000 trials 3, 4,000 44, 10,000 262), and the default 200 already finds the grid's best
 #: there, so 10,000 is past any useful study; more is a typo that would hold a search process for days
 MAX_TRIALS = 10_000
-#: the largest bayes sampler seed: optuna's TPESampler seeds numpy's RandomState, which takes 0 to 2**32 - 1
-MAX_SEED = 2**32 - 1
 
 
 def _inference_alias(data):
@@ -84,12 +82,9 @@ def documents_definition(spec, files: bool = True):
 
 def _named(name: str):
     """A named distribution for a request that cannot read files (the service): names only."""
-    from sp_plan.profiles.documents import document_presets, load_documents  # noqa: PLC0415 - pandas, as above
+    from sp_plan.profiles.documents import named_documents  # noqa: PLC0415 - numpy and the table, as above
 
-    if name not in document_presets():
-        raise PlanError("workload.documents", f"unknown distribution {name!r}",
-                        f"use one of {document_presets()}, a histogram or a list of lengths")
-    return load_documents(name)
+    return named_documents(name)
 
 
 def mask_fields(documents=None, window: int | None = None, window_pattern: str | None = None,

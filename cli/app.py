@@ -32,7 +32,7 @@ from sp_plan.cli.workload import masked_workload, plan_workload, print_mask, pri
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.model import MAX_BATCH, parse_seq_len
 from sp_plan.planner.ranking import secs, summarize, versus_first
-from sp_plan.planner.yamlio import check_writable
+from sp_plan.planner.yamlio import check_writable, names_file
 from sp_plan.profiles import cluster_presets, load_cluster, load_model, model_presets, preset_cluster
 from sp_plan.service.collector import exit_without_teardown
 
@@ -149,19 +149,14 @@ def _client(server: str):
     return Client.from_env(server)
 
 
-def _is_file(spec) -> bool:
-    """Whether a --cluster/--model/--profile value names a file (as the loaders decide), not a preset or id."""
-    return isinstance(spec, str) and (Path(spec).suffix in (".yaml", ".yml", ".json") or Path(spec).exists())
-
-
 def _request(cls, server: Optional[str], **fields):
     """A service request from the options; with --server, cluster and model files are read here and sent inline."""
     if server:
-        if _is_file(fields["cluster"]):
+        if names_file(fields["cluster"]):
             fields["cluster"], fields["nodes"] = load_cluster(fields["cluster"], fields["nodes"]), None
-        if _is_file(fields.get("model")):
+        if names_file(fields.get("model")):
             fields["model"] = load_model(fields["model"])
-        if _is_file(fields.get("profile")):
+        if names_file(fields.get("profile")):
             raise PlanError("--profile", "a profile file cannot be sent with --server",
                             "upload it with `sp-plan profile import FILE --server URL` and pass its id")
     try:

@@ -22,7 +22,7 @@ from .errors import PlanError
 from .estimate import Estimator
 from .model import ModelSpec, Workload
 from .params import Params
-from .search import Degrees, SearchResult, Space, _sort_key, degree_groups, divisors, price_group
+from .search import MAX_SEED, Degrees, SearchResult, Space, _sort_key, degree_groups, divisors, price_group
 
 PENALTY = 1e12  # score of an invalid trial (seconds); far above any real step time
 
@@ -65,8 +65,8 @@ def bayes_search(cluster: Cluster, model: ModelSpec, workload: Workload, trials:
     (``params``: calibrated physical parameters, planner/params.py; None: the uncalibrated engine)."""
     if trials < 1:
         raise PlanError("trials", f"must be at least 1, got {trials}", "pass --trials 1 or more")
-    if not 0 <= seed < 2**32:  # TPESampler seeds numpy's RandomState, which takes 0 to 2**32 - 1
-        raise PlanError("seed", f"must be from 0 to {2**32 - 1:,}, got {seed}", f"give a seed from 0 to {2**32 - 1:,}")
+    if not 0 <= seed <= MAX_SEED:
+        raise PlanError("seed", f"must be from 0 to {MAX_SEED:,}, got {seed}", f"give a seed from 0 to {MAX_SEED:,}")
     est = Estimator(cluster, model, workload, params=params)
     space = space or Space(cluster.world_size, model, workload)
     choices = _choices(space)

@@ -197,7 +197,6 @@ class NodeType(BaseModel):
         return any(NET in (l.src, l.dst) for l in self.links)
 
 
-
 def preset_name(node: str, nodes: int) -> str:
     """A preset cluster's name: its node type's, with ``xN`` for N > 1 nodes (``dgx-h100x2``)."""
     return node + (f"x{nodes}" if nodes > 1 else "")
@@ -207,6 +206,7 @@ def preset_nodes(name: str) -> tuple[str, int]:
     """(node type, nodes) of a preset cluster's name (``preset_name`` read back); a name without ``xN``: one node."""
     m = re.fullmatch(r"(.+)x(\d+)", name)
     return (m.group(1), int(m.group(2))) if m else (name, 1)
+
 
 class Cluster(BaseModel):
     """A whole cluster: nodes (each of a node type) on one network fabric."""

@@ -93,18 +93,14 @@ def check_params(params, cluster, what: str = "profile") -> None:
     (curves are achieved / peak) or bandwidth above the links' capacity (comm fits are measured / modelled)."""
     if not has_datasheet(cluster):
         return
-    from .params import CURVES
-
-    for name in CURVES:
-        curve = getattr(params, name)
-        for size, eff in (curve.points if curve else ()):
-            if eff > TOLERANCE:
-                raise PlanError(f"{what}.params.{name}", f"efficiency {eff:.3g} at {size:g} tokens claims {eff:.2f}x "
-                                f"the device's datasheet peak FLOP/s", "re-run `sp-plan tune` (a timing was wrong)")
-    for key, fit in params.comm.items():
-        if fit.efficiency > TOLERANCE:
-            raise PlanError(f"{what}.params.comm.{key}", f"efficiency {fit.efficiency:.3g} claims {fit.efficiency:.2f}x "
-                            "the links' capacity", "re-run `sp-plan profile links` and `sp-plan tune`")
+    for name, size, eff in _efficiencies(params):
+        if eff <= TOLERANCE:
+            continue
+        if size is not None:  # a curve's point
+            raise PlanError(f"{what}.params.{name}", f"efficiency {eff:.3g} at {size:g} tokens claims {eff:.2f}x "
+                            f"the device's datasheet peak FLOP/s", "re-run `sp-plan tune` (a timing was wrong)")
+        raise PlanError(f"{what}.params.{name}", f"efficiency {eff:.3g} claims {eff:.2f}x the links' capacity",
+                        "re-run `sp-plan profile links` and `sp-plan tune`")
 
 
 def check_samples(samples, peak_flops: float | None, datasheet: bool) -> None:

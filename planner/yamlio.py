@@ -124,6 +124,16 @@ def _cannot_write(path: Path, e: OSError, field: str) -> PlanError:
                      "pass a path in a directory you can write, on a disk with free space")
 
 
+#: the suffixes of the YAML/JSON files a name may be (any case): a cluster, model, profile or plan file
+FILE_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def names_file(spec) -> bool:
+    """Whether a ``--cluster``/``--model``/``--profile`` value names a file rather than a preset or an id: an
+    existing path, or one ending in a YAML/JSON suffix (a missing file is then refused as missing)."""
+    return isinstance(spec, (str, Path)) and (Path(spec).suffix.lower() in FILE_SUFFIXES or Path(spec).exists())
+
+
 def _write_target(path: Path) -> tuple[Path, bool]:
     """Where a write of ``path`` goes and whether in place: an existing file that is not a regular one (a device
     such as /dev/null, a FIFO, a socket) is written in place, never replaced; a symlink's resolved file is replaced

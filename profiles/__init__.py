@@ -6,7 +6,7 @@ from pathlib import Path
 from sp_plan.planner.cluster import NET, Cluster, Device, Link, NodeType, Switch, preset_name
 from sp_plan.planner.errors import NotFound, PlanError
 from sp_plan.planner.model import ModelSpec
-from sp_plan.planner.yamlio import load_yaml_model, model_from_data, read_data, yaml_load
+from sp_plan.planner.yamlio import load_yaml_model, model_from_data, names_file, read_data, yaml_load
 from sp_plan.profiles.spec import node_spec
 
 HERE = Path(__file__).parent
@@ -145,7 +145,7 @@ def load_cluster(name_or_file: str, nodes: int | None = None, files: bool = True
     if not files and name_or_file not in cluster_presets():  # never a path: "../x" is no preset either
         raise NotFound("cluster", f"unknown preset {name_or_file!r}", f"use one of {cluster_presets()}")
     p = Path(name_or_file)
-    if files and (p.suffix in (".yaml", ".yml", ".json") or p.exists()):
+    if files and names_file(p):
         data = read_data(p, "cluster")
         if "devices_per_node" in data and "node_types" not in data:  # a preset-style spec file
             return spec_cluster(data, nodes or 1)
@@ -169,7 +169,7 @@ def load_model(name_or_file: str, files: bool = True) -> ModelSpec:
     if not files and name_or_file not in model_presets():  # never a path: "../x" is no preset either
         raise NotFound("model", f"unknown preset {name_or_file!r}", f"use one of {model_presets()}")
     p = Path(name_or_file)
-    if files and (p.suffix in (".yaml", ".yml", ".json") or p.exists()):
+    if files and names_file(p):
         return load_yaml_model(ModelSpec, p, "model")
     path = MODELS / f"{name_or_file}.yaml"
     if not path.exists():

@@ -40,6 +40,15 @@ def load_documents(name: str):
         raise
 
 
+def named_documents(name: str):
+    """A distribution given by its name where no file is read (a request to the service, a plan file): its
+    definition; an unknown name is refused naming ``workload.documents``."""
+    if name not in document_presets():
+        raise PlanError("workload.documents", f"unknown distribution {name!r}",
+                        f"use one of {document_presets()}, a histogram or a list of lengths")
+    return load_documents(name)
+
+
 def _text_lines(pd, p: Path):
     """A text file of lengths as pandas reads it: each line one string value, whole (a line ``100,200`` is one value
     that no integer reads, never an index and a length); an empty file has no rows."""

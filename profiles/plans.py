@@ -15,7 +15,7 @@ from sp_plan.planner.errors import PlanError
 from sp_plan.planner.model import ModelSpec
 from sp_plan.planner.plan import PLAN_SCHEMA_VERSION, Plan
 from sp_plan.planner.yamlio import check_schema_version, model_from_data, read_data
-from sp_plan.profiles import MODELS, load_model, model_presets
+from sp_plan.profiles import load_model, model_presets
 
 
 #: what a plan file's ``model`` may be, as the fix of a refusal says it
@@ -26,19 +26,7 @@ def named_model(name: str) -> ModelSpec:
     """A plan file's ``model`` given as a preset's name: the preset (profiles/models/NAME.yaml)."""
     if name not in model_presets():
         raise PlanError("plan.model", f"{name!r} is no model preset", f"write one of {model_presets()}, {MODEL_FORMS}")
-    return load_model(str(MODELS / f"{name}.yaml"))  # the preset's file, never a file of that name where we run
-
-
-def named_documents(name: str):
-    """A plan file's ``workload.documents`` given as a distribution's name: its definition
-    (profiles/documents.yaml)."""
-    # numpy and the documents table: only a file that names a distribution reads them
-    from sp_plan.profiles.documents import document_presets, load_documents  # noqa: PLC0415
-
-    if name not in document_presets():
-        raise PlanError("workload.documents", f"unknown distribution {name!r}",
-                        f"use one of {document_presets()}, a histogram or a list of lengths")
-    return load_documents(name)
+    return load_model(name, files=False)  # the preset, never a file of that name where the command runs
 
 
 def resolve_names(data: dict) -> dict:
@@ -52,6 +40,9 @@ def resolve_names(data: dict) -> dict:
                         f"write a preset's name ({', '.join(model_presets()[:3])}, ...) {MODEL_FORMS}")
     w = out.get("workload")
     if isinstance(w, dict) and isinstance(w.get("documents"), str):
+        # numpy and the documents table: only a file that names a distribution reads them
+        from sp_plan.profiles.documents import named_documents  # noqa: PLC0415
+
         out["workload"] = {**w, "documents": named_documents(w["documents"])}
     return out
 

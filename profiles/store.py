@@ -31,7 +31,7 @@ from sp_plan.planner.errors import NotFound, PlanError, StoreError
 from sp_plan.planner.cluster import preset_nodes
 from sp_plan.planner.plausible import check_bounds, check_hbm, check_params
 from sp_plan.planner.profile import STACK_KEYS, Profile, created_utc
-from sp_plan.planner.yamlio import model_from_data
+from sp_plan.planner.yamlio import FILE_SUFFIXES, model_from_data, names_file
 from sp_plan.profiles import MAX_NODES, cluster_presets, preset_cluster
 from sp_plan.profiles.kernels import _match, kernel_data
 
@@ -43,8 +43,6 @@ ENV_VAR = "SP_PLAN_STORE"
 OPEN_TRIES = 6
 #: the characters of a profile id: the store's own ids are hex; none holds '/', '\\' or a character a URL escapes
 ID_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-#: the suffixes `--profile` reads as a file (resolve_profile), never as an id
-FILE_SUFFIXES = (".yaml", ".yml", ".json")
 #: how far ahead of this machine's clock a created_at may be (another machine's clock, its time zone written wrong)
 FUTURE_SLACK = timedelta(days=1)
 STORE_FIX = ("check that the database server is up and reachable (or the SQLite file's directory exists and is "
@@ -665,7 +663,7 @@ def resolve_profile(spec: Profile | str | bool | None, cluster, store: Store | N
     if isinstance(spec, Profile):
         return _check(spec, cluster)
     if isinstance(spec, str):
-        if Path(spec).exists() or Path(spec).suffix.lower() in FILE_SUFFIXES:
+        if names_file(spec):
             return _check(_load_file(spec), cluster)
         store = store or Store()
         try:

@@ -8,7 +8,8 @@ from pathlib import Path
 from sp_plan.planner.errors import NotFound, PlanError, StoreError
 from sp_plan.planner.profile import Profile
 from sp_plan.profiles import cluster_presets, model_presets
-from sp_plan.profiles.store import FILE_SUFFIXES, Store
+from sp_plan.planner.yamlio import FILE_SUFFIXES
+from sp_plan.profiles.store import Store
 from sp_plan.service import auth
 from sp_plan.service.answers import Answers
 from sp_plan.service.cache import Coalescer

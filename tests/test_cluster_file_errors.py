@@ -114,3 +114,9 @@ def test_the_service_refuses_an_inline_cluster_with_such_a_figure(tmp_path):
     with TestClient(create_app(Settings(store=f"sqlite:///{tmp_path}/s.db", processes=1))) as client:
         r = client.post("/v1/plan", json=body)
     assert r.status_code == 422 and "peak_flops" in r.text, r.text
+
+
+def test_a_missing_cluster_file_is_named_whatever_the_case_of_its_suffix(tmp_path, capsys):
+    """``CLUSTER.YAML`` names a file as ``cluster.yaml`` does (planner.yamlio.names_file): missing, not a preset."""
+    line = error_line(capsys, str(tmp_path / "missing.YAML"))
+    assert line.startswith("error: --cluster: file ") and "does not exist" in line, line
