@@ -58,11 +58,10 @@ def _check_world(p: Plan, c, field: str, at_nodes: Callable[[int], object]) -> N
     the --nodes at which ``at_nodes`` (the same cluster at n nodes) has them, where one does."""
     if c.world_size == p.world_size:
         return
-    split = " x ".join(f"{k}={v}" for k, v in p.degrees.items() if v > 1) or "1"
     n = _nodes_for(p.world_size, c, at_nodes)
     fix = (f"pass --nodes {n} ({n} x {c.nodes[0]}: {p.world_size} ranks)" if n else
            f"pass a --cluster of {p.world_size} devices")
-    raise PlanError(field, f"the plan needs {p.world_size} ranks ({split}), {c.name} has {c.world_size}",
+    raise PlanError(field, f"the plan needs {p.world_size} ranks ({p.degree_text()}), {c.name} has {c.world_size}",
                     f"{fix}, or plan again for {c.name}")
 
 

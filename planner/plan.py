@@ -226,11 +226,11 @@ class Plan(BaseModel):
             if what is None:
                 continue
             shown = " ".join(map(str, made[name][:4])) + (" ..." if len(made[name]) > 4 else "")
-            raise PlanError(f"groups.{name}", f"{what} (degrees {self._degree_text()} and order "
+            raise PlanError(f"groups.{name}", f"{what} (degrees {self.degree_text()} and order "
                             f"[{', '.join(self.order)}] make {shown})", f"{drop}, or fix groups.{name}")
         return made
 
-    def _degree_text(self) -> str:
+    def degree_text(self) -> str:
         """The degrees above 1, e.g. 'ulysses=8 x ring=2'."""
         return " x ".join(f"{k}={v}" for k, v in self.degrees.items() if v > 1) or "1"
 
@@ -291,7 +291,7 @@ class Plan(BaseModel):
         """A world that does not match the plan is a clear error."""
         if world != self.world_size:
             raise PlanError("world_size", f"the plan needs {self.world_size} ranks "
-                            f"({self._degree_text()}), the world has {world}",
+                            f"({self.degree_text()}), the world has {world}",
                             f"launch {self.world_size} ranks or make a plan for {world}")
 
     # ---- io

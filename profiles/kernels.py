@@ -154,6 +154,11 @@ def comm_defaults(cluster: Cluster) -> dict[str, CommFit]:
     return out
 
 
+def hbm_figure(model: str) -> dict | None:
+    """The device's datasheet memory figures in profiles/kernels.yaml (``bandwidth`` bytes/s, ``sms``), or None."""
+    return _match(kernel_data()["hbm"], model)
+
+
 def default_params(cluster: Cluster) -> Params:
     """The uncalibrated model's parameters for ``cluster`` (neutral Params for CPU ranks: no kernel data)."""
     dev = cluster.device(0)
@@ -161,7 +166,7 @@ def default_params(cluster: Cluster) -> Params:
         return Params()
     dtype = "bf16" if "bf16" in dev.peak_flops else next(iter(dev.peak_flops))
     fwd, bwd = attention_curves(dev.model, dev.attn_efficiency, dev.peak_flops[dtype])
-    hbm = _match(kernel_data()["hbm"], dev.model)
+    hbm = hbm_figure(dev.model)
     overlap = 1.0 - NCCL_P2P_CTAS / hbm["sms"] if hbm else OVERLAP
     return Params(attention_fwd=fwd, attention_bwd=bwd, comm=comm_defaults(cluster), overlap=overlap,
                   round_overhead_s=ROUND_OPS * OP_LAUNCH_S + ROUND_SYNC_S,

@@ -33,7 +33,7 @@ from sp_plan.planner.plausible import check_bounds, check_hbm, check_params
 from sp_plan.planner.profile import STACK_KEYS, Profile, created_utc
 from sp_plan.planner.yamlio import FILE_SUFFIXES, model_from_data, names_file
 from sp_plan.profiles import MAX_NODES, cluster_presets, preset_cluster
-from sp_plan.profiles.kernels import _match, kernel_data
+from sp_plan.profiles.kernels import hbm_figure
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 #: alembic's version table for the store; optuna keeps its own ``alembic_version`` in the same database
@@ -152,7 +152,7 @@ def check_columns(profile: Profile) -> None:
 def datasheet_hbm(cluster) -> float | None:
     """The device-memory bytes/s no profile of ``cluster`` can beat: the fastest of its devices' datasheet figures
     (profiles/kernels.yaml), or None where a device has none (CPU ranks, a model the table lacks)."""
-    figures = [_match(kernel_data()["hbm"], d.model) if d.kind != "cpu" else None
+    figures = [hbm_figure(d.model) if d.kind != "cpu" else None
                for t in cluster.node_types.values() for d in t.devices]
     return None if not figures or None in figures else max(f["bandwidth"] for f in figures)
 
