@@ -43,6 +43,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _start(run, bindir: Path, root: Path, data: Path, log: Path, tries: int = 5) -> int:
+    """Start the server on a free port; another process may take the port between the probe and the bind, so a
+    bind failure retries on a new one."""
+    for _ in range(tries):
+        port = _free_port()
+        opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        r = run(bindir / "pg_ctl", "-D", data, "-o", opts, "-l", log, "-w", "-t", "60", "start")
+        if not r.returncode:
+            return port
+        text = log.read_text() if log.exists() else ""
+        if "could not bind" not in text:
+            break
+        log.unlink(missing_ok=True)
+    shutil.rmtree(root, ignore_errors=True)
+    pytest.fail(f"pg_ctl start failed: {r.stderr or r.stdout} {text}")
+
+
 def _as_user(user: str | None, argv: list[str]) -> list[str]:
     if user is None:
         return argv
@@ -75,19 +92,14 @@ def postgres_url():
     root = Path(tempfile.mkdtemp(prefix="sp-plan-pg-", dir="/tmp"))
     if user is not None:
         os.chown(root, pw.pw_uid, pw.pw_gid)
-    data, log, port = root / "data", root / "server.log", _free_port()
+    data, log = root / "data", root / "server.log"
     run = lambda *argv: subprocess.run(_as_user(user, [str(a) for a in argv]), capture_output=True, text=True,  # noqa: E731
                                        timeout=120)
     r = run(bindir / "initdb", "-D", data, "-U", "sp", "--auth=trust", "-E", "UTF8", "--no-sync")
     if r.returncode:
         shutil.rmtree(root, ignore_errors=True)
         pytest.fail(f"initdb failed: {r.stderr or r.stdout}")
-    opts = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
-    r = run(bindir / "pg_ctl", "-D", data, "-o", opts, "-l", log, "-w", "-t", "60", "start")
-    if r.returncode:
-        text = log.read_text() if log.exists() else ""
-        shutil.rmtree(root, ignore_errors=True)
-        pytest.fail(f"pg_ctl start failed: {r.stderr or r.stdout} {text}")
+    port = _start(run, bindir, root, data, log)
     try:
         import psycopg
 

@@ -47,8 +47,15 @@ class Server:
         self.log = tmp / "server.log"
         self.start()
 
-    def start(self) -> None:
-        self.port = free_port()
+    def start(self, tries: int = 5) -> None:
+        """Start on a free port; another process may take it between the probe and the bind, so that retries."""
+        for _ in range(tries):
+            if self._start():
+                return
+        raise AssertionError(f"no free port in {tries} tries:\n{self.log.read_text()}")
+
+    def _start(self) -> bool:
+        self.port, since = free_port(), self.log.stat().st_size if self.log.exists() else 0
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if k not in ("SP_PLAN_TOKENS", "SP_PLAN_TOKEN")}
         self.proc = subprocess.Popen(
@@ -57,10 +64,12 @@ class Server:
             stdout=open(self.log, "a"), stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()
+            if self.proc.poll() is not None:
+                assert "is in use" in self.log.read_text()[since:], self.log.read_text()
+                return False
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return
+                    return True
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
