@@ -12,7 +12,6 @@ import torch
 import transformers  # the `test` extra installs it; the example needs it
 
 from sp_plan.planner import Plan, PlanError
-from sp_plan.runtime.spawn import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_hf_llama.py"
 
@@ -28,7 +27,7 @@ def test_example_trains_under_torchrun_and_checks(tmp_path):
     plan = Plan(algorithm="usp", degrees={"ulysses": 2, "ring": 2}, order=["ulysses", "ring"], token_layout="zigzag")
     plan.save(tmp_path / "plan.yaml")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", str(free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
            str(EXAMPLE), str(tmp_path / "plan.yaml"), "--steps", "2", "--seq-len", "64", "--check"]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -90,7 +89,7 @@ def test_example_packs_documents_and_matches_one_process_for_every_masked_algori
         Plan(**fields, workload=work).save(tmp_path / f"{name}.yaml")
         files.append(str(tmp_path / f"{name}.yaml"))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", str(free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
            str(EXAMPLE), *files, "--steps", "1", "--seq-len", "128", "--batch", "2", "--check",
            "--documents", "lengths.txt", "--seed", "3"]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path)
