@@ -338,14 +338,15 @@ def study_name(inputs: Inputs) -> str:
 
 
 def _searched(inputs: Inputs, top: int, kind: str, trials: int, seed: int, storage: str | None, study: str | None,
-              progress: Callable[[int, int], None] | None, space: Space | None, jobs: int = 1) -> SearchResult:
+              progress: Callable[[int, int], None] | None, space: Space | None, jobs: int = 1,
+              families: bool = False) -> SearchResult:
     """The search's result: the grid's first ``top`` distinct step times exact (every row's equivalents are in it),
     searched in up to ``jobs`` processes (``workers``), or a complete ranking of the bayes trials' layouts; a search
     that ranks nothing is a PlanError."""
     c, m, w = inputs.cluster, inputs.model, inputs.workload
     if kind == "grid":
         res = forked_grid_search(c, m, w, space, jobs, progress=progress, keep=top, params=inputs.params,
-                                 distinct=True)
+                                 distinct=True, ahead=families)
     else:
         from sp_plan.planner.bayes import bayes_search  # noqa: PLC0415 - optuna (~1 s): only a bayes search loads it
 
@@ -359,11 +360,11 @@ def _searched(inputs: Inputs, top: int, kind: str, trials: int, seed: int, stora
 
 def rank(inputs: Inputs, top: int = 5, kind: Literal["grid", "bayes"] = "grid", trials: int = 200, seed: int = 0,
          storage: str | None = None, study: str | None = None, progress: Callable[[int, int], None] | None = None,
-         space: Space | None = None, jobs: int = 1) -> tuple[RankedPlans, SearchResult]:
+         space: Space | None = None, jobs: int = 1, families: bool = False) -> tuple[RankedPlans, SearchResult]:
     """Search once (grid, in up to ``jobs`` processes, or ``trials`` of optuna's TPE) and rank: the top ``top`` rows
     (equivalent candidates share a row: planner/equivalent.py), the layouts tune measured ranked by their measurement
-    (planner/measured.py)."""
-    res = _searched(inputs, top, kind, trials, seed, storage, study, progress, space, jobs)
+    (planner/measured.py); with ``families``, a split grid's shares predict their best of each variant too."""
+    res = _searched(inputs, top, kind, trials, seed, storage, study, progress, space, jobs, families)
     c, m, w = inputs.cluster, inputs.model, inputs.workload
     return ranked_rows(res, c, m, w, top, inputs.profile, inputs.params), res
 
@@ -373,7 +374,8 @@ def search(req: PlanRequest, inputs: Inputs, storage: str | None = None, study: 
     """The response to a plan request: ``rank``'s rows, each followed by its equivalent plans, and, if
     ``req.families``, the best of each algorithm variant, all from that one ranking (a grid searched in up to
     ``jobs`` processes: ``workers``)."""
-    ranked, res = rank(inputs, req.top, req.search, req.trials, req.seed, storage, study, progress, jobs=jobs)
+    ranked, res = rank(inputs, req.top, req.search, req.trials, req.seed, storage, study, progress, jobs=jobs,
+                       families=req.families)
     c, m, w = inputs.cluster, inputs.model, inputs.workload
     plans = ranked.flat()
     bayes = req.search == "bayes"

@@ -21,7 +21,7 @@ from sp_plan.planner.model import ModelSpec, Workload
 from sp_plan.planner.params import Params
 from sp_plan.planner.exchange import Exchange, empty
 from sp_plan.planner.partition import merged, shares, variant_key_list
-from sp_plan.planner.search import SearchResult, Space, grid_search
+from sp_plan.planner.search import SearchResult, Space, grid_search, predict_ahead
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -69,9 +69,10 @@ def grid_jobs(space: Space, jobs: int) -> int:
 
 def forked_grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: Space | None, jobs: int,
                        progress: Callable[[int, int], None] | None = None, keep: int | None = 5,
-                       params: Params | None = None, distinct: bool = False) -> SearchResult:
+                       params: Params | None = None, distinct: bool = False, ahead: bool = False) -> SearchResult:
     """``grid_search`` with the same ranked rows, searched in up to ``jobs`` processes (``grid_jobs``); the progress
-    is this process's share's."""
+    is this process's share's. ``ahead``: each share also predicts the layouts the rankings' finishing may ask of it
+    (``search.predict_ahead``), the shares' predictions made side by side."""
     space = space or Space(cluster.world_size, model, workload)
     n = grid_jobs(space, jobs)
     search = functools.partial(grid_search, cluster, model, workload, keep=keep, params=params, distinct=distinct)
@@ -79,9 +80,15 @@ def forked_grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, s
         return search(space, progress=progress)
     parts, keys = shares(space, n), variant_key_list(space)
     exchange = Exchange(keys, shared_floats(empty(keys)))
-    results = forked_map(lambda share: search(share, progress=progress if share is parts[0] else None,
-                                              exchange=exchange), parts, n, portable=_ranking)
-    return merged([results[0], *(SearchResult(*r, None) for r in results[1:])])
+
+    def share_search(share: Space) -> SearchResult:
+        res = search(share, progress=progress if share is parts[0] else None, exchange=exchange)
+        if ahead:
+            res.predicted = predict_ahead(res, workload, keep)
+        return res
+
+    results = forked_map(share_search, parts, n, portable=_ranking)
+    return merged([results[0], *(SearchResult(*r[:4], None, predicted=r[4]) for r in results[1:])])
 
 
 def shared_floats(values: list[float]) -> memoryview:
@@ -100,8 +107,9 @@ def rerankings(jobs: int) -> Callable[[Callable, list], list]:
 
 
 def _ranking(res: SearchResult) -> tuple:
-    """What a worker's share sends back: its ranking and counts (its estimator stays in the worker)."""
-    return res.ranked, res.evaluated, res.space, res.rejected
+    """What a worker's share sends back: its ranking, counts and predictions made ahead (its estimator stays in the
+    worker)."""
+    return res.ranked, res.evaluated, res.space, res.rejected, res.predicted
 
 
 def forked_map(fn: Callable[[T], R], items: list[T], jobs: int, portable: Callable[[R], Any] = lambda r: r) -> list:

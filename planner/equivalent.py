@@ -49,8 +49,10 @@ def group(plans: list[Plan]) -> list[Row]:
     rows: list[Row] = []
     for p in plans:
         for r in rows:
+            if not same_cost(r.plan, p):  # first: the parameters compared only where the costs agree
+                continue
             diff = differing(r.plan, p)
-            if same_cost(r.plan, p) and len(diff) == 1 and r.parameter in (None, diff[0]):
+            if len(diff) == 1 and r.parameter in (None, diff[0]):
                 r.alternatives.append(p)
                 r.parameter = diff[0]
                 break

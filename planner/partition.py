@@ -56,4 +56,5 @@ def merged(results: list[SearchResult]) -> SearchResult:
     ranked = sorted((tc for r in results for tc in r.ranked), key=lambda tc: (round(tc[0], 12), _sort_key(tc[1])))
     first = results[0]
     return SearchResult(ranked, sum(r.evaluated for r in results), sum(r.space for r in results),
-                        sum(r.rejected for r in results), first.estimator, first.profile, first.profile_line)
+                        sum(r.rejected for r in results), first.estimator, first.profile, first.profile_line,
+                        {c: p for r in results for c, p in r.predicted.items()})

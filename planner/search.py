@@ -26,7 +26,7 @@ from .algorithms import ALGORITHMS, algorithm_for, variants
 from .candidate import Candidate
 from .cluster import Cluster
 from .errors import PlanError
-from .equivalent import REL_TOL, top_rows
+from .equivalent import REL_TOL, distinct_prefix, top_rows
 from .estimate import Estimator, Orders
 from .exchange import Exchange
 from .layout import BALANCE_POLICIES, TOKEN_LAYOUTS, chunks_needed
@@ -186,6 +186,7 @@ class SearchResult:
     estimator: Estimator
     profile: str | None = None  # the profile whose params priced it (its id, or "file"); None: uncalibrated
     profile_line: str = ""  # profiles.resolve.resolve_params' line, for the user (set by the pipeline)
+    predicted: dict = field(default_factory=dict)  # Candidate -> Prediction made where its share was searched
 
 
 ZERO_COST = {0: 0, 1: 0, 2: 0, 3: 1}  # schedules.grad_sync: ZeRO-1/2 move what an all-reduce moves, ZeRO-3 1.5x
@@ -828,19 +829,32 @@ def _sort_key(c: Candidate) -> tuple:
 def finish(result: SearchResult, cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int) -> list[Plan]:
     """Full Plans (predictions with breakdown, cluster fingerprint) for the ``top_k`` best; as plan files hold
     them, without groups (``Plan.with_groups`` derives them)."""
-    est = result.estimator
-    return [est.with_stages(c).to_plan(cluster=cluster.name, cluster_fingerprint=est.fingerprint, model=model,
-                                       workload=workload, predicted=est.predict(c), profile=result.profile)
-            for _, c in result.ranked[:top_k]]
+    return [_finished(result, c, cluster, model, workload) for _, c in result.ranked[:top_k]]
 
 
 def finish_each(result: SearchResult, cluster: Cluster, model: ModelSpec, workload: Workload) -> list[Plan]:
     """Full Plans for the fastest layout of every algorithm variant, with documents of every balancing policy too
     (exact under grid pruning too)."""
-    est = result.estimator
-    return [est.with_stages(c).to_plan(cluster=cluster.name, cluster_fingerprint=est.fingerprint, model=model,
-                                       workload=workload, predicted=est.predict(c), profile=result.profile)
+    return [_finished(result, c, cluster, model, workload)
             for _, c in best_per_variant(result.ranked, by_policy(workload))]
+
+
+def _finished(result: SearchResult, c: Candidate, cluster: Cluster, model: ModelSpec, workload: Workload) -> Plan:
+    """The Plan of ``c``, with its prediction made ahead (``predict_ahead``; each used once), else made now."""
+    est = result.estimator
+    predicted = result.predicted.pop(c, None) or est.predict(c)
+    return est.with_stages(c).to_plan(cluster=cluster.name, cluster_fingerprint=est.fingerprint, model=model,
+                                      workload=workload, predicted=predicted, profile=result.profile)
+
+
+def predict_ahead(result: SearchResult, workload: Workload, keep: int | None) -> dict:
+    """The predictions ``finish`` and ``finish_each`` may ask of a share's ranking: its first ``keep`` distinct step
+    times' layouts and the best of each variant. A share searched in a worker makes them there, beside the others,
+    rather than in the process that merges the rankings, whose caches hold none of that share's schedules."""
+    ranked = result.ranked
+    head = ranked[:distinct_prefix(ranked, keep)] if keep else []
+    wanted = dict.fromkeys(c for _, c in [*head, *best_per_variant(ranked, by_policy(workload))])
+    return {c: result.estimator.predict(c) for c in wanted}
 
 
 def no_plan_error(cluster: Cluster, workload: Workload, result: SearchResult) -> PlanError:

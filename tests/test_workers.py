@@ -170,3 +170,23 @@ def test_shared_floats_carry_a_forked_workers_writes():
         os._exit(0)
     os.waitpid(pid, 0)
     assert list(buf) == [3.25, 1.5, 2.0]
+
+
+def test_shares_predict_the_layouts_the_finishing_asks_for():
+    """With ``ahead``, the merged result carries a prediction of every variant's best and of the top rows' layouts,
+    made in the share that ranked it and equal to the merged estimator's own; finishing uses each once."""
+    from sp_plan.planner.search import best_per_variant, by_policy, finish_each
+
+    req = request()
+    inputs = resolve(req, max_world=None)
+    c, m, w = inputs.cluster, inputs.model, inputs.workload
+    res = workers.forked_grid_search(c, m, w, None, 2, keep=5, params=inputs.params, distinct=True, ahead=True)
+    bests = [cand for _, cand in best_per_variant(res.ranked, by_policy(w))]
+    assert len(bests) > 1 and set(bests) <= set(res.predicted)
+    assert {cand for _, cand in res.ranked[:5]} <= set(res.predicted)
+    assert all(res.predicted[cand] == res.estimator.predict(cand) for cand in bests)
+    plans = finish_each(res, c, m, w)
+    assert [p.predicted for p in plans] == [res.estimator.predict(cand) for cand in bests]
+    assert not set(bests) & set(res.predicted)  # each used once
+    plain = workers.forked_grid_search(c, m, w, None, 2, keep=5, params=inputs.params, distinct=True)
+    assert plain.predicted == {}
