@@ -273,9 +273,11 @@ def _setup(cands: list[Candidate], work, cu, full: list, backend: str) -> tuple[
 def count_rank(rank: int, world: int, cands: list[Candidate], work, cu, full: list,
                backend: str) -> list[tuple[int, int, int]]:
     """Every candidate's (blocks run, bytes received, kernel calls) on this rank, one forward + backward on zero
-    kernels."""
+    kernels, after one uncounted (a call's first compares its arguments over the group: ``runtime.agree``)."""
     zero_kernels()
     ctxs, data, cus = _setup(cands, work, cu, full, backend)
+    for ctx, d, c in zip(ctxs, data, cus):
+        _once(ctx, d, c)
     out = []
     for ctx, d, c in zip(ctxs, data, cus):
         tiles = TILES[0]

@@ -141,16 +141,30 @@ class Context:
         ``cu_seqlens`` (0, ..., global length) packs documents, ``window`` is a sliding window (None: the plan's,
         ``window``) for ring, Ulysses, USP and all-gather plans (``attention.MASKED``; the others refuse them);
         ``kv_chunks``: all-gather's chunks of KV heads (None: the plan's, ``kv_chunks``)."""
-        from .attention import attention
+        from .agree import shapes
+        from .attention import attention, check_inputs
+        from .variants.ring import check_masks
 
         if causal is None:
             causal = self.plan.workload.causal if self.plan.workload else True
         groups, ranks = self._attention_groups()
-        window = self.window(window)
+        check_inputs(q, k, v, scale)
+        cu_seqlens, window = check_masks(cu_seqlens, self.window(window), None)  # read once, as plain values
+        kv_chunks = self.kv_chunks(kv_chunks)
+        self._agreement().check(q.device, causal=bool(causal), window=window, scale=scale, kv_chunks=kv_chunks,
+                                cu_seqlens=cu_seqlens, shapes=shapes(q, k, v))
         backend = self.backends.choose(q, k, causal)  # keyed by the local block: device, dtype, head dim, length
         return attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,
                          token_layout=self.plan.token_layout, scale=scale, backend=backend, cu_seqlens=cu_seqlens,
-                         window=window, kv_chunks=self.kv_chunks(kv_chunks))
+                         window=window, kv_chunks=kv_chunks)
+
+    def _agreement(self):
+        """The sequence group's ``agree.MaskAgreement`` (made once)."""
+        if "_agreed" not in self.__dict__:
+            from .agree import MaskAgreement
+
+            self.__dict__["_agreed"] = MaskAgreement(self._groups.get("sp"), self.ranks("sp"))
+        return self.__dict__["_agreed"]
 
     def _attention_groups(self) -> tuple[dict, dict]:
         """The groups and ranks ``attention`` passes the plan's algorithm, by name (made once: a plan's groups do

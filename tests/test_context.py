@@ -182,3 +182,61 @@ def _bad_dim(rank, world):
 
 def test_shard_and_gather_name_a_dim_the_tensor_lacks():
     assert run_world(_bad_dim, 2, timeout=60) == [["dim", "dim"]] * 2
+
+
+DIFFERENT = {  # per field, the call's keywords on rank 0 and on rank 1 (q's heads: rank 1's shards hold 3)
+    "window": ({"window": 4}, {"window": 8}),
+    "causal": ({"causal": True}, {"causal": False}),
+    "scale": ({}, {"scale": 0.3}),
+    "cu_seqlens": ({"cu_seqlens": [0, 6, 16]}, {"cu_seqlens": [0, 10, 16]}),
+    "shapes": ({}, {"heads": 3}),
+}
+
+
+def _mismatched_calls(rank, world, plan):
+    """Per field of ``DIFFERENT``, what ctx.attention raised on this rank (field, problem); then how many
+    all-gathers an agreed call repeated three times made, and that its output is this rank's share of the whole."""
+    from sp_plan.runtime import agree
+
+    ctx = init(plan)
+    out = {}
+    for name, kws in DIFFERENT.items():
+        kw = dict(kws[rank])
+        q = torch.randn(1, 8, kw.pop("heads", 2), 4)
+        try:
+            ctx.attention(q, q, q, **kw)
+            out[name] = None
+        except PlanError as e:
+            out[name] = (e.field, e.problem)
+    calls = [0]
+    real = agree.dist.all_gather
+    agree.dist.all_gather = lambda *a, **k: (calls.__setitem__(0, calls[0] + 1), real(*a, **k))[1]
+    torch.manual_seed(0)
+    x = torch.randn(1, 16, 2, 4)
+    mine = ctx.shard(x, dim=1)
+    outs = [ctx.attention(mine, mine, mine, causal=True, window=5) for _ in range(3)]
+    agree.dist.all_gather = real
+    whole = ctx.gather(outs[-1], dim=1)
+    return out, calls[0], all(torch.equal(o, outs[0]) for o in outs), whole
+
+
+@pytest.mark.parametrize("plan", [
+    Plan(algorithm="ring", degrees={"ring": 2}, order=["ring"], token_layout="zigzag"),
+    Plan(algorithm="ulysses", degrees={"ulysses": 2}, order=["ulysses"]),
+], ids=["ring2", "ulysses2"])
+def test_ranks_calling_attention_otherwise_get_an_error_naming_the_field(plan):
+    """A rank given another window, causal flag, scale, cu_seqlens or head count than its peer would compute a wrong
+    attention silently (or abort in a collective): every rank gets one error naming the field instead. An agreed
+    call is compared once, then remembered."""
+    from sp_plan.runtime.attention import attention as local
+
+    res = run_world(_mismatched_calls, 2, plan, timeout=60)
+    for out, calls, same, _ in res:
+        for name in DIFFERENT:
+            assert out[name] is not None and out[name][0] == name, (name, out)
+            assert f"rank 1 passed ctx.attention another {name} than rank 0" in out[name][1]
+        assert calls == 1 and same
+    torch.manual_seed(0)
+    x = torch.randn(1, 16, 2, 4)
+    ref = local(x, x, x, algorithm="ring", groups=None, causal=True, window=5)
+    assert torch.allclose(res[0][3], ref, atol=1e-6) and torch.equal(res[0][3], res[1][3])

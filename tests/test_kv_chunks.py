@@ -194,6 +194,8 @@ def _attend(rank: int, world: int, plan: Plan):
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 16, h, 8, generator=gen, dtype=torch.float64) for h in (8, 4, 4))
     q, k, v = (ctx.shard(x, dim=1) for x in (q, k, v))
+    for chunks in (None, 1, 2):  # each call's arguments compared over the group once (runtime.agree), not counted
+        ctx.attention(q, k, v, causal=True, kv_chunks=chunks)
     gathers = []
     gather = dist.all_gather
     dist.all_gather = lambda *a, **kw: gathers.append(1) or gather(*a, **kw)

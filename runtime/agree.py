@@ -1,0 +1,66 @@
+"""The ranks of a sequence group call ``ctx.attention`` alike: the same mask, scale, K/V chunks and shard shapes.
+
+Each rank reads only its own arguments, so a rank passed another ``window``, ``causal`` flag or ``cu_seqlens`` than
+its peers computes a wrong attention without any error, and a rank of another head count or batch aborts inside a
+collective. ``MaskAgreement`` compares a digest of each field over the group once per distinct call (one small
+all-gather; then cached, as a model's layers repeat a batch's call) and names the first field that differs.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+
+import torch
+import torch.distributed as dist
+
+from sp_plan.planner.errors import PlanError
+
+#: the fields compared, in the order an error names them
+FIELDS = ("causal", "window", "scale", "kv_chunks", "cu_seqlens", "shapes")
+#: distinct calls remembered as agreed (a batch's layers repeat one; packed batches bring a new one each step)
+KEEP = 64
+
+
+def digest(value) -> int:
+    """A signed 64-bit digest of ``value``'s repr (the fields are ints, floats, bools, tuples and None)."""
+    return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
+    """What every rank's shards share: the batch, heads and head dimension of q, k and v, and their dtype (local
+    sequence lengths may differ under packed documents)."""
+    return tuple((x.shape[0], *x.shape[2:], str(x.dtype)) for x in (q, k, v))
+
+
+class MaskAgreement:
+    """The calls a rank's sequence group agreed on (``check``), the latest ``KEEP``."""
+
+    def __init__(self, group, ranks: list[int]):
+        self.group, self.ranks = group, ranks
+        self.agreed: OrderedDict = OrderedDict()
+
+    def check(self, device: torch.device, **fields) -> None:
+        """Every rank of the group passed these ``fields`` (``FIELDS``), or a PlanError naming the first that
+        differs, on every rank."""
+        key = tuple(fields[f] for f in FIELDS)
+        if key in self.agreed:
+            self.agreed.move_to_end(key)
+            return
+        if self.group is not None and len(self.ranks) > 1:
+            self._compare(key, device)
+        self.agreed[key] = None
+        if len(self.agreed) > KEEP:
+            self.agreed.popitem(last=False)
+
+    def _compare(self, key: tuple, device: torch.device) -> None:
+        """All-gather the fields' digests over the group; raise on the first field a rank holds otherwise."""
+        mine = torch.tensor([digest(v) for v in key], dtype=torch.int64, device=device)
+        rows = [torch.empty_like(mine) for _ in self.ranks]
+        dist.all_gather(rows, mine, group=self.group)
+        table = [r.tolist() for r in rows]
+        for i, name in enumerate(FIELDS):
+            other = next((r for r, row in zip(self.ranks, table) if row[i] != table[0][i]), None)
+            if other is not None:
+                raise PlanError(name, f"rank {other} passed ctx.attention another {name} than rank {self.ranks[0]}",
+                                "give every rank of a sequence group the same causal, window, scale, kv_chunks "
+                                "and cu_seqlens, and shards of the same batch, heads and dtype")
