@@ -271,8 +271,11 @@ def shard_packed(ctx, input_ids: torch.Tensor, labels: torch.Tensor | None, posi
 
 
 def all_reduce_grads(ctx, model: torch.nn.Module) -> None:
-    """Sum every gradient over the world (sequence x data ranks; tp = pp = 1): one flat all-reduce."""
+    """Sum every gradient over the world (sequence x data ranks; tp = pp = 1): one flat all-reduce; first, that the
+    model ran the plan's attention (``check_attention``)."""
     check_plan(ctx.plan)
+    if ctx.plan.degrees.get("ulysses", 1) * ctx.plan.degrees.get("ring", 1) > 1:
+        check_attention(model)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params or dist.get_world_size() == 1:
         return
@@ -286,3 +289,14 @@ def all_reduce_grads(ctx, model: torch.nn.Module) -> None:
     for g in grads:
         g.copy_(flat[offset:offset + g.numel()].view_as(g))
         offset += g.numel()
+
+
+def check_attention(model: torch.nn.Module) -> None:
+    """The model runs the "sp_plan" attention (``register``'s name). One switched to another attends to each rank's
+    own tokens only, a wrong result without an error: loaded with attn_implementation="sdpa", or from a config
+    another model was made from since (transformers writes a model's implementation into the config it is given)."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", NAME)
+    if impl != NAME:
+        raise PlanError("attn_implementation", f"the model runs the {impl!r} attention, which sees this rank's tokens "
+                        f"only", f"make it with attn_implementation={NAME!r} from a config no other model is made from "
+                        "(copy.deepcopy(config) for a reference model)")

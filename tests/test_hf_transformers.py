@@ -329,3 +329,35 @@ def test_local_attention_gets_the_models_tensors_uncopied(algorithm, degrees, co
     assert [x.shape for x in seen] == [(1, 8, 4, 16), (1, 8, 2, 16), (1, 8, 2, 16)]
     assert all(x.is_contiguous() == copied for x in seen)
     assert (seen[0].data_ptr() == query.data_ptr()) != copied
+
+
+def _switched(rank, world):
+    """all_reduce_grads' error on a model made with sdpa, and on an sp_plan model whose config a reference model was
+    made from afterwards; then that a model from a copied config steps."""
+    import copy
+
+    ctx = init(_p("ring", {"ring": 2}, ["ring"], "zigzag"))
+    name, out = register(ctx), []
+    cfg = copy.deepcopy(CONFIG)
+    shared = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=name)
+    transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")  # writes "sdpa" into cfg
+    ids = _batch()
+    x, pos, labels = shard_inputs(ctx, ids, ids)
+    # a model's attention is the one its config names at each forward: each made from a config of its own here
+    for model in (_model("sdpa", config=copy.deepcopy(CONFIG)), shared, _model(name, config=copy.deepcopy(CONFIG))):
+        model(input_ids=x, position_ids=pos).logits.sum().backward()
+        try:
+            all_reduce_grads(ctx, model)
+            out.append(None)
+        except PlanError as e:
+            out.append((e.field, e.problem))
+    return out
+
+
+def test_a_model_not_running_the_plans_attention_is_an_error_at_the_gradient_sum():
+    """A model whose attention is another than "sp_plan" attends to each rank's own tokens: all_reduce_grads says so
+    on every rank instead of summing wrong gradients."""
+    for out in run_world(_switched, 2, timeout=120):
+        assert out[0] == ("attn_implementation", "the model runs the 'sdpa' attention, which sees this rank's tokens "
+                          "only"), out
+        assert out[1] == out[0] and out[2] is None, out
