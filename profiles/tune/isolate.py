@@ -30,7 +30,7 @@ import torch.distributed as dist
 from sp_plan.planner.model import ModelSpec, Workload
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import MeasuredCandidate
-from sp_plan.runtime.spawn import flight_recorder_on
+from sp_plan.runtime.spawn import flight_recorder_on, free_port
 
 
 def forget_parent_world() -> None:
@@ -61,7 +61,7 @@ def _child(plan, model, work, rank, world, addr, port, coll_timeout, cuda_index,
             torch.cuda.set_device(cuda_index)
         backend = "cpu:gloo,cuda:nccl" if cuda_index is not None else "gloo"
         coll = datetime.timedelta(seconds=coll_timeout)
-        store = dist.TCPStore(addr, port, world, False, timeout=datetime.timedelta(seconds=min(JOIN_S, coll_timeout)))
+        store = dist.TCPStore(addr, port, world, rank == 0, timeout=datetime.timedelta(seconds=min(JOIN_S, coll_timeout)))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=coll)
         store.set_timeout(coll)  # joined: the candidate's own groups rendezvous on the collective timeout
         res = measure(plan, model, work, **kw)
@@ -223,12 +223,6 @@ def combine(outcomes: list[tuple]) -> tuple[str, int | None, object]:
     return "ok", None, outcomes[0][2]
 
 
-def _store_server(addr: str, world: int) -> dist.TCPStore:
-    """The store a candidate's child world meets in, served by rank 0's parent on a port the OS picks as it binds:
-    a port probed free and bound later by a child can be taken in between on a busy host."""
-    return dist.TCPStore(addr, 0, world, True, timeout=datetime.timedelta(seconds=JOIN_S), wait_for_workers=False)
-
-
 def default_start_method(cuda_index: int | None) -> str:
     """fork (a child world in well under a second) unless the process holds CUDA, which cannot be forked, its
     c10d flight recorder records, whose mutex a child can inherit locked (``runtime.spawn.fork_safe_c10d``), or
@@ -267,8 +261,7 @@ def run_candidate_isolated(plan: Plan, model: ModelSpec, work: Workload, *, time
     cuda_index = (device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else None
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    server = _store_server(addr, world) if rank == 0 else None
-    box = [server.port if server else None]
+    box = [free_port(addr) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     method = start_method or default_start_method(cuda_index)
     coll = collective_timeout_s or max(timeout_s / 2, 1.0)
@@ -291,7 +284,6 @@ def run_candidate_isolated(plan: Plan, model: ModelSpec, work: Workload, *, time
             proc.kill()
         proc.join(5)
         recv.close()
-        del server
     if status == "ok" and isinstance(payload, dict) and "backends" in payload:
         made = payload.pop("backends")
         if backends is not None:
