@@ -21,7 +21,7 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -537,17 +537,23 @@ class Store(Database):
             return conn.execute(q).scalar()
 
     # ---- tune runs and their checkpoints
-    def start_run(self, key: str, meta: dict) -> tuple[int, bool]:
-        """(run id, resumed?): the unfinished run with this key if there is one, else a new run."""
+    def start_run(self, key: str, meta: dict, busy: Callable[[dict], str | None] | None = None) -> tuple[int, bool]:
+        """(run id, resumed?): the unfinished run with this key if there is one (its meta updated with ``meta``),
+        else a new run. ``busy``: given the unfinished run's meta, why it may not be resumed (a live process still
+        runs it), or None; a reason is a PlanError, decided in the transaction that would take the run over."""
         now = _now()
         with self.transaction() as conn:
             if conn.dialect.name == "postgresql":
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key("run:" + key)})
-            rid = conn.execute(sa.select(runs_t.c.id).where(runs_t.c.key == key, runs_t.c.status == "running")
-                               .order_by(runs_t.c.id.desc()).limit(1)).scalar()
-            if rid is not None:
-                conn.execute(runs_t.update().where(runs_t.c.id == rid).values(updated_at=now))
-                return rid, True
+            row = conn.execute(sa.select(runs_t.c.id, runs_t.c.meta).where(runs_t.c.key == key, runs_t.c.status ==
+                               "running").order_by(runs_t.c.id.desc()).limit(1)).first()
+            if row is not None:
+                held = busy(row.meta or {}) if busy else None
+                if held:
+                    raise PlanError("tune", held, "wait for that tune to end, or stop it: a stopped tune resumes here")
+                conn.execute(runs_t.update().where(runs_t.c.id == row.id).values(updated_at=now,
+                                                                                 meta={**(row.meta or {}), **meta}))
+                return row.id, True
             rid = conn.execute(runs_t.insert().values(key=key, status="running", meta=meta, created_at=now,
                                                       updated_at=now)).inserted_primary_key[0]
             return int(rid), False

@@ -540,3 +540,24 @@ def test_an_empty_fingerprint_is_refused(tmp_path, fp):
     with pytest.raises(PlanError) as e:
         Store(f"sqlite:///{tmp_path}/s.db").save_profile(make_profile(fp=fp))
     assert e.value.field == "profile.cluster_fingerprint"
+
+
+def test_a_run_a_live_process_holds_is_not_taken_over(url):
+    """A second tune of one key on this host while the first's process lives is refused (both would write one run's
+    checkpoints); once that process is gone, the run resumes here and records its new owner."""
+    from sp_plan.profiles.tune.owner import owner, running_elsewhere
+
+    st = Store(url)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        rid, _ = st.start_run("busy-key", {"model": "m", "owner": {**owner(), "pid": holder.pid}})
+        with pytest.raises(PlanError) as err:
+            st.start_run("busy-key", {"owner": owner()}, busy=running_elsewhere)
+        assert err.value.field == "tune" and f"running in process {holder.pid} on this host" in err.value.problem
+        assert st.run(rid)["meta"]["owner"]["pid"] == holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+    assert st.start_run("busy-key", {"owner": owner()}, busy=running_elsewhere) == (rid, True)
+    assert st.run(rid)["meta"] == {"model": "m", "owner": owner()}
+    assert running_elsewhere({"owner": {"host": "elsewhere", "pid": holder.pid}}) is None  # unseen: resumed as before

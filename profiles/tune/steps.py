@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 import torch.distributed as dist
-
 from sp_plan.planner.calibration import FitResult, fit
 from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.errors import PlanError
@@ -26,6 +25,7 @@ from . import measure, readings
 from .budget import Budget, at_iters, fmt, kernel_budget
 from .choose import MIN_MEASURED, Choice, family, next_candidate, quickest_for_fit, sigma_from
 from .kernels import kernel_priority, shown_group, spanned_said, spared_said, sweep_groups, token_rows
+from .owner import owner, running_elsewhere
 from .pool import budget_check, candidate_pool, estimates, fewest_iters, fit_minutes, fit_need, predict
 from .rounds import time_rounds
 from .software import software_stack
@@ -114,10 +114,17 @@ def start(r: TuneRun) -> tuple[bool, dict | None]:
     key = run_key(fp, stack, r.model, r.work, {"layers": r.opts.layers, "iters": r.opts.iters})
 
     def opened():
-        run_id, resumed = r.store.start_run(key, {"cluster": r.cluster.name, "fingerprint": fp, "stack": stack,
-                                                  "model": r.model.name, "workload": r.work.model_dump(mode="json")})
+        meta = {"cluster": r.cluster.name, "fingerprint": fp, "stack": stack, "model": r.model.name,
+                "workload": r.work.model_dump(mode="json"), "owner": owner()}
+        try:
+            run_id, resumed = r.store.start_run(key, meta, busy=running_elsewhere)
+        except PlanError as e:  # every rank raises it, none left waiting
+            return e.field, e.problem, e.fix
         return run_id, resumed, r.store.steps(run_id), r.store.link_fit(fp)
-    r.run_id, resumed, r.steps, links = r.decide(opened)
+    got = r.decide(opened)
+    if len(got) == 3:
+        raise PlanError(*got)
+    r.run_id, resumed, r.steps, links = got
     return resumed, links
 
 
