@@ -58,9 +58,10 @@ class MaskAgreement:
         rows = [torch.empty_like(mine) for _ in self.ranks]
         dist.all_gather(rows, mine, group=self.group)
         table = [r.tolist() for r in rows]
+        ranks = [dist.get_global_rank(self.group, i) for i in range(len(rows))]  # in the gather's (group) order
         for i, name in enumerate(FIELDS):
-            other = next((r for r, row in zip(self.ranks, table) if row[i] != table[0][i]), None)
+            other = next((r for r, row in zip(ranks, table) if row[i] != table[0][i]), None)
             if other is not None:
-                raise PlanError(name, f"rank {other} passed ctx.attention another {name} than rank {self.ranks[0]}",
+                raise PlanError(name, f"rank {other} passed ctx.attention another {name} than rank {ranks[0]}",
                                 "give every rank of a sequence group the same causal, window, scale, kv_chunks "
                                 "and cu_seqlens, and shards of the same batch, heads and dtype")

@@ -240,3 +240,17 @@ def test_ranks_calling_attention_otherwise_get_an_error_naming_the_field(plan):
     x = torch.randn(1, 16, 2, 4)
     ref = local(x, x, x, algorithm="ring", groups=None, causal=True, window=5)
     assert torch.allclose(res[0][3], ref, atol=1e-6) and torch.equal(res[0][3], res[1][3])
+
+
+def _replica_windows(rank, world):
+    """Each data-parallel replica's sequence group calls with its own window; the global ranks of this rank's group."""
+    ctx = init(Plan(algorithm="ring", degrees={"ring": 2, "dp": 2}, order=["ring", "dp"], token_layout="zigzag"))
+    q = torch.randn(1, 8, 2, 4)
+    ctx.attention(q, q, q, causal=True, window=4 + 4 * ctx.layout.coords(rank).get("dp", 0))
+    return ctx.ranks("sp")
+
+
+def test_replicas_compare_within_their_own_sequence_group():
+    """Data-parallel replicas hold other batches: their calls may differ, and only a group's ranks are compared."""
+    groups = run_world(_replica_windows, 4, timeout=60)
+    assert sorted(map(tuple, groups)) == [(0, 1), (0, 1), (2, 3), (2, 3)]

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 import torch.distributed as dist
+
 from sp_plan.planner.calibration import FitResult, fit
 from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.errors import PlanError
