@@ -31,7 +31,7 @@ from sp_plan.cli.options import (JSON_HELP, NO_PROFILE_HELP, PROFILE_DEFAULT, PR
 from sp_plan.cli.workload import masked_workload, plan_workload, print_mask, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.model import MAX_BATCH, parse_seq_len
-from sp_plan.planner.ranking import secs, summarize, versus_first
+from sp_plan.planner.ranking import mfu_text, secs, summarize, versus_first
 from sp_plan.planner.yamlio import check_writable, names_file
 from sp_plan.profiles import cluster_presets, load_cluster, load_model, model_presets, preset_cluster
 from sp_plan.service.collector import exit_without_teardown
@@ -68,14 +68,6 @@ def gib(x: float) -> str:
 
 
 _profile_options = profile_options  # the name cli/export.py imports
-
-
-def mfu_text(pred) -> str:
-    """'MFU 20.7%', and where a mask cuts the attention the MFU counted with full causal attention, as papers count
-    it ('MFU 20.7% (23.3% counting full causal attention)')."""
-    if pred.mfu_causal is None:
-        return f"MFU {pred.mfu:.1%}"
-    return f"MFU {pred.mfu:.1%} ({pred.mfu_causal:.1%} counting full causal attention)"
 
 
 @app.command()

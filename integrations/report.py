@@ -13,7 +13,7 @@ from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import MeasuredCandidate, Profile
-from sp_plan.planner.ranking import largest_extra_cost
+from sp_plan.planner.ranking import largest_extra_cost, mfu_text
 from sp_plan.planner.sensitivity import Sensitivity
 
 from .figures import (Figure_, cluster_groups, measured_points, measured_scatter, memory_bars, sensitivity_bars,
@@ -149,9 +149,8 @@ def render_report(plans: list[Plan], cluster: Cluster, profile: Profile | None =
         f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}</p>",
         *(f"<p class=meta>{_e(n)}</p>" for n in notes or []),
         f"<p><b>{'Plan' if chosen else 'Winner'}: {_e(plan.summary())}</b>: step {_secs(pr.step_time_s)}, "
-        f"{pr.tokens_per_s:,.0f} tokens/s, MFU {pr.mfu:.1%}"
-        + (f" ({pr.mfu_causal:.1%} counting full causal attention)" if pr.mfu_causal is not None else "")
-        + f", peak memory {pr.peak_memory_bytes / GIB:.1f} GiB of "
+        f"{pr.tokens_per_s:,.0f} tokens/s, {_e(mfu_text(pr))}"
+        f", peak memory {pr.peak_memory_bytes / GIB:.1f} GiB of "
         f"{pr.memory_capacity_bytes / GIB:.1f} GiB usable.</p>",
         "<h2>Ranked layouts</h2>", _ranking(plans, chosen),
         _rank_work(plan),

@@ -237,3 +237,21 @@ def test_report_shows_the_plans_per_rank_work(tmp_path):
     assert "<table id=rank-work>" in page and f"<b>{rw.imbalance:.3f}</b>" in page
     assert all(f"<td class=num>{x:,}</td>" in page for x in rw.pairs) and "window 4096" in page
     assert f"imbalance (busiest rank / mean) {rw.imbalance:.3f}" in r.stdout
+
+
+def test_a_full_causal_mfu_above_the_peak_says_why(tmp_path):
+    """A narrow window at a long sequence leaves most of full causal attention's FLOPs uncomputed: the paper's count
+    then passes 100 %, and `estimate` says why beside it; a count under the peak reads as before."""
+    from sp_plan.planner.plan import Prediction
+    from sp_plan.planner.ranking import mfu_text
+
+    p = Plan(algorithm="ulysses", degrees={"ulysses": 8, "dp": 8}, order=["ulysses", "dp"], model=load_model("llama3-8b"),
+             workload=Workload(seq_len="1m", batch=8, window=256))
+    p.save(tmp_path / "plan.yaml")
+    r = run("estimate", str(tmp_path / "plan.yaml"), "--cluster", "dgx-h100", "--nodes", "8")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if "counting full causal attention" in x)
+    shown = float(line.split("(")[1].split("%")[0])
+    assert shown > 100 and "counting full causal attention: above the peak, as the mask skips most of those FLOPs)" in line
+    below = Prediction(step_time_s=1.0, tokens_per_s=1.0, mfu=0.2, mfu_causal=0.25, peak_memory_bytes=0.0)
+    assert mfu_text(below) == "MFU 20.0% (25.0% counting full causal attention)"
