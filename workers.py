@@ -84,7 +84,7 @@ def forked_grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, s
     def share_search(share: Space) -> SearchResult:
         res = search(share, progress=progress if share is parts[0] else None, exchange=exchange)
         if ahead:
-            res.predicted = predict_ahead(res, workload, keep)
+            res.predicted = predict_ahead(res, workload, keep, exchange)
         return res
 
     results = forked_map(share_search, parts, n, portable=_ranking)

@@ -32,6 +32,12 @@ class Exchange:
             v[i] = best_of[vkey]
         return self.pull(kth, best_of)
 
+    def beaten(self, vkey: tuple, t: float) -> bool:
+        """Whether some share priced a layout of ``vkey`` faster than ``t`` (as the merged ranking orders times, to 12
+        digits): a layout at ``t`` is then not that variant's best."""
+        i = self.slots.get(vkey)
+        return i is not None and round(self.values[i], 12) < round(t, 12)
+
     def pull(self, kth: float, best_of: dict[tuple, float]) -> float:
         """``best_of`` lowered to every share's bests (in place); the least of ``kth`` and every share's K-th time."""
         v = self.values

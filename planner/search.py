@@ -847,13 +847,17 @@ def _finished(result: SearchResult, c: Candidate, cluster: Cluster, model: Model
                                       workload=workload, predicted=predicted, profile=result.profile)
 
 
-def predict_ahead(result: SearchResult, workload: Workload, keep: int | None) -> dict:
+def predict_ahead(result: SearchResult, workload: Workload, keep: int | None,
+                  exchange: Exchange | None = None) -> dict:
     """The predictions ``finish`` and ``finish_each`` may ask of a share's ranking: its first ``keep`` distinct step
-    times' layouts and the best of each variant. A share searched in a worker makes them there, beside the others,
-    rather than in the process that merges the rankings, whose caches hold none of that share's schedules."""
-    ranked = result.ranked
+    times' layouts and the best of each variant, but for a variant another share already beat (``exchange``). A share
+    searched in a worker makes them there, beside the others, rather than in the process that merges the rankings,
+    whose caches hold none of that share's schedules."""
+    ranked, by_layout = result.ranked, by_policy(workload)
     head = ranked[:distinct_prefix(ranked, keep)] if keep else []
-    wanted = dict.fromkeys(c for _, c in [*head, *best_per_variant(ranked, by_policy(workload))])
+    bests = [(t, c) for t, c in best_per_variant(ranked, by_layout)
+             if exchange is None or not exchange.beaten(variant_key(c, by_layout), t)]
+    wanted = dict.fromkeys(c for _, c in [*head, *bests])
     return {c: result.estimator.predict(c) for c in wanted}
 
 

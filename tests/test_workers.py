@@ -190,3 +190,26 @@ def test_shares_predict_the_layouts_the_finishing_asks_for():
     assert not set(bests) & set(res.predicted)  # each used once
     plain = workers.forked_grid_search(c, m, w, None, 2, keep=5, params=inputs.params, distinct=True)
     assert plain.predicted == {}
+
+
+def test_a_share_predicts_no_variant_another_share_beat():
+    """``predict_ahead`` skips a variant whose best another share already beat (the exchange holds a faster time of
+    it), and keeps one whose time ties after the merged ranking's rounding."""
+    from sp_plan.planner.exchange import Exchange
+    from sp_plan.planner.partition import variant_key_list
+    from sp_plan.planner.search import Space, best_per_variant, by_policy, grid_search, predict_ahead, variant_key
+
+    req = request()
+    inputs = resolve(req, max_world=None)
+    c, m, w = inputs.cluster, inputs.model, inputs.workload
+    res = grid_search(c, m, w, keep=5, params=inputs.params, distinct=True)
+    bests = best_per_variant(res.ranked, by_policy(w))
+    keys = variant_key_list(Space(c.world_size, m, w))
+    values = [float("inf")] * (len(keys) + 1)
+    ex = Exchange(keys, values)
+    (t0, first), (t1, second) = bests[0], bests[1]
+    values[ex.slots[variant_key(first)]] = t0 * (1 + 1e-14)  # a tie to 12 digits: kept
+    values[ex.slots[variant_key(second)]] = t1 * 0.5  # beaten
+    got = predict_ahead(res, w, None, ex)
+    assert first in got and second not in got
+    assert set(got) == {cand for _, cand in bests} - {second}
