@@ -542,8 +542,9 @@ def mask_line(w: Workload | None) -> str:
     if w.documents is not None:
         d = w.documents
         parts.append(f"documents {getattr(d, 'name', '') or d.source or d.kind} (seed {w.seed})")
-    if w.window is not None:
-        parts.append(f"window {w.window.size}" + (f" on {w.window.pattern} layers" if w.window.pattern else ""))
+    if w.window is not None:  # bidirectional: a query sees W - 1 keys on each side (runtime ring.sees)
+        parts.append(f"window {w.window.size}" + ("" if w.causal else " each way")
+                     + (f" on {w.window.pattern} layers" if w.window.pattern else ""))
     return ", ".join(parts)
 
 

@@ -255,3 +255,14 @@ def test_a_full_causal_mfu_above_the_peak_says_why(tmp_path):
     assert shown > 100 and "counting full causal attention: above the peak, as the mask skips most of those FLOPs)" in line
     below = Prediction(step_time_s=1.0, tokens_per_s=1.0, mfu=0.2, mfu_causal=0.25, peak_memory_bytes=0.0)
     assert mfu_text(below) == "MFU 20.0% (25.0% counting full causal attention)"
+
+
+def test_a_bidirectional_window_reads_each_way():
+    """Without causality a window of W lets a query see W - 1 keys on each side: the mask line says so."""
+    r = run("plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "32k", "--no-causal",
+            "--window", "1024", "--no-profile")
+    assert r.returncode == 0, r.stderr
+    assert "mask: window 1024 each way\n" in r.stdout
+    causal = run("plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "32k",
+                 "--window", "1024", "--no-profile")
+    assert "mask: window 1024\n" in causal.stdout
