@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from .errors import PlanError
 from .layout import DIMENSIONS, Layout, check_degrees, check_team, world_size
@@ -149,6 +149,16 @@ class Plan(BaseModel):
     def _version(cls, data):
         check_schema_version(data, PLAN_SCHEMA_VERSION, "plan")
         return data
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model(cls, v):
+        """A model preset's name needs its definition, which the application looks up (as ``documents``' names)."""
+        if isinstance(v, str):
+            raise PlanError("plan.model", f"{v!r} names a model preset, and a Plan takes the model's fields",
+                            "give the model's fields, or name the preset where sp-plan looks presets up: the CLI, "
+                            "sp_plan.profiles.plans.load_plan(path) (whose Plan init() takes) or a request's model")
+        return v
 
     @model_validator(mode="after")
     def _check(self):

@@ -254,3 +254,25 @@ def test_replicas_compare_within_their_own_sequence_group():
     """Data-parallel replicas hold other batches: their calls may differ, and only a group's ranks are compared."""
     groups = run_world(_replica_windows, 4, timeout=60)
     assert sorted(map(tuple, groups)) == [(0, 1), (0, 1), (2, 3), (2, 3)]
+
+
+def _preset_named_file(rank, world, path):
+    """init() of a plan file whose model is a preset's name: the error; then init() of load_plan's Plan of it."""
+    from sp_plan.profiles.plans import load_plan
+
+    try:
+        init(path)
+        refused = None
+    except PlanError as e:
+        refused = (e.field, e.problem)
+    return refused, init(load_plan(path)).plan.model.name
+
+
+def test_init_of_a_file_naming_a_model_preset_says_where_names_are_read(tmp_path):
+    """`sp-plan show` reads a preset's name in a plan file; a Plan (init's) takes the fields: the error says so, and
+    load_plan's Plan of the same file runs."""
+    path = tmp_path / "plan.yaml"
+    path.write_text("algorithm: ring\ndegrees: {ring: 2}\norder: [ring]\nmodel: llama3-8b\n")
+    for refused, name in run_world(_preset_named_file, 2, str(path), timeout=60):
+        assert refused == ("plan.model", "'llama3-8b' names a model preset, and a Plan takes the model's fields")
+        assert name == "llama3-8b"
