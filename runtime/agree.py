@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -26,10 +27,21 @@ def digest(value) -> int:
     return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=8).digest(), "little", signed=True)
 
 
-def shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
-    """What every rank's shards share: the batch, heads and head dimension of q, k and v, and their dtype (local
-    sequence lengths may differ under packed documents)."""
-    return tuple((x.shape[0], *x.shape[2:], str(x.dtype)) for x in (q, k, v))
+def shapes(q, k, v) -> tuple:
+    """What every rank's shards share: the dimensions, batch, heads and head dimension of q, k and v, and their dtype
+    (local sequence lengths may differ under packed documents); read before the shards are checked."""
+    return tuple((x.dim(), *x.shape[:1], *x.shape[2:], str(x.dtype)) if isinstance(x, torch.Tensor)
+                 else type(x).__name__ for x in (q, k, v))
+
+
+def plain(value):
+    """``value`` alike on every rank that means it alike: a tensor or array as a tuple of its values, whole numbers
+    as ints."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return tuple(int(x) if isinstance(x, (int, np.integer)) and not isinstance(x, bool) else x for x in value)
+    return value
 
 
 class MaskAgreement:
@@ -41,8 +53,13 @@ class MaskAgreement:
 
     def check(self, device: torch.device, **fields) -> None:
         """Every rank of the group passed these ``fields`` (``FIELDS``), or a PlanError naming the first that
-        differs, on every rank."""
-        key = tuple(fields[f] for f in FIELDS)
+        differs, on every rank. Called before the fields are checked: a rank whose own call is wrong then fails with
+        its peers, not alone while they wait for it."""
+        key = tuple(plain(fields[f]) for f in FIELDS)
+        try:
+            hash(key)
+        except TypeError:  # a field of no hashable value (refused by the checks after this one): its digest
+            key = tuple(digest(v) for v in key)
         if key in self.agreed:
             self.agreed.move_to_end(key)
             return

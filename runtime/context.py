@@ -141,18 +141,19 @@ class Context:
         ``cu_seqlens`` (0, ..., global length) packs documents, ``window`` is a sliding window (None: the plan's,
         ``window``) for ring, Ulysses, USP and all-gather plans (``attention.MASKED``; the others refuse them);
         ``kv_chunks``: all-gather's chunks of KV heads (None: the plan's, ``kv_chunks``)."""
-        from .agree import shapes
+        from .agree import plain, shapes
         from .attention import attention, check_inputs
         from .variants.ring import check_masks
 
         if causal is None:
             causal = self.plan.workload.causal if self.plan.workload else True
         groups, ranks = self._attention_groups()
-        check_inputs(q, k, v, scale)
-        cu_seqlens, window = check_masks(cu_seqlens, self.window(window), None)  # read once, as plain values
-        kv_chunks = self.kv_chunks(kv_chunks)
-        self._agreement().check(q.device, causal=bool(causal), window=window, scale=scale, kv_chunks=kv_chunks,
+        window, kv_chunks, cu_seqlens = self.window(window), self.kv_chunks(kv_chunks), plain(cu_seqlens)
+        device = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
+        self._agreement().check(device, causal=bool(causal), window=window, scale=scale, kv_chunks=kv_chunks,
                                 cu_seqlens=cu_seqlens, shapes=shapes(q, k, v))
+        check_inputs(q, k, v, scale)
+        cu_seqlens, window = check_masks(cu_seqlens, window, None)  # read once, as plain values
         backend = self.backends.choose(q, k, causal)  # keyed by the local block: device, dtype, head dim, length
         return attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,
                          token_layout=self.plan.token_layout, scale=scale, backend=backend, cu_seqlens=cu_seqlens,

@@ -276,3 +276,23 @@ def test_init_of_a_file_naming_a_model_preset_says_where_names_are_read(tmp_path
     for refused, name in run_world(_preset_named_file, 2, str(path), timeout=60):
         assert refused == ("plan.model", "'llama3-8b' names a model preset, and a Plan takes the model's fields")
         assert name == "llama3-8b"
+
+
+def _one_rank_wrong(rank, world):
+    """Per case, what ctx.attention raised on this rank where rank 1 alone passes a call its own checks refuse."""
+    ctx = init(Plan(algorithm="ring", degrees={"ring": 2}, order=["ring"], token_layout="zigzag"))
+    q = torch.randn(1, 8, 2, 4)
+    out = []
+    for kw, q1 in (({"window": 2.5}, q), ({}, q[0]), ({"cu_seqlens": [0, 6.5, 16]}, q)):
+        try:
+            ctx.attention(*([q1] * 3 if rank == 1 else [q] * 3), causal=True, **(kw if rank == 1 else {}))
+            out.append(None)
+        except PlanError as e:
+            out.append(e.field)
+    return out
+
+
+def test_a_rank_whose_own_call_is_wrong_fails_with_its_peers():
+    """A fractional window, a 3-dimensional q or fractional cu_seqlens on one rank: its checks would refuse it while
+    its peers waited in the attention's collectives; the agreement comes first, so every rank fails at once."""
+    assert run_world(_one_rank_wrong, 2, timeout=60) == [["window", "shapes", "cu_seqlens"]] * 2
