@@ -340,15 +340,16 @@ def tune_flags(c, m, w, opts) -> dict[str, str]:
 
 
 def check_same_flags(c, m, w, opts, dist) -> None:
-    """Every rank was started with the same tune (``tune_flags``, one all_gather_object): ranks of different models
-    or lengths would time different shapes into one store, then fail at a collective with no field named."""
-    flags: list = [None] * dist.get_world_size()
-    dist.all_gather_object(flags, tune_flags(c, m, w, opts))
-    for r, theirs in enumerate(flags):
-        differ = next((k for k in flags[0] if theirs.get(k) != flags[0][k]), None)
-        if differ is not None:
-            raise PlanError(differ, f"rank {r} was started with another {differ} than rank 0",
-                            "start every rank with the same flags (torchrun runs one command on every rank)")
+    """Every rank was started with the same tune (``tune_flags``, compared by ``runtime.agree.first_difference``):
+    ranks of different models or lengths would time different shapes into one store, then fail at a collective with
+    no field named."""
+    from sp_plan.runtime.agree import first_difference
+
+    found = first_difference(tune_flags(c, m, w, opts), dist.get_world_size())
+    if found is not None:
+        differ, r = found[:2]
+        raise PlanError(differ, f"rank {r} was started with another {differ} than rank 0",
+                        "start every rank with the same flags (torchrun runs one command on every rank)")
 
 
 def _measure(c, m, w, opts, st, rank: int, prog, a: dict):

@@ -47,8 +47,8 @@ def plain(value):
 class MaskAgreement:
     """The calls a rank's sequence group agreed on (``check``), the latest ``KEEP``."""
 
-    def __init__(self, group, ranks: list[int]):
-        self.group, self.ranks = group, ranks
+    def __init__(self, group):
+        self.group = group  # None: a group of one, nothing to compare
         self.agreed: OrderedDict = OrderedDict()
 
     def check(self, device: torch.device, **fields) -> None:
@@ -63,7 +63,7 @@ class MaskAgreement:
         if key in self.agreed:
             self.agreed.move_to_end(key)
             return
-        if self.group is not None and len(self.ranks) > 1:
+        if self.group is not None and dist.get_world_size(self.group) > 1:
             self._compare(key, device)
         self.agreed[key] = None
         if len(self.agreed) > KEEP:
@@ -72,7 +72,7 @@ class MaskAgreement:
     def _compare(self, key: tuple, device: torch.device) -> None:
         """All-gather the fields' digests over the group; raise on the first field a rank holds otherwise."""
         mine = torch.tensor([digest(v) for v in key], dtype=torch.int64, device=device)
-        rows = [torch.empty_like(mine) for _ in self.ranks]
+        rows = [torch.empty_like(mine) for _ in range(dist.get_world_size(self.group))]
         dist.all_gather(rows, mine, group=self.group)
         table = [r.tolist() for r in rows]
         ranks = [dist.get_global_rank(self.group, i) for i in range(len(rows))]  # in the gather's (group) order
@@ -82,3 +82,15 @@ class MaskAgreement:
                 raise PlanError(name, f"rank {other} passed ctx.attention another {name} than rank {ranks[0]}",
                                 "give every rank of a sequence group the same causal, window, scale, kv_chunks "
                                 "and cu_seqlens, and shards of the same batch, heads and dtype")
+
+
+def first_difference(values: dict, world: int) -> tuple[str, int, object, object] | None:
+    """Over every rank of the world (one all_gather_object): the first of ``values``' keys, in their order, where a
+    rank holds another value than rank 0, as (key, that rank, its value, rank 0's); None where all agree."""
+    every: list = [None] * world
+    dist.all_gather_object(every, values)
+    for key in values:
+        for r, theirs in enumerate(every):
+            if theirs.get(key) != every[0].get(key):
+                return key, r, theirs.get(key), every[0].get(key)
+    return None

@@ -142,18 +142,16 @@ class Context:
         ``window``) for ring, Ulysses, USP and all-gather plans (``attention.MASKED``; the others refuse them);
         ``kv_chunks``: all-gather's chunks of KV heads (None: the plan's, ``kv_chunks``)."""
         from .agree import plain, shapes
-        from .attention import attention, check_inputs
-        from .variants.ring import check_masks
+        from .attention import attention
 
         if causal is None:
             causal = self.plan.workload.causal if self.plan.workload else True
         groups, ranks = self._attention_groups()
         window, kv_chunks, cu_seqlens = self.window(window), self.kv_chunks(kv_chunks), plain(cu_seqlens)
         device = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
+        # compared before the runtime checks the call: a rank whose call is wrong then fails with its peers
         self._agreement().check(device, causal=bool(causal), window=window, scale=scale, kv_chunks=kv_chunks,
                                 cu_seqlens=cu_seqlens, shapes=shapes(q, k, v))
-        check_inputs(q, k, v, scale)
-        cu_seqlens, window = check_masks(cu_seqlens, window, None)  # read once, as plain values
         backend = self.backends.choose(q, k, causal)  # keyed by the local block: device, dtype, head dim, length
         return attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,
                          token_layout=self.plan.token_layout, scale=scale, backend=backend, cu_seqlens=cu_seqlens,
@@ -164,7 +162,7 @@ class Context:
         if "_agreed" not in self.__dict__:
             from .agree import MaskAgreement
 
-            self.__dict__["_agreed"] = MaskAgreement(self._groups.get("sp"), self.ranks("sp"))
+            self.__dict__["_agreed"] = MaskAgreement(self._groups.get("sp"))
         return self.__dict__["_agreed"]
 
     def _attention_groups(self) -> tuple[dict, dict]:
@@ -206,11 +204,12 @@ def plan_key(plan: Plan) -> str:
 def check_same_plan(plan: Plan, world: int) -> None:
     """Every rank was given the same plan (``plan_key``): ranks of different plans would each pass their own checks
     and then wait forever in different collectives (a ring's sends against an all-to-all)."""
-    keys: list = [None] * world
-    dist.all_gather_object(keys, plan_key(plan))
-    other = next((r for r, k in enumerate(keys) if k != keys[0]), None)
-    if other is not None:
-        raise PlanError("plan", f"rank {other} was given '{keys[other]}', rank 0 '{keys[0]}'",
+    from .agree import first_difference
+
+    found = first_difference({"plan": plan_key(plan)}, world)
+    if found is not None:
+        _, other, theirs, first = found
+        raise PlanError("plan", f"rank {other} was given '{theirs}', rank 0 '{first}'",
                         "give every rank the same plan file")
 
 
