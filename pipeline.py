@@ -573,12 +573,13 @@ class RankWork(BaseModel):
 def rank_work(p: Plan) -> RankWork | None:
     """The plan's per-rank work on its workload's first sample pack, or None when the workload has no mask to show."""
     w = check_mask_sizes(p.workload)
-    if w is None or (w.documents is None and w.window is None):
+    win = None if w is None else w.mask_window
+    if w is None or (w.documents is None and win is None):
         return None
     ring = p.degrees["ring"]
-    local = sample_rank_work(w, p.token_layout, ring, w.window.size if w.window else None)
+    local = sample_rank_work(w, p.token_layout, ring, win.size if win else None)
     glob = None
-    if w.window is not None and w.window.pattern is not None:
+    if win is not None and win.pattern is not None:
         glob = [int(x) for x in sample_rank_work(w, p.token_layout, ring, None).pairs]
     return RankWork(token_layout=p.token_layout, documents=len(local.cu_seqlens) - 1,
                     tokens=[int(x) for x in local.tokens], pairs=[int(x) for x in local.pairs], global_pairs=glob)

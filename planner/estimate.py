@@ -798,7 +798,7 @@ class Estimator:
         attention."""
         ev = self.evaluate(cand, detail=True)
         t = ev.step_time_s
-        masked = self.work.documents is not None or self.work.window is not None
+        masked = self.work.documents is not None or self.work.mask_window is not None
         per_second = t * cand.world * self.peak
         return Prediction(step_time_s=t, tokens_per_s=self.work.tokens / t,
                           mfu=self.model_flops(mask=masked) / per_second,

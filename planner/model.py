@@ -205,6 +205,22 @@ class Histogram(BaseModel):
         return self
 
 
+def masking_window(size: int | None, longest: int) -> int | None:
+    """``size``, or None where the window covers the longest document (``size >= longest``): a query then sees its
+    whole document, which is full attention, planned and run as such."""
+    return None if size is None or size >= longest else size
+
+
+def _longest(d) -> int:
+    """The longest document ``d`` can draw, before packing cuts it to the sequence: its longest length, a lognormal's
+    clip, the last weighted bin's highest length."""
+    if d.kind == "lengths":
+        return max(d.lengths)
+    if d.kind == "lognormal":
+        return d.max
+    return max(d.edges[i + 1] for i, w in enumerate(d.weights) if w > 0) - 1
+
+
 Documents = Annotated[Union[DocumentLengths, Lognormal, Histogram], Field(discriminator="kind")]
 
 PATTERN_RE = re.compile(r"^\s*([0-9]+)\s*:\s*([0-9]+)\s*$", re.ASCII)
@@ -320,13 +336,29 @@ class Workload(BaseModel):
         return self
 
     @property
-    def notes(self) -> list[str]:
-        """What the workload means that its fields do not say outright (a window that covers the sequence)."""
-        out = []
+    def longest_document(self) -> int:
+        """The most tokens one document of a pack can hold: the sequence, or the documents' longest where shorter (a
+        longer one is cut into sequence-length pieces)."""
+        d = self.documents
+        return self.seq_len if d is None else min(self.seq_len, _longest(d))
+
+    @property
+    def mask_window(self) -> Window | None:
+        """The window that masks: None where it covers every document (a query then sees its whole document, which
+        is full attention, and is planned and run as such)."""
         w = self.window
-        if w is not None and w.size >= self.seq_len:
-            out.append(f"window {w.size} covers the {self.seq_len}-token sequence: full attention on its layers")
-        return out
+        return None if w is None or masking_window(w.size, self.longest_document) is None else w
+
+    @property
+    def notes(self) -> list[str]:
+        """What the workload means that its fields do not say outright (a window that covers every document)."""
+        w = self.window
+        if w is None or self.mask_window is not None:
+            return []
+        if w.size >= self.seq_len:
+            return [f"window {w.size} covers the {self.seq_len}-token sequence: full attention on its layers"]
+        return [f"window {w.size} covers every document (at most {self.longest_document} tokens): full attention "
+                "on its layers"]
 
     @property
     def tokens(self) -> int:

@@ -182,7 +182,7 @@ def balanced_attention(c: Shape, backward: bool, block: float) -> Compute:
     efficient of ``attention_blocks`` it costs no more than any of them. With documents or a window, the mask's
     expected pairs over the layers (``masks.mask_fraction``) replace the causal N(N+1)/2."""
     N = c.work.seq_len
-    if c.work.documents is None and c.work.window is None:
+    if c.work.documents is None and c.work.mask_window is None:
         frac = (N + 1) / (2 * N) if c.work.causal else 1.0
     else:  # the mask's share of the N^2 pairs: documents and windows cut it (planner/masks/)
         frac = mask_fraction(c.work, c.model.layers)

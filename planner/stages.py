@@ -20,7 +20,7 @@ def layer_flops(model: ModelSpec, workload: Workload | None = None) -> float:
     if workload is not None:
         from .masks import mask_fraction  # documents and windows: the mask's share of the S^2 pairs
 
-        plain = workload.documents is None and workload.window is None
+        plain = workload.documents is None and workload.mask_window is None
         S = workload.seq_len
         frac = ((S + 1) / (2 * S) if workload.causal else 1.0) if plain else mask_fraction(workload, model.layers)
         f += 4.0 * S * model.heads * model.head_dim * frac

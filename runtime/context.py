@@ -23,6 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import Layout, mesh_dims
+from sp_plan.planner.model import masking_window
 from sp_plan.planner.plan import Plan
 
 from .choice import BackendChoice
@@ -148,6 +149,8 @@ class Context:
             causal = self.plan.workload.causal if self.plan.workload else True
         groups, ranks = self._attention_groups()
         window, kv_chunks, cu_seqlens = self.window(window), self.kv_chunks(kv_chunks), plain(cu_seqlens)
+        if cu_seqlens is None and window is not None and isinstance(q, torch.Tensor):  # equal shards of S tokens
+            window = masking_window(window, q.shape[1] * len(self.ranks("sp")))
         device = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
         # compared before the runtime checks the call: a rank whose call is wrong then fails with its peers
         self._agreement().check(device, causal=bool(causal), window=window, scale=scale, kv_chunks=kv_chunks,

@@ -296,3 +296,41 @@ def test_a_rank_whose_own_call_is_wrong_fails_with_its_peers():
     """A fractional window, a 3-dimensional q or fractional cu_seqlens on one rank: its checks would refuse it while
     its peers waited in the attention's collectives; the agreement comes first, so every rank fails at once."""
     assert run_world(_one_rank_wrong, 2, timeout=60) == [["window", "shapes", "cu_seqlens"]] * 2
+
+
+def _covering_windows(rank, world):
+    """Per plan, whether ctx.attention under a window covering every document gave bit for bit the output of no
+    window, and the gathered output of the packed plan under its covering window."""
+    from sp_plan.planner.model import Workload
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 16, 4, 4)
+    same = []
+    for p in (Plan(algorithm="ring", degrees={"ring": 4}, order=["ring"], token_layout="zigzag"),
+              Plan(algorithm="ulysses", degrees={"ulysses": 4}, order=["ulysses"]),
+              Plan(algorithm="wallfacer", degrees={"ring": 4, "team": 2}, order=["ring"])):
+        ctx = init(p)
+        q = ctx.shard(x, dim=1)
+        same.append(torch.equal(ctx.attention(q, q, q, window=16), ctx.attention(q, q, q)))
+    packed = Plan(algorithm="usp", degrees={"ulysses": 2, "ring": 2}, order=["ring", "ulysses"],
+                  token_layout="balanced", workload=Workload(seq_len=77, documents=[3, 37, 1, 17, 19], window=37))
+    ctx = init(packed)
+    y = torch.randn(1, 77, 4, 4, generator=torch.Generator().manual_seed(2))
+    q = ctx.shard(y, dim=1, cu_seqlens=DOCS)
+    out = ctx.attention(q, q, q, cu_seqlens=DOCS)
+    same.append(torch.equal(out, ctx.attention(q, q, q, cu_seqlens=DOCS, window=None)))
+    return same, ctx.gather(out, dim=1, cu_seqlens=DOCS)
+
+
+def test_a_window_covering_every_document_runs_as_full_attention():
+    """A window of at least the longest document masks nothing: ctx.attention runs it as no window (the same bits),
+    for algorithms that honour windows and for those that do not (WallFacer); with packed documents the plan's
+    window of the longest document's length leaves the shard's balanced layout and the attention exact."""
+    from sp_plan.runtime.attention import attention as local
+
+    res = run_world(_covering_windows, 4, timeout=90)
+    y = torch.randn(1, 77, 4, 4, generator=torch.Generator().manual_seed(2))
+    ref = local(y, y, y, algorithm="ring", groups=None, causal=True, cu_seqlens=DOCS)
+    for same, whole in res:
+        assert same == [True] * 4
+        assert torch.allclose(whole, ref, atol=1e-6)

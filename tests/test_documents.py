@@ -273,3 +273,25 @@ def test_a_window_size_alone_keeps_the_layer_pattern_and_a_pattern_alone_the_siz
     assert with_masks(base, window=256, window_pattern="3:1").window == Window(size=256, pattern="3:1")
     with pytest.raises(PlanError, match="needs a window size"):
         with_masks(Workload(seq_len=4096), window_pattern="5:1")
+
+
+@pytest.mark.parametrize("documents, longest", [
+    (None, 4096),
+    ([100, 3000, 20], 3000),
+    ([100, 9000], 4096),  # a document beyond the sequence is cut to it
+    ({"kind": "lognormal", "mean": 500, "sigma": 1.5, "min": 128, "max": 2048}, 2048),
+    ({"kind": "histogram", "edges": [1, 1024, 2048, 3000], "weights": [1, 2, 0]}, 2047),  # the last bin is empty
+])
+def test_a_window_covering_the_longest_document_masks_nothing(documents, longest):
+    """mask_window is the window where it masks a pair, None from the longest document a pack can draw up: then
+    every query sees its whole document, and the note says so."""
+    work = Workload(seq_len=4096, documents=documents, window=longest - 1)
+    assert work.longest_document == longest and work.mask_window == Window(size=longest - 1) and work.notes == []
+    covered = Workload(seq_len=4096, documents=documents, window=longest)
+    assert covered.mask_window is None and covered.window == Window(size=longest)
+    assert covered.notes and "full attention" in covered.notes[0]
+
+
+def test_the_note_names_documents_where_the_window_is_shorter_than_the_sequence():
+    assert Workload(seq_len=8192, documents=[100, 2000], window=2000).notes == [
+        "window 2000 covers every document (at most 2000 tokens): full attention on its layers"]

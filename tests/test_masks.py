@@ -347,3 +347,25 @@ def test_a_window_over_the_whole_sequence_counts_the_flops_of_no_window():
     plain = Estimator(c, m, Workload(seq_len=4096)).model_flops()
     covered = Estimator(c, m, Workload(seq_len=4096, window={"size": 8192})).model_flops(mask=True)
     assert covered == plain
+
+
+@pytest.mark.parametrize("plan, documents", [
+    ({"algorithm": "ulysses", "degrees": {"ulysses": 8}}, None),
+    ({"algorithm": "ring", "degrees": {"ring": 8}, "token_layout": "zigzag"}, None),
+    ({"algorithm": "usp", "degrees": {"ulysses": 4, "ring": 2}, "token_layout": "balanced",
+      "workload": {"seq_len": 4096, "documents": [512, 3000, 70]}}, [512, 3000, 70]),
+    ({"algorithm": "wallfacer", "degrees": {"ring": 8, "team": 2}}, None),  # refuses windows; covering is none
+])
+def test_a_window_covering_every_document_is_priced_as_none(plan, documents):
+    """The planner prices a window covering every document as full attention (as the runtime runs it), for every
+    algorithm, those that refuse windows included."""
+    from sp_plan.pipeline import estimate
+
+    def step(window):
+        return estimate(plan, "dgx-h100", "llama3-8b", {"seq_len": 4096}, documents=documents,
+                        window=window).step_time_s
+
+    longest = 4096 if documents is None else max(documents)
+    assert step(longest) == step(10 * longest) == step(None) < float("inf")
+    if plan["algorithm"] != "wallfacer":
+        assert step(longest // 32) != step(None)  # a window that masks is priced as one

@@ -92,7 +92,7 @@ class Target:
         if w is not None and w.documents is not None and p.sp > 1 and p.algorithm not in self.documents:
             out.append(("documents", self.notes.get("documents") or f"{self.name} cannot split packed documents "
                         f"over its {ALGORITHM_NAMES[p.algorithm]} context parallelism"))
-        if w is not None and w.window is not None:
+        if w is not None and w.mask_window is not None:
             out.append(("window", f"the {self.name} export carries no sliding window: its layers would attend "
                         "in full"))
         uneven = p.stage_layers is not None and len(set(p.stage_layers)) > 1

@@ -12,7 +12,7 @@ from .work import busiest_rank_pairs, layout_tiles
 
 def layer_windows(work: Workload, layers: int) -> tuple[tuple[int | None, int], ...]:
     """(window, how many layers) of the workload's layers: its window on the windowed ones, None on global ones."""
-    w = work.window
+    w = work.mask_window  # a window covering every document is full attention
     if w is None:
         return ((None, layers),)
     local = w.windowed_layers(layers)

@@ -11,7 +11,7 @@ MASKED_ALGORITHMS = ("ring", "ulysses", "usp", "allgather")
 
 def has_mask(work: Workload | None) -> bool:
     """Whether the workload's attention is more than one causal or bidirectional document: documents or a window."""
-    return work is not None and (work.documents is not None or work.window is not None)
+    return work is not None and (work.documents is not None or work.mask_window is not None)
 
 
 def refuse_masks(algorithm: str, work: Workload | None) -> None:

@@ -121,7 +121,7 @@ def packed_masks(work: Workload, sequences: int) -> list[tuple[tuple[int, ...] |
     windowed where a pattern's first layers are); (None, None) each without masks."""
     from sp_plan.planner.documents import workload_packs
 
-    win = None if work.window is None else work.window.layer_window(0)
+    win = None if work.mask_window is None else work.mask_window.layer_window(0)
     if work.documents is None:
         return [(None, win)] * sequences
     return [(tuple(int(x) for x in cu), win) for cu in workload_packs(work, sequences)]

@@ -40,7 +40,7 @@ def candidate_pool(cluster: Cluster, model: ModelSpec, work: Workload, params: P
 
 def masked(work: Workload) -> bool:
     """Whether the workload packs documents or slides a window (candidates run on packed batches)."""
-    return work.documents is not None or work.window is not None
+    return work.documents is not None or work.mask_window is not None
 
 
 def measurable(plan: Plan, work: Workload) -> bool:

@@ -39,6 +39,7 @@ from sp_plan.planner.documents import check_cu_seqlens
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import check_token_layout, document_ring_tokens, local_token_range, ring_tokens
 from sp_plan.planner.masks import row_pairs
+from sp_plan.planner.model import masking_window
 
 from ..kernels import (BlockMask, block_attention, block_attention_backward, block_tiles, causal_block_mask, full_block,
                       layout_step, local_attention, lse_dtype, member_runs, merge)
@@ -497,13 +498,17 @@ def _whole(cu_seqlens):
 
 def check_masks(cu_seqlens, window, seq_len: int | None) -> tuple[tuple[int, ...] | None, int | None]:
     """``cu_seqlens`` as a tuple (checked, against the global ``seq_len`` where given) and ``window`` as an int, or
-    None."""
+    None where it covers the longest document (``model.masking_window``: full attention, run as such, so that
+    ``ctx.shard`` and the attention lay tokens out alike)."""
     if isinstance(cu_seqlens, torch.Tensor):  # flash-attn's varlen convention: an int32 tensor, on the GPU too
         cu_seqlens = cu_seqlens.tolist()
     if window is not None and (int(window) != window or int(window) < 1):
         raise PlanError("window", f"window {window} is not a positive number of tokens", "pass window >= 1 or None")
-    cu = None if cu_seqlens is None else tuple(int(x) for x in check_cu_seqlens(_whole(cu_seqlens), seq_len))
-    return cu, None if window is None else int(window)
+    w = None if window is None else int(window)
+    if cu_seqlens is None:
+        return None, w if seq_len is None else masking_window(w, seq_len)
+    cu = check_cu_seqlens(_whole(cu_seqlens), seq_len)
+    return tuple(int(x) for x in cu), masking_window(w, int(np.diff(cu).max()))
 
 
 def _registered_ring(q, k, v, *, groups, ranks, causal, token_layout, scale, backend=None, cu_seqlens=None,
