@@ -291,11 +291,22 @@ def all_reduce_grads(ctx, model: torch.nn.Module) -> None:
         offset += g.numel()
 
 
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside DistributedDataParallel or FSDP (``module``) and ``torch.compile`` (``_orig_mod``) wrappers,
+    whose config says which attention it runs."""
+    while not hasattr(model, "config"):
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
+    return model
+
+
 def check_attention(model: torch.nn.Module) -> None:
     """The model runs the "sp_plan" attention (``register``'s name). One switched to another attends to each rank's
     own tokens only, a wrong result without an error: loaded with attn_implementation="sdpa", or from a config
     another model was made from since (transformers writes a model's implementation into the config it is given)."""
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", NAME)
+    impl = getattr(getattr(unwrapped(model), "config", None), "_attn_implementation", NAME)
     if impl != NAME:
         raise PlanError("attn_implementation", f"the model runs the {impl!r} attention, which sees this rank's tokens "
                         f"only", f"make it with attn_implementation={NAME!r} from a config no other model is made from "

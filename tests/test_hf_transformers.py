@@ -361,3 +361,28 @@ def test_a_model_not_running_the_plans_attention_is_an_error_at_the_gradient_sum
         assert out[0] == ("attn_implementation", "the model runs the 'sdpa' attention, which sees this rank's tokens "
                           "only"), out
         assert out[1] == out[0] and out[2] is None, out
+
+
+class _Wrapper(torch.nn.Module):
+    """What DistributedDataParallel and FSDP are to the model they hold: ``module``, and no config."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+
+def test_a_wrapped_model_is_checked_through_its_wrappers():
+    """check_attention reads the config of the model inside DDP/FSDP (``module``) and torch.compile (``_orig_mod``)
+    wrappers: a wrapped sdpa model is refused, a wrapped sp_plan one passes."""
+    import copy
+
+    from sp_plan.integrations.transformers import NAME, check_attention, unwrapped
+
+    sdpa = _model("sdpa", config=copy.deepcopy(CONFIG))
+    for wrapped in (_Wrapper(sdpa), torch.compile(_Wrapper(sdpa)), _Wrapper(_Wrapper(sdpa))):
+        assert unwrapped(wrapped) is sdpa
+        with pytest.raises(PlanError, match="the model runs the 'sdpa' attention"):
+            check_attention(wrapped)
+    sdpa.config._attn_implementation = NAME
+    check_attention(torch.compile(_Wrapper(sdpa)))
+    assert unwrapped(torch.nn.Linear(2, 2)).__class__ is torch.nn.Linear  # nothing inside: the module itself
