@@ -30,8 +30,14 @@ def digest(value) -> int:
 def shapes(q, k, v) -> tuple:
     """What every rank's shards share: the dimensions, batch, heads and head dimension of q, k and v, and their dtype
     (local sequence lengths may differ under packed documents); read before the shards are checked."""
-    return tuple((x.dim(), *x.shape[:1], *x.shape[2:], str(x.dtype)) if isinstance(x, torch.Tensor)
-                 else type(x).__name__ for x in (q, k, v))
+    out = []
+    for x in (q, k, v):  # a loop, not a generator: this runs on every call of every layer
+        if isinstance(x, torch.Tensor):
+            s = x.shape
+            out.append((len(s), *s[:1], *s[2:], x.dtype))
+        else:
+            out.append(type(x).__name__)
+    return tuple(out)
 
 
 def plain(value):
@@ -48,13 +54,17 @@ class MaskAgreement:
     """The calls a rank's sequence group agreed on (``check``), the latest ``KEEP``."""
 
     def __init__(self, group):
-        self.group = group  # None: a group of one, nothing to compare
+        self.group = group  # None: a group of one
+        self.alone = group is None or dist.get_world_size(group) == 1  # nothing to compare: no key built either
         self.agreed: OrderedDict = OrderedDict()
 
-    def check(self, device: torch.device, **fields) -> None:
-        """Every rank of the group passed these ``fields`` (``FIELDS``), or a PlanError naming the first that
-        differs, on every rank. Called before the fields are checked: a rank whose own call is wrong then fails with
-        its peers, not alone while they wait for it."""
+    def check(self, device: torch.device, q, k, v, **fields) -> None:
+        """Every rank of the group passed these ``fields`` (``FIELDS``; ``shapes`` read from q, k and v), or a
+        PlanError naming the first that differs, on every rank. Called before the fields are checked: a rank whose
+        own call is wrong then fails with its peers, not alone while they wait for it."""
+        if self.alone:
+            return
+        fields["shapes"] = shapes(q, k, v)
         key = tuple(plain(fields[f]) for f in FIELDS)
         try:
             hash(key)
@@ -63,8 +73,7 @@ class MaskAgreement:
         if key in self.agreed:
             self.agreed.move_to_end(key)
             return
-        if self.group is not None and dist.get_world_size(self.group) > 1:
-            self._compare(key, device)
+        self._compare(key, device)
         self.agreed[key] = None
         if len(self.agreed) > KEEP:
             self.agreed.popitem(last=False)

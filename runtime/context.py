@@ -26,6 +26,8 @@ from sp_plan.planner.layout import Layout, mesh_dims
 from sp_plan.planner.model import masking_window
 from sp_plan.planner.plan import Plan
 
+from .agree import MaskAgreement, plain
+from .attention import attention as _attention
 from .choice import BackendChoice
 
 
@@ -142,9 +144,6 @@ class Context:
         ``cu_seqlens`` (0, ..., global length) packs documents, ``window`` is a sliding window (None: the plan's,
         ``window``) for ring, Ulysses, USP and all-gather plans (``attention.MASKED``; the others refuse them);
         ``kv_chunks``: all-gather's chunks of KV heads (None: the plan's, ``kv_chunks``)."""
-        from .agree import plain, shapes
-        from .attention import attention
-
         if causal is None:
             causal = self.plan.workload.causal if self.plan.workload else True
         groups, ranks = self._attention_groups()
@@ -153,18 +152,16 @@ class Context:
             window = masking_window(window, q.shape[1] * len(self.ranks("sp")))
         device = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
         # compared before the runtime checks the call: a rank whose call is wrong then fails with its peers
-        self._agreement().check(device, causal=bool(causal), window=window, scale=scale, kv_chunks=kv_chunks,
-                                cu_seqlens=cu_seqlens, shapes=shapes(q, k, v))
+        self._agreement().check(device, q, k, v, causal=bool(causal), window=window, scale=scale, kv_chunks=kv_chunks,
+                                cu_seqlens=cu_seqlens)
         backend = self.backends.choose(q, k, causal)  # keyed by the local block: device, dtype, head dim, length
-        return attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,
+        return _attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,
                          token_layout=self.plan.token_layout, scale=scale, backend=backend, cu_seqlens=cu_seqlens,
                          window=window, kv_chunks=kv_chunks)
 
     def _agreement(self):
         """The sequence group's ``agree.MaskAgreement`` (made once)."""
         if "_agreed" not in self.__dict__:
-            from .agree import MaskAgreement
-
             self.__dict__["_agreed"] = MaskAgreement(self._groups.get("sp"))
         return self.__dict__["_agreed"]
 
