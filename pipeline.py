@@ -237,6 +237,8 @@ class PlanResponse(BaseModel):
     cluster: ClusterInfo
     model: ModelSpec
     workload: Workload
+    notes: list[str] = Field(default_factory=list, description="what the workload means that its fields do not say "
+                             "outright, as the CLI prints them (a window covering every document: full attention)")
     search: SearchInfo
     profile: str | None = Field(description="id of the profile that priced the plans (\"file\": one without); null: none")
     profile_line: str
@@ -258,6 +260,7 @@ class EstimateResponse(BaseModel):
     cluster: ClusterInfo
     model: ModelSpec
     workload: Workload
+    notes: list[str] = Field(default_factory=list, description="as in a plan answer")
     profile: str | None
     profile_line: str
     plan: Plan
@@ -382,7 +385,7 @@ def search(req: PlanRequest, inputs: Inputs, storage: str | None = None, study: 
     info = SearchInfo(kind=req.search, space=res.space, evaluated=res.evaluated,
                       trials=getattr(res, "trials", None) if bayes else None,
                       best_trial=getattr(res, "best_trial", None) if bayes else None)
-    return PlanResponse(cluster=ClusterInfo.of(c), model=m, workload=w, search=info, profile=res.profile,
+    return PlanResponse(cluster=ClusterInfo.of(c), model=m, workload=w, notes=w.notes, search=info, profile=res.profile,
                         profile_line=inputs.line, plans=plans,
                         families=mark(finish_each(res, c, m, w), inputs.profile, m, w) if req.families else [],
                         winner=plans[0])
@@ -469,7 +472,7 @@ def run_estimate(req: EstimateRequest, store=None, max_world: int | None = None,
         raise PlanError("workload", "the plan names no workload", "pass a workload (seq_len, batch, ...)")
     pred = Estimator(inputs.cluster, m, w, params=inputs.params)(p)
     tag = profile_tag(inputs.profile)
-    return EstimateResponse(cluster=ClusterInfo.of(inputs.cluster), model=m, workload=w, profile=tag,
+    return EstimateResponse(cluster=ClusterInfo.of(inputs.cluster), model=m, workload=w, notes=w.notes, profile=tag,
                             profile_line=inputs.line, plan=p.model_copy(update={"predicted": pred, "profile": tag}))
 
 

@@ -102,6 +102,20 @@ def test_a_window_covering_the_sequence_is_full_attention_with_a_note():
     assert "note: window 100000 covers the 16384-token sequence: full attention" in r.stdout
 
 
+def test_answers_carry_the_workloads_notes(tmp_path):
+    """--json answers (as the service and the Python API return them) say what the CLI's note says, and the plan of
+    a covering window is the plan of none."""
+    covered, plain = answer(PlanResponse, *PLAN, "--window", "100000"), answer(PlanResponse, *PLAN)
+    assert covered.notes == ["window 100000 covers the 16384-token sequence: full attention on its layers"]
+    assert plain.notes == [] and covered.winner.summary() == plain.winner.summary()
+    assert covered.winner.predicted.step_time_s == plain.winner.predicted.step_time_s
+    f = tmp_path / "plan.yaml"
+    f.write_text("algorithm: ulysses\ndegrees: {ulysses: 8}\n")
+    docs = answer(EstimateResponse, "estimate", str(f), "--cluster", "dgx-h100", "--model", "llama3-8b", "--seq-len",
+                  "16k", "--documents", "megatron-dcp", "--window", "8192", "--no-profile")
+    assert docs.notes == ["window 8192 covers every document (at most 8192 tokens): full attention on its layers"]
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--documents", "no-such-distribution"], "--documents: unknown distribution 'no-such-distribution'"),
     (["--documents", "missing.txt"], "--documents: cannot read missing.txt"),
