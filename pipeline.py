@@ -14,6 +14,7 @@ Python callers in one go. The request and response bodies are built from the mod
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -595,10 +596,33 @@ def profile_version(prof: Profile | None) -> str | None:
     return hashlib.sha256(json.dumps(prof.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
 
 
+#: the code an answer is computed by: the planner, this pipeline, its worker processes and the default parameters
+#: (profiles/kernels.py and its table), relative to the package root
+ANSWERING_CODE = ("planner", "pipeline.py", "workers.py", "profiles/kernels.py", "profiles/kernels.yaml")
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """A hash of ``ANSWERING_CODE``'s files: an answer stored by other code (an older sp-plan, whose planner priced or
+    ranked otherwise) is not served as this code's. Read once per process."""
+    return tree_hash(Path(__file__).parent, ANSWERING_CODE)
+
+
+def tree_hash(root: Path, names: tuple[str, ...]) -> str:
+    """A hash of the named files under ``root`` and of the .py files of the named folders, with their paths."""
+    files = sorted(f for name in names for f in ((root / name).rglob("*.py") if (root / name).is_dir() else
+                                                 [root / name]) if f.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def request_key(req: PlanRequest, inputs: Inputs) -> str:
-    """The canonical hash of a plan request's resolved inputs, search options and profile version."""
+    """The canonical hash of a plan request's resolved inputs, search options, profile version and the version of
+    the code that answers it (``code_version``)."""
     data = {"cluster": inputs.cluster.model_dump(mode="json"), "model": inputs.model.model_dump(mode="json"),
             "workload": inputs.workload.model_dump(mode="json"), "search": req.search, "top": req.top,
             "bayes": [req.trials, req.seed] if req.search == "bayes" else None,
-            "profile": profile_version(inputs.profile), "line": inputs.line}
+            "profile": profile_version(inputs.profile), "line": inputs.line, "code": code_version()}
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]

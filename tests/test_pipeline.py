@@ -143,3 +143,29 @@ def test_estimate_names_a_plan_that_is_no_plan():
         with pytest.raises(sp_plan.PlanError) as e:
             sp_plan.estimate(plan, "dgx-h100", "llama3-8b", {"seq_len": 4096}, profile=False)
         assert e.value.field == field
+
+
+def test_an_answer_is_keyed_by_the_code_that_computes_it(tmp_path, monkeypatch):
+    """The service stores answers by request_key: an answer of another planner (an older sp-plan's store) gets
+    another key, so it is computed afresh, not served as this code's. tree_hash follows the answering files' content
+    and paths, and nothing else."""
+    from sp_plan import pipeline
+    from sp_plan.pipeline import PlanRequest, request_key, resolve, tree_hash
+
+    (tmp_path / "planner" / "masks").mkdir(parents=True)
+    (tmp_path / "planner" / "masks" / "a.py").write_text("x = 1\n")
+    (tmp_path / "pipeline.py").write_text("y = 2\n")
+    names = ("planner", "pipeline.py")
+    before = tree_hash(tmp_path, names)
+    (tmp_path / "planner" / "notes.md").write_text("not code")
+    (tmp_path / "other.py").write_text("z = 3\n")
+    assert tree_hash(tmp_path, names) == before
+    (tmp_path / "planner" / "masks" / "a.py").write_text("x = 2\n")
+    assert tree_hash(tmp_path, names) != before
+
+    req = PlanRequest(cluster="dgx-h100", model="llama3-8b", workload={"seq_len": "16k"}, use_profile=False)
+    inputs = resolve(req)
+    key = request_key(req, inputs)
+    assert request_key(req, inputs) == key  # the same code: the stored answer is found again
+    monkeypatch.setattr(pipeline, "code_version", lambda: "another planner")
+    assert request_key(req, inputs) != key
