@@ -17,7 +17,7 @@ sp-plan plan --cluster dgx-h100 --nodes 2 --model llama3-8b --seq-len 128k -o pl
 sp-plan export plan.yaml --to megatron -o megatron.args
 sp-plan export plan.yaml --to yunchang -o yunchang.py
 
-# torchtitan has Ring attention only, DeepSpeed Ulysses only, accelerate one or the other: without --nearest each
+# torchtitan has all-gather context parallelism only, DeepSpeed Ulysses only, accelerate one or the other: without --nearest each
 # exits 2 naming the nearest plan it can run; with it, that plan is exported and the line says how much slower
 sp-plan export plan.yaml --to torchtitan --nearest -o torchtitan.args
 sp-plan export plan.yaml --to deepspeed --nearest -o deepspeed.json

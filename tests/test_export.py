@@ -96,6 +96,11 @@ def test_megatron_args_parse_with_megatron_lm_parser(p, want):
     assert ns["--context-parallel-size"] == d["ulysses"] * d["ring"]
     assert ns["--tensor-model-parallel-size"] * ns["--pipeline-model-parallel-size"] * ns["--context-parallel-size"] \
         * d["dp"] == p.world_size
+    # validate_args: Megatron-FSDP (ZeRO-2/3) only with the fsdp_dtensor checkpoint format
+    assert (ns["--ckpt-format"] == "fsdp_dtensor") == ns["--use-megatron-fsdp"] == (p.zero_stage >= 2)
+    env = "CUDA_DEVICE_MAX_CONNECTIONS unset or above 1" if p.zero_stage >= 2 else \
+        "CUDA_DEVICE_MAX_CONNECTIONS=1" if d["tp"] * d["ulysses"] * d["ring"] > 1 else None
+    assert env is None or f"# environment: {env}" in target("megatron").export(p)
 
 
 @imports_the_target
@@ -148,6 +153,9 @@ def test_torchtitan_overrides_name_its_config_fields_with_valid_values(p):
             continue
         section, name = w[2:].split(".", 1)
         f = rec[section][name]  # KeyError: a field torchtitan does not have
+        if f["type"] == "bool":  # a flag: set, no value
+            sections[name], i = True, i + 1
+            continue
         value = words[i + 1]
         if f["choices"]:
             assert value in f["choices"], (name, value)
@@ -160,7 +168,9 @@ def test_torchtitan_overrides_name_its_config_fields_with_valid_values(p):
     assert sections["data_parallel_shard_degree"] * sections["context_parallel_degree"] * \
         sections["tensor_parallel_degree"] * sections["pipeline_parallel_degree"] == p.world_size
     assert sections["context_parallel_load_balancer"] == ("headtail" if p.token_layout == "zigzag" else "None")
-    assert sections["fsdp_reshard_after_forward"] == ("never" if p.zero_stage == 2 else "default")
+    assert sections["fsdp_reshard_after_forward"] == ("never" if p.zero_stage == 2 else "always")
+    assert sections.get("disable_cuda_graphs", False) == (d["pp"] > 1)  # torchtitan refuses CUDA graphs with pp
+    assert sections.get("pipeline_parallel_schedule") == ("1F1B" if d["pp"] > 1 else None)
     assert sections["global_batch_size"] == 2 and d["ring"] == sections["context_parallel_degree"]
     if d["pp"] > 1:  # torchtitan's split of the layers with these weights is the plan's
         split = stage_split(MODEL.layers, d["pp"], sections["pipeline_parallel_first_stage_less_layers"],
@@ -264,6 +274,29 @@ def test_accelerate_snippet_builds_its_parallelism_config(p, mesh):
     assert callable(ns["make_accelerator"])
     if p.degrees["ring"] > 1:  # torch's rotate methods: all-to-all passes K, V round by round (a ring)
         assert pc.cp_handler.cp_comm_strategy == {"ring": "alltoall", "allgather": "allgather"}[p.algorithm]
+
+
+@pytest.mark.parametrize("p", [
+    plan("ring", ["tp", "ring", "dp"], tp=2, ring=4, dp=2, zero_stage=3),
+    plan("allgather", ["ring"], ring=8, zero_stage=2),
+    plan("ring", ["tp"], tp=8, zero_stage=3),  # tp alone: nothing for FSDP2 to shard over
+    plan("ring", ["tp"], tp=8, zero_stage=0, checkpointing="full"),
+    plan("ring", ["dp"], dp=16, zero_stage=0, work=Workload(seq_len=8192, batch=16)),
+], ids=lambda x: x.summary())
+def test_accelerate_accepts_the_snippets_accelerator(p):
+    """ParallelismConfig._validate_accelerator, which Accelerator runs on the snippet's config and plugin: the world
+    size matches, and an FSDP2 plugin comes only with a dimension it can shard over (dp_shard or cp)."""
+    import types
+
+    from accelerate.utils import DistributedType
+
+    ns: dict = {}
+    exec(compile(target("accelerate").export(p), "export.py", "exec"), ns)
+    fsdp = type(ns.get("plugin")).__name__ == "FullyShardedDataParallelPlugin"
+    assert fsdp == (p.degrees["dp"] * p.degrees["ring"] > 1 and (p.zero_stage >= 2 or p.sp * p.degrees["tp"] > 1))
+    kind = DistributedType.FSDP if fsdp else DistributedType.MULTI_GPU
+    ns["parallelism_config"]._validate_accelerator(types.SimpleNamespace(
+        multi_device=True, num_processes=p.world_size, is_fsdp2=fsdp, distributed_type=kind))
 
 
 # ---------------------------------------------------------------- what a target cannot express

@@ -4,7 +4,8 @@ Targets accelerate 1.15.0 (huggingface/accelerate): accelerate/parallelism_confi
 (dp_replicate_size, dp_shard_size, tp_size, cp_size + TorchContextParallelConfig, sp_size with
 sp_backend "deepspeed" + DeepSpeedSequenceParallelConfig; mesh ['dp_replicate', 'dp_shard', 'cp',
 'sp', 'tp'] outermost first; cp and sp exclusive; tp/cp with data parallelism only over FSDP2's
-dp_shard). Context parallelism is PyTorch's context_parallel (load-balanced: zigzag) with
+dp_shard; FSDP2 needs dp_shard or cp above 1 to shard over, so tp alone runs without it). Context parallelism
+is PyTorch's context_parallel (load-balanced: zigzag) with
 TorchContextParallelConfig.cp_comm_strategy handed to torch's set_rotate_method (accelerator.py):
 "allgather" all-gathers K and V once (sp-plan allgather), "alltoall" passes them one rank each round (sp-plan
 ring; torch 2.13 torch/distributed/tensor/experimental/_context_parallel/_attention.py). Sequence parallelism
@@ -57,7 +58,8 @@ plugin = DeepSpeedPlugin(zero_stage={p.zero_stage})  # {d["dp"]} data-parallel r
 '''
         make = f"Accelerator(parallelism_config=parallelism_config, deepspeed_plugin=plugin{mp})"
     else:
-        fsdp = d["tp"] > 1 or d["ring"] > 1 or p.zero_stage >= 2
+        # FSDP2 shards over dp_shard x cp: with neither above 1 _validate_accelerator refuses it (tp alone, one rank)
+        fsdp = (d["tp"] > 1 or d["ring"] > 1 or p.zero_stage >= 2) and (d["dp"] > 1 or d["ring"] > 1)
         sizes = (f"dp_replicate_size=1, dp_shard_size={d['dp']}" if fsdp else f"dp_replicate_size={d['dp']}, dp_shard_size=1")
         cp = (f', cp_size={d["ring"]}, '
               f'cp_handler=TorchContextParallelConfig(cp_comm_strategy="{CP_COMM_STRATEGY[p.algorithm]}")'

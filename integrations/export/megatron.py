@@ -23,7 +23,9 @@ of pp (core/pipeline_parallel/schedules.py), as the plan does. Rank order 'tp-cp
 ``--use-tp-pp-dp-mapping`` (training/initialize.py). The model's dtype is ``--bf16`` or ``--fp16``, mixed precision
 that keeps fp32 main weights in the optimizer (core/optimizer/optimizer.py Float16OptimizerWithFloat16Params, the
 distributed optimizer alike), and no flag for fp32, Megatron's default. ZeRO-1 is the distributed optimizer; ZeRO-2/3
-are Megatron-FSDP's optim_grads / optim_grads_params sharding.
+are Megatron-FSDP's optim_grads / optim_grads_params sharding, which validate_args allows with the fsdp_dtensor
+checkpoint format only. validate_args also asserts CUDA_DEVICE_MAX_CONNECTIONS: not 1 under Megatron-FSDP, 1 with
+tensor or context parallelism on Hopper and older GPUs; the export says which in a comment.
 """
 from __future__ import annotations
 
@@ -104,7 +106,9 @@ def arguments(p: Plan) -> list[str]:
     if p.zero_stage >= 1:
         args.append("--use-distributed-optimizer")
     if p.zero_stage >= 2:
-        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", SHARDING[p.zero_stage]]
+        # validate_args refuses Megatron-FSDP with any other checkpoint format than fsdp_dtensor
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", SHARDING[p.zero_stage],
+                 "--ckpt-format", "fsdp_dtensor"]
     if p.checkpointing == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if d["pp"] > 1 and d["dp"] > 1 and p.order.index("pp") < p.order.index("dp"):
@@ -120,12 +124,17 @@ def arguments(p: Plan) -> list[str]:
 
 
 def notes(p: Plan) -> str:
-    """Comment lines on what Megatron runs differently from the plan."""
+    """Comment lines on what Megatron runs differently from the plan, and the environment its checks ask for."""
     cp = p.degrees["ulysses"] * p.degrees["ring"]
-    if p.workload is None or p.workload.documents is None or cp == 1:
-        return ""
-    return (f"# packed documents: Megatron splits each document zigzag over the {cp} cp ranks and pads it to a "
-            f"multiple of {2 * cp} tokens\n")
+    out = ""
+    if p.workload is not None and p.workload.documents is not None and cp > 1:
+        out += (f"# packed documents: Megatron splits each document zigzag over the {cp} cp ranks and pads it to a "
+                f"multiple of {2 * cp} tokens\n")
+    if p.zero_stage >= 2:  # arguments.py validate_args: Megatron-FSDP asserts the variable is not 1
+        out += "# environment: CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 (Megatron-FSDP)\n"
+    elif p.degrees["tp"] > 1 or cp > 1:  # validate_args on Hopper and older: tp or cp overlap needs it at 1
+        out += "# environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (tensor or context parallelism)\n"
+    return out
 
 
 def render(p: Plan) -> str:

@@ -14,11 +14,13 @@ pipeline_parallel_first_stage_less_layers (the embedding's weight) and ..._last_
 are split evenly, the first stages taking the remainder (distributed/pipeline_parallel.py
 generate_llm_fqn_per_model_part); both default to 1, so an even plan writes 0 and 0. Mesh
 ['pp', 'dp_replicate', 'dp_shard', 'cp', 'tp'] outermost first (distributed/parallel_dims.py); data
-parallelism is FSDP2 (ZeRO-3, ZeRO-2 with fsdp_reshard_after_forward "never"). The model's dtype is
-training.mixed_precision_param (bfloat16 or float32, default bfloat16; no float16), which fully_shard applies where
-data_parallel_shard_degree or context_parallel_degree is above 1 (torchtitan/distributed/utils.py maybe_enable_amp;
-tp or pp alone would train in fp32, but its one algorithm, allgather, needs ring 2 or more: planner/allgather.py);
-training.dtype stays float32, the fp32 main weights sp-plan prices.
+parallelism is FSDP2 (ZeRO-3 with fsdp_reshard_after_forward "always", ZeRO-2 with "never"). With pipeline
+parallelism the export pins the 1F1B schedule (one stage a rank, as sp-plan prices it; some model configs default to
+an interleaved one) and turns CUDA graphs off, which Trainer.Config refuses beside pipeline parallelism. The model's dtype is
+training.mixed_precision_param (bfloat16 or float32, default bfloat16; no float16), the mixed-precision policy of the
+fully_shard torchtitan applies to the model (models/llama3/parallelize.py); training.dtype stays float32, the fp32
+main weights sp-plan prices. The fields are 0.3.0's: torchtitan's main branch has since renamed the batch and length
+fields (num_tokens_per_train_step, max_context_length).
 """
 from __future__ import annotations
 
@@ -30,6 +32,9 @@ VERSION = "0.3.0"
 #: the model's dtype -> training.mixed_precision_param (fp32 parameters sharded, computed in this dtype); torchtitan has
 #: no fp16 choice
 MIXED_PRECISION = {"bf16": "bfloat16", "fp32": "float32"}
+#: ZeRO stage -> fsdp_reshard_after_forward: ZeRO-3 "always" ("default" resolves to not resharding under pipeline
+#: parallelism, distributed/fsdp.py: ZeRO-2 there), ZeRO-2 "never"
+RESHARD = {2: "never", 3: "always"}
 
 
 def stage_split(layers: int, pp: int, first_less: int, last_less: int) -> list[int] | None:
@@ -60,15 +65,16 @@ def arguments(p: Plan) -> list[str]:
     batch, mbs, _ = batch_split(p)
     args = ["--parallelism.data_parallel_replicate_degree", "1",
             "--parallelism.data_parallel_shard_degree", str(d["dp"]),
-            "--parallelism.fsdp_reshard_after_forward", "never" if p.zero_stage == 2 else "default",
+            "--parallelism.fsdp_reshard_after_forward", RESHARD[p.zero_stage],
             "--parallelism.tensor_parallel_degree", str(d["tp"]),
             "--parallelism.pipeline_parallel_degree", str(d["pp"]),
             "--parallelism.context_parallel_degree", str(d["ring"])]
     if d["ring"] > 1:
         args += ["--parallelism.context_parallel_load_balancer",
                  "headtail" if p.token_layout == "zigzag" else "None"]
-    if d["pp"] > 1:  # the pipeline's micro-batches split the local batch
-        args += ["--parallelism.pipeline_parallel_microbatch_size", str(mbs)]
+    if d["pp"] > 1:  # the pipeline's micro-batches split the local batch, one stage a rank (1F1B, as priced)
+        args += ["--parallelism.pipeline_parallel_schedule", "1F1B",
+                 "--parallelism.pipeline_parallel_microbatch_size", str(mbs)]
         a, b = stage_weights(p.stage_layers) if p.stage_layers is not None else (0, 0)
         args += ["--parallelism.pipeline_parallel_first_stage_less_layers", str(a),
                  "--parallelism.pipeline_parallel_last_stage_less_layers", str(b)]
@@ -77,6 +83,8 @@ def arguments(p: Plan) -> list[str]:
              "--training.mixed_precision_param", MIXED_PRECISION[dtype(p)]]
     if p.workload:
         args += ["--training.seq_len", str(p.workload.seq_len)]
+    if d["pp"] > 1:  # Trainer.Config refuses CUDA graphs (its default) with pipeline parallelism
+        args.append("--training.disable_cuda_graphs")
     args.append("activation_checkpoint:" + ("full" if p.checkpointing == "full" else "none"))
     return args
 
