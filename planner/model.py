@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from .errors import PlanError
 from .yamlio import load_yaml_model
@@ -131,6 +131,7 @@ class DocumentLengths(BaseModel):
     lengths: tuple[int, ...] = Field(description="document lengths in tokens, a sample of the data")
     source: str = Field(default="inline", description="where the lengths came from: inline or a file's name")
     sha256: str | None = Field(default=None, description="of the source file, when the lengths were read from one")
+    _longest: int = PrivateAttr(default=0)  # max(lengths), read wherever the mask is priced
 
     @model_validator(mode="after")
     def _check(self):
@@ -140,6 +141,7 @@ class DocumentLengths(BaseModel):
             raise PlanError("workload.documents.lengths", f"{len(self.lengths):,} lengths inline",
                             "summarise a large sample as a histogram (planner.documents.histogram_of)")
         _positive_lengths("workload.documents.lengths", self.lengths, "drop empty documents from the sample")
+        self._longest = max(self.lengths)
         return self
 
 
@@ -215,7 +217,7 @@ def _longest(d) -> int:
     """The longest document ``d`` can draw, before packing cuts it to the sequence: its longest length, a lognormal's
     clip, the last weighted bin's highest length."""
     if d.kind == "lengths":
-        return max(d.lengths)
+        return d._longest or max(d.lengths)  # 0: built without validation (model_construct)
     if d.kind == "lognormal":
         return d.max
     return max(d.edges[i + 1] for i, w in enumerate(d.weights) if w > 0) - 1

@@ -156,8 +156,8 @@ class Context:
                                 cu_seqlens=cu_seqlens)
         backend = self.backends.choose(q, k, causal)  # keyed by the local block: device, dtype, head dim, length
         return _attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,
-                         token_layout=self.plan.token_layout, scale=scale, backend=backend, cu_seqlens=cu_seqlens,
-                         window=window, kv_chunks=kv_chunks)
+                          token_layout=self.plan.token_layout, scale=scale, backend=backend, cu_seqlens=cu_seqlens,
+                          window=window, kv_chunks=kv_chunks)
 
     def _agreement(self):
         """The sequence group's ``agree.MaskAgreement`` (made once)."""
