@@ -10,6 +10,7 @@ from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.params import Params
 from sp_plan.planner.profile import Profile
 from sp_plan.profiles.kernels import default_params
+from sp_plan.profiles.peek import none_stored, store_url
 
 NO_PROFILE_LINE = "not using a profile: none (--no-profile)"
 
@@ -21,7 +22,11 @@ def resolve_params(cluster: Cluster, profile=None, store=None) -> tuple[Params, 
     data directory's)."""
     if profile is False:  # no store to open: SQLAlchemy stays unimported
         return default_params(cluster), NO_PROFILE_LINE, None
-    # the store module imports SQLAlchemy (~0.3 s): only a command that looks a profile up pays for it
+    if profile is None and (store is None or isinstance(store, str)):
+        none = none_stored(store_url(store), cluster.topology_fingerprint())
+        if none:  # a glance at a SQLite store shows nothing to look up (profiles/peek.py)
+            return default_params(cluster), f"not using a profile: {none}", None
+    # the store module imports SQLAlchemy (~0.2 s): only a command that looks a profile up pays for it
     from sp_plan.profiles import store as store_mod  # noqa: PLC0415
 
     if isinstance(store, str):

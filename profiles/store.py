@@ -34,11 +34,10 @@ from sp_plan.planner.profile import STACK_KEYS, Profile, created_utc
 from sp_plan.planner.yamlio import FILE_SUFFIXES, model_from_data, names_file
 from sp_plan.profiles import MAX_NODES, cluster_presets, preset_cluster
 from sp_plan.profiles.kernels import hbm_figure
+from sp_plan.profiles.peek import (  # noqa: F401 - the store's names, defined where a glance needs no SQLAlchemy
+    ENV_VAR, TUNE, VERSION_TABLE, default_store_url, none_stored, store_url)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
-#: alembic's version table for the store; optuna keeps its own ``alembic_version`` in the same database
-VERSION_TABLE = "sp_plan_alembic_version"
-ENV_VAR = "SP_PLAN_STORE"
 #: opens of a busy SQLite store before giving up (Store._open)
 OPEN_TRIES = 6
 #: the characters of a profile id: the store's own ids are hex; none holds '/', '\\' or a character a URL escapes
@@ -191,18 +190,6 @@ def check_created(profile: Profile) -> None:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
-
-
-def default_store_url() -> str:
-    """The default store: ``store.db`` (SQLite) in the user data directory."""
-    import platformdirs  # noqa: PLC0415
-
-    return f"sqlite:///{platformdirs.user_data_path('sp-plan') / 'store.db'}"
-
-
-def store_url(url: str | None = None) -> str:
-    """The URL a ``Store(url)`` opens: ``url``, else ``$SP_PLAN_STORE``, else ``default_store_url()``."""
-    return url or os.environ.get(ENV_VAR) or default_store_url()
 
 
 def redact(url: str) -> str:
@@ -682,10 +669,11 @@ def resolve_profile(spec: Profile | str | bool | None, cluster, store: Store | N
     fp = cluster.topology_fingerprint()
     if store is None:
         url = store_url()
-        if url == default_store_url() and not Path(sa.engine.make_url(url).database or "").exists():
-            return None, f"profile: none stored for topology {fp}; make one with `sp-plan tune`"
+        none = none_stored(url, fp)
+        if none:
+            return None, f"profile: {none}"
         store = Store(url)
     p = store.latest_profile(fp)
     if p is None:
-        return None, f"profile: none stored for topology {fp} in {store.shown}; make one with `sp-plan tune`"
+        return None, f"profile: none stored for topology {fp} in {store.shown}{TUNE}"
     return _check(p, cluster)

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from sp_plan.profiles import load_cluster
+
 #: runs the console entry point with the given arguments; as it exits, prints the imported modules and the commands
 #: typer built (from their functions' signatures) as JSON
 WRAPPER = """import json, sys
@@ -68,12 +70,21 @@ def test_plan_without_a_profile_imports_no_store_and_no_scipy(tmp_path):
     assert "PlanRequest" not in did["UNBUILT"] and "sp_plan.planner.sensitivity" not in mods
 
 
-def test_plan_with_the_default_store_imports_no_scipy(tmp_path, monkeypatch):
-    """Looking a profile up needs the store, not the fitting code."""
+def test_plan_opens_the_store_only_to_read_a_profile(tmp_path, monkeypatch):
+    """A new store is created (SQLAlchemy, alembic); one at its schema head with no profile of the topology is read
+    with sqlite3 alone; one that holds such a profile is opened to read it. None needs the fitting code."""
     monkeypatch.setenv("SP_PLAN_STORE", f"sqlite:///{tmp_path / 'store.db'}")
-    mods = imported("plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "128k")
-    assert "sqlalchemy" in top(mods)
-    assert not top(mods) & {"scipy", "matplotlib", "torch", "fastapi", "optuna"}
+    args = ("plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "128k")
+    light = {"scipy", "matplotlib", "torch", "fastapi", "optuna"}
+    for store in (True, False):
+        mods = top(imported(*args))
+        assert ("sqlalchemy" in mods) == store and ("alembic" in mods) == store and not mods & light
+    from sp_plan.profiles.store import Store  # noqa: PLC0415
+    from test_store import make_profile  # noqa: PLC0415
+
+    Store().save_profile(make_profile(load_cluster("dgx-h100", nodes=2).topology_fingerprint()))
+    mods = top(imported(*args))
+    assert "sqlalchemy" in mods and not mods & light
 
 
 @pytest.mark.parametrize("args,builds", [(["presets"], ["presets"]), (["--help"], None), (["--version"], []),
