@@ -33,10 +33,15 @@ class TargetSpace(Space):
         return [t for t in out if t in self.target.token_layouts] if self.work.causal and d.ring > 1 else out
 
     def orders(self, d: Degrees) -> list[tuple[str, ...]]:
+        return list(self._memo("target orders", tuple(d.dims()), lambda: tuple(self._orders(d))))
+
+    def _orders(self, d: Degrees) -> list[tuple[str, ...]]:
+        """The orders of ``d``'s dimensions the target places; they depend only on which degrees exceed 1."""
         degrees = {"dp": d.dp, "pp": d.pp, "tp": d.tp, "ulysses": d.ulysses, "ring": d.ring}
         if any(v > 1 and k not in self.target.dims() for k, v in degrees.items()):
             return []
-        return [o for o in super().orders(d) if self.target.order_ok(o, degrees)]
+        placed = self.target.placed(degrees)
+        return [o for o in super().orders(d) if tuple(x for x in o if degrees[x] > 1) in placed]
 
     def policies(self, d: Degrees, v: int = 1) -> list[tuple[int, str, int]]:
         return [(z, ck, mbs) for z, ck, mbs in super().policies(d, v)

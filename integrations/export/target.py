@@ -49,8 +49,11 @@ class Target:
 
     def order_ok(self, order: tuple[str, ...] | list[str], degrees: dict[str, int]) -> bool:
         """Whether the mesh order (innermost first) of the dimensions of degree > 1 is one this target places."""
-        mine = tuple(d for d in order if degrees.get(d, 1) > 1 and d != "team")
-        return any(tuple(d for d in o if degrees.get(d, 1) > 1) == mine for o in self.orders)
+        return tuple(d for d in order if degrees.get(d, 1) > 1 and d != "team") in self.placed(degrees)
+
+    def placed(self, degrees: dict[str, int]) -> set[tuple[str, ...]]:
+        """The mesh orders this target places, each cut to the dimensions of degree > 1."""
+        return {tuple(d for d in o if degrees.get(d, 1) > 1) for o in self.orders}
 
     def problems(self, p: Plan) -> list[tuple[str, str]]:
         """(key, reason) for every part of ``p`` this target cannot express; empty: it can export ``p``."""
