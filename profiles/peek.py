@@ -9,9 +9,11 @@ answer.
 """
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -22,6 +24,8 @@ VERSION_TABLE = "sp_plan_alembic_version"
 HEAD_REVISION = "0002"
 SQLITE_PREFIX = "sqlite:///"
 TUNE = "; make one with `sp-plan tune`"
+#: ``Store.latest_profile``'s query
+NEWEST = "SELECT document FROM profiles WHERE fingerprint = ? ORDER BY created_at DESC, stored_at DESC LIMIT 1"
 
 
 def default_store_url() -> str:
@@ -44,20 +48,34 @@ def sqlite_path(url: str) -> Path | None:
     return Path(path)
 
 
-def none_stored(url: str, fingerprint: str) -> str | None:
-    """A line saying that the store at ``url`` holds no profile of ``fingerprint``, where a read-only glance shows
-    it: the default store's file is absent, or a SQLite store at ``HEAD_REVISION`` has no such row. None where the
-    glance cannot tell; the ``Store`` then answers (and migrates, creates or refuses as it does)."""
+@dataclass(frozen=True)
+class Glance:
+    """What a glance at a store found for a topology: its newest profile's document (None: none stored) and the
+    line that says so."""
+
+    document: dict | None
+    line: str = ""
+
+
+def glance(url: str, fingerprint: str) -> Glance | None:
+    """The newest profile of ``fingerprint`` in the store at ``url`` (``Store.latest_profile``'s order), read without
+    SQLAlchemy where a read shows it: the default store's file is absent, or a SQLite store is at ``HEAD_REVISION``.
+    None where it cannot tell; the ``Store`` then answers (and migrates, creates or refuses as it does)."""
     path = sqlite_path(url)
     if path is None:
         return None
     if not path.exists():
-        return f"none stored for topology {fingerprint}{TUNE}" if url == default_store_url() else None
+        return Glance(None, f"none stored for topology {fingerprint}{TUNE}") if url == default_store_url() else None
     try:
         with closing(sqlite3.connect(f"file:{quote(str(path))}?mode=rw", uri=True, timeout=5)) as conn:
             if conn.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall() != [(HEAD_REVISION,)]:
                 return None
-            row = conn.execute("SELECT 1 FROM profiles WHERE fingerprint = ? LIMIT 1", (fingerprint,)).fetchone()
+            row = conn.execute(NEWEST, (fingerprint,)).fetchone()
     except sqlite3.Error:
         return None
-    return None if row is not None else f"none stored for topology {fingerprint} in {url}{TUNE}"
+    if row is None:
+        return Glance(None, f"none stored for topology {fingerprint} in {url}{TUNE}")
+    try:
+        return Glance(json.loads(row[0]))
+    except ValueError:  # not the JSON the Store writes: the Store says what is wrong with it
+        return None

@@ -30,12 +30,12 @@ from sqlalchemy.dialects import postgresql as sa_pg, sqlite as sa_sqlite
 from sp_plan.planner.errors import NotFound, PlanError, StoreError
 from sp_plan.planner.cluster import preset_nodes
 from sp_plan.planner.plausible import check_bounds, check_hbm, check_params
-from sp_plan.planner.profile import STACK_KEYS, Profile, created_utc
-from sp_plan.planner.yamlio import FILE_SUFFIXES, model_from_data, names_file
+from sp_plan.planner.profile import Profile, created_utc
+from sp_plan.planner.yamlio import FILE_SUFFIXES, model_from_data
 from sp_plan.profiles import MAX_NODES, cluster_presets, preset_cluster
-from sp_plan.profiles.kernels import hbm_figure
 from sp_plan.profiles.peek import (  # noqa: F401 - the store's names, defined where a glance needs no SQLAlchemy
-    ENV_VAR, TUNE, VERSION_TABLE, default_store_url, none_stored, store_url)
+    ENV_VAR, VERSION_TABLE, default_store_url, store_url)
+from sp_plan.profiles.resolve import datasheet_hbm, resolve_profile, stack_mismatch  # noqa: F401 - as above
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 #: opens of a busy SQLite store before giving up (Store._open)
@@ -146,14 +146,6 @@ def check_columns(profile: Profile) -> None:
     if not profile.cluster_fingerprint.strip():
         raise PlanError("profile.cluster_fingerprint", "is empty: the profile would apply to no cluster",
                         "write the topology fingerprint of the cluster it was tuned on (`sp-plan plan` prints it)")
-
-
-def datasheet_hbm(cluster) -> float | None:
-    """The device-memory bytes/s no profile of ``cluster`` can beat: the fastest of its devices' datasheet figures
-    (profiles/kernels.yaml), or None where a device has none (CPU ranks, a model the table lacks)."""
-    figures = [hbm_figure(d.model) if d.kind != "cpu" else None
-               for t in cluster.node_types.values() for d in t.devices]
-    return None if not figures or None in figures else max(f["bandwidth"] for f in figures)
 
 
 def preset_of(profile: Profile):
@@ -606,74 +598,3 @@ def content_id(profile: Profile) -> str:
 
     text = json.dumps(profile.model_dump(mode="json", exclude={"id"}), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def stack_mismatch(profile_stack: dict, cluster_stack: dict | None) -> str | None:
-    """The first STACK_KEYS entry recorded by both and different, as 'key: profile A, this cluster B'; else None."""
-    if not cluster_stack:
-        return None
-    for k in STACK_KEYS:
-        if k in profile_stack and k in cluster_stack and str(profile_stack[k]) != str(cluster_stack[k]):
-            return f"{k}: profile {profile_stack[k]}, this cluster {cluster_stack[k]}"
-    return None
-
-
-def _check(profile: Profile, cluster) -> tuple[Profile | None, str]:
-    fp = cluster.topology_fingerprint()
-    name = profile.id or "(file)"
-    if profile.cluster_fingerprint != fp:
-        return None, (f"profile {name} is for topology {profile.cluster_fingerprint}, this cluster's is {fp}; "
-                      "not applied")
-    try:
-        check_params(profile.params, cluster)
-        check_hbm(profile.params, datasheet_hbm(cluster))
-    except PlanError as e:  # impossible figures: refused, never used to rank
-        drop = f"delete it (`sp-plan profile delete {profile.id}`) and " if profile.id else ""
-        raise PlanError("profile", f"profile {name}: {e.field}: {e.problem}",
-                        f"{e.fix}, or {drop}pass --no-profile meanwhile") from None
-    diff = stack_mismatch(profile.stack, cluster.calibration.get("stack"))
-    if diff:
-        return None, f"profile {name} not applied: software stack mismatch ({diff}); run `sp-plan tune` on this stack"
-    return profile, profile.line()
-
-
-def _load_file(path: str) -> Profile:
-    try:
-        return Profile.load(path)
-    except PlanError as e:
-        raise PlanError("profile", f"{e.field}: {e.problem}", e.fix) from None
-
-
-def resolve_profile(spec: Profile | str | bool | None, cluster, store: Store | None = None) -> tuple[Profile | None, str]:
-    """The profile to apply to ``cluster`` (or None) and one line saying what happened.
-
-    spec None: the newest stored profile of the cluster's topology fingerprint; False: none; a
-    Profile; a str: a profile file if that path exists, else a profile id in ``store``. A profile
-    of another fingerprint or software stack is not applied (the line says why); a bad file or an
-    unknown id raises PlanError('--profile')."""
-    if spec is False:
-        return None, "profile: none (--no-profile)"
-    if isinstance(spec, Profile):
-        return _check(spec, cluster)
-    if isinstance(spec, str):
-        if names_file(spec):
-            return _check(_load_file(spec), cluster)
-        store = store or Store()
-        try:
-            return _check(store.get_profile(spec), cluster)
-        except NotFound:
-            raise NotFound("profile", f"no profile file or stored profile id {spec!r} (store {store.shown})",
-                            "pass a profile file or an id from `sp-plan profile list`") from None
-    if spec is not None:
-        raise PlanError("profile", f"cannot use {type(spec).__name__} as a profile", "pass a file, an id, or nothing")
-    fp = cluster.topology_fingerprint()
-    if store is None:
-        url = store_url()
-        none = none_stored(url, fp)
-        if none:
-            return None, f"profile: {none}"
-        store = Store(url)
-    p = store.latest_profile(fp)
-    if p is None:
-        return None, f"profile: none stored for topology {fp} in {store.shown}{TUNE}"
-    return _check(p, cluster)
