@@ -14,6 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 from .errors import PlanError
+from .layout import document_bounds
 from .model import DocumentLengths, Histogram, Lognormal, Workload
 
 #: draws per refill beyond the expected count, so a refill is rare and its size does not depend on luck
@@ -138,11 +139,8 @@ def batch_cu_seqlens(packs: list[np.ndarray]) -> np.ndarray:
 
 
 def check_cu_seqlens(cu_seqlens, seq_len: int | None = None) -> np.ndarray:
-    """``cu_seqlens`` as int64, checked: starts at 0, strictly increasing (no empty document), ends at seq_len."""
-    cu = np.asarray(cu_seqlens, dtype=np.int64)
-    if cu.ndim != 1 or len(cu) < 2 or cu[0] != 0 or np.any(np.diff(cu) <= 0):
-        raise PlanError("cu_seqlens", f"{cu.tolist()[:8]}... is not 0 then increasing document ends",
-                        "give document boundaries as flash-attn's varlen cu_seqlens: 0, end of each document")
+    """``cu_seqlens`` as int64 (``layout.document_bounds``: empty documents dropped), checked to end at seq_len."""
+    cu = document_bounds(cu_seqlens)
     if seq_len is not None and cu[-1] != seq_len:
         raise PlanError("cu_seqlens", f"ends at {int(cu[-1])}, the sequence has {seq_len} tokens",
                         "end cu_seqlens at the sequence length")

@@ -177,13 +177,17 @@ def sp_tokens(token_layout: str, ulysses: int, ring: int, seq_len: int) -> np.nd
 
 # ---------------------------------------------------------------- token permutations with documents
 
-def _document_bounds(cu_seqlens) -> np.ndarray:
-    """``cu_seqlens`` of one sequence as int64, checked: 0, then strictly increasing document ends."""
+def document_bounds(cu_seqlens) -> np.ndarray:
+    """``cu_seqlens`` as int64, checked: 0, then non-decreasing document ends, at least one token in all. An empty
+    document (a repeated end, as flash-attn's varlen kernels take them, e.g. a fixed-size cu_seqlens padded with its
+    last value) holds no token and is dropped."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
-    if cu.ndim != 1 or len(cu) < 2 or cu[0] != 0 or np.any(np.diff(cu) <= 0):
-        raise PlanError("cu_seqlens", f"{cu.tolist()[:8]} is not 0 then increasing document ends",
-                        "give one sequence's document boundaries: 0, the end of each document")
-    return cu
+    if cu.ndim != 1 or len(cu) < 2 or cu[0] != 0 or np.any(np.diff(cu) < 0) or cu[-1] < 1:
+        raise PlanError("cu_seqlens", f"{cu.tolist()[:8]}{'...' if len(cu) > 8 else ''} is not 0 then "
+                        "non-decreasing document ends", "give document boundaries as flash-attn's varlen "
+                        "cu_seqlens: 0, then the end of each document")
+    steps = np.diff(cu) > 0
+    return cu if steps.all() else cu[np.concatenate(([True], steps))]
 
 
 def _even_pieces(n: int, parts: int) -> np.ndarray:
@@ -507,7 +511,7 @@ def document_ring_tokens(token_layout: str, ring: int, cu_seqlens, weights=None)
     local (token) order; ``weights`` (each token's work) only for ``balanced``. A single document whose length
     ``ring_tokens`` accepts gives its tokens exactly."""
     check_balance_policy(token_layout)
-    cu = _document_bounds(cu_seqlens)
+    cu = document_bounds(cu_seqlens)
     if token_layout == "contiguous":
         return _contiguous(int(cu[-1]), ring)
     if token_layout == "striped":
@@ -532,7 +536,7 @@ def document_runs(token_layout: str, ring: int, cu_seqlens, weights=None, work_b
     sequence under a balancing policy (``document_owners``): contiguous, zigzag and balanced without a per-token
     array (balanced from ``work_before``, the work of the tokens before a position, if given, else from ``weights``),
     striped from its owners."""
-    cu = _document_bounds(cu_seqlens)
+    cu = document_bounds(cu_seqlens)
     check_balance_policy(token_layout)
     if token_layout == "contiguous":
         ends = np.cumsum(_even_pieces(int(cu[-1]), ring))
@@ -550,7 +554,7 @@ def document_runs(token_layout: str, ring: int, cu_seqlens, weights=None, work_b
 def document_owners(token_layout: str, ring: int, cu_seqlens, weights=None) -> np.ndarray:
     """(S,) int64: the ring rank holding each token under a balancing policy (``document_ring_tokens``' inverse)."""
     check_balance_policy(token_layout)
-    cu = _document_bounds(cu_seqlens)
+    cu = document_bounds(cu_seqlens)
     S = int(cu[-1])
     if token_layout == "contiguous":
         return np.repeat(np.arange(ring, dtype=np.int64), _even_pieces(S, ring))

@@ -186,12 +186,24 @@ def test_batch_cu_seqlens_lays_the_sequences_end_to_end():
     assert cu.dtype == np.int32 and cu.tolist() == [0, 3, 8, 16, 18, 24]
 
 
-@pytest.mark.parametrize("cu", [[0], [1, 4], [0, 3, 3, 8], [0, 5, 4]])
+@pytest.mark.parametrize("cu", [[0], [1, 4], [0, 5, 4], [0, 0], [[0, 8]]])
 def test_bad_cu_seqlens_are_named(cu):
     with pytest.raises(PlanError, match="cu_seqlens"):
         check_cu_seqlens(cu)
     with pytest.raises(PlanError, match="ends at 8"):
         check_cu_seqlens([0, 8], seq_len=16)
+
+
+def test_empty_documents_in_cu_seqlens_are_dropped():
+    """flash-attn's varlen kernels take a repeated end (an empty document), as a cu_seqlens padded to a fixed size
+    with its last value has: it holds no token, so it is dropped, wherever the boundaries are read."""
+    from sp_plan.planner.layout import document_ring_tokens
+
+    assert check_cu_seqlens([0, 3, 3, 8, 8, 8], seq_len=8).tolist() == [0, 3, 8]
+    for layout in ("contiguous", "zigzag", "striped", "balanced"):
+        padded = document_ring_tokens(layout, 2, [0, 0, 5, 5, 16, 16], weights=np.ones(16))
+        exact = document_ring_tokens(layout, 2, [0, 5, 16], weights=np.ones(16))
+        assert all(np.array_equal(a, b) for a, b in zip(padded, exact)), layout
 
 
 # ---------------------------------------------------------------- files of lengths (the application layer)

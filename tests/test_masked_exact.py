@@ -370,7 +370,7 @@ def test_bad_masks_name_their_field():
     with pytest.raises(PlanError, match="window"):
         allgather_attention(q, q, q, window=0)
     with pytest.raises(PlanError, match="cu_seqlens"):
-        allgather_attention(q, q, q, cu_seqlens=[0, 5, 5, 8])
+        allgather_attention(q, q, q, cu_seqlens=[0, 5, 4, 8])
     with pytest.raises(PlanError, match="holds 8 tokens"):
         allgather_attention(q, q, q, cu_seqlens=[0, 5, 7])
     with pytest.raises(PlanError, match="holds 8 tokens"):
@@ -386,7 +386,11 @@ def test_bad_masks_name_their_field():
     with pytest.raises(PlanError) as e:
         attention(q, q[:, :4], q[:, :4], algorithm="ring", groups={})
     assert e.value.field == "k"
-    # flash-attn's convention, an int32 tensor, is read as the same boundaries as a list
+    # flash-attn's convention, an int32 tensor, is read as the same boundaries as a list; an empty document (a
+    # repeated end) holds no token
+    for algorithm in ("ring", "ulysses", "allgather"):
+        padded = attention(q, q, q, algorithm=algorithm, groups={}, cu_seqlens=[0, 5, 5, 8, 8], window=3)
+        assert torch.equal(padded, attention(q, q, q, algorithm=algorithm, groups={}, cu_seqlens=[0, 5, 8], window=3))
     as_tensor = attention(q, q, q, algorithm="ring", groups={}, cu_seqlens=torch.tensor([0, 5, 8], dtype=torch.int32))
     assert torch.equal(as_tensor, attention(q, q, q, algorithm="ring", groups={}, cu_seqlens=[0, 5, 8]))
 

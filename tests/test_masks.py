@@ -182,7 +182,7 @@ def test_balanced_needs_documents_and_weights():
     with pytest.raises(PlanError, match="unknown layout"):
         Layout({"ring": 4}, ("ring",), "spiral")
     with pytest.raises(PlanError, match="cu_seqlens"):
-        document_ring_tokens("zigzag", 4, [0, 5, 5, 9])
+        document_ring_tokens("zigzag", 4, [0, 5, 4, 9])
 
 
 def test_ulysses_pieces_of_a_ring_rank_are_its_tokens_in_order():
