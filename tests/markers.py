@@ -17,6 +17,8 @@ share one group: they create and delete the same namespaces.
 """
 from __future__ import annotations
 
+import re
+
 import json
 import multiprocessing.process
 import subprocess
@@ -34,6 +36,7 @@ SLOW_S = 1.0
 #: a test that waits this long (wall-clock) is slow whatever its CPU time
 WAIT_S = 5.0
 KINDS = ("multiprocess", "postgres", "browser", "netns")
+NETNS = re.compile(r"(^|[\s/])ip (netns|-n) ")
 
 _seen: dict[str, set[str]] = {}
 _current: list[str] = []
@@ -50,7 +53,7 @@ def _kinds_of(argv) -> set[str]:
     kinds = {"multiprocess"}
     if "chromium" in text:
         kinds.add("browser")
-    if "netns" in text:
+    if NETNS.search(text):  # `ip netns ...` or `ip -n NS ...`; not a path that merely names one
         kinds.add("netns")
     if "postgres" in text or "initdb" in text or "pg_ctl" in text:
         kinds.add("postgres")
