@@ -15,6 +15,7 @@ from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import MeasuredCandidate, Profile
 from sp_plan.planner.ranking import largest_extra_cost, mfu_text
 from sp_plan.planner.sensitivity import Sensitivity
+from sp_plan.workers import forked_map, usable_cores
 
 from .figures import (Figure_, cluster_groups, measured_points, measured_scatter, memory_bars, sensitivity_bars,
                       step_bars)
@@ -119,6 +120,21 @@ def _failed(candidates: list[MeasuredCandidate]) -> str:
             "<th>status</th><th>reason</th></tr>" + rows + "</table>")
 
 
+def _figures(plans: list[Plan], chosen: int | None, cluster: Cluster, plan: Plan, points, sensitivity
+             ) -> dict[str, Figure_]:
+    """The report's figures by name, drawn over this host's cores (``workers.forked_map``): each is a PNG that
+    matplotlib rasterises alone, 0.3-0.8 s apiece, so the page waits for the slowest share, not their sum. The
+    cluster's graph, the slowest, is dealt first."""
+    todo = {"cluster": lambda: cluster_groups(cluster, plan), "steps": lambda: step_bars(plans, chosen),
+            "memory": lambda: memory_bars(plans, chosen)}
+    if points:
+        todo["measured"] = lambda: measured_scatter(points)
+    if sensitivity is not None and sensitivity.scenarios:
+        todo["sensitivity"] = lambda: sensitivity_bars(sensitivity)
+    drawn = forked_map(lambda draw: draw(), list(todo.values()), usable_cores())
+    return dict(zip(todo, drawn, strict=True))
+
+
 def render_report(plans: list[Plan], cluster: Cluster, profile: Profile | None = None,
                   measured: list[MeasuredCandidate] | None = None, sensitivity: Sensitivity | None = None,
                   chosen: int | None = 0, notes: list[str] | None = None) -> str:
@@ -139,6 +155,7 @@ def render_report(plans: list[Plan], cluster: Cluster, profile: Profile | None =
         if w else "", mask_line(w)) if x)
     candidates = list(profile.candidates if profile else []) + list(measured or [])
     points = measured_points(plans, candidates)
+    figs = _figures(plans, chosen, cluster, plan, points, sensitivity)
     parts = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
         f"<title>sp-plan report: {_e(plan.summary())} on {_e(cluster.name)}</title>",
@@ -154,12 +171,12 @@ def render_report(plans: list[Plan], cluster: Cluster, profile: Profile | None =
         f"{pr.memory_capacity_bytes / GIB:.1f} GiB usable.</p>",
         "<h2>Ranked layouts</h2>", _ranking(plans, chosen),
         _rank_work(plan),
-        _figure(step_bars(plans, chosen), "fig-steps"),
-        "<h2>Memory</h2>", _figure(memory_bars(plans, chosen), "fig-memory"),
+        _figure(figs["steps"], "fig-steps"),
+        "<h2>Memory</h2>", _figure(figs["memory"], "fig-memory"),
         "<h2>Predicted against measured</h2>",
     ]
     if points:
-        parts.append(_figure(measured_scatter(points), "fig-measured"))
+        parts.append(_figure(figs["measured"], "fig-measured"))
         if profile is not None:
             parts.append(f"<p class=meta>{_e(profile.line())}</p>")
     else:
@@ -167,10 +184,10 @@ def render_report(plans: list[Plan], cluster: Cluster, profile: Profile | None =
                      "measure the best candidates and calibrate the model; the report then shows predictions against "
                      "measurements.</p>")
     parts.append(_failed(candidates))
-    parts += ["<h2>The plan on the cluster</h2>", _figure(cluster_groups(cluster, plan), "fig-cluster")]
+    parts += ["<h2>The plan on the cluster</h2>", _figure(figs["cluster"], "fig-cluster")]
     if sensitivity is not None:
         parts += ["<h2>Sensitivity</h2>", _sensitivity(sensitivity)]
         if sensitivity.scenarios:
-            parts.append(_figure(sensitivity_bars(sensitivity), "fig-sensitivity"))
+            parts.append(_figure(figs["sensitivity"], "fig-sensitivity"))
     parts.append("</body></html>")
     return "\n".join(parts)

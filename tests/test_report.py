@@ -24,6 +24,7 @@ from sp_plan.integrations.report import render_report
 from sp_plan.planner.search import finish, finish_each, grid_search
 from sp_plan.planner.sensitivity import sensitivity
 from sp_plan.profiles import load_cluster, load_model
+from sp_plan.workers import forked_map
 
 SP = [sys.executable, "-m", "sp_plan.cli.app"]
 PROFILE = Path(__file__).parent / "fixtures" / "profile-dgx-h100.yaml"  # tuned on dgx-h100 x2: two measured candidates
@@ -57,6 +58,24 @@ def pngs(html):
     out = [base64.b64decode(b) for b in IMG.findall(html)]
     assert all(p.startswith(b"\x89PNG\r\n\x1a\n") and len(p) > 10_000 for p in out)
     return out
+
+
+def test_figures_drawn_over_workers_are_the_ones_drawn_here(ranked, monkeypatch):
+    """The report draws its figures over forked workers; the page is the same, byte for byte, drawn in one
+    process (the time stamp aside)."""
+    import sp_plan.integrations.report as report
+
+    c, m, plans = ranked
+    plans = sorted(plans, key=lambda p: p.predicted.step_time_s)
+    kw = dict(profile=Profile.load(PROFILE), sensitivity=sensitivity(c, m, W, plans[0]))
+    stamp = re.compile(r"generated [0-9-]+ [0-9:]+ UTC")
+    forked = []
+    monkeypatch.setattr(report, "usable_cores", lambda: 2)
+    monkeypatch.setattr(report, "forked_map", lambda fn, items, jobs: forked.append(jobs) or forked_map(fn, items, jobs))
+    two = stamp.sub("", render_report(plans, c, **kw))
+    monkeypatch.setattr(report, "usable_cores", lambda: 1)
+    one = stamp.sub("", render_report(plans, c, **kw))
+    assert forked == [2, 1] and two == one and len(pngs(one)) == 5
 
 
 def test_report_is_one_self_contained_page_with_every_figure(ranked):
