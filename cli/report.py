@@ -52,7 +52,10 @@ def write_report(path: Path, plans: list[Plan], cluster: Cluster, chosen: int = 
     from sp_plan.integrations.report import render_report  # noqa: PLC0415 - matplotlib: only a report loads it
     from sp_plan.planner.yamlio import atomic_write  # noqa: PLC0415 - beside render_report, which needs the planner
 
-    html = render_report(plans, cluster, profile=profile, sensitivity=sensitivity, chosen=chosen, notes=notes)
+    from sp_plan.workers import usable_cores  # noqa: PLC0415
+
+    html = render_report(plans, cluster, profile=profile, sensitivity=sensitivity, chosen=chosen, notes=notes,
+                         jobs=usable_cores())
     atomic_write(path, html, field)  # an unwritable path is a PlanError naming ``field``
 
 

@@ -15,7 +15,7 @@ from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import MeasuredCandidate, Profile
 from sp_plan.planner.ranking import largest_extra_cost, mfu_text
 from sp_plan.planner.sensitivity import Sensitivity
-from sp_plan.workers import forked_map, usable_cores
+from sp_plan.workers import forked_map
 
 from .figures import (Figure_, cluster_groups, measured_points, measured_scatter, memory_bars, sensitivity_bars,
                       step_bars)
@@ -120,9 +120,9 @@ def _failed(candidates: list[MeasuredCandidate]) -> str:
             "<th>status</th><th>reason</th></tr>" + rows + "</table>")
 
 
-def _figures(plans: list[Plan], chosen: int | None, cluster: Cluster, plan: Plan, points, sensitivity
-             ) -> dict[str, Figure_]:
-    """The report's figures by name, drawn over this host's cores (``workers.forked_map``): each is a PNG that
+def _figures(plans: list[Plan], chosen: int | None, cluster: Cluster, plan: Plan, points, sensitivity,
+             jobs: int) -> dict[str, Figure_]:
+    """The report's figures by name, drawn over ``jobs`` processes (``workers.forked_map``): each is a PNG that
     matplotlib rasterises alone, 0.3-0.8 s apiece, so the page waits for the slowest share, not their sum. The
     cluster's graph, the slowest, is dealt first."""
     todo = {"cluster": lambda: cluster_groups(cluster, plan), "steps": lambda: step_bars(plans, chosen),
@@ -131,19 +131,20 @@ def _figures(plans: list[Plan], chosen: int | None, cluster: Cluster, plan: Plan
         todo["measured"] = lambda: measured_scatter(points)
     if sensitivity is not None and sensitivity.scenarios:
         todo["sensitivity"] = lambda: sensitivity_bars(sensitivity)
-    drawn = forked_map(lambda draw: draw(), list(todo.values()), usable_cores())
+    drawn = forked_map(lambda draw: draw(), list(todo.values()), jobs)
     return dict(zip(todo, drawn, strict=True))
 
 
 def render_report(plans: list[Plan], cluster: Cluster, profile: Profile | None = None,
                   measured: list[MeasuredCandidate] | None = None, sensitivity: Sensitivity | None = None,
-                  chosen: int | None = 0, notes: list[str] | None = None) -> str:
+                  chosen: int | None = 0, notes: list[str] | None = None, jobs: int = 1) -> str:
     """The HTML report of ranked ``plans`` (fastest first, each with its prediction) on ``cluster``.
 
     ``profile``: the calibration profile that priced them (its measured candidates feed the predicted-against-
     measured figure); ``measured``: more measured candidates; ``sensitivity``: planner.sensitivity's result;
     ``chosen``: the index of the plan the report is about (the winner by default; its groups are drawn);
-    ``notes``: lines shown under the title (e.g. the profile line)."""
+    ``notes``: lines shown under the title (e.g. the profile line); ``jobs``: processes that draw the figures (a
+    command that owns its host passes its cores; a service's search process draws alone)."""
     if not plans or any(p.predicted is None for p in plans):
         raise PlanError("plans", "a report needs ranked plans with predictions", "pass the plans a search returned")
     plan = plans[chosen if chosen is not None else 0]
@@ -155,7 +156,7 @@ def render_report(plans: list[Plan], cluster: Cluster, profile: Profile | None =
         if w else "", mask_line(w)) if x)
     candidates = list(profile.candidates if profile else []) + list(measured or [])
     points = measured_points(plans, candidates)
-    figs = _figures(plans, chosen, cluster, plan, points, sensitivity)
+    figs = _figures(plans, chosen, cluster, plan, points, sensitivity, jobs)
     parts = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
         f"<title>sp-plan report: {_e(plan.summary())} on {_e(cluster.name)}</title>",

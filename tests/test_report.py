@@ -70,10 +70,8 @@ def test_figures_drawn_over_workers_are_the_ones_drawn_here(ranked, monkeypatch)
     kw = dict(profile=Profile.load(PROFILE), sensitivity=sensitivity(c, m, W, plans[0]))
     stamp = re.compile(r"generated [0-9-]+ [0-9:]+ UTC")
     forked = []
-    monkeypatch.setattr(report, "usable_cores", lambda: 2)
     monkeypatch.setattr(report, "forked_map", lambda fn, items, jobs: forked.append(jobs) or forked_map(fn, items, jobs))
-    two = stamp.sub("", render_report(plans, c, **kw))
-    monkeypatch.setattr(report, "usable_cores", lambda: 1)
+    two = stamp.sub("", render_report(plans, c, jobs=2, **kw))
     one = stamp.sub("", render_report(plans, c, **kw))
     assert forked == [2, 1] and two == one and len(pngs(one)) == 5
 
