@@ -417,8 +417,22 @@ def plan(cluster: Cluster | str, model: ModelSpec | str | dict, workload: Worklo
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise PlanError("top_k", f"must be a whole number of at least 1, got {top_k!r}", "ask for top_k >= 1 rows")
     w = with_masks(workload, documents, window, window_pattern, seed)
+    check_space(space, cluster, model, w)
     params, line, prof = resolve_params(cluster, profile, store)
     return rank(Inputs(cluster, model, w, params, line, prof), top_k, progress=progress, space=space)[0]
+
+
+def check_space(space: Space | None, cluster: Cluster, model: ModelSpec, w: Workload) -> None:
+    """A caller's search space enumerates the layouts of its own world, model and workload: one built for others (a
+    workload without the ``window`` or ``documents`` given beside it) would rank layouts of another problem."""
+    if space is None:
+        return
+    for name, mine, given in (("world", space.world, cluster.world_size), ("model", space.model, model),
+                              ("workload", space.work, w)):
+        if mine != given:
+            raise PlanError("space", f"the search space was built for another {name} than the plan's",
+                            "build it from the plan's inputs: Space(cluster.world_size, model, workload), with the "
+                            "workload's documents and window in it")
 
 
 def api_inputs(cluster, model, workload) -> tuple[Cluster, ModelSpec, Workload]:

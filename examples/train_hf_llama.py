@@ -6,7 +6,7 @@
 Several plan files run one after another in the same launch (each checked on its own with ``--check``).
 
 Without a plan file, rank 0 runs the search of ``sp-plan plan --cluster cpu-local --model tiny-llama
---seq-len N --no-profile`` restricted to what the integration runs (tp = pp = 1) and broadcasts the
+--seq-len N --no-profile`` on as many ranks as the launch has, restricted to what the integration runs (tp = pp = 1) and broadcasts the
 winner. The Llama is built from the plan's model sizes (``--layers`` of them) by transformers'
 LlamaConfig: nothing is downloaded.
 
@@ -56,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("plan", nargs="*", help="plan files from `sp-plan plan -o`, run in turn (default: plan now on "
                    "--cluster)")
-    p.add_argument("--cluster", default="cpu-local", help="cluster preset or file for the search (no plan file)")
+    p.add_argument("--cluster", default="cpu-local", help="cluster preset or file for the search (no plan file); a preset takes the launched ranks")
     p.add_argument("--model", default="tiny-llama", help="model preset or file for the search and the Llama sizes")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
     p.add_argument("--batch", type=int, default=1, help="global batch (sequences per step)")
@@ -70,15 +70,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def search(args) -> Plan:
+def search_cluster(name: str, world: int):
+    """The cluster the search plans for: a preset with as many ranks as the launch has (whole nodes of it, or one
+    node of ``world`` ranks where the launch is smaller than a node: 2 of cpu-local's 4), a cluster file as it is."""
+    from sp_plan.profiles import cluster_presets, load_cluster, preset_cluster  # noqa: PLC0415
+
+    cluster = load_cluster(name)
+    if cluster.world_size == world or name not in cluster_presets():
+        return cluster
+    per_node = cluster.devices_per_node
+    return load_cluster(name, world // per_node) if world % per_node == 0 else preset_cluster(name, 1, world)
+
+
+def search(args, world: int) -> Plan:
     """The fastest plan the integration runs: `sp-plan plan`'s grid search with tp = 1, then pp = 1."""
     from sp_plan.planner.model import Workload
     from sp_plan.pipeline import plan as ranked_plans
     from sp_plan.planner.search import Space
-    from sp_plan.profiles import load_cluster, load_model
+    from sp_plan.profiles import load_model
     from sp_plan.profiles.documents import resolve_documents
 
-    cluster, model = load_cluster(args.cluster), load_model(args.model)
+    cluster, model = search_cluster(args.cluster, world), load_model(args.model)
     docs = resolve_documents(args.documents) if args.documents else None
     work = Workload(seq_len=args.seq_len, batch=args.batch, causal=True, training=True, documents=docs,
                     seed=None if docs is None else args.seed)
@@ -100,7 +112,7 @@ def get_plans(args, rank: int) -> list[Plan]:
     box = [None]
     if rank == 0:
         try:
-            box = [("plan", search(args).model_dump(mode="json"))]
+            box = [("plan", search(args, dist.get_world_size()).model_dump(mode="json"))]
         except PlanError as e:  # every rank refuses with rank 0's error, none waits on a broadcast that never comes
             box = [("error", (e.field, e.problem, e.fix))]
     dist.broadcast_object_list(box, src=0)

@@ -114,7 +114,8 @@ def attention_forward(ctx, module, query: torch.Tensor, key: torch.Tensor, value
     for name in _UNSUPPORTED:
         if kwargs.get(name) is not None:
             raise PlanError(name, f"the sp_plan attention cannot honour {name}",
-                            "use a model without it, or attn_implementation='sdpa' on one device")
+                            "use a model without it, or transformers' own attention on one device "
+                            "(attn_implementation='eager')")
     if kwargs.get("output_attentions"):
         raise PlanError("output_attentions", "the sp_plan attention never forms the attention matrix",
                         "call the model with output_attentions=False")
@@ -152,6 +153,7 @@ def check_documents(ctx, position_ids, local_len: int, window: int | None, check
                     ) -> tuple[tuple[int, ...] | None, int | None]:
     """The layer's (cu_seqlens, window) for ``ctx.attention``, after checking the position ids once per forward."""
     cu, sharded_for = documents_of(position_ids)
+    check_layer_window(ctx, window)
     if cu is not None and ctx.plan.token_layout == "balanced" and window != sharded_for:
         raise PlanError("sliding_window", f"the balanced layout placed the tokens by the work of window "
                         f"{sharded_for}, this layer attends with window {window}", "pass shard_inputs(..., window=) "
@@ -161,6 +163,18 @@ def check_documents(ctx, position_ids, local_len: int, window: int | None, check
         if checked is not None:
             checked[0] = position_ids
     return cu, window
+
+
+def check_layer_window(ctx, window: int | None) -> None:
+    """A layer the model gives no window (``sliding_window`` None: a global layer, or a model without windows)
+    attends its whole context; ``ctx.attention`` would read None as the plan's window on every layer, so a plan
+    whose window masks every layer (no pattern) is refused here rather than windowing that layer."""
+    planned = ctx.plan.workload.mask_window if ctx.plan.workload else None
+    if window is None and planned is not None and planned.pattern is None:
+        raise PlanError("sliding_window", f"the plan's window {planned.size} applies to every layer, and this layer "
+                        "of the model attends without a window (its sliding_window is None)",
+                        "make the plan for the model's layers: without --window for a model without sliding "
+                        "windows, with --window-pattern for one that mixes windowed and global layers (Gemma 3: 5:1)")
 
 
 def check_mask(attention_mask) -> None:

@@ -54,4 +54,5 @@ def check(header: str | None, tokens: tuple[bytes, ...]) -> None:
     for t in tokens:
         ok |= hmac.compare_digest(given_b, t)
     if not ok:
-        raise Forbidden("the token is not accepted", "use a token listed in the service's --token-file")
+        raise Forbidden("the token is not accepted", "use a token the service was given (its --token-file or "
+                        f"${ENV_VAR})")

@@ -45,8 +45,10 @@ def test_example_trains_under_torchrun_and_checks(tmp_path):
 
 def test_example_search_picks_the_fastest_plan_it_can_run():
     mod = _example()
-    plan = mod.search(mod.parse_args(["--seq-len", "128"]))
+    plan = mod.search(mod.parse_args(["--seq-len", "128"]), 4)
     assert plan.degrees["tp"] == 1 and plan.degrees["pp"] == 1 and plan.world_size == 4
+    # a launch of 2 ranks (half a cpu-local node) or 8 (two nodes) gets a plan of its own size
+    assert [mod.search(mod.parse_args(["--seq-len", "128"]), n).world_size for n in (2, 8)] == [2, 8]
     assert plan.cluster == "cpu-local" and plan.model.name == "tiny-llama"
     from sp_plan.planner.model import Workload
     from sp_plan.pipeline import plan as ranked

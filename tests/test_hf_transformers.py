@@ -215,6 +215,9 @@ MASKED_PLANS = [
     _p("ulysses", {"ulysses": 4}, ["ulysses"]),
     _p("usp", {"ulysses": 2, "ring": 2}, ["ring", "ulysses"], "zigzag"),
 ]
+#: a plan whose window is on every layer: right for Mistral, refused at a layer the model leaves unwindowed
+PLANNED_WINDOW = Plan(algorithm="ring", degrees={"ring": 4}, order=["ring"], token_layout="zigzag",
+                      workload=Workload(seq_len=SEQ, window=WINDOW))
 BALANCED = Plan(algorithm="ring", degrees={"ring": 4}, order=["ring"], token_layout="balanced",
                 workload=Workload(seq_len=SEQ, documents=DOCUMENTS[0]))  # balanced needs a workload of documents
 
@@ -243,11 +246,13 @@ def _packed_world(rank, world):
     out = {(name, plan.summary()): _packed_step(plan, cfg) for name, cfg in MODELS.items() for plan in MASKED_PLANS}
     out[("llama", BALANCED.summary())] = _packed_step(BALANCED, CONFIG)
     out[("mistral", BALANCED.summary())] = _packed_step(BALANCED, MODELS["mistral"], WINDOW)
+    out[("mistral", "planned window")] = _packed_step(PLANNED_WINDOW, MODELS["mistral"])  # the plan's = the layers'
     errors = {}
     for key, plan, cfg in [("wallfacer", _p("wallfacer", {"ring": 4, "team": 2}, ["ring"], "zigzag",
                                              "collective_intra"), CONFIG),
                            ("tokenring", _p("tokenring", {"ring": 4}, ["ring"], "zigzag"), MODELS["mistral"]),
-                           ("balanced_mixed", BALANCED, MODELS["qwen2"])]:
+                           ("balanced_mixed", BALANCED, MODELS["qwen2"]),
+                           ("window_llama", PLANNED_WINDOW, CONFIG), ("window_qwen2", PLANNED_WINDOW, MODELS["qwen2"])]:
         try:
             if key == "tokenring":  # one document per row: only the window is refused
                 ctx = init(plan)
@@ -281,6 +286,9 @@ def test_packed_documents_and_sliding_windows_match_one_process():
             torch.testing.assert_close(grads[n], g, rtol=1e-4, atol=1e-6, msg=f"{name} {summary}: {n}")
     assert errors["wallfacer"].startswith("cu_seqlens: algorithm wallfacer does not honour cu_seqlens")
     assert errors["tokenring"].startswith("window: algorithm tokenring does not honour window")
+    for model in ("llama", "qwen2"):  # a global layer (every Llama layer, Qwen 2's second) is not windowed silently
+        assert errors[f"window_{model}"].startswith("sliding_window: the plan's window 8 applies to every layer, and "
+                                                    "this layer of the model attends without a window"), errors
     assert errors["balanced_mixed"].startswith("sliding_window: the balanced layout placed the tokens by the work "
                                                "of window None, this layer attends with window 8")
 

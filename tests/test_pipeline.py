@@ -169,3 +169,17 @@ def test_an_answer_is_keyed_by_the_code_that_computes_it(tmp_path, monkeypatch):
     assert request_key(req, inputs) == key  # the same code: the stored answer is found again
     monkeypatch.setattr(pipeline, "code_version", lambda: "another planner")
     assert request_key(req, inputs) != key
+
+
+def test_a_search_space_of_other_inputs_is_named():
+    """A caller's Space enumerates its own problem's layouts: one built without the window given beside it (or for
+    another world or model) is refused naming the space, not left to fail at a layout the window rules out."""
+    from sp_plan.planner.search import Space
+
+    c, m, w = load_cluster("cpu-local"), load_model("tiny-llama"), Workload(seq_len=128)
+    assert sp_plan.plan(c, m, w, space=Space(4, m, w, tp_max=1), profile=False)[0].degrees["tp"] == 1
+    for kw, space in [(dict(window=16), Space(4, m, w)), ({}, Space(8, m, w)),
+                      ({}, Space(4, load_model("tiny-gpt"), w))]:
+        with pytest.raises(sp_plan.PlanError) as e:
+            sp_plan.plan(c, m, w, space=space, profile=False, **kw)
+        assert e.value.field == "space" and "built for another" in e.value.problem
