@@ -6,8 +6,8 @@
 Several plan files run one after another in the same launch (each checked on its own with ``--check``).
 
 Without a plan file, rank 0 runs the search of ``sp-plan plan --cluster cpu-local --model tiny-llama
---seq-len N --no-profile`` on as many ranks as the launch has, restricted to what the integration runs (tp = pp = 1) and broadcasts the
-winner. The Llama is built from the plan's model sizes (``--layers`` of them) by transformers'
+--seq-len N --no-profile`` on as many ranks as the launch has, restricted to what the integration runs
+(tp = pp = 1), and broadcasts the winner. The Llama is built from the plan's model sizes (``--layers`` of them) by transformers'
 LlamaConfig: nothing is downloaded.
 
 Loss reduction: every rank holds the whole global batch of token ids (same seed), keeps its data-parallel
@@ -56,7 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("plan", nargs="*", help="plan files from `sp-plan plan -o`, run in turn (default: plan now on "
                    "--cluster)")
-    p.add_argument("--cluster", default="cpu-local", help="cluster preset or file for the search (no plan file); a preset takes the launched ranks")
+    p.add_argument("--cluster", default="cpu-local", help="cluster preset or file for the search (no plan file); "
+                   "a preset takes the launched ranks")
     p.add_argument("--model", default="tiny-llama", help="model preset or file for the search and the Llama sizes")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
     p.add_argument("--batch", type=int, default=1, help="global batch (sequences per step)")
