@@ -7,8 +7,8 @@ Several plan files run one after another in the same launch (each checked on its
 
 Without a plan file, rank 0 runs the search of ``sp-plan plan --cluster cpu-local --model tiny-llama
 --seq-len N --no-profile`` on as many ranks as the launch has, restricted to what the integration runs
-(tp = pp = 1), and broadcasts the winner. The Llama is built from the plan's model sizes (``--layers`` of them) by transformers'
-LlamaConfig: nothing is downloaded.
+(tp = pp = 1), and broadcasts the winner. The Llama is built from the plan's model sizes (``--layers`` of
+them) by transformers' LlamaConfig: nothing is downloaded.
 
 Loss reduction: every rank holds the whole global batch of token ids (same seed), keeps its data-parallel
 rows and its tokens (``shard_inputs``: labels shifted on the full sequence, then sharded), sums its
