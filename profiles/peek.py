@@ -1,11 +1,10 @@
-"""Where the store is, and whether a glance at it shows that it holds no profile for a topology.
+"""Where the store is, and the cluster's newest profile read from it without SQLAlchemy where that can be done.
 
 A plan's default lookup asks the store for the cluster's newest profile. Opening a ``Store`` imports SQLAlchemy and
-alembic (about 0.2 s, as long as the search at 1,024 GPUs), and most lookups find nothing. So a SQLite store at this
-sp-plan's schema head is first read with the standard library's sqlite3 (SELECTs on a file it does not create:
-``mode=rw``, so that closing it removes the WAL's side files as the Store's connections do); only where that cannot
-tell (a server database, another schema revision, a file it cannot read) or a profile is there does the ``Store``
-answer.
+alembic (about 0.2 s, as long as the search at 1,024 GPUs). So a SQLite store at this sp-plan's schema head is read
+with the standard library's sqlite3: one SELECT of the newest profile's document, on a file it does not create
+(``mode=rw``, so that closing it removes the WAL's side files as the Store's connections do). Where that cannot
+tell (a server database, another schema revision, a file it cannot read) the ``Store`` answers.
 """
 from __future__ import annotations
 

@@ -48,10 +48,9 @@ def resolve_profile(spec: Profile | str | bool | None, cluster, store=None) -> t
         return check_profile(_load_file(spec), cluster)
     if spec is not None and not isinstance(spec, str):
         raise PlanError("profile", f"cannot use {type(spec).__name__} as a profile", "pass a file, an id, or nothing")
-    fp = cluster.topology_fingerprint()
     if spec is None and (store is None or isinstance(store, str)):
         url = store_url(store)
-        seen = glance(url, fp)
+        seen = glance(url, cluster.topology_fingerprint())
         if seen is not None and seen.document is None:
             return None, f"profile: {seen.line}"
         if seen is not None:

@@ -30,7 +30,7 @@ def test_sqlite_path_reads_plain_files_only(tmp_path):
 
 def test_glance_agrees_with_the_store(tmp_path):
     """Empty at head: none, with the Store's own line; a profile of another topology: still none; of this one:
-    the glance cannot tell, and the Store returns it."""
+    the newest, as the Store returns it."""
     cluster = load_cluster("dgx-h100", nodes=2)
     fp = cluster.topology_fingerprint()
     url = f"sqlite:///{tmp_path}/s.db"
