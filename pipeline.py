@@ -401,10 +401,11 @@ def run_plan(req: PlanRequest, store=None, storage: str | None = None,
 def plan(cluster: Cluster | str, model: ModelSpec | str | dict, workload: Workload | dict, top_k: int = 5,
          progress: Callable[[int, int], None] | None = None, space: Space | None = None, profile=None, store=None,
          *, documents=None, window: int | None = None, window_pattern: str | None = None,
-         seed: int | None = None) -> RankedPlans:
+         seed: int | None = None, nodes: int | None = None) -> RankedPlans:
     """The ``top_k`` best rows for this cluster, model and workload, fastest first (deterministic), each with its
     equivalent plans (``RankedPlans.equivalents``); ``RankedPlans.to_pandas()`` is the CLI's table. The cluster and
-    model may be a preset's name or a file's path, the model and workload a mapping (``api_inputs``).
+    model may be a preset's name or a file's path, the model and workload a mapping (``api_inputs``); ``nodes`` is a
+    preset cluster's node count (``--nodes``; default 1).
 
     ``profile``: a Profile, a profile id or file (str), None (the cluster's profile in the store, if any) or False
     (none: opens no store); ``store``: where an id or None looks (a Store or a URL; None: ``$SP_PLAN_STORE``, else
@@ -413,7 +414,7 @@ def plan(cluster: Cluster | str, model: ModelSpec | str | dict, workload: Worklo
     workload takes ``documents`` (a named distribution, a file of lengths or a list of lengths), ``window``,
     ``window_pattern`` ('5:1') and ``seed``. Plans come as a plan file holds them: the mesh (degrees, order)
     without its groups; ``Plan.with_groups()`` derives every group's ranks."""
-    cluster, model, workload = api_inputs(cluster, model, workload)
+    cluster, model, workload = api_inputs(cluster, model, workload, nodes)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise PlanError("top_k", f"must be a whole number of at least 1, got {top_k!r}", "ask for top_k >= 1 rows")
     w = with_masks(workload, documents, window, window_pattern, seed)
@@ -435,12 +436,15 @@ def check_space(space: Space | None, cluster: Cluster, model: ModelSpec, w: Work
                             "workload's documents and window in it")
 
 
-def api_inputs(cluster, model, workload) -> tuple[Cluster, ModelSpec, Workload]:
-    """The Python API's cluster, model and workload as the planner takes them: a preset's name or a file's path for
-    the cluster and model (as ``--cluster``/``--model`` read them), a mapping for a model or workload; anything
-    else is a PlanError naming the argument."""
+def api_inputs(cluster, model, workload, nodes: int | None = None) -> tuple[Cluster, ModelSpec, Workload]:
+    """The Python API's cluster, model and workload as the planner takes them: a preset's name (of ``nodes`` nodes)
+    or a file's path for the cluster and model (as ``--cluster``, ``--nodes`` and ``--model`` read them), a mapping
+    for a model or workload; anything else is a PlanError naming the argument."""
     if isinstance(cluster, (str, Path)):
-        cluster = load_cluster(str(cluster))
+        cluster = load_cluster(str(cluster), nodes)
+    elif nodes is not None and isinstance(cluster, Cluster) and nodes != cluster.num_nodes:
+        raise PlanError("nodes", f"the cluster given has {cluster.num_nodes} node(s), not {nodes}",
+                        "drop nodes=, or pass the preset's name with nodes=")
     if isinstance(model, (str, Path)):
         model = load_model(str(model))
     elif isinstance(model, dict):
@@ -458,11 +462,11 @@ def api_inputs(cluster, model, workload) -> tuple[Cluster, ModelSpec, Workload]:
 def estimate(plan: Plan | str | dict, cluster: Cluster | str, model: ModelSpec | str | dict, workload: Workload | dict,
              profile=None, store=None, *,
              documents=None, window: int | None = None, window_pattern: str | None = None,
-             seed: int | None = None) -> Prediction:
+             seed: int | None = None, nodes: int | None = None) -> Prediction:
     """The prediction of ``plan`` (step time, tokens/s, MFU, peak memory, the per-phase breakdown) for ``workload``
     with the documents, window and seed given, priced with ``profile`` as ``plan`` (this module's) takes it; the plan
     may be a plan file's path or a mapping, the rest as ``plan`` takes them."""
-    cluster, model, workload = api_inputs(cluster, model, workload)
+    cluster, model, workload = api_inputs(cluster, model, workload, nodes)
     if isinstance(plan, (str, Path)):
         plan = load_plan(plan)
     elif isinstance(plan, dict):

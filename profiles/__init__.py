@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sp_plan.planner.cluster import NET, Cluster, Device, Link, NodeType, Switch, preset_name
+from sp_plan.planner.cluster import NET, Cluster, Device, Link, NodeType, Switch, preset_name, preset_nodes
 from sp_plan.planner.errors import NotFound, PlanError
 from sp_plan.planner.model import ModelSpec
 from sp_plan.planner.yamlio import load_yaml_model, model_from_data, names_file, read_data, yaml_load
@@ -27,8 +27,19 @@ def model_presets() -> list[str]:
 def preset_spec(name: str) -> dict:
     path = CLUSTERS / f"{name}.yaml"
     if not path.exists():
-        raise PlanError("cluster", f"unknown preset {name!r}", f"use one of {cluster_presets()} or a cluster YAML file")
+        raise unknown_cluster(name, PlanError, " or a cluster YAML file")
     return yaml_load(path.read_text())
+
+
+def unknown_cluster(name: str, error: type[PlanError], files: str = "") -> PlanError:
+    """The error for a cluster name that is no preset; where it is the name a preset cluster of N nodes reports
+    (``preset_name``: dgx-h100x2), the fix gives the preset and its node count."""
+    node, nodes = preset_nodes(name)
+    if nodes > 1 and node in cluster_presets():
+        return error("cluster", f"{name!r} names {nodes} nodes of the preset {node!r}",
+                     f"give the preset and its node count: --cluster {node} --nodes {nodes} (in Python and HTTP: "
+                     f"cluster={node!r}, nodes={nodes})")
+    return error("cluster", f"unknown preset {name!r}", f"use one of {cluster_presets()}{files}")
 
 
 def _intra_fabric(intra: dict, names: list[str]) -> tuple[list[Switch], list[Link]]:
@@ -143,7 +154,7 @@ def load_cluster(name_or_file: str, nodes: int | None = None, files: bool = True
     if nodes is not None and nodes < 1:
         raise PlanError("nodes", f"must be at least 1, got {nodes}", "pass --nodes 1 or more")
     if not files and name_or_file not in cluster_presets():  # never a path: "../x" is no preset either
-        raise NotFound("cluster", f"unknown preset {name_or_file!r}", f"use one of {cluster_presets()}")
+        raise unknown_cluster(name_or_file, NotFound)
     p = Path(name_or_file)
     if files and names_file(p):
         data = read_data(p, "cluster")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sp_plan.planner.errors import NotFound, PlanError, StoreError
 from sp_plan.planner.profile import Profile
-from sp_plan.profiles import cluster_presets, model_presets
+from sp_plan.profiles import cluster_presets, model_presets, unknown_cluster
 from sp_plan.planner.yamlio import FILE_SUFFIXES
 from sp_plan.profiles.store import Store
 from sp_plan.service import auth
@@ -106,6 +106,6 @@ class Service:
 def check_sources(cluster, model) -> None:
     """Presets by name only (a name is never read as a server-side file): an unknown one is NotFound."""
     if isinstance(cluster, str) and cluster not in cluster_presets():
-        raise NotFound("cluster", f"unknown preset {cluster!r}", f"use one of {cluster_presets()} or send an inline cluster")
+        raise unknown_cluster(cluster, NotFound, " or send an inline cluster")
     if isinstance(model, str) and model not in model_presets():
         raise NotFound("model", f"unknown preset {model!r}", f"use one of {model_presets()} or send an inline model")

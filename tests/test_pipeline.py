@@ -116,9 +116,12 @@ def test_the_python_api_takes_names_and_mappings_as_the_cli_does(api, tmp_path):
     c = load_cluster("dgx-h100", 2)
     by_name = sp_plan.plan(c, CASE["model"], {"seq_len": CASE["seq_len"]}, top_k=CASE["top"], profile=False)
     assert [p.summary() for p in by_name] == [p.summary() for p in api]
+    with_nodes = sp_plan.plan("dgx-h100", CASE["model"], {"seq_len": CASE["seq_len"]}, top_k=CASE["top"],
+                              profile=False, nodes=2)  # --cluster dgx-h100 --nodes 2
+    assert [(p.summary(), p.cluster) for p in with_nodes] == [(p.summary(), p.cluster) for p in api]
     api[0].save(tmp_path / "p.yaml")
-    from_file = sp_plan.estimate(str(tmp_path / "p.yaml"), c, CASE["model"], {"seq_len": CASE["seq_len"]},
-                                 profile=False)
+    from_file = sp_plan.estimate(str(tmp_path / "p.yaml"), "dgx-h100", CASE["model"], {"seq_len": CASE["seq_len"]},
+                                 profile=False, nodes=2)
     assert from_file.step_time_s == api[0].predicted.step_time_s
 
 
@@ -130,12 +133,29 @@ def test_the_python_api_takes_names_and_mappings_as_the_cli_does(api, tmp_path):
     (("dgx-h100", "llama3-8b", {"seq_len": 4096, "batch": "x"}), {}, "workload.batch"),
     (("dgx-h100", "llama3-8b", {"seq_len": 4096}), {"top_k": 0}, "top_k"),
     (("dgx-h100", "llama3-8b", {"seq_len": 4096}), {"top_k": True}, "top_k"),
+    (("dgx-h100", "llama3-8b", {"seq_len": 4096}), {"nodes": 0}, "nodes"),
+    ((load_cluster("dgx-h100", 2), "llama3-8b", {"seq_len": 4096}), {"nodes": 3}, "nodes"),
 ])
 def test_the_python_api_names_a_wrong_argument(args, kw, field):
     """A wrong type or value is a PlanError naming the argument (not an AttributeError deep in the planner)."""
     with pytest.raises(sp_plan.PlanError) as e:
         sp_plan.plan(*args, profile=False, **kw)
     assert e.value.field == field
+
+
+def test_a_preset_clusters_own_name_is_answered_with_the_preset_and_its_nodes():
+    """"dgx-h100x2", the name a 2-node preset cluster reports (plan files, `plan`'s header), is no preset: the fix
+    spells the preset and its node count, in the CLI as in Python."""
+    with pytest.raises(sp_plan.PlanError) as e:
+        sp_plan.plan("dgx-h100x2", "llama3-8b", {"seq_len": 4096}, profile=False)
+    assert e.value.field == "cluster" and "--cluster dgx-h100 --nodes 2" in e.value.fix
+    assert "nodes=2" in e.value.fix
+    r = CliRunner().invoke(app, ["plan", "--cluster", "dgx-h100x2", "--model", "llama3-8b", "--seq-len", "4k",
+                                 "--no-profile"])
+    assert r.exit_code == 2 and "--cluster dgx-h100 --nodes 2" in r.output and "Traceback" not in r.output
+    with pytest.raises(sp_plan.PlanError) as e:  # a name that only looks like one stays unknown
+        sp_plan.plan("nosuchx2", "llama3-8b", {"seq_len": 4096}, profile=False)
+    assert "unknown preset 'nosuchx2'" in str(e.value)
 
 
 def test_estimate_names_a_plan_that_is_no_plan():

@@ -195,3 +195,8 @@ def test_a_report_page_is_rendered_once_and_served_again(client):
     assert first.status_code == 200 and f"{r.json()['id']}/-" in kept
     again = client.get(f"/v1/plans/{r.json()['id']}/report")
     assert again.status_code == 200 and again.text == first.text and len(kept) == 1
+
+
+def test_a_preset_clusters_own_name_is_a_404_that_gives_the_preset_and_its_nodes(client):
+    err = refused(posted(client, "/v1/plan", {**BODY, "cluster": "dgx-h100x2"}), "cluster", 404)
+    assert "nodes" in err["fix"] and "'dgx-h100'" in err["fix"]
