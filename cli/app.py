@@ -332,8 +332,10 @@ _ESTIMATE_MASK = workload_mask_options(from_plan=True)
 @app.command()
 def estimate(
     path: Path = typer.Argument(..., help="a plan file (written by `sp-plan plan -o` or by hand)"),
-    cluster: str = typer.Option(..., "--cluster", help="preset name or cluster YAML file to price the plan on"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="node count for a preset", show_default="1"),
+    cluster: Optional[str] = typer.Option(None, "--cluster", help="preset name or cluster YAML file to price the plan on",
+                                          show_default="the plan's, where it names a preset"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="node count for a preset",
+                                        show_default="the plan's with its preset, else 1"),
     model: Optional[str] = typer.Option(None, "--model", help="model preset or file", show_default="the plan's"),
     seq_len: Optional[str] = typer.Option(None, "--seq-len", help="tokens per sequence", show_default="the plan's"),
     batch: Optional[int] = typer.Option(None, "--batch", min=1, max=MAX_BATCH, help="global batch", show_default="the plan's, else 1"),
@@ -364,12 +366,28 @@ def estimate(
         if not as_json:
             print_notes(w)
         profile_options(profile, no_profile)
+        if cluster is None:
+            cluster, nodes = plans_preset(p, path, nodes)
         req = _request(EstimateRequest, server, plan=p, cluster=cluster, nodes=nodes, model=model, workload=w,
                        use_profile=not no_profile, profile=profile)
         res = _client(server).estimate(req) if server else run_estimate(req, store)
     except PlanError as e:
         fail(e)
     print_json(res) if as_json else _print_estimate(res)
+
+
+def plans_preset(p, path: Path, nodes: Optional[int]) -> tuple[str, Optional[int]]:
+    """(--cluster, --nodes) where `estimate` is given no cluster: the preset the plan's cluster name spells
+    (``preset_name``: dgx-h100x4 is 4 dgx-h100 nodes), its node count unless --nodes gives one; a plan made on a
+    cluster file names no preset, and --cluster is then needed."""
+    from sp_plan.planner.cluster import preset_nodes  # noqa: PLC0415 - as in estimate
+    from sp_plan.profiles import cluster_presets  # noqa: PLC0415
+
+    node, count = preset_nodes(p.cluster or "")
+    if node not in cluster_presets():
+        raise PlanError("--cluster", f"{path} was made for the cluster {p.cluster!r}, which is no preset",
+                        "pass --cluster NAME|FILE (the cluster file the plan was made on)")
+    return node, nodes or count
 
 
 def _print_estimate(res) -> None:

@@ -193,6 +193,19 @@ def test_estimate_prices_a_hand_written_plan_and_refuses_another_world(tmp_path)
     assert r.returncode == 2 and "degrees: the plan uses 8 ranks but the cluster has 16" in r.stderr
     r = run("estimate", str(p), "--cluster", "dgx-h100")
     assert r.returncode == 2 and "--model" in r.stderr
+    r = run("estimate", str(p), "--model", "llama3-8b", "--seq-len", "64k")  # a hand-written plan names no cluster
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--cluster" in r.stderr and "no preset" in r.stderr
+
+
+def test_estimate_prices_a_plan_on_the_preset_its_cluster_name_spells(tmp_path):
+    """Without --cluster, `estimate` reads the plan's cluster as `plan` named it (dgx-h100x2: two dgx-h100 nodes),
+    as it reads the model and workload; the same prediction as with the flags spelled out."""
+    out = tmp_path / "p.yaml"
+    assert runner.invoke(app, [*TWO_NODES, "--no-profile", "-o", str(out)]).exit_code == 0
+    implied = answer(EstimateResponse, "estimate", out, "--no-profile")
+    spelled = answer(EstimateResponse, "estimate", out, "--cluster", "dgx-h100", "--nodes", "2", "--no-profile")
+    assert implied.cluster.name == "dgx-h100x2" and implied.cluster.world_size == 16
+    assert implied.plan.predicted.step_time_s == spelled.plan.predicted.step_time_s
 
 
 @pytest.mark.parametrize("args", [["plan", "--cluster", "cpu-local", "--model", "tiny-gpt", "--seq-len", "1k",
