@@ -353,6 +353,7 @@ def estimate(
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Price one plan on a cluster: step time, MFU, memory and the per-phase breakdown."""
+    from sp_plan.cli.report import plan_preset  # noqa: PLC0415 - as load_plan
     from sp_plan.pipeline import EstimateRequest, run_estimate  # noqa: PLC0415 - as in _planned
     from sp_plan.profiles.plans import load_plan  # noqa: PLC0415 - numpy: `presets` and --help do without it
 
@@ -366,28 +367,15 @@ def estimate(
         if not as_json:
             print_notes(w)
         profile_options(profile, no_profile)
-        if cluster is None:
-            cluster, nodes = plans_preset(p, path, nodes)
+        if cluster is None:  # the preset the plan names, as `report` reads it
+            cluster, count = plan_preset(p, path)
+            nodes = nodes or count
         req = _request(EstimateRequest, server, plan=p, cluster=cluster, nodes=nodes, model=model, workload=w,
                        use_profile=not no_profile, profile=profile)
         res = _client(server).estimate(req) if server else run_estimate(req, store)
     except PlanError as e:
         fail(e)
     print_json(res) if as_json else _print_estimate(res)
-
-
-def plans_preset(p, path: Path, nodes: Optional[int]) -> tuple[str, Optional[int]]:
-    """(--cluster, --nodes) where `estimate` is given no cluster: the preset the plan's cluster name spells
-    (``preset_name``: dgx-h100x4 is 4 dgx-h100 nodes), its node count unless --nodes gives one; a plan made on a
-    cluster file names no preset, and --cluster is then needed."""
-    from sp_plan.planner.cluster import preset_nodes  # noqa: PLC0415 - as in estimate
-    from sp_plan.profiles import cluster_presets  # noqa: PLC0415
-
-    node, count = preset_nodes(p.cluster or "")
-    if node not in cluster_presets():
-        raise PlanError("--cluster", f"{path} was made for the cluster {p.cluster!r}, which is no preset",
-                        "pass --cluster NAME|FILE (the cluster file the plan was made on)")
-    return node, nodes or count
 
 
 def _print_estimate(res) -> None:

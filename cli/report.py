@@ -59,18 +59,23 @@ def write_report(path: Path, plans: list[Plan], cluster: Cluster, chosen: int = 
     atomic_write(path, html, field)  # an unwritable path is a PlanError naming ``field``
 
 
-def plan_cluster(plan: Plan, path: Path) -> Cluster:
-    """The preset cluster a plan file was made for: the preset it names (``plan.cluster``, as `plan` writes it) with
-    as many nodes as the plan's world fills (``plan.world_size``), checked against the plan's fingerprint."""
+def plan_preset(plan: Plan, path: Path) -> tuple[str, int]:
+    """(preset, nodes) of the cluster a plan file was made for: the preset it names (``plan.cluster``, as `plan`
+    writes it) with as many nodes as the plan's world fills (``plan.world_size``)."""
     name = plan.cluster or ""
     for preset in sorted(cluster_presets(), key=len, reverse=True):  # the longest preset the name starts with
         per_node = preset_cluster(preset, 1).devices_per_node
         nodes = max(1, plan.world_size // per_node)
         if name == preset or (name == f"{preset}x{nodes}" and plan.world_size % per_node == 0):
-            break
-    else:
-        raise PlanError("--cluster", f"{path} names cluster {name or '(none)'!r}, which is not a preset",
-                        "pass --cluster NAME|FILE (and --nodes) for the cluster the plan was made for")
+            return preset, nodes
+    raise PlanError("--cluster", f"{path} names cluster {name or '(none)'!r}, which is not a preset",
+                    "pass --cluster NAME|FILE (and --nodes) for the cluster the plan was made for")
+
+
+def plan_cluster(plan: Plan, path: Path) -> Cluster:
+    """The preset cluster a plan file was made for (``plan_preset``), checked against the plan's fingerprint."""
+    preset, nodes = plan_preset(plan, path)
+    name = plan.cluster or ""
     c = load_cluster(preset, nodes)
     if plan.cluster_fingerprint and plan.cluster_fingerprint != c.fingerprint():
         raise PlanError("--cluster", f"{path} was made for a cluster {name!r} with fingerprint "

@@ -194,7 +194,7 @@ def test_estimate_prices_a_hand_written_plan_and_refuses_another_world(tmp_path)
     r = run("estimate", str(p), "--cluster", "dgx-h100")
     assert r.returncode == 2 and "--model" in r.stderr
     r = run("estimate", str(p), "--model", "llama3-8b", "--seq-len", "64k")  # a hand-written plan names no cluster
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--cluster" in r.stderr and "no preset" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--cluster" in r.stderr and "not a preset" in r.stderr
 
 
 def test_estimate_prices_a_plan_on_the_preset_its_cluster_name_spells(tmp_path):
