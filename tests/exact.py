@@ -80,6 +80,7 @@ def scaled_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     0 for empty tensors."""
     if ref.numel() == 0:
         return 0.0
+    got, ref = got.detach(), ref.detach()  # a reading: no graph to keep
     return float((got.double() - ref.double()).abs().max()) / max(1.0, float(ref.abs().max()))
 
 
