@@ -448,3 +448,35 @@ def test_a_candidate_that_alone_moves_a_parameter_has_no_leave_one_out_time():
     assert r.loo_times[-1] is None and all(t is not None and t > 0 for t in r.loo_times[:-1])
     two_tp = one_tp + [Candidate("usp", tp=4, ulysses=2, order=("tp", "ulysses"), checkpointing="full")]
     assert all(t is not None for t in fit(cl, Params(), _measured(cl, m, w, truth, two_tp)).loo_times)
+
+
+def test_the_calibration_pages_synthetic_profile_is_what_the_code_computes():
+    """docs/concepts/calibration.md's example: the preset's terms with overlap 0.6, 2 ms a call, activations x1.3 and
+    1 GiB more, measured on four gpt-3b layouts with 1 % noise, fitted from the preset's terms; what the fit recovers
+    and how llama3-8b at 128k ranks under it are the page's figures."""
+    from sp_plan.profiles.kernels import default_params
+
+    page = (Path(__file__).parents[1] / "docs" / "concepts" / "calibration.md").read_text()
+    cl, m, w = load_cluster("dgx-h100", 1), load_model("gpt-3b"), Workload(seq_len=32768, batch=2)
+    base = default_params(cl)
+    truth = base.model_copy(update=dict(overlap=0.6, round_overhead_s=2e-3, activation_factor=1.3,
+                                        memory_overhead_bytes=GIB))
+    r = fit(cl, base, _measured(cl, m, w, truth, CANDS, time_noise=[1.01, 0.99, 1.005, 0.995]))
+    p = r.params
+    assert (f"recovers overlap {p.overlap:.2f}, {p.round_overhead_s * 1e3:.2f} ms, a compute efficiency of "
+            f"{p.compute_efficiency:.2f}, {p.activation_factor:.3f} and {p.memory_overhead_bytes / GIB:.2f} GiB") \
+        in " ".join(page.split())
+    assert f"from {r.loo_error_before * 100:.1f} % to {r.loo_error_after * 100:.1f} %" in " ".join(page.split())
+    work = Workload(seq_len="128k")
+    llama = load_model("llama3-8b")
+    tuned = plan(cl, llama, work, top_k=3, profile=Profile(cluster_fingerprint=cl.topology_fingerprint(), params=p))
+    plain = plan(cl, llama, work, top_k=3, profile=False)
+    for rows in (tuned, plain):
+        best = rows[0]
+        assert f"│ 1 │ {best.summary()} " in page and f"│ {best.predicted.step_time_s:.3f} s │" in page
+    assert tuned[0].zero_stage == 3 and plain[0].zero_stage == 2  # the page's point: ZeRO-2 no longer fits
+    zero2 = estimate(plain[0], cl, llama, work, profile=Profile(cluster_fingerprint=cl.topology_fingerprint(),
+                                                                 params=p))
+    gib = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
+    assert (f"ZeRO-2's {gib(plain[0].predicted.peak_memory_bytes)} becomes {gib(zero2.peak_memory_bytes)}, over the "
+            f"{gib(zero2.memory_capacity_bytes)}") in " ".join(page.split())
