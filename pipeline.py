@@ -28,13 +28,13 @@ from sp_plan.planner.errors import PlanError, require_extra
 from sp_plan.planner.estimate import Estimator
 from sp_plan.planner.masks import imbalance, sample_rank_work
 from sp_plan.planner.measured import mark
-from sp_plan.planner.model import ModelSpec, Workload
+from sp_plan.planner.model import MAX_SEED, MAX_TRIALS, ModelSpec, Workload
 from sp_plan.planner.params import Params
 from sp_plan.planner.plan import Plan, Prediction
 from sp_plan.planner.profile import Profile
 from sp_plan.planner.ranking import RankedPlans
 from sp_plan.planner.yamlio import model_from_data
-from sp_plan.planner.search import (MAX_SEED, SearchResult, Space, finish, finish_each, no_plan_error,
+from sp_plan.planner.search import (SearchResult, Space, finish, finish_each, no_plan_error,
                                     profile_tag, ranked_rows)
 from sp_plan.profiles import load_cluster, load_model
 from sp_plan.profiles.plans import load_plan
@@ -45,10 +45,6 @@ if TYPE_CHECKING:
     from sp_plan.planner.sensitivity import Sensitivity
 
 MAX_WORLD = 65536
-#: the most optuna trials a bayes search takes. TPE's cost per trial grows with the trials before it (tiny-gpt on
-#: dgx-h100, CPU seconds: 1,000 trials 3, 4,000 44, 10,000 262), and the default 200 already finds the grid's best
-#: there, so 10,000 is past any useful study; more is a typo that would hold a search process for days
-MAX_TRIALS = 10_000
 
 
 def _inference_alias(data):

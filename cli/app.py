@@ -30,7 +30,7 @@ from sp_plan.cli.options import (JSON_HELP, NO_PROFILE_HELP, PROFILE_DEFAULT, PR
                                  fail, jobs_option, owns_collector, profile_options)
 from sp_plan.cli.workload import masked_workload, plan_workload, print_mask, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.model import MAX_BATCH, parse_seq_len
+from sp_plan.planner.model import MAX_BATCH, MAX_SEED, MAX_TRIALS, parse_seq_len
 from sp_plan.planner.ranking import mfu_text, secs, summarize, versus_first
 from sp_plan.planner.yamlio import check_writable, names_file
 from sp_plan.profiles import cluster_presets, load_cluster, load_model, model_presets, preset_cluster
@@ -175,9 +175,9 @@ def plan_cmd(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the best plan here (.yaml or .json)",
                                           show_default="print only"),
     search: Literal["grid", "bayes"] = typer.Option("grid", "--search", help="grid (every layout) or bayes (optuna TPE over the degrees)"),
-    trials: int = typer.Option(200, "--trials", min=1, help="optuna trials for --search bayes"),
+    trials: int = typer.Option(200, "--trials", min=1, help=f"optuna trials for --search bayes (1 to {MAX_TRIALS:,})"),
     seed: int = typer.Option(0, "--seed", min=0, help="seed of the --search bayes sampler and of the packs drawn from "
-                             "--documents (recorded in the plan)"),
+                             f"--documents (recorded in the plan; 0 to {MAX_SEED:,})"),
     storage: Optional[str] = typer.Option(None, "--storage", help="optuna storage to resume a study, e.g. "
                                           "sqlite:///study.db", show_default="in memory"),
     profile: Optional[str] = typer.Option(None, "--profile", help=PROFILE_HELP, show_default=PROFILE_DEFAULT),

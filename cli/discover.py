@@ -178,7 +178,7 @@ def links_cmd(
     try:
         if not probe.under_torchrun() or int(os.environ.get("WORLD_SIZE", "1")) < 2:
             raise PlanError("profile links", "needs a torchrun world of at least 2 ranks",
-                            "run `torchrun --nproc-per-node N $(which sp-plan) profile links`")
+                            "run `torchrun --nproc-per-node N -m sp_plan.cli.app profile links`")
         size_list = parse_sizes(sizes or DEFAULT_SIZES["cuda" if probe.use_cuda() else "cpu"])
         if os.environ.get("RANK", "0") == "0":  # rank 0 writes: a bad --store fails before any measuring
             from sp_plan.profiles.store import Store  # noqa: PLC0415 - SQLAlchemy: only a command that stores loads it

@@ -22,9 +22,10 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
                   "the same plan at another sequence length and batch")],
     "show": [("sp-plan show plan.yaml", "the layout, its groups and its predictions")],
     "discover": [("sp-plan discover -o cluster.yaml", "this host's devices, links and NICs"),
-                 ("torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 $(which sp-plan) discover -o cluster.yaml",
+                 ("torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 -m sp_plan.cli.app discover "
+                  "-o cluster.yaml",
                   "every node of a multi-node world")],
-    "profile links": [("torchrun --nproc-per-node 8 $(which sp-plan) profile links --cluster cluster.yaml",
+    "profile links": [("torchrun --nproc-per-node 8 -m sp_plan.cli.app profile links --cluster cluster.yaml",
                        "measure the links and write the calibrated cluster back")],
     "profile list": [("sp-plan profile list", "the stored profiles, newest first"),
                      ("sp-plan profile list --cluster cluster.yaml", "only those of one cluster")],
@@ -33,9 +34,9 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
     "profile import": [("sp-plan profile import profile.yaml", "store a profile file"),
                        ("sp-plan profile import profile.yaml --server http://planner:8000", "upload it to a service")],
     "profile delete": [("sp-plan profile delete 1a2b3c4d", "remove a profile from the store")],
-    "tune": [("torchrun --nproc-per-node 8 $(which sp-plan) tune --cluster cluster.yaml --model llama3-8b "
+    "tune": [("torchrun --nproc-per-node 8 -m sp_plan.cli.app tune --cluster cluster.yaml --model llama3-8b "
               "--seq-len 128k -o plan.yaml", "measure, calibrate and store a profile; write the best measured plan"),
-             ("torchrun --nproc-per-node 4 $(which sp-plan) tune --cluster cluster.yaml --model bert-large "
+             ("torchrun --nproc-per-node 4 -m sp_plan.cli.app tune --cluster cluster.yaml --model bert-large "
               "--seq-len 4k --budget 3 --max-minutes 9", "four CPU ranks on this host (cluster.yaml from a 4-rank "
               "`discover`)")],
     "report": [("sp-plan report plan.yaml -o report.html", "the HTML report of a plan file"),

@@ -20,9 +20,9 @@ from .candidate import Candidate
 from .cluster import Cluster
 from .errors import PlanError
 from .estimate import Estimator
-from .model import ModelSpec, Workload
+from .model import MAX_SEED, ModelSpec, Workload
 from .params import Params
-from .search import MAX_SEED, Degrees, SearchResult, Space, _sort_key, degree_groups, divisors, price_group
+from .search import Degrees, SearchResult, Space, _sort_key, degree_groups, divisors, price_group
 
 PENALTY = 1e12  # score of an invalid trial (seconds); far above any real step time
 

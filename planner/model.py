@@ -87,6 +87,12 @@ SEQ_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgG]?)\s*$", re.ASCII)
 MAX_SEQ_LEN = 2**40
 #: sequences per step at most: beyond any batch trained, and the search walks the batch's divisors
 MAX_BATCH = 2**30
+#: the largest seed a Bayesian search takes: optuna's TPESampler seeds numpy's RandomState, which takes 0 to 2**32 - 1
+MAX_SEED = 2**32 - 1
+#: the most optuna trials a bayes search takes. TPE's cost per trial grows with the trials before it (tiny-gpt on
+#: dgx-h100, CPU seconds: 1,000 trials 3, 4,000 44, 10,000 262), and the default 200 already finds the grid's best
+#: there, so 10,000 is past any useful study; more is a typo that would hold a search process for days
+MAX_TRIALS = 10_000
 
 
 def parse_seq_len(text: str | int) -> int:

@@ -41,8 +41,6 @@ from .ranking import RankedPlans, largest_extra_cost, summarize  # noqa: F401 - 
 CHECKPOINTING = ("none", "attention_boundary", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 INF = float("inf")
-#: the largest seed a Bayesian search takes: optuna's TPESampler seeds numpy's RandomState, which takes 0 to 2**32 - 1
-MAX_SEED = 2**32 - 1
 
 
 def divisors(n: int) -> list[int]:
