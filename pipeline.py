@@ -19,7 +19,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal
+import copy
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -148,6 +149,26 @@ def _workload_aliases(data):
     return _inline_masks(_inference_alias(data))
 
 
+class AsRequested:
+    """A request's workload in /openapi.json: ``Workload``'s schema with the forms a request also takes
+    (``_workload_aliases``: seq_len as '128k', a distribution's name, an integer window with window_pattern, and
+    inference), so that a client generated from the document sends what the guides send."""
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema, handler) -> dict:
+        schema = copy.deepcopy(handler.resolve_ref_schema(handler(core_schema)))  # a copy: responses keep Workload's
+        props = schema["properties"]
+        props["seq_len"] = {"anyOf": [{"type": "integer", "exclusiveMinimum": 0},
+                                      {"type": "string", "description": "131072, 128k or 1m"}], "title": "Seq Len"}
+        props["documents"]["anyOf"][:0] = [{"type": "string", "description": "a named distribution (GET /v1/presets)"},
+                                           {"type": "array", "items": {"type": "integer", "minimum": 1},
+                                            "description": "document lengths, drawn with replacement"}]
+        props["window"]["anyOf"].insert(0, {"type": "integer", "minimum": 1, "description": "W, with window_pattern"})
+        props["window_pattern"] = {"type": "string", "description": "LOCAL:GLOBAL layers beside an integer window, e.g. 5:1"}
+        props["inference"] = {"type": "boolean", "description": "forward only: training is not inference"}
+        return schema
+
+
 class PlanRequest(BaseModel):
     """What `sp-plan plan`, ``Client.plan`` and ``POST /v1/plan`` ask for."""
 
@@ -155,7 +176,7 @@ class PlanRequest(BaseModel):
     cluster: str | Cluster = Field(description="a cluster preset name (with nodes) or an inline cluster")
     nodes: int | None = Field(default=None, description="node count for a preset (default 1)")
     model: str | ModelSpec = Field(description="a model preset name or an inline model")
-    workload: Workload = Field(description="seq_len (an integer or '128k'), batch, causal, training "
+    workload: Annotated[Workload, AsRequested] = Field(description="seq_len (an integer or '128k'), batch, causal, training "
                                "(or inference: true); documents (a distribution's name, a histogram or a list of "
                                "lengths), window (W, with window_pattern '5:1'), seed")
     search: Literal["grid", "bayes"] = "grid"
@@ -194,7 +215,8 @@ class EstimateRequest(BaseModel):
     cluster: str | Cluster
     nodes: int | None = Field(default=None, description="node count for a preset (default 1)")
     model: str | ModelSpec | None = Field(default=None, description="default: the plan's")
-    workload: Workload | None = Field(default=None, description="default: the plan's")
+    workload: Annotated[Workload, AsRequested] | None = Field(default=None, description="default: the plan's (the same "
+                                                                                 "forms as a plan request's)")
     use_profile: bool = True
     profile: str | None = None
 

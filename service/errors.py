@@ -7,6 +7,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sp_plan.planner.errors import NotFound, PlanError, Unavailable
@@ -20,6 +21,33 @@ INVALID = 422
 NOT_FIELDS = ("body", "str", "Cluster", "ModelSpec", "Workload", "Plan")
 
 log = logging.getLogger("sp_plan.service")
+
+
+class ErrorDetail(BaseModel):
+    """What was wrong: the field (a request field, or "body", "request", "token", "server"), the problem, the fix."""
+
+    field: str
+    problem: str
+    fix: str
+
+
+class ErrorBody(BaseModel):
+    """Every error's JSON body, whatever its status."""
+
+    error: ErrorDetail
+    detail: str = Field(description="the CLI's one line: FIELD: PROBLEM; FIX")
+
+
+#: what each error status means (the OpenAPI document's description of it)
+MEANING = {400: "the body is not UTF-8 JSON", 401: "no token where the service needs one",
+           403: "a token the service does not know", 404: "no such preset, stored profile, computed plan or route",
+           413: "the body is over the service's --max-body", 422: "a field's value is refused (the field is named)",
+           500: "a bug: the request body helps to report it", 503: "the store or the search process is down"}
+
+
+def error_responses(*statuses: int) -> dict:
+    """The OpenAPI ``responses`` of a router: each status with the error body and what it means."""
+    return {s: {"model": ErrorBody, "description": MEANING[s]} for s in statuses}
 
 
 def status_of(e: PlanError) -> int:

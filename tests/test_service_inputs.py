@@ -200,3 +200,47 @@ def test_a_report_page_is_rendered_once_and_served_again(client):
 def test_a_preset_clusters_own_name_is_a_404_that_gives_the_preset_and_its_nodes(client):
     err = refused(posted(client, "/v1/plan", {**BODY, "cluster": "dgx-h100x2"}), "cluster", 404)
     assert "nodes" in err["fix"] and "'dgx-h100'" in err["fix"]
+
+
+def _request_validator(client, model: str):
+    """A JSON-schema validator of ``model``'s body as /openapi.json publishes it (what a generated client checks)."""
+    from jsonschema import Draft202012Validator
+
+    doc = client.get("/openapi.json").json()
+    return Draft202012Validator({"$ref": f"#/components/schemas/{model}", "components": doc["components"]}), doc
+
+
+@pytest.mark.parametrize("workload", [
+    {"seq_len": "128k"},
+    {"seq_len": 131072, "batch": 2, "inference": True},
+    {"seq_len": "32k", "documents": "magi-short", "window": 4096, "window_pattern": "5:1", "seed": 3},
+    {"seq_len": "32k", "documents": [37, 512, 1900], "window": 4096},
+])
+def test_the_published_request_schema_takes_the_bodies_the_service_takes(client, workload):
+    """The forms a request's workload may take (a length like '128k', a distribution's name, an integer window with
+    its pattern, inference) are in /openapi.json, so a client generated from it sends them; the service answers."""
+    validate, _ = _request_validator(client, "PlanRequest")
+    body = {**BODY, "workload": workload, "top": 1, "use_profile": False}
+    validate.validate(body)
+    assert posted(client, "/v1/plan", body).status_code == 200
+    assert not validate.is_valid({**body, "workload": {**workload, "seq_len": [4096]}})  # still a schema
+
+
+def test_every_error_status_is_published_with_the_body_it_answers(client):
+    """Refusals answer the ErrorBody /openapi.json declares, at the statuses it declares; /metrics is text and the
+    health check's 503 is published."""
+    from jsonschema import Draft202012Validator
+
+    doc = client.get("/openapi.json").json()
+    answers = doc["paths"]["/v1/plan"]["post"]["responses"]
+    assert {"400", "401", "403", "404", "413", "422", "503"} <= set(answers)
+    assert "HTTPValidationError" not in doc["components"]["schemas"]
+    error = Draft202012Validator({"$ref": "#/components/schemas/ErrorBody", "components": doc["components"]})
+    for r, status in ((posted(client, "/v1/plan", {**BODY, "workload": {"seq_len": "4kk"}}), 422),
+                      (posted(client, "/v1/plan", {**BODY, "cluster": "nosuch"}), 404),
+                      (client.post("/v1/plan", content=b"\xff", headers=JSON), 400)):
+        assert r.status_code == status and str(status) in answers, r.text
+        error.validate(r.json())
+    assert "text/plain" in doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert "503" in doc["paths"]["/healthz"]["get"]["responses"]
+    assert "magi-short" in client.get("/v1/presets").json()["documents"]

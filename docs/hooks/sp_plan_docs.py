@@ -54,7 +54,12 @@ def cli_markdown() -> str:
     from sp_plan.cli.app import app  # noqa: PLC0415
 
     command = typer.main.get_command(app)
-    return get_docs_for_click(obj=command, ctx=typer_context(command), indent=1, name="sp-plan").strip() + "\n"
+    md = get_docs_for_click(obj=command, ctx=typer_context(command), indent=1, name="sp-plan").strip() + "\n"
+    return EXAMPLE_LINE.sub(lambda m: f"```console\n$ {m.group(1)}\n```", md)
+
+
+#: an example command in a command's epilog, as the help indents it (two spaces): a console block on the page
+EXAMPLE_LINE = re.compile(r"^  ((?:sp-plan|torchrun|SP_PLAN_\w+=\S+ sp-plan|curl|python) .*)$", re.M)
 
 
 def openapi_document() -> dict:
@@ -121,7 +126,8 @@ def schema_markdown(schema: dict, prefix: str, level: int = 3) -> str:
     lines = []
     if schema.get("description"):
         lines += [cell(schema["description"]), ""]
-    lines += fields_table(schema, prefix) + [""]
+    if "properties" in schema:  # a bare wrapper of definitions (the HTTP schemas) has no table of its own
+        lines += fields_table(schema, prefix) + [""]
     for name, sub in schema.get("$defs", {}).items():
         lines += [f"{'#' * level} {name} {{ #{anchor(prefix, name)} }}", ""]
         if sub.get("description"):

@@ -4,7 +4,8 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel
 
 from sp_plan.service.deps import service
 from sp_plan.service.state import Service
@@ -12,7 +13,15 @@ from sp_plan.service.state import Service
 router = APIRouter(tags=["ops"])
 
 
-@router.get("/healthz")
+class Health(BaseModel):
+    """The health check's answer: "ok" or "store unavailable", and the store it asked (its password hidden)."""
+
+    status: str
+    store: str
+
+
+@router.get("/healthz", response_model=Health,
+            responses={503: {"model": Health, "description": "the store does not answer, or not at this schema"}})
 async def healthz(svc: Service = Depends(service)):
     """200 when the store answers with the schema this sp-plan writes, else 503."""
     ok = await asyncio.to_thread(svc.store.healthy)
@@ -22,7 +31,7 @@ async def healthz(svc: Service = Depends(service)):
                         status_code=200 if ok else 503)
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(svc: Service = Depends(service)):
     """Prometheus metrics: requests, latency by endpoint, search time, cache results, store errors."""
-    return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4")
+    return PlainTextResponse(svc.metrics.render(), media_type="text/plain; version=0.0.4")

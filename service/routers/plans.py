@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import HTMLResponse, Response
 
 from sp_plan.service.answers import encoded
+from sp_plan.service.errors import error_responses
 from sp_plan.service.deps import reader
 from sp_plan.pipeline import (EstimateRequest, EstimateResponse, PlanRequest, PlanResponse, build_cluster,
                                       request_key, resolve, run_estimate)
@@ -16,7 +17,7 @@ from sp_plan.service.pool import report_job
 from sp_plan.service.state import Service, check_sources
 
 JSON = "application/json"
-router = APIRouter(tags=["plan"])
+router = APIRouter(tags=["plan"], responses=error_responses(400, 401, 403, 404, 413, 422, 500, 503))
 
 
 @router.post("/v1/plan", response_model=PlanResponse)

@@ -4,16 +4,19 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from sp_plan.profiles import cluster_presets, load_model, model_presets
+from sp_plan.profiles.documents import document_presets
 from sp_plan.service.deps import reader
+from sp_plan.service.errors import error_responses
 from sp_plan.service.state import Service
 
-router = APIRouter(tags=["store"])
+router = APIRouter(tags=["store"], responses=error_responses(401, 403, 500, 503))
 
 
 @router.get("/v1/presets")
 async def presets(svc: Service = Depends(reader)):
-    """The cluster presets (names) and model presets (their specs)."""
-    return {"clusters": cluster_presets(), "models": {n: load_model(n, files=False).model_dump(mode="json") for n in model_presets()}}
+    """The cluster presets (names), model presets (their specs) and named document-length distributions."""
+    return {"clusters": cluster_presets(), "models": {n: load_model(n, files=False).model_dump(mode="json") for n in model_presets()},
+            "documents": document_presets()}
 
 
 @router.get("/v1/clusters")

@@ -9,10 +9,11 @@ from fastapi.responses import JSONResponse, Response
 from sp_plan.planner.profile import Profile
 from sp_plan.profiles.store import Store
 from sp_plan.service.deps import reader, writer
+from sp_plan.service.errors import error_responses
 from sp_plan.service.state import Service
 
 JSON = "application/json"
-router = APIRouter(tags=["store"])
+router = APIRouter(tags=["store"], responses=error_responses(400, 401, 403, 404, 413, 422, 500, 503))
 
 
 @router.get("/v1/profiles", response_model=list[Profile])
