@@ -92,7 +92,7 @@ def step_bars(plans: list[Plan], chosen: int | None = 0) -> Figure_:
     ax.set_yticks(y, _labels(plans, chosen), fontsize=8)
     ax.set_xlabel("predicted step time (s): exposed seconds by category")
     ax.set_xlim(0, max(p.predicted.step_time_s for p in plans) * 1.15)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.06 - 0.6 / (len(plans) + 2)), ncol=4, fontsize=8, frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.06 - 0.6 / (len(plans) + 2)), ncol=3, fontsize=8, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
     fig.suptitle("ranked layouts: where each step's time goes", fontsize=11)
