@@ -198,12 +198,28 @@ def check_layout_positions(ctx, position_ids: torch.Tensor, local_len: int) -> N
     transformers defaults to local positions 0..n-1, which give rotary embeddings wrong relative
     distances on every rank but the first: forgetting shard_inputs' position_ids is an error.
     """
-    tokens = torch.tensor(ctx.layout.tokens(ctx.rank, local_len * ctx.plan.sp), device=position_ids.device)
-    offset = position_ids.reshape(-1, position_ids.shape[-1]) - tokens
-    if position_ids.shape[-1] != local_len or not bool(((offset == offset[:, :1]) & (offset >= 0)).all()):
-        raise PlanError("position_ids", f"rank {ctx.rank}'s position ids are not the global positions of its tokens "
-                        f"in the plan's {ctx.plan.token_layout} layout (transformers' default is local 0..n-1)",
+    ok = position_ids.shape[-1] == local_len
+    if ok:
+        tokens = torch.tensor(ctx.layout.tokens(ctx.rank, local_len * ctx.plan.sp), device=position_ids.device)
+        offset = position_ids.reshape(-1, position_ids.shape[-1]) - tokens
+        ok = bool(((offset == offset[:, :1]) & (offset >= 0)).all())
+    wrong = ranks_without(ctx, ok, position_ids.device)
+    if wrong:
+        raise PlanError("position_ids", f"rank(s) {wrong}: the position ids are not the global positions of their "
+                        f"tokens in the plan's {ctx.plan.token_layout} layout (transformers' default is local 0..n-1)",
                         "pass the position_ids that shard_inputs returns: model(input_ids=ids, position_ids=pos)")
+
+
+def ranks_without(ctx, ok: bool, device: torch.device) -> list[int]:
+    """The ranks of this rank's sequence group whose check failed (``ok`` False), known on every rank of it: a
+    rank whose positions happen to be global (the first, under local positions) raises with its peers instead of
+    waiting for them in the attention's collectives."""
+    group = ctx.group("sp")
+    if group is None:
+        return [] if ok else [ctx.rank]
+    flags = [torch.empty(1, dtype=torch.int32, device=device) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(flags, torch.tensor([int(ok)], dtype=torch.int32, device=device), group=group)
+    return [dist.get_global_rank(group, i) for i, f in enumerate(torch.cat(flags).tolist()) if not f]
 
 
 def check_positions(position_ids: torch.Tensor, seq_len: int) -> None:

@@ -151,6 +151,11 @@ def _errors(rank, world):
                 model(input_ids=x[:, :1], position_ids=pos[:, :1] + SEQ, past_key_values=out.past_key_values)
         except PlanError as e:
             msgs[key] = str(e)
+    local = torch.arange(x.shape[1]).expand_as(pos).clone()
+    try:  # right on rank 0 alone: rank 0 raises with its peers, not left waiting for them in a collective
+        model(input_ids=x, position_ids=pos.clone() if ctx.rank == 0 else local)
+    except PlanError as e:
+        msgs["one_right"] = str(e)
     packed = torch.cat([torch.arange(SEQ // 2), torch.arange(SEQ // 2)]).view(1, SEQ)
     px, ppos, _ = shard_inputs(ctx, ids, ids, position_ids=packed)
     try:  # packed positions that lost shard_inputs' documents
@@ -174,8 +179,10 @@ def test_unsupported_inputs_are_clear_errors():
     assert "pad on the right" in msgs["padding"]
     assert msgs["mask4d"].startswith("attention_mask:") and "4D mask" in msgs["mask4d"]
     assert msgs["cache"].startswith("past_key_values:")
-    assert msgs["local_positions"].startswith("position_ids: rank 0's position ids are not the global positions")
-    assert msgs["packed"].startswith("position_ids: rank 0's position ids are not the global positions")
+    assert msgs["local_positions"].startswith("position_ids: rank(s) [0, 1, 2, 3]: the position ids are not the "
+                                              "global positions")
+    assert msgs["one_right"].startswith("position_ids: rank(s) [1, 2, 3]: the position ids are not")
+    assert msgs["packed"].startswith("position_ids: rank(s) [0, 1, 2, 3]: the position ids are not the global")
     assert msgs["seq_len"].startswith("seq_len: 60 is not divisible by 8")
 
 
