@@ -14,12 +14,12 @@ Python callers in one go. The request and response bodies are built from the mod
 """
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-import copy
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
