@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import html
 import re
 from typing import Any
 
@@ -55,7 +56,18 @@ def cli_markdown() -> str:
 
     command = typer.main.get_command(app)
     md = get_docs_for_click(obj=command, ctx=typer_context(command), indent=1, name="sp-plan").strip() + "\n"
-    return EXAMPLE_LINE.sub(lambda m: f"```console\n$ {m.group(1)}\n```", md)
+    return whole_summaries(EXAMPLE_LINE.sub(lambda m: f"```console\n$ {m.group(1)}\n```", md), command)
+
+
+def whole_summaries(md: str, group) -> str:
+    """The command lists with each command's whole first sentence, where click's short help cuts it at 45
+    characters ("List the cluster and model presets:...")."""
+    for name, sub in getattr(group, "commands", {}).items():
+        first = html.escape((sub.help or "").strip().split("\n\n")[0].replace("\n", " "), quote=True)
+        if first:
+            md = re.sub(rf"^\* `{re.escape(name)}`: .*\.\.\.$", lambda m: f"* `{name}`: {first}", md, count=1, flags=re.M)
+        md = whole_summaries(md, sub)
+    return md
 
 
 #: an example command in a command's epilog, as the help indents it (two spaces): a console block on the page
