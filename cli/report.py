@@ -11,6 +11,7 @@ from rich.table import Table
 from sp_plan.cli.console import err, out
 from sp_plan.cli.options import STORE_DEFAULT, fail, jobs_option, owns_collector, profile_options
 from sp_plan.cli.workload import plan_workload, print_notes, print_rank_work, workload_mask_options
+from sp_plan.planner.cluster import preset_nodes
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.model import MAX_BATCH
 from sp_plan.planner.ranking import secs
@@ -63,10 +64,11 @@ def plan_preset(plan: Plan, path: Path) -> tuple[str, int]:
     """(preset, nodes) of the cluster a plan file was made for: the preset it names (``plan.cluster``, as `plan`
     writes it) with as many nodes as the plan's world fills (``plan.world_size``)."""
     name = plan.cluster or ""
-    for preset in sorted(cluster_presets(), key=len, reverse=True):  # the longest preset the name starts with
+    preset, count = preset_nodes(name)  # ``preset_name`` read back: dgx-h100x2 is 2 dgx-h100 nodes
+    if preset in cluster_presets():
         per_node = preset_cluster(preset, 1).devices_per_node
         nodes = max(1, plan.world_size // per_node)
-        if name == preset or (name == f"{preset}x{nodes}" and plan.world_size % per_node == 0):
+        if name == preset or (count == nodes and plan.world_size % per_node == 0):
             return preset, nodes
     raise PlanError("--cluster", f"{path} names cluster {name or '(none)'!r}, which is not a preset",
                     "pass --cluster NAME|FILE (and --nodes) for the cluster the plan was made for")

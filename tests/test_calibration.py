@@ -474,7 +474,7 @@ def test_the_calibration_pages_synthetic_profile_is_what_the_code_computes():
     for rows in (tuned, plain):
         best = rows[0]
         assert f"│ 1 │ {best.summary()} " in page and f"│ {best.predicted.step_time_s:.3f} s │" in page
-    assert tuned[0].zero_stage == 3 and plain[0].zero_stage == 2  # the page's point: ZeRO-2 no longer fits
+    assert tuned[0].zero_stage == 3 and plain[0].zero_stage == 2  # the page's point: under the profile ZeRO-2 does not fit
     zero2 = estimate(plain[0], cl, llama, work, profile=Profile(cluster_fingerprint=cl.topology_fingerprint(),
                                                                  params=p))
     gib = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
