@@ -358,6 +358,13 @@ class Workload(BaseModel):
         return None if w is None or masking_window(w.size, self.longest_document) is None else w
 
     @property
+    def mixes_windows(self) -> bool:
+        """Whether the layers attend under different masks: a window pattern whose window masks (windowed and global
+        layers alike hold a sequence's tokens in one placement)."""
+        w = self.mask_window
+        return w is not None and w.pattern is not None
+
+    @property
     def notes(self) -> list[str]:
         """What the workload means that its fields do not say outright (a window that covers every document)."""
         w = self.window

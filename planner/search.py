@@ -117,12 +117,13 @@ class Space:
         return list(self._memo("layouts", (d.ring, d.ulysses, d.tp), lambda: tuple(self._layouts(d))))
 
     def _layouts(self, d: Degrees) -> list[str]:
-        """``layouts``, listed."""
+        """``layouts``, listed; not ``balanced`` where the layers mix windows: one placement serves every layer, and
+        balanced places by one mask's work (runtime/placement.py)."""
         documents = self.work.documents is not None
         if d.ring == 1 or not (self.work.causal or documents):
             return ["contiguous"]
-        return [t for t in (BALANCE_POLICIES if documents else TOKEN_LAYOUTS)
-                if self.work.seq_len % (chunks_needed(t, d.ring, d.ulysses) * d.tp) == 0]
+        policies = BALANCE_POLICIES if documents and not self.work.mixes_windows else TOKEN_LAYOUTS
+        return [t for t in policies if self.work.seq_len % (chunks_needed(t, d.ring, d.ulysses) * d.tp) == 0]
 
     def orders(self, d: Degrees) -> list[tuple[str, ...]]:
         return list(permutations(d.dims()))

@@ -29,6 +29,7 @@ from sp_plan.planner.plan import Plan
 from .agree import MaskAgreement, plain
 from .attention import attention as _attention
 from .choice import BackendChoice
+from .placement import Placements
 
 
 @dataclass
@@ -60,15 +61,19 @@ class Context:
             raise PlanError("group", f"unknown group {name!r}", f"use one of {sorted(self._groups)}")
         return self.layout.group_of("sp" if name == "sp" else name, self.rank)
 
-    def shard(self, x: torch.Tensor, dim: int = 1, cu_seqlens=None, window: int | None = None) -> torch.Tensor:
+    def shard(self, x: torch.Tensor, dim: int = 1, cu_seqlens=None, window: int | None = None,
+              causal: bool | None = None) -> torch.Tensor:
         """This rank's tokens of a full-sequence tensor, in the plan's token layout (layout.tokens); with packed
-        documents (``cu_seqlens``, and the ``window`` the attention will use) laid out per document as
-        ``ctx.attention`` expects them (``ring.member_pieces``: ranks may hold different numbers of tokens)."""
+        documents (``cu_seqlens``, and the ``window`` and ``causal`` the attention will use; None: the plan's) laid
+        out per document as ``ctx.attention`` expects them (``ring.member_pieces``: ranks may hold different numbers
+        of tokens). A ``balanced`` layout places by the mask, which is remembered (``placement.Placements``)."""
         check_dim(x, dim)
         if cu_seqlens is None:
             tokens = self.layout.tokens(self.rank, x.size(dim))
         else:
-            tokens = self._document_tokens(x.size(dim), cu_seqlens, window)[self.rank]
+            cu, c, w = self._mask(x.size(dim), cu_seqlens, window, causal)
+            self._placements().record(cu, c, w)
+            tokens = self._pieces(cu, c, w)[self.rank]
         return x.index_select(dim, torch.tensor(tokens, device=x.device))
 
     def window(self, window: int | None = None) -> int | None:
@@ -79,16 +84,42 @@ class Context:
             return planned.size
         return window
 
-    def _document_tokens(self, seq_len: int, cu_seqlens, window) -> dict:
-        """Global tokens each rank of this rank's sequence group holds, with packed documents (``member_pieces``)."""
-        from .variants.ring import check_masks, member_pieces
+    def causal(self, causal: bool | None = None) -> bool:
+        """``causal``, or where None the plan's (causal without a workload)."""
+        if causal is None:
+            return self.plan.workload.causal if self.plan.workload else True
+        return bool(causal)
+
+    def _mask(self, seq_len: int | None, cu_seqlens, window, causal) -> tuple[tuple, bool, int | None]:
+        """(cu_seqlens, causal, window) of a call, checked (against ``seq_len`` where given), the plan's where None,
+        the window cut to the documents (``ring.check_masks``)."""
+        from .variants.ring import check_masks
 
         cu, w = check_masks(cu_seqlens, self.window(window), seq_len)
-        causal = self.plan.workload.causal if self.plan.workload else True
+        return cu, self.causal(causal), w
+
+    def _pieces(self, cu: tuple, causal: bool, window: int | None) -> dict:
+        """Global tokens each rank of this rank's sequence group holds, with packed documents ``cu`` placed by the
+        mask (causal, window) (``member_pieces``)."""
+        from .variants.ring import member_pieces
+
         pieces = member_pieces(self.plan.token_layout, self.plan.degrees["ulysses"], self.plan.degrees["ring"],
-                               seq_len, causal, cu, w)
+                               cu[-1], causal, cu, window)
         coords = {m: self.layout.coords(m) for m in self.ranks("sp")}
         return {m: pieces[c.get("ring", 0)][c.get("ulysses", 0)] for m, c in coords.items()}
+
+    def _placements(self) -> Placements:
+        """The masks ``shard`` placed recent batches by (made once)."""
+        if "_placed" not in self.__dict__:
+            self.__dict__["_placed"] = Placements(self.plan.token_layout, self._pieces, self.causal())
+        return self.__dict__["_placed"]
+
+    def _check_placement(self, caller: str, cu: tuple, causal: bool, window: int | None) -> None:
+        """``caller``'s mask places ``cu``'s tokens as ``shard`` did (``Placements.check``)."""
+        placements = self._placements()
+        if placements.depends:
+            planned = self._mask(None, cu, None, None)[2]
+            placements.check(cu, causal, window, caller, planned)
 
     def _check_share(self, n_local: int, cu_seqlens) -> None:
         """This rank's ``n_local`` tokens against what the plan's layout gives a rank of ``cu_seqlens``'s sequence
@@ -98,9 +129,10 @@ class Context:
         cu, _ = check_masks(cu_seqlens, None, None)
         check_share(n_local, self.plan.token_layout, self.plan.degrees["ring"], self.plan.degrees["ulysses"], cu[-1])
 
-    def gather(self, x: torch.Tensor, dim: int = 1, cu_seqlens=None, window: int | None = None) -> torch.Tensor:
-        """Inverse of ``shard`` (with the same ``cu_seqlens`` and ``window``): all-gather the local shards over the
-        sequence group and put every token back at its place; shards of different lengths travel padded."""
+    def gather(self, x: torch.Tensor, dim: int = 1, cu_seqlens=None, window: int | None = None,
+               causal: bool | None = None) -> torch.Tensor:
+        """Inverse of ``shard`` (with the same ``cu_seqlens``, ``window`` and ``causal``): all-gather the local shards
+        over the sequence group and put every token back at its place; shards of different lengths travel padded."""
         members = self.ranks("sp")
         check_dim(x, dim)
         if cu_seqlens is not None:
@@ -112,8 +144,9 @@ class Context:
             perm = self.layout.sequence_permutation(seq_len)
             lengths = [x.size(dim)] * len(members)
         else:
-            seq_len = int(cu_seqlens[-1])
-            held = self._document_tokens(seq_len, cu_seqlens, window)
+            cu, c, w = self._mask(None, cu_seqlens, window, causal)
+            self._check_placement("ctx.gather", cu, c, w)
+            seq_len, held = cu[-1], self._pieces(cu, c, w)
             if len(held[self.rank]) != x.size(dim):  # a balanced layout, which local_token_range leaves open
                 raise PlanError("cu_seqlens", f"the {self.plan.token_layout} layout gives this rank "
                                 f"{len(held[self.rank]):,} tokens of {seq_len:,}, and it holds {x.size(dim):,}",
@@ -144,8 +177,7 @@ class Context:
         ``cu_seqlens`` (0, ..., global length) packs documents, ``window`` is a sliding window (None: the plan's,
         ``window``) for ring, Ulysses, USP and all-gather plans (``attention.MASKED``; the others refuse them);
         ``kv_chunks``: all-gather's chunks of KV heads (None: the plan's, ``kv_chunks``)."""
-        if causal is None:
-            causal = self.plan.workload.causal if self.plan.workload else True
+        causal = self.causal(causal)
         groups, ranks = self._attention_groups()
         window, kv_chunks, cu_seqlens = self.window(window), self.kv_chunks(kv_chunks), plain(cu_seqlens)
         if cu_seqlens is None and window is not None and isinstance(q, torch.Tensor):  # equal shards of S tokens
@@ -154,6 +186,8 @@ class Context:
         # compared before the runtime checks the call: a rank whose call is wrong then fails with its peers
         self._agreement().check(device, q, k, v, causal=bool(causal), window=window, scale=scale, kv_chunks=kv_chunks,
                                 cu_seqlens=cu_seqlens)
+        if cu_seqlens is not None and self._placements().depends:
+            self._check_placement("ctx.attention", *self._mask(None, cu_seqlens, window, causal))
         backend = self.backends.choose(q, k, causal)  # keyed by the local block: device, dtype, head dim, length
         return _attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,
                           token_layout=self.plan.token_layout, scale=scale, backend=backend, cu_seqlens=cu_seqlens,
@@ -185,6 +219,18 @@ class Context:
 
 def _as_plan(plan_or_path: Plan | str | Path) -> Plan:
     return plan_or_path if isinstance(plan_or_path, Plan) else Plan.load(plan_or_path)
+
+
+def check_one_placement(plan: Plan) -> None:
+    """A ``balanced`` plan whose layers mix windows is refused before it runs: its layers hold one placement of the
+    tokens, and balanced places by one mask's work (``placement.Placements`` would refuse its first windowed or
+    global layer). ``sp-plan plan`` does not choose it."""
+    w = plan.workload
+    if plan.token_layout == "balanced" and w is not None and w.mixes_windows:
+        raise PlanError("token_layout", f"balanced places packed documents by one mask's work, and this plan's layers "
+                        f"mix windows (window {w.window.size} on {w.window.pattern} layers), which read one placement",
+                        "make the plan again (sp-plan plan chooses zigzag, striped or contiguous for mixed layers), "
+                        "or set token_layout: zigzag")
 
 
 def check_dim(x: torch.Tensor, dim: int) -> None:
@@ -221,6 +267,7 @@ def init(plan_or_path: Plan | str | Path, device_type: str | None = None) -> Con
                         "call torch.distributed.init_process_group first (torchrun sets the environment)")
     world, rank = dist.get_world_size(), dist.get_rank()
     plan.check_world(world)
+    check_one_placement(plan)
     layout = plan.layout()
     if device_type is None:
         device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"

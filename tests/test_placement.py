@@ -1,0 +1,112 @@
+"""A balanced layout places packed documents by the mask's work, so shard, attention and gather must read one mask.
+
+The pack below is one where a causal and a bidirectional mask, or no window and a window of 5, give every rank of
+a 4-rank USP (ulysses 2 x ring 2) the same number of tokens but different tokens: a count check passes, and before
+``runtime/placement.py`` the attention returned a wrong result with no error. Each scenario runs on one world and
+reports the field of the error every rank raised, or the largest error against single-device attention.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.worlds import run_world
+from markers import shared_world
+from sp_plan.planner.errors import PlanError
+from sp_plan.planner.model import Workload
+from sp_plan.planner.plan import Plan
+from sp_plan.planner.search import Degrees, Space
+from sp_plan.profiles import load_model
+from sp_plan.runtime import init
+from sp_plan.runtime.variants.ring import member_pieces
+from test_masked_exact import reference
+
+CU = (0, 18, 23, 27, 31, 33, 35, 37)
+SEQ = CU[-1]
+#: name -> (plan's causal, plan's window, shard's keywords, attention's keywords, gather's keywords)
+SCENARIOS = {
+    "one mask throughout": (True, None, {}, {}, {}),
+    "window passed to all three": (True, None, {"window": 5}, {"window": 5}, {"window": 5}),
+    "bidirectional passed to all three": (True, None, {"causal": False}, {"causal": False}, {"causal": False}),
+    "a layer's window, the shard's none": (True, None, {}, {"window": 5}, {}),
+    "a bidirectional call on a causal plan": (True, None, {}, {"causal": False}, {}),
+    "gather without the shard's window": (True, None, {"window": 5}, {"window": 5}, {}),
+    "a plan's uniform window, by default": (True, {"size": 5}, {}, {}, {}),
+}
+
+
+def plan(causal: bool, window) -> Plan:
+    work = Workload(seq_len=SEQ, documents=[8], causal=causal, window=window)
+    return Plan(algorithm="usp", degrees={"ulysses": 2, "ring": 2}, order=["ulysses", "ring"],
+                token_layout="balanced", workload=work)
+
+
+def _run(rank: int, world: int) -> dict:
+    out = {}
+    for name, (causal, window, shard_kw, attn_kw, gather_kw) in SCENARIOS.items():
+        ctx = init(plan(causal, window))
+        g = torch.Generator().manual_seed(0)
+        q, k, v, do = (torch.randn(1, SEQ, h, 4, generator=g, dtype=torch.float64) for h in (4, 2, 2, 4))
+        ql, kl, vl = (ctx.shard(x, 1, cu_seqlens=CU, **shard_kw).requires_grad_() for x in (q, k, v))
+        try:
+            o = ctx.attention(ql, kl, vl, cu_seqlens=CU, **attn_kw)
+            full = ctx.gather(o.detach(), 1, cu_seqlens=CU, **gather_kw)
+        except PlanError as e:
+            out[name] = e.field
+            continue
+        want = reference(q, k, v, do, SEQ, ctx.causal(attn_kw.get("causal")), CU, ctx.window(attn_kw.get("window")))
+        out[name] = float((full - want[0]).abs().max())
+    return out
+
+
+def test_the_pack_places_alike_in_counts_and_otherwise_in_tokens():
+    """The pack is the hard case: the other masks hold the same counts per rank and other tokens."""
+    base = member_pieces("balanced", 2, 2, SEQ, True, CU, None)
+    for other in (member_pieces("balanced", 2, 2, SEQ, False, CU, None),
+                  member_pieces("balanced", 2, 2, SEQ, True, CU, 5)):
+        assert [[len(t) for t in m] for m in other] == [[len(t) for t in m] for m in base]
+        assert any(not torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+                   for m, n in zip(base, other) for a, b in zip(m, n))
+
+
+@shared_world("placement")
+def test_shard_attention_and_gather_read_one_mask_or_every_rank_names_the_field():
+    results = run_world(_run, 4, timeout=120)
+    for name in SCENARIOS:
+        got = {r[name] for r in results}
+        assert len(got) == 1, (name, got)  # every rank alike
+    exact = ("one mask throughout", "window passed to all three", "bidirectional passed to all three",
+             "a plan's uniform window, by default")
+    for name in exact:
+        assert results[0][name] < 1e-12, (name, results[0][name])
+    assert results[0]["a layer's window, the shard's none"] == "window"
+    assert results[0]["a bidirectional call on a causal plan"] == "causal"
+    assert results[0]["gather without the shard's window"] == "window"
+
+
+def test_a_balanced_plan_whose_layers_mix_windows_is_refused_before_it_runs():
+    """One placement serves every layer, so a window pattern cannot be balanced by one mask; the search leaves
+    balanced out for it and keeps it for a window on every layer."""
+    mixed = plan(True, {"size": 5, "pattern": "5:1"})
+    results = run_world(_init_error, 4, mixed, timeout=60)
+    assert all(r == "token_layout" for r in results), results
+    for window, has_balanced in (({"size": 5, "pattern": "5:1"}, False), ({"size": 5}, True), (None, True)):
+        work = Workload(seq_len=4096, documents=[100, 900], window=window)
+        layouts = Space(4, load_model("llama3-8b"), work).layouts(Degrees(1, 1, 1, 2, 2))
+        assert ("balanced" in layouts) == has_balanced, (window, layouts)
+        assert "zigzag" in layouts
+
+
+def _init_error(rank: int, world: int, p: Plan):
+    try:
+        init(p)
+    except PlanError as e:
+        return e.field
+    return None
+
+
+@pytest.mark.parametrize("window,mixes", [(None, False), ({"size": 5}, False), ({"size": 5, "pattern": "5:1"}, True),
+                                          ({"size": 4096, "pattern": "5:1"}, False)])
+def test_a_workload_mixes_windows_only_where_its_pattern_masks(window, mixes):
+    """A pattern whose window covers every document is full attention on every layer: one mask."""
+    assert Workload(seq_len=4096, documents=[100, 900], window=window).mixes_windows is mixes
