@@ -31,48 +31,53 @@ def describe(causal: bool, window: int | None) -> str:
 
 
 class Placements:
-    """The masks ``ctx.shard`` placed recent batches' documents by, and the check that a call reads them alike."""
+    """The mask ``ctx.shard`` placed each recent batch's documents by, and the checks that a call reads them alike."""
 
     def __init__(self, token_layout: str, pieces: Pieces, planned_causal: bool):
         self.depends = token_layout == "balanced"  # the only layout whose placement reads the mask
         self.pieces = pieces
         self.planned_causal = planned_causal  # the plan's own mask (its window is cut to each batch's documents)
-        self._placed: OrderedDict = OrderedDict()  # cu_seqlens -> {(causal, window)}
-        self._agreed: OrderedDict = OrderedDict()  # (cu_seqlens, causal, window) read alike, the latest KEEP
+        self._placed: OrderedDict = OrderedDict()  # cu_seqlens -> (causal, window)
+        self._agreed: OrderedDict = OrderedDict()  # (cu_seqlens, a call's mask, the placing mask) read alike
 
     def record(self, cu: tuple, causal: bool, window: int | None) -> None:
-        """``ctx.shard`` placed the documents ``cu`` by this mask (its window already cut to the documents)."""
-        if self.depends:
-            self._placed.setdefault(cu, set()).add((bool(causal), window))
-            self._placed.move_to_end(cu)
-            while len(self._placed) > KEEP:
-                self._placed.popitem(last=False)
+        """``ctx.shard`` places the documents ``cu`` by this mask (its window already cut to the documents); a batch
+        it placed by another mask before, with other tokens, is refused: its tensors would not line up."""
+        if not self.depends:
+            return
+        mine = (bool(causal), window)
+        placed = self._placed.setdefault(cu, mine)
+        if placed != mine and not _same(self.pieces(cu, *placed), self.pieces(cu, *mine)):
+            _refuse("ctx.shard", mine, placed, True)
+        self._placed.move_to_end(cu)
+        while len(self._placed) > KEEP:
+            self._placed.popitem(last=False)
 
     def check(self, cu: tuple, causal: bool, window: int | None, caller: str, planned_window: int | None) -> None:
         """``caller``'s mask places ``cu``'s tokens as the recorded shard did (or, none recorded, as the plan's own
         mask, whose window cut to these documents is ``planned_window``), else a PlanError naming the field."""
-        key = (cu, bool(causal), window)
+        mine = (bool(causal), window)
+        placed = self._placed.get(cu, (self.planned_causal, planned_window))
+        key = (cu, mine, placed)
         if not self.depends or key in self._agreed:
             return
-        placed = self._placed.get(cu) or {(self.planned_causal, planned_window)}
-        mine = self.pieces(cu, bool(causal), window)
-        if not any(_same(self.pieces(cu, c, w), mine) for c, w in placed):
-            self._refuse(caller, (bool(causal), window), sorted(placed, key=str)[0], cu in self._placed)
+        if placed != mine and not _same(self.pieces(cu, *placed), self.pieces(cu, *mine)):
+            _refuse(caller, mine, placed, cu in self._placed)
         self._agreed[key] = True
         while len(self._agreed) > KEEP:
             self._agreed.popitem(last=False)
 
-    @staticmethod
-    def _refuse(caller: str, mine: tuple, placed: tuple, recorded: bool) -> None:
-        """The error of a call whose mask places the balanced layout's tokens otherwise than the shard's."""
-        field = "window" if mine[1] != placed[1] else "causal"
-        by = "ctx.shard placed" if recorded else "the plan's mask places"
-        raise PlanError(field, f"{caller} with a {describe(*mine)} mask reads the balanced layout's tokens where "
-                        f"that mask places them, and {by} this batch's documents by a {describe(*placed)} mask: the "
-                        "layout assigns documents to ranks by their work under the mask, so ranks would read other "
-                        "tokens than they hold", "pass ctx.shard, ctx.attention and ctx.gather the same causal and "
-                        "window (layers that mix windows or masks need a zigzag, striped or contiguous plan, which "
-                        "place by the documents alone)")
+
+def _refuse(caller: str, mine: tuple, placed: tuple, recorded: bool) -> None:
+    """The error of a call whose mask places the balanced layout's tokens otherwise than the batch's shard."""
+    field = "window" if mine[1] != placed[1] else "causal"
+    by = "ctx.shard placed" if recorded else "the plan's mask places"
+    raise PlanError(field, f"{caller} with a {describe(*mine)} mask lays the balanced layout's tokens out as that mask "
+                    f"places them, and {by} this batch's documents by a {describe(*placed)} mask: the layout "
+                    "assigns documents to ranks by their work under the mask, so ranks would read other tokens than "
+                    "they hold", "pass ctx.shard, ctx.attention and ctx.gather the same causal and window (layers "
+                    "that mix windows or masks need a zigzag, striped or contiguous plan, which place by the "
+                    "documents alone)")
 
 
 def _same(a: dict, b: dict) -> bool:

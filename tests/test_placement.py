@@ -32,7 +32,10 @@ SCENARIOS = {
     "a bidirectional call on a causal plan": (True, None, {}, {"causal": False}, {}),
     "gather without the shard's window": (True, None, {"window": 5}, {"window": 5}, {}),
     "a plan's uniform window, by default": (True, {"size": 5}, {}, {}, {}),
+    "k sharded by another window than q": (True, None, {}, {}, {}),
 }
+#: scenarios whose k is sharded with other keywords than q and v
+K_SHARD = {"k sharded by another window than q": {"window": 5}}
 
 
 def plan(causal: bool, window) -> Plan:
@@ -47,8 +50,9 @@ def _run(rank: int, world: int) -> dict:
         ctx = init(plan(causal, window))
         g = torch.Generator().manual_seed(0)
         q, k, v, do = (torch.randn(1, SEQ, h, 4, generator=g, dtype=torch.float64) for h in (4, 2, 2, 4))
-        ql, kl, vl = (ctx.shard(x, 1, cu_seqlens=CU, **shard_kw).requires_grad_() for x in (q, k, v))
         try:
+            ql, kl, vl = (ctx.shard(x, 1, cu_seqlens=CU, **(K_SHARD.get(name, shard_kw) if x is k else shard_kw))
+                          .requires_grad_() for x in (q, k, v))
             o = ctx.attention(ql, kl, vl, cu_seqlens=CU, **attn_kw)
             full = ctx.gather(o.detach(), 1, cu_seqlens=CU, **gather_kw)
         except PlanError as e:
@@ -82,6 +86,7 @@ def test_shard_attention_and_gather_read_one_mask_or_every_rank_names_the_field(
     assert results[0]["a layer's window, the shard's none"] == "window"
     assert results[0]["a bidirectional call on a causal plan"] == "causal"
     assert results[0]["gather without the shard's window"] == "window"
+    assert results[0]["k sharded by another window than q"] == "window"
 
 
 def test_a_balanced_plan_whose_layers_mix_windows_is_refused_before_it_runs():
