@@ -509,8 +509,18 @@ def run_estimate(req: EstimateRequest, store=None, max_world: int | None = None,
         raise PlanError("workload", "the plan names no workload", "pass a workload (seq_len, batch, ...)")
     pred = Estimator(inputs.cluster, m, w, params=inputs.params)(p)
     tag = profile_tag(inputs.profile)
-    return EstimateResponse(cluster=ClusterInfo.of(inputs.cluster), model=m, workload=w, notes=w.notes, profile=tag,
+    return EstimateResponse(cluster=ClusterInfo.of(inputs.cluster), model=m, workload=w,
+                            notes=w.notes + plan_notes(p, w), profile=tag,
                             profile_line=inputs.line, plan=p.model_copy(update={"predicted": pred, "profile": tag}))
+
+
+def plan_notes(plan: Plan, w: Workload) -> list[str]:
+    """What a plan means on this workload that its price does not say: a balanced layout over layers that mix
+    windows, which the runtime refuses (``runtime.context.check_one_placement``)."""
+    if plan.token_layout == "balanced" and w.mixes_windows:
+        return ["balanced places packed documents by one mask's work, and these layers mix windows: the runtime "
+                "refuses this plan at init, and `sp-plan plan` chooses zigzag, striped or contiguous for it"]
+    return []
 
 
 # ---- report: the rows, the plan it is about, the sensitivity

@@ -384,6 +384,8 @@ def _print_estimate(res) -> None:
     out.print(f"[bold]{p.summary()}[/] on {c.name} ({c.world_size} ranks), {res.model.name}, {w.seq_len:,} tokens "
               f"x {w.batch}", highlight=False)
     print_mask(w)
+    for n in res.notes[len(w.notes):]:  # the plan's own (the workload's were printed before the request)
+        out.print(f"note: {n}", highlight=False)
     out.print(res.profile_line, highlight=False)
     out.print(f"step {secs(pred.step_time_s)}, {pred.tokens_per_s:,.0f} tokens/s, {mfu_text(pred)}, peak memory "
               f"{gib(pred.peak_memory_bytes)} of {gib(pred.memory_capacity_bytes)}"

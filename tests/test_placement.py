@@ -115,3 +115,24 @@ def _init_error(rank: int, world: int, p: Plan):
 def test_a_workload_mixes_windows_only_where_its_pattern_masks(window, mixes):
     """A pattern whose window covers every document is full attention on every layer: one mask."""
     assert Workload(seq_len=4096, documents=[100, 900], window=window).mixes_windows is mixes
+
+
+def test_estimate_of_a_balanced_plan_whose_layers_mix_windows_says_the_runtime_refuses_it(tmp_path):
+    """A plan file written before the search left balanced out for mixed layers still loads and is priced, with a
+    note that ``init`` refuses it."""
+    from typer.testing import CliRunner
+
+    from sp_plan.cli.app import app
+
+    work = Workload(seq_len=65536, documents=[1000, 9000], window={"size": 4096, "pattern": "5:1"})
+    path = tmp_path / "plan.yaml"
+    Plan(algorithm="ring", degrees={"ring": 8}, order=["ring"], token_layout="balanced", workload=work,
+         model=load_model("llama3-8b")).save(path)
+    r = CliRunner().invoke(app, ["estimate", str(path), "--cluster", "dgx-h100", "--no-profile"])
+    assert r.exit_code == 0, r.output
+    assert "note: balanced places packed documents by one mask's work, and these layers mix windows" in r.output
+    zigzag = tmp_path / "zigzag.yaml"
+    Plan(algorithm="ring", degrees={"ring": 8}, order=["ring"], token_layout="zigzag", workload=work,
+         model=load_model("llama3-8b")).save(zigzag)
+    r = CliRunner().invoke(app, ["estimate", str(zigzag), "--cluster", "dgx-h100", "--no-profile"])
+    assert r.exit_code == 0 and "note: balanced" not in r.output, r.output
