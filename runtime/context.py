@@ -70,6 +70,7 @@ class Context:
         check_dim(x, dim)
         if cu_seqlens is None:
             tokens = self.layout.tokens(self.rank, x.size(dim))
+            self._placements().record_unpacked(x.size(dim))
         else:
             cu, c, w = self._mask(x.size(dim), cu_seqlens, window, causal)
             self._placements().record(cu, c, w)
@@ -111,13 +112,14 @@ class Context:
     def _placements(self) -> Placements:
         """The masks ``shard`` placed recent batches by (made once)."""
         if "_placed" not in self.__dict__:
-            self.__dict__["_placed"] = Placements(self.plan.token_layout, self._pieces, self.causal())
+            whole = lambda n: {m: self.layout.tokens(m, n) for m in self.ranks("sp")}  # noqa: E731
+            self.__dict__["_placed"] = Placements(self.plan.token_layout, self._pieces, self.causal(), whole)
         return self.__dict__["_placed"]
 
     def _check_placement(self, caller: str, cu: tuple, causal: bool, window: int | None) -> None:
         """``caller``'s mask places ``cu``'s tokens as ``shard`` did (``Placements.check``)."""
         placements = self._placements()
-        if placements.depends:
+        if placements.wants(cu[-1]):
             planned = self._mask(None, cu, None, None)[2]
             placements.check(cu, causal, window, caller, planned)
 
@@ -186,7 +188,7 @@ class Context:
         # compared before the runtime checks the call: a rank whose call is wrong then fails with its peers
         self._agreement().check(device, q, k, v, causal=bool(causal), window=window, scale=scale, kv_chunks=kv_chunks,
                                 cu_seqlens=cu_seqlens)
-        if cu_seqlens is not None and self._placements().depends:
+        if cu_seqlens and self._placements().wants(cu_seqlens[-1]):
             self._check_placement("ctx.attention", *self._mask(None, cu_seqlens, window, causal))
         backend = self.backends.choose(q, k, causal)  # keyed by the local block: device, dtype, head dim, length
         return _attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,

@@ -136,3 +136,37 @@ def test_estimate_of_a_balanced_plan_whose_layers_mix_windows_says_the_runtime_r
          model=load_model("llama3-8b")).save(zigzag)
     r = CliRunner().invoke(app, ["estimate", str(zigzag), "--cluster", "dgx-h100", "--no-profile"])
     assert r.exit_code == 0 and "note: balanced" not in r.output, r.output
+
+
+#: token layout -> whether its per-document placement of CU is its whole-sequence one (4 ranks: ulysses 2 x ring 2)
+UNPACKED = {"zigzag": False, "contiguous": True, "striped": True}
+
+
+def _unpacked_shard(rank: int, world: int) -> dict:
+    """Shard without cu_seqlens, attend and gather with them: the field every rank raised, or the largest error."""
+    out = {}
+    for layout in UNPACKED:
+        ctx = init(Plan(algorithm="usp", degrees={"ulysses": 2, "ring": 2}, order=["ulysses", "ring"],
+                        token_layout=layout))
+        g = torch.Generator().manual_seed(0)
+        q, k, v, do = (torch.randn(1, 64, h, 4, generator=g, dtype=torch.float64) for h in (4, 2, 2, 4))
+        cu = (0, 16, 64)
+        ql, kl, vl = (ctx.shard(x, 1) for x in (q, k, v))
+        try:
+            full = ctx.gather(ctx.attention(ql, kl, vl, cu_seqlens=cu), 1, cu_seqlens=cu)
+        except PlanError as e:
+            out[layout] = e.field
+            continue
+        out[layout] = float((full - reference(q, k, v, do, 64, True, cu, None)[0]).abs().max())
+    return out
+
+
+@shared_world("placement")
+def test_documents_read_per_document_after_a_shard_without_them_are_refused_where_the_layout_differs():
+    """A zigzag shard of the whole sequence holds S/P tokens a rank, as zigzag per document of a (16, 48) pack does,
+    so only the placement tells them apart; contiguous and striped place alike either way and run."""
+    results = run_world(_unpacked_shard, 4, timeout=120)
+    for layout, alike in UNPACKED.items():
+        got = {r[layout] for r in results}
+        assert len(got) == 1, (layout, got)
+        assert (got.pop() < 1e-12) if alike else results[0][layout] == "cu_seqlens", (layout, results[0][layout])
