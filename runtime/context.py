@@ -70,7 +70,7 @@ class Context:
         check_dim(x, dim)
         if cu_seqlens is None:
             tokens = self.layout.tokens(self.rank, x.size(dim))
-            self._placements().record_unpacked(x.size(dim))
+            self._placements().record_whole(x.size(dim))
         else:
             cu, c, w = self._mask(x.size(dim), cu_seqlens, window, causal)
             self._placements().record(cu, c, w)
@@ -143,6 +143,7 @@ class Context:
             return x
         if cu_seqlens is None:
             seq_len = x.size(dim) * len(members)
+            self._placements().check_whole(seq_len, "ctx.gather")
             perm = self.layout.sequence_permutation(seq_len)
             lengths = [x.size(dim)] * len(members)
         else:
@@ -188,7 +189,10 @@ class Context:
         # compared before the runtime checks the call: a rank whose call is wrong then fails with its peers
         self._agreement().check(device, q, k, v, causal=bool(causal), window=window, scale=scale, kv_chunks=kv_chunks,
                                 cu_seqlens=cu_seqlens)
-        if cu_seqlens and self._placements().wants(cu_seqlens[-1]):
+        if cu_seqlens is None and isinstance(q, torch.Tensor):
+            sp = self.plan.degrees["ulysses"] * self.plan.degrees["ring"]  # equal shards of the whole sequence
+            self._placements().check_whole(q.shape[1] * sp, "ctx.attention")
+        elif cu_seqlens and self._placements().wants(cu_seqlens[-1]):
             self._check_placement("ctx.attention", *self._mask(None, cu_seqlens, window, causal))
         backend = self.backends.choose(q, k, causal)  # keyed by the local block: device, dtype, head dim, length
         return _attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,

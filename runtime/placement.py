@@ -6,10 +6,11 @@ causal or not, and the window. A shard placed by one mask and an attention that 
 another can hold the same token counts on every rank and still pair queries with the wrong keys, a wrong result with
 no error. ``ctx.shard`` records the mask it placed each batch's documents by (the latest ``KEEP`` batches).
 ``ctx.attention``, ``ctx.gather`` and a second ``ctx.shard`` of the batch check that their mask places the tokens
-alike; for documents no ``ctx.shard`` of this context placed, the check is against the plan's own mask. The other
-layouts place tokens by the documents alone, so any mask reads them. A sequence ``ctx.shard`` laid out whole,
-without documents, and then read per document is checked too: zigzag per document and zigzag over the whole
-sequence give a rank the same count and other tokens.
+alike; documents no ``ctx.shard`` of this context placed are checked against its latest shard of a sequence of
+that length, else against the plan's own mask. The other
+layouts place tokens by the documents alone, so any mask reads them. A sequence read with other documents than
+its shard (none where it was sharded whole, some where it was sharded per document, or another pack's) is checked
+too: zigzag places each otherwise, at the same count a rank.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def describe(causal: bool, window: int | None) -> str:
 
 
 class Placements:
-    """The mask ``ctx.shard`` placed each recent batch's documents by, and the checks that a call reads them alike."""
+    """How ``ctx.shard`` placed recent batches, and the checks that a call reads the tokens where they are."""
 
     def __init__(self, token_layout: str, pieces: Pieces, planned_causal: bool, whole: Callable[[int], dict]):
         self.token_layout = token_layout
@@ -41,56 +42,66 @@ class Placements:
         self.pieces = pieces
         self.whole = whole  # sequence length -> each rank's tokens laid out over the whole sequence (no documents)
         self.planned_causal = planned_causal  # the plan's own mask (its window is cut to each batch's documents)
-        self._placed: OrderedDict = OrderedDict()  # cu_seqlens -> (causal, window)
-        self._unpacked: OrderedDict = OrderedDict()  # lengths ctx.shard placed without cu_seqlens
-        self._agreed: OrderedDict = OrderedDict()  # (cu_seqlens, a call's mask, the placing mask) read alike
+        self._placed: OrderedDict = OrderedDict()  # cu_seqlens -> the (causal, window) ctx.shard placed them by
+        self._latest: OrderedDict = OrderedDict()  # sequence length -> the cu_seqlens of its latest shard (None: none)
+        self._agreed: OrderedDict = OrderedDict()  # (a call, what it was checked against): read alike
 
     def wants(self, end: int) -> bool:
-        """Whether a call with documents ending at ``end`` has anything to check (``check``): a balanced layout, or
-        a sequence of that length sharded without documents."""
-        return self.depends or end in self._unpacked
+        """Whether a call whose sequence ends at ``end`` has anything to check: a balanced layout, or a shard of a
+        sequence of that length."""
+        return self.depends or end in self._latest
 
-    def record_unpacked(self, seq_len: int) -> None:
-        """``ctx.shard`` placed a sequence of ``seq_len`` tokens without cu_seqlens (over the whole sequence)."""
-        _remember(self._unpacked, seq_len, True)
+    def record_whole(self, seq_len: int) -> None:
+        """``ctx.shard`` laid a sequence of ``seq_len`` tokens out whole, without documents."""
+        _remember(self._latest, seq_len, None)
 
     def record(self, cu: tuple, causal: bool, window: int | None) -> None:
         """``ctx.shard`` places the documents ``cu`` by this mask (its window already cut to the documents); a batch
         it placed by another mask before, with other tokens, is refused: its tensors would not line up."""
-        if not self.depends:
-            return
         mine = (bool(causal), window)
         placed = self._placed.get(cu, mine)
-        if placed != mine and not _same(self.pieces(cu, *placed), self.pieces(cu, *mine)):
-            _refuse("ctx.shard", mine, placed, True)
+        if self.depends and placed != mine and not _same(self.pieces(cu, *placed), self.pieces(cu, *mine)):
+            _refuse("ctx.shard", mine, placed, "ctx.shard placed")
         _remember(self._placed, cu, placed)
+        _remember(self._latest, cu[-1], cu)
 
     def check(self, cu: tuple, causal: bool, window: int | None, caller: str, planned_window: int | None) -> None:
-        """``caller``'s mask places ``cu``'s tokens as the recorded shard did (or, none recorded, as the plan's own
-        mask, whose window cut to these documents is ``planned_window``), else a PlanError naming the field."""
+        """``caller`` reads the documents ``cu`` where ``ctx.shard`` put them: by their own shard's mask, else as
+        the latest shard of a sequence of that length placed it (whole, or other documents), else as the plan's
+        own mask places them (``planned_window``: its window cut to these documents); a PlanError naming the
+        field otherwise."""
         mine = (bool(causal), window)
-        if cu not in self._placed and cu[-1] in self._unpacked:
-            self._check_unpacked(cu, mine, caller)
+        if cu in self._placed:
+            theirs, by = (cu, self._placed[cu]), "ctx.shard placed"
+        elif cu[-1] in self._latest:
+            other = self._latest[cu[-1]]
+            theirs, by = (other, self._placed.get(other)), "ctx.shard placed"
+        else:
+            theirs, by = (cu, (self.planned_causal, planned_window)), "the plan's mask places"
+        key = (cu, mine, theirs)
+        if key in self._agreed or (theirs[0] == cu and (theirs[1] == mine or not self.depends)):
             return
-        placed = self._placed.get(cu, (self.planned_causal, planned_window))
-        key = (cu, mine, placed)
-        if not self.depends or key in self._agreed:
-            return
-        if placed != mine and not _same(self.pieces(cu, *placed), self.pieces(cu, *mine)):
-            _refuse(caller, mine, placed, cu in self._placed)
+        if theirs[0] is None or theirs[1] is None:  # laid out whole (or its record gone: nothing to compare)
+            held = self.whole(cu[-1]) if theirs[0] is None else None
+        else:
+            held = self.pieces(*theirs[:1], *theirs[1])
+        if held is not None and not _same(held, self.pieces(cu, *mine)):
+            if theirs[0] != cu:
+                _refuse_documents(caller, cu[-1], theirs[0], self.token_layout)
+            _refuse(caller, mine, theirs[1], by)
         _remember(self._agreed, key, True)
 
-    def _check_unpacked(self, cu: tuple, mine: tuple, caller: str) -> None:
-        """Documents ``cu`` read per document where ``ctx.shard`` laid their sequence out whole: the same tokens
-        for contiguous and striped, others for zigzag (per document, or over the whole sequence)."""
-        key = (cu, mine, "whole")
-        if key in self._agreed:
+    def check_whole(self, seq_len: int, caller: str) -> None:
+        """``caller`` reads a sequence of ``seq_len`` tokens whole, without documents: refused where ``ctx.shard``
+        last placed a sequence of that length per document, elsewhere than a whole layout puts its tokens."""
+        cu = self._latest.get(seq_len)
+        key = (seq_len, cu)
+        if cu is None or cu not in self._placed or key in self._agreed:
             return
-        if not _same(self.whole(cu[-1]), self.pieces(cu, *mine)):
-            raise PlanError("cu_seqlens", f"{caller} reads packed documents laid out per document, and ctx.shard "
-                            f"placed this sequence of {cu[-1]:,} tokens without cu_seqlens, {self.token_layout} over "
-                            "the whole sequence: ranks would read other tokens than they hold",
-                            "pass ctx.shard (and ctx.gather) the batch's cu_seqlens and window, as ctx.attention")
+        if not _same(self.whole(seq_len), self.pieces(cu, *self._placed[cu])):
+            raise PlanError("cu_seqlens", f"{caller} reads a sequence of {seq_len:,} tokens without cu_seqlens, and "
+                            f"ctx.shard placed it per document ({self.token_layout}, with cu_seqlens): ranks would "
+                            "read other tokens than they hold", "pass it the cu_seqlens ctx.shard was given")
         _remember(self._agreed, key, True)
 
 
@@ -102,16 +113,23 @@ def _remember(kept: OrderedDict, key, value) -> None:
         kept.popitem(last=False)
 
 
-def _refuse(caller: str, mine: tuple, placed: tuple, recorded: bool) -> None:
+def _refuse(caller: str, mine: tuple, placed: tuple, by: str) -> None:
     """The error of a call whose mask places the balanced layout's tokens otherwise than the batch's shard."""
     field = "window" if mine[1] != placed[1] else "causal"
-    by = "ctx.shard placed" if recorded else "the plan's mask places"
-    raise PlanError(field, f"{caller} with a {describe(*mine)} mask lays the balanced layout's tokens out as that mask "
-                    f"places them, and {by} this batch's documents by a {describe(*placed)} mask: the layout "
+    raise PlanError(field, f"{caller} with a {describe(*mine)} mask lays the balanced layout's tokens out as that "
+                    f"mask places them, and {by} this batch's documents by a {describe(*placed)} mask: the layout "
                     "assigns documents to ranks by their work under the mask, so ranks would read other tokens than "
                     "they hold", "pass ctx.shard, ctx.attention and ctx.gather the same causal and window (layers "
                     "that mix windows or masks need a zigzag, striped or contiguous plan, which place by the "
                     "documents alone)")
+
+
+def _refuse_documents(caller: str, seq_len: int, placed, token_layout: str) -> None:
+    """The error of a call whose documents are laid out otherwise than the shard of its sequence."""
+    how = "without cu_seqlens, whole" if placed is None else "with other cu_seqlens"
+    raise PlanError("cu_seqlens", f"{caller} reads packed documents laid out per document, and ctx.shard placed "
+                    f"this sequence of {seq_len:,} tokens {how} ({token_layout}): ranks would read other tokens than "
+                    "they hold", "pass ctx.shard, ctx.attention and ctx.gather the batch's same cu_seqlens")
 
 
 def _same(a: dict, b: dict) -> bool:

@@ -138,35 +138,45 @@ def test_estimate_of_a_balanced_plan_whose_layers_mix_windows_says_the_runtime_r
     assert r.exit_code == 0 and "note: balanced" not in r.output, r.output
 
 
-#: token layout -> whether its per-document placement of CU is its whole-sequence one (4 ranks: ulysses 2 x ring 2)
+#: token layout -> whether its per-document placement of (16, 48) is its whole-sequence one and that of (40, 24)
+#: (4 ranks: ulysses 2 x ring 2)
 UNPACKED = {"zigzag": False, "contiguous": True, "striped": True}
+#: how the shard and the reads take the documents: (shard's cu_seqlens, attention's and gather's)
+READS = {"shard whole, read per document": (None, (0, 16, 64)),
+         "shard per document, read whole": ((0, 16, 64), None),
+         "shard and read other documents": ((0, 40, 64), (0, 16, 64))}
 
 
 def _unpacked_shard(rank: int, world: int) -> dict:
-    """Shard without cu_seqlens, attend and gather with them: the field every rank raised, or the largest error."""
+    """Each layout and way of reading: the field every rank raised, or the largest error against the reference of
+    the documents the reads name."""
     out = {}
     for layout in UNPACKED:
-        ctx = init(Plan(algorithm="usp", degrees={"ulysses": 2, "ring": 2}, order=["ulysses", "ring"],
-                        token_layout=layout))
-        g = torch.Generator().manual_seed(0)
-        q, k, v, do = (torch.randn(1, 64, h, 4, generator=g, dtype=torch.float64) for h in (4, 2, 2, 4))
-        cu = (0, 16, 64)
-        ql, kl, vl = (ctx.shard(x, 1) for x in (q, k, v))
-        try:
-            full = ctx.gather(ctx.attention(ql, kl, vl, cu_seqlens=cu), 1, cu_seqlens=cu)
-        except PlanError as e:
-            out[layout] = e.field
-            continue
-        out[layout] = float((full - reference(q, k, v, do, 64, True, cu, None)[0]).abs().max())
+        for how, (shard_cu, read_cu) in READS.items():
+            ctx = init(Plan(algorithm="usp", degrees={"ulysses": 2, "ring": 2}, order=["ulysses", "ring"],
+                            token_layout=layout))
+            g = torch.Generator().manual_seed(0)
+            q, k, v, do = (torch.randn(1, 64, h, 4, generator=g, dtype=torch.float64) for h in (4, 2, 2, 4))
+            ql, kl, vl = (ctx.shard(x, 1, cu_seqlens=shard_cu) for x in (q, k, v))
+            try:
+                full = ctx.gather(ctx.attention(ql, kl, vl, cu_seqlens=read_cu), 1, cu_seqlens=read_cu)
+            except PlanError as e:
+                out[layout, how] = e.field
+                continue
+            out[layout, how] = float((full - reference(q, k, v, do, 64, True, read_cu, None)[0]).abs().max())
     return out
 
 
 @shared_world("placement")
-def test_documents_read_per_document_after_a_shard_without_them_are_refused_where_the_layout_differs():
-    """A zigzag shard of the whole sequence holds S/P tokens a rank, as zigzag per document of a (16, 48) pack does,
-    so only the placement tells them apart; contiguous and striped place alike either way and run."""
+def test_documents_read_otherwise_than_sharded_are_refused_where_the_layout_places_them_otherwise():
+    """Zigzag of the whole sequence, zigzag of a (16, 48) pack and of a (40, 24) pack hold S/P tokens a rank each,
+    so only the placement tells them apart: every way of reading other than the shard is refused, naming
+    cu_seqlens. Contiguous and striped place alike either way, so those reads run (and the attention is the one
+    of the documents it was given)."""
     results = run_world(_unpacked_shard, 4, timeout=120)
     for layout, alike in UNPACKED.items():
-        got = {r[layout] for r in results}
-        assert len(got) == 1, (layout, got)
-        assert (got.pop() < 1e-12) if alike else results[0][layout] == "cu_seqlens", (layout, results[0][layout])
+        for how in READS:
+            got = {r[layout, how] for r in results}
+            assert len(got) == 1, (layout, how, got)
+            value = results[0][layout, how]
+            assert (value < 1e-12) if alike else value == "cu_seqlens", (layout, how, value)
