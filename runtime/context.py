@@ -123,6 +123,13 @@ class Context:
             planned = self._mask(None, cu, None, None)[2]
             placements.check(cu, causal, window, caller, planned)
 
+    def _check_read(self, cu_seqlens: tuple, causal: bool, window: int | None) -> None:
+        """``_check_placement`` of an attention call, once per batch's shards: a model's layers repeat the call."""
+        read = (cu_seqlens, causal, window, self._placements().version)
+        if self.__dict__.get("_read") != read:
+            self._check_placement("ctx.attention", *self._mask(None, cu_seqlens, window, causal))
+            self.__dict__["_read"] = read
+
     def _check_share(self, n_local: int, cu_seqlens) -> None:
         """This rank's ``n_local`` tokens against what the plan's layout gives a rank of ``cu_seqlens``'s sequence
         (``ring.check_share``), before any per-token array of it is built."""
@@ -193,7 +200,7 @@ class Context:
             sp = self.plan.degrees["ulysses"] * self.plan.degrees["ring"]  # equal shards of the whole sequence
             self._placements().check_whole(q.shape[1] * sp, "ctx.attention")
         elif cu_seqlens and self._placements().wants(cu_seqlens[-1]):
-            self._check_placement("ctx.attention", *self._mask(None, cu_seqlens, window, causal))
+            self._check_read(cu_seqlens, causal, window)
         backend = self.backends.choose(q, k, causal)  # keyed by the local block: device, dtype, head dim, length
         return _attention(q, k, v, algorithm=self.plan.algorithm, groups=groups, ranks=ranks, causal=causal,
                           token_layout=self.plan.token_layout, scale=scale, backend=backend, cu_seqlens=cu_seqlens,

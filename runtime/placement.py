@@ -45,6 +45,7 @@ class Placements:
         self._placed: OrderedDict = OrderedDict()  # cu_seqlens -> the (causal, window) ctx.shard placed them by
         self._latest: OrderedDict = OrderedDict()  # sequence length -> the cu_seqlens of its latest shard (None: none)
         self._agreed: OrderedDict = OrderedDict()  # (a call, what it was checked against): read alike
+        self.version = 0  # counts the shards recorded: a call checked at one version is still right at it
 
     def wants(self, end: int) -> bool:
         """Whether a call whose sequence ends at ``end`` has anything to check: a balanced layout, or a shard of a
@@ -54,6 +55,7 @@ class Placements:
     def record_whole(self, seq_len: int) -> None:
         """``ctx.shard`` laid a sequence of ``seq_len`` tokens out whole, without documents."""
         _remember(self._latest, seq_len, None)
+        self.version += 1
 
     def record(self, cu: tuple, causal: bool, window: int | None) -> None:
         """``ctx.shard`` places the documents ``cu`` by this mask (its window already cut to the documents); a batch
@@ -64,6 +66,7 @@ class Placements:
             _refuse("ctx.shard", mine, placed, "ctx.shard placed")
         _remember(self._placed, cu, placed)
         _remember(self._latest, cu[-1], cu)
+        self.version += 1
 
     def check(self, cu: tuple, causal: bool, window: int | None, caller: str, planned_window: int | None) -> None:
         """``caller`` reads the documents ``cu`` where ``ctx.shard`` put them: by their own shard's mask, else as
