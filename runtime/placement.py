@@ -116,15 +116,21 @@ def _remember(kept: OrderedDict, key, value) -> None:
         kept.popitem(last=False)
 
 
+#: what to do when a read's mask places a balanced batch otherwise than its shard, by the field that differs
+FIXES = {"window": "pass ctx.shard, ctx.attention and ctx.gather the same window (the transformers integration: "
+                   "shard_inputs(..., window=)); layers that mix windows need a zigzag, striped or contiguous plan, "
+                   "which place by the documents alone",
+         "causal": "pass ctx.shard, ctx.attention and ctx.gather the same causal, or make the plan for the model's "
+                   "mask (sp-plan plan --no-causal for a bidirectional model)"}
+
+
 def _refuse(caller: str, mine: tuple, placed: tuple, by: str) -> None:
     """The error of a call whose mask places the balanced layout's tokens otherwise than the batch's shard."""
     field = "window" if mine[1] != placed[1] else "causal"
     raise PlanError(field, f"{caller} with a {describe(*mine)} mask lays the balanced layout's tokens out as that "
                     f"mask places them, and {by} this batch's documents by a {describe(*placed)} mask: the layout "
                     "assigns documents to ranks by their work under the mask, so ranks would read other tokens than "
-                    "they hold", "pass ctx.shard, ctx.attention and ctx.gather the same causal and window (layers "
-                    "that mix windows or masks need a zigzag, striped or contiguous plan, which place by the "
-                    "documents alone)")
+                    "they hold", FIXES[field])
 
 
 def _refuse_documents(caller: str, seq_len: int, placed, token_layout: str) -> None:
