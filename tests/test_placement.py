@@ -1,8 +1,8 @@
 """A balanced layout places packed documents by the mask's work, so shard, attention and gather must read one mask.
 
 The pack below is one where a causal and a bidirectional mask, or no window and a window of 5, give every rank of
-a 4-rank USP (ulysses 2 x ring 2) the same number of tokens but different tokens: a count check passes, and before
-``runtime/placement.py`` the attention returned a wrong result with no error. Each scenario runs on one world and
+a 4-rank USP (ulysses 2 x ring 2) the same number of tokens but different tokens: a count check passes, and without
+``runtime/placement.py``'s checks the attention returns a wrong result with no error. Each scenario runs on one world and
 reports the field of the error every rank raised, or the largest error against single-device attention.
 """
 from __future__ import annotations
