@@ -50,7 +50,7 @@ NAME = "sp_plan"
 IGNORE_INDEX = -100
 #: keyword arguments of transformers' attention call that change the result and the runtime cannot honour
 _UNSUPPORTED = ("softcap", "s_aux", "position_bias", "head_mask")
-#: attribute of shard_inputs' position_ids holding their packed documents: (cu_seqlens, the window sharded for)
+#: attribute of shard_inputs' position_ids holding their packed documents (cu_seqlens)
 DOCUMENTS_ATTR = "_sp_plan_documents"
 
 
@@ -144,20 +144,18 @@ def _tokens_first(ctx, x: torch.Tensor) -> torch.Tensor:
     return t if ctx.plan.degrees.get("ring", 1) * ctx.plan.degrees.get("ulysses", 1) == 1 else t.contiguous()
 
 
-def documents_of(position_ids) -> tuple[tuple[int, ...] | None, int | None]:
-    """(cu_seqlens, the window the tokens were sharded for) that ``shard_inputs`` attached; (None, None) if unpacked."""
-    return getattr(position_ids, DOCUMENTS_ATTR, (None, None))
+def documents_of(position_ids) -> tuple[int, ...] | None:
+    """The cu_seqlens that ``shard_inputs`` attached; None if unpacked."""
+    return getattr(position_ids, DOCUMENTS_ATTR, None)
 
 
 def check_documents(ctx, position_ids, local_len: int, window: int | None, checked: list | None
                     ) -> tuple[tuple[int, ...] | None, int | None]:
-    """The layer's (cu_seqlens, window) for ``ctx.attention``, after checking the position ids once per forward."""
-    cu, sharded_for = documents_of(position_ids)
+    """The layer's (cu_seqlens, window) for ``ctx.attention``, after checking the position ids once per forward. A
+    layer whose window places a balanced batch otherwise than ``shard_inputs`` did is ``ctx.attention``'s error
+    (runtime/placement.py)."""
+    cu = documents_of(position_ids)
     check_layer_window(ctx, window)
-    if cu is not None and ctx.plan.token_layout == "balanced" and window != sharded_for:
-        raise PlanError("sliding_window", f"the balanced layout placed the tokens by the work of window "
-                        f"{sharded_for}, this layer attends with window {window}", "pass shard_inputs(..., window=) "
-                        "the window every layer uses, or use a zigzag, striped or contiguous plan for mixed layers")
     if cu is None and position_ids is not None and (checked is None or position_ids is not checked[0]):
         check_layout_positions(ctx, position_ids, local_len)
         if checked is not None:
@@ -296,7 +294,7 @@ def shard_packed(ctx, input_ids: torch.Tensor, labels: torch.Tensor | None, posi
     cu = tuple(int(x) for x in batch_cu_seqlens(packs))
     row = lambda x: ctx.shard(x.reshape(1, -1), dim=1, cu_seqlens=cu, window=window)  # noqa: E731
     pos = row(position_ids)
-    setattr(pos, DOCUMENTS_ATTR, (cu, window))
+    setattr(pos, DOCUMENTS_ATTR, cu)
     return ShardedInputs(row(input_ids), pos, None if labels is None else row(shift_labels(labels)))
 
 

@@ -296,8 +296,9 @@ def test_packed_documents_and_sliding_windows_match_one_process():
     for model in ("llama", "qwen2"):  # a global layer (every Llama layer, Qwen 2's second) is not windowed silently
         assert errors[f"window_{model}"].startswith("sliding_window: the plan's window 8 applies to every layer, and "
                                                     "this layer of the model attends without a window"), errors
-    assert errors["balanced_mixed"].startswith("sliding_window: the balanced layout placed the tokens by the work "
-                                               "of window None, this layer attends with window 8")
+    assert errors["balanced_mixed"].startswith("window: ctx.attention with a causal, window 8 mask lays the balanced "
+                                               "layout's tokens out as that mask places them, and ctx.shard placed "
+                                               "this batch's documents by a causal, no window mask")
 
 
 def test_packed_positions_become_cu_seqlens_of_rows_end_to_end():
