@@ -31,7 +31,7 @@ from sp_plan.planner.masks import imbalance, sample_rank_work
 from sp_plan.planner.measured import mark
 from sp_plan.planner.model import MAX_SEED, MAX_TRIALS, ModelSpec, Workload
 from sp_plan.planner.params import Params
-from sp_plan.planner.plan import Plan, Prediction
+from sp_plan.planner.plan import Plan, Prediction, one_placement_problem
 from sp_plan.planner.profile import Profile
 from sp_plan.planner.ranking import RankedPlans
 from sp_plan.planner.yamlio import model_from_data
@@ -515,12 +515,11 @@ def run_estimate(req: EstimateRequest, store=None, max_world: int | None = None,
 
 
 def plan_notes(plan: Plan, w: Workload) -> list[str]:
-    """What a plan means on this workload that its price does not say: a balanced layout over layers that mix
-    windows, which the runtime refuses (``runtime.context.check_one_placement``)."""
-    if plan.token_layout == "balanced" and w.mixes_windows:
-        return ["balanced places packed documents by one mask's work, and these layers mix windows: the runtime "
-                "refuses this plan at init, and `sp-plan plan` chooses zigzag, striped or contiguous for it"]
-    return []
+    """What a plan means on this workload that its price does not say: a layout the runtime refuses for these
+    layers (``planner.plan.one_placement_problem``)."""
+    problem = one_placement_problem(plan.token_layout, w)
+    return [f"{problem}: the runtime refuses this plan at init, and `sp-plan plan` chooses zigzag, striped or "
+            "contiguous for it"] if problem else []
 
 
 # ---- report: the rows, the plan it is about, the sensitivity

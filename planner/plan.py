@@ -63,6 +63,16 @@ def _group_difference(name: str, lists: list[list[int]], made: list[list[int]]) 
     return None if missing is None else f"{missing} is missing"
 
 
+def one_placement_problem(token_layout: str, work: Workload | None) -> str | None:
+    """Why a plan's token layout cannot serve ``work``'s layers, or None: a model's layers share one placement of
+    the tokens, and ``balanced`` places them by one mask's work, so it cannot serve layers that mix windows
+    (runtime/placement.py)."""
+    if token_layout != "balanced" or work is None or not work.mixes_windows:
+        return None
+    return (f"balanced places packed documents by one mask's work, and these layers mix windows (window "
+            f"{work.window.size} on {work.window.pattern} layers), which share one placement")
+
+
 class PhaseCost(BaseModel):
     """One line of a prediction's breakdown."""
 

@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import Layout, mesh_dims
 from sp_plan.planner.model import masking_window
-from sp_plan.planner.plan import Plan
+from sp_plan.planner.plan import Plan, one_placement_problem
 
 from .agree import MaskAgreement, plain
 from .attention import attention as _attention
@@ -235,15 +235,12 @@ def _as_plan(plan_or_path: Plan | str | Path) -> Plan:
 
 
 def check_one_placement(plan: Plan) -> None:
-    """A ``balanced`` plan whose layers mix windows is refused before it runs: its layers hold one placement of the
-    tokens, and balanced places by one mask's work (``placement.Placements`` would refuse its first windowed or
-    global layer). ``sp-plan plan`` does not choose it."""
-    w = plan.workload
-    if plan.token_layout == "balanced" and w is not None and w.mixes_windows:
-        raise PlanError("token_layout", f"balanced places packed documents by one mask's work, and this plan's layers "
-                        f"mix windows (window {w.window.size} on {w.window.pattern} layers), which read one placement",
-                        "make the plan again (sp-plan plan chooses zigzag, striped or contiguous for mixed layers), "
-                        "or set token_layout: zigzag")
+    """A plan whose layout cannot serve its layers (``plan.one_placement_problem``) is refused before it runs:
+    ``placement.Placements`` would refuse its first windowed or global layer."""
+    problem = one_placement_problem(plan.token_layout, plan.workload)
+    if problem:
+        raise PlanError("token_layout", problem, "make the plan again (sp-plan plan chooses zigzag, striped or "
+                        "contiguous for mixed layers), or set token_layout: zigzag")
 
 
 def check_dim(x: torch.Tensor, dim: int) -> None:

@@ -81,17 +81,17 @@ class Placements:
             theirs, by = (other, self._placed.get(other)), "ctx.shard placed"
         else:
             theirs, by = (cu, (self.planned_causal, planned_window)), "the plan's mask places"
+        other, mask = theirs
         key = (cu, mine, theirs)
-        if key in self._agreed or (theirs[0] == cu and (theirs[1] == mine or not self.depends)):
+        if key in self._agreed or (other == cu and (mask == mine or not self.depends)):
             return
-        if theirs[0] is None or theirs[1] is None:  # laid out whole (or its record gone: nothing to compare)
-            held = self.whole(cu[-1]) if theirs[0] is None else None
-        else:
-            held = self.pieces(*theirs[:1], *theirs[1])
-        if held is not None and not _same(held, self.pieces(cu, *mine)):
-            if theirs[0] != cu:
-                _refuse_documents(caller, cu[-1], theirs[0], self.token_layout)
-            _refuse(caller, mine, theirs[1], by)
+        if other is not None and mask is None:  # that shard's record is gone: nothing to compare with
+            return
+        held = self.whole(cu[-1]) if other is None else self.pieces(other, *mask)
+        if not _same(held, self.pieces(cu, *mine)):
+            if other != cu:
+                _refuse_documents(caller, cu[-1], other, self.token_layout)
+            _refuse(caller, mine, mask, by)
         _remember(self._agreed, key, True)
 
     def check_whole(self, seq_len: int, caller: str) -> None:
