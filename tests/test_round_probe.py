@@ -40,6 +40,18 @@ def test_round_overhead_by_hand_on_a_ring_of_four():
     assert round_overhead(cl, MODEL, Params(), t0 / 2) == 0.0  # faster than the blocks alone: no negative cost
 
 
+def test_with_round_probe_says_where_the_model_alone_prices_the_probe_above_its_reading():
+    from sp_plan.profiles.tune.measure import with_round_probe
+
+    cl = load_cluster("cpu-local")
+    t0 = _probe_seconds(cl, Params())
+    for seconds, zero in ((t0 / 2, True), (t0 + LAYERS * 8e-3, False)):
+        said = []
+        got, hold = with_round_probe(cl, MODEL, Params(), seconds, said)
+        assert hold == {"round_overhead_s"} and (got.round_overhead_s == 0) == zero
+        assert (said[0].endswith("alone price the probe at or above that")) == zero, said
+
+
 def test_no_probe_reading_without_a_measurement_or_a_ring():
     from sp_plan.profiles import preset_cluster
 

@@ -186,7 +186,8 @@ def with_round_probe(cluster: Cluster, model: ModelSpec, base: Params, rounds_s:
     if ro is None:
         return base, frozenset()
     said.append(f"round overhead {ro * 1e3:.2f} ms per attention call, measured (Ring over every rank, "
-                f"{PROBE_LAYERS} layers of {PROBE_TOKENS} tokens a rank: {rounds_s * 1e3:.1f} ms)")
+                f"{PROBE_LAYERS} layers of {PROBE_TOKENS} tokens a rank: {rounds_s * 1e3:.1f} ms)"
+                + ("; the links and kernels alone price the probe at or above that" if ro == 0 else ""))
     return base.model_copy(update={"round_overhead_s": ro}), frozenset({"round_overhead_s"})
 
 
