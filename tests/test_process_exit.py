@@ -10,7 +10,7 @@ from sp_plan.service.collector import exit_without_teardown
 atexit.register(lambda: print("handler ran", file=sys.stderr))
 sys.stdout.write("x" * 200_000)  # more than a pipe's buffer: still in the stream's buffer when the process ends
 if sys.argv[1] == "thread":
-    threading.Thread(target=time.sleep, args=(0.2,)).start()
+    threading.Thread(target=time.sleep, args=(2.0,)).start()
 exit_without_teardown(3)
 print("returned", file=sys.stderr)
 """

@@ -161,19 +161,36 @@ def test_kernel_curves_split_dense_and_masked_timings():
 
 
 # ---- timing ranks together in one shared window
-def test_time_window_runs_from_start_until_stop_and_averages():
-    import time
+class _Clock:
+    """Wall and interval time that only sleeps and calls move, so the window's arithmetic reads the same on any
+    host (a real 0.1 s window breaks on one scheduler stall)."""
 
+    def __init__(self, now: float):
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+    perf_counter = time
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_time_window_runs_from_start_until_stop_and_averages(monkeypatch):
     import torch
 
-    from sp_plan.profiles.tune.timing import time_window
+    from sp_plan.profiles.tune import timing
 
+    clock = _Clock(1000.0)
+    monkeypatch.setattr(timing, "time", clock)
     calls = []
-    start = time.time() + 0.05
-    per = time_window(lambda: (calls.append(time.time()), time.sleep(0.01)), torch.device("cpu"), start, start + 0.1)
+    start = clock.now + 0.5  # binary fractions of a second: the clock's sums are exact
+    per = timing.time_window(lambda: (calls.append(clock.now), clock.sleep(0.25)), torch.device("cpu"), start,
+                             start + 2.0)
     assert calls[0] >= start  # waited for the window
-    assert calls[-1] < start + 0.1 <= time.time()  # the last call began inside it and ran past its end
-    assert len(calls) >= 3 and 0.01 <= per < 0.05
+    assert calls[-1] < start + 2.0 <= clock.now  # the last call began inside it and ran past its end
+    assert len(calls) == 8 and per == 0.25  # eight calls of 0.25 s fill the 2 s window
 
 
 def _alone_and_together(rank, world):

@@ -16,6 +16,8 @@ import sys
 import uuid
 from dataclasses import dataclass
 
+from sp_plan.runtime.spawn import free_port
+
 ADDR = ("10.77.0.1", "10.77.0.2")
 
 
@@ -73,7 +75,8 @@ def start(argv: list[str], world: int, per_node: int, cwd, pair: Pair | None = N
     """Start ``python *argv`` (e.g. ``["-m", "sp_plan.cli.app", "discover"]``) on ``world`` ranks (``per_node`` per
     host, in ``pair``'s namespaces when given, else on this host) with torchrun's variables; each rank in its own
     process session (``os.killpg`` ends it with its children)."""
-    port = str(29500 + int(uuid.uuid4().hex[:3], 16) % 2000)
+    # on this host a free port, as two test workers may launch at once; in a pair's namespaces any port is free
+    port = str(29500 + int(uuid.uuid4().hex[:3], 16) % 2000 if pair else free_port())
     procs = []
     for rank in range(world):
         node = rank // per_node
