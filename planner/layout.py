@@ -117,7 +117,8 @@ def check_token_layout(token_layout: str) -> None:
     """A layout of a sequence without documents; ``balanced`` needs the documents' boundaries."""
     if token_layout == "balanced":
         raise PlanError("token_layout", "balanced assigns documents by their work, and needs their boundaries",
-                        "pass the batch's cu_seqlens (Layout.document_tokens), or use contiguous, zigzag or striped")
+                        "pass the batch's cu_seqlens to ctx.shard, ctx.attention and ctx.gather, or use contiguous, "
+                        "zigzag or striped")
     if token_layout not in TOKEN_LAYOUTS:
         raise PlanError("token_layout", f"unknown layout {token_layout!r}", f"use one of {list(TOKEN_LAYOUTS)}")
 

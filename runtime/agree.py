@@ -2,12 +2,15 @@
 
 Each rank reads only its own arguments, so a rank passed another ``window``, ``causal`` flag or ``cu_seqlens`` than
 its peers computes a wrong attention without any error, and a rank of another head count or batch aborts inside a
-collective. ``MaskAgreement`` compares a digest of each field over the group once per distinct call (one small
-all-gather; then cached, as a model's layers repeat a batch's call) and names the first field that differs.
+collective. ``MaskAgreement`` compares a digest of each field over the group and names the first field that
+differs: by default once per distinct call (one small all-gather; then cached, as a model's layers repeat a batch's
+call), or on every call where ``SP_PLAN_CHECK_CALLS=every``. The cache is each rank's own: a rank that repeats a
+call its group agreed on while its peers make another compares nothing, and only the every-call mode finds it.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import OrderedDict
 
 import numpy as np
@@ -20,6 +23,19 @@ from sp_plan.planner.errors import PlanError
 FIELDS = ("causal", "window", "scale", "kv_chunks", "cu_seqlens", "shapes")
 #: distinct calls remembered as agreed (a batch's layers repeat one; packed batches bring a new one each step)
 KEEP = 64
+#: the environment variable that chooses when calls are compared, and its values: each distinct call once (the
+#: default), or every call (a small all-gather each, for finding a rank that strays into an earlier call)
+CHECK_ENV = "SP_PLAN_CHECK_CALLS"
+MODES = ("new", "every")
+
+
+def check_mode(environ=None) -> str:
+    """``SP_PLAN_CHECK_CALLS``'s mode (unset or empty: "new"), or a PlanError naming it."""
+    mode = (os.environ if environ is None else environ).get(CHECK_ENV, "").strip() or "new"
+    if mode not in MODES:
+        raise PlanError(CHECK_ENV, f"unknown mode {mode!r}", f"set {CHECK_ENV} to new (each distinct call compared "
+                        "once) or every (every call compared), or unset it")
+    return mode
 
 
 def digest(value) -> int:
@@ -53,9 +69,10 @@ def plain(value):
 class MaskAgreement:
     """The calls a rank's sequence group agreed on (``check``), the latest ``KEEP``."""
 
-    def __init__(self, group):
+    def __init__(self, group, every: bool = False):
         self.group = group  # None: a group of one
         self.alone = group is None or dist.get_world_size(group) == 1  # nothing to compare: no key built either
+        self.every = every  # compare every call, not only the ones this rank has not made before
         self.agreed: OrderedDict = OrderedDict()
 
     def check(self, device: torch.device, q, k, v, **fields) -> None:
@@ -70,7 +87,7 @@ class MaskAgreement:
             hash(key)
         except TypeError:  # a field of no hashable value (refused by the checks after this one): its digest
             key = tuple(digest(v) for v in key)
-        if key in self.agreed:
+        if key in self.agreed and not self.every:
             self.agreed.move_to_end(key)
             return
         self._compare(key, device)

@@ -5,9 +5,10 @@
     dist.init_process_group("nccl")          # or gloo; torchrun sets the environment
     ctx = init("plan.yaml")
     x_local = ctx.shard(x, dim=1)            # this rank's tokens in the plan's token layout
+    q, k, v = project(x_local)               # (batch, local seq, heads, head dim)
     out = ctx.attention(q, k, v, causal=True)
     ctx.attention_backend                    # the block kernel it ran on (runtime.choice)
-    x_full = ctx.gather(out, dim=1)
+    out_full = ctx.gather(out, dim=1)
 
 Groups are built once, from the shared layout module, and passed explicitly (no global state).
 """
@@ -26,7 +27,7 @@ from sp_plan.planner.layout import Layout, mesh_dims
 from sp_plan.planner.model import masking_window
 from sp_plan.planner.plan import Plan, one_placement_problem
 
-from .agree import MaskAgreement, plain
+from .agree import MaskAgreement, check_mode, plain
 from .attention import attention as _attention
 from .choice import BackendChoice
 from .placement import Placements
@@ -43,6 +44,9 @@ class Context:
     _groups: dict = field(default_factory=dict)
     #: the block-kernel choice of this process (SP_PLAN_ATTN_BACKEND or measured once per block kind)
     backends: BackendChoice = field(default_factory=BackendChoice.from_env)
+    #: when ``attention`` compares a call over the sequence group: "new" (each distinct call once) or "every"
+    #: (SP_PLAN_CHECK_CALLS, ``agree.check_mode``)
+    check_calls: str = field(default_factory=check_mode)
 
     @property
     def attention_backend(self) -> str | None:
@@ -66,16 +70,48 @@ class Context:
         """This rank's tokens of a full-sequence tensor, in the plan's token layout (layout.tokens); with packed
         documents (``cu_seqlens``, and the ``window`` and ``causal`` the attention will use; None: the plan's) laid
         out per document as ``ctx.attention`` expects them (``ring.member_pieces``: ranks may hold different numbers
-        of tokens). A ``balanced`` layout places by the mask, which is remembered (``placement.Placements``)."""
+        of tokens). A ``balanced`` layout places by the mask, which is remembered (``placement.Placements``). Rows
+        of a batch with ``cu_seqlens`` over all of them, laid end to end, become one row (``_end_to_end``)."""
         check_dim(x, dim)
         if cu_seqlens is None:
             tokens = self.layout.tokens(self.rank, x.size(dim))
             self._placements().record_whole(x.size(dim))
         else:
+            x = self._end_to_end(x, dim, cu_seqlens)
             cu, c, w = self._mask(x.size(dim), cu_seqlens, window, causal)
             self._placements().record(cu, c, w)
             tokens = self._pieces(cu, c, w)[self.rank]
         return x.index_select(dim, torch.tensor(tokens, device=x.device))
+
+    def _end_to_end(self, x: torch.Tensor, dim: int, cu_seqlens) -> torch.Tensor:
+        """``x``'s B rows of S tokens as one row of B x S where ``cu_seqlens`` covers them laid end to end
+        (flash-attn's varlen convention; every row's end is a document's, as no document crosses a sequence), and
+        remembered so that ``gather`` hands back B rows; ``x`` as it is where ``cu_seqlens`` covers one row."""
+        from .variants.ring import check_masks
+
+        rows, n = (x.size(0), x.size(1)) if dim == 1 and x.dim() > 2 else (1, 0)
+        cu = check_masks(cu_seqlens, None, None)[0]
+        if rows == 1 or cu[-1] != rows * n:
+            return x
+        crossing = sorted(set(range(n, rows * n, n)) - set(cu))
+        if crossing:
+            raise PlanError("cu_seqlens", f"cu_seqlens covers the batch's {rows} rows of {n:,} tokens end to end, and "
+                            f"a document crosses the end of row {crossing[0] // n - 1} (token {crossing[0]:,})",
+                            "end every row's last document at the row's end: a document never crosses a sequence")
+        _rows = self.__dict__.setdefault("_rows", {})
+        _rows[cu] = rows
+        while len(_rows) > 64:  # as many batches as ``placement.KEEP``
+            del _rows[next(iter(_rows))]
+        return x.reshape(1, rows * n, *x.shape[2:])
+
+    def _rows_back(self, x: torch.Tensor, dim: int, cu_seqlens) -> torch.Tensor:
+        """A gathered row of a batch ``shard`` laid end to end (``_end_to_end``) as its B rows again."""
+        from .variants.ring import check_masks
+
+        if cu_seqlens is None or dim != 1 or x.size(0) != 1:
+            return x
+        rows = self.__dict__.get("_rows", {}).get(check_masks(cu_seqlens, None, None)[0])
+        return x.reshape(rows, x.size(1) // rows, *x.shape[2:]) if rows else x
 
     def window(self, window: int | None = None) -> int | None:
         """``window``, or where None the plan's window on every layer (a local:global pattern has none: its caller
@@ -141,13 +177,14 @@ class Context:
     def gather(self, x: torch.Tensor, dim: int = 1, cu_seqlens=None, window: int | None = None,
                causal: bool | None = None) -> torch.Tensor:
         """Inverse of ``shard`` (with the same ``cu_seqlens``, ``window`` and ``causal``): all-gather the local shards
-        over the sequence group and put every token back at its place; shards of different lengths travel padded."""
+        over the sequence group and put every token back at its place; shards of different lengths travel padded.
+        Differentiable: the gradient of the full sequence comes back as this rank's tokens of it (``_Gathered``)."""
         members = self.ranks("sp")
         check_dim(x, dim)
         if cu_seqlens is not None:
             self._check_share(x.size(dim), cu_seqlens)
         if len(members) == 1:
-            return x
+            return self._rows_back(x, dim, cu_seqlens)
         if cu_seqlens is None:
             seq_len = x.size(dim) * len(members)
             self._placements().check_whole(seq_len, "ctx.gather")
@@ -163,12 +200,22 @@ class Context:
                                 "pass the cu_seqlens the shard was made with")
             perm = np.concatenate([held[m] for m in members])
             lengths = [len(held[m]) for m in members]
-        parts = self._all_gather(x, dim, max(lengths))
-        by_group_rank = sorted(members)  # all_gather fills in group-rank order (sorted global ranks)
-        ordered = torch.cat([parts[by_group_rank.index(m)].narrow(dim, 0, n) for m, n in zip(members, lengths)], dim)
-        out = torch.empty_like(ordered)
-        out.index_copy_(dim, torch.tensor(perm, device=x.device), ordered)
-        return out
+        me = members.index(self.rank)
+        own = perm[sum(lengths[:me]):sum(lengths[:me + 1])]  # this rank's tokens, as shard selects them
+
+        def assemble(t: torch.Tensor) -> torch.Tensor:
+            parts = self._all_gather(t, dim, max(lengths))
+            by_group_rank = sorted(members)  # all_gather fills in group-rank order (sorted global ranks)
+            ordered = torch.cat([parts[by_group_rank.index(m)].narrow(dim, 0, n) for m, n in zip(members, lengths)],
+                                dim)
+            out = torch.empty_like(ordered)
+            return out.index_copy_(dim, torch.tensor(perm, device=t.device), ordered)
+
+        if x.requires_grad and torch.is_grad_enabled():
+            out = _Gathered.apply(x, dim, torch.as_tensor(own, device=x.device), assemble)
+        else:
+            out = assemble(x)
+        return self._rows_back(out, dim, cu_seqlens)
 
     def _all_gather(self, x: torch.Tensor, dim: int, n: int) -> list[torch.Tensor]:
         """Every sequence-group member's ``x`` padded along ``dim`` to ``n``, in group-rank order."""
@@ -198,6 +245,7 @@ class Context:
                                 cu_seqlens=cu_seqlens)
         if cu_seqlens is None and isinstance(q, torch.Tensor):
             sp = self.plan.degrees["ulysses"] * self.plan.degrees["ring"]  # equal shards of the whole sequence
+            self._placements().check_length(q.shape[1], sp, "ctx.attention")
             self._placements().check_whole(q.shape[1] * sp, "ctx.attention")
         elif cu_seqlens and self._placements().wants(cu_seqlens[-1]):
             self._check_read(cu_seqlens, causal, window)
@@ -209,7 +257,7 @@ class Context:
     def _agreement(self):
         """The sequence group's ``agree.MaskAgreement`` (made once)."""
         if "_agreed" not in self.__dict__:
-            self.__dict__["_agreed"] = MaskAgreement(self._groups.get("sp"))
+            self.__dict__["_agreed"] = MaskAgreement(self._groups.get("sp"), every=self.check_calls == "every")
         return self.__dict__["_agreed"]
 
     def _attention_groups(self) -> tuple[dict, dict]:
@@ -228,6 +276,24 @@ class Context:
         """``kv_chunks``, or where None the plan's (1: one gather); ``runtime.attention`` refuses a count over 1
         for a plan that is not all-gather's, as the plan file does."""
         return (self.plan.kv_chunks or 1) if kv_chunks is None else kv_chunks
+
+
+class _Gathered(torch.autograd.Function):
+    """``ctx.gather`` under autograd. What follows a gather runs alike on every rank of the group, so the gradient
+    of a rank's shard is its own tokens' part of the full sequence's gradient, as Megatron's gather from the
+    sequence-parallel region splits it; summing the replicated parameters' gradients over the group (the
+    transformers integration's ``all_reduce_grads``) then counts each token once."""
+
+    @staticmethod
+    def forward(fctx, x, dim, own, assemble):
+        fctx.dim = dim
+        fctx.save_for_backward(own)
+        return assemble(x.detach())
+
+    @staticmethod
+    def backward(fctx, grad):
+        (own,) = fctx.saved_tensors
+        return grad.index_select(fctx.dim, own), None, None, None
 
 
 def _as_plan(plan_or_path: Plan | str | Path) -> Plan:

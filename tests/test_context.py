@@ -242,6 +242,39 @@ def test_ranks_calling_attention_otherwise_get_an_error_naming_the_field(plan):
     assert torch.allclose(res[0][3], ref, atol=1e-6) and torch.equal(res[0][3], res[1][3])
 
 
+def _stray_into_an_earlier_call(rank, world):
+    """Every call compared (SP_PLAN_CHECK_CALLS=every): both ranks make two calls alike, then rank 0 repeats the
+    second while rank 1 repeats the first; what each rank raised (field, problem)."""
+    import os
+
+    os.environ["SP_PLAN_CHECK_CALLS"] = "every"
+    ctx = init(Plan(algorithm="allgather", degrees={"ring": 2}, order=["ring"], token_layout="zigzag"))
+    q = torch.randn(1, 8, 2, 4)
+    ctx.attention(q, q, q, causal=True)
+    ctx.attention(q, q, q, causal=True, window=4)
+    try:
+        ctx.attention(q, q, q, causal=True, window=4 if rank == 0 else None)
+    except PlanError as e:
+        return e.field, e.problem
+    return None
+
+
+def test_every_call_compared_finds_a_rank_that_strays_into_an_earlier_call():
+    """Each rank remembers the calls its group agreed on; a rank that repeats one while its peer repeats another
+    compares nothing by default. Compared on every call, both ranks get the error naming the field."""
+    for field, problem in run_world(_stray_into_an_earlier_call, 2, timeout=60):
+        assert field == "window" and "rank 1 passed ctx.attention another window than rank 0" in problem
+
+
+def test_the_check_mode_is_read_from_the_environment_and_an_unknown_one_is_named():
+    from sp_plan.runtime.agree import check_mode
+
+    assert check_mode({}) == "new" and check_mode({"SP_PLAN_CHECK_CALLS": " every "}) == "every"
+    with pytest.raises(PlanError) as e:
+        check_mode({"SP_PLAN_CHECK_CALLS": "always"})
+    assert e.value.field == "SP_PLAN_CHECK_CALLS" and "every" in e.value.fix
+
+
 def _replica_windows(rank, world):
     """Each data-parallel replica's sequence group calls with its own window; the global ranks of this rank's group."""
     ctx = init(Plan(algorithm="ring", degrees={"ring": 2, "dp": 2}, order=["ring", "dp"], token_layout="zigzag"))

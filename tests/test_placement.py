@@ -180,3 +180,34 @@ def test_documents_read_otherwise_than_sharded_are_refused_where_the_layout_plac
             assert len(got) == 1, (layout, how, got)
             value = results[0][layout, how]
             assert (value < 1e-12) if alike else value == "cu_seqlens", (layout, how, value)
+
+
+def _unsharded_reads(rank: int, world: int) -> dict:
+    """After ``ctx.shard`` of a 64-token sequence: the field each misread raised (None where it ran), and the error
+    of the right read against the reference."""
+    ctx = init(Plan(algorithm="allgather", degrees={"ring": 4}, order=["ring"], token_layout="zigzag"))
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, 64, 4, 4, generator=g, dtype=torch.float64) for _ in range(4))
+    local = [ctx.shard(x, 1) for x in (q, k, v)]
+    reads = {"full tensors": (q, k, v),  # shards meant: they run as a 256-token sequence
+             "SDPA's layout": [ctx.shard(x.transpose(1, 2), 2) for x in (q, k, v)]}  # heads read as tokens
+    out = {}
+    for how, (a, b, c) in reads.items():
+        try:
+            ctx.attention(a, b, c, causal=True)
+            out[how] = None
+        except PlanError as e:
+            out[how] = e.field
+    full = ctx.gather(ctx.attention(*local, causal=True), 1)
+    out["shards"] = float((full - reference(q, k, v, do, 64, True, None, None)[0]).abs().max())
+    return out
+
+
+@shared_world("placement")
+def test_tensors_that_are_not_the_shards_of_a_placed_sequence_are_refused_naming_q():
+    """Full tensors where shards were meant, or shards of SDPA's (batch, heads, seq, head dim) layout, have the
+    shapes the attention takes and would run as another sequence with no error; after ctx.shard placed a 64-token
+    sequence, a read of another length is refused on every rank."""
+    for out in run_world(_unsharded_reads, 4, timeout=120):
+        assert out["full tensors"] == out["SDPA's layout"] == "q", out
+        assert out["shards"] < 1e-12

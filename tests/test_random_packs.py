@@ -14,6 +14,7 @@ import random
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from exact import attention_terms, mismatches
 from harness.worlds import run_world
@@ -97,8 +98,26 @@ def _run(rank: int, world: int, todo) -> list[list[str]]:
         shards = [ctx.shard(w, 1, cu_seqlens=cu, window=window) for w in want]
         gathered = [ctx.gather(g, 1, cu_seqlens=cu, window=window) for g in got]
         found.append(mismatches(got, shards, NAMES, "float64", terms, what + " shard")
-                     + mismatches(gathered, want, NAMES, "float64", terms, what + " gathered"))
+                     + mismatches(gathered, want, NAMES, "float64", terms, what + " gathered")
+                     + through_gather(ctx, (q, k, v), do, pack, want, terms, what))
     return found
+
+
+def through_gather(ctx, qkv, do, pack, want, terms, what) -> list[str]:
+    """A model's path: shards of tensors that need their gradients, the attention, ``ctx.gather`` and a loss on the
+    full sequence; each rank's gradients of the full tensors, summed over the sequence group, are single-device
+    attention's."""
+    seq, causal, cu, window = pack
+    leaves = [x.clone().requires_grad_() for x in qkv]
+    local = [ctx.shard(x, 1, cu_seqlens=cu, window=window) for x in leaves]
+    full = ctx.gather(ctx.attention(*local, causal=causal, cu_seqlens=cu, window=window), 1, cu_seqlens=cu,
+                      window=window)
+    (full * do).sum().backward()
+    grads = [x.grad for x in leaves]
+    if ctx.group("sp") is not None:
+        for g in grads:
+            dist.all_reduce(g, group=ctx.group("sp"))
+    return mismatches([full.detach(), *grads], want, NAMES, "float64", terms, what + " through gather")
 
 
 @shared_world("random_packs")
@@ -118,3 +137,66 @@ def test_the_draws_reach_every_algorithm_layout_and_replica_count():
         assert len({p.token_layout for p, _, _ in drawn}) >= 3, world
         assert any(not packs[0][1] for _, packs, _ in drawn), world  # bidirectional
         assert any(len(packs) > 1 and len(set(packs)) > 1 for _, packs, _ in drawn), world
+
+
+def _whole(rank: int, world: int, plans) -> list[str]:
+    """``through_gather`` of sequences without documents (sharded whole), per plan."""
+    found = []
+    for plan in plans:
+        ctx = init(plan)
+        pack = (48, True, None, None)
+        q, k, v, do = inputs(0, pack, 2)
+        want = reference(q, k, v, do, *pack)
+        found += through_gather(ctx, (q, k, v), do, pack, want, attention_terms(48, HEAD_DIM, HEADS // 2),
+                                f"{plan.summary()} rank {rank}")
+    return found
+
+
+def test_a_gathered_sequence_carries_its_gradient_back_to_every_shard():
+    plans = [Plan(algorithm=a, degrees=d, token_layout=t) for a, d, t in (
+        ("ring", {"ring": 4}, "zigzag"), ("ring", {"ring": 4}, "striped"), ("ulysses", {"ulysses": 4}, "contiguous"),
+        ("usp", {"ulysses": 2, "ring": 2}, "zigzag"), ("allgather", {"ring": 4}, "contiguous"))]
+    wrong = [line for per_rank in run_world(_whole, 4, plans, timeout=300) for line in per_rank]
+    assert not wrong, "\n".join(wrong[:20])
+
+
+def _rows_end_to_end(rank: int, world: int, plans) -> list:
+    """Per plan: a batch of two rows, each packed its own way, with cu_seqlens over both laid end to end, through
+    ``through_gather``; then the error of a pack whose document crosses the rows' boundary."""
+    found = []
+    rows, n, cu = 2, 32, (0, 10, 32, 33, 50, 64)  # row 0: 10 + 22; row 1: 1 + 17 + 14
+    for plan in plans:
+        ctx = init(plan)
+        q, k, v, do = inputs(0, (rows * n,), 2)
+        want = reference(q, k, v, do, rows * n, True, cu, None)
+        batch = [x.reshape(rows, n, *x.shape[2:]) for x in (q, k, v)]
+        leaves = [x.clone().requires_grad_() for x in batch]
+        local = [ctx.shard(x, 1, cu_seqlens=cu) for x in leaves]
+        full = ctx.gather(ctx.attention(*local, causal=True, cu_seqlens=cu), 1, cu_seqlens=cu)
+        (full * do.reshape(rows, n, *do.shape[2:])).sum().backward()
+        grads = [x.grad for x in leaves]
+        if ctx.group("sp") is not None:
+            for g in grads:
+                dist.all_reduce(g, group=ctx.group("sp"))
+        got = [t.reshape(1, rows * n, *t.shape[2:]) for t in (full.detach(), *grads)]
+        found += mismatches(got, want, NAMES, "float64", attention_terms(rows * n, HEAD_DIM, HEADS // 2),
+                            f"{plan.summary()} rank {rank}")
+        found.append(tuple(full.shape[:2]))
+    try:
+        ctx.shard(batch[0], 1, cu_seqlens=(0, 10, 40, 64))
+        found.append("a document across the rows ran")
+    except PlanError as e:
+        found.append((e.field, "crosses the end of row 0 (token 32)" in e.problem))
+    return found
+
+
+def test_rows_of_a_batch_with_cu_seqlens_over_all_of_them_run_as_one_row_and_gather_back():
+    """flash-attn's varlen convention: cu_seqlens over the batch's sequences laid end to end. ctx.shard lays the rows
+    end to end as one row, the attention reads it so, and ctx.gather hands back the rows; a document that crosses
+    a row's end is refused."""
+    plans = [Plan(algorithm=a, degrees=d, token_layout=t, workload=Workload(seq_len=64, documents=[16]))
+             for a, d, t in (("ring", {"ring": 4}, "zigzag"), ("usp", {"ulysses": 2, "ring": 2}, "balanced"),
+                             ("allgather", {"ring": 4}, "striped"))]
+    for found in run_world(_rows_end_to_end, 4, plans, timeout=300):
+        assert found[-1] == ("cu_seqlens", True), found[-1]
+        assert found[:-1] == [(2, 32)] * len(plans), found[:-1]
