@@ -29,7 +29,7 @@ from sp_plan.planner.errors import PlanError, require_extra
 from sp_plan.planner.estimate import Estimator
 from sp_plan.planner.masks import imbalance, sample_rank_work
 from sp_plan.planner.measured import mark
-from sp_plan.planner.model import MAX_SEED, MAX_TRIALS, ModelSpec, Workload
+from sp_plan.planner.model import DEFAULT_TRIALS, MAX_SEED, MAX_TOP, MAX_TRIALS, ModelSpec, Workload
 from sp_plan.planner.params import Params
 from sp_plan.planner.plan import Plan, Prediction, one_placement_problem
 from sp_plan.planner.profile import Profile
@@ -181,11 +181,11 @@ class PlanRequest(BaseModel):
                                "lengths), window (W, with window_pattern '5:1'), seed")
     search: Literal["grid", "bayes"] = "grid"
     # bounds checked by _bounded (a PlanError naming the field), declared here for /openapi.json
-    trials: int = Field(default=200, description="optuna trials for search bayes",
+    trials: int = Field(default=DEFAULT_TRIALS, description="optuna trials for search bayes",
                         json_schema_extra={"minimum": 1, "maximum": MAX_TRIALS})
     seed: int = Field(default=0, description="sampler seed for search bayes",
                       json_schema_extra={"minimum": 0, "maximum": MAX_SEED})
-    top: int = Field(default=5, ge=1, le=1000, description="how many ranked layouts to return")
+    top: int = Field(default=5, ge=1, le=MAX_TOP, description="how many ranked layouts to return")
     use_profile: bool = Field(default=True, description="price with the cluster's stored calibration profile")
     profile: str | None = Field(default=None, description="a stored profile id (default: the cluster's newest); "
                                 "the CLI also takes a profile file")

@@ -30,7 +30,7 @@ from sp_plan.cli.options import (JSON_HELP, NO_PROFILE_HELP, PROFILE_DEFAULT, PR
                                  fail, jobs_option, owns_collector, profile_options)
 from sp_plan.cli.workload import masked_workload, plan_workload, print_mask, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.model import MAX_BATCH, MAX_SEED, MAX_TRIALS, parse_seq_len
+from sp_plan.planner.model import DEFAULT_TRIALS, MAX_BATCH, MAX_SEED, MAX_TOP, MAX_TRIALS, parse_seq_len
 from sp_plan.planner.ranking import mfu_text, secs, summarize, versus_first
 from sp_plan.planner.yamlio import check_writable, names_file
 from sp_plan.profiles import cluster_presets, load_cluster, load_model, model_presets, preset_cluster
@@ -171,11 +171,12 @@ def plan_cmd(
     batch: int = typer.Option(1, "--batch", min=1, max=MAX_BATCH, help="global batch (sequences per step)"),
     causal: bool = typer.Option(True, "--causal/--no-causal", help="causal (decoder) or full attention"),
     inference: bool = typer.Option(False, "--inference", help="forward only (prefill), no gradients or optimizer"),
-    top: int = typer.Option(5, "--top", min=1, help="how many ranked layouts to print (equivalent ones share a row)"),
+    top: int = typer.Option(5, "--top", min=1, max=MAX_TOP, help="how many ranked layouts to print (equivalent ones share a row)"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the best plan here (.yaml or .json)",
                                           show_default="print only"),
     search: Literal["grid", "bayes"] = typer.Option("grid", "--search", help="grid (every layout) or bayes (optuna TPE over the degrees)"),
-    trials: int = typer.Option(200, "--trials", min=1, help=f"optuna trials for --search bayes (1 to {MAX_TRIALS:,})"),
+    trials: Optional[int] = typer.Option(None, "--trials", min=1, show_default=str(DEFAULT_TRIALS),
+                                         help=f"optuna trials for --search bayes (1 to {MAX_TRIALS:,})"),
     seed: int = typer.Option(0, "--seed", min=0, help="seed of the --search bayes sampler and of the packs drawn from "
                              f"--documents (recorded in the plan; 0 to {MAX_SEED:,})"),
     storage: Optional[str] = typer.Option(None, "--storage", help="optuna storage to resume a study, e.g. "
@@ -196,13 +197,18 @@ def plan_cmd(
 ) -> None:
     """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
     try:
-        _check_plan_options(output, report, profile, no_profile, server, sensitivity, jobs)
+        _check_plan_options(output, report, profile, no_profile, server, sensitivity, jobs, store)
+        if search == "grid" and (storage or trials is not None):
+            flag = "--storage" if storage else "--trials"
+            raise PlanError(flag, "sets the Bayesian search, and a grid search prices every layout",
+                            f"pass --search bayes with {flag}, or drop it")
         w = masked_workload(dict(seq_len=parse_seq_len(seq_len), batch=batch, causal=causal, training=not inference),
                             documents, window, window_pattern, seed if documents is not None else None)
         if not as_json:
             print_notes(w)
         res, inputs = _planned(server, store, storage, jobs, cluster=cluster, nodes=nodes, model=model, workload=w,
-                               search=search, trials=trials, seed=seed, top=top, use_profile=not no_profile,
+                               search=search, trials=trials or DEFAULT_TRIALS, seed=seed, top=top,
+                               use_profile=not no_profile,
                                profile=profile, families=True)
     except PlanError as e:
         fail(e)
@@ -215,18 +221,19 @@ def plan_cmd(
         from sp_plan.planner.equivalent import group  # noqa: PLC0415 - as in _ranking
 
         _sensitivity_and_report(inputs, [r.plan for r in group(res.plans)], res.families, sensitivity, report,
-                                jobs)
+                                jobs, to=err if as_json else out)
 
 
 def _check_plan_options(output: Optional[Path], report: Optional[Path], profile: Optional[str], no_profile: bool,
-                        server: Optional[str], sensitivity: bool, jobs: Optional[int] = None) -> None:
+                        server: Optional[str], sensitivity: bool, jobs: Optional[int] = None,
+                        store: Optional[str] = None) -> None:
     """`plan`'s options that neither typer (ranges, choices: their declarations) nor a model checks: writable
     outputs, options that exclude each other."""
     if output:
         check_writable(output)
     if report:
         check_writable(report, "--report")
-    profile_options(profile, no_profile)
+    profile_options(profile, no_profile, store)
     if server and (report or sensitivity):
         raise PlanError("--report" if report else "--sensitivity", "needs the cluster's profile here, not on a server",
                         "run without --server (the service's report is at URL/v1/plans/ID/report)")
@@ -305,9 +312,10 @@ def _search_progress(kind: str) -> Iterator[Callable[[int, int], None]]:
 
 
 def _sensitivity_and_report(inputs, plans: list[Plan], families: list[Plan], sensitivity: bool,
-                            report: Optional[Path], jobs: Optional[int]) -> None:
+                            report: Optional[Path], jobs: Optional[int], to=out) -> None:
     """`plan --sensitivity` and `plan --report` (cli/report.py) from the search's inputs and rows; the
-    re-rankings in ``jobs`` processes (None: the usable cores)."""
+    re-rankings in ``jobs`` processes (None: the usable cores); printed on ``to`` (stderr under --json, whose
+    stdout is the JSON document alone)."""
     from sp_plan.cli.report import sensitivity_table, write_report  # noqa: PLC0415 - matplotlib: --report only
     from sp_plan.pipeline import report_plans  # noqa: PLC0415 - as in _planned
     from sp_plan.planner.sensitivity import sensitivity as rerank  # noqa: PLC0415 - as in _planned
@@ -317,11 +325,11 @@ def _sensitivity_and_report(inputs, plans: list[Plan], families: list[Plan], sen
         sen = rerank(inputs.cluster, inputs.model, inputs.workload, plans[0], inputs.params,
                      each=rerankings(jobs or auto_jobs())) if sensitivity else None
         if sen is not None:
-            out.print(sensitivity_table(sen))
+            to.print(sensitivity_table(sen))
         if report:
             rows, chosen = report_plans(plans, families)
             write_report(report, rows, inputs.cluster, chosen, inputs.profile, sen, [inputs.line], field="--report")
-            out.print(f"wrote {report}")
+            to.print(f"wrote {report}")
     except PlanError as e:
         fail(e)
 
@@ -366,7 +374,7 @@ def estimate(
         w = plan_workload(p.workload, seq_len, batch, causal, inference, documents, window, window_pattern, seed)
         if not as_json:
             print_notes(w)
-        profile_options(profile, no_profile)
+        profile_options(profile, no_profile, store)
         if cluster is None:  # the preset the plan names, as `report` reads it
             cluster, count = plan_preset(p, path)
             nodes = nodes or count
@@ -508,7 +516,8 @@ def usage_line(e: Exception) -> str:
     'Value error, ' prefix) and where the command's help is."""
     ctx = getattr(e, "ctx", None)
     where = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
-    return f"{e.format_message().replace('Value error, ', '').rstrip('.')}{where}"
+    said = " ".join(e.format_message().replace("Value error, ", "").split())  # a choice list comes one per line
+    return f"{said.rstrip('.')}{where}"
 
 
 def run_line(args: Optional[list[str]] = None) -> int:

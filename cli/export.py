@@ -98,6 +98,7 @@ def export_cmd(
     """Write what a framework reads for a plan; a plan it cannot express exits 2 naming the nearest one it can."""
     from sp_plan.cli.console import err, out
     from sp_plan.cli.options import fail, profile_options
+    from sp_plan.cli.report import check_plan_world
     from sp_plan.integrations.export import target
     from sp_plan.planner.yamlio import atomic_write
     from sp_plan.profiles.plans import load_plan
@@ -106,9 +107,11 @@ def export_cmd(
         p = load_plan(path)
         t = target(to)
         t.check_workload(p)
+        if cluster is None and nodes is None:  # the plan's own cluster: its degrees must fill it
+            check_plan_world(p, path)
         # a given --cluster or --nodes is resolved and its world checked whether or not a nearest plan needs it
         c = _cluster(p, path, cluster, nodes) if cluster is not None or nodes is not None else None
-        p, note = _expressible(t, p, path, c, nearest_, profile_options(profile, no_profile), store)
+        p, note = _expressible(t, p, path, c, nearest_, profile_options(profile, no_profile, store), store)
         text = t.export(p)
     except PlanError as e:
         fail(e)

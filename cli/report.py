@@ -13,7 +13,7 @@ from sp_plan.cli.options import STORE_DEFAULT, fail, jobs_option, owns_collector
 from sp_plan.cli.workload import plan_workload, print_notes, print_rank_work, workload_mask_options
 from sp_plan.planner.cluster import preset_nodes
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.model import MAX_BATCH
+from sp_plan.planner.model import MAX_BATCH, MAX_TOP
 from sp_plan.planner.ranking import secs
 from sp_plan.profiles import cluster_presets, load_cluster, load_model, preset_cluster
 
@@ -70,15 +70,33 @@ def plan_preset(plan: Plan, path: Path) -> tuple[str, int]:
         nodes = max(1, plan.world_size // per_node)
         if name == preset or (count == nodes and plan.world_size % per_node == 0):
             return preset, nodes
+        check_plan_world(plan, path)
     raise PlanError("--cluster", f"{path} names cluster {name or '(none)'!r}, which is not a preset",
                     "pass --cluster NAME|FILE (and --nodes) for the cluster the plan was made for")
 
 
-def plan_cluster(plan: Plan, path: Path) -> Cluster:
-    """The preset cluster a plan file was made for (``plan_preset``), checked against the plan's fingerprint."""
-    preset, nodes = plan_preset(plan, path)
+def check_plan_world(plan: Plan, path: Path) -> None:
+    """A plan file whose degrees make another world than the preset cluster it names (``dgx-h100x2``: 16 ranks)
+    holds, refused naming the degrees; a cluster that is no preset's name is not checked here."""
+    preset, count = preset_nodes(plan.cluster or "")
+    if preset not in cluster_presets():
+        return
+    ranks = count * preset_cluster(preset, 1).devices_per_node
+    if ranks != plan.world_size:
+        raise PlanError("degrees", f"{path}'s degrees make {plan.world_size} ranks, and the cluster it names, "
+                        f"{plan.cluster!r}, has {ranks}", "fix the plan's degrees, or pass --cluster NAME|FILE (and "
+                        "--nodes) for a cluster of that many ranks")
+
+
+def plan_cluster(plan: Plan, path: Path, nodes: Optional[int] = None) -> Cluster:
+    """The preset cluster a plan file was made for (``plan_preset``; ``nodes`` of it where given), checked against
+    the plan's fingerprint."""
+    preset, count = plan_preset(plan, path)
     name = plan.cluster or ""
-    c = load_cluster(preset, nodes)
+    c = load_cluster(preset, nodes or count)
+    if nodes is not None and nodes != count:
+        raise PlanError("--nodes", f"{path} was made for {name!r}, {count} node(s) of {preset}, and --nodes asks "
+                        f"for {nodes}", f"drop --nodes (the plan's cluster is used), or pass --cluster {preset} with it")
     if plan.cluster_fingerprint and plan.cluster_fingerprint != c.fingerprint():
         raise PlanError("--cluster", f"{path} was made for a cluster {name!r} with fingerprint "
                         f"{plan.cluster_fingerprint}, not the preset's {c.fingerprint()}",
@@ -102,7 +120,7 @@ def report_cmd(
     causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help="causal (decoder) or full attention",
                                           show_default="the plan's, else causal"),
     inference: bool = typer.Option(False, "--inference", help="forward only (prefill)"),
-    top: int = typer.Option(8, "--top", min=1, help="how many ranked layouts to show (plus the best of each algorithm variant)"),
+    top: int = typer.Option(8, "--top", min=1, max=MAX_TOP, help="how many ranked layouts to show (plus the best of each algorithm variant)"),
     sensitivity: bool = typer.Option(True, "--sensitivity/--no-sensitivity",
                                      help="re-rank with each link class halved and doubled and compute at 80 %"),
     profile: Optional[str] = typer.Option(None, "--profile", help="calibration profile: a stored id or a file",
@@ -124,7 +142,7 @@ def report_cmd(
     try:
         given, c, m, w = _report_inputs(path, cluster, nodes, model, seq_len, batch, causal, inference, documents,
                                         window, window_pattern, seed)
-        spec = profile_options(profile, no_profile)
+        spec = profile_options(profile, no_profile, store)
         with err.status("ranking every layout" + (", then again under each changed input" if sensitivity else "")):
             rep = report(c, m, w, given, top, sensitivity, spec, store, jobs=jobs or auto_jobs())
         write_report(output, rep.rows, c, rep.chosen, rep.profile, rep.sensitivity, [rep.line])
@@ -151,7 +169,7 @@ def _report_inputs(path: Optional[Path], cluster: Optional[str], nodes: Optional
     if given is None and (cluster is None or model is None or seq_len is None):
         raise PlanError("plan", "no plan file and not all of --cluster, --model, --seq-len",
                         "pass a plan file, or --cluster NAME --model NAME --seq-len N")
-    c = load_cluster(cluster, nodes) if cluster else plan_cluster(given, path)
+    c = load_cluster(cluster, nodes) if cluster else plan_cluster(given, path, nodes)
     if model is None and given.model is None:
         raise PlanError("--model", f"{path} names no model", "pass --model NAME|FILE")
     base = given.workload if given else None

@@ -93,6 +93,10 @@ MAX_SEED = 2**32 - 1
 #: dgx-h100, CPU seconds: 1,000 trials 3, 4,000 44, 10,000 262), and the default 200 already finds the grid's best
 #: there, so 10,000 is past any useful study; more is a typo that would hold a search process for days
 MAX_TRIALS = 10_000
+#: ranked layouts a plan or report lists at most (each row is drawn and explained)
+MAX_TOP = 1000
+#: optuna trials of a Bayesian search where none are given
+DEFAULT_TRIALS = 200
 
 
 def parse_seq_len(text: str | int) -> int:

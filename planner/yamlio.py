@@ -328,6 +328,24 @@ def model_from_data(cls: type[M], data: dict, what: str, source: str = "") -> M:
         return cls.model_validate(data)
     except ValidationError as err:
         raise validation_error(what, err, source) from None
+    except PlanError as err:  # a nested field's validator names the field alone (seq_len, read as a flag's name)
+        where = key_path(data, err.field)
+        if where is None or where == err.field:
+            raise
+        raise PlanError(where, f"{err.problem}{' in ' + source if source else ''}", err.fix) from None
+
+
+def key_path(data, key: str) -> str | None:
+    """The dotted path of ``key``'s first occurrence in nested mappings (``workload.seq_len``), or None."""
+    if not isinstance(data, dict):
+        return None
+    if key in data:
+        return key
+    for k, v in data.items():
+        sub = key_path(v, key)
+        if sub is not None:
+            return f"{k}.{sub}"
+    return None
 
 
 def load_yaml_model(cls: type[M], path: str | Path, what: str) -> M:

@@ -1,0 +1,65 @@
+"""Command lines whose flags cannot all take effect, and plan files that contradict themselves, are refused in one
+line naming what to change: a flag the command would drop, or a file's value blamed on a flag, sends a user to fix
+the wrong thing. ``--json`` output stays one JSON document whatever else the command prints."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sp_plan.cli.app import run_line
+from sp_plan.planner.yamlio import yaml_load
+from test_plan_file_errors import OLD, edited, one_error
+
+SMALL = ["plan", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "256", "--no-profile"]
+
+
+def test_a_missing_choice_names_every_choice_on_one_line(capsys):
+    line = one_error(capsys, "export", str(OLD))
+    assert "--to" in line and "megatron" in line and "accelerate" in line
+
+
+@pytest.mark.parametrize("extra,flag", [
+    (["--storage", "sqlite:///study.db"], "--storage"),
+    (["--trials", "5"], "--trials"),
+    (["--store", "sqlite:///x.db"], "--store"),
+])
+def test_flags_a_plan_would_drop_are_refused_naming_the_flag(capsys, extra, flag):
+    line = one_error(capsys, *SMALL, *extra)
+    assert line.startswith(f"error: {flag}: "), line
+
+
+def test_a_bayesian_search_takes_its_trials(capsys):
+    capsys.readouterr()
+    assert run_line([*SMALL, "--search", "bayes", "--trials", "20", "--json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["search"]["trials"] == 20
+
+
+def test_plan_json_with_the_sensitivity_is_one_json_document(capsys):
+    capsys.readouterr()
+    assert run_line([*SMALL, "--json", "--sensitivity"]) == 0
+    got = capsys.readouterr()
+    assert json.loads(got.out)["plans"] and "bandwidth" in got.err.lower()  # the table went to stderr
+
+
+def test_a_value_in_a_plan_file_is_named_where_it_sits_not_as_a_flag(tmp_path, capsys):
+    work = yaml_load(OLD.read_text())["workload"]
+    bad = edited(tmp_path, "seq0.yaml", workload={**work, "seq_len": 0})
+    for command in (["show", bad], ["estimate", bad, "--no-profile"]):
+        line = one_error(capsys, *command)
+        assert line.startswith("error: workload.seq_len: ") and "seq0.yaml" in line, line
+
+
+def test_degrees_that_do_not_fill_the_named_cluster_are_named(tmp_path, capsys):
+    degrees = {**yaml_load(OLD.read_text())["degrees"], "ring": 4}  # 32 ranks; dgx-h100x2 has 16
+    bad = edited(tmp_path, "wide.yaml", degrees=degrees)
+    for command in (["estimate", bad, "--no-profile"], ["export", bad, "--to", "megatron", "--no-profile"]):
+        line = one_error(capsys, *command)
+        assert line.startswith("error: degrees: ") and "32 ranks" in line and "has 16" in line, line
+
+
+def test_report_refuses_nodes_other_than_its_plans_cluster(tmp_path, capsys):
+    line = one_error(capsys, "report", str(OLD), "--no-profile", "--nodes", "4", "-o", str(tmp_path / "r.html"))
+    assert line.startswith("error: --nodes: ") and "2 node(s)" in line, line
+    line = one_error(capsys, "report", str(OLD), "--top", "100000", "-o", str(tmp_path / "r.html"))
+    assert "--top" in line and "1000" in line, line
