@@ -190,7 +190,7 @@ def plan_cmd(
     sensitivity: bool = typer.Option(False, "--sensitivity", help="re-rank with each link class's bandwidth halved "
                                      "and doubled and compute efficiency at 80 %: does the winner hold?"),
     documents: Optional[str] = _PLAN_MASK.documents,
-    window: Optional[int] = _PLAN_MASK.window,
+    window: Optional[str] = _PLAN_MASK.window,
     window_pattern: Optional[str] = _PLAN_MASK.window_pattern,
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     jobs: Optional[int] = jobs_option(),
@@ -355,7 +355,7 @@ def estimate(
     store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP, show_default=STORE_DEFAULT),
     server: Optional[str] = typer.Option(None, "--server", help=SERVER_HELP, show_default="price here"),
     documents: Optional[str] = _ESTIMATE_MASK.documents,
-    window: Optional[int] = _ESTIMATE_MASK.window,
+    window: Optional[str] = _ESTIMATE_MASK.window,
     window_pattern: Optional[str] = _ESTIMATE_MASK.window_pattern,
     seed: Optional[int] = _ESTIMATE_MASK.seed,
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),

@@ -129,7 +129,7 @@ def report_cmd(
                                     "without a profile"),
     store: Optional[str] = typer.Option(None, "--store", help="profile store URL", show_default=STORE_DEFAULT),
     documents: Optional[str] = _REPORT_MASK.documents,
-    window: Optional[int] = _REPORT_MASK.window,
+    window: Optional[str] = _REPORT_MASK.window,
     window_pattern: Optional[str] = _REPORT_MASK.window_pattern,
     seed: Optional[int] = _REPORT_MASK.seed,
     jobs: Optional[int] = jobs_option(),

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from sp_plan.cli.console import out
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.model import Workload, parse_seq_len
+from sp_plan.planner.model import MAX_SEED, Workload, parse_seq_len
 
 if TYPE_CHECKING:
     from sp_plan.planner.plan import Plan
@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 DOCUMENTS_HELP = ("lengths of the documents packed into each sequence: a file of lengths (one integer a line, or a "
                   "CSV/Parquet column 'length') or a named distribution: magi-short, magi-long, megatron-dcp, "
                   "megatron-dcp-skewed")
-WINDOW_HELP = ("sliding window W in tokens: a query attends keys less than W positions away (on every layer, or the "
-               "pattern's)")
+WINDOW_HELP = ("sliding window W in tokens (4096 or 4k): a query attends keys less than W positions away (on every "
+               "layer, or the pattern's)")
 PATTERN_HELP = "windowed:global layers, repeating, e.g. 5:1 (Gemma 3); needs --window"
 SEED_HELP = "seed of the packs drawn from --documents (recorded in the plan)"
 #: ring ranks `show` lists one by one; a larger ring shows its first and last ranks (the imbalance counts them all)
@@ -55,7 +55,7 @@ def workload_mask_options(from_plan: bool = False) -> MaskOptions:
         typer.Option(None, "--window", help=WINDOW_HELP, show_default=(plan if from_plan else "") + "full attention"),
         typer.Option(None, "--window-pattern", help=PATTERN_HELP,
                      show_default=(plan if from_plan else "") + "every layer windowed"),
-        typer.Option(None, "--seed", min=0, help=SEED_HELP, show_default=(plan if from_plan else "") + "0"))
+        typer.Option(None, "--seed", min=0, max=MAX_SEED, help=SEED_HELP, show_default=(plan if from_plan else "") + "0"))
 
 
 def as_flag(e: PlanError) -> PlanError:
@@ -66,13 +66,28 @@ def as_flag(e: PlanError) -> PlanError:
     return e
 
 
-def resolve_mask(documents: Optional[str], window: Optional[int], window_pattern: Optional[str],
+def window_tokens(text: Optional[str | int]) -> Optional[int]:
+    """``--window`` in tokens: a whole number, or one with a k or m suffix as ``--seq-len`` takes (4k: 4,096); a
+    number below 1 is left to the workload's own check."""
+    if text is None or isinstance(text, int):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return parse_seq_len(text)
+    except PlanError as e:
+        raise PlanError("--window", e.problem, "write a window like 4096 or 4k") from None
+
+
+def resolve_mask(documents: Optional[str], window: Optional[str | int], window_pattern: Optional[str],
                  seed: Optional[int], base: Optional[Workload] = None) -> dict[str, Any]:
     """Workload fields documents, window and seed from the flags (a file read here, a name looked up); None: base's."""
     from sp_plan.pipeline import mask_fields  # noqa: PLC0415 - see the module docstring
 
     try:
-        return mask_fields(documents, window, window_pattern, seed, base=base)
+        return mask_fields(documents, window_tokens(window), window_pattern, seed, base=base)
     except PlanError as e:
         raise as_flag(e) from None
 

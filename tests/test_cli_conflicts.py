@@ -63,3 +63,22 @@ def test_report_refuses_nodes_other_than_its_plans_cluster(tmp_path, capsys):
     assert line.startswith("error: --nodes: ") and "2 node(s)" in line, line
     line = one_error(capsys, "report", str(OLD), "--top", "100000", "-o", str(tmp_path / "r.html"))
     assert "--top" in line and "1000" in line, line
+
+
+@pytest.mark.parametrize("window", ["4", True, 0, 2.5])
+def test_the_runtime_names_a_window_that_is_no_whole_number_of_tokens(window):
+    """A window read from a config as "4" would compare unequal to 4, and True would run as a window of 1."""
+    from sp_plan.planner.errors import PlanError
+    from sp_plan.runtime.variants.ring import check_masks
+
+    with pytest.raises(PlanError) as e:
+        check_masks(None, window, None)
+    assert e.value.field == "window" and repr(window) in e.value.problem
+    assert check_masks(None, 4.0, None) == (None, 4)
+
+
+def test_a_window_takes_the_suffixes_a_length_takes(capsys):
+    capsys.readouterr()
+    assert run_line([*SMALL, "--window", "1k", "--json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["workload"]["window"]["size"] == 1024
+    assert "write a window like 4096 or 4k" in one_error(capsys, *SMALL, "--window", "abc")

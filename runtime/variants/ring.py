@@ -27,6 +27,7 @@ to its near neighbours; the backward's last hop then takes each dk, dv accumulat
 """
 from __future__ import annotations
 
+import numbers
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
@@ -502,8 +503,10 @@ def check_masks(cu_seqlens, window, seq_len: int | None) -> tuple[tuple[int, ...
     ``ctx.shard`` and the attention lay tokens out alike)."""
     if isinstance(cu_seqlens, torch.Tensor):  # flash-attn's varlen convention: an int32 tensor, on the GPU too
         cu_seqlens = cu_seqlens.tolist()
-    if window is not None and (int(window) != window or int(window) < 1):
-        raise PlanError("window", f"window {window} is not a positive number of tokens", "pass window >= 1 or None")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, numbers.Real)
+                               or int(window) != window or int(window) < 1):  # "4" from a config, or True
+        raise PlanError("window", f"window {window!r} is not a positive whole number of tokens",
+                        "pass an int window >= 1, or None")
     w = None if window is None else int(window)
     if cu_seqlens is None:
         return None, w if seq_len is None else masking_window(w, seq_len)
