@@ -197,7 +197,7 @@ def plan_cmd(
 ) -> None:
     """Rank every valid layout for a cluster, model and sequence length; write the best as a plan file."""
     try:
-        _check_plan_options(output, report, profile, no_profile, server, sensitivity, jobs, store)
+        _check_plan_options(output, report, profile, no_profile, server, sensitivity, jobs)
         if search == "grid" and (storage or trials is not None):
             flag = "--storage" if storage else "--trials"
             raise PlanError(flag, "sets the Bayesian search, and a grid search prices every layout",
@@ -225,15 +225,14 @@ def plan_cmd(
 
 
 def _check_plan_options(output: Optional[Path], report: Optional[Path], profile: Optional[str], no_profile: bool,
-                        server: Optional[str], sensitivity: bool, jobs: Optional[int] = None,
-                        store: Optional[str] = None) -> None:
+                        server: Optional[str], sensitivity: bool, jobs: Optional[int] = None) -> None:
     """`plan`'s options that neither typer (ranges, choices: their declarations) nor a model checks: writable
     outputs, options that exclude each other."""
     if output:
         check_writable(output)
     if report:
         check_writable(report, "--report")
-    profile_options(profile, no_profile, store)
+    profile_options(profile, no_profile)
     if server and (report or sensitivity):
         raise PlanError("--report" if report else "--sensitivity", "needs the cluster's profile here, not on a server",
                         "run without --server (the service's report is at URL/v1/plans/ID/report)")
@@ -374,7 +373,7 @@ def estimate(
         w = plan_workload(p.workload, seq_len, batch, causal, inference, documents, window, window_pattern, seed)
         if not as_json:
             print_notes(w)
-        profile_options(profile, no_profile, store)
+        profile_options(profile, no_profile)
         if cluster is None:  # the preset the plan names, as `report` reads it
             cluster, count = plan_preset(p, path)
             nodes = nodes or count

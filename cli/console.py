@@ -5,6 +5,7 @@ prints the flag that sets it (``FLAGS``), so a user reads the option to change.
 """
 from __future__ import annotations
 
+import math
 import sys
 
 from rich.console import Console
@@ -37,6 +38,13 @@ def as_flag(e: PlanError, flags: dict[str, str] = FLAGS) -> PlanError:
     """``e`` with its domain field named by the flag that sets it (``e`` itself where no flag does)."""
     flag = flags.get(e.field)
     return e if flag is None else PlanError(flag, e.problem, e.fix)
+
+
+def check_positive(flag: str, value: float) -> None:
+    """A PlanError naming ``flag`` unless ``value`` is a positive finite number: typer reads ``nan`` and ``inf`` as
+    floats, and ``nan <= 0`` is False, so a plain range check lets through a time that bounds nothing."""
+    if not (value > 0 and math.isfinite(value)):
+        raise PlanError(flag, f"must be a positive finite number, got {value:g}", "pass a positive number")
 
 
 def print_error(text: str | PlanError, flags: dict[str, str] = FLAGS) -> None:

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
-from sp_plan.cli.console import ID_FLAGS, as_flag, err, out, print_error
+from sp_plan.cli.console import ID_FLAGS, as_flag, check_positive, err, out, print_error
 from sp_plan.cli.progress import reporter
 from sp_plan.planner.cluster import NET, Cluster
 from sp_plan.planner.errors import PlanError
@@ -36,13 +36,13 @@ def _fail(e: PlanError, rank: int = 0) -> None:
     raise typer.Exit(2)
 
 
-def parse_sizes(text: str) -> list[int]:
-    """``--sizes``: ``16K,1M,64m,1G`` or plain byte counts -> bytes (``profiles.discover.sizes``; errors name the
-    flag)."""
+def parse_sizes(text: str, flag: str = "--sizes") -> list[int]:
+    """``--sizes`` (or the ``flag`` of another command, tune's ``--link-sizes``): ``16K,1M,64m,1G`` or plain byte
+    counts -> bytes (``profiles.discover.sizes``; errors name ``flag``, the option the user typed)."""
     try:
         return link_sizes.parse_sizes(text)
     except PlanError as e:
-        raise as_flag(e) from None
+        raise PlanError(flag, e.problem, e.fix) from None
 
 
 def rate(x: float) -> str:
@@ -127,6 +127,7 @@ def discover_cmd(
 
     rank, owned, probe = 0, False, None
     try:
+        check_positive("--timeout", timeout)
         if output:
             check_writable(output)
         describe = _describe_local(sysfs_root, topo_file, no_nvml)
@@ -172,6 +173,10 @@ def links_cmd(
                                  "or the error) instead of tables"),
 ) -> None:
     """Time send/recv, all-gather, reduce-scatter and all-to-all within and across nodes; fit and store the links."""
+    try:  # the flags first, before torch is imported and the world is checked: a mistyped one is answered at once
+        given_sizes, given_cluster = _check_links_flags(cluster_file, output, sizes, timeout)
+    except PlanError as e:
+        _refuse(e, 0, as_json)
     from sp_plan.profiles.discover import build_cluster, probe  # noqa: PLC0415 - torch (~2 s): only a measuring command
 
     rank, owned, db = 0, False, None
@@ -179,20 +184,18 @@ def links_cmd(
         if not probe.under_torchrun() or int(os.environ.get("WORLD_SIZE", "1")) < 2:
             raise PlanError("profile links", "needs a torchrun world of at least 2 ranks",
                             "run `torchrun --nproc-per-node N -m sp_plan.cli.app profile links`")
-        size_list = parse_sizes(sizes or DEFAULT_SIZES["cuda" if probe.use_cuda() else "cpu"])
+        size_list = given_sizes or parse_sizes(DEFAULT_SIZES["cuda" if probe.use_cuda() else "cpu"])
         if os.environ.get("RANK", "0") == "0":  # rank 0 writes: a bad --store fails before any measuring
             from sp_plan.profiles.store import Store  # noqa: PLC0415 - SQLAlchemy: only a command that stores loads it
             db = Store(store)
         owned = probe.init_world(max(timeout, 60.0))
         rank = probe.dist.get_rank()
         hosts = probe.gather_hosts()
-        cluster = Cluster.load(cluster_file) if cluster_file else build_cluster(hosts)
+        cluster = given_cluster or build_cluster(hosts)
         probe.check_world(cluster, hosts)
     except PlanError as e:
         probe.finish(owned)
-        if as_json and rank == 0:
-            reporter("profile links", ("links",), err, as_json=True).error(str(e))
-        _fail(e, rank)
+        _refuse(e, rank, as_json)
     dest = output or cluster_file or Path("cluster.yaml")
     if rank != 0:
         new, samples = probe.profile_links(cluster, hosts, size_list, timeout)
@@ -203,6 +206,24 @@ def links_cmd(
         prog.result(_save_links(new, dest, db, tables=not (quiet or as_json), quiet=as_json))
     probe.dist.barrier()
     probe.finish(owned)
+
+
+def _check_links_flags(cluster_file: Optional[Path], output: Optional[Path], sizes: Optional[str],
+                       timeout: float) -> tuple[list[int] | None, Cluster | None]:
+    """`profile links`' flags, or a PlanError naming one: the sizes read (None: the device's defaults, known once
+    torch is), a positive finite --timeout, a writable --output and the --cluster file read (None: discover now)."""
+    size_list = parse_sizes(sizes) if sizes else None
+    check_positive("--timeout", timeout)
+    if output:
+        check_writable(output)
+    return size_list, Cluster.load(cluster_file) if cluster_file else None
+
+
+def _refuse(e: PlanError, rank: int, as_json: bool) -> None:
+    """`profile links`' error: the JSON error event first (``--json``, rank 0), then ``_fail``'s line and exit 2."""
+    if as_json and rank == 0:
+        reporter("profile links", ("links",), err, as_json=True).error(str(as_flag(e, ID_FLAGS)))
+    _fail(e, rank)
 
 
 def _save_links(new: Cluster, dest: Path, db, tables: bool, quiet: bool) -> dict:

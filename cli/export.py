@@ -111,7 +111,7 @@ def export_cmd(
             check_plan_world(p, path)
         # a given --cluster or --nodes is resolved and its world checked whether or not a nearest plan needs it
         c = _cluster(p, path, cluster, nodes) if cluster is not None or nodes is not None else None
-        p, note = _expressible(t, p, path, c, nearest_, profile_options(profile, no_profile, store), store)
+        p, note = _expressible(t, p, path, c, nearest_, profile_options(profile, no_profile), store)
         text = t.export(p)
     except PlanError as e:
         fail(e)

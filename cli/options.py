@@ -32,14 +32,11 @@ def fail(e: PlanError) -> NoReturn:
     raise typer.Exit(2)
 
 
-def profile_options(profile: Optional[str], no_profile: bool, store: Optional[str] = None) -> object:
+def profile_options(profile: Optional[str], no_profile: bool) -> object:
     """The profile spec for profiles.resolve.resolve_params: False (--no-profile), an id or file, or None (the
-    store's); ``store`` (--store, which only profiles are read from) refused with --no-profile."""
+    store's)."""
     if no_profile and profile:
         raise PlanError("--profile", "both --profile and --no-profile given", "pass one of them")
-    if no_profile and store:
-        raise PlanError("--store", "names the store profiles are read from, and --no-profile reads none",
-                        "drop --store, or --no-profile")
     return False if no_profile else profile
 
 

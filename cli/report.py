@@ -142,7 +142,7 @@ def report_cmd(
     try:
         given, c, m, w = _report_inputs(path, cluster, nodes, model, seq_len, batch, causal, inference, documents,
                                         window, window_pattern, seed)
-        spec = profile_options(profile, no_profile, store)
+        spec = profile_options(profile, no_profile)
         with err.status("ranking every layout" + (", then again under each changed input" if sensitivity else "")):
             rep = report(c, m, w, given, top, sensitivity, spec, store, jobs=jobs or auto_jobs())
         write_report(output, rep.rows, c, rep.chosen, rep.profile, rep.sensitivity, [rep.line])

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from sp_plan.cli.console import as_flag, err, out, print_error
+from sp_plan.cli.console import as_flag, check_positive, err, out, print_error
 from sp_plan.cli.workload import workload_mask_options
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.model import MAX_BATCH
@@ -78,8 +78,8 @@ def _world() -> bool:
     return probe.init_world(120.0)
 
 
-def workload_of(seq_len: str, batch: int, causal: bool, inference: bool, documents: str | None, window: int | None,
-                pattern: str | None, seed: int | None):
+def workload_of(seq_len: str, batch: int, causal: bool, inference: bool, documents: str | None,
+                window: str | int | None, pattern: str | None, seed: int | None):
     """The tuned Workload from the flags, through the mask resolution plan and estimate use (cli/workload.py):
     packed ``--documents`` (a file of lengths or a named distribution) and a sliding ``--window`` (on every layer,
     or the local layers of ``--window-pattern``); errors name the flag."""
@@ -92,12 +92,12 @@ def workload_of(seq_len: str, batch: int, causal: bool, inference: bool, documen
 
 def _check_flags(output, max_minutes: float, candidate_timeout: float, quiet: bool, as_json: bool) -> None:
     """The flags typer's declarations (ranges, choices) cannot check, or a PlanError naming the flag: a writable
-    output, the open ranges of the two times (typer bounds a range on closed ends only), --quiet with --json."""
+    output, the two times positive and finite (typer bounds a range on closed ends only, and reads nan and inf),
+    --quiet with --json."""
     if output:
         check_writable(output)
-    if max_minutes <= 0 or candidate_timeout <= 0:
-        raise PlanError("--max-minutes" if max_minutes <= 0 else "--candidate-timeout", "must be positive",
-                        "pass a positive number")
+    check_positive("--max-minutes", max_minutes)
+    check_positive("--candidate-timeout", candidate_timeout)
     if quiet and as_json:
         raise PlanError("--quiet", "and --json both say what to print", "pass one of them")
 
@@ -280,6 +280,10 @@ def _check_all(a: dict) -> None:
     """The flags of ``a`` (tune_cmd's arguments) that typer did not check, or a PlanError naming one: before torch is
     imported, so that a mistyped flag is answered at once."""
     _check_flags(a["output"], a["max_minutes"], a["candidate_timeout"], a["quiet"], a["as_json"])
+    if a["link_sizes"]:
+        from sp_plan.cli.discover import parse_sizes
+
+        parse_sizes(a["link_sizes"], "--link-sizes")
     if a["server"]:  # the upload comes after the measuring: a mistyped URL is answered before it, not after
         from sp_plan.client import checked_url  # noqa: PLC0415 - httpx: only a tune that uploads loads it
 
@@ -293,7 +297,8 @@ def _options(a: dict):
 
     return TuneOptions(**{k: a[k] for k in ("budget", "max_minutes", "candidate_timeout", "pool", "layers", "iters",
                                             "warmup", "confirm", "reread", "kernel_timing")},
-                       link_sizes=parse_sizes(a["link_sizes"]) if a["link_sizes"] else None, started=process_started())
+                       link_sizes=parse_sizes(a["link_sizes"], "--link-sizes") if a["link_sizes"] else None,
+                       started=process_started())
 
 
 def _prepare(a: dict, early):
@@ -385,7 +390,7 @@ def tune_cmd(
     cluster: str = Flag.cluster, nodes: Optional[int] = Flag.nodes, model: str = Flag.model,
     seq_len: str = Flag.seq_len, batch: int = Flag.batch, causal: bool = Flag.causal,
     inference: bool = Flag.inference, documents: Optional[str] = _TUNE_MASK.documents,
-    window: Optional[int] = _TUNE_MASK.window, window_pattern: Optional[str] = _TUNE_MASK.window_pattern,
+    window: Optional[str] = _TUNE_MASK.window, window_pattern: Optional[str] = _TUNE_MASK.window_pattern,
     seed: Optional[int] = _TUNE_MASK.seed, budget: int = Flag.budget, max_minutes: float = Flag.max_minutes,
     candidate_timeout: float = Flag.candidate_timeout, store: Optional[str] = Flag.store,
     output: Optional[Path] = Flag.output, layers: int = Flag.layers, iters: int = Flag.iters,

@@ -22,7 +22,6 @@ def test_a_missing_choice_names_every_choice_on_one_line(capsys):
 @pytest.mark.parametrize("extra,flag", [
     (["--storage", "sqlite:///study.db"], "--storage"),
     (["--trials", "5"], "--trials"),
-    (["--store", "sqlite:///x.db"], "--store"),
 ])
 def test_flags_a_plan_would_drop_are_refused_naming_the_flag(capsys, extra, flag):
     line = one_error(capsys, *SMALL, *extra)
