@@ -241,6 +241,17 @@ def _check_plan_options(output: Optional[Path], report: Optional[Path], profile:
                         "leave out --jobs with --server (`sp-plan serve --workers` sizes the service)")
 
 
+def _served_estimate(server: str, req):
+    """The service's estimate of ``req``. The service names a field of the plan by its place in the request body
+    (``plan.cluster_fingerprint``); here the plan is a file, whose fields are named as the file holds them."""
+    try:
+        return _client(server).estimate(req)
+    except PlanError as e:
+        if not e.field.startswith("plan.") or type(e).__init__ is not PlanError.__init__:
+            raise
+        raise type(e)(e.field.removeprefix("plan."), e.problem, e.fix) from None
+
+
 def _planned(server: Optional[str], store: Optional[str], storage: Optional[str], jobs: Optional[int], **fields):
     """(PlanResponse, the resolved inputs or None) of the pipeline here, its grid in ``jobs`` processes (None: the
     usable cores, ``workers.auto_jobs``), or of the service at ``server``."""
@@ -379,7 +390,7 @@ def estimate(
             nodes = nodes or count
         req = _request(EstimateRequest, server, plan=p, cluster=cluster, nodes=nodes, model=model, workload=w,
                        use_profile=not no_profile, profile=profile)
-        res = _client(server).estimate(req) if server else run_estimate(req, store)
+        res = _served_estimate(server, req) if server else run_estimate(req, store)
     except PlanError as e:
         fail(e)
     print_json(res) if as_json else _print_estimate(res)

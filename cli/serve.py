@@ -64,11 +64,17 @@ def serve_cmd(
               f"{settings.processes} search process(es), {len(tokens)} token(s){', private' if private else ''}, "
               f"{server_parts()}); API docs at /docs", highlight=False, soft_wrap=True)
     if workers == 1:
-        uvicorn.run(create_app(settings), host=host, port=port, loop="auto", http="auto", log_level="info")
+        uvicorn.run(create_app(settings), host=host, port=port, loop="auto", http="auto", log_level="info",
+                    timeout_graceful_shutdown=GRACE_S)
     else:
         os.environ[SETTINGS_ENV] = settings_env(settings)
         uvicorn.run("sp_plan.service.app:app_from_env", factory=True, host=host, port=port, workers=workers,
-                    loop="auto", http="auto", log_level="info")
+                    loop="auto", http="auto", log_level="info", timeout_graceful_shutdown=GRACE_S)
+
+
+#: seconds a stopping server lets its requests in flight finish before it ends them: a search may run minutes,
+#: and SIGTERM must stop the service
+GRACE_S = 10
 
 
 def check_listen(host: str, port: int) -> None:

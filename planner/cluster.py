@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import PlanError
-from .plausible import check_finite
+from .plausible import MIN_EFFICIENCY, check_finite
 from .yamlio import check_schema_version, dump_data, load_yaml_model
 
 if TYPE_CHECKING:
@@ -35,6 +35,10 @@ NET = "net"
 MIN_BYTES_PER_S = 1e3
 MIN_FLOPS = 1e6
 MIN_MEMORY_BYTES = 1e6
+#: the longest a link may take to deliver a message (a second: no link a job spans is slower to answer)
+MAX_LATENCY_S = 1.0
+#: the longest block (tokens) at which attention may reach half its efficiency
+MAX_HALF_BLOCK = float(1 << 24)
 
 
 class Device(BaseModel):
@@ -46,9 +50,9 @@ class Device(BaseModel):
     model: str = ""
     memory_bytes: float = Field(ge=MIN_MEMORY_BYTES)
     peak_flops: dict[str, Annotated[float, Field(ge=MIN_FLOPS)]] = Field(description="dense FLOP/s per dtype, e.g. {bf16: 9.89e14}")
-    matmul_efficiency: float = Field(default=0.7, gt=0, le=1, description="achieved / peak for large GEMMs")
-    attn_efficiency: float = Field(default=0.6, gt=0, le=1, description="achieved / peak of attention on large blocks")
-    attn_half_block: float = Field(default=256, ge=0, description="block length (tokens) at which attention runs at half of attn_efficiency")
+    matmul_efficiency: float = Field(default=0.7, ge=MIN_EFFICIENCY, le=1, description="achieved / peak for large GEMMs")
+    attn_efficiency: float = Field(default=0.6, ge=MIN_EFFICIENCY, le=1, description="achieved / peak of attention on large blocks")
+    attn_half_block: float = Field(default=256, ge=0, le=MAX_HALF_BLOCK, description="block length (tokens) at which attention runs at half of attn_efficiency")
     nic: str | None = Field(default=None, description="the NIC this device sends through (NCCL's closest NIC)")
     pcie_bus: str = ""
     numa: int | None = None
@@ -72,7 +76,7 @@ class Link(BaseModel):
     dst: str
     kind: Literal["nvlink", "nvswitch", "pcie", "hccs", "shm", "smp", "ib", "roce", "ethernet"]
     capacity: float = Field(ge=MIN_BYTES_PER_S, description="bytes/s in each direction it carries")
-    latency: float = Field(default=2e-6, ge=0, description="seconds")
+    latency: float = Field(default=2e-6, ge=0, le=MAX_LATENCY_S, description="seconds")
     bidirectional: bool = True
 
 

@@ -822,12 +822,18 @@ def _other_cluster_fix(made_for: str | None, here: str) -> str:
 
 
 def _phases(rows: list) -> list[PhaseCost]:
+    """The step's phases, each summed over its rows; a phase priced past float range is refused (the inputs' bounds
+    keep each figure finite, and a product of extreme ones can still overflow)."""
     merged: dict = {}
     for n, kind, g, b, s, x in rows:
         r = merged.setdefault(n, [kind, g, 0.0, 0.0, 0.0])
         r[2] += b
         r[3] += s
         r[4] += x
+    for n, (_, _, b, s, x) in merged.items():
+        if not (math.isfinite(b) and math.isfinite(s) and math.isfinite(x)):
+            raise PlanError("cluster", f"the {n} phase prices at {s:g} s and {b:g} bytes a rank, past float range",
+                            "check the cluster's and the profile's figures (latencies, efficiencies, overheads)")
     return [PhaseCost(name=n, kind=k, group=g, bytes_per_rank=b, seconds=s, exposed_seconds=x)
             for n, (k, g, b, s, x) in merged.items()]
 

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .merges import MERGES
+from .plausible import MIN_EFFICIENCY
 
 #: pattern classes of the engine's communication patterns (engine.pattern_steps)
 PATTERN_CLASS = {"shift": "p2p", "shift_back": "p2p", "shift_bi": "p2p_bidir", "all_gather": "all_gather",
@@ -20,6 +21,12 @@ PATTERN_CLASS = {"shift": "p2p", "shift_back": "p2p", "shift_bi": "p2p_bidir", "
 #: link classes: a phase whose most loaded link is inside a node, or one into the network fabric; "host": inside a
 #: node on the CPU's links (PCIe into a host bridge, the socket interconnect), priced as "intra" without a fit of its own
 LINK_CLASSES = ("intra", "inter", "host")
+
+
+#: the most fixed seconds an overhead may claim per call or layer (tune's round probe gives up at the same)
+MAX_OVERHEAD_S = 10.0
+#: the most framework bytes a rank may claim beyond the modelled parts (10 TB: more than any device holds)
+MAX_OVERHEAD_BYTES = 1e13
 
 
 class Curve(BaseModel):
@@ -34,8 +41,9 @@ class Curve(BaseModel):
         if not pts:
             raise ValueError("a curve needs at least one point")
         for x, y in pts:
-            if not (x > 0 and math.isfinite(x) and y > 0 and math.isfinite(y)):
-                raise ValueError(f"point ({x}, {y}): sizes and efficiencies must be positive and finite")
+            if not (x > 0 and math.isfinite(x) and y >= MIN_EFFICIENCY and math.isfinite(y)):
+                raise ValueError(f"point ({x}, {y}): sizes must be positive and finite, efficiencies finite and at "
+                                 f"least {MIN_EFFICIENCY:g}")
         return tuple(sorted((float(x), float(y)) for x, y in pts))
 
     def at(self, x: float) -> float:
@@ -56,8 +64,8 @@ class CommFit(BaseModel):
     """A collective kind on a link class: fixed seconds per step and achieved / modelled bandwidth."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-    alpha_s: float = Field(default=0.0, ge=0)
-    efficiency: float = Field(default=1.0, gt=0)
+    alpha_s: float = Field(default=0.0, ge=0, le=MAX_OVERHEAD_S)
+    efficiency: float = Field(default=1.0, ge=MIN_EFFICIENCY)
 
 
 def all_reduce_fit(rs: CommFit | None, ag: CommFit | None) -> CommFit | None:
@@ -99,20 +107,20 @@ class Params(BaseModel):
                                 "others on its device's cores wait than while they all compute (CPU ranks sharing "
                                 "cores: about ranks / cores; 1 on GPUs): an uneven attention round then costs its "
                                 "ranks' mean work, at least the busiest's over this (Compute.balance)")
-    round_overhead_s: float = Field(default=0.0, ge=0, description="fixed seconds per attention block call (launch, merge, sync)")
-    layer_overhead_s: float = Field(default=0.0, ge=0, description="fixed seconds per layer and micro-batch of a "
+    round_overhead_s: float = Field(default=0.0, ge=0, le=MAX_OVERHEAD_S, description="fixed seconds per attention block call (launch, merge, sync)")
+    layer_overhead_s: float = Field(default=0.0, ge=0, le=MAX_OVERHEAD_S, description="fixed seconds per layer and micro-batch of a "
                                     "training step beyond its kernels: the framework dispatching the layer's ops "
                                     "(norms, activations, residuals, autograd), exposed where the host waits on them "
                                     "(CPU ranks; hidden behind the kernels on a busy GPU: 0 in the presets)")
-    tp_overhead_s: float = Field(default=0.0, ge=0, description="fixed seconds per tensor-parallel collective of a "
+    tp_overhead_s: float = Field(default=0.0, ge=0, le=MAX_OVERHEAD_S, description="fixed seconds per tensor-parallel collective of a "
                                  "block's linear layers (Megatron TP-sp) beyond its transfer: the framework's "
                                  "redistribution around it and the ranks' wait for the slowest at a blocking "
                                  "collective (CPU ranks sharing cores; 0 in the presets)")
-    memory_overhead_bytes: float = Field(default=0.0, ge=0, description="framework bytes per rank beyond the modelled "
+    memory_overhead_bytes: float = Field(default=0.0, ge=0, le=MAX_OVERHEAD_BYTES, description="framework bytes per rank beyond the modelled "
                                          "parts (>= 0: the modelled parts are the floor)")
     activation_factor: float = Field(default=1.0, gt=0, le=20.0, description="measured / modelled activation bytes "
                                      "(the fit keeps it in 0.05-20)")
-    hbm_bandwidth: float | None = Field(default=None, gt=0, description="achieved device-memory bytes/s of the "
+    hbm_bandwidth: float | None = Field(default=None, ge=1e6, description="achieved device-memory bytes/s of the "
                                         "memory-bound phases (ring out/LSE merges, all-to-all packing copies); "
                                         "None: those phases cost nothing (the uncalibrated engine)")
     ring_merge: Literal[tuple(MERGES)] = Field(default="sp-plan", description="the runtime whose out/LSE merge a "

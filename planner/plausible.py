@@ -18,6 +18,10 @@ EFFICIENCY_CEILING = 1000.0
 HBM_CEILING = 1e15
 _TIME_KEYS = ("seconds", "time", "alpha_s")
 
+#: the least efficiency a curve, a fit or a device may claim: a millionth of peak is slower than any device sp-plan
+#: plans, and a floor keeps a typo (1e-300) from pricing steps past float range
+MIN_EFFICIENCY = 1e-6
+
 
 def is_time_key(key: str) -> bool:
     return key.endswith("_s") or key in _TIME_KEYS

@@ -5,7 +5,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sp_plan.planner.cluster import MIN_BYTES_PER_S, SCHEMA_VERSION
+from sp_plan.planner.cluster import MAX_LATENCY_S, MIN_BYTES_PER_S, SCHEMA_VERSION
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.yamlio import check_schema_version, model_from_data
 
@@ -20,7 +20,7 @@ class IntraSpec(BaseModel):
     model_config = _STRICT
     kind: Literal["nvswitch", "nvlink", "hccs", "shm", "pcie"] = "pcie"
     capacity: float | None = Field(default=None, ge=MIN_BYTES_PER_S, description="bytes/s per direction")
-    latency: float = Field(default=2e-6, ge=0)
+    latency: float = Field(default=2e-6, ge=0, le=MAX_LATENCY_S)
 
     @model_validator(mode="after")
     def _check(self):
@@ -34,7 +34,7 @@ class PcieSpec(BaseModel):
 
     model_config = _STRICT
     capacity: float = Field(ge=MIN_BYTES_PER_S)
-    latency: float = Field(default=3e-6, ge=0)
+    latency: float = Field(default=3e-6, ge=0, le=MAX_LATENCY_S)
     switches: list[list[int]] = Field(min_length=1)
     sockets: list[list[int]] | None = None
     smp_capacity: float = Field(default=64e9, ge=MIN_BYTES_PER_S)
@@ -46,7 +46,7 @@ class NicSpec(BaseModel):
     attach: Literal["per_gpu", "per_switch", "host"]
     rate: float = Field(ge=MIN_BYTES_PER_S, description="bytes/s")
     network: Literal["ib", "roce", "ethernet"]
-    latency: float = Field(default=5e-6, ge=0)
+    latency: float = Field(default=5e-6, ge=0, le=MAX_LATENCY_S)
     count: int = Field(default=1, ge=1, le=64)
 
 

@@ -2,7 +2,9 @@
 the problem and the fix, and the CLI's one line in ``detail``)."""
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -12,7 +14,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sp_plan.planner.errors import NotFound, PlanError, Unavailable
 from sp_plan.service.auth import Forbidden, Unauthorized
-from sp_plan.service.limits import TooLarge
+from sp_plan.service.fields import as_sent, located, untagged
+from sp_plan.service.limits import BODY_KEY, TooLarge
 
 #: an error's HTTP status, by the nearest of its classes listed here; any other PlanError is bad input: 422
 STATUS: dict[type, int] = {Unauthorized: 401, Forbidden: 403, NotFound: 404, TooLarge: 413, Unavailable: 503}
@@ -61,20 +64,48 @@ def error_response(e: PlanError, status: int | None = None) -> JSONResponse:
                         status_code=status or status_of(e))
 
 
-def validation_error(exc: RequestValidationError) -> PlanError:
-    """pydantic's errors as one PlanError: the deepest location (the branch of a union the input was meant for)."""
+def validation_error(exc: RequestValidationError, body: Any = None, json_sent: bool = True) -> PlanError:
+    """pydantic's errors as one PlanError: the deepest location (the branch of a union the input was meant for),
+    named as the user wrote it in ``body`` (the parsed request body, if any; ``json_sent``: its Content-Type says
+    JSON)."""
     errs = exc.errors()
     e = max(errs, key=lambda x: len(x.get("loc", ()))) if errs else {"loc": ("body",), "msg": "invalid"}
     if e.get("type") == "json_invalid":
         return PlanError("body", f"not valid JSON ({e.get('msg', 'invalid')})", "send a JSON body as in /openapi.json")
-    loc = [str(x) for x in e.get("loc", ()) if x not in NOT_FIELDS and not str(x).startswith("function-")]
-    return PlanError(".".join(loc) or "body", e.get("msg", "invalid"),
-                     "fix that field" if loc else "send a JSON body as in /openapi.json")
+    loc = untagged([str(x) for x in e.get("loc", ()) if x not in NOT_FIELDS and not str(x).startswith("function-")])
+    if loc:
+        return PlanError(".".join(as_sent(loc, body)), e.get("msg", "invalid"), "fix that field")
+    fix = "send a JSON body as in /openapi.json"
+    if not json_sent:
+        fix = "send the JSON body with the header Content-Type: application/json"
+    return PlanError("body", e.get("msg", "invalid"), fix)
+
+
+def request_body(request: Request) -> Any:
+    """The request's body as parsed JSON (None where there is none, or it is not JSON)."""
+    raw = request.scope.get(BODY_KEY)
+    if raw is None:
+        raw = getattr(request, "_body", None)
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+
+
+def sent_json(request: Request) -> bool:
+    """Whether the request's Content-Type says JSON (application/json or a +json type)."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 async def plan_error(request: Request, e: PlanError) -> JSONResponse:
-    """A PlanError raised by a route: its status and body."""
-    return error_response(e)
+    """A PlanError raised by a route or while its body is parsed: its status and body, a 4xx's field named where it
+    sits in the request body (as pydantic's errors are)."""
+    status = status_of(e)
+    field = located(e.field, request_body(request)) if status < 500 else e.field  # a 5xx is the server's, not input
+    return error_response(e if field == e.field else PlanError(field, e.problem, e.fix), status)
 
 
 async def unexpected(request: Request, e: Exception) -> JSONResponse:
@@ -89,7 +120,10 @@ async def unexpected(request: Request, e: Exception) -> JSONResponse:
 
 async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
     """A body or parameter pydantic refused: 422 naming the deepest field."""
-    return error_response(validation_error(e), INVALID)
+    body = request_body(request)
+    if body is None and isinstance(e.body, (dict, list)):
+        body = e.body
+    return error_response(validation_error(e, body, sent_json(request)), INVALID)
 
 
 async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:

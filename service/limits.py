@@ -7,6 +7,9 @@ import re
 
 from sp_plan.planner.errors import PlanError
 
+#: where the body read is kept in the request's scope (service/errors.py reads it there)
+BODY_KEY = "sp_plan.body"
+
 #: a UTF-16 surrogate in a UTF-8 JSON body: a \uD800-\uDFFF escape, or its three bytes (ED A0-BF xx), which Python's
 #: json decodes too (surrogatepass); a match is parsed to tell a lone one from a pair
 SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
@@ -78,7 +81,9 @@ class BodyLimit:
         messages = await self.read(receive)
         if messages is None:
             return await self.on_error(TooLarge(self.max_bytes))(scope, receive, send)
-        bad = lone_surrogate(b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request"))
+        body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
+        scope[BODY_KEY] = body  # the error handlers name a field where it sits in the body (service/errors.py)
+        bad = lone_surrogate(body)
         if bad is not None:
             return await self.on_error(bad)(scope, receive, send)
 

@@ -103,5 +103,11 @@ class SearchPool:
         await asyncio.gather(*(self.run("search", "retry", warm_job) for _ in range(self.processes)))
 
     def close(self) -> None:
-        """Stop the pool without waiting for the jobs in flight."""
+        """Stop the pool without waiting for the jobs in flight: queued ones are cancelled, and the processes still
+        running one are ended (a search may run minutes; the executor's own exit would wait for it, and a stopping
+        server would not stop)."""
+        running = list((getattr(self.executor, "_processes", None) or {}).values())
         self.executor.shutdown(wait=False, cancel_futures=True)
+        for proc in running:
+            if proc.is_alive():
+                proc.terminate()

@@ -220,11 +220,11 @@ def test_server_plans_masks_sent_inline_as_the_cli_does_here(server, tmp_path, l
     ({"documents": "no-such"}, "workload.documents"),
     ({"documents": "/etc/passwd"}, "workload.documents"),  # a name only: the service reads no files
     ({"documents": [100, 0]}, "workload.documents[1]"),
-    ({"documents": []}, "workload.documents.lengths"),
+    ({"documents": []}, "workload.documents"),
     ({"documents": {"kind": "histogram", "edges": [5, 1], "weights": [1]}}, "workload.documents.edges"),
     ({"window": 0}, "workload.window"),
     ({"window_pattern": "5:1"}, "workload.window_pattern"),
-    ({"window": 64, "window_pattern": "five"}, "workload.window.pattern"),
+    ({"window": 64, "window_pattern": "five"}, "workload.window_pattern"),
     ({"seed": 3}, "workload.seed"),
     ({"documents": [2**70]}, "workload.documents"),  # beyond any sequence: refused before int64 arithmetic
     ({"documents": {"kind": "lognormal", "mean": 1e308, "sigma": 5, "min": 1, "max": 2**62}}, "workload.documents"),

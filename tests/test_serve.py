@@ -3,6 +3,7 @@ CLI's --server, on SQLite and on a real PostgreSQL server (tests/pgserver.py).""
 from __future__ import annotations
 
 import html
+import json
 import os
 import re
 import signal
@@ -292,7 +293,7 @@ def test_bad_input_is_a_4xx_with_the_field_and_the_fix(server):
         ({"profile": "feedbeef"}, 404, "profile"),
         ({"profile": "/etc/passwd"}, 422, "profile"),
         ({"cluster": "/etc/hosts.yaml"}, 404, "cluster"),
-        ({"workload": {"seq_len": "12x"}}, 422, "seq_len"),
+        ({"workload": {"seq_len": "12x"}}, 422, "workload.seq_len"),
         ({"workload": {"seq_len": 1024, "batch": 0}}, 422, "workload.batch"),
         ({"nodes": 9000}, 422, "cluster"),
         ({"nodes": 10**9}, 422, "nodes"),
@@ -446,3 +447,26 @@ def test_client_says_when_the_service_is_down():
     with pytest.raises(PlanError) as e:
         Client(f"http://127.0.0.1:{free_port()}").plan(cluster="dgx-h100", model="llama3-8b", workload={"seq_len": 1024})
     assert e.value.field == "server" and "sp-plan serve" in e.value.fix
+
+
+def test_a_stopping_server_ends_a_search_in_flight(tmp_path):
+    """SIGTERM stops the service within its grace even while a long search runs: the request in flight is ended
+    after the grace and the search process with it, where the server used to wait for the search to finish."""
+    from sp_plan.cli.serve import GRACE_S
+
+    srv = Server(f"sqlite:///{tmp_path / 'store.db'}", tmp_path)
+    try:
+        body = {"cluster": "dgx-h100", "nodes": 64, "model": "llama3-70b", "workload": {"seq_len": "1m"},
+                "search": "bayes", "trials": 10_000}
+        sent = subprocess.Popen([sys.executable, "-c", "import httpx, json, sys; httpx.post(sys.argv[1], json="
+                                 "json.loads(sys.argv[2]), headers={'Authorization': 'Bearer ' + sys.argv[3]}, "
+                                 "timeout=300)", f"{srv.url}/v1/plan", json.dumps(body), TOKEN],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(3)  # the search has started in the pool
+        t0 = time.monotonic()
+        srv.proc.terminate()
+        srv.proc.wait(GRACE_S + 30)
+        assert time.monotonic() - t0 < GRACE_S + 30
+        sent.kill()
+    finally:
+        srv.stop()
