@@ -1,6 +1,7 @@
 """ModelSpec and Workload: what is trained or served, on how many tokens (pydantic, YAML in/out)."""
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Literal, Union
@@ -92,6 +93,9 @@ MAX_SEED = 2**32 - 1
 #: the most optuna trials a bayes search takes. TPE's cost per trial grows with the trials before it (tiny-gpt on
 #: dgx-h100, CPU seconds: 1,000 trials 3, 4,000 44, 10,000 262), and the default 200 already finds the grid's best
 #: there, so 10,000 is past any useful study; more is a typo that would hold a search process for days
+#: documents a pack holds on average, at most: pricing places each one (about 3 us each, for each layout and pack
+#: drawn), and no corpus packs documents of a few tokens into sequences of a million
+MAX_DOCUMENTS_PER_PACK = 65_536
 MAX_TRIALS = 10_000
 #: ranked layouts a plan or report lists at most (each row is drawn and explained)
 MAX_TOP = 1000
@@ -336,6 +340,24 @@ class Workload(BaseModel):
         if longest > top:
             raise PlanError("workload.documents", f"a document of {longest:,.0f} tokens is more than any sequence "
                             f"({top:,})", f"give document lengths of at most {top:,} tokens")
+        return self
+
+    @model_validator(mode="after")
+    def _pack_count(self):
+        """At most MAX_DOCUMENTS_PER_PACK documents a pack on average: pricing places each one, so a pack of many
+        thousands of few-token documents held a search for minutes."""
+        if self.documents is None:
+            return self
+        from .documents import mean_length  # noqa: PLC0415 - documents.py reads this module's models
+
+        mean = min(mean_length(self.documents), self.seq_len)
+        count = self.seq_len / mean
+        if count > MAX_DOCUMENTS_PER_PACK:
+            least = math.ceil(self.seq_len / MAX_DOCUMENTS_PER_PACK)
+            raise PlanError("workload.documents", f"a pack of {self.seq_len:,} tokens holds about {count:,.0f} "
+                            f"documents of {mean:,.1f} tokens on average, more than the {MAX_DOCUMENTS_PER_PACK:,} "
+                            "the planner prices", f"give documents of at least {least:,} tokens on average at this "
+                            "length, or a shorter sequence")
         return self
 
     @model_validator(mode="after")

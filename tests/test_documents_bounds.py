@@ -45,3 +45,15 @@ def test_the_pipeline_plans_with_weights_near_the_largest_float():
     req = PlanRequest(cluster="dgx-h100", model="tiny-gpt", workload={"seq_len": "4k", "documents": docs},
                       use_profile=False, top=1)
     assert run_plan(req).plans[0].predicted.step_time_s > 0
+
+
+def test_a_pack_of_more_documents_than_the_planner_prices_is_refused_naming_documents():
+    """Pricing places every document of every pack drawn; few-token documents in a sequence of a million held a
+    search (and a service process) for minutes."""
+    from sp_plan.planner.model import MAX_DOCUMENTS_PER_PACK, Workload
+
+    least = (1 << 20) // MAX_DOCUMENTS_PER_PACK
+    assert Workload(seq_len="1m", documents=[least]).documents is not None
+    with pytest.raises(PlanError) as e:
+        Workload(seq_len="1m", documents=[least // 4, least // 4])
+    assert e.value.field == "workload.documents" and f"at least {least:,} tokens" in e.value.fix
