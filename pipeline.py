@@ -510,7 +510,7 @@ def run_estimate(req: EstimateRequest, store=None, max_world: int | None = None,
     pred = Estimator(inputs.cluster, m, w, params=inputs.params)(p)
     tag = profile_tag(inputs.profile)
     return EstimateResponse(cluster=ClusterInfo.of(inputs.cluster), model=m, workload=w,
-                            notes=w.notes + plan_notes(p, w), profile=tag,
+                            notes=w.notes + plan_notes(p, w) + fit_notes(pred), profile=tag,
                             profile_line=inputs.line, plan=p.model_copy(update={"predicted": pred, "profile": tag}))
 
 
@@ -520,6 +520,15 @@ def plan_notes(plan: Plan, w: Workload) -> list[str]:
     problem = one_placement_problem(plan.token_layout, w)
     return [f"{problem}: the runtime refuses this plan at init, and `sp-plan plan` chooses zigzag, striped or "
             "contiguous for it"] if problem else []
+
+
+def fit_notes(pred: Prediction) -> list[str]:
+    """A plan whose predicted peak memory is over the device's: said in words, as a service's client reads notes."""
+    if pred.fits:
+        return []
+    gib = 2.0 ** 30
+    return [f"peak memory {pred.peak_memory_bytes / gib:,.1f} GiB a rank is over the device's "
+            f"{pred.memory_capacity_bytes / gib:,.1f} GiB: the plan does not fit"]
 
 
 # ---- report: the rows, the plan it is about, the sensitivity

@@ -81,3 +81,13 @@ def test_a_window_takes_the_suffixes_a_length_takes(capsys):
     assert run_line([*SMALL, "--window", "1k", "--json"]) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["workload"]["window"]["size"] == 1024
     assert "write a window like 4096 or 4k" in one_error(capsys, *SMALL, "--window", "abc")
+
+
+@pytest.mark.parametrize("seq_len,fits", [("128k", True), ("1m", False)])
+def test_an_estimate_that_does_not_fit_says_so_in_its_notes(capsys, seq_len, fits):
+    """The notes are what a service's client reads: a plan over the device's memory is said there, with the sizes."""
+    capsys.readouterr()
+    assert run_line(["estimate", str(OLD), "--no-profile", "--seq-len", seq_len, "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    said = [n for n in res["notes"] if "does not fit" in n]
+    assert (not said) == fits and all("GiB a rank is over the device's" in n for n in said)
