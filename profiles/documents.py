@@ -81,19 +81,35 @@ def read_lengths(path: str | Path) -> np.ndarray:
     col = pd.to_numeric(frame["length"], errors="coerce")
     if col.isna().any() or (col != col.round()).any():
         row = int(np.flatnonzero((col.isna() | (col != col.round())).to_numpy())[0])
-        raise PlanError("documents", f"{p} row {row + 1}: '{frame['length'].iloc[row]}' is not a whole number",
+        value = frame["length"].iloc[row]
+        shown = "an empty cell" if pd.isna(value) else f"'{value}'"
+        raise PlanError("documents", f"{_where(p, suffix, row)}: {shown} is not a whole number",
                         "give one integer length per row")
     if (col.abs() > MAX_SEQ_LEN).any():  # before the integer cast, which would wrap them
         row = int(np.flatnonzero((col.abs() > MAX_SEQ_LEN).to_numpy())[0])
-        raise PlanError("documents", f"{p} row {row + 1}: length {frame['length'].iloc[row]} is more than any sequence "
+        raise PlanError("documents", f"{_where(p, suffix, row)}: length {frame['length'].iloc[row]} is more than any sequence "
                         f"({MAX_SEQ_LEN:,} tokens)", "give each document's length in tokens")
     x = col.to_numpy(dtype=np.int64)
     if not len(x):
         raise PlanError("documents", f"{p} holds no lengths", "give at least one document length")
     if x.min() < 1:
         row = int(np.argmin(x))
-        raise PlanError("documents", f"{p} row {row + 1}: length {int(x[row])}", "lengths must be at least 1 token")
+        raise PlanError("documents", f"{_where(p, suffix, row)}: length {int(x[row])}", "lengths must be at least 1 token")
     return x
+
+
+def _where(p: Path, suffix: str, row: int) -> str:
+    """Where data row ``row`` (from 0) of a file of lengths is: a CSV's or Parquet's row, a text file's line (its
+    comments and blank lines counted, as an editor counts them)."""
+    if suffix in (".csv", ".parquet"):
+        return f"{p} row {row + 1}"
+    seen = -1
+    with open(p, errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            seen += bool(line.split("#", 1)[0].strip())
+            if seen == row:
+                return f"{p} line {number}"
+    return f"{p} row {row + 1}"
 
 
 def documents_from_file(path: str | Path) -> Histogram:

@@ -91,3 +91,13 @@ def test_an_estimate_that_does_not_fit_says_so_in_its_notes(capsys, seq_len, fit
     res = json.loads(capsys.readouterr().out)
     said = [n for n in res["notes"] if "does not fit" in n]
     assert (not said) == fits and all("GiB a rank is over the device's" in n for n in said)
+
+
+def test_a_bad_length_in_a_text_file_is_named_by_its_line(tmp_path, capsys):
+    """A user opens the file at the line named: its comments and blank lines count, as in an editor."""
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("# lengths of the corpus\n\n100\n0\n")
+    assert f"{lengths} line 4: length 0" in one_error(capsys, *SMALL, "--documents", str(lengths))
+    table = tmp_path / "lengths.csv"
+    table.write_text("length,source\n5,a\n,b\n")
+    assert f"{table} row 2: an empty cell is not a whole number" in one_error(capsys, *SMALL, "--documents", str(table))
