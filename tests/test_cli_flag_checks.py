@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from test_client_input_errors import assert_one_error
 
 SP = [sys.executable, "-m", "sp_plan.cli.app"]
 TUNE = ["tune", "--cluster", "cpu-local", "--model", "tiny-gpt", "--seq-len", "4k"]
@@ -18,15 +19,6 @@ def run(args: list[str], cwd) -> subprocess.CompletedProcess:
     """The CLI in a fresh process, outside any torchrun world, in ``cwd``."""
     env = {k: v for k, v in os.environ.items() if k not in TORCHRUN}
     return subprocess.run([*SP, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
-
-
-def assert_one_error(r: subprocess.CompletedProcess, flag: str) -> str:
-    """``r`` exited 2 with one non-empty stderr line, ``error: FLAG: ...``, and no traceback; returns the line."""
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert r.returncode == 2, r.stderr
-    assert "Traceback" not in r.stderr and len(lines) == 1, r.stderr
-    assert lines[0].startswith(f"error: {flag}: "), lines[0]
-    return lines[0]
 
 
 @pytest.mark.parametrize("value", ["abc", "0"])

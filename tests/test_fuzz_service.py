@@ -26,14 +26,19 @@ PLAN_BODY = {"cluster": "cpu-local", "nodes": 1, "model": load_model("tiny-gpt")
              "workload": {"seq_len": 512, "batch": 1, "causal": True}, "top": 2}
 
 
-@pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("fuzz-service")
+def app_client(tmp_path_factory, name: str):
+    """The real app in-process (TestClient) on a SQLite store of its own, TOKEN its one token."""
+    tmp = tmp_path_factory.mktemp(name)
     (tmp / "tokens").write_text(TOKEN + "\n")
     app = create_app(Settings(store=f"sqlite:///{tmp}/store.db", token_file=str(tmp / "tokens"), processes=1,
                               max_body=200_000))
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    yield from app_client(tmp_path_factory, "fuzz-service")
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from fastapi.testclient import TestClient
+from test_fuzz_service import TOKEN, app_client
 
-from sp_plan.service.app import Settings, create_app
 from sp_plan.service.errors import located
 
-TOKEN = "fields-token"
 #: one pytest-xdist worker for the module: its app (and the app's search process) starts once
 pytestmark = [pytest.mark.xdist_group("service_fields"), pytest.mark.multiprocess]
 BODY = {"cluster": "dgx-h100", "nodes": 1, "model": "tiny-gpt", "workload": {"seq_len": "4k"}}
@@ -26,12 +24,7 @@ JSON = {"Content-Type": "application/json"}
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("service-fields")
-    (tmp / "tokens").write_text(TOKEN + "\n")
-    app = create_app(Settings(store=f"sqlite:///{tmp}/store.db", token_file=str(tmp / "tokens"), processes=1,
-                              max_body=200_000))
-    with TestClient(app, raise_server_exceptions=False) as c:
-        yield c
+    yield from app_client(tmp_path_factory, "service-fields")
 
 
 def refused(r, field: str, status: int = 422) -> dict:
