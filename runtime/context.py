@@ -89,7 +89,7 @@ class Context:
         remembered so that ``gather`` hands back B rows; ``x`` as it is where ``cu_seqlens`` covers one row."""
         from .variants.ring import check_masks
 
-        rows, n = (x.size(0), x.size(1)) if dim == 1 and x.dim() > 2 else (1, 0)
+        rows, n = (x.size(0), x.size(1)) if dim == 1 and x.dim() >= 2 else (1, 0)  # token ids are (B, S)
         cu = check_masks(cu_seqlens, None, None)[0]
         if rows == 1 or cu[-1] != rows * n:
             return x

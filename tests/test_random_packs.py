@@ -182,6 +182,8 @@ def _rows_end_to_end(rank: int, world: int, plans) -> list:
         found += mismatches(got, want, NAMES, "float64", attention_terms(rows * n, HEAD_DIM, HEADS // 2),
                             f"{plan.summary()} rank {rank}")
         found.append(tuple(full.shape[:2]))
+        ids = torch.arange(rows * n).reshape(rows, n)  # token ids, (batch, seq) as a data loader hands them
+        found.append(torch.equal(ctx.gather(ctx.shard(ids, 1, cu_seqlens=cu), 1, cu_seqlens=cu), ids))
     try:
         ctx.shard(batch[0], 1, cu_seqlens=(0, 10, 40, 64))
         found.append("a document across the rows ran")
@@ -199,4 +201,4 @@ def test_rows_of_a_batch_with_cu_seqlens_over_all_of_them_run_as_one_row_and_gat
                              ("allgather", {"ring": 4}, "striped"))]
     for found in run_world(_rows_end_to_end, 4, plans, timeout=300):
         assert found[-1] == ("cu_seqlens", True), found[-1]
-        assert found[:-1] == [(2, 32)] * len(plans), found[:-1]
+        assert found[:-1] == [(2, 32), True] * len(plans), found[:-1]
