@@ -93,10 +93,10 @@ def plan_cluster(plan: Plan, path: Path, nodes: Optional[int] = None) -> Cluster
     the plan's fingerprint."""
     preset, count = plan_preset(plan, path)
     name = plan.cluster or ""
-    c = load_cluster(preset, nodes or count)
     if nodes is not None and nodes != count:
         raise PlanError("--nodes", f"{path} was made for {name!r}, {count} node(s) of {preset}, and --nodes asks "
                         f"for {nodes}", f"drop --nodes (the plan's cluster is used), or pass --cluster {preset} with it")
+    c = load_cluster(preset, count)
     if plan.cluster_fingerprint and plan.cluster_fingerprint != c.fingerprint():
         raise PlanError("--cluster", f"{path} was made for a cluster {name!r} with fingerprint "
                         f"{plan.cluster_fingerprint}, not the preset's {c.fingerprint()}",
