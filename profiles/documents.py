@@ -87,14 +87,15 @@ def read_lengths(path: str | Path) -> np.ndarray:
                         "give one integer length per row")
     if (col.abs() > MAX_SEQ_LEN).any():  # before the integer cast, which would wrap them
         row = int(np.flatnonzero((col.abs() > MAX_SEQ_LEN).to_numpy())[0])
-        raise PlanError("documents", f"{_where(p, suffix, row)}: length {frame['length'].iloc[row]} is more than any sequence "
-                        f"({MAX_SEQ_LEN:,} tokens)", "give each document's length in tokens")
+        raise PlanError("documents", f"{_where(p, suffix, row)}: length {frame['length'].iloc[row]} is more than any "
+                        f"sequence ({MAX_SEQ_LEN:,} tokens)", "give each document's length in tokens")
     x = col.to_numpy(dtype=np.int64)
     if not len(x):
         raise PlanError("documents", f"{p} holds no lengths", "give at least one document length")
     if x.min() < 1:
         row = int(np.argmin(x))
-        raise PlanError("documents", f"{_where(p, suffix, row)}: length {int(x[row])}", "lengths must be at least 1 token")
+        raise PlanError("documents", f"{_where(p, suffix, row)}: length {int(x[row])}",
+                        "lengths must be at least 1 token")
     return x
 
 
