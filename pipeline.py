@@ -637,8 +637,9 @@ def rank_work(p: Plan) -> RankWork | None:
     ring = p.degrees["ring"]
     local = sample_rank_work(w, p.token_layout, ring, win.size if win else None)
     glob = None
-    if win is not None and win.pattern is not None:
-        glob = [int(x) for x in sample_rank_work(w, p.token_layout, ring, None).pairs]
+    layers = p.model.layers if p.model is not None else None
+    if win is not None and win.pattern is not None and (layers is None or win.windowed_layers(layers) < layers):
+        glob = [int(x) for x in sample_rank_work(w, p.token_layout, ring, None).pairs]  # some layer is global
     return RankWork(token_layout=p.token_layout, documents=len(local.cu_seqlens) - 1,
                     tokens=[int(x) for x in local.tokens], pairs=[int(x) for x in local.pairs], global_pairs=glob)
 

@@ -101,3 +101,11 @@ def test_a_bad_length_in_a_text_file_is_named_by_its_line(tmp_path, capsys):
     table = tmp_path / "lengths.csv"
     table.write_text("length,source\n5,a\n,b\n")
     assert f"{table} row 2: an empty cell is not a whole number" in one_error(capsys, *SMALL, "--documents", str(table))
+
+
+@pytest.mark.parametrize("pattern,global_layers", [("1:1", True), ("1000:1", False)])
+def test_the_global_layers_imbalance_is_shown_only_where_some_layer_is_global(capsys, pattern, global_layers):
+    """A pattern whose windowed run is longer than the model windows every layer: no global layer to report on."""
+    capsys.readouterr()
+    assert run_line([*SMALL, "--window", "64", "--window-pattern", pattern]) == 0, capsys.readouterr().err
+    assert ("on the global ones" in capsys.readouterr().out) == global_layers
