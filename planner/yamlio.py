@@ -7,6 +7,7 @@ import re
 import os
 import stat
 import tempfile
+from collections import deque
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -335,16 +336,35 @@ def model_from_data(cls: type[M], data: dict, what: str, source: str = "") -> M:
         raise PlanError(where, f"{err.problem}{' in ' + source if source else ''}", err.fix) from None
 
 
-def key_path(data, key: str) -> str | None:
-    """The dotted path of ``key``'s first occurrence in nested mappings (``workload.seq_len``), or None."""
-    if not isinstance(data, dict):
-        return None
-    if key in data:
-        return key
-    for k, v in data.items():
-        sub = key_path(v, key)
-        if sub is not None:
-            return f"{k}.{sub}"
+def child(x: Any, key: str) -> tuple[bool, Any]:
+    """(whether ``x`` has ``key``: a mapping's key or a list's index, and the value there)."""
+    if isinstance(x, dict):
+        return (True, x[key]) if key in x else (False, None)
+    if isinstance(x, list) and key.isdigit() and int(key) < len(x):
+        return True, x[int(key)]
+    return False, None
+
+
+def has_path(x: Any, parts: list[str]) -> bool:
+    """Whether ``parts`` (keys and list indexes) lead somewhere in ``x``."""
+    for key in parts:
+        found, x = child(x, key)
+        if not found:
+            return False
+    return True
+
+
+def key_path(data: Any, field: str | list[str]) -> str | None:
+    """The dotted path at which ``field`` (a key, or dotted keys and indexes: ``groups.ring``) sits in nested
+    mappings and lists, shallowest first (``seq_len``: ``workload.seq_len``); None where it sits nowhere."""
+    parts = field.split(".") if isinstance(field, str) else list(field)
+    queue: deque[tuple[list[str], Any]] = deque([([], data)])
+    while queue:
+        path, x = queue.popleft()
+        if has_path(x, parts):
+            return ".".join(path + parts)
+        items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
+        queue.extend((path + [str(k)], v) for k, v in items if isinstance(v, (dict, list)))
     return None
 
 

@@ -14,6 +14,7 @@ Groups are built once, from the shared layout module, and passed explicitly (no 
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from sp_plan.planner.documents import check_cu_seqlens
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import Layout, mesh_dims
 from sp_plan.planner.model import masking_window
@@ -30,7 +32,7 @@ from sp_plan.planner.plan import Plan, one_placement_problem
 from .agree import MaskAgreement, check_mode, plain
 from .attention import attention as _attention
 from .choice import BackendChoice
-from .placement import Placements
+from .placement import Placements, remember
 
 
 @dataclass
@@ -77,20 +79,18 @@ class Context:
             tokens = self.layout.tokens(self.rank, x.size(dim))
             self._placements().record_whole(x.size(dim))
         else:
-            x = self._end_to_end(x, dim, cu_seqlens)
-            cu, c, w = self._mask(x.size(dim), cu_seqlens, window, causal)
+            cu, c, w = self._mask(None, cu_seqlens, window, causal)
+            x = self._end_to_end(x, dim, cu)
+            check_cu_seqlens(cu, x.size(dim))
             self._placements().record(cu, c, w)
             tokens = self._pieces(cu, c, w)[self.rank]
         return x.index_select(dim, torch.tensor(tokens, device=x.device))
 
-    def _end_to_end(self, x: torch.Tensor, dim: int, cu_seqlens) -> torch.Tensor:
-        """``x``'s B rows of S tokens as one row of B x S where ``cu_seqlens`` covers them laid end to end
+    def _end_to_end(self, x: torch.Tensor, dim: int, cu: tuple) -> torch.Tensor:
+        """``x``'s B rows of S tokens as one row of B x S where the checked ``cu`` covers them laid end to end
         (flash-attn's varlen convention; every row's end is a document's, as no document crosses a sequence), and
-        remembered so that ``gather`` hands back B rows; ``x`` as it is where ``cu_seqlens`` covers one row."""
-        from .variants.ring import check_masks
-
+        remembered so that ``gather`` hands back B rows; ``x`` as it is where ``cu`` covers one row."""
         rows, n = (x.size(0), x.size(1)) if dim == 1 and x.dim() >= 2 else (1, 0)  # token ids are (B, S)
-        cu = check_masks(cu_seqlens, None, None)[0]
         if rows == 1 or cu[-1] != rows * n:
             return x
         crossing = sorted(set(range(n, rows * n, n)) - set(cu))
@@ -98,10 +98,7 @@ class Context:
             raise PlanError("cu_seqlens", f"cu_seqlens covers the batch's {rows} rows of {n:,} tokens end to end, and "
                             f"a document crosses the end of row {crossing[0] // n - 1} (token {crossing[0]:,})",
                             "end every row's last document at the row's end: a document never crosses a sequence")
-        _rows = self.__dict__.setdefault("_rows", {})
-        _rows[cu] = rows
-        while len(_rows) > 64:  # as many batches as ``placement.KEEP``
-            del _rows[next(iter(_rows))]
+        remember(self.__dict__.setdefault("_rows", OrderedDict()), cu, rows)  # as many batches as placements keep
         return x.reshape(1, rows * n, *x.shape[2:])
 
     def _rows_back(self, x: torch.Tensor, dim: int, cu_seqlens) -> torch.Tensor:

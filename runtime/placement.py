@@ -54,7 +54,7 @@ class Placements:
 
     def record_whole(self, seq_len: int) -> None:
         """``ctx.shard`` laid a sequence of ``seq_len`` tokens out whole, without documents."""
-        _remember(self._latest, seq_len, None)
+        remember(self._latest, seq_len, None)
         self.version += 1
 
     def record(self, cu: tuple, causal: bool, window: int | None) -> None:
@@ -64,8 +64,8 @@ class Placements:
         placed = self._placed.get(cu, mine)
         if self.depends and placed != mine and not _same(self.pieces(cu, *placed), self.pieces(cu, *mine)):
             _refuse("ctx.shard", mine, placed, "ctx.shard placed")
-        _remember(self._placed, cu, placed)
-        _remember(self._latest, cu[-1], cu)
+        remember(self._placed, cu, placed)
+        remember(self._latest, cu[-1], cu)
         self.version += 1
 
     def check(self, cu: tuple, causal: bool, window: int | None, caller: str, planned_window: int | None) -> None:
@@ -92,7 +92,7 @@ class Placements:
             if other != cu:
                 _refuse_documents(caller, cu[-1], other, self.token_layout)
             _refuse(caller, mine, mask, by)
-        _remember(self._agreed, key, True)
+        remember(self._agreed, key, True)
 
     def check_length(self, local: int, ranks: int, caller: str) -> None:
         """``caller``'s shards of ``local`` tokens on each of ``ranks`` make a sequence ``ctx.shard`` placed: refused
@@ -117,10 +117,10 @@ class Placements:
             raise PlanError("cu_seqlens", f"{caller} reads a sequence of {seq_len:,} tokens without cu_seqlens, and "
                             f"ctx.shard placed it per document ({self.token_layout}, with cu_seqlens): ranks would "
                             "read other tokens than they hold", "pass it the cu_seqlens ctx.shard was given")
-        _remember(self._agreed, key, True)
+        remember(self._agreed, key, True)
 
 
-def _remember(kept: OrderedDict, key, value) -> None:
+def remember(kept: OrderedDict, key, value) -> None:
     """``kept[key] = value`` as the latest of at most ``KEEP``."""
     kept[key] = value
     kept.move_to_end(key)

@@ -2,12 +2,12 @@
 own errors are named (``plan.degrees``, ``workload.seq_len``, ``workload.documents.0``)."""
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, get_args
 
 from sp_plan.pipeline import EstimateRequest
 from sp_plan.planner.model import Documents
 from sp_plan.planner.plan import Plan
+from sp_plan.planner.yamlio import child, key_path
 
 #: the tags pydantic puts after ``documents`` in a location inside the documents union: each member's ``kind``
 #: (lengths, lognormal, histogram); the user sent a list or an object, never the tag as a key
@@ -23,24 +23,6 @@ def untagged(loc: list[str]) -> list[str]:
     """A pydantic location without the tag of the documents union (``workload.documents.histogram.weights.0``:
     ``workload.documents.weights.0``): a name of the model's branch, not a key the user sent."""
     return [x for i, x in enumerate(loc) if not (i and loc[i - 1] == "documents" and x in DOCUMENT_TAGS)]
-
-
-def child(x: Any, key: str) -> tuple[bool, Any]:
-    """(whether ``x`` has ``key``: an object's key or a list's index, and the value there)."""
-    if isinstance(x, dict):
-        return (True, x[key]) if key in x else (False, None)
-    if isinstance(x, list) and key.isdigit() and int(key) < len(x):
-        return True, x[int(key)]
-    return False, None
-
-
-def has_path(x: Any, parts: list[str]) -> bool:
-    """Whether ``parts`` (keys and list indexes) lead somewhere in ``x``."""
-    for key in parts:
-        found, x = child(x, key)
-        if not found:
-            return False
-    return True
 
 
 def as_sent(parts: list[str], body: Any) -> list[str]:
@@ -72,15 +54,9 @@ def located(field: str, body: Any) -> str:
     if field in NOT_BODY or not field or not isinstance(body, dict):
         return field
     parts = as_sent(field.split("."), body)
-    queue: deque[tuple[list[str], Any]] = deque([([], body)])
-    while queue:
-        path, x = queue.popleft()
-        if has_path(x, parts):
-            return ".".join(path + parts)
-        if isinstance(x, dict):
-            queue.extend((path + [str(k)], v) for k, v in x.items() if isinstance(v, (dict, list)))
-        elif isinstance(x, list):
-            queue.extend((path + [str(k)], v) for k, v in enumerate(x) if isinstance(v, (dict, list)))
+    where = key_path(body, parts)
+    if where is not None:
+        return where
     if parts[0] in PLAN_ONLY and isinstance(body.get("plan"), dict):
         return ".".join(["plan"] + parts)
     return field
