@@ -175,6 +175,9 @@ def _check(cand, model, work) -> None:
                         "set ulysses to 1 (or use usp for ulysses x ring)")
     if cand.algorithm == "tokenring_ring":
         C, P = cand.team, cand.ring
+        if P < 4:
+            raise PlanError("degrees.ring", f"tokenring_ring splits the ring into teams of 2 or more, got ring {P}",
+                            "set ring to 4 or more, or use algorithm tokenring")
         if C < 2 or P % C or C >= P:
             raise PlanError("degrees.team", f"team {C} must divide the ring {P} and lie between 2 and {P // 2}",
                             "set team to the ranks per node of the ring (a proper divisor of ring), "

@@ -286,6 +286,10 @@ def test_tokenring_plan_needs_ulysses_one():
         ALGORITHMS["tokenring"].check(Candidate("tokenring", ulysses=2, ring=4), None, None)
     with pytest.raises(PlanError, match="team"):
         ALGORITHMS["tokenring_ring"].check(Candidate("tokenring_ring", ring=4, team=3), None, None)
+    for ring in (1, 2):  # no team size lies in [2, ring / 2]: the ring is what to change
+        with pytest.raises(PlanError, match="set ring to 4 or more") as e:
+            ALGORITHMS["tokenring_ring"].check(Candidate("tokenring_ring", ring=ring, team=1), None, None)
+        assert e.value.field == "degrees.ring"
 
 
 def test_team_size_from_ranks_entry():
