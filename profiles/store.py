@@ -18,6 +18,7 @@ import os
 import random
 import re
 import time
+import weakref
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -216,6 +217,10 @@ class Database:
         self._reader: sa.Engine | None = None
         try:
             self.engine = self._engine(self.url, default=url is None and not os.environ.get(ENV_VAR))
+            # closed when the store goes or the process exits (atexit, which the CLI's fast exit runs too): SQLite
+            # moves its write-ahead log into the .db file only when the last connection closes, so a store file
+            # copied after a command holds what the command wrote
+            weakref.finalize(self, self.engine.dispose)
             self._open()
         except PlanError as e:
             raise StoreError(self.source, e.problem, e.fix) from None
@@ -365,6 +370,7 @@ class Database:
             return
         if self._reader is None:
             self._reader = sa.create_engine(self.engine.url, connect_args={"timeout": 30})
+            weakref.finalize(self, self._reader.dispose)
 
             @sa.event.listens_for(self._reader, "connect")
             def _connect(dbapi_conn, _record):  # autocommit: no BEGIN at all

@@ -99,6 +99,12 @@ def test_subprocess(tmp_path):
     r = run("profile", "import", FIXTURE, "--store", store)
     assert r.returncode == 0, r.stderr
     pid = r.stdout.strip()
+    # the command closed its store: the write-ahead log is in the .db file, so a copy of that file alone holds it
+    assert not (tmp_path / "store.db-wal").exists()
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "store.db").write_bytes((tmp_path / "store.db").read_bytes())
+    r = run("profile", "list", "--store", f"sqlite:///{tmp_path}/copy/store.db")
+    assert r.returncode == 0 and pid in r.stdout, r.stderr
     r = run("profile", "list", "--store", store)
     assert r.returncode == 0 and pid in r.stdout, r.stderr
     r = run("profile", "show", "nope", "--store", store)
