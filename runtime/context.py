@@ -209,7 +209,7 @@ class Context:
             return out.index_copy_(dim, torch.tensor(perm, device=t.device), ordered)
 
         if x.requires_grad and torch.is_grad_enabled():
-            out = _Gathered.apply(x, dim, torch.as_tensor(own, device=x.device), assemble)
+            out = _Gathered.apply(x, dim, torch.tensor(own, device=x.device), assemble)  # a copy: own may be read-only
         else:
             out = assemble(x)
         return self._rows_back(out, dim, cu_seqlens)
