@@ -411,6 +411,9 @@ def tune_cmd(
             report = _measure(c, m, w, opts, st, rank, prog, a)
     except PlanError as e:
         _fail(rank, prog, e, owned)
+    except KeyboardInterrupt:  # Ctrl-C, or torchrun passing its SIGINT on to the ranks
+        _fail(rank, prog, "tune: interrupted; everything measured so far is stored: run the same command again to "
+              "resume", owned, code=130)
     except Exception as e:  # noqa: BLE001 - a dead rank or broken world: what was measured is in the store
         _fail(rank, prog, f"the tune stopped: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}; "
               "everything measured so far is stored: run the same command again to resume", code=1)

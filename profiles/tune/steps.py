@@ -103,7 +103,8 @@ class TuneRun:
 def check_world(cluster: Cluster, world: int) -> None:
     """The cluster file must describe the running world."""
     if world != cluster.world_size:
-        raise PlanError("cluster", f"the cluster file has {cluster.world_size} devices but the world has {world} ranks",
+        ranks = "1 rank" if world == 1 else f"{world} ranks"
+        raise PlanError("cluster", f"the cluster {cluster.name} has {cluster.world_size} devices but the world has {ranks}",
                         f"launch {cluster.world_size} ranks (torchrun --nnodes/--nproc-per-node) or discover this world "
                         "again with `sp-plan discover`")
 
