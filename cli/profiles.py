@@ -136,6 +136,7 @@ def import_cmd(
                                          "this URL instead (token: $SP_PLAN_TOKEN)", show_default="the local store"),
 ) -> None:
     """Store a profile file; prints its id (kept from the file unless another profile holds it)."""
+    taken = None
     try:
         from sp_plan.planner.profile import Profile  # noqa: PLC0415
 
@@ -147,24 +148,25 @@ def import_cmd(
         else:
             st = _store(store)
             if p.id and st.has_profile(p.id) and st.get_profile(p.id) != p:
-                p.id = None  # that id holds a different profile: keep both
+                taken, p.id = p.id, None  # that id holds a different profile: keep both
             pid, shown = st.save_profile(p), st.shown
     except PlanError as e:
         _fail(e)
+    note = f"; the file's id {taken} holds another profile there" if taken else ""
     err.print(f"imported {path} as profile {pid} ({escape(p.cluster or '-')}, topology {p.cluster_fingerprint}) "
-              f"into {shown}", highlight=False)
+              f"into {shown}{note}", highlight=False)
     out.print(pid, highlight=False)
 
 
 @profile_app.command("delete")
 def delete_cmd(
-    id: str = typer.Argument(..., help="profile id"),
+    id: str = typer.Argument(..., help="profile id (or a unique prefix of 4+ characters)"),
     store: Optional[str] = typer.Option(None, "--store", help=STORE_HELP, show_default=STORE_DEFAULT),
 ) -> None:
     """Remove a profile from the store."""
     try:
         st = _store(store)
-        st.delete_profile(id)
+        real = st.delete_profile(id)
     except PlanError as e:
         _fail(e)
-    out.print(f"deleted profile {id} from {st.shown}", highlight=False)
+    out.print(f"deleted profile {real} from {st.shown}", highlight=False)

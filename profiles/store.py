@@ -499,14 +499,15 @@ class Store(Database):
                 row = conn.execute(_STAMP_NEWEST, {"fp": fingerprint}).first()
         return None if row is None else f"{row[0]}@{row[1]}"
 
-    def delete_profile(self, id: str) -> None:
-        """Remove a stored profile (PlanError if there is none with this id)."""
+    def delete_profile(self, id: str) -> str:
+        """Remove a stored profile (its id or a unique prefix; PlanError if there is none); returns its id."""
         with self.transaction() as conn:
             real = self._resolve_id(conn, id)
             if real is not None:
                 conn.execute(profiles_t.delete().where(profiles_t.c.id == real))
         if real is None:
             raise self._unknown(id)
+        return real
 
     # ---- link fits
     def save_link_fit(self, fingerprint: str, links: dict) -> None:

@@ -76,10 +76,10 @@ class Service:
         except NotFound as e:
             raise NotFound(e.field, e.problem, PROFILES_FIX) from None
 
-    def delete_profile(self, id: str) -> None:
-        """Remove a stored profile (NotFound, pointing at GET /v1/profiles, if unknown)."""
+    def delete_profile(self, id: str) -> str:
+        """Remove a stored profile (NotFound, pointing at GET /v1/profiles, if unknown); returns its id."""
         try:
-            self.store.delete_profile(id)
+            return self.store.delete_profile(id)
         except NotFound as e:
             raise NotFound(e.field, e.problem, PROFILES_FIX) from None
 

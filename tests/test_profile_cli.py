@@ -62,10 +62,12 @@ def test_import_list_show_export_delete(store, tmp_path):
     assert cli("profile", "import", out, "--store", store).stdout.strip() == pid
     changed = exported.model_copy(update={"loo_error_after": 0.5})
     changed.save(tmp_path / "changed.yaml")
-    new = cli("profile", "import", tmp_path / "changed.yaml", "--store", store).stdout.strip()
+    r = cli("profile", "import", tmp_path / "changed.yaml", "--store", store)
+    new = r.stdout.strip()
     assert new != pid and len(Store(store).list_profiles()) == 2
-    r = cli("profile", "delete", pid, "--store", store)
-    assert r.exit_code == 0 and f"deleted profile {pid}" in r.stdout
+    assert f"as profile {new} " in r.stderr and f"the file's id {pid} holds another profile there" in r.stderr
+    r = cli("profile", "delete", pid[:6], "--store", store)  # a unique prefix: the id removed is the one printed
+    assert r.exit_code == 0 and f"deleted profile {pid} from" in r.stdout
     assert pid not in cli("profile", "list", "--store", store).stdout
     one_error_line(cli("profile", "show", pid, "--store", store), f"profile: no profile '{pid}'")
 

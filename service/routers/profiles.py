@@ -50,6 +50,5 @@ def save_keeping_both(store: Store, p: Profile) -> str:
 
 @router.delete("/v1/profiles/{id}")
 async def delete(id: str, svc: Service = Depends(writer)):
-    """Remove a stored profile (token needed)."""
-    await svc.db(svc.delete_profile, id)
-    return {"deleted": id}
+    """Remove a stored profile (token needed; its id or a unique prefix of 4+ characters); answers the id removed."""
+    return {"deleted": await svc.db(svc.delete_profile, id)}
