@@ -27,7 +27,7 @@ from .candidate import Candidate
 from .cluster import Cluster
 from .errors import PlanError
 from .equivalent import REL_TOL, distinct_prefix, top_rows
-from .estimate import Estimator, Orders
+from .estimate import MEMORY_HEADROOM, Estimator, Orders
 from .exchange import Exchange
 from .layout import BALANCE_POLICIES, TOKEN_LAYOUTS, chunks_needed
 from .model import ModelSpec, Workload
@@ -869,8 +869,9 @@ def no_plan_error(cluster: Cluster, workload: Workload, result: SearchResult) ->
     if not result.space:
         return PlanError("seq_len", f"no layout of {W} ranks can split {workload.seq_len} tokens over its sequence "
                          f"and tensor ranks", f"use a sequence length divisible by {2 * W}")
+    mem = cluster.device(0).memory_bytes / 2**30  # a plan may use MEMORY_HEADROOM of it: what plan prints "of"
     return PlanError("workload", f"no layout of {W} ranks fits in memory ({result.rejected} degree choices tried, "
-                     f"{cluster.device(0).memory_bytes / 2**30:.0f} GiB per device)",
+                     f"{mem * MEMORY_HEADROOM:.1f} GiB usable of {mem:.1f} GiB per device)",
                      "use more nodes, a shorter --seq-len or a smaller --batch")
 
 

@@ -1,0 +1,17 @@
+"""The search's answer when no layout is valid: the error names what to change."""
+from __future__ import annotations
+
+from sp_plan.planner.model import Workload
+from sp_plan.planner.search import grid_search, no_plan_error
+from sp_plan.profiles import load_cluster, load_model
+
+
+def test_no_layout_fitting_names_the_memory_a_plan_may_use():
+    """The memory a plan may use (MEMORY_HEADROOM of the device's, what plan and estimate print 'of') and the
+    device's own, as `sp-plan presets` lists it."""
+    c = load_cluster("dgx-h100")
+    w = Workload(seq_len="4k")
+    res = grid_search(c, load_model("llama3-70b"), w, keep=None)
+    assert not res.ranked
+    e = no_plan_error(c, w, res)
+    assert e.field == "workload" and "67.1 GiB usable of 74.5 GiB per device" in e.problem
