@@ -22,7 +22,8 @@ JSON_HELP = "print the answer as JSON: the HTTP response model (what POST /v1/pl
 def jobs_option() -> Optional[int]:
     """`--jobs`: the processes a command's searches run in (None: ``workers.auto_jobs``, the usable cores)."""
     return typer.Option(None, "--jobs", min=1, help="processes the searches run in (forked, each a share of the "
-                        "degrees choices or of the re-rankings; the same answer)",
+                        "degrees choices or of the re-rankings; the same plans, though the count priced may differ as the shares prune "
+                        "one another)",
                         show_default="the usable cores, at most 8")
 
 
