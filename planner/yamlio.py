@@ -324,11 +324,27 @@ def validation_error(what: str, err: ValidationError, source: str = "") -> PlanE
                      "fix that field")
 
 
+#: the top-level keys that tell each kind of file, and where a file of that kind goes
+FILE_KINDS = {"plan": ({"algorithm", "degrees"}, "`sp-plan show`, `estimate` or `export`"),
+              "profile": ({"cluster_fingerprint", "params"}, "--profile or `sp-plan profile import`"),
+              "cluster": ({"node_types", "nodes"}, "--cluster")}
+
+
+def other_kind(data: dict, what: str, source: str) -> PlanError | None:
+    """The error for a file of another kind (a profile passed as a plan, ...), or None."""
+    mine = FILE_KINDS.get(what, (set(), ""))[0]
+    for kind, (keys, where) in FILE_KINDS.items():
+        if kind != what and keys <= data.keys() and not mine <= data.keys():
+            return PlanError(what, f"{source or 'this'} is {'an' if kind[0] in 'aeiou' else 'a'} {kind} file, not a "
+                             f"{what} file", f"pass a {what} file here, and the {kind} file to {where}")
+    return None
+
+
 def model_from_data(cls: type[M], data: dict, what: str, source: str = "") -> M:
     try:
         return cls.model_validate(data)
     except ValidationError as err:
-        raise validation_error(what, err, source) from None
+        raise other_kind(data, what, source) or validation_error(what, err, source) from None
     except PlanError as err:  # a nested field's validator names the field alone (seq_len, read as a flag's name)
         where = key_path(data, err.field)
         if where is None or where == err.field:

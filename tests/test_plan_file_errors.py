@@ -143,3 +143,21 @@ def test_groups_compare_as_sets_and_name_the_dimension_that_differs(tmp_path, ca
     assert one_error(capsys, "show", with_groups("team.yaml", team=[[0, 1]])) == (
         "error: groups.team: the degrees and order make no team groups (they make ulysses, ring, sp); drop groups "
         "(sp-plan derives them from degrees and order)")
+
+
+PROFILE = Path(__file__).parent / "fixtures" / "profile-dgx-h100.yaml"
+
+
+@pytest.mark.parametrize("args, line", [
+    (["show", str(PROFILE)], f"error: plan: {PROFILE} is a profile file, not a plan file; pass a plan file here, and "
+                             "the profile file to --profile or `sp-plan profile import`"),
+    (["plan", "--cluster", "dgx-h100", "--model", "tiny-gpt", "--seq-len", "4k", "--profile", str(OLD)],
+     f"error: --profile: {OLD} is a plan file, not a profile file; pass a profile file here, and the plan file to "
+     "`sp-plan show`, `estimate` or `export`"),
+    (["plan", "--cluster", str(OLD), "--model", "tiny-gpt", "--seq-len", "4k"],
+     f"error: --cluster: {OLD} is a plan file, not a cluster file; pass a cluster file here, and the plan file to "
+     "`sp-plan show`, `estimate` or `export`"),
+])
+def test_a_file_of_another_kind_is_named_as_such(args, line, capsys):
+    assert run_line(args) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [line]
