@@ -19,10 +19,12 @@ STORE_HELP = "store URL (SQLAlchemy: sqlite:///FILE, postgresql+psycopg://...)"
 STORE_DEFAULT = "$SP_PLAN_STORE, else SQLite in the user data directory"
 
 
-def _store(url: Optional[str]):
+def _store(url: Optional[str], existing: bool = True):
+    """The store of --store (else $SP_PLAN_STORE or the default); ``existing``: a command that only reads or deletes
+    refuses a SQLite file that is not there rather than make an empty store of a mistyped path."""
     from sp_plan.profiles.store import Store  # noqa: PLC0415
 
-    return Store(url)
+    return Store(url, existing=existing)
 
 
 def _pct(x: float | None) -> str:
@@ -146,7 +148,7 @@ def import_cmd(
 
             pid, shown = Client.from_env(server).upload_profile(p), server
         else:
-            st = _store(store)
+            st = _store(store, existing=False)
             if p.id and st.has_profile(p.id) and st.get_profile(p.id) != p:
                 taken, p.id = p.id, None  # that id holds a different profile: keep both
             pid, shown = st.save_profile(p), st.shown

@@ -206,7 +206,7 @@ class Database:
     """One SQLAlchemy database at this sp-plan's alembic head: opened (and migrated) once, then transactions whose
     failures raise StoreError (see the module docstring)."""
 
-    def __init__(self, url: str | None = None):
+    def __init__(self, url: str | None = None, existing: bool = False):
         #: where the URL came from, named in errors: the caller's (``store``, the CLI's --store) or the environment's
         self.source = ENV_VAR if url is None and os.environ.get(ENV_VAR) else "store"
         if url is not None and not url.strip():
@@ -215,6 +215,8 @@ class Database:
         self.url = store_url(url)
         self.shown = redact(self.url)
         self._reader: sa.Engine | None = None
+        if existing and (url is not None or os.environ.get(ENV_VAR)):
+            self._check_exists()
         try:
             self.engine = self._engine(self.url, default=url is None and not os.environ.get(ENV_VAR))
             # closed when the store goes or the process exits (atexit, which the CLI's fast exit runs too): SQLite
@@ -238,6 +240,19 @@ class Database:
             raise StoreError(self.source, f"cannot open store {self.shown} ({text})", fix) from None
 
     # ---- opening
+    def _check_exists(self) -> None:
+        """A SQLite file named by --store or $SP_PLAN_STORE exists: a command that only reads (``existing``) makes no
+        store of a mistyped path and does not report it as empty."""
+        try:
+            u = sa.engine.make_url(self.url)
+        except sa_exc.ArgumentError:
+            return  # __init__ names the bad URL
+        path = u.database or ""
+        if u.get_backend_name() == "sqlite" and path and not path.startswith("file:") and path != ":memory:" \
+                and not Path(path).exists():
+            raise StoreError(self.source, f"no store at {self.shown}: {path} does not exist",
+                             "check the path (a store is made by `sp-plan tune` or `sp-plan profile import`)")
+
     @staticmethod
     def _engine(url: str, default: bool) -> sa.Engine:
         u = sa.engine.make_url(url)

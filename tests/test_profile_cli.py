@@ -86,11 +86,18 @@ def test_bad_inputs_exit_2_one_line(store, tmp_path):
     wrong.write_text("cluster_fingerprint: abc\nsurprise: 1\n")
     one_error_line(cli("profile", "import", wrong, "--store", store), "profile.surprise")
     one_error_line(cli("profile", "import", tmp_path / "none.yaml", "--store", store), "does not exist")
+    # a command that only reads makes no store of a path that is not one (a mistyped --store is not an empty store)
+    one_error_line(cli("profile", "list", "--store", store), "--store: no store at ")
+    assert not (tmp_path / "store.db").exists()
+    Store(store).close()
     one_error_line(cli("profile", "show", "deadbeef", "--store", store), "no profile 'deadbeef'")
     one_error_line(cli("profile", "delete", "deadbeef", "--store", store), "no profile 'deadbeef'")
     one_error_line(cli("profile", "export", "deadbeef", "-o", tmp_path / "x.yaml", "--store", store), "no profile")
-    for url in ("nosuch://x", f"sqlite:///{tmp_path}/missing/store.db", "postgresql+psycopg://sp@127.0.0.1:1/db"):
+    for url in ("nosuch://x", "postgresql+psycopg://sp@127.0.0.1:1/db"):
         one_error_line(cli("profile", "list", "--store", url), "--store: cannot open store")
+    one_error_line(cli("profile", "list", "--store", f"sqlite:///{tmp_path}/missing/store.db"), "--store: no store at")
+    one_error_line(cli("profile", "import", FIXTURE, "--store", f"sqlite:///{tmp_path}/missing/store.db"),
+                   "--store: cannot open store")
     one_error_line(cli("profile", "list", "--store", store, "--nodes", "2"), "--nodes")
 
 
