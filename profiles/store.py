@@ -236,7 +236,9 @@ class Database:
         except (sa_exc.SQLAlchemyError, OSError) as e:
             text = _first_line(e)
             fix = (f"pass the URL of an sp-plan store (a SQLite file sp-plan wrote, or a new file) instead of "
-                   f"{self.shown}" if "not a database" in text else STORE_FIX)
+                   f"{self.shown}" if "not a database" in text else
+                   "the SQLite file is damaged: restore it from a copy, or pass another --store" if "malformed" in text
+                   else STORE_FIX)
             raise StoreError(self.source, f"cannot open store {self.shown} ({text})", fix) from None
 
     # ---- opening

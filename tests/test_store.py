@@ -135,6 +135,15 @@ def test_bad_store_url(bad, tmp_path):
         assert "not a database" in e.value.problem and "sp-plan store" in e.value.fix
 
 
+def test_a_damaged_store_file_is_named_damaged(tmp_path):
+    """A SQLite store cut short (a copy that stopped, a full disk): the fix is a copy of the file, not the server."""
+    Store(f"sqlite:///{tmp_path}/full.db").close()
+    (tmp_path / "half.db").write_bytes((tmp_path / "full.db").read_bytes()[:8192])
+    with pytest.raises(StoreError) as e:
+        Store(f"sqlite:///{tmp_path}/half.db")
+    assert "malformed" in e.value.problem and "damaged: restore it from a copy" in e.value.fix
+
+
 def test_a_bad_store_from_the_environment_names_the_variable(monkeypatch):
     monkeypatch.setenv("SP_PLAN_STORE", "nosuch://x")
     with pytest.raises(PlanError) as e:
