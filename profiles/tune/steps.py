@@ -271,8 +271,10 @@ def resumed_candidates(r: TuneRun, cal: Calibration) -> None:
                 cal.pool.append(cal.by_name[mc.summary])
     if r.measured:
         r.reused.append(f"{len(r.measured)} candidate(s)")
-        spent = sum(m.detail.get("wall_s", 0.0) for m in r.measured.values())
+    spent = sum(m.detail.get("wall_s", 0.0) for m in r.measured.values())
+    if "kernels" in r.reused:  # a run stopped before its first candidate left its kernel timings to reuse too
         spent += (r.steps.get("kernels", ("", {}))[1] or {}).get("seconds", 0.0)
+    if spent > 0:
         r.notes.append(f"the earlier run spent {fmt(spent)} on what is reused; --max-minutes counts from the resume")
 
 
