@@ -21,7 +21,7 @@ sp-plan export plan.yaml --to yunchang -o yunchang.py
 # exits 2 naming the nearest plan it can run; with it, that plan is exported and the line says how much slower
 sp-plan export plan.yaml --to torchtitan --nearest -o torchtitan.args
 sp-plan export plan.yaml --to deepspeed --nearest -o deepspeed.json
-sp-plan export plan.yaml --to accelerate --nearest -o accelerate_fsdp.py
+sp-plan export plan.yaml --to accelerate --nearest -o accelerate_setup.py
 
 # xDiT runs diffusion inference: plan a DiT for inference, full (non-causal) attention, then export it
 sp-plan plan --cluster dgx-h100 --model dit-1b --seq-len 64k --inference --no-causal -o dit.yaml > /dev/null

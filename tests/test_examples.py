@@ -44,7 +44,7 @@ def test_export_writes_every_framework_or_its_nearest(tmp_path):
     assert plan.algorithm == "usp"  # the plan the script's comments describe
     assert "--cp-comm-type a2a+p2p" in (tmp_path / "megatron.args").read_text()
     ast.parse((tmp_path / "yunchang.py").read_text())
-    ast.parse((tmp_path / "accelerate_fsdp.py").read_text())
+    ast.parse((tmp_path / "accelerate_setup.py").read_text())
     assert "--parallelism.context_parallel_degree" in (tmp_path / "torchtitan.args").read_text()
     assert json.loads((tmp_path / "deepspeed.json").read_text())["sequence_parallel_size"] == 16
     assert "--ulysses_degree" in (tmp_path / "xdit.args").read_text()
