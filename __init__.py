@@ -22,6 +22,7 @@ _EXPORTS = {
     "Cluster": "sp_plan.planner.cluster", "ModelSpec": "sp_plan.planner.model", "Workload": "sp_plan.planner.model",
     "PlanError": "sp_plan.planner.errors", "load_cluster": "sp_plan.profiles", "load_model": "sp_plan.profiles",
     "Store": "sp_plan.profiles.store", "Profile": "sp_plan.planner.profile", "init": "sp_plan.runtime",
+    "resolve_profile": "sp_plan.profiles.resolve",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sp_plan.planner.cluster import Cluster
+from sp_plan.planner.cluster import Cluster, of_type, whole_number
 from sp_plan.planner.errors import PlanError, require_extra
 from sp_plan.planner.estimate import Estimator
 from sp_plan.planner.masks import imbalance, sample_rank_work
@@ -96,11 +96,10 @@ def mask_fields(documents=None, window: int | None = None, window_pattern: str |
     if window_pattern is not None and window is None:
         raise PlanError("window_pattern", "a layer pattern needs a window size", "give the window too, e.g. "
                         "--window 4096 --window-pattern 5:1 (in Python: window=4096, window_pattern='5:1')")
-    if isinstance(window, bool) or (window is not None and (not isinstance(window, int) or window < 1)):
-        raise PlanError("window", f"must be a size of at least 1 token, got {window!r}",
-                        "give a window size W >= 1 (or no window for full attention)")
-    if isinstance(seed, bool) or (seed is not None and (not isinstance(seed, int) or seed < 0)):
-        raise PlanError("seed", f"must be a whole number of at least 0, got {seed!r}", "give a seed of 0 or more")
+    if window is not None:
+        window = whole_number("window", window, 1, "give a window size W >= 1 (or no window for full attention)")
+    if seed is not None:
+        seed = whole_number("seed", seed, 0, "give a seed of 0 or more")
     fields = {k: getattr(base, k) for k in ("documents", "window", "seed")} if base is not None else {}
     if documents is not None:
         fields["documents"] = documents_definition(documents, files)
@@ -113,7 +112,9 @@ def mask_fields(documents=None, window: int | None = None, window_pattern: str |
 
 def with_masks(workload: Workload, documents=None, window: int | None = None, window_pattern: str | None = None,
                seed: int | None = None) -> Workload:
-    """``workload`` with the documents, window and seed given (a name, a file or a list of lengths; None: its own)."""
+    """``workload`` (a Workload or a mapping) with the documents, window and seed given (a name, a file or a list of
+    lengths; None: its own)."""
+    workload = as_model(Workload, workload, "workload", "sp_plan.Workload(seq_len=...) or a mapping")
     if documents is None and window is None and window_pattern is None and seed is None:
         return workload
     fields = mask_fields(documents, window, window_pattern, seed, base=workload)
@@ -135,6 +136,14 @@ def _inline_masks(data):
                             "send window: W with window_pattern, or window: {size: W, pattern: '5:1'}")
         w["window"] = {"size": w["window"], "pattern": pattern}
     return {**data, "workload": w}
+
+
+def as_model(cls: type[BaseModel], value, field: str, how: str):
+    """``value`` as a ``cls``: itself, or a mapping validated as one (a PlanError naming ``field``); anything else is a
+    PlanError saying ``how`` to pass one."""
+    if isinstance(value, dict):
+        return model_from_data(cls, value, field)
+    return of_type(field, value, cls, how)
 
 
 def _bounded(field: str, value: int, low: int, high: int, fix: str) -> int:
@@ -412,7 +421,9 @@ def search(req: PlanRequest, inputs: Inputs, storage: str | None = None, study: 
 
 def run_plan(req: PlanRequest, store=None, storage: str | None = None,
              progress: Callable[[int, int], None] | None = None, max_world: int | None = None) -> PlanResponse:
-    """Plan in one call (the Python API and `sp-plan plan`): resolve the request, then search."""
+    """Plan in one call (the Python API and `sp-plan plan`): resolve the request (a PlanRequest or its mapping),
+    then search."""
+    req = as_model(PlanRequest, req, "request", "a PlanRequest or a mapping of its fields")
     return search(req, resolve(req, store, max_world), storage=storage, progress=progress)
 
 
@@ -433,8 +444,10 @@ def plan(cluster: Cluster | str, model: ModelSpec | str | dict, workload: Worklo
     ``window_pattern`` ('5:1') and ``seed``. Plans come as a plan file holds them: the mesh (degrees, order)
     without its groups; ``Plan.with_groups()`` derives every group's ranks."""
     cluster, model, workload = api_inputs(cluster, model, workload, nodes)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise PlanError("top_k", f"must be a whole number of at least 1, got {top_k!r}", "ask for top_k >= 1 rows")
+    top_k = whole_number("top_k", top_k, 1, "ask for top_k >= 1 rows")
+    if progress is not None and not callable(progress):  # called only once the search runs: checked before it
+        raise PlanError("progress", f"{type(progress).__name__} is not callable",
+                        "pass a function progress(done, total), or None")
     w = with_masks(workload, documents, window, window_pattern, seed)
     check_space(space, cluster, model, w)
     params, line, prof = resolve_params(cluster, profile, store)
@@ -446,6 +459,7 @@ def check_space(space: Space | None, cluster: Cluster, model: ModelSpec, w: Work
     workload without the ``window`` or ``documents`` given beside it) would rank layouts of another problem."""
     if space is None:
         return
+    of_type("space", space, Space, "sp_plan.planner.search.Space(world, model, workload), or None for the whole space")
     for name, mine, given in (("world", space.world, cluster.world_size), ("model", space.model, model),
                               ("workload", space.work, w)):
         if mine != given:
@@ -458,6 +472,8 @@ def api_inputs(cluster, model, workload, nodes: int | None = None) -> tuple[Clus
     """The Python API's cluster, model and workload as the planner takes them: a preset's name (of ``nodes`` nodes)
     or a file's path for the cluster and model (as ``--cluster``, ``--nodes`` and ``--model`` read them), a mapping
     for a model or workload; anything else is a PlanError naming the argument."""
+    if nodes is not None:
+        nodes = whole_number("nodes", nodes, 1, "pass nodes=N, a whole number of at least 1 (or None: 1 node)")
     if isinstance(cluster, (str, Path)):
         cluster = load_cluster(str(cluster), nodes)
     elif nodes is not None and isinstance(cluster, Cluster) and nodes != cluster.num_nodes:
@@ -465,15 +481,9 @@ def api_inputs(cluster, model, workload, nodes: int | None = None) -> tuple[Clus
                         "drop nodes=, or pass the preset's name with nodes=")
     if isinstance(model, (str, Path)):
         model = load_model(str(model))
-    elif isinstance(model, dict):
-        model = model_from_data(ModelSpec, model, "model")
-    if isinstance(workload, dict):
-        workload = model_from_data(Workload, workload, "workload")
-    for name, value, cls, how in (("cluster", cluster, Cluster, "sp_plan.load_cluster(name or file), or the name"),
-                                  ("model", model, ModelSpec, "sp_plan.load_model(name or file), a name or a mapping"),
-                                  ("workload", workload, Workload, "sp_plan.Workload(seq_len=...) or a mapping")):
-        if not isinstance(value, cls):
-            raise PlanError(name, f"{type(value).__name__} is no {cls.__name__}", f"pass {how}")
+    of_type("cluster", cluster, Cluster, "sp_plan.load_cluster(name or file), or the name")
+    model = as_model(ModelSpec, model, "model", "sp_plan.load_model(name or file), a name or a mapping")
+    workload = as_model(Workload, workload, "workload", "sp_plan.Workload(seq_len=...) or a mapping")
     return cluster, model, workload
 
 
@@ -485,20 +495,24 @@ def estimate(plan: Plan | str | dict, cluster: Cluster | str, model: ModelSpec |
     with the documents, window and seed given, priced with ``profile`` as ``plan`` (this module's) takes it; the plan
     may be a plan file's path or a mapping, the rest as ``plan`` takes them."""
     cluster, model, workload = api_inputs(cluster, model, workload, nodes)
-    if isinstance(plan, (str, Path)):
-        plan = load_plan(plan)
-    elif isinstance(plan, dict):
-        plan = model_from_data(Plan, plan, "plan")
-    if not isinstance(plan, Plan):
-        raise PlanError("plan", f"{type(plan).__name__} is no Plan", "pass a Plan, a plan file's path or a mapping")
+    plan = api_plan(plan, "plan")
     params, _, _ = resolve_params(cluster, profile, store)
     return Estimator(cluster, model, with_masks(workload, documents, window, window_pattern, seed), params=params)(plan)
+
+
+def api_plan(plan, field: str) -> Plan:
+    """The Python API's plan as the planner takes it: a Plan, a plan file's path or a mapping; anything else is a
+    PlanError naming ``field``."""
+    if isinstance(plan, (str, Path)):
+        return load_plan(plan)
+    return as_model(Plan, plan, field, "a Plan, a plan file's path or a mapping")
 
 
 def run_estimate(req: EstimateRequest, store=None, max_world: int | None = None,
                  profile: Profile | None = None, files: bool = True) -> EstimateResponse:
     """Price one plan (the Python API, `sp-plan estimate` and POST /v1/estimate; ``files=False``: cluster and model
-    names are presets only)."""
+    names are presets only); ``req`` is an EstimateRequest or its mapping."""
+    req = as_model(EstimateRequest, req, "request", "an EstimateRequest or a mapping of its fields")
     p = req.plan
     inputs = resolve(req, store, max_world, profile, files=files)
     m = inputs.model or p.model
@@ -558,14 +572,17 @@ def report_plans(plans: list[Plan], families: list[Plan], extra: Plan | None = N
     return rows, next(i for i, p in enumerate(rows) if p.summary() == about)
 
 
-def report(cluster: Cluster, model: ModelSpec, workload: Workload, given: Plan | None = None, top: int = 8,
-           sensitivity: bool = True, profile=None, store=None, jobs: int = 1) -> Report:
+def report(cluster: Cluster | str, model: ModelSpec | str | dict, workload: Workload | dict,
+           given: Plan | str | dict | None = None, top: int = 8, sensitivity: bool = True, profile=None, store=None,
+           jobs: int = 1) -> Report:
     """The report of a fresh search (the ``top`` plans and the best of each algorithm variant), with ``given`` (a
     plan file's plan, priced here) among its rows and chosen; ``sensitivity``: the winner re-ranked under each
-    changed input. ``profile`` and ``store`` as ``plan`` takes them; the searches run in up to ``jobs``
-    processes (``workers``)."""
-    if top < 1:
-        raise PlanError("top", f"must be at least 1, got {top}", "ask for 1 or more plans")
+    changed input. Cluster, model, workload, ``profile`` and ``store`` as ``plan`` takes them; the searches run in
+    up to ``jobs`` processes (``workers``)."""
+    cluster, model, workload = api_inputs(cluster, model, workload)
+    given = None if given is None else api_plan(given, "given")
+    top = whole_number("top", top, 1, "ask for 1 or more plans")
+    jobs = whole_number("jobs", jobs, 1, "pass jobs=1 or more processes")
     params, line, prof = resolve_params(cluster, profile, store)
     res = forked_grid_search(cluster, model, workload, None, jobs, keep=top, params=params)
     res.profile, res.profile_line = profile_tag(prof), line
@@ -629,7 +646,9 @@ class RankWork(BaseModel):
 
 
 def rank_work(p: Plan) -> RankWork | None:
-    """The plan's per-rank work on its workload's first sample pack, or None when the workload has no mask to show."""
+    """The plan's per-rank work on its workload's first sample pack, or None when the workload has no mask to show;
+    ``p`` is a Plan or its mapping."""
+    p = as_model(Plan, p, "plan", "a Plan (one of sp_plan.plan's rows) or a mapping")
     w = check_mask_sizes(p.workload)
     win = None if w is None else w.mask_window
     if w is None or (w.documents is None and win is None):

@@ -11,6 +11,8 @@ cannot be sent in a header a PlanError on the token.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from pathlib import Path
 from urllib.parse import quote
@@ -19,7 +21,7 @@ import httpx
 
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.profile import Profile
-from sp_plan.pipeline import EstimateRequest, EstimateResponse, PlanRequest, PlanResponse
+from sp_plan.pipeline import EstimateRequest, EstimateResponse, PlanRequest, PlanResponse, as_model
 
 __all__ = ["Client", "TOKEN_ENV"]
 TOKEN_ENV = "SP_PLAN_TOKEN"
@@ -31,7 +33,8 @@ class Client:
     def __init__(self, url: str, token: str | None = None, timeout: float = 600.0):
         self.url = checked_url(url).rstrip("/")
         headers = {"Authorization": f"Bearer {checked_token(token, 'token')}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, follow_redirects=False)
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=checked_timeout(timeout),
+                                  follow_redirects=False)
 
     @classmethod
     def from_env(cls, url: str) -> "Client":
@@ -69,13 +72,14 @@ class Client:
 
     # ---- planning
     def plan(self, request: PlanRequest | None = None, **fields) -> PlanResponse:
-        """POST /v1/plan: ranked plans for a PlanRequest (or its fields as keywords)."""
-        req = request or PlanRequest(**fields)
+        """POST /v1/plan: ranked plans for a PlanRequest or its mapping (or its fields as keywords)."""
+        req = _request(PlanRequest, request, fields)
         return PlanResponse.model_validate(self._call("POST", "/v1/plan", json=req.model_dump(mode="json")).json())
 
     def estimate(self, request: EstimateRequest | None = None, **fields) -> EstimateResponse:
-        """POST /v1/estimate: one plan priced on a cluster."""
-        req = request or EstimateRequest(**fields)
+        """POST /v1/estimate: one plan priced on a cluster, for an EstimateRequest or its mapping (or its fields as
+        keywords)."""
+        req = _request(EstimateRequest, request, fields)
         body = req.model_dump(mode="json", exclude_none=True)
         return EstimateResponse.model_validate(self._call("POST", "/v1/estimate", json=body).json())
 
@@ -95,13 +99,37 @@ class Client:
         return Profile.model_validate(self._call("GET", f"/v1/profiles/{segment(id, 'profile')}").json())
 
     def upload_profile(self, profile: Profile | str | Path) -> str:
-        """POST /v1/profiles: store a profile (or a profile file); returns its id in the service's store."""
-        p = profile if isinstance(profile, Profile) else Profile.load(profile)
+        """POST /v1/profiles: store a profile (a Profile, its mapping or a profile file); returns its id in the
+        service's store."""
+        if isinstance(profile, (str, os.PathLike)):
+            profile = Profile.load(profile)
+        p = as_model(Profile, profile, "profile", "a Profile, its mapping or a profile file's path")
         return self._call("POST", "/v1/profiles", json=p.model_dump(mode="json")).json()["id"]
 
     def delete_profile(self, id: str) -> None:
         """DELETE /v1/profiles/{id}."""
         self._call("DELETE", f"/v1/profiles/{segment(id, 'profile')}")
+
+
+def _request(cls, request, fields: dict):
+    """The request a call sends: ``request`` (a ``cls`` or its mapping) or ``fields``, never both."""
+    if request is None:
+        return cls(**fields)
+    if fields:  # one would silently win over the other
+        raise PlanError("request", f"both a request and its fields ({', '.join(sorted(fields))}) given",
+                        "pass the request or its fields as keywords, not both")
+    return as_model(cls, request, "request", f"a {cls.__name__}, a mapping of its fields, or the fields as keywords")
+
+
+def checked_timeout(timeout) -> float | None:
+    """``timeout`` where it is a number of seconds above 0 (None: no limit), else PlanError("timeout"): httpx takes
+    any, and a request would fail at once or never."""
+    ok = timeout is None or (isinstance(timeout, numbers.Real) and not isinstance(timeout, bool)
+                             and not math.isnan(timeout) and timeout > 0)
+    if not ok:
+        raise PlanError("timeout", f"must be a number of seconds above 0, got {timeout!r}",
+                        "pass timeout=600 (seconds; None waits without limit)")
+    return timeout
 
 
 def segment(id: str, field: str) -> str:
@@ -123,6 +151,8 @@ def checked_url(url: str) -> str:
     """``url`` where it is an http(s) URL with a host and a port in 1..65535, else PlanError("server"): checked
     before any request, so a typo is one line, not httpx's InvalidURL or a lookup of a host that cannot exist."""
     fix = "pass a URL like http://HOST:8000 (an IPv6 host in brackets: http://[::1]:8000)"
+    if not isinstance(url, str):
+        raise PlanError("server", f"{type(url).__name__} is no URL", fix)
     url = url.strip()  # a pasted URL's surrounding blanks are no part of it
     try:
         u = httpx.URL(url)

@@ -42,9 +42,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from sp_plan.planner.cluster import of_type, whole_number
 from sp_plan.planner.documents import batch_cu_seqlens
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.plan import Plan
+from sp_plan.runtime.context import Context
 
 NAME = "sp_plan"
 IGNORE_INDEX = -100
@@ -83,7 +85,7 @@ def register(ctx) -> str:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    check_plan(ctx.plan)
+    check_plan(checked_ctx(ctx).plan)
     checked = [None]  # the position_ids tensor of the current forward, checked at its first layer only
 
     def sp_plan_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -95,6 +97,19 @@ def register(ctx) -> str:
     AttentionInterface.register(NAME, sp_plan_attention)
     AttentionMaskInterface.register(NAME, mask_forward)
     return NAME
+
+
+def checked_ctx(ctx) -> Context:
+    """``ctx`` where it is a runtime Context, else a PlanError naming it."""
+    return of_type("ctx", ctx, Context, "the Context sp_plan.init(plan) returns on this rank")
+
+
+def _tensor(field: str, x, what: str, ndim: int = 1) -> torch.Tensor:
+    """``x`` where it is a tensor of at least ``ndim`` dimensions, else a PlanError naming ``field``."""
+    of_type(field, x, torch.Tensor, f"{what} as a torch.Tensor")
+    if x.ndim < ndim:
+        raise PlanError(field, f"a tensor of {x.ndim} dimension(s)", f"pass {what}")
+    return x
 
 
 def mask_forward(*args, attention_mask: torch.Tensor | None = None, **kwargs) -> None:
@@ -257,6 +272,7 @@ def shift_labels(labels: torch.Tensor) -> torch.Tensor:
 
 def count_loss_tokens(labels: torch.Tensor) -> int:
     """Tokens the shifted full-sequence labels score (the global divisor of a mean loss)."""
+    _tensor("labels", labels, "the full sequences' unshifted labels, (batch, seq)")
     return int((labels[..., 1:] != IGNORE_INDEX).sum())
 
 
@@ -269,6 +285,14 @@ def shard_inputs(ctx, input_ids: torch.Tensor, labels: torch.Tensor | None,
     ``position_ids`` that restart at each document pack documents (``shard_packed``); ``window`` is the sliding
     window a ``balanced`` plan weighs their work by (the one every layer uses; None for global layers).
     """
+    checked_ctx(ctx)
+    _tensor("input_ids", input_ids, "a 2D tensor of token ids")
+    if labels is not None:
+        _tensor("labels", labels, "unshifted labels of the full sequences, or None")
+    if position_ids is not None:
+        _tensor("position_ids", position_ids, "positions of the full sequences, or None")
+    if window is not None:
+        window = whole_number("window", window, 1, "pass the sliding window W >= 1 every layer uses, or None")
     if input_ids.ndim != 2:
         raise PlanError("input_ids", f"expected (batch, seq), got shape {tuple(input_ids.shape)}",
                         "pass a 2D tensor of token ids")
@@ -301,7 +325,8 @@ def shard_packed(ctx, input_ids: torch.Tensor, labels: torch.Tensor | None, posi
 def all_reduce_grads(ctx, model: torch.nn.Module) -> None:
     """Sum every gradient over the world (sequence x data ranks; tp = pp = 1): one flat all-reduce; first, that the
     model ran the plan's attention (``check_attention``)."""
-    check_plan(ctx.plan)
+    check_plan(checked_ctx(ctx).plan)
+    of_type("model", model, torch.nn.Module, "the torch.nn.Module whose gradients to sum")
     if ctx.plan.degrees.get("ulysses", 1) * ctx.plan.degrees.get("ring", 1) > 1:
         check_attention(model)
     params = [p for p in model.parameters() if p.requires_grad]

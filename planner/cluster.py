@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+import operator
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -28,6 +29,29 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 NET = "net"
+
+
+def whole_number(field: str, value, low: int, fix: str, high: int | None = None) -> int:
+    """``value`` as an int where it is a whole number from ``low`` (to ``high``), else a PlanError naming ``field``."""
+    # operator.index takes what an int does and numpy's integers (a DataFrame's or a sweep's values), never a float;
+    # a bool is an int to Python but no count a caller means
+    try:
+        n = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        n = None
+    if n is None or n < low or (high is not None and n > high):
+        span = f"at least {low:,}" if high is None else f"from {low:,} to {high:,}"
+        problem = f"must be {span}, got {n:,}" if n is not None else \
+            f"must be a whole number {'of ' if high is None else ''}{span}, got {value!r}"
+        raise PlanError(field, problem, fix)
+    return n
+
+
+def of_type(field: str, value, cls: type, how: str):
+    """``value`` where it is a ``cls``, else a PlanError naming ``field`` and ``how`` to pass one."""
+    if not isinstance(value, cls):
+        raise PlanError(field, f"{type(value).__name__} is no {cls.__name__}", f"pass {how}")
+    return value
 
 
 #: the least a cluster file's figures may claim: a link or NIC slower than 1 kB/s, a device below 1 MFLOP/s or with
@@ -249,25 +273,38 @@ class Cluster(BaseModel):
     # ---- sizes
     @property
     def num_nodes(self) -> int:
+        """How many nodes the cluster has."""
         return len(self.nodes)
 
     def node_type(self, node: int = 0) -> NodeType:
-        return self.node_types[self.nodes[node]]
+        """The node type of node ``node`` (0 to ``num_nodes`` - 1)."""
+        return self.node_types[self.nodes[self._index("node", node, len(self.nodes))]]
+
+    def _index(self, field: str, i, n: int) -> int:
+        """``i`` where it is 0 to ``n`` - 1 (a negative index would count from the end: another device)."""
+        if type(i) is int and 0 <= i < n:  # the planner's own calls, on every candidate: no checks beyond this
+            return i
+        return whole_number(field, i, 0, f"use a {field} below {n:,} (this cluster's {field}s are 0 to {n - 1:,})",
+                            high=n - 1)
 
     @property
     def devices_per_node(self) -> int:
+        """Devices (ranks) of the first node."""
         return len(self.node_type(0).devices)
 
     @property
     def world_size(self) -> int:
+        """Devices (ranks) of the whole cluster."""
         return sum(len(self.node_types[t].devices) for t in self.nodes)
 
     @property
     def homogeneous(self) -> bool:
+        """Whether every node is of one node type."""
         return len(set(self.nodes)) == 1
 
     def device(self, rank: int) -> Device:
         """The device that world rank ``rank`` runs on."""
+        rank = self._index("rank", rank, self.world_size)
         for t in self.nodes:
             devs = self.node_types[t].devices
             if rank < len(devs):
@@ -276,6 +313,8 @@ class Cluster(BaseModel):
         raise PlanError("rank", "outside the cluster", "use a rank below the world size")
 
     def node_of(self, rank: int) -> int:
+        """The node index that world rank ``rank`` runs on."""
+        rank = self._index("rank", rank, self.world_size)
         if self.homogeneous:
             return rank // self.devices_per_node
         for i, t in enumerate(self.nodes):
@@ -326,8 +365,10 @@ class Cluster(BaseModel):
 
     # ---- io
     def save(self, path: str | Path) -> None:
+        """Write the cluster as a YAML (or, for a .json path, JSON) file that ``load`` and ``--cluster`` read."""
         dump_data(self.model_dump(mode="json"), path)
 
     @classmethod
     def load(cls, path: str | Path) -> "Cluster":
+        """The cluster in a YAML or JSON cluster file."""
         return load_yaml_model(cls, path, "cluster")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
+from .errors import PlanError
+
 if TYPE_CHECKING:  # names for the annotations only: this module reads plans without loading their modules
     import pandas as pd
 
@@ -64,7 +66,12 @@ class RankedPlans(list):
 
     def equivalents(self, i: int) -> list[Plan]:
         """The plans equivalent to the ``i``-th (none: an empty list)."""
-        return list(self.rows[i].alternatives)
+        from .cluster import whole_number  # noqa: PLC0415 - this module reads plans without loading the models
+
+        n = len(self.rows)
+        if not n:
+            raise PlanError("i", "the ranking has no rows", "ask for the equivalents of a ranking with plans")
+        return list(self.rows[whole_number("i", i, 0, f"pass a row index from 0 to {n - 1}", high=n - 1)].alternatives)
 
     def flat(self) -> list[Plan]:
         """Every plan, each row's equivalents after its plan: what ``PlanResponse.plans`` holds."""

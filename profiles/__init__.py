@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sp_plan.planner.cluster import NET, Cluster, Device, Link, NodeType, Switch, preset_name, preset_nodes
+from sp_plan.planner.cluster import (NET, Cluster, Device, Link, NodeType, Switch, preset_name, preset_nodes,
+                                    whole_number)
 from sp_plan.planner.errors import NotFound, PlanError
 from sp_plan.planner.model import ModelSpec
 from sp_plan.planner.yamlio import load_yaml_model, model_from_data, names_file, read_data, yaml_load
@@ -137,8 +138,7 @@ def build_node_type(spec: dict, devices_per_node: int | None = None) -> NodeType
 
 def preset_cluster(name: str, nodes: int = 1, devices_per_node: int | None = None) -> Cluster:
     """A preset cluster of ``nodes`` alike nodes."""
-    if nodes < 1:
-        raise PlanError("nodes", f"must be at least 1, got {nodes}", "pass --nodes 1 or more")
+    nodes = whole_number("nodes", nodes, 1, "pass --nodes 1 or more (in Python: nodes=N, a whole number)")
     if nodes > MAX_NODES:
         raise PlanError("nodes", f"{nodes:,} nodes is more than any cluster has (at most {MAX_NODES:,})", "check --nodes")
     spec = preset_spec(name)
@@ -151,8 +151,9 @@ def preset_cluster(name: str, nodes: int = 1, devices_per_node: int | None = Non
 def load_cluster(name_or_file: str, nodes: int | None = None, files: bool = True) -> Cluster:
     """A preset by name (with ``nodes``), or a cluster YAML/JSON file (``nodes`` must then be None or match);
     ``files=False``: a preset only, never a file (the service: a name never reads its working directory)."""
-    if nodes is not None and nodes < 1:
-        raise PlanError("nodes", f"must be at least 1, got {nodes}", "pass --nodes 1 or more")
+    name_or_file = preset_or_file("cluster", name_or_file, cluster_presets)
+    if nodes is not None:
+        nodes = whole_number("nodes", nodes, 1, "pass --nodes 1 or more (in Python: nodes=N, a whole number)")
     if not files and name_or_file not in cluster_presets():  # never a path: "../x" is no preset either
         raise unknown_cluster(name_or_file, NotFound)
     p = Path(name_or_file)
@@ -177,6 +178,7 @@ def spec_cluster(spec: dict, nodes: int) -> Cluster:
 def load_model(name_or_file: str, files: bool = True) -> ModelSpec:
     """A model preset by name, or a model YAML/JSON file; ``files=False``: a preset only, never a file (the
     service)."""
+    name_or_file = preset_or_file("model", name_or_file, model_presets)
     if not files and name_or_file not in model_presets():  # never a path: "../x" is no preset either
         raise NotFound("model", f"unknown preset {name_or_file!r}", f"use one of {model_presets()}")
     p = Path(name_or_file)
@@ -186,3 +188,15 @@ def load_model(name_or_file: str, files: bool = True) -> ModelSpec:
     if not path.exists():
         raise PlanError("model", f"unknown preset {name_or_file!r}", f"use one of {model_presets()} or a model YAML file")
     return load_yaml_model(ModelSpec, path, "model")
+
+
+def preset_or_file(field: str, name, presets) -> str:
+    """``name`` as a str where it names a preset or a file (a str or a Path, not empty), else PlanError(field)."""
+    if isinstance(name, Path):
+        name = str(name)
+    if not isinstance(name, str):
+        raise PlanError(field, f"{type(name).__name__} is no preset name or file",
+                        f"pass a preset name (one of {presets()}) or a file's path")
+    if not name.strip():  # Path('') is the working directory: 'cannot read .' would not say what is wrong
+        raise PlanError(field, "the name is empty", f"pass a preset name (one of {presets()}) or a file's path")
+    return name

@@ -7,8 +7,10 @@ pipeline (``sp_plan.pipeline``) calls it before it searches. The cluster's newes
 """
 from __future__ import annotations
 
-from sp_plan.planner.cluster import Cluster
-from sp_plan.planner.errors import NotFound, PlanError
+import os
+
+from sp_plan.planner.cluster import Cluster, of_type
+from sp_plan.planner.errors import NotFound, PlanError, StoreError
 from sp_plan.planner.params import Params
 from sp_plan.planner.plausible import check_hbm, check_params
 from sp_plan.planner.profile import STACK_KEYS, Profile
@@ -24,6 +26,7 @@ def resolve_params(cluster: Cluster, profile=None, store=None) -> tuple[Params, 
     or file (str), None (the cluster's newest stored profile) or False (none: the presets' defaults,
     ``profiles.kernels.default_params``); ``store`` is a Store, a URL or None (``$SP_PLAN_STORE``, else the user
     data directory's)."""
+    check_store(store)
     if profile is False:  # no store to open: SQLAlchemy stays unimported
         return default_params(cluster), NO_PROFILE_LINE, None
     prof, line = resolve_profile(profile, cluster, store=store)
@@ -33,13 +36,19 @@ def resolve_params(cluster: Cluster, profile=None, store=None) -> tuple[Params, 
     return prof.params, (line if line.startswith("using") else f"using {line}"), prof
 
 
-def resolve_profile(spec: Profile | str | bool | None, cluster, store=None) -> tuple[Profile | None, str]:
-    """The profile to apply to ``cluster`` (or None) and one line saying what happened.
+def resolve_profile(spec: Profile | str | os.PathLike | bool | None, cluster: Cluster,
+                    store=None) -> tuple[Profile | None, str]:
+    """The profile to apply to ``cluster`` (a Cluster, ``sp_plan.load_cluster``'s) or None, and one line saying what
+    happened.
 
     spec None: the newest stored profile of the cluster's topology fingerprint; False: none; a
-    Profile; a str: a profile file if that path exists, else a profile id in ``store`` (a Store, a URL or None).
-    A profile of another fingerprint or software stack is not applied (the line says why); a bad file or an
-    unknown id raises PlanError('--profile')."""
+    Profile; a str or Path: a profile file if that path exists, else a profile id in ``store`` (a Store, a URL or
+    None). A profile of another fingerprint or software stack is not applied (the line says why); a bad file or an
+    unknown id raises PlanError('profile')."""
+    of_type("cluster", cluster, Cluster, "sp_plan.load_cluster(name or file)")
+    check_store(store)
+    if isinstance(spec, os.PathLike):  # a file, as the cluster, model and plan take one
+        spec = os.fspath(spec)
     if spec is False:
         return None, "profile: none (--no-profile)"
     if isinstance(spec, Profile):
@@ -117,7 +126,25 @@ def datasheet_hbm(cluster) -> float | None:
 
 
 def _load_file(path: str) -> Profile:
+    """The profile file at ``path``; its errors name the profile (once)."""
     try:
         return Profile.load(path)
     except PlanError as e:
+        if e.field == "profile":  # already named: "profile: profile: ..." would say it twice
+            raise
         raise PlanError("profile", f"{e.field}: {e.problem}", e.fix) from None
+
+
+def check_store(store) -> None:
+    """``store`` is None, a URL that is not blank, or a Store; else the PlanError ``Store(store)`` would raise."""
+    if store is None:
+        return
+    if isinstance(store, str):
+        if not store.strip():  # the glance would take '' as "the default store", where Store('') refuses it
+            raise StoreError("store", "the store URL is empty", "give a SQLAlchemy URL such as "
+                             "sqlite:////path/store.db, or leave --store out for $SP_PLAN_STORE or the default store")
+        return
+    # a non-str store is a Store, whose module is then loaded already: this import costs nothing
+    from sp_plan.profiles.store import Store  # noqa: PLC0415
+
+    of_type("store", store, Store, "an sp_plan.Store or a SQLAlchemy URL (str), or None for the default store")

@@ -14,6 +14,7 @@ Groups are built once, from the shared layout module, and passed explicitly (no 
 """
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +24,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from sp_plan.planner.cluster import of_type, whole_number
 from sp_plan.planner.documents import check_cu_seqlens
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.layout import Layout, mesh_dims
 from sp_plan.planner.model import masking_window
 from sp_plan.planner.plan import Plan, one_placement_problem
+from sp_plan.planner.yamlio import model_from_data
 
 from .agree import MaskAgreement, check_mode, plain
 from .attention import attention as _attention
@@ -112,17 +115,25 @@ class Context:
 
     def window(self, window: int | None = None) -> int | None:
         """``window``, or where None the plan's window on every layer (a local:global pattern has none: its caller
-        passes each layer's, as transformers does)."""
+        passes each layer's, as transformers does); a window below 1 token is a PlanError."""
+        return checked_window(self._planned_window(window))
+
+    def _planned_window(self, window):
+        """``window``, or where None the plan's on every layer, unchecked (``attention`` compares it first)."""
         planned = self.plan.workload.window if self.plan.workload else None
         if window is None and planned is not None and planned.pattern is None:
             return planned.size
         return window
 
     def causal(self, causal: bool | None = None) -> bool:
-        """``causal``, or where None the plan's (causal without a workload)."""
+        """``causal``, or where None the plan's (causal without a workload); anything but a bool is a PlanError."""
+        return checked_causal(self._planned_causal(causal))
+
+    def _planned_causal(self, causal):
+        """``causal``, or where None the plan's, unchecked (``attention`` compares it first)."""
         if causal is None:
             return self.plan.workload.causal if self.plan.workload else True
-        return bool(causal)
+        return bool(causal) if isinstance(causal, np.bool_) else causal
 
     def _mask(self, seq_len: int | None, cu_seqlens, window, causal) -> tuple[tuple, bool, int | None]:
         """(cu_seqlens, causal, window) of a call, checked (against ``seq_len`` where given), the plan's where None,
@@ -231,15 +242,18 @@ class Context:
         ``cu_seqlens`` (0, ..., global length) packs documents, ``window`` is a sliding window (None: the plan's,
         ``window``) for ring, Ulysses, USP and all-gather plans (``attention.MASKED``; the others refuse them);
         ``kv_chunks``: all-gather's chunks of KV heads (None: the plan's, ``kv_chunks``)."""
-        causal = self.causal(causal)
+        causal, window, kv_chunks = self._planned_causal(causal), self._planned_window(window), \
+            self._planned_kv_chunks(kv_chunks)
         groups, ranks = self._attention_groups()
-        window, kv_chunks, cu_seqlens = self.window(window), self.kv_chunks(kv_chunks), plain(cu_seqlens)
-        if cu_seqlens is None and window is not None and isinstance(q, torch.Tensor):  # equal shards of S tokens
+        cu_seqlens = plain(cu_seqlens)
+        whole = isinstance(window, (int, np.integer)) and not isinstance(window, bool)  # else refused below
+        if cu_seqlens is None and whole and isinstance(q, torch.Tensor):  # equal shards of S tokens
             window = masking_window(window, q.shape[1] * len(self.ranks("sp")))
         device = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
         # compared before the runtime checks the call: a rank whose call is wrong then fails with its peers
-        self._agreement().check(device, q, k, v, causal=bool(causal), window=window, scale=scale, kv_chunks=kv_chunks,
+        self._agreement().check(device, q, k, v, causal=causal, window=window, scale=scale, kv_chunks=kv_chunks,
                                 cu_seqlens=cu_seqlens)
+        causal, window, kv_chunks = checked_causal(causal), checked_window(window), checked_kv_chunks(kv_chunks)
         if cu_seqlens is None and isinstance(q, torch.Tensor):
             sp = self.plan.degrees["ulysses"] * self.plan.degrees["ring"]  # equal shards of the whole sequence
             self._placements().check_length(q.shape[1], sp, "ctx.attention")
@@ -272,7 +286,31 @@ class Context:
     def kv_chunks(self, kv_chunks: int | None = None) -> int:
         """``kv_chunks``, or where None the plan's (1: one gather); ``runtime.attention`` refuses a count over 1
         for a plan that is not all-gather's, as the plan file does."""
+        return checked_kv_chunks(self._planned_kv_chunks(kv_chunks))
+
+    def _planned_kv_chunks(self, kv_chunks):
+        """``kv_chunks``, or where None the plan's, unchecked (``attention`` compares it first)."""
         return (self.plan.kv_chunks or 1) if kv_chunks is None else kv_chunks
+
+
+def checked_causal(causal) -> bool:
+    """``causal`` where it is a bool, else a PlanError: bool("no") is True, and a word is no mask."""
+    if not isinstance(causal, (bool, np.bool_)):
+        raise PlanError("causal", f"must be True or False, got {causal!r}", "pass causal=True, False or None "
+                        "(the plan's)")
+    return bool(causal)
+
+
+def checked_window(window) -> int | None:
+    """``window`` (None: full attention) where it is a whole number of at least 1 token, else a PlanError."""
+    if window is None:
+        return None
+    return whole_number("window", window, 1, "pass a window of W >= 1 tokens, or None for the plan's")
+
+
+def checked_kv_chunks(kv_chunks) -> int:
+    """``kv_chunks`` where it is a whole number of at least 1, else a PlanError."""
+    return whole_number("kv_chunks", kv_chunks, 1, "pass kv_chunks=1 or more, or None for the plan's")
 
 
 class _Gathered(torch.autograd.Function):
@@ -293,8 +331,36 @@ class _Gathered(torch.autograd.Function):
         return grad.index_select(fctx.dim, own), None, None, None
 
 
-def _as_plan(plan_or_path: Plan | str | Path) -> Plan:
-    return plan_or_path if isinstance(plan_or_path, Plan) else Plan.load(plan_or_path)
+def _as_plan(plan_or_path: Plan | str | Path | dict) -> Plan:
+    """``init``'s plan: a Plan, a plan file's path or a plan's mapping (``Plan.model_dump()``)."""
+    if isinstance(plan_or_path, (str, os.PathLike)):
+        return Plan.load(plan_or_path)
+    if isinstance(plan_or_path, dict):
+        return model_from_data(Plan, plan_or_path, "plan")
+    return of_type("plan", plan_or_path, Plan, "a Plan, a plan file's path or a plan's mapping")
+
+
+def require_world() -> None:
+    """The default process group is initialized: what every collective of a plan runs in."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise PlanError("torch.distributed", "the default process group is not initialized",
+                        "call torch.distributed.init_process_group first (torchrun sets the environment)")
+
+
+def check_device_type(device_type) -> str:
+    """``device_type`` where torch knows it and this host has such a device, else PlanError("device_type"): torch
+    would build the mesh and fail at the first use of a missing device (or never, for an unknown name)."""
+    fix = "pass cpu with gloo, cuda with nccl, or None (the backend's)"
+    if not isinstance(device_type, str):
+        raise PlanError("device_type", f"{type(device_type).__name__} is no device type", fix)
+    try:
+        torch.device(device_type)
+    except (RuntimeError, ValueError):
+        raise PlanError("device_type", f"{device_type!r} is no device type torch knows", fix) from None
+    module = getattr(torch, device_type, None)  # torch.cuda, torch.xpu, an accelerator plug-in's module
+    if device_type != "cpu" and callable(getattr(module, "is_available", None)) and not module.is_available():
+        raise PlanError("device_type", f"this host has no {device_type} device available to torch", fix)
+    return device_type
 
 
 def check_one_placement(plan: Plan) -> None:
@@ -307,7 +373,8 @@ def check_one_placement(plan: Plan) -> None:
 
 
 def check_dim(x: torch.Tensor, dim: int) -> None:
-    """``dim`` names one of ``x``'s dimensions (the token dimension shard and gather move)."""
+    """``x`` is a tensor and ``dim`` names one of its dimensions (the token dimension shard and gather move)."""
+    of_type("x", x, torch.Tensor, "a torch.Tensor of the full sequence (shard) or of this rank's tokens (gather)")
     if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
         raise PlanError("dim", f"{dim!r} is no dimension of a {x.dim()}-dimensional tensor",
                         "pass the token dimension, e.g. dim=1 for (batch, seq, ...)")
@@ -333,17 +400,16 @@ def check_same_plan(plan: Plan, world: int) -> None:
 
 
 def init(plan_or_path: Plan | str | Path, device_type: str | None = None) -> Context:
-    """Build the plan's DeviceMesh and groups inside an initialized torch.distributed world (all ranks call it)."""
+    """Build the plan's DeviceMesh and groups inside an initialized torch.distributed world (all ranks call it);
+    the plan is a Plan, a plan file's path or its mapping, ``device_type`` the mesh's (None: cuda under nccl, else
+    cpu)."""
     plan = _as_plan(plan_or_path)
-    if not dist.is_available() or not dist.is_initialized():
-        raise PlanError("torch.distributed", "the default process group is not initialized",
-                        "call torch.distributed.init_process_group first (torchrun sets the environment)")
+    require_world()
     world, rank = dist.get_world_size(), dist.get_rank()
     plan.check_world(world)
     check_one_placement(plan)
     layout = plan.layout()
-    if device_type is None:
-        device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    device_type = check_device_type(device_type or ("cuda" if dist.get_backend() == "nccl" else "cpu"))
     dims = mesh_dims(plan.degrees, plan.order)  # innermost first
     shape = [s for _, s in reversed(dims)]
     names = tuple(n for n, _ in reversed(dims))

@@ -253,8 +253,11 @@ def run_candidate_isolated(plan: Plan, model: ModelSpec, work: Workload, *, time
     rank's block-kernel decisions (``candidate.measure``), handed to its child and updated with the child's. The
     same MeasuredCandidate comes back on every rank; the parent world stays usable.
     """
+    from sp_plan.runtime.context import require_world
+
     from .candidate import _candidate, agree
 
+    require_world()  # collective over the parent world: torch's own error would not say how to make one
     rank, world = dist.get_rank(), dist.get_world_size()
     limit = kw.pop("memory_limit_bytes", None)
     device = torch.device(kw.get("device", "cpu"))

@@ -17,6 +17,8 @@ from typing import Callable
 
 import torch
 
+from sp_plan.planner.cluster import of_type, whole_number
+from sp_plan.planner.errors import PlanError
 from sp_plan.planner.model import ModelSpec, Workload
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import KernelSample
@@ -160,6 +162,7 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
     (``timing.time_readings``); ``spared`` gets (kernel, repeats not run) for each that stopped early. ``kinds``
     keeps only those kernels (e.g. ("attention_fwd",)): the others are neither prepared nor timed. ``choice``: the
     block-kernel choice to use and add to (a fresh one from the environment by default)."""
+    blocks, heads, gemm_rows, shapes = _checked_sweep(model, blocks, heads, gemm_rows, shapes, dtype)
     device = torch.device(device)
     name = _DTYPE_NAMES.get(dtype, str(dtype))
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -193,6 +196,25 @@ def measure_kernels(model: ModelSpec, blocks: list[int], heads: list[int], devic
     else:
         start, lengths = windows[0], [windows[1]] * len(jobs)
     return _windowed(jobs, lengths, start, device, name, said)
+
+
+def _sizes(field: str, values) -> list[int]:
+    """``values`` as whole numbers of at least 1, else a PlanError naming ``field`` (a 0-token block would divide by
+    zero inside the attention kernel)."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise PlanError(field, f"{type(values).__name__} is no list of sizes", f"pass {field} as a list, e.g. [1024]")
+    return [whole_number(f"{field}[{i}]", v, 1, f"give {field} of 1 or more") for i, v in enumerate(values)]
+
+
+def _checked_sweep(model, blocks, heads, gemm_rows, shapes, dtype) -> tuple:
+    """``measure_kernels``' sizes and dtype checked before any kernel runs: (blocks, heads, gemm_rows, shapes)."""
+    of_type("model", model, ModelSpec, "sp_plan.load_model(name or file)")
+    of_type("dtype", dtype, torch.dtype, "a torch.dtype such as torch.bfloat16")
+    blocks, heads = _sizes("blocks", blocks), _sizes("heads", heads)
+    gemm_rows = None if gemm_rows is None else _sizes("gemm_rows", gemm_rows)
+    if shapes is not None:
+        shapes = [tuple(_sizes(f"shapes[{i}]", s)) for i, s in enumerate(shapes)]
+    return blocks, heads, gemm_rows, shapes
 
 
 def _windowed(jobs: list, lengths: list[float], start: float, device: torch.device, dtype: str,
@@ -316,6 +338,10 @@ def kernel_shapes(plans: list[Plan], model: ModelSpec, work: Workload) -> tuple[
     halves seq/(2 ring) (the runtime computes the two chunks separately); WallFacer: team blocks
     C seq/ring; METP: seq/tp on heads/tp heads. Block lengths are rounded to whole tokens.
     """
+    for i, p in enumerate(plans):
+        of_type(f"plans[{i}]", p, Plan, "the candidates as Plans (Plan.model_validate(mapping) for a mapping)")
+    of_type("model", model, ModelSpec, "sp_plan.load_model(name or file)")
+    of_type("work", work, Workload, "an sp_plan.Workload")
     pairs = [s for p in plans for s in plan_shapes(p, model, work)]
     return sorted({n for n, _ in pairs}), sorted({h for _, h in pairs})
 

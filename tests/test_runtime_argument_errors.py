@@ -1,0 +1,79 @@
+"""The runtime's, the transformers integration's and tune's documented functions given a wrong-typed or
+out-of-range argument: a PlanError naming that argument, before any collective or kernel runs (a 0-token block would
+kill the process with SIGFPE inside the attention kernel)."""
+import numpy as np
+import pytest
+import torch
+
+import sp_plan
+from sp_plan.integrations import transformers as hf
+from sp_plan.planner.errors import PlanError
+from sp_plan.profiles.tune.isolate import run_candidate_isolated
+from sp_plan.profiles.tune.kernels import kernel_shapes, measure_kernels
+from sp_plan.runtime.context import Context, check_device_type, check_dim
+
+WORK = {"seq_len": 256}
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return sp_plan.Plan(algorithm="ring", degrees={"ring": 2}, order=["ring"], token_layout="zigzag")
+
+
+@pytest.fixture(scope="module")
+def ctx(plan):
+    """A Context of ``plan`` without a world: its argument checks run before any group is used."""
+    return Context(plan=plan, layout=plan.layout(), rank=0, mesh=None)
+
+
+def _calls(plan, ctx):
+    """(argument the error must name, the call) for each wrong argument."""
+    model, work, cpu = sp_plan.load_model("tiny-gpt"), sp_plan.Workload(**WORK), torch.device("cpu")
+    ids = torch.zeros(1, 8, dtype=torch.long)
+    kernels = lambda blocks, heads, dtype=torch.float32: measure_kernels(  # noqa: E731
+        model, blocks, heads, cpu, dtype, True, repeats=1)
+    cases = [
+        ("plan", lambda: sp_plan.init(5)),
+        ("torch.distributed", lambda: sp_plan.init(plan.model_dump())),  # a mapping is a plan: then the world
+        ("device_type", lambda: check_device_type("bogus")),
+        ("device_type", lambda: check_device_type(5)),
+        ("causal", lambda: ctx.causal("no")),
+        ("window", lambda: ctx.window(-1)),
+        ("window", lambda: ctx.window(2.5)),
+        ("kv_chunks", lambda: ctx.kv_chunks(-1)),
+        ("x", lambda: ctx.shard([1, 2, 3])),
+        ("x", lambda: check_dim(None, 1)),
+        ("ctx", lambda: hf.register(None)),
+        ("ctx", lambda: hf.shard_inputs(None, ids, ids)),
+        ("window", lambda: hf.shard_inputs(ctx, ids, ids, window=-1)),
+        ("input_ids", lambda: hf.shard_inputs(ctx, [[1, 2]], None)),
+        ("labels", lambda: hf.count_loss_tokens(None)),
+        ("labels", lambda: hf.count_loss_tokens([[1, 2, 3]])),
+        ("model", lambda: hf.all_reduce_grads(ctx, None)),
+        ("blocks[0]", lambda: kernels([0], [4])),
+        ("blocks[0]", lambda: kernels([-128], [4])),
+        ("heads[0]", lambda: kernels([64], [-1])),
+        ("heads[0]", lambda: kernels([64], [0])),
+        ("dtype", lambda: kernels([64], [4], "float32")),
+        ("torch.distributed", lambda: run_candidate_isolated(plan, model, work, timeout_s=60)),
+        ("plans[0]", lambda: kernel_shapes([plan.model_dump()], model, work)),
+    ]
+    if not torch.cuda.is_available():
+        cases.append(("device_type", lambda: check_device_type("cuda")))
+    return cases
+
+
+def test_wrong_arguments_are_plan_errors_naming_them(plan, ctx):
+    for i, (field, call) in enumerate(_calls(plan, ctx)):
+        try:
+            call()
+        except PlanError as e:
+            assert e.field == field, (i, field, str(e))
+        else:
+            pytest.fail(f"case {i} ({field}) raised nothing")
+
+
+def test_context_arguments_take_bools_and_numpy_integers(ctx):
+    assert ctx.causal(False) is False and ctx.causal(np.bool_(True)) is True
+    assert ctx.window(np.int64(64)) == 64 and ctx.kv_chunks(np.int32(1)) == 1
+    assert check_device_type("cpu") == "cpu"
