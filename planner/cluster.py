@@ -171,6 +171,16 @@ class LinkGraph:
         return g
 
 
+#: the message size a route is chosen for: the K/V blocks, all-to-all chunks and gradient buckets sp-plan prices are
+#: megabytes to gigabytes, so bandwidth decides the route and latency only parts routes of equal bandwidth
+ROUTE_BYTES = 16 * 2**20
+
+
+def route_weight(link: Link) -> float:
+    """A link's routing weight: its seconds per byte for a ROUTE_BYTES message, 1/capacity + latency/ROUTE_BYTES."""
+    return 1.0 / link.capacity + link.latency / ROUTE_BYTES
+
+
 class NodeType(BaseModel):
     """The template of one kind of node: its devices (in rank order), switches and links."""
 
@@ -210,7 +220,7 @@ class NodeType(BaseModel):
         for s in self.switches:
             g.add_node(s.name, role="switch", kind=s.kind)
         for l in self.links:
-            attrs = dict(kind=l.kind, capacity=l.capacity, latency=l.latency, weight=1.0 / l.capacity + l.latency * 1e-3)
+            attrs = dict(kind=l.kind, capacity=l.capacity, latency=l.latency, weight=route_weight(l))
             g.add_edge(l.src, l.dst, **attrs)
             if l.bidirectional:
                 g.add_edge(l.dst, l.src, **attrs)

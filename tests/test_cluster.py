@@ -73,3 +73,16 @@ def test_a_preset_clusters_name_reads_back_as_its_node_type_and_count():
         assert preset_nodes(preset_name(node, nodes)) == (node, nodes)
         assert preset_cluster(node, nodes).name == preset_name(node, nodes)
     assert preset_nodes("my-cluster") == ("my-cluster", 1)
+
+
+def test_routes_follow_bandwidth_whatever_the_latencies():
+    """Inside a node the route is the one with bandwidth to spare: a PCIe tree whose latency is below the NVSwitch's
+    (as `profile links` can set it from a measured alpha) does not take GPU-to-GPU traffic off the NVSwitch."""
+    from sp_plan.planner.cluster import NodeType
+
+    (node,) = load_cluster("dgx-h100").node_types.values()
+    for pcie, nvswitch in ((3e-6, 2e-6), (0.5e-6, 2e-6), (3e-6, 5e-6)):
+        links = [l.model_copy(update={"latency": {"pcie": pcie, "nvswitch": nvswitch}.get(l.kind, l.latency)})
+                 for l in node.links]
+        g = NodeType(devices=node.devices, switches=node.switches, links=links).link_graph()
+        assert g.shortest_path("gpu0", "gpu1") == ["gpu0", "nvswitch", "gpu1"], (pcie, nvswitch)
