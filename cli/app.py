@@ -405,7 +405,7 @@ def _print_estimate(res) -> None:
     for n in res.notes[len(w.notes):]:  # the plan's own (the workload's were printed before the request)
         out.print(f"note: {n}", highlight=False)
     out.print(res.profile_line, highlight=False)
-    out.print(f"step {secs(pred.step_time_s)}, {pred.tokens_per_s:,.0f} tokens/s, {mfu_text(pred)}, peak memory "
+    out.print(f"step {secs(pred.step_time_s)}, {pred.tokens_per_s:,.0f} tokens/s, {mfu_text(pred, w.causal)}, peak memory "
               f"{gib(pred.peak_memory_bytes)} of {gib(pred.memory_capacity_bytes)}"
               + ("" if pred.fits else "  [bold red]does not fit[/]"))
     out.print(_explain(p, "step"))
@@ -438,7 +438,7 @@ def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan 
     out.print(t)
     if p.predicted:
         pr = p.predicted
-        out.print(f"step {secs(pr.step_time_s)}, {pr.tokens_per_s:,.0f} tokens/s, {mfu_text(pr)}, "
+        out.print(f"step {secs(pr.step_time_s)}, {pr.tokens_per_s:,.0f} tokens/s, {mfu_text(pr, p.workload is None or p.workload.causal)}, "
                   f"peak memory {gib(pr.peak_memory_bytes)} of {gib(pr.memory_capacity_bytes)}")
         out.print(_breakdown(p))
     if p.workload is not None:

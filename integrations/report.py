@@ -167,7 +167,7 @@ def render_report(plans: list[Plan], cluster: Cluster, profile: Profile | None =
         f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}</p>",
         *(f"<p class=meta>{_e(n)}</p>" for n in notes or []),
         f"<p><b>{'Plan' if chosen else 'Winner'}: {_e(plan.summary())}</b>: step {_secs(pr.step_time_s)}, "
-        f"{pr.tokens_per_s:,.0f} tokens/s, {_e(mfu_text(pr))}"
+        f"{pr.tokens_per_s:,.0f} tokens/s, {_e(mfu_text(pr, plan.workload is None or plan.workload.causal))}"
         f", peak memory {pr.peak_memory_bytes / GIB:.1f} GiB of "
         f"{pr.memory_capacity_bytes / GIB:.1f} GiB usable.</p>",
         "<h2>Ranked layouts</h2>", _ranking(plans, chosen),

@@ -92,11 +92,11 @@ class RankedPlans(list):
                                      "peak_memory_bytes", "equivalents", "vs_first"])
 
 
-def mfu_text(pred) -> str:
+def mfu_text(pred, causal: bool = True) -> str:
     """'MFU 20.7%', and where a mask cuts the attention the MFU counted with full causal attention, as papers count
-    it ('MFU 20.7% (23.3% counting full causal attention)'); that count can pass 100 % under a narrow mask, which
-    leaves most of the FLOPs it counts uncomputed, and then says so."""
+    it ('MFU 20.7% (23.3% counting full causal attention)'), or full attention for a ``causal`` False workload; that
+    count can pass 100 % under a narrow mask, which leaves most of the FLOPs it counts uncomputed, and then says so."""
     if pred.mfu_causal is None:
         return f"MFU {pred.mfu:.1%}"
     over = ": above the peak, as the mask skips most of those FLOPs" if pred.mfu_causal > 1 else ""
-    return f"MFU {pred.mfu:.1%} ({pred.mfu_causal:.1%} counting full causal attention{over})"
+    return f"MFU {pred.mfu:.1%} ({pred.mfu_causal:.1%} counting full{' causal' if causal else ''} attention{over})"

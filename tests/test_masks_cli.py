@@ -122,7 +122,7 @@ def test_answers_carry_the_workloads_notes(tmp_path):
     (["--documents", "missing.txt"], "--documents: cannot read missing.txt"),
     (["--documents", "empty.txt"], "--documents: empty.txt holds no lengths"),
     (["--documents", "zero.txt"], "--documents: zero.txt line 2: length 0; lengths must be at least 1 token"),
-    (["--window", "0"], "--window: must be a size of at least 1 token, got 0"),
+    (["--window", "0"], "--window: must be at least 1, got 0"),
     (["--window", str(2**70)], "--window: 1,180,591,620,717,411,303,424 tokens is more than any sequence"),
     (["--window-pattern", "5:1"], "--window-pattern: a layer pattern needs a window size"),
     (["--window", "64", "--window-pattern", "5-1"], "--window-pattern: cannot read '5-1'"),
@@ -270,6 +270,7 @@ def test_a_full_causal_mfu_above_the_peak_says_why(tmp_path):
     assert shown > 100 and "counting full causal attention: above the peak, as the mask skips most of those FLOPs)" in line
     below = Prediction(step_time_s=1.0, tokens_per_s=1.0, mfu=0.2, mfu_causal=0.25, peak_memory_bytes=0.0)
     assert mfu_text(below) == "MFU 20.0% (25.0% counting full causal attention)"
+    assert mfu_text(below, causal=False) == "MFU 20.0% (25.0% counting full attention)"  # no causal halving counted
 
 
 def test_a_bidirectional_window_reads_each_way():
