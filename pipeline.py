@@ -99,7 +99,7 @@ def mask_fields(documents=None, window: int | None = None, window_pattern: str |
     if window is not None:
         window = whole_number("window", window, 1, "give a window size W >= 1 (or no window for full attention)")
     if seed is not None:
-        seed = whole_number("seed", seed, 0, "give a seed of 0 or more")
+        seed = whole_number("seed", seed, 0, f"give a seed from 0 to {MAX_SEED:,}", high=MAX_SEED)
     fields = {k: getattr(base, k) for k in ("documents", "window", "seed")} if base is not None else {}
     if documents is not None:
         fields["documents"] = documents_definition(documents, files)

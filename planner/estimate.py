@@ -22,7 +22,7 @@ import numpy as np
 from .bounds import Bounds
 
 from .candidate import Candidate
-from .cluster import Cluster, preset_nodes
+from .cluster import Cluster, of_type, preset_nodes
 from .engine import GroupShape, LinkEngine
 from .errors import PlanError
 from .layout import chunks_needed, ring_split
@@ -31,7 +31,7 @@ from .masks import mask_fraction
 from .merges import MERGES
 from .model import ModelSpec, Workload
 from .params import Params
-from .profile import Profile, pure_params
+from .profile import Profile, pure_inputs, pure_params
 from .algorithms import ALGORITHMS
 from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction, check_kv_chunks_algorithm
 from .parts import RING_FREE_PARTS, SCHEDULE_PARTS, schedule_key
@@ -841,7 +841,11 @@ def _phases(rows: list) -> list[PhaseCost]:
 def estimate(plan: Plan, cluster: Cluster, model: ModelSpec, workload: Workload, profile: Profile | None = None,
              *, params: Params | None = None) -> Prediction:
     """Predict step_time_s, tokens_per_s, mfu, peak_memory_bytes and the per-phase breakdown of ``plan``; pure: it
-    prices with ``params`` (None: the loaded ``profile``'s, else the uncalibrated engine) and opens no store.
-    ``sp_plan.estimate`` (the pipeline) looks the cluster's profile up and calls this."""
+    prices with ``params`` (None: the loaded ``profile``'s, else ``Params()``, the engine's bare terms, not the
+    presets' defaults of ``sp_plan.estimate(..., profile=False)`` and ``--no-profile``: pass
+    ``params=sp_plan.profiles.kernels.default_params(cluster)`` for those) and opens no store. ``sp_plan.estimate``
+    (the pipeline) looks the cluster's profile up and calls this."""
+    pure_inputs(cluster, model, workload, "sp_plan.estimate")
+    of_type("plan", plan, Plan, "a Plan (Plan.load(file)), or call sp_plan.estimate, which takes files and mappings")
     params = pure_params(profile, params, "sp_plan.estimate")
     return Estimator(cluster, model, workload, params=params)(plan)

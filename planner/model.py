@@ -295,7 +295,8 @@ class Workload(BaseModel):
     documents: Documents | None = Field(default=None, description="lengths of the documents packed into each "
                                         "sequence (a list, a lognormal or a histogram); absent: one per sequence")
     window: Window | None = Field(default=None, description="sliding window (an integer: on every layer)")
-    seed: int | None = Field(default=None, ge=0, description="seed of the packs drawn from documents (default 0)")
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED,
+                             description="seed of the packs drawn from documents (default 0; at most 2^32 - 1)")
 
     @field_validator("seq_len", mode="before")
     @classmethod

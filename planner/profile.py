@@ -138,6 +138,17 @@ class Profile(BaseModel):
                 f"leave-one-out error {loo}")
 
 
+def pure_inputs(cluster, model, workload, entry: str) -> None:
+    """A pure planner call takes the models themselves; a name or a mapping (which ``entry``, the pipeline's call,
+    reads) is a PlanError naming the argument, not an AttributeError from deep inside."""
+    from .cluster import Cluster, of_type  # noqa: PLC0415 - cluster and model import this module's neighbours
+    from .model import ModelSpec, Workload  # noqa: PLC0415
+
+    for name, value, cls in (("cluster", cluster, Cluster), ("model", model, ModelSpec),
+                             ("workload", workload, Workload)):
+        of_type(name, value, cls, f"a {cls.__name__}, or call {entry}, which takes names and mappings")
+
+
 def pure_params(profile, params: Params | None, entry: str) -> Params | None:
     """What a pure planner call prices with: ``params``, else a loaded ``profile``'s, else None (the uncalibrated
     engine); a profile to look up (an id, a file, False) is refused, naming ``entry``, the pipeline call that looks

@@ -24,7 +24,7 @@ import numpy as np
 
 from .algorithms import ALGORITHMS, algorithm_for, variants
 from .candidate import Candidate
-from .cluster import Cluster
+from .cluster import Cluster, whole_number
 from .errors import PlanError
 from .equivalent import REL_TOL, distinct_prefix, top_rows
 from .estimate import MEMORY_HEADROOM, Estimator, Orders
@@ -34,7 +34,7 @@ from .model import ModelSpec, Workload
 from .params import Params
 from .measured import rank_rows
 from .plan import Plan
-from .profile import Profile, pure_params
+from .profile import Profile, pure_inputs, pure_params
 from .stages import resolve_stage_layers, searched_virtual_stages, virtual_stage_options
 from .ranking import RankedPlans, largest_extra_cost, summarize  # noqa: F401 - their names here are public
 
@@ -888,9 +888,13 @@ def plan(cluster: Cluster, model: ModelSpec, workload: Workload, top_k: int = 5,
          progress: Callable[[int, int], None] | None = None, space: Space | None = None,
          profile: Profile | None = None, *, params: Params | None = None) -> RankedPlans:
     """The ``top_k`` best rows for this cluster, model and workload, fastest first (deterministic), each with its
-    equivalent plans; pure: it prices with ``params`` (None: the ``profile``'s, else the uncalibrated engine) and
-    opens no store. ``profile``, a loaded Profile: the layouts its tune measured rank by their measured step.
-    ``sp_plan.plan`` (the pipeline) looks the cluster's profile up and calls this."""
+    equivalent plans; pure: it prices with ``params`` (None: the ``profile``'s, else ``Params()``, the engine's bare
+    terms, not the presets' defaults that ``sp_plan.plan(..., profile=False)`` and ``--no-profile`` price with:
+    pass ``params=sp_plan.profiles.kernels.default_params(cluster)`` for those) and opens no store. ``profile``, a
+    loaded Profile: the layouts its tune measured rank by their measured step. ``sp_plan.plan`` (the pipeline) looks
+    the cluster's profile up and calls this."""
+    pure_inputs(cluster, model, workload, "sp_plan.plan")
+    top_k = whole_number("top_k", top_k, 1, "ask for top_k >= 1 rows")
     params = pure_params(profile, params, "sp_plan.plan")
     res = grid_search(cluster, model, workload, space, progress, keep=top_k, params=params, distinct=True)
     res.profile = profile_tag(profile)

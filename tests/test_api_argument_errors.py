@@ -115,3 +115,19 @@ def test_report_takes_names_and_mappings_as_plan_does():
 
 def test_resolve_profile_is_an_sp_plan_name():
     assert sp_plan.resolve_profile is resolve_profile and "resolve_profile" in sp_plan.__all__
+
+
+def test_the_pure_planner_names_an_argument_it_cannot_take():
+    """planner.search.plan and planner.estimate.estimate take the models themselves (the pipeline reads names and
+    mappings): anything else is a PlanError naming the argument; a seed is bounded as --seed is."""
+    from sp_plan.planner.estimate import estimate as pure_estimate
+    from sp_plan.planner.search import plan as pure_plan
+
+    c, m, w = sp_plan.load_cluster("dgx-h100"), sp_plan.load_model("tiny-gpt"), sp_plan.Workload(seq_len="8k")
+    for call, field in ((lambda: pure_plan("dgx-h100", m, w), "cluster"), (lambda: pure_plan(c, m, {"seq_len": 8}),
+                         "workload"), (lambda: pure_plan(c, m, w, top_k=0), "top_k"),
+                        (lambda: pure_estimate(None, c, m, w), "plan"), (lambda: pure_estimate(None, c, "x", w), "model"),
+                        (lambda: sp_plan.plan(c, m, w, documents=[1024], seed=2**40), "seed")):
+        with pytest.raises(sp_plan.PlanError) as e:
+            call()
+        assert e.value.field.split(".")[-1] == field
