@@ -29,7 +29,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql as sa_pg, sqlite as sa_sqlite
 
 from sp_plan.planner.errors import NotFound, PlanError, StoreError
-from sp_plan.planner.cluster import preset_nodes
+from sp_plan.planner.cluster import of_type, preset_nodes
 from sp_plan.planner.plausible import check_bounds, check_hbm, check_params
 from sp_plan.planner.profile import Profile, created_utc
 from sp_plan.planner.yamlio import FILE_SUFFIXES, model_from_data
@@ -209,6 +209,9 @@ class Database:
     def __init__(self, url: str | None = None, existing: bool = False):
         #: where the URL came from, named in errors: the caller's (``store``, the CLI's --store) or the environment's
         self.source = ENV_VAR if url is None and os.environ.get(ENV_VAR) else "store"
+        if url is not None and not isinstance(url, str):
+            raise StoreError("store", f"{type(url).__name__} is no store URL", "give a SQLAlchemy URL such as "
+                             "sqlite:////path/store.db, or None for $SP_PLAN_STORE or the default store")
         if url is not None and not url.strip():
             raise StoreError("store", "the store URL is empty", "give a SQLAlchemy URL such as "
                              "sqlite:////path/store.db, or leave --store out for $SP_PLAN_STORE or the default store")
@@ -431,6 +434,7 @@ class Store(Database):
         """Store (or replace, same id) a profile; assigns ``id`` and ``created_at`` when missing; returns the id.
         A profile the store cannot keep as given (check_columns), created in the future (check_created) or with
         impossible figures (check_plausible) is PlanError naming the field."""
+        of_type("profile", profile, Profile, "a Profile (sp_plan.Profile.load(file))")
         check_columns(profile)
         check_created(profile)
         check_plausible(profile)

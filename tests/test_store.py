@@ -570,3 +570,12 @@ def test_a_run_a_live_process_holds_is_not_taken_over(url):
     assert st.start_run("busy-key", {"owner": owner()}, busy=running_elsewhere) == (rid, True)
     assert st.run(rid)["meta"] == {"model": "m", "owner": owner()}
     assert running_elsewhere({"owner": {"host": "elsewhere", "pid": holder.pid}}) is None  # unseen: resumed as before
+
+
+def test_a_store_names_an_argument_of_the_wrong_type(tmp_path):
+    with pytest.raises(StoreError) as e:
+        Store(5)
+    assert e.value.field == "store" and "no store URL" in e.value.problem
+    with pytest.raises(PlanError) as e:
+        Store(f"sqlite:///{tmp_path}/s.db").save_profile(None)
+    assert e.value.field == "profile" and "no Profile" in e.value.problem
