@@ -80,7 +80,7 @@ def _nodes_for(world: int, c, at_nodes: Callable[[int], object]) -> int | None:
 def export_cmd(
     path: Path = typer.Argument(..., help="a plan file (written by `sp-plan plan -o`)"),
     to: Literal[TARGET_NAMES] = typer.Option(..., "--to", help="the framework to write for"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the export here",
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the export here (-: print it)",
                                           show_default="print it"),
     nearest_: bool = typer.Option(False, "--nearest", help="if the target cannot express the plan, export the nearest "
                                   "plan it can express instead"),
@@ -117,7 +117,7 @@ def export_cmd(
         fail(e)
     if note:
         err.print(f"exporting the nearest plan: {note}", highlight=False, soft_wrap=True)
-    if output:
+    if output and str(output) != "-":  # '-' is standard output, as for most tools
         try:
             atomic_write(output, text)
         except PlanError as e:
