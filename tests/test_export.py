@@ -69,10 +69,11 @@ MEGATRON = [
           zero_stage=3),
      {"--tensor-model-parallel-size": 2, "--sequence-parallel": True, "--use-tp-pp-dp-mapping": True,
       "--recompute-granularity": "full", "--global-batch-size": 2}),
-    (plan("allgather", ["tp", "ring", "pp", "dp"], tp=2, ring=2, pp=4, dp=2, stage_layers=[7, 9, 9, 7],
-          work=PACKED),
+    (plan("allgather", ["tp", "ring", "pp", "dp"], tp=2, ring=2, pp=4, dp=2, stage_layers=[7, 9, 9, 7]),
      {"--cp-comm-type": ["all_gather"], "--decoder-first-pipeline-num-layers": 7,
-      "--decoder-last-pipeline-num-layers": 7, "--reset-position-ids": True, "--reset-attention-mask": True,
+      "--decoder-last-pipeline-num-layers": 7, "--reset-position-ids": False}),
+    (plan("ulysses", ["ulysses", "pp", "dp"], "contiguous", ulysses=8, pp=2, work=PACKED),
+     {"--cp-comm-type": ["a2a"], "--reset-position-ids": True, "--reset-attention-mask": True,
       "--dataloader-inter-document-masking": True}),
 ]
 
@@ -128,11 +129,17 @@ def test_megatron_args_build_megatron_core_config(p):
                 cfg.num_layers_in_last_pipeline_stage] == p.stage_layers
 
 
-def test_megatron_notes_that_it_pads_packed_documents():
-    p = plan("ring", ["ring", "dp"], ring=8, dp=2, work=PACKED)
-    text = target("megatron").export(p)
-    assert "pads it to a multiple of 16 tokens" in text and "--dataloader-inter-document-masking" in text
+def test_megatron_notes_how_it_splits_packed_documents_and_runs_them_under_ulysses_only():
+    """--dataloader-inter-document-masking splits the packed sequence (not each document) into 2 x cp chunks: a ring
+    would hold other tokens than the plan's per-document zigzag, Ulysses gathers the sequence whole."""
+    text = target("megatron").export(plan("ulysses", ["ulysses", "dp"], "contiguous", ulysses=8, dp=2, work=PACKED))
+    assert "each packed sequence (not each document) into 16 equal chunks" in text and "pads" not in text
+    assert "check a pack of several documents against cp 1" in text  # TransformerEngine's THD split is per document
+    assert "--dataloader-inter-document-masking" in text
     assert "--reset-attention-mask" not in target("megatron").export(plan("ring", ["ring", "dp"], ring=8, dp=2))
+    for p in (plan("ring", ["ring", "dp"], ring=8, dp=2, work=PACKED),
+              plan("usp", ["ulysses", "ring"], ulysses=4, ring=4, work=PACKED)):
+        assert dict(target("megatron").problems(p))["documents"].startswith("megatron splits a packed sequence")
 
 
 # ---------------------------------------------------------------- torchtitan (recorded config fields)
@@ -251,12 +258,15 @@ def test_yunchang_groups_and_tokens_match_the_plan_layout(p):
 
 # ---------------------------------------------------------------- xDiT (recorded flags), accelerate (its class)
 
-def test_xdit_args_parse_with_recorded_xfuser_flags():
-    p = plan("usp", ["tp", "ulysses", "ring", "dp"], "contiguous", tp=2, ulysses=2, ring=2, dp=2,
-             work=Workload(seq_len=4096, causal=False, training=False))
+@pytest.mark.parametrize("degrees,want", [({"ulysses": 2, "ring": 2, "dp": 4}, (2, 2, 4, None)),
+                                          ({"tp": 2, "dp": 8}, (1, 1, 8, 2))], ids=["usp-dp", "tp-dp"])
+def test_xdit_args_parse_with_recorded_xfuser_flags(degrees, want):
+    order = [d for d in ("tp", "ulysses", "ring", "dp") if d in degrees]
+    p = plan("usp" if "ring" in degrees else "ring", order, "contiguous",
+             work=Workload(seq_len=4096, batch=8, causal=False, training=False), **degrees)
     ns = vars(recorded_parser(FIX / "xdit_flags.json").parse_args(argv(target("xdit").export(p))))
     assert (ns["--ulysses_degree"], ns["--ring_degree"], ns["--data_parallel_degree"],
-            ns["--tensor_parallel_degree"]) == (2, 2, 2, 2)
+            ns["--tensor_parallel_degree"]) == want
 
 
 @pytest.mark.parametrize("p,mesh", [
@@ -325,7 +335,9 @@ INEXPRESSIBLE = [
     ("megatron", plan("ring", ["ring", "pp"], ring=4, pp=4, stage_layers=[7, 8, 10, 7]), "stage_layers",
      "stages between hold equal counts"),
     ("megatron", plan("ring", ["ring"], ring=16, work=Workload(seq_len=131072, window=4096)), "window",
-     "carries no sliding window"),
+     "TransformerEngine runs a sliding window under cp_comm_type a2a or all_gather only"),
+    ("torchtitan", plan("allgather", ["ring"], ring=16, zero_stage=3, work=Workload(seq_len=131072, window=4096)),
+     "window", "carries no sliding window"),
     ("accelerate", plan("ring", ["ring"], ring=16, zero_stage=3, work=PACKED), "documents", "no packed documents"),
     ("yunchang", plan("allgather", ["ring"], ring=16), "algorithm", "yunchang has no all-gather K/V"),
     ("deepspeed", plan("ring", ["ring"], ring=16), "algorithm", "deepspeed has no Ring attention"),
@@ -370,7 +382,7 @@ def test_nearest_is_the_best_expressible_plan_of_the_full_ranking(name):
     assert near.change == pytest.approx(est(near.plan).step_time_s / est(original).step_time_s - 1, rel=1e-9)
 
 
-@pytest.mark.parametrize("name", ["megatron", "torchtitan", "yunchang"])
+@pytest.mark.parametrize("name", ["torchtitan", "yunchang", "deepspeed"])
 def test_no_nearest_plan_carries_a_window_and_the_error_says_so(name):
     """A sliding window no export carries: the nearest search names the window (and searches nothing), not "no
     layout fits"."""

@@ -1,6 +1,6 @@
 """Interleaved pipeline stages in the exports: Megatron-LM's flags (checked by its recorded argument parser and by
-Megatron-Core 0.16.1's TransformerConfig and PipelineParallelLayerLayout), and the targets that run plain 1F1B
-refusing them or taking the nearest plan."""
+Megatron-Core 0.16.1's TransformerConfig and PipelineParallelLayerLayout), torchtitan's Interleaved1F1B (its split of
+the layers mirrored), and the targets that run plain 1F1B refusing them or taking the nearest plan."""
 import shlex
 import subprocess
 import sys
@@ -131,7 +131,7 @@ def test_plain_1f1b_exports_as_before():
     assert "--decoder-first-pipeline-num-layers 7" in text
 
 
-@pytest.mark.parametrize("name", sorted(set(TARGETS) - {"megatron"}))
+@pytest.mark.parametrize("name", sorted(set(TARGETS) - {"megatron", "torchtitan"}))
 def test_targets_without_an_interleaved_schedule_name_virtual_stages(name):
     p = Plan(algorithm="ulysses", degrees={"pp": 4, "ulysses": 2}, order=["ulysses", "pp"], token_layout="contiguous",
              virtual_stages=2, model=MODEL, workload=TRAIN)
@@ -141,15 +141,45 @@ def test_targets_without_an_interleaved_schedule_name_virtual_stages(name):
         target(name).export(p)
 
 
-def test_the_nearest_plan_of_an_interleaved_one_runs_plain_1f1b():
+def torchtitan_plan(stages, v: int, model=MODEL, pp: int = 4) -> Plan:
+    return Plan(algorithm="allgather", degrees={"pp": pp, "ring": 2}, order=["ring", "pp"], token_layout="zigzag",
+                zero_stage=2, stage_layers=stages, virtual_stages=v, model=model, workload=TRAIN)
+
+
+def torchtitan_split(text: str) -> dict:
+    words = argv(text)
+    return {w.split(".")[-1]: words[i + 1] for i, w in enumerate(words) if w.startswith("--parallelism.pipeline")}
+
+
+@pytest.mark.parametrize("p", [torchtitan_plan(None, 2), torchtitan_plan(None, 4),
+                               torchtitan_plan(PUBLISHED, 2, LLAMA3_405B, 16),
+                               torchtitan_plan(PUBLISHED, 8, LLAMA3_405B, 16)], ids=lambda p: p.summary())
+def test_torchtitan_runs_interleaved_1f1b_with_the_plans_chunks(p):
+    """_get_pipeline_metadata makes ceil((layers + both weights) / layers_per_stage) stages, split by
+    generate_llm_fqn_per_model_part (stage_split over pp x v stages), stage k on rank k mod pp."""
+    from sp_plan.integrations.export.torchtitan import stage_split
+    from sp_plan.planner.stages import stage_chunks
+
+    got = torchtitan_split(target("torchtitan").export(p))
+    pp, v = p.degrees["pp"], p.virtual_stages
+    assert got["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    a, b = int(got["pipeline_parallel_first_stage_less_layers"]), int(got["pipeline_parallel_last_stage_less_layers"])
+    per = int(got["pipeline_parallel_layers_per_stage"])
+    layers = p.model.layers
+    assert -(-(layers + a + b) // per) == pp * v  # pp x v stages, v a rank
+    chunks = stage_chunks(p.stage_layers or [layers // pp] * pp, v)
+    assert stage_split(layers, pp * v, a, b) == [chunks[k % pp][k // pp] for k in range(pp * v)]
+
+
+def test_torchtitan_refuses_chunks_its_even_split_does_not_make_and_its_nearest_plan_runs():
+    p = torchtitan_plan([6, 10, 10, 6], 2)  # chunks 3, 5, 5, 3 | 3, 5, 5, 3: not an even split
+    t = target("torchtitan")
+    assert "cannot make the plan's 2 chunks a pipeline rank" in dict(t.problems(p))["virtual_stages"]
+    assert torchtitan_split(t.export(torchtitan_plan(None, 1)))["pipeline_parallel_schedule"] == "1F1B"
     c = preset_cluster("dgx-h100", 1)
     w = Workload(seq_len=65536, batch=8)
-    p = Plan(algorithm="ring", degrees={"pp": 2, "ring": 4}, order=["ring", "pp"], token_layout="zigzag",
-             virtual_stages=2, model=MODEL, workload=w)
-    t = target("torchtitan")
-    assert "virtual_stages" in dict(t.problems(p))
-    near = nearest(t, p, c, MODEL, w)
-    assert near.plan.virtual_stages is None and not t.problems(near.plan)
+    near = nearest(t, p.model_copy(update={"workload": w}), c, MODEL, w)
+    assert not t.problems(near.plan)
 
 
 def test_sp_plan_export_writes_the_layout_quoted_for_the_shell(tmp_path):

@@ -56,8 +56,9 @@ def test_a_named_distribution_in_a_plan_file_is_read_as_the_flag_reads_it(tmp_pa
     assert res.workload.documents == flag.workload.documents and res.workload.documents.name == "magi-short"
     assert res.plan.predicted.step_time_s == flag.plan.predicted.step_time_s
 
-    capsys.readouterr()  # export reads it too: Megatron's packed-sequence flags, as for --documents
-    assert run_line(["export", named, "--to", "megatron", "--no-profile"]) == 0, capsys.readouterr().err
+    capsys.readouterr()  # export reads it too: Megatron's packed-sequence flags, as for --documents (its Ulysses
+    # alone runs packed documents as planned: the nearest plan)
+    assert run_line(["export", named, "--to", "megatron", "--no-profile", "--nearest"]) == 0, capsys.readouterr().err
     assert "--reset-attention-mask" in capsys.readouterr().out
 
     unknown = edited(tmp_path, "nosuch.yaml", workload={**work, "documents": "nosuch"})

@@ -8,7 +8,13 @@ in deepspeed/runtime/sequence_parallel/ulysses_sp.py). Sequence-parallel groups 
 (runtime/sequence_parallel/parallel_state_sp.py), data parallel outside them. DeepSpeed has no Ring
 attention; tensor and pipeline parallelism are not set by this config. ``full`` checkpointing writes
 the activation_checkpointing section; the model's blocks must still be wrapped (Hugging Face:
-model.gradient_checkpointing_enable()).
+model.gradient_checkpointing_enable()). UlyssesSPAttentionHF splits the query heads evenly over the Ulysses ranks and
+the KV heads evenly or, where the degree is a multiple of them, replicated (ulysses_sp.py kv_replication_factor).
+Packed documents reach its Ulysses through position_ids that restart at each document: the attention all-gathers
+them over the sequence-parallel group and FlashAttention-2's varlen path finds the documents from them (ulysses_sp.py
+UlyssesSPAttentionHF.forward, "FA2 uses them for packed-sequence detection"; UlyssesSPDataLoaderAdapter asks for
+position_ids in every batch); the config has no setting for them, so the data collator writes them and the model
+attends with core_attn_implementation "flash_attention_2".
 """
 from __future__ import annotations
 
@@ -42,7 +48,7 @@ def render(p: Plan) -> str:
 TARGET = Target(
     name="deepspeed", title=f"DeepSpeed {VERSION} (deepspeed/runtime/config.py DeepSpeedConfig)",
     render=render, suffix=".json", algorithms=("ulysses",), orders=(("ulysses", "dp"),),
-    checkpointing=("none", "full"),
+    checkpointing=("none", "full"), documents=("ulysses",), ulysses_heads="replicate",
     notes={"ring": "deepspeed has no Ring attention (its sequence parallelism is Ulysses)",
            "usp": "deepspeed has no Ring attention, so no USP (its sequence parallelism is Ulysses)"},
 )

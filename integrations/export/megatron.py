@@ -9,10 +9,24 @@ all-gather value is written ``all_gather``: arguments.py's help lists "allgather
 unchanged to TransformerEngine's DotProductAttention (core/extensions/transformer_engine.py), whose
 attn_forward_func_with_cp accepts "all_gather" and raises "Unsupported communication type" on anything else
 (TransformerEngine d0067d0, attention/dot_product_attention/context_parallel.py). There is no all-gather x
-Ulysses hierarchy. get_batch_on_this_cp_rank splits the sequence into 2 x cp chunks, so a causal ring is always
-zigzag. Packed documents: ``--reset-position-ids --reset-attention-mask --dataloader-inter-document-masking``
-give each sample's cu_seqlens (core/datasets/gpt_dataset.py) and the THD path splits each document zigzag over
-the cp ranks, padded to a multiple of 2 x cp (pretrain_gpt.py get_batch). Uneven pipeline stages:
+Ulysses hierarchy. TransformerEngine's a2a (and the a2a level of a2a+p2p) splits the query and the KV heads of a
+tp rank over the Ulysses ranks and replicates no KV head (context_parallel.py asserts "cp_comm_type='a2a' requires
+num_heads % cp_size == 0", and a2a+p2p views the heads as [cp_a2a, h // cp_a2a]); Megatron repeats none for it
+either, so the Ulysses degree must divide both. get_batch_on_this_cp_rank splits the sequence into 2 x cp chunks,
+so a causal ring is always zigzag. Packed documents: ``--reset-position-ids --reset-attention-mask
+--dataloader-inter-document-masking`` give each sample's cu_seqlens (core/datasets/gpt_dataset.py, no per-document
+padding: a shortfall is folded into the last document), and that flag selects per-sequence balancing
+(pretrain_gpt.py get_batch, core/utils.py _get_batch_on_this_cp_rank_per_sequence_balancing): the packed sequence,
+not each document, is split into 2 x cp equal chunks, rank r holding chunks r and 2cp-1-r, documents cut where
+they fall. sp-plan's token layouts with documents split each document (zigzag per document), so only Ulysses
+(a2a), whose all-to-all hands every rank the whole sequence of its heads, runs a plan's packed documents as
+priced; a ring (p2p, a2a+p2p, all_gather) with documents is refused. TransformerEngine's THD context parallelism
+restores the gathered tokens' order per document (thd_cp_rank_order_to_sequence_order), which the per-sequence split
+matches only for a pack of one document: the export says so in a comment. A sliding window: ``--window-size W-1,0``
+(TransformerEngine's window is inclusive on both sides of the query) on every layer, or on the windowed layers of the
+plan's pattern: ``--window-attn-skip-freq N`` for N - 1 windowed layers then one global, else a per-layer list
+(core/transformer/utils.py is_layer_window_attention); TransformerEngine runs one under cp_comm_type a2a or
+all_gather only (context_parallel.py). Uneven pipeline stages:
 ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``, the stages between them even
 (TransformerConfig). Interleaved 1F1B (``virtual_stages`` v): ``--num-virtual-stages-per-pipeline-rank`` where
 every stage's layers divide by v (the flag Megatron asks for with uneven stages; ``--num-layers-per-virtual-pipeline-
@@ -90,6 +104,26 @@ def pipeline_layout(stage_layers: list[int], v: int) -> str:
     return "".join(out)
 
 
+def window_arguments(p: Plan) -> list[str]:
+    """--window-size and --window-attn-skip-freq of the workload's sliding window (none where it masks nothing)."""
+    w = p.workload.mask_window if p.workload else None
+    if w is None:
+        return []
+    # TransformerEngine's window (left, right) is inclusive: the plan's W keys are the query and the W - 1 before it
+    out = ["--window-size", f"{w.size - 1},0"]
+    local, glob = w.local_global()
+    if glob == 0:
+        return out
+    if glob == 1:  # every N-th layer (1-based) attends in full: N - 1 windowed layers, then one global
+        return out + ["--window-attn-skip-freq", str(local + 1)]
+    if p.model is None:
+        raise PlanError("model", "the plan's window pattern is spelled per layer, and the plan has no model",
+                        "give the plan its model (sp-plan plan writes it)")
+    full, rest = divmod(p.model.layers, local + glob)  # a list of one 1 (windowed) or 0 a layer, its length the model's
+    tail = "".join(f"+[{bit}]*{n}" for bit, n in ((1, min(rest, local)), (0, max(rest - local, 0))) if n)
+    return out + ["--window-attn-skip-freq", f"([1]*{local}+[0]*{glob})*{full}{tail}"]
+
+
 def arguments(p: Plan) -> list[str]:
     """The Megatron-LM arguments for ``p``, as argv words."""
     d = p.degrees
@@ -100,7 +134,7 @@ def arguments(p: Plan) -> list[str]:
         args += ["--cp-comm-type", CP_COMM[p.algorithm]]
         if p.algorithm == "usp":
             args += ["--hierarchical-context-parallel-sizes", str(d["ulysses"]), str(d["ring"])]
-    args += stage_arguments(p)
+    args += stage_arguments(p) + window_arguments(p)
     if d["tp"] > 1:
         args.append("--sequence-parallel")
     if p.zero_stage >= 1:
@@ -128,8 +162,13 @@ def notes(p: Plan) -> str:
     cp = p.degrees["ulysses"] * p.degrees["ring"]
     out = ""
     if p.workload is not None and p.workload.documents is not None and cp > 1:
-        out += (f"# packed documents: Megatron splits each document zigzag over the {cp} cp ranks and pads it to a "
-                f"multiple of {2 * cp} tokens\n")
+        # --dataloader-inter-document-masking selects per-sequence balancing (pretrain_gpt.py get_batch)
+        out += (f"# packed documents: Megatron splits each packed sequence (not each document) into {2 * cp} equal "
+                f"chunks over the {cp} cp ranks, no per-document padding; the a2a all-to-all gathers it whole\n")
+        # TransformerEngine's THD context parallelism restores the gathered order per document (context_parallel.py
+        # thd_cp_rank_order_to_sequence_order), which a per-sequence split meets only for a pack of one document
+        out += ("# packed documents: TransformerEngine's THD context parallelism reads a rank's tokens as 2 x cp "
+                "chunks of each document: check a pack of several documents against cp 1\n")
     if p.zero_stage >= 2:  # arguments.py validate_args: Megatron-FSDP asserts the variable is not 1
         out += "# environment: CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 (Megatron-FSDP)\n"
     elif p.degrees["tp"] > 1 or cp > 1:  # validate_args on Hopper and older: tp or cp overlap needs it at 1
@@ -157,12 +196,21 @@ def _rules(p: Plan) -> list[tuple[str, str]]:
     return []
 
 
+#: why a ring's packed documents are refused: Megatron's split of them is none of sp-plan's token layouts
+DOCUMENTS = ("megatron splits a packed sequence into 2 x cp zigzag chunks as a whole, cutting documents where they "
+             "fall (per-sequence balancing under --dataloader-inter-document-masking), not each document as the "
+             "plan's token layout does; only its Ulysses (a2a) runs packed documents as planned")
+
+
 TARGET = Target(
     name="megatron", title=f"Megatron-LM (NVIDIA/Megatron-LM {COMMIT[:7]}, megatron/training/arguments.py)",
     render=render, suffix=".args", algorithms=("ring", "ulysses", "usp", "allgather"),
     orders=(("tp", "ulysses", "ring", "dp", "pp"), ("tp", "ulysses", "ring", "pp", "dp")),
     token_layouts=("zigzag",), checkpointing=("none", "full"), extra=_rules,
-    documents=("ring", "ulysses", "usp", "allgather"), stages=placeable_stages, virtual_stages=True,
+    documents=("ulysses",), stages=placeable_stages, virtual_stages=True, ulysses_heads="divide",
+    windows=("ulysses", "allgather"),
     notes={"stage_layers": "megatron sets the first and the last stage's layers only; the stages between hold "
-                           "equal counts"},
+                           "equal counts", "documents": DOCUMENTS,
+           "window": "TransformerEngine runs a sliding window under cp_comm_type a2a or all_gather only (Ulysses or "
+                     "all-gather K/V), not p2p or a2a+p2p"},
 )

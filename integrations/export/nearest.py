@@ -21,9 +21,16 @@ class TargetSpace(Space):
     target: Target | None = None
 
     def degrees(self):
+        """The degrees the target runs: its packed documents, its own degree rules and its Ulysses head split."""
         packed = self.work.documents is not None and not self.target.documents
+        # documents only under Ulysses (Megatron): a ring's degrees run none of the algorithms that take them
+        ulysses_only = self.work.documents is not None and set(self.target.documents) == {"ulysses"}
         for d in super().degrees():
             if packed and d.ulysses * d.ring > 1:  # the target packs documents only without context parallelism
+                continue
+            if ulysses_only and d.ring > 1:
+                continue
+            if self.target.degree_problems(_named(d), self.model):  # e.g. a Ulysses degree its heads do not take
                 continue
             if self.orders(d) and self.layouts(d) and self.policies(d):
                 yield d
@@ -37,18 +44,26 @@ class TargetSpace(Space):
 
     def _orders(self, d: Degrees) -> list[tuple[str, ...]]:
         """The orders of ``d``'s dimensions the target places; they depend only on which degrees exceed 1."""
-        degrees = {"dp": d.dp, "pp": d.pp, "tp": d.tp, "ulysses": d.ulysses, "ring": d.ring}
+        degrees = _named(d)
         if any(v > 1 and k not in self.target.dims() for k, v in degrees.items()):
             return []
         placed = self.target.placed(degrees)
         return [o for o in super().orders(d) if tuple(x for x in o if degrees[x] > 1) in placed]
 
     def policies(self, d: Degrees, v: int = 1) -> list[tuple[int, str, int]]:
+        """The policies whose ZeRO stage and checkpointing the target has with these degrees."""
+        rule = self.target.zero_rule if self.work.training else None
         return [(z, ck, mbs) for z, ck, mbs in super().policies(d, v)
-                if z in self.target.zero_stages and ck in self.target.checkpointing]
+                if z in self.target.zero_stages and ck in self.target.checkpointing
+                and not (rule and rule(_named(d), z))]
 
     def virtual_stages(self, d: Degrees) -> list[int]:
         return super().virtual_stages(d) if self.target.virtual_stages else [1]
+
+
+def _named(d: Degrees) -> dict[str, int]:
+    """The degrees as a plan names them."""
+    return {"dp": d.dp, "pp": d.pp, "tp": d.tp, "ulysses": d.ulysses, "ring": d.ring}
 
 
 @dataclass
@@ -89,10 +104,11 @@ _WORKLOAD_FLAGS = {"window": "--window", "documents": "--documents"}
 
 
 def _workload_bars(target: Target, original: Plan, workload: Workload, done: bool) -> None:
-    """A PlanError naming what of the workload keeps ``target`` from every layout: a sliding window always (no export
-    carries one, so no layout is searched); packed documents once the search found no layout that carries them."""
+    """A PlanError naming what of the workload keeps ``target`` from every layout: a sliding window at once where the
+    export carries none (no layout is searched); a window or packed documents once the search found no layout that
+    carries them."""
     bars = [(k, why) for k, why in target.mask_problems(original.model_copy(update={"workload": workload}))
-            if k in _WORKLOAD_FLAGS and (done or k == "window")]
+            if k in _WORKLOAD_FLAGS and (done or (k == "window" and not target.windows))]
     if bars:
         key, why = bars[0]
         raise PlanError(key, why, f"export a plan made without {_WORKLOAD_FLAGS[key]}, or run it with sp-plan's "

@@ -37,12 +37,23 @@ class Target:
     #: algorithms whose context parallelism the target runs on packed documents (sp > 1); a plan without
     #: context parallelism packs documents anywhere
     documents: tuple[str, ...] = ()
+    #: algorithms whose context parallelism the target runs a sliding window with (sp > 1); a plan without context
+    #: parallelism carries one where any does; empty: its export carries no window
+    windows: tuple[str, ...] = ()
     #: whether the target places these uneven layers per pipeline stage (None: it splits the layers evenly)
     stages: Callable[[list[int]], bool] | None = None
     #: whether the target runs an interleaved 1F1B schedule (a plan's virtual_stages > 1)
     virtual_stages: bool = False
     #: the model dtypes (ModelSpec.dtype) its configuration can set; another is an error no nearest plan fixes
     dtypes: tuple[str, ...] = ("bf16", "fp16", "fp32")
+    #: how its Ulysses all-to-all splits the heads of a tp rank: "divide" (the Ulysses degree must divide the query
+    #: and the KV heads), "replicate" (KV heads are repeated where the degree is a multiple of them), None: any
+    ulysses_heads: str | None = None
+    #: its own rules on the degrees alone: (key, reason) for each broken; the nearest search skips such degrees
+    degree_rules: Callable[[dict[str, int]], list[tuple[str, str]]] | None = None
+    #: its own rule on the ZeRO stage of these degrees in training (inference keeps no gradients or optimizer state):
+    #: a reason, or None; the nearest search skips such policies
+    zero_rule: Callable[[dict[str, int], int], str | None] | None = None
 
     def dims(self) -> set[str]:
         return {d for o in self.orders for d in o}
@@ -59,7 +70,8 @@ class Target:
         """(key, reason) for every part of ``p`` this target cannot express; empty: it can export ``p``."""
         out = []
         d = p.degrees
-        if p.algorithm not in self.algorithms:
+        # without context parallelism the plan's algorithm runs nowhere; METP is tensor parallelism's own
+        if p.algorithm not in self.algorithms and (p.sp > 1 or p.algorithm == "metp"):
             out.append(("algorithm", self.notes.get(p.algorithm) or
                         f"{self.name} has no {ALGORITHM_NAMES[p.algorithm]}"))
         for dim, size in d.items():
@@ -76,6 +88,8 @@ class Target:
             out.append(("order", f"{self.name} cannot place the mesh order {shown} (it places {places})"))
         if p.zero_stage not in self.zero_stages:
             out.append(("zero_stage", self.notes.get("zero_stage") or f"{self.name} has no ZeRO-{p.zero_stage}"))
+        elif self.zero_rule and (p.workload is None or p.workload.training) and self.zero_rule(d, p.zero_stage):
+            out.append(("zero_stage", self.zero_rule(d, p.zero_stage)))
         if p.checkpointing not in self.checkpointing:
             out.append(("checkpointing", f"{self.name} has no {p.checkpointing} checkpointing "
                         f"(it has {'/'.join(self.checkpointing)})"))
@@ -83,6 +97,7 @@ class Target:
             out.append(("kv_chunks", f"{self.name} gathers K, V in one piece: its export has no kv_chunks "
                         f"{p.kv_chunks}"))
         out += self.mask_problems(p)
+        out += self.degree_problems(d, p.model)
         if not out and self.extra:
             out += self.extra(p)
         return out
@@ -95,17 +110,44 @@ class Target:
         if w is not None and w.documents is not None and p.sp > 1 and p.algorithm not in self.documents:
             out.append(("documents", self.notes.get("documents") or f"{self.name} cannot split packed documents "
                         f"over its {ALGORITHM_NAMES[p.algorithm]} context parallelism"))
-        if w is not None and w.mask_window is not None:
+        if w is not None and w.mask_window is not None and not self.windows:
             out.append(("window", f"the {self.name} export carries no sliding window: its layers would attend "
                         "in full"))
+        elif w is not None and w.mask_window is not None and p.sp > 1 and p.algorithm not in self.windows:
+            out.append(("window", self.notes.get("window") or f"{self.name} runs no sliding window under its "
+                        f"{ALGORITHM_NAMES[p.algorithm]} context parallelism"))
         uneven = p.stage_layers is not None and len(set(p.stage_layers)) > 1
         if uneven and not (self.stages and self.stages(p.stage_layers)):
             out.append(("stage_layers", self.notes.get("stage_layers") or f"{self.name} cannot place the stages' "
                         f"layers {p.stage_layers}"))
         if (p.virtual_stages or 1) > 1 and not self.virtual_stages:
-            out.append(("virtual_stages", self.notes.get("virtual_stages") or f"{self.name} runs plain 1F1B: its "
-                        f"export has no interleaved schedule for {p.virtual_stages} virtual stages a pipeline rank"))
+            out.append(("virtual_stages", self.notes.get("virtual_stages") or f"the {self.name} export has no "
+                        f"interleaved schedule (it writes plain 1F1B or no pipeline) for {p.virtual_stages} virtual "
+                        "stages a pipeline rank"))
         return out
+
+    def degree_problems(self, degrees: dict[str, int], model: ModelSpec | None) -> list[tuple[str, str]]:
+        """(key, reason) for what the degrees alone break: the target's own rules and its Ulysses head split."""
+        out = list(self.degree_rules(degrees)) if self.degree_rules else []
+        why = self.head_split(degrees, model)
+        return out + ([("ulysses", why)] if why else [])
+
+    def head_split(self, degrees: dict[str, int], model: ModelSpec | None) -> str | None:
+        """Why the target's Ulysses all-to-all cannot split the heads of a tp rank over the Ulysses degree, or None."""
+        u, tp = degrees.get("ulysses", 1), degrees.get("tp", 1)
+        if u == 1 or model is None or self.ulysses_heads is None:
+            return None
+        q, kv = model.heads // tp, max(model.kv_heads // tp, 1)
+        if q % u == 0 and kv % u == 0:
+            return None
+        if self.ulysses_heads == "replicate" and q % u == 0 and u % kv == 0:
+            return None
+        where = f" of a tp rank (tp {tp})" if tp > 1 else ""
+        if self.ulysses_heads == "replicate":
+            return (f"{self.name}'s Ulysses splits the {q} query heads{where} over {u} ranks and its {kv} KV heads "
+                    f"evenly or, where {u} is a multiple of them, replicated: ulysses {u} does neither")
+        return (f"{self.name}'s Ulysses all-to-all splits the {q} query and {kv} KV heads{where} over its {u} ranks "
+                f"without replicating KV heads: ulysses {u} must divide both")
 
     def check_workload(self, p: Plan) -> None:
         """A plan for the wrong kind of run (training vs inference), or for a dtype the target cannot set, is an error
@@ -127,6 +169,7 @@ class Target:
         probs = self.problems(p)
         if probs:
             raise PlanError(probs[0][0], probs[0][1], f"export a plan {self.name} can express")
+        batch_split(p)  # a batch the replicas' micro-batches do not divide is refused, whichever the target
         return self.render(p)
 
 
@@ -143,7 +186,13 @@ def dtype(p: Plan) -> str:
 
 
 def batch_split(p: Plan) -> tuple[int, int, int]:
-    """(global batch, micro-batch size, gradient-accumulation steps) of the plan's workload."""
-    batch = p.workload.batch if p.workload else p.degrees["dp"] * p.micro_batch_size
-    per_dp = batch // p.degrees["dp"]
-    return batch, p.micro_batch_size, max(1, per_dp // p.micro_batch_size)
+    """(global batch, micro-batch size, gradient-accumulation steps) of the plan's workload; a PlanError where dp x
+    micro-batch size does not divide the batch (every framework asserts batch = dp x micro-batch x steps)."""
+    dp, mbs = p.degrees["dp"], p.micro_batch_size
+    batch = p.workload.batch if p.workload else dp * mbs
+    if batch % (dp * mbs):
+        raise PlanError("workload.batch", f"the batch of {batch} sequences is no multiple of dp {dp} x "
+                        f"micro_batch_size {mbs}, so the replicas' micro-batches cannot make it",
+                        f"make the plan with a batch that is a multiple of {dp * mbs} (dp x micro_batch_size), or "
+                        "plan again for this batch")
+    return batch, mbs, batch // (dp * mbs)

@@ -15,8 +15,11 @@ are split evenly, the first stages taking the remainder (distributed/pipeline_pa
 generate_llm_fqn_per_model_part); both default to 1, so an even plan writes 0 and 0. Mesh
 ['pp', 'dp_replicate', 'dp_shard', 'cp', 'tp'] outermost first (distributed/parallel_dims.py); data
 parallelism is FSDP2 (ZeRO-3 with fsdp_reshard_after_forward "always", ZeRO-2 with "never"). With pipeline
-parallelism the export pins the 1F1B schedule (one stage a rank, as sp-plan prices it; some model configs default to
-an interleaved one) and turns CUDA graphs off, which Trainer.Config refuses beside pipeline parallelism. The model's dtype is
+parallelism the export pins the schedule sp-plan prices (some model configs default to another): 1F1B, one stage a
+rank, or for v virtual stages torch's Interleaved1F1B with pipeline_parallel_layers_per_stage making pp x v stages
+(distributed/pipeline_parallel.py _get_pipeline_metadata: ceil((layers + both weights) / layers_per_stage) stages,
+split as above, stage k on rank k mod pp), and turns CUDA graphs off, which Trainer.Config refuses beside pipeline
+parallelism. The model's dtype is
 training.mixed_precision_param (bfloat16 or float32, default bfloat16; no float16), the mixed-precision policy of the
 fully_shard torchtitan applies to the model (models/llama3/parallelize.py); training.dtype stays float32, the fp32
 main weights sp-plan prices. The fields are 0.3.0's: torchtitan's main branch has since renamed the batch and length
@@ -25,6 +28,8 @@ fields (num_tokens_per_train_step, max_context_length).
 from __future__ import annotations
 
 from sp_plan.planner.plan import Plan
+
+from sp_plan.planner.stages import stage_chunks
 
 from .target import Target, batch_split, dtype, header
 
@@ -59,6 +64,47 @@ def stage_weights(stage_layers: list[int]) -> tuple[int, int] | None:
     return None
 
 
+def chunk_split(p: Plan) -> tuple[int, int, int] | None:
+    """(first_stage_less_layers, last_stage_less_layers, layers_per_stage) under which torchtitan splits the model into
+    the plan's pp x v chunks (chunk k on rank k mod pp, the "loop" style of Interleaved1F1B), or None."""
+    v, pp = p.virtual_stages or 1, p.degrees["pp"]
+    if p.stage_layers is None and (p.model is None or p.model.layers % pp):  # the plan's stages are unknown
+        return None
+    stages = list(p.stage_layers) if p.stage_layers is not None else [p.model.layers // pp] * pp
+    chunks = stage_chunks(stages, v)
+    weights = chunks and stage_weights([chunks[k % pp][k // pp] for k in range(pp * v)])
+    if not weights:
+        return None
+    eff = sum(stages) + sum(weights)
+    # _get_pipeline_metadata makes ceil(eff / layers_per_stage) stages: one that makes pp x v of them
+    per = next((n for n in range(1, eff + 1) if -(-eff // n) == pp * v), None)
+    return None if per is None else (*weights, per)
+
+
+def pipeline_arguments(p: Plan, mbs: int) -> list[str]:
+    """The pipeline's schedule, micro-batch size and split: one stage a rank (1F1B), or v (Interleaved1F1B)."""
+    v = p.virtual_stages or 1
+    if v > 1:
+        a, b, per = chunk_split(p)
+        tail = ["--parallelism.pipeline_parallel_layers_per_stage", str(per)]
+    else:
+        a, b = stage_weights(p.stage_layers) if p.stage_layers is not None else (0, 0)
+        tail = []
+    return ["--parallelism.pipeline_parallel_schedule", "Interleaved1F1B" if v > 1 else "1F1B",
+            "--parallelism.pipeline_parallel_microbatch_size", str(mbs),
+            "--parallelism.pipeline_parallel_first_stage_less_layers", str(a),
+            "--parallelism.pipeline_parallel_last_stage_less_layers", str(b), *tail]
+
+
+def _rules(p: Plan) -> list[tuple[str, str]]:
+    """Interleaved chunks torchtitan's even split of the layers and weights does not make."""
+    if (p.virtual_stages or 1) > 1 and p.degrees["pp"] > 1 and chunk_split(p) is None:
+        return [("virtual_stages", f"torchtitan splits the layers plus the embedding's and the output's weights evenly "
+                 f"into pp x v stages, the first taking the remainder: it cannot make the plan's "
+                 f"{p.virtual_stages} chunks a pipeline rank")]
+    return []
+
+
 def arguments(p: Plan) -> list[str]:
     """The torchtitan overrides for ``p``, as argv words."""
     d = p.degrees
@@ -72,12 +118,8 @@ def arguments(p: Plan) -> list[str]:
     if d["ring"] > 1:
         args += ["--parallelism.context_parallel_load_balancer",
                  "headtail" if p.token_layout == "zigzag" else "None"]
-    if d["pp"] > 1:  # the pipeline's micro-batches split the local batch, one stage a rank (1F1B, as priced)
-        args += ["--parallelism.pipeline_parallel_schedule", "1F1B",
-                 "--parallelism.pipeline_parallel_microbatch_size", str(mbs)]
-        a, b = stage_weights(p.stage_layers) if p.stage_layers is not None else (0, 0)
-        args += ["--parallelism.pipeline_parallel_first_stage_less_layers", str(a),
-                 "--parallelism.pipeline_parallel_last_stage_less_layers", str(b)]
+    if d["pp"] > 1:
+        args += pipeline_arguments(p, mbs)
     local = batch // d["dp"] if d["pp"] > 1 else mbs  # without pp, one local batch per accumulation step
     args += ["--training.local_batch_size", str(local), "--training.global_batch_size", str(batch),
              "--training.mixed_precision_param", MIXED_PRECISION[dtype(p)]]
@@ -104,7 +146,7 @@ TARGET = Target(
     render=render, suffix=".args", algorithms=("allgather",),
     orders=(("tp", "ring", "dp", "pp"),), token_layouts=("contiguous", "zigzag"),
     zero_stages=(2, 3), checkpointing=("none", "full"), training=True, dtypes=tuple(MIXED_PRECISION),
-    stages=lambda s: stage_weights(s) is not None,
+    stages=lambda s: stage_weights(s) is not None, virtual_stages=True, extra=_rules,
     notes={"ulysses": "torchtitan has no Ulysses (its context parallelism all-gathers K and V)",
            "ring": "torchtitan's context parallelism all-gathers K and V (PyTorch's default rotate method, which "
                    "torchtitan does not set): it runs allgather, not a ring",

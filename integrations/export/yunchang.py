@@ -6,7 +6,9 @@ Targets yunchang 0.6.4 (feifeibear/long-context-attention): yunchang/globals.py
 data parallel outside the sequence group), LongContextAttention(ring_impl_type=...) with the ring
 implementation of the token layout ("basic" contiguous, "zigzag", "strip" striped; hybrid/utils.py
 RING_IMPL_DICT) and EXTRACT_FUNC_DICT (comm/extract_local.py) to take this rank's tokens. yunchang is
-the attention only: tensor and pipeline parallelism are not its to set.
+the attention only: tensor and pipeline parallelism are not its to set. Its all-to-all (comm/all_to_all.py
+SeqAllToAll4D) reshapes the heads to (ulysses, heads // ulysses) for q, k and v alike and repeats no KV head, so
+the Ulysses degree must divide the query and the KV heads.
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def local_tokens(x):
 TARGET = Target(
     name="yunchang", title=f"yunchang {VERSION} (feifeibear/long-context-attention, yunchang/globals.py set_seq_parallel_pg)",
     render=render, suffix=".py", algorithms=("ring", "ulysses", "usp"),
-    orders=(("ulysses", "ring", "dp"), ("ring", "ulysses", "dp")), extra=_rules,
+    orders=(("ulysses", "ring", "dp"), ("ring", "ulysses", "dp")), extra=_rules, ulysses_heads="divide",
     notes={"tp": "yunchang has no tp (it is the attention only; set tensor parallelism in your trainer)",
            "pp": "yunchang has no pp (it is the attention only)"},
 )
