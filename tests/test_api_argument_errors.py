@@ -73,14 +73,19 @@ def _calls(ranked):
     ]
 
 
-def test_wrong_arguments_are_plan_errors_naming_them(ranked):
-    for i, (field, call) in enumerate(_calls(ranked)):
+def assert_fields(calls) -> None:
+    """Each (field, call) raises a PlanError naming ``field``: no bare TypeError, AttributeError or IndexError."""
+    for i, (field, call) in enumerate(calls):
         try:
             call()
         except PlanError as e:
             assert e.field == field, (i, field, str(e))
         else:
             pytest.fail(f"case {i} ({field}) raised nothing")
+
+
+def test_wrong_arguments_are_plan_errors_naming_them(ranked):
+    assert_fields(_calls(ranked))
 
 
 def test_an_empty_store_is_refused_as_store_refuses_it():
