@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sp_plan.planner.cluster import Cluster, of_type, whole_number
-from sp_plan.planner.errors import PlanError, require_extra
+from sp_plan.planner.cluster import Cluster
+from sp_plan.planner.errors import PlanError, of_type, require_extra, whole_number
 from sp_plan.planner.estimate import Estimator
 from sp_plan.planner.masks import imbalance, sample_rank_work
 from sp_plan.planner.measured import mark

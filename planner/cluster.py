@@ -13,14 +13,13 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
-import operator
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .errors import PlanError
+from .errors import PlanError, whole_number
 from .plausible import MIN_EFFICIENCY, check_finite
 from .yamlio import check_schema_version, dump_data, load_yaml_model
 
@@ -29,29 +28,6 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 NET = "net"
-
-
-def whole_number(field: str, value, low: int, fix: str, high: int | None = None) -> int:
-    """``value`` as an int where it is a whole number from ``low`` (to ``high``), else a PlanError naming ``field``."""
-    # operator.index takes what an int does and numpy's integers (a DataFrame's or a sweep's values), never a float;
-    # a bool is an int to Python but no count a caller means
-    try:
-        n = None if isinstance(value, bool) else operator.index(value)
-    except TypeError:
-        n = None
-    if n is None or n < low or (high is not None and n > high):
-        span = f"at least {low:,}" if high is None else f"from {low:,} to {high:,}"
-        problem = f"must be {span}, got {n:,}" if n is not None else \
-            f"must be a whole number {'of ' if high is None else ''}{span}, got {value!r}"
-        raise PlanError(field, problem, fix)
-    return n
-
-
-def of_type(field: str, value, cls: type, how: str):
-    """``value`` where it is a ``cls``, else a PlanError naming ``field`` and ``how`` to pass one."""
-    if not isinstance(value, cls):
-        raise PlanError(field, f"{type(value).__name__} is no {cls.__name__}", f"pass {how}")
-    return value
 
 
 #: the least a cluster file's figures may claim: a link or NIC slower than 1 kB/s, a device below 1 MFLOP/s or with

@@ -7,6 +7,9 @@ Its subclasses say what kind of failure it is (``NotFound``: an unknown name; ``
 something the input needs is down), so an adapter picks its answer by class: the service its HTTP status
 (service/errors.py), never by the field's text.
 """
+from __future__ import annotations
+
+import operator
 
 
 class PlanError(Exception):
@@ -47,3 +50,26 @@ def require_extra(module: str, extra: str, needed_by: str) -> None:
         importlib.import_module(module)
     except ImportError:
         raise MissingExtra(module, extra, needed_by) from None
+
+
+def whole_number(field: str, value, low: int, fix: str, high: int | None = None) -> int:
+    """``value`` as an int where it is a whole number from ``low`` (to ``high``), else a PlanError naming ``field``."""
+    # operator.index takes what an int does and numpy's integers (a DataFrame's or a sweep's values), never a float;
+    # a bool is an int to Python but no count a caller means
+    try:
+        n = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        n = None
+    if n is None or n < low or (high is not None and n > high):
+        span = f"at least {low:,}" if high is None else f"from {low:,} to {high:,}"
+        problem = f"must be {span}, got {n:,}" if n is not None else \
+            f"must be a whole number {'of ' if high is None else ''}{span}, got {value!r}"
+        raise PlanError(field, problem, fix)
+    return n
+
+
+def of_type(field: str, value, cls: type, how: str):
+    """``value`` where it is a ``cls``, else a PlanError naming ``field`` and ``how`` to pass one."""
+    if not isinstance(value, cls):
+        raise PlanError(field, f"{type(value).__name__} is no {cls.__name__}", f"pass {how}")
+    return value

@@ -22,9 +22,9 @@ import numpy as np
 from .bounds import Bounds
 
 from .candidate import Candidate
-from .cluster import Cluster, of_type, preset_nodes
+from .cluster import Cluster, preset_nodes
 from .engine import GroupShape, LinkEngine
-from .errors import PlanError
+from .errors import PlanError, of_type
 from .layout import chunks_needed, ring_split
 from .memory import activation_bytes, attention_buffer_bytes, weight_bytes
 from .masks import mask_fraction

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .errors import PlanError
+from .errors import PlanError, of_type
 from .params import Params
 from .plausible import check_finite
 from .yamlio import check_schema_version, dump_data, load_yaml_model
@@ -141,7 +141,7 @@ class Profile(BaseModel):
 def pure_inputs(cluster, model, workload, entry: str) -> None:
     """A pure planner call takes the models themselves; a name or a mapping (which ``entry``, the pipeline's call,
     reads) is a PlanError naming the argument, not an AttributeError from deep inside."""
-    from .cluster import Cluster, of_type  # noqa: PLC0415 - cluster and model import this module's neighbours
+    from .cluster import Cluster  # noqa: PLC0415 - cluster and model import this module's neighbours
     from .model import ModelSpec, Workload  # noqa: PLC0415
 
     for name, value, cls in (("cluster", cluster, Cluster), ("model", model, ModelSpec),

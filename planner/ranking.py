@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
-from .errors import PlanError
+from .errors import PlanError, whole_number
 
 if TYPE_CHECKING:  # names for the annotations only: this module reads plans without loading their modules
     import pandas as pd
@@ -66,8 +66,6 @@ class RankedPlans(list):
 
     def equivalents(self, i: int) -> list[Plan]:
         """The plans equivalent to the ``i``-th (none: an empty list)."""
-        from .cluster import whole_number  # noqa: PLC0415 - this module reads plans without loading the models
-
         n = len(self.rows)
         if not n:
             raise PlanError("i", "the ranking has no rows", "ask for the equivalents of a ranking with plans")

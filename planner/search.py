@@ -24,8 +24,8 @@ import numpy as np
 
 from .algorithms import ALGORITHMS, algorithm_for, variants
 from .candidate import Candidate
-from .cluster import Cluster, whole_number
-from .errors import PlanError
+from .cluster import Cluster
+from .errors import PlanError, whole_number
 from .equivalent import REL_TOL, distinct_prefix, top_rows
 from .estimate import MEMORY_HEADROOM, Estimator, Orders
 from .exchange import Exchange

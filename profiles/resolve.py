@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from sp_plan.planner.cluster import Cluster, of_type
-from sp_plan.planner.errors import NotFound, PlanError, StoreError
+from sp_plan.planner.cluster import Cluster
+from sp_plan.planner.errors import NotFound, PlanError, StoreError, of_type
 from sp_plan.planner.params import Params
 from sp_plan.planner.plausible import check_hbm, check_params
 from sp_plan.planner.profile import STACK_KEYS, Profile

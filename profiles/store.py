@@ -28,8 +28,8 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql as sa_pg, sqlite as sa_sqlite
 
-from sp_plan.planner.errors import NotFound, PlanError, StoreError
-from sp_plan.planner.cluster import of_type, preset_nodes
+from sp_plan.planner.errors import NotFound, PlanError, StoreError, of_type
+from sp_plan.planner.cluster import preset_nodes
 from sp_plan.planner.plausible import check_bounds, check_hbm, check_params
 from sp_plan.planner.profile import Profile, created_utc
 from sp_plan.planner.yamlio import FILE_SUFFIXES, model_from_data

@@ -24,9 +24,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from sp_plan.planner.cluster import of_type, whole_number
 from sp_plan.planner.documents import check_cu_seqlens
-from sp_plan.planner.errors import PlanError
+from sp_plan.planner.errors import PlanError, of_type, whole_number
 from sp_plan.planner.layout import Layout, mesh_dims
 from sp_plan.planner.model import masking_window
 from sp_plan.planner.plan import Plan, one_placement_problem
