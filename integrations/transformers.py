@@ -42,9 +42,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from sp_plan.planner.errors import of_type, whole_number
 from sp_plan.planner.documents import batch_cu_seqlens
-from sp_plan.planner.errors import PlanError
+from sp_plan.planner.errors import PlanError, of_type, whole_number
 from sp_plan.planner.plan import Plan
 from sp_plan.runtime.context import Context
 

@@ -17,8 +17,7 @@ from typing import Callable
 
 import torch
 
-from sp_plan.planner.errors import of_type, whole_number
-from sp_plan.planner.errors import PlanError
+from sp_plan.planner.errors import PlanError, of_type, whole_number
 from sp_plan.planner.model import ModelSpec, Workload
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import KernelSample
