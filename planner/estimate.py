@@ -30,7 +30,7 @@ from .memory import activation_bytes, attention_buffer_bytes, weight_bytes
 from .masks import mask_fraction
 from .merges import MERGES
 from .model import ModelSpec, Workload
-from .params import Params
+from .params import LINK_CLASSES, Params
 from .profile import Profile, pure_inputs, pure_params
 from .algorithms import ALGORITHMS
 from .plan import TEAM_ALGORITHMS, PhaseCost, Plan, Prediction, check_kv_chunks_algorithm
@@ -52,6 +52,9 @@ class Priced:
     seconds: np.ndarray
     compute: float
     rows: tuple  # (name, kind, group, bytes, seconds[orders], exposed[orders])
+    # seconds its communication holds each link class (params.LINK_CLASSES x orders), where asked (``price``); None:
+    # not counted, read as none (a lower bound's parts)
+    links: np.ndarray | None = None
 
 
 @dataclass
@@ -101,6 +104,7 @@ class Orders:
                 stride *= degrees.get(n, 1)
             self.strides.append(st)
         self._coeff: dict = {}
+        self._classes: dict = {}  # (pattern, dims) -> each order's link class of the phase (LINK_CLASSES index)
         self._shapes: dict = {}  # dims -> their groups' distinct shapes and each order's (_group_shapes)
         # what phases off the ring's teams see: every variant (team, placement) of these degrees shares it
         self.mesh_key = (tuple(sorted((n, v) for n, v in degrees.items() if n != "team")), tuple(orders))
@@ -160,6 +164,17 @@ class Orders:
             co = self._coeff[key] = (np.array(steps, float)[pick], np.array(spb)[pick], np.array(lat)[pick])
         return co
 
+    def classes(self, p: Comm) -> np.ndarray:
+        """Per order, the link class (its index in ``LINK_CLASSES``) of ``p``'s most loaded link."""
+        key = (p.pattern, p.dim)
+        cls = self._classes.get(key)
+        if cls is None:
+            shapes, pick = self._group_shapes(p.dim)
+            index = [LINK_CLASSES.index(self.engine.cost(p.pattern, GroupShape(sh, self.world)).link_class)
+                     for sh in shapes]
+            cls = self._classes[key] = np.array(index)[pick]
+        return cls
+
     def _shape_coefficients(self, pattern: str, parts: tuple) -> tuple[int, float, float]:
         """(steps, seconds per byte, latency of a step) of ``pattern`` on the groups of ``parts``: the link engine's
         cost, through the pattern's CommFit where ``params`` has one (bandwidth / efficiency, alpha added per step,
@@ -181,6 +196,33 @@ def shared_cores(balance: tuple, s: float) -> float:
     ``Params.solo_speedup``), averaged over the rounds; the rings pool the balance over their rounds
     (``layout.ring_balance``)."""
     return sum(b if b > 1 / s else 1 / s for b in balance) / len(balance)
+
+
+def held_links(st: Step, comms: list, classes: list) -> np.ndarray:
+    """Seconds one step's communication phases (``comms``, each per order, on the link class ``classes`` per order)
+    hold each link class, per order, times its repeats: a plain step's phases one after another (their sum), an
+    overlapped step's side by side (the longest on each class)."""
+    n = len(classes[0])
+    out = np.zeros((len(LINK_CLASSES), n))
+    cols = np.arange(n)
+    for ct, cls in zip(comms, classes):
+        one = np.zeros_like(out)
+        one[cls, cols] = ct
+        out = np.maximum(out, one) if st.overlap else out + one
+    return out * st.repeat
+
+
+def sync_window(bwd: Priced, classes: list[np.ndarray]) -> np.ndarray:
+    """Per order, the seconds of one layer's backward (``bwd``) in which the gradient sync's links are free: its wall
+    time less what its own communication holds the link class of each sync phase (``classes``: per order) for, the
+    most of them. Compute alone does not bound the window: a sync on links the backward leaves idle runs beside its
+    communication too, and one on links the backward's transfers keep busy waits for them (so a faster device never
+    exposes more of it than the backward gains). A priced part without link loads (a lower bound's) holds none."""
+    if bwd.links is None:
+        return bwd.seconds
+    cols = np.arange(len(bwd.seconds))
+    held = reduce(np.maximum, (bwd.links[cls, cols] for cls in classes))
+    return np.maximum(bwd.seconds - held, 0.0)
 
 
 def _scaled(priced: Priced, k: float, i: int = 0) -> list:
@@ -271,7 +313,7 @@ class Estimator:
         key = (orders.mesh_key if part in RING_FREE_PARTS else orders, skey, rows)
         priced = self._prices.get(key)
         if priced is None:
-            priced = self._prices[key] = self.price(self.schedule(part, c), orders, rows=rows)
+            priced = self._prices[key] = self.price(self.schedule(part, c), orders, rows=rows, links=part == "bwd")
             self.stats.prices_computed += 1
         return priced
 
@@ -363,14 +405,16 @@ class Estimator:
             eff = self._curve_at[key] = curve.at(x)
         return eff
 
-    def price(self, steps: list[Step], orders: Orders, rows: bool = False) -> Priced:
+    def price(self, steps: list[Step], orders: Orders, rows: bool = False, links: bool = False) -> Priced:
         """Cost of ``steps`` once under every order: an overlapped step costs its max phase (double
-        buffering), a plain one the sum; exposed communication is what outlasts the compute."""
+        buffering), a plain one the sum; exposed communication is what outlasts the compute. With ``links``, the
+        seconds the communication holds each link class (``held_links``)."""
         n = len(orders.orders)
         total = np.zeros(n)
         compute = 0.0
         acc: dict = {}
         free_memory = not self.params.hbm_bandwidth
+        held = np.zeros((len(LINK_CLASSES), n)) if links else None
         for st in steps:
             busy = 0.0
             comms = []
@@ -400,10 +444,12 @@ class Estimator:
                     t = busy + comm_sum
                 total += t * st.repeat
                 compute += busy * st.repeat
+                if links:
+                    held += held_links(st, comms, [orders.classes(p) for p in st.phases if not isinstance(p, Compute)])
             if rows:
                 self._rows(acc, st, secs, n, busy, t if comms and st.overlap else None,
                            comm_sum if comms else None, free_memory)
-        return Priced(total, compute, tuple((k, *r) for k, r in acc.items()))
+        return Priced(total, compute, tuple((k, *r) for k, r in acc.items()), held)
 
     @staticmethod
     def _rows(acc: dict, st: Step, secs: list, n: int, busy: float, t, comm_sum, free_memory: bool) -> None:
@@ -631,13 +677,14 @@ class Estimator:
             c = self.shape(base, mbs)
             if (ckpt, mbs) not in pipelines:
                 pipelines[ckpt, mbs] = self._pipeline(base, c, ckpt, orders, detail, bound)
-            parts, stage, t, bwd_compute, n_rows = pipelines[ckpt, mbs]
+            parts, stage, t, bwd, n_rows = pipelines[ckpt, mbs]
             sync_rows = []
             if train and (sync or not bound):  # bucketed sync overlaps the backward pass; its last bucket cannot
                 if zero not in syncs_of:
                     syncs_of[zero] = self.grad_syncs(c, zero, orders)
                 syncs, total = syncs_of[zero]
-                exposed = self.sync_exposed(c, zero, total, bwd_compute)
+                window = sync_window(bwd, [orders.classes(p) for p, _ in syncs]) * (c.layers_per_stage * c.micro_batches)
+                exposed = self.sync_exposed(c, zero, total, window)
                 t = t + exposed
                 if detail and j == 0:
                     share = exposed / np.where(total > 0, total, 1.0)
@@ -663,11 +710,12 @@ class Estimator:
 
     def _pipeline(self, base: Candidate, c: Shape, ckpt: str, orders: Orders, detail: bool,
                   bound: bool) -> tuple:
-        """One checkpointing's (parts, stage seconds, pipeline seconds, backward compute, layers in the breakdown):
-        the busiest stage's layer parts, head and sends, through m micro-batches and the bubble."""
+        """One checkpointing's (parts, stage seconds, pipeline seconds, a layer's backward priced (None: inference),
+        layers in the breakdown): the busiest stage's layer parts, head and sends, through m micro-batches and the
+        bubble."""
         Lp, m, pp = c.layers_per_stage, c.micro_batches, base.pp
         parts = [(self._part("fwd", c, orders, detail, bound), Lp, "")]
-        bwd_compute = 0.0
+        bwd = None
         if self.work.training:
             if ckpt == "full":
                 parts.append((parts[0][0], Lp, "recompute "))
@@ -675,7 +723,6 @@ class Estimator:
                 parts.append((self._part("fwd-linear", c, orders, detail, bound), Lp, "recompute "))
             bwd = self._part("bwd", c, orders, detail, bound)
             parts.append((bwd, Lp, ""))
-            bwd_compute = bwd.compute * Lp * m
         head = self._part("head", c, orders, detail, bound)
         parts.append((head, 1, ""))
         if pp > 1:  # a boundary a chunk: v sends a micro-batch each way
@@ -688,7 +735,7 @@ class Estimator:
             n_rows = Lp
         else:  # uneven stages: the pipeline runs at its busiest stage's pace
             stage, parts, n_rows = self.uneven_stage(c, ckpt, parts, head)
-        return parts, stage, pipeline_time(m, pp, base.virtual_stages, stage), bwd_compute, n_rows
+        return parts, stage, pipeline_time(m, pp, base.virtual_stages, stage), bwd, n_rows
 
     def _breakdown(self, base: Candidate, c: Shape, ckpt: str, parts: list, stage, n_rows: int) -> list:
         """The breakdown rows of a step's pipeline under the first mesh order: its parts over m micro-batches, the
@@ -743,8 +790,8 @@ class Estimator:
 
     def sync_exposed(self, c: Shape, zero: int, total, backward):
         """Seconds of a gradient sync of ``total`` seconds (an array per mesh order) left after ``backward`` seconds of
-        backward compute (``schedules.bucketed_exposure``): ZeRO-0 runs on DDP's buckets, ZeRO 1-3 on a sharded
-        wrapper per block (FSDP), a bucket per stage layer."""
+        backward pass its links are free in (``sync_window``, ``schedules.bucketed_exposure``): ZeRO-0 runs on DDP's
+        buckets, ZeRO 1-3 on a sharded wrapper per block (FSDP), a bucket per stage layer."""
         key = ("sync bucket", c.tp, c.pp, zero == 0, c.stage_layers)
         f = self._busy.get(key)
         if f is None:

@@ -218,8 +218,10 @@ def larger_micro_batch_wins(est: Estimator, pp: int) -> bool:
     """Whether, for any policy, the same ZeRO stage and checkpointing with a larger micro-batch is never slower:
     without a pipeline (no bubble to grow), with FLOPs and bytes linear in the micro-batch (``scaled``), GEMM and
     attention efficiency independent of it and no fixed cost per compute call, a step of k sequences costs
-    m/k x g(k a, k b + beta) = m g(a, b + beta/k) (g: a step's price, homogeneous and monotone; beta: latencies),
-    and the gradient sync hides behind the same backward compute for every k."""
+    m/k x g(k a, k b + beta) = m g(a, b + beta/k) (g: a step's price, homogeneous and monotone; beta: latencies).
+    The gradient sync's window (``estimate.sync_window``: the backward's wall time W less the time C its transfers
+    hold the sync's links) may shrink with k, but by no more than the step's pipeline does (W and C never grow with
+    k), and a bucketed sync exposes at most (1 - f) of what its window loses."""
     pr = est.params
     return pp == 1 and pr.matmul is None and not pr.round_overhead_s
 
@@ -244,42 +246,24 @@ def per_sequence_costs_never_grow(est: Estimator, pp: int) -> bool:
     return pp == 1 and est.matmul_never_falls
 
 
-def hidden_sync_micro_batches(est: Estimator, base: Candidate, batch: Orders,
-                              policies: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
-    """``policies`` without those beaten on every mesh order by the same ZeRO stage and checkpointing at the
-    largest micro-batch K listed, where the search may drop them (``per_sequence_costs_never_grow``; the
-    algorithm ``batch_linear``). The step of B sequences per data-parallel rank in micro-batches of k is
-    B s(k) + max(f S, S - (1 - f) B L c(k)) (``Estimator.evaluate_orders``, ``schedules.bucketed_exposure``: s, the
-    stage's seconds per sequence; S, the gradient sync; f, a sync bucket's share; L layers; c, the backward's compute
-    seconds per sequence and layer); s and c never grow with k, but c may fall (per-call costs), exposing more of
-    S. So K is taken only for the ZeRO stages whose sync is hidden at K on every order, S <= B L c(K) <= B L c(k):
-    there the sync term is its floor f S for every k <= K and B s(K) <= B s(k). c(K) is read from below: the linear
-    part's compute and the attention's even share (``Estimator.balanced_time``), which no schedule's busiest rank
-    undercuts."""
-    if not ALGORITHMS[base.algorithm].batch_linear:
-        return policies
-    top: dict = {}
-    for z, ck, mbs in policies:
-        top[z, ck] = max(top.get((z, ck), 0), mbs)
-    top = {zc: k for zc, k in top.items() if any(p[:2] == zc and p[2] < k for p in policies)}  # something to drop
-    if top and est.work.training:
-        hidden = {}
-        for z in {z for z, _ in top}:
-            for k in {k for (z2, _), k in top.items() if z2 == z}:
-                c = est.shape(base, k)
-                L = c.layers_per_stage
-                sync = est.grad_syncs(c, z, batch)[1]
-                floor = est.busy("bwd-linear", c) + est.bounds.balanced_time(c, True)  # <= the backward's compute
-                hidden[z, k] = bool(np.all(sync <= floor * L * c.micro_batches * (1 - 1e-9)))  # at its floor
-        top = {zc: k for zc, k in top.items() if hidden[zc[0], k]}
-    return [p for p in policies if p[2] == top.get(p[:2], p[2])]
+def drops_smaller_micro_batches(est: Estimator, pp: int, algorithm: str) -> bool:
+    """Whether the search keeps only the largest fitting micro-batch K of each (ZeRO stage, checkpointing) of a
+    layout: ``larger_micro_batch_wins``, or per-sequence costs never grow (``per_sequence_costs_never_grow``) and
+    the algorithm is ``batch_linear``. Then the step of B sequences per data-parallel rank in micro-batches of k,
+    B s(k) + max(f S, S - (1 - f) W(k)) (``Estimator.evaluate_orders``, ``schedules.bucketed_exposure``: s, the
+    stage's seconds per sequence; S, the gradient sync and f a bucket's share, neither read k; W(k), the sync's
+    window over the step, ``estimate.sync_window``), is least at K on every mesh order: W(k) is the step's backward
+    wall time less what its transfers hold the sync's links for, both never growing with k, so W(k) - W(K) is at most
+    B (s(k) - s(K)), and the sync exposes at most (1 - f) of it."""
+    return larger_micro_batch_wins(est, pp) or (per_sequence_costs_never_grow(est, pp)
+                                                and ALGORITHMS[algorithm].batch_linear)
 
 
 def shared_bounds(est: Estimator, pp: int, algorithms, policies: list[tuple[int, str, int]]) -> dict | None:
     """Checkpointing -> its policy with the largest micro-batch K, whose lower bounds (``Bounds.compute_bounds``,
     ``Bounds.comm_bounds``) hold for every policy of that checkpointing where per-sequence costs never grow
     (``per_sequence_costs_never_grow``, every algorithm ``batch_linear``): they leave out the gradient sync, so
-    the ZeRO stage, and bound B s(K) <= B s(k) <= the step at k (``hidden_sync_micro_batches``); else None."""
+    the ZeRO stage, and bound B s(K) <= B s(k) <= the step at k (``drops_smaller_micro_batches``); else None."""
     if not (per_sequence_costs_never_grow(est, pp) and all(ALGORITHMS[a].batch_linear for a in algorithms)):
         return None
     rep: dict = {}
@@ -525,8 +509,9 @@ class _Grid:
         found, _, r = degree_groups(est, self.space, d, lambda key, mbs, v: item.by_mbs.get((mbs, v), bound)
                                     <= reach[key], item.variants)
         self.rejected += r
-        if larger_micro_batch_wins(est, d.pp):  # ties go to the larger micro-batch, pruned or not
-            found = [(base, orders, largest_micro_batches(fitting)) for base, orders, fitting in found]
+        # ties go to the larger micro-batch, pruned or not
+        found = [(base, orders, largest_micro_batches(fitting) if drops_smaller_micro_batches(est, d.pp, base.algorithm)
+                  else fitting) for base, orders, fitting in found]
         cuts: dict = {}  # (variant key, virtual stages) -> the least bound of its dropped micro-batches
         found, waiting = self.defer_interleaved(found, item, cuts) if self.keep else (found, {})
         floors: dict = {}  # (checkpointing, micro-batch, virtual stages) -> Bounds.policy_floor (alike for every group)
@@ -648,18 +633,12 @@ class _Grid:
             # one micro-batch a step: the sync is in already, and with one micro-batch size none is dropped for it
             return self.push(max(bound, min(g.bounds)), Stage.SYNC if whole else Stage.COMMUNICATION, g)
         # about to be priced: the gradient sync (routed now, pricing needs it) in the bound
-        if per_sequence_costs_never_grow(est, d.pp):  # the same where the gradient sync stays hidden
-            kept = hidden_sync_micro_batches(est, base, batch, g.fitting)
-            g.bounds = [b for p, b in zip(g.fitting, g.bounds) if p in kept]
-            g.fitting = kept
         g.bounds = [max(b, c) for b, c in zip(g.bounds, est.bounds.comm_bounds(base, batch, g.fitting))]
         self.push(max(bound, min(g.bounds)), Stage.SYNC, g)
 
     def price(self, g: GroupItem) -> None:
         """Price ``g``'s orders under its fitting policies; rank those no slower than its cut."""
         est, base = self.est, g.base
-        if not self.keep and per_sequence_costs_never_grow(est, g.degrees.pp):  # an exhaustive search's last stage
-            g.fitting = hidden_sync_micro_batches(est, base, order_batch(est, base, g.orders, self.batches), g.fitting)
         times = est.evaluate_orders(base, order_batch(est, base, g.orders, self.batches), g.fitting)[0]
         if g.interleaved:  # each policy's fastest order: what its interleaved siblings' bounds scale
             g.lower.update(zip(g.fitting, (float(t) for t in times.min(axis=0))))
@@ -726,8 +705,7 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     schedules and prices are never built for it); a group's priced orders slower than its least dropped policy
     bound are dropped too (they might not be their order's best), so every ranked time is exact. Without a
     pipeline a smaller micro-batch is dropped where a larger one of the same ZeRO stage and checkpointing is
-    never slower (``larger_micro_batch_wins``; under per-call costs, ``hidden_sync_micro_batches``, once the
-    group's sync is routed), and bounds are shared down from the largest micro-batch (``shared_bounds``). A
+    never slower (``drops_smaller_micro_batches``), and bounds are shared down from the largest micro-batch (``shared_bounds``). A
     pipeline's interleaved schedule (``Space.virtual_stages``) is a group of its own, queued once its plain-1F1B
     sibling is priced or dropped, under ``interleaving_floor`` x the sibling's bound per policy: it is priced only
     where the bubble it saves could make it a variant's best or enter the top K.

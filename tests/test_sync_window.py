@@ -1,0 +1,87 @@
+"""The gradient sync's window: the backward's wall time less what its own transfers hold the sync's link class for
+(``estimate.sync_window``, ``estimate.held_links``), so a faster device never prices a layout slower."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sp_plan.planner import Candidate, Estimator, Workload
+from sp_plan.planner.estimate import Orders, held_links, sync_window
+from sp_plan.planner.params import LINK_CLASSES
+from sp_plan.planner.schedules import Comm, Compute, Step
+from sp_plan.planner.search import Space, degree_groups
+from sp_plan.profiles import load_cluster, load_model
+
+INTRA, INTER = LINK_CLASSES.index("intra"), LINK_CLASSES.index("inter")
+
+
+def _step(overlap: bool, repeat: int = 1) -> Step:
+    phases = (Compute("block", 1.0), Comm("a", "shift", ("ring",), 1.0), Comm("b", "shift", ("ring",), 1.0),
+              Comm("c", "shift", ("ring",), 1.0))
+    return Step(phases, repeat, overlap=overlap)
+
+
+def test_held_links_sums_a_plain_steps_phases_and_takes_the_longest_of_an_overlapped_ones():
+    comms = [np.array([1.0, 4.0]), np.array([2.0, 1.0]), np.array([3.0, 5.0])]
+    classes = [np.array([INTER, INTRA]), np.array([INTER, INTRA]), np.array([INTRA, INTER])]  # per order
+    plain = held_links(_step(False, repeat=3), comms, classes)
+    assert plain[INTER].tolist() == [9.0, 15.0] and plain[INTRA].tolist() == [9.0, 15.0]
+    both = held_links(_step(True, repeat=2), comms, classes)
+    assert both[INTER].tolist() == [4.0, 10.0] and both[INTRA].tolist() == [6.0, 8.0]
+
+
+def test_the_sync_window_is_the_wall_less_the_time_its_links_are_held():
+    from sp_plan.planner.estimate import Priced
+
+    links = np.zeros((len(LINK_CLASSES), 2))
+    links[INTER] = [3.0, 9.0]
+    links[INTRA] = [1.0, 0.0]
+    bwd = Priced(np.array([5.0, 10.0]), 2.0, (), links)
+    assert sync_window(bwd, [np.array([INTER, INTER])]).tolist() == [2.0, 1.0]
+    assert sync_window(bwd, [np.array([INTRA, INTRA])]).tolist() == [4.0, 10.0]  # the backward's whole wall, >= compute
+    assert sync_window(bwd, [np.array([INTRA, INTER]), np.array([INTER, INTRA])]).tolist() == [2.0, 1.0]  # the most held
+    assert sync_window(Priced(np.array([5.0, 10.0]), 2.0, ()), [np.array([INTER, INTER])]).tolist() == [5.0, 10.0]
+
+
+def test_a_sync_on_links_the_backward_leaves_free_hides_behind_its_whole_wall_time():
+    """A ring inside each node (NVLink) with data parallelism across the nodes: the sync crosses the network, the
+    ring's transfers do not, so the whole backward (its transfers' exposed time too) is the sync's window."""
+    cl, m = load_cluster("a100-16-eth100", 2), load_model("tiny-llama")
+    est = Estimator(cl, m, Workload(seq_len=65536, batch=2))
+    cand = Candidate("ring", dp=2, ring=cl.devices_per_node, order=("ring", "dp"), token_layout="zigzag")
+    c = est.shape(cand)
+    orders = Orders(est.engine, cand.degrees, [cand.order], cand.placement)
+    bwd = est.price_part("bwd", c, orders)
+    syncs, _ = est.grad_syncs(c, 0, orders)
+    assert [int(orders.classes(p)[0]) for p, _ in syncs] == [INTER]
+    assert bwd.links[INTER, 0] == 0 and bwd.links[INTRA, 0] > 0
+    assert sync_window(bwd, [orders.classes(p) for p, _ in syncs])[0] == bwd.seconds[0] > bwd.compute
+
+
+def _faster(cluster, k: float):
+    """The cluster with every device's peak FLOP/s times ``k`` (links as they are)."""
+    data = cluster.model_dump()
+    for node in data["node_types"].values():
+        for dev in node["devices"]:
+            dev["peak_flops"] = {dt: f * k for dt, f in dev["peak_flops"].items()}
+    return type(cluster).model_validate(data)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_faster_device_never_prices_a_layout_slower(batch):
+    """Every candidate (each algorithm variant, token layout, mesh order and fitting policy) of a slow-network
+    cluster, at twice the peak FLOP/s: no step gets slower, where the sync's window were the backward's compute
+    alone it would (a faster device shortens it while the ring's transfers keep the backward as long)."""
+    cl, m = load_cluster("a100-16-eth100", 2), load_model("llama3-8b")
+    work = Workload(seq_len="32k", batch=batch)
+    slow, fast = Estimator(cl, m, work), Estimator(_faster(cl, 2.0), m, work)
+    space = Space(cl.world_size, m, work)
+    compared = faster = 0
+    for d in space.degrees():
+        for base, orders, fitting in degree_groups(slow, space, d)[0]:
+            t0 = slow.evaluate_orders(base, slow.orders(base.degrees, orders, base.placement), fitting)[0]
+            t1 = fast.evaluate_orders(base, fast.orders(base.degrees, orders, base.placement), fitting)[0]
+            assert np.all(t1 <= t0 * (1 + 1e-12)), (base, fitting, t0, t1)
+            compared += t0.size
+            faster += int(np.sum(t1 < t0 * (1 - 1e-3)))
+    assert compared > 1000 and faster > compared // 2
