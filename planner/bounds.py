@@ -148,12 +148,13 @@ class Bounds:
         return k * a + calls * o if o else k * a
 
     def comm_bounds(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
-                    sync: bool = True) -> list[float]:
+                    sync: bool = True, exact_window: bool = False) -> list[float]:
         """Per policy, a lower bound on the step time of ``base`` under any of ``orders``: the step priced
         exactly but for the attention, which counts a floor from its compute and communication
-        (``attention_floor``), and with ``sync`` False for the gradient sync, left out; a hair below, so that
+        (``attention_floor``), and with ``sync`` False for the gradient sync, left out (with ``exact_window``, the
+        sync's window read from the backward priced whole: ``Estimator.evaluate_orders``); a hair below, so that
         rounding never lifts it above the exact price."""
-        times, _ = self.est.evaluate_orders(base, orders, policies, bound=True, sync=sync)
+        times, _ = self.est.evaluate_orders(base, orders, policies, bound=True, sync=sync, exact_window=exact_window)
         return [float(t) * (1 - 1e-9) for t in times.min(axis=0)]
 
     def degrees_bound(self, probe: Candidate, micro_batch_sizes: list[int]) -> float:

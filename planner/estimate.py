@@ -661,13 +661,15 @@ class Estimator:
         return c
 
     def evaluate_orders(self, base: Candidate, orders: Orders, policies: list[tuple[int, str, int]],
-                        detail: bool = False, bound: bool = False, sync: bool = True
+                        detail: bool = False, bound: bool = False, sync: bool = True, exact_window: bool = False
                         ) -> tuple[np.ndarray, list | None]:
         """Step times, shape (orders, policies), of ``base``'s degrees and token layout under each mesh
         order and memory policy (ZeRO stage, checkpointing, micro-batch size); with ``detail`` the
         breakdown rows of the first order and policy; with ``bound`` a lower bound instead, the attention
         counted as ``Bounds.attention_floor``, and with ``sync`` False the gradient sync as nothing (a lower bound
-        that routes no dp x sp group)."""
+        that routes no dp x sp group). A bound's sync hides behind its backward's wall time (at most the backward's,
+        which shortens the step by at least what it adds to the window: still a bound), or with ``exact_window`` behind
+        the exact backward's window (``sync_window``: the backward priced whole)."""
         train = self.work.training
         out = np.empty((len(orders.orders), len(policies)))
         rows = None
@@ -683,7 +685,8 @@ class Estimator:
                 if zero not in syncs_of:
                     syncs_of[zero] = self.grad_syncs(c, zero, orders)
                 syncs, total = syncs_of[zero]
-                window = sync_window(bwd, [orders.classes(p) for p, _ in syncs]) * (c.layers_per_stage * c.micro_batches)
+                hides = self.price_part("bwd", c, orders) if bound and exact_window else bwd
+                window = sync_window(hides, [orders.classes(p) for p, _ in syncs]) * (c.layers_per_stage * c.micro_batches)
                 exposed = self.sync_exposed(c, zero, total, window)
                 t = t + exposed
                 if detail and j == 0:

@@ -632,8 +632,10 @@ class _Grid:
             g.bounds = [max(b, c) for b, c in zip(g.bounds, tight)]
             # one micro-batch a step: the sync is in already, and with one micro-batch size none is dropped for it
             return self.push(max(bound, min(g.bounds)), Stage.SYNC if whole else Stage.COMMUNICATION, g)
-        # about to be priced: the gradient sync (routed now, pricing needs it) in the bound
-        g.bounds = [max(b, c) for b, c in zip(g.bounds, est.bounds.comm_bounds(base, batch, g.fitting))]
+        # about to be priced: the gradient sync (routed now, pricing needs it) in the bound, behind the backward's
+        # exact window (the backward priced now, as pricing needs it too)
+        g.bounds = [max(b, c) for b, c in zip(g.bounds, est.bounds.comm_bounds(base, batch, g.fitting,
+                                                                             exact_window=True))]
         self.push(max(bound, min(g.bounds)), Stage.SYNC, g)
 
     def price(self, g: GroupItem) -> None:

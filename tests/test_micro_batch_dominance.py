@@ -168,10 +168,10 @@ def test_gradient_syncs_are_routed_only_for_groups_about_to_be_priced(monkeypatc
     def degs(c):
         return (c.dp, c.pp, c.tp, c.ulysses, c.ring)
 
-    def counted_bounds(self, base, orders, policies, sync=True):
+    def counted_bounds(self, base, orders, policies, sync=True, exact_window=False):
         if not sync:  # the attention's communication floor, no sync
             tightened.add(degs(base))
-        return bounds(self, base, orders, policies, sync)
+        return bounds(self, base, orders, policies, sync, exact_window)
 
     monkeypatch.setattr(Estimator, "grad_syncs", lambda self, c, z, o: synced.add(degs(c)) or sync(self, c, z, o))
     monkeypatch.setattr(Bounds, "comm_bounds", counted_bounds)
