@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 from sp_plan.pipeline import mask_line, rank_work
 from sp_plan.planner.cluster import Cluster
-from sp_plan.planner.errors import PlanError
+from sp_plan.planner.errors import PlanError, of_type, whole_number
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import MeasuredCandidate, Profile
 from sp_plan.planner.ranking import largest_extra_cost, mfu_text
@@ -145,8 +145,13 @@ def render_report(plans: list[Plan], cluster: Cluster, profile: Profile | None =
     ``chosen``: the index of the plan the report is about (the winner by default; its groups are drawn);
     ``notes``: lines shown under the title (e.g. the profile line); ``jobs``: processes that draw the figures (a
     command that owns its host passes its cores; a service's search process draws alone)."""
-    if not plans or any(p.predicted is None for p in plans):
+    of_type("plans", plans, (list, tuple), "the list of plans a search returned (sp_plan.plan)")
+    of_type("cluster", cluster, Cluster, "sp_plan.load_cluster(name or file)")
+    if not plans or any(not isinstance(p, Plan) or p.predicted is None for p in plans):
         raise PlanError("plans", "a report needs ranked plans with predictions", "pass the plans a search returned")
+    if chosen is not None:
+        whole_number("chosen", chosen, 0, f"pass a plan's index from 0 to {len(plans) - 1}", high=len(plans) - 1)
+    whole_number("jobs", jobs, 1, "pass how many processes draw the figures, 1 or more")
     plan = plans[chosen if chosen is not None else 0]
     pr = plan.predicted
     m, w = plan.model, plan.workload

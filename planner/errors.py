@@ -71,5 +71,6 @@ def whole_number(field: str, value, low: int, fix: str, high: int | None = None)
 def of_type(field: str, value, cls: type, how: str):
     """``value`` where it is a ``cls``, else a PlanError naming ``field`` and ``how`` to pass one."""
     if not isinstance(value, cls):
-        raise PlanError(field, f"{type(value).__name__} is no {cls.__name__}", f"pass {how}")
+        name = " or ".join(c.__name__ for c in cls) if isinstance(cls, tuple) else cls.__name__
+        raise PlanError(field, f"{type(value).__name__} is no {name}", f"pass {how}")
     return value

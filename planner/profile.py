@@ -138,15 +138,22 @@ class Profile(BaseModel):
                 f"leave-one-out error {loo}")
 
 
-def pure_inputs(cluster, model, workload, entry: str) -> None:
+#: how to make each model a pure planner call takes, where no pipeline call takes names for it
+LOADERS = {"cluster": "sp_plan.load_cluster(name or file)", "model": "sp_plan.load_model(name or file)",
+           "workload": "sp_plan.Workload(seq_len=..., batch=...)"}
+
+
+def pure_inputs(cluster, model, workload, entry: str | None) -> None:
     """A pure planner call takes the models themselves; a name or a mapping (which ``entry``, the pipeline's call,
-    reads) is a PlanError naming the argument, not an AttributeError from deep inside."""
+    reads; None: there is none, so the loader is named) is a PlanError naming the argument, not an AttributeError
+    from deep inside."""
     from .cluster import Cluster  # noqa: PLC0415 - cluster and model import this module's neighbours
     from .model import ModelSpec, Workload  # noqa: PLC0415
 
     for name, value, cls in (("cluster", cluster, Cluster), ("model", model, ModelSpec),
                              ("workload", workload, Workload)):
-        of_type(name, value, cls, f"a {cls.__name__}, or call {entry}, which takes names and mappings")
+        of_type(name, value, cls, f"a {cls.__name__}, or call {entry}, which takes names and mappings" if entry
+                else LOADERS[name])
 
 
 def pure_params(profile, params: Params | None, entry: str) -> Params | None:

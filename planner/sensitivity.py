@@ -12,10 +12,12 @@ from typing import Callable, TypeVar
 
 from .cluster import NET, Cluster
 from .engine import LinkEngine
+from .errors import of_type
 from .estimate import Estimator
 from .model import ModelSpec, Workload
 from .params import CURVES, Curve, Params
 from .plan import Plan
+from .profile import pure_inputs
 
 LINK_FACTORS = (0.5, 2.0)
 COMPUTE_FACTOR = 0.8
@@ -146,6 +148,9 @@ def sensitivity(cluster: Cluster, model: ModelSpec, workload: Workload, winner: 
     """Re-rank under every scenario and price ``winner`` under each (the search's own engine); a change that no
     route crosses (``unrouted``) keeps the base ranking without a search. ``each(fn, items)`` runs the
     re-rankings, ``[fn(x) for x in items]`` in some order or processes of the caller's (``workers.forked_map``)."""
+    pure_inputs(cluster, model, workload, None)
+    of_type("winner", winner, Plan, "a Plan (Plan.load(file), or one sp_plan.plan returned)")
+    of_type("params", params, (Params, type(None)), "a Params, or None for the uncalibrated engine")
     params = params if params is not None else Params()
     base = Estimator(cluster, model, workload, params=params)
     base_s = base(winner).step_time_s

@@ -136,3 +136,31 @@ def test_the_pure_planner_names_an_argument_it_cannot_take():
         with pytest.raises(sp_plan.PlanError) as e:
             call()
         assert e.value.field.split(".")[-1] == field
+
+
+def test_exports_reports_and_the_sensitivity_name_an_argument_they_cannot_take(ranked):
+    """The documented exporters (Target.problems, Target.export, nearest), render_report and sensitivity, given a
+    name, a mapping or an index out of range where they take a model or a plan."""
+    from sp_plan.integrations.export import target
+    from sp_plan.integrations.export.nearest import nearest
+    from sp_plan.integrations.report import render_report
+    from sp_plan.planner.sensitivity import sensitivity
+
+    c, m, w = sp_plan.load_cluster("cpu-local"), sp_plan.load_model("tiny-gpt"), sp_plan.Workload(seq_len=256)
+    p, t, plans = ranked[0], target("megatron"), list(ranked)
+    assert_fields([
+        ("plan", lambda: t.problems({"algorithm": "ring"})),
+        ("plan", lambda: t.export("plan.yaml")),
+        ("target", lambda: nearest("megatron", p, c, m, w)),
+        ("original", lambda: nearest(t, p.model_dump(), c, m, w)),
+        ("cluster", lambda: nearest(t, p, "cpu-local", m, w)),
+        ("workload", lambda: nearest(t, p, c, m, {"seq_len": 256})),
+        ("params", lambda: nearest(t, p, c, m, w, params={})),
+        ("plans", lambda: render_report(p, c)),
+        ("cluster", lambda: render_report(plans, "cpu-local")),
+        ("chosen", lambda: render_report(plans, c, chosen=len(plans))),
+        ("jobs", lambda: render_report(plans, c, jobs=0)),
+        ("winner", lambda: sensitivity(c, m, w, p.model_dump())),
+        ("model", lambda: sensitivity(c, "tiny-gpt", w, p)),
+        ("params", lambda: sensitivity(c, m, w, p, params=1.0)),
+    ])

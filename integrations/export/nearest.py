@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sp_plan.planner.cluster import Cluster
-from sp_plan.planner.errors import PlanError
+from sp_plan.planner.errors import PlanError, of_type
+from sp_plan.planner.profile import pure_inputs
 from sp_plan.planner.estimate import Estimator
 from sp_plan.planner.model import ModelSpec, Workload
 from sp_plan.planner.params import Params
@@ -83,6 +84,10 @@ def nearest(target: Target, original: Plan, cluster: Cluster, model: ModelSpec, 
             params: Params | None = None, profile=None) -> Nearest:
     """The best-ranked plan for ``cluster``, ``model`` and ``workload`` that ``target`` can express, and the
     original's step time priced by the same Estimator (grid search; each algorithm variant's best is exact)."""
+    of_type("target", target, Target, "sp_plan.integrations.export.target(name), e.g. target(\"megatron\")")
+    of_type("original", original, Plan, "a Plan (Plan.load(file), or one sp_plan.plan returned)")
+    pure_inputs(cluster, model, workload, None)
+    of_type("params", params, (Params, type(None)), "a Params, or None for the uncalibrated engine")
     _workload_bars(target, original, workload, done=False)
     est = Estimator(cluster, model, workload, params=params)
     before = est(original).step_time_s

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from sp_plan.planner.errors import PlanError
+from sp_plan.planner.errors import PlanError, of_type
 from sp_plan.planner.model import ModelSpec
 from sp_plan.planner.plan import Plan
 
@@ -68,6 +68,7 @@ class Target:
 
     def problems(self, p: Plan) -> list[tuple[str, str]]:
         """(key, reason) for every part of ``p`` this target cannot express; empty: it can export ``p``."""
+        of_type("plan", p, Plan, "a Plan (Plan.load(file), or one sp_plan.plan returned)")
         out = []
         d = p.degrees
         # without context parallelism the plan's algorithm runs nowhere; METP is tensor parallelism's own
@@ -165,6 +166,7 @@ class Target:
 
     def export(self, p: Plan) -> str:
         """The text this target reads for ``p`` (PlanError when it cannot express ``p``)."""
+        of_type("plan", p, Plan, "a Plan (Plan.load(file), or one sp_plan.plan returned)")
         self.check_workload(p)
         probs = self.problems(p)
         if probs:
