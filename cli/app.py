@@ -276,7 +276,8 @@ def _print_plans(res) -> None:
     out.print(res.profile_line, highlight=False)
     s = res.search
     how = (f"grid: {s.space:,} candidates, {s.evaluated:,} priced" if s.kind == "grid" else
-           f"bayes: {s.trials} trials (best first reached at trial {s.best_trial + 1}), {s.evaluated:,} priced")
+           f"bayes: {s.trials} trials (best first reached at trial {s.best_trial + 1}), {s.evaluated:,} priced of "
+           f"{s.space:,} candidates")
     out.print(how, highlight=False)
     out.print(_ranking(plans))
     out.print(_ranking([plans[0]] + [f for f in res.families if f.summary() != plans[0].summary()],

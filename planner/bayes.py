@@ -22,7 +22,7 @@ from .errors import PlanError
 from .estimate import Estimator
 from .model import MAX_SEED, ModelSpec, Workload
 from .params import Params
-from .search import Degrees, SearchResult, Space, _sort_key, degree_groups, divisors, price_group
+from .search import Degrees, SearchResult, Space, _sort_key, degree_groups, degree_size, divisors, price_group
 
 PENALTY = 1e12  # score of an invalid trial (seconds); far above any real step time
 
@@ -30,6 +30,7 @@ PENALTY = 1e12  # score of an invalid trial (seconds); far above any real step t
 @dataclass
 class BayesResult(SearchResult):
     trials: int = 0
+    visited: int = 0  # candidates of the degrees choices its trials sampled (``space``: all of them)
     best_trial: int = -1  # index of the first trial that reached the best value
     study: optuna.Study | None = None
 
@@ -73,7 +74,7 @@ def bayes_search(cluster: Cluster, model: ModelSpec, workload: Workload, trials:
     valid = {(d.dp, d.pp, d.tp, d.ulysses): d for d in space.degrees()}
     priced: dict[tuple, list[tuple[float, Candidate]]] = {}
     batches: dict = {}
-    counts = {"total": 0, "rejected": 0, "evaluated": 0}
+    counts = {"visited": 0, "rejected": 0, "evaluated": 0}
 
     def objective(trial: optuna.Trial) -> float:
         key = tuple(trial.suggest_categorical(n, choices[n]) for n in ("dp", "pp", "tp", "ulysses"))
@@ -83,7 +84,7 @@ def bayes_search(cluster: Cluster, model: ModelSpec, workload: Workload, trials:
             return PENALTY
         if key not in priced:
             found, n, r = degree_groups(est, space, d)
-            counts["total"] += n
+            counts["visited"] += n
             counts["rejected"] += r
             priced[key] = [tc for base, orders, fitting in found for tc in price_group(est, base, orders, fitting, batches)]
             counts["evaluated"] += sum(len(o) * len(f) for _, o, f in found)
@@ -101,8 +102,10 @@ def bayes_search(cluster: Cluster, model: ModelSpec, workload: Workload, trials:
     values = [t.value for t in study.trials if t.value is not None]
     best = min(values) if values else PENALTY
     first = next((i for i, v in enumerate(values) if v <= best * (1 + 1e-12)), -1)
-    return BayesResult(ranked, counts["evaluated"], counts["total"], counts["rejected"], est,
-                       trials=len(study.trials), best_trial=first, study=study)
+    # the space is every degrees choice's candidates, as the grid counts it, not only those the trials visited
+    total = sum(degree_size(space, d) for d in valid.values())
+    return BayesResult(ranked, counts["evaluated"], total, counts["rejected"], est,
+                       trials=len(study.trials), best_trial=first, study=study, visited=counts["visited"])
 
 
 def trials_to_reach(result: BayesResult, target: float, tolerance: float = 0.01) -> int | None:

@@ -843,7 +843,7 @@ def predict_ahead(result: SearchResult, workload: Workload, keep: int | None,
 def no_plan_error(cluster: Cluster, workload: Workload, result: SearchResult) -> PlanError:
     W = cluster.world_size
     trials = getattr(result, "trials", 0)  # a Bayesian search's: it samples the degrees, and may miss every valid one
-    if trials and not result.space:
+    if trials and not result.visited:
         return PlanError("trials", f"no valid layout of {W} ranks in {trials} trial(s)",
                          "raise --trials, or use --search grid (every layout, and why none is valid)")
     if not result.space:

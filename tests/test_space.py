@@ -94,9 +94,11 @@ def test_space_respects_constraints():
 def test_bayes_reaches_the_grid_optimum_and_is_seeded(tmp_path):
     cl, m = load_cluster("dgx-h100", 8), load_model("llama3-8b")
     w = Workload(seq_len="512k", batch=4)
-    opt = grid_search(cl, m, w).ranked[0][0]
+    grid = grid_search(cl, m, w)
+    opt = grid.ranked[0][0]
     r1 = bayes_search(cl, m, w, trials=60, seed=3)
     r2 = bayes_search(cl, m, w, trials=60, seed=3)
+    assert r1.space == grid.space > r1.evaluated  # the whole space, as the grid counts it, not the trials' share
     assert [t.params for t in r1.study.trials] == [t.params for t in r2.study.trials]
     assert trials_to_reach(r1, opt) is not None
     assert r1.ranked[0][0] == pytest.approx(opt, rel=0.01)
