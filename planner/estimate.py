@@ -313,7 +313,7 @@ class Estimator:
         key = (orders.mesh_key if part in RING_FREE_PARTS else orders, skey, rows)
         priced = self._prices.get(key)
         if priced is None:
-            priced = self._prices[key] = self.price(self.schedule(part, c), orders, rows=rows, links=part == "bwd")
+            priced = self._prices[key] = self.price(self.schedule(part, c), orders, rows=rows, links=part in ("fwd", "bwd"))
             self.stats.prices_computed += 1
         return priced
 
@@ -679,20 +679,21 @@ class Estimator:
             c = self.shape(base, mbs)
             if (ckpt, mbs) not in pipelines:
                 pipelines[ckpt, mbs] = self._pipeline(base, c, ckpt, orders, detail, bound)
-            parts, stage, t, bwd, n_rows = pipelines[ckpt, mbs]
+            parts, stage, t, passes, n_rows = pipelines[ckpt, mbs]
             sync_rows = []
-            if train and (sync or not bound):  # bucketed sync overlaps the backward pass; its last bucket cannot
+            if train and (sync or not bound):  # bucketed sync overlaps the passes; its last bucket cannot
                 if zero not in syncs_of:
                     syncs_of[zero] = self.grad_syncs(c, zero, orders)
-                syncs, total = syncs_of[zero]
-                hides = self.price_part("bwd", c, orders) if bound and exact_window else bwd
-                window = sync_window(hides, [orders.classes(p) for p, _ in syncs]) * (c.layers_per_stage * c.micro_batches)
-                exposed = self.sync_exposed(c, zero, total, window)
+                syncs, _ = syncs_of[zero]
+                if bound and exact_window:
+                    passes = (passes[0], self.price_part("bwd", c, orders))
+                exposed, per_step = self.sync_exposed(c, zero, syncs, *passes, orders)
                 t = t + exposed
                 if detail and j == 0:
+                    total = sum(s * k for (_, s), k in zip(syncs, per_step))
                     share = exposed / np.where(total > 0, total, 1.0)
-                    sync_rows = [(p.name, "communication", "x".join(p.dim), p.nbytes, float(s[0]),
-                                  float(s[0] * share[0])) for p, s in syncs]
+                    sync_rows = [(p.name, "communication", "x".join(p.dim), p.nbytes * k, float(s[0]) * k,
+                                  float(s[0] * share[0]) * k) for (p, s), k in zip(syncs, per_step)]
             out[:, j] = t
             if detail and j == 0:
                 rows = self._breakdown(base, c, ckpt, parts, stage, n_rows) + sync_rows
@@ -713,9 +714,9 @@ class Estimator:
 
     def _pipeline(self, base: Candidate, c: Shape, ckpt: str, orders: Orders, detail: bool,
                   bound: bool) -> tuple:
-        """One checkpointing's (parts, stage seconds, pipeline seconds, a layer's backward priced (None: inference),
-        layers in the breakdown): the busiest stage's layer parts, head and sends, through m micro-batches and the
-        bubble."""
+        """One checkpointing's (parts, stage seconds, pipeline seconds, a layer's forward and backward priced (the
+        backward None: inference), layers in the breakdown): the busiest stage's layer parts, head and sends, through
+        m micro-batches and the bubble."""
         Lp, m, pp = c.layers_per_stage, c.micro_batches, base.pp
         parts = [(self._part("fwd", c, orders, detail, bound), Lp, "")]
         bwd = None
@@ -738,7 +739,7 @@ class Estimator:
             n_rows = Lp
         else:  # uneven stages: the pipeline runs at its busiest stage's pace
             stage, parts, n_rows = self.uneven_stage(c, ckpt, parts, head)
-        return parts, stage, pipeline_time(m, pp, base.virtual_stages, stage), bwd, n_rows
+        return parts, stage, pipeline_time(m, pp, base.virtual_stages, stage), (parts[0][0], bwd), n_rows
 
     def _breakdown(self, base: Candidate, c: Shape, ckpt: str, parts: list, stage, n_rows: int) -> list:
         """The breakdown rows of a step's pipeline under the first mesh order: its parts over m micro-batches, the
@@ -791,16 +792,48 @@ class Estimator:
         passes = 1 + (1 + (ckpt != "none") if self.work.training else 0)
         return 4 * passes * o
 
-    def sync_exposed(self, c: Shape, zero: int, total, backward):
-        """Seconds of a gradient sync of ``total`` seconds (an array per mesh order) left after ``backward`` seconds of
-        backward pass its links are free in (``sync_window``, ``schedules.bucketed_exposure``): ZeRO-0 runs on DDP's
-        buckets, ZeRO 1-3 on a sharded wrapper per block (FSDP), a bucket per stage layer."""
+    def sync_exposed(self, c: Shape, zero: int, syncs: list, forward: Priced, backward: Priced,
+                     orders: Orders) -> tuple[np.ndarray, list[int]]:
+        """Seconds per order of ``syncs`` (``grad_syncs``, in ``schedules.grad_sync``'s order) left after the layer
+        passes that hide them (``sync_window`` of a micro-batch's ``forward`` and ``backward`` through the stage's
+        layers, ``schedules.bucketed_exposure``), and how many times a step runs each; under gradient accumulation
+        as the frameworks run it:
+
+        - ZeRO-0: the all-reduce once, in the last micro-batch's backward (DDP under ``no_sync``, Megatron);
+        - ZeRO-1: its reduce-scatter there, and the weights' all-gather after the optimizer behind a micro-batch's
+          forward (Megatron's ``overlap_param_gather``);
+        - ZeRO-2: the reduce-scatter in every micro-batch's backward (DeepSpeed, FSDP), the all-gather as ZeRO-1's;
+        - ZeRO-3: every micro-batch gathers the weights for its forward and again for its backward, and
+          reduce-scatters its gradients (FSDP, DeepSpeed)."""
+        f = self.sync_bucket(c, zero)
+        classes = [orders.classes(p) for p, _ in syncs]
+        fwd, bwd = (sync_window(x, classes) * c.layers_per_stage for x in (forward, backward))
+        secs, m = [s for _, s in syncs], c.micro_batches
+        if zero == 0:
+            return bucketed_exposure(secs[0], bwd, f), [1]
+        if zero in (1, 2):
+            k = m if zero == 2 else 1
+            return k * bucketed_exposure(secs[0], bwd, f) + bucketed_exposure(secs[1], fwd, f), [k, 1]
+        return m * (bucketed_exposure(secs[0], fwd, f) + bucketed_exposure(secs[1] + secs[2], bwd, f)), [m, m, m]
+
+    def sync_bucket(self, c: Shape, zero: int) -> float:
+        """A sync bucket's share of the gradients (``schedules.bucket_share``): DDP's buckets for ZeRO-0, a sharded
+        wrapper per block (FSDP) for ZeRO 1-3."""
         key = ("sync bucket", c.tp, c.pp, zero == 0, c.stage_layers)
         f = self._busy.get(key)
         if f is None:
             grads = shard_params(self.model, c.tp, c.pp, c.stage_layers) * c.e
             f = self._busy[key] = bucket_share(grads, c.layers_per_stage, DDP_BUCKET_BYTES if zero == 0 else None)
-        return bucketed_exposure(total, backward, f)
+        return f
+
+    def sync_at_floor(self, c: Shape, zero: int, orders: Orders) -> bool:
+        """Whether, on every order, a step of ``c`` exposes no more of its gradient sync than the last bucket of each
+        time it runs (``sync_exposed``, the layer passes priced whole): the least any step of it can expose."""
+        syncs, _ = self.grad_syncs(c, zero, orders)
+        exposed, per_step = self.sync_exposed(c, zero, syncs, self.price_part("fwd", c, orders),
+                                              self.price_part("bwd", c, orders), orders)
+        floor = self.sync_bucket(c, zero) * sum(s * k for (_, s), k in zip(syncs, per_step))
+        return bool(np.all(exposed <= floor * (1 + 1e-9)))
 
     def grad_syncs(self, c: Shape, zero: int, orders: Orders) -> tuple[list, np.ndarray]:
         """The gradient sync phases of a step with their seconds per order, and their total: the volumes depend on

@@ -219,9 +219,12 @@ def larger_micro_batch_wins(est: Estimator, pp: int) -> bool:
     without a pipeline (no bubble to grow), with FLOPs and bytes linear in the micro-batch (``scaled``), GEMM and
     attention efficiency independent of it and no fixed cost per compute call, a step of k sequences costs
     m/k x g(k a, k b + beta) = m g(a, b + beta/k) (g: a step's price, homogeneous and monotone; beta: latencies).
-    The gradient sync's window (``estimate.sync_window``: the backward's wall time W less the time C its transfers
-    hold the sync's links) may shrink with k, but by no more than the step's pipeline does (W and C never grow with
-    k), and a bucketed sync exposes at most (1 - f) of what its window loses."""
+    The gradient sync's window in a micro-batch's pass (``estimate.sync_window``: its wall time less what its
+    transfers hold the sync's links for) never shrinks with k: each phase costs k a or k b + l, so a plain step's
+    window is k a + (k b + l) - (k b_c + l_c), with b_c, l_c the held class's part, and an overlapped one's at least
+    max(k a - (k b + l), 0) + (1 - overlap) min(k a, k b + l), none of which falls as k grows (a fixed cost per
+    call, o in k a + o, would make max(k a + o - k b - l, 0) fall); and a step runs a ZeRO-2 or 3 sync m = B/k
+    times (``Estimator.sync_exposed``)."""
     pr = est.params
     return pp == 1 and pr.matmul is None and not pr.round_overhead_s
 
@@ -246,24 +249,33 @@ def per_sequence_costs_never_grow(est: Estimator, pp: int) -> bool:
     return pp == 1 and est.matmul_never_falls
 
 
-def drops_smaller_micro_batches(est: Estimator, pp: int, algorithm: str) -> bool:
-    """Whether the search keeps only the largest fitting micro-batch K of each (ZeRO stage, checkpointing) of a
-    layout: ``larger_micro_batch_wins``, or per-sequence costs never grow (``per_sequence_costs_never_grow``) and
-    the algorithm is ``batch_linear``. Then the step of B sequences per data-parallel rank in micro-batches of k,
-    B s(k) + max(f S, S - (1 - f) W(k)) (``Estimator.evaluate_orders``, ``schedules.bucketed_exposure``: s, the
-    stage's seconds per sequence; S, the gradient sync and f a bucket's share, neither read k; W(k), the sync's
-    window over the step, ``estimate.sync_window``), is least at K on every mesh order: W(k) is the step's backward
-    wall time less what its transfers hold the sync's links for, both never growing with k, so W(k) - W(K) is at most
-    B (s(k) - s(K)), and the sync exposes at most (1 - f) of it."""
-    return larger_micro_batch_wins(est, pp) or (per_sequence_costs_never_grow(est, pp)
-                                                and ALGORITHMS[algorithm].batch_linear)
+def hidden_sync_micro_batches(est: Estimator, base: Candidate, batch: Orders,
+                              policies: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
+    """``policies`` without those beaten on every mesh order by the same ZeRO stage and checkpointing at the
+    largest micro-batch K listed, where the search may drop them (``per_sequence_costs_never_grow``; the
+    algorithm ``batch_linear``). A step of micro-batches of k sequences costs P(k) + X(k): its pipeline P, which
+    never grows with k, and the gradient sync it exposes X (``Estimator.sync_exposed``), which is at least its
+    floor F(k), the last bucket each time the sync runs (ZeRO-2 and 3 run it every micro-batch, so F never grows
+    with k either); but X may fall with a smaller k, whose passes may hide more. So K is taken only for the ZeRO
+    stages whose sync is at its floor at K on every order (``Estimator.sync_at_floor``): there
+    P(K) + F(K) <= P(k) + F(k) <= P(k) + X(k)."""
+    if not ALGORITHMS[base.algorithm].batch_linear:
+        return policies
+    top: dict = {}
+    for z, ck, mbs in policies:
+        top[z, ck] = max(top.get((z, ck), 0), mbs)
+    top = {zc: k for zc, k in top.items() if any(p[:2] == zc and p[2] < k for p in policies)}  # something to drop
+    if top and est.work.training:
+        hidden = {(z, k): est.sync_at_floor(est.shape(base, k), z, batch) for (z, _), k in top.items()}
+        top = {zc: k for zc, k in top.items() if hidden[zc[0], k]}
+    return [p for p in policies if p[2] == top.get(p[:2], p[2])]
 
 
 def shared_bounds(est: Estimator, pp: int, algorithms, policies: list[tuple[int, str, int]]) -> dict | None:
     """Checkpointing -> its policy with the largest micro-batch K, whose lower bounds (``Bounds.compute_bounds``,
     ``Bounds.comm_bounds``) hold for every policy of that checkpointing where per-sequence costs never grow
     (``per_sequence_costs_never_grow``, every algorithm ``batch_linear``): they leave out the gradient sync, so
-    the ZeRO stage, and bound B s(K) <= B s(k) <= the step at k (``drops_smaller_micro_batches``); else None."""
+    the ZeRO stage, and bound B s(K) <= B s(k) <= the step at k (``hidden_sync_micro_batches``); else None."""
     if not (per_sequence_costs_never_grow(est, pp) and all(ALGORITHMS[a].batch_linear for a in algorithms)):
         return None
     rep: dict = {}
@@ -509,9 +521,8 @@ class _Grid:
         found, _, r = degree_groups(est, self.space, d, lambda key, mbs, v: item.by_mbs.get((mbs, v), bound)
                                     <= reach[key], item.variants)
         self.rejected += r
-        # ties go to the larger micro-batch, pruned or not
-        found = [(base, orders, largest_micro_batches(fitting) if drops_smaller_micro_batches(est, d.pp, base.algorithm)
-                  else fitting) for base, orders, fitting in found]
+        if larger_micro_batch_wins(est, d.pp):  # ties go to the larger micro-batch, pruned or not
+            found = [(base, orders, largest_micro_batches(fitting)) for base, orders, fitting in found]
         cuts: dict = {}  # (variant key, virtual stages) -> the least bound of its dropped micro-batches
         found, waiting = self.defer_interleaved(found, item, cuts) if self.keep else (found, {})
         floors: dict = {}  # (checkpointing, micro-batch, virtual stages) -> Bounds.policy_floor (alike for every group)
@@ -634,6 +645,10 @@ class _Grid:
             return self.push(max(bound, min(g.bounds)), Stage.SYNC if whole else Stage.COMMUNICATION, g)
         # about to be priced: the gradient sync (routed now, pricing needs it) in the bound, behind the backward's
         # exact window (the backward priced now, as pricing needs it too)
+        if per_sequence_costs_never_grow(est, d.pp):  # the same where the gradient sync stays at its floor
+            kept = hidden_sync_micro_batches(est, base, batch, g.fitting)
+            g.bounds = [b for p, b in zip(g.fitting, g.bounds) if p in kept]
+            g.fitting = kept
         g.bounds = [max(b, c) for b, c in zip(g.bounds, est.bounds.comm_bounds(base, batch, g.fitting,
                                                                              exact_window=True))]
         self.push(max(bound, min(g.bounds)), Stage.SYNC, g)
@@ -641,6 +656,8 @@ class _Grid:
     def price(self, g: GroupItem) -> None:
         """Price ``g``'s orders under its fitting policies; rank those no slower than its cut."""
         est, base = self.est, g.base
+        if not self.keep and per_sequence_costs_never_grow(est, g.degrees.pp):  # an exhaustive search's last stage
+            g.fitting = hidden_sync_micro_batches(est, base, order_batch(est, base, g.orders, self.batches), g.fitting)
         times = est.evaluate_orders(base, order_batch(est, base, g.orders, self.batches), g.fitting)[0]
         if g.interleaved:  # each policy's fastest order: what its interleaved siblings' bounds scale
             g.lower.update(zip(g.fitting, (float(t) for t in times.min(axis=0))))
@@ -707,7 +724,8 @@ def grid_search(cluster: Cluster, model: ModelSpec, workload: Workload, space: S
     schedules and prices are never built for it); a group's priced orders slower than its least dropped policy
     bound are dropped too (they might not be their order's best), so every ranked time is exact. Without a
     pipeline a smaller micro-batch is dropped where a larger one of the same ZeRO stage and checkpointing is
-    never slower (``drops_smaller_micro_batches``), and bounds are shared down from the largest micro-batch (``shared_bounds``). A
+    never slower (``larger_micro_batch_wins``; under per-call costs, ``hidden_sync_micro_batches``, once the
+    group's sync is routed), and bounds are shared down from the largest micro-batch (``shared_bounds``). A
     pipeline's interleaved schedule (``Space.virtual_stages``) is a group of its own, queued once its plain-1F1B
     sibling is priced or dropped, under ``interleaving_floor`` x the sibling's bound per policy: it is priced only
     where the bubble it saves could make it a variant's best or enter the top K.

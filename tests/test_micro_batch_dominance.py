@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from sp_plan.planner import Workload
+from sp_plan.planner.algorithms import ALGORITHMS
 from sp_plan.planner.bounds import Bounds
 from sp_plan.planner.estimate import Estimator
 from sp_plan.planner.params import CommFit, Curve, Params
-from sp_plan.planner.schedules import bucket_share, shard_params
-from sp_plan.planner.search import (Space, _sort_key, best_per_variant, degree_groups, drops_smaller_micro_batches,
-                                    grid_search, larger_micro_batch_wins)
+from sp_plan.planner.search import (Space, _sort_key, best_per_variant, degree_groups, grid_search,
+                                    hidden_sync_micro_batches, larger_micro_batch_wins, per_sequence_costs_never_grow)
 from sp_plan.profiles import load_cluster, load_model
 from sp_plan.profiles.kernels import default_params
 
@@ -40,45 +40,27 @@ def _groups(est, space):
             yield d, base, orders, batch, fitting, est.evaluate_orders(base, batch, fitting)[0]
 
 
-def _never_faster_than_the_largest(est, space, shows_too: bool = False) -> tuple[int, int]:
-    """Over every group the search keeps the largest micro-batch of (``drops_smaller_micro_batches``): each smaller
-    micro-batch's step against the largest's of its ZeRO stage and checkpointing, on every mesh order; (how many
-    were compared, and with ``shows_too`` how many of those expose more than their sync's last bucket)."""
-    compared = shows = 0
-    for d, base, _, _, fitting, times in _groups(est, space):
-        if not drops_smaller_micro_batches(est, d.pp, base.algorithm):
-            continue
-        for j, p in enumerate(fitting):
-            i = max((i for i, q in enumerate(fitting) if q[:2] == p[:2]), key=lambda i: fitting[i][2])
-            if fitting[i][2] == p[2]:
-                continue
-            assert np.all(times[:, i] <= times[:, j] * (1 + 1e-12)), (base, fitting[i], p, times[:, i], times[:, j])
-            compared += 1
-            shows += shows_too and _sync_shows(est, base, p)
-    return compared, shows
-
-
-def _sync_shows(est, base, policy) -> bool:
-    """Whether the step of ``base`` under ``policy`` exposes more of its gradient sync than the last bucket (its
-    breakdown's sync rows against ``schedules.bucket_share``)."""
-    z, ck, mbs = policy
-    cand = base.but(zero_stage=z, checkpointing=ck, micro_batch_size=mbs)
-    rows = [r for r in est.evaluate(cand, detail=True).rows if r[0].startswith(("grad", "param"))]
-    c = est.shape(cand)
-    f = bucket_share(shard_params(est.model, c.tp, c.pp, c.stage_layers) * c.e, c.layers_per_stage,
-                     None if z else 25 << 20)
-    total, exposed = sum(r[4] for r in rows), sum(r[5] for r in rows)
-    return exposed > f * total * (1 + 1e-6)
-
-
 @pytest.mark.parametrize("params", [None, lambda cluster: RISING], ids=["defaults", "rising-gemm"])
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}x{c[1]} {c[2]} {c[3]} b{c[4]}" for c in CASES])
 def test_a_dropped_micro_batch_is_never_faster_on_any_mesh_order(case, params):
     cluster, model, work, pr = _inputs(case, params)
     est, space = Estimator(cluster, model, work, params=pr), Space(cluster.world_size, model, work)
     assert not larger_micro_batch_wins(est, 1)  # the neutral-params rule is off: per-call costs
-    compared, _ = _never_faster_than_the_largest(est, space)
-    assert compared > 10
+    dropped = 0
+    for d, base, _, batch, fitting, times in _groups(est, space):
+        kept = hidden_sync_micro_batches(est, base, batch, fitting)
+        if not per_sequence_costs_never_grow(est, d.pp):
+            continue
+        assert set(kept) <= set(fitting) and kept
+        for j, p in enumerate(fitting):
+            if p in kept:
+                continue
+            dropped += 1
+            # the one that replaces it: same ZeRO stage and checkpointing, the largest micro-batch kept
+            i = max((i for i, q in enumerate(fitting) if q in kept and q[:2] == p[:2]), key=lambda i: fitting[i][2])
+            assert fitting[i][2] > p[2]
+            assert np.all(times[:, i] <= times[:, j]), (base, fitting[i], p, times[:, i], times[:, j])
+    assert dropped > 10
 
 
 def _brute_force(est, space):
@@ -108,17 +90,32 @@ def test_grid_top_k_and_each_variants_best_equal_brute_force(case, params):
         assert best_per_variant(res.ranked) == best_per_variant(brute)
 
 
-#: a short sequence on a slow network with a large per-call cost: the gradient sync outlasts the backward
+#: a short sequence on a slow network with a large per-call cost: the gradient sync outlasts the passes
 EXPOSED = (("a100-16-eth100", 2, "gpt-7b", "4k", 8), Params(round_overhead_s=5e-3, overlap=0.9))
 
 
-def test_a_smaller_micro_batch_never_wins_even_where_the_sync_shows():
-    """A smaller micro-batch makes more calls, so a longer backward; but the sync's window grows by no more than the
-    step does (the backward's wall time less what its transfers hold the sync's links for), so it never wins."""
+def test_a_micro_batch_whose_sync_shows_keeps_the_smaller_ones():
+    """Where the largest micro-batch exposes more of its sync than its floor, a smaller one may hide more of it
+    (under per-call costs its passes' windows need not grow with the micro-batch): the search keeps every micro-batch
+    of that ZeRO stage, and drops them only where the sync is at its floor."""
     cluster, model, work, pr = _inputs(EXPOSED[0], lambda cluster: EXPOSED[1])
     est, space = Estimator(cluster, model, work, params=pr), Space(cluster.world_size, model, work)
-    compared, shows = _never_faster_than_the_largest(est, space, shows_too=True)
-    assert compared > 10 and shows > 10
+    shows = floors = 0
+    for d, base, _, batch, fitting, _ in _groups(est, space):
+        if (not per_sequence_costs_never_grow(est, d.pp) or not ALGORITHMS[base.algorithm].batch_linear
+                or len({p[2] for p in fitting}) < 2):
+            continue
+        kept = hidden_sync_micro_batches(est, base, batch, fitting)
+        for z, ck, _ in {p[:2] + (0,) for p in fitting}:
+            mine = [p for p in fitting if p[:2] == (z, ck)]
+            top = max(p[2] for p in mine)
+            if est.sync_at_floor(est.shape(base, top), z, batch):
+                floors += 1
+                assert [p for p in mine if p in kept] == [p for p in mine if p[2] == top]
+            else:
+                shows += 1
+                assert all(p in kept for p in mine), (base, z, ck)
+    assert shows > 10 and floors > 10
 
 
 def test_grid_equals_brute_force_where_the_sync_shows():

@@ -85,3 +85,29 @@ def test_a_faster_device_never_prices_a_layout_slower(batch):
             compared += t0.size
             faster += int(np.sum(t1 < t0 * (1 - 1e-3)))
     assert compared > 1000 and faster > compared // 2
+
+
+def test_gradient_accumulation_syncs_once_under_zero0_and_1_and_every_micro_batch_under_zero2_and_3():
+    """Four times the micro-batches a step (batch 16 against 4 on dp 2): ZeRO-0 and 1 reduce once, in the last
+    micro-batch's backward (the same bytes and exposed seconds); ZeRO-2 reduce-scatters every micro-batch (its
+    weights' all-gather still once); ZeRO-3 gathers and reduce-scatters every micro-batch: 4x the bytes and the
+    exposed seconds, each micro-batch's passes hiding the same share."""
+    cl, m = load_cluster("a100-16-eth100", 2), load_model("tiny-llama")
+    cand = Candidate("ring", dp=2, ring=cl.world_size // 2, order=("ring", "dp"), token_layout="zigzag")
+
+    def rows(batch: int, zero: int) -> dict:
+        est = Estimator(cl, m, Workload(seq_len=8192, batch=batch))
+        return {r.name: (r.bytes_per_rank, r.exposed_seconds) for r in est.predict(cand.but(zero_stage=zero)).breakdown
+                if r.name.startswith(("grad", "param"))}
+
+    for zero, times in ((0, {"grad all-reduce": 1}), (1, {"grad reduce-scatter": 1, "param all-gather": 1}),
+                        (2, {"grad reduce-scatter": 4, "param all-gather": 1}),
+                        (3, {"param all-gather fwd": 4, "param all-gather bwd": 4, "grad reduce-scatter": 4})):
+        few, many = rows(4, zero), rows(16, zero)
+        assert set(few) == set(many) == set(times)
+        for name, k in times.items():
+            assert many[name][0] == pytest.approx(k * few[name][0], rel=1e-12), (zero, name)
+        exposed = [sum(x for _, x in r.values()) for r in (few, many)]
+        assert exposed[0] > 0
+        if zero in (0, 3):
+            assert exposed[1] == pytest.approx((1 if zero == 0 else 4) * exposed[0], rel=1e-9), zero
