@@ -135,6 +135,17 @@ def _figures(plans: list[Plan], chosen: int | None, cluster: Cluster, plan: Plan
     return dict(zip(todo, drawn, strict=True))
 
 
+def _check_arguments(plans, cluster, chosen, jobs) -> None:
+    """``render_report``'s arguments, each a PlanError naming it where it is not what the report reads."""
+    of_type("plans", plans, (list, tuple), "the list of plans a search returned (sp_plan.plan)")
+    of_type("cluster", cluster, Cluster, "sp_plan.load_cluster(name or file)")
+    if not plans or any(not isinstance(p, Plan) or p.predicted is None for p in plans):
+        raise PlanError("plans", "a report needs ranked plans with predictions", "pass the plans a search returned")
+    if chosen is not None:
+        whole_number("chosen", chosen, 0, f"pass a plan's index from 0 to {len(plans) - 1}", high=len(plans) - 1)
+    whole_number("jobs", jobs, 1, "pass how many processes draw the figures, 1 or more")
+
+
 def render_report(plans: list[Plan], cluster: Cluster, profile: Profile | None = None,
                   measured: list[MeasuredCandidate] | None = None, sensitivity: Sensitivity | None = None,
                   chosen: int | None = 0, notes: list[str] | None = None, jobs: int = 1) -> str:
@@ -145,13 +156,7 @@ def render_report(plans: list[Plan], cluster: Cluster, profile: Profile | None =
     ``chosen``: the index of the plan the report is about (the winner by default; its groups are drawn);
     ``notes``: lines shown under the title (e.g. the profile line); ``jobs``: processes that draw the figures (a
     command that owns its host passes its cores; a service's search process draws alone)."""
-    of_type("plans", plans, (list, tuple), "the list of plans a search returned (sp_plan.plan)")
-    of_type("cluster", cluster, Cluster, "sp_plan.load_cluster(name or file)")
-    if not plans or any(not isinstance(p, Plan) or p.predicted is None for p in plans):
-        raise PlanError("plans", "a report needs ranked plans with predictions", "pass the plans a search returned")
-    if chosen is not None:
-        whole_number("chosen", chosen, 0, f"pass a plan's index from 0 to {len(plans) - 1}", high=len(plans) - 1)
-    whole_number("jobs", jobs, 1, "pass how many processes draw the figures, 1 or more")
+    _check_arguments(plans, cluster, chosen, jobs)
     plan = plans[chosen if chosen is not None else 0]
     pr = plan.predicted
     m, w = plan.model, plan.workload
