@@ -212,17 +212,18 @@ def held_links(st: Step, comms: list, classes: list) -> np.ndarray:
     return out * st.repeat
 
 
-def sync_window(bwd: Priced, classes: list[np.ndarray]) -> np.ndarray:
-    """Per order, the seconds of one layer's backward (``bwd``) in which the gradient sync's links are free: its wall
-    time less what its own communication holds the link class of each sync phase (``classes``: per order) for, the
-    most of them. Compute alone does not bound the window: a sync on links the backward leaves idle runs beside its
-    communication too, and one on links the backward's transfers keep busy waits for them (so a faster device never
-    exposes more of it than the backward gains). A priced part without link loads (a lower bound's) holds none."""
-    if bwd.links is None:
-        return bwd.seconds
-    cols = np.arange(len(bwd.seconds))
-    held = reduce(np.maximum, (bwd.links[cls, cols] for cls in classes))
-    return np.maximum(bwd.seconds - held, 0.0)
+def sync_window(layer: Priced, classes: list[np.ndarray]) -> np.ndarray:
+    """Per order, the seconds of one layer's pass (``layer``: its forward or backward) in which the gradient sync's
+    links are free: its wall time less what its own communication holds the link class of each sync phase
+    (``classes``: per order) for, the most of them. Compute alone does not bound the window: a sync on links the pass
+    leaves idle runs beside its communication too, and one on links the pass's transfers keep busy waits for them (so
+    a faster device never exposes more of it than the pass gains). A priced part without link loads (a lower bound's)
+    holds none."""
+    if layer.links is None:
+        return layer.seconds
+    cols = np.arange(len(layer.seconds))
+    held = reduce(np.maximum, (layer.links[cls, cols] for cls in classes))
+    return np.maximum(layer.seconds - held, 0.0)
 
 
 def _scaled(priced: Priced, k: float, i: int = 0) -> list:
@@ -667,9 +668,9 @@ class Estimator:
         order and memory policy (ZeRO stage, checkpointing, micro-batch size); with ``detail`` the
         breakdown rows of the first order and policy; with ``bound`` a lower bound instead, the attention
         counted as ``Bounds.attention_floor``, and with ``sync`` False the gradient sync as nothing (a lower bound
-        that routes no dp x sp group). A bound's sync hides behind its backward's wall time (at most the backward's,
-        which shortens the step by at least what it adds to the window: still a bound), or with ``exact_window`` behind
-        the exact backward's window (``sync_window``: the backward priced whole)."""
+        that routes no dp x sp group). A bound's sync hides behind its passes' wall times (at most the exact passes',
+        whose longer walls lengthen the step by at least what they add to the windows: still a bound), or with
+        ``exact_window`` behind the exact backward's window (``sync_window``: the backward priced whole)."""
         train = self.work.training
         out = np.empty((len(orders.orders), len(policies)))
         rows = None
