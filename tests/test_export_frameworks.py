@@ -2,7 +2,8 @@
 UlyssesSPAttentionHF checks, yunchang's all-to-all reshape; TransformerEngine's a2a assertion for Megatron), packed
 documents under DeepSpeed's Ulysses, xDiT's world-rank groups beside tp, the batch every framework asserts, a plan
 without context parallelism, accelerate's ZeRO stage under FSDP2, Megatron's sliding window (Megatron-Core's
-is_layer_window_attention), and the nearest plan avoiding what each cannot run."""
+is_layer_window_attention), the gradient sync's overlap Megatron and DeepSpeed turn on as the planner prices it, and
+the nearest plan avoiding what each cannot run."""
 import ast
 import json
 
@@ -267,3 +268,24 @@ def test_accelerates_zero_rule_leaves_inference_alone():
     assert not target("accelerate").problems(p)
     space = TargetSpace(16, MODEL, w, target=target("accelerate"))
     assert any(d.ring > 1 for d in space.degrees())
+
+
+# ---------------------------------------------------------------- the gradient sync's overlap
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_megatron_and_deepspeed_overlap_the_gradient_sync_as_the_planner_prices_it(zero):
+    """Megatron's grad-reduce and param-gather overlaps (both off by default) where there is a sync to overlap, the
+    second only beside the distributed optimizer or Megatron-FSDP, as validate_args asks; DeepSpeed's overlap_comm
+    for ZeRO 1-3."""
+    p = plan("ulysses", ["ulysses", "dp"], "contiguous", ulysses=8, dp=2, zero_stage=zero)
+    args = target("megatron").export(p).split()
+    assert ("--overlap-grad-reduce" in args) and (("--overlap-param-gather" in args) == (zero >= 1))
+    alone = plan("ulysses", ["ulysses"], "contiguous", ulysses=1, zero_stage=zero, work=Workload(seq_len=4096))
+    assert "--overlap-grad-reduce" not in target("megatron").export(alone)  # one rank: no sync
+    ds = json.loads(_json(target("deepspeed").export(p)))
+    assert ds["zero_optimization"].get("overlap_comm", False) == (zero >= 1)
+
+
+def _json(text: str) -> str:
+    """The JSON of an export (after its comment lines, if any)."""
+    return "\n".join(x for x in text.splitlines() if not x.startswith(("#", "//")))

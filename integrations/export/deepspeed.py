@@ -14,7 +14,10 @@ Packed documents reach its Ulysses through position_ids that restart at each doc
 them over the sequence-parallel group and FlashAttention-2's varlen path finds the documents from them (ulysses_sp.py
 UlyssesSPAttentionHF.forward, "FA2 uses them for packed-sequence detection"; UlyssesSPDataLoaderAdapter asks for
 position_ids in every batch); the config has no setting for them, so the data collator writes them and the model
-attends with core_attn_implementation "flash_attention_2".
+attends with core_attn_implementation "flash_attention_2". ZeRO 1-3 reduce the gradients during the backward
+with ``overlap_comm`` (on by default for stage 3 only: runtime/zero/config.py), as the planner prices them; without
+ZeRO, DeepSpeed's engine all-reduces them after the backward, which the planner counts as hidden but for the
+last bucket.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ def config(p: Plan) -> dict:
     batch, mbs, gas = batch_split(p)
     dt = dtype(p)
     out = {"train_batch_size": batch, "train_micro_batch_size_per_gpu": mbs, "gradient_accumulation_steps": gas,
-           "zero_optimization": {"stage": p.zero_stage},
+           "zero_optimization": {"stage": p.zero_stage, **({"overlap_comm": True} if p.zero_stage else {})},
            "bf16": {"enabled": dt == "bf16"}, "fp16": {"enabled": dt == "fp16"},
            "sequence_parallel_size": p.degrees["ulysses"]}
     if p.checkpointing == "full":

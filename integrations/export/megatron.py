@@ -39,7 +39,10 @@ that keeps fp32 main weights in the optimizer (core/optimizer/optimizer.py Float
 distributed optimizer alike), and no flag for fp32, Megatron's default. ZeRO-1 is the distributed optimizer; ZeRO-2/3
 are Megatron-FSDP's optim_grads / optim_grads_params sharding, which validate_args allows with the fsdp_dtensor
 checkpoint format only. validate_args also asserts CUDA_DEVICE_MAX_CONNECTIONS: not 1 under Megatron-FSDP, 1 with
-tensor or context parallelism on Hopper and older GPUs; the export says which in a comment.
+tensor or context parallelism on Hopper and older GPUs; the export says which in a comment. The planner hides the
+gradient sync behind the backward and the distributed optimizer's weight all-gather behind the next forward, as
+``--overlap-grad-reduce`` and ``--overlap-param-gather`` run them (both off by default; validate_args asks the
+second for the first and for the distributed optimizer or Megatron-FSDP).
 """
 from __future__ import annotations
 
@@ -139,6 +142,10 @@ def arguments(p: Plan) -> list[str]:
         args.append("--sequence-parallel")
     if p.zero_stage >= 1:
         args.append("--use-distributed-optimizer")
+    if d["dp"] * cp > 1:  # the planner hides the sync behind the passes, as these run it (both default off)
+        args.append("--overlap-grad-reduce")
+        if p.zero_stage >= 1:  # validate_args: needs the distributed optimizer or Megatron-FSDP, and the grad overlap
+            args.append("--overlap-param-gather")
     if p.zero_stage >= 2:
         # validate_args refuses Megatron-FSDP with any other checkpoint format than fsdp_dtensor
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", SHARDING[p.zero_stage],
