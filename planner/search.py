@@ -188,30 +188,35 @@ class SearchResult:
     predicted: dict = field(default_factory=dict)  # Candidate -> Prediction made where its share was searched
 
 
-ZERO_COST = {0: 0, 1: 0, 2: 0, 3: 1}  # schedules.grad_sync: ZeRO-1/2 move what an all-reduce moves, ZeRO-3 1.5x
 CKPT_COST = {c: i for i, c in enumerate(CHECKPOINTING)}
 #: a share of a split search (``exchange``) reads the other shares' bounds every this many pops, and after each price
 TRADE_EVERY = 32
 
 
+def zero_no_slower(q: int, k: int) -> bool:
+    """Whether ZeRO stage ``q`` never exposes more gradient sync than ``k`` (``Estimator.sync_exposed``): ZeRO-1 no
+    more than ZeRO-2 (the same buckets; the reduce-scatter once a step, not every micro-batch), ZeRO-2 no more than
+    ZeRO-3 (which gathers the weights every micro-batch too). ZeRO-0 is neither: its all-reduce rides DDP's buckets,
+    which may be coarser than a layer, and sits behind the backward alone, where ZeRO-1 hides its all-gather behind a
+    forward; so ZeRO-0 and ZeRO-1 are both kept."""
+    return q == k or 1 <= q <= k
+
+
 def pareto_policies(policies: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
-    """Drop a fitting policy when another with the same micro-batch is no slower in both ZeRO traffic and
-    recomputation (equal cost: the lower ZeRO stage); the survivors are priced."""
+    """Drop a fitting policy when another with the same micro-batch is no slower in both gradient sync
+    (``zero_no_slower``) and recomputation; the survivors are priced."""
     return list(_pareto(tuple(policies)))
 
 
 @lru_cache(maxsize=4096)
 def _pareto(policies: tuple[tuple[int, str, int], ...]) -> tuple[tuple[int, str, int], ...]:
     """``pareto_policies``, once per fitting set (degrees choices and variants fit alike: a few dozen sets a search)."""
-    keys: dict = {}  # micro-batch -> keys of its policies (only policies of one micro-batch are compared)
+    keys: dict = {}  # micro-batch -> (ZeRO stage, recomputation cost) of its policies (only those are compared)
     for z, ck, mbs in policies:
-        keys.setdefault(mbs, []).append((ZERO_COST[z], CKPT_COST[ck], z))
-    out = []
-    for z, ck, mbs in policies:
-        k = (ZERO_COST[z], CKPT_COST[ck], z)
-        if not any(q[0] <= k[0] and q[1] <= k[1] and q < k for q in keys[mbs]):
-            out.append((z, ck, mbs))
-    return tuple(out)
+        keys.setdefault(mbs, []).append((z, CKPT_COST[ck]))
+    return tuple((z, ck, mbs) for z, ck, mbs in policies
+                 if not any((q, c) != (z, CKPT_COST[ck]) and zero_no_slower(q, z) and c <= CKPT_COST[ck]
+                            for q, c in keys[mbs]))
 
 
 def larger_micro_batch_wins(est: Estimator, pp: int) -> bool:
