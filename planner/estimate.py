@@ -198,18 +198,19 @@ def shared_cores(balance: tuple, s: float) -> float:
     return sum(b if b > 1 / s else 1 / s for b in balance) / len(balance)
 
 
-def held_links(st: Step, comms: list, classes: list) -> np.ndarray:
-    """Seconds one step's communication phases (``comms``, each per order, on the link class ``classes`` per order)
-    hold each link class, per order, times its repeats: a plain step's phases one after another (their sum), an
-    overlapped step's side by side (the longest on each class)."""
-    n = len(classes[0])
-    out = np.zeros((len(LINK_CLASSES), n))
-    cols = np.arange(n)
+def add_held(held: np.ndarray, st: Step, comms: list, classes: list, cols: np.ndarray) -> None:
+    """Add to ``held`` (link classes x orders) the seconds one step's communication phases (``comms``, each per order,
+    on the link class ``classes`` per order; ``cols``: the orders' indices) hold each link class, times its repeats:
+    a plain step's phases one after another (their sum), an overlapped step's side by side (the longest on each
+    class)."""
+    if not st.overlap or len(comms) == 1:
+        for ct, cls in zip(comms, classes):
+            held[cls, cols] += ct * st.repeat
+        return
+    one = np.zeros_like(held)
     for ct, cls in zip(comms, classes):
-        one = np.zeros_like(out)
-        one[cls, cols] = ct
-        out = np.maximum(out, one) if st.overlap else out + one
-    return out * st.repeat
+        one[cls, cols] = np.maximum(one[cls, cols], ct)
+    held += one * st.repeat
 
 
 def sync_window(layer: Priced, classes: list[np.ndarray]) -> np.ndarray:
@@ -416,6 +417,7 @@ class Estimator:
         acc: dict = {}
         free_memory = not self.params.hbm_bandwidth
         held = np.zeros((len(LINK_CLASSES), n)) if links else None
+        cols = np.arange(n)
         for st in steps:
             busy = 0.0
             comms = []
@@ -446,7 +448,7 @@ class Estimator:
                 total += t * st.repeat
                 compute += busy * st.repeat
                 if links:
-                    held += held_links(st, comms, [orders.classes(p) for p in st.phases if not isinstance(p, Compute)])
+                    add_held(held, st, comms, [orders.classes(p) for p in st.phases if not isinstance(p, Compute)], cols)
             if rows:
                 self._rows(acc, st, secs, n, busy, t if comms and st.overlap else None,
                            comm_sum if comms else None, free_memory)

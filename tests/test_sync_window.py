@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sp_plan.planner import Candidate, Estimator, Workload
-from sp_plan.planner.estimate import Orders, held_links, sync_window
+from sp_plan.planner.estimate import Orders, add_held, sync_window
 from sp_plan.planner.params import LINK_CLASSES
 from sp_plan.planner.schedules import Comm, Compute, Step
 from sp_plan.planner.search import Space, degree_groups
@@ -24,10 +24,16 @@ def _step(overlap: bool, repeat: int = 1) -> Step:
 def test_held_links_sums_a_plain_steps_phases_and_takes_the_longest_of_an_overlapped_ones():
     comms = [np.array([1.0, 4.0]), np.array([2.0, 1.0]), np.array([3.0, 5.0])]
     classes = [np.array([INTER, INTRA]), np.array([INTER, INTRA]), np.array([INTRA, INTER])]  # per order
-    plain = held_links(_step(False, repeat=3), comms, classes)
+    cols = np.arange(2)
+    plain = np.zeros((len(LINK_CLASSES), 2))
+    add_held(plain, _step(False, repeat=3), comms, classes, cols)
     assert plain[INTER].tolist() == [9.0, 15.0] and plain[INTRA].tolist() == [9.0, 15.0]
-    both = held_links(_step(True, repeat=2), comms, classes)
-    assert both[INTER].tolist() == [4.0, 10.0] and both[INTRA].tolist() == [6.0, 8.0]
+    both = np.ones((len(LINK_CLASSES), 2))  # added to what is held already
+    add_held(both, _step(True, repeat=2), comms, classes, cols)
+    assert both[INTER].tolist() == [5.0, 11.0] and both[INTRA].tolist() == [7.0, 9.0]
+    one = np.zeros((len(LINK_CLASSES), 2))
+    add_held(one, _step(True, repeat=2), comms[:1], classes[:1], cols)  # one transfer: itself, without a max
+    assert one[INTER].tolist() == [2.0, 0.0] and one[INTRA].tolist() == [0.0, 8.0]
 
 
 def test_the_sync_window_is_the_wall_less_the_time_its_links_are_held():
