@@ -286,6 +286,36 @@ def test_megatron_and_deepspeed_overlap_the_gradient_sync_as_the_planner_prices_
     assert ds["zero_optimization"].get("overlap_comm", False) == (zero >= 1)
 
 
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_the_sync_buckets_the_exports_write_are_the_priced_ones(zero):
+    """The planner's sync buckets (Estimator.sync_bucket): DDP's 25 MiB of gradients for ZeRO-0, a layer's for ZeRO
+    1-3. Megatron's default bucket is max(40e6, 1e6 x dp x cp) parameters for ZeRO-0 and 1 alike (training.py
+    resolve_ddp_bucket_size), DeepSpeed's 5e8 elements (runtime/zero/config.py): both are written."""
+    p = plan("ulysses", ["ulysses", "dp"], "contiguous", ulysses=8, dp=2, zero_stage=zero)
+    args = target("megatron").export(p).split()
+    size = {0: (25 << 20) // 2, 1: MODEL.layer_params()}.get(zero)  # bf16 gradients; Megatron-FSDP buckets by module
+    assert (int(args[args.index("--ddp-bucket-size") + 1]) if size else "--ddp-bucket-size" not in args) == \
+        (size or True)
+    zo = json.loads(_json(target("deepspeed").export(p)))["zero_optimization"]
+    if zero:
+        assert zo["reduce_bucket_size"] == MODEL.layer_params()
+        assert zo.get("allgather_bucket_size") == (MODEL.layer_params() if zero < 3 else None)
+
+
+def test_accelerates_fsdp2_reduce_scatters_every_micro_batch_as_zero_2_and_3_are_priced():
+    """accelerate's accumulate holds FSDP2's sync to the last micro-batch (whole gradients until then): the snippet
+    passes GradientAccumulationPlugin(sync_each_batch=True) where a step has several micro-batches."""
+    many = plan("ring", ["tp", "ring", "dp"], ring=4, dp=2, zero_stage=2, work=Workload(seq_len=131072, batch=8))
+    text = target("accelerate").export(many)
+    call = "GradientAccumulationPlugin(num_steps=4, sync_each_batch=True)"
+    assert call in text
+    ns: dict = {}
+    exec(compile(text, "export.py", "exec"), ns)  # its imports, accelerate's own classes
+    assert eval(call, ns).sync_each_batch is True  # noqa: S307 - the snippet's own expression
+    one = plan("ring", ["tp", "ring", "dp"], ring=4, dp=2, zero_stage=2, work=Workload(seq_len=131072, batch=2))
+    assert "sync_each_batch" not in target("accelerate").export(one)
+
+
 def _json(text: str) -> str:
     """The JSON of an export (after its comment lines, if any)."""
     return "\n".join(x for x in text.splitlines() if not x.startswith(("#", "//")))

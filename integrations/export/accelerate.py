@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from sp_plan.planner.plan import Plan
 
-from .target import Target, dtype, header
+from .target import Target, batch_split, dtype, header
 
 VERSION = "1.15.0"
 #: sp-plan algorithm -> TorchContextParallelConfig.cp_comm_strategy (torch's rotate method)
@@ -76,6 +76,16 @@ plugin = DeepSpeedPlugin(zero_stage={p.zero_stage})  # {d["dp"]} data-parallel r
 '''
 
 
+def accumulation(p: Plan) -> str:
+    """The Accelerator argument that keeps FSDP2 reduce-scattering every micro-batch, as the planner prices ZeRO-2/3
+    and its sharded-gradient memory: ``accelerate``'s accumulate otherwise holds the sync (``no_sync``:
+    set_requires_gradient_sync(False), accelerator.py) and keeps whole gradients until the last micro-batch."""
+    steps = batch_split(p)[2]
+    if steps <= 1:
+        return ""
+    return f", gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps={steps}, sync_each_batch=True)"
+
+
 def render(p: Plan) -> str:
     d = p.degrees
     seq = p.workload.seq_len if p.workload else None
@@ -93,14 +103,14 @@ def render(p: Plan) -> str:
               if d["ring"] > 1 else "")
         body = f'''from accelerate import Accelerator
 from accelerate.parallelism_config import ParallelismConfig
-from accelerate.utils import FullyShardedDataParallelPlugin, TorchContextParallelConfig
+from accelerate.utils import FullyShardedDataParallelPlugin, GradientAccumulationPlugin, TorchContextParallelConfig
 
 parallelism_config = ParallelismConfig({sizes}, tp_size={d["tp"]}{cp})
 '''
         if fsdp:
             body += (f"plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward={p.zero_stage == 3}, "
                      f"activation_checkpointing={ckpt})\n")
-            make = f"Accelerator(parallelism_config=parallelism_config, fsdp_plugin=plugin{mp})"
+            make = f"Accelerator(parallelism_config=parallelism_config, fsdp_plugin=plugin{mp}{accumulation(p)})"
         else:
             make = f"Accelerator(parallelism_config=parallelism_config{mp})"
     tail = "" if not ckpt or "FullyShardedDataParallelPlugin(" in body else \

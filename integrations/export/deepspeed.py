@@ -15,9 +15,10 @@ them over the sequence-parallel group and FlashAttention-2's varlen path finds t
 UlyssesSPAttentionHF.forward, "FA2 uses them for packed-sequence detection"; UlyssesSPDataLoaderAdapter asks for
 position_ids in every batch); the config has no setting for them, so the data collator writes them and the model
 attends with core_attn_implementation "flash_attention_2". ZeRO 1-3 reduce the gradients during the backward
-with ``overlap_comm`` (on by default for stage 3 only: runtime/zero/config.py), as the planner prices them; without
-ZeRO, DeepSpeed's engine all-reduces them after the backward, which the planner counts as hidden but for the
-last bucket.
+with ``overlap_comm`` (on by default for stage 3 only: runtime/zero/config.py), in buckets of a layer as the planner
+prices them (``zero_section``). Two things run exposed that the planner hides: without ZeRO, DeepSpeed's engine
+all-reduces the gradients after the backward; ZeRO-1/2 gather the updated weights inside the optimizer step
+(stage_1_and_2.py), not behind the next forward.
 """
 from __future__ import annotations
 
@@ -35,12 +36,28 @@ def config(p: Plan) -> dict:
     batch, mbs, gas = batch_split(p)
     dt = dtype(p)
     out = {"train_batch_size": batch, "train_micro_batch_size_per_gpu": mbs, "gradient_accumulation_steps": gas,
-           "zero_optimization": {"stage": p.zero_stage, **({"overlap_comm": True} if p.zero_stage else {})},
+           "zero_optimization": zero_section(p),
            "bf16": {"enabled": dt == "bf16"}, "fp16": {"enabled": dt == "fp16"},
            "sequence_parallel_size": p.degrees["ulysses"]}
     if p.checkpointing == "full":
         out["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
                                            "cpu_checkpointing": False}
+    return out
+
+
+def zero_section(p: Plan) -> dict:
+    """zero_optimization: the stage; for ZeRO 1-3 the reduction overlapped with the backward (``overlap_comm``, on by
+    default for stage 3 only: runtime/zero/config.py), in buckets of a layer's parameters as the planner prices them
+    (``Estimator.sync_bucket``; DeepSpeed's default is 5e8 elements: one bucket for a model of fewer, which the
+    backward hides none of)."""
+    out: dict = {"stage": p.zero_stage}
+    if p.zero_stage:
+        out["overlap_comm"] = True
+        if p.model is not None:
+            layer = int(p.model.layer_params())
+            out["reduce_bucket_size"] = layer
+            if p.zero_stage < 3:
+                out["allgather_bucket_size"] = layer
     return out
 
 

@@ -49,7 +49,9 @@ from __future__ import annotations
 import shlex
 
 from sp_plan.planner.errors import PlanError
+from sp_plan.planner.model import DTYPE_BYTES
 from sp_plan.planner.plan import Plan
+from sp_plan.planner.schedules import DDP_BUCKET_BYTES
 
 from sp_plan.planner.stages import stage_chunks
 
@@ -146,6 +148,7 @@ def arguments(p: Plan) -> list[str]:
         args.append("--overlap-grad-reduce")
         if p.zero_stage >= 1:  # validate_args: needs the distributed optimizer or Megatron-FSDP, and the grad overlap
             args.append("--overlap-param-gather")
+        args += bucket_arguments(p)
     if p.zero_stage >= 2:
         # validate_args refuses Megatron-FSDP with any other checkpoint format than fsdp_dtensor
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", SHARDING[p.zero_stage],
@@ -162,6 +165,17 @@ def arguments(p: Plan) -> list[str]:
         if p.workload.documents is not None:
             args += DOCUMENT_FLAGS
     return args
+
+
+def bucket_arguments(p: Plan) -> list[str]:
+    """``--ddp-bucket-size`` (parameters) of the buckets the planner prices (``Estimator.sync_bucket``): DDP's 25 MiB
+    of gradients for ZeRO-0, a stage layer's for ZeRO-1; training.py resolve_ddp_bucket_size otherwise takes
+    max(40e6, 1e6 x dp x cp) parameters for both. Megatron-FSDP (ZeRO-2/3) buckets by module already."""
+    if p.zero_stage >= 2 or (p.zero_stage == 1 and p.model is None):
+        return []
+    size = DDP_BUCKET_BYTES // DTYPE_BYTES[dtype(p)] if p.zero_stage == 0 else \
+        p.model.layer_params() // p.degrees["tp"]
+    return ["--ddp-bucket-size", str(int(size))]
 
 
 def notes(p: Plan) -> str:
