@@ -315,7 +315,8 @@ class Estimator:
         key = (orders.mesh_key if part in RING_FREE_PARTS else orders, skey, rows)
         priced = self._prices.get(key)
         if priced is None:
-            priced = self._prices[key] = self.price(self.schedule(part, c), orders, rows=rows, links=part in ("fwd", "bwd"))
+            priced = self._prices[key] = self.price(self.schedule(part, c), orders, rows=rows,
+                                                          links=self.work.training and part in ("fwd", "bwd"))
             self.stats.prices_computed += 1
         return priced
 
@@ -410,7 +411,7 @@ class Estimator:
     def price(self, steps: list[Step], orders: Orders, rows: bool = False, links: bool = False) -> Priced:
         """Cost of ``steps`` once under every order: an overlapped step costs its max phase (double
         buffering), a plain one the sum; exposed communication is what outlasts the compute. With ``links``, the
-        seconds the communication holds each link class (``held_links``)."""
+        seconds the communication holds each link class (``add_held``)."""
         n = len(orders.orders)
         total = np.zeros(n)
         compute = 0.0
@@ -687,7 +688,7 @@ class Estimator:
             if train and (sync or not bound):  # bucketed sync overlaps the passes; its last bucket cannot
                 if zero not in syncs_of:
                     syncs_of[zero] = self.grad_syncs(c, zero, orders)
-                syncs, _ = syncs_of[zero]
+                syncs = syncs_of[zero]
                 if bound and exact_window:
                     passes = (passes[0], self.price_part("bwd", c, orders))
                 exposed, per_step = self.sync_exposed(c, zero, syncs, *passes, orders)
@@ -832,21 +833,22 @@ class Estimator:
     def sync_at_floor(self, c: Shape, zero: int, orders: Orders) -> bool:
         """Whether, on every order, a step of ``c`` exposes no more of its gradient sync than the last bucket of each
         time it runs (``sync_exposed``, the layer passes priced whole): the least any step of it can expose."""
-        syncs, _ = self.grad_syncs(c, zero, orders)
+        syncs = self.grad_syncs(c, zero, orders)
         exposed, per_step = self.sync_exposed(c, zero, syncs, self.price_part("fwd", c, orders),
                                               self.price_part("bwd", c, orders), orders)
         floor = self.sync_bucket(c, zero) * sum(s * k for (_, s), k in zip(syncs, per_step))
         return bool(np.all(exposed <= floor * (1 + 1e-9)))
 
-    def grad_syncs(self, c: Shape, zero: int, orders: Orders) -> tuple[list, np.ndarray]:
-        """The gradient sync phases of a step with their seconds per order, and their total: the volumes depend on
-        the ZeRO stage and the tp x pp sharding alone, the groups on the mesh (once per mesh and stage)."""
+    def grad_syncs(self, c: Shape, zero: int, orders: Orders) -> list[tuple[Comm, np.ndarray]]:
+        """The gradient sync phases with their seconds per order, each once (``sync_exposed`` counts how many times a
+        step runs it): the volumes depend on the ZeRO stage and the tp x pp sharding alone, the groups on the mesh
+        (once per mesh and stage)."""
         key = ("grad sync", orders.mesh_key, zero, c.stage_layers)
         out = self._prices.get(key)
         if out is None:
             syncs = [(p, orders.time(p)) for p in grad_sync(c, zero, shard_params(self.model, c.tp, c.pp,
                                                                                   c.stage_layers))]
-            out = self._prices[key] = (syncs, sum(s for _, s in syncs))
+            out = self._prices[key] = syncs
         return out
 
     def evaluate(self, cand: Candidate, detail: bool = False) -> Evaluation:

@@ -58,7 +58,7 @@ def test_a_sync_on_links_the_backward_leaves_free_hides_behind_its_whole_wall_ti
     c = est.shape(cand)
     orders = Orders(est.engine, cand.degrees, [cand.order], cand.placement)
     bwd = est.price_part("bwd", c, orders)
-    syncs, _ = est.grad_syncs(c, 0, orders)
+    syncs = est.grad_syncs(c, 0, orders)
     assert [int(orders.classes(p)[0]) for p, _ in syncs] == [INTER]
     assert bwd.links[INTER, 0] == 0 and bwd.links[INTRA, 0] > 0
     assert sync_window(bwd, [orders.classes(p) for p, _ in syncs])[0] == bwd.seconds[0] > bwd.compute

@@ -168,13 +168,14 @@ def arguments(p: Plan) -> list[str]:
 
 
 def bucket_arguments(p: Plan) -> list[str]:
-    """``--ddp-bucket-size`` (parameters) of the buckets the planner prices (``Estimator.sync_bucket``): DDP's 25 MiB
-    of gradients for ZeRO-0, a stage layer's for ZeRO-1; training.py resolve_ddp_bucket_size otherwise takes
-    max(40e6, 1e6 x dp x cp) parameters for both. Megatron-FSDP (ZeRO-2/3) buckets by module already."""
-    if p.zero_stage >= 2 or (p.zero_stage == 1 and p.model is None):
+    """``--ddp-bucket-size`` (parameters) of the buckets the planner prices (``Estimator.sync_bucket``): a stage
+    layer's gradients for ZeRO-1, and for ZeRO-0 DDP's 25 MiB of them where that is more; training.py
+    resolve_ddp_bucket_size otherwise takes max(40e6, 1e6 x dp x cp) parameters for both. Megatron-FSDP (ZeRO-2/3)
+    buckets by module already."""
+    if p.zero_stage >= 2 or p.model is None:
         return []
-    size = DDP_BUCKET_BYTES // DTYPE_BYTES[dtype(p)] if p.zero_stage == 0 else \
-        p.model.layer_params() // p.degrees["tp"]
+    layer = p.model.layer_params() // p.degrees["tp"]
+    size = max(layer, DDP_BUCKET_BYTES // DTYPE_BYTES[dtype(p)]) if p.zero_stage == 0 else layer
     return ["--ddp-bucket-size", str(int(size))]
 
 
