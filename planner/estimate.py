@@ -189,6 +189,10 @@ class Orders:
         return v
 
 
+#: the part a checkpointing recomputes inside the backward (``SCHEDULE_PARTS``)
+RECOMPUTED = {"full": "fwd", "attention_boundary": "fwd-linear"}
+
+
 def shared_cores(balance: tuple, s: float) -> float:
     """The busiest rank's share of an uneven attention phase's time (its kernels, and their per-call overhead where
     that follows the work, ``Compute.trimmed``: both work on the host where ranks share cores): per round it stands for, max(mean / max work, 1 / s) (as long as the
@@ -673,7 +677,8 @@ class Estimator:
         counted as ``Bounds.attention_floor``, and with ``sync`` False the gradient sync as nothing (a lower bound
         that routes no dp x sp group). A bound's sync hides behind its passes' wall times (at most the exact passes',
         whose longer walls lengthen the step by at least what they add to the windows: still a bound), or with
-        ``exact_window`` behind the exact backward's window (``sync_window``: the backward priced whole)."""
+        ``exact_window`` behind the exact backward's window (``sync_window``: the backward and its recomputation
+        priced whole)."""
         train = self.work.training
         out = np.empty((len(orders.orders), len(policies)))
         rows = None
@@ -690,8 +695,9 @@ class Estimator:
                     syncs_of[zero] = self.grad_syncs(c, zero, orders)
                 syncs = syncs_of[zero]
                 if bound and exact_window:
-                    passes = (passes[0], self.price_part("bwd", c, orders))
-                exposed, per_step = self.sync_exposed(c, zero, syncs, *passes, orders)
+                    passes = (passes[0], self.price_part("bwd", c, orders),
+                              self.price_part(RECOMPUTED[ckpt], c, orders) if ckpt != "none" else None)
+                exposed, per_step = self.sync_exposed(c, zero, syncs, passes, orders)
                 t = t + exposed
                 if detail and j == 0:
                     total = sum(s * k for (_, s), k in zip(syncs, per_step))
@@ -718,17 +724,16 @@ class Estimator:
 
     def _pipeline(self, base: Candidate, c: Shape, ckpt: str, orders: Orders, detail: bool,
                   bound: bool) -> tuple:
-        """One checkpointing's (parts, stage seconds, pipeline seconds, a layer's forward and backward priced (the
-        backward None: inference), layers in the breakdown): the busiest stage's layer parts, head and sends, through
-        m micro-batches and the bubble."""
+        """One checkpointing's (parts, stage seconds, pipeline seconds, a layer's forward, backward and recomputed
+        forward priced (the backward None: inference; the recomputation None without checkpointing), layers in the
+        breakdown): the busiest stage's layer parts, head and sends, through m micro-batches and the bubble."""
         Lp, m, pp = c.layers_per_stage, c.micro_batches, base.pp
         parts = [(self._part("fwd", c, orders, detail, bound), Lp, "")]
-        bwd = None
+        bwd = recompute = None
         if self.work.training:
-            if ckpt == "full":
-                parts.append((parts[0][0], Lp, "recompute "))
-            elif ckpt == "attention_boundary":
-                parts.append((self._part("fwd-linear", c, orders, detail, bound), Lp, "recompute "))
+            if ckpt != "none":
+                recompute = self._part(RECOMPUTED[ckpt], c, orders, detail, bound)
+                parts.append((recompute, Lp, "recompute "))
             bwd = self._part("bwd", c, orders, detail, bound)
             parts.append((bwd, Lp, ""))
         head = self._part("head", c, orders, detail, bound)
@@ -743,7 +748,7 @@ class Estimator:
             n_rows = Lp
         else:  # uneven stages: the pipeline runs at its busiest stage's pace
             stage, parts, n_rows = self.uneven_stage(c, ckpt, parts, head)
-        return parts, stage, pipeline_time(m, pp, base.virtual_stages, stage), (parts[0][0], bwd), n_rows
+        return parts, stage, pipeline_time(m, pp, base.virtual_stages, stage), (parts[0][0], bwd, recompute), n_rows
 
     def _breakdown(self, base: Candidate, c: Shape, ckpt: str, parts: list, stage, n_rows: int) -> list:
         """The breakdown rows of a step's pipeline under the first mesh order: its parts over m micro-batches, the
@@ -796,12 +801,13 @@ class Estimator:
         passes = 1 + (1 + (ckpt != "none") if self.work.training else 0)
         return 4 * passes * o
 
-    def sync_exposed(self, c: Shape, zero: int, syncs: list, forward: Priced, backward: Priced,
-                     orders: Orders) -> tuple[np.ndarray, list[int]]:
+    def sync_exposed(self, c: Shape, zero: int, syncs: list, passes: tuple, orders: Orders
+                     ) -> tuple[np.ndarray, list[int]]:
         """Seconds per order of ``syncs`` (``grad_syncs``, in ``schedules.grad_sync``'s order) left after the layer
-        passes that hide them (``sync_window`` of a micro-batch's ``forward`` and ``backward`` through the stage's
-        layers, ``schedules.bucketed_exposure``), and how many times a step runs each; under gradient accumulation
-        as the frameworks run it:
+        passes that hide them (``sync_window`` of a micro-batch's forward, and of its backward with the forward it
+        recomputes, if any: ``passes`` (forward, backward, recomputation or None), through the stage's layers,
+        ``schedules.bucketed_exposure``), and how many times a step runs each; under gradient accumulation as the
+        frameworks run it:
 
         - ZeRO-0: the all-reduce once, in the last micro-batch's backward (DDP under ``no_sync``, Megatron);
         - ZeRO-1: its reduce-scatter there, and the weights' all-gather after the optimizer behind a micro-batch's
@@ -811,7 +817,10 @@ class Estimator:
           reduce-scatters its gradients (FSDP, DeepSpeed)."""
         f = self.sync_bucket(c, zero)
         classes = [orders.classes(p) for p, _ in syncs]
+        forward, backward, recompute = passes
         fwd, bwd = (sync_window(x, classes) * c.layers_per_stage for x in (forward, backward))
+        if recompute is not None:  # a layer's recomputation runs inside the backward, its buckets' syncs beside it
+            bwd = bwd + sync_window(recompute, classes) * c.layers_per_stage
         secs, m = [s for _, s in syncs], c.micro_batches
         if zero == 0:
             return bucketed_exposure(secs[0], bwd, f), [1]
@@ -832,10 +841,12 @@ class Estimator:
 
     def sync_at_floor(self, c: Shape, zero: int, orders: Orders) -> bool:
         """Whether, on every order, a step of ``c`` exposes no more of its gradient sync than the last bucket of each
-        time it runs (``sync_exposed``, the layer passes priced whole): the least any step of it can expose."""
+        time it runs (``sync_exposed``, the layer passes priced whole): the least any step of it can expose. Read
+        without a recomputation, whose longer backward window only hides more, so it holds under every
+        checkpointing."""
         syncs = self.grad_syncs(c, zero, orders)
-        exposed, per_step = self.sync_exposed(c, zero, syncs, self.price_part("fwd", c, orders),
-                                              self.price_part("bwd", c, orders), orders)
+        exposed, per_step = self.sync_exposed(c, zero, syncs, (self.price_part("fwd", c, orders),
+                                                               self.price_part("bwd", c, orders), None), orders)
         floor = self.sync_bucket(c, zero) * sum(s * k for (_, s), k in zip(syncs, per_step))
         return bool(np.all(exposed <= floor * (1 + 1e-9)))
 

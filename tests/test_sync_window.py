@@ -117,3 +117,21 @@ def test_gradient_accumulation_syncs_once_under_zero0_and_1_and_every_micro_batc
         assert exposed[0] > 0
         if zero in (0, 3):
             assert exposed[1] == pytest.approx((1 if zero == 0 else 4) * exposed[0], rel=1e-9), zero
+
+
+def test_the_sync_hides_behind_the_forward_the_backward_recomputes():
+    """Checkpointing recomputes a layer's forward inside the backward, and the buckets already reduced sync beside
+    it: the more it recomputes (none, the linear layers, the whole layer), the less of the sync is exposed, never
+    below the last bucket's share and never more than the sync's seconds."""
+    cl, m = load_cluster("a100-16-eth100", 2), load_model("tiny-llama")
+    cand = Candidate("ring", dp=2, ring=cl.world_size // 2, order=("ring", "dp"), token_layout="zigzag", zero_stage=1)
+    est = Estimator(cl, m, Workload(seq_len=4096, batch=2))
+
+    def sync(ckpt: str) -> tuple[float, float]:
+        rows = [r for r in est.predict(cand.but(checkpointing=ckpt)).breakdown if r.name.startswith(("grad", "param"))]
+        return sum(r.exposed_seconds for r in rows), sum(r.seconds for r in rows)
+
+    (none, total), (linear, _), (full, _) = sync("none"), sync("attention_boundary"), sync("full")
+    assert total > none > linear > full > 0
+    c = est.shape(cand)
+    assert full >= est.sync_bucket(c, 1) * total * (1 - 1e-9)
