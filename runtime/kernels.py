@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from sp_plan.planner.documents import check_cu_seqlens
+from sp_plan.planner.masks.tiling import MIN_TILE  # the planner counts the tiles this module cuts
 
 from . import backends as B
 from .backends import bias as _bias  # noqa: F401 - kept importable from here
@@ -133,8 +134,6 @@ def reduce_mask(allowed: np.ndarray) -> BlockMask | None:
 # is built; only where a window's edge crosses a pair is an explicit mask built, over tiles cut to about a window's
 # length, so it stays small. A block costs O(its attended work), not (S/P)^2.
 
-#: the fewest tokens a tile of a windowed sequence holds (tiles follow the window, not below this)
-MIN_TILE = 16
 
 
 def layout_step(token_layout: str, size: int) -> int:

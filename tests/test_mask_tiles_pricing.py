@@ -7,7 +7,7 @@ import pytest
 from sp_plan.planner import Estimator, Workload
 from sp_plan.planner.documents import draw_packs
 from sp_plan.planner.layout import BALANCE_POLICIES
-from sp_plan.planner.masks import MIN_TILE, layout_tokens, mask_tiles, pack_tiles, pair_matrix
+from sp_plan.planner.masks import layout_tokens, mask_tiles, pack_tiles, pair_matrix
 from sp_plan.planner.model import ModelSpec
 from sp_plan.planner.params import Curve, Params
 from sp_plan.planner.schedules import ALGORITHMS, Compute, Shape, attention_steps
@@ -50,12 +50,6 @@ def test_ulysses_alone_counts_its_spans_tiles(causal, window):
         for u in (1, 4, 8):
             want = sum(len(m) for m in span_masks(cu_t[-1], u, causal, cu_t, window))
             assert pack_tiles("contiguous", 1, cu, causal, window, -(-cu_t[-1] // u))[0] == want
-
-
-def test_the_runtime_cuts_windowed_tiles_as_the_planner_counts_them():
-    from sp_plan.runtime.kernels import MIN_TILE as RUNTIME_MIN_TILE
-
-    assert MIN_TILE == RUNTIME_MIN_TILE
 
 
 @pytest.mark.parametrize("token_layout", BALANCE_POLICIES)

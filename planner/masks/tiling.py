@@ -21,7 +21,8 @@ from .pairs import document_pairs, run_documents
 # pays a call's fixed cost, so a policy that cuts documents finely (zigzag's 2P pieces of every document) runs many
 # small, slow calls.
 
-#: the fewest tokens of a windowed tile (runtime/kernels.py MIN_TILE: tiles follow the window, not below this)
+#: the fewest tokens of a windowed tile (tiles follow the window, not below this); the runtime cuts its tiles by it
+#: (runtime/kernels.py ``member_runs``)
 MIN_TILE = 16
 
 
