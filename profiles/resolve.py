@@ -72,7 +72,8 @@ def _from_store(spec: str | None, cluster, store) -> tuple[Profile | None, str]:
     # the store module imports SQLAlchemy and alembic (~0.2 s): only a lookup the glance cannot answer pays for it
     from sp_plan.profiles.store import Store  # noqa: PLC0415
 
-    store = store if isinstance(store, Store) else Store(store)
+    # a lookup only reads: a mistyped --store or $SP_PLAN_STORE is refused, not made an empty store read as "none"
+    store = store if isinstance(store, Store) else Store(store, existing=True)
     if spec is not None:
         try:
             return check_profile(store.get_profile(spec), cluster)

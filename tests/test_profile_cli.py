@@ -101,6 +101,23 @@ def test_bad_inputs_exit_2_one_line(store, tmp_path):
     one_error_line(cli("profile", "list", "--store", store, "--nodes", "2"), "--nodes")
 
 
+@pytest.mark.parametrize("command", ["plan", "estimate"])
+def test_plan_and_estimate_refuse_a_mistyped_store(command, tmp_path, monkeypatch):
+    """They only read the store: a --store or $SP_PLAN_STORE naming no store is refused, not made an empty store
+    whose "none stored" would leave the plan uncalibrated without a word about the typo."""
+    monkeypatch.delenv("SP_PLAN_STORE", raising=False)
+    url = f"sqlite:///{tmp_path}/typo.db"
+    plan = tmp_path / "plan.yaml"
+    assert cli("plan", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "1k", "--no-profile",
+               "-o", plan).exit_code == 0
+    args = (["plan", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "1k"] if command == "plan"
+            else ["estimate", plan])
+    one_error_line(cli(*args, "--store", url), "--store: no store at ")
+    monkeypatch.setenv("SP_PLAN_STORE", url)
+    one_error_line(cli(*args), "SP_PLAN_STORE: no store at ")
+    assert not (tmp_path / "typo.db").exists()
+
+
 def test_subprocess(tmp_path):
     store = f"sqlite:///{tmp_path}/store.db"
     run = lambda *a: subprocess.run([sys.executable, "-m", "sp_plan.cli.app", *map(str, a)],  # noqa: E731
