@@ -149,9 +149,7 @@ def import_cmd(
             pid, shown = Client.from_env(server).upload_profile(p), server
         else:
             st = _store(store, existing=False)
-            if p.id and st.has_profile(p.id) and st.get_profile(p.id) != p:
-                taken, p.id = p.id, None  # that id holds a different profile: keep both
-            pid, shown = st.save_profile(p), st.shown
+            (pid, taken), shown = st.import_profile(p), st.shown
     except PlanError as e:
         _fail(e)
     note = f"; the file's id {taken} holds another profile there" if taken else ""

@@ -434,12 +434,45 @@ class Store(Database):
         """Store (or replace, same id) a profile; assigns ``id`` and ``created_at`` when missing; returns the id.
         A profile the store cannot keep as given (check_columns), created in the future (check_created) or with
         impossible figures (check_plausible) is PlanError naming the field."""
-        of_type("profile", profile, Profile, "a Profile (sp_plan.Profile.load(file))")
-        check_columns(profile)
-        check_created(profile)
-        check_plausible(profile)
+        _check_storable(profile)
         if not profile.id:
             profile.id = content_id(profile)
+        with self.transaction() as conn:
+            self._write_profile(conn, profile)
+        return profile.id
+
+    def import_profile(self, profile: Profile) -> tuple[str, str | None]:
+        """Store a profile file's profile: (its id, the file's id where another profile holds that, else None). The
+        file's id is kept unless the store holds a different profile under it (then a content id: both kept); the
+        same profile again replaces its row, its stored ``created_at`` kept where the file has none. The check and
+        the write are one transaction, so two imports at once never both take one id."""
+        _check_storable(profile)
+        with self.transaction() as conn:
+            if conn.engine.dialect.name == "postgresql":  # SQLite's BEGIN IMMEDIATE already serializes writers
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key("import profile")})
+            taken = self._place(conn, profile)
+            self._write_profile(conn, profile)
+        return profile.id, taken
+
+    @staticmethod
+    def _place(conn: sa.Connection, profile: Profile) -> str | None:
+        """Give ``profile`` the id it is stored under (``import_profile``); the file's id where another profile
+        holds it, else None. A stored ``created_at`` fills one the file lacks, so the same file matches its row."""
+        own, taken = profile.created_at, None
+        for _ in range(2):  # the file's id, then (taken) its content id, which a different profile cannot hold
+            profile.id = profile.id or content_id(profile)
+            stored = conn.execute(sa.select(profiles_t.c.document).where(profiles_t.c.id == profile.id)).scalar()
+            if stored is None:
+                return taken
+            profile.created_at = own or stored.get("created_at")
+            if stored == profile.model_dump(mode="json"):
+                return taken
+            taken, profile.id, profile.created_at = taken or profile.id, None, own
+        raise StoreError("profile", f"the ids {taken} and {content_id(profile)} both hold other profiles",
+                         "give the file an id of its own (`id:`)")
+
+    def _write_profile(self, conn: sa.Connection, profile: Profile) -> None:
+        """Insert (or replace, same id) ``profile`` in ``conn``'s transaction, stamping a missing ``created_at``."""
         if not profile.created_at:
             profile.created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         row = {"id": profile.id, "cluster": profile.cluster, "fingerprint": profile.cluster_fingerprint,
@@ -448,10 +481,8 @@ class Store(Database):
                "candidates_ok": sum(1 for c in profile.candidates if c.status == "ok"),
                "candidates_total": len(profile.candidates), "loo_error_before": profile.loo_error_before,
                "loo_error_after": profile.loo_error_after, "document": profile.model_dump(mode="json")}
-        with self.transaction() as conn:
-            conn.execute(profiles_t.delete().where(profiles_t.c.id == profile.id))
-            conn.execute(profiles_t.insert().values(**row))
-        return profile.id
+        conn.execute(profiles_t.delete().where(profiles_t.c.id == profile.id))
+        conn.execute(profiles_t.insert().values(**row))
 
     def _resolve_id(self, conn: sa.Connection, id: str) -> str | None:
         if not storable(id, profiles_t.c.id):
@@ -617,6 +648,15 @@ def run_key(fingerprint: str, stack: dict, model: Any, workload: Any, options: d
     dump = lambda x: x.model_dump(mode="json") if hasattr(x, "model_dump") else x  # noqa: E731
     text = json.dumps([fingerprint, stack, dump(model), dump(workload), options], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _check_storable(profile: Profile) -> None:
+    """A Profile the store can keep as given (check_columns), not created in the future (check_created), with no
+    impossible figures (check_plausible); else PlanError naming the field."""
+    of_type("profile", profile, Profile, "a Profile (sp_plan.Profile.load(file))")
+    check_columns(profile)
+    check_created(profile)
+    check_plausible(profile)
 
 
 def content_id(profile: Profile) -> str:

@@ -579,3 +579,48 @@ def test_a_store_names_an_argument_of_the_wrong_type(tmp_path):
     with pytest.raises(PlanError) as e:
         Store(f"sqlite:///{tmp_path}/s.db").save_profile(None)
     assert e.value.field == "profile" and "no Profile" in e.value.problem
+
+
+# ---- importing a profile file
+
+def test_importing_the_same_file_again_replaces_its_row_and_keeps_its_created_at(url):
+    """A file with an id but no created_at (the store stamps it), and one with neither (a content id): imported
+    twice, each is one row under one id, its created_at the first import's, so it does not become the newest."""
+    st = Store(url)
+    for given in ("hand1", None):
+        first = make_profile(id=given)
+        pid, taken = st.import_profile(first.model_copy(deep=True))
+        assert st.get_profile(pid).created_at  # stamped
+        old = "2020-01-01T00:00:00+00:00"  # as if stamped long ago: a fresh stamp would differ
+        st.save_profile(make_profile(id=pid, created_at=old))
+        again = st.import_profile(first.model_copy(deep=True))
+        assert again == (pid, None) and taken is None and (given is None or pid == given)
+        assert st.get_profile(pid).created_at == old
+    assert len(st.list_profiles("f" * 16)) == 2
+
+
+def test_an_imported_file_whose_id_holds_another_profile_is_kept_beside_it(url):
+    st = Store(url)
+    st.import_profile(make_profile(id="same1"))
+    pid, taken = st.import_profile(make_profile(id="same1", loo_error_after=0.07))
+    assert taken == "same1" and pid != "same1"
+    assert st.get_profile("same1").loo_error_after == 0.04 and st.get_profile(pid).loo_error_after == 0.07
+    assert st.import_profile(make_profile(id="same1", loo_error_after=0.07)) == (pid, "same1")
+
+
+def test_two_imports_of_different_profiles_with_one_id_at_once_keep_both(url):
+    """The taken-id check and the write are one transaction: two processes importing different profiles under one
+    id never both find it free (one would replace the other)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    for k in range(3):
+        Store(url).save_profile(make_profile("d" * 16, id=f"other{k}"))
+        with ctx.Pool(2) as pool:
+            ids = pool.starmap(_import_one, [(url, f"race{k}", 0.04), (url, f"race{k}", 0.05)])
+        errors = sorted(Store(url).get_profile(i).loo_error_after for i, _ in ids)
+        assert errors == [0.04, 0.05] and sorted(t is None for _, t in ids) == [False, True]
+
+
+def _import_one(url: str, pid: str, error: float) -> tuple[str, str | None]:
+    return Store(url).import_profile(make_profile(id=pid, loo_error_after=error))

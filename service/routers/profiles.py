@@ -7,7 +7,6 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 
 from sp_plan.planner.profile import Profile
-from sp_plan.profiles.store import Store
 from sp_plan.service.deps import reader, writer
 from sp_plan.service.errors import error_responses
 from sp_plan.service.state import Service
@@ -37,15 +36,8 @@ async def upload(p: Profile, svc: Service = Depends(writer)):
     '.', '_' and '-' (starting with a letter or digit, at most 64 characters, no .yaml/.yml/.json suffix), an empty
     or over-long cluster_fingerprint, a created_at more than a day ahead, and figures no device reaches (the
     guide's "Managing profiles")."""
-    pid = await svc.db(save_keeping_both, svc.store, p)
+    pid, _ = await svc.db(svc.store.import_profile, p)
     return JSONResponse({"id": pid, "cluster": p.cluster, "fingerprint": p.cluster_fingerprint}, status_code=201)
-
-
-def save_keeping_both(store: Store, p: Profile) -> str:
-    """Store ``p`` under its id, or under a new one where its id holds a different profile; returns the id."""
-    if p.id and store.has_profile(p.id) and store.get_profile(p.id) != p:
-        p.id = None
-    return store.save_profile(p)
 
 
 @router.delete("/v1/profiles/{id}")
