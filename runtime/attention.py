@@ -51,11 +51,29 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: s
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> None:
     """Self-attention's shards: q, k and v hold the same (batch, local seq) tokens, and a scale is a positive
     number (a NaN or zero scale would give NaN or uniform weights without an error)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise PlanError(name, f"{name} is a {type(x).__name__}, not a tensor",
+                            "pass torch tensors of (batch, local seq, heads, head dim)")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise PlanError("q", f"q, k, v have {q.dim()}, {k.dim()}, {v.dim()} dimensions",
                         "pass (batch, local seq, heads, head dim) tensors")
     if not q.shape[:2] == k.shape[:2] == v.shape[:2]:
         raise PlanError("k", f"q holds (batch, tokens) {tuple(q.shape[:2])}, k {tuple(k.shape[:2])}, "
                         f"v {tuple(v.shape[:2])}", "pass q, k and v of the same tokens (this is self-attention)")
+    check_heads(q, k, v)
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise PlanError("scale", f"{scale!r} is not a positive number", "pass scale=None (1/sqrt(head dim)) or a value > 0")
+
+
+def check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q, k and v of one dtype and device; k and v of the same KV heads, which divide q's (GQA: query head h reads KV
+    head h // (q heads / KV heads)); q and k of one head dim (their dot products)."""
+    if not q.dtype == k.dtype == v.dtype or not q.device == k.device == v.device:
+        raise PlanError("k", f"q is {q.dtype} on {q.device}, k {k.dtype} on {k.device}, v {v.dtype} on {v.device}",
+                        "pass q, k and v of one dtype on one device")
+    if k.shape[2] != v.shape[2] or q.shape[2] % k.shape[2]:
+        raise PlanError("k", f"q has {q.shape[2]} heads, k {k.shape[2]}, v {v.shape[2]}",
+                        "pass k and v of the same KV heads, a divisor of q's (GQA), or as many as q's")
+    if q.shape[3] != k.shape[3]:
+        raise PlanError("k", f"q's head dim is {q.shape[3]}, k's {k.shape[3]}", "pass q and k of one head dim")

@@ -33,6 +33,7 @@ from sp_plan.planner.yamlio import model_from_data
 
 from .agree import MaskAgreement, check_mode, plain
 from .attention import attention as _attention
+from .attention import check_inputs
 from .choice import BackendChoice
 from .placement import Placements, remember
 
@@ -194,6 +195,7 @@ class Context:
             return self._rows_back(x, dim, cu_seqlens)
         if cu_seqlens is None:
             seq_len = x.size(dim) * len(members)
+            self._placements().check_length(x.size(dim), len(members), "ctx.gather", "x")
             self._placements().check_whole(seq_len, "ctx.gather")
             perm = self.layout.sequence_permutation(seq_len)
             lengths = [x.size(dim)] * len(members)
@@ -253,6 +255,11 @@ class Context:
         self._agreement().check(device, q, k, v, causal=causal, window=window, scale=scale, kv_chunks=kv_chunks,
                                 cu_seqlens=cu_seqlens)
         causal, window, kv_chunks = checked_causal(causal), checked_window(window), checked_kv_chunks(kv_chunks)
+        from .variants.ring import check_masks
+
+        check_inputs(q, k, v, scale)  # before the shards' lengths are read from them
+        if cu_seqlens is not None:  # checked before its last entry keys the placements
+            check_masks(cu_seqlens, None, None)
         if cu_seqlens is None and isinstance(q, torch.Tensor):
             sp = self.plan.degrees["ulysses"] * self.plan.degrees["ring"]  # equal shards of the whole sequence
             self._placements().check_length(q.shape[1], sp, "ctx.attention")

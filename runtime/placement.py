@@ -94,17 +94,18 @@ class Placements:
             _refuse(caller, mine, mask, by)
         remember(self._agreed, key, True)
 
-    def check_length(self, local: int, ranks: int, caller: str) -> None:
+    def check_length(self, local: int, ranks: int, caller: str, field: str = "q") -> None:
         """``caller``'s shards of ``local`` tokens on each of ``ranks`` make a sequence ``ctx.shard`` placed: refused
         where it placed sequences and none of that length (shards of SDPA's (batch, heads, seq, head dim) layout,
         or the full tensors where shards were meant, which would run as a longer sequence, with no error)."""
         if not self._latest or local * ranks in self._latest:
             return
         placed = ", ".join(f"{n:,}" for n in sorted(self._latest)[:4]) + (", ..." if len(self._latest) > 4 else "")
-        raise PlanError("q", f"{caller} reads {local:,} tokens a rank, a sequence of {local * ranks:,} over {ranks} "
-                        f"ranks, and ctx.shard placed sequences of {placed} tokens", "pass each rank's shards of q, "
-                        "k and v (ctx.shard of the full tensors on dim 1), in (batch, local seq, heads, head dim); "
-                        "from SDPA's (batch, heads, seq, head dim), transpose(1, 2) first")
+        fix = ("pass each rank's shards of q, k and v (ctx.shard of the full tensors on dim 1), in (batch, local seq, "
+               "heads, head dim); from SDPA's (batch, heads, seq, head dim), transpose(1, 2) first" if field == "q"
+               else f"pass this rank's shard ({field} as ctx.shard or ctx.attention gave it), not the full tensor")
+        raise PlanError(field, f"{caller} reads {local:,} tokens a rank, a sequence of {local * ranks:,} over {ranks} "
+                        f"ranks, and ctx.shard placed sequences of {placed} tokens", fix)
 
     def check_whole(self, seq_len: int, caller: str) -> None:
         """``caller`` reads a sequence of ``seq_len`` tokens whole, without documents: refused where ``ctx.shard``

@@ -367,3 +367,51 @@ def test_a_window_covering_every_document_runs_as_full_attention():
     for same, whole in res:
         assert same == [True] * 4
         assert torch.allclose(whole, ref, atol=1e-6)
+
+
+MISUSE = {  # per case, (q, k, v) shapes and dtypes a user might pass, and the field the error must name
+    "v heads": (((1, 8, 4, 8), (1, 8, 2, 8), (1, 8, 1, 8)), torch.float32, "k"),
+    "heads not dividing": (((1, 8, 4, 8), (1, 8, 3, 8), (1, 8, 3, 8)), torch.float32, "k"),
+    "head dim": (((1, 8, 4, 8), (1, 8, 2, 4), (1, 8, 2, 4)), torch.float32, "k"),
+    "dtype": (((1, 8, 4, 8), (1, 8, 2, 8), (1, 8, 2, 8)), torch.float64, "k"),
+    "3-d": (((8, 4, 8), (8, 2, 8), (8, 2, 8)), torch.float32, "q"),
+}
+
+
+def _misused(rank, world, plan):
+    """Per MISUSE case, the field of the PlanError ctx.attention raised (None: none); then ctx.attention with a 2-d
+    cu_seqlens and ctx.gather of the full tensor instead of its shard."""
+    ctx = init(plan)
+    ctx.shard(torch.randn(1, 16, 4, 8), dim=1)
+    got = {}
+    for name, (shapes, kv_dtype, _) in MISUSE.items():
+        q, k, v = (torch.randn(s, dtype=torch.float32 if i == 0 else kv_dtype) for i, s in enumerate(shapes))
+        try:
+            ctx.attention(q, k, v, causal=True)
+            got[name] = None
+        except PlanError as e:
+            got[name] = e.field
+    q = torch.randn(1, 8, 4, 8)
+    for name, call in (("2-d cu_seqlens", lambda: ctx.attention(q, q, q, cu_seqlens=torch.tensor([[0, 5, 16]]))),
+                       ("gather of the whole", lambda: ctx.gather(torch.randn(1, 16, 4, 8), dim=1))):
+        try:
+            call()
+            got[name] = None
+        except PlanError as e:
+            got[name] = e.field
+    return got
+
+
+@pytest.mark.parametrize("plan", [
+    Plan(algorithm="ring", degrees={"ring": 2}, order=["ring"], token_layout="zigzag"),
+    Plan(algorithm="ulysses", degrees={"ulysses": 2}, order=["ulysses"]),
+    Plan(algorithm="allgather", degrees={"ring": 2}, order=["ring"]),
+], ids=["ring2", "ulysses2", "allgather2"])
+def test_misshapen_inputs_are_refused_naming_the_argument(plan):
+    """KV heads that differ between k and v or do not divide q's, q and k of different head dims, mixed dtypes and a
+    dropped batch dimension are a PlanError naming the argument on every algorithm, not a kernel's RuntimeError, a
+    reshape error or (ring, all-gather) an output with v's heads broadcast apart from k's; a 2-d cu_seqlens and the
+    full tensor passed to ctx.gather where its shard was meant are refused too."""
+    want = {name: field for name, (_, _, field) in MISUSE.items()}
+    want.update({"2-d cu_seqlens": "cu_seqlens", "gather of the whole": "x"})
+    assert run_world(_misused, 2, plan, timeout=120) == [want] * 2
