@@ -166,3 +166,26 @@ def test_contenders_are_read_again_in_rounds():
 
     assert confirm_order(["b", "a", "c"], 2) == [("b", 0), ("a", 0), ("c", 0), ("b", 1), ("a", 1), ("c", 1)]
     assert confirm_order(["b", "a"], 0) == [] and confirm_order([], 3) == []
+
+
+def test_a_reading_whose_stacks_make_no_step_is_kept_out_and_read_again():
+    """A reading whose larger stack timed no slower than its smaller one (the fit ``clamped``) extrapolates the
+    smaller stack's time to the model's depth: the minimum would keep exactly it. It is recorded, kept out of the
+    minimum and of the readings' spread, and a candidate read once so is read again first."""
+    from sp_plan.planner.profile import MeasuredCandidate
+    from sp_plan.profiles.tune.readings import clamped_of, confirmed, impossible, reading_spread
+
+    def mc(name, s, clamped=False):
+        return MeasuredCandidate(summary=name, plan={}, measured_s=s, status="ok",
+                                 detail={"fit": {"fwd_bwd_s": {"clamped": clamped}}})
+
+    bad, good = mc("tp2", 0.131, clamped=True), mc("ring2", 0.6)
+    assert clamped_of(bad) == [True] and clamped_of(good) == [False]
+    assert impossible([good, bad, mc("x", 0.2, True).model_copy(update={"status": "oom"})], 2) == ["tp2"]
+    assert impossible([bad], 0) == []
+    kept = confirmed(bad, [0.131, 0.951, 0.579], [True, False, False])
+    assert kept.measured_s == 0.579 and kept.detail["readings_s"] == [0.131, 0.951, 0.579]
+    assert clamped_of(kept) == [True, False, False] and impossible([kept], 2) == []
+    assert confirmed(bad, [0.131, 0.2], [True, True]).measured_s == 0.131  # none makes a step: as read
+    assert confirmed(good, [0.6, 0.5]).measured_s == 0.5 and clamped_of(confirmed(good, [0.6, 0.5])) == [False] * 2
+    assert reading_spread({"tp2": kept}, ["tp2"]) == 0.951 / 0.579 - 1

@@ -417,16 +417,30 @@ def again(r: TuneRun, key: str, plan: Plan, say: Callable[[str], None]) -> Measu
 def reread_step(r: TuneRun, cal: Calibration) -> None:
     """A candidate read once and far slower than the others predict it is read once more (noise only adds time),
     kept at its faster reading, and the model refitted."""
-    todo = r.decide(lambda: [] if r.budget.spent() else readings.surprises(
-        cal.result, list(r.measured.values()), r.opts.reread, r.opts.settings))
+    todo = r.decide(lambda: [] if r.budget.spent() else rereads(r, cal))
     for j, name in enumerate(todo):
-        r.tick("reread", j, len(todo), f"{name}: read again (slower than predicted)")
+        r.tick("reread", j, len(todo), f"{name}: read again ({why_reread(r.measured[name])})")
         mc = again(r, f"reread:{name}", cal.by_name[name], lambda m: r.tick("reread", j, len(todo), m))
-        more = [mc.measured_s] if mc is not None and mc.status == "ok" else []
-        r.measured[name] = readings.confirmed(r.measured[name], readings.readings_of(r.measured[name]) + more)
+        ok = mc is not None and mc.status == "ok"
+        before = r.measured[name]
+        r.measured[name] = readings.confirmed(before, readings.readings_of(before) + ([mc.measured_s] if ok else []),
+                                              readings.clamped_of(before) + ([readings.clamped(mc.detail)] if ok else []))
         r.tick("reread", j + 1, len(todo), f"{name}: {len(readings.readings_of(r.measured[name]))} readings")
     if todo and r.rank == 0:
         cal.result = r.refit(cal.base, cal.hold)
+
+
+def rereads(r: TuneRun, cal: Calibration) -> list[str]:
+    """The candidates to read again, ``opts.reread`` at most: those read once whose reading makes no step
+    (``readings.impossible``), then the surprises (``readings.surprises``)."""
+    first = readings.impossible(list(r.measured.values()), r.opts.reread)
+    later = readings.surprises(cal.result, list(r.measured.values()), r.opts.reread, r.opts.settings)
+    return (first + [n for n in later if n not in first])[:r.opts.reread]
+
+
+def why_reread(mc: MeasuredCandidate) -> str:
+    """The reread's reason, as its progress line says it."""
+    return "its stacks made no step" if readings.clamped_of(mc)[0] else "slower than predicted"
 
 
 def confirm_step(r: TuneRun, cal: Calibration) -> None:
@@ -440,15 +454,17 @@ def confirm_step(r: TuneRun, cal: Calibration) -> None:
         if not todo:
             return
         got = {name: readings.readings_of(r.measured[name]) for name in todo}
+        flags = {name: readings.clamped_of(r.measured[name]) for name in todo}
         order = readings.confirm_order(todo, r.opts.confirm)
         for j, (name, k) in enumerate(order):
             r.tick("confirm", j, len(order), f"{name}: reading {len(got[name]) + 1}")
             mc = again(r, f"confirm:{name}:{k}", cal.by_name[name], lambda m: r.tick("confirm", j, len(order), m))
             if mc is not None and mc.status == "ok":
                 got[name].append(mc.measured_s)
+                flags[name].append(readings.clamped(mc.detail))
             r.tick("confirm", j + 1, len(order), f"{name}: {len(got[name])} readings")
         for name in todo:
-            r.measured[name] = readings.confirmed(r.measured[name], got[name])
+            r.measured[name] = readings.confirmed(r.measured[name], got[name], flags[name])
         done += todo
         if r.rank == 0:
             cal.result = r.refit(cal.base, cal.hold)
