@@ -124,7 +124,7 @@ class Profile(BaseModel):
         return self
 
     def save(self, path: str | Path) -> None:
-        dump_data(self.model_dump(mode="json", exclude_none=True), path)
+        dump_data(self.model_dump(mode="json", exclude_none=True), path, sealed=True)
 
     @classmethod
     def load(cls, path: str | Path) -> "Profile":

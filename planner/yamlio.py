@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import errno
+import gzip
+import hashlib
 import json
 import re
 import os
 import stat
 import tempfile
+import zlib
 from collections import deque
 from pathlib import Path
 from typing import Any, TypeVar
@@ -228,12 +231,32 @@ def atomic_write(path: str | Path, text: str | bytes, field: str = "--output") -
         raise
 
 
-def dump_data(data: Any, path: str | Path, field: str = "--output") -> None:
-    """Write a dict as JSON (``.json``, any case) or YAML (anything else), atomically."""
+def dump_data(data: Any, path: str | Path, field: str = "--output", sealed: bool = False) -> None:
+    """Write a dict as JSON (``.json``, any case) or YAML (anything else), atomically; ``sealed`` YAML starts with
+    the sha256 of the rest (``seal``), so that a copy cut short on a line's end is refused (``read_data``)."""
     if str(path).lower().endswith(".json"):
         atomic_write(path, json.dumps(data, indent=2) + "\n", field)
     else:
-        atomic_write(path, yaml_dump(data), field)
+        text = yaml_dump(data)
+        atomic_write(path, seal(text) if sealed else text, field)
+
+
+#: a sealed YAML file's first line: the sha256 of the text after it (a comment: any YAML reader skips it)
+SEAL = re.compile(r"# sp-plan sha256: ([0-9a-f]{64})\n")
+
+
+def seal(text: str) -> str:
+    """``text`` under a first line recording its sha256 (``SEAL``)."""
+    return f"# sp-plan sha256: {hashlib.sha256(text.encode()).hexdigest()}\n{text}"
+
+
+def check_seal(text: str, path: Path, what: str) -> None:
+    """A sealed file's text after its first line has the sha256 that line records: else it was cut short (a YAML
+    mapping cut on a line's end still parses, as fewer fields) or edited. An unsealed file is taken as it is."""
+    m = SEAL.match(text)
+    if m and hashlib.sha256(text[m.end():].encode()).hexdigest() != m.group(1):
+        raise PlanError(what, f"{path} does not match the sha256 its first line records: it was cut short or edited",
+                        "copy or export it again; to load a file edited on purpose, delete its first line")
 
 
 def check_schema_version(data: Any, supported: int, what: str) -> None:
@@ -257,14 +280,18 @@ def read_data(path: str | Path, what: str) -> dict:
     path = Path(path)
     if not path.exists():
         raise PlanError(what, f"file {str(path)!r} does not exist", "check the path")
-    kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
+    zipped = path.suffix.lower() == ".gz"
+    kind = "JSON" if (path.with_suffix("") if zipped else path).suffix.lower() == ".json" else "YAML"
     try:
-        text = path.read_text(encoding="utf-8")
+        text = (gzip.open(path, "rt", encoding="utf-8").read() if zipped else path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise PlanError(what, f"{path} is not UTF-8 text (a binary file?)", f"pass the {what} {kind} file") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise PlanError(what, f"{path} is not a whole gzip file ({e})", "copy it again, or pass it unzipped") from None
     except OSError as e:
         raise PlanError(what, f"cannot read {str(path)!r} ({e.strerror or type(e).__name__})",
                         f"pass a readable {what} file") from None
+    check_seal(text, path, what)
     try:
         data = json.loads(text, object_pairs_hook=_json_pairs) if kind == "JSON" else yaml_load(text)
     except (yaml.YAMLError, ValueError) as e:  # json.JSONDecodeError and duplicate keys are ValueErrors

@@ -193,3 +193,30 @@ def test_profile_links_json_prints_events_then_the_result(tmp_path, monkeypatch)
     quiet = cli("profile", "links", "--cluster", tmp_path / "c.yaml", "-o", tmp_path / "cal.yaml", "--store", store,
                 "--quiet")
     assert quiet.exit_code == 0 and quiet.stdout.startswith("wrote ") and "latency" not in quiet.stdout
+
+
+def test_an_exported_profile_cut_short_is_refused_and_a_gzipped_one_is_read(store, tmp_path):
+    """An exported YAML profile starts with the sha256 of the rest: cut on a line's end it still parses (as a profile
+    with fewer fields, which would price plans), so the seal refuses it; an edited file loads once its first line is
+    removed; an unsealed (older or hand-written) file loads as before. A gzipped profile (as benchmarks/truths keeps
+    them) is read as its text, and a gzip cut short is refused in one line."""
+    import gzip
+
+    pid = cli("profile", "import", FIXTURE, "--store", store).stdout.strip()
+    out = tmp_path / "p.yaml"
+    assert cli("profile", "export", pid, "-o", out, "--store", store).exit_code == 0
+    lines = out.read_text().splitlines(keepends=True)
+    assert lines[0].startswith("# sp-plan sha256: ")
+    assert Profile.load(out) == Store(store).get_profile(pid)
+    cut = tmp_path / "cut.yaml"
+    cut.write_text("".join(lines[:12]))
+    one_error_line(cli("profile", "import", cut, "--store", store), "cut short or edited")
+    edited = tmp_path / "edited.yaml"
+    edited.write_text("".join(lines[1:]).replace("loo_error_after: 0.031", "loo_error_after: 0.05"))
+    assert Profile.load(edited).loo_error_after == 0.05
+    zipped = tmp_path / "p.yaml.gz"
+    zipped.write_bytes(gzip.compress(out.read_bytes()))
+    assert Profile.load(zipped) == Profile.load(out)
+    short = tmp_path / "short.yaml.gz"
+    short.write_bytes(zipped.read_bytes()[:200])
+    one_error_line(cli("profile", "import", short, "--store", store), "is not a whole gzip file")
