@@ -168,24 +168,30 @@ def test_contenders_are_read_again_in_rounds():
     assert confirm_order(["b", "a"], 0) == [] and confirm_order([], 3) == []
 
 
-def test_a_reading_whose_stacks_make_no_step_is_kept_out_and_read_again():
-    """A reading whose larger stack timed no slower than its smaller one (the fit ``clamped``) extrapolates the
-    smaller stack's time to the model's depth: the minimum would keep exactly it. It is recorded, kept out of the
-    minimum and of the readings' spread, and a candidate read once so is read again first."""
+def test_a_reading_whose_stacks_extrapolate_unsoundly_is_kept_out_and_one_making_no_step_is_read_again():
+    """A reading extrapolates its stacks' difference to the model's depth: one whose larger stack timed no slower than
+    its smaller one (the fit ``clamped``) extrapolates the smaller stack's time, and one whose per-layer time is under
+    half its readings' median was lowered by noise in its smaller stack; the minimum would keep exactly these. They
+    are recorded, kept out of the minimum and of the readings' spread, and a candidate read once clamped is read
+    again first."""
     from sp_plan.planner.profile import MeasuredCandidate
-    from sp_plan.profiles.tune.readings import clamped_of, confirmed, impossible, reading_spread
+    from sp_plan.profiles.tune.readings import confirmed, fits_of, impossible, kept, reading_spread
 
-    def mc(name, s, clamped=False):
+    def mc(name, s, clamped=False, per=0.08):
         return MeasuredCandidate(summary=name, plan={}, measured_s=s, status="ok",
-                                 detail={"fit": {"fwd_bwd_s": {"clamped": clamped}}})
+                                 detail={"fit": {"fwd_bwd_s": {"clamped": clamped, "per_layer": 0.0 if clamped else per}}})
 
     bad, good = mc("tp2", 0.131, clamped=True), mc("ring2", 0.6)
-    assert clamped_of(bad) == [True] and clamped_of(good) == [False]
+    assert fits_of(bad) == [[True, 0.0]] and fits_of(good) == [[False, 0.08]]
     assert impossible([good, bad, mc("x", 0.2, True).model_copy(update={"status": "oom"})], 2) == ["tp2"]
     assert impossible([bad], 0) == []
-    kept = confirmed(bad, [0.131, 0.951, 0.579], [True, False, False])
-    assert kept.measured_s == 0.579 and kept.detail["readings_s"] == [0.131, 0.951, 0.579]
-    assert clamped_of(kept) == [True, False, False] and impossible([kept], 2) == []
-    assert confirmed(bad, [0.131, 0.2], [True, True]).measured_s == 0.131  # none makes a step: as read
-    assert confirmed(good, [0.6, 0.5]).measured_s == 0.5 and clamped_of(confirmed(good, [0.6, 0.5])) == [False] * 2
-    assert reading_spread({"tp2": kept}, ["tp2"]) == 0.951 / 0.579 - 1
+    read = confirmed(bad, [0.131, 0.951, 0.579], [[True, 0.0], [False, 0.116], [False, 0.057]])
+    assert read.measured_s == 0.579 and read.detail["readings_s"] == [0.131, 0.951, 0.579]
+    assert fits_of(read)[0] == [True, 0.0] and impossible([read], 2) == []
+    # a per-layer time far under its siblings': 1.2 ms against 80 and 60 (the median's half is 30)
+    assert kept([0.703, 0.110, 0.559], [[False, 0.08], [False, 0.0012], [False, 0.06]]) == [0.703, 0.559]
+    assert kept([0.5, 0.45], [[False, 0.05], [False, 0.04]]) == [0.5, 0.45]  # alike: both may be kept
+    assert kept([0.5, 0.45], [[False, 0.05], [False, None]]) == [0.5, 0.45]  # an older reading: no per-layer time
+    assert confirmed(bad, [0.131, 0.2], [[True, 0.0], [True, 0.0]]).measured_s == 0.131  # none sound: as read
+    assert confirmed(good, [0.6, 0.5]).measured_s == 0.5 and fits_of(confirmed(good, [0.6, 0.5])) == [[False, None]] * 2
+    assert reading_spread({"tp2": read}, ["tp2"]) == 0.951 / 0.579 - 1

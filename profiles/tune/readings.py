@@ -1,7 +1,7 @@
 """A measured candidate's readings: which to read again (surprises, contenders), and what to keep of them.
 
 Whatever else runs on the hosts only adds time to a reading, so a candidate read more than once is kept at its
-fastest reading (of those whose stacks make a step: ``clamped``), and the readings worth taking again are those the model says are too slow (``surprises``) or too
+fastest reading (of those its stacks extrapolate soundly: ``kept``), and the readings worth taking again are those the model says are too slow (``surprises``) or too
 close to the best to rank on one reading (``contenders``). Pure functions of the readings and the fit.
 """
 from __future__ import annotations
@@ -66,14 +66,13 @@ def contenders(measured: dict[str, MeasuredCandidate], opts: TuneOptions,
 
 
 def reading_spread(measured: dict[str, MeasuredCandidate], names: list[str]) -> float | None:
-    """The median over ``names`` (read more than once) of a candidate's slowest reading over its fastest (``clamped``
-    ones left out), less 1:
+    """The median over ``names`` (read more than once) of a candidate's slowest reading over its fastest (of those
+    ``kept``), less 1:
     the noise of one reading on these hosts, as the tune itself read it (None without such candidates). The
     confirm step reads the runners-up within it too: on two hosts of 2 CPU ranks a tune read its contenders
     `ring ring4 contiguous` at 1.352, 1.381 and 1.707 s and `usp ulysses2 ring2` at 1.434, 1.631 and 1.433 s (a
     spread of 20 %), and the head-to-head fastest layout, `tokenring ring2 pp2`, once at 1.552 s, 15 % behind."""
-    valid = ([x for x, f in zip(readings_of(measured[n]), clamped_of(measured[n])) if not f]
-             for n in names if n in measured)
+    valid = (kept(readings_of(measured[n]), fits_of(measured[n])) for n in names if n in measured)
     spreads = [max(r) / min(r) - 1 for r in valid if len(r) > 1 and min(r) > 0]
     return float(statistics.median(spreads)) if spreads else None
 
@@ -91,35 +90,50 @@ def readings_of(mc: MeasuredCandidate) -> list[float]:
     return list(mc.detail.get("readings_s") or [mc.measured_s])
 
 
-def clamped(detail: dict) -> bool:
-    """Whether a reading's stacks timed the larger no slower than the smaller (``candidate.extrapolate``'s
-    ``clamped`` fit of fwd_bwd_s): no step can be, so its extrapolation to the model's depth is not a reading of the
-    layout (on a 2-core host beside other work a 2-layer stack read 90 ms after a 1-layer one's 119 ms, and the
-    8-layer step extrapolated from them 131 ms against the candidate's other readings of 579 and 951 ms)."""
-    return bool(((detail.get("fit") or {}).get("fwd_bwd_s") or {}).get("clamped"))
+def fit_of(detail: dict) -> list:
+    """A reading's [clamped, per_layer] (``candidate.extrapolate``'s fit of fwd_bwd_s): whether its stacks timed the
+    larger no slower than the smaller (no step can be, so its extrapolation to the model's depth is the smaller
+    stack's time, not a reading of the layout), and the seconds a layer adds (None where not recorded)."""
+    fit = (detail.get("fit") or {}).get("fwd_bwd_s") or {}
+    return [bool(fit.get("clamped")), fit.get("per_layer")]
 
 
-def clamped_of(mc: MeasuredCandidate) -> list[bool]:
-    """Per reading of ``readings_of(mc)``, whether it is ``clamped`` (kept in ``detail['readings_clamped']``)."""
-    flags = mc.detail.get("readings_clamped")
+def fits_of(mc: MeasuredCandidate) -> list[list]:
+    """Per reading of ``readings_of(mc)``, its ``fit_of`` (kept in ``detail['readings_fit']``)."""
+    fits = mc.detail.get("readings_fit")
     n = len(readings_of(mc))
-    return list(flags) if flags is not None and len(flags) == n else [clamped(mc.detail)] + [False] * (n - 1)
+    if fits is not None and len(fits) == n:
+        return [list(f) for f in fits]
+    return [fit_of(mc.detail)] + [[False, None]] * (n - 1)
+
+
+def kept(readings: list[float], fits: list[list]) -> list[float]:
+    """The readings a candidate may be kept at (all of them where none is): not ``clamped``, and with a per-layer
+    time at least half the median of its readings'. A reading extrapolates its two stacks' difference to the model's
+    depth, so noise in either moves it both ways (more in the smaller stack lowers it), and the fastest reading is
+    then the one whose smaller stack ran slowest, not the quietest: on a 2-core host beside other work one layout
+    read 90 ms for its 2-layer stack after 119 ms for its 1-layer one, extrapolated to 131 ms against its other
+    readings of 579 and 951 ms, and another 82 ms after 81 ms, 110 ms against 559 and 703 ms."""
+    slopes = [f[1] for f in fits if f[1] is not None]
+    floor = statistics.median(slopes) / 2 if len(slopes) > 1 else None
+    good = [r for r, (clamp, per) in zip(readings, fits)
+            if not clamp and (floor is None or per is None or per >= floor)]
+    return good or list(readings)
 
 
 def impossible(measured: list[MeasuredCandidate], most: int) -> list[str]:
     """The candidates read once whose one reading is ``clamped``: read again before anything ranks by them."""
     return [mc.summary for mc in measured
-            if mc.status == "ok" and len(readings_of(mc)) == 1 and clamped_of(mc)[0]][:max(most, 0)]
+            if mc.status == "ok" and len(readings_of(mc)) == 1 and fits_of(mc)[0][0]][:max(most, 0)]
 
 
-def confirmed(mc: MeasuredCandidate, readings: list[float], flags: list[bool] | None = None) -> MeasuredCandidate:
-    """``mc`` at the fastest of its step-time readings that are not ``clamped`` (``flags``, per reading; all of them
-    where every one is), all kept in ``detail['readings_s']`` and their flags in ``detail['readings_clamped']``.
-    Whatever else runs on the hosts only adds time (timeit's rule: the minimum, not the mean, measures the code); on
-    two hosts of 2 CPU ranks each a layout read 1.21, 1.80 and 1.78 s in three passes of a ground truth, and
-    1.28-1.30 s in three readings taken later beside nine other layouts, whose medians matched each layout's fastest
-    pass within 7 % and its median pass only within 45 %."""
-    flags = [False] * len(readings) if flags is None else list(flags)
-    kept = [r for r, f in zip(readings, flags) if not f] or list(readings)
-    return mc.model_copy(update={"measured_s": min(kept),
-                                 "detail": {**mc.detail, "readings_s": list(readings), "readings_clamped": flags}})
+def confirmed(mc: MeasuredCandidate, readings: list[float], fits: list[list] | None = None) -> MeasuredCandidate:
+    """``mc`` at the fastest of its step-time readings that may be ``kept`` (``fits``: each one's ``fit_of``), all
+    kept in ``detail['readings_s']`` and their fits in ``detail['readings_fit']``. Whatever else runs on the hosts
+    only adds time (timeit's rule: the minimum, not the mean, measures the code); on two hosts of 2 CPU ranks each a
+    layout read 1.21, 1.80 and 1.78 s in three passes of a ground truth, and 1.28-1.30 s in three readings taken
+    later beside nine other layouts, whose medians matched each layout's fastest pass within 7 % and its median
+    pass only within 45 %."""
+    fits = [[False, None]] * len(readings) if fits is None else [list(f) for f in fits]
+    return mc.model_copy(update={"measured_s": min(kept(readings, fits)),
+                                 "detail": {**mc.detail, "readings_s": list(readings), "readings_fit": fits}})

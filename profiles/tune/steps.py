@@ -424,7 +424,7 @@ def reread_step(r: TuneRun, cal: Calibration) -> None:
         ok = mc is not None and mc.status == "ok"
         before = r.measured[name]
         r.measured[name] = readings.confirmed(before, readings.readings_of(before) + ([mc.measured_s] if ok else []),
-                                              readings.clamped_of(before) + ([readings.clamped(mc.detail)] if ok else []))
+                                              readings.fits_of(before) + ([readings.fit_of(mc.detail)] if ok else []))
         r.tick("reread", j + 1, len(todo), f"{name}: {len(readings.readings_of(r.measured[name]))} readings")
     if todo and r.rank == 0:
         cal.result = r.refit(cal.base, cal.hold)
@@ -440,7 +440,7 @@ def rereads(r: TuneRun, cal: Calibration) -> list[str]:
 
 def why_reread(mc: MeasuredCandidate) -> str:
     """The reread's reason, as its progress line says it."""
-    return "its stacks made no step" if readings.clamped_of(mc)[0] else "slower than predicted"
+    return "its stacks made no step" if readings.fits_of(mc)[0][0] else "slower than predicted"
 
 
 def confirm_step(r: TuneRun, cal: Calibration) -> None:
@@ -454,17 +454,17 @@ def confirm_step(r: TuneRun, cal: Calibration) -> None:
         if not todo:
             return
         got = {name: readings.readings_of(r.measured[name]) for name in todo}
-        flags = {name: readings.clamped_of(r.measured[name]) for name in todo}
+        fits = {name: readings.fits_of(r.measured[name]) for name in todo}
         order = readings.confirm_order(todo, r.opts.confirm)
         for j, (name, k) in enumerate(order):
             r.tick("confirm", j, len(order), f"{name}: reading {len(got[name]) + 1}")
             mc = again(r, f"confirm:{name}:{k}", cal.by_name[name], lambda m: r.tick("confirm", j, len(order), m))
             if mc is not None and mc.status == "ok":
                 got[name].append(mc.measured_s)
-                flags[name].append(readings.clamped(mc.detail))
+                fits[name].append(readings.fit_of(mc.detail))
             r.tick("confirm", j + 1, len(order), f"{name}: {len(got[name])} readings")
         for name in todo:
-            r.measured[name] = readings.confirmed(r.measured[name], got[name], flags[name])
+            r.measured[name] = readings.confirmed(r.measured[name], got[name], fits[name])
         done += todo
         if r.rank == 0:
             cal.result = r.refit(cal.base, cal.hold)
