@@ -68,7 +68,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 
 def check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """q, k and v of one dtype and device; k and v of the same KV heads, which divide q's (GQA: query head h reads KV
-    head h // (q heads / KV heads)); q and k of one head dim (their dot products)."""
+    head h // (q heads / KV heads)); q, k and v of one head dim."""
     if not q.dtype == k.dtype == v.dtype or not q.device == k.device == v.device:
         raise PlanError("k", f"q is {q.dtype} on {q.device}, k {k.dtype} on {k.device}, v {v.dtype} on {v.device}",
                         "pass q, k and v of one dtype on one device")
@@ -77,3 +77,6 @@ def check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                         "pass k and v of the same KV heads, a divisor of q's (GQA), or as many as q's")
     if q.shape[3] != k.shape[3]:
         raise PlanError("k", f"q's head dim is {q.shape[3]}, k's {k.shape[3]}", "pass q and k of one head dim")
+    if v.shape[3] != q.shape[3]:  # the fused kernels and Ulysses' one all-to-all buffer take one head dim
+        raise PlanError("v", f"v's head dim is {v.shape[3]}, q's {q.shape[3]}", "pass v of q's head dim (pad it)")
+

@@ -375,6 +375,7 @@ MISUSE = {  # per case, (q, k, v) shapes and dtypes a user might pass, and the f
     "head dim": (((1, 8, 4, 8), (1, 8, 2, 4), (1, 8, 2, 4)), torch.float32, "k"),
     "dtype": (((1, 8, 4, 8), (1, 8, 2, 8), (1, 8, 2, 8)), torch.float64, "k"),
     "3-d": (((8, 4, 8), (8, 2, 8), (8, 2, 8)), torch.float32, "q"),
+    "v head dim": (((1, 8, 4, 8), (1, 8, 2, 8), (1, 8, 2, 16)), torch.float32, "v"),
 }
 
 
