@@ -71,8 +71,8 @@ def list_cmd(
     if profiles:
         out.print(t)
     else:
-        out.print("no profiles stored" + (" for this cluster" if fp else "") + "; make one with `sp-plan tune` or "
-                  "`sp-plan profile import FILE`", highlight=False)
+        out.print(f"no profiles stored in {st.shown}" + (f" for topology {fp}" if fp else "") + "; make one with "
+                  "`sp-plan tune` or `sp-plan profile import FILE`", highlight=False)
 
 
 @profile_app.command("show")
@@ -143,7 +143,7 @@ def import_cmd(
         from sp_plan.planner.profile import Profile  # noqa: PLC0415
 
         p = Profile.load(path)
-        if server:
+        if server is not None:  # '' (an unset variable) is refused by the client, not taken for the local store
             from sp_plan.client import Client  # noqa: PLC0415
 
             pid, shown = Client.from_env(server).upload_profile(p), server

@@ -35,7 +35,7 @@ from sp_plan.planner.profile import Profile, created_utc
 from sp_plan.planner.yamlio import FILE_SUFFIXES, model_from_data
 from sp_plan.profiles import MAX_NODES, cluster_presets, preset_cluster
 from sp_plan.profiles.peek import (  # noqa: F401 - the store's names, defined where a glance needs no SQLAlchemy
-    ENV_VAR, VERSION_TABLE, default_store_url, store_url)
+    ENV_VAR, VERSION_TABLE, default_store_url, sqlite_path, store_url)
 from sp_plan.profiles.resolve import datasheet_hbm, resolve_profile, stack_mismatch  # noqa: F401 - as above
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -218,6 +218,7 @@ class Database:
         self.url = store_url(url)
         self.shown = redact(self.url)
         self._reader: sa.Engine | None = None
+        self._check_not_folder()
         if existing and (url is not None or os.environ.get(ENV_VAR)):
             self._check_exists()
         try:
@@ -245,6 +246,14 @@ class Database:
             raise StoreError(self.source, f"cannot open store {self.shown} ({text})", fix) from None
 
     # ---- opening
+    def _check_not_folder(self) -> None:
+        """A SQLite URL names a file: a folder there is refused with the URL of a file in it (SQLite says only
+        that it is unable to open the database file)."""
+        path = sqlite_path(self.url)
+        if path is not None and path.is_dir():
+            raise StoreError(self.source, f"{self.shown} names the folder {path}, not a file",
+                             f"name a file in it, e.g. sqlite:///{path / 'store.db'}")
+
     def _check_exists(self) -> None:
         """A SQLite file named by --store or $SP_PLAN_STORE exists: a command that only reads (``existing``) makes no
         store of a mistyped path and does not report it as empty."""
@@ -490,9 +499,14 @@ class Store(Database):
         if conn.execute(sa.select(profiles_t.c.id).where(profiles_t.c.id == id)).first():
             return id
         if len(id) >= 4:  # a unique prefix, like git
-            ids = conn.execute(sa.select(profiles_t.c.id).where(profiles_t.c.id.startswith(id, autoescape=True))).scalars().all()
+            ids = conn.execute(sa.select(profiles_t.c.id).where(profiles_t.c.id.startswith(id, autoescape=True))
+                               .limit(4)).scalars().all()
             if len(ids) == 1:
                 return ids[0]
+            if ids:
+                shown = ", ".join(sorted(ids)[:3]) + (", ..." if len(ids) > 3 else "")
+                raise PlanError("profile", f"{id!r} is the prefix of several stored profiles ({shown})",
+                                "give more of the id")
         return None
 
     def _profile(self, doc: dict) -> Profile:

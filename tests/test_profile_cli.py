@@ -47,7 +47,10 @@ def test_import_list_show_export_delete(store, tmp_path):
     fp = load_cluster("dgx-h100", 2).topology_fingerprint()
     assert pid in cli("profile", "list", "--store", store, "--cluster", "dgx-h100", "--nodes", "2").stdout
     one = cli("profile", "list", "--store", store, "--cluster", "dgx-h100", "--nodes", "1")
-    assert one.exit_code == 0 and pid not in one.stdout and "no profiles stored for this cluster" in one.stdout
+    fp1 = load_cluster("dgx-h100", 1).topology_fingerprint()
+    shown = " ".join(one.stdout.split())  # rich wraps the line
+    assert one.exit_code == 0 and pid not in one.stdout and f"no profiles stored in {store} for topology {fp1}" in shown
+    assert one_error_line(cli("profile", "import", FIXTURE, "--server", ""), "--server") is None
     r = cli("profile", "show", pid, "--store", store)
     assert r.exit_code == 0, r.output
     for text in (Store(store).get_profile(pid).line(), "ulysses8 x ring2", "2.360 s", "-2.1%", "oom (CUDA out of memory",
@@ -99,6 +102,8 @@ def test_bad_inputs_exit_2_one_line(store, tmp_path):
     one_error_line(cli("profile", "import", FIXTURE, "--store", f"sqlite:///{tmp_path}/missing/store.db"),
                    "--store: cannot open store")
     one_error_line(cli("profile", "list", "--store", store, "--nodes", "2"), "--nodes")
+    for command in (("profile", "list"), ("profile", "import", FIXTURE)):  # a folder: the URL of a file in it
+        one_error_line(cli(*command, "--store", f"sqlite:///{tmp_path}"), f"e.g. sqlite:///{tmp_path}/store.db")
 
 
 @pytest.mark.parametrize("command", ["plan", "estimate"])

@@ -624,3 +624,16 @@ def test_two_imports_of_different_profiles_with_one_id_at_once_keep_both(url):
 
 def _import_one(url: str, pid: str, error: float) -> tuple[str, str | None]:
     return Store(url).import_profile(make_profile(id=pid, loo_error_after=error))
+
+
+def test_a_prefix_of_several_ids_says_so(tmp_path):
+    """An id prefix that several stored profiles share is refused as such, not reported as no profile."""
+    st = Store(f"sqlite:///{tmp_path}/s.db")
+    for pid in ("abcd1", "abcd2"):
+        st.save_profile(make_profile(id=pid))
+    with pytest.raises(PlanError) as e:
+        st.get_profile("abcd")
+    assert not isinstance(e.value, NotFound) and "abcd1, abcd2" in e.value.problem and "more of the id" in e.value.fix
+    assert st.get_profile("abcd2").id == "abcd2"
+    with pytest.raises(NotFound):
+        st.get_profile("abce")
