@@ -26,6 +26,8 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+#: the subpackages an attribute of the package loads
+_SUBPACKAGES = ("planner", "runtime", "profiles", "integrations", "client", "service", "cli")
 
 
 def __getattr__(name: str):
@@ -34,6 +36,8 @@ def __getattr__(name: str):
         from importlib.metadata import version  # noqa: PLC0415
 
         return version("sp-plan")
+    if name in _SUBPACKAGES:  # `import sp_plan; sp_plan.runtime.init(...)` as after `import sp_plan.runtime`
+        return importlib.import_module(f"sp_plan.{name}")
     if name not in _EXPORTS:
         raise AttributeError(f"module 'sp_plan' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.distributed as dist
@@ -62,7 +63,8 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
         raise PlanError("k", f"q holds (batch, tokens) {tuple(q.shape[:2])}, k {tuple(k.shape[:2])}, "
                         f"v {tuple(v.shape[:2])}", "pass q, k and v of the same tokens (this is self-attention)")
     check_heads(q, k, v)
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+    if scale is not None and not (isinstance(scale, numbers.Real) and not isinstance(scale, bool)
+                                  and math.isfinite(scale) and scale > 0):  # a numpy float32 is a Real, not a float
         raise PlanError("scale", f"{scale!r} is not a positive number", "pass scale=None (1/sqrt(head dim)) or a value > 0")
 
 

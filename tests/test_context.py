@@ -1,4 +1,5 @@
 """init(plan) on an 8-rank gloo world: groups equal the plan's lists; gather(shard(x)) == x."""
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -393,6 +394,7 @@ def _misused(rank, world, plan):
         except PlanError as e:
             got[name] = e.field
     q = torch.randn(1, 8, 4, 8)
+    got["numpy scale"] = tuple(ctx.attention(q, q, q, scale=np.float32(0.3)).shape)  # a Real, not a float: taken
     for name, call in (("2-d cu_seqlens", lambda: ctx.attention(q, q, q, cu_seqlens=torch.tensor([[0, 5, 16]]))),
                        ("gather of the whole", lambda: ctx.gather(torch.randn(1, 16, 4, 8), dim=1))):
         try:
@@ -414,5 +416,5 @@ def test_misshapen_inputs_are_refused_naming_the_argument(plan):
     reshape error or (ring, all-gather) an output with v's heads broadcast apart from k's; a 2-d cu_seqlens and the
     full tensor passed to ctx.gather where its shard was meant are refused too."""
     want = {name: field for name, (_, _, field) in MISUSE.items()}
-    want.update({"2-d cu_seqlens": "cu_seqlens", "gather of the whole": "x"})
+    want.update({"2-d cu_seqlens": "cu_seqlens", "gather of the whole": "x", "numpy scale": (1, 8, 4, 8)})
     assert run_world(_misused, 2, plan, timeout=120) == [want] * 2

@@ -152,6 +152,15 @@ def test_importing_sp_plan_and_its_planner_is_light():
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
 
 
+def test_the_subpackages_are_attributes_of_the_package():
+    """`import sp_plan` then `sp_plan.runtime.init(...)`, as after `import sp_plan.runtime`: each subpackage loads on
+    first use, and an unknown name is still an AttributeError."""
+    code = ("import sp_plan; print(sp_plan.runtime.init.__name__, sp_plan.planner.Plan.__name__, "
+            "sp_plan.profiles.load_cluster.__name__, hasattr(sp_plan, 'nosuch'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["init", "Plan", "load_cluster", "False"], r.stdout + r.stderr
+
+
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_routes_without_networkx_are_the_routes_networkx_finds(nodes):
     """The engine routes on cluster.LinkGraph so that planning needs no networkx: on every preset, each pair of
