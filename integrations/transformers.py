@@ -299,14 +299,17 @@ def shard_inputs(ctx, input_ids: torch.Tensor, labels: torch.Tensor | None,
     if labels is not None and labels.shape != input_ids.shape:
         raise PlanError("labels", f"shape {tuple(labels.shape)} differs from input_ids {tuple(input_ids.shape)}",
                         "pass unshifted labels of the full sequences, one per token")
+    packs = None
     if position_ids is None:
         position_ids = torch.arange(s, device=input_ids.device).expand(b, s)
     else:
         check_positions(position_ids, s)
         position_ids = position_ids.expand(b, s)
         packs = packed_cu_seqlens(position_ids)
-        if packs is not None:
-            return shard_packed(ctx, input_ids, labels, position_ids, packs, window)
+    if packs is None and ctx.plan.token_layout == "balanced":  # it places documents: here each row is one
+        packs = [np.array([0, s])] * b
+    if packs is not None:
+        return shard_packed(ctx, input_ids, labels, position_ids, packs, window)
     return ShardedInputs(ctx.shard(input_ids, dim=1), ctx.shard(position_ids, dim=1),
                          None if labels is None else ctx.shard(shift_labels(labels), dim=1))
 

@@ -402,3 +402,10 @@ def test_a_wrapped_model_is_checked_through_its_wrappers():
     sdpa.config._attn_implementation = NAME
     check_attention(torch.compile(_Wrapper(sdpa)))
     assert unwrapped(torch.nn.Linear(2, 2)).__class__ is torch.nn.Linear  # nothing inside: the module itself
+
+
+def test_a_balanced_plan_trains_rows_of_one_document_each():
+    """A balanced plan (what `plan` picks for packed workloads) places documents; a batch whose rows each hold one
+    (position_ids one run, or None) is sharded as one document a row, not refused for lacking cu_seqlens, and
+    matches one process."""
+    _compare([BALANCED], run_world(_train_step, 4, [BALANCED], timeout=120), _reference())
