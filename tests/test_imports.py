@@ -70,18 +70,23 @@ def test_plan_without_a_profile_imports_no_store_and_no_scipy(tmp_path):
     assert "PlanRequest" not in did["UNBUILT"] and "sp_plan.planner.sensitivity" not in mods
 
 
-def test_plan_opens_the_store_only_to_create_it(tmp_path, monkeypatch):
-    """A new store is created (SQLAlchemy, alembic); one at its schema head is read with sqlite3 alone, whether it
-    holds no profile of the topology or the one the plan then uses. None needs the fitting code."""
+def test_plan_reads_the_store_without_sqlalchemy(tmp_path, monkeypatch):
+    """A store at its schema head is read with sqlite3 alone, whether it holds no profile of the topology or the one
+    the plan then uses; none needs the fitting code. A store $SP_PLAN_STORE names and that is not there is refused
+    (plan only reads it), not made."""
     monkeypatch.setenv("SP_PLAN_STORE", f"sqlite:///{tmp_path / 'store.db'}")
     args = ("plan", "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "128k")
     light = {"scipy", "matplotlib", "torch", "fastapi", "optuna"}
-    for store in (True, False):
-        mods = top(imported(*args))
-        assert ("sqlalchemy" in mods) == store and ("alembic" in mods) == store and not mods & light
+    missing = subprocess.run([sys.executable, "-m", "sp_plan.cli.app", *args], capture_output=True, text=True,
+                             timeout=300)
+    assert missing.returncode == 2 and "SP_PLAN_STORE: no store at" in missing.stderr
+    assert not (tmp_path / "store.db").exists()
     from sp_plan.profiles.store import Store  # noqa: PLC0415
     from test_store import make_profile  # noqa: PLC0415
 
+    Store().close()
+    mods = top(imported(*args))
+    assert "sqlalchemy" not in mods and "alembic" not in mods and not mods & light
     Store().save_profile(make_profile(load_cluster("dgx-h100", nodes=2).topology_fingerprint()))
     r = subprocess.run([sys.executable, "-c", WRAPPER, *args], capture_output=True, text=True, timeout=300)
     mods = top(json.loads(next(x for x in r.stderr.splitlines() if x.startswith("MODULES="))[8:]))
