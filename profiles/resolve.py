@@ -16,7 +16,7 @@ from sp_plan.planner.plausible import check_hbm, check_params
 from sp_plan.planner.profile import STACK_KEYS, Profile
 from sp_plan.planner.yamlio import model_from_data, names_file
 from sp_plan.profiles.kernels import default_params, hbm_figure
-from sp_plan.profiles.peek import TUNE, glance, store_url
+from sp_plan.profiles.peek import TUNE, glance, sqlite_path, store_url
 
 NO_PROFILE_LINE = "not using a profile: none (--no-profile)"
 
@@ -64,6 +64,10 @@ def resolve_profile(spec: Profile | str | os.PathLike | bool | None, cluster: Cl
             return None, f"profile: {seen.line}"
         if seen is not None:
             return check_profile(model_from_data(Profile, seen.document, "profile", f"store {url}"), cluster)
+        path = sqlite_path(url)
+        if path is not None and not path.exists():  # named, and not there: said, and not made (a lookup only reads)
+            return None, (f"profile: no store at {url} ({path} does not exist; check --store or $SP_PLAN_STORE)"
+                          f"{TUNE} or `sp-plan profile import`")
     return _from_store(spec, cluster, store)
 
 
@@ -72,8 +76,11 @@ def _from_store(spec: str | None, cluster, store) -> tuple[Profile | None, str]:
     # the store module imports SQLAlchemy and alembic (~0.2 s): only a lookup the glance cannot answer pays for it
     from sp_plan.profiles.store import Store  # noqa: PLC0415
 
-    # a lookup only reads: a mistyped --store or $SP_PLAN_STORE is refused, not made an empty store read as "none"
-    store = store if isinstance(store, Store) else Store(store, existing=True)
+    path = None if isinstance(store, Store) else sqlite_path(store_url(store))
+    if spec is not None and path is not None and not path.exists():  # a lookup only reads: no store is made
+        raise NotFound("profile", f"no profile file or stored profile id {spec!r} (no store at {store_url(store)}: "
+                       f"{path} does not exist)", "pass a profile file, or an id and the --store that holds it")
+    store = store if isinstance(store, Store) else Store(store)
     if spec is not None:
         try:
             return check_profile(store.get_profile(spec), cluster)

@@ -107,9 +107,9 @@ def test_bad_inputs_exit_2_one_line(store, tmp_path):
 
 
 @pytest.mark.parametrize("command", ["plan", "estimate"])
-def test_plan_and_estimate_refuse_a_mistyped_store(command, tmp_path, monkeypatch):
-    """They only read the store: a --store or $SP_PLAN_STORE naming no store is refused, not made an empty store
-    whose "none stored" would leave the plan uncalibrated without a word about the typo."""
+def test_plan_and_estimate_say_a_store_is_not_there_and_do_not_make_it(command, tmp_path, monkeypatch):
+    """They only read the store: a --store or $SP_PLAN_STORE naming no store (a typo, or a team's store before its
+    first tune) is said, not made an empty store reported as holding nothing; an id looked up there is refused."""
     monkeypatch.delenv("SP_PLAN_STORE", raising=False)
     url = f"sqlite:///{tmp_path}/typo.db"
     plan = tmp_path / "plan.yaml"
@@ -117,9 +117,12 @@ def test_plan_and_estimate_refuse_a_mistyped_store(command, tmp_path, monkeypatc
                "-o", plan).exit_code == 0
     args = (["plan", "--cluster", "cpu-local", "--model", "tiny-llama", "--seq-len", "1k"] if command == "plan"
             else ["estimate", plan])
-    one_error_line(cli(*args, "--store", url), "--store: no store at ")
-    monkeypatch.setenv("SP_PLAN_STORE", url)
-    one_error_line(cli(*args), "SP_PLAN_STORE: no store at ")
+    for env in (False, True):
+        if env:
+            monkeypatch.setenv("SP_PLAN_STORE", url)
+        r = cli(*args, *([] if env else ["--store", url]))
+        assert r.exit_code == 0 and f"not using a profile: no store at {url}" in " ".join(r.output.split()), r.output
+    one_error_line(cli(*args, "--profile", "abcd1234"), "(no store at ")
     assert not (tmp_path / "typo.db").exists()
 
 
