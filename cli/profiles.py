@@ -58,9 +58,12 @@ def list_cmd(
         elif nodes is not None:
             raise PlanError("--nodes", "only filters together with --cluster", "add --cluster NAME|FILE or drop --nodes")
         st = _store(store)
-        profiles = st.list_profiles(fp)
+        unreadable: list = []
+        profiles = st.list_profiles(fp, unreadable)
     except PlanError as e:
         _fail(e)
+    for pid, e in unreadable:  # listed beside the others, each with why
+        err.print(f"profile {pid}: cannot read it ({e.field}: {e.problem}); {e.fix}", highlight=False)
     t = Table(title=f"profiles in {st.shown}" + (f" for topology {fp}" if fp else ""))
     for c in ("id", "cluster", "topology", "created", "candidates measured", "LOO error after", "stack"):
         t.add_column(c, justify="right" if c in ("candidates measured", "LOO error after") else "left")

@@ -532,16 +532,27 @@ class Store(Database):
             raise self._unknown(id)
         return self._profile(doc)
 
-    def list_profiles(self, fingerprint: str | None = None) -> list[Profile]:
-        """Stored profiles, newest first, optionally only those of one topology fingerprint."""
-        q = sa.select(profiles_t.c.document).order_by(profiles_t.c.created_at.desc(), profiles_t.c.stored_at.desc())
+    def list_profiles(self, fingerprint: str | None = None, unreadable: list | None = None) -> list[Profile]:
+        """Stored profiles, newest first, optionally only those of one topology fingerprint. A row this sp-plan cannot
+        read (written by a newer one into a shared store) raises its PlanError; with ``unreadable`` (a list) it is
+        appended there as (id, PlanError) and the others are listed."""
+        q = sa.select(profiles_t.c.id, profiles_t.c.document).order_by(profiles_t.c.created_at.desc(),
+                                                                        profiles_t.c.stored_at.desc())
         if fingerprint is not None:
             if not storable(fingerprint, profiles_t.c.fingerprint):
                 return []
             q = q.where(profiles_t.c.fingerprint == fingerprint)
         with self.transaction() as conn:
-            docs = conn.execute(q).scalars().all()
-        return [self._profile(d) for d in docs]
+            rows = conn.execute(q).all()
+        out = []
+        for pid, doc in rows:
+            try:
+                out.append(self._profile(doc))
+            except PlanError as e:
+                if unreadable is None:
+                    raise
+                unreadable.append((pid, e))
+        return out
 
     def latest_profile(self, fingerprint: str) -> Profile | None:
         """The newest profile of this topology fingerprint, or None."""

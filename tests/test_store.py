@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import signal
+import json
 import sqlite3
 import subprocess
 import sys
@@ -637,3 +638,27 @@ def test_a_prefix_of_several_ids_says_so(tmp_path):
     assert st.get_profile("abcd2").id == "abcd2"
     with pytest.raises(NotFound):
         st.get_profile("abce")
+
+
+def test_a_row_this_sp_plan_cannot_read_is_named_and_the_others_listed(tmp_path):
+    """A profile a newer sp-plan wrote into a shared store (schema_version 2) stops the listing only where the
+    caller asks for that: `profile list` lists the others and names it, one line with why."""
+    from typer.testing import CliRunner
+
+    from sp_plan.cli.app import app
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    st = Store(url)
+    for pid in ("new1", "old1"):
+        st.save_profile(make_profile(id=pid))
+    with sqlite3.connect(tmp_path / "s.db") as c:
+        doc = json.loads(c.execute("SELECT document FROM profiles WHERE id = 'new1'").fetchone()[0])
+        c.execute("UPDATE profiles SET document = ? WHERE id = 'new1'", (json.dumps({**doc, "schema_version": 2}),))
+    st.close()
+    with pytest.raises(PlanError):
+        Store(url).list_profiles()
+    bad: list = []
+    assert [p.id for p in Store(url).list_profiles(unreadable=bad)] == ["old1"] and [i for i, _ in bad] == ["new1"]
+    r = CliRunner().invoke(app, ["profile", "list", "--store", url])
+    assert r.exit_code == 0 and "old1" in r.stdout
+    assert r.stderr.startswith("profile new1: cannot read it (profile.schema_version: ") and "upgrade" in r.stderr
