@@ -439,15 +439,19 @@ class Store(Database):
     """Profiles, link fits and tune checkpoints in one database (see the module docstring)."""
 
     # ---- profiles
-    def save_profile(self, profile: Profile) -> str:
+    def save_profile(self, profile: Profile, finishing: int | None = None) -> str:
         """Store (or replace, same id) a profile; assigns ``id`` and ``created_at`` when missing; returns the id.
         A profile the store cannot keep as given (check_columns), created in the future (check_created) or with
-        impossible figures (check_plausible) is PlanError naming the field."""
+        impossible figures (check_plausible) is PlanError naming the field. ``finishing``: the tune run that made
+        it, marked done in the same transaction (a tune killed between the two would store it again on resume)."""
         _check_storable(profile)
         if not profile.id:
             profile.id = content_id(profile)
         with self.transaction() as conn:
             self._write_profile(conn, profile)
+            if finishing is not None and not conn.execute(runs_t.update().where(runs_t.c.id == finishing)
+                                                          .values(status="done", updated_at=_now())).rowcount:
+                raise PlanError("run", f"no tune run {finishing} in store {self.shown}", "pass a run id from start_run")
         return profile.id
 
     def import_profile(self, profile: Profile) -> tuple[str, str | None]:

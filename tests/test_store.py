@@ -662,3 +662,16 @@ def test_a_row_this_sp_plan_cannot_read_is_named_and_the_others_listed(tmp_path)
     r = CliRunner().invoke(app, ["profile", "list", "--store", url])
     assert r.exit_code == 0 and "old1" in r.stdout
     assert r.stderr.startswith("profile new1: cannot read it (profile.schema_version: ") and "upgrade" in r.stderr
+
+
+def test_a_tunes_profile_is_stored_and_its_run_finished_in_one_transaction(tmp_path):
+    """A tune killed between storing its profile and finishing its run would resume and store it again: both are
+    one transaction, and a run that is not there leaves no profile behind."""
+    st = Store(f"sqlite:///{tmp_path}/s.db")
+    rid, _ = st.start_run("k", {})
+    pid = st.save_profile(make_profile(), finishing=rid)
+    assert st.run(rid)["status"] == "done" and st.get_profile(pid).id == pid
+    assert st.start_run("k", {})[1] is False  # nothing left to resume
+    with pytest.raises(PlanError) as e:
+        st.save_profile(make_profile(id="orphan"), finishing=rid + 99)
+    assert e.value.field == "run" and not st.has_profile("orphan")

@@ -146,8 +146,7 @@ def finish(r: steps.TuneRun, cal: steps.Calibration, links, kernels: steps.Kerne
                            list(r.measured.values()), links, kernels.samples, kernels.rounds_s)
         if r.skipped:
             profile.measurements["skipped"] = list(r.skipped)
-        profile.id = r.store.save_profile(profile)
-        r.store.finish_run(r.run_id, "done")
+        profile.id = r.store.save_profile(profile, finishing=r.run_id)  # stored and the run done: one transaction
         best_plan = best_measured(r.cluster, profile, result.params if result else cal.base)
     profile, best_plan, not_fitted = r.decide(lambda: (profile, best_plan,
                                                        list(cal.result.notes) if cal.result else []))
