@@ -1,7 +1,7 @@
 """Train a small Hugging Face Llama sequence-parallel under a plan from sp-plan (CPU gloo or NCCL on GPUs).
 
     torchrun --nproc-per-node 4 examples/train_hf_llama.py [plan.yaml ...] [--steps 3] [--seq-len 128] [--check]
-                                                           [--dtype float32|bfloat16|float16] [--documents FILE|NAME]
+                                                           [--dtype float32|bfloat16] [--documents FILE|NAME]
 
 Several plan files run one after another in the same launch (each checked on its own with ``--check``).
 
@@ -26,7 +26,7 @@ as transformers' ``DataCollatorWithFlattening`` does, so no token predicts acros
 
 ``--check`` reruns the same steps on rank 0 in one process (transformers' sdpa attention and its own
 loss with ``labels``; without a cache, so it reads packed documents from the position ids) and asserts that the loss and the gradient norm of every step agree: to 1e-5 (relative)
-in float32, to 2e-2 in bfloat16 and float16 (weights and activations in that dtype; the two runs round in
+in float32, to 2e-2 in bfloat16 (weights and activations in that dtype; the two runs round in
 different places, and bfloat16 keeps 8 bits of mantissa: 2e-2 is about five of its units in the last place).
 """
 from __future__ import annotations
@@ -49,8 +49,10 @@ from sp_plan.planner import Plan, PlanError
 from sp_plan.runtime import init
 
 #: relative agreement of --check's loss and gradient norm with one process, by --dtype
-TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-2}
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
+#: float16 weights train only with float32 master weights and loss scaling, which this example does not do (AdamW
+#: on float16 weights drifts apart between two runs that round differently, and its eps of 1e-8 rounds to 0)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -228,9 +230,8 @@ def reference(cfg, args, device, cus=None) -> list[tuple[float, float]]:
 
 
 def optimizer(model, args) -> torch.optim.AdamW:
-    """AdamW on the model's weights. In float16 its eps of 1e-8 rounds to 0, so a weight whose gradient is 0 (an
-    embedding row of a token the batch lacks) steps by 0/0 and turns NaN; 1e-4 is above float16's smallest normal."""
-    return torch.optim.AdamW(model.parameters(), lr=args.lr, eps=1e-4 if args.dtype == "float16" else 1e-8)
+    """AdamW on the model's weights (float32 or bfloat16: ``DTYPES``)."""
+    return torch.optim.AdamW(model.parameters(), lr=args.lr)
 
 
 def check(got, want, tolerance: float = TOLERANCE["float32"]) -> bool:
