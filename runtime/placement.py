@@ -21,8 +21,9 @@ import numpy as np
 
 from sp_plan.planner.errors import PlanError
 
-#: batches whose placing mask is remembered: a training step shards one batch and its layers then read it
-KEEP = 64
+#: batches whose placing mask is remembered (a few small tuples each): a training step shards one batch and its
+#: layers then read it, or shards every micro-batch of a pipeline ahead of their attention (hundreds of them)
+KEEP = 1024
 
 #: (cu_seqlens, causal, window) -> the tokens each rank of the sequence group holds, by rank
 Pieces = Callable[[tuple, bool, "int | None"], dict]
