@@ -94,14 +94,16 @@ class Context:
         (flash-attn's varlen convention; every row's end is a document's, as no document crosses a sequence), and
         remembered so that ``gather`` hands back B rows; ``x`` as it is where ``cu`` covers one row."""
         rows, n = (x.size(0), x.size(1)) if dim == 1 and x.dim() >= 2 else (1, 0)  # token ids are (B, S)
-        if rows == 1 or cu[-1] != rows * n:
+        kept = self.__dict__.setdefault("_rows", OrderedDict())
+        if rows == 1 or cu[-1] != rows * n:  # not laid end to end: gather hands it back as it is
+            remember(kept, cu, 1)
             return x
         crossing = sorted(set(range(n, rows * n, n)) - set(cu))
         if crossing:
             raise PlanError("cu_seqlens", f"cu_seqlens covers the batch's {rows} rows of {n:,} tokens end to end, and "
                             f"a document crosses the end of row {crossing[0] // n - 1} (token {crossing[0]:,})",
                             "end every row's last document at the row's end: a document never crosses a sequence")
-        remember(self.__dict__.setdefault("_rows", OrderedDict()), cu, rows)  # as many batches as placements keep
+        remember(kept, cu, rows)  # as many batches as placements keep
         return x.reshape(1, rows * n, *x.shape[2:])
 
     def _rows_back(self, x: torch.Tensor, dim: int, cu_seqlens) -> torch.Tensor:

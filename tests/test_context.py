@@ -402,6 +402,9 @@ def _misused(rank, world, plan):
             got[name] = None
         except PlanError as e:
             got[name] = e.field
+    cu = (0, 5, 16, 20, 32)  # two rows of 16 end to end, then one row of 32 with the same boundaries
+    two, one = torch.randn(2, 16, 4, 8), torch.randn(1, 32, 4, 8)
+    got["rows back"] = [tuple(ctx.gather(ctx.shard(x, 1, cu_seqlens=cu), 1, cu_seqlens=cu).shape) for x in (two, one)]
     return got
 
 
@@ -414,7 +417,9 @@ def test_misshapen_inputs_are_refused_naming_the_argument(plan):
     """KV heads that differ between k and v or do not divide q's, q and k of different head dims, mixed dtypes and a
     dropped batch dimension are a PlanError naming the argument on every algorithm, not a kernel's RuntimeError, a
     reshape error or (ring, all-gather) an output with v's heads broadcast apart from k's; a 2-d cu_seqlens and the
-    full tensor passed to ctx.gather where its shard was meant are refused too."""
+    full tensor passed to ctx.gather where its shard was meant are refused too; a numpy scale is taken, and ctx.gather
+    hands back the rows of the latest ctx.shard of those cu_seqlens (two rows, then one of the same boundaries)."""
     want = {name: field for name, (_, _, field) in MISUSE.items()}
-    want.update({"2-d cu_seqlens": "cu_seqlens", "gather of the whole": "x", "numpy scale": (1, 8, 4, 8)})
+    want.update({"2-d cu_seqlens": "cu_seqlens", "gather of the whole": "x", "numpy scale": (1, 8, 4, 8),
+                 "rows back": [(2, 16, 4, 8), (1, 32, 4, 8)]})
     assert run_world(_misused, 2, plan, timeout=120) == [want] * 2
