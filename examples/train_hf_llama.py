@@ -55,6 +55,17 @@ TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def positive(text: str) -> int:
+    """A whole number >= 1 (argparse's type: anything else is its one-line usage error)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return n
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("plan", nargs="*", help="plan files from `sp-plan plan -o`, run in turn (default: plan now on "
@@ -62,10 +73,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cluster", default="cpu-local", help="cluster preset or file for the search (no plan file); "
                    "a preset takes the launched ranks")
     p.add_argument("--model", default="tiny-llama", help="model preset or file for the search and the Llama sizes")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
-    p.add_argument("--batch", type=int, default=1, help="global batch (sequences per step)")
-    p.add_argument("--layers", type=int, default=2, help="decoder layers of the Llama (the plan's model has more)")
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--seq-len", type=positive, default=128, help="tokens per sequence")
+    p.add_argument("--batch", type=positive, default=1, help="global batch (sequences per step)")
+    p.add_argument("--layers", type=positive, default=2, help="decoder layers of the Llama (the plan's model has more)")
+    p.add_argument("--steps", type=positive, default=3)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, the token ids and the packs")
     p.add_argument("--documents", help="pack sequences with documents: a file of lengths or a named distribution")

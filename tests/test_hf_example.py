@@ -134,3 +134,8 @@ def test_check_names_a_nan_and_float16_is_not_offered(capsys):
     assert set(ex.DTYPES) == set(ex.TOLERANCE) == {"float32", "bfloat16"}
     with pytest.raises(SystemExit):
         ex.parse_args(["--dtype", "float16"])
+    for flag in ("--seq-len", "--batch", "--layers", "--steps"):  # a step count of 0 would check nothing and pass
+        for bad in ("0", "-8", "x"):
+            with pytest.raises(SystemExit):
+                ex.parse_args([flag, bad])
+        assert getattr(ex.parse_args([flag, "2"]), flag[2:].replace("-", "_")) == 2
