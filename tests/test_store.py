@@ -555,12 +555,16 @@ def test_an_empty_fingerprint_is_refused(tmp_path, fp):
 def test_a_run_a_live_process_holds_is_not_taken_over(url):
     """A second tune of one key on this host while the first's process lives is refused (both would write one run's
     checkpoints); once that process is gone, the run resumes here and records its new owner."""
-    from sp_plan.profiles.tune.owner import owner, running_elsewhere
+    from sp_plan.profiles.tune.owner import owner, running_elsewhere, started
 
     st = Store(url)
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        rid, _ = st.start_run("busy-key", {"model": "m", "owner": {**owner(), "pid": holder.pid}})
+        held = {**owner(), "pid": holder.pid, "started": started(holder.pid)}
+        # the pid given again to another process (a restarted container): that run's process is gone
+        assert running_elsewhere({"owner": {**held, "started": held["started"] - 1}}) is None
+        assert running_elsewhere({"owner": {**held, "boot": "another-boot"}}) is None
+        rid, _ = st.start_run("busy-key", {"model": "m", "owner": held})
         with pytest.raises(PlanError) as err:
             st.start_run("busy-key", {"owner": owner()}, busy=running_elsewhere)
         assert err.value.field == "tune" and f"running in process {holder.pid} on this host" in err.value.problem
