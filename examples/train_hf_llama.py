@@ -111,13 +111,17 @@ def search(args, world: int) -> Plan:
                     seed=None if docs is None else args.seed)
     plans = ranked_plans(cluster, model, work, top_k=50, space=Space(cluster.world_size, model, work, tp_max=1),
                          profile=False).flat()
+    refused = []
     for plan in plans:
         try:
             check_plan(plan)
             return plan
-        except PlanError:
-            continue
-    raise PlanError("plan", f"no plan of the {len(plans)} fastest runs with tp = pp = 1", "pass a plan file")
+        except PlanError as e:
+            refused.append(f"{plan.summary()} ({e.field}: {e.problem})")
+    said = "; ".join(refused[:2]) + (f"; and {len(refused) - 2} more" if len(refused) > 2 else "")
+    raise PlanError("plan", f"none of the {len(plans)} fastest plans of {world} ranks and {args.seq_len} tokens runs "
+                    f"here: {said or 'the search found none'}", "launch a world whose size divides the model's heads "
+                    "and the tokens, or pass a plan file with tp 1 and pp 1")
 
 
 def get_plans(args, rank: int) -> list[Plan]:

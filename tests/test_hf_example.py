@@ -139,3 +139,12 @@ def test_check_names_a_nan_and_float16_is_not_offered(capsys):
             with pytest.raises(SystemExit):
                 ex.parse_args([flag, bad])
         assert getattr(ex.parse_args([flag, "2"]), flag[2:].replace("-", "_")) == 2
+
+
+def test_a_search_with_no_plan_the_integration_runs_names_what_it_refused():
+    """3 ranks do not divide tiny-llama's heads or 128 tokens: the one plan is a pipeline, which the integration
+    refuses; the error names it and why, not only that none ran."""
+    ex = _example()
+    with pytest.raises(PlanError) as e:
+        ex.search(ex.parse_args([]), 3)
+    assert e.value.field == "plan" and "ring pp3" in e.value.problem and "degrees.pp" in e.value.problem
