@@ -414,15 +414,19 @@ def init(plan_or_path: Plan | str | Path, device_type: str | None = None) -> Con
     plan = _as_plan(plan_or_path)
     require_world()
     world, rank = dist.get_world_size(), dist.get_rank()
+    nccl = dist.get_backend() == "nccl"
+    if not nccl:  # first: a rank given another plan, of another world, fails with its peers, not alone
+        check_same_plan(plan, world)
     plan.check_world(world)
     check_one_placement(plan)
     layout = plan.layout()
-    device_type = check_device_type(device_type or ("cuda" if dist.get_backend() == "nccl" else "cpu"))
+    device_type = check_device_type(device_type or ("cuda" if nccl else "cpu"))
     dims = mesh_dims(plan.degrees, plan.order)  # innermost first
     shape = [s for _, s in reversed(dims)]
     names = tuple(n for n, _ in reversed(dims))
     mesh = DeviceMesh(device_type, torch.arange(world).reshape(shape), mesh_dim_names=names)
-    check_same_plan(plan, world)  # after the mesh: on NCCL it has set this rank's device, which the gather uses
+    if nccl:  # after the mesh: it has set this rank's device, which NCCL's gather uses
+        check_same_plan(plan, world)
     groups: dict = {n: mesh.get_group(n) if s > 1 else None for n, s in zip(names, shape)}  # degree 1: no group
     sp_groups = layout.groups("sp")
     if len(sp_groups[0]) == 1:

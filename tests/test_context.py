@@ -153,9 +153,9 @@ def test_a_cu_seqlens_far_past_the_inputs_is_refused_before_the_layout_is_built(
             assert r is not None and r[0] == "cu_seqlens" and "1,099,511,627,776" in r[1], r
 
 
-def _plan_per_rank(rank, world):
+def _plan_per_rank(rank, world, other_world=False):
     plans = [Plan(algorithm="ring", degrees={"ring": 2}, order=["ring"], token_layout="zigzag"),
-             Plan(algorithm="ulysses", degrees={"ulysses": 2}, order=["ulysses"])]
+             Plan(algorithm="ulysses", degrees={"ulysses": 4 if other_world else 2}, order=["ulysses"])]
     try:
         init(plans[rank])
     except PlanError as e:
@@ -165,9 +165,10 @@ def _plan_per_rank(rank, world):
 
 def test_ranks_given_different_plans_are_refused_at_init_not_left_waiting():
     """Each plan passes its own checks; run, rank 0's ring sends would wait on rank 1's all-to-all forever."""
-    res = run_world(_plan_per_rank, 2, timeout=60)
-    assert res[0] == res[1] and res[0][0] == "plan", res
-    assert "rank 1 was given 'ulysses" in res[0][1] and "rank 0 'ring" in res[0][1], res
+    for other_world in (False, True):  # rank 1's plan of 4 ranks: rank 0 is not left in the mesh's collectives
+        res = run_world(_plan_per_rank, 2, other_world, timeout=60)
+        assert res[0] == res[1] and res[0][0] == "plan", res
+        assert "rank 1 was given 'ulysses" in res[0][1] and "rank 0 'ring" in res[0][1], res
 
 
 def _bad_dim(rank, world):
