@@ -49,7 +49,7 @@ class Device(BaseModel):
     kind: Literal["gpu", "npu", "cpu"] = "gpu"
     model: str = ""
     memory_bytes: float = Field(ge=MIN_MEMORY_BYTES)
-    peak_flops: dict[str, Annotated[float, Field(ge=MIN_FLOPS)]] = Field(description="dense FLOP/s per dtype, e.g. {bf16: 9.89e14}")
+    peak_flops: dict[str, Annotated[float, Field(ge=MIN_FLOPS)]] = Field(min_length=1, description="dense FLOP/s per dtype, e.g. {bf16: 9.89e14}")
     matmul_efficiency: float = Field(default=0.7, ge=MIN_EFFICIENCY, le=1, description="achieved / peak for large GEMMs")
     attn_efficiency: float = Field(default=0.6, ge=MIN_EFFICIENCY, le=1, description="achieved / peak of attention on large blocks")
     attn_half_block: float = Field(default=256, ge=0, le=MAX_HALF_BLOCK, description="block length (tokens) at which attention runs at half of attn_efficiency")
@@ -179,6 +179,7 @@ class NodeType(BaseModel):
                 if end not in known:
                     raise PlanError(f"links[{i}]", f"endpoint {end!r} is not a device or switch of this node",
                                     f"declare {end!r} under devices or switches, or fix the link")
+        self._check_nics()
         g, devs = self.link_graph(), [d.name for d in self.devices]
         for a in devs:
             reach = g.reachable(a)
@@ -187,6 +188,16 @@ class NodeType(BaseModel):
                     raise PlanError("links", f"no path from {a} to {b} inside the node (missing link)",
                                     f"add the link(s) that connect {a} and {b}")
         return self
+
+    def _check_nics(self) -> None:
+        """Every device's ``nic`` is a NIC of this node linked to the fabric: the engine routes its inter-node
+        traffic from there."""
+        nics = sorted(s.name for s in self.switches if s.kind == "nic" and any({l.src, l.dst} == {s.name, NET}
+                                                                                for l in self.links))
+        for i, d in enumerate(self.devices):
+            if d.nic is not None and d.nic not in nics:
+                raise PlanError(f"devices[{i}].nic", f"{d.nic!r} is not a NIC of this node linked to {NET!r}",
+                                f"use one of {nics}" if nics else f"declare a switch of kind nic linked to {NET!r}")
 
     def link_graph(self) -> LinkGraph:
         """The node's own directed graph, with ``net`` standing for the fabric: what the engine routes on."""

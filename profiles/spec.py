@@ -36,7 +36,7 @@ class PcieSpec(BaseModel):
     capacity: float = Field(ge=MIN_BYTES_PER_S)
     latency: float = Field(default=3e-6, ge=0, le=MAX_LATENCY_S)
     switches: list[list[int]] = Field(min_length=1)
-    sockets: list[list[int]] | None = None
+    sockets: list[list[int]] | None = Field(default=None, min_length=1)
     smp_capacity: float = Field(default=64e9, ge=MIN_BYTES_PER_S)
     tree: bool = False
 
@@ -112,4 +112,20 @@ def node_spec(spec: Any, devices_per_node: int | None = None) -> dict:
         raise PlanError("cluster", "a preset node description must be a mapping", "write key: value pairs")
     if devices_per_node is not None:
         spec = {**spec, "devices_per_node": devices_per_node}
-    return model_from_data(NodeSpec, spec, "cluster").model_dump(exclude_none=True)
+    ns = model_from_data(NodeSpec, spec, "cluster")
+    if devices_per_node is None and ns.pcie:  # as written (a smaller override keeps the groups of its devices)
+        check_switch_groups(ns.pcie.switches, ns.devices_per_node)
+    return ns.model_dump(exclude_none=True)
+
+
+def check_switch_groups(groups: list[list[int]], devices: int) -> None:
+    """Every device index 0..devices-1 under exactly one PCIe switch: a device under none would get no PCIe link,
+    one under two a second path, and an index past the devices would be dropped without a word."""
+    flat = [i for g in groups for i in g]
+    past = sorted({i for i in flat if i >= devices})
+    twice = sorted({i for i in flat if flat.count(i) > 1})
+    none = sorted(set(range(devices)) - set(flat))
+    for what, ids in (("are past the node's devices", past), ("are in two groups", twice), ("are in no group", none)):
+        if ids:
+            raise PlanError("pcie.switches", f"device(s) {ids} {what} (devices_per_node {devices})",
+                            f"list each device index 0..{devices - 1} in exactly one switch group")

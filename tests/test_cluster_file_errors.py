@@ -120,3 +120,37 @@ def test_a_missing_cluster_file_is_named_whatever_the_case_of_its_suffix(tmp_pat
     """``CLUSTER.YAML`` names a file as ``cluster.yaml`` does (planner.yamlio.names_file): missing, not a preset."""
     line = error_line(capsys, str(tmp_path / "missing.YAML"))
     assert line.startswith("error: --cluster: file ") and "does not exist" in line, line
+
+
+def _dgx_node_file(tmp_path: Path, edit) -> str:
+    """dgx-h100's node description with ``edit(spec)`` applied, written to a file."""
+    spec = yaml.safe_load((CLUSTERS / "dgx-h100.yaml").read_text())
+    edit(spec)
+    path = tmp_path / "dgx.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+@pytest.mark.parametrize("edit, field, says", [
+    (lambda s: s["device"].update(peak_flops={}), "peak_flops", "at least 1 item"),
+    (lambda s: s["pcie"].update(sockets=[]), "pcie.sockets", "at least 1 item"),
+    (lambda s: s["pcie"].update(switches=[[0, 1], [2, 3], [4, 5], [6, 9]]), "pcie.switches", "[9] are past"),
+    (lambda s: s["pcie"].update(switches=[[0, 1], [1, 3], [4, 5], [6, 7]]), "pcie.switches", "[1] are in two"),
+    (lambda s: s.update(devices_per_node=16), "pcie.switches", "[8, 9, 10, 11, 12, 13, 14, 15] are in no group"),
+], ids=["no peak flops", "no sockets", "device past the node", "device in two switches", "devices in none"])
+def test_a_node_files_devices_and_switches_are_each_accounted_for(tmp_path, capsys, edit, field, says):
+    """A preset-style file whose PCIe switches name a device past the node, one twice or leave some out planned with
+    those devices missing a PCIe link or holding two; an empty peak_flops or sockets list raised StopIteration."""
+    line = error_line(capsys, _dgx_node_file(tmp_path, edit))
+    assert field in line.split(": ")[1] and says in line, line
+
+
+def test_a_devices_nic_must_be_a_nic_linked_to_the_fabric(tmp_path, capsys):
+    """A device whose nic names a GPU, a CPU or nothing declared crashed the engine's routing (KeyError)."""
+    cluster = preset_cluster("dgx-h100", 2).model_dump(mode="json")
+    for bad in ("cpu0", "gpu3", "nic42"):
+        cluster["node_types"][next(iter(cluster["node_types"]))]["devices"][0]["nic"] = bad
+        path = tmp_path / f"{bad}.yaml"
+        path.write_text(yaml.safe_dump(cluster))
+        line = error_line(capsys, str(path))
+        assert line.startswith(f"error: devices[0].nic: '{bad}' is not a NIC of this node") and "nic0" in line, line
