@@ -444,3 +444,32 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, monkeypatch):
     assert res.exit_code == 2 and "error" in res.output and "Traceback" not in res.output
     res = CliRunner().invoke(app, ["profile", "links"])
     assert res.exit_code == 2 and "torchrun" in res.output
+
+
+def test_a_pinned_socket_interface_does_not_drop_the_rdma_ports_nccl_sends_over(monkeypatch):
+    """NCCL_SOCKET_IFNAME pins NCCL's bootstrap socket (often the management port on an InfiniBand cluster); its data
+    goes over the RDMA ports: they stay the node's NICs, with a warning. With NCCL_IB_DISABLE=1 NCCL sends over
+    the socket, which is then the one NIC."""
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eno3")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    for disabled in ("0", "1"):
+        monkeypatch.setenv("NCCL_IB_DISABLE", disabled)
+        c = build_cluster([describe_host(SYSFS / "ib-ndr", nvml=dgx_h100_nvml(), smi=fake_smi("dgx-h100"))])
+        nics = [s for s in node(c).switches if s.kind == "nic"]
+        if disabled == "0":
+            assert len(nics) == 8 and all(s.network == "ib" for s in nics)
+            assert any("'eno3' carries NCCL's bootstrap only" in w for w in c.warnings)
+        else:
+            assert [s.network for s in nics] == ["ethernet"] and "nic0=eno3" in c.source
+
+
+def test_without_nvml_a_known_models_nvlink_generation_prices_its_links():
+    """NVML gives each NVLink's speed; without it the per-link speed is the model's NVLink generation where the spec
+    table knows it (B200's NVLink 5: 50 GB/s per link and direction, 18 links: 900 GB/s), 25 GB/s otherwise."""
+    from sp_plan.profiles.discover.specs import gpu_spec
+
+    assert gpu_spec("NVIDIA B200").nvlink == 50e9 and gpu_spec("NVIDIA H100 80GB HBM3").nvlink == 25e9
+    query = "\n".join(f"{i}, NVIDIA B200, 183359, 00000000:{0x10 + i:02X}:00.0" for i in range(8))
+    r = describe_host(SYSFS / "ib-ndr", nvml=False, smi=fake_smi("dgx-h100", query))
+    sw = links(node(build_cluster([r])), "nvswitch")
+    assert len(sw) == 8 and all(l.capacity == 18 * 50e9 for l in sw), [l.capacity for l in sw]

@@ -41,9 +41,15 @@ class NodeBuild:
 
 # ---- NICs
 def choose_nics(host: HostReport, warns: list[str]) -> list[NicInfo]:
-    """The NICs a node's ranks talk through: the socket interface if pinned, else the fastest fabric's ports."""
+    """The NICs a node's ranks talk through: the socket interface if pinned (but on GPUs with RDMA ports up, NCCL's
+    data goes over those whatever NCCL_SOCKET_IFNAME pins its bootstrap to, unless NCCL_IB_DISABLE), else the fastest
+    fabric's ports."""
     up = [n for n in host.nics if n.up]
-    if host.socket_ifname:
+    rdma = [n for n in up if n.kind in ("ib", "roce") and n.physical]
+    if host.socket_ifname and rdma and host.gpus and not host.rdma_disabled:
+        warns.append(f"socket interface {host.socket_ifname!r} carries NCCL's bootstrap only: its data goes over the "
+                     f"RDMA ports, which are kept (with NCCL_IB_DISABLE=1 the pinned one would be)")
+    elif host.socket_ifname:
         hit = [n for n in up if host.socket_ifname in (n.netdev, n.name)]
         if hit:
             return hit[:1]

@@ -191,8 +191,9 @@ def describe_host(sysfs_root: str | Path = "/", nvml=None, topo_text: str | None
     _fill_numa(gpus, sysfs_root)
     for g in gpus:
         if (g.nvlinks or g.nvswitch_links) and not g.link_speed:
-            g.link_speed = NVLINK_LINK_BYTES
-            s.notes.setdefault("nvlink_speed", f"assumed {NVLINK_LINK_BYTES / 1e9:.0f} GB/s per link and direction "
+            spec = gpu_spec(g.name)
+            g.link_speed = spec.nvlink if spec else NVLINK_LINK_BYTES  # the model's NVLink generation, if known
+            s.notes.setdefault("nvlink_speed", f"assumed {g.link_speed / 1e9:.0f} GB/s per link and direction "
                                                "(NVML gave none)")
     nics = _nics(s)
     if s.topo:  # NICs that topo -m shows but sysfs does not (e.g. /sys/class/infiniband not mounted)
@@ -209,7 +210,8 @@ def describe_host(sysfs_root: str | Path = "/", nvml=None, topo_text: str | None
     report = HostReport(hostname=hostname or socket.gethostname(), node_rank=node_rank,
                         cpu=CpuInfo(cores=cpu.cores, memory_bytes=cpu.memory_bytes, numa_nodes=cpu.numa_nodes),
                         gpus=gpus, nics=nics, pcie=pcie, sources=dict(s.notes), warnings=warns,
-                        socket_ifname=socket_ifname())
+                        socket_ifname=socket_ifname(),
+                        rdma_disabled=os.environ.get("NCCL_IB_DISABLE", "").strip() not in ("", "0"))
     report.warnings += cross_check(report, s)
     return report
 

@@ -74,6 +74,7 @@ class HostReport(BaseModel):
     sources: dict[str, str] = Field(default_factory=dict, description="source -> 'ok: ...' or why it was not used")
     warnings: list[str] = []
     socket_ifname: str = Field(default="", description="GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME of the ranks, if set")
+    rdma_disabled: bool = Field(default=False, description="NCCL_IB_DISABLE=1: NCCL sends its data over sockets")
     ranks: list[RankInfo] = []
 
     def level(self, a: str, b: str) -> str | None:

@@ -17,6 +17,7 @@ class GpuSpec:
     fp32: float
     pcie_gen: int
     fp16: float | None = None
+    nvlink: float = NVLINK_LINK_BYTES  # bytes/s per NVLink and direction, where NVML gives none
 
 
 # (pattern on NVML's name, spec). First match wins, so more specific names come first.
@@ -39,7 +40,7 @@ _SPECS: list[tuple[str, GpuSpec]] = [
     (r"A40\b", GpuSpec("A40-48GB", 149.7e12, 37.4e12, 4)),
     (r"RTX 4090", GpuSpec("RTX-4090-24GB", 165e12, 82.6e12, 4)),
     (r"V100", GpuSpec("V100", 0.0, 15.7e12, 3, fp16=125e12)),
-    (r"B200", GpuSpec("B200-180GB", 2250e12, 80e12, 6)),
+    (r"B200", GpuSpec("B200-180GB", 2250e12, 80e12, 6, nvlink=50e9)),  # NVLink 5: 18 links, 1.8 TB/s both ways
 ]
 
 
