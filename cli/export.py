@@ -116,7 +116,7 @@ def export_cmd(
     except PlanError as e:
         fail(e)
     if note:
-        err.print(f"exporting the nearest plan: {note}", highlight=False, soft_wrap=True)
+        err.print(note, highlight=False, soft_wrap=True)
     if output and str(output) != "-":  # '-' is standard output, as for most tools
         try:
             atomic_write(output, text)
@@ -130,7 +130,7 @@ def export_cmd(
 def _expressible(t, p: Plan, path: Path, c, nearest_: bool, profile, store: str | None) -> tuple[Plan, str | None]:
     """(the plan to export, the line naming the nearest plan where it replaces ``p``): ``p`` where ``t`` expresses it,
     else the nearest plan on ``c`` (None: the plan's preset) with --nearest, else PlanError naming it."""
-    from sp_plan.integrations.export.nearest import nearest
+    from sp_plan.integrations.export.nearest import nearest, same_plan_in_another_order
     from sp_plan.profiles.resolve import resolve_params
 
     problems = t.problems(p)
@@ -141,11 +141,15 @@ def _expressible(t, p: Plan, path: Path, c, nearest_: bool, profile, store: str 
                         "workload to search the nearest plan with)", "make the plan with `sp-plan plan -o`")
     c = c or _cluster(p, path, None, None)
     params, _, prof = resolve_params(c, profile, store)
+    same = same_plan_in_another_order(t, p, c, params)
+    if same is not None:  # what `plan` shows as "same: order ...": the one the target places
+        return same, (f"exporting the same plan in mesh order {'<'.join(o for o in same.order if same.degrees.get(o, 1) > 1)}, which {t.name} places "
+                      f"and sp-plan prices alike ({problems[0][1]})")
     near = nearest(t, p, c, p.model, p.workload, params=params, profile=prof)
     line = f"{problems[0][1]}; nearest: {near.plan.summary()}, {near.change * 100:+.1f} % step time"
     if not nearest_:
         raise PlanError(problems[0][0], line, "pass --nearest to export it")
-    return near.plan, line
+    return near.plan, f"exporting the nearest plan: {line}"
 
 
 def register(app: typer.Typer) -> None:

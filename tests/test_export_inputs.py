@@ -158,3 +158,27 @@ def test_deepspeed_enables_the_models_precision(dtype):
              model=MODEL, workload=WORK)
     cfg = json.loads(target("deepspeed").export(with_dtype(p, dtype)))
     assert (cfg["bf16"]["enabled"], cfg["fp16"]["enabled"]) == (dtype == "bf16", dtype == "fp16")
+
+
+def test_a_plan_whose_mesh_order_the_target_cannot_place_exports_the_order_priced_alike(tmp_path):
+    """`plan` ranks allgather ring2 dp2 in mesh order dp<ring and shows ring<dp as the same plan (priced alike);
+    Megatron places ring<dp only: the export writes that order, says so, and exits 0, where it exited 2 naming a
+    nearest plan at +0.0 %. A problem no order fixes (DeepSpeed has no all-gather K/V) still needs --nearest."""
+    from sp_plan.integrations.export.nearest import same_plan_in_another_order
+    from sp_plan.pipeline import plan as ranked
+
+    cl, m = preset_cluster("cpu-local", 1), load_model("tiny-llama")
+    w = Workload(seq_len=4096, batch=2)
+    best = ranked(cl, m, w, top_k=1, profile=False)[0]
+    assert best.summary().startswith("allgather ring2 dp2") and best.order[:2] == ["dp", "ring"], best.summary()
+    t = target("megatron")
+    assert t.problems(best)[0][0] == "order"
+    same = same_plan_in_another_order(t, best, cl)
+    assert same.order[:2] == ["ring", "dp"] and not t.problems(same)
+    assert same.predicted.step_time_s == pytest.approx(best.predicted.step_time_s, rel=1e-9)
+    assert same_plan_in_another_order(target("deepspeed"), best, cl) is None  # no order gives it all-gather K/V
+    path = tmp_path / "plan.yaml"
+    best.save(path)
+    r = CliRunner().invoke(app, ["export", str(path), "--to", "megatron", "-o", str(tmp_path / "m.sh")])
+    assert r.exit_code == 0 and "exporting the same plan in mesh order ring<dp" in " ".join(r.stderr.split())
+    assert "ring<dp" in (tmp_path / "m.sh").read_text().splitlines()[0]

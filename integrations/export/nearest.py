@@ -104,6 +104,31 @@ def nearest(target: Target, original: Plan, cluster: Cluster, model: ModelSpec, 
                     f"model and workload", "export to another target or make a plan for other inputs")
 
 
+def same_plan_in_another_order(target: Target, original: Plan, cluster: Cluster, params: Params | None = None
+                               ) -> Plan | None:
+    """``original`` in a mesh order ``target`` places and the planner prices alike (step time and peak memory within
+    rounding: what `plan` shows as "same: order ..."), the first such order of its dimensions of degree > 1; None
+    where no order the target places prices alike. A representative of equally priced orders is chosen by the
+    search's order, not by what a framework can place."""
+    from itertools import permutations  # noqa: PLC0415
+
+    from sp_plan.planner.equivalent import REL_TOL  # noqa: PLC0415
+
+    est = Estimator(cluster, original.model, original.workload, params=params)
+    base = est(original)
+    split = [d for d in original.order if original.degrees.get(d, 1) > 1]
+    rest = [d for d in original.order if d not in split]
+    for perm in permutations(split):
+        alt = original.model_copy(update={"order": list(perm) + rest})
+        if list(perm) == split or target.problems(alt):
+            continue
+        got = est(alt)
+        if (abs(got.step_time_s - base.step_time_s) <= REL_TOL * base.step_time_s
+                and abs(got.peak_memory_bytes - base.peak_memory_bytes) <= REL_TOL * base.peak_memory_bytes):
+            return alt.model_copy(update={"predicted": got}).with_groups()
+    return None
+
+
 #: the workload's parts an export may be unable to carry, and the flag a plan without them is made without
 _WORKLOAD_FLAGS = {"window": "--window", "documents": "--documents"}
 
