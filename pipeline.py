@@ -557,11 +557,13 @@ class Report:
     profile: Profile | None
     line: str
     sensitivity: Sensitivity | None = None
+    ranked: int | None = None  # the leading rows that are the ranking's top (``report_plans``)
 
 
-def report_plans(plans: list[Plan], families: list[Plan], extra: Plan | None = None) -> tuple[list[Plan], int]:
+def report_plans(plans: list[Plan], families: list[Plan], extra: Plan | None = None) -> tuple[list[Plan], int, int]:
     """The report's rows: the top plans, the best of every other algorithm variant and ``extra`` (a plan file's
-    plan), each once, fastest first; and the index of the plan the report is about (``extra``, else the winner)."""
+    plan), each once, fastest first; the index of the plan the report is about (``extra``, else the winner); and
+    how many leading rows are the ranking's top, in its order (the rows after them rank below it, uncounted)."""
     rows, seen = [], set()
     for p in [*plans, *families, *([extra] if extra else [])]:
         if p.summary() not in seen:
@@ -569,7 +571,10 @@ def report_plans(plans: list[Plan], families: list[Plan], extra: Plan | None = N
             rows.append(p)
     rows.sort(key=lambda p: p.predicted.step_time_s)
     about = (extra or plans[0]).summary()
-    return rows, next(i for i, p in enumerate(rows) if p.summary() == about)
+    ranked = 0
+    while ranked < min(len(rows), len(plans)) and rows[ranked].summary() == plans[ranked].summary():
+        ranked += 1
+    return rows, next(i for i, p in enumerate(rows) if p.summary() == about), ranked
 
 
 def report(cluster: Cluster | str, model: ModelSpec | str | dict, workload: Workload | dict,
@@ -596,9 +601,9 @@ def report(cluster: Cluster | str, model: ModelSpec | str | dict, workload: Work
         extra = given.model_copy(update={"model": model, "workload": workload, "predicted": res.estimator(given),
                                          "profile": profile_tag(prof), "cluster": cluster.name,
                                          "cluster_fingerprint": cluster.fingerprint()})
-    rows, chosen = report_plans(plans, families, extra)
+    rows, chosen, ranked = report_plans(plans, families, extra)
     sen = rerank(cluster, model, workload, plans[0], params, each=rerankings(jobs)) if sensitivity else None
-    return Report(rows, chosen, cluster, prof, line, sen)
+    return Report(rows, chosen, cluster, prof, line, sen, ranked)
 
 
 def tune(cluster: Cluster, model: ModelSpec, workload: Workload, store=None, opts=None, progress=None):

@@ -338,8 +338,9 @@ def _sensitivity_and_report(inputs, plans: list[Plan], families: list[Plan], sen
         if sen is not None:
             to.print(sensitivity_table(sen))
         if report:
-            rows, chosen = report_plans(plans, families)
-            write_report(report, rows, inputs.cluster, chosen, inputs.profile, sen, [inputs.line], field="--report")
+            rows, chosen, ranked = report_plans(plans, families)
+            write_report(report, rows, inputs.cluster, chosen, inputs.profile, sen, [inputs.line], field="--report",
+                         ranked=ranked)
             to.print(f"wrote {report}")
     except PlanError as e:
         fail(e)

@@ -48,7 +48,8 @@ def sensitivity_table(sen: Sensitivity) -> Table:
 
 
 def write_report(path: Path, plans: list[Plan], cluster: Cluster, chosen: int = 0, profile=None,
-                 sensitivity: Sensitivity | None = None, notes: list[str] | None = None, field: str = "--output") -> None:
+                 sensitivity: Sensitivity | None = None, notes: list[str] | None = None, field: str = "--output",
+                 ranked: int | None = None) -> None:
     """Render the report and write it atomically (an unwritable path is a PlanError naming ``--report``/``-o``)."""
     from sp_plan.integrations.report import render_report  # noqa: PLC0415 - matplotlib: only a report loads it
     from sp_plan.planner.yamlio import atomic_write  # noqa: PLC0415 - beside render_report, which needs the planner
@@ -56,7 +57,7 @@ def write_report(path: Path, plans: list[Plan], cluster: Cluster, chosen: int = 
     from sp_plan.workers import usable_cores  # noqa: PLC0415
 
     html = render_report(plans, cluster, profile=profile, sensitivity=sensitivity, chosen=chosen, notes=notes,
-                         jobs=usable_cores())
+                         jobs=usable_cores(), ranked=ranked)
     atomic_write(path, html, field)  # an unwritable path is a PlanError naming ``field``
 
 
@@ -145,12 +146,13 @@ def report_cmd(
         spec = profile_options(profile, no_profile)
         with err.status("ranking every layout" + (", then again under each changed input" if sensitivity else "")):
             rep = report(c, m, w, given, top, sensitivity, spec, store, jobs=jobs or auto_jobs())
-        write_report(output, rep.rows, c, rep.chosen, rep.profile, rep.sensitivity, [rep.line])
+        write_report(output, rep.rows, c, rep.chosen, rep.profile, rep.sensitivity, [rep.line], ranked=rep.ranked)
     except PlanError as e:
         fail(e)
     shown = rep.rows[rep.chosen]
     out.print(rep.line, highlight=False)
-    out.print(f"{shown.summary()}: #{rep.chosen + 1} of the {len(rep.rows)} layouts shown, "
+    where = f"#{rep.chosen + 1}" if rep.ranked is None or rep.chosen < rep.ranked else "below the top"
+    out.print(f"{shown.summary()}: {where} of the {len(rep.rows)} layouts shown, "
               f"step {secs(shown.predicted.step_time_s)}", highlight=False)
     print_rank_work(shown)
     if rep.sensitivity is not None:

@@ -63,7 +63,9 @@ def _figure(f: Figure_, fid: str) -> str:
             f"<figcaption>{_e(f.caption)}</figcaption></figure>")
 
 
-def _ranking(plans: list[Plan], chosen: int | None) -> str:
+def _ranking(plans: list[Plan], chosen: int | None, ranked: int | None = None) -> str:
+    """The ranked layouts' table: the leading ``ranked`` rows (None: all) numbered by their rank, the rows after them
+    (the best of other variants, a plan file's plan) unnumbered: their ranks lie below and are not counted."""
     rows = []
     win = plans[0]
     for i, p in enumerate(plans):
@@ -73,11 +75,15 @@ def _ranking(plans: list[Plan], chosen: int | None) -> str:
             name, extra = largest_extra_cost(p, win)
             why = f"{name} +{_secs(extra)}" if extra > 0 else f"{_secs(pr.step_time_s - win.predicted.step_time_s)} slower"
         cls = ' class="chosen"' if i == chosen else ""
-        rows.append(f"<tr{cls}><td class=num>{i + 1}</td><td>{_e(p.summary())}</td><td class=num>{_secs(pr.step_time_s)}</td>"
+        rank = i + 1 if ranked is None or i < ranked else "-"
+        rows.append(f"<tr{cls}><td class=num>{rank}</td><td>{_e(p.summary())}</td><td class=num>{_secs(pr.step_time_s)}</td>"
                     f"<td class=num>{pr.tokens_per_s:,.0f}</td><td class=num>{pr.mfu:.1%}</td>"
                     f"<td class=num>{pr.peak_memory_bytes / GIB:.1f} GiB</td><td>{_e(why)}</td></tr>")
+    below = ("" if ranked is None or ranked >= len(plans) else
+             "<p>Rows without a rank: the best layout of each other algorithm variant (and a plan file's plan), "
+             f"slower than the top {ranked}; their ranks are not counted.</p>")
     return ("<table><tr><th>#</th><th>layout</th><th>step</th><th>tokens/s</th><th>MFU</th><th>peak mem</th>"
-            "<th>vs #1: largest extra cost</th></tr>" + "".join(rows) + "</table>")
+            "<th>vs #1: largest extra cost</th></tr>" + "".join(rows) + "</table>" + below)
 
 
 def _sensitivity(sen: Sensitivity) -> str:
@@ -135,7 +141,7 @@ def _figures(plans: list[Plan], chosen: int | None, cluster: Cluster, plan: Plan
     return dict(zip(todo, drawn, strict=True))
 
 
-def _check_arguments(plans, cluster, chosen, jobs) -> None:
+def _check_arguments(plans, cluster, chosen, jobs, ranked=None) -> None:
     """``render_report``'s arguments, each a PlanError naming it where it is not what the report reads."""
     of_type("plans", plans, (list, tuple), "the list of plans a search returned (sp_plan.plan)")
     of_type("cluster", cluster, Cluster, "sp_plan.load_cluster(name or file)")
@@ -144,19 +150,23 @@ def _check_arguments(plans, cluster, chosen, jobs) -> None:
     if chosen is not None:
         whole_number("chosen", chosen, 0, f"pass a plan's index from 0 to {len(plans) - 1}", high=len(plans) - 1)
     whole_number("jobs", jobs, 1, "pass how many processes draw the figures, 1 or more")
+    if ranked is not None:
+        whole_number("ranked", ranked, 0, f"pass how many leading plans are ranked, 0 to {len(plans)}", high=len(plans))
 
 
 def render_report(plans: list[Plan], cluster: Cluster, profile: Profile | None = None,
                   measured: list[MeasuredCandidate] | None = None, sensitivity: Sensitivity | None = None,
-                  chosen: int | None = 0, notes: list[str] | None = None, jobs: int = 1) -> str:
+                  chosen: int | None = 0, notes: list[str] | None = None, jobs: int = 1,
+                  ranked: int | None = None) -> str:
     """The HTML report of ranked ``plans`` (fastest first, each with its prediction) on ``cluster``.
 
     ``profile``: the calibration profile that priced them (its measured candidates feed the predicted-against-
     measured figure); ``measured``: more measured candidates; ``sensitivity``: planner.sensitivity's result;
     ``chosen``: the index of the plan the report is about (the winner by default; its groups are drawn);
     ``notes``: lines shown under the title (e.g. the profile line); ``jobs``: processes that draw the figures (a
-    command that owns its host passes its cores; a service's search process draws alone)."""
-    _check_arguments(plans, cluster, chosen, jobs)
+    command that owns its host passes its cores; a service's search process draws alone); ``ranked``: how many
+    leading plans are the ranking's top, numbered (None: every row numbered in its order)."""
+    _check_arguments(plans, cluster, chosen, jobs, ranked)
     plan = plans[chosen if chosen is not None else 0]
     pr = plan.predicted
     m, w = plan.model, plan.workload
@@ -180,7 +190,7 @@ def render_report(plans: list[Plan], cluster: Cluster, profile: Profile | None =
         f"{pr.tokens_per_s:,.0f} tokens/s, {_e(mfu_text(pr, plan.workload is None or plan.workload.causal))}"
         f", peak memory {pr.peak_memory_bytes / GIB:.1f} GiB of "
         f"{pr.memory_capacity_bytes / GIB:.1f} GiB usable.</p>",
-        "<h2>Ranked layouts</h2>", _ranking(plans, chosen),
+        "<h2>Ranked layouts</h2>", _ranking(plans, chosen, ranked),
         _rank_work(plan),
         _figure(figs["steps"], "fig-steps"),
         "<h2>Memory</h2>", _figure(figs["memory"], "fig-memory"),

@@ -66,8 +66,9 @@ def report_job(req: PlanRequest, res: PlanResponse, profile: Profile | None) -> 
     # matplotlib only in the pool process that renders a report
     from sp_plan.integrations.report import render_report  # noqa: PLC0415
 
-    rows, chosen = report_plans([r.plan for r in group(res.plans)], res.families)
-    return render_report(rows, build_cluster(req, None, files=False), profile=profile, chosen=chosen, notes=[res.profile_line])
+    rows, chosen, ranked = report_plans([r.plan for r in group(res.plans)], res.families)
+    return render_report(rows, build_cluster(req, None, files=False), profile=profile, chosen=chosen,
+                         notes=[res.profile_line], ranked=ranked)
 
 
 def warm_job() -> None:

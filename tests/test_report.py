@@ -185,3 +185,20 @@ def test_report_errors_are_one_line(tmp_path, ranked):
     with pytest.raises(PlanError, match="output: cannot write"):
         write_report(tmp_path / "dir.html", plans, c)
     assert list(tmp_path.glob(".dir.html*")) == []  # nothing half-written left behind
+
+
+def test_rows_past_the_rankings_top_carry_no_rank():
+    """The report's rows are the top plans and then the best of each other algorithm variant: only the top ones are
+    numbered, the rest (which rank somewhere below, uncounted) show no number, whichever path renders it."""
+    from sp_plan.pipeline import report_plans
+
+    c, m = load_cluster("dgx-h100", 2), load_model("llama3-8b")
+    res = grid_search(c, m, W, keep=3)
+    rows, chosen, ranked = report_plans(finish(res, c, m, W, 3), finish_each(res, c, m, W))
+    assert ranked == 3 and chosen == 0 and len(rows) > 3
+    html = render_report(rows, c, ranked=ranked)
+    numbers = re.findall(r"<tr(?: class=\"chosen\")?><td class=num>([^<]*)</td>", html)
+    assert numbers[:len(rows)] == ["1", "2", "3"] + ["-"] * (len(rows) - 3)
+    assert "Rows without a rank" in html
+    with pytest.raises(PlanError, match="ranked"):
+        render_report(rows, c, ranked=len(rows) + 1)
