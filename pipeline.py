@@ -530,10 +530,15 @@ def run_estimate(req: EstimateRequest, store=None, max_world: int | None = None,
 
 def plan_notes(plan: Plan, w: Workload) -> list[str]:
     """What a plan means on this workload that its price does not say: a layout the runtime refuses for these
-    layers (``planner.plan.one_placement_problem``)."""
+    layers (``planner.plan.one_placement_problem``); a ZeRO stage or checkpointing that inference has no use for."""
     problem = one_placement_problem(plan.token_layout, w)
-    return [f"{problem}: the runtime refuses this plan at init, and `sp-plan plan` chooses zigzag, striped or "
-            "contiguous for it"] if problem else []
+    notes = [f"{problem}: the runtime refuses this plan at init, and `sp-plan plan` chooses zigzag, striped or "
+             "contiguous for it"] if problem else []
+    if not w.training and (plan.zero_stage or plan.checkpointing != "none"):
+        notes.append(f"inference: zero{plan.zero_stage} and checkpointing {plan.checkpointing} are priced as zero0 "
+                     "without checkpointing (whole weights, no gradients to shard, nothing recomputed); an export "
+                     "that shards the weights would gather them every forward")
+    return notes
 
 
 def fit_notes(pred: Prediction) -> list[str]:

@@ -203,3 +203,20 @@ def test_a_search_space_of_other_inputs_is_named():
         with pytest.raises(sp_plan.PlanError) as e:
             sp_plan.plan(c, m, w, space=space, profile=False, **kw)
         assert e.value.field == "space" and "built for another" in e.value.problem
+
+
+def test_an_inference_estimate_says_it_ignores_the_zero_stage_and_checkpointing():
+    """Inference prices whole weights and nothing recomputed: a ZeRO-3, checkpointed plan prices as ZeRO-0 without
+    checkpointing, and the response says so (an export that shards the weights would gather them)."""
+    from sp_plan.pipeline import run_estimate
+
+    p = Plan(algorithm="usp", degrees={"ulysses": 8, "ring": 2}, order=["ulysses", "ring"], zero_stage=3,
+             checkpointing="full")
+    req = dict(cluster="dgx-h100", nodes=2, model="llama3-8b", use_profile=False,
+               workload={"seq_len": 65536, "batch": 8, "training": False})
+    z3 = run_estimate({**req, "plan": p.model_dump(mode="json")})
+    z0 = run_estimate({**req, "plan": p.model_copy(update={"zero_stage": 0, "checkpointing": "none"})
+                       .model_dump(mode="json")})
+    assert z3.plan.predicted.step_time_s == z0.plan.predicted.step_time_s
+    assert any(n.startswith("inference: zero3 and checkpointing full are priced as zero0") for n in z3.notes)
+    assert not any(n.startswith("inference:") for n in z0.notes)
