@@ -355,7 +355,7 @@ def estimate(
     cluster: Optional[str] = typer.Option(None, "--cluster", help="preset name or cluster YAML file to price the plan on",
                                           show_default="the plan's, where it names a preset"),
     nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="node count for a preset",
-                                        show_default="the plan's with its preset, else 1"),
+                                        show_default="the plan's where --cluster is not given, else 1"),
     model: Optional[str] = typer.Option(None, "--model", help="model preset or file", show_default="the plan's"),
     seq_len: Optional[str] = typer.Option(None, "--seq-len", help="tokens per sequence", show_default="the plan's"),
     batch: Optional[int] = typer.Option(None, "--batch", min=1, max=MAX_BATCH, help="global batch", show_default="the plan's, else 1"),
