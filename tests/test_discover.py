@@ -473,3 +473,22 @@ def test_without_nvml_a_known_models_nvlink_generation_prices_its_links():
     r = describe_host(SYSFS / "ib-ndr", nvml=False, smi=fake_smi("dgx-h100", query))
     sw = links(node(build_cluster([r])), "nvswitch")
     assert len(sw) == 8 and all(l.capacity == 18 * 50e9 for l in sw), [l.capacity for l in sw]
+
+
+def test_a_devices_pcie_link_trains_to_the_lesser_of_it_and_its_port(tmp_path):
+    """Without NVML a device's PCIe generation and width come from sysfs: a Gen5 x16 card in a Gen4 x8 slot runs
+    Gen4 x8 (it was priced at the card's own Gen5 x16); a faster port leaves the card's own."""
+    from sp_plan.profiles.discover.sysfs import pci_device
+
+    def tree(name: str, port: tuple[str, int], card: tuple[str, int]):
+        root = tmp_path / name / "sys/devices/pci0000:00"
+        for d, (speed, width) in ((root / "0000:00:01.0", port), (root / "0000:00:01.0/0000:01:00.0", card)):
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "max_link_speed").write_text(f"{speed} PCIe\n")
+            (d / "max_link_width").write_text(f"{width}\n")
+        return pci_device(root / "0000:00:01.0/0000:01:00.0")
+
+    slow = tree("slow", ("16.0 GT/s", 8), ("32.0 GT/s", 16))
+    assert (slow.gen, slow.width) == (4, 8)
+    fast = tree("fast", ("32.0 GT/s", 16), ("16.0 GT/s", 16))
+    assert (fast.gen, fast.width) == (4, 16)

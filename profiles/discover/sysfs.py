@@ -92,11 +92,19 @@ def pci_device(dev_dir: Path) -> PciDev | None:
     if not chain:
         return None
     numa = _int(_read(real / "numa_node"))
-    speed = _read(real / "max_link_speed") or ""
-    m = re.match(r"([\d.]+)\s*GT/s", speed)
-    width = _int(_read(real / "max_link_width"))  # lanes: x1 .. x32; anything else is an unreadable file
+    # the device and the port it sits in: their link trains to the lesser (a Gen5 card in a Gen4 slot runs Gen4),
+    # read from each one's max (a GPU's current speed drops while it idles); links further up are their own
+    ports = [Path(*parts[:i + 1]) for i in range(roots[-1] + 1, len(parts)) if _BDF.match(parts[i])][-2:]
+    gens = [g for g in (_link_gen(d) for d in ports) if g is not None]
+    widths = [w for w in (_int(_read(d / "max_link_width")) for d in ports) if w and 1 <= w <= 32]
     return PciDev(bdf=chain[-1], root=parts[roots[-1]], chain=chain, numa=numa if numa is not None and numa >= 0 else None,
-                  gen=_GEN.get(float(m.group(1))) if m else None, width=width if width and 1 <= width <= 32 else None)
+                  gen=min(gens) if gens else None, width=min(widths) if widths else None)
+
+
+def _link_gen(dev_dir: Path) -> int | None:
+    """The PCIe generation of a device's or bridge's ``max_link_speed`` (None where unreadable)."""
+    m = re.match(r"([\d.]+)\s*GT/s", _read(dev_dir / "max_link_speed") or "")
+    return _GEN.get(float(m.group(1))) if m else None
 
 
 def pci_level(a: PciDev, b: PciDev) -> str:
