@@ -492,3 +492,14 @@ def test_a_devices_pcie_link_trains_to_the_lesser_of_it_and_its_port(tmp_path):
     assert (slow.gen, slow.width) == (4, 8)
     fast = tree("fast", ("32.0 GT/s", 16), ("16.0 GT/s", 16))
     assert (fast.gen, fast.width) == (4, 16)
+
+
+def test_nvlink_cells_do_not_put_each_gpu_on_a_socket_of_its_own():
+    """A DGX-1V's hybrid cube mesh from `nvidia-smi topo -m` alone: NVLink cells (NV1, NV2) say nothing of PCIe, and
+    filling them by the ultrametric rule with SYS (true of any pair) made eight host bridges and 28 SMP links; the
+    NUMA column places GPUs 0-3 and 4-7 on the node's two sockets."""
+    r = describe_host(SYSFS / "none", nvml=False, smi=fake_smi("dgx-1v"))
+    nt = node(build_cluster([r]))
+    home = {l.src: l.dst for l in links(nt, "pcie") if l.src.startswith("gpu")}
+    assert home == {f"gpu{i}": f"cpu{i // 4}" for i in range(8)}
+    assert len(links(nt, "smp")) == 1

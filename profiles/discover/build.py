@@ -89,17 +89,19 @@ def _nic_rate(n: NicInfo, warns: list[str]) -> float:
 
 # ---- PCIe tree
 def _closure(host: HostReport, labels: list[str]) -> dict[tuple[str, str], int]:
-    """Pairwise PCIe level ranks, gaps filled by the ultrametric rule d(a,b) <= max(d(a,c), d(c,b))."""
-    inf = len(LEVELS) + 1
+    """Pairwise PCIe level ranks, gaps filled by the ultrametric rule d(a,b) <= max(d(a,c), d(c,b)) where that
+    bound says something: a bound of SYS holds for any pair, so such a gap stays open for the NUMA ids to decide (a
+    DGX-1's NVLink cells are gaps, and SYS fills put each GPU on a socket of its own)."""
+    inf, sys_rank = len(LEVELS) + 1, LEVEL_RANK["SYS"]
     d = {(a, b): (0 if a == b else LEVEL_RANK.get(host.level(a, b) or "", inf)) for a in labels for b in labels}
     for c in labels:
         for a in labels:
             dac = d[(a, c)]
-            if dac >= inf:
+            if dac >= sys_rank:
                 continue
             for b in labels:
                 m = max(dac, d[(c, b)])
-                if m < d[(a, b)]:
+                if m < d[(a, b)] and m < sys_rank:
                     d[(a, b)] = m
     return d
 
