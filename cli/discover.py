@@ -119,7 +119,7 @@ def discover_cmd(
                                              "instead of running it", show_default="run nvidia-smi where there is one"),
     no_nvml: bool = typer.Option(False, "--no-nvml", help="do not use NVML (nvidia-ml-py)"),
     sysfs_root: str = typer.Option("/", "--sysfs-root", hidden=True, help="root of /sys (tests)"),
-    name: Optional[str] = typer.Option(None, "--name", help="name of the cluster", show_default="discovered-HOSTNAME"),
+    name: Optional[str] = typer.Option(None, "--name", help="name of the cluster", show_default="discovered-HOSTNAME; discovered-NxTYPE for several nodes"),
     timeout: float = typer.Option(120.0, "--timeout", help="seconds any rank waits for the others"),
 ) -> None:
     """Find this cluster's devices, links and NICs (alone: this host; under torchrun: every node)."""

@@ -256,7 +256,8 @@ class Cluster(BaseModel):
     def _check(self):
         check_finite(self.calibration, "cluster.calibration")
         if not self.nodes:
-            raise PlanError("nodes", "the cluster has zero nodes", "give at least one node (--nodes N with N >= 1)")
+            raise PlanError("cluster.nodes", "the cluster has zero nodes",
+                            "list the node type of each node under nodes: (a preset takes --nodes N >= 1)")
         for i, t in enumerate(self.nodes):
             if t not in self.node_types:
                 raise PlanError(f"nodes[{i}]", f"unknown node type {t!r}", f"use one of {sorted(self.node_types)}")

@@ -154,3 +154,11 @@ def test_a_devices_nic_must_be_a_nic_linked_to_the_fabric(tmp_path, capsys):
         path.write_text(yaml.safe_dump(cluster))
         line = error_line(capsys, str(path))
         assert line.startswith(f"error: devices[0].nic: '{bad}' is not a NIC of this node") and "nic0" in line, line
+
+
+def test_a_cluster_file_of_no_nodes_names_its_nodes_field(tmp_path, capsys):
+    """`nodes: []` in a cluster file is the file's field to fix, not the --nodes flag the user did not pass."""
+    cluster = preset_cluster("dgx-h100", 1).model_dump(mode="json")
+    path = tmp_path / "none.yaml"
+    path.write_text(yaml.safe_dump({**cluster, "nodes": []}))
+    assert error_line(capsys, str(path)).startswith("error: cluster.nodes: the cluster has zero nodes; list the node")
