@@ -103,12 +103,16 @@ class SearchPool:
         """Start every process and import the planner in it."""
         await asyncio.gather(*(self.run("search", "retry", warm_job) for _ in range(self.processes)))
 
-    def close(self) -> None:
-        """Stop the pool without waiting for the jobs in flight: queued ones are cancelled, and the processes still
-        running one are ended (a search may run minutes; the executor's own exit would wait for it, and a stopping
-        server would not stop)."""
+    def close(self, grace_s: float = 2.0) -> None:
+        """Stop the pool without waiting for the jobs in flight: queued ones are cancelled, idle processes exit as
+        told, and those still running one after ``grace_s`` are ended (a search may run minutes; the executor's own
+        exit would wait for it, and a stopping server would not stop). Ending idle processes too left their queue's
+        semaphores for the resource tracker to report as leaked."""
         running = list((getattr(self.executor, "_processes", None) or {}).values())
         self.executor.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + grace_s
         for proc in running:
+            proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
                 proc.terminate()
+                proc.join(1.0)
