@@ -343,12 +343,20 @@ def _expanded_size(data: Any) -> int:
     return size(data)
 
 
+#: the unit a number field of a file is written in, by the field's last name (a value such as "400Gb/s" is a string)
+UNITS = {"capacity": "bytes/s, e.g. 5.0e10 for 400 Gb/s", "rate": "bytes/s, e.g. 5.0e10 for 400 Gb/s",
+         "smp_capacity": "bytes/s, e.g. 6.4e10", "memory_bytes": "bytes, e.g. 8.0e10",
+         "latency": "seconds, e.g. 5.0e-6 for 5 us"}
+
+
 def validation_error(what: str, err: ValidationError, source: str = "") -> PlanError:
-    """Turn pydantic's error into one line naming the first bad field."""
+    """Turn pydantic's error into one line naming the first bad field (and, for a number that came as text, the
+    unit it is written in)."""
     e = err.errors()[0]
     loc = ".".join(str(x) for x in e["loc"]) or what
+    unit = UNITS.get(str(e["loc"][-1])) if e["loc"] and isinstance(e.get("input"), str) else None
     return PlanError(f"{what}.{loc}" if loc != what else what, f"{e['msg']}{' in ' + source if source else ''}",
-                     "fix that field")
+                     f"write a plain number in {unit}" if unit else "fix that field")
 
 
 #: the top-level keys that tell each kind of file, and where a file of that kind goes

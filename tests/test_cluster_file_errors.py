@@ -162,3 +162,13 @@ def test_a_cluster_file_of_no_nodes_names_its_nodes_field(tmp_path, capsys):
     path = tmp_path / "none.yaml"
     path.write_text(yaml.safe_dump({**cluster, "nodes": []}))
     assert error_line(capsys, str(path)).startswith("error: cluster.nodes: the cluster has zero nodes; list the node")
+
+
+def test_a_capacity_written_with_units_says_the_unit(tmp_path, capsys):
+    """`capacity: 400Gb/s` reads as text: the line says capacities are plain bytes/s, not only "fix that field"."""
+    cluster = preset_cluster("dgx-h100", 1).model_dump(mode="json")
+    cluster["node_types"][next(iter(cluster["node_types"]))]["links"][0]["capacity"] = "400Gb/s"
+    path = tmp_path / "units.yaml"
+    path.write_text(yaml.safe_dump(cluster))
+    line = error_line(capsys, str(path))
+    assert ".links.0.capacity: " in line and line.endswith("write a plain number in bytes/s, e.g. 5.0e10 for 400 Gb/s")
