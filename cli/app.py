@@ -402,7 +402,8 @@ def _print_estimate(res) -> None:
     """`estimate`'s report on the terminal: the plan, the profile line, the step's figures and breakdown."""
     p, c, w, pred = res.plan, res.cluster, res.workload, res.plan.predicted
     out.print(f"[bold]{p.summary()}[/] on {c.name} ({c.world_size} ranks), {res.model.name}, {w.seq_len:,} tokens "
-              f"x {w.batch}", highlight=False)
+              f"x {w.batch}, {'causal' if w.causal else 'full'}, {'training' if w.training else 'inference'}",
+              highlight=False)
     print_mask(w)
     for n in res.notes[len(w.notes):]:  # the plan's own (the workload's were printed before the request)
         out.print(f"note: {n}", highlight=False)
