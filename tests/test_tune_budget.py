@@ -10,6 +10,7 @@ import pytest
 from sp_plan.planner.model import Workload
 from sp_plan.planner.params import Params
 from sp_plan.profiles import load_cluster, load_model
+from sp_plan.profiles.tune.readings import fits_of
 from sp_plan.profiles.store import Store
 from sp_plan.profiles.tune.settings import SETTINGS
 from sp_plan.profiles.tune.budget import Budget, candidate_seconds, kernel_budget, learned_ratio, scaled
@@ -124,10 +125,13 @@ def test_a_tune_whose_sweep_and_candidates_would_overrun_keeps_to_its_minutes(tm
     url = f"sqlite:///{tmp_path / 'store.db'}"
     out = run_world(_budget_rank, 4, url, timeout=900)
     rep, order, steps = out[0]
-    assert steps == ["candidates", "kernels", "links", "rounds"]
     st = Store(url)
     (run_,) = st.runs()
     saved = st.steps(run_["id"])
+    (first,) = st.list_profiles()[0].candidates
+    # a reading whose stacks made no step (CPU noise) is read again where the time left allows: only then
+    assert [s for s in steps if s != "reread"] == ["candidates", "kernels", "links", "rounds"]
+    assert "reread" not in steps or fits_of(first)[0][0], steps
     # the sweep: 10 minutes less the finish's 10 s, 30 % of them for kernels; each group's 4 first calls take 60 s
     # by this clock: the best candidate's largest block first, then each group only where its forecast (the groups
     # prepared so far, by FLOPs) and its least timing fit what is left; the rest left out and said
