@@ -81,4 +81,3 @@ def check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise PlanError("k", f"q's head dim is {q.shape[3]}, k's {k.shape[3]}", "pass q and k of one head dim")
     if v.shape[3] != q.shape[3]:  # the fused kernels and Ulysses' one all-to-all buffer take one head dim
         raise PlanError("v", f"v's head dim is {v.shape[3]}, q's {q.shape[3]}", "pass v of q's head dim (pad it)")
-

@@ -1,8 +1,9 @@
 """A measured candidate's readings: which to read again (surprises, contenders), and what to keep of them.
 
 Whatever else runs on the hosts only adds time to a reading, so a candidate read more than once is kept at its
-fastest reading (of those its stacks extrapolate soundly: ``kept``), and the readings worth taking again are those the model says are too slow (``surprises``) or too
-close to the best to rank on one reading (``contenders``). Pure functions of the readings and the fit.
+fastest reading of those its stacks extrapolate soundly (``kept``); the readings worth taking again are those
+whose stacks make no step (``impossible``), those the model says are too slow (``surprises``) and those too close
+to the best to rank on one reading (``contenders``). Pure functions of the readings and the fit.
 """
 from __future__ import annotations
 
