@@ -487,17 +487,37 @@ def api_inputs(cluster, model, workload, nodes: int | None = None) -> tuple[Clus
     return cluster, model, workload
 
 
-def estimate(plan: Plan | str | dict, cluster: Cluster | str, model: ModelSpec | str | dict, workload: Workload | dict,
-             profile=None, store=None, *,
+def estimate(plan: Plan | str | dict, cluster: Cluster | str, model: ModelSpec | str | dict | None = None,
+             workload: Workload | dict | None = None, profile=None, store=None, *,
              documents=None, window: int | None = None, window_pattern: str | None = None,
              seed: int | None = None, nodes: int | None = None) -> Prediction:
     """The prediction of ``plan`` (step time, tokens/s, MFU, peak memory, the per-phase breakdown) for ``workload``
     with the documents, window and seed given, priced with ``profile`` as ``plan`` (this module's) takes it; the plan
-    may be a plan file's path or a mapping, the rest as ``plan`` takes them."""
-    cluster, model, workload = api_inputs(cluster, model, workload, nodes)
+    may be a plan file's path or a mapping, the rest as ``plan`` takes them. As `sp-plan estimate` does, a model or
+    workload left out is the plan's, and the plan's documents, window and seed stay where ``workload`` sets none."""
     plan = api_plan(plan, "plan")
+    model = _plans(model, plan.model, "model")
+    workload = plan_masks(_plans(workload, plan.workload, "workload"), plan.workload)
+    cluster, model, workload = api_inputs(cluster, model, workload, nodes)
     params, _, _ = resolve_params(cluster, profile, store)
     return Estimator(cluster, model, with_masks(workload, documents, window, window_pattern, seed), params=params)(plan)
+
+
+def _plans(given, of_plan, field: str):
+    """``given``, or the plan's own where it is None; neither is a PlanError naming ``field``."""
+    if given is None and of_plan is None:
+        raise PlanError(field, f"the plan names no {field}", f"pass {field}= (a preset name, a file or a mapping)")
+    return of_plan if given is None else given
+
+
+def plan_masks(workload, base: Workload | None):
+    """``workload`` (a Workload or a mapping) with ``base``'s documents, window and seed where it sets none of them
+    (the seed goes with the documents: a workload that sets its own documents keeps its own seed)."""
+    w = as_model(Workload, workload, "workload", "sp_plan.Workload(seq_len=...) or a mapping")
+    kept = {"documents", "window", "seed"} - w.model_fields_set - ({"seed"} if "documents" in w.model_fields_set else set())
+    if base is None or w is base or not kept:
+        return w
+    return Workload.model_validate({**w.model_dump(exclude=kept), **base.model_dump(include=kept)})
 
 
 def api_plan(plan, field: str) -> Plan:

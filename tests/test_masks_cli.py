@@ -73,6 +73,22 @@ def test_plan_records_a_file_as_its_histogram_and_estimate_and_show_read_it_back
     assert "score entries (windowed layers)" in show.stdout and "imbalance (busiest rank / mean)" in show.stdout
 
 
+def test_the_python_api_estimate_keeps_the_plan_files_documents_and_window_as_the_cli_does(masked):
+    """A workload that sets no documents, window or seed takes the plan file's (the CLI's flags do the same), and a
+    model or workload left out is the plan's."""
+    import sp_plan  # noqa: PLC0415 - the API as a user imports it
+
+    _, out = masked
+    cli = answer(EstimateResponse, "estimate", out, "--cluster", "dgx-h100", "--no-profile").plan.predicted
+    for workload in ({"seq_len": 16384}, Workload(seq_len=16384), None):
+        pred = sp_plan.estimate(str(out), "dgx-h100", "llama3-8b", workload, profile=False)
+        assert pred.step_time_s == pytest.approx(cli.step_time_s, rel=1e-9)
+    assert sp_plan.estimate(str(out), "dgx-h100", profile=False).step_time_s == pytest.approx(cli.step_time_s, rel=1e-9)
+    unmasked = sp_plan.estimate(str(out), "dgx-h100", "llama3-8b", Workload(seq_len=16384, documents=None, window=None),
+                                profile=False)
+    assert unmasked.step_time_s != pytest.approx(cli.step_time_s, rel=1e-3)  # set to None: no mask, as asked
+
+
 def test_show_prints_each_ring_rank_of_a_packed_ring_plan(tmp_path):
     p = tmp_path / "ring.yaml"
     p.write_text("algorithm: ring\ndegrees: {ring: 4}\ntoken_layout: contiguous\n"
