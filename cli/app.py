@@ -401,8 +401,7 @@ def estimate(
 def _print_estimate(res) -> None:
     """`estimate`'s report on the terminal: the plan, the profile line, the step's figures and breakdown."""
     p, c, w, pred = res.plan, res.cluster, res.workload, res.plan.predicted
-    out.print(f"[bold]{p.summary()}[/] on {c.name} ({c.world_size} ranks), {res.model.name}, {w.seq_len:,} tokens "
-              f"x {w.batch}, {'causal' if w.causal else 'full'}, {'training' if w.training else 'inference'}",
+    out.print(f"[bold]{p.summary()}[/] on {c.name} ({c.world_size} ranks), {res.model.name}, {workload_words(w)}",
               highlight=False)
     print_mask(w)
     for n in res.notes[len(w.notes):]:  # the plan's own (the workload's were printed before the request)
@@ -416,8 +415,25 @@ def _print_estimate(res) -> None:
     print_rank_work(p.model_copy(update={"workload": w}))
 
 
+def workload_words(w) -> str:
+    """A workload in the words `estimate` and `show` head their output with: tokens x batch, mask, training."""
+    return (f"{w.seq_len:,} tokens x {w.batch}, {'causal' if w.causal else 'full'}, "
+            f"{'training' if w.training else 'inference'}")
+
+
 #: rank lists `show` prints per dimension (the rest are elided)
 SHOWN_GROUPS = 4
+
+
+def _shown_groups(p) -> dict[str, list[list[int]]]:
+    """The groups `show` lists: the mesh's (as `init` builds them), and each merged group its breakdown names (a
+    gradient sync's ``ulyssesxringxdp``), so every group a row prices is listed under the row's name."""
+    layout = p.layout()
+    groups = layout.all_groups()
+    named = {r.group for r in (p.predicted.breakdown if p.predicted else []) if r.group}
+    for name in sorted(named - set(groups)):
+        groups[name] = layout.groups(tuple(name.split("x")))
+    return groups
 
 
 @app.command()
@@ -430,11 +446,14 @@ def show(path: Path = typer.Argument(..., help="a plan file written by `sp-plan 
     except PlanError as e:
         fail(e)
     out.print(f"[bold]{p.summary()}[/]  (world {p.world_size}, cluster {p.cluster or '-'} {p.cluster_fingerprint or ''})")
+    if p.model is not None or p.workload is not None:
+        out.print(", ".join([*([p.model.name] if p.model else []), *([workload_words(p.workload)] if p.workload else [])]),
+                  highlight=False)
     t = Table(title="groups")
     t.add_column("dimension")
     t.add_column("degree", justify="right")
     t.add_column("rank lists")
-    for name, gs in p.layout().all_groups().items():  # the layout module's groups: as `init` builds them
+    for name, gs in _shown_groups(p).items():
         if len(gs[0]) > 1:
             shown = " ".join(str(g) for g in gs[:SHOWN_GROUPS]) + (" ..." if len(gs) > SHOWN_GROUPS else "")
             t.add_row(name, str(len(gs[0])), shown)

@@ -606,18 +606,20 @@ class Layout:
         if key == ("sp",):
             key = SEQUENCE_DIMS
         if key not in self._cache:
-            if key in (("team",), ("sub_ring",)):
+            if key in (("team",), ("sub_ring",), ("team_ring",)):
                 self._cache[key] = self._team_groups(key[0])
             else:
                 self._cache[key] = group_ranks(key, self.degrees, list(self.order))
         return self._cache[key]
 
     def _team_groups(self, name: str) -> list[list[int]]:
-        """WallFacer teams (by member index) or sub-rings (in ring order) of every ring group (Sec. 3.3)."""
+        """Teams (by member index), WallFacer's sub-rings (in ring order, Sec. 3.3) or TokenRing x Ring's rings
+        across teams of every ring group."""
         P, C = self.degree("ring"), self.degree("team")
         if name == "sub_ring":
             check_team(P, C, self.placement, wallfacer=True)
-        parts = team_positions(P, C, self.placement) if name == "team" else sub_ring_positions(P, C, self.placement)
+        parts = {"team": team_positions, "sub_ring": sub_ring_positions,
+                 "team_ring": team_ring_positions}[name](P, C, self.placement)
         return sorted([ring[p] for p in part] for ring in self.groups("ring") for part in parts)
 
     def group_of(self, names: str | tuple[str, ...], rank: int) -> list[int]:
@@ -863,6 +865,12 @@ def team_coords(ring: int, team: int, placement: str | None, position: int) -> t
 def team_positions(ring: int, team: int, placement: str | None = None) -> tuple[tuple[int, ...], ...]:
     """Ring positions of every team, members in order a = 0..C-1 (the all-gather order)."""
     return tuple(tuple(team_position(ring, team, placement, t, a) for a in range(team)) for t in range(ring // team))
+
+
+def team_ring_positions(ring: int, team: int, placement: str | None = None) -> tuple[tuple[int, ...], ...]:
+    """Ring positions of every ring across teams (member a of each team, in team order): the ``team_ring`` that
+    ``ring_split`` sizes."""
+    return tuple(tuple(team_position(ring, team, placement, t, a) for t in range(ring // team)) for a in range(team))
 
 
 def sub_ring_coords(ring: int, team: int, placement: str | None, position: int) -> tuple[int, int, int]:

@@ -89,6 +89,18 @@ def test_the_python_api_estimate_keeps_the_plan_files_documents_and_window_as_th
     assert unmasked.step_time_s != pytest.approx(cli.step_time_s, rel=1e-3)  # set to None: no mask, as asked
 
 
+def test_show_heads_with_model_and_workload_and_lists_every_group_its_breakdown_names(masked):
+    _, out = masked
+    p = Plan.load(out)
+    r = run("show", str(out))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[1] == "llama3-8b, 16,384 tokens x 1, causal, training"
+    table = r.stdout[r.stdout.index("groups"):r.stdout.index("breakdown of")]
+    listed = {line.split("│")[1].strip() for line in table.splitlines() if line.count("│") == 4}
+    named = {row.group for row in p.predicted.breakdown if row.group}
+    assert named and named <= listed, (named, listed)
+
+
 def test_show_prints_each_ring_rank_of_a_packed_ring_plan(tmp_path):
     p = tmp_path / "ring.yaml"
     p.write_text("algorithm: ring\ndegrees: {ring: 4}\ntoken_layout: contiguous\n"

@@ -278,6 +278,22 @@ def test_hybrid_uses_team_and_team_ring_groups_and_search_ranks_it():
     assert {"tokenring", "tokenring_ring", "ring"} <= algs
 
 
+@pytest.mark.parametrize("ring,team", [(4, 2), (8, 2), (8, 4)])
+def test_layout_team_ring_groups_are_the_runtimes_rings_across_teams(ring, team):
+    """The ``team_ring`` a breakdown row names (and `show` lists) is the ring the runtime shifts K, V over: member a
+    of every team of consecutive positions, ``team`` positions apart, in each ring group."""
+    from sp_plan.planner.layout import Layout, ring_split
+
+    lay = Layout({"tp": 2, "ring": ring, "team": team}, ("tp", "ring"), "zigzag")
+    across = lay.groups("team_ring")
+    assert sorted(r for g in across for r in g) == list(range(2 * ring))
+    for g in lay.groups("ring"):
+        expect = [[g[a + t * team] for t in range(ring // team)] for a in range(team)]
+        assert all(e in across for e in expect)
+    size, step = ring_split(ring, team, None, "team_ring")
+    assert all(len(g) == size and {b - a for a, b in zip(g, g[1:])} == {step * 2} for g in across)
+
+
 def test_tokenring_plan_needs_ulysses_one():
     from sp_plan.planner.candidate import Candidate
 
