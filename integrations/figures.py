@@ -130,9 +130,8 @@ def memory_bars(plans: list[Plan], chosen: int | None = 0) -> Figure_:
     ax.set_axisbelow(True)
     fig.suptitle("memory of each layout against the device", fontsize=11)
     return Figure_(_png(fig), "stacked bars of each layout's peak memory",
-                   "Per-rank peak memory by part (weights, gradients, optimizer states, activations, attention "
-                   "buffers) against the usable device memory (the planner keeps a headroom below the datasheet "
-                   "size).")
+                   f"Per-rank peak memory by part ({', '.join(keys)}) against the usable device memory (the "
+                   "planner keeps a headroom below the device's size).")
 
 
 def measured_scatter(points: list[tuple[str, float | None, float | None, float]]) -> Figure_:

@@ -86,6 +86,8 @@ def test_report_is_one_self_contained_page_with_every_figure(ranked):
         assert f'<figure id="{fid}">' in html
     assert not re.search(r'(src|href)="(?!data:)', html)  # nothing fetched from elsewhere
     assert "CUDA out of memory on rank 3" in html  # the profile's failed candidate is listed
+    caption = html[html.index('<figure id="fig-memory">'):].split("</figure>")[0]
+    assert all(part in caption for part in plans[0].predicted.memory)  # every part its bars stack, logits too
     assert "changes</span> to" in html and html_escape(plans[0].summary()) in html  # ib halved flips this winner
     bare = render_report(plans, c)
     assert len(pngs(bare)) == 3 and "run <code>sp-plan tune</code>" in bare and "Sensitivity" not in bare
