@@ -245,12 +245,19 @@ class Cluster(BaseModel):
     source: str = ""
     warnings: list[str] = []
     calibration: dict = Field(default_factory=dict, description="fitted parameters from `sp-plan profile`")
+    fingerprint_memory: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict, description="node type -> the device memory its fingerprints are computed with, where "
+        "a preset's memory figure was corrected after plans and profiles were keyed to the one before")
 
     @model_validator(mode="before")
     @classmethod
     def _version(cls, data):
         check_schema_version(data, SCHEMA_VERSION, "cluster")
         return data
+
+    def _memory_of(self, node_type: str, device: Device) -> float:
+        """The memory a device's fingerprints are computed with (``fingerprint_memory``, else its own)."""
+        return self.fingerprint_memory.get(node_type, device.memory_bytes)
 
     @model_validator(mode="after")
     def _check(self):
@@ -261,6 +268,10 @@ class Cluster(BaseModel):
         for i, t in enumerate(self.nodes):
             if t not in self.node_types:
                 raise PlanError(f"nodes[{i}]", f"unknown node type {t!r}", f"use one of {sorted(self.node_types)}")
+        for t in self.fingerprint_memory:
+            if t not in self.node_types:
+                raise PlanError(f"fingerprint_memory.{t}", f"unknown node type {t!r}",
+                                f"key it by one of {sorted(self.node_types)}, or drop it")
         if len(self.nodes) > 1:
             for t in set(self.nodes):
                 if not self.node_types[t].has_network:
@@ -326,6 +337,9 @@ class Cluster(BaseModel):
     def fingerprint(self) -> str:
         """Stable hash of the topology (node types, node list, network); names and notes excluded."""
         data = self.model_dump(include={"node_types", "nodes", "network"})
+        for t, mem in self.fingerprint_memory.items():
+            for d in data["node_types"].get(t, {}).get("devices", []):
+                d["memory_bytes"] = mem
         text = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -334,7 +348,7 @@ class Cluster(BaseModel):
         kinds), NIC rates and the network; not link capacities or latencies, which `profile links` calibrates."""
         types = {}
         for name, nt in self.node_types.items():
-            types[name] = {"devices": [[d.kind, d.model, d.memory_bytes] for d in nt.devices],
+            types[name] = {"devices": [[d.kind, d.model, self._memory_of(name, d)] for d in nt.devices],
                            "switches": [[s.name, s.kind, s.rate, s.network] for s in nt.switches],
                            "links": sorted([l.src, l.dst, l.kind, l.bidirectional] for l in nt.links)}
         text = json.dumps({"types": types, "nodes": self.nodes, "network": self.network}, sort_keys=True,
@@ -364,7 +378,8 @@ class Cluster(BaseModel):
     # ---- io
     def save(self, path: str | Path) -> None:
         """Write the cluster as a YAML (or, for a .json path, JSON) file that ``load`` and ``--cluster`` read."""
-        dump_data(self.model_dump(mode="json"), path)
+        dump_data(self.model_dump(mode="json", exclude=None if self.fingerprint_memory else {"fingerprint_memory"}),
+                  path)
 
     @classmethod
     def load(cls, path: str | Path) -> "Cluster":

@@ -145,7 +145,12 @@ def preset_cluster(name: str, nodes: int = 1, devices_per_node: int | None = Non
     node = build_node_type(spec, devices_per_node)
     network = spec.get("nics", {}).get("network", "none") if nodes > 1 else "none"
     return Cluster(name=preset_name(name, nodes), node_types={name: node}, nodes=[name] * nodes,
-                   network=network, source=spec.get("source", ""))
+                   network=network, source=spec.get("source", ""), fingerprint_memory=_keyed(name, spec))
+
+
+def _keyed(name: str, spec: dict) -> dict[str, float]:
+    """A preset's ``fingerprint_memory``: its node type's figure where the spec keeps one (NodeSpec)."""
+    return {name: spec["fingerprint_memory_bytes"]} if spec.get("fingerprint_memory_bytes") else {}
 
 
 def load_cluster(name_or_file: str, nodes: int | None = None, files: bool = True) -> Cluster:
@@ -172,7 +177,8 @@ def spec_cluster(spec: dict, nodes: int) -> Cluster:
     node = build_node_type(spec)
     name = spec.get("name", "custom")
     network = spec.get("nics", {}).get("network", "none") if nodes > 1 else "none"
-    return Cluster(name=name, node_types={name: node}, nodes=[name] * nodes, network=network, source=spec.get("source", ""))
+    return Cluster(name=name, node_types={name: node}, nodes=[name] * nodes, network=network,
+                   source=spec.get("source", ""), fingerprint_memory=_keyed(name, spec))
 
 
 def load_model(name_or_file: str, files: bool = True) -> ModelSpec:

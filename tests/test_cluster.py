@@ -1,8 +1,12 @@
 """Cluster model: presets, YAML round trip, fingerprint, graph, and clear errors for broken files."""
+from pathlib import Path
+
 import pytest
 
 from sp_plan.planner import Cluster, PlanError
 from sp_plan.profiles import cluster_presets, load_cluster, preset_cluster
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.mark.parametrize("name", cluster_presets())
@@ -25,6 +29,24 @@ def test_fingerprint_names_topology_not_labels():
     assert a.fingerprint() == b.fingerprint()
     assert a.fingerprint() != preset_cluster("dgx-h100", 3).fingerprint()
     assert a.fingerprint() != preset_cluster("dgx-a100", 2).fingerprint()
+
+
+def test_preset_memory_is_what_nvml_reports_and_its_fingerprints_are_those_plans_were_keyed_to(tmp_path):
+    """An H100 reports 81,559 MiB (what `discover` writes); the fingerprints stay those computed with the decimal
+    80e9 the preset gave before, so the plan files and profiles keyed to them still match."""
+    from sp_plan.planner.plan import Plan
+    from sp_plan.planner.profile import Profile
+
+    c = preset_cluster("dgx-h100", 2)
+    assert c.device(0).memory_bytes == 81559 * 2**20
+    assert c.fingerprint() == Plan.load(FIXTURES / "plans" / "usp-16-with-groups.yaml").cluster_fingerprint
+    assert c.topology_fingerprint() == Profile.load(FIXTURES / "profile-dgx-h100.yaml").cluster_fingerprint
+    c.save(tmp_path / "c.yaml")
+    assert Cluster.load(tmp_path / "c.yaml").fingerprint() == c.fingerprint()  # written with the file
+    data = c.model_dump(exclude={"fingerprint_memory"})
+    assert Cluster.model_validate(data).fingerprint() != c.fingerprint()  # the figure is what keeps them
+    with pytest.raises(PlanError, match="fingerprint_memory.dgx-a100: unknown node type"):
+        Cluster.model_validate({**data, "fingerprint_memory": {"dgx-a100": 80e9}})
 
 
 def test_directed_links_carry_capacity_per_direction():
