@@ -247,7 +247,7 @@ class Cluster(BaseModel):
     calibration: dict = Field(default_factory=dict, description="fitted parameters from `sp-plan profile`")
     fingerprint_memory: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=dict, description="node type -> the device memory its fingerprints are computed with, where "
-        "a preset's memory figure was corrected after plans and profiles were keyed to the one before")
+        "it differs from the devices' (a preset's decimal datasheet figure, which its plans and profiles are keyed by)")
 
     @model_validator(mode="before")
     @classmethod

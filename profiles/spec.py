@@ -60,8 +60,8 @@ class NodeSpec(BaseModel):
     devices_per_node: int = Field(gt=0, le=MAX_DEVICES_PER_NODE)
     device: dict[str, Any]
     fingerprint_memory_bytes: float | None = Field(
-        default=None, gt=0, description="the device memory the node's fingerprints are computed with, where a "
-        "corrected device.memory_bytes would otherwise orphan the plans and profiles keyed to the figure before")
+        default=None, gt=0, description="the device memory the node's fingerprints are computed with, where it "
+        "differs from device.memory_bytes (a preset's decimal datasheet figure, which its plans and profiles are keyed by)")
     intra: IntraSpec = IntraSpec()
     pcie: PcieSpec | None = None
     nics: NicSpec | None = None
