@@ -73,6 +73,10 @@ class FakeNvml:
     def nvmlDeviceGetNumaNodeId(self, h):
         return self.gpus[h]["numa"]
 
+    def nvmlDeviceGetMigMode(self, h):
+        mig = self.gpus[h].get("mig", 0)
+        return [mig, mig]  # (current, pending)
+
     def nvmlDeviceGetMaxPcieLinkGeneration(self, h):
         return self.gpus[h].get("gen", 5)
 
@@ -306,6 +310,16 @@ def test_nvml_nvlink_missing_from_topo_is_a_warning():
     c = build_cluster([describe_host(SYSFS / "roce", nvml=h100_pair_nvml(), smi=smi)])
     assert any("NVML sees 12 active NVLink(s) between GPU0 and GPU1" in w for w in c.warnings)
     assert links(node(c), "nvlink")  # NVML wins; the contradiction is kept in Cluster.warnings
+
+
+def test_a_gpu_partitioned_by_mig_is_a_warning_naming_it():
+    nvml = dgx_h100_nvml()
+    nvml.gpus[3]["mig"] = 1
+    c = build_cluster([describe_host(SYSFS / "ib-ndr", nvml=nvml, smi=fake_smi("dgx-h100"))])
+    mig = [w for w in c.warnings if "MIG" in w]
+    assert len(mig) == 1 and "GPU3: MIG is enabled" in mig[0] and "memory_bytes and peak_flops" in mig[0]
+    plain = build_cluster([describe_host(SYSFS / "ib-ndr", nvml=dgx_h100_nvml(), smi=fake_smi("dgx-h100"))])
+    assert not any("MIG" in w for w in plain.warnings)
 
 
 def test_slow_nic_is_reported_and_kept(tmp_path):

@@ -67,6 +67,9 @@ class DrawnNvml:
     def nvmlDeviceGetMaxPcieLinkGeneration(self, h):
         return self._answer(5)
 
+    def nvmlDeviceGetMigMode(self, h):
+        return self._answer([self.draw(st.sampled_from([0, 1])), 0])
+
     def nvmlDeviceGetMaxPcieLinkWidth(self, h):
         return self._answer(16)
 

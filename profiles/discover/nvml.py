@@ -102,6 +102,18 @@ def _try(fn, *args, default=None):
         return default
 
 
+def _note_mig(nvml, handle, g: NvmlGpu) -> None:
+    """A note where MIG partitions the GPU: the cluster describes whole GPUs, and a rank on a slice has only the
+    slice's memory and SMs (and no NVLink), which discovery does not read."""
+    get = getattr(nvml, "nvmlDeviceGetMigMode", None)  # older nvidia-ml-py, and pre-Ampere drivers, lack it
+    mode = _try(get, handle) if get else None
+    current = mode[0] if isinstance(mode, (list, tuple)) and mode else mode
+    if current == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1):
+        g.notes.append(f"GPU{g.index}: MIG is enabled; the cluster gives the whole GPU's memory and compute, and a rank "
+                       "on a MIG slice has the slice's: write its memory_bytes and peak_flops into the cluster file, "
+                       "or disable MIG (nvidia-smi -mig 0)")
+
+
 def read_nvml(nvml=None) -> list[NvmlGpu]:
     """Every GPU NVML sees; raises NvmlUnavailable if NVML cannot be initialized."""
     nvml = nvml or load_nvml()
@@ -127,6 +139,8 @@ def _read(nvml) -> list[NvmlGpu]:
                             numa=_int(_try(nvml.nvmlDeviceGetNumaNodeId, h), 0, 4095),
                             pcie_gen=_int(_try(nvml.nvmlDeviceGetMaxPcieLinkGeneration, h), 1, 7),
                             pcie_width=_int(_try(nvml.nvmlDeviceGetMaxPcieLinkWidth, h), 1, 32)))
+    for g, h in zip(gpus, handles):
+        _note_mig(nvml, h, g)
     buses = {g.pci_bus: g.index for g in gpus}
     enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
     max_links = getattr(nvml, "NVML_NVLINK_MAX_LINKS", NVLINK_MAX_LINKS)
