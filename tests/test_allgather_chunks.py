@@ -43,7 +43,25 @@ def _run(rank: int, world: int):
         o.backward(do)
         out.append((tok, [t.detach() for t in (o, q.grad, k.grad, v.grad)], (order, list(events)), saved,
                     [tuple(t.shape) for t in (q, k, v, o)]))
+    out.append(_in_ring_order(rank, world))
     return out
+
+
+#: a ring order other than the group's (sorted) one: the gather fills in group order, the reduce-scatter must too
+RING_ORDER = (0, 2, 3, 1)
+
+
+def _in_ring_order(rank: int, world: int):
+    """The GQA document+window case over the ring ``RING_ORDER``: this rank holds its ring position's tokens."""
+    case = _case("document+window", "GQA")
+    seq, causal, cu, window = case.spec
+    tok = member_tokens("zigzag", world, seq, causal, cu, window)[RING_ORDER.index(rank)]
+    q, k, v, do = (x[:, torch.as_tensor(tok)].clone() for x in inputs(case, len(CASES)))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    o = ag.allgather_attention(q, k, v, dist.group.WORLD, causal=causal, token_layout="zigzag", cu_seqlens=cu,
+                               window=window, ranks=RING_ORDER, kv_chunks=2)
+    o.backward(do)
+    return tok, [t.detach() for t in (o, q.grad, k.grad, v.grad)]
 
 
 def test_chunked_allgather_is_exact_and_overlaps_each_gather_with_the_previous_attention():
@@ -60,6 +78,18 @@ def test_chunked_allgather_is_exact_and_overlaps_each_gather_with_the_previous_a
         assert all(r[i][2] == (want_order, want_order) for r in results), (chunks, results[0][i][2])
         # only the local shards are kept for the backward, which gathers K and V again
         assert all(r[i][3][:4] == r[i][4] and len(r[i][3]) == 5 for r in results), results[0][i][3]
+    case, i = _case("document+window", "GQA"), len(CASES)
+    want = reference(*inputs(case, i), *case.spec)
+    got = assemble(want, [r[i] for r in results], case.spec[0], f"{case} in ring order {RING_ORDER}")
+    terms = attention_terms(case.spec[0], HEAD_DIM, HEADS // KV_HEADS["GQA"])
+    wrong = mismatches(got, want, ("out", "dq", "dk", "dv"), case.dtype, terms, f"{case} in ring order {RING_ORDER}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_ring_order_without_a_group_is_refused():
+    q = torch.randn(1, 8, 4, 8)
+    with pytest.raises(PlanError, match="ranks: a ring order \\[1, 0\\] without a group"):
+        ag.allgather_attention(q, q, q, ranks=(1, 0))
 
 
 def test_kv_chunks_must_divide_the_kv_heads():

@@ -242,3 +242,13 @@ def test_causal_block_mask_falls_back_to_an_explicit_mask():
     out[:, rows] = o
     ref, _ = _sdpa(q, k, v, allowed)
     assert (out - ref.detach().transpose(1, 2)).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("n_q,n_k", [(4, 4), (4, 6), (6, 4)])
+def test_a_diagonal_block_is_top_left_causal_without_a_mask(n_q, n_k):
+    """A causal block whose diagonal starts at its corner (every ring's own block) needs no explicit mask, so the
+    kernels that take no mask (flash, cuDNN) stay eligible for it."""
+    r = K._region(n_q, n_k, 0, None)
+    assert r.causal and r.mask is None and not r.empty and (r.row_start, r.col_stop) == (0, min(n_q, n_k))
+    below = K._region(n_q, n_k, 1, None)  # one diagonal further: only a mask expresses it
+    assert not below.causal and below.mask is not None

@@ -71,3 +71,39 @@ def test_context_arguments_take_bools_and_numpy_integers(ctx):
     assert ctx.causal(False) is False and ctx.causal(np.bool_(True)) is True
     assert ctx.window(np.int64(64)) == 64 and ctx.kv_chunks(np.int32(1)) == 1
     assert check_device_type("cpu") == "cpu"
+
+
+def _refusals(rank: int, world: int) -> list[tuple[str, str]]:
+    """(field, problem) of each call a rank makes with shards or ranks its plan does not give it."""
+    import torch.distributed as dist  # noqa: PLC0415 - inside the spawned rank
+
+    from sp_plan.planner.errors import PlanError as Refused  # noqa: PLC0415
+    from sp_plan.runtime.attention import attention  # noqa: PLC0415
+    from sp_plan.runtime.variants.ring import member_tokens  # noqa: PLC0415
+
+    cu = (0, 3, 40, 41, 58, 77)
+    short = len(member_tokens("balanced", world, 77, True, cu, None)[rank]) - 1  # one token fewer than it holds
+    q = torch.randn(1, short, 4, 8)
+    calls = [lambda: attention(q, q, q, algorithm="ring", groups={"ring": dist.group.WORLD}, causal=True,
+                               token_layout="balanced", cu_seqlens=cu),
+             lambda: attention(torch.randn(1, 8, 4, 8), *[torch.randn(1, 8, 4, 8)] * 2, algorithm="ulysses",
+                               groups={"ulysses": dist.group.WORLD}, ranks={"ulysses": [1, 0]})]
+    out = []
+    for call in calls:
+        try:
+            call()
+            out.append(("", "no error"))
+        except Refused as e:
+            out.append((e.field, e.problem))
+    return out
+
+
+def test_shards_the_balanced_layout_does_not_give_and_a_ulysses_order_not_the_groups_are_refused():
+    """Balanced shards one token short (no even split to check them against: only the layout's own count does),
+    and a ulysses order the all-to-all would not follow: a PlanError naming them on every rank, not a wrong result."""
+    from harness.worlds import run_world  # noqa: PLC0415
+
+    for got in run_world(_refusals, 2, timeout=120):
+        (field, problem), (u_field, u_problem) = got
+        assert field == "q" and "the balanced layout gives it" in problem, got
+        assert u_field == "ranks.ulysses" and "differs from the group's rank order [0, 1]" in u_problem, got

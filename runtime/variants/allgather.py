@@ -196,7 +196,11 @@ def allgather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group
     themselves, laid out per document (``member_tokens``; members may then hold different numbers of tokens);
     ``window`` limits each query to the ``window`` keys before it (itself included). ``kv_chunks`` > 1 gathers the
     KV heads in that many chunks, each chunk's gather (backward: reduce-scatter) beside the previous one's compute.
+    ``group`` None is a context group of one, as the registry's degree 1 (not the world, as ``ring_attention``'s).
     """
+    if group is None and ranks is not None:
+        raise PlanError("ranks", f"a ring order {list(ranks)} without a group: group None attends the local tokens "
+                        "alone", "pass the context group with its ring order (or neither)")
     cu, w = check_masks(cu_seqlens, window, None)
     return _AllGatherAttention.apply(q, k, v, group, None if ranks is None else tuple(int(r) for r in ranks),
                                      causal, token_layout, scale, backend, cu, w, int(kv_chunks))
