@@ -168,3 +168,38 @@ def test_the_masks_benchmark_finds_the_planners_tiles_are_the_counted_ones(capsy
     assert len(packed) == len(bench.candidates(4))
     assert all(r["planned_tiles"] == r["tiles"] > 0 for r in rows if r["masked"])  # a single document's too
     assert f"planner's tiles: the counted ones for all {len(packed)}" in capsys.readouterr().out
+
+
+def test_a_layer_pattern_prices_the_layer_weighted_mean_of_its_windowed_and_global_tiles():
+    """Gemma 3's 5:1 over 62 layers: 52 windowed layers (ten full periods and two more) and 10 global; each price is
+    their layer-weighted mean, not the global layers' alone."""
+    from sp_plan.planner.masks import layout_tiles
+
+    w = Workload(seq_len=8192, documents=load_documents("magi-short"), window={"size": 1024, "pattern": "5:1"})
+    local, full = layout_tiles(w, "zigzag", 4, 1024, None), layout_tiles(w, "zigzag", 4, None, None)
+    got = mask_tiles(w, "zigzag", 4, 62)
+    for i in range(3):
+        assert got[i] == pytest.approx((52 * local[i] + 10 * full[i]) / 62, rel=1e-12)
+    assert got.tiles < full.tiles and got.pairs < full.pairs / 2  # the windowed layers weigh in
+
+
+def test_ulysses_tiles_of_a_sequence_its_degree_does_not_divide_are_the_runtimes_spans():
+    """S/U rounded up, as the runtime cuts its spans: 8,192 tokens over 3 ranks are 3 spans of 2,731, not 4 of 2,730."""
+    from sp_plan.runtime.variants.ulysses import span_masks
+
+    w = Workload(seq_len=8192, window=4000)
+    want = sum(len(m) for m in span_masks(8192, 3, True, None, 4000))
+    assert mask_tiles(w, "contiguous", 1, 1, 3).tiles == want
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_striped_windows_general_path_counts_the_runtimes_tiles(monkeypatch, causal):
+    """Striped under a window is priced in closed forms where they apply; the general path (where they decline:
+    thousands of documents shorter than the ring) cuts a run into tiles of ceil(W/P) tokens as the runtime does, for
+    a window P does not divide (300 over 8 ranks: 38, not 37)."""
+    from sp_plan.planner.masks import tiles
+
+    monkeypatch.setattr(tiles, "_striped_window_tiles", lambda *a: None)
+    monkeypatch.setattr(tiles, "_striped_cut_pack", lambda *a: None)
+    for cu in packs() + packs("megatron-dcp", 4096, 1):
+        assert pack_tiles("striped", 8, cu, causal, 300)[0] == runtime_tiles("striped", 8, cu, causal, 300)
