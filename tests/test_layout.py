@@ -86,3 +86,29 @@ def test_striped_attention_per_round_workload():
     assert speedup == pytest.approx((P - 1 + (c + 1) / (2 * c)) / (P * (c + 1) / (2 * c)))
     assert 1.8 < speedup < 2.0
     assert round_work("contiguous", P, s, causal=False) == [1.0] * P
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
+@pytest.mark.parametrize("P", [65, 128])
+def test_large_rings_closed_form_is_the_per_round_maximum(layout, P):
+    """Past 64 ranks ``_round_work`` takes a closed form; it is the busiest rank's block fraction of each round that
+    ``causal_work`` gives, round by round."""
+    from sp_plan.planner.layout import _large_ring_work
+
+    s = 2 * P * 12
+    w = causal_work(layout, P, s)
+    r = np.arange(P)
+    rounds = w[r, (r[None, :] - r[:, None]) % P].max(axis=1)
+    diag, later = _large_ring_work(layout, P, s)
+    assert diag == pytest.approx(rounds[0], rel=1e-12) and np.allclose(rounds[1:], later, rtol=1e-12)
+
+
+@pytest.mark.parametrize("R,U,S", [(2, 2, 101), (3, 2, 100), (2, 3, 97), (4, 1, 103), (1, 4, 10)])
+def test_local_token_range_bounds_every_rank_of_an_uneven_sequence(R, U, S):
+    """The range the runtime checks shards against holds every rank's count, and both ends are attained."""
+    from sp_plan.planner.layout import document_sp_tokens, local_token_range
+
+    for layout in ("contiguous", "zigzag", "striped"):
+        counts = [len(t) for ring_rank in document_sp_tokens(layout, U, R, [0, S]) for t in ring_rank]
+        lo, hi = local_token_range(layout, R, U, S)
+        assert (min(counts), max(counts)) == (lo, hi), (layout, counts)

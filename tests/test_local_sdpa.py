@@ -14,15 +14,16 @@ def _qkv(heads: int, kv_heads: int, n: int = 48, d: int = 16):
             for h in (heads, kv_heads, kv_heads)]
 
 
+@pytest.mark.parametrize("scale", [None, 0.3])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kv_heads", [4, 2])
-def test_sdpa_path_matches_the_block_kernels_path(causal, kv_heads):
+def test_sdpa_path_matches_the_block_kernels_path(causal, kv_heads, scale):
     q, k, v = _qkv(4, kv_heads)
-    out = local_attention(q, k, v, causal=causal, backend="math")
+    out = local_attention(q, k, v, causal=causal, backend="math", scale=scale)
     assert "_LocalAttention" not in type(out.grad_fn).__name__
     do = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), do)
-    ref = _LocalAttention.apply(q, k, v, causal, None, "math")
+    ref = _LocalAttention.apply(q, k, v, causal, scale, "math")
     ref_grads = torch.autograd.grad(ref, (q, k, v), do)
     assert torch.allclose(out, ref, atol=1e-10)
     for g, r in zip(grads, ref_grads):

@@ -60,7 +60,28 @@ def _run(rank: int, world: int) -> dict:
             continue
         want = reference(q, k, v, do, SEQ, ctx.causal(attn_kw.get("causal")), CU, ctx.window(attn_kw.get("window")))
         out[name] = float((full - want[0]).abs().max())
+    out[RESHARD] = _reshard_then_read()
     return out
+
+
+#: documents read before this context sharded them, then sharded by another mask: the next read checks the shard
+RESHARD = "a read, then a shard by another mask, then the read again"
+
+
+def _reshard_then_read() -> str:
+    """The field of the error a read by the causal mask raises once its documents were sharded bidirectional
+    after an identical read (the once-per-batch check must not take the shard for the batch it already read), or
+    'no error'."""
+    ctx = init(plan(True, None))
+    q = torch.randn(1, SEQ, 4, 4, dtype=torch.float64)
+    ql = init(plan(True, None)).shard(q, 1, cu_seqlens=CU)  # another context's shard: this one has placed nothing
+    ctx.attention(ql, ql, ql, cu_seqlens=CU)
+    ql = ctx.shard(q, 1, cu_seqlens=CU, causal=False)
+    try:
+        ctx.attention(ql, ql, ql, cu_seqlens=CU)
+    except PlanError as e:
+        return e.field
+    return "no error"
 
 
 def test_the_pack_places_alike_in_counts_and_otherwise_in_tokens():
@@ -87,6 +108,22 @@ def test_shard_attention_and_gather_read_one_mask_or_every_rank_names_the_field(
     assert results[0]["a bidirectional call on a causal plan"] == "causal"
     assert results[0]["gather without the shard's window"] == "window"
     assert results[0]["k sharded by another window than q"] == "window"
+    assert {r[RESHARD] for r in results} == {"causal"}
+
+
+def test_the_placements_kept_are_the_latest(monkeypatch):
+    """Past KEEP batches the oldest is forgotten, never the one just sharded."""
+    from collections import OrderedDict
+
+    from sp_plan.runtime import placement
+
+    monkeypatch.setattr(placement, "KEEP", 3)
+    kept = OrderedDict()
+    for i in range(5):
+        placement.remember(kept, i, i)
+    assert list(kept) == [2, 3, 4]
+    placement.remember(kept, 2, "again")  # a batch sharded again is the latest
+    assert list(kept) == [3, 4, 2]
 
 
 def test_a_balanced_plan_whose_layers_mix_windows_is_refused_before_it_runs():

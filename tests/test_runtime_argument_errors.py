@@ -10,6 +10,7 @@ import sp_plan
 from sp_plan.integrations import transformers as hf
 from sp_plan.profiles.tune.isolate import run_candidate_isolated
 from sp_plan.profiles.tune.kernels import kernel_shapes, measure_kernels
+from sp_plan.runtime.attention import attention
 from sp_plan.runtime.context import Context, check_device_type, check_dim
 
 WORK = {"seq_len": 256}
@@ -57,6 +58,8 @@ def _calls(plan, ctx):
         ("dtype", lambda: kernels([64], [4], "float32")),
         ("torch.distributed", lambda: run_candidate_isolated(plan, model, work, timeout_s=60)),
         ("plans[0]", lambda: kernel_shapes([plan.model_dump()], model, work)),
+        ("token_layout", lambda: attention(*[torch.randn(1, 8, 4, 8)] * 3, algorithm="ulysses", groups={},
+                                           token_layout="balanced")),  # balanced places documents: none given
     ]
     if not torch.cuda.is_available():
         cases.append(("device_type", lambda: check_device_type("cuda")))
