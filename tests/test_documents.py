@@ -128,6 +128,8 @@ def test_lognormal_draws_follow_megatron_clipped_and_floored():
     mu = np.log(1024) - 1.5 ** 2 / 2  # P(raw draw < 128) and P(> 8192) land on the clip values
     assert (x == 128).mean() == pytest.approx(_lognormal_cdf(129, mu, 1.5), abs=0.005)  # floored: [128, 129) -> 128
     assert (x == 8192).mean() == pytest.approx(1 - _lognormal_cdf(8192, mu, 1.5), abs=0.003)
+    raw = np.random.default_rng(1).lognormal(mu, 1.5, size=200_000)  # the same draws: floored, not rounded
+    assert np.array_equal(x, np.floor(np.clip(raw, 128, 8192)).astype(np.int64))
 
 
 def _lognormal_cdf(x: float, mu: float, sigma: float) -> float:

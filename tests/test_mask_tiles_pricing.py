@@ -203,3 +203,13 @@ def test_striped_windows_general_path_counts_the_runtimes_tiles(monkeypatch, cau
     monkeypatch.setattr(tiles, "_striped_cut_pack", lambda *a: None)
     for cu in packs() + packs("megatron-dcp", 4096, 1):
         assert pack_tiles("striped", 8, cu, causal, 300)[0] == runtime_tiles("striped", 8, cu, causal, 300)
+
+
+def test_packs_cut_from_one_long_document_price_as_that_one_pack():
+    """A document longer than the sequence is cut into sequence-long pieces: every pack drawn is the same single
+    document, and the mean over the samples is that pack's tiles (Ulysses alone and a ring alike)."""
+    w = Workload(seq_len=8192, documents={"kind": "lengths", "lengths": [100000]})
+    got = mask_tiles(w, "contiguous", 1, 32, 4)
+    assert tuple(got)[:3] == pytest.approx(pack_tiles("contiguous", 1, [0, 8192], True, None, 2048)[:3], rel=1e-12)
+    ring = mask_tiles(w, "zigzag", 4, 32)
+    assert tuple(ring)[:3] == pytest.approx(pack_tiles("zigzag", 4, [0, 8192], True, None)[:3], rel=1e-12)
