@@ -87,10 +87,16 @@ def _refusals(rank: int, world: int) -> list[tuple[str, str]]:
     cu = (0, 3, 40, 41, 58, 77)
     short = len(member_tokens("balanced", world, 77, True, cu, None)[rank]) - 1  # one token fewer than it holds
     q = torch.randn(1, short, 4, 8)
+    swapped = torch.randn(1, 38 if rank == 0 else 39, 4, 8)  # 77 tokens over 2: the other rank's count, in range
     calls = [lambda: attention(q, q, q, algorithm="ring", groups={"ring": dist.group.WORLD}, causal=True,
                                token_layout="balanced", cu_seqlens=cu),
              lambda: attention(torch.randn(1, 8, 4, 8), *[torch.randn(1, 8, 4, 8)] * 2, algorithm="ulysses",
-                               groups={"ulysses": dist.group.WORLD}, ranks={"ulysses": [1, 0]})]
+                               groups={"ulysses": dist.group.WORLD}, ranks={"ulysses": [1, 0]}),
+             lambda: sp_plan.init(sp_plan.Plan(algorithm="ring", degrees={"ring": 2}, order=["ring"],
+                                               token_layout="balanced",
+                                               workload={"seq_len": 77, "documents": [8]})).gather(q, 1, cu_seqlens=cu),
+             lambda: attention(swapped, swapped, swapped, algorithm="ulysses", groups={"ulysses": dist.group.WORLD},
+                               causal=True, cu_seqlens=cu)]
     out = []
     for call in calls:
         try:
@@ -101,12 +107,15 @@ def _refusals(rank: int, world: int) -> list[tuple[str, str]]:
     return out
 
 
-def test_shards_the_balanced_layout_does_not_give_and_a_ulysses_order_not_the_groups_are_refused():
-    """Balanced shards one token short (no even split to check them against: only the layout's own count does),
-    and a ulysses order the all-to-all would not follow: a PlanError naming them on every rank, not a wrong result."""
+def test_shards_and_orders_the_plan_does_not_give_are_refused_on_every_rank():
+    """Balanced shards one token short (no even split to check them against: only the layout's own count does) to
+    the attention and to ctx.gather, and a ulysses order the all-to-all would not follow: a PlanError naming them on
+    every rank, not a wrong result."""
     from harness.worlds import run_world  # noqa: PLC0415
 
     for got in run_world(_refusals, 2, timeout=120):
-        (field, problem), (u_field, u_problem) = got
+        (field, problem), (u_field, u_problem), (g_field, g_problem), (s_field, s_problem) = got
         assert field == "q" and "the balanced layout gives it" in problem, got
         assert u_field == "ranks.ulysses" and "differs from the group's rank order [0, 1]" in u_problem, got
+        assert g_field == "cu_seqlens" and "the balanced layout gives this rank" in g_problem, got  # gather too
+        assert s_field == "q" and "the contiguous layout gives it" in s_problem, got  # before the all-to-all
