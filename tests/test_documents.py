@@ -261,6 +261,20 @@ def test_bad_files_of_lengths_are_one_line_errors(tmp_path, name, text, problem)
     assert e.value.field == "documents" and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("lengths,own_bin", [([1, 2, 3, 8, 8, 8, 16], True), ([5, 40, 64], True), ([3, 700], False)])
+def test_histogram_of_keeps_each_length_in_a_bin_that_holds_it_and_the_longest_alone_on_an_edge(lengths, own_bin):
+    """Every length falls in a bin holding it; where the longest is a bin edge (16 and 64: octaves of the 8 bins
+    per doubling; 700 is none) it keeps its own one-token bin, so it is drawn as itself and nothing past it."""
+    h = histogram_of(lengths, "x.txt")
+    edges = np.asarray(h.edges)
+    top = max(lengths)
+    assert edges[-1] == top + 1 and sum(h.weights) == len(lengths)
+    for x in lengths:
+        b = np.searchsorted(edges, x, side="right") - 1
+        assert edges[b] <= x < edges[b + 1] and h.weights[b] > 0
+    assert (edges[-2] == top) == own_bin
+
+
 def test_histogram_of_refuses_an_empty_sample():
     with pytest.raises(PlanError, match="no lengths"):
         histogram_of([], "x.txt")

@@ -217,6 +217,7 @@ def test_busiest_rank_with_documents_is_the_mean_over_seeded_packs():
     assert got.samples == PACK_SAMPLES
     assert got.busiest == pytest.approx(np.mean([layout_pairs("contiguous", 8, cu).max() for cu in packs]))
     assert got.pairs == pytest.approx(np.mean([mask_pairs(cu) for cu in packs]))
+    assert got.imbalance == pytest.approx(got.busiest * 8 / got.pairs, rel=1e-12) and got.imbalance > 1
     assert busiest_rank_pairs(w, "zigzag", 8).busiest < got.busiest
     assert busiest_rank_pairs(w, "zigzag", 8, window=256).busiest < busiest_rank_pairs(w, "zigzag", 8).busiest
 
