@@ -66,6 +66,29 @@ def test_activation_memory_agrees_with_megatron_for_llama2_7b():
     assert ours == pytest.approx(megatron, rel=0.03)
 
 
+def test_checkpointing_keeps_each_layers_input_and_one_layer_and_zero_shards_what_its_stage_says():
+    """Full recomputation holds every layer's input (hidden x e per token) and one layer's saved tensors; none holds
+    every layer's; ZeRO-1 shards the optimizer states, ZeRO-2 the gradients too, ZeRO-3 the weights too; the plan
+    uses 90 % of the device's memory."""
+    from sp_plan.planner.estimate import MEMORY_HEADROOM
+    from sp_plan.planner.memory import activation_bytes
+
+    m = load_model("llama3-8b")
+    c = Shape(m, Workload(seq_len=8192), dp=1, ulysses=1, ring=1, token_layout="contiguous")
+    layer = layer_activation_bytes_per_token(c) * 8192
+    full = activation_bytes(c, "full", True)["activations"]
+    assert full == pytest.approx(m.layers * 8192 * m.hidden * c.e + layer, rel=1e-12)
+    assert activation_bytes(c, "none", True)["activations"] == pytest.approx(m.layers * layer, rel=1e-12)
+    p = 1e9
+    w = [weight_bytes(p, z, 8, True) for z in range(4)]
+    assert [x["optimizer"] for x in w] == [12 * p, 12 * p / 8, 12 * p / 8, 12 * p / 8]
+    assert [x["gradients"] for x in w] == [4 * p, 4 * p, 4 * p / 8, 4 * p / 8]
+    assert [x["weights"] for x in w] == [2 * p, 2 * p, 2 * p, 2 * p / 8]
+    cl = load_cluster("dgx-h100")
+    pred = Estimator(cl, m, Workload(seq_len=8192)).predict(Candidate("ulysses", ulysses=8, order=("ulysses",)))
+    assert MEMORY_HEADROOM == 0.9 and pred.memory_capacity_bytes == pytest.approx(0.9 * cl.device(0).memory_bytes)
+
+
 def test_pareto_policies_keep_only_undominated():
     pols = [(z, ck, 1) for ck in ("none", "attention_boundary", "full") for z in (0, 1, 2, 3)]
     kept = pareto_policies(pols)

@@ -116,6 +116,28 @@ def test_memory_is_the_largest_stages():
     assert heavy.memory["weights"] > even.memory["weights"]
 
 
+def test_the_first_stage_holds_the_embedding_and_the_last_the_lm_head():
+    """Weights of the most loaded stage (Megatron): its blocks, the embedding on the first, the LM head on the last,
+    neither on a middle one."""
+    from sp_plan.planner.schedules import shard_params
+
+    m = load_model("tiny-llama")
+    layer, emb = m.layer_params(), m.vocab * m.hidden
+    assert shard_params(m, 1, 2, (5, 3)) == 5 * layer + emb
+    assert shard_params(m, 1, 2, (3, 5)) == 5 * layer + emb
+    assert shard_params(m, 2, 3, (1, 6, 1)) == 6 * layer / 2  # the middle stage: blocks alone, over tp
+    assert shard_params(m, 1, 3, (3, 2, 3)) == 3 * layer + emb
+
+
+def test_the_breakdown_of_a_tie_between_a_middle_and_the_last_stage_is_the_last_with_its_head():
+    """(1, 3, 1, 3): the second stage holds as many layers as the last, which also runs the LM head, so the last is
+    the busiest; its rows (the head among them) add up to the step."""
+    pred = _estimator()(_plan([1, 3, 1, 3]))
+    names = [b.name for b in pred.breakdown]
+    assert "lm head" in names
+    assert sum(b.exposed_seconds for b in pred.breakdown) == pytest.approx(pred.step_time_s, rel=1e-9)
+
+
 def test_a_balanced_split_beats_the_even_one_where_the_head_is_large():
     """llama3-8b on 4 stages: the even split's last stage carries 8 layers and the head; the balanced one less."""
     est = _estimator("llama3-8b", batch=16)
