@@ -32,8 +32,8 @@ def test_fingerprint_names_topology_not_labels():
 
 
 def test_preset_memory_is_what_nvml_reports_and_its_fingerprints_are_those_plans_were_keyed_to(tmp_path):
-    """An H100 reports 81,559 MiB (what `discover` writes); the fingerprints stay those computed with the decimal
-    80e9 the preset gave before, so the plan files and profiles keyed to them still match."""
+    """An H100 reports 81,559 MiB (what `discover` writes); the fingerprints are computed with the datasheet's
+    decimal 80e9 (``fingerprint_memory``), which the fixtures' plan file and profile are keyed by."""
     from sp_plan.planner.plan import Plan
     from sp_plan.planner.profile import Profile
 
