@@ -252,7 +252,10 @@ def _sync(dev: torch.device) -> None:
 
 
 def _timed(p: Probe, rank: int, nbytes: int, reps: int, dev, timeout, bufs, batches: int = 1) -> float:
-    """Seconds per operation: ``reps`` back-to-back after the group's barrier, best of ``batches`` such runs."""
+    """Seconds per operation: ``reps`` back-to-back after the group's barrier, best of ``batches`` such runs. A send
+    completes once its bytes are in the transport's buffers, and a receiver woken late after the barrier finds bytes
+    already there: a point-to-point run ends at a second barrier, after the last receive, so the sender's clock holds
+    the whole transfer (the slowest rank's reading is kept)."""
     pg = p.handles[next(i for i, g in enumerate(p.groups) if rank in g)]
     best = float("inf")
     for _ in range(batches):
@@ -261,6 +264,8 @@ def _timed(p: Probe, rank: int, nbytes: int, reps: int, dev, timeout, bufs, batc
         t0 = time.perf_counter()
         for _ in range(reps):
             _run_op(p, rank, nbytes, dev, timeout, bufs)
+        if p.op in ("p2p", "p2p_bidir"):
+            _wait(dist.barrier(group=pg, async_op=True), timeout)
         _sync(dev)
         best = min(best, (time.perf_counter() - t0) / reps)
     return best
