@@ -59,7 +59,7 @@ import torch
 import torch.distributed as dist
 
 from sp_plan.planner.errors import PlanError
-from sp_plan.planner.layout import check_token_layout, ring_tokens
+from sp_plan.planner.layout import check_token_layout, ring_split, ring_tokens, team_coords, team_position
 
 from . import register
 from ..kernels import BlockMask, block_attention, block_attention_backward, causal_block_mask, full_block, local_attention
@@ -141,7 +141,8 @@ def tokenring_schedule(token_layout: str, size: int, team: int, seq_len: int, po
 
 @dataclass(frozen=True)
 class Teams:
-    """The ring and its cut into teams of ``team`` consecutive positions (module docstring)."""
+    """The ring and its cut into teams of ``team`` consecutive positions (module docstring; the layout module's
+    ``team_position`` with teams inside, as the planner's ``team`` and ``team_ring`` groups)."""
 
     ring: Ring
     team: int
@@ -150,17 +151,25 @@ class Teams:
     def nodes(self) -> int:
         return self.ring.size // self.team
 
+    @property
+    def across(self) -> int:
+        """Ring positions between a member and the same member of the next team (``layout.ring_split``)."""
+        return ring_split(self.ring.size, self.team, None, "team_ring")[1] or self.team
+
     def rank(self, position: int) -> int:
         return self.ring.ranks[position % self.ring.size]
 
+    def _member(self, step: int) -> int:
+        """Global rank of the member ``step`` inner indices along in this rank's team."""
+        t, a = team_coords(self.ring.size, self.team, None, self.ring.position)
+        return self.rank(team_position(self.ring.size, self.team, None, t, (a + step) % self.team))
+
     def team_prev(self) -> int:
         """Global rank of inner index a - 1 in this rank's team (where Q goes)."""
-        p, C = self.ring.position, self.team
-        return self.rank((p // C) * C + (p % C - 1) % C)
+        return self._member(-1)
 
     def team_next(self) -> int:
-        p, C = self.ring.position, self.team
-        return self.rank((p // C) * C + (p % C + 1) % C)
+        return self._member(1)
 
 
 def _row_slice(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
@@ -264,7 +273,7 @@ class _Pass:
         if s.i == 0 and s.j < self.teams.nodes - 1:
             self._kv_next = (torch.empty_like(self.k), torch.empty_like(self.v))
             self._kv_reqs = self.teams.ring.shift([self.k, self.v], list(self._kv_next), _TAG_KV,
-                                                  hops=self.teams.team)
+                                                  hops=self.teams.across)
 
     def block(self, bm: BlockMask) -> tuple:
         """The held query tuple's rows of block ``bm`` and the held K, V's columns (views)."""
@@ -333,7 +342,7 @@ def tokenring_backward(dout, q, k, v, out, lse, teams: Teams, steps, scale, back
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dk_own = torch.zeros(k.shape, dtype=acc, device=k.device)
     dv_own = torch.zeros(v.shape, dtype=acc, device=v.device)
-    dkv = TrailingSum(teams.ring, _TAG_DKV, (dk_own, dv_own), hops=teams.team)  # across teams, one round behind
+    dkv = TrailingSum(teams.ring, _TAG_DKV, (dk_own, dv_own), hops=teams.across)  # across teams, one round behind
     dout = dout.contiguous()
     flow = _Flow(own=(q, dout, out, lse), own_lse=True, new_part=lambda m: (_empty_rows(q, m, acc),),
                  part_dtypes=(acc,), fold=lambda r0, r1, part: dq[:, r0:r1].add_(part[0]))
