@@ -86,6 +86,10 @@ def test_pp_that_does_not_divide_the_layers_needs_stage_layers_and_the_error_off
 def test_an_even_list_prices_exactly_as_no_list():
     est = _estimator()
     assert est(_plan([2, 2, 2, 2])) == est(_plan())
+    from sp_plan.planner.stages import resolve_stage_layers
+
+    assert resolve_stage_layers(est.model, 4, [2, 2, 2, 2]) is None  # the same layout: a plan file records no list
+    assert resolve_stage_layers(est.model, 4, [1, 3, 2, 2]) == (1, 3, 2, 2)
 
 
 def _stage(pred, pp=4):
