@@ -432,7 +432,7 @@ def _shown_groups(p) -> dict[str, list[list[int]]]:
     groups = layout.all_groups()
     named = {r.group for r in (p.predicted.breakdown if p.predicted else []) if r.group}
     for name in sorted(named - set(groups)):
-        groups[name] = layout.groups(tuple(name.split("x")))
+        groups[name] = layout.groups(name)  # a merged name (layout.merged_name) reads back
     return groups
 
 

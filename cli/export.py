@@ -131,6 +131,7 @@ def _expressible(t, p: Plan, path: Path, c, nearest_: bool, profile, store: str 
     """(the plan to export, the line naming the nearest plan where it replaces ``p``): ``p`` where ``t`` expresses it,
     else the nearest plan on ``c`` (None: the plan's preset) with --nearest, else PlanError naming it."""
     from sp_plan.integrations.export.nearest import nearest, same_plan_in_another_order
+    from sp_plan.planner.plan import order_text
     from sp_plan.profiles.resolve import resolve_params
 
     problems = t.problems(p)
@@ -143,8 +144,8 @@ def _expressible(t, p: Plan, path: Path, c, nearest_: bool, profile, store: str 
     params, _, prof = resolve_params(c, profile, store)
     same = same_plan_in_another_order(t, p, c, params)
     if same is not None:  # what `plan` shows as "same: order ...": the one the target places
-        return same, (f"exporting the same plan in mesh order {'<'.join(o for o in same.order if same.degrees.get(o, 1) > 1)}, which {t.name} places "
-                      f"and sp-plan prices alike ({problems[0][1]})")
+        return same, (f"exporting the same plan in mesh order {order_text(same.order, same.degrees)}, which {t.name} "
+                      f"places and sp-plan prices alike ({problems[0][1]})")
     near = nearest(t, p, c, p.model, p.workload, params=params, profile=prof)
     line = f"{problems[0][1]}; nearest: {near.plan.summary()}, {near.change * 100:+.1f} % step time"
     if not nearest_:

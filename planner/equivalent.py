@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, fields
 
 from .candidate import Candidate
-from .plan import Plan
+from .plan import Plan, order_text
 
 REL_TOL = 1e-9  # costs equal to rounding: the same predicted step and peak memory
 
@@ -28,7 +28,7 @@ class Row:
 
 def _value(p: Plan, parameter: str) -> str:
     v = getattr(Candidate.from_plan(p), parameter)
-    return "<".join(o for o in v if p.degrees.get(o, 1) > 1) if parameter == "order" else str(v)
+    return order_text(v, p.degrees) if parameter == "order" else str(v)
 
 
 def differing(a: Plan, b: Plan) -> list[str]:

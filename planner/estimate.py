@@ -25,7 +25,7 @@ from .candidate import Candidate
 from .cluster import Cluster, preset_nodes
 from .engine import GroupShape, LinkEngine
 from .errors import PlanError, of_type
-from .layout import chunks_needed, ring_split
+from .layout import chunks_needed, merged_name, ring_split
 from .memory import activation_bytes, attention_buffer_bytes, weight_bytes
 from .masks import mask_fraction
 from .merges import MERGES
@@ -471,7 +471,7 @@ class Estimator:
                 sec = np.full(n, sec)
                 kind, group, nbytes, x = "compute", None, 0.0, sec
             else:
-                kind, group, nbytes = "communication", "x".join(p.dim), p.nbytes
+                kind, group, nbytes = "communication", merged_name(p.dim), p.nbytes
                 x = hidden * sec if st.overlap else sec
             r = acc.setdefault(p.name, [kind, group, 0.0, np.zeros(n), np.zeros(n)])
             r[2] += nbytes * st.repeat
@@ -702,7 +702,7 @@ class Estimator:
                 if detail and j == 0:
                     total = sum(s * k for (_, s), k in zip(syncs, per_step))
                     share = exposed / np.where(total > 0, total, 1.0)
-                    sync_rows = [(p.name, "communication", "x".join(p.dim), p.nbytes * k, float(s[0]) * k,
+                    sync_rows = [(p.name, "communication", merged_name(p.dim), p.nbytes * k, float(s[0]) * k,
                                   float(s[0] * share[0]) * k) for (p, s), k in zip(syncs, per_step)]
             out[:, j] = t
             if detail and j == 0:

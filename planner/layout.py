@@ -44,6 +44,12 @@ PLACEMENTS = ("collective_intra", "p2p_intra")
 SEQUENCE_DIMS = ("ulysses", "ring")
 
 
+def merged_name(dims: tuple[str, ...]) -> str:
+    """The name a group over several dimensions goes by in a breakdown ('ulyssesxringxdp'); ``Layout.groups`` reads
+    it back."""
+    return "x".join(dims)
+
+
 def check_degrees(degrees: dict[str, int], order: list[str]) -> None:
     """Validate names and values of degrees and that ``order`` lists each dimension once."""
     for name, size in degrees.items():
@@ -602,7 +608,7 @@ class Layout:
 
     def groups(self, names: str | tuple[str, ...]) -> list[list[int]]:
         """All groups of a dimension (or merged dimensions, e.g. ("ulysses", "ring") = "sp")."""
-        key = names if isinstance(names, tuple) else (names,)
+        key = names if isinstance(names, tuple) else tuple(names.split("x"))  # a merged_name reads back
         if key == ("sp",):
             key = SEQUENCE_DIMS
         if key not in self._cache:

@@ -30,6 +30,11 @@ PLACED_ALGORITHMS = ("wallfacer",)
 CHECKPOINTING = ("none", "full", "attention_boundary")
 
 
+def order_text(order, degrees: dict) -> str:
+    """A mesh order as plans print it: its dimensions of degree > 1, innermost first, joined by '<' ('' for none)."""
+    return "<".join(o for o in order if degrees.get(o, 1) > 1)
+
+
 def local_kv_heads(heads: int, kv_heads: int, tp: int, ulysses: int) -> int:
     """KV heads one rank attends in a context group (what all-gather gathers and ``kv_chunks`` divides): the model's
     over tp (Megatron: one when fewer), then split over Ulysses as its all-to-all splits them
@@ -299,7 +304,7 @@ class Plan(BaseModel):
             parts.append(f"virtual:{self.virtual_stages}")
         if self.kv_chunks is not None:
             parts.append(f"kv_chunks:{self.kv_chunks}")
-        parts.append("<".join(o for o in self.order if d.get(o, 1) > 1) or "-")
+        parts.append(order_text(self.order, d) or "-")
         parts.append(f"zero{self.zero_stage}")
         if self.checkpointing != "none":
             parts.append(f"ckpt:{self.checkpointing}")

@@ -106,8 +106,8 @@ class SearchPool:
     def close(self, grace_s: float = 2.0) -> None:
         """Stop the pool without waiting for the jobs in flight: queued ones are cancelled, idle processes exit as
         told, and those still running one after ``grace_s`` are ended (a search may run minutes; the executor's own
-        exit would wait for it, and a stopping server would not stop). Ending idle processes too left their queue's
-        semaphores for the resource tracker to report as leaked."""
+        exit would wait for it, and a stopping server would not stop). Idle processes are not ended:
+        one ended would leave its queue's semaphores for the resource tracker to report as leaked."""
         running = list((getattr(self.executor, "_processes", None) or {}).values())
         self.executor.shutdown(wait=False, cancel_futures=True)
         deadline = time.monotonic() + grace_s

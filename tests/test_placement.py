@@ -267,5 +267,5 @@ def _many_micro_batches(rank: int, world: int, n: int) -> float:
 
 def test_a_pipelines_micro_batches_sharded_ahead_are_read_as_sharded():
     """A step's micro-batches are sharded before the first one's attention: each is read against its own shard,
-    beyond the 64 a smaller record held (the 65th back was refused as sharded with other documents)."""
+    100 of them, more than a record of 64 batches would hold (its 65th back would read as sharded otherwise)."""
     assert max(run_world(_many_micro_batches, 2, 100, timeout=120)) < 1e-12

@@ -112,20 +112,19 @@ def same_plan_in_another_order(target: Target, original: Plan, cluster: Cluster,
     search's order, not by what a framework can place."""
     from itertools import permutations  # noqa: PLC0415
 
-    from sp_plan.planner.equivalent import REL_TOL  # noqa: PLC0415
+    from sp_plan.planner.equivalent import same_cost  # noqa: PLC0415
 
     est = Estimator(cluster, original.model, original.workload, params=params)
-    base = est(original)
+    base = original.model_copy(update={"predicted": est(original)})
     split = [d for d in original.order if original.degrees.get(d, 1) > 1]
     rest = [d for d in original.order if d not in split]
     for perm in permutations(split):
         alt = original.model_copy(update={"order": list(perm) + rest})
         if list(perm) == split or target.problems(alt):
             continue
-        got = est(alt)
-        if (abs(got.step_time_s - base.step_time_s) <= REL_TOL * base.step_time_s
-                and abs(got.peak_memory_bytes - base.peak_memory_bytes) <= REL_TOL * base.peak_memory_bytes):
-            return alt.model_copy(update={"predicted": got}).with_groups()
+        alt = alt.model_copy(update={"predicted": est(alt)})
+        if same_cost(base, alt):
+            return alt.with_groups()
     return None
 
 

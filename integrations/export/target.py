@@ -7,7 +7,7 @@ from typing import Callable
 
 from sp_plan.planner.errors import PlanError, of_type
 from sp_plan.planner.model import ModelSpec
-from sp_plan.planner.plan import Plan
+from sp_plan.planner.plan import Plan, order_text
 
 #: the papers' names, for messages ("megatron has no WallFacer")
 ALGORITHM_NAMES = {"ring": "Ring attention", "ulysses": "Ulysses", "usp": "USP (Ulysses x Ring)",
@@ -83,9 +83,9 @@ class Target:
             out.append(("token_layout", f"{self.name} has no {p.token_layout} token layout (it splits tokens "
                         f"{'/'.join(self.token_layouts)})"))
         if not out and not self.order_ok(p.order, d):
-            shown = "<".join(o for o in p.order if d.get(o, 1) > 1)
+            shown = order_text(p.order, d)
             # orders that differ only in dimensions of degree 1 place these degrees alike: each named once
-            places = " or ".join(dict.fromkeys("<".join(x for x in o if d.get(x, 1) > 1) for o in self.orders))
+            places = " or ".join(dict.fromkeys(order_text(o, d) for o in self.orders))
             out.append(("order", f"{self.name} cannot place the mesh order {shown} (it places {places})"))
         if p.zero_stage not in self.zero_stages:
             out.append(("zero_stage", self.notes.get("zero_stage") or f"{self.name} has no ZeRO-{p.zero_stage}"))

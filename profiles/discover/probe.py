@@ -205,6 +205,10 @@ def _bottleneck_kind(cluster: Cluster, a: int, b: int) -> str:
     return min((eng.local.edges[e] for e in edges), key=lambda x: x["capacity"])["kind"] if edges else "local"
 
 
+#: the point-to-point probes: one way, and both ways at once
+P2P_OPS = ("p2p", "p2p_bidir")
+
+
 def _wait(works, timeout: datetime.timedelta) -> None:
     for w in works if isinstance(works, list) else [works]:
         if w is not None:
@@ -215,7 +219,7 @@ def _run_op(p: Probe, rank: int, nbytes: int, dev: torch.device, timeout: dateti
     """One operation of probe ``p`` as seen by ``rank`` (a member of one of its groups)."""
     g_idx = next(i for i, g in enumerate(p.groups) if rank in g)
     group = p.groups[g_idx]
-    if p.op in ("p2p", "p2p_bidir"):
+    if p.op in P2P_OPS:
         peer = group[1] if rank == group[0] else group[0]
         send, recv = bufs["a"], bufs["b"]
         if p.op == "p2p":
@@ -264,7 +268,7 @@ def _timed(p: Probe, rank: int, nbytes: int, reps: int, dev, timeout, bufs, batc
         t0 = time.perf_counter()
         for _ in range(reps):
             _run_op(p, rank, nbytes, dev, timeout, bufs)
-        if p.op in ("p2p", "p2p_bidir"):
+        if p.op in P2P_OPS:
             _wait(dist.barrier(group=pg, async_op=True), timeout)
         _sync(dev)
         best = min(best, (time.perf_counter() - t0) / reps)
