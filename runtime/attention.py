@@ -33,6 +33,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: s
     them (``MASKED``); ``kv_chunks`` over 1 (all-gather's chunks of KV heads) to ``allgather`` alone.
     """
     check_inputs(q, k, v, scale)
+    return checked_attention(q, k, v, algorithm=algorithm, groups=groups, ranks=ranks, causal=causal,
+                             token_layout=token_layout, scale=scale, backend=backend, cu_seqlens=cu_seqlens,
+                             window=window, kv_chunks=kv_chunks)
+
+
+def checked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, algorithm: str,
+                      groups: dict[str, dist.ProcessGroup] | None, ranks: dict[str, list[int]] | None = None,
+                      causal: bool = False, token_layout: str = "contiguous", scale: float | None = None,
+                      backend: str | None = None, cu_seqlens=None, window: int | None = None,
+                      kv_chunks: int = 1) -> torch.Tensor:
+    """``attention`` of shards that ``check_inputs`` has passed: ``ctx.attention`` checks them before it reads
+    their lengths, and checking twice costs every layer's call host time."""
     variants = load_all()
     if algorithm not in variants:
         raise PlanError("algorithm", f"unknown algorithm {algorithm!r}", f"use one of {sorted(variants)}")
@@ -56,12 +68,13 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
         if not isinstance(x, torch.Tensor):
             raise PlanError(name, f"{name} is a {type(x).__name__}, not a tensor",
                             "pass torch tensors of (batch, local seq, heads, head dim)")
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise PlanError("q", f"q, k, v have {q.dim()}, {k.dim()}, {v.dim()} dimensions",
+    qs, ks, vs = q.shape, k.shape, v.shape  # read once: each read builds a torch.Size, and this runs every layer
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
+        raise PlanError("q", f"q, k, v have {len(qs)}, {len(ks)}, {len(vs)} dimensions",
                         "pass (batch, local seq, heads, head dim) tensors")
-    if not q.shape[:2] == k.shape[:2] == v.shape[:2]:
-        raise PlanError("k", f"q holds (batch, tokens) {tuple(q.shape[:2])}, k {tuple(k.shape[:2])}, "
-                        f"v {tuple(v.shape[:2])}", "pass q, k and v of the same tokens (this is self-attention)")
+    if not qs[:2] == ks[:2] == vs[:2]:
+        raise PlanError("k", f"q holds (batch, tokens) {tuple(qs[:2])}, k {tuple(ks[:2])}, v {tuple(vs[:2])}",
+                        "pass q, k and v of the same tokens (this is self-attention)")
     check_heads(q, k, v)
     if scale is not None and not (isinstance(scale, numbers.Real) and not isinstance(scale, bool)
                                   and math.isfinite(scale) and scale > 0):  # a numpy float32 is a Real, not a float
@@ -74,10 +87,11 @@ def check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if not q.dtype == k.dtype == v.dtype or not q.device == k.device == v.device:
         raise PlanError("k", f"q is {q.dtype} on {q.device}, k {k.dtype} on {k.device}, v {v.dtype} on {v.device}",
                         "pass q, k and v of one dtype on one device")
-    if k.shape[2] != v.shape[2] or q.shape[2] % k.shape[2]:
-        raise PlanError("k", f"q has {q.shape[2]} heads, k {k.shape[2]}, v {v.shape[2]}",
+    (*_, q_heads, q_dim), (*_, k_heads, k_dim), (*_, v_heads, v_dim) = q.shape, k.shape, v.shape
+    if k_heads != v_heads or q_heads % k_heads:
+        raise PlanError("k", f"q has {q_heads} heads, k {k_heads}, v {v_heads}",
                         "pass k and v of the same KV heads, a divisor of q's (GQA), or as many as q's")
-    if q.shape[3] != k.shape[3]:
-        raise PlanError("k", f"q's head dim is {q.shape[3]}, k's {k.shape[3]}", "pass q and k of one head dim")
-    if v.shape[3] != q.shape[3]:  # the fused kernels and Ulysses' one all-to-all buffer take one head dim
-        raise PlanError("v", f"v's head dim is {v.shape[3]}, q's {q.shape[3]}", "pass v of q's head dim (pad it)")
+    if q_dim != k_dim:
+        raise PlanError("k", f"q's head dim is {q_dim}, k's {k_dim}", "pass q and k of one head dim")
+    if v_dim != q_dim:  # the fused kernels and Ulysses' one all-to-all buffer take one head dim
+        raise PlanError("v", f"v's head dim is {v_dim}, q's {q_dim}", "pass v of q's head dim (pad it)")
