@@ -2,11 +2,11 @@
 and 16, the best layout of every algorithm, the schedules and link evaluations the search built; the whole
 `sp-plan plan -o plan.yaml` command as a user runs it (a fresh process: imports, search, tables, the plan file),
 its time net of `sp-plan presets`, its peak resident memory and the plan file's size, and with `--documents NAME`
-packed (default magi-long; target: at most twice the CPU of the same plan without); and how many optuna trials
-reach within 1 % of the grid optimum at 4,096 GPUs.
+packed (default magi-long) and `--window W`, alone and with the documents (target: at most twice the same plan's
+time without); and how many optuna trials reach within 1 % of the grid optimum at 4,096 GPUs.
 
     python benchmarks/bench_search.py [--gpus 1024,16384,131072] [--batches 1,16] [--models llama3-70b,llama3-405b]
-                                      [--repeats 5] [--documents magi-long] [--seeds 5] [--trials 200]
+                                      [--repeats 5] [--documents magi-long] [--window 4096] [--seeds 5] [--trials 200]
                                       [--bayes-gpus 4096] [--bayes-batch 16] [--whole-only] [--jobs 1,]
     python benchmarks/bench_search.py --where 1024x1,131072x16 [--models llama3-70b] [--where-top 40]
 
@@ -187,20 +187,32 @@ def whole_process(args: list[str], repeats: int) -> dict:
 
 
 def run_command(model_name: str, gpus: int, batch: int, base: dict, repeats: int, folder: Path,
-                documents: str | None = None, jobs: str = "") -> dict:
+                masks: tuple[str, ...] = (), jobs: str = "") -> dict:
     """`sp-plan plan --no-profile -o plan.yaml` for one world as a user runs it, net of `sp-plan presets` (with
-    ``documents``: `--documents NAME` too, its row named by it; with ``jobs``: `--jobs JOBS`, else the command's
-    default, the usable cores)."""
-    out = folder / f"plan-{model_name}-{gpus}-{batch}-{documents}-{jobs}.yaml"
+    ``masks``: those flags too, e.g. `--documents NAME`, the row named by their values; with ``jobs``: `--jobs JOBS`,
+    else the command's default, the usable cores)."""
+    name = "+".join(masks[1::2]) or model_name
+    out = folder / f"plan-{model_name}-{gpus}-{batch}-{name}-{jobs}.yaml"
     args = ["plan", "--cluster", "dgx-h100", "--nodes", str(gpus // 8), "--model", model_name, "--seq-len", "1m",
-            "--batch", str(batch), "--no-profile", "-o", str(out)] + (["--documents", documents] if documents else [])
+            "--batch", str(batch), "--no-profile", "-o", str(out), *masks]
     w = whole_process(args + (["--jobs", jobs] if jobs else []), repeats)
-    name = documents or model_name
     print(f"{name:>11} {gpus:>7} {batch:>5} {jobs or 'auto':>5} {w['wall']:>7.2f} {min(w['walls']):>7.2f} {w['cpu']:>7.2f} "
           f"{w['cpu'] - base['cpu']:>7.2f} {w['wall'] - base['wall']:>7.2f} {min(w['walls']) - min(base['walls']):>7.2f} "
           f"{w['rss']:>7.0f} "
           f"{out.stat().st_size / 1e3:>8.1f}   " + " ".join(f"{x:.2f}" for x in w["walls"]), flush=True)
     return w
+
+
+def masked_rows(args, masks: tuple[str, ...], gpus: list[int], plain: dict, base: dict, folder: Path) -> None:
+    """The whole command with ``masks`` (batch 1, each GPU count, the last ``--jobs``) and its wall and CPU seconds
+    against the same plan's without (``plain``'s rows); the target is at most twice."""
+    ratios, jobs = [], args.jobs.split(",")[-1]
+    for n in gpus:
+        w = run_command(args.models.split(",")[0], n, 1, base, args.repeats, folder, masks, jobs)
+        if (n, 1, jobs) in plain:
+            p = plain[n, 1, jobs]
+            ratios.append(f"{n:,} GPUs {w['wall'] / p['wall']:.2f}x / {w['cpu'] / p['cpu']:.2f}x")
+    print(f"{' '.join(masks)}, wall / CPU seconds against the same plan without: " + ", ".join(ratios))
 
 
 def main() -> None:
@@ -212,6 +224,8 @@ def main() -> None:
                     "(0: none)")
     ap.add_argument("--documents", default="magi-long", help="also time the whole command with --documents NAME "
                     "(batch 1, each GPU count; '' for none): its CPU seconds against the same plan's without")
+    ap.add_argument("--window", default="", help="also time the whole command with --window W, and with it and "
+                    "--documents (batch 1, each GPU count; '' for none)")
     ap.add_argument("--jobs", default="", help="the whole command's --jobs, comma-separated values each timed "
                     "(e.g. '1,' for one process and the default; '': the default, the usable cores)")
     ap.add_argument("--seeds", type=int, default=5)
@@ -261,14 +275,10 @@ def main() -> None:
                     for jobs in args.jobs.split(","):
                         plain[n, b, jobs] = run_command(args.models.split(",")[0], n, b, base, args.repeats, Path(d),
                                                         jobs=jobs)
-            if args.documents:
-                ratios, jobs = [], args.jobs.split(",")[-1]
-                for n in gpus:
-                    w = run_command(args.models.split(",")[0], n, 1, base, args.repeats, Path(d), args.documents,
-                                    jobs)
-                    if (n, 1, jobs) in plain:
-                        ratios.append(f"{n:,} GPUs {w['cpu'] / plain[n, 1, jobs]['cpu']:.2f}x")
-                print(f"--documents {args.documents}, CPU seconds against the same plan without: " + ", ".join(ratios))
+            docs = ("--documents", args.documents) if args.documents else ()
+            window = ("--window", args.window) if args.window else ()
+            for masks in {m: None for m in (docs, window, window + docs) if m}:
+                masked_rows(args, masks, gpus, plain, base, Path(d))
         print(f"load average after: {os.getloadavg()[0]:.2f}")
     if args.seeds and not args.whole_only:
         model, work = load_model("llama3-70b"), Workload(seq_len="1m", batch=args.bayes_batch)
