@@ -68,7 +68,7 @@ def wait_all(reqs) -> None:
 
 @dataclass(frozen=True)
 class Ring:
-    """This rank's place in a ring: global ranks in ring order, its position, and its neighbours."""
+    """This rank's place in a ring: global ranks in ring order and its position; ``shift`` reaches its neighbours."""
 
     ranks: tuple[int, ...]
     position: int
@@ -77,14 +77,6 @@ class Ring:
     @property
     def size(self) -> int:
         return len(self.ranks)
-
-    @property
-    def next(self) -> int:
-        return self.ranks[(self.position + 1) % self.size]
-
-    @property
-    def prev(self) -> int:
-        return self.ranks[(self.position - 1) % self.size]
 
     def shift(self, send: list[torch.Tensor], recv: list[torch.Tensor], tag: int, hops: int = 1) -> list:
         """Send tensors ``hops`` ranks on (default: the next rank) and receive as many from as far back (batched
