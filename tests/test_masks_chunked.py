@@ -112,3 +112,25 @@ def test_a_sample_pack_per_rank_is_its_token_lists(token_layout):
             tokens = masks.layout_tokens(token_layout, ring, s.cu_seqlens, causal, window)
             assert s.tokens.tolist() == [len(t) for t in tokens]
             assert s.pairs.tolist() == masks.rank_pairs(tokens, s.cu_seqlens, causal, window).tolist()
+
+
+@pytest.mark.parametrize("cells_over", [-1, 0])
+def test_rounds_are_taken_as_even_only_past_round_cells(monkeypatch, cells_over):
+    """A zigzag pack whose runs x ranks exceed ROUND_CELLS by one takes its rounds as even; at ROUND_CELLS it counts
+    them, and its busiest round is then above the mean (two long documents' chunks meet in some rounds)."""
+    cu = np.concatenate([[0], np.cumsum([5000, 3192] * 4)])
+    cells = masks.chunked.zigzag_runs(cu, 64) * 64
+    for reader in (masks.work, masks.rounds, masks.striped_tiles):
+        monkeypatch.setattr(reader, "ROUND_CELLS", cells + cells_over)
+    _, busiest, mean, _ = masks.pack_work("zigzag", 64, cu, True)
+    even = cells > cells + cells_over
+    assert (len(set(np.asarray(busiest).tolist())) == 1) == even
+    assert max(busiest) == (pytest.approx(np.mean(busiest)) if even else 17540)
+
+
+def test_a_pack_past_the_real_round_cells_takes_its_rounds_as_even():
+    """A million tokens of long documents on 512 ranks is past ROUND_CELLS: even rounds, in closed form."""
+    cu = np.concatenate([[0], np.cumsum([40000, 25536] * 8)])
+    assert masks.chunked.zigzag_runs(cu, 512) * 512 > masks.ROUND_CELLS
+    _, busiest, _, _ = masks.pack_work("zigzag", 512, cu, True)
+    assert len(set(np.asarray(busiest).tolist())) == 1
