@@ -267,3 +267,26 @@ def test_rounds_from_pairs_of_runs_are_the_matrix_rounds(causal):
                     assert busiest.tolist() == expect[0].tolist() and mean.tolist() == expect[1].tolist()
                     used += 1
     assert used > 100
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("layout", ["zigzag", "balanced"])
+def test_chunked_closed_form_is_the_general_path_exactly(monkeypatch, layout, causal):
+    """``pack_tiles``' closed form for zigzag and the balancer under a window (``_chunked_tiles``) gives what its
+    general path over the runs gives, entries over length included, where placed documents are longer than the
+    window's tiles (and windows that are no multiple of anything)."""
+    packs = [np.array([0, 221, 1760, 3316, 5407, 5487, 8443, 8898])] + _packs()
+    closed = {}
+    for cu in packs:
+        for ring in (3, 6, 64):
+            for window in (17, 493, 1000):
+                closed[len(closed)] = masks.pack_tiles(layout, ring, cu, causal, window)
+    monkeypatch.setattr(masks.tiles, "_chunked_tiles", lambda *a: None)
+    i = 0
+    for cu in packs:
+        for ring in (3, 6, 64):
+            for window in (17, 493, 1000):
+                general = masks.pack_tiles(layout, ring, cu, causal, window)
+                assert closed[i][:2] == general[:2], (cu[:4], ring, window)
+                assert closed[i][2] == pytest.approx(general[2], rel=1e-12), (cu[:4], ring, window)
+                i += 1
