@@ -32,7 +32,7 @@ from sp_plan.profiles.tune.kernels import attention_flops
 from sp_plan.profiles.tune.timing import time_call
 from sp_plan.runtime import backends as B
 from sp_plan.runtime.choice import check_exact
-from sp_plan.runtime.kernels import _sdpa_kernel, block_attention, block_attention_backward
+from sp_plan.runtime.kernels import _sdpa_kernel, block_attention, block_attention_backward, local_attention
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -154,6 +154,12 @@ def _world1_row(args, device, dtype, ctx, n: int) -> dict:
     if name:
         with sdpa_kernel(getattr(SDPBackend, name)):
             row["sdpa_held"] = time_call(sdpa, device, args.repeats)
+    if not B.BACKENDS["flash"].unavailable(device.type, dtype, args.head_dim):
+        def flash():  # the degree-1 path on CUDA's flash: its op on (batch, seq, heads, dim), one autograd node
+            local_attention(q, k, v, causal=True, backend="flash").backward(do)
+
+        row.update(flash=time_call(flash, device, args.repeats), host_flash=_host_s(flash, device, args.repeats),
+                   flash_run=time_call(lambda: [flash() for _ in range(RUN)], device, args.repeats) / RUN)
     return row
 
 
@@ -172,6 +178,14 @@ def _print_world1(w1: list[dict]) -> None:
               f"  {ms['ours_run']:16.3f} {ms['sdpa_run']:7.3f} {r['ours_run'] / r['sdpa_run']:5.2f}x |"
               f" {ms['sdpa_bshd']:10.3f} {ms.get('sdpa_held', float('nan')):6.3f} |"
               f" {ms['host_ours']:9.3f} {ms['host_sdpa']:5.3f}")
+    flash = [r for r in w1 if "flash" in r]
+    if flash:
+        print("\nthe degree-1 path held to flash (its op on (batch, seq, heads, dim), one autograd node) against plain "
+              "SDPA:\n     S     flash  ratio | back to back: flash  ratio | host: flash  sdpa")
+    for r in flash:
+        ms = {k: 1e3 * x for k, x in r.items() if isinstance(x, float)}
+        print(f"{r['S']:6d} {ms['flash']:9.3f} {r['flash'] / r['sdpa']:5.2f}x | {ms['flash_run']:19.3f} "
+              f"{r['flash_run'] / r['sdpa_run']:5.2f}x | {ms['host_flash']:11.3f} {ms['host_sdpa']:5.3f}")
 
 
 def main(argv=None):

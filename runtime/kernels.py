@@ -436,6 +436,31 @@ def _set_sdp_switches(on: tuple[bool, ...]) -> None:
     cb.enable_cudnn_sdp(on[3])
 
 
+#: the part of ``aten::_flash_attention_forward``'s schema that the degree-1 path calls (later torch adds keywords)
+FLASH_BSHD_SCHEMA = ("aten::_flash_attention_forward(Tensor query, Tensor key, Tensor value, Tensor? cum_seq_q, "
+                     "Tensor? cum_seq_k, SymInt max_q, SymInt max_k, float dropout_p, bool is_causal, "
+                     "bool return_debug_mask, *, float? scale=None")
+
+
+@lru_cache(maxsize=None)
+def flash_bshd_op():
+    """``aten::_flash_attention_forward`` where this torch has it as ``_flash_bshd`` calls it, else None."""
+    op = getattr(torch.ops.aten, "_flash_attention_forward", None)
+    return op.default if op is not None and str(op.default._schema).startswith(FLASH_BSHD_SCHEMA) else None
+
+
+def _flash_bshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None):
+    """Flash attention on (batch, seq, heads, dim) as the kernel reads them, GQA K/V unrepeated; None where this
+    torch lacks the op or a last dimension is strided. SDPA's flash backend transposes its (batch, heads, seq, dim)
+    inputs back to this layout and calls the same op, whose autograd node is its backward: called directly, the
+    degree-1 call is one autograd node, without the four transposes (about 0.055 ms of host time a call on an H200,
+    docs/benchmarks/gpu.md) or SDPA's backend selection."""
+    op = flash_bshd_op()
+    if op is None or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        return None
+    return op(q, k, v, None, None, q.shape[1], k.shape[1], 0.0, causal, False, scale=scale)[0]
+
+
 def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     scale: float | None = None, backend: str | None = None) -> torch.Tensor:
     """Plain single-device attention (the degree-1 path), differentiable, (batch, seq, heads, dim).
@@ -444,11 +469,16 @@ def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     autograd node, where the block kernels' Python autograd Function costs host time every call (on an H200, 0.3-0.5
     ms a call, 1.4-1.9x SDPA's time below 8k tokens; benchmarks/bench_gpu.py). The backend is held by SDPA's four
     public switches, set and restored around the call: ``torch.nn.attention.sdpa_kernel`` does the same through
-    enum lookups at several times the host cost, and this runs every layer."""
+    enum lookups at several times the host cost, and this runs every layer. CUDA's flash runs its op directly
+    (``_flash_bshd``)."""
     gqa = k.shape[2] != q.shape[2]
     kernel = _sdpa_kernel(backend, gqa)
     if kernel is None:
         return _LocalAttention.apply(q, k, v, causal, scale, backend)
+    if backend == "flash" and q.device.type != "cpu":  # CUDA's (cpu_flash holds SDPA's flash backend on the CPU)
+        out = _flash_bshd(q, k, v, causal, scale)
+        if out is not None:
+            return out
     saved, want = _sdp_switches(), _ONLY[kernel]
     if saved != want:
         _set_sdp_switches(want)

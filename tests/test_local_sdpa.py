@@ -53,3 +53,35 @@ def test_the_held_backend_leaves_sdpas_switches_as_it_found_them():
         local_attention(q, k[:, :, :1].expand(-1, -1, 3, -1), v[:, :, :1].expand(-1, -1, 3, -1), backend="math")
     after = (cb.flash_sdp_enabled(), cb.mem_efficient_sdp_enabled(), cb.math_sdp_enabled(), cb.cudnn_sdp_enabled())
     assert after == before
+
+
+@pytest.mark.parametrize("kv_heads", [8, 2])
+def test_cuda_flash_is_one_autograd_node_on_the_callers_layout(kv_heads):
+    """CUDA's flash runs aten::_flash_attention_forward on (batch, seq, heads, dim) as given (shapes checked on the
+    meta device, which has the op and its backward): one node, no transposes, GQA K/V unrepeated, and gradients
+    of the inputs' shapes."""
+    q, k, v = (torch.empty(1, 64, h, 128, device="meta", dtype=torch.bfloat16, requires_grad=True)
+               for h in (8, kv_heads, kv_heads))
+    out = local_attention(q, k, v, causal=True, backend="flash")
+    assert type(out.grad_fn).__name__ == "FlashAttentionBackward0" and out.shape == q.shape
+    out.backward(torch.empty_like(out))
+    assert (q.grad.shape, k.grad.shape, v.grad.shape) == (q.shape, k.shape, v.shape)
+
+
+def test_cuda_flash_takes_sdpa_where_a_last_dimension_is_strided_or_the_op_differs(monkeypatch):
+    """A strided last dimension (the kernel reads contiguous rows), or a torch whose op has another schema, goes
+    through SDPA held to flash, as before."""
+    from sp_plan.runtime import kernels
+
+    q, k, v = (torch.empty(1, 64, 8, 128, device="meta", dtype=torch.bfloat16) for _ in range(3))
+    assert kernels._flash_bshd(q, k, v, True, None) is not None
+    strided = torch.empty(1, 64, 8, 256, device="meta", dtype=torch.bfloat16)[..., ::2]
+    assert kernels._flash_bshd(strided, k, v, True, None) is None
+    monkeypatch.setattr(kernels, "FLASH_BSHD_SCHEMA", "aten::_flash_attention_forward(Tensor q, Tensor k")
+    kernels.flash_bshd_op.cache_clear()
+    try:
+        assert kernels.flash_bshd_op() is None and kernels._flash_bshd(q, k, v, True, None) is None
+    finally:
+        monkeypatch.undo()
+        kernels.flash_bshd_op.cache_clear()
+    assert kernels.flash_bshd_op() is not None

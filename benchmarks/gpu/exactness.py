@@ -6,7 +6,8 @@ Per backend available on this device (``runtime.backends``), dtype (float32 with
 (full, causal, GQA, a diagonal offset either way, a document mask, a sliding window): the block forward (out,
 lse) and backward (dq, dk, dv) against ``math`` in float64 on the CPU, as the relative error
 ||x - ref|| / ||ref||. The targets: float32 <= 1e-5; bfloat16 no more than 2x the error of PyTorch's own
-``scaled_dot_product_attention`` in bfloat16 against the same reference (out, dq, dk, dv). Then world-1
+``scaled_dot_product_attention`` in bfloat16 against the same reference (out, dq, dk, dv). Then the degree-1
+path (``kernels.local_attention``) on every SDPA backend, full and causal, and world-1
 ``init(plan)`` + ``ctx.attention`` of every algorithm that runs at world 1, forward and backward, the same
 way. Backends that take no explicit mask are not run on the mask cases (``kernels`` sends such blocks to a
 backend that does). Prints one line per check and a verdict; exits 1 if a check misses its target.
@@ -24,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from sp_plan.runtime import backends as B
-from sp_plan.runtime.kernels import block_attention, block_attention_backward
+from sp_plan.runtime.kernels import block_attention, block_attention_backward, local_attention
 
 FLOAT32_TARGET = 1e-5
 BF16_FACTOR = 2.0
@@ -154,6 +155,46 @@ def check_blocks(args, device, results: list) -> bool:
     return ok
 
 
+def local_errors(name: str, c: dict, x64: list[torch.Tensor], ref: dict, device, dtype) -> tuple[dict, str]:
+    """The degree-1 path (``kernels.local_attention``, as ``ctx.attention`` runs it at world 1) on backend ``name``:
+    relative errors of out, dq, dk, dv, and the autograd node it made (CUDA's flash: its op, called directly)."""
+    q, k, v, do = (t.to(device=device, dtype=dtype) for t in x64)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = local_attention(q, k, v, causal=c["offset"] == 0, backend=name)
+    out.backward(do)
+    got = {"out": out, "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    return {kk: rel(got[kk], ref[kk]) for kk in got}, type(out.grad_fn).__name__
+
+
+def check_local(args, device, results: list) -> bool:
+    """``local_attention`` on every SDPA backend that runs here, full and causal GQA, both dtypes, the targets of
+    the blocks."""
+    ok = True
+    for dtype in (torch.float32, torch.bfloat16):
+        dname = str(dtype).removeprefix("torch.")
+        for i, c in enumerate(cases(args.n, args.heads, args.kv_heads)[:3]):  # full, causal, gqa causal
+            x64 = inputs(c, args.heads, args.head_dim, seed=50 + i)
+            ref = reference(c, x64)
+            base = sdpa_errors(c, x64, ref, device, dtype) if dtype != torch.float32 else None
+            for name in ("cudnn", "flash", "efficient", "cpu_flash", "math"):
+                if B.BACKENDS[name].unavailable(device.type, dtype, args.head_dim):
+                    continue
+                try:
+                    err, node = local_errors(name, c, x64, ref, device, dtype)
+                except Exception as e:  # noqa: BLE001 - a failing path is a result to print
+                    print(f"local     {dname:9s} {c['name']:14s} {name:10s} FAILED {type(e).__name__}: {e}"[:300])
+                    ok = False
+                    results.append(dict(local=name, dtype=dname, case=c["name"], error=str(e)[:500]))
+                    continue
+                good = (all(v <= FLOAT32_TARGET for v in err.values()) if base is None
+                        else all(err[k] <= BF16_FACTOR * base[k] for k in base))
+                ok &= good
+                results.append(dict(local=name, dtype=dname, case=c["name"], node=node, errors=err, sdpa=base, ok=good))
+                print(f"local     {dname:9s} {c['name']:14s} {name:10s} " + " ".join(f"{k} {v:.2e}" for k, v in
+                      err.items()) + f"  {'ok' if good else 'MISSED'} ({node})", flush=True)
+    return ok
+
+
 WORLD1 = {  # plans that run at world 1: every degree 1
     "ring": dict(degrees={"ring": 1}), "ulysses": dict(degrees={"ulysses": 1}),
     "usp": dict(degrees={"ulysses": 1, "ring": 1}), "wallfacer": dict(degrees={"ring": 1, "team": 1}),
@@ -226,6 +267,7 @@ def main(argv=None) -> int:
             print(f"{name:10s} {str(dtype).removeprefix('torch.'):9s} " + (f"unavailable: {why}" if why else "runs"))
     results: list = []
     ok = check_blocks(args, device, results)
+    ok &= check_local(args, device, results)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     backend = "nccl" if device.type == "cuda" else "gloo"
