@@ -234,11 +234,17 @@ def larger_micro_batch_wins(est: Estimator, pp: int) -> bool:
     return pp == 1 and pr.matmul is None and not pr.round_overhead_s
 
 
-def largest_micro_batches(policies: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
-    """Per (ZeRO stage, checkpointing), only the largest fitting micro-batch (``larger_micro_batch_wins``)."""
+def _largest_by_policy(policies: list[tuple[int, str, int]]) -> dict[tuple[int, str], int]:
+    """(ZeRO stage, checkpointing) -> the largest micro-batch ``policies`` list for it."""
     top: dict = {}
     for z, ck, mbs in policies:
         top[z, ck] = max(top.get((z, ck), 0), mbs)
+    return top
+
+
+def largest_micro_batches(policies: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
+    """Per (ZeRO stage, checkpointing), only the largest fitting micro-batch (``larger_micro_batch_wins``)."""
+    top = _largest_by_policy(policies)
     return [p for p in policies if p[2] == top[p[:2]]]
 
 
@@ -266,10 +272,8 @@ def hidden_sync_micro_batches(est: Estimator, base: Candidate, batch: Orders,
     P(K) + F(K) <= P(k) + F(k) <= P(k) + X(k)."""
     if not ALGORITHMS[base.algorithm].batch_linear:
         return policies
-    top: dict = {}
-    for z, ck, mbs in policies:
-        top[z, ck] = max(top.get((z, ck), 0), mbs)
-    top = {zc: k for zc, k in top.items() if any(p[:2] == zc and p[2] < k for p in policies)}  # something to drop
+    top = {zc: k for zc, k in _largest_by_policy(policies).items()
+           if any(p[:2] == zc and p[2] < k for p in policies)}  # something to drop
     if top and est.work.training:
         hidden = {(z, k): est.sync_at_floor(est.shape(base, k), z, batch) for (z, _), k in top.items()}
         top = {zc: k for zc, k in top.items() if hidden[zc[0], k]}

@@ -127,11 +127,14 @@ def test_the_placements_kept_are_the_latest(monkeypatch):
 
 
 def test_a_balanced_plan_whose_layers_mix_windows_is_refused_before_it_runs():
-    """One placement serves every layer, so a window pattern cannot be balanced by one mask; the search leaves
-    balanced out for it and keeps it for a window on every layer."""
+    """One placement serves every layer, so a window pattern cannot be balanced by one mask."""
     mixed = plan(True, {"size": 5, "pattern": "5:1"})
     results = run_world(_init_error, 4, mixed, timeout=60)
     assert all(r == "token_layout" for r in results), results
+
+
+def test_the_search_offers_balanced_only_where_one_mask_serves_every_layer():
+    """The search leaves balanced out for a window pattern and keeps it for a window on every layer, or none."""
     for window, has_balanced in (({"size": 5, "pattern": "5:1"}, False), ({"size": 5}, True), (None, True)):
         work = Workload(seq_len=4096, documents=[100, 900], window=window)
         layouts = Space(4, load_model("llama3-8b"), work).layouts(Degrees(1, 1, 1, 2, 2))

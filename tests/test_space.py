@@ -176,3 +176,22 @@ def test_tp_must_split_kv_heads_and_ffn_in_the_search_the_estimate_and_the_runti
     with pytest.raises(PlanError, match="kv heads 4") as e:
         Estimator(load_cluster("cpu-local", 2), m, w).check(Candidate("ring", tp=8, order=("tp",)))
     assert e.value.field == "degrees.tp"
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_the_counted_size_of_each_degrees_choice_is_its_listed_candidates(training):
+    """``degree_size`` counts a plain Space's candidates without listing them; a subclass that lists its mesh orders
+    is counted from the lists. Both agree on every degrees choice, pipelines with interleaving included (the
+    "N candidates" that `plan` prints)."""
+    from sp_plan.planner.search import degree_size
+
+    class Listed(Space):
+        def orders(self, d):
+            return super().orders(d)
+
+    work = Workload(seq_len="32k", batch=16, training=training)
+    model = load_model("llama3-8b")
+    counted, listed = Space(64, model, work), Listed(64, model, work)
+    sizes = [(degree_size(counted, d), degree_size(listed, d), d) for d in counted.degrees()]
+    assert all(a == b for a, b, _ in sizes), [s for s in sizes if s[0] != s[1]][:3]
+    assert any(len(d.dims()) >= 3 for _, _, d in sizes) and any(d.pp > 1 for _, _, d in sizes)
