@@ -60,6 +60,19 @@ def test_pruned_grid_keeps_the_exhaustive_top_k_and_every_variants_best(case):
         assert [(round(t, 12), c) for t, c in pruned.ranked[:k]] == [(round(t, 12), c) for t, c in full.ranked[:k]]
         by_policy = work.documents is not None  # with documents, each balancing policy's best too
         assert best_per_variant(pruned.ranked, by_policy) == best_per_variant(full.ranked, by_policy)
+        exact = {(round(t, 12), c) for t, c in full.ranked}  # every row it ranks at its exact best policy's time
+        assert all((round(t, 12), c) in exact for t, c in pruned.ranked)
+
+
+def test_pruned_grid_keeps_the_top_k_where_a_degrees_choice_has_many_micro_batch_sizes():
+    """A batch of 16 on 32 GPUs gives a degrees choice several micro-batch sizes, each with its own bound: the
+    choice waits in the queue under the least of them, and the pruned top K and variants' bests are the exhaustive
+    ones."""
+    cluster, model = load_cluster("a100-16-eth100", 4), load_model("llama3-8b")
+    work = Workload(seq_len="16k", batch=16)
+    full, pruned = grid_search(cluster, model, work, keep=None), grid_search(cluster, model, work, keep=5)
+    assert [(round(t, 12), c) for t, c in pruned.ranked[:5]] == [(round(t, 12), c) for t, c in full.ranked[:5]]
+    assert best_per_variant(pruned.ranked) == best_per_variant(full.ranked)
 
 
 @pytest.mark.parametrize("case", PRUNING_CASES, ids=[c[0] for c in PRUNING_CASES])
