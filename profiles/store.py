@@ -95,9 +95,10 @@ steps_t = sa.Table(
 # The stamp queries, built once: the service runs one per cached answer, and building the statement and its
 # cache key each time cost ~3x the query itself (about 70 of 105 us on SQLite).
 _STAMP_BY_ID = sa.select(profiles_t.c.id, profiles_t.c.stored_at).where(profiles_t.c.id == sa.bindparam("id"))
+#: a fingerprint's profiles, newest first: the one created last (a profile imported later may be older)
+NEWEST_FIRST = (profiles_t.c.created_at.desc(), profiles_t.c.stored_at.desc())
 _STAMP_NEWEST = (sa.select(profiles_t.c.id, profiles_t.c.stored_at)
-                 .where(profiles_t.c.fingerprint == sa.bindparam("fp"))
-                 .order_by(profiles_t.c.created_at.desc(), profiles_t.c.stored_at.desc()).limit(1))
+                 .where(profiles_t.c.fingerprint == sa.bindparam("fp")).order_by(*NEWEST_FIRST).limit(1))
 
 
 def bad_char(text: str) -> str | None:
@@ -540,8 +541,7 @@ class Store(Database):
         """Stored profiles, newest first, optionally only those of one topology fingerprint. A row this sp-plan cannot
         read (written by a newer one into a shared store) raises its PlanError; with ``unreadable`` (a list) it is
         appended there as (id, PlanError) and the others are listed."""
-        q = sa.select(profiles_t.c.id, profiles_t.c.document).order_by(profiles_t.c.created_at.desc(),
-                                                                        profiles_t.c.stored_at.desc())
+        q = sa.select(profiles_t.c.id, profiles_t.c.document).order_by(*NEWEST_FIRST)
         if fingerprint is not None:
             if not storable(fingerprint, profiles_t.c.fingerprint):
                 return []
@@ -563,7 +563,7 @@ class Store(Database):
         if not storable(fingerprint, profiles_t.c.fingerprint):
             return None
         q = (sa.select(profiles_t.c.document).where(profiles_t.c.fingerprint == fingerprint)
-             .order_by(profiles_t.c.created_at.desc(), profiles_t.c.stored_at.desc()).limit(1))
+             .order_by(*NEWEST_FIRST).limit(1))
         with self.transaction() as conn:
             doc = conn.execute(q).scalar()
         return None if doc is None else self._profile(doc)

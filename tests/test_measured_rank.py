@@ -42,6 +42,20 @@ def test_twins_are_this_model_and_workload_only(measured):
     assert twins(prof, load_model("llama3-70b"), WORK) == {}
 
 
+def test_a_failed_candidate_is_no_twin_and_a_repeated_layout_keeps_its_fastest_reading(measured):
+    """A candidate stored as over the device's memory keeps the step it ran before the memory check: it is no
+    measurement to rank by. A layout measured twice ranks at its faster reading, whichever came first."""
+    prof, ranked = measured
+    third, step = ranked[2], ranked[2].predicted.step_time_s
+    oom = _ran(third, step / 50).model_copy(update={"status": "oom"})
+    for slow_first in (True, False):
+        pair = [_ran(ranked[3], 3 * step), _ran(ranked[3], 0.9 * step)]
+        got = twins(prof.model_copy(update={"candidates": [*prof.candidates, oom, *pair[::1 if slow_first else -1]]}),
+                    MODEL, WORK)
+        assert third.summary() not in got
+        assert got[ranked[3].summary()].measured_s == 0.9 * step
+
+
 def test_plan_ranks_measured_layouts_by_their_measurement(measured):
     prof, ranked = measured
     got = plan(CLUSTER, MODEL, WORK, top_k=5, profile=prof)

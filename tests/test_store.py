@@ -92,6 +92,11 @@ def test_link_fits_and_runs(url):
     key = run_key("abc", {"torch": "2.13"}, {"name": "llama3-8b"}, {"seq_len": 65536}, {"budget": 10})
     assert key == run_key("abc", {"torch": "2.13"}, {"name": "llama3-8b"}, {"seq_len": 65536}, {"budget": 10})
     assert key != run_key("abc", {"torch": "2.13"}, {"name": "llama3-8b"}, {"seq_len": 65536}, {"budget": 11})
+    for other in (("abd", {"torch": "2.13"}, {"name": "llama3-8b"}, {"seq_len": 65536}),  # a tune on each changed
+                  ("abc", {"torch": "2.12"}, {"name": "llama3-8b"}, {"seq_len": 65536}),  # input measures afresh
+                  ("abc", {"torch": "2.13"}, {"name": "llama3-70b"}, {"seq_len": 65536}),
+                  ("abc", {"torch": "2.13"}, {"name": "llama3-8b"}, {"seq_len": 32768})):
+        assert key != run_key(*other, {"budget": 10}), other
     rid, resumed = st.start_run(key, {"model": "llama3-8b"})
     assert not resumed
     st.record_step(rid, "links", "running", {})
@@ -276,6 +281,40 @@ def test_resolve_stack(cluster):
     diff = cluster.model_copy(update={"calibration": {"stack": {"torch": "2.12.0", "nccl": "2.27.3"}}})
     p, line = resolve_profile(prof, diff)
     assert p is None and "stack" in line and "torch" in line and "2.12.0" in line and "abc123" in line
+
+
+@pytest.mark.parametrize("key", ["torch", "cuda", "cudnn", "nccl", "attention_backend"])
+def test_a_profile_of_another_stack_in_any_key_is_not_applied(cluster, key):
+    """Each part of the software stack a profile's figures depend on, the measured attention kernel included."""
+    prof = make_profile(cluster.topology_fingerprint(), id="abc123", stack={key: "a"})
+    other = cluster.model_copy(update={"calibration": {"stack": {key: "b"}}})
+    p, line = resolve_profile(prof, other)
+    assert p is None and f"{key}: profile a, this cluster b" in line
+    assert resolve_profile(prof, cluster.model_copy(update={"calibration": {"stack": {key: "a"}}}))[0] == prof
+
+
+def test_the_stamp_names_the_profile_a_plan_uses_after_an_older_one_is_imported(tmp_path):
+    """The newest profile of a topology is the one created last, whenever it was stored: the stamp that versions
+    cached answers names the profile ``latest_profile`` gives, and moves when that one is deleted."""
+    st = Store(f"sqlite:///{tmp_path}/s.db")
+    newer = st.save_profile(make_profile(id="newer", created_at="2026-11-02T00:00:00+00:00"))
+    older = st.save_profile(make_profile(id="older", created_at="2026-11-01T00:00:00+00:00"))
+    assert st.latest_profile("f" * 16).id == newer and st.profile_stamp("f" * 16).startswith(newer + "@")
+    st.delete_profile(newer)
+    assert st.latest_profile("f" * 16).id == older and st.profile_stamp("f" * 16).startswith(older + "@")
+
+
+def test_a_profiles_line_counts_the_candidates_that_finished():
+    prof = make_profile(candidates=[*make_profile().candidates, MeasuredCandidate(summary="x", plan={}, status="error")])
+    assert "1 candidate(s) measured" in prof.line()
+
+
+def test_params_given_price_a_pure_call_over_a_profiles():
+    from sp_plan.planner.profile import pure_params
+
+    prof = make_profile(params=Params(overlap=0.3))
+    assert pure_params(prof, Params(overlap=0.9), "sp_plan.plan").overlap == 0.9
+    assert pure_params(prof, None, "sp_plan.plan").overlap == 0.3 and pure_params(None, None, "x") is None
 
 
 def test_resolve_file_id_and_none(cluster, tmp_path):
