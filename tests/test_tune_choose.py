@@ -62,6 +62,29 @@ def test_family_names_the_term_a_layout_exercises():
     assert family(_deg("usp", ulysses=2, ring=2)) == "ulysses"
     assert family(_deg("ring", ring=4)) == "ring"
     assert family(_deg("ring", dp=4)) == "dp"
+    # a pipeline with TP is "pp", METP's included: its measurement is the one that tells the per-layer cost
+    assert family(_deg("ring", pp=2, tp=2)) == "pp" and family(_deg("metp", pp=2, tp=2)) == "pp"
+
+
+def test_diversify_keeps_layouts_that_differ_only_in_placement():
+    plans = [Plan(algorithm="wallfacer", degrees={"ring": 4, "team": 2}, order=[], token_layout="contiguous",
+                  placement=where) for where in ("collective_intra", "p2p_intra")]
+    assert len(diversify(plans, 2)) == 2
+
+
+def test_a_family_that_alone_identifies_a_parameter_is_measured_however_slow_its_prediction():
+    from sp_plan.profiles.tune.choose import unexplored
+
+    assert unexplored([1.0, 3.0, 1.1], [True, False, False], ["ring", "pp", "ulysses"]) == 1
+    assert unexplored([1.0, 3.0, 1.1], [True, False, False], ["ring", "tp", "ulysses"]) == 1
+
+
+def test_the_chosen_candidate_stays_where_it_and_the_quickest_others_fill_the_fit_in_time():
+    from sp_plan.profiles.tune.choose import quickest_for_fit
+
+    assert quickest_for_fit(0, [5, 1, 2], [False] * 3, 2, 6.0) == 0  # 5 + 1 fits 6 s
+    assert quickest_for_fit(0, [5, 1, 2], [False] * 3, 2, 5.5) == 1  # it does not: the quickest first
+    assert quickest_for_fit(0, [5, 1, 2], [False] * 3, 3, 8.0) == 0 and quickest_for_fit(0, [5, 1, 2], [False] * 3, 3, 7.5) == 1
 
 
 def test_with_families_adds_the_best_of_each_missing_family_once():
