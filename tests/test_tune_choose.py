@@ -218,3 +218,25 @@ def test_a_reading_whose_stacks_extrapolate_unsoundly_is_kept_out_and_one_making
     assert confirmed(bad, [0.131, 0.2], [[True, 0.0], [True, 0.0]]).measured_s == 0.131  # none sound: as read
     assert confirmed(good, [0.6, 0.5]).measured_s == 0.5 and fits_of(confirmed(good, [0.6, 0.5])) == [[False, None]] * 2
     assert reading_spread({"tp2": read}, ["tp2"]) == 0.951 / 0.579 - 1
+
+
+def test_one_confirm_reading_still_reads_the_contenders():
+    from sp_plan.planner.profile import MeasuredCandidate
+    from sp_plan.profiles.tune.run import TuneOptions, contenders
+
+    near = {n: MeasuredCandidate(summary=n, plan={}, measured_s=s) for n, s in (("a", 0.60), ("b", 0.568))}
+    assert contenders(near, TuneOptions(confirm=1)) == ["b", "a"]
+    assert contenders(near, TuneOptions(confirm=0)) == []
+
+
+def test_a_reading_is_kept_unless_clamped_or_its_layer_time_is_under_half_the_median():
+    from sp_plan.planner.profile import MeasuredCandidate
+    from sp_plan.profiles.tune.readings import confirmed, fits_of, kept
+
+    assert kept([1.0, 0.6], [[False, 0.1], [False, 0.01]]) == [1.0]  # two readings: the median of two slopes
+    assert kept([1.0, 0.5], [[False, None], [True, None]]) == [1.0]  # clamped: no step runs that fast
+    assert confirmed(MeasuredCandidate(summary="a", plan={}, measured_s=1.0), [1.0, 0.5],
+                     [[False, None], [True, None]]).measured_s == 1.0
+    mc = MeasuredCandidate(summary="a", plan={}, measured_s=0.8,
+                           detail={"readings_s": [1.0, 0.8, 1.2], "readings_fit": [[True, 0.1]]})
+    assert len(fits_of(mc)) == 3  # a fit per reading, whatever was stored
