@@ -60,6 +60,10 @@ def test_candidate_estimates_scale_by_what_measured_ones_took():
     ratio = learned_ratio([SETTINGS.candidate_overhead_s + 30.0], [first])
     assert ratio == pytest.approx(3.0) and scaled(first, ratio) == pytest.approx(SETTINGS.candidate_overhead_s + 30.0)
     assert learned_ratio([], []) is None and scaled(first, None) == first
+    o = SETTINGS.candidate_overhead_s
+    assert learned_ratio([o + 20, o + 30, o + 200], [o + 10] * 3) == pytest.approx(3.0)  # the median, not the mean
+    assert learned_ratio([o + 20, o + 30], [o / 2, o + 10]) == pytest.approx(3.0)  # an estimate under the overhead
+    assert learned_ratio([o + 0.5], [o + 10]) == pytest.approx(0.1)  # at least a tenth
 
 
 def test_kernel_budget_leaves_the_candidates_their_time():

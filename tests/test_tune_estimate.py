@@ -89,6 +89,15 @@ def test_kernel_repeats_stop_once_two_readings_agree(monkeypatch):
     assert len(timing.time_readings(lambda: None, torch.device("cpu"), repeats=3, warmup=0)) == 3
 
 
+def test_two_readings_agree_within_the_share_of_the_faster_and_a_call_reads_the_median(monkeypatch):
+    monkeypatch.setattr(timing, "time", Ticks([1.0, 1.02, 5.0, 5.0]))
+    assert len(timing.time_readings(lambda: None, torch.device("cpu"), repeats=4, warmup=0, agree_within=0.05)) == 2
+    monkeypatch.setattr(timing, "time", Ticks([1.0, 1.1, 5.0]))  # 0.1 apart: over 9.5 % of 1.0, under 9.5 % of 1.1
+    assert len(timing.time_readings(lambda: None, torch.device("cpu"), repeats=3, warmup=0, agree_within=0.095)) == 3
+    monkeypatch.setattr(timing, "time", Ticks([1.0, 0.05, 4.0]))
+    assert timing.time_call(lambda: None, torch.device("cpu"), repeats=3, warmup=0) == pytest.approx(1.0)
+
+
 def test_the_kernel_sweep_says_which_repeats_it_spared(monkeypatch):
     monkeypatch.setenv("SP_PLAN_ATTN_BACKEND", "cpu_flash")
     fake = iter([[1.0, 1.01], [2.0, 3.0, 2.5], [1.0, 1.02]] + [[0.5, 0.6, 0.7]] * 20)
