@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sp_plan.pipeline import estimate, plan
@@ -292,6 +293,56 @@ def test_comm_fits_recover_known_efficiencies_from_link_samples():
     # measured_params puts them into Params (merged with a base's)
     p = measured_params(cl, "fp32", links=links)
     assert p.comm_fit("shift", "inter") == f["p2p/inter"] and p.comm_fit("shift_back", "intra") == f["p2p/intra"]
+
+
+def test_a_multi_step_collective_and_a_two_way_pair_fit_per_step():
+    """cpu-local x2 as above: a ring all-gather of 4 ranks takes 3 steps of one 20 us hop each way (path latency
+    40 us a step), so 200 us measured is 66.7 us a step, 26.7 us beyond the path; its busbw against the link's 5 GB/s
+    is the efficiency. A pair sending both ways at once pays one path's latency, not the two directions' sum."""
+    links = {"classes": {
+        "intra:shm": {"pair": [0, 1], "ops": {"p2p_bidir": {"group_size": 2, "alpha_s": 1e-4, "busbw": 4e9},
+                                               "all_gather": {"group_size": 4, "alpha_s": 2e-4, "busbw": 2.5e9}}},
+        "inter:ethernet": {"pair": [0, 4], "ops": {"p2p_bidir": {"group_size": 2, "alpha_s": 3e-4, "busbw": 1e9}}}}}
+    f = comm_fits(load_cluster("cpu-local", 2), links)
+    assert f["all_gather/intra"].alpha_s == pytest.approx(2e-4 / 3 - 4e-5)
+    assert f["all_gather/intra"].efficiency == pytest.approx(0.5)
+    assert f["p2p_bidir/intra"].alpha_s == pytest.approx(6e-5) and f["p2p_bidir/intra"].efficiency == pytest.approx(0.8)
+    assert f["p2p_bidir/inter"].alpha_s == pytest.approx(1.4e-4) and f["p2p_bidir/inter"].efficiency == pytest.approx(0.8)
+
+
+class _MemoryParts:
+    """A pricer whose candidates hold ``rest`` bytes besides ``act`` bytes of activations (calibration._Pricer)."""
+
+    def __init__(self, rest, act):
+        self.parts = (np.array(rest, dtype=float), np.array(act, dtype=float))
+
+    def memory_parts(self, base, cases):
+        return self.parts
+
+
+def test_two_candidates_of_different_activations_fit_the_factor_and_the_overhead():
+    from types import SimpleNamespace
+
+    from sp_plan.planner.calibration import _fit_memory
+
+    rest, act = [4 * GIB, 6 * GIB], [10 * GIB, 20 * GIB]
+    cases = [SimpleNamespace(memory=r + 1.3 * a + GIB) for r, a in zip(rest, act)]
+    p, words, _ = _fit_memory(_MemoryParts(rest, act), Params(), cases)
+    assert p.activation_factor == pytest.approx(1.3) and p.memory_overhead_bytes == pytest.approx(GIB)
+    assert words == ["activation factor 1.300 (from 2 candidates)", "memory overhead 1.00 GiB (from 2 candidates)"]
+
+
+def test_the_overhead_alone_fits_each_peak_relative_to_itself():
+    """Equal activations: only the overhead is fitted, minimising sum((m - r - k a - o) / m)^2 over the peaks m,
+    so o = sum(d / m^2) / sum(1 / m^2) of the residuals d (3.09 GiB here; the absolute fit would read 5.5 GiB)."""
+    from types import SimpleNamespace
+
+    from sp_plan.planner.calibration import _fit_memory
+
+    cases = [SimpleNamespace(memory=20 * GIB), SimpleNamespace(memory=11 * GIB)]
+    p, _, notes = _fit_memory(_MemoryParts([0.0, 0.0], [10 * GIB, 10 * GIB]), Params(activation_factor=1.0), cases)
+    want = (10 / 20 ** 2 + 1 / 11 ** 2) / (1 / 20 ** 2 + 1 / 11 ** 2) * GIB
+    assert p.memory_overhead_bytes == pytest.approx(want) and "activation factor not fitted" in notes[0]
 
 
 # ---- profiles on plan / estimate
