@@ -110,3 +110,13 @@ def test_allgather_with_ulysses_is_the_hybrid_and_ring_with_ulysses_is_refused(t
     assert Plan.load(tmp_path / "hybrid.yaml") == p and p.sp == 8
     with pytest.raises(PlanError, match="degrees.ulysses.*ring needs ulysses 1"):
         Plan(algorithm="ring", degrees={"ulysses": 2, "ring": 4})
+
+
+def test_a_plan_files_model_name_is_the_preset_whatever_files_the_command_runs_beside(tmp_path, monkeypatch):
+    from sp_plan.profiles import load_model
+    from sp_plan.profiles.plans import named_model
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny-llama").write_text("name: tiny-llama\nlayers: 99\nhidden: 256\nheads: 4\nffn_hidden: 512\n"
+                                         "vocab: 1000\n")
+    assert named_model("tiny-llama").layers == load_model("tiny-llama", files=False).layers != 99

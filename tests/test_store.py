@@ -718,3 +718,21 @@ def test_a_tunes_profile_is_stored_and_its_run_finished_in_one_transaction(tmp_p
     with pytest.raises(PlanError) as e:
         st.save_profile(make_profile(id="orphan"), finishing=rid + 99)
     assert e.value.field == "run" and not st.has_profile("orphan")
+
+
+def test_a_stack_read_as_numbers_matches_the_same_figures_as_text():
+    """A cluster file's YAML reads ``cudnn: 90100`` as a number; the profile keeps its stack as text."""
+    from sp_plan.profiles.resolve import stack_mismatch
+
+    assert stack_mismatch({"cudnn": "90100", "torch": "2.13"}, {"cudnn": 90100, "torch": 2.13}) is None
+    assert stack_mismatch({"cudnn": "90100"}, {"cudnn": 90200}) == "cudnn: profile 90100, this cluster 90200"
+
+
+def test_the_memory_bandwidth_no_profile_can_beat_is_the_fastest_devices(cluster):
+    from sp_plan.profiles.resolve import datasheet_hbm
+
+    nt = next(iter(cluster.node_types.values()))
+    one_a100 = [nt.devices[0].model_copy(update={"model": "A100-SXM4-80GB"}), *nt.devices[1:]]
+    mixed = cluster.model_copy(update={"node_types": {k: v.model_copy(update={"devices": one_a100})
+                                                      for k, v in cluster.node_types.items()}})
+    assert datasheet_hbm(mixed) == datasheet_hbm(cluster) > 2.1e12  # the H100's 3.35 TB/s, not the A100's 2.04
