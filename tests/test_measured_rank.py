@@ -81,3 +81,24 @@ def test_the_planning_call_of_cli_and_service_ranks_the_same(measured, tmp_path)
 def test_without_the_profile_nothing_is_measured():
     got = plan(CLUSTER, MODEL, WORK, top_k=5, profile=False)
     assert all(p.measured is None for p in got)
+
+
+def test_marked_plans_sort_by_their_measurement(measured):
+    from sp_plan.planner.measured import mark
+    from sp_plan.planner.ranking import step_time
+
+    prof, ranked = measured
+    got = mark(ranked, prof, MODEL, WORK)
+    assert got[0].summary() == ranked[11].summary() and got[0].measured is not None  # measured at half the best
+    assert [step_time(p) for p in got] == sorted(step_time(p) for p in got)
+
+
+def test_a_measured_alternative_gets_a_row_of_its_own(measured):
+    from sp_plan.planner.equivalent import Row
+    from sp_plan.planner.measured import rank_rows
+
+    prof, ranked = measured
+    rows = rank_rows([Row(ranked[0], [ranked[1]], "mesh order")], CLUSTER, prof, prof.params, MODEL, WORK)
+    first = next(r for r in rows if r.plan.summary() == ranked[0].summary())
+    assert first.alternatives == [] and first.parameter is None
+    assert sum(r.plan.summary() == ranked[1].summary() for r in rows) == 1
