@@ -98,6 +98,18 @@ def test_two_readings_agree_within_the_share_of_the_faster_and_a_call_reads_the_
     assert timing.time_call(lambda: None, torch.device("cpu"), repeats=3, warmup=0) == pytest.approx(1.0)
 
 
+def test_a_shared_window_reads_the_mean_of_its_calls(monkeypatch):
+    """Calls of 0.5 s from the window's start until one passes its stop: 4 calls in 2 s, 0.5 s each."""
+    clock = SimpleNamespace(now=10.0)
+    fake = SimpleNamespace(time=lambda: clock.now, perf_counter=lambda: clock.now, sleep=lambda s: None)
+    monkeypatch.setattr(timing, "time", fake)
+
+    def call():
+        clock.now += 0.5
+
+    assert timing.time_window(call, torch.device("cpu"), 10.0, 12.0) == pytest.approx(0.5)
+
+
 def test_the_kernel_sweep_says_which_repeats_it_spared(monkeypatch):
     monkeypatch.setenv("SP_PLAN_ATTN_BACKEND", "cpu_flash")
     fake = iter([[1.0, 1.01], [2.0, 3.0, 2.5], [1.0, 1.02]] + [[0.5, 0.6, 0.7]] * 20)
