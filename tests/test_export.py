@@ -436,6 +436,10 @@ def test_export_command_exits_2_naming_the_nearest_and_exports_it_with_nearest(t
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and "megatron has no WallFacer; nearest: " in lines[0] and "% step time" in lines[0]
     near = lines[0].split("nearest: ")[1].split(",")[0]
+    from sp_plan.profiles.kernels import default_params
+
+    best = nearest(target("megatron"), src, c, src.model, src.workload, params=default_params(c))
+    assert best.plan.summary() == near and f", {best.change * 100:+.1f} % step time" in lines[0]
     r = run("export", str(tmp_path / "wf.yaml"), "--to", "megatron", "--no-profile", "--nearest",
             "-o", str(tmp_path / "m.args"))
     assert r.returncode == 0, r.stderr
