@@ -232,12 +232,15 @@ def test_team_work_and_ring_split_match_the_positions():
 
 
 def test_pruning_stays_exact_under_calibrated_params():
-    """A measured, non-monotone efficiency curve, a per-call overhead, partial overlap and fitted links: the
-    bounds stay below every candidate, so the pruned grid still equals exhaustive pricing."""
+    """A measured, non-monotone efficiency curve, masked blocks measured faster than dense ones, a per-call
+    overhead, partial overlap and fitted links: the bounds stay below every candidate, so the pruned grid still
+    equals exhaustive pricing."""
     from sp_plan.planner.params import CommFit, Curve, Params
 
     bumpy = Curve(points=((512, 0.2), (4096, 0.7), (16384, 0.45), (65536, 0.6), (262144, 0.3)))
-    params = Params(attention_fwd=bumpy, attention_bwd=bumpy, matmul=Curve(points=((1024, 0.5), (65536, 0.8))),
+    masked = Curve(points=((512, 0.5), (4096, 0.9), (262144, 0.8)))
+    params = Params(attention_fwd=bumpy, attention_bwd=bumpy, attention_fwd_masked=masked,
+                    attention_bwd_masked=masked, matmul=Curve(points=((1024, 0.5), (65536, 0.8))),
                     overlap=0.7, round_overhead_s=2e-4, comm={"p2p/inter": CommFit(alpha_s=1e-5, efficiency=0.8),
                                                              "all_to_all/intra": CommFit(efficiency=0.6)})
     for case in (PRUNING_CASES[0], PRUNING_CASES[1], PRUNING_CASES[-2]):
