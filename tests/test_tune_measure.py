@@ -157,6 +157,16 @@ def test_peak_memory_sees_a_known_tensor():
     del b
 
 
+def test_a_tensor_tracked_twice_and_its_gradient_count_once_each():
+    """A parameter tracked with its module and again by itself counts its storage once; its gradient counts too
+    (a model's and an optimizer's tensors overlap)."""
+    lin = torch.nn.Linear(100, 10, bias=False)
+    lin.weight.grad = torch.zeros_like(lin.weight)
+    tracker = PeakMemory()
+    tracker.track(lin, lin.weight)
+    assert tracker.live == 2 * 4000
+
+
 def test_extrapolation_is_linear_in_layers():
     assert layer_counts(16, 2) == [1, 2] and layer_counts(1, 2) == [1] and layer_counts(3, 5) == [1, 3]
     v, fixed, per, clamped = extrapolate({1: 3.0, 2: 5.0}, 10)
