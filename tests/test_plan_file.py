@@ -120,3 +120,14 @@ def test_a_plan_files_model_name_is_the_preset_whatever_files_the_command_runs_b
     (tmp_path / "tiny-llama").write_text("name: tiny-llama\nlayers: 99\nhidden: 256\nheads: 4\nffn_hidden: 512\n"
                                          "vocab: 1000\n")
     assert named_model("tiny-llama").layers == load_model("tiny-llama", files=False).layers != 99
+
+
+def test_a_newer_plan_file_is_refused_for_its_version_before_its_names_are_read(tmp_path):
+    """A name this sp-plan does not know may be a newer one's preset: the version is what to report."""
+    from sp_plan.planner.errors import PlanError
+    from sp_plan.profiles.plans import load_plan
+
+    (tmp_path / "plan.yaml").write_text("schema_version: 99\nmodel: no-such-model\nalgorithm: ring\n")
+    with pytest.raises(PlanError) as e:
+        load_plan(tmp_path / "plan.yaml")
+    assert e.value.field == "plan.schema_version" and "newer than this sp-plan" in e.value.problem

@@ -736,3 +736,12 @@ def test_the_memory_bandwidth_no_profile_can_beat_is_the_fastest_devices(cluster
     mixed = cluster.model_copy(update={"node_types": {k: v.model_copy(update={"devices": one_a100})
                                                       for k, v in cluster.node_types.items()}})
     assert datasheet_hbm(mixed) == datasheet_hbm(cluster) > 2.1e12  # the H100's 3.35 TB/s, not the A100's 2.04
+
+
+def test_a_blank_store_url_is_refused_naming_the_store():
+    from sp_plan.profiles.resolve import check_store
+
+    for blank in ("", "   "):
+        with pytest.raises(StoreError) as e:
+            check_store(blank)
+        assert e.value.field == "store"
