@@ -84,3 +84,12 @@ def test_plan_command_shows_equivalent_layouts_as_one_row():
     assert "usp tp2 ulysses4 ring2 zigzag ulysses<tp<ring" not in r.stdout  # no row of its own
     ranked = r.stdout.split("ranked layouts")[1].split("best layout of each")[0]
     assert sum(1 for l in ranked.splitlines() if l.startswith("│")) == 5
+
+
+def test_a_rankings_flat_list_holds_each_rows_plan_then_its_equivalents():
+    from sp_plan.planner.equivalent import Row
+    from sp_plan.planner.ranking import RankedPlans
+
+    a, b, c = (SimpleNamespace(name=n) for n in "abc")
+    ranked = RankedPlans([Row(a, [b], "team"), Row(c, [])])
+    assert list(ranked) == [a, c] and ranked.flat() == [a, b, c] and ranked.equivalents(0) == [b]

@@ -67,6 +67,10 @@ def test_plan_ranks_measured_layouts_by_their_measurement(measured):
     assert all(p.measured is None for p in got[2:])
     steps = [p.measured.step_time_s if p.measured else p.predicted.step_time_s for p in got]
     assert steps == sorted(steps)
+    from sp_plan.planner.ranking import secs, versus_first
+
+    assert versus_first(got[1], got[0]) == f"{secs(steps[1] - steps[0])} slower (both measured)"
+    assert versus_first(got[2], got[0]) == f"{secs(steps[2] - steps[0])} slower"
 
 
 def test_the_planning_call_of_cli_and_service_ranks_the_same(measured, tmp_path):
