@@ -17,6 +17,7 @@ import numpy as np
 from .algorithms import ALGORITHMS
 from .candidate import Candidate
 from .layout import ring_split
+from .model import micro_batches
 from .params import LINK_CLASSES
 from .parts import RING_FREE_PARTS, schedule_key
 from .schedules import Compute, Shape, Step, attention_blocks, balanced_attention
@@ -180,7 +181,7 @@ class Bounds:
         t = self._cache.get(key)
         if t is None:
             layer, head = self._policy_layer(probe, ckpt, mbs)
-            m = max(self.est.work.batch // (probe.dp * mbs), 1)  # Shape.micro_batches and layers_per_stage
+            m = micro_batches(self.est.work.batch, probe.dp, mbs)  # as Shape and its layers_per_stage
             if stages is None:
                 stage = self.est.model.layers // probe.pp * layer + head
             else:

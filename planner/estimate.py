@@ -29,7 +29,7 @@ from .layout import chunks_needed, merged_name, ring_split
 from .memory import activation_bytes, attention_buffer_bytes, weight_bytes
 from .masks import mask_fraction
 from .merges import MERGES
-from .model import ModelSpec, Workload
+from .model import ModelSpec, Workload, micro_batches
 from .params import LINK_CLASSES, Params
 from .profile import Profile, pure_inputs, pure_params
 from .algorithms import ALGORITHMS
@@ -509,7 +509,8 @@ class Estimator:
         stages = self.stages_of(cand)  # stage_layers given: pp entries of at least one layer, summing to the layers
         if cand.virtual_stages != 1:
             check_virtual_stages(cand.virtual_stages, cand.pp, m.layers, stages)
-            check_interleaved_micro_batches(cand.virtual_stages, cand.pp, max(w.batch // (cand.dp * cand.micro_batch_size), 1))
+            check_interleaved_micro_batches(cand.virtual_stages, cand.pp,
+                                            micro_batches(w.batch, cand.dp, cand.micro_batch_size))
         check_kv_chunks_algorithm(cand.kv_chunks, cand.algorithm)
         if cand.team != 1 and cand.algorithm not in TEAM_ALGORITHMS:
             raise PlanError("degrees.team", f"team > 1 belongs to WallFacer (and tokenring_ring), not {cand.algorithm}",

@@ -282,6 +282,11 @@ class Window(BaseModel):
         return full * local + min(rest, local)
 
 
+def micro_batches(batch: int, dp: int, mbs: int) -> int:
+    """Micro-batches each data-parallel replica runs a step: B / (dp x micro-batch size), at least one."""
+    return max(batch // (dp * mbs), 1)
+
+
 class Workload(BaseModel):
     """One step: ``batch`` sequences of ``seq_len`` tokens, causal or not, training or inference."""
 

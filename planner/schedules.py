@@ -17,7 +17,7 @@ import numpy as np
 from .algorithms import ALGORITHMS
 from .masks import MASKED_ALGORITHMS, has_mask, mask_fraction, mask_tiles
 from .merges import MERGES, MergeBytes
-from .model import ModelSpec, Workload
+from .model import ModelSpec, Workload, micro_batches
 
 
 class Compute(NamedTuple):
@@ -97,7 +97,7 @@ class Shape:
         m, w = self.model, self.work
         d = self.__dict__
         d["b"] = self.mbs  # sequences in one micro-batch
-        d["micro_batches"] = max(w.batch // (self.dp * self.mbs), 1)
+        d["micro_batches"] = micro_batches(w.batch, self.dp, self.mbs)
         d["e"] = m.dtype_bytes
         d["sp"] = self.ulysses * self.ring
         # the largest stage's layers (memory; the step prices each stage: Estimator.pipeline_stage)

@@ -30,7 +30,7 @@ from .equivalent import REL_TOL, distinct_prefix, top_rows
 from .estimate import MEMORY_HEADROOM, Estimator, Orders
 from .exchange import Exchange
 from .layout import BALANCE_POLICIES, TOKEN_LAYOUTS, chunks_needed
-from .model import ModelSpec, Workload
+from .model import ModelSpec, Workload, micro_batches
 from .params import Params
 from .measured import rank_rows
 from .plan import Plan
@@ -381,7 +381,7 @@ def interleaving_floor(est: Estimator, base: Candidate, mbs: int) -> float:
     micro-batch ``mbs``, each mesh order and policy alike: with stage seconds s_1 under 1F1B and s_v >= s_1 interleaved
     (the same layers, v sends a micro-batch instead of one) and the same exposed gradient sync X (the same backward
     hides it), T_v = (m + (pp - 1) / v) s_v + X >= (m + (pp - 1) / v) / (m + pp - 1) x T_1; a hair below for rounding."""
-    m, pp, v = max(est.work.batch // (base.dp * mbs), 1), base.pp, base.virtual_stages  # Shape.micro_batches
+    m, pp, v = micro_batches(est.work.batch, base.dp, mbs), base.pp, base.virtual_stages
     return (m + (pp - 1) / v) / (m + pp - 1) * (1 - 1e-12)
 
 

@@ -195,3 +195,12 @@ def test_the_counted_size_of_each_degrees_choice_is_its_listed_candidates(traini
     sizes = [(degree_size(counted, d), degree_size(listed, d), d) for d in counted.degrees()]
     assert all(a == b for a, b, _ in sizes), [s for s in sizes if s[0] != s[1]][:3]
     assert any(len(d.dims()) >= 3 for _, _, d in sizes) and any(d.pp > 1 for _, _, d in sizes)
+
+
+def test_each_replica_runs_the_batch_over_dp_in_micro_batches_of_their_size():
+    from sp_plan.planner.model import micro_batches
+
+    assert micro_batches(16, 2, 2) == 4 and micro_batches(16, 8, 1) == 2 and micro_batches(4, 8, 1) == 1
+    shape = Shape(load_model("llama3-8b"), Workload(seq_len=4096, batch=16), dp=2, ulysses=1, ring=1,
+                  token_layout="contiguous", mbs=2)
+    assert shape.micro_batches == 4

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from sp_plan.planner.model import ModelSpec, Workload
+from sp_plan.planner.model import ModelSpec, Workload, micro_batches
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import MeasuredCandidate
 from sp_plan.runtime import init
@@ -133,7 +133,7 @@ def build_bench(plan: Plan, model: ModelSpec, work: Workload, ctx, mesh, n_layer
     with packed documents or a window each micro-batch is a packed batch (every row of it the same pack), sharded
     and attended under its mask."""
     d, rank = plan.degrees, dist.get_rank()
-    m = max(work.batch // (d["dp"] * plan.micro_batch_size), 1)
+    m = micro_batches(work.batch, d["dp"], plan.micro_batch_size)
     m_run = m if d["pp"] == 1 else 1
     masks = packed_masks(work, m_run)
     if plan.algorithm == "metp":

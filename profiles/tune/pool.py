@@ -10,7 +10,7 @@ from sp_plan.planner.candidate import Candidate
 from sp_plan.planner.cluster import Cluster
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.estimate import Estimator
-from sp_plan.planner.model import ModelSpec, Workload
+from sp_plan.planner.model import ModelSpec, Workload, micro_batches
 from sp_plan.planner.params import Params
 from sp_plan.planner.plan import Plan
 from sp_plan.planner.profile import MeasuredCandidate
@@ -72,7 +72,7 @@ def stack_run(cluster: Cluster, plan: Plan, params: Params, blocks: int) -> floa
     embedding, head, loss and optimizer step a stage of any depth runs; a pipeline's one micro-batch of one stage
     (of the m + p - 1 its step composes). Where the planner refuses that depth, the full step's share of it."""
     d = plan.degrees
-    m = max(plan.workload.batch // (d["dp"] * plan.micro_batch_size), 1)
+    m = micro_batches(plan.workload.batch, d["dp"], plan.micro_batch_size)
     composed = m + d["pp"] - 1 if d["pp"] > 1 else 1
     short = plan.model.model_copy(update={"layers": blocks * d["pp"]})
     try:
