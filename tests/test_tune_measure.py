@@ -270,6 +270,7 @@ def _candidates(rank, world, plans, limit):
     out.append(run_candidate(plans[0], MODEL, WORK, iters=1, memory_limit_bytes=limit))
     two = Workload(seq_len=WORK.seq_len, batch=2)  # two micro-batches, gradients accumulated
     out += [run_candidate(p, MODEL, two, iters=1) for p in (plans[0], plans[2])]
+    out.append(run_candidate(Plan(algorithm="ring", degrees={"dp": 2}), MODEL, two, iters=1))  # a sequence a replica
     out.append(run_candidate(Plan(algorithm="ring", degrees={"ring": 4}), MODEL, WORK))  # wrong world: every rank fails
     return out
 
@@ -313,10 +314,13 @@ def test_run_candidate_two_ranks():
     assert "METPAttention" in results[0][5].detail["metp"]
     wrong = results[0][-1]
     assert (wrong.status, wrong.rank) == ("error", 0) and "needs 4 ranks" in wrong.reason
-    for acc, plan in zip(results[0][-3:-1], (plans[0], plans[2])):
+    for acc, plan in zip(results[0][-4:-2], (plans[0], plans[2])):
         assert acc.detail["micro_batches"] == acc.detail["micro_batches_run"] == 2
         _check_ok(acc, plan)
-    oom = results[0][-4]
+    replicas = results[0][-2]
+    assert replicas.detail["micro_batches"] == 1  # two sequences over two data-parallel replicas
+    _check_ok(replicas, Plan(algorithm="ring", degrees={"dp": 2}))
+    oom = results[0][-5]
     assert oom.status == "oom" and "exceeds the device memory" in oom.reason
 
 
