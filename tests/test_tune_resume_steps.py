@@ -79,3 +79,39 @@ def test_a_stored_reading_is_taken_back_whatever_time_is_left():
     r = _run({f"candidate:{PLAN.summary()}": ("ok", _candidate("ok"))}, left=1.0)
     S.resumed_candidates(r, _calibration())
     assert S.again(r, key, PLAN, lambda s: None) is None and r.skipped and r.store.writes[-1][0] == f"skip:{key}"
+
+
+class RunStore(Store):
+    """A store that opens a fresh run under whatever key it is given, and keeps the keys."""
+
+    def __init__(self):
+        super().__init__()
+        self.keys = []
+
+    def start_run(self, key, meta, busy=None):
+        self.keys.append(key)
+        return 7, False
+
+    def steps(self, run_id):
+        return {}
+
+    def link_fit(self, fingerprint):
+        return None
+
+
+def test_a_tune_of_other_layers_or_iterations_is_another_run():
+    """A tune that measures stacks of other depths or times other steps does not resume one that did not."""
+    store = RunStore()
+    for layers, iters in ((2, 2), (2, 2), (2, 3), (3, 2)):
+        r = _run({})
+        r.store, r.opts = store, SimpleNamespace(layers=layers, iters=iters, max_minutes=1, settings=None)
+        assert S.start(r) == (False, None) and r.run_id == 7
+    first, again, more_iters, more_layers = store.keys
+    assert first == again and len({first, more_iters, more_layers}) == 3
+
+
+def test_a_stored_link_fit_is_reused_without_measuring():
+    r = _run({})
+    assert S.links_step(r, {"classes": {"intra": 1}}) == {"classes": {"intra": 1}} and r.reused == ["links"]
+    r = _run({"links": ("ok", {"classes": {"inter": 2}})})
+    assert S.links_step(r, None) == {"classes": {"inter": 2}} and r.reused == ["links"]
