@@ -35,7 +35,6 @@ from .agree import MaskAgreement, check_mode, plain
 from .attention import check_inputs, checked_attention
 from .choice import BackendChoice
 from .placement import Placements, remember
-from .variants.ring import check_masks, check_share, member_pieces
 
 
 @dataclass
@@ -108,6 +107,8 @@ class Context:
 
     def _rows_back(self, x: torch.Tensor, dim: int, cu_seqlens) -> torch.Tensor:
         """A gathered row of a batch ``shard`` laid end to end (``_end_to_end``) as its B rows again."""
+        from .variants.ring import check_masks  # the registry imports no variant until one runs
+
         if cu_seqlens is None or dim != 1 or x.size(0) != 1:
             return x
         rows = self.__dict__.get("_rows", {}).get(check_masks(cu_seqlens, None, None)[0])
@@ -138,12 +139,16 @@ class Context:
     def _mask(self, seq_len: int | None, cu_seqlens, window, causal) -> tuple[tuple, bool, int | None]:
         """(cu_seqlens, causal, window) of a call, checked (against ``seq_len`` where given), the plan's where None,
         the window cut to the documents (``ring.check_masks``)."""
+        from .variants.ring import check_masks
+
         cu, w = check_masks(cu_seqlens, self.window(window), seq_len)
         return cu, self.causal(causal), w
 
     def _pieces(self, cu: tuple, causal: bool, window: int | None) -> dict:
         """Global tokens each rank of this rank's sequence group holds, with packed documents ``cu`` placed by the
         mask (causal, window) (``member_pieces``)."""
+        from .variants.ring import member_pieces
+
         pieces = member_pieces(self.plan.token_layout, self.plan.degrees["ulysses"], self.plan.degrees["ring"],
                                cu[-1], causal, cu, window)
         coords = {m: self.layout.coords(m) for m in self.ranks("sp")}
@@ -173,6 +178,8 @@ class Context:
     def _check_share(self, n_local: int, cu_seqlens) -> None:
         """This rank's ``n_local`` tokens against what the plan's layout gives a rank of ``cu_seqlens``'s sequence
         (``ring.check_share``), before any per-token array of it is built."""
+        from .variants.ring import check_masks, check_share
+
         cu, _ = check_masks(cu_seqlens, None, None)
         check_share(n_local, self.plan.token_layout, self.plan.degrees["ring"], self.plan.degrees["ulysses"], cu[-1])
 
@@ -249,6 +256,8 @@ class Context:
         self._agreement().check(device, q, k, v, causal=causal, window=window, scale=scale, kv_chunks=kv_chunks,
                                 cu_seqlens=cu_seqlens)
         causal, window, kv_chunks = checked_causal(causal), checked_window(window), checked_kv_chunks(kv_chunks)
+        from .variants.ring import check_masks
+
         check_inputs(q, k, v, scale)  # before the shards' lengths are read from them
         if cu_seqlens is not None:  # checked before its last entry keys the placements
             check_masks(cu_seqlens, None, None)
