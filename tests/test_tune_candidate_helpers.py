@@ -41,3 +41,21 @@ def test_an_out_of_memory_rank_names_the_candidates_failure_before_another_ranks
 def test_out_of_memory_is_told_by_its_type_or_its_message():
     assert classify(RuntimeError("CUDA error: out of memory")) == "oom"
     assert classify(torch.OutOfMemoryError("x")) == "oom" and classify(ValueError("shape")) == "error"
+
+
+def test_the_stage_boundary_message_timed_is_the_one_the_pipeline_is_priced_with():
+    from math import prod
+
+    from sp_plan.planner.candidate import Candidate
+    from sp_plan.planner.estimate import Estimator
+    from sp_plan.planner.schedules import pipeline_p2p
+    from sp_plan.profiles import load_cluster
+    from sp_plan.profiles.tune.candidate import stage_message
+
+    model, work = load_model("llama3-8b"), Workload(seq_len=16384, batch=8)
+    est = Estimator(load_cluster("dgx-h100", 2), model, work)
+    for degrees, mbs in (({"pp": 2, "tp": 2, "ring": 2}, 1), ({"pp": 4, "ulysses": 2}, 2), ({"pp": 2, "dp": 8}, 1)):
+        plan = Plan(algorithm="usp" if "ulysses" in degrees else "ring", degrees=degrees, order=[],
+                    micro_batch_size=mbs)
+        send = pipeline_p2p(est.shape(Candidate.from_plan(plan), mbs), True)[0].phases[0]
+        assert prod(stage_message(plan, model, work)) * model.dtype_bytes == send.nbytes, degrees

@@ -306,17 +306,23 @@ def attention_detail(per_rank: list[float | None]) -> dict | None:
             "imbalance": max(per_rank) / mean if mean > 0 else None}
 
 
+def stage_message(plan: Plan, model: ModelSpec, work: Workload) -> tuple[int, int, int]:
+    """The (micro-batch, tokens, hidden) tensor a stage sends the next each way in 1F1B: a sequence rank's tokens
+    over tp (schedules.pipeline_p2p prices its bytes)."""
+    d = plan.degrees
+    return plan.micro_batch_size, work.seq_len // (d["ulysses"] * d["ring"] * d["tp"]), model.hidden
+
+
 def stage_round_trip(plan: Plan, model: ModelSpec, work: Workload, *, device: torch.device,
                      dtype: torch.dtype) -> Callable[[], float]:
     """A callable timing (seconds, this rank) one micro-batch's stage-boundary traffic in 1F1B: its activations to
     the next stage and their gradients back (schedules.pipeline_p2p: b x N/(sp tp) x H elements each way, shifted
     over the pp group), every stage at once as in the pipeline's steady state."""
-    d, rank = plan.degrees, dist.get_rank()
+    rank = dist.get_rank()
     group = plan.layout().group_of(("pp",), rank)
     i, p = group.index(rank), len(group)
     nxt, prv = group[(i + 1) % p], group[(i - 1) % p]
-    n = work.seq_len // (d["ulysses"] * d["ring"] * d["tp"])
-    out = torch.randn(plan.micro_batch_size, n, model.hidden, dtype=dtype, device=device)
+    out = torch.randn(*stage_message(plan, model, work), dtype=dtype, device=device)
     into = torch.empty_like(out)
 
     def exchange(to: int, frm: int) -> None:
