@@ -59,3 +59,13 @@ def test_the_stage_boundary_message_timed_is_the_one_the_pipeline_is_priced_with
                     micro_batch_size=mbs)
         send = pipeline_p2p(est.shape(Candidate.from_plan(plan), mbs), True)[0].phases[0]
         assert prod(stage_message(plan, model, work)) * model.dtype_bytes == send.nbytes, degrees
+
+
+def test_a_step_waits_for_the_slowest_ranks_readings_and_sends():
+    from sp_plan.profiles.tune.candidate import QUANTITIES, slowest
+
+    def readings(base):
+        return {n: {q: base * n + i for i, q in enumerate(QUANTITIES)} for n in (1, 2)}
+
+    worst, sends = slowest([(readings(1.0), 0.3, None), (readings(2.0), 0.1, None)], [1, 2])
+    assert worst == readings(2.0) and sends == 0.3

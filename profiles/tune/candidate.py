@@ -372,6 +372,13 @@ def extrapolate(values: dict[int, float], target: int) -> tuple[float, float, fl
     return fixed + target * per, fixed, per, clamped
 
 
+def slowest(everyone: list[tuple], counts: list[int]) -> tuple[dict, float]:
+    """Every rank's (readings per block count, stage sends, attention) reduced to what a step waits for: per block
+    count and quantity the slowest rank's reading, and the slowest rank's sends (1F1B's stages move in lock-step)."""
+    worst = {n: {q: max(r[n][q] for r, _, _ in everyone) for q in QUANTITIES} for n in counts}
+    return worst, max(s for _, s, _ in everyone)
+
+
 def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, warmup: int = 1, iters: int = 3,
             device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, fault: str | None = None,
             agree_within: float | None = None, backends: dict | None = None) -> dict:
@@ -401,10 +408,8 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
     sends = stage_sends(plan, model, work, iters=iters, device=device, dtype=dtype) if d["pp"] > 1 else 0.0
     att = masked_attention(plan, model, work, ctx, iters=iters, device=device, dtype=dtype)
     everyone = gather_objects(({n: {q: per_rank[n][q] for q in QUANTITIES} for n in counts}, sends, att))
-    sends = max(s for _, s, _ in everyone)
     attention = attention_detail([a for _, _, a in everyone])
-    everyone = [r for r, _, _ in everyone]
-    worst = {n: {q: max(r[n][q] for r in everyone) for q in QUANTITIES} for n in counts}
+    worst, sends = slowest(everyone, counts)
     fit = {q: extrapolate({n: worst[n][q] for n in counts}, target) for q in QUANTITIES}
     fb, opt, peak, static = (fit[q][0] for q in QUANTITIES)
     m, p = per_rank[counts[0]]["micro_batches"], d["pp"]
