@@ -423,7 +423,7 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
         "steps_timed": {str(n): per_rank[n]["steps_timed"] for n in counts}, "agree_within": agree_within,
         "measured": {str(n): worst[n] for n in counts},
         "fit": {q: {"value": v, "fixed": f, "per_layer": s, "clamped": c} for q, (v, f, s, c) in fit.items()},
-        "per_rank_fwd_bwd_s": [r[counts[-1]]["fwd_bwd_s"] for r in everyone],
+        "per_rank_fwd_bwd_s": [r[counts[-1]]["fwd_bwd_s"] for r, _, _ in everyone],
         "memory_method": CUDA_METHOD if device.type == "cuda" else CPU_METHOD,
         "checkpointing": plan.checkpointing, **notes, "fallbacks": fallbacks,
         **({"attention": attention} if attention else {}),
