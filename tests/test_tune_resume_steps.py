@@ -115,3 +115,28 @@ def test_a_stored_link_fit_is_reused_without_measuring():
     assert S.links_step(r, {"classes": {"intra": 1}}) == {"classes": {"intra": 1}} and r.reused == ["links"]
     r = _run({"links": ("ok", {"classes": {"inter": 2}})})
     assert S.links_step(r, None) == {"classes": {"inter": 2}} and r.reused == ["links"]
+
+
+def test_a_candidate_is_stopped_at_the_end_of_max_minutes(monkeypatch):
+    """With 5 s of --max-minutes left, a candidate's timeout is 5 s, not --candidate-timeout's 600; one stopped
+    there says so, and its wall seconds and estimate are kept."""
+    from sp_plan.planner.profile import MeasuredCandidate
+    from sp_plan.profiles.tune import measure
+    from sp_plan.profiles.tune.run import TuneOptions
+
+    clock = SimpleNamespace(now=0.0)
+    seen = {}
+
+    def run_candidate(plan, model, work, cluster, opts, fault=None, beat=None, backends=None):
+        seen.update(timeout=opts.candidate_timeout, iters=opts.iters)
+        clock.now += 5.0
+        return MeasuredCandidate(summary=plan.summary(), plan={}, status="timeout", reason="timed out after 5 s")
+
+    monkeypatch.setattr(measure, "run_candidate", run_candidate)
+    r = _run({})
+    r.opts = TuneOptions(max_minutes=1.0, candidate_timeout=600.0, iters=3)
+    r.budget = Budget(60.0, clock=lambda: clock.now, start=-55.0)
+    mc = S.timed(r, PLAN, None, 30.0, lambda s: None, iters=2)
+    assert seen == {"timeout": 5.0, "iters": 2}
+    assert mc.reason.endswith("stopped at the end of --max-minutes 1")
+    assert (mc.detail["wall_s"], mc.detail["estimate_s"]) == (5.0, 30.0)
