@@ -140,3 +140,20 @@ def test_a_candidate_is_stopped_at_the_end_of_max_minutes(monkeypatch):
     assert seen == {"timeout": 5.0, "iters": 2}
     assert mc.reason.endswith("stopped at the end of --max-minutes 1")
     assert (mc.detail["wall_s"], mc.detail["estimate_s"]) == (5.0, 30.0)
+
+
+def test_the_choice_stops_at_the_budget_of_candidates_and_at_the_end_of_max_minutes():
+    from sp_plan.planner.params import Params
+    from sp_plan.planner.profile import MeasuredCandidate
+    from sp_plan.profiles.tune.run import TuneOptions
+
+    cal = S.Calibration(Params(), frozenset(), [], [PLAN], {PLAN.summary(): PLAN})
+    r = _run({})
+    r.opts = TuneOptions(budget=2, max_minutes=1.0)
+    r.measured = {n: MeasuredCandidate(summary=n, plan={}, measured_s=1.0) for n in ("a", "b")}
+    choice, _, _ = S.choose(r, cal)
+    assert choice.index is None and choice.why == "budget of 2 candidate(s) reached"
+    r.measured = {"a": r.measured["a"]}
+    r.budget = Budget(60.0, clock=lambda: 61.0, start=0.0)
+    choice, _, _ = S.choose(r, cal)
+    assert choice.index is None and choice.why == "--max-minutes 1 reached"
