@@ -63,7 +63,7 @@ class Bounds:
         sizes = (base.algorithm, base.ulysses, base.ring, base.team, base.placement, base.token_layout, base.tp,
                  base.kv_chunks)  # what a layer's compute reads: no dp, no pp
         floor = forward_floor and est.work.training
-        pp, v, per_dp = base.pp, base.virtual_stages, est.work.batch // base.dp
+        pp, v, sequences, dp = base.pp, base.virtual_stages, est.work.batch, base.dp
         at: dict = {}
         out = []
         floored = False
@@ -82,7 +82,7 @@ class Bounds:
                     stage = est.model.layers // pp * layer + head  # Shape.layers_per_stage
                 else:
                     stage = float(busiest_stage(stages, layer, head))
-                m = max(per_dp // mbs, 1)  # Shape.micro_batches
+                m = micro_batches(sequences, dp, mbs)
                 # a hair below: sums' rounding
                 t = at[ckpt, mbs] = pipeline_time(m, pp, v, stage) * (1 - 1e-9)
             out.append(t)

@@ -141,12 +141,12 @@ class Space:
         if d.pp == 1:
             return [1]
         return list(self._memo("virtual stages", (d.pp, d.dp), lambda: tuple(searched_virtual_stages(
-            d.pp, {self.work.batch // (d.dp * b) for b in self._mbs(d)}, self.model.layers, self.stage_layers(d.pp)))))
+            d.pp, {micro_batches(self.work.batch, d.dp, b) for b in self._mbs(d)}, self.model.layers, self.stage_layers(d.pp)))))
 
     def interleaved_mbs(self, d: Degrees, v: int) -> list[int]:
         """The micro-batch sizes under which ``v`` > 1 virtual stages run (micro-batches in groups of pp)."""
         return list(self._memo("interleaved", (d.pp, d.dp, v), lambda: tuple(
-            b for b in self._mbs(d) if v in virtual_stage_options(d.pp, self.work.batch // (d.dp * b),
+            b for b in self._mbs(d) if v in virtual_stage_options(d.pp, micro_batches(self.work.batch, d.dp, b),
                                                                  self.model.layers, self.stage_layers(d.pp)))))
 
     def _memo(self, kind: str, key: tuple, make: Callable[[], tuple]) -> tuple:
