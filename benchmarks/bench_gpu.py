@@ -188,7 +188,8 @@ def _print_world1(w1: list[dict]) -> None:
               f"{r['flash_run'] / r['sdpa_run']:5.2f}x | {ms['host_flash']:11.3f} {ms['host_sdpa']:5.3f}")
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
+    """The benchmark's options: sizes, head shape, dtype, and which backends to time."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seqs", default="1k,4k,16k,64k")
     p.add_argument("--heads", type=int, default=32)
@@ -204,7 +205,11 @@ def main(argv=None):
                    help="SDPA backends to take the fastest of (comma-separated: cudnn,flash,efficient,math; "
                         "default all)")
     p.add_argument("--world1-only", action="store_true", help="time only world-1 ctx.attention against SDPA")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     args.seqs = _sizes(args.seqs)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
@@ -213,17 +218,7 @@ def main(argv=None):
     names = [n for n in B.available(device.type, dtype, d) if not args.backends or n in args.backends.split(",")]
     print(f"# {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}, "
           f"{str(dtype).replace('torch.', '')}, batch 1, {args.heads} heads (GQA: {args.kv_heads} KV heads) of {d}")
-    for n in B.PRIORITY:
-        why = B.BACKENDS[n].unavailable(device.type, dtype, d)
-        if why is None and n not in names:
-            print(f"{n:10s} available, not timed (--backends)")
-        elif why is None:
-            bad = check_exact(n, device, dtype, d, args.heads, args.kv_heads, True)
-            print(f"{n:10s} available" + (f", but NOT EXACT: {bad}" if bad else ", exact against float64"))
-            if bad:
-                names.remove(n)
-        else:
-            print(f"{n:10s} unavailable: {why}")
+    names = exact_backends(args, names, device, dtype)
     print("\n## block TFLOP/s: forward | forward + backward (SDPA: its fastest backend); best / sdpa: the fastest "
           "backend's forward + backward against SDPA's (target >= 0.90 at S >= 4k)")
     print(f"{'S':>6s} {'mask':6s} {'heads':5s} " + " ".join(f"{n:>17s}" for n in names) + f" {'sdpa best':>26s}"
@@ -233,44 +228,10 @@ def main(argv=None):
     for n_tok in [] if args.world1_only else args.seqs:
         for causal in (False, True):
             for kv in sorted({args.heads, args.kv_heads}, reverse=True):
-                f_f = attention_flops(n_tok, args.heads, d, causal)
-                f_b = f_f * 3.5
-                cells, row = [], {"S": n_tok, "causal": causal, "kv_heads": kv, "heads": args.heads, "backends": {}}
-                for name in names:
-                    if name == "math" and n_tok > args.max_math_seq:
-                        cells.append("skipped")
-                        continue
-                    try:
-                        t_f, t_fb = block_times(name, n_tok, args.heads, kv, d, causal, device, dtype, args.repeats)
-                    except torch.OutOfMemoryError:
-                        cells.append("oom")
-                        torch.cuda.empty_cache()
-                        continue
-                    row["backends"][name] = [t_f, t_fb]
-                    cells.append(f"{f_f / t_f / 1e12:7.3g} | {f_b / t_fb / 1e12:7.3g}")
-                    if kv == args.kv_heads and causal:
-                        for kind, t, fl in (("attention_fwd", t_f, f_f), ("attention_bwd", t_fb - t_f, f_f * 2.5)):
-                            samples[name].append(KernelSample(kind=kind, size=n_tok, heads=args.heads, head_dim=d,
-                                                              causal=True, flops=fl, seconds=max(t, 1e-9),
-                                                              dtype=str(dtype).replace("torch.", ""), batch=1, backend=name))
-                sb = sdpa_best(n_tok, args.heads, kv, d, causal, device, dtype, args.repeats,
-                               math_ok=n_tok <= args.max_math_seq,
-                               only=args.sdpa_kinds.split(",") if args.sdpa_kinds else None)
-                sdpa = f"{sb[0]:>9s} {f_f / sb[1] / 1e12:7.3g} | {f_b / sb[2] / 1e12:7.3g}" if sb else "none"
-                ours = min((t[1] for t in row["backends"].values()), default=None)
-                ratio = f"{sb[2] / ours:11.2f}" if sb and ours else f"{'-':>11s}"
-                row.update(sdpa=list(sb) if sb else None, flops_fwd=f_f)
-                rows.append(row)
-                print(f"{n_tok:6d} {'causal' if causal else 'full':6s} {'gqa' if kv < args.heads else 'mha':5s} "
-                      + " ".join(f"{c:>17s}" for c in cells) + f" {sdpa:>26s}" + ratio, flush=True)
+                rows.append(block_row(args, names, samples, (n_tok, causal, kv), device, dtype))
     w1 = _world1(args, device, dtype)
     _print_world1(w1)
-    print(f"\n## kernel curves, causal GQA (efficiency = achieved / {peak / 1e12:g} TFLOP/s), profile params format")
-    for name, ss in ((n, ss) for n, ss in samples.items() if ss):
-        curves = kernel_curves(ss, peak)
-        for kind in ("attention_fwd", "attention_bwd"):
-            pts = ", ".join(f"[{int(x)}, {y:.3f}]" for x, y in curves[kind].points)
-            print(f"{name}: {kind}: {{points: [{pts}]}}")
+    print_curves(samples, peak)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
@@ -278,6 +239,70 @@ def main(argv=None):
                        "cudnn": torch.backends.cudnn.version(), "dtype": str(dtype).removeprefix("torch."),
                        "head_dim": d, "rows": rows,
                        "world1": w1}, f, indent=1)
+
+
+def exact_backends(args, names: list[str], device, dtype) -> list[str]:
+    """The backends to time: each available one checked against float64 first, and dropped if it is not exact."""
+    names = list(names)
+    for n in B.PRIORITY:
+        why = B.BACKENDS[n].unavailable(device.type, dtype, args.head_dim)
+        if why is None and n not in names:
+            print(f"{n:10s} available, not timed (--backends)")
+        elif why is None:
+            bad = check_exact(n, device, dtype, args.head_dim, args.heads, args.kv_heads, True)
+            print(f"{n:10s} available" + (f", but NOT EXACT: {bad}" if bad else ", exact against float64"))
+            if bad:
+                names.remove(n)
+        else:
+            print(f"{n:10s} unavailable: {why}")
+    return names
+
+
+def block_row(args, names: list[str], samples: dict, case: tuple, device, dtype) -> dict:
+    """One size, mask and KV head count: each backend's block TFLOP/s and SDPA's best, printed and returned (causal
+    GQA readings also added to ``samples`` for the kernel curves)."""
+    n_tok, causal, kv = case
+    d = args.head_dim
+    f_f = attention_flops(n_tok, args.heads, d, causal)
+    f_b = f_f * 3.5
+    cells, row = [], {"S": n_tok, "causal": causal, "kv_heads": kv, "heads": args.heads, "backends": {}}
+    for name in names:
+        if name == "math" and n_tok > args.max_math_seq:
+            cells.append("skipped")
+            continue
+        try:
+            t_f, t_fb = block_times(name, n_tok, args.heads, kv, d, causal, device, dtype, args.repeats)
+        except torch.OutOfMemoryError:
+            cells.append("oom")
+            torch.cuda.empty_cache()
+            continue
+        row["backends"][name] = [t_f, t_fb]
+        cells.append(f"{f_f / t_f / 1e12:7.3g} | {f_b / t_fb / 1e12:7.3g}")
+        if kv == args.kv_heads and causal:
+            for kind, t, fl in (("attention_fwd", t_f, f_f), ("attention_bwd", t_fb - t_f, f_f * 2.5)):
+                samples[name].append(KernelSample(kind=kind, size=n_tok, heads=args.heads, head_dim=d,
+                                                  causal=True, flops=fl, seconds=max(t, 1e-9),
+                                                  dtype=str(dtype).replace("torch.", ""), batch=1, backend=name))
+    sb = sdpa_best(n_tok, args.heads, kv, d, causal, device, dtype, args.repeats,
+                   math_ok=n_tok <= args.max_math_seq,
+                   only=args.sdpa_kinds.split(",") if args.sdpa_kinds else None)
+    sdpa = f"{sb[0]:>9s} {f_f / sb[1] / 1e12:7.3g} | {f_b / sb[2] / 1e12:7.3g}" if sb else "none"
+    ours = min((t[1] for t in row["backends"].values()), default=None)
+    ratio = f"{sb[2] / ours:11.2f}" if sb and ours else f"{'-':>11s}"
+    row.update(sdpa=list(sb) if sb else None, flops_fwd=f_f)
+    print(f"{n_tok:6d} {'causal' if causal else 'full':6s} {'gqa' if kv < args.heads else 'mha':5s} "
+          + " ".join(f"{c:>17s}" for c in cells) + f" {sdpa:>26s}" + ratio, flush=True)
+    return row
+
+
+def print_curves(samples: dict, peak: float) -> None:
+    """Each backend's causal GQA kernel curves, in the profile's params format."""
+    print(f"\n## kernel curves, causal GQA (efficiency = achieved / {peak / 1e12:g} TFLOP/s), profile params format")
+    for name, ss in ((n, ss) for n, ss in samples.items() if ss):
+        curves = kernel_curves(ss, peak)
+        for kind in ("attention_fwd", "attention_bwd"):
+            pts = ", ".join(f"[{int(x)}, {y:.3f}]" for x, y in curves[kind].points)
+            print(f"{name}: {kind}: {{points: [{pts}]}}")
 
 
 if __name__ == "__main__":

@@ -44,18 +44,7 @@ from sp_plan.profiles import load_cluster, load_model
 from sp_plan.profiles.kernels import default_params
 from sp_plan.service.collector import collector_paused
 from sp_plan.workers import auto_jobs, forked_grid_search, usable_cores
-
-
-def commit() -> str:
-    """The short commit this ran at, or "unknown" outside git."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=Path(__file__).parent,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return (out.stdout.strip() + ("+dirty" if dirty else "")) if out.returncode == 0 else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+from harness.stamp import commit
 
 
 def variant_name(c) -> str:
@@ -215,7 +204,8 @@ def masked_rows(args, masks: tuple[str, ...], gpus: list[int], plain: dict, base
     print(f"{' '.join(masks)}, wall / CPU seconds against the same plan without: " + ", ".join(ratios))
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The benchmark's options: which clusters, batches and models, and which of its parts to run."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", default="1024,16384,131072")
     ap.add_argument("--batches", default="1,16", help="global batches of 1M-token sequences")
@@ -240,7 +230,11 @@ def main() -> None:
     ap.add_argument("--where", default="", help="GPUSxBATCH[,...]: where the whole command's time goes in one process "
                     "(a sampling profile: each function's share), then exit")
     ap.add_argument("--where-top", type=int, default=40, help="functions listed by --where")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.where:
         compile_package()
         for case in args.where.split(","):
@@ -249,52 +243,67 @@ def main() -> None:
         return
     print(f"commit {commit()}, Python {sys.version.split()[0]}, grid_search in-process, dgx-h100, 1M tokens, training, "
           f"{args.params} params")
-    if not args.whole_only:
-        print(f"{'model':>11} {'GPUs':>7} {'batch':>5} {'wall s':>7} {'cpu s':>7} {'jobs s':>7} {'candidates':>11} "
-              f"{'priced':>8} "
-              f"{'schedules':>9} {'links':>6}  best layout")
     gpus = [int(x) for x in args.gpus.split(",")]
-    for name in [] if args.whole_only else args.models.split(","):
+    if not args.whole_only:
+        grid_rows(args, gpus)
+    if args.repeats:
+        whole_rows(args, gpus)
+    if args.seeds and not args.whole_only:
+        bayes_rows(args)
+
+
+def grid_rows(args, gpus: list[int]) -> None:
+    """The in-process grid search of each model, GPU count and batch: its time, candidates and best layout."""
+    print(f"{'model':>11} {'GPUs':>7} {'batch':>5} {'wall s':>7} {'cpu s':>7} {'jobs s':>7} {'candidates':>11} "
+          f"{'priced':>8} {'schedules':>9} {'links':>6}  best layout")
+    for name in args.models.split(","):
         for n in gpus:
             for b in (int(x) for x in args.batches.split(",")):
                 run_grid(name, n, b, each=(name == args.models.split(",")[0] and n == max(gpus)), which=args.params)
-    if args.repeats:
-        compile_package()
-        base = whole_process(["presets"], args.repeats)
-        print(f"\nwhole process: {' '.join(Path(x).name for x in sp_plan_command()[:1])} ... as a user runs it, "
-              f"fresh processes, median and least of {args.repeats} (load average {os.getloadavg()[0]:.2f} before); "
-              f"`sp-plan presets` {base['wall']:.2f} s wall (least {min(base['walls']):.2f}), {base['cpu']:.2f} s CPU, "
-              f"{base['rss']:.0f} MiB (" + " ".join(f"{x:.2f}" for x in base["walls"]) + ")")
-        print(f"usable cores {usable_cores()}: the default --jobs is {auto_jobs()}")
-        print(f"{'model':>11} {'GPUs':>7} {'batch':>5} {'jobs':>5} {'wall s':>7} {'least':>7} {'cpu s':>7} {'net cpu':>7} "
-              f"{'net s':>7} {'least':>7} {'RSS MiB':>7} {'file kB':>8}   walls (net: minus `sp-plan presets`)")
-        with tempfile.TemporaryDirectory() as d:
-            plain = {}
-            for n in gpus:
-                for b in (int(x) for x in args.batches.split(",")):
-                    for jobs in args.jobs.split(","):
-                        plain[n, b, jobs] = run_command(args.models.split(",")[0], n, b, base, args.repeats, Path(d),
-                                                        jobs=jobs)
-            docs = ("--documents", args.documents) if args.documents else ()
-            window = ("--window", args.window) if args.window else ()
-            for masks in {m: None for m in (docs, window, window + docs) if m}:
-                masked_rows(args, masks, gpus, plain, base, Path(d))
-        print(f"load average after: {os.getloadavg()[0]:.2f}")
-    if args.seeds and not args.whole_only:
-        model, work = load_model("llama3-70b"), Workload(seq_len="1m", batch=args.bayes_batch)
-        cluster = load_cluster("dgx-h100", args.bayes_gpus // 8)
-        params = params_for(cluster, args.params)
-        optimum = grid_search(cluster, model, work, params=params).ranked[0][0]
-        needed = []
-        for seed in range(args.seeds):
-            w0 = time.perf_counter()
-            res = bayes_search(cluster, model, work, trials=args.trials, seed=seed, params=params)
-            k = trials_to_reach(res, optimum)
-            needed.append(k if k is not None else float("inf"))
-            print(f"bayes seed {seed}: within 1 % of the grid optimum after {k} trials "
-                  f"(best {res.ranked[0][0]:.2f} s vs grid {optimum:.2f} s; {time.perf_counter() - w0:.1f} s)")
-        print(f"bayes at {args.bayes_gpus} GPUs (llama3-70b, batch {args.bayes_batch}): median trials to within 1 % = "
-              f"{statistics.median(needed)} (over {args.seeds} seeds)")
+
+
+def whole_rows(args, gpus: list[int]) -> None:
+    """The whole `sp-plan plan` command as a user runs it, fresh processes, with and without masks."""
+    compile_package()
+    base = whole_process(["presets"], args.repeats)
+    print(f"\nwhole process: {' '.join(Path(x).name for x in sp_plan_command()[:1])} ... as a user runs it, "
+          f"fresh processes, median and least of {args.repeats} (load average {os.getloadavg()[0]:.2f} before); "
+          f"`sp-plan presets` {base['wall']:.2f} s wall (least {min(base['walls']):.2f}), {base['cpu']:.2f} s CPU, "
+          f"{base['rss']:.0f} MiB (" + " ".join(f"{x:.2f}" for x in base["walls"]) + ")")
+    print(f"usable cores {usable_cores()}: the default --jobs is {auto_jobs()}")
+    print(f"{'model':>11} {'GPUs':>7} {'batch':>5} {'jobs':>5} {'wall s':>7} {'least':>7} {'cpu s':>7} {'net cpu':>7} "
+          f"{'net s':>7} {'least':>7} {'RSS MiB':>7} {'file kB':>8}   walls (net: minus `sp-plan presets`)")
+    with tempfile.TemporaryDirectory() as d:
+        plain = {}
+        for n in gpus:
+            for b in (int(x) for x in args.batches.split(",")):
+                for jobs in args.jobs.split(","):
+                    plain[n, b, jobs] = run_command(args.models.split(",")[0], n, b, base, args.repeats, Path(d),
+                                                    jobs=jobs)
+        docs = ("--documents", args.documents) if args.documents else ()
+        window = ("--window", args.window) if args.window else ()
+        for masks in {m: None for m in (docs, window, window + docs) if m}:
+            masked_rows(args, masks, gpus, plain, base, Path(d))
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+def bayes_rows(args) -> None:
+    """Trials the Bayesian search needs to come within 1 % of the grid's optimum, over seeds."""
+    model, work = load_model("llama3-70b"), Workload(seq_len="1m", batch=args.bayes_batch)
+    cluster = load_cluster("dgx-h100", args.bayes_gpus // 8)
+    params = params_for(cluster, args.params)
+    optimum = grid_search(cluster, model, work, params=params).ranked[0][0]
+    needed = []
+    for seed in range(args.seeds):
+        w0 = time.perf_counter()
+        res = bayes_search(cluster, model, work, trials=args.trials, seed=seed, params=params)
+        k = trials_to_reach(res, optimum)
+        needed.append(k if k is not None else float("inf"))
+        best = f"{res.ranked[0][0]:.2f} s" if res.ranked else "none that fits"
+        print(f"bayes seed {seed}: within 1 % of the grid optimum after {k} trials "
+              f"(best {best} vs grid {optimum:.2f} s; {time.perf_counter() - w0:.1f} s)")
+    print(f"bayes at {args.bayes_gpus} GPUs (llama3-70b, batch {args.bayes_batch}): median trials to within 1 % = "
+          f"{statistics.median(needed)} (over {args.seeds} seeds)")
 
 
 if __name__ == "__main__":

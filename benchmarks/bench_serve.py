@@ -39,7 +39,7 @@ import aiohttp
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_search import commit  # noqa: E402
+from harness.stamp import commit  # noqa: E402
 
 from sp_plan.cli.serve import server_parts  # noqa: E402
 from sp_plan.planner.profile import Profile  # noqa: E402
@@ -154,57 +154,77 @@ async def main() -> None:
             print(f"commit {commit()}, Python {platform.python_version()}, {os.cpu_count()} cores (load average "
                   f"{os.getloadavg()[0]:.1f}), server search processes {a.processes or os.cpu_count()} "
                   f"({server_parts()}), aiohttp {aiohttp.__version__} clients, loopback {url}")
-            # the single-request search time of an uncached 1,024-GPU plan, through the server, one at a time
-            single = []
-            for r in range(a.rounds):  # the plans the 8 clients ask for below (there with top 4: not cached)
-                lat, err = await drive(url, [("POST", "/v1/plan", body(128, 512 + 64 * r))], 1)
-                assert not err, "single request failed"
-                single += lat
-            t1 = statistics.median(single)
-            print(f"single uncached 1,024-GPU plan (median of {a.rounds}, one at a time): {t1 * 1e3:.1f} ms")
+            t1 = await single_uncached(url, a.rounds)
             print(f"{'workload':<28} {'clients':>7} {'requests':>8} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9} "
                   f"{'errors':>6}  goal")
-            await drive(url, [("POST", "/v1/plan", body(128, 1024))], 1)  # the cached plan
-            t0, bodies, connect = [], [], []
-            clock = lambda: [cpu_seconds(proc.pid), time.process_time(), time.perf_counter()]  # noqa: E731
-            lat, err = await drive(url, [("POST", "/v1/plan", body(128, 1024))] * a.cached, 32, warm=True,
-                                   bodies=bodies, started=lambda w: (connect.append(w), t0.extend(clock())))
-            cpu, mine, wall = (x - y for x, y in zip(clock(), t0))
-            answer = PlanResponse.model_validate_json(bodies[0])  # a sample answer, checked once, after the clock
-            # the winner is a plan file's mesh (no groups): every group derives from it
-            assert answer.winner.with_groups().groups and all(b == bodies[0] for b in bodies), "the cached answers differ"
-            print(row("cached 1,024-GPU plan", 32, lat, err, "p99 <= 50 ms"))
-            print(f"{'':<28} CPU per cached answer: server {cpu / len(lat) * 1e3:.2f} ms, this load generator "
-                  f"{mine / len(lat) * 1e3:.2f} ms; {len(lat) / wall:.0f} answers/s, "
-                  f"{len(bodies[0]) / 1e3:.0f} kB each; the untimed first round (32 connections opened at once) "
-                  f"took {connect[0] * 1e3:.0f} ms")
-            lat, err = [], 0
-            for r in range(a.rounds):  # 8 clients, one new plan per round
-                l, e = await drive(url, [("POST", "/v1/plan", {**body(128, 512 + 64 * r), "top": 4})] * 8, 8)
-                lat, err = lat + l, err + e
-            print(row("uncached, same plan x 8", 8, lat, err, f"p99 <= 1.5 x {t1 * 1e3:.0f} ms = {1.5 * t1 * 1e3:.0f} ms"))
-            lat, err = [], 0
-            for r in range(a.rounds):  # 8 clients, 8 different new plans per round
-                l, e = await drive(url, [("POST", "/v1/plan", body(128, 512 + 64 * (a.rounds + 8 * r + i)))
-                                         for i in range(8)], 8)
-                lat, err = lat + l, err + e
-            print(row("uncached, 8 different plans", 8, lat, err, "(no goal: 8 searches on the pool's processes)"))
-            prof = Profile.load(FIXTURE).model_dump(mode="json")
-            jobs = []
-            for i in range(a.mix):
-                k = i % 10
-                if k < 7:
-                    jobs.append(("POST", "/v1/plan", body(128, 1024)))
-                elif k < 9:
-                    jobs.append(("POST", "/v1/plan", body(2, 32 + 2 * i, "llama3-8b")))
-                else:
-                    jobs.append(("POST", "/v1/profiles", {**prof, "fitted": [f"bench upload {i}"]}))
-            lat, err = await drive(url, jobs, 16)
-            print(row("mix: 70% cached, 20% new,", 16, lat, err, "zero errors"))
-            print(f"{'  10% uploads':<28}")
+            await cached_row(url, proc, a.cached)
+            await uncached_rows(url, a.rounds, t1)
+            await mix_row(url, a.mix)
         finally:
             proc.terminate()
             proc.wait(30)
+
+
+async def single_uncached(url: str, rounds: int) -> float:
+    """The median single-request search time of an uncached 1,024-GPU plan, through the server, one at a time."""
+    single = []
+    for r in range(rounds):  # the plans the 8 clients ask for below (there with top 4: not cached)
+        lat, err = await drive(url, [("POST", "/v1/plan", body(128, 512 + 64 * r))], 1)
+        assert not err, "single request failed"
+        single += lat
+    t1 = statistics.median(single)
+    print(f"single uncached 1,024-GPU plan (median of {rounds}, one at a time): {t1 * 1e3:.1f} ms")
+    return t1
+
+
+async def cached_row(url: str, proc, requests: int) -> None:
+    """32 clients asking for one cached plan: latency, and CPU per answer on each side."""
+    await drive(url, [("POST", "/v1/plan", body(128, 1024))], 1)  # the cached plan
+    t0, bodies, connect = [], [], []
+    clock = lambda: [cpu_seconds(proc.pid), time.process_time(), time.perf_counter()]  # noqa: E731
+    lat, err = await drive(url, [("POST", "/v1/plan", body(128, 1024))] * requests, 32, warm=True,
+                           bodies=bodies, started=lambda w: (connect.append(w), t0.extend(clock())))
+    cpu, mine, wall = (x - y for x, y in zip(clock(), t0))
+    answer = PlanResponse.model_validate_json(bodies[0])  # a sample answer, checked once, after the clock
+    # the winner is a plan file's mesh (no groups): every group derives from it
+    assert answer.winner.with_groups().groups and all(b == bodies[0] for b in bodies), "the cached answers differ"
+    print(row("cached 1,024-GPU plan", 32, lat, err, "p99 <= 50 ms"))
+    print(f"{'':<28} CPU per cached answer: server {cpu / len(lat) * 1e3:.2f} ms, this load generator "
+          f"{mine / len(lat) * 1e3:.2f} ms; {len(lat) / wall:.0f} answers/s, "
+          f"{len(bodies[0]) / 1e3:.0f} kB each; the untimed first round (32 connections opened at once) "
+          f"took {connect[0] * 1e3:.0f} ms")
+
+
+async def uncached_rows(url: str, rounds: int, t1: float) -> None:
+    """8 clients asking for one new plan a round, then for 8 different new plans a round."""
+    lat, err = [], 0
+    for r in range(rounds):
+        l, e = await drive(url, [("POST", "/v1/plan", {**body(128, 512 + 64 * r), "top": 4})] * 8, 8)
+        lat, err = lat + l, err + e
+    print(row("uncached, same plan x 8", 8, lat, err, f"p99 <= 1.5 x {t1 * 1e3:.0f} ms = {1.5 * t1 * 1e3:.0f} ms"))
+    lat, err = [], 0
+    for r in range(rounds):
+        l, e = await drive(url, [("POST", "/v1/plan", body(128, 512 + 64 * (rounds + 8 * r + i)))
+                                 for i in range(8)], 8)
+        lat, err = lat + l, err + e
+    print(row("uncached, 8 different plans", 8, lat, err, "(no goal: 8 searches on the pool's processes)"))
+
+
+async def mix_row(url: str, requests: int) -> None:
+    """16 clients: 70 % the cached plan, 20 % new small plans, 10 % profile uploads."""
+    prof = Profile.load(FIXTURE).model_dump(mode="json")
+    jobs = []
+    for i in range(requests):
+        k = i % 10
+        if k < 7:
+            jobs.append(("POST", "/v1/plan", body(128, 1024)))
+        elif k < 9:
+            jobs.append(("POST", "/v1/plan", body(2, 32 + 2 * i, "llama3-8b")))
+        else:
+            jobs.append(("POST", "/v1/profiles", {**prof, "fitted": [f"bench upload {i}"]}))
+    lat, err = await drive(url, jobs, 16)
+    print(row("mix: 70% cached, 20% new,", 16, lat, err, "zero errors"))
+    print(f"{'  10% uploads':<28}")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness.stamp import commit
+
 WORKLOADS = {"A": ("tiny-llama", "1k"), "B": ("tiny-gpt", "512")}
 WORLDS = {"local4": (4, 4, None), "local8": (8, 8, None), "netns2x2": (4, 2, 800)}
 HERE = Path(__file__).resolve()
@@ -761,20 +763,28 @@ def budget_check(args) -> list[dict]:
     results = []
     with tempfile.TemporaryDirectory(prefix="sp_plan_bench_budget_") as d:
         tmp = Path(args.keep or d)
-        for name in args.worlds.split(","):
-            if WORLDS[name][2]:
-                from harness import netns
-
-                why = netns.unavailable()
-                if why:
-                    print(f"{name}: skipped ({why})")
-                    continue
+        for name in runnable_worlds(args.worlds):
             results.append(budget_check_world(name, tmp))
             report_budget_check(results[-1])
     return results
 
 
-def main() -> None:
+def runnable_worlds(worlds: str):
+    """The names in ``worlds`` (comma-separated) this machine can start; a namespace world is skipped, with why,
+    where namespaces are unavailable."""
+    for name in worlds.split(","):
+        if WORLDS[name][2]:
+            from harness import netns
+
+            why = netns.unavailable()
+            if why:
+                print(f"{name}: skipped ({why})")
+                continue
+        yield name
+
+
+def parser() -> argparse.ArgumentParser:
+    """The benchmark's options: a measured run by default, or one of the modes that read a kept folder."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", default="local4,local8,netns2x2")
     ap.add_argument("--budget", type=int, default=5)
@@ -819,27 +829,18 @@ def main() -> None:
     ap.add_argument("--model")
     ap.add_argument("--seq-len")
     ap.add_argument("--out")
+    return ap
+
+
+def main() -> None:
+    ap = parser()
     args = ap.parse_args()
-    if args.worker == "truth":
-        return worker_truth(args)
-    if args.worker == "head-to-head":
-        return worker_head_to_head(args)
+    if args.worker:
+        return {"truth": worker_truth, "head-to-head": worker_head_to_head}[args.worker](args)
     if args.pack:
-        if not Path(args.pack).is_dir() or not any(p.name in WORLDS for p in Path(args.pack).iterdir()):
-            ap.error(f"--pack: {args.pack} holds no world's folder ({', '.join(WORLDS)}); name a --keep folder")
-        for f in pack(Path(args.pack)):
-            print(f"wrote {f}")
-        return None
+        return pack_run(ap, args)
     if args.budget_check:
-        if args.worlds == ap.get_default("worlds"):
-            args.worlds = "local4,netns2x2"
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=HERE.parent).stdout.strip() or "unknown"
-        print(f"bench_tune --budget-check at commit {commit}, {os.cpu_count()} CPU cores, {os.uname().nodename}")
-        results = budget_check(args)
-        if args.json:
-            Path(args.json).write_text(json.dumps(results, indent=1))
-        return None
+        return budget_check_run(ap, args)
     if args.rescore:
         print(f"bench_tune --rescore {args.rescore}: the kept truth and tune judged by this code")
         return report(rescore(Path(args.rescore), args.truth_estimator))
@@ -849,33 +850,52 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="sp_plan_bench_recheck_") as d:
             return recheck(args, Path(d))
     if args.reread or args.head_to_head:
-        flag = "--head-to-head K" if args.head_to_head else "--reread N"
-        if not (args.truth and args.keep):
-            ap.error(f"{flag} needs --truth DIR (a --keep folder with a tune) and --keep NEW")
-        for name in args.worlds.split(","):
-            kept, new = Path(args.truth) / name, Path(args.keep) / name
-            if not ((kept / "cluster.yaml").exists() and has_json(kept, "truth-A.json") and has_tune(kept)):
-                ap.error(f"--truth: {kept} holds no kept truth and tune (cluster.yaml, truth-A.json, store.db or "
-                         f"{PROFILE}); name a --keep folder of an earlier run and its world with --worlds")
-            if new.exists():
-                ap.error(f"--keep: {new} exists; name a new folder")
+        check_kept(ap, args)
         return report(head_to_head_run(args) if args.head_to_head else reread(args))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=HERE.parent).stdout.strip() or "unknown"
-    print(f"bench_tune at commit {commit}, {os.cpu_count()} CPU cores, tune --kernel-timing {args.kernel_timing}")
+    return measured_run(args)
+
+
+def pack_run(ap: argparse.ArgumentParser, args) -> None:
+    """--pack: a --keep folder in the form benchmarks/truths keeps."""
+    if not Path(args.pack).is_dir() or not any(p.name in WORLDS for p in Path(args.pack).iterdir()):
+        ap.error(f"--pack: {args.pack} holds no world's folder ({', '.join(WORLDS)}); name a --keep folder")
+    for f in pack(Path(args.pack)):
+        print(f"wrote {f}")
+
+
+def budget_check_run(ap: argparse.ArgumentParser, args) -> None:
+    """--budget-check: tune run as a user runs it on each world, judged against its --max-minutes."""
+    if args.worlds == ap.get_default("worlds"):
+        args.worlds = "local4,netns2x2"
+    print(f"bench_tune --budget-check at commit {commit()}, {os.cpu_count()} CPU cores, {os.uname().nodename}")
+    results = budget_check(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+def check_kept(ap: argparse.ArgumentParser, args) -> None:
+    """--reread and --head-to-head read a kept truth and tune (--truth) and write a new folder (--keep)."""
+    flag = "--head-to-head K" if args.head_to_head else "--reread N"
+    if not (args.truth and args.keep):
+        ap.error(f"{flag} needs --truth DIR (a --keep folder with a tune) and --keep NEW")
+    for name in args.worlds.split(","):
+        kept, new = Path(args.truth) / name, Path(args.keep) / name
+        if not ((kept / "cluster.yaml").exists() and has_json(kept, "truth-A.json") and has_tune(kept)):
+            ap.error(f"--truth: {kept} holds no kept truth and tune (cluster.yaml, truth-A.json, store.db or "
+                     f"{PROFILE}); name a --keep folder of an earlier run and its world with --worlds")
+        if new.exists():
+            ap.error(f"--keep: {new} exists; name a new folder")
+
+
+def measured_run(args) -> None:
+    """The default: each world's truth measured, tune run, and tune's pick judged against the truth."""
+    print(f"bench_tune at commit {commit()}, {os.cpu_count()} CPU cores, tune --kernel-timing {args.kernel_timing}")
     results = []
     with tempfile.TemporaryDirectory(prefix="sp_plan_bench_tune_") as d:
         if args.keep:
             d = args.keep
             Path(d).mkdir(parents=True, exist_ok=True)
-        for name in args.worlds.split(","):
-            if WORLDS[name][2]:
-                from harness import netns
-
-                why = netns.unavailable()
-                if why:
-                    print(f"{name}: skipped ({why})")
-                    continue
+        for name in runnable_worlds(args.worlds):
             results.append(bench_world(name, args, Path(d)))
             report(results[-1:])
     if args.json:
