@@ -1,12 +1,16 @@
 """tune's round probe (profiles/tune/rounds.py): the fixed cost of a ring round measured, and read back through the
 model."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from sp_plan.planner import Estimator, ModelSpec, Workload
 from sp_plan.planner.params import Params
 from sp_plan.profiles import load_cluster
+from sp_plan.profiles.tune import rounds
 from sp_plan.profiles.tune.rounds import LAYERS, TOKENS_PER_RANK, probe_plan, round_overhead, time_rounds
+from sp_plan.runtime.variants import ring
 from harness.worlds import run_world
 
 MODEL = ModelSpec(name="tiny", layers=4, hidden=64, heads=4, kv_heads=2, vocab=128, dtype="fp32")
@@ -68,3 +72,37 @@ def _timed(rank, world):
 def test_time_rounds_agrees_on_the_slowest_rank():
     a, b = run_world(_timed, 2, timeout=120)
     assert a == b > 0  # every rank returns the slowest rank's median
+
+
+@pytest.mark.parametrize("overhead_s", [2.0, 9.5])
+def test_a_probe_of_seconds_a_call_still_reads_back_its_overhead(overhead_s):
+    """A probe slowed to seconds a round (a stalled host) reads back its overhead, up to the most a profile holds."""
+    cl = load_cluster("cpu-local")
+    got = round_overhead(cl, MODEL, Params(), _probe_seconds(cl, Params(round_overhead_s=overhead_s)))
+    assert got == pytest.approx(overhead_s)
+
+
+def test_a_probe_slower_than_a_profile_can_hold_gives_no_reading():
+    cl = load_cluster("cpu-local")
+    slow = 2 * _probe_seconds(cl, Params(round_overhead_s=10.0))
+    assert round_overhead(cl, MODEL, Params(), slow) is None
+
+
+def _clock(durations):
+    """perf_counter for runs of these durations: each run reads it once at its start and once at its end."""
+    ticks, now = [], 0.0
+    for d in durations:
+        ticks += [now, now + d]
+        now += d + 1.0
+    return iter(ticks).__next__
+
+
+def test_time_rounds_is_the_median_of_the_timed_runs_after_warmup(monkeypatch):
+    """Two slow warm-up runs (100 s: first calls) then runs of 1, 1, 1, 2, 2 s: the reading is 1 s. No world: the
+    collectives are a world of one rank's, the Ring attention and the clock scripted."""
+    one_rank = SimpleNamespace(get_rank=lambda: 0, barrier=lambda: None, all_reduce=lambda t, op=None: None,
+                               ReduceOp=SimpleNamespace(MAX="max"))
+    monkeypatch.setattr(rounds, "dist", one_rank)
+    monkeypatch.setattr(rounds, "time", SimpleNamespace(perf_counter=_clock([100, 100, 1, 1, 1, 2, 2])))
+    monkeypatch.setattr(ring, "ring_attention", lambda q, k, v, **kw: q * 1.0)
+    assert time_rounds(MODEL, torch.device("cpu"), torch.float32, iters=5, warmup=2) == 1.0

@@ -22,7 +22,7 @@ from sp_plan.planner.engine import LinkEngine
 from sp_plan.planner.errors import PlanError
 from sp_plan.planner.estimate import Estimator
 from sp_plan.planner.model import ModelSpec, Workload
-from sp_plan.planner.params import Params
+from sp_plan.planner.params import MAX_OVERHEAD_S, Params
 from sp_plan.planner.plan import Plan
 
 #: tokens a rank holds in the probe (zigzag: two chunks of half as many)
@@ -84,9 +84,9 @@ def round_overhead(cluster: Cluster, model: ModelSpec, base: Params, seconds: fl
             return 0.0
         lo, hi = 0.0, 1e-3
         while price(hi) < target:
-            lo, hi = hi, hi * 2
-            if hi > 10.0:  # ten seconds a call: not a round's fixed cost
+            if hi >= MAX_OVERHEAD_S:  # more than a profile may hold (ten seconds a call): not a round's fixed cost
                 return None
+            lo, hi = hi, min(hi * 2, MAX_OVERHEAD_S)
     except PlanError:
         return None
     for _ in range(60):
