@@ -73,8 +73,8 @@ def test_a_pipeline_is_composed_from_one_stage_round_by_round():
     pipe = [a for a in parts if a[1] == 2]
     flat = [a for a in parts if a[1] == 1]
     assert len(pipe) == len(flat) == 2  # one composed step of each plan a round
-    assert all(m >= 1 and sends > 0 for m, _, _, sends, _ in pipe)  # the stage-boundary round trip is timed
-    assert all(sends == 0.0 for *_, sends, _ in flat)
+    assert all(m >= 1 and sends > 0 and sync_s >= 0 for m, _, _, sends, _, sync_s in pipe)  # sends timed
+    assert all(sends == 0.0 and sync_s == 0.0 for *_, sends, _, sync_s in flat)  # the sync inside the steps
 
 
 def test_composed_step_is_1f1b():
@@ -82,6 +82,8 @@ def test_composed_step_is_1f1b():
 
     assert composed_step(4, 1, 0.5, 9.0, 0.1) == pytest.approx(4 * 0.5 + 0.1)  # no pipeline: no sends
     assert composed_step(4, 2, 0.5, 0.2, 0.1) == pytest.approx((4 + 2 - 1) * (0.5 + 0.2) + 0.1)
+    # the gradients' sync once a step, not once a micro-batch
+    assert composed_step(4, 2, 0.5, 0.2, 0.1, 0.3) == pytest.approx((4 + 2 - 1) * (0.5 + 0.2) + 0.3 + 0.1)
 
 
 # ---------------------------------------------------------------- bench_tune's judgement

@@ -26,9 +26,9 @@ def test_readings_agree_within_a_share_of_the_faster():
 
 def test_a_pipeline_keeps_the_activations_of_the_micro_batches_1f1b_holds_in_flight():
     """Peak 8 of which static 6: activations 2 a micro-batch; p stages, m micro-batches: min(p, m) - 1 more."""
-    assert _pipeline_memory({}, 2, 4, 4, 1.0, 0.1, 0.2, 8.0, 6.0) == 8.0 + 1 * 2.0
-    assert _pipeline_memory({}, 8, 4, 4, 1.0, 0.1, 0.2, 8.0, 6.0) == 8.0 + 3 * 2.0
-    assert _pipeline_memory({}, 8, 1, 4, 1.0, 0.1, 0.2, 8.0, 6.0) == 8.0
+    assert _pipeline_memory({}, 2, 4, 4, (1.0, 0.1, 0.0, 0.2), 8.0, 6.0) == 8.0 + 1 * 2.0
+    assert _pipeline_memory({}, 8, 4, 4, (1.0, 0.1, 0.0, 0.2), 8.0, 6.0) == 8.0 + 3 * 2.0
+    assert _pipeline_memory({}, 8, 1, 4, (1.0, 0.1, 0.0, 0.2), 8.0, 6.0) == 8.0
 
 
 def test_an_out_of_memory_rank_names_the_candidates_failure_before_another_ranks_error():

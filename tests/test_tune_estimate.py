@@ -45,13 +45,14 @@ def test_a_stack_of_one_block_carries_the_whole_fixed_part_of_a_step(bert_pool):
         SETTINGS.candidate_overhead_s + first * one + later * two)
 
 
-def test_a_pipeline_runs_one_micro_batch_of_one_stage(bert_pool):
+def test_a_pipeline_runs_one_micro_batch_of_one_stage_twice(bert_pool):
+    """A pipeline stage's timed step runs its micro-batch twice: before the last of a step's, then as the last."""
     cluster, pool = bert_pool
     plan = next(p for p in pool if p.degrees["pp"] > 1)
     m = max(plan.workload.batch // (plan.degrees["dp"] * plan.micro_batch_size), 1)
     short = plan.model_copy(update={"model": plan.model.model_copy(update={"layers": plan.degrees["pp"]})})
     assert stack_run(cluster, plan, Params(), 1) == pytest.approx(
-        predict(cluster, short, Params())[0] / (m + plan.degrees["pp"] - 1))
+        2 * predict(cluster, short, Params())[0] / (m + plan.degrees["pp"] - 1))
 
 
 def test_candidate_seconds_are_the_runs_of_each_stack_and_a_start():

@@ -2,13 +2,14 @@
 
 Few layers, the rest scaled. The stack is built with L1 = 1 and L2 = min(max(layers, 2), L)
 blocks, L = model.layers / pp (one pipeline stage). Each measured quantity q (forward+backward
-seconds, optimizer seconds, peak bytes, bytes live before the step) is linear in the number of
+seconds, gradient sync seconds, optimizer seconds, peak bytes, bytes live before the step) is linear in the number of
 blocks: q(l) = fixed + l * per_layer, with per_layer = (q(L2) - q(L1)) / (L2 - L1) (clamped at 0
 against noise) and fixed = q(L1) - L1 * per_layer (embedding, head, loss, their optimizer state).
 The result is q(L). fwd_bwd is per micro-batch (m = batch / (dp x micro_batch_size) of them per
 step). Step time: pp = 1: m x fwd_bwd(L) + optimizer(L) (all m micro-batches run, gradients
-accumulated); pp > 1 (1F1B composed from one stage's micro-batch, the stage-boundary sends
-measured beside it, ``stage_sends``): (m + p - 1) x (fwd_bwd(L) + sends) + optimizer(L). Peak memory: peak(L),
+accumulated and synchronized in the last); pp > 1 (1F1B composed from one stage's micro-batch, run twice to read
+the gradients' sync apart, ``bench_step``, the stage-boundary sends measured beside it, ``stage_sends``):
+(m + p - 1) x (fwd_bwd(L) + sends) + sync(L) + optimizer(L). Peak memory: peak(L),
 plus (min(p, m) - 1) x activations(L) for pp > 1 (1F1B keeps up to p micro-batches in flight on
 stage 0), activations = peak - live before the step. Every value is the max over ranks. A tune times up to
 ``iters`` steps at each block count, fewer where the last two readings agree on every rank (``_measure_stack``).
@@ -41,7 +42,7 @@ FAULTS = ("raise", "oom", "hang", "stall", "slow")
 ALL_RANKS = -2
 #: seconds the "slow" fault adds to every step it is injected in (a slow spell of the host, as a test sees it)
 SLOW_S = 1.0
-QUANTITIES = ("fwd_bwd_s", "optimizer_s", "peak_bytes", "static_bytes")
+QUANTITIES = ("fwd_bwd_s", "sync_s", "optimizer_s", "peak_bytes", "static_bytes")
 
 
 def parse_fault(fault: str | None) -> tuple[str | None, int]:
@@ -113,6 +114,7 @@ class Bench:
     micro_batches_run: int  # m, or 1 for pp > 1 (one stage's micro-batch; the step is composed)
     notes: dict
     attends: list = field(default_factory=list)  # each micro-batch's attention (its mask), else ``attend``
+    staged: bool = False  # one pipeline stage's (pp > 1): ``bench_step`` reads its gradients' sync apart
 
 
 def packed_masks(work: Workload, sequences: int) -> list[tuple[tuple[int, ...] | None, int | None]]:
@@ -155,7 +157,7 @@ def build_bench(plan: Plan, model: ModelSpec, work: Workload, ctx, mesh, n_layer
         xs, ys = local(x, cu, win), local(y, cu, win)
         data.append((tp_shard(xs), tp_shard(ys, fill=IGNORE)))
         attends.append(trim(functools.partial(_attend, ctx, work.causal, cu, win), xs.shape[1]))
-    return Bench(par, data, attends[0], m, m_run, dict(par.notes), attends)
+    return Bench(par, data, attends[0], m, m_run, dict(par.notes), attends, staged=d["pp"] > 1)
 
 
 def _attend(ctx, causal: bool, cu_seqlens, window, q, k, v):
@@ -183,6 +185,28 @@ def train_step(bench: Bench, model: ModelSpec, device: torch.device, fault: str 
     par.optimizer.zero_grad(set_to_none=True)
     sync(device)
     return t1 - t0, time.perf_counter() - t1
+
+
+def bench_step(bench: Bench, model: ModelSpec, device: torch.device, fault: str | None = None
+               ) -> tuple[float, float, float]:
+    """One step of ``bench``: (forward + backward of one micro-batch, the gradients' synchronization a step adds
+    once, optimizer) seconds. Without a pipeline the step runs its m micro-batches, the last synchronizing (inside
+    its backward, or after it): its forward + backward is the step's over m, the synchronization in it. A pipeline
+    stage's step (``Bench.staged``) synchronizes once after its m micro-batches, so its one micro-batch runs twice:
+    first as a micro-batch before the last (nothing synchronized), then as the last; what the second takes over the
+    first is the synchronization, which 1F1B's composed step counts once (``composed_step``)."""
+    if not bench.staged:
+        fb, opt = train_step(bench, model, device, fault)
+        return fb / bench.micro_batches_run, 0.0, opt
+    par, (x, y) = bench.par, bench.data[0]
+    t0 = time.perf_counter()
+    inject(fault, dist.get_rank())
+    with accumulate(par.module, False):
+        token_loss(par.module(x, bench.attends[0] if bench.attends else bench.attend), y, model).backward()
+    sync(device)
+    first = time.perf_counter() - t0
+    last, opt = train_step(bench, model, device)
+    return first, max(last - first, 0.0), opt
 
 
 def steady(readings: list[float], within: float | None) -> bool:
@@ -242,7 +266,10 @@ def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, dev
     notes.update(bench.notes)
     m, m_run = bench.micro_batches, bench.micro_batches_run
 
-    def step():  # a fault is injected in every step: "slow" slows each, the others end the first
+    def step():  # the timed step; a fault is injected in every step: "slow" slows each, the others end the first
+        return bench_step(bench, model, device, fault)
+
+    def one():  # the step whose memory is read: a pipeline stage's micro-batch once (``_pipeline_memory``)
         return train_step(bench, model, device, fault)
 
     cuda = device.type == "cuda"
@@ -254,22 +281,32 @@ def _measure_stack(plan, model, work, ctx, mesh, n_layers, *, warmup, iters, dev
     elif tracked_warm:
         if warmup <= 1:
             with_optimizer_state(bench.par)
-        static, peak = tracked_step(bench, step)
-    fb, opt = [], []
+        static, peak = tracked_step(bench, one)
+    fb, sy, opt = [], [], []
     for i in range(iters):
         dist.barrier()
-        a, b = step()
+        a, c, b = step()
         fb.append(a)
+        sy.append(c)
         opt.append(b)
         if agree_within is not None and i + 1 < iters and all_agree(steady(warm + fb, agree_within)):
             break
     if cuda:
-        peak = torch.cuda.max_memory_allocated(device)
+        peak = _cuda_peak(bench, one, device)
     elif not tracked_warm:
-        static, peak = tracked_step(bench, step)
-    return {"fwd_bwd_s": statistics.median(fb) / m_run, "optimizer_s": statistics.median(opt),
+        static, peak = tracked_step(bench, one)
+    return {"fwd_bwd_s": statistics.median(fb), "sync_s": statistics.median(sy), "optimizer_s": statistics.median(opt),
             "peak_bytes": float(peak), "static_bytes": float(static), "micro_batches_run": m_run, "micro_batches": m,
             "steps_timed": len(fb)}
+
+
+def _cuda_peak(bench: Bench, one: Callable[[], tuple[float, float]], device: torch.device) -> int:
+    """The CUDA allocator's peak since the timed steps began; a pipeline stage's (whose timed steps run its
+    micro-batch twice) read over one more step that runs it once."""
+    if bench.staged:
+        torch.cuda.reset_peak_memory_stats(device)
+        one()
+    return torch.cuda.max_memory_allocated(device)
 
 
 def masked_attention(plan: Plan, model: ModelSpec, work: Workload, ctx, *, iters: int, device: torch.device,
@@ -353,10 +390,12 @@ def stage_sends(plan: Plan, model: ModelSpec, work: Workload, *, iters: int, dev
     return statistics.median(times)
 
 
-def composed_step(m: int, p: int, fwd_bwd: float, sends: float, optimizer: float) -> float:
-    """Step seconds: pp = 1, m x fwd_bwd + optimizer (m micro-batches run); pp > 1, 1F1B composed from one stage's
-    micro-batch (Narayanan et al. 2021): (m + p - 1) x (fwd_bwd + sends) + optimizer."""
-    return m * fwd_bwd + optimizer if p == 1 else (m + p - 1) * (fwd_bwd + sends) + optimizer
+def composed_step(m: int, p: int, fwd_bwd: float, sends: float, optimizer: float, sync_s: float = 0.0) -> float:
+    """Step seconds: pp = 1, m x fwd_bwd + sync + optimizer (m micro-batches run); pp > 1, 1F1B composed from one
+    stage's micro-batch (Narayanan et al. 2021): (m + p - 1) x (fwd_bwd + sends) + sync + optimizer, the gradients'
+    synchronization once a step (``bench_step``)."""
+    rounds = m if p == 1 else m + p - 1
+    return rounds * (fwd_bwd + (sends if p > 1 else 0.0)) + sync_s + optimizer
 
 
 def extrapolate(values: dict[int, float], target: int) -> tuple[float, float, float, bool]:
@@ -411,7 +450,7 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
     attention = attention_detail([a for _, _, a in everyone])
     worst, sends = slowest(everyone, counts)
     fit = {q: extrapolate({n: worst[n][q] for n in counts}, target) for q in QUANTITIES}
-    fb, opt, peak, static = (fit[q][0] for q in QUANTITIES)
+    fb, sync_s, opt, peak, static = (fit[q][0] for q in QUANTITIES)
     m, p = per_rank[counts[0]]["micro_batches"], d["pp"]
     fallbacks = [v for v in notes.values() if "FALLBACK" in v]
     if p > 1:
@@ -428,21 +467,24 @@ def measure(plan: Plan, model: ModelSpec, work: Workload, *, layers: int = 2, wa
         "checkpointing": plan.checkpointing, **notes, "fallbacks": fallbacks,
         **({"attention": attention} if attention else {}),
     }
-    memory = _pipeline_memory(detail, m, p, target, fb, sends, opt, peak, static)
-    return {"measured_s": composed_step(m, p, fb, sends, opt), "measured_memory": memory, "detail": detail}
+    memory = _pipeline_memory(detail, m, p, target, (fb, sends, sync_s, opt), peak, static)
+    return {"measured_s": composed_step(m, p, fb, sends, opt, sync_s), "measured_memory": memory, "detail": detail}
 
 
-def _pipeline_memory(detail: dict, m: int, p: int, target: int, fb: float, sends: float, opt: float, peak: float,
-                     static: float) -> float:
+def _pipeline_memory(detail: dict, m: int, p: int, target: int, times: tuple[float, float, float, float],
+                     peak: float, static: float) -> float:
     """A candidate's peak memory: one stage's, plus under a pipeline (p > 1) the activations of the min(p, m) - 1
-    micro-batches 1F1B keeps in flight; says how the pipeline's step was composed in ``detail``."""
+    micro-batches 1F1B keeps in flight; says how the pipeline's step was composed (``times``: forward + backward,
+    sends, sync, optimizer) in ``detail``."""
     if p == 1:
         return peak
+    fb, sends, sync_s, opt = times
     detail["stage_sends_s"] = sends
     detail["pipeline"] = (f"COMPOSED 1F1B: every rank ran one stage of {target} layers on one micro-batch and "
                           f"timed its stage-boundary sends (activations forward, gradients back, all stages at "
-                          f"once); step = (m + p - 1) x (fwd_bwd + sends) + optimizer = ({m} + {p} - 1) x "
-                          f"({fb:.4g} + {sends:.4g}) + {opt:.4g} s; memory = peak + (min(p, m) - 1) x activations")
+                          f"once) and its gradients' sync; step = (m + p - 1) x (fwd_bwd + sends) + sync + optimizer "
+                          f"= ({m} + {p} - 1) x ({fb:.4g} + {sends:.4g}) + {sync_s:.4g} + {opt:.4g} s; memory = peak + "
+                          f"(min(p, m) - 1) x activations")
     return peak + (min(p, m) - 1) * max(peak - static, 0.0)
 
 

@@ -7,8 +7,9 @@ alternate, one of each plan a round (the order reversed every other round), so t
 lands on a round, not on one plan. A round's steps divided by the round's median step are the plans' paired
 readings; a plan's head-to-head time is the median of them (``relative``), the round's speed cancelled.
 A pipeline (pp > 1) is composed from one stage as candidate.py composes it, round by round: its stage (model
-layers / pp blocks) steps on one micro-batch, one stage-boundary round trip is timed beside it, and the step is
-(m + p - 1) x (forward + backward + sends) + optimizer (``candidate.composed_step``).
+layers / pp blocks) steps on one micro-batch (``candidate.bench_step``: its gradients' sync read apart), one
+stage-boundary round trip is timed beside it, and the step is (m + p - 1) x (forward + backward + sends) + sync +
+optimizer (``candidate.composed_step``).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from sp_plan.planner.plan import Plan
 from sp_plan.runtime import init
 from sp_plan.profiles.discover.probe import gather_objects
 
-from .candidate import _device, build_bench, composed_step, stage_depth, stage_round_trip, train_step
+from .candidate import _device, bench_step, build_bench, composed_step, stage_depth, stage_round_trip
 from .parallel import replica_mesh
 
 
@@ -47,8 +48,8 @@ def head_to_head(plans: list[Plan], model: ModelSpec, work: Workload, *, rounds:
 
     def step(i: int) -> float:
         b, p = benches[i], plans[i].degrees["pp"]
-        fb, opt = train_step(b, model, device)
-        return composed_step(b.micro_batches, p, fb / b.micro_batches_run, sends[i]() if sends[i] else 0.0, opt)
+        fb, sync_s, opt = bench_step(b, model, device)
+        return composed_step(b.micro_batches, p, fb, sends[i]() if sends[i] else 0.0, opt, sync_s)
 
     for i in range(len(plans)):
         for _ in range(warmup):

@@ -70,10 +70,11 @@ def predict(cluster: Cluster, plan: Plan, params: Params) -> tuple[float, float]
 def stack_run(cluster: Cluster, plan: Plan, params: Params, blocks: int) -> float:
     """Seconds the model prices one step of the stack a measurement builds: ``blocks`` blocks a stage with the
     embedding, head, loss and optimizer step a stage of any depth runs; a pipeline's one micro-batch of one stage
-    (of the m + p - 1 its step composes). Where the planner refuses that depth, the full step's share of it."""
+    (of the m + p - 1 its step composes), twice (``candidate.bench_step``: the second reads the gradients' sync).
+    Where the planner refuses that depth, the full step's share of it."""
     d = plan.degrees
     m = micro_batches(plan.workload.batch, d["dp"], plan.micro_batch_size)
-    composed = m + d["pp"] - 1 if d["pp"] > 1 else 1
+    composed = (m + d["pp"] - 1) / 2 if d["pp"] > 1 else 1
     short = plan.model.model_copy(update={"layers": blocks * d["pp"]})
     try:
         step = predict(cluster, plan.model_copy(update={"model": short, "stage_layers": None,
