@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 def surprises(result: FitResult | None, measured: list[MeasuredCandidate], most: int,
               settings: TuneSettings = SETTINGS) -> list[str]:
-    """The candidates read once whose step reads slower than the fit without them predicts by more than
+    """Of ``measured``, the candidates ``result`` was fitted to, in its order (``result.loo_times`` line up with
+    them), those read once whose step reads slower than the fit without them predicts by more than
     max(surprise_floor, surprise_spread x the median leave-one-out error), the largest excess first, ``most`` at most.
     Whatever else runs on the hosts only adds time, so a reading far above what the other candidates predict is the
     likeliest to hold a slow spell, and being one of a few it moves the whole fit: on two hosts of 2 CPU ranks a

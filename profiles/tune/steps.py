@@ -94,9 +94,14 @@ class TuneRun:
             self.skipped.append(why)
         self.record(f"skip:{key}", "skipped", {"what": what, "estimate_s": need, "left_s": self.budget.left()})
 
+    def timed(self) -> list[MeasuredCandidate]:
+        """The candidates measured to the end, in the order measured: what the fit is given, and what its
+        per-candidate results (``FitResult.loo_times``) line up with."""
+        return [m for m in self.measured.values() if m.status == "ok"]
+
     def refit(self, base: Params, hold) -> FitResult | None:
         """Rank 0: the model fitted to every timed candidate (None before any)."""
-        ok = [m for m in self.measured.values() if m.status == "ok"]
+        ok = self.timed()
         return fit(self.cluster, base, ok, hold) if ok else None
 
 
@@ -306,7 +311,7 @@ def choose(r: TuneRun, cal: Calibration) -> tuple[Choice, float, int]:
     timed steps it runs (``fit_iters``)."""
     opts, measured, pool = r.opts, r.measured, cal.pool
     params = cal.result.params if cal.result else cal.base
-    ok = [m for m in measured.values() if m.status == "ok"]
+    ok = r.timed()
     full = estimates(r.cluster, pool, params, opts, measured)
     preds = [predict(r.cluster, p, params)[0] for p in pool]
     left_out = {w.split(" skipped")[0] for w in r.skipped}
@@ -434,7 +439,7 @@ def rereads(r: TuneRun, cal: Calibration) -> list[str]:
     """The candidates to read again, ``opts.reread`` at most: those read once whose reading makes no step
     (``readings.impossible``), then the surprises (``readings.surprises``)."""
     first = readings.impossible(list(r.measured.values()), r.opts.reread)
-    later = readings.surprises(cal.result, list(r.measured.values()), r.opts.reread, r.opts.settings)
+    later = readings.surprises(cal.result, r.timed(), r.opts.reread, r.opts.settings)
     return (first + [n for n in later if n not in first])[:r.opts.reread]
 
 
