@@ -21,7 +21,8 @@ from sp_plan.service.answers import Answers
 from sp_plan.service.app import app_from_env, create_app
 from sp_plan.service.auth import Forbidden, Unauthorized
 from sp_plan.service.errors import status_of
-from sp_plan.service.limits import TooLarge
+from sp_plan.service.errors import error_response
+from sp_plan.service.limits import BodyLimit, TooLarge
 from sp_plan.service.pool import rebuilt
 from sp_plan.service.routers import ROUTERS
 from sp_plan.service.settings import SETTINGS_ENV, Settings, settings_env
@@ -108,6 +109,69 @@ def test_answers_are_computed_once_stored_and_read_again(tmp_path):
     with pytest.raises(NotFound):
         fresh.document("nope")
     store.close()
+
+
+def test_an_answer_stored_again_under_its_id_replaces_the_first(tmp_path):
+    """Two service workers over one table may compute one new request at once: the second to finish replaces the
+    first's row rather than failing on its id."""
+    store = Store(f"sqlite:///{tmp_path}/s.db")
+    answers = Answers(store)
+    answers.save("k", {"response": {"step": 1}}, "p1")
+    answers.save("k", {"response": {"step": 2}}, "p1")
+    assert answers.document("k") == {"response": {"step": 2}}
+    store.close()
+
+
+def test_a_remembered_body_is_found_only_under_the_profile_stamp_it_was_priced_with(tmp_path):
+    """A raw request answered before is answered again from memory while its profile is unchanged; after the
+    profile is replaced (a new stamp) it is priced again."""
+    store = Store(f"sqlite:///{tmp_path}/s.db")
+    answers = Answers(store)
+    answers.remember("raw", "topology", "p1@t1", b"priced with p1 at t1")
+    assert answers.remembered("raw", "p1@t1") == b"priced with p1 at t1" and answers.fingerprint("raw") == "topology"
+    assert answers.remembered("raw", "p1@t2") is None and answers.remembered("raw", None) is None
+    store.close()
+
+
+async def _echo(scope, receive, send):
+    """An app that reads the whole body and says how many bytes it got."""
+    body = b""
+    while True:
+        m = await receive()
+        body += m.get("body", b"")
+        if not m.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"got %d bytes" % len(body)})
+
+
+def _sent(chunks: list[bytes], length: bytes | None = None, limit: int = 10) -> tuple[int, bytes]:
+    """(status, body) of a POST whose body comes in ``chunks`` through ``BodyLimit`` over ``_echo``."""
+    msgs = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+    sent = []
+
+    async def receive():
+        return msgs.pop(0)
+
+    async def send(m):
+        sent.append(m)
+
+    headers = [] if length is None else [(b"content-length", length)]
+    asyncio.run(BodyLimit(_echo, limit, error_response)({"type": "http", "headers": headers, "method": "POST",
+                                                         "path": "/"}, receive, send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+def test_the_body_limit_counts_a_streamed_body_and_reads_every_chunk():
+    """--max-body holds for a body sent in chunks (no Content-Length) as for a declared one, at exactly the limit
+    too; a lone surrogate in a later chunk is refused as in the first."""
+    assert _sent([b"x" * 10], b"10") == (200, b"got 10 bytes") and _sent([b"x" * 11], b"11")[0] == 413
+    assert _sent([b"x" * 5, b"x" * 5]) == (200, b"got 10 bytes")
+    status, body = _sent([b"x" * 5, b"x" * 8])
+    assert status == 413 and json.loads(body)["error"]["field"] == "body"
+    status, body = _sent([b'{"model":', b' "\\ud800"}'], limit=100)
+    assert status == 422 and json.loads(body)["error"]["field"] == "model"
 
 
 @pytest.mark.multiprocess  # the app's search pool
