@@ -538,7 +538,8 @@ def run_estimate(req: EstimateRequest, store=None, max_world: int | None = None,
     m = inputs.model or p.model
     if m is None:
         raise PlanError("model", "the plan names no model", "pass a model (preset name or inline)")
-    w = check_mask_sizes(inputs.workload or p.workload)
+    # as the Python API and the CLI: the plan's documents, window and seed stay where the workload given sets none
+    w = check_mask_sizes(plan_masks(inputs.workload, p.workload) if inputs.workload else p.workload)
     if w is None:
         raise PlanError("workload", "the plan names no workload", "pass a workload (seq_len, batch, ...)")
     pred = Estimator(inputs.cluster, m, w, params=inputs.params)(p)
