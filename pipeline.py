@@ -224,8 +224,9 @@ class EstimateRequest(BaseModel):
     cluster: str | Cluster
     nodes: int | None = Field(default=None, description="node count for a preset (default 1)")
     model: str | ModelSpec | None = Field(default=None, description="default: the plan's")
-    workload: Annotated[Workload, AsRequested] | None = Field(default=None, description="default: the plan's (the same "
-                                                                                 "forms as a plan request's)")
+    workload: Annotated[Workload, AsRequested] | None = Field(default=None, description=(
+        "default: the plan's (the same forms as a plan request's); the plan's documents, window and seed stay where "
+        "this sets none of them"))
     use_profile: bool = True
     profile: str | None = None
 
