@@ -91,7 +91,7 @@ class Client:
     # ---- profiles
     def profiles(self, fingerprint: str | None = None) -> list[Profile]:
         """GET /v1/profiles: the stored profiles, newest first."""
-        params = {"fingerprint": fingerprint} if fingerprint else None
+        params = {"fingerprint": fingerprint} if fingerprint is not None else None
         return [Profile.model_validate(p) for p in self._call("GET", "/v1/profiles", params=params).json()]
 
     def profile(self, id: str) -> Profile:

@@ -504,8 +504,10 @@ class Store(Database):
         if conn.execute(sa.select(profiles_t.c.id).where(profiles_t.c.id == id)).first():
             return id
         if len(id) >= 4:  # a unique prefix, like git
+            # LIKE finds the candidates by the id's index; SQLite's LIKE ignores ASCII case, so the prefix is also
+            # compared exactly: an id matches by its characters on every backend
             ids = conn.execute(sa.select(profiles_t.c.id).where(profiles_t.c.id.startswith(id, autoescape=True))
-                               .limit(4)).scalars().all()
+                               .where(sa.func.substr(profiles_t.c.id, 1, len(id)) == id).limit(4)).scalars().all()
             if len(ids) == 1:
                 return ids[0]
             if ids:
