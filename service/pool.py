@@ -92,11 +92,12 @@ class SearchPool:
 
     async def run(self, what: str, fix: str, fn: Callable[..., Any], *args) -> Any:
         """``fn(*args)`` in a pool process; Unavailable(``what``) if that process died (killed, out of memory)."""
-        loop = asyncio.get_running_loop()
+        loop, executor = asyncio.get_running_loop(), self.executor
         try:
-            return await loop.run_in_executor(self.executor, fn, *args)
+            return await loop.run_in_executor(executor, fn, *args)
         except BrokenProcessPool:
-            self.executor = self._start()
+            if self.executor is executor:  # every job of the broken pool lands here: the first replaces it, once
+                self.executor = self._start()
             raise Unavailable(what, f"the {what} process died", fix) from None
 
     async def warm(self) -> None:

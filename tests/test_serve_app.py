@@ -63,6 +63,16 @@ def test_settings_read_the_variables_serve_always_read_and_no_others(monkeypatch
     assert "a-token" not in repr(s) and "a-token" not in settings_env(s)  # tokens never travel to the workers
 
 
+def test_empty_store_and_tokens_variables_count_as_unset(monkeypatch):
+    """With SP_PLAN_STORE and SP_PLAN_TOKENS set but empty, serve has no store URL and no tokens from them, as the
+    store and the token check treat them (the server starts on its default store, with no listed tokens)."""
+    monkeypatch.delenv(SETTINGS_ENV, raising=False)
+    monkeypatch.setenv("SP_PLAN_STORE", "")
+    monkeypatch.setenv("SP_PLAN_TOKENS", "")
+    s = Settings()
+    assert s.store is None and s.listed_tokens() is None
+
+
 def test_workers_take_the_settings_the_server_hands_them(monkeypatch, tmp_path):
     given = Settings(store=f"sqlite:///{tmp_path}/s.db", private=True, max_world=64, processes=2, freeze_gc=True)
     monkeypatch.setenv(SETTINGS_ENV, settings_env(given))
