@@ -20,6 +20,7 @@ from sp_plan.profiles.tune import measure
 from sp_plan.profiles.tune import steps as S
 from sp_plan.profiles.tune.budget import Budget
 from sp_plan.profiles.tune.run import TuneOptions
+from test_tune_resume_steps import OneRank, Store as CheckpointStore
 
 CLUSTER, MODEL, WORK = load_cluster("cpu-local", 1), load_model("tiny-llama"), Workload(seq_len=256, batch=1)
 #: the layouts a scripted tune draws from, by short name: two all-to-all layouts, a ring one, a data-parallel one
@@ -31,24 +32,15 @@ NAME = {p.summary(): short for short, p in LAYOUTS.items()}
 WALL_S = 1.0  # seconds each scripted measurement takes on the tune's clock
 
 
-class Store:
+class Store(CheckpointStore):
     """The store's checkpoint writes and saved link fits, kept in order."""
 
     def __init__(self):
-        self.writes, self.link_fits = [], []
-
-    def record_step(self, run_id, key, status, payload):
-        self.writes.append((key, status))
+        super().__init__()
+        self.link_fits = []
 
     def save_link_fit(self, fingerprint, links):
         self.link_fits.append((fingerprint, links))
-
-
-class OneRank(S.TuneRun):
-    """A tune run on rank 0 of a world of one: its decisions need no broadcast."""
-
-    def decide(self, choose):
-        return choose()
 
 
 class Script:

@@ -74,14 +74,14 @@ def stack_run(cluster: Cluster, plan: Plan, params: Params, blocks: int) -> floa
     Where the planner refuses that depth, the full step's share of it."""
     d = plan.degrees
     m = micro_batches(plan.workload.batch, d["dp"], plan.micro_batch_size)
-    composed = (m + d["pp"] - 1) / 2 if d["pp"] > 1 else 1
+    share = 2 / (m + d["pp"] - 1) if d["pp"] > 1 else 1  # a stage's micro-batch run twice, of the m + p - 1
     short = plan.model.model_copy(update={"layers": blocks * d["pp"]})
     try:
         step = predict(cluster, plan.model_copy(update={"model": short, "stage_layers": None,
                                                          "virtual_stages": None}), params)[0]
     except (PlanError, ValueError):  # a depth the layout's stages or the model's layer pattern refuse
         step = predict(cluster, plan, params)[0] * blocks / stage_depth(plan.model, plan)
-    return step / composed
+    return step * share
 
 
 def first_estimate(cluster: Cluster, plan: Plan, params: Params, opts: TuneOptions) -> float:
