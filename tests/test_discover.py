@@ -517,3 +517,36 @@ def test_nvlink_cells_do_not_put_each_gpu_on_a_socket_of_its_own():
     home = {l.src: l.dst for l in links(nt, "pcie") if l.src.startswith("gpu")}
     assert home == {f"gpu{i}": f"cpu{i // 4}" for i in range(8)}
     assert len(links(nt, "smp")) == 1
+
+
+@pytest.mark.parametrize("name, model, bf16", [
+    ("NVIDIA A100-SXM4-80GB", "A100-SXM4", 312e12),
+    ("NVIDIA A100 80GB PCIe", "A100-PCIe", 312e12),
+    ("NVIDIA H200", "H200-SXM-141GB", 989e12),
+    ("NVIDIA H200 NVL", "H200-NVL-141GB", 835e12),   # 1,671 TFLOP/s BF16 with sparsity
+    ("NVIDIA GH200 480GB", "GH200", 989e12),
+    ("NVIDIA H800 PCIe", "H800-PCIe-80GB", 756e12),  # 1,513 TFLOP/s BF16 with sparsity
+    ("NVIDIA H800", "H800-SXM5-80GB", 989e12),
+])
+def test_a_gpu_names_its_own_row_of_the_spec_table(name, model, bf16):
+    """A name falls in the row of its own form factor (PCIe and NVL cards are slower than SXM), dense peaks."""
+    from sp_plan.profiles.discover.specs import gpu_spec
+
+    spec = gpu_spec(name)
+    assert (spec.model, spec.bf16) == (model, bf16)
+
+
+def test_a_name_that_only_contains_a_known_model_is_unknown():
+    """An RTX A1000 is not an A100: an unknown GPU gets the placeholder peak and its own name, not a datasheet row."""
+    from sp_plan.profiles.discover.specs import gpu_spec, model_name
+
+    assert gpu_spec("NVIDIA RTX A1000") is None and gpu_spec("NVIDIA RTX A8000") is None
+    assert model_name("NVIDIA RTX A1000", 8 * 2**30) == "RTX-A1000-8GB"
+
+
+def test_pcie_capacity_doubles_each_generation_from_gen1():
+    """x16 per direction: Gen1 4 GB/s, Gen2 8, Gen3 16 (15.75 rounded), ... Gen7 256; by lanes; Gen4 x16 unknown."""
+    from sp_plan.profiles.discover.specs import pcie_capacity
+
+    assert [pcie_capacity(g, 16) for g in range(1, 8)] == [4e9, 8e9, 16e9, 32e9, 64e9, 128e9, 256e9]
+    assert pcie_capacity(2, 8) == 4e9 and pcie_capacity(None, None) == 32e9 and pcie_capacity(5, None) == 64e9

@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass
 
 NVLINK_LINK_BYTES = 25e9  # bytes/s per NVLink and direction, NVLink 2-4 (V100, A100, H100); used without NVML
-PCIE_X16 = {3: 16e9, 4: 32e9, 5: 64e9, 6: 128e9}  # bytes/s per direction of an x16 link, rounded like the presets
+PCIE_GEN1_X16 = 4e9  # bytes/s per direction of a Gen1 x16 link; each generation doubles it (Gen3 rounded)
 
 
 @dataclass(frozen=True)
@@ -25,12 +25,15 @@ _SPECS: list[tuple[str, GpuSpec]] = [
     (r"H100.*(PCIe|PCIE)", GpuSpec("H100-PCIe-80GB", 756e12, 51e12, 5)),
     (r"H100 NVL", GpuSpec("H100-NVL-94GB", 835e12, 60e12, 5)),
     (r"H100", GpuSpec("H100-SXM5-80GB", 989e12, 67e12, 5)),
+    (r"GH200", GpuSpec("GH200", 989e12, 67e12, 5)),  # the superchip's Hopper GPU: 96 or 144 GB
+    (r"H200 NVL", GpuSpec("H200-NVL-141GB", 835e12, 60e12, 5)),
     (r"H200", GpuSpec("H200-SXM-141GB", 989e12, 67e12, 5)),
+    (r"H800.*(PCIe|PCIE)", GpuSpec("H800-PCIe-80GB", 756e12, 51e12, 5)),
     (r"H800", GpuSpec("H800-SXM5-80GB", 989e12, 67e12, 5)),
     (r"H20\b", GpuSpec("H20-96GB", 148e12, 44e12, 5)),
     (r"A100.*(PCIe|PCIE)", GpuSpec("A100-PCIe", 312e12, 19.5e12, 4)),
-    (r"A100", GpuSpec("A100-SXM4", 312e12, 19.5e12, 4)),
-    (r"A800", GpuSpec("A800-SXM4-80GB", 312e12, 19.5e12, 4)),
+    (r"A100\b", GpuSpec("A100-SXM4", 312e12, 19.5e12, 4)),  # not the RTX A1000
+    (r"A800\b", GpuSpec("A800-SXM4-80GB", 312e12, 19.5e12, 4)),
     (r"L40S", GpuSpec("L40S-48GB", 362e12, 91.6e12, 4)),
     (r"L40\b", GpuSpec("L40-48GB", 181e12, 90.5e12, 4)),
     (r"L20\b", GpuSpec("L20-48GB", 119.5e12, 59.8e12, 4)),
@@ -75,6 +78,6 @@ def peak_flops(spec: GpuSpec | None) -> dict[str, float]:
 
 
 def pcie_capacity(gen: int | None, width: int | None) -> float:
-    """Bytes/s per direction of a PCIe link (gen 4 x16 when unknown)."""
-    per16 = PCIE_X16.get(gen or 4, 32e9 if (gen or 4) < 6 else 128e9)
+    """Bytes/s per direction of a PCIe link (gen 4 x16 when unknown): 4 GB/s x 2^(gen - 1) per 16 lanes."""
+    per16 = PCIE_GEN1_X16 * 2 ** ((gen or 4) - 1)
     return per16 * (width or 16) / 16
