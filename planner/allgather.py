@@ -6,8 +6,8 @@ any token layout, to the K, V their documents and window let them see, in one ca
 (a plan field) the KV heads go in n chunks, each chunk's gather beside the previous chunk's attention
 (``chunked_gather``); ``best_kv_chunks`` picks the n that prices least. Backward, as
 TransformerEngine's AttnFuncWithCPAndKVAllGather: K and V are gathered again (only the local shards are kept for
-the backward), the rank computes dQ and a full-length dK, dV in the model's dtype, and a reduce-scatter returns
-each rank its shard. With Ulysses inside (ulysses U > 1), its all-to-alls wrap the whole (USP Sec. 3) and the
+the backward), the rank computes dQ and a full-length dK, dV (in the runtime's accumulators, ``Shape.acc``: fp32
+where TransformerEngine keeps the model's dtype), and a reduce-scatter returns each rank its shard. With Ulysses inside (ulysses U > 1), its all-to-alls wrap the whole (USP Sec. 3) and the
 gather moves the head-sharded K, V. GQA's K, V are gathered unrepeated, so the volume is the sequence's K, V
 bytes for the KV heads alone: (P - 1)/P of 2 B S kv d e reaches each rank.
 
@@ -30,17 +30,23 @@ CONTEXT = ("ring",)
 
 
 def gathered_kv_bytes(c: Shape) -> float:
-    """K and V of the whole sequence for this rank's KV heads, b sequences: 2 b S kv_local d e (the gather's output,
-    and in backward the full-length dK, dV before their reduce-scatter)."""
+    """K and V of the whole sequence for this rank's KV heads, b sequences: 2 b S kv_local d e (the gather's
+    output)."""
     return 2.0 * c.b * c.work.seq_len * c.kv_local * c.model.head_dim * c.e
 
 
+def full_grad_bytes(c: Shape) -> float:
+    """The full-length dK, dV before their reduce-scatter: ``gathered_kv_bytes`` in the accumulators' dtype."""
+    return gathered_kv_bytes(c) * c.acc / c.e
+
+
 def received_bytes(c: Shape, backward: bool = False) -> float:
-    """Bytes each rank receives: the gather's (P - 1)/P of ``gathered_kv_bytes``, and in backward that again for
-    the reduce-scatter of dK, dV (a ring collective's n - 1 steps of 1/n, planner/engine.py)."""
-    P = c.ring
-    share = (P - 1) / P * gathered_kv_bytes(c)
-    return 2 * share if backward else share
+    """Bytes each rank receives: the gather's (P - 1)/P of ``gathered_kv_bytes``, and in backward (P - 1)/P of
+    ``full_grad_bytes`` for the reduce-scatter of dK, dV (a ring collective's n - 1 steps of 1/n,
+    planner/engine.py)."""
+    share = (c.ring - 1) / c.ring
+    gather = share * gathered_kv_bytes(c)
+    return gather + share * full_grad_bytes(c) if backward else gather
 
 
 def rank_pairs(c: Shape) -> tuple[float, float]:
@@ -90,7 +96,7 @@ def allgather_steps(c: Shape, backward: bool, chunks: int = 1) -> list[Step]:
             steps.append(Step((Comm(f"allgather k,v {tag}", "all_gather", CONTEXT, kv),)))
         steps.append(Step((attend,)))
     if backward and c.ring > 1:
-        steps.append(Step((Comm("allgather reduce-scatter dk,dv", "reduce_scatter", CONTEXT, kv),)))
+        steps.append(Step((Comm("allgather reduce-scatter dk,dv", "reduce_scatter", CONTEXT, full_grad_bytes(c)),)))
     return steps + [Step((a2a_packing(p), p)) for p in post]
 
 
@@ -138,7 +144,8 @@ def buffer_parts(c: Shape, training: bool, chunks: int = 1) -> dict[str, dict[st
         ulysses = (2 * c.b * c.n_ring * c.heads_local * d + 2 * c.b * c.n_ring * c.kv_local * d) * c.e
     out = {"forward": {"gathered k,v": held, "ulysses copies": ulysses}}
     if training:
-        out["backward"] = {"gathered k,v": held, "full-length dk,dv": kv, "ulysses copies": ulysses}
+        grads = full_grad_bytes(c) if c.ring > 1 else 0.0
+        out["backward"] = {"gathered k,v": held, "full-length dk,dv": grads, "ulysses copies": ulysses}
     return out
 
 

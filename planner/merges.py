@@ -21,6 +21,11 @@ class MergeBytes(NamedTuple):
     lse: float
     grad_e: float
     grad: float
+    carried: float = 4.0  # bytes per element of the gradient accumulators a round sends on (fp32); 0: the input's
+
+    def carried_bytes(self, e: float) -> float:
+        """Bytes per element of a dQ, dK or dV accumulator that travels between ranks, for inputs of e bytes."""
+        return max(e, self.carried)
 
     def forward(self, e: float) -> float:
         """Bytes per local out element of one forward merge, for elements of e bytes."""
@@ -36,13 +41,15 @@ class MergeBytes(NamedTuple):
 MERGES: dict[str, MergeBytes] = {
     # runtime/kernels.merge, eager: the block's out read (e), out.mul_(w_old) 8, block_out x w_new 4, out.add_ 12;
     # LSE: logaddexp, the finite reference, two subtractions, two exps, the copy back (86). Backward: dQ, dK, dV
-    # each added into an fp32 accumulator (read e + 4, write 4). Counted: tests/test_fidelity_terms.py
+    # each added into an fp32 accumulator (read e + 4, write 4), which the rounds send on as it is. Counted:
+    # tests/test_fidelity_terms.py
     "sp-plan": MergeBytes(1, 24, 86, 1, 8),
     # feifeibear/long-context-attention (yunchang) as of May 2024 (USP's Tables 3-4, its yunchang/ring/utils.py):
     # ring-flash-attention's log-form update under torch.jit.script, run op by op (zhuzilin/ring-flash-attention#87,
     # vllm-project/vllm-omni#5187): block_out to fp32 (e + 4), exp(lse - new) x out 8, exp(blse - new) x block 8,
     # their sum 12; LSE: log(1 + exp(blse - lse)) and the two weights' subtractions and exps, broadcast reads (96).
-    # Backward: dq += block_dq into fp32 (read e + 4, write 4), dK and dV alike. Counted: tests/test_fidelity_terms.py
+    # Backward: dq += block_dq into fp32 (read e + 4, write 4), dK and dV alike, sent on in fp32. Counted:
+    # tests/test_fidelity_terms.py
     "yunchang": MergeBytes(1, 32, 96, 1, 8),
     # NVIDIA TransformerEngine v1.4 (March 2024; NeMo 24.03, the USP paper's Megatron-LM runs, Tables 5-7; v1.2-v1.5
     # alike):
@@ -50,6 +57,7 @@ MERGES: dict[str, MergeBytes] = {
     # jit_fuser = torch.compile (torch >= 2), one fused pass: read out_per_step and out, write out (3 e); LSE: that
     # pass reads two fp32 LSEs (8) and flash_attn_fwd_softmax_lse_correction, fused too, reads the fp64 LSE and the
     # step's fp32 one and writes fp64 (20). Backward: dq.add_(dq_) and dkv.add_(dkv_), eager, in the input dtype
-    # (read 2 e, write e). Not counted: its zigzag rounds' .contiguous() copies of a K, V or Q half.
-    "transformer-engine": MergeBytes(3, 0, 28, 3, 0),
+    # (read 2 e, write e), and dkv travels in it. Not counted: its zigzag rounds' .contiguous() copies of a K, V or
+    # Q half.
+    "transformer-engine": MergeBytes(3, 0, 28, 3, 0, carried=0.0),
 }

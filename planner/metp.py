@@ -119,7 +119,7 @@ def metp_steps(c: Shape, backward: bool) -> list[Step]:
     bcast = z["tree"] * z["w_attn"] * e
     blk = attention_flops(s_p, s_p, m.heads / p, m.head_dim, c.b) * (2.5 if backward else 1.0)
     runs = [f for f, k in round_work_runs(c.token_layout, p, c.work.seq_len, c.work.causal) for _ in range(k)]
-    kv = (4 if backward else 2) * z["kv"] * e  # K, V (and dK, dV) of one inner round
+    kv = 2 * z["kv"] * e + (2 * z["kv"] * c.acc if backward else 0.0)  # K, V (and the dK, dV accumulators) a round
     steps: list[Step] = []
     if p > 1:
         steps.append(Step((Comm(f"metp broadcast w_qkv,w_proj {tag}", "shift", dim, bcast),)))

@@ -99,6 +99,7 @@ class Shape:
         d["b"] = self.mbs  # sequences in one micro-batch
         d["micro_batches"] = micro_batches(w.batch, self.dp, self.mbs)
         d["e"] = m.dtype_bytes
+        d["acc"] = self.merge.carried_bytes(d["e"])  # bytes per element of a gradient accumulator sent on
         d["sp"] = self.ulysses * self.ring
         # the largest stage's layers (memory; the step prices each stage: Estimator.pipeline_stage)
         d["layers_per_stage"] = m.layers // self.pp if self.stage_layers is None else max(self.stage_layers)

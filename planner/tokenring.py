@@ -45,7 +45,7 @@ def _volumes(c: Shape, backward: bool) -> tuple[float, float, float, float]:
     """(Q side, partial side, K, V across teams, dK, dV across teams) bytes per rank per step."""
     m, e = c.model, c.e
     n, h, d, b = c.n_ring, c.heads_local, m.head_dim, c.b
-    acc = max(e, 4)
+    acc = c.acc
     blk = b * n * h * d
     lse = b * h * n * 4
     kv = b * n * c.kv_local * d

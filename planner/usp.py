@@ -35,16 +35,17 @@ def ring_steps(c: Shape, backward: bool) -> list[Step]:
     """Ring attention: R rounds of [block | send K,V to the next rank], double-buffered (WallFacer eq. 2).
 
     Backward (zhuzilin/ring-flash-attention): K, V and their gradient accumulators dK, dV travel
-    together; after the last round dK, dV take one more hop home. With documents or a window the rounds
-    follow the mask (``masked_ring_steps``).
+    together, the accumulators as the runtime keeps them (``Shape.acc``: fp32 for sp-plan's and yunchang's);
+    after the last round dK, dV take one more hop home. With documents or a window the rounds follow the mask
+    (``masked_ring_steps``).
     """
     if has_mask(c.work):
         return masked_ring_steps(c, backward)
     R = c.ring
     blk = attention_flops(c.n_ring, c.n_ring, c.heads_local, c.model.head_dim, c.b)
     mult = 2.5 if backward else 1.0  # FlashAttention backward: 5 block matmuls vs 2
-    kv_block = c.b * c.n_ring * c.kv_local * c.model.head_dim * c.e
-    send = (4 if backward else 2) * kv_block
+    kv = c.b * c.n_ring * c.kv_local * c.model.head_dim  # elements of one K (or V) block
+    send = 2 * kv * c.e + (2 * kv * c.acc if backward else 0.0)
     runs = list(round_work_runs(c.token_layout, R, c.work.seq_len, c.work.causal))
     balance = (ring_balance(c.token_layout, R, c.work.seq_len, c.work.causal)  # uneven rounds (Compute.balance)
                if R <= BALANCE_MAX_RING else ())
@@ -67,7 +68,7 @@ def ring_steps(c: Shape, backward: bool) -> list[Step]:
         else:
             steps.append(Step(comp, 1))
     if backward and R > 1:
-        steps.append(Step((Comm("ring p2p dk,dv home", "shift", ("ring",), 2 * kv_block),)))
+        steps.append(Step((Comm("ring p2p dk,dv home", "shift", ("ring",), 2 * kv * c.acc),)))
     return steps
 
 
@@ -139,6 +140,7 @@ class RingSizes(NamedTuple):
     heads_local: float
     e: float
     merge: float  # ``merge_bytes`` of the shape and direction
+    acc: float = 4.0  # bytes per element of the dK, dV accumulators sent on (``Shape.acc``)
 
 
 def masked_ring_steps(c: Shape, backward: bool) -> list[Step]:
@@ -149,7 +151,7 @@ def masked_ring_steps(c: Shape, backward: bool) -> list[Step]:
     step. Built once per the sizes they read (``RingSizes``): shapes that differ only elsewhere share them."""
     m = c.model
     sizes = RingSizes(c.work, c.token_layout, c.ring, m.layers, m.head_dim, c.b, c.n_ring, c.kv_local,
-                      c.heads_local, c.e, merge_bytes(c, backward) if c.ring > 1 else 0.0)
+                      c.heads_local, c.e, merge_bytes(c, backward) if c.ring > 1 else 0.0, c.acc)
     return list(_masked_steps(sizes, backward))
 
 
@@ -166,8 +168,8 @@ def _masked_steps(s: RingSizes, backward: bool) -> tuple[Step, ...]:
             steps.append(Step(phases, k, overlap=any(type(p) is Comm for p in phases)))
     home = float(mr.sent_rounds[0])
     if backward and home > 0:  # the layers whose K, V left home
-        kv_block = s.b * s.n_ring * s.kv_local * s.head_dim * s.e
-        steps.append(Step((Comm("ring p2p dk,dv home", "shift", ("ring",), home * 2 * kv_block),)))
+        kv = s.b * s.n_ring * s.kv_local * s.head_dim
+        steps.append(Step((Comm("ring p2p dk,dv home", "shift", ("ring",), home * 2 * kv * s.acc),)))
     return tuple(steps)
 
 
@@ -186,7 +188,8 @@ def _round_phases(s: RingSizes, backward: bool, mr: MaskedRounds) -> list[tuple[
     block (and merge) where the mask fills it, beside the send of K, V (dK, dV backward) onward, scaled by the share
     of layers whose K, V travel on."""
     tag, mult = ("bwd", 2.5) if backward else ("fwd", 1.0)  # FlashAttention backward: 5 block matmuls vs 2
-    send = (4 if backward else 2) * s.b * s.n_ring * s.kv_local * s.head_dim * s.e
+    kv = s.b * s.n_ring * s.kv_local * s.head_dim
+    send = 2 * kv * s.e + (2 * kv * s.acc if backward else 0.0)
     full = attention_flops(s.n_ring, s.n_ring, s.heads_local, s.head_dim, s.b)
     balance = (mr.pooled,) if mr.pooled < 1.0 and s.ring <= BALANCE_MAX_RING else ()
     merge = (Compute(f"ring merge {tag}", 0.0, "memory", nbytes=s.merge),) if s.ring > 1 else ()
@@ -209,7 +212,7 @@ def usp_steps(c: Shape, backward: bool) -> list[Step]:
 def usp_buffer_bytes(c: Shape, training: bool) -> float:
     """Transient buffers of ring / ulysses / usp attention for one layer.
 
-    Ring: double buffers for K, V (and in backward for dK, dV in fp32), fp32 out/LSE accumulators.
+    Ring: double buffers for K, V (and in backward for the dK, dV accumulators), fp32 out/LSE accumulators.
     Ulysses: the head-sharded copies of q, k, v and the output after the all-to-all.
     """
     m = c.model
@@ -219,7 +222,7 @@ def usp_buffer_bytes(c: Shape, training: bool) -> float:
     if c.ring > 1:
         buf += 2 * 2 * kv_block + q_ring * 4 + c.b * c.n_ring * c.heads_local * 4
         if training:
-            buf += 2 * 2 * kv_block * 2 + q_ring * 4  # dK, dV fp32 double buffers and dQ accumulator
+            buf += 2 * 2 * kv_block * c.acc / c.e + q_ring * 4  # dK, dV accumulators' double buffers, dQ's
     if c.ulysses > 1:
         buf += (2 * q_ring + 2 * c.b * c.n_ring * c.kv_local * m.head_dim) * c.e
     return buf

@@ -46,11 +46,12 @@ def wallfacer_steps(c: Shape, backward: bool) -> list[Step]:
     """One layer's WallFacer attention, forward (Algorithm 1, eqs. 3-4) or backward (Sec. 3.2.1)."""
     C, s = c.team, sizes(c)
     q, kv, lse = s["q"], s["kv"], s["lse"]
+    g = c.acc / c.e  # the gradient accumulators (and the forward's partial out) travel as the runtime keeps them
     blk = attention_flops(s["n_team"], s["n_team"], c.heads_local, c.model.head_dim, c.b)
     tag = "bwd" if backward else "fwd"
     mult = 2.5 if backward else 1.0  # FlashAttention backward: 5 block matmuls vs 2
     # per overlapped round: forward K, V to the next sub-ring rank; backward the Q bundle ahead, dQ behind
-    send = q * 3 + lse + q if backward else 2 * kv
+    send = q * 3 + lse + q * g if backward else 2 * kv
     steps: list[Step] = []
     if C > 1:
         gathered = 3 * q + 2 * kv if backward else q + 2 * kv
@@ -75,13 +76,13 @@ def wallfacer_steps(c: Shape, backward: bool) -> list[Step]:
             steps.append(Step(comp))
     if backward:
         if team_group_size(c.ring, C) > 1:
-            steps.append(Step((Comm("wallfacer sub-ring dq home", "shift", SUB_RING, q),)))
+            steps.append(Step((Comm("wallfacer sub-ring dq home", "shift", SUB_RING, q * g),)))
         if C > 1:
-            steps.append(Step((Comm("wallfacer dk,dv return", "all_to_all", RING, 2 * kv),)))  # Algorithm 2 reversed
-            steps.append(Step((Comm("wallfacer reduce-scatter dq,dk,dv", "reduce_scatter", TEAM, q + 2 * kv),)))
+            steps.append(Step((Comm("wallfacer dk,dv return", "all_to_all", RING, 2 * kv * g),)))  # Alg. 2 reversed
+            steps.append(Step((Comm("wallfacer reduce-scatter dq,dk,dv", "reduce_scatter", TEAM, (q + 2 * kv) * g),)))
     elif C > 1:
         steps.append(Step((Comm("wallfacer all-gather lse", "all_gather", TEAM, lse),)))
-        steps.append(Step((Comm("wallfacer reduce-scatter out", "reduce_scatter", TEAM, q),)))
+        steps.append(Step((Comm("wallfacer reduce-scatter out", "reduce_scatter", TEAM, q * g),)))
     return steps
 
 
@@ -93,7 +94,7 @@ def buffer_parts(c: Shape, training: bool) -> dict[str, dict[str, float]]:
     """
     C, s = c.team, sizes(c)
     q, kv, lse = s["q"], s["kv"], s["lse"]
-    acc = 4.0 / c.e  # fp32 accumulators
+    acc = c.acc / c.e  # the accumulators' bytes per element over the input's
     extra = (C - 1) / C
     fwd = {"q,k,v team copies": extra * (q + 2 * kv),
            "k,v sub-ring double buffers": 2 * 2 * kv,

@@ -68,10 +68,10 @@ def test_grid_search_keeping_distinct_times_ranks_every_equivalent_of_the_top_ro
 
     c, m, w = load_cluster("dgx-h100", 2), load_model("llama3-8b"), Workload(seq_len=131072)
     full = grid_search(c, m, w, keep=None, params=default_params(c))
-    res = grid_search(c, m, w, keep=5, distinct=True, params=default_params(c))
-    n = distinct_prefix(full.ranked, 5)
+    res = grid_search(c, m, w, keep=8, distinct=True, params=default_params(c))
+    n = distinct_prefix(full.ranked, 8)
     assert [(round(t, 12), x) for t, x in res.ranked[:n]] == [(round(t, 12), x) for t, x in full.ranked[:n]]
-    assert n > 5  # the presets' model prices two mesh orders alike: more layouts than rows
+    assert n > 8  # the presets' model prices two mesh orders alike: more layouts than rows
 
 
 def test_plan_command_shows_equivalent_layouts_as_one_row():

@@ -155,7 +155,7 @@ def test_chunked_buffers_hold_two_chunks_of_the_gathered_k_v():
     assert ag.allgather_buffer_bytes(c, training=False) == kv
     assert ag.allgather_buffer_bytes(c, training=False, chunks=2) == kv
     assert ag.allgather_buffer_bytes(c, training=False, chunks=8) == kv / 4
-    assert ag.allgather_buffer_bytes(c, training=True, chunks=8) == kv / 4 + kv  # and the full-length dk, dv
+    assert ag.allgather_buffer_bytes(c, training=True, chunks=8) == kv / 4 + 2 * kv  # and the fp32 full-length dk, dv
 
 
 def test_an_estimate_prices_the_plans_kv_chunks():

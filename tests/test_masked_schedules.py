@@ -76,7 +76,8 @@ def test_rounds_beyond_a_window_of_s_over_r_carry_no_transfer():
     kv_block = S / R * 8 * 128 * 2
     fwd, bwd = ring_steps(c, False), ring_steps(c, True)
     assert sends(fwd) == (2 * kv_block, 1)
-    assert sends(bwd) == (4 * kv_block + 2 * kv_block, 2)  # K, V, dK, dV one hop, then dK, dV home
+    # K, V (bf16) and the fp32 dK, dV accumulators one hop, then the accumulators home
+    assert sends(bwd) == (2 * kv_block + 4 * kv_block + 4 * kv_block, 2)
     assert sum(1 for st in fwd for p in st.phases if isinstance(p, Compute) and p.kind == "attention") == 2
     far = ring_steps(shape(Workload(seq_len=S, window=2 * S // R), ring=R), False)
     assert sends(far) == (2 * 2 * kv_block, 2)

@@ -185,10 +185,15 @@ def _shape(p: int, b: int = 1, s: int = 32768, h: int = 4096, n: int = 32, causa
     return Shape(m, w, dp=1, ulysses=1, ring=1, token_layout="contiguous", tp=p, algorithm="metp", mbs=b)
 
 
-def _volume(steps, which) -> float:
+def _volume(steps, which, e: float, acc: float) -> float:
+    """Elements the METP sends of ``steps`` move: a backward inner round's K, V in the model's dtype, its dK, dV in
+    the runtime's accumulators (e and acc bytes an element), every other send in the model's dtype."""
     from sp_plan.planner.schedules import Comm
 
-    return sum(ph.nbytes * st.repeat for st in steps for ph in st.phases
+    def elements(ph):
+        return ph.nbytes * 2 / (e + acc) if ph.name == "metp inner k,v bwd" else ph.nbytes / e
+
+    return sum(elements(ph) * st.repeat for st in steps for ph in st.phases
                if isinstance(ph, Comm) and which(ph.name))
 
 
@@ -201,9 +206,9 @@ def test_schedule_volumes_are_table_1_and_table_2(p: int):
     b, s, h, n = 2, 32768, 4096, 32
     c = _shape(p, b, s, h, n)
     steps = metp_steps(c, False) + metp_steps(c, True)
-    e = c.e
-    ffn = _volume(steps, lambda name: "ffn" in name) / e
-    mha = _volume(steps, lambda name: "ffn" not in name) / e
+    assert (c.e, c.acc) == (2, 4)  # bf16, fp32 accumulators
+    ffn = _volume(steps, lambda name: "ffn" in name, c.e, c.acc)
+    mha = _volume(steps, lambda name: "ffn" not in name, c.e, c.acc)
     assert ffn == pytest.approx(24 * (p - 1) / p * h * h, rel=1e-12)
     assert ffn == pytest.approx(ffn_table1("metp", b, s, h, p)["comm"], rel=1e-12)
     assert mha == pytest.approx(12 * math.log2(p) * h * h + 6 * (p - 1) / p * b * s * h, rel=1e-12)

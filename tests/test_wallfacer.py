@@ -228,13 +228,17 @@ def test_model_M_ring_volume_eq2():
 
 
 def test_model_M_wallfacer_volumes_eqs_3_and_4():
-    """Eq. 3: 4BNH(C-1)/P collective = 0.152 GiB; eq. 4: P/C^2 sends of 2CBNH/P = 0.406 GiB (model M, C=4)."""
+    """Eq. 3: 4BNH(C-1)/P collective elements = 0.152 GiB in bf16; eq. 4: P/C^2 sends of 2CBNH/P = 0.406 GiB (model
+    M, C=4). The runtime reduce-scatters the out's partials in its fp32 accumulators, 4 bytes an element."""
     c = _model_m(4)
     comms = _comms(attention_steps(c, backward=False))
     B, N, H, P, C, e = 1, 65536, 6656, 64, 4, 2
-    collective = sum(_sent(p, C) * k for p, k in comms if p.dim == ("team",) and "lse" not in p.name)
-    assert collective == 4 * B * N * H * (C - 1) / P * e
-    assert collective / GiB == pytest.approx(0.152, abs=5e-4)
+    team = [(p, k) for p, k in comms if p.dim == ("team",) and "lse" not in p.name]
+    elements = sum(_sent(p, C) * k / (4 if "out" in p.name else e) for p, k in team)
+    assert elements == 4 * B * N * H * (C - 1) / P
+    assert elements * e / GiB == pytest.approx(0.152, abs=5e-4)
+    collective = sum(_sent(p, C) * k for p, k in team)
+    assert collective == B * N * H * (C - 1) / P * (3 * e + 4)  # Q, K, V in bf16, the out's partials in fp32
     lse = sum(_sent(p, C) * k for p, k in comms if "lse" in p.name)
     assert lse < 0.02 * collective  # the LSE the combine needs: 4-byte floats per head, not per channel
     p2p = [(p, k) for p, k in comms if p.dim != ("team",)]
@@ -243,18 +247,19 @@ def test_model_M_wallfacer_volumes_eqs_3_and_4():
     assert sum(p.nbytes * k for p, k in p2p) / GiB == pytest.approx(0.406, abs=5e-4)
     ring = 2 * B * N * H * e
     assert ring / sum(p.nbytes * k for p, k in p2p) == C  # Ring sends C times more
-    assert (collective + sum(p.nbytes * k for p, k in p2p)) / GiB == pytest.approx(0.558, abs=1e-3)
+    assert (elements * e + sum(p.nbytes * k for p, k in p2p)) / GiB == pytest.approx(0.558, abs=1e-3)
 
 
 def test_eq3_collective_time_on_a_node():
-    """Eq. 3 as time: team all-gather + reduce-scatter inside an NVSwitch node cost 4BNH(C-1)/(PW) + latencies."""
+    """Eq. 3 as time: team all-gather + reduce-scatter inside an NVSwitch node cost their bytes over W + latencies:
+    Q, K, V's 3BNH(C-1)/P in bf16 and the out's BNH(C-1)/P in the runtime's fp32 accumulators."""
     c = _model_m(4)
     eng = LinkEngine(load_cluster("dgx-h100", 8))
     orders = Orders(eng, {"ring": 64, "team": 4}, [("ring",)], "collective_intra")
     W, L = 450e9, 4e-6
     phases = [p for p, _ in _comms(attention_steps(c, backward=False)) if p.dim == ("team",) and "lse" not in p.name]
     t = sum(float(orders.time(p)[0]) for p in phases)
-    assert t == pytest.approx(4 * 65536 * 6656 * 3 / 64 * 2 / W + 2 * 3 * L)
+    assert t == pytest.approx(65536 * 6656 * 3 / 64 * (3 * 2 + 4) / W + 2 * 3 * L)
 
 
 def test_schedule_rounds_blocks_and_backward_phases():
@@ -284,7 +289,7 @@ def test_schedule_rounds_blocks_and_backward_phases():
                      "wallfacer sub-ring dq home", "wallfacer dk,dv return", "wallfacer reduce-scatter dq,dk,dv"]
     s = sizes(c)
     (hop,) = [p for p, _ in _comms(bwd) if p.name == "wallfacer sub-ring p2p bwd"]
-    assert hop.nbytes == 4 * s["q"] + s["lse"]  # Q, O, dO and LSE ahead, dQ behind (K, V stay)
+    assert hop.nbytes == 3 * s["q"] + s["lse"] + 2 * s["q"]  # Q, O, dO and LSE ahead, fp32 dQ behind (K, V stay)
 
 
 # ---------------------------------------------------------------- memory: eqs. 5-7
