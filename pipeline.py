@@ -414,7 +414,8 @@ def search(req: PlanRequest, inputs: Inputs, storage: str | None = None, study: 
     info = SearchInfo(kind=req.search, space=res.space, evaluated=res.evaluated,
                       trials=getattr(res, "trials", None) if bayes else None,
                       best_trial=getattr(res, "best_trial", None) if bayes else None)
-    return PlanResponse(cluster=ClusterInfo.of(c), model=m, workload=w, notes=w.notes, search=info, profile=res.profile,
+    return PlanResponse(cluster=ClusterInfo.of(c), model=m, workload=w, notes=w.notes + cluster_notes(c), search=info,
+                        profile=res.profile,
                         profile_line=inputs.line, plans=plans,
                         families=mark(finish_each(res, c, m, w), inputs.profile, m, w) if req.families else [],
                         winner=plans[0])
@@ -546,8 +547,18 @@ def run_estimate(req: EstimateRequest, store=None, max_world: int | None = None,
     pred = Estimator(inputs.cluster, m, w, params=inputs.params)(p)
     tag = profile_tag(inputs.profile)
     return EstimateResponse(cluster=ClusterInfo.of(inputs.cluster), model=m, workload=w,
-                            notes=w.notes + plan_notes(p, w) + fit_notes(pred), profile=tag,
+                            notes=w.notes + cluster_notes(inputs.cluster) + plan_notes(p, w) + fit_notes(pred),
+                            profile=tag,
                             profile_line=inputs.line, plan=p.model_copy(update={"predicted": pred, "profile": tag}))
+
+
+def cluster_notes(c: Cluster) -> list[str]:
+    """A cluster of nodes that differ (a discovered one whose hosts differ): priced as node 0's hardware."""
+    if c.homogeneous:
+        return []
+    kinds = list(dict.fromkeys(c.nodes))
+    return [f"cluster: its nodes are of {len(kinds)} types ({', '.join(kinds)}); every node is priced like node 0's "
+            f"{kinds[0]}"]
 
 
 def plan_notes(plan: Plan, w: Workload) -> list[str]:

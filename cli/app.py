@@ -273,6 +273,8 @@ def _print_plans(res) -> None:
               f"topology {c.topology_fingerprint}), [bold]{res.model.name}[/], {w.seq_len:,} tokens x {w.batch}, "
               f"{'causal' if w.causal else 'full'}, {'training' if w.training else 'inference'}", highlight=False)
     print_mask(w)
+    for n in res.notes[len(w.notes):]:  # the answer's own (the workload's were printed before the request)
+        out.print(f"note: {n}", highlight=False)
     out.print(res.profile_line, highlight=False)
     s = res.search
     how = (f"grid: {s.space:,} candidates, {s.evaluated:,} priced" if s.kind == "grid" else

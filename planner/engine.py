@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from .cluster import NET, Cluster
+from .errors import PlanError
 
 
 @dataclass(frozen=True)
@@ -133,10 +134,21 @@ def flows_touching(pattern: str, n: int, idx: list[int]) -> list[tuple[int, int,
     return [(i, j, frac) for i, j in sorted(pairs) if i != j]
 
 
+def check_alike_sizes(cluster: Cluster) -> None:
+    """Nodes of one device count: the engine prices every node like node 0 and finds a rank's node by division, so
+    nodes of other sizes would put ranks on devices that do not exist."""
+    sizes = {t: len(cluster.node_types[t].devices) for t in dict.fromkeys(cluster.nodes)}
+    if len(set(sizes.values())) > 1:
+        listed = ", ".join(f"{t}: {n}" for t, n in sizes.items())
+        raise PlanError("nodes", f"the nodes hold different numbers of devices ({listed}); the cost engine prices "
+                        "every node like node 0", "plan the nodes of one size together (a cluster file of those nodes)")
+
+
 class LinkEngine:
     """Prices communication phases on one cluster; one instance per cluster, cached by group shape."""
 
     def __init__(self, cluster: Cluster):
+        check_alike_sizes(cluster)
         self.cluster = cluster
         self.gpn = cluster.devices_per_node
         node = cluster.node_type(0)
