@@ -784,13 +784,14 @@ class Estimator:
     def layer_overhead(self, ckpt: str) -> float:
         """Fixed seconds per layer and micro-batch beyond its kernels (``Params.layer_overhead_s``, a training step's
         forward and backward; a forward alone, inference or a recomputation, is a third of it: backward dispatches
-        about twice the forward's ops)."""
+        about twice the forward's ops). Either checkpointing recomputes a forward (``attention_boundary`` all of it
+        but the attention), as ``tp_overhead`` counts."""
         o = self.params.layer_overhead_s
         if not o:
             return 0.0
         if not self.work.training:
             return o / 3
-        return o * (4 / 3 if ckpt == "full" else 1.0)
+        return o * (4 / 3 if ckpt != "none" else 1.0)
 
     def tp_overhead(self, c: Shape, ckpt: str) -> float:
         """Fixed seconds per layer and micro-batch of its TP-sp collectives (``Params.tp_overhead_s`` each): 2
