@@ -93,7 +93,8 @@ def scale_links(cluster: Cluster, kind: str, factor: float) -> Cluster:
 
 
 def _scale_curve(c: Curve | None, factor: float) -> Curve | None:
-    return None if c is None else Curve(points=tuple((x, y * factor) for x, y in c.points))
+    """``c`` with every efficiency times ``factor``: a what-if, so a point scaled below a profile's floor stays."""
+    return None if c is None else c.model_copy(update={"points": tuple((x, y * factor) for x, y in c.points)})
 
 
 def scale_compute(cluster: Cluster, params: Params, factor: float) -> tuple[Cluster, Params]:

@@ -4,6 +4,7 @@ import pytest
 from sp_plan.planner.estimate import Estimator
 from sp_plan.planner.model import Workload
 from sp_plan.planner.params import Curve, Params
+from sp_plan.planner.plausible import MIN_EFFICIENCY
 from sp_plan.planner.search import finish, grid_search
 from sp_plan.planner.sensitivity import link_classes, scale_compute, scale_links, sensitivity
 from sp_plan.profiles import load_cluster, load_model
@@ -105,3 +106,12 @@ def test_a_search_for_the_winner_alone_finds_the_same_winner_with_less_work(pres
     assert alone.ranked[0][0] == full.ranked[0][0]
     assert alone.evaluated <= full.evaluated
     assert {cand.algorithm for _, cand in full.ranked} > {alone.ranked[0][1].algorithm}  # the full one kept more
+
+
+def test_compute_at_80_percent_scales_a_profile_curve_that_starts_at_the_floor():
+    """A profile's curve may hold an efficiency at the floor a curve validates (MIN_EFFICIENCY); the what-if scales
+    every point, that one too, instead of refusing the scenario."""
+    cl = load_cluster("dgx-h100", 1)
+    curve = Curve(points=((256.0, MIN_EFFICIENCY), (8192.0, 0.6)))
+    _, scaled = scale_compute(cl, Params(attention_fwd=curve), 0.8)
+    assert scaled.attention_fwd.points == ((256.0, 0.8 * MIN_EFFICIENCY), (8192.0, pytest.approx(0.48)))
