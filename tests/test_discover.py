@@ -527,6 +527,7 @@ def test_nvlink_cells_do_not_put_each_gpu_on_a_socket_of_its_own():
     ("NVIDIA GH200 480GB", "GH200", 989e12),
     ("NVIDIA H800 PCIe", "H800-PCIe-80GB", 756e12),  # 1,513 TFLOP/s BF16 with sparsity
     ("NVIDIA H800", "H800-SXM5-80GB", 989e12),
+    ("NVIDIA A800 80GB PCIe", "A800-PCIe-80GB", 312e12),
 ])
 def test_a_gpu_names_its_own_row_of_the_spec_table(name, model, bf16):
     """A name falls in the row of its own form factor (PCIe and NVL cards are slower than SXM), dense peaks."""
@@ -550,3 +551,14 @@ def test_pcie_capacity_doubles_each_generation_from_gen1():
 
     assert [pcie_capacity(g, 16) for g in range(1, 8)] == [4e9, 8e9, 16e9, 32e9, 64e9, 128e9, 256e9]
     assert pcie_capacity(2, 8) == 4e9 and pcie_capacity(None, None) == 32e9 and pcie_capacity(5, None) == 64e9
+
+
+@pytest.mark.parametrize("name, model, fp16", [("Tesla V100-SXM2-32GB", "V100", 125e12),
+                                               ("Tesla V100-PCIE-32GB", "V100-PCIe", 112e12),
+                                               ("Tesla V100S-PCIE-32GB", "V100S", 130e12)])
+def test_v100_form_factors_have_their_own_fp16_peaks(name, model, fp16):
+    """The V100 has no bf16; its fp16 tensor peak is 125 TFLOP/s on SXM2, 112 on PCIe and 130 on the V100S."""
+    from sp_plan.profiles.discover.specs import gpu_spec, peak_flops
+
+    spec = gpu_spec(name)
+    assert spec.model == model and peak_flops(spec)["fp16"] == fp16 and "bf16" not in peak_flops(spec)

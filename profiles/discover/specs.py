@@ -33,6 +33,7 @@ _SPECS: list[tuple[str, GpuSpec]] = [
     (r"H20\b", GpuSpec("H20-96GB", 148e12, 44e12, 5)),
     (r"A100.*(PCIe|PCIE)", GpuSpec("A100-PCIe", 312e12, 19.5e12, 4)),
     (r"A100\b", GpuSpec("A100-SXM4", 312e12, 19.5e12, 4)),  # not the RTX A1000
+    (r"A800.*(PCIe|PCIE)", GpuSpec("A800-PCIe-80GB", 312e12, 19.5e12, 4)),
     (r"A800\b", GpuSpec("A800-SXM4-80GB", 312e12, 19.5e12, 4)),
     (r"L40S", GpuSpec("L40S-48GB", 362e12, 91.6e12, 4)),
     (r"L40\b", GpuSpec("L40-48GB", 181e12, 90.5e12, 4)),
@@ -42,6 +43,8 @@ _SPECS: list[tuple[str, GpuSpec]] = [
     (r"A30\b", GpuSpec("A30-24GB", 165e12, 10.3e12, 4)),
     (r"A40\b", GpuSpec("A40-48GB", 149.7e12, 37.4e12, 4)),
     (r"RTX 4090", GpuSpec("RTX-4090-24GB", 165e12, 82.6e12, 4)),
+    (r"V100S", GpuSpec("V100S", 0.0, 16.4e12, 3, fp16=130e12)),
+    (r"V100.*(PCIe|PCIE)", GpuSpec("V100-PCIe", 0.0, 14e12, 3, fp16=112e12)),
     (r"V100", GpuSpec("V100", 0.0, 15.7e12, 3, fp16=125e12)),
     (r"B200", GpuSpec("B200-180GB", 2250e12, 80e12, 6, nvlink=50e9)),  # NVLink 5: 18 links, 1.8 TB/s both ways
 ]
