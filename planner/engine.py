@@ -160,7 +160,7 @@ class LinkEngine:
         self._cost = lru_cache(maxsize=None)(self._cost_uncached)
         self.evaluations = 0  # patterns x group shapes routed (each once: the cache above)
         self._by_shape: dict = {}  # (pattern, shape before canonical) -> StepCost
-        self._floors: dict = {}  # (pattern, group size, world) -> pattern_floor
+        self._floors: dict = {}  # (pattern, group size, world, spread) -> pattern_floor
 
     # ---- routing (node-0 part of a path)
     def _path(self, a: str, b: str) -> list[str]:
