@@ -37,7 +37,7 @@ def test_nodes_of_different_sizes_are_refused_by_the_engine():
     assert c.world_size == 6 and c.node_of(5) == 1
     with pytest.raises(PlanError) as e:
         LinkEngine(c)
-    assert e.value.field == "nodes" and "a10-4-pcie: 4" in str(e.value) and "a10-b: 2" in str(e.value)
+    assert e.value.field == "cluster.nodes" and "a10-4-pcie: 4" in str(e.value) and "a10-b: 2" in str(e.value)
 
 
 def test_nodes_of_one_size_are_planned_with_a_note(tmp_path):
