@@ -20,8 +20,8 @@ from sp_plan.profiles import load_cluster, load_model
 pytestmark = pytest.mark.xdist_group("pipeline")
 #: a request whose top rows hold equivalent plans (the presets' model prices two mesh orders of tp2 x ulysses4 x
 #: ring2 alike: one row)
-CASE = dict(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len="128k", top=5)
-CLI = ["--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "128k", "--top", "5",
+CASE = dict(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len="128k", top=8)
+CLI = ["--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "128k", "--top", "8",
        "--no-profile"]
 
 
