@@ -2,14 +2,15 @@
 buffers, variants and checks (runtime/variants/allgather.py runs it).
 
 Forward: the context (``ring``) group all-gathers K and V, exposed; each rank then attends its local queries, in
-any token layout, to the K, V their documents and window let them see, in one call. With ``kv_chunks`` n over 1
-(a plan field) the KV heads go in n chunks, each chunk's gather beside the previous chunk's attention
-(``chunked_gather``); ``best_kv_chunks`` picks the n that prices least. Backward, as
-TransformerEngine's AttnFuncWithCPAndKVAllGather: K and V are gathered again (only the local shards are kept for
-the backward), the rank computes dQ and a full-length dK, dV (in the runtime's accumulators, ``Shape.acc``: fp32
-where TransformerEngine keeps the model's dtype), and a reduce-scatter returns each rank its shard. With Ulysses inside (ulysses U > 1), its all-to-alls wrap the whole (USP Sec. 3) and the
-gather moves the head-sharded K, V. GQA's K, V are gathered unrepeated, so the volume is the sequence's K, V
-bytes for the KV heads alone: (P - 1)/P of 2 B S kv d e reaches each rank.
+any token layout, to the K, V their documents and window let them see, in one call. With ``kv_chunks`` n over 1 (a
+plan field) the KV heads go in n chunks, each chunk's gather beside the previous chunk's attention
+(``chunked_gather``); ``best_kv_chunks`` picks the n that prices least. Backward, as TransformerEngine's
+AttnFuncWithCPAndKVAllGather: K and V are gathered again (only the local shards are kept for the backward), the
+rank computes dQ and a full-length dK, dV (in the runtime's accumulators, ``Shape.acc``: fp32 where
+TransformerEngine keeps the model's dtype), and a reduce-scatter returns each rank its shard. With Ulysses inside
+(ulysses U > 1), its all-to-alls wrap the whole (USP Sec. 3) and the gather moves the head-sharded K, V. GQA's K, V
+are gathered unrepeated, so the volume is the sequence's K, V bytes for the KV heads alone: (P - 1)/P of 2 B S kv d
+e reaches each rank.
 
 The attention work is the busiest rank's under the mask and the token layout (planner/masks/), in expectation
 over seeded packs of the workload's documents, averaged over the layers' windows (a local:global pattern): the

@@ -140,8 +140,9 @@ def check_alike_sizes(cluster: Cluster) -> None:
     sizes = {t: len(cluster.node_types[t].devices) for t in dict.fromkeys(cluster.nodes)}
     if len(set(sizes.values())) > 1:
         listed = ", ".join(f"{t}: {n}" for t, n in sizes.items())
-        raise PlanError("cluster.nodes", f"the nodes hold different numbers of devices ({listed}); the cost engine prices "
-                        "every node like node 0", "plan the nodes of one size together (a cluster file of those nodes)")
+        raise PlanError("cluster.nodes", f"the nodes hold different numbers of devices ({listed}); the cost engine "
+                        "prices every node like node 0", "plan the nodes of one size together (a cluster file of those "
+                        "nodes)")
 
 
 class LinkEngine:

@@ -79,7 +79,8 @@ def wallfacer_steps(c: Shape, backward: bool) -> list[Step]:
             steps.append(Step((Comm("wallfacer sub-ring dq home", "shift", SUB_RING, q * g),)))
         if C > 1:
             steps.append(Step((Comm("wallfacer dk,dv return", "all_to_all", RING, 2 * kv * g),)))  # Alg. 2 reversed
-            steps.append(Step((Comm("wallfacer reduce-scatter dq,dk,dv", "reduce_scatter", TEAM, (q + 2 * kv) * g),)))
+            grads = (q + 2 * kv) * g
+            steps.append(Step((Comm("wallfacer reduce-scatter dq,dk,dv", "reduce_scatter", TEAM, grads),)))
     elif C > 1:
         steps.append(Step((Comm("wallfacer all-gather lse", "all_gather", TEAM, lse),)))
         steps.append(Step((Comm("wallfacer reduce-scatter out", "reduce_scatter", TEAM, q * g),)))
