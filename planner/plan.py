@@ -288,7 +288,7 @@ class Plan(BaseModel):
         return self.model_copy(update={"groups": self.layout().all_groups()})
 
     def summary(self) -> str:
-        """Short human label, e.g. 'usp u4 x r2 zigzag dp2 [ulysses<ring<dp] z1'."""
+        """Short human label, e.g. 'usp ulysses4 ring2 dp2 zigzag ulysses<ring<dp zero1'."""
         d = self.degrees
         parts = [self.algorithm]
         for n in ("tp", "ulysses", "ring", "team", "dp", "pp"):
