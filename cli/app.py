@@ -266,6 +266,12 @@ def _planned(server: Optional[str], store: Optional[str], storage: Optional[str]
         return search(req, inputs, storage=storage, progress=tick, jobs=jobs or auto_jobs()), inputs
 
 
+def _print_answer_notes(res, w) -> None:
+    """The answer's own notes (the cluster's, the plan's): the workload's were printed before the request."""
+    for n in res.notes[len(w.notes):]:
+        out.print(f"note: {n}", highlight=False)
+
+
 def _print_plans(res) -> None:
     """`plan`'s report on the terminal: the header, the profile line, the search, both rankings and the winner."""
     c, w, plans = res.cluster, res.workload, res.plans
@@ -273,8 +279,7 @@ def _print_plans(res) -> None:
               f"topology {c.topology_fingerprint}), [bold]{res.model.name}[/], {w.seq_len:,} tokens x {w.batch}, "
               f"{'causal' if w.causal else 'full'}, {'training' if w.training else 'inference'}", highlight=False)
     print_mask(w)
-    for n in res.notes[len(w.notes):]:  # the answer's own (the workload's were printed before the request)
-        out.print(f"note: {n}", highlight=False)
+    _print_answer_notes(res, w)
     out.print(res.profile_line, highlight=False)
     s = res.search
     how = (f"grid: {s.space:,} candidates, {s.evaluated:,} priced" if s.kind == "grid" else
@@ -406,8 +411,7 @@ def _print_estimate(res) -> None:
     out.print(f"[bold]{p.summary()}[/] on {c.name} ({c.world_size} ranks), {res.model.name}, {workload_words(w)}",
               highlight=False)
     print_mask(w)
-    for n in res.notes[len(w.notes):]:  # the plan's own (the workload's were printed before the request)
-        out.print(f"note: {n}", highlight=False)
+    _print_answer_notes(res, w)
     out.print(res.profile_line, highlight=False)
     out.print(f"step {secs(pred.step_time_s)}, {pred.tokens_per_s:,.0f} tokens/s, {mfu_text(pred, w.causal)}, peak memory "
               f"{gib(pred.peak_memory_bytes)} of {gib(pred.memory_capacity_bytes)}"

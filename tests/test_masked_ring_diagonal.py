@@ -1,4 +1,4 @@
-"""Under documents or a window the ring's rounds follow the mask, and the diagonal round (round 0, each rank's own
+"""Under documents or a window the ring's rounds follow the mask, and the diagonal round (the first, each rank's own
 K, V) is the one that runs under the causal mask; zigzag's later rounds are dense blocks, striped's every round a
 shifted diagonal. A calibrated masked-kernel curve is read for exactly those blocks."""
 from __future__ import annotations
