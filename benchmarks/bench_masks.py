@@ -4,7 +4,7 @@ and the planner's ranking against the measured one (a script, not a test).
     python benchmarks/bench_masks.py [--world 8] [--batches magi-short:16384,megatron-dcp:16384,magi-short:32768:key]
                                      [--candidates all|key|none|LABEL,...] [--repeats 3] [--warmup 0] [--head-dim 16]
                                      [--profile ID|FILE [--profile-cluster FILE]] [--single 4096] [--json out.json]
-                                     [--quick]
+                                     [--rank-cpu SHARE] [--quick]
 
 Each batch is one sequence packed with documents drawn from a named distribution (profiles/documents.yaml, seed
 ``--seed``), causal, llama3-8b's heads (32 query, 8 KV) with the head dim cut to ``--head-dim`` for the CPU, fp32.
@@ -55,6 +55,11 @@ Per candidate it prints:
 
 A last batch checks that one document costs what no documents cost: the same blocks and bytes, counted, and the
 time within the readings' spread, for ring and all-gather with ``cu_seqlens = [0, S]`` against ``None``.
+
+Ranks that outnumber the cores take turns on them, so the wall time measures the work of all ranks. ``--rank-cpu
+SHARE`` caps each timed rank at that share of one core (``harness.cpu_share``, a CPU cgroup each; needs root): the
+ranks then run side by side like dedicated devices, a rank that waits leaves its share idle, and a call takes as
+long as its busiest rank, as on a cluster. ``0.24`` for 8 ranks on 2 cores leaves the parent a little.
 """
 from __future__ import annotations
 
@@ -499,7 +504,7 @@ def time_rows(rows: list[dict], cands: list[Candidate], timed: set[str], work, c
     if not pick:
         return
     per_rank = run_world(measure_rank, args.world, [cands[i] for i in pick], work, cu, full, args.repeats,
-                         args.warmup, args.backend, timeout=args.timeout)
+                         args.warmup, args.backend, timeout=args.timeout, rank_cpu=args.rank_cpu)
     for j, i in enumerate(pick):
         row, times = rows[i], [r[0] for r in per_rank[0][j]]
         blocks = sum(per_rank[p][j][0][1] for p in range(args.world))
@@ -663,6 +668,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--profile", help="a tuned profile (id or file, .gz read) to rank with beside the preset")
     ap.add_argument("--profile-cluster", help="the cluster file --profile was tuned on (default: the cluster.yaml "
                                               "beside the profile file)")
+    ap.add_argument("--rank-cpu", type=float, metavar="SHARE",
+                    help="cap each timed rank at this share of one core (a CPU cgroup; root): ranks then run side by "
+                         "side like dedicated devices, e.g. 0.24 for 8 ranks on 2 cores")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per world")
     ap.add_argument("--json", help="write every row here")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one repeat: a smoke test")
@@ -673,7 +681,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.repeats < 1 or args.head_dim < 1 or args.single < 0 or args.warmup < 0:
         _fail("--repeats/--head-dim/--single/--warmup", "must be at least 1 (--single and --warmup at least 0)",
               "pass positive sizes")
+    if args.rank_cpu is not None:
+        check_rank_cpu(args.rank_cpu)
     return args
+
+
+def check_rank_cpu(share: float) -> None:
+    """Exit 2 with one line where ``--rank-cpu`` is not a share of one core or this host can make no CPU cgroup."""
+    from harness.cpu_share import CpuShareError, make_caps, remove_caps
+
+    try:
+        remove_caps(make_caps(1, share))
+    except (CpuShareError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def main(argv=None) -> list[dict]:
@@ -684,7 +705,8 @@ def main(argv=None) -> list[dict]:
         pricings.append(tuned_pricing(args.profile, args.profile_cluster, args.world))
     print(f"{args.world} gloo ranks, causal, {HEADS} query / {KV_HEADS} KV heads x {args.head_dim}, fp32, "
           f"{args.backend} blocks, {args.repeats} repeat{'s' * (args.repeats > 1)} after {args.warmup} real warm-up "
-          f"pass{'es' * (args.warmup != 1)}, attention forward + backward; "
+          f"pass{'es' * (args.warmup != 1)}, attention forward + backward, "
+          f"{f'each timed rank capped at {args.rank_cpu:g} of a core' if args.rank_cpu else 'ranks uncapped'}; "
           f"priced on {' and '.join(p.name for p in pricings)}", flush=True)
     start, rows = time.perf_counter(), []
     for name, tokens, which in specs:

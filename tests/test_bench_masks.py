@@ -154,3 +154,11 @@ def test_a_pricing_is_judged_on_the_busiest_rank_as_on_the_wall_time(bench):
     rho, regret, pick = bench.ranking(rows, "p", "busiest_cpu_s")
     assert pick == "a" and regret == pytest.approx(0.25) and rho == pytest.approx(0.5)
     assert bench.ranking(rows, "p")[1] == pytest.approx(1.0)  # on the wall: a's 2.0 s against b's 1.0 s
+
+
+@pytest.mark.parametrize("share", ["1.5", "0", "0.1"])
+def test_a_rank_cpu_that_is_no_share_of_a_core_exits_2_with_one_line(bench, share, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(["--rank-cpu", share])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("error: --rank-cpu: ")

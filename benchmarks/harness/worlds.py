@@ -14,12 +14,15 @@ import multiprocessing as mp
 import os
 import pickle
 import shutil
+import sys
 import tempfile
 import time
 import traceback
 from typing import Any, Callable
 
 from sp_plan.runtime.spawn import fork_safe_c10d
+
+from .cpu_share import make_caps, remove_caps
 
 
 #: modules a rank would otherwise import on its own after the fork: autograd's backward imports torch's symbolic
@@ -49,11 +52,14 @@ def _linger(dist) -> None:
         dist.barrier()
 
 
-def _child(fn, rank, world, init_file, timeout, args, kwargs, conn):
-    """One rank: join the file-initialised gloo group, run ``fn`` and send its pickled result (or the error)."""
+def _child(fn, rank, world, init_file, timeout, args, kwargs, conn, caps=None):
+    """One rank: join its CPU cgroup if capped, join the file-initialised gloo group, run ``fn`` and send its
+    pickled result (or the error)."""
     import torch
     import torch.distributed as dist
 
+    if caps is not None:
+        caps.join(rank)  # before gloo starts its threads, though cgroup.procs moves them all
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     fork_safe_c10d()
     torch.set_num_threads(1)
@@ -71,13 +77,14 @@ def _child(fn, rank, world, init_file, timeout, args, kwargs, conn):
         os._exit(0)
 
 
-def _start(fn, world, init_file, timeout, args, kwargs) -> tuple[list, list]:
+def _start(fn, world, init_file, timeout, args, kwargs, caps=None) -> tuple[list, list]:
     """Fork the ``world`` ranks; their result pipes and processes."""
     ctx = mp.get_context("fork")
     pipes, procs = [], []
     for rank in range(world):
         parent, child = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_child, args=(fn, rank, world, init_file, timeout, args, kwargs, child), daemon=True)
+        p = ctx.Process(target=_child, args=(fn, rank, world, init_file, timeout, args, kwargs, child, caps),
+                        daemon=True)
         p.start()
         child.close()
         pipes.append(parent)
@@ -130,20 +137,25 @@ def _reap(procs, tmp: str) -> None:
 
 
 def run_world(fn: Callable[..., Any], world: int, *args, timeout: float = 60.0,
-              collective_timeout: float | None = None, **kwargs) -> list[Any]:
+              collective_timeout: float | None = None, rank_cpu: float | None = None, **kwargs) -> list[Any]:
     """Run ``fn(rank, world, *args, **kwargs)`` on ``world`` forked gloo ranks; return their results.
 
     Raises WorldError naming the failing rank(s) if any rank raises, dies, or the world is not
     done within ``timeout`` seconds (collectives also time out at ``timeout``, or at ``collective_timeout``).
+    ``rank_cpu`` caps each rank at that share of one core (``cpu_share``; CpuShareError where no cgroup can be made).
     """
     fork_safe_c10d()  # for groups this process makes later, which forked worlds would inherit
     preload()
+    caps = make_caps(world, rank_cpu) if rank_cpu else None
     tmp = tempfile.mkdtemp(prefix="sp_plan_world_")
-    pipes, procs = _start(fn, world, os.path.join(tmp, "init"), collective_timeout or timeout, args, kwargs)
+    pipes, procs = _start(fn, world, os.path.join(tmp, "init"), collective_timeout or timeout, args, kwargs, caps)
     try:
         results, errors = _collect(pipes, procs, world, timeout)
     finally:
         _reap(procs, tmp)
+        left = remove_caps(caps) if caps else []
+    if left:
+        print(f"warning: cgroups left behind: {', '.join(left)}", file=sys.stderr)
     if errors:
         raise WorldError(f"world of {world} failed:\n" + "\n".join(errors))
     return results
