@@ -10,6 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "bench_masks.py"
 LOCAL8 = ROOT / "benchmarks" / "truths" / "local8" / "local8"
+CAPPED8 = ROOT / "benchmarks" / "truths" / "capped8"
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +163,14 @@ def test_a_rank_cpu_that_is_no_share_of_a_core_exits_2_with_one_line(bench, shar
         bench.parse_args(["--rank-cpu", share])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("error: --rank-cpu: ")
+
+
+@pytest.mark.parametrize("name", ["profile.yaml.gz", "profile-1k.yaml.gz"])
+def test_the_capped_profiles_price_on_the_cluster_discovered_under_the_same_caps(bench, name):
+    """Profiles tuned on ranks capped at a quarter of a core: each applies to the cluster file beside it and prices
+    otherwise than the preset (the page ranks with them)."""
+    tuned = bench.tuned_pricing(str(CAPPED8 / name), None, 8)
+    work = bench.workload("magi-short", 2048, 0)
+    c = bench.Candidate("ulysses", 8, 1, "contiguous")
+    preset = bench.Pricing("preset", bench.preset_cluster(8))
+    assert bench.predicted(c, work, 16, tuned) != pytest.approx(bench.predicted(c, work, 16, preset), rel=0.05)
