@@ -453,7 +453,9 @@ def plan(cluster: Cluster | str, model: ModelSpec | str | dict, workload: Worklo
     w = with_masks(workload, documents, window, window_pattern, seed)
     check_space(space, cluster, model, w)
     params, line, prof = resolve_params(cluster, profile, store)
-    return rank(Inputs(cluster, model, w, params, line, prof), top_k, progress=progress, space=space)[0]
+    ranked = rank(Inputs(cluster, model, w, params, line, prof), top_k, progress=progress, space=space)[0]
+    ranked.notes = w.notes + cluster_notes(cluster)  # the notes a PlanResponse and the CLI carry
+    return ranked
 
 
 def check_space(space: Space | None, cluster: Cluster, model: ModelSpec, w: Workload) -> None:

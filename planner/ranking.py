@@ -57,12 +57,15 @@ def versus_first(p: Plan, winner: Plan, first: bool = False) -> str:
 
 class RankedPlans(list):
     """Ranked plans, fastest first: one plan per row of the ranking, each row's equivalent plans (same cost, one
-    parameter different: planner/equivalent.py) in ``equivalents(i)``; a list of ``Plan`` as before."""
+    parameter different: planner/equivalent.py) in ``equivalents(i)``; a list of ``Plan`` as before. ``notes``: what
+    `sp-plan plan` prints as ``note:`` lines about the inputs (a window that covers the sequence, a cluster whose
+    nodes differ)."""
 
-    def __init__(self, rows: Iterable[Row] = ()):
+    def __init__(self, rows: Iterable[Row] = (), notes: Iterable[str] = ()):
         rows = list(rows)
         super().__init__(r.plan for r in rows)
         self.rows = rows
+        self.notes = list(notes)
 
     def equivalents(self, i: int) -> list[Plan]:
         """The plans equivalent to the ``i``-th (none: an empty list)."""
