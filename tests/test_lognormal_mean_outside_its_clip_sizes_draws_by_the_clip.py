@@ -1,7 +1,6 @@
 """A lognormal's documents are clipped to [min, max], so its expected length, which sizes the draws and decides
 whether a distribution can be drawn at all, is the mean held within [min, max]: a distribution whose untruncated
 mean lies below ``min`` (every draw raised to ``min``) is drawn, not refused as shorter than one token."""
-import numpy as np
 import pytest
 
 from sp_plan.planner.documents import draw_packs, mean_length
