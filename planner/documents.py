@@ -150,8 +150,9 @@ def check_cu_seqlens(cu_seqlens, seq_len: int | None = None) -> np.ndarray:
 def histogram_of(lengths, source: str, sha256: str | None = None,
                  bins_per_octave: int = BINS_PER_OCTAVE) -> Histogram:
     """A file's document lengths summarised as a Histogram (what a plan records of them, with the file's name and
-    sha256): one bin per length below ``bins_per_octave``, then ``bins_per_octave`` geometric bins per doubling,
-    each weighted by its count; lengths stay whole tokens and the bins never reach past the longest."""
+    sha256): one bin per length below ``bins_per_octave``, then edges at floor(b x 2^(k/b)) tokens, ``b`` per
+    doubling (edges that floor to the same token are one: the first doubling gets fewer), each bin weighted by its
+    count; lengths stay whole tokens and the bins never reach past the longest."""
     x = np.asarray(lengths, dtype=np.int64)
     if not len(x):
         raise PlanError("documents", f"{source} holds no lengths", "give a file with one length per line")
