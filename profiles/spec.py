@@ -114,11 +114,21 @@ def node_spec(spec: Any, devices_per_node: int | None = None) -> dict:
     if not isinstance(spec, dict):
         raise PlanError("cluster", "a preset node description must be a mapping", "write key: value pairs")
     if devices_per_node is not None:
+        check_no_more_devices(spec, devices_per_node)
         spec = {**spec, "devices_per_node": devices_per_node}
     ns = model_from_data(NodeSpec, spec, "cluster")
     if devices_per_node is None and ns.pcie:  # as written (a smaller override keeps the groups of its devices)
         check_switch_groups(ns.pcie.switches, ns.devices_per_node)
     return ns.model_dump(exclude_none=True)
+
+
+def check_no_more_devices(spec: dict, devices_per_node: int) -> None:
+    """A node with fewer devices than its description keeps the PCIe groups of those it has; one with more would
+    hang the others under no switch (no PCIe link, no NIC), so a count past a PCIe tree's devices is refused."""
+    written = spec.get("devices_per_node")
+    if spec.get("pcie") and isinstance(written, int) and devices_per_node > written:
+        raise PlanError("devices_per_node", f"{devices_per_node} devices on a node that describes {written} under "
+                        "its PCIe switches", f"use at most {written} devices per node, or more nodes of it")
 
 
 def check_switch_groups(groups: list[list[int]], devices: int) -> None:

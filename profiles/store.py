@@ -14,6 +14,7 @@ and concurrent writers corrupt nothing. No module state: pass the ``Store`` wher
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import re
@@ -389,6 +390,8 @@ class Database:
                 yield conn
         except sa_exc.SQLAlchemyError as e:
             raise StoreError("store", f"store {self.shown} failed ({_first_line(e)})", STORE_FIX) from None
+        except json.JSONDecodeError as e:
+            raise self._damaged(e) from None
 
     @contextmanager
     def reading(self) -> Iterator[sa.Connection]:
@@ -411,6 +414,15 @@ class Database:
                 yield conn
         except sa_exc.SQLAlchemyError as e:
             raise StoreError("store", f"store {self.shown} failed ({_first_line(e)})", STORE_FIX) from None
+        except json.JSONDecodeError as e:
+            raise self._damaged(e) from None
+
+    def _damaged(self, e: json.JSONDecodeError) -> StoreError:
+        """A stored document the JSON column cannot decode: written by no sp-plan (a damaged file or a hand edit);
+        the database's own driver raises it while reading rows, outside SQLAlchemy's errors."""
+        return StoreError("store", f"store {self.shown} holds a document that is not JSON ({e.msg}, character "
+                          f"{e.pos})", "restore the store from a copy, or delete the damaged row with the database's "
+                          "own tools")
 
     def healthy(self) -> bool:
         """True when the database answers and its schema is the one this sp-plan writes."""
