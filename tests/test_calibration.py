@@ -531,3 +531,56 @@ def test_the_calibration_pages_synthetic_profile_is_what_the_code_computes():
     gib = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
     assert (f"ZeRO-2's {gib(plain[0].predicted.peak_memory_bytes)} becomes {gib(zero2.peak_memory_bytes)}, over the "
             f"{gib(zero2.memory_capacity_bytes)}") in " ".join(page.split())
+
+
+def test_activations_two_percent_apart_fit_the_overhead_only():
+    """The activation factor is fitted only from peaks whose activations differ by more than 5 %: 2 % apart, the
+    factor cannot be told from the overhead (small noise on the peaks would throw it anywhere in its bounds), so it
+    keeps the base's value, the overhead alone is fitted, and a note says why."""
+    from types import SimpleNamespace
+
+    from sp_plan.planner.calibration import _fit_memory
+
+    rest, act = [4 * GIB, 4 * GIB], [10 * GIB, 10.2 * GIB]
+    peaks = [4 * GIB + 10 * GIB + GIB, 1.01 * (4 * GIB + 10.2 * GIB + GIB)]  # 1 % noise on the second peak
+    p, words, notes = _fit_memory(_MemoryParts(rest, act), Params(), [SimpleNamespace(memory=m) for m in peaks])
+    assert p.activation_factor == 1.0
+    assert words == [f"memory overhead {p.memory_overhead_bytes / GIB:.2f} GiB (from 2 candidates)"]
+    assert notes and notes[0].startswith("activation factor not fitted")
+    assert p.memory_overhead_bytes == pytest.approx(1.07 * GIB, rel=0.05)
+
+
+def test_round_overhead_is_fitted_from_three_candidates_without_a_ring():
+    """From three timed candidates (MIN_FOR_COMPUTE) the fit tells the round overhead apart from the compute
+    efficiency even where no candidate runs a ring: both are fitted, and no note leaves the round overhead to the
+    compute efficiency for want of a ring."""
+    from sp_plan.planner.calibration import MIN_FOR_COMPUTE
+
+    cands = [Candidate("ulysses", ulysses=8, order=("ulysses",)),
+             Candidate("ulysses", ulysses=8, order=("ulysses",), checkpointing="full"),
+             Candidate("ulysses", ulysses=4, dp=2, order=("ulysses", "dp"))]
+    assert len(cands) == MIN_FOR_COMPUTE
+    cl, m, w = load_cluster("dgx-h100", 1), load_model("gpt-3b"), Workload(seq_len=32768, batch=2)
+    meas = _measured(cl, m, w, Params(round_overhead_s=2e-3, compute_efficiency=0.8), cands)
+    r = fit(cl, Params(), meas)
+    assert any(f.startswith("round overhead") for f in r.fitted)
+    assert any(f.startswith("compute efficiency") for f in r.fitted)
+    assert not any(n.startswith("round overhead not fitted") for n in r.notes)
+    for mc, (t, _) in zip(meas, r.predicted_after):
+        assert t == pytest.approx(mc.measured_s, rel=1e-3)
+
+
+def test_two_short_rings_that_both_move_the_overlap_keep_their_leave_one_out_times():
+    """Whether a candidate moves a parameter is judged against its own step: two short rings on cpu-local (512
+    tokens, steps of about 0.1 s) both move with the overlap, one by only 0.8 ms, and neither is taken for the
+    overlap's only witness, so each keeps its leave-one-out time."""
+    cl = load_cluster("cpu-local", 1)
+    m = ModelSpec(name="t", layers=2, hidden=256, heads=4, ffn_hidden=1024, vocab=1024, dtype="fp32")
+    w = Workload(seq_len=512, batch=2)
+    cands = [Candidate("ring", ring=4, order=("ring",), token_layout="zigzag"),
+             Candidate("ring", ring=2, dp=2, order=("ring", "dp"), token_layout="zigzag")]
+    moved = [Estimator(cl, m, w, params=Params(overlap=0.0)).evaluate(c).step_time_s -
+             Estimator(cl, m, w, params=Params(overlap=1.0)).evaluate(c).step_time_s for c in cands]
+    assert all(d > 0 for d in moved) and min(moved) < 1e-3
+    r = fit(cl, Params(), _measured(cl, m, w, Params(overlap=0.6), cands))
+    assert all(t is not None and t > 0 for t in r.loo_times)
