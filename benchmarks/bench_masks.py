@@ -688,13 +688,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check_rank_cpu(share: float) -> None:
     """Exit 2 with one line where ``--rank-cpu`` is not a share of one core or this host can make no CPU cgroup."""
-    from harness.cpu_share import CpuShareError, make_caps, remove_caps
+    from harness.cpu_share import caps_or_exit, remove_caps
 
-    try:
-        remove_caps(make_caps(1, share))
-    except (CpuShareError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    remove_caps(caps_or_exit(1, share))
 
 
 def main(argv=None) -> list[dict]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness.cpu_share import CpuShareError, make_caps, remove_caps  # noqa: E402
+from harness.cpu_share import caps_or_exit, remove_caps  # noqa: E402
 
 #: a rank's first step: move this shell into its rank's cgroup ($0 is the world's cgroup folder; a 0 written names
 #: the writer), then become Python. No "$$": torchrun reads its arguments as templates, where "$$" is "$".
@@ -38,11 +38,7 @@ def main(argv=None) -> int:
     rest = args.python_argv[1:] if args.python_argv[:1] == ["--"] else args.python_argv
     if not rest:
         ap.error("python_argv: give the command after --, e.g. -- -m sp_plan.cli.app tune ...")
-    try:
-        caps = make_caps(args.nproc_per_node, args.rank_cpu)
-    except (CpuShareError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    caps = caps_or_exit(args.nproc_per_node, args.rank_cpu)
     try:
         return subprocess.run(torchrun_argv(caps.root, args.nproc_per_node, rest)).returncode
     finally:

@@ -94,14 +94,14 @@ def test_a_group_that_cannot_be_made_is_refused_with_the_fix(tmp_path):
 
 
 def test_join_writes_the_callers_pid_into_its_ranks_group(tmp_path):
-    caps = RankCaps(tmp_path, 1, 2, 0.25)
+    caps = RankCaps(tmp_path, 1, 2)
     (tmp_path / "rank1").mkdir()
     caps.join(1)
     assert (tmp_path / "rank1" / "cgroup.procs").read_text() == str(os.getpid())
 
 
 def test_remove_takes_empty_groups_and_names_the_rest(tmp_path):
-    caps = RankCaps(tmp_path / "world", 1, 2, 0.25)
+    caps = RankCaps(tmp_path / "world", 1, 2)
     for rank in range(2):
         caps.rank_dir(rank).mkdir(parents=True)
     (caps.rank_dir(1) / "cgroup.procs").write_text("123")  # still holds a member
@@ -122,8 +122,10 @@ def test_the_rank_shell_survives_torchruns_argument_templates(capped):
 
 
 def test_the_launcher_refuses_a_bad_share_with_one_line(capped, capsys):
-    assert capped.main(["--rank-cpu", "0", "--nproc-per-node", "2", "--", "-c", "pass"]) == 2
+    with pytest.raises(SystemExit) as e:
+        capped.main(["--rank-cpu", "0", "--nproc-per-node", "2", "--", "-c", "pass"])
     err = capsys.readouterr().err
+    assert e.value.code == 2
     assert err.count("\n") == 1 and err.startswith("error: --rank-cpu: a share of one core")
 
 

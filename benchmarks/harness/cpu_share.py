@@ -9,6 +9,7 @@ over ``cpu.cfs_period_us``, cgroup v2 ``cpu.max``), which throttles a group that
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,12 +25,11 @@ class CpuShareError(RuntimeError):
 
 @dataclass(frozen=True)
 class RankCaps:
-    """One cgroup per rank under ``root``, each holding ``share`` of one core."""
+    """One cgroup per rank of a ``world`` under ``root``, of cgroup ``version`` 1 or 2."""
 
     root: Path
     version: int
     world: int
-    share: float
 
     def rank_dir(self, rank: int) -> Path:
         return self.root / f"rank{rank}"
@@ -87,7 +87,16 @@ def make_caps(world: int, share: float, period_us: int = 5000, *, v1: Path = V1_
     except OSError as e:
         raise CpuShareError(f"--rank-cpu: cannot make a CPU cgroup under {base} ({e.strerror}); run as root, or "
                             "leave --rank-cpu out") from e
-    return RankCaps(root, version, world, share)
+    return RankCaps(root, version, world)
+
+
+def caps_or_exit(world: int, share: float) -> RankCaps:
+    """``make_caps``, or exit 2 with its one-line error (a script's bad ``--rank-cpu`` or a host without cgroups)."""
+    try:
+        return make_caps(world, share)
+    except (CpuShareError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def remove_caps(caps: RankCaps) -> list[str]:
